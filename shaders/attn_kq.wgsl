@@ -1,0 +1,36 @@
+// Attention scores: kq[h][t][c] = dot(q[t][h], k[c][h / (n_head / n_head_kv)]).
+// q is [head_dim, n_head, n_tok]; k is the cache, [head_dim, n_head_kv, cells].
+struct Params {
+    head_dim: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    n_tok: u32,
+    n_kv: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> kq: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let t = gid.y;
+    let h = gid.z;
+    if (c >= p.n_kv) {
+        return;
+    }
+    let hk = h / (p.n_head / p.n_head_kv);
+    let d4 = p.head_dim / 4u;
+    let qo = (t * p.n_head + h) * d4;
+    let ko = (c * p.n_head_kv + hk) * d4;
+    var s = 0.0;
+    for (var i = 0u; i < d4; i++) {
+        s += dot(q[qo + i], k[ko + i]);
+    }
+    kq[(h * p.n_tok + t) * p.n_kv + c] = s;
+}

@@ -1,0 +1,23 @@
+// dst[i] = a[i] OP b[i % nb]: residual adds and broadcast multiplies.
+struct Params {
+    n: u32,
+    nb: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.y * 65535u + wid.x) * 256u + lid;
+    if (i >= p.n) {
+        return;
+    }
+    let av = a[i];
+    let bv = b[i % p.nb];
+    dst[i] = {{OP}};
+}

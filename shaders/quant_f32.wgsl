@@ -1,0 +1,17 @@
+// F32 weights: a "block" is 32 consecutive floats (32 words).
+const QK: u32 = 32u;
+const WPB: u32 = 32u;
+
+var<private> wb: array<vec4<f32>, 8>;
+
+fn load_block(base: u32) {
+    for (var i = 0u; i < 8u; i++) {
+        let o = base + 4u * i;
+        wb[i] = vec4<f32>(bitcast<f32>(w[o]), bitcast<f32>(w[o + 1u]), bitcast<f32>(w[o + 2u]), bitcast<f32>(w[o + 3u]));
+    }
+}
+
+// Element j of the row whose first word is `row_base` (any j, not only whole blocks).
+fn deq_elem(row_base: u32, j: u32) -> f32 {
+    return bitcast<f32>(w[row_base + j]);
+}

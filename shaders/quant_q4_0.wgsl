@@ -1,0 +1,27 @@
+// Q4_0, GPU layout of 5 words per 32 weights: [d (f16, low half)] [qs: 4 words].
+// Weight j < 16 is the low nibble of byte j, weight j + 16 its high nibble; x = (q - 8) d.
+const QK: u32 = 32u;
+const WPB: u32 = 5u;
+
+var<private> wb: array<vec4<f32>, 8>;
+
+fn nibbles(q: u32, shift: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(q >> shift, q >> (shift + 8u), q >> (shift + 16u), q >> (shift + 24u)) & vec4<u32>(15u));
+}
+
+fn load_block(base: u32) {
+    let d = unpack2x16float(w[base]).x;
+    for (var i = 0u; i < 4u; i++) {
+        let q = w[base + 1u + i];
+        wb[i] = (nibbles(q, 0u) - 8.0) * d;
+        wb[i + 4u] = (nibbles(q, 4u) - 8.0) * d;
+    }
+}
+
+fn deq_elem(row_base: u32, j: u32) -> f32 {
+    let base = row_base + (j / 32u) * WPB;
+    let k = j % 32u;
+    let byte = (w[base + 1u + (k % 16u) / 4u] >> (8u * (k % 4u))) & 0xFFu;
+    let q = select(byte & 15u, byte >> 4u, k >= 16u);
+    return (f32(q) - 8.0) * unpack2x16float(w[base]).x;
+}

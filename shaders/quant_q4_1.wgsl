@@ -1,0 +1,27 @@
+// Q4_1, the file's own 5-word block: [d, m (f16 pair)] [qs: 4 words]; x = q d + m.
+const QK: u32 = 32u;
+const WPB: u32 = 5u;
+
+var<private> wb: array<vec4<f32>, 8>;
+
+fn nibbles(q: u32, shift: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(q >> shift, q >> (shift + 8u), q >> (shift + 16u), q >> (shift + 24u)) & vec4<u32>(15u));
+}
+
+fn load_block(base: u32) {
+    let dm = unpack2x16float(w[base]);
+    for (var i = 0u; i < 4u; i++) {
+        let q = w[base + 1u + i];
+        wb[i] = nibbles(q, 0u) * dm.x + dm.y;
+        wb[i + 4u] = nibbles(q, 4u) * dm.x + dm.y;
+    }
+}
+
+fn deq_elem(row_base: u32, j: u32) -> f32 {
+    let base = row_base + (j / 32u) * WPB;
+    let k = j % 32u;
+    let byte = (w[base + 1u + (k % 16u) / 4u] >> (8u * (k % 4u))) & 0xFFu;
+    let q = select(byte & 15u, byte >> 4u, k >= 16u);
+    let dm = unpack2x16float(w[base]);
+    return f32(q) * dm.x + dm.y;
+}

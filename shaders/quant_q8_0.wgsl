@@ -1,0 +1,24 @@
+// Q8_0, GPU layout of 9 words per 32 weights: [d (f16, low half)] [qs: 8 words of i8]; x = q d.
+const QK: u32 = 32u;
+const WPB: u32 = 9u;
+
+var<private> wb: array<vec4<f32>, 8>;
+
+fn bytes_i8(q: u32) -> vec4<f32> {
+    let v = bitcast<vec4<i32>>(vec4<u32>(q << 24u, q << 16u, q << 8u, q)) >> vec4<u32>(24u);
+    return vec4<f32>(v);
+}
+
+fn load_block(base: u32) {
+    let d = unpack2x16float(w[base]).x;
+    for (var i = 0u; i < 8u; i++) {
+        wb[i] = bytes_i8(w[base + 1u + i]) * d;
+    }
+}
+
+fn deq_elem(row_base: u32, j: u32) -> f32 {
+    let base = row_base + (j / 32u) * WPB;
+    let k = j % 32u;
+    let q = bitcast<i32>(w[base + 1u + k / 4u] << (24u - 8u * (k % 4u))) >> 24u;
+    return f32(q) * unpack2x16float(w[base]).x;
+}

@@ -1,0 +1,92 @@
+// Row softmax of (x * scale + slope * mask), as ggml_soft_max_ext: mask is [n_cols, rows_per_head]
+// (one row per token, shared by every head); slope is 1, or the ALiBi slope of the row's
+// head when max_bias > 0. Masked entries (-inf) get exactly 0.
+struct Params {
+    n_cols: u32,
+    rows_per_head: u32,
+    has_mask: u32,
+    n_head_log2: u32,
+    scale: f32,
+    max_bias: f32,
+    m0: f32,
+    m1: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> mask: array<f32>;
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+
+var<workgroup> red: array<f32, 64>;
+
+fn reduce_max(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] = max(red[lid], red[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+const MASKED: f32 = -1e30;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wid.y * 65535u + wid.x;
+    let t = row % p.rows_per_head;
+    let h = row / p.rows_per_head;
+    var slope = 1.0;
+    if (p.max_bias > 0.0) {
+        if (h < p.n_head_log2) {
+            slope = pow(p.m0, f32(h + 1u));
+        } else {
+            slope = pow(p.m1, f32(2u * (h - p.n_head_log2) + 1u));
+        }
+    }
+    let base = row * p.n_cols;
+    let mbase = t * p.n_cols;
+    var mx = MASKED;
+    for (var c = lid; c < p.n_cols; c += 64u) {
+        var v = x[base + c] * p.scale;
+        if (p.has_mask != 0u) {
+            let m = mask[mbase + c];
+            v = select(v + slope * m, MASKED, m <= MASKED);
+        }
+        x[base + c] = v;
+        mx = max(mx, v);
+    }
+    mx = reduce_max(mx, lid);
+    var sum = 0.0;
+    for (var c = lid; c < p.n_cols; c += 64u) {
+        let v = x[base + c];
+        var e = 0.0;
+        if (v > MASKED) {
+            e = exp(v - mx);
+        }
+        x[base + c] = e;
+        sum += e;
+    }
+    sum = reduce_sum(sum, lid);
+    let inv = select(0.0, 1.0 / sum, sum > 0.0);
+    for (var c = lid; c < p.n_cols; c += 64u) {
+        x[base + c] *= inv;
+    }
+}

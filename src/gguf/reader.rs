@@ -1,0 +1,332 @@
+//! The bounds-checked byte cursor and the GGUF layout on top of it.
+
+use super::{GgmlType, GgufError, Value};
+use memmap2::Mmap;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One entry of the tensor table.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dimensions, ne[0] first (the contiguous one).
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    /// Byte offset of the data from the start of the file.
+    pub file_offset: u64,
+    pub n_bytes: u64,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+    /// Number of rows: the product of every dimension but the first.
+    pub fn n_rows(&self) -> u64 {
+        self.dims.iter().skip(1).product()
+    }
+}
+
+/// An open, parsed GGUF file. Tensor data stays in the memory map until uploaded.
+pub struct GgufFile {
+    pub path: String,
+    pub version: u32,
+    pub metadata: BTreeMap<String, Value>,
+    pub tensors: Vec<TensorInfo>,
+    pub data_offset: u64,
+    pub alignment: u64,
+    map: Mmap,
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a str,
+}
+
+const MAX_ARRAY_DEPTH: usize = 4;
+const MAX_DIMS: u32 = 4;
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], GgufError> {
+        let end = (self.pos as u64).checked_add(n);
+        match end {
+            Some(end) if end <= self.buf.len() as u64 => {
+                let s = &self.buf[self.pos..end as usize];
+                self.pos = end as usize;
+                Ok(s)
+            }
+            _ => Err(GgufError::Truncated {
+                path: self.path.to_string(),
+                what: what.to_string(),
+                offset: self.pos as u64,
+                len: self.buf.len() as u64,
+            }),
+        }
+    }
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
+        Ok(self.take(N as u64, what)?.try_into().expect("length checked"))
+    }
+    fn u8(&mut self, what: &str) -> Result<u8, GgufError> {
+        Ok(self.array::<1>(what)?[0])
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, GgufError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, GgufError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+    fn remaining(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+    fn string(&mut self, what: &str) -> Result<String, GgufError> {
+        let n = self.u64(what)?;
+        let bytes = self.take(n, what)?;
+        Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+    fn corrupt(&self, msg: String) -> GgufError {
+        GgufError::Corrupt {
+            path: self.path.to_string(),
+            msg,
+        }
+    }
+
+    fn value(&mut self, ty: u32, what: &str, depth: usize) -> Result<Value, GgufError> {
+        Ok(match ty {
+            0 => Value::U8(self.u8(what)?),
+            1 => Value::I8(self.u8(what)? as i8),
+            2 => Value::U16(u16::from_le_bytes(self.array(what)?)),
+            3 => Value::I16(i16::from_le_bytes(self.array(what)?)),
+            4 => Value::U32(self.u32(what)?),
+            5 => Value::I32(self.u32(what)? as i32),
+            6 => Value::F32(f32::from_le_bytes(self.array(what)?)),
+            7 => match self.u8(what)? {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => return Err(self.corrupt(format!("{what}: bool byte {b} is neither 0 nor 1"))),
+            },
+            8 => Value::String(self.string(what)?),
+            9 => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(self.corrupt(format!("{what}: arrays nested too deeply")));
+                }
+                let elem_ty = self.u32(what)?;
+                let n = self.u64(what)?;
+                // Every element takes at least one byte: reject counts the file cannot hold
+                // before allocating for them.
+                if n > self.remaining() {
+                    return Err(self.corrupt(format!(
+                        "{what}: array claims {n} elements but only {} bytes remain",
+                        self.remaining()
+                    )));
+                }
+                let mut items = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    items.push(self.value(elem_ty, what, depth + 1)?);
+                }
+                Value::Array(items)
+            }
+            10 => Value::U64(self.u64(what)?),
+            11 => Value::I64(self.u64(what)? as i64),
+            12 => Value::F64(f64::from_le_bytes(self.array(what)?)),
+            other => return Err(self.corrupt(format!("{what}: unknown metadata value type {other}"))),
+        })
+    }
+}
+
+impl GgufFile {
+    /// Opens and parses `path`. The tensor data is checked to lie inside the file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
+        let path_ref = path.as_ref();
+        let path = path_ref.display().to_string();
+        let io_err = |source| GgufError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = std::fs::File::open(path_ref).map_err(io_err)?;
+        if file.metadata().map_err(io_err)?.is_dir() {
+            return Err(io_err(std::io::Error::other("is a directory")));
+        }
+        // SAFETY: the map is read-only; wgllm never writes to model files, and a file
+        // changed underneath us is outside what any mmap-based loader can guard against.
+        let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        Self::parse(path, map)
+    }
+
+    fn parse(path: String, map: Mmap) -> Result<Self, GgufError> {
+        let mut c = Cursor {
+            buf: &map,
+            pos: 0,
+            path: &path,
+        };
+        let magic: [u8; 4] = match c.array("magic") {
+            Ok(m) => m,
+            Err(_) => {
+                let mut magic = [0u8; 4];
+                magic[..map.len()].copy_from_slice(&map);
+                return Err(GgufError::BadMagic { path, magic });
+            }
+        };
+        if &magic != b"GGUF" {
+            return Err(GgufError::BadMagic { path, magic });
+        }
+        let version = c.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return Err(GgufError::BadVersion { path, version });
+        }
+        let n_tensors = c.u64("tensor count")?;
+        let n_kv = c.u64("metadata count")?;
+        // A metadata entry is at least 13 bytes, a tensor entry at least 24.
+        if n_kv > c.remaining() / 13 || n_tensors > c.remaining() / 24 {
+            return Err(c.corrupt(format!(
+                "header claims {n_kv} metadata entries and {n_tensors} tensors, more than the file can hold"
+            )));
+        }
+        let mut metadata = BTreeMap::new();
+        for i in 0..n_kv {
+            let key = c.string(&format!("metadata key #{i}"))?;
+            let ty = c.u32(&format!("type of `{key}`"))?;
+            let v = c.value(ty, &format!("value of `{key}`"), 0)?;
+            metadata.insert(key, v);
+        }
+        let alignment = match metadata.get("general.alignment") {
+            None => 32,
+            Some(v) => match v.as_i64() {
+                Some(a) if a > 0 && (a as u64).is_power_of_two() => a as u64,
+                _ => {
+                    return Err(c.corrupt(format!(
+                        "general.alignment = {v} is not a positive power of two"
+                    )))
+                }
+            },
+        };
+        let mut raw = Vec::with_capacity(n_tensors as usize);
+        for i in 0..n_tensors {
+            let name = c.string(&format!("name of tensor #{i}"))?;
+            let n_dims = c.u32(&format!("dimension count of `{name}`"))?;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                return Err(c.corrupt(format!("tensor `{name}` has {n_dims} dimensions (1..=4 allowed)")));
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                dims.push(c.u64(&format!("dimensions of `{name}`"))?);
+            }
+            let ty = GgmlType::from_id(c.u32(&format!("type of `{name}`"))?);
+            let rel = c.u64(&format!("offset of `{name}`"))?;
+            raw.push((name, dims, ty, rel));
+        }
+        let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
+        let file_len = map.len() as u64;
+        let mut tensors = Vec::with_capacity(raw.len());
+        for (name, dims, ty, rel) in raw {
+            let n_elems = dims
+                .iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+                .ok_or_else(|| c.corrupt(format!("tensor `{name}`: dimensions {dims:?} overflow")))?;
+            let n_bytes = match ty.block_layout() {
+                None => 0, // unknown type: kept so the loader can name it in its error
+                Some(_) => {
+                    let per_row = ty.row_bytes(dims[0]).ok_or_else(|| {
+                        c.corrupt(format!(
+                            "tensor `{name}`: row length {} is not a multiple of the {ty} block size {}",
+                            dims[0],
+                            ty.block_size()
+                        ))
+                    })?;
+                    per_row
+                        .checked_mul(n_elems / dims[0].max(1))
+                        .ok_or_else(|| c.corrupt(format!("tensor `{name}`: size overflows")))?
+                }
+            };
+            if rel % alignment != 0 {
+                return Err(c.corrupt(format!(
+                    "tensor `{name}`: data offset {rel} is not aligned to {alignment}"
+                )));
+            }
+            let file_offset = data_offset
+                .checked_add(rel)
+                .filter(|o| o.checked_add(n_bytes).is_some_and(|end| end <= file_len))
+                .ok_or_else(|| GgufError::Truncated {
+                    path: path.clone(),
+                    what: format!("data of tensor `{name}` ({n_bytes} bytes)"),
+                    offset: data_offset.saturating_add(rel),
+                    len: file_len,
+                })?;
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ty,
+                file_offset,
+                n_bytes,
+            });
+        }
+        Ok(Self {
+            path,
+            version,
+            metadata,
+            tensors,
+            data_offset,
+            alignment,
+            map,
+        })
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The raw bytes of a tensor, as stored in the file.
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        &self.map[t.file_offset as usize..(t.file_offset + t.n_bytes) as usize]
+    }
+
+    pub fn file_size(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    fn meta_err(&self, key: &str, problem: impl Into<String>) -> GgufError {
+        GgufError::Metadata {
+            path: self.path.clone(),
+            key: key.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A required integer key.
+    pub fn get_u64(&self, key: &str) -> Result<u64, GgufError> {
+        let v = self.get(key).ok_or_else(|| self.meta_err(key, "is missing"))?;
+        v.as_i64()
+            .and_then(|i| u64::try_from(i).ok())
+            .ok_or_else(|| self.meta_err(key, format!("should be a non-negative integer, found {}", v.type_name())))
+    }
+
+    /// A required float key (integers are accepted).
+    pub fn get_f32(&self, key: &str) -> Result<f32, GgufError> {
+        let v = self.get(key).ok_or_else(|| self.meta_err(key, "is missing"))?;
+        v.as_f64()
+            .map(|f| f as f32)
+            .ok_or_else(|| self.meta_err(key, format!("should be a number, found {}", v.type_name())))
+    }
+
+    pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
+        let v = self.get(key).ok_or_else(|| self.meta_err(key, "is missing"))?;
+        v.as_str()
+            .ok_or_else(|| self.meta_err(key, format!("should be a string, found {}", v.type_name())))
+    }
+
+    pub fn get_array(&self, key: &str) -> Result<&[Value], GgufError> {
+        let v = self.get(key).ok_or_else(|| self.meta_err(key, "is missing"))?;
+        v.as_array()
+            .ok_or_else(|| self.meta_err(key, format!("should be an array, found {}", v.type_name())))
+    }
+
+    /// The model architecture (`general.architecture`).
+    pub fn architecture(&self) -> Result<&str, GgufError> {
+        self.get_str("general.architecture")
+    }
+}
+

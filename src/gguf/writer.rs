@@ -1,0 +1,113 @@
+//! A small GGUF writer: synthetic models for tests, benchmarks and fuzz seeds.
+
+use super::{GgmlType, Value};
+
+#[derive(Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+}
+
+fn type_id(ty: GgmlType) -> u32 {
+    (0..64)
+        .find(|&id| GgmlType::from_id(id) == ty)
+        .expect("writer: type has an id")
+}
+
+fn value_type(v: &Value) -> u32 {
+    match v {
+        Value::U8(_) => 0,
+        Value::I8(_) => 1,
+        Value::U16(_) => 2,
+        Value::I16(_) => 3,
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::String(_) => 8,
+        Value::Array(_) => 9,
+        Value::U64(_) => 10,
+        Value::I64(_) => 11,
+        Value::F64(_) => 12,
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+fn put_value(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.push(*x as u8),
+        Value::U16(x) => out.extend(x.to_le_bytes()),
+        Value::I16(x) => out.extend(x.to_le_bytes()),
+        Value::U32(x) => out.extend(x.to_le_bytes()),
+        Value::I32(x) => out.extend(x.to_le_bytes()),
+        Value::F32(x) => out.extend(x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::String(s) => put_str(out, s),
+        Value::Array(items) => {
+            let elem = items.first().map_or(4, value_type);
+            out.extend(elem.to_le_bytes());
+            out.extend((items.len() as u64).to_le_bytes());
+            items.iter().for_each(|i| put_value(out, i));
+        }
+        Value::U64(x) => out.extend(x.to_le_bytes()),
+        Value::I64(x) => out.extend(x.to_le_bytes()),
+        Value::F64(x) => out.extend(x.to_le_bytes()),
+    }
+}
+
+impl GgufWriter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn meta(&mut self, key: &str, v: Value) -> &mut Self {
+        self.metadata.push((key.to_string(), v));
+        self
+    }
+
+    /// Adds a tensor from already-encoded bytes of type `ty`.
+    pub fn tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
+        self.tensors
+            .push((name.to_string(), dims.to_vec(), ty, data));
+        self
+    }
+
+    /// Serializes with 32-byte alignment (GGUF version 3).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        const ALIGN: usize = 32;
+        let mut out = Vec::new();
+        out.extend(b"GGUF");
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend((self.metadata.len() as u64).to_le_bytes());
+        for (k, v) in &self.metadata {
+            put_str(&mut out, k);
+            out.extend(value_type(v).to_le_bytes());
+            put_value(&mut out, v);
+        }
+        let mut offset = 0usize;
+        for (name, dims, ty, data) in &self.tensors {
+            put_str(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
+            out.extend(type_id(*ty).to_le_bytes());
+            out.extend((offset as u64).to_le_bytes());
+            offset += data.len().div_ceil(ALIGN) * ALIGN;
+        }
+        out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+        for (_, _, _, data) in &self.tensors {
+            out.extend(data);
+            out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+        }
+        out
+    }
+
+    pub fn write(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        std::fs::write(path, self.to_bytes())
+    }
+}

@@ -1,0 +1,108 @@
+//! Buffer creation with out-of-memory checks, uploads, and readback.
+
+use super::{Gpu, GpuError};
+
+/// Storage buffers are also copy source/destination so they can be uploaded and read back.
+const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_DST)
+    .union(wgpu::BufferUsages::COPY_SRC);
+
+impl Gpu {
+    /// A zero-initialised storage buffer of at least `bytes` (rounded up to 16).
+    pub fn storage(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer, GpuError> {
+        let size = bytes.max(16).div_ceil(16) * 16;
+        if size > self.info.max_buffer {
+            return Err(GpuError::OutOfMemory {
+                what: format!("{label} (larger than the adapter's max buffer size {})", self.info.max_buffer),
+                bytes: size,
+                adapter: self.info.name.clone(),
+            });
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: STORAGE,
+            mapped_at_creation: false,
+        });
+        if pollster::block_on(scope.pop()).is_some() {
+            return Err(GpuError::OutOfMemory {
+                what: label.to_string(),
+                bytes: size,
+                adapter: self.info.name.clone(),
+            });
+        }
+        Ok(buf)
+    }
+
+    /// A storage buffer holding `data`.
+    pub fn upload(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer, GpuError> {
+        let buf = self.storage(label, data.len() as u64)?;
+        self.write(&buf, 0, data);
+        Ok(buf)
+    }
+
+    /// Queues a write of `data` (padded to 4 bytes) at `offset`.
+    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        if data.len() % 4 == 0 {
+            self.queue.write_buffer(buf, offset, data);
+        } else {
+            let mut padded = data.to_vec();
+            padded.resize(data.len().div_ceil(4) * 4, 0);
+            self.queue.write_buffer(buf, offset, &padded);
+        }
+    }
+
+    /// A uniform buffer with `data` (for kernel parameters).
+    pub fn uniform(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let size = (data.len() as u64).max(16).div_ceil(16) * 16;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.write(&buf, 0, data);
+        buf
+    }
+
+    /// Copies `bytes` from `buf` at `offset` to the host, waiting for queued work first.
+    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>, GpuError> {
+        let size = bytes.div_ceil(4) * 4;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        let slice = staging.slice(..size);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.sync()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(GpuError::Validation(format!("readback failed: {e}"))),
+            Err(_) => {
+                return Err(GpuError::DeviceLost {
+                    reason: "readback never completed".into(),
+                })
+            }
+        }
+        let data = slice
+            .get_mapped_range()
+            .map_err(|e| GpuError::Validation(format!("readback mapping: {e:?}")))?[..bytes as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+
+    pub fn read_f32(&self, buf: &wgpu::Buffer, offset_elems: u64, count: usize) -> Result<Vec<f32>, GpuError> {
+        let bytes = self.read_bytes(buf, offset_elems * 4, count as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}

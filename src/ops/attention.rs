@@ -1,0 +1,108 @@
+//! Attention over the KV cache: scores (KQ), masked softmax, weighted sum of V (KQV).
+//!
+//! Three dispatches, each parallel over a different axis (cells, rows, head dims), so a
+//! single decoded token still spreads its work across the adapter.
+
+use super::softmax::{softmax, softmax_ref, SoftmaxParams};
+use super::{record, shaders, Dispatch, View};
+use crate::gpu::{Gpu, GpuError};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnShape {
+    pub head_dim: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub n_tok: u32,
+    /// Cells read from the cache (the padded bound, not the cache size).
+    pub n_kv: u32,
+}
+
+impl AttnShape {
+    fn params(&self) -> [u32; 8] {
+        [self.head_dim, self.n_head, self.n_head_kv, self.n_tok, self.n_kv, 0, 0, 0]
+    }
+    /// f32 elements of the scores scratch buffer.
+    pub fn scores_len(&self) -> u64 {
+        self.n_head as u64 * self.n_tok as u64 * self.n_kv as u64
+    }
+}
+
+/// q: [head_dim, n_head, n_tok]; k, v: cache [head_dim, n_head_kv, cells];
+/// mask: [n_kv, n_tok]; scores: scratch; dst: [head_dim * n_head, n_tok].
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    s: &AttnShape,
+    sp: &SoftmaxParams,
+    q: &View,
+    k: &View,
+    v: &View,
+    mask: &View,
+    scores: &View,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    if s.head_dim % 4 != 0 || s.n_head % s.n_head_kv != 0 {
+        return Err(GpuError::Validation(format!(
+            "attention: head_dim {} must be a multiple of 4 and n_head {} a multiple of n_head_kv {}",
+            s.head_dim, s.n_head, s.n_head_kv
+        )));
+    }
+    let kq = gpu.pipeline("attn_kq", || shaders::ATTN_KQ.to_string())?;
+    let kqv = gpu.pipeline("attn_kqv", || shaders::ATTN_KQV.to_string())?;
+    let params = s.params();
+    Ok(vec![
+        record(
+            gpu,
+            "attn_kq",
+            kq,
+            bytemuck::cast_slice(&params),
+            &[q, k, scores],
+            [s.n_kv.div_ceil(64), s.n_tok, s.n_head],
+        )?,
+        softmax(gpu, sp, Some(mask), scores, s.n_kv, s.n_tok)?,
+        record(
+            gpu,
+            "attn_kqv",
+            kqv,
+            bytemuck::cast_slice(&params),
+            &[scores, v, dst],
+            [s.head_dim.div_ceil(64), s.n_tok, s.n_head],
+        )?,
+    ])
+}
+
+/// CPU reference with the same layouts.
+pub fn attention_ref(s: &AttnShape, sp: &SoftmaxParams, q: &[f32], k: &[f32], v: &[f32], mask: &[f32]) -> Vec<f32> {
+    let (hd, nh, nkvh, nt, nkv) = (
+        s.head_dim as usize,
+        s.n_head as usize,
+        s.n_head_kv as usize,
+        s.n_tok as usize,
+        s.n_kv as usize,
+    );
+    let g = nh / nkvh;
+    let mut scores = vec![0.0f32; nh * nt * nkv];
+    for h in 0..nh {
+        for t in 0..nt {
+            for c in 0..nkv {
+                let qo = (t * nh + h) * hd;
+                let ko = (c * nkvh + h / g) * hd;
+                let d: f64 = (0..hd).map(|i| q[qo + i] as f64 * k[ko + i] as f64).sum();
+                scores[(h * nt + t) * nkv + c] = d as f32;
+            }
+        }
+    }
+    let probs = softmax_ref(sp, &scores, Some(mask), nkv, nt);
+    let mut out = vec![0.0f32; hd * nh * nt];
+    for h in 0..nh {
+        for t in 0..nt {
+            for d in 0..hd {
+                let acc: f64 = (0..nkv)
+                    .map(|c| probs[(h * nt + t) * nkv + c] as f64 * v[(c * nkvh + h / g) * hd + d] as f64)
+                    .sum();
+                out[(t * nh + h) * hd + d] = acc as f32;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,38 @@
+//! get_rows: gather whole rows of a (quantized) matrix into f32 rows.
+
+use super::{record, shaders, Dispatch, View, Weight};
+use crate::gguf::{quant, GgmlType};
+use crate::gpu::{Gpu, GpuError};
+
+/// dst[t] = dequantized row ids[t] of `w`, for t < n_ids. One dispatch per weight chunk.
+pub fn get_rows(gpu: &Gpu, w: &Weight, ids: &View, n_ids: u32, dst: &View) -> Result<Vec<Dispatch>, GpuError> {
+    let ty = w.ty;
+    let pipeline = gpu.pipeline(&format!("get_rows_{ty}"), || {
+        shaders::compose(&[shaders::quant_snippet(ty).unwrap(), shaders::GET_ROWS], &[])
+    })?;
+    w.chunks
+        .iter()
+        .map(|c| {
+            let params = [w.n_cols, w.row_words, c.row_begin, c.n_rows, n_ids, 0, 0, 0];
+            record(
+                gpu,
+                "get_rows",
+                pipeline.clone(),
+                bytemuck::cast_slice(&params),
+                &[&View::whole(&c.buf), ids, dst],
+                [w.n_cols.div_ceil(64), n_ids, 1],
+            )
+        })
+        .collect()
+}
+
+/// CPU reference on GGUF bytes of a [n_cols, n_rows] matrix of type `ty`.
+pub fn get_rows_ref(ty: GgmlType, data: &[u8], n_cols: usize, ids: &[u32]) -> Vec<f32> {
+    let row_bytes = ty.row_bytes(n_cols as u64).unwrap() as usize;
+    let mut out = vec![0.0; ids.len() * n_cols];
+    for (t, &r) in ids.iter().enumerate() {
+        let src = &data[r as usize * row_bytes..(r as usize + 1) * row_bytes];
+        quant::dequantize_row(ty, src, &mut out[t * n_cols..(t + 1) * n_cols]);
+    }
+    out
+}

@@ -1,0 +1,42 @@
+//! Gated linear units: SwiGLU (SiLU gate, llama) and GeGLU (tanh-GELU gate, gemma).
+
+use super::{record, shaders, split_groups, Dispatch, View};
+use crate::gpu::{Gpu, GpuError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    Gelu,
+}
+
+impl Activation {
+    fn wgsl(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::Gelu => "gelu",
+        }
+    }
+    pub fn apply(self, v: f32) -> f32 {
+        let v = v as f64;
+        (match self {
+            Activation::Silu => v / (1.0 + (-v).exp()),
+            Activation::Gelu => {
+                0.5 * v * (1.0 + (0.7978845608028654 * v * (1.0 + 0.044715 * v * v)).tanh())
+            }
+        }) as f32
+    }
+}
+
+/// dst[i] = act(gate[i]) * up[i] for i < n.
+pub fn glu(gpu: &Gpu, act: Activation, gate: &View, up: &View, dst: &View, n: u32) -> Result<Dispatch, GpuError> {
+    let pipeline = gpu.pipeline(&format!("glu_{act:?}"), || {
+        shaders::compose(&[shaders::GLU], &[("ACT", act.wgsl().to_string())])
+    })?;
+    let params: [u32; 4] = [n, 0, 0, 0];
+    let (gx, gy) = split_groups(n.div_ceil(256));
+    record(gpu, "glu", pipeline, bytemuck::cast_slice(&params), &[gate, up, dst], [gx, gy, 1])
+}
+
+pub fn glu_ref(act: Activation, gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter().zip(up).map(|(&g, &u)| act.apply(g) * u).collect()
+}

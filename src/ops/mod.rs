@@ -1,0 +1,138 @@
+//! Tensor ops: each is a WGSL shader in `shaders/`, a Rust function that records its
+//! dispatch(es), and a plain CPU reference the tests compare against.
+//!
+//! Ops do not run anything: they return [`Dispatch`]es, which the graph executor replays
+//! inside one compute pass. Parameters go in a small uniform buffer per dispatch, made once
+//! when the graph is built; what changes per step lives in input buffers.
+
+pub mod attention;
+pub mod binary;
+pub mod get_rows;
+pub mod glu;
+pub mod matmul;
+pub mod rms_norm;
+pub mod rope;
+pub mod set_rows;
+pub mod shaders;
+pub mod softmax;
+pub mod weight;
+
+use crate::gpu::{Gpu, GpuError};
+use std::sync::Arc;
+
+pub use weight::Weight;
+
+/// A byte range of a GPU buffer, as an op sees an input or output.
+#[derive(Clone, Debug)]
+pub struct View {
+    pub buf: wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl View {
+    pub fn whole(buf: &wgpu::Buffer) -> View {
+        View {
+            buf: buf.clone(),
+            offset: 0,
+            size: buf.size(),
+        }
+    }
+}
+
+/// One recorded compute dispatch.
+pub struct Dispatch {
+    pub pipeline: Arc<wgpu::ComputePipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub groups: [u32; 3],
+    pub label: &'static str,
+}
+
+/// The per-dimension dispatch limit every adapter supports.
+pub const MAX_GROUPS: u32 = 65535;
+
+/// Splits `n` workgroups over x and y (shaders rebuild the index as y * 65535 + x).
+pub fn split_groups(n: u32) -> (u32, u32) {
+    if n <= MAX_GROUPS {
+        (n.max(1), 1)
+    } else {
+        (MAX_GROUPS, n.div_ceil(MAX_GROUPS))
+    }
+}
+
+/// Records a dispatch: binding 0 is a uniform holding `params`, bindings 1.. the views.
+pub fn record(
+    gpu: &Gpu,
+    label: &'static str,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    params: &[u8],
+    views: &[&View],
+    groups: [u32; 3],
+) -> Result<Dispatch, GpuError> {
+    let uniform = gpu.uniform(label, params);
+    let layout = pipeline.get_bind_group_layout(0);
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: uniform.as_entire_binding(),
+    }];
+    for (i, v) in views.iter().enumerate() {
+        if v.size > gpu.max_binding {
+            return Err(GpuError::Validation(format!(
+                "{label}: binding {} is {} bytes, over the adapter's storage binding limit {}",
+                i + 1,
+                v.size,
+                gpu.max_binding
+            )));
+        }
+        entries.push(wgpu::BindGroupEntry {
+            binding: i as u32 + 1,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &v.buf,
+                offset: v.offset,
+                size: wgpu::BufferSize::new(v.size),
+            }),
+        });
+    }
+    let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &layout,
+        entries: &entries,
+    });
+    Ok(Dispatch {
+        pipeline,
+        bind_group,
+        groups,
+        label,
+    })
+}
+
+/// Runs dispatches in one compute pass and one submit (for tests and one-off work).
+pub fn run_now(gpu: &Gpu, dispatches: &[Dispatch]) -> Result<(), GpuError> {
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        for d in dispatches {
+            pass.set_pipeline(&d.pipeline);
+            pass.set_bind_group(0, &d.bind_group, &[]);
+            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        }
+    }
+    gpu.queue.submit([enc.finish()]);
+    gpu.sync()
+}
+
+/// Normalized mean squared error, as llama.cpp's test-backend-ops reports it.
+pub fn nmse(reference: &[f32], actual: &[f32]) -> f64 {
+    assert_eq!(reference.len(), actual.len(), "nmse: length mismatch");
+    let mut err = 0.0f64;
+    let mut norm = 0.0f64;
+    for (&r, &a) in reference.iter().zip(actual) {
+        err += (r as f64 - a as f64).powi(2);
+        norm += (r as f64).powi(2);
+    }
+    if norm == 0.0 {
+        err
+    } else {
+        err / norm
+    }
+}

@@ -1,0 +1,66 @@
+//! Rotary position embedding (normal and NeoX), in place. The angles are computed on the
+//! host in f64 and uploaded as a (cos, sin) table; the shader only rotates.
+
+use super::{record, shaders, Dispatch, View};
+use crate::gpu::{Gpu, GpuError};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub head_dim: u32,
+    /// Rotated dimensions (n_rot); the rest of each head passes through.
+    pub n_dims: u32,
+    pub neox: bool,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+}
+
+impl RopeParams {
+    /// (cos, sin) for every position and rotated pair: theta = p * scale * base^(-2i/n_dims).
+    pub fn table(&self, positions: &[f64]) -> Vec<[f32; 2]> {
+        let half = (self.n_dims / 2) as usize;
+        let mut out = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for i in 0..half {
+                let inv = (self.freq_base as f64).powf(-2.0 * i as f64 / self.n_dims as f64);
+                let theta = p * self.freq_scale as f64 * inv;
+                out.push([theta.cos() as f32, theta.sin() as f32]);
+            }
+        }
+        out
+    }
+}
+
+/// Rotates x, [head_dim, n_head, n_tok], in place with the table for n_tok positions.
+pub fn rope(gpu: &Gpu, rp: &RopeParams, table: &View, x: &View, n_head: u32, n_tok: u32) -> Result<Dispatch, GpuError> {
+    let pipeline = gpu.pipeline("rope", || shaders::ROPE.to_string())?;
+    let params: [u32; 8] = [rp.head_dim, n_head, n_tok, rp.n_dims, rp.neox as u32, 0, 0, 0];
+    record(
+        gpu,
+        "rope",
+        pipeline,
+        bytemuck::cast_slice(&params),
+        &[table, x],
+        [(rp.n_dims / 2).div_ceil(64), n_head, n_tok],
+    )
+}
+
+/// CPU reference (f64 angles, f32 data).
+pub fn rope_ref(rp: &RopeParams, x: &[f32], n_head: usize, positions: &[f64]) -> Vec<f32> {
+    let mut out = x.to_vec();
+    let hd = rp.head_dim as usize;
+    let half = rp.n_dims as usize / 2;
+    let table = rp.table(positions);
+    for (t, _) in positions.iter().enumerate() {
+        for h in 0..n_head {
+            let base = (t * n_head + h) * hd;
+            for i in 0..half {
+                let (a, b) = if rp.neox { (base + i, base + i + half) } else { (base + 2 * i, base + 2 * i + 1) };
+                let [c, s] = table[t * half + i];
+                let (x0, x1) = (x[a] as f64, x[b] as f64);
+                out[a] = (x0 * c as f64 - x1 * s as f64) as f32;
+                out[b] = (x0 * s as f64 + x1 * c as f64) as f32;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,24 @@
+//! set_rows: copy new K/V rows into their cache cells.
+
+use super::{record, shaders, Dispatch, View};
+use crate::gpu::{Gpu, GpuError};
+
+/// dst row idx[r] = src row r, for r < n_rows, rows of row_len floats.
+pub fn set_rows(gpu: &Gpu, src: &View, idx: &View, dst: &View, row_len: u32, n_rows: u32) -> Result<Dispatch, GpuError> {
+    let pipeline = gpu.pipeline("set_rows", || shaders::SET_ROWS.to_string())?;
+    let params: [u32; 4] = [row_len, n_rows, 0, 0];
+    record(
+        gpu,
+        "set_rows",
+        pipeline,
+        bytemuck::cast_slice(&params),
+        &[src, idx, dst],
+        [row_len.div_ceil(64), n_rows, 1],
+    )
+}
+
+pub fn set_rows_ref(dst: &mut [f32], src: &[f32], idx: &[u32], row_len: usize) {
+    for (r, &i) in idx.iter().enumerate() {
+        dst[i as usize * row_len..(i as usize + 1) * row_len].copy_from_slice(&src[r * row_len..(r + 1) * row_len]);
+    }
+}

@@ -1,0 +1,93 @@
+//! Softmax with scale, KQ mask and ALiBi slope, as ggml_soft_max_ext, in place on rows.
+
+use super::{record, shaders, split_groups, Dispatch, View};
+use crate::gpu::{Gpu, GpuError};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SoftmaxParams {
+    pub scale: f32,
+    /// ALiBi: 0 disables it (slope 1 for every head).
+    pub max_bias: f32,
+    pub n_head: u32,
+}
+
+impl SoftmaxParams {
+    fn alibi(&self) -> (u32, f32, f32) {
+        let n_head_log2 = 1u32 << (31 - self.n_head.max(1).leading_zeros());
+        let m0 = 2f32.powf(-self.max_bias / n_head_log2 as f32);
+        let m1 = 2f32.powf(-(self.max_bias / 2.0) / n_head_log2 as f32);
+        (n_head_log2, m0, m1)
+    }
+
+    /// The ALiBi slope of head h (1 without ALiBi).
+    pub fn slope(&self, h: u32) -> f32 {
+        if self.max_bias <= 0.0 {
+            return 1.0;
+        }
+        let (n2, m0, m1) = self.alibi();
+        if h < n2 {
+            m0.powi(h as i32 + 1)
+        } else {
+            m1.powi(2 * (h - n2) as i32 + 1)
+        }
+    }
+}
+
+/// x is [n_cols, rows_per_head, n_head]; mask (if any) is [n_cols, rows_per_head].
+pub fn softmax(
+    gpu: &Gpu,
+    sp: &SoftmaxParams,
+    mask: Option<&View>,
+    x: &View,
+    n_cols: u32,
+    rows_per_head: u32,
+) -> Result<Dispatch, GpuError> {
+    let pipeline = gpu.pipeline("softmax", || shaders::SOFTMAX.to_string())?;
+    let (n2, m0, m1) = sp.alibi();
+    let params: [u32; 8] = [
+        n_cols,
+        rows_per_head,
+        mask.is_some() as u32,
+        n2,
+        sp.scale.to_bits(),
+        sp.max_bias.to_bits(),
+        m0.to_bits(),
+        m1.to_bits(),
+    ];
+    let (gx, gy) = split_groups(rows_per_head * sp.n_head);
+    // Without a mask the binding still needs a buffer; the shader never reads it.
+    let dummy;
+    let mask = match mask {
+        Some(m) => m,
+        None => {
+            dummy = View::whole(&gpu.storage("softmax_nomask", 16)?);
+            &dummy
+        }
+    };
+    record(gpu, "softmax", pipeline, bytemuck::cast_slice(&params), &[mask, x], [gx, gy, 1])
+}
+
+pub fn softmax_ref(sp: &SoftmaxParams, x: &[f32], mask: Option<&[f32]>, n_cols: usize, rows_per_head: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for (row, (src, dst)) in x.chunks(n_cols).zip(out.chunks_mut(n_cols)).enumerate() {
+        let (t, h) = (row % rows_per_head, row / rows_per_head);
+        let slope = sp.slope(h as u32) as f64;
+        let vals: Vec<f64> = src
+            .iter()
+            .enumerate()
+            .map(|(c, &v)| {
+                let m = mask.map_or(0.0, |m| m[t * n_cols + c] as f64);
+                v as f64 * sp.scale as f64 + slope * m
+            })
+            .collect();
+        let mx = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if mx == f64::NEG_INFINITY {
+            continue;
+        }
+        let sum: f64 = vals.iter().map(|v| (v - mx).exp()).sum();
+        for (d, v) in dst.iter_mut().zip(&vals) {
+            *d = ((v - mx).exp() / sum) as f32;
+        }
+    }
+    out
+}

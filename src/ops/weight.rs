@@ -1,0 +1,70 @@
+//! A weight matrix on the GPU, in its block layout, split into row chunks that each fit
+//! one storage binding (a 170 MiB embedding does not fit lavapipe's 128 MiB).
+
+use crate::gguf::{quant, GgmlType};
+use crate::gpu::{Gpu, GpuError};
+
+pub struct WeightChunk {
+    pub row_begin: u32,
+    pub n_rows: u32,
+    pub buf: wgpu::Buffer,
+}
+
+pub struct Weight {
+    pub name: String,
+    pub ty: GgmlType,
+    /// Elements per row (ne0).
+    pub n_cols: u32,
+    pub n_rows: u32,
+    /// 32-bit words per row in the GPU layout.
+    pub row_words: u32,
+    pub chunks: Vec<WeightChunk>,
+}
+
+impl Weight {
+    /// Uploads `data` (GGUF bytes of a [n_cols, n_rows] tensor), re-laid out for the GPU.
+    pub fn upload(
+        gpu: &Gpu,
+        name: &str,
+        ty: GgmlType,
+        n_cols: usize,
+        n_rows: usize,
+        data: &[u8],
+    ) -> Result<Weight, GpuError> {
+        let row_words = quant::gpu_row_words(ty, n_cols).ok_or_else(|| {
+            GpuError::Validation(format!("{name}: no GPU kernels for type {ty}"))
+        })?;
+        let row_bytes = ty
+            .row_bytes(n_cols as u64)
+            .expect("row length checked by the GGUF reader") as usize;
+        let rows_per_chunk = ((gpu.max_binding / 4) as usize / row_words).clamp(1, n_rows.max(1));
+        let mut chunks = Vec::new();
+        let mut words = Vec::new();
+        for row_begin in (0..n_rows).step_by(rows_per_chunk) {
+            let rows = rows_per_chunk.min(n_rows - row_begin);
+            words.clear();
+            words.reserve(rows * row_words);
+            let src = &data[row_begin * row_bytes..(row_begin + rows) * row_bytes];
+            quant::repack_rows(ty, src, n_cols, &mut words);
+            let label = format!("{name}[{row_begin}..]");
+            let buf = gpu.upload(&label, bytemuck::cast_slice(&words))?;
+            chunks.push(WeightChunk {
+                row_begin: row_begin as u32,
+                n_rows: rows as u32,
+                buf,
+            });
+        }
+        Ok(Weight {
+            name: name.to_string(),
+            ty,
+            n_cols: n_cols as u32,
+            n_rows: n_rows as u32,
+            row_words: row_words as u32,
+            chunks,
+        })
+    }
+
+    pub fn gpu_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.buf.size()).sum()
+    }
+}

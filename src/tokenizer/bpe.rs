@@ -1,0 +1,276 @@
+//! Byte-level BPE ("gpt2" tokenizer model): pre-tokenizer regexes, the GPT-2
+//! byte↔unicode alphabet, and rank-ordered merging.
+//!
+//! llama.cpp splits text with a list of regexes applied one after another: each regex
+//! splits every piece produced by the previous one, and the text between matches is
+//! kept as pieces of its own. The words are then mapped into the GPT-2 byte alphabet
+//! and merged, lowest merge rank first (ties: leftmost pair first).
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::OnceLock;
+
+use fancy_regex::Regex;
+
+use super::TokenizerError;
+
+/// `'s|'t|...| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`: the GPT-2 split.
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+/// Llama-3's split (case-insensitive contractions spelled out, digits in groups of 3).
+const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's split: like Llama-3 but every digit alone.
+const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// What a `tokenizer.ggml.pre` name selects in llama.cpp.
+pub(super) struct PreConfig {
+    pub regexes: &'static [&'static str],
+    /// A word that is already a whole token skips merging (Llama-3 family).
+    pub ignore_merges: bool,
+    /// Default for `add_bos` before the metadata flag overrides it.
+    pub add_bos: bool,
+    /// Undo the space-before-punctuation convention when detokenizing.
+    pub clean_spaces: bool,
+}
+
+/// The pre-tokenizer for a `tokenizer.ggml.pre` name; unknown names fall back to GPT-2.
+pub(super) fn pre_config(pre: &str) -> PreConfig {
+    let cfg = |regexes, ignore_merges, add_bos, clean_spaces| PreConfig {
+        regexes,
+        ignore_merges,
+        add_bos,
+        clean_spaces,
+    };
+    match pre {
+        "" | "default" => cfg(
+            &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
+            false,
+            false,
+            true,
+        ),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" => cfg(&[LLAMA3], true, true, true),
+        "dbrx" | "smaug-bpe" => cfg(&[LLAMA3], false, false, true),
+        "qwen2" | "deepseek-r1-qwen" => cfg(&[QWEN2], false, false, false),
+        "stablelm2" | "megrez" => cfg(&[QWEN2], false, false, true),
+        "smollm" | "command-r" => cfg(&[r"\p{N}", GPT2], false, false, false),
+        "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" => {
+            cfg(&[r"\p{N}", GPT2], false, false, true)
+        }
+        "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "jina-es" | "jina-de"
+        | "jina-v2-es" | "jina-v2-de" | "gigachat" | "exaone4" => cfg(&[GPT2], false, false, true),
+        other => {
+            log::warn!(
+                "unknown pre-tokenizer `{other}` (tokenizer.ggml.pre); using the GPT-2 split, \
+                 tokenization may differ from llama.cpp"
+            );
+            cfg(&[GPT2], false, false, true)
+        }
+    }
+}
+
+/// The GPT-2 byte alphabet: printable Latin-1 bytes stand for themselves, the other 68
+/// bytes are moved, in order, to U+0100 onwards, so every byte is a visible character.
+fn byte_alphabet() -> &'static ([char; 256], HashMap<char, u8>) {
+    static TABLE: OnceLock<([char; 256], HashMap<char, u8>)> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let keeps = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+        let mut enc = ['\0'; 256];
+        let mut moved = 0u32;
+        for b in 0..256u32 {
+            let cp = if keeps(b) {
+                b
+            } else {
+                moved += 1;
+                255 + moved
+            };
+            enc[b as usize] = char::from_u32(cp).expect("alphabet code points are valid");
+        }
+        let dec = enc.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+        (enc, dec)
+    })
+}
+
+/// Maps raw bytes into the GPT-2 alphabet.
+pub(super) fn bytes_to_alphabet(bytes: &[u8]) -> String {
+    let enc = &byte_alphabet().0;
+    bytes.iter().map(|&b| enc[b as usize]).collect()
+}
+
+/// The raw byte an alphabet character stands for.
+pub(super) fn alphabet_to_byte(c: char) -> Option<u8> {
+    byte_alphabet().1.get(&c).copied()
+}
+
+/// A compiled byte-level BPE: pre-tokenizer plus merge ranks.
+pub(super) struct Bpe {
+    regexes: Vec<Regex>,
+    /// `"left right"` → rank (merge sides never contain a space).
+    ranks: HashMap<String, u32>,
+    pub ignore_merges: bool,
+}
+
+impl Bpe {
+    pub fn new(cfg: &PreConfig, merges: &[&str]) -> Result<Self, TokenizerError> {
+        let regexes = cfg
+            .regexes
+            .iter()
+            .map(|r| Regex::new(r).map_err(|e| TokenizerError::Regex(format!("{r}: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut ranks = HashMap::with_capacity(merges.len());
+        for (rank, m) in merges.iter().enumerate() {
+            // The separator is the first space after the first character, as llama.cpp reads it.
+            let Some(first_len) = m.chars().next().map(char::len_utf8) else {
+                continue;
+            };
+            if let Some(pos) = m[first_len..].find(' ') {
+                let (l, r) = (&m[..first_len + pos], &m[first_len + pos + 1..]);
+                ranks.entry(format!("{l} {r}")).or_insert(rank as u32);
+            }
+        }
+        Ok(Self {
+            regexes,
+            ranks,
+            ignore_merges: cfg.ignore_merges,
+        })
+    }
+
+    fn rank(&self, left: &str, right: &str) -> Option<u32> {
+        if left.contains(' ') || right.contains(' ') {
+            return None;
+        }
+        self.ranks.get(&format!("{left} {right}")).copied()
+    }
+
+    /// Splits `text` into words (byte ranges), applying each regex to the previous pieces.
+    pub fn split<'t>(&self, text: &'t str) -> Vec<&'t str> {
+        let mut pieces = vec![text];
+        for re in &self.regexes {
+            let mut next = Vec::with_capacity(pieces.len() * 2);
+            for piece in pieces {
+                let mut last = 0;
+                for m in re.find_iter(piece) {
+                    let m = match m {
+                        Ok(m) => m,
+                        Err(e) => {
+                            log::warn!("pre-tokenizer regex gave up ({e}); keeping the rest whole");
+                            break;
+                        }
+                    };
+                    if m.start() > last {
+                        next.push(&piece[last..m.start()]);
+                    }
+                    if m.end() > m.start() {
+                        next.push(m.as_str());
+                    }
+                    last = m.end();
+                }
+                if last < piece.len() {
+                    next.push(&piece[last..]);
+                }
+            }
+            pieces = next;
+        }
+        pieces
+    }
+
+    /// Tokenizes one pre-tokenized word (already in the GPT-2 alphabet).
+    pub fn tokenize_word(&self, word: &str, lookup: &HashMap<String, u32>, out: &mut Vec<u32>) {
+        if self.ignore_merges {
+            if let Some(&id) = lookup.get(word) {
+                out.push(id);
+                return;
+            }
+        }
+        let mut syms: Vec<Sym> = word
+            .char_indices()
+            .map(|(start, c)| Sym {
+                start,
+                len: c.len_utf8(),
+                prev: None,
+                next: None,
+            })
+            .collect();
+        let n = syms.len();
+        for (i, s) in syms.iter_mut().enumerate() {
+            s.prev = i.checked_sub(1);
+            s.next = (i + 1 < n).then_some(i + 1);
+        }
+        let mut heap = BinaryHeap::new();
+        let text = |s: &Sym| &word[s.start..s.start + s.len];
+        let push = |heap: &mut BinaryHeap<Pair>, syms: &[Sym], l: usize, r: usize| {
+            if let Some(rank) = self.rank(text(&syms[l]), text(&syms[r])) {
+                heap.push(Pair {
+                    rank,
+                    left: l,
+                    right: r,
+                    len: syms[l].len + syms[r].len,
+                });
+            }
+        };
+        for i in 1..n {
+            push(&mut heap, &syms, i - 1, i);
+        }
+        while let Some(p) = heap.pop() {
+            let (l, r) = (p.left, p.right);
+            // Stale: one side was merged away or grew since this pair was queued.
+            if syms[l].len == 0 || syms[r].len == 0 || syms[l].len + syms[r].len != p.len {
+                continue;
+            }
+            syms[l].len += syms[r].len;
+            syms[r].len = 0;
+            syms[l].next = syms[r].next;
+            if let Some(nx) = syms[r].next {
+                syms[nx].prev = Some(l);
+            }
+            if let Some(pv) = syms[l].prev {
+                push(&mut heap, &syms, pv, l);
+            }
+            if let Some(nx) = syms[l].next {
+                push(&mut heap, &syms, l, nx);
+            }
+        }
+        let mut i = Some(0).filter(|_| n > 0);
+        while let Some(k) = i {
+            let s = text(&syms[k]);
+            match lookup.get(s) {
+                Some(&id) => out.push(id),
+                // Not a token: llama.cpp looks each byte up as a one-byte token text,
+                // which only ASCII can be; other bytes are dropped.
+                None => out.extend(s.bytes().filter_map(|b| {
+                    b.is_ascii()
+                        .then(|| lookup.get(&(b as char).to_string()).copied())
+                        .flatten()
+                })),
+            }
+            i = syms[k].next;
+        }
+    }
+}
+
+struct Sym {
+    start: usize,
+    len: usize,
+    prev: Option<usize>,
+    next: Option<usize>,
+}
+
+/// A queued merge; the heap pops the lowest rank, then the leftmost pair.
+#[derive(PartialEq, Eq)]
+struct Pair {
+    rank: u32,
+    left: usize,
+    right: usize,
+    len: usize,
+}
+
+impl Ord for Pair {
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.rank.cmp(&self.rank).then(o.left.cmp(&self.left))
+    }
+}
+
+impl PartialOrd for Pair {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}

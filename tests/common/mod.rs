@@ -1,0 +1,93 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+use wgllm::gpu::{Backend, Gpu, GpuOptions};
+
+/// A small deterministic generator (tests must not depend on a crate's RNG stream).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u32(&mut self) -> u32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 32) as u32
+    }
+    pub fn below(&mut self, n: u32) -> u32 {
+        self.next_u32() % n
+    }
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        (self.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+    }
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+}
+
+/// The backends the op tests run on. `WGLLM_TEST_BACKENDS` (default "vulkan,gl") lists
+/// them; each one listed must be present, so a missing driver fails instead of skipping.
+/// Each backend is opened twice where it has shader-f16: with it, and forced without.
+pub fn gpus() -> &'static [(String, Arc<Gpu>)] {
+    static GPUS: OnceLock<Vec<(String, Arc<Gpu>)>> = OnceLock::new();
+    GPUS.get_or_init(|| {
+        let list = std::env::var("WGLLM_TEST_BACKENDS").unwrap_or_else(|_| "vulkan,gl".into());
+        let mut out = Vec::new();
+        for name in list.split(',').filter(|s| !s.is_empty()) {
+            let backend = match name {
+                "vulkan" => Backend::Vulkan,
+                "gl" => Backend::Gl,
+                "metal" => Backend::Metal,
+                "dx12" => Backend::Dx12,
+                other => panic!("WGLLM_TEST_BACKENDS: unknown backend {other}"),
+            };
+            let gpu = Gpu::new(&GpuOptions {
+                backend,
+                ..Default::default()
+            })
+            .unwrap_or_else(|e| panic!("backend {name} requested for the tests but unavailable: {e}"));
+            if gpu.has_f16 || gpu.has_subgroups {
+                let plain = Gpu::new(&GpuOptions {
+                    backend,
+                    no_f16: true,
+                    no_subgroups: true,
+                    ..Default::default()
+                })
+                .unwrap();
+                out.push((format!("{name}-portable"), plain));
+            }
+            out.push((name.to_string(), gpu));
+        }
+        out
+    })
+}
+
+/// A GPU whose storage bindings are limited to `bytes`, to exercise tensor splitting.
+pub fn small_binding_gpu(bytes: u64) -> Arc<Gpu> {
+    Gpu::new(&GpuOptions {
+        backend: Backend::Vulkan,
+        max_binding_override: Some(bytes),
+        ..Default::default()
+    })
+    .expect("vulkan adapter")
+}
+
+pub fn shared_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared")
+}
+
+/// Path of a test model: `$env_var`, else the fetch script's cache. Missing = test failure.
+pub fn model_path(env_var: &str, file: &str) -> std::path::PathBuf {
+    if let Ok(p) = std::env::var(env_var) {
+        return p.into();
+    }
+    let dir = std::env::var("WGLLM_MODELS").map(std::path::PathBuf::from).unwrap_or_else(|_| {
+        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/wgllm-models")
+    });
+    let p = dir.join(file);
+    assert!(
+        p.exists(),
+        "test model {} is missing: run scripts/fetch-models.sh (or set {env_var})",
+        p.display()
+    );
+    p
+}
