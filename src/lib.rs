@@ -4,4 +4,10 @@
 
 pub mod gguf;
 pub mod gpu;
+pub mod graph;
+pub mod kv;
 pub mod ops;
+pub mod sample;
+pub mod tokenizer;
+pub mod context;
+pub mod model;

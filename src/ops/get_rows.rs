@@ -26,6 +26,36 @@ pub fn get_rows(gpu: &Gpu, w: &Weight, ids: &View, n_ids: u32, dst: &View) -> Re
         .collect()
 }
 
+/// Selects rows of an f32 activation [n_cols, n_rows] (e.g. the tokens that need logits).
+pub fn select_rows(
+    gpu: &Gpu,
+    src: &View,
+    n_cols: u32,
+    n_rows: u32,
+    ids: &View,
+    n_ids: u32,
+    dst: &View,
+) -> Result<Dispatch, GpuError> {
+    let pipeline = gpu.pipeline("get_rows_F32", || {
+        shaders::compose(
+            &[
+                shaders::quant_snippet(GgmlType::F32).unwrap(),
+                shaders::GET_ROWS,
+            ],
+            &[],
+        )
+    })?;
+    let params = [n_cols, n_cols, 0, n_rows, n_ids, 0, 0, 0];
+    record(
+        gpu,
+        "select_rows",
+        pipeline,
+        bytemuck::cast_slice(&params),
+        &[src, ids, dst],
+        [n_cols.div_ceil(64), n_ids, 1],
+    )
+}
+
 /// CPU reference on GGUF bytes of a [n_cols, n_rows] matrix of type `ty`.
 pub fn get_rows_ref(ty: GgmlType, data: &[u8], n_cols: usize, ids: &[u32]) -> Vec<f32> {
     let row_bytes = ty.row_bytes(n_cols as u64).unwrap() as usize;

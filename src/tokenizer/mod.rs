@@ -79,20 +79,20 @@ pub(crate) struct TokenData {
     pub attr: u32,
 }
 
-pub(crate) enum Kind {
+enum Kind {
     Bpe(bpe::Bpe),
     Spm,
 }
 
 /// A model's vocabulary and tokenizer, built from GGUF metadata.
 pub struct Tokenizer {
-    pub(crate) kind: Kind,
+    kind: Kind,
     model: String,
     pre: String,
-    pub(crate) tokens: Vec<TokenData>,
-    pub(crate) lookup: HashMap<String, u32>,
+    tokens: Vec<TokenData>,
+    lookup: HashMap<String, u32>,
     /// Special/user-defined/unknown tokens, longest text first (stable by id).
-    pub(crate) special_order: Vec<u32>,
+    special_order: Vec<u32>,
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
@@ -204,7 +204,9 @@ impl Tokenizer {
             };
         }
         if t.attr & attr::BYTE != 0 {
-            return parse_byte_token(&t.text).map(|b| vec![b]).unwrap_or_default();
+            return parse_byte_token(&t.text)
+                .map(|b| vec![b])
+                .unwrap_or_default();
         }
         Vec::new()
     }
@@ -213,7 +215,12 @@ impl Tokenizer {
     /// a leading BOS / trailing EOS the model would add, `unparse_special` renders
     /// control tokens; a SentencePiece space prefix is removed and, for vocabularies that
     /// ask for it, spaces before punctuation are cleaned up.
-    pub fn detokenize(&self, tokens: &[u32], remove_special: bool, unparse_special: bool) -> Vec<u8> {
+    pub fn detokenize(
+        &self,
+        tokens: &[u32],
+        remove_special: bool,
+        unparse_special: bool,
+    ) -> Vec<u8> {
         let mut toks = tokens;
         let mut remove_space = self.add_space_prefix;
         if remove_special && self.add_bos && !toks.is_empty() && Some(toks[0]) == self.bos {
@@ -326,15 +333,28 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        let tpl = self.chat_template.as_deref().ok_or(TemplateError::NoTemplate)?;
+        let tpl = self
+            .chat_template
+            .as_deref()
+            .ok_or(TemplateError::NoTemplate)?;
         let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
-        apply_chat_template(tpl, messages, add_generation_prompt, text(self.bos), text(self.eos))
+        apply_chat_template(
+            tpl,
+            messages,
+            add_generation_prompt,
+            text(self.bos),
+            text(self.eos),
+        )
     }
 
     /// The token for a raw byte: `<0xNN>`, else the byte itself as a one-byte text.
     pub(crate) fn byte_to_token(&self, b: u8) -> Option<u32> {
         self.token_id(&format!("<0x{b:02X}>"))
-            .or_else(|| b.is_ascii().then(|| self.token_id(&(b as char).to_string())).flatten())
+            .or_else(|| {
+                b.is_ascii()
+                    .then(|| self.token_id(&(b as char).to_string()))
+                    .flatten()
+            })
             .or_else(|| {
                 log::debug!("no token for byte 0x{b:02X}; using the unknown token");
                 self.unk
@@ -357,7 +377,11 @@ fn decode_alphabet(text: &str) -> Vec<u8> {
             Some(b) => out.push(b),
             None => {
                 let mut buf = [0u8; 4];
-                let hex: String = c.encode_utf8(&mut buf).bytes().map(|b| format!("{b:02x}")).collect();
+                let hex: String = c
+                    .encode_utf8(&mut buf)
+                    .bytes()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
                 out.extend_from_slice(format!("[UNK_BYTE_0x{hex}{text}]").as_bytes());
             }
         }
@@ -399,7 +423,8 @@ fn clean_spaces(text: &[u8]) -> Vec<u8> {
         if i > 0 && b[i - 1] == b' ' && x == b'\'' && i + 1 < b.len() {
             let x1 = b[i + 1];
             let x2 = b.get(i + 2).copied();
-            let drop = matches!(x1, b's' | b'm') || matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e')));
+            let drop = matches!(x1, b's' | b'm')
+                || matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e')));
             if drop {
                 c.pop();
             }

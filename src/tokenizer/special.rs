@@ -19,7 +19,11 @@ fn is_c_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r')
 }
 
-pub(super) fn partition<'a>(tok: &Tokenizer, text: &'a str, parse_special: bool) -> Vec<Fragment<'a>> {
+pub(super) fn partition<'a>(
+    tok: &Tokenizer,
+    text: &'a str,
+    parse_special: bool,
+) -> Vec<Fragment<'a>> {
     let mut frags = Vec::new();
     if text.is_empty() {
         return frags;

@@ -32,9 +32,7 @@ impl PartialEq for Pair {
 impl Eq for Pair {}
 impl Ord for Pair {
     fn cmp(&self, o: &Self) -> Ordering {
-        self.score
-            .total_cmp(&o.score)
-            .then(o.left.cmp(&self.left))
+        self.score.total_cmp(&o.score).then(o.left.cmp(&self.left))
     }
 }
 impl PartialOrd for Pair {

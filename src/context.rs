@@ -1,0 +1,238 @@
+//! An inference context: the KV cache (cells on the host, K/V on the GPU), the step input
+//! buffers, and the graphs built for the shapes seen so far. `decode` runs a batch.
+
+use crate::gpu::GpuError;
+use crate::kv::{build_mask, KvCells, KvError, N_KV_PAD};
+use crate::model::{GraphIo, KvBuffers, Model};
+use crate::graph::Graph;
+use crate::ops::View;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContextError {
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("invalid batch: {0}")]
+    BadBatch(String),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ContextParams {
+    /// Cache cells (-c).
+    pub n_ctx: u32,
+    /// Most tokens one `decode` call accepts (-b).
+    pub n_batch: u32,
+    /// Most tokens one graph computes (-ub).
+    pub n_ubatch: u32,
+}
+
+/// Tokens to decode: for each, its position, its sequences (bit set) and whether its
+/// logits are wanted.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    pub pos: Vec<i32>,
+    pub seq: Vec<u64>,
+    pub logits: Vec<bool>,
+}
+
+impl Batch {
+    /// One sequence (id 0) from `start_pos`; logits for the last token only, or for all.
+    pub fn simple(tokens: &[u32], start_pos: i32, all_logits: bool) -> Batch {
+        let n = tokens.len();
+        Batch {
+            tokens: tokens.to_vec(),
+            pos: (0..n as i32).map(|i| start_pos + i).collect(),
+            seq: vec![1; n],
+            logits: (0..n).map(|i| all_logits || i + 1 == n).collect(),
+        }
+    }
+}
+
+struct StepBuffers {
+    tokens: wgpu::Buffer,
+    rope_table: wgpu::Buffer,
+    kv_slots: wgpu::Buffer,
+    mask: wgpu::Buffer,
+    out_ids: wgpu::Buffer,
+    logits: wgpu::Buffer,
+}
+
+/// Graphs kept for reuse (decode steps replay one graph until n_kv crosses a pad boundary).
+const GRAPH_CACHE: usize = 3;
+
+pub struct Context {
+    pub model: Arc<Model>,
+    pub params: ContextParams,
+    cells: KvCells,
+    kv: KvBuffers,
+    step: StepBuffers,
+    /// Logit rows one graph can produce (bounded by the storage binding limit).
+    n_out_max: u32,
+    graphs: VecDeque<((u32, u32, u32), Graph)>,
+    /// Counters for the timing summary.
+    pub n_graph_builds: u64,
+}
+
+impl Context {
+    pub fn new(model: Arc<Model>, params: ContextParams) -> Result<Context, ContextError> {
+        let gpu = model.gpu.clone();
+        let hp = &model.hp;
+        if params.n_ctx == 0 || params.n_batch == 0 || params.n_ubatch == 0 {
+            return Err(ContextError::BadBatch("context, batch and ubatch sizes must be positive".into()));
+        }
+        let ub = params.n_ubatch.min(params.n_batch) as u64;
+        let n_ctx = params.n_ctx as u64;
+        let kv_bytes = hp.n_embd_kv() as u64 * n_ctx * 4;
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        for il in 0..hp.n_layer {
+            k.push(View::whole(&gpu.storage(&format!("k_cache{il}"), kv_bytes)?));
+            v.push(View::whole(&gpu.storage(&format!("v_cache{il}"), kv_bytes)?));
+        }
+        let n_out_max = (gpu.max_binding / (hp.n_vocab as u64 * 4)).clamp(1, ub) as u32;
+        let step = StepBuffers {
+            tokens: gpu.storage("tokens", ub * 4)?,
+            rope_table: gpu.storage("rope_table", ub * hp.rope.n_dims as u64 * 4)?,
+            kv_slots: gpu.storage("kv_slots", ub * 4)?,
+            mask: gpu.storage("kq_mask", ub * n_ctx * 4)?,
+            out_ids: gpu.storage("out_ids", ub * 4)?,
+            logits: gpu.storage("logits", n_out_max as u64 * hp.n_vocab as u64 * 4)?,
+        };
+        log::info!(
+            "context: {} cells, KV cache {:.1} MiB (f32), ubatch {}",
+            n_ctx,
+            (2 * kv_bytes * hp.n_layer as u64) as f64 / (1 << 20) as f64,
+            ub
+        );
+        Ok(Context {
+            model,
+            params,
+            cells: KvCells::new(n_ctx as usize),
+            kv: KvBuffers { k, v },
+            step,
+            n_out_max,
+            graphs: VecDeque::new(),
+            n_graph_builds: 0,
+        })
+    }
+
+    pub fn n_ctx(&self) -> u32 {
+        self.params.n_ctx
+    }
+
+    pub fn cells(&self) -> &KvCells {
+        &self.cells
+    }
+
+    /// Empties the cache.
+    pub fn clear(&mut self) {
+        self.cells.clear();
+    }
+
+    /// Decodes a batch; returns the logits of the tokens that asked for them, in batch
+    /// order, n_vocab floats each.
+    pub fn decode(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
+        let n = batch.tokens.len();
+        if n == 0 {
+            return Err(ContextError::BadBatch("the batch is empty".into()));
+        }
+        if batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
+            return Err(ContextError::BadBatch("tokens, positions, sequences and logits flags differ in length".into()));
+        }
+        if n > self.params.n_batch as usize {
+            return Err(ContextError::BadBatch(format!(
+                "{n} tokens exceed the batch size {} (-b)",
+                self.params.n_batch
+            )));
+        }
+        let n_vocab = self.model.hp.n_vocab;
+        if let Some(&bad) = batch.tokens.iter().find(|&&t| t >= n_vocab) {
+            return Err(ContextError::BadBatch(format!("token id {bad} is out of the vocabulary (0..{n_vocab})")));
+        }
+        if batch.seq.contains(&0) {
+            return Err(ContextError::BadBatch("a token belongs to no sequence".into()));
+        }
+        let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < n {
+            // A ubatch ends at n_ubatch tokens or when its logit rows would overflow.
+            let mut end = i;
+            let mut n_out = 0;
+            while end < n && end - i < ub {
+                if batch.logits[end] {
+                    if n_out == self.n_out_max as usize {
+                        break;
+                    }
+                    n_out += 1;
+                }
+                end += 1;
+            }
+            out.extend(self.decode_ubatch(batch, i..end)?);
+            i = end;
+        }
+        Ok(out)
+    }
+
+    fn decode_ubatch(&mut self, b: &Batch, r: std::ops::Range<usize>) -> Result<Vec<f32>, ContextError> {
+        let gpu = self.model.gpu.clone();
+        let n = r.len();
+        let slot = self.cells.find_slot(n)?;
+        let pos = &b.pos[r.clone()];
+        let seq = &b.seq[r.clone()];
+        self.cells.store(slot, pos, seq);
+        let n_kv = self.cells.n_kv(N_KV_PAD);
+        let mask = build_mask(self.cells.cells(), n_kv, pos, seq, None);
+        let positions: Vec<f64> = pos.iter().map(|&p| p as f64).collect();
+        let table = self.model.hp.rope.table(&positions);
+        let slots: Vec<u32> = (slot as u32..(slot + n) as u32).collect();
+        let out_ids: Vec<u32> = (0..n as u32).filter(|&j| b.logits[r.start + j as usize]).collect();
+        let n_out = out_ids.len() as u32;
+        gpu.write(&self.step.tokens, 0, bytemuck::cast_slice(&b.tokens[r.clone()]));
+        gpu.write(&self.step.rope_table, 0, bytemuck::cast_slice(&table));
+        gpu.write(&self.step.kv_slots, 0, bytemuck::cast_slice(&slots));
+        gpu.write(&self.step.mask, 0, bytemuck::cast_slice(&mask));
+        if !out_ids.is_empty() {
+            gpu.write(&self.step.out_ids, 0, bytemuck::cast_slice(&out_ids));
+        }
+        let key = (n as u32, n_kv as u32, n_out);
+        let idx = match self.graphs.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let io = GraphIo {
+                    n_tok: key.0,
+                    n_kv: key.1,
+                    n_out,
+                    tokens: View::whole(&self.step.tokens),
+                    rope_table: View::whole(&self.step.rope_table),
+                    kv_slots: View::whole(&self.step.kv_slots),
+                    mask: View::whole(&self.step.mask),
+                    out_ids: View::whole(&self.step.out_ids),
+                    logits: View::whole(&self.step.logits),
+                };
+                let graph = self.model.build_graph(&io, &self.kv)?;
+                self.n_graph_builds += 1;
+                log::debug!(
+                    "graph for {key:?}: {} dispatches, {} scratch buffers ({:.1} MiB)",
+                    graph.n_dispatches(),
+                    graph.scratch.len(),
+                    graph.scratch_bytes as f64 / (1 << 20) as f64
+                );
+                if self.graphs.len() == GRAPH_CACHE {
+                    self.graphs.pop_front();
+                }
+                self.graphs.push_back((key, graph));
+                self.graphs.len() - 1
+            }
+        };
+        let graph = &self.graphs[idx].1;
+        let bytes = n_out as u64 * self.model.hp.n_vocab as u64 * 4;
+        let read = (n_out > 0).then(|| (View::whole(&self.step.logits), bytes));
+        let data = graph.run(&gpu, read.as_ref().map(|(v, b)| (v, *b)))?;
+        Ok(data.map(|d| bytemuck::pod_collect_to_vec(&d)).unwrap_or_default())
+    }
+}

@@ -1,0 +1,73 @@
+//! The compute graph: a list of op nodes over virtual tensors, a planner that maps
+//! intermediate tensors onto a few reusable buffers by lifetime, and an executor that
+//! replays every dispatch of a ubatch in one compute pass and one submit.
+
+mod builder;
+mod planner;
+
+pub use builder::{GraphBuilder, Node, Op, TensorId};
+
+use crate::gpu::{Gpu, GpuError};
+use crate::ops::{Dispatch, View};
+
+/// A built graph: ready-made dispatches and the scratch buffers they use.
+pub struct Graph {
+    dispatches: Vec<Dispatch>,
+    /// Kept alive for the bind groups; their count shows how well buffers are reused.
+    pub scratch: Vec<wgpu::Buffer>,
+    pub scratch_bytes: u64,
+}
+
+impl Graph {
+    pub fn n_dispatches(&self) -> usize {
+        self.dispatches.len()
+    }
+
+    /// Records all dispatches in one pass, then (optionally) copies `read` to a mappable
+    /// buffer in the same submit; returns the bytes read.
+    pub fn run(&self, gpu: &Gpu, read: Option<(&View, u64)>) -> Result<Option<Vec<u8>>, GpuError> {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for d in &self.dispatches {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, &d.bind_group, &[]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
+        }
+        let Some((view, bytes)) = read else {
+            gpu.queue.submit([enc.finish()]);
+            gpu.sync()?;
+            return Ok(None);
+        };
+        let size = bytes.div_ceil(4) * 4;
+        let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits readback"),
+            size: size.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        enc.copy_buffer_to_buffer(&view.buf, view.offset, &staging, 0, size);
+        gpu.queue.submit([enc.finish()]);
+        let slice = staging.slice(..size);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        gpu.sync()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            _ => {
+                return Err(GpuError::DeviceLost {
+                    reason: "logits readback did not complete".into(),
+                })
+            }
+        }
+        let data = slice
+            .get_mapped_range()
+            .map_err(|e| GpuError::Validation(format!("logits mapping: {e:?}")))?[..bytes as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(Some(data))
+    }
+}

@@ -1,0 +1,15 @@
+//! KV cache cell bookkeeping: which cache cell holds which position of which sequences.
+//!
+//! Host-only by design (no GPU types): the K/V tensors live in GPU buffers indexed by cell,
+//! and everything that decides *where* a token goes or *what* it may attend to is here,
+//! where it can be unit-tested exhaustively.
+
+mod cells;
+mod mask;
+
+pub use cells::{Cell, KvCells, KvError, SeqId};
+pub use mask::{build_mask, MASKED};
+
+/// Attention reads cells [0, n_kv) with n_kv a multiple of this (as llama.cpp pads it),
+/// so the graph keeps one shape over many steps and can be replayed.
+pub const N_KV_PAD: usize = 256;

@@ -1,0 +1,119 @@
+//! Hyperparameters from GGUF metadata.
+
+use super::ModelError;
+use crate::gguf::GgufFile;
+use crate::ops::rope::RopeParams;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+}
+
+pub const SUPPORTED_ARCHS: &str = "llama";
+
+#[derive(Clone, Debug)]
+pub struct Hparams {
+    pub arch: Arch,
+    pub n_vocab: u32,
+    pub n_embd: u32,
+    pub n_layer: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim: u32,
+    pub n_ff: u32,
+    pub n_ctx_train: u32,
+    pub eps: f32,
+    pub rope: RopeParams,
+}
+
+impl Hparams {
+    pub fn n_embd_q(&self) -> u32 {
+        self.head_dim * self.n_head
+    }
+    pub fn n_embd_kv(&self) -> u32 {
+        self.head_dim * self.n_head_kv
+    }
+
+    pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
+        let arch_name = f.architecture()?.to_string();
+        let arch = match arch_name.as_str() {
+            "llama" => Arch::Llama,
+            _ => {
+                return Err(ModelError::UnsupportedArch {
+                    path: f.path.clone(),
+                    arch: arch_name,
+                    supported: SUPPORTED_ARCHS,
+                })
+            }
+        };
+        let a = arch_name.as_str();
+        let key = |k: &str| format!("{a}.{k}");
+        let u = |k: &str| -> Result<u32, ModelError> {
+            let v = f.get_u64(&key(k))?;
+            u32::try_from(v).map_err(|_| ModelError::BadHparams {
+                path: f.path.clone(),
+                msg: format!("{} = {v} is out of range", key(k)),
+            })
+        };
+        let n_embd = u("embedding_length")?;
+        let n_head = u("attention.head_count")?;
+        let n_head_kv = if f.get(&key("attention.head_count_kv")).is_some() {
+            u("attention.head_count_kv")?
+        } else {
+            n_head
+        };
+        let bad = |msg: String| ModelError::BadHparams {
+            path: f.path.clone(),
+            msg,
+        };
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(bad(format!("head counts {n_head}/{n_head_kv} are inconsistent")));
+        }
+        let head_dim = if f.get(&key("attention.key_length")).is_some() {
+            u("attention.key_length")?
+        } else {
+            n_embd / n_head
+        };
+        let n_rot = if f.get(&key("rope.dimension_count")).is_some() {
+            u("rope.dimension_count")?
+        } else {
+            head_dim
+        };
+        if head_dim % 4 != 0 || n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(bad(format!("head size {head_dim} / rotary dims {n_rot} are not supported")));
+        }
+        let freq_base = f.get(&key("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0) as f32;
+        let scaling = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()).unwrap_or("none");
+        let freq_scale = match scaling {
+            "none" => 1.0,
+            "linear" => 1.0 / f.get_f32(&key("rope.scaling.factor"))?,
+            other => return Err(bad(format!("rope scaling `{other}` is not supported yet"))),
+        };
+        let n_vocab = f
+            .tensor("token_embd.weight")
+            .map(|t| t.dims.get(1).copied().unwrap_or(0) as u32)
+            .ok_or_else(|| ModelError::MissingTensor {
+                path: f.path.clone(),
+                tensor: "token_embd.weight".into(),
+            })?;
+        Ok(Hparams {
+            arch,
+            n_vocab,
+            n_embd,
+            n_layer: u("block_count")?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff: u("feed_forward_length")?,
+            n_ctx_train: u("context_length")?,
+            eps: f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            rope: RopeParams {
+                head_dim,
+                n_dims: n_rot,
+                neox: false,
+                freq_base,
+                freq_scale,
+            },
+        })
+    }
+}

@@ -1,0 +1,90 @@
+//! Models: hyperparameters and weights from a GGUF file, and one file per architecture
+//! that builds the forward graph for a ubatch.
+
+mod hparams;
+mod llama;
+mod weights;
+
+pub use hparams::{Arch, Hparams};
+pub use weights::{LayerWeights, ModelWeights};
+
+use crate::gguf::{GgmlType, GgufError, GgufFile};
+use crate::gpu::{Gpu, GpuError};
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("{path}: unsupported model architecture `{arch}` (wgllm supports: {supported})")]
+    UnsupportedArch {
+        path: String,
+        arch: String,
+        supported: &'static str,
+    },
+    #[error("{path}: tensor `{tensor}` has type {ty}, which wgllm cannot compute with yet (supported: F32, F16, Q4_0, Q4_1, Q8_0)")]
+    UnsupportedType { path: String, tensor: String, ty: GgmlType },
+    #[error("{path}: required tensor `{tensor}` is missing")]
+    MissingTensor { path: String, tensor: String },
+    #[error("{path}: tensor `{tensor}` has shape {got:?}, expected {want:?}")]
+    BadShape {
+        path: String,
+        tensor: String,
+        got: Vec<u64>,
+        want: Vec<u64>,
+    },
+    #[error("{path}: {msg}")]
+    BadHparams { path: String, msg: String },
+}
+
+/// A loaded model: hyperparameters plus weights resident on the GPU.
+pub struct Model {
+    pub hp: Hparams,
+    pub weights: ModelWeights,
+    pub gpu: Arc<Gpu>,
+    /// `general.name`, for logs.
+    pub name: String,
+}
+
+impl Model {
+    /// Reads hyperparameters and uploads every weight. `progress(done, total)` is called
+    /// in bytes as tensors are uploaded.
+    pub fn load(gpu: Arc<Gpu>, f: &GgufFile, progress: &mut dyn FnMut(u64, u64)) -> Result<Model, ModelError> {
+        let hp = Hparams::from_gguf(f)?;
+        let weights = ModelWeights::load(&gpu, f, &hp, progress)?;
+        let name = f
+            .get("general.name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("model")
+            .to_string();
+        Ok(Model { hp, weights, gpu, name })
+    }
+
+    /// Builds the forward graph for one ubatch (see [`crate::context`] for the inputs).
+    pub fn build_graph(&self, io: &GraphIo, kv: &KvBuffers) -> Result<crate::graph::Graph, GpuError> {
+        match self.hp.arch {
+            Arch::Llama => llama::build(self, io, kv),
+        }
+    }
+}
+
+/// Per-ubatch inputs and outputs of the forward graph, and its shape.
+pub struct GraphIo {
+    pub n_tok: u32,
+    pub n_kv: u32,
+    pub n_out: u32,
+    pub tokens: crate::ops::View,
+    pub rope_table: crate::ops::View,
+    pub kv_slots: crate::ops::View,
+    pub mask: crate::ops::View,
+    pub out_ids: crate::ops::View,
+    pub logits: crate::ops::View,
+}
+
+/// The per-layer K and V cache buffers ([n_embd_kv, cells] f32 each).
+pub struct KvBuffers {
+    pub k: Vec<crate::ops::View>,
+    pub v: Vec<crate::ops::View>,
+}

