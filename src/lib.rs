@@ -11,3 +11,4 @@ pub mod sample;
 pub mod tokenizer;
 pub mod context;
 pub mod model;
+pub mod generate;

@@ -1,1 +1,26 @@
-fn main() {}
+//! The `wgllm` binary: parses flags, runs a command, turns errors into a message and a
+//! non-zero exit.
+
+mod cli;
+
+use clap::Parser;
+use cli::{Cli, Command};
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,wgllm=info"))
+        .format_timestamp(None)
+        .init();
+    let cli = Cli::parse();
+    let result = match &cli.cmd {
+        Command::Run(a) => cli::run::run(a),
+        Command::Chat(a) => cli::chat::chat(a),
+        Command::Perplexity(a) => cli::perplexity::perplexity(a),
+        Command::Bench(a) => cli::bench::bench(a),
+        Command::Inspect(a) => cli::info::inspect(a),
+        Command::Devices(a) => cli::info::devices(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

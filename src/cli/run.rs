@@ -1,0 +1,165 @@
+//! `wgllm run`: one prompt in, generated text out (stdout), logs and timings on stderr.
+
+use super::{load_model, new_context, ModelArgs};
+use anyhow::{bail, Context as _, Result};
+use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+use wgllm::generate::{generate, Stop, Timings, Utf8Stream};
+use wgllm::sample::{Sampler, SamplerParams};
+
+/// Sampling flags, with llama.cpp's defaults.
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: i32,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed (-1: random).
+    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+}
+
+impl SamplingArgs {
+    pub fn sampler(&self, n_vocab: usize) -> Result<Sampler> {
+        if self.temp.is_nan() || self.top_p.is_nan() || self.min_p.is_nan() || self.repeat_penalty <= 0.0 {
+            bail!("invalid sampling flags: --repeat-penalty must be positive and no value may be NaN");
+        }
+        let seed = if self.seed < 0 { SamplerParams::RANDOM_SEED } else { self.seed as u64 };
+        Ok(Sampler::new(
+            SamplerParams {
+                temp: self.temp,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                repeat_last_n: self.repeat_last_n,
+                seed,
+            },
+            n_vocab,
+        ))
+    }
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long, conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long)]
+    pub file: Option<PathBuf>,
+    /// Tokens to generate (-1: until end of generation or a full context).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i32,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Do not echo the prompt before the generated text.
+    #[arg(long)]
+    pub no_display_prompt: bool,
+    /// Take the prompt literally (by default \n, \t, \\ … in -p are unescaped, as llama.cpp does).
+    #[arg(long)]
+    pub no_escape: bool,
+}
+
+/// llama.cpp's escape processing of -p.
+pub fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('\\') => out.push('\\'),
+            Some('"') => out.push('"'),
+            Some('\'') => out.push('\''),
+            Some(o) => {
+                out.push('\\');
+                out.push(o);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+pub fn run(a: &RunArgs) -> Result<()> {
+    let prompt = match (&a.prompt, &a.file) {
+        (Some(p), _) if a.no_escape => p.clone(),
+        (Some(p), _) => unescape(p),
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading the prompt file {}", f.display()))?,
+        (None, None) => bail!("no prompt: pass -p TEXT or -f FILE"),
+    };
+    if a.n_predict < -1 {
+        bail!("-n must be -1 (unlimited) or a token count, got {}", a.n_predict);
+    }
+    let loaded = load_model(&a.model)?;
+    let tok = &loaded.tokenizer;
+    let mut ctx = new_context(&loaded.model, &a.model)?;
+    let tokens = tok.encode(&prompt, true, true);
+    if tokens.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let n_ctx = ctx.n_ctx() as usize;
+    if tokens.len() > n_ctx.saturating_sub(4) {
+        bail!(
+            "prompt is too long ({} tokens, max {}); use a larger context (-c) or a shorter prompt",
+            tokens.len(),
+            n_ctx.saturating_sub(4)
+        );
+    }
+    let mut sampler = a.sampling.sampler(tok.n_vocab())?;
+    log::info!("prompt: {} tokens, sampler seed {}", tokens.len(), sampler.seed());
+    let mut timings = Timings {
+        load: loaded.load_time,
+        ..Default::default()
+    };
+    let mut stdout = std::io::stdout().lock();
+    if !a.no_display_prompt {
+        write!(stdout, "{prompt}")?;
+        stdout.flush()?;
+    }
+    let mut stream = Utf8Stream::default();
+    let mut n_past = 0;
+    let mut write_err = None;
+    let (_, stop) = generate(&mut ctx, tok, &mut sampler, &tokens, &mut n_past, a.n_predict, &mut timings, &mut |t| {
+        let text = stream.push(&tok.token_to_piece(t, false));
+        match write!(stdout, "{text}").and_then(|_| stdout.flush()) {
+            Ok(()) => true,
+            Err(e) => {
+                write_err = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e.into());
+        }
+    }
+    write!(stdout, "{}", stream.finish())?;
+    writeln!(stdout)?;
+    match stop {
+        Stop::ContextFull => log::warn!("stopped: the context ({} tokens) is full", ctx.n_ctx()),
+        Stop::EndOfGeneration => log::info!("[end of text]"),
+        _ => {}
+    }
+    eprintln!("{}", timings.report());
+    Ok(())
+}
