@@ -12,6 +12,8 @@ struct Params {
     _pad2: u32,
 }
 
+const WB_SLOTS: u32 = 1u;
+
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;

@@ -1,7 +1,8 @@
 // dst[t][row] = dot(W[row], x[t]) for a weight matrix W in a GPU block layout (the
 // quant_*.wgsl snippet in front of this file defines QK, WPB and load_block).
-// One invocation owns one weight row and TB tokens: each block is dequantized once and
-// used TB times. This "row per invocation" shape is what CPU-like adapters run fastest.
+// One invocation owns R consecutive weight rows and TB tokens: each weight block is
+// dequantized once and used TB times, each block of x is loaded once and used R times.
+// This "rows per invocation, no barriers" shape is what CPU-like adapters run fastest.
 struct Params {
     k: u32,              // row length (multiple of QK)
     n_rows: u32,         // rows in this chunk
@@ -14,6 +15,8 @@ struct Params {
 }
 
 const TB: u32 = {{TB}}u;
+const R: u32 = {{R}}u;
+const WB_SLOTS: u32 = R;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
@@ -22,30 +25,46 @@ const TB: u32 = {{TB}}u;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row = (wid.y * p.wg_x + wid.x) * 64u + lid;
+    let row0 = ((wid.y * p.wg_x + wid.x) * 64u + lid) * R;
     let t0 = wid.z * TB;
-    if (row >= p.n_rows) {
+    if (row0 >= p.n_rows) {
         return;
     }
     let ntb = min(TB, p.n_tok - t0);
     let k4 = p.k / 4u;
-    var acc: array<f32, TB>;
-    let rbase = row * p.row_words;
+    var acc: array<f32, TB * R>;
+    var rbase: array<u32, R>;
+    for (var r = 0u; r < R; r++) {
+        // Rows past the end re-read the last row; their results are not stored.
+        rbase[r] = min(row0 + r, p.n_rows - 1u) * p.row_words;
+    }
     let nb = p.k / QK;
     for (var b = 0u; b < nb; b++) {
-        load_block(rbase + b * WPB);
+        for (var r = 0u; r < R; r++) {
+            load_block(rbase[r] + b * WPB, r);
+        }
         for (var t = 0u; t < TB; t++) {
             if (t < ntb) {
                 let xo = (t0 + t) * k4 + b * (QK / 4u);
-                var s = 0.0;
+                var xv: array<vec4<f32>, QK / 4u>;
                 for (var i = 0u; i < QK / 4u; i++) {
-                    s += dot(wb[i], x[xo + i]);
+                    xv[i] = x[xo + i];
                 }
-                acc[t] += s;
+                for (var r = 0u; r < R; r++) {
+                    var s = 0.0;
+                    for (var i = 0u; i < QK / 4u; i++) {
+                        s += dot(wb[r * 8u + i], xv[i]);
+                    }
+                    acc[t * R + r] += s;
+                }
             }
         }
     }
     for (var t = 0u; t < ntb; t++) {
-        dst[(t0 + t) * p.out_stride + p.out_row_offset + row] = acc[t];
+        for (var r = 0u; r < R; r++) {
+            if (row0 + r < p.n_rows) {
+                dst[(t0 + t) * p.out_stride + p.out_row_offset + row0 + r] = acc[t * R + r];
+            }
+        }
     }
 }

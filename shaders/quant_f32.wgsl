@@ -2,12 +2,14 @@
 const QK: u32 = 32u;
 const WPB: u32 = 32u;
 
-var<private> wb: array<vec4<f32>, 8>;
+// Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
+var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
 
-fn load_block(base: u32) {
+fn load_block(base: u32, slot: u32) {
+    let o8 = slot * 8u;
     for (var i = 0u; i < 8u; i++) {
         let o = base + 4u * i;
-        wb[i] = vec4<f32>(bitcast<f32>(w[o]), bitcast<f32>(w[o + 1u]), bitcast<f32>(w[o + 2u]), bitcast<f32>(w[o + 3u]));
+        wb[o8 + i] = vec4<f32>(bitcast<f32>(w[o]), bitcast<f32>(w[o + 1u]), bitcast<f32>(w[o + 2u]), bitcast<f32>(w[o + 3u]));
     }
 }
 

@@ -2,18 +2,20 @@
 const QK: u32 = 32u;
 const WPB: u32 = 5u;
 
-var<private> wb: array<vec4<f32>, 8>;
+// Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
+var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
 
 fn nibbles(q: u32, shift: u32) -> vec4<f32> {
     return vec4<f32>(vec4<u32>(q >> shift, q >> (shift + 8u), q >> (shift + 16u), q >> (shift + 24u)) & vec4<u32>(15u));
 }
 
-fn load_block(base: u32) {
+fn load_block(base: u32, slot: u32) {
+    let o8 = slot * 8u;
     let dm = unpack2x16float(w[base]);
     for (var i = 0u; i < 4u; i++) {
         let q = w[base + 1u + i];
-        wb[i] = nibbles(q, 0u) * dm.x + dm.y;
-        wb[i + 4u] = nibbles(q, 4u) * dm.x + dm.y;
+        wb[o8 + i] = nibbles(q, 0u) * dm.x + dm.y;
+        wb[o8 + i + 4u] = nibbles(q, 4u) * dm.x + dm.y;
     }
 }
 

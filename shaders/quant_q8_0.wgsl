@@ -2,17 +2,19 @@
 const QK: u32 = 32u;
 const WPB: u32 = 9u;
 
-var<private> wb: array<vec4<f32>, 8>;
+// Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
+var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
 
 fn bytes_i8(q: u32) -> vec4<f32> {
     let v = bitcast<vec4<i32>>(vec4<u32>(q << 24u, q << 16u, q << 8u, q)) >> vec4<u32>(24u);
     return vec4<f32>(v);
 }
 
-fn load_block(base: u32) {
+fn load_block(base: u32, slot: u32) {
+    let o8 = slot * 8u;
     let d = unpack2x16float(w[base]).x;
     for (var i = 0u; i < 8u; i++) {
-        wb[i] = bytes_i8(w[base + 1u + i]) * d;
+        wb[o8 + i] = bytes_i8(w[base + 1u + i]) * d;
     }
 }
 

@@ -2,9 +2,9 @@
 //! buffers, and the graphs built for the shapes seen so far. `decode` runs a batch.
 
 use crate::gpu::GpuError;
+use crate::graph::Graph;
 use crate::kv::{build_mask, KvCells, KvError, N_KV_PAD};
 use crate::model::{GraphIo, KvBuffers, Model};
-use crate::graph::Graph;
 use crate::ops::View;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -82,7 +82,9 @@ impl Context {
         let gpu = model.gpu.clone();
         let hp = &model.hp;
         if params.n_ctx == 0 || params.n_batch == 0 || params.n_ubatch == 0 {
-            return Err(ContextError::BadBatch("context, batch and ubatch sizes must be positive".into()));
+            return Err(ContextError::BadBatch(
+                "context, batch and ubatch sizes must be positive".into(),
+            ));
         }
         let ub = params.n_ubatch.min(params.n_batch) as u64;
         let n_ctx = params.n_ctx as u64;
@@ -90,8 +92,12 @@ impl Context {
         let mut k = Vec::new();
         let mut v = Vec::new();
         for il in 0..hp.n_layer {
-            k.push(View::whole(&gpu.storage(&format!("k_cache{il}"), kv_bytes)?));
-            v.push(View::whole(&gpu.storage(&format!("v_cache{il}"), kv_bytes)?));
+            k.push(View::whole(
+                &gpu.storage(&format!("k_cache{il}"), kv_bytes)?,
+            ));
+            v.push(View::whole(
+                &gpu.storage(&format!("v_cache{il}"), kv_bytes)?,
+            ));
         }
         let n_out_max = (gpu.max_binding / (hp.n_vocab as u64 * 4)).clamp(1, ub) as u32;
         let step = StepBuffers {
@@ -141,7 +147,9 @@ impl Context {
             return Err(ContextError::BadBatch("the batch is empty".into()));
         }
         if batch.pos.len() != n || batch.seq.len() != n || batch.logits.len() != n {
-            return Err(ContextError::BadBatch("tokens, positions, sequences and logits flags differ in length".into()));
+            return Err(ContextError::BadBatch(
+                "tokens, positions, sequences and logits flags differ in length".into(),
+            ));
         }
         if n > self.params.n_batch as usize {
             return Err(ContextError::BadBatch(format!(
@@ -151,10 +159,14 @@ impl Context {
         }
         let n_vocab = self.model.hp.n_vocab;
         if let Some(&bad) = batch.tokens.iter().find(|&&t| t >= n_vocab) {
-            return Err(ContextError::BadBatch(format!("token id {bad} is out of the vocabulary (0..{n_vocab})")));
+            return Err(ContextError::BadBatch(format!(
+                "token id {bad} is out of the vocabulary (0..{n_vocab})"
+            )));
         }
         if batch.seq.contains(&0) {
-            return Err(ContextError::BadBatch("a token belongs to no sequence".into()));
+            return Err(ContextError::BadBatch(
+                "a token belongs to no sequence".into(),
+            ));
         }
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let mut out = Vec::new();
@@ -178,7 +190,11 @@ impl Context {
         Ok(out)
     }
 
-    fn decode_ubatch(&mut self, b: &Batch, r: std::ops::Range<usize>) -> Result<Vec<f32>, ContextError> {
+    fn decode_ubatch(
+        &mut self,
+        b: &Batch,
+        r: std::ops::Range<usize>,
+    ) -> Result<Vec<f32>, ContextError> {
         let gpu = self.model.gpu.clone();
         let n = r.len();
         let slot = self.cells.find_slot(n)?;
@@ -190,9 +206,15 @@ impl Context {
         let positions: Vec<f64> = pos.iter().map(|&p| p as f64).collect();
         let table = self.model.hp.rope.table(&positions);
         let slots: Vec<u32> = (slot as u32..(slot + n) as u32).collect();
-        let out_ids: Vec<u32> = (0..n as u32).filter(|&j| b.logits[r.start + j as usize]).collect();
+        let out_ids: Vec<u32> = (0..n as u32)
+            .filter(|&j| b.logits[r.start + j as usize])
+            .collect();
         let n_out = out_ids.len() as u32;
-        gpu.write(&self.step.tokens, 0, bytemuck::cast_slice(&b.tokens[r.clone()]));
+        gpu.write(
+            &self.step.tokens,
+            0,
+            bytemuck::cast_slice(&b.tokens[r.clone()]),
+        );
         gpu.write(&self.step.rope_table, 0, bytemuck::cast_slice(&table));
         gpu.write(&self.step.kv_slots, 0, bytemuck::cast_slice(&slots));
         gpu.write(&self.step.mask, 0, bytemuck::cast_slice(&mask));
@@ -233,6 +255,8 @@ impl Context {
         let bytes = n_out as u64 * self.model.hp.n_vocab as u64 * 4;
         let read = (n_out > 0).then(|| (View::whole(&self.step.logits), bytes));
         let data = graph.run(&gpu, read.as_ref().map(|(v, b)| (v, *b)))?;
-        Ok(data.map(|d| bytemuck::pod_collect_to_vec(&d)).unwrap_or_default())
+        Ok(data
+            .map(|d| bytemuck::pod_collect_to_vec(&d))
+            .unwrap_or_default())
     }
 }

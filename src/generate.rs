@@ -28,9 +28,22 @@ impl Timings {
     pub fn report(&self) -> String {
         let total = self.load + self.prompt + self.eval;
         [
-            format!("wgllm_perf:        load time = {:10.2} ms", self.load.as_secs_f64() * 1e3),
-            Self::line("wgllm_perf: prompt eval time", self.prompt, self.prompt_tokens, "tokens"),
-            Self::line("wgllm_perf:        eval time", self.eval, self.eval_tokens, "runs  "),
+            format!(
+                "wgllm_perf:        load time = {:10.2} ms",
+                self.load.as_secs_f64() * 1e3
+            ),
+            Self::line(
+                "wgllm_perf: prompt eval time",
+                self.prompt,
+                self.prompt_tokens,
+                "tokens",
+            ),
+            Self::line(
+                "wgllm_perf:        eval time",
+                self.eval,
+                self.eval_tokens,
+                "runs  ",
+            ),
             format!(
                 "wgllm_perf:       total time = {:10.2} ms / {:5} tokens",
                 total.as_secs_f64() * 1e3,

@@ -2,13 +2,13 @@
 //!
 //! See ARCHITECTURE.md for how the modules fit together.
 
+pub mod context;
+pub mod generate;
 pub mod gguf;
 pub mod gpu;
 pub mod graph;
 pub mod kv;
+pub mod model;
 pub mod ops;
 pub mod sample;
 pub mod tokenizer;
-pub mod context;
-pub mod model;
-pub mod generate;

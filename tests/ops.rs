@@ -17,7 +17,13 @@ use wgllm::ops::set_rows::{set_rows, set_rows_ref};
 use wgllm::ops::softmax::{softmax, softmax_ref, SoftmaxParams};
 use wgllm::ops::{nmse, run_now, View, Weight};
 
-const WEIGHT_TYPES: [GgmlType; 5] = [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+const WEIGHT_TYPES: [GgmlType; 5] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+];
 
 fn up_f32(gpu: &Gpu, data: &[f32]) -> View {
     View::whole(&gpu.upload("test", bytemuck::cast_slice(data)).unwrap())
@@ -33,7 +39,9 @@ fn read(gpu: &Gpu, v: &View, n: usize) -> Vec<f32> {
 }
 
 fn quantized(ty: GgmlType, rng: &mut Rng, n_cols: usize, n_rows: usize) -> Vec<u8> {
-    (0..n_rows).flat_map(|_| quant::quantize_row(ty, &rng.vec(n_cols))).collect()
+    (0..n_rows)
+        .flat_map(|_| quant::quantize_row(ty, &rng.vec(n_cols)))
+        .collect()
 }
 
 fn check(what: &str, reference: &[f32], actual: &[f32], max_err: f64) {
@@ -48,13 +56,20 @@ fn get_rows_matches_reference() {
         for ty in WEIGHT_TYPES {
             let (n_cols, n_rows) = (32 * (1 + rng.below(6) as usize), 1 + rng.below(40) as usize);
             let data = quantized(ty, &mut rng, n_cols, n_rows);
-            let ids: Vec<u32> = (0..1 + rng.below(9)).map(|_| rng.below(n_rows as u32)).collect();
+            let ids: Vec<u32> = (0..1 + rng.below(9))
+                .map(|_| rng.below(n_rows as u32))
+                .collect();
             let w = Weight::upload(gpu, "w", ty, n_cols, n_rows, &data).unwrap();
             let dst = out_f32(gpu, ids.len() * n_cols);
             let d = get_rows(gpu, &w, &up_u32(gpu, &ids), ids.len() as u32, &dst).unwrap();
             run_now(gpu, &d).unwrap();
             let want = get_rows_ref(ty, &data, n_cols, &ids);
-            check(&format!("{name} get_rows {ty}"), &want, &read(gpu, &dst, want.len()), 1e-12);
+            check(
+                &format!("{name} get_rows {ty}"),
+                &want,
+                &read(gpu, &dst, want.len()),
+                1e-12,
+            );
         }
     }
 }
@@ -74,7 +89,12 @@ fn matmul_matches_reference() {
                 let d = matmul(gpu, &w, &up_f32(gpu, &x), n_tok as u32, &dst).unwrap();
                 run_now(gpu, &d).unwrap();
                 let want = matmul_ref(ty, &data, k, n, &x, n_tok);
-                check(&format!("{name} matmul {ty} {k}x{n} T={n_tok}"), &want, &read(gpu, &dst, want.len()), 1e-9);
+                check(
+                    &format!("{name} matmul {ty} {k}x{n} T={n_tok}"),
+                    &want,
+                    &read(gpu, &dst, want.len()),
+                    1e-9,
+                );
             }
         }
     }
@@ -88,16 +108,38 @@ fn tensors_larger_than_a_binding_are_split() {
     let (k, n, n_tok) = (96usize, 300usize, 5usize);
     let data = quantized(GgmlType::Q8_0, &mut rng, k, n);
     let w = Weight::upload(&gpu, "big", GgmlType::Q8_0, k, n, &data).unwrap();
-    assert!(w.chunks.len() >= 4, "expected a split, got {} chunk(s)", w.chunks.len());
+    assert!(
+        w.chunks.len() >= 4,
+        "expected a split, got {} chunk(s)",
+        w.chunks.len()
+    );
     assert!(w.chunks.iter().all(|c| c.buf.size() <= 8192));
     let x = rng.vec(k * n_tok);
     let dst = out_f32(&gpu, n * n_tok);
-    run_now(&gpu, &matmul(&gpu, &w, &up_f32(&gpu, &x), n_tok as u32, &dst).unwrap()).unwrap();
-    check("split matmul", &matmul_ref(GgmlType::Q8_0, &data, k, n, &x, n_tok), &read(&gpu, &dst, n * n_tok), 1e-9);
+    run_now(
+        &gpu,
+        &matmul(&gpu, &w, &up_f32(&gpu, &x), n_tok as u32, &dst).unwrap(),
+    )
+    .unwrap();
+    check(
+        "split matmul",
+        &matmul_ref(GgmlType::Q8_0, &data, k, n, &x, n_tok),
+        &read(&gpu, &dst, n * n_tok),
+        1e-9,
+    );
     let ids = [0u32, 299, 150, 31, 32];
     let rows = out_f32(&gpu, ids.len() * k);
-    run_now(&gpu, &get_rows(&gpu, &w, &up_u32(&gpu, &ids), 5, &rows).unwrap()).unwrap();
-    check("split get_rows", &get_rows_ref(GgmlType::Q8_0, &data, k, &ids), &read(&gpu, &rows, 5 * k), 1e-12);
+    run_now(
+        &gpu,
+        &get_rows(&gpu, &w, &up_u32(&gpu, &ids), 5, &rows).unwrap(),
+    )
+    .unwrap();
+    check(
+        "split get_rows",
+        &get_rows_ref(GgmlType::Q8_0, &data, k, &ids),
+        &read(&gpu, &rows, 5 * k),
+        1e-12,
+    );
 }
 
 #[test]
@@ -109,9 +151,23 @@ fn rms_norm_matches_reference() {
             let x = rng.vec(n * rows);
             let w = rng.vec(n);
             let dst = out_f32(gpu, n * rows);
-            let d = rms_norm(gpu, &up_f32(gpu, &x), &up_f32(gpu, &w), &dst, n as u32, rows as u32, 1e-5).unwrap();
+            let d = rms_norm(
+                gpu,
+                &up_f32(gpu, &x),
+                &up_f32(gpu, &w),
+                &dst,
+                n as u32,
+                rows as u32,
+                1e-5,
+            )
+            .unwrap();
             run_now(gpu, &[d]).unwrap();
-            check(&format!("{name} rms_norm {n}x{rows}"), &rms_norm_ref(&x, &w, n, 1e-5), &read(gpu, &dst, n * rows), 1e-10);
+            check(
+                &format!("{name} rms_norm {n}x{rows}"),
+                &rms_norm_ref(&x, &w, n, 1e-5),
+                &read(gpu, &dst, n * rows),
+                1e-10,
+            );
         }
     }
 }
@@ -125,16 +181,43 @@ fn binary_and_glu_match_reference() {
         let b = rng.vec(nb);
         for op in [BinaryOp::Add, BinaryOp::Mul] {
             let dst = out_f32(gpu, a.len());
-            let d = binary(gpu, op, &up_f32(gpu, &a), &up_f32(gpu, &b), &dst, a.len() as u32, nb as u32).unwrap();
+            let d = binary(
+                gpu,
+                op,
+                &up_f32(gpu, &a),
+                &up_f32(gpu, &b),
+                &dst,
+                a.len() as u32,
+                nb as u32,
+            )
+            .unwrap();
             run_now(gpu, &[d]).unwrap();
-            check(&format!("{name} {op:?}"), &binary_ref(op, &a, &b), &read(gpu, &dst, a.len()), 1e-12);
+            check(
+                &format!("{name} {op:?}"),
+                &binary_ref(op, &a, &b),
+                &read(gpu, &dst, a.len()),
+                1e-12,
+            );
         }
         let g: Vec<f32> = rng.vec(a.len()).iter().map(|v| v * 8.0).collect();
         for act in [Activation::Silu, Activation::Gelu] {
             let dst = out_f32(gpu, a.len());
-            let d = glu(gpu, act, &up_f32(gpu, &g), &up_f32(gpu, &a), &dst, a.len() as u32).unwrap();
+            let d = glu(
+                gpu,
+                act,
+                &up_f32(gpu, &g),
+                &up_f32(gpu, &a),
+                &dst,
+                a.len() as u32,
+            )
+            .unwrap();
             run_now(gpu, &[d]).unwrap();
-            check(&format!("{name} {act:?}"), &glu_ref(act, &g, &a), &read(gpu, &dst, a.len()), 1e-10);
+            check(
+                &format!("{name} {act:?}"),
+                &glu_ref(act, &g, &a),
+                &read(gpu, &dst, a.len()),
+                1e-10,
+            );
         }
     }
 }
@@ -147,7 +230,11 @@ fn rope_matches_reference() {
             let head_dim = 8 * (1 + rng.below(16));
             let rp = RopeParams {
                 head_dim,
-                n_dims: if rng.below(2) == 0 { head_dim } else { head_dim / 2 },
+                n_dims: if rng.below(2) == 0 {
+                    head_dim
+                } else {
+                    head_dim / 2
+                },
                 neox,
                 freq_base: [10000.0, 1e6][rng.below(2) as usize],
                 freq_scale: [1.0, 0.25][rng.below(2) as usize],
@@ -157,8 +244,17 @@ fn rope_matches_reference() {
             let x = rng.vec(head_dim as usize * n_head * n_tok);
             let xv = up_f32(gpu, &x);
             let table = up_f32(gpu, bytemuck::cast_slice(&rp.table(&positions)));
-            run_now(gpu, &[rope(gpu, &rp, &table, &xv, n_head as u32, n_tok as u32).unwrap()]).unwrap();
-            check(&format!("{name} rope {rp:?}"), &rope_ref(&rp, &x, n_head, &positions), &read(gpu, &xv, x.len()), 1e-10);
+            run_now(
+                gpu,
+                &[rope(gpu, &rp, &table, &xv, n_head as u32, n_tok as u32).unwrap()],
+            )
+            .unwrap();
+            check(
+                &format!("{name} rope {rp:?}"),
+                &rope_ref(&rp, &x, n_head, &positions),
+                &read(gpu, &xv, x.len()),
+                1e-10,
+            );
         }
     }
 }
@@ -172,10 +268,23 @@ fn set_rows_matches_reference() {
         let src = rng.vec(row_len * idx.len());
         let mut want = rng.vec(row_len * cells);
         let dst = up_f32(gpu, &want);
-        let d = set_rows(gpu, &up_f32(gpu, &src), &up_u32(gpu, &idx), &dst, row_len as u32, idx.len() as u32).unwrap();
+        let d = set_rows(
+            gpu,
+            &up_f32(gpu, &src),
+            &up_u32(gpu, &idx),
+            &dst,
+            row_len as u32,
+            idx.len() as u32,
+        )
+        .unwrap();
         run_now(gpu, &[d]).unwrap();
         set_rows_ref(&mut want, &src, &idx, row_len);
-        check(&format!("{name} set_rows"), &want, &read(gpu, &dst, want.len()), 0.0);
+        check(
+            &format!("{name} set_rows"),
+            &want,
+            &read(gpu, &dst, want.len()),
+            0.0,
+        );
     }
 }
 
@@ -197,15 +306,44 @@ fn softmax_matches_reference() {
     let mut rng = Rng(8);
     for (name, gpu) in gpus() {
         for max_bias in [0.0f32, 8.0] {
-            let (n_kv, n_tok, n_head) = (1 + rng.below(300) as usize, 1 + rng.below(6) as usize, 1 + rng.below(12));
+            let (n_kv, n_tok, n_head) = (
+                1 + rng.below(300) as usize,
+                1 + rng.below(6) as usize,
+                1 + rng.below(12),
+            );
             let n_kv = n_kv.max(n_tok);
-            let sp = SoftmaxParams { scale: 0.125, max_bias, n_head };
-            let x: Vec<f32> = rng.vec(n_kv * n_tok * n_head as usize).iter().map(|v| v * 20.0).collect();
+            let sp = SoftmaxParams {
+                scale: 0.125,
+                max_bias,
+                n_head,
+            };
+            let x: Vec<f32> = rng
+                .vec(n_kv * n_tok * n_head as usize)
+                .iter()
+                .map(|v| v * 20.0)
+                .collect();
             let mask = random_mask(&mut rng, n_kv, n_tok);
             let xv = up_f32(gpu, &x);
-            run_now(gpu, &[softmax(gpu, &sp, Some(&up_f32(gpu, &mask)), &xv, n_kv as u32, n_tok as u32).unwrap()]).unwrap();
+            run_now(
+                gpu,
+                &[softmax(
+                    gpu,
+                    &sp,
+                    Some(&up_f32(gpu, &mask)),
+                    &xv,
+                    n_kv as u32,
+                    n_tok as u32,
+                )
+                .unwrap()],
+            )
+            .unwrap();
             let want = softmax_ref(&sp, &x, Some(&mask), n_kv, n_tok);
-            check(&format!("{name} softmax bias {max_bias}"), &want, &read(gpu, &xv, x.len()), 1e-10);
+            check(
+                &format!("{name} softmax bias {max_bias}"),
+                &want,
+                &read(gpu, &xv, x.len()),
+                1e-10,
+            );
         }
     }
 }
@@ -217,8 +355,18 @@ fn attention_matches_reference() {
         for (head_dim, n_head, n_head_kv) in [(64u32, 9u32, 3u32), (32, 4, 4), (256, 4, 1)] {
             let n_tok = 1 + rng.below(7);
             let n_kv = n_tok + rng.below(300);
-            let s = AttnShape { head_dim, n_head, n_head_kv, n_tok, n_kv };
-            let sp = SoftmaxParams { scale: 1.0 / (head_dim as f32).sqrt(), max_bias: 0.0, n_head };
+            let s = AttnShape {
+                head_dim,
+                n_head,
+                n_head_kv,
+                n_tok,
+                n_kv,
+            };
+            let sp = SoftmaxParams {
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                max_bias: 0.0,
+                n_head,
+            };
             let q = rng.vec((head_dim * n_head * n_tok) as usize);
             let cells = n_kv as usize + 5; // the cache is larger than the part read
             let k = rng.vec(head_dim as usize * n_head_kv as usize * cells);
@@ -227,12 +375,25 @@ fn attention_matches_reference() {
             let scores = out_f32(gpu, s.scores_len() as usize);
             let dst = out_f32(gpu, q.len());
             let d = attention(
-                gpu, &s, &sp, &up_f32(gpu, &q), &up_f32(gpu, &k), &up_f32(gpu, &v), &up_f32(gpu, &mask), &scores, &dst,
+                gpu,
+                &s,
+                &sp,
+                &up_f32(gpu, &q),
+                &up_f32(gpu, &k),
+                &up_f32(gpu, &v),
+                &up_f32(gpu, &mask),
+                &scores,
+                &dst,
             )
             .unwrap();
             run_now(gpu, &d).unwrap();
             let want = attention_ref(&s, &sp, &q, &k, &v, &mask);
-            check(&format!("{name} attention {s:?}"), &want, &read(gpu, &dst, q.len()), 1e-10);
+            check(
+                &format!("{name} attention {s:?}"),
+                &want,
+                &read(gpu, &dst, q.len()),
+                1e-10,
+            );
         }
     }
 }

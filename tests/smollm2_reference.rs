@@ -18,7 +18,11 @@ fn load() -> Arc<Model> {
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -38,24 +42,40 @@ fn teacher_forced_top1_matches_llama_cpp() {
     let mut checked = 0;
     for name in ["smol-capital", "smol-chat", "smol-code", "smol-story"] {
         let path = common::shared_dir().join(format!("reference/{name}.cpu.json"));
-        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let prompt = ids(&r["prompt_tokens"]);
         let greedy = ids(&r["greedy_tokens"]);
-        let margins: Vec<f64> = r["top1_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
+        let margins: Vec<f64> = r["top1_margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_f64().unwrap())
+            .collect();
         let mut all = prompt.clone();
         all.extend(&greedy);
         let mut ctx = Context::new(
             model.clone(),
-            ContextParams { n_ctx: 512, n_batch: 512, n_ubatch: 512 },
+            ContextParams {
+                n_ctx: 512,
+                n_batch: 512,
+                n_ubatch: 512,
+            },
         )
         .unwrap();
         let logits = ctx.decode(&Batch::simple(&all, 0, true)).unwrap();
         // Last prompt position: llama.cpp's top-5 logits, within its CPU/Vulkan spread.
         let last = &logits[(prompt.len() - 1) * n_vocab..prompt.len() * n_vocab];
         for pair in r["last_prompt_top5"].as_array().unwrap() {
-            let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap());
+            let (id, want) = (
+                pair[0].as_u64().unwrap() as usize,
+                pair[1].as_f64().unwrap(),
+            );
             let got = last[id] as f64;
-            assert!((got - want).abs() < 0.5, "{name}: last prompt logit of {id}: {got} vs llama.cpp {want}");
+            assert!(
+                (got - want).abs() < 0.5,
+                "{name}: last prompt logit of {id}: {got} vs llama.cpp {want}"
+            );
         }
         // Where llama.cpp's Vulkan backend (f32 activations, like ours) was recorded too,
         // we must be much closer to it than to the CPU backend's 8-bit activations.
@@ -63,15 +83,25 @@ fn teacher_forced_top1_matches_llama_cpp() {
         if let Ok(text) = std::fs::read_to_string(&vk_path) {
             let vk: serde_json::Value = serde_json::from_str(&text).unwrap();
             for pair in vk["last_prompt_top5"].as_array().unwrap() {
-                let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap());
+                let (id, want) = (
+                    pair[0].as_u64().unwrap() as usize,
+                    pair[1].as_f64().unwrap(),
+                );
                 let got = last[id] as f64;
-                assert!((got - want).abs() < 0.05, "{name}: logit of {id}: {got} vs llama.cpp Vulkan {want}");
+                assert!(
+                    (got - want).abs() < 0.05,
+                    "{name}: logit of {id}: {got} vs llama.cpp Vulkan {want}"
+                );
             }
         }
         for (i, (&tok, &margin)) in greedy.iter().zip(&margins).enumerate() {
             let row = &logits[(prompt.len() - 1 + i) * n_vocab..(prompt.len() + i) * n_vocab];
             if margin >= 0.5 {
-                assert_eq!(argmax(row), tok, "{name}: generated step {i} (margin {margin})");
+                assert_eq!(
+                    argmax(row),
+                    tok,
+                    "{name}: generated step {i} (margin {margin})"
+                );
                 checked += 1;
             }
         }

@@ -24,7 +24,11 @@ pub struct BenchArgs {
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
-    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64
+    } else {
+        0.0
+    };
     (m, var.sqrt())
 }
 
@@ -39,7 +43,9 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     // Deterministic pseudo-random tokens, as llama-bench uses random ones.
     let mut s = 12345u64;
     let mut rand_tok = move || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((s >> 33) % n_vocab as u64) as u32
     };
     let size_mib = model.weights.gpu_bytes as f64 / (1 << 20) as f64;

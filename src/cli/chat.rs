@@ -27,7 +27,9 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
     let loaded = load_model(&a.model)?;
     let tok = &loaded.tokenizer;
     if tok.chat_template().is_none() {
-        bail!("this model has no chat template (tokenizer.chat_template); use `wgllm run -p` instead");
+        bail!(
+            "this model has no chat template (tokenizer.chat_template); use `wgllm run -p` instead"
+        );
     }
     let mut ctx = new_context(&loaded.model, &a.model)?;
     let mut sampler = a.sampling.sampler(tok.n_vocab())?;
@@ -43,7 +45,10 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
     };
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    eprintln!("chatting with {} — type a message, Ctrl-D to quit", loaded.model.name);
+    eprintln!(
+        "chatting with {} — type a message, Ctrl-D to quit",
+        loaded.model.name
+    );
     loop {
         write!(out, "> ")?;
         out.flush()?;
@@ -58,19 +63,34 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         }
         messages.push(ChatMessage::new("user", line));
         let formatted = tok.apply_chat_template(&messages, true)?;
-        let new_text = formatted.strip_prefix(shown.as_str()).unwrap_or(&formatted).to_string();
+        let new_text = formatted
+            .strip_prefix(shown.as_str())
+            .unwrap_or(&formatted)
+            .to_string();
         let tokens = tok.encode(&new_text, n_past == 0, true);
         if n_past as usize + tokens.len() + 4 > ctx.n_ctx() as usize {
-            bail!("the conversation no longer fits the context ({} tokens); restart with a larger -c", ctx.n_ctx());
+            bail!(
+                "the conversation no longer fits the context ({} tokens); restart with a larger -c",
+                ctx.n_ctx()
+            );
         }
         let mut stream = Utf8Stream::default();
         let mut reply = String::new();
-        let (_, stop) = generate(&mut ctx, tok, &mut sampler, &tokens, &mut n_past, a.n_predict, &mut timings, &mut |t| {
-            let text = stream.push(&tok.token_to_piece(t, false));
-            reply.push_str(&text);
-            print!("{text}");
-            out.flush().is_ok()
-        })?;
+        let (_, stop) = generate(
+            &mut ctx,
+            tok,
+            &mut sampler,
+            &tokens,
+            &mut n_past,
+            a.n_predict,
+            &mut timings,
+            &mut |t| {
+                let text = stream.push(&tok.token_to_piece(t, false));
+                reply.push_str(&text);
+                print!("{text}");
+                out.flush().is_ok()
+            },
+        )?;
         let tail = stream.finish();
         reply.push_str(&tail);
         println!("{tail}");
@@ -83,7 +103,9 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         shown = formatted;
         let with_reply = tok.apply_chat_template(&messages, false)?;
         let reply_text = with_reply.strip_prefix(shown.as_str()).unwrap_or("");
-        let consumed = reply_text.find(messages.last().unwrap().content.as_str()).map_or(0, |i| i + messages.last().unwrap().content.len());
+        let consumed = reply_text
+            .find(messages.last().unwrap().content.as_str())
+            .map_or(0, |i| i + messages.last().unwrap().content.len());
         shown.push_str(&reply_text[..consumed]);
     }
     eprintln!("{}", timings.report());

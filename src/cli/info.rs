@@ -18,16 +18,37 @@ pub struct InspectArgs {
 
 pub fn inspect(a: &InspectArgs) -> Result<()> {
     let f = GgufFile::open(&a.file)?;
-    println!("file: {} (GGUF v{}, {} bytes)", f.path, f.version, f.file_size());
+    println!(
+        "file: {} (GGUF v{}, {} bytes)",
+        f.path,
+        f.version,
+        f.file_size()
+    );
     println!("metadata ({} keys):", f.metadata.len());
     for (k, v) in &f.metadata {
         println!("  {k:<48} {:<7} {v}", v.type_name());
     }
-    println!("tensors ({}), data at byte {} (alignment {}):", f.tensors.len(), f.data_offset, f.alignment);
-    let shown = if a.all { f.tensors.len() } else { f.tensors.len().min(20) };
+    println!(
+        "tensors ({}), data at byte {} (alignment {}):",
+        f.tensors.len(),
+        f.data_offset,
+        f.alignment
+    );
+    let shown = if a.all {
+        f.tensors.len()
+    } else {
+        f.tensors.len().min(20)
+    };
     for t in &f.tensors[..shown] {
         let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
-        println!("  {:<32} {:<6} [{}] {} bytes at {}", t.name, t.ty.to_string(), dims.join(", "), t.n_bytes, t.file_offset);
+        println!(
+            "  {:<32} {:<6} [{}] {} bytes at {}",
+            t.name,
+            t.ty.to_string(),
+            dims.join(", "),
+            t.n_bytes,
+            t.file_offset
+        );
     }
     if shown < f.tensors.len() {
         println!("  … {} more (--all lists them)", f.tensors.len() - shown);
@@ -50,7 +71,10 @@ pub fn devices(a: &DevicesArgs) -> Result<()> {
         );
     }
     for d in list {
-        println!("[{}] {} ({}, {})", d.index, d.name, d.backend, d.device_type);
+        println!(
+            "[{}] {} ({}, {})",
+            d.index, d.name, d.backend, d.device_type
+        );
         println!("    driver: {}", d.driver);
         println!(
             "    max storage binding {} MiB, max buffer {} MiB, workgroup memory {} KiB",

@@ -18,7 +18,11 @@ use wgllm::model::Model;
 use wgllm::tokenizer::Tokenizer;
 
 #[derive(Parser)]
-#[command(name = "wgllm", version, about = "Run GGUF language models on any GPU wgpu reaches (Vulkan, Metal, DX12, GL)")]
+#[command(
+    name = "wgllm",
+    version,
+    about = "Run GGUF language models on any GPU wgpu reaches (Vulkan, Metal, DX12, GL)"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Command,
@@ -104,17 +108,25 @@ pub fn load_model(args: &ModelArgs) -> Result<Loaded> {
         );
     }
     let f = GgufFile::open(&args.model)?;
-    let tokenizer = Tokenizer::from_gguf(&f).with_context(|| format!("reading the tokenizer of {}", args.model.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&f)
+        .with_context(|| format!("reading the tokenizer of {}", args.model.display()))?;
     // Check the architecture before touching the GPU: a clear error comes first.
     wgllm::model::Hparams::from_gguf(&f)?;
     let gpu = args.gpu.open()?;
     let bar = indicatif::ProgressBar::new(f.file_size());
     bar.set_style(
-        indicatif::ProgressStyle::with_template("loading {msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")
-            .unwrap()
-            .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template(
+            "loading {msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
+        )
+        .unwrap()
+        .progress_chars("=> "),
     );
-    bar.set_message(args.model.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+    bar.set_message(
+        args.model
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
     let model = Model::load(gpu, &f, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
@@ -143,7 +155,11 @@ pub fn new_context(model: &Arc<Model>, args: &ModelArgs) -> Result<Context> {
         args.ctx_size
     };
     if args.batch_size == 0 || args.ubatch_size == 0 {
-        bail!("batch sizes must be positive (-b {}, -ub {})", args.batch_size, args.ubatch_size);
+        bail!(
+            "batch sizes must be positive (-b {}, -ub {})",
+            args.batch_size,
+            args.ubatch_size
+        );
     }
     if n_ctx > model.hp.n_ctx_train {
         log::warn!(

@@ -28,7 +28,8 @@ pub fn nll(logits: &[f32], target: u32) -> f64 {
 }
 
 pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
     let loaded = load_model(&a.model)?;
     let tok = &loaded.tokenizer;
     let mut ctx = new_context(&loaded.model, &a.model)?;
@@ -46,7 +47,12 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
             2 * n_ctx
         );
     }
-    eprintln!("perplexity: {} tokens, {} chunks of {}, scoring the second half of each", tokens.len(), n_chunk, n_ctx);
+    eprintln!(
+        "perplexity: {} tokens, {} chunks of {}, scoring the second half of each",
+        tokens.len(),
+        n_chunk,
+        n_ctx
+    );
     let n_vocab = loaded.model.hp.n_vocab as usize;
     let n_batch = ctx.params.n_batch as usize;
     let first = n_ctx / 2;
@@ -73,7 +79,11 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
         }
         if i == 0 {
             let secs = start.elapsed().as_secs_f64();
-            eprintln!("perplexity: {:.2} seconds per pass - ETA {:.1} s", secs, secs * n_chunk as f64);
+            eprintln!(
+                "perplexity: {:.2} seconds per pass - ETA {:.1} s",
+                secs,
+                secs * n_chunk as f64
+            );
         }
         print!("[{}]{:.4},", i + 1, (sum / count as f64).exp());
         use std::io::Write;
@@ -83,7 +93,11 @@ pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
     let mean = sum / count as f64;
     let ppl = mean.exp();
     let var = sum2 / count as f64 - mean * mean;
-    let unc = if var > 0.0 && count > 1 { (var / (count - 1) as f64).sqrt() * ppl } else { 0.0 };
+    let unc = if var > 0.0 && count > 1 {
+        (var / (count - 1) as f64).sqrt() * ppl
+    } else {
+        0.0
+    };
     println!("Final estimate: PPL = {ppl:.4} +/- {unc:.5}");
     Ok(())
 }

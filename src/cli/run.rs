@@ -31,10 +31,20 @@ pub struct SamplingArgs {
 
 impl SamplingArgs {
     pub fn sampler(&self, n_vocab: usize) -> Result<Sampler> {
-        if self.temp.is_nan() || self.top_p.is_nan() || self.min_p.is_nan() || self.repeat_penalty <= 0.0 {
-            bail!("invalid sampling flags: --repeat-penalty must be positive and no value may be NaN");
+        if self.temp.is_nan()
+            || self.top_p.is_nan()
+            || self.min_p.is_nan()
+            || self.repeat_penalty <= 0.0
+        {
+            bail!(
+                "invalid sampling flags: --repeat-penalty must be positive and no value may be NaN"
+            );
         }
-        let seed = if self.seed < 0 { SamplerParams::RANDOM_SEED } else { self.seed as u64 };
+        let seed = if self.seed < 0 {
+            SamplerParams::RANDOM_SEED
+        } else {
+            self.seed as u64
+        };
         Ok(Sampler::new(
             SamplerParams {
                 temp: self.temp,
@@ -103,11 +113,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let prompt = match (&a.prompt, &a.file) {
         (Some(p), _) if a.no_escape => p.clone(),
         (Some(p), _) => unescape(p),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading the prompt file {}", f.display()))?,
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading the prompt file {}", f.display()))?,
         (None, None) => bail!("no prompt: pass -p TEXT or -f FILE"),
     };
     if a.n_predict < -1 {
-        bail!("-n must be -1 (unlimited) or a token count, got {}", a.n_predict);
+        bail!(
+            "-n must be -1 (unlimited) or a token count, got {}",
+            a.n_predict
+        );
     }
     let loaded = load_model(&a.model)?;
     let tok = &loaded.tokenizer;
@@ -125,7 +139,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
     }
     let mut sampler = a.sampling.sampler(tok.n_vocab())?;
-    log::info!("prompt: {} tokens, sampler seed {}", tokens.len(), sampler.seed());
+    log::info!(
+        "prompt: {} tokens, sampler seed {}",
+        tokens.len(),
+        sampler.seed()
+    );
     let mut timings = Timings {
         load: loaded.load_time,
         ..Default::default()
@@ -138,16 +156,25 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut stream = Utf8Stream::default();
     let mut n_past = 0;
     let mut write_err = None;
-    let (_, stop) = generate(&mut ctx, tok, &mut sampler, &tokens, &mut n_past, a.n_predict, &mut timings, &mut |t| {
-        let text = stream.push(&tok.token_to_piece(t, false));
-        match write!(stdout, "{text}").and_then(|_| stdout.flush()) {
-            Ok(()) => true,
-            Err(e) => {
-                write_err = Some(e);
-                false
+    let (_, stop) = generate(
+        &mut ctx,
+        tok,
+        &mut sampler,
+        &tokens,
+        &mut n_past,
+        a.n_predict,
+        &mut timings,
+        &mut |t| {
+            let text = stream.push(&tok.token_to_piece(t, false));
+            match write!(stdout, "{text}").and_then(|_| stdout.flush()) {
+                Ok(()) => true,
+                Err(e) => {
+                    write_err = Some(e);
+                    false
+                }
             }
-        }
-    })?;
+        },
+    )?;
     if let Some(e) = write_err {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e.into());

@@ -3,14 +3,14 @@
 //! Every read is bounds-checked, so a truncated or corrupt file yields a [`GgufError`]
 //! naming what was wrong and where, never a panic.
 
-mod reader;
-mod writer;
 pub mod quant;
+mod reader;
 pub mod types;
+mod writer;
 
 pub use reader::{GgufFile, TensorInfo};
-pub use writer::GgufWriter;
 pub use types::GgmlType;
+pub use writer::GgufWriter;
 
 use std::fmt;
 

@@ -38,6 +38,17 @@ pub struct GgufFile {
     map: Mmap,
 }
 
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
@@ -65,7 +76,10 @@ impl<'a> Cursor<'a> {
         }
     }
     fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
-        Ok(self.take(N as u64, what)?.try_into().expect("length checked"))
+        Ok(self
+            .take(N as u64, what)?
+            .try_into()
+            .expect("length checked"))
     }
     fn u8(&mut self, what: &str) -> Result<u8, GgufError> {
         Ok(self.array::<1>(what)?[0])
@@ -129,7 +143,9 @@ impl<'a> Cursor<'a> {
             10 => Value::U64(self.u64(what)?),
             11 => Value::I64(self.u64(what)? as i64),
             12 => Value::F64(f64::from_le_bytes(self.array(what)?)),
-            other => return Err(self.corrupt(format!("{what}: unknown metadata value type {other}"))),
+            other => {
+                return Err(self.corrupt(format!("{what}: unknown metadata value type {other}")))
+            }
         })
     }
 }
@@ -205,7 +221,9 @@ impl GgufFile {
             let name = c.string(&format!("name of tensor #{i}"))?;
             let n_dims = c.u32(&format!("dimension count of `{name}`"))?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(c.corrupt(format!("tensor `{name}` has {n_dims} dimensions (1..=4 allowed)")));
+                return Err(c.corrupt(format!(
+                    "tensor `{name}` has {n_dims} dimensions (1..=4 allowed)"
+                )));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -222,7 +240,9 @@ impl GgufFile {
             let n_elems = dims
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| c.corrupt(format!("tensor `{name}`: dimensions {dims:?} overflow")))?;
+                .ok_or_else(|| {
+                    c.corrupt(format!("tensor `{name}`: dimensions {dims:?} overflow"))
+                })?;
             let n_bytes = match ty.block_layout() {
                 None => 0, // unknown type: kept so the loader can name it in its error
                 Some(_) => {
@@ -298,30 +318,45 @@ impl GgufFile {
 
     /// A required integer key.
     pub fn get_u64(&self, key: &str) -> Result<u64, GgufError> {
-        let v = self.get(key).ok_or_else(|| self.meta_err(key, "is missing"))?;
+        let v = self
+            .get(key)
+            .ok_or_else(|| self.meta_err(key, "is missing"))?;
         v.as_i64()
             .and_then(|i| u64::try_from(i).ok())
-            .ok_or_else(|| self.meta_err(key, format!("should be a non-negative integer, found {}", v.type_name())))
+            .ok_or_else(|| {
+                self.meta_err(
+                    key,
+                    format!("should be a non-negative integer, found {}", v.type_name()),
+                )
+            })
     }
 
     /// A required float key (integers are accepted).
     pub fn get_f32(&self, key: &str) -> Result<f32, GgufError> {
-        let v = self.get(key).ok_or_else(|| self.meta_err(key, "is missing"))?;
-        v.as_f64()
-            .map(|f| f as f32)
-            .ok_or_else(|| self.meta_err(key, format!("should be a number, found {}", v.type_name())))
+        let v = self
+            .get(key)
+            .ok_or_else(|| self.meta_err(key, "is missing"))?;
+        v.as_f64().map(|f| f as f32).ok_or_else(|| {
+            self.meta_err(key, format!("should be a number, found {}", v.type_name()))
+        })
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
-        let v = self.get(key).ok_or_else(|| self.meta_err(key, "is missing"))?;
-        v.as_str()
-            .ok_or_else(|| self.meta_err(key, format!("should be a string, found {}", v.type_name())))
+        let v = self
+            .get(key)
+            .ok_or_else(|| self.meta_err(key, "is missing"))?;
+        v.as_str().ok_or_else(|| {
+            self.meta_err(key, format!("should be a string, found {}", v.type_name()))
+        })
     }
 
     pub fn get_array(&self, key: &str) -> Result<&[Value], GgufError> {
-        let v = self.get(key).ok_or_else(|| self.meta_err(key, "is missing"))?;
-        v.as_array()
-            .ok_or_else(|| self.meta_err(key, format!("should be an array, found {}", v.type_name())))
+        let v = self
+            .get(key)
+            .ok_or_else(|| self.meta_err(key, "is missing"))?;
+        v.as_array().ok_or_else(|| {
+            self.meta_err(key, format!("should be an array, found {}", v.type_name()))
+        })
     }
 
     /// The model architecture (`general.architecture`).
@@ -329,4 +364,3 @@ impl GgufFile {
         self.get_str("general.architecture")
     }
 }
-

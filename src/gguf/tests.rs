@@ -26,7 +26,9 @@ fn sample() -> Vec<u8> {
 fn open_bytes(bytes: &[u8]) -> Result<GgufFile, GgufError> {
     let dir = std::env::temp_dir().join(format!("wgllm-gguf-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(format!("{}.gguf", bytes.len()));
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let p = dir.join(format!("{n}.gguf"));
     std::fs::write(&p, bytes).unwrap();
     let r = GgufFile::open(&p);
     std::fs::remove_file(&p).ok();
@@ -57,7 +59,12 @@ fn every_truncation_is_an_error_not_a_panic() {
     for len in 0..bytes.len() - 1 {
         // The last tensor's padding is not data: the file stays valid down to its end.
         let last = open_bytes(&sample()).unwrap();
-        let end = last.tensors.iter().map(|t| t.file_offset + t.n_bytes).max().unwrap();
+        let end = last
+            .tensors
+            .iter()
+            .map(|t| t.file_offset + t.n_bytes)
+            .max()
+            .unwrap();
         let r = open_bytes(&bytes[..len]);
         if (len as u64) < end {
             assert!(r.is_err(), "truncated at {len} accepted");
@@ -72,7 +79,10 @@ fn corrupt_headers_are_named() {
     assert!(matches!(open_bytes(&b), Err(GgufError::BadMagic { .. })));
     let mut b = sample();
     b[4] = 9;
-    assert!(matches!(open_bytes(&b), Err(GgufError::BadVersion { version: 9, .. })));
+    assert!(matches!(
+        open_bytes(&b),
+        Err(GgufError::BadVersion { version: 9, .. })
+    ));
     let mut b = sample();
     b[16..24].copy_from_slice(&u64::MAX.to_le_bytes()); // metadata count
     let e = open_bytes(&b).unwrap_err().to_string();

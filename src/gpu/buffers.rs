@@ -13,7 +13,10 @@ impl Gpu {
         let size = bytes.max(16).div_ceil(16) * 16;
         if size > self.info.max_buffer {
             return Err(GpuError::OutOfMemory {
-                what: format!("{label} (larger than the adapter's max buffer size {})", self.info.max_buffer),
+                what: format!(
+                    "{label} (larger than the adapter's max buffer size {})",
+                    self.info.max_buffer
+                ),
                 bytes: size,
                 adapter: self.info.name.clone(),
             });
@@ -67,7 +70,12 @@ impl Gpu {
     }
 
     /// Copies `bytes` from `buf` at `offset` to the host, waiting for queued work first.
-    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>, GpuError> {
+    pub fn read_bytes(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<Vec<u8>, GpuError> {
         let size = bytes.div_ceil(4) * 4;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -95,13 +103,19 @@ impl Gpu {
         }
         let data = slice
             .get_mapped_range()
-            .map_err(|e| GpuError::Validation(format!("readback mapping: {e:?}")))?[..bytes as usize]
+            .map_err(|e| GpuError::Validation(format!("readback mapping: {e:?}")))?
+            [..bytes as usize]
             .to_vec();
         staging.unmap();
         Ok(data)
     }
 
-    pub fn read_f32(&self, buf: &wgpu::Buffer, offset_elems: u64, count: usize) -> Result<Vec<f32>, GpuError> {
+    pub fn read_f32(
+        &self,
+        buf: &wgpu::Buffer,
+        offset_elems: u64,
+        count: usize,
+    ) -> Result<Vec<f32>, GpuError> {
         let bytes = self.read_bytes(buf, offset_elems * 4, count as u64 * 4)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }

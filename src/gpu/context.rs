@@ -85,7 +85,9 @@ fn summarize(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
         name: info.name,
         backend: format!("{:?}", info.backend),
         device_type: format!("{:?}", info.device_type),
-        driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+        driver: format!("{} {}", info.driver, info.driver_info)
+            .trim()
+            .to_string(),
         max_storage_binding: limits.max_storage_buffer_binding_size as u64,
         max_buffer: limits.max_buffer_size,
         max_workgroup_storage: limits.max_compute_workgroup_storage_size,
@@ -99,7 +101,11 @@ fn summarize(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
 pub fn list_adapters(backend: Backend) -> Vec<AdapterSummary> {
     let inst = instance(backend);
     let adapters = pollster::block_on(inst.enumerate_adapters(backend.backends()));
-    adapters.iter().enumerate().map(|(i, a)| summarize(i, a)).collect()
+    adapters
+        .iter()
+        .enumerate()
+        .map(|(i, a)| summarize(i, a))
+        .collect()
 }
 
 /// An open device with its capabilities. Cheap to share (`Arc`).
@@ -122,10 +128,13 @@ impl Gpu {
         let inst = instance(opts.backend);
         let adapters = pollster::block_on(inst.enumerate_adapters(opts.backend.backends()));
         let adapter = match opts.adapter_index {
-            Some(index) => adapters.into_iter().nth(index).ok_or(GpuError::BadAdapterIndex {
-                index,
-                count: list_adapters(opts.backend).len(),
-            })?,
+            Some(index) => adapters
+                .into_iter()
+                .nth(index)
+                .ok_or(GpuError::BadAdapterIndex {
+                    index,
+                    count: list_adapters(opts.backend).len(),
+                })?,
             None => {
                 let req = wgpu::RequestAdapterOptions {
                     power_preference: wgpu::PowerPreference::HighPerformance,
@@ -175,11 +184,12 @@ impl Gpu {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) =
-            pollster::block_on(adapter.request_device(&desc)).map_err(|e| GpuError::RequestDevice {
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+            GpuError::RequestDevice {
                 adapter: info.name.clone(),
                 msg: e.to_string(),
-            })?;
+            }
+        })?;
         let errors = Arc::new(Mutex::new(Vec::new()));
         let errs = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -224,7 +234,11 @@ impl Gpu {
     }
 
     /// A compute pipeline for `source` (entry point `main`), compiled once per `key`.
-    pub fn pipeline(&self, key: &str, source: impl FnOnce() -> String) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+    pub fn pipeline(
+        &self,
+        key: &str,
+        source: impl FnOnce() -> String,
+    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
         if let Some(p) = self.pipelines.lock().unwrap().get(key) {
             return Ok(p.clone());
         }
@@ -244,18 +258,22 @@ impl Gpu {
             msg: e.emit_to_string(&src),
         })?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let sm = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(key),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        let p = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(key),
-            layout: None,
-            module: &sm,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let sm = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(key),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key),
+                layout: None,
+                module: &sm,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Shader {
                 name: key.to_string(),
@@ -263,7 +281,10 @@ impl Gpu {
             });
         }
         let p = Arc::new(p);
-        self.pipelines.lock().unwrap().insert(key.to_string(), p.clone());
+        self.pipelines
+            .lock()
+            .unwrap()
+            .insert(key.to_string(), p.clone());
         Ok(p)
     }
 

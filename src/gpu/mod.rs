@@ -14,7 +14,9 @@ pub use context::{list_adapters, AdapterSummary, Backend, Gpu, GpuOptions};
 pub enum GpuError {
     #[error("no GPU adapter found for backend `{backend}`{available}\n  hint: try `--backend auto`, run `wgllm devices` to list adapters, or install a driver (on Linux without a GPU: the `mesa-vulkan-drivers` package gives software Vulkan)")]
     NoAdapter { backend: String, available: String },
-    #[error("adapter index {index} is out of range: {count} adapter(s) found (see `wgllm devices`)")]
+    #[error(
+        "adapter index {index} is out of range: {count} adapter(s) found (see `wgllm devices`)"
+    )]
     BadAdapterIndex { index: usize, count: usize },
     #[error("could not open the GPU device on {adapter}: {msg}")]
     RequestDevice { adapter: String, msg: String },

@@ -18,7 +18,33 @@ pub struct Graph {
     pub scratch_bytes: u64,
 }
 
+/// `WGLLM_PROFILE=1`: before each run, time every dispatch alone and log the totals per
+/// op (slow; for finding where the time goes, not for measuring speed).
+fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("WGLLM_PROFILE").is_ok_and(|v| v == "1"))
+}
+
 impl Graph {
+    fn profile(&self, gpu: &Gpu) -> Result<(), GpuError> {
+        let mut per_op: std::collections::BTreeMap<&str, (f64, usize)> = Default::default();
+        for d in &self.dispatches {
+            let t0 = std::time::Instant::now();
+            crate::ops::run_now(gpu, std::slice::from_ref(d))?;
+            let e = per_op.entry(d.label).or_default();
+            e.0 += t0.elapsed().as_secs_f64() * 1e3;
+            e.1 += 1;
+        }
+        let total: f64 = per_op.values().map(|v| v.0).sum();
+        for (op, (ms, n)) in per_op {
+            log::info!(
+                "profile: {op:<12} {n:4} dispatches {ms:9.2} ms ({:.1} %)",
+                100.0 * ms / total
+            );
+        }
+        Ok(())
+    }
+
     pub fn n_dispatches(&self) -> usize {
         self.dispatches.len()
     }
@@ -26,6 +52,9 @@ impl Graph {
     /// Records all dispatches in one pass, then (optionally) copies `read` to a mappable
     /// buffer in the same submit; returns the bytes read.
     pub fn run(&self, gpu: &Gpu, read: Option<(&View, u64)>) -> Result<Option<Vec<u8>>, GpuError> {
+        if profiling() {
+            self.profile(gpu)?;
+        }
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());

@@ -67,7 +67,9 @@ impl Hparams {
             msg,
         };
         if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(bad(format!("head counts {n_head}/{n_head_kv} are inconsistent")));
+            return Err(bad(format!(
+                "head counts {n_head}/{n_head_kv} are inconsistent"
+            )));
         }
         let head_dim = if f.get(&key("attention.key_length")).is_some() {
             u("attention.key_length")?
@@ -80,10 +82,18 @@ impl Hparams {
             head_dim
         };
         if head_dim % 4 != 0 || n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(bad(format!("head size {head_dim} / rotary dims {n_rot} are not supported")));
+            return Err(bad(format!(
+                "head size {head_dim} / rotary dims {n_rot} are not supported"
+            )));
         }
-        let freq_base = f.get(&key("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0) as f32;
-        let scaling = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()).unwrap_or("none");
+        let freq_base = f
+            .get(&key("rope.freq_base"))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(10000.0) as f32;
+        let scaling = f
+            .get(&key("rope.scaling.type"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("none");
         let freq_scale = match scaling {
             "none" => 1.0,
             "linear" => 1.0 / f.get_f32(&key("rope.scaling.factor"))?,

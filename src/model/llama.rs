@@ -2,8 +2,8 @@
 //! attention with RoPE and a SwiGLU feed-forward.
 
 use super::{GraphIo, KvBuffers, Model};
-use crate::graph::{Graph, GraphBuilder, Op};
 use crate::gpu::GpuError;
+use crate::graph::{Graph, GraphBuilder, Op};
 use crate::ops::attention::AttnShape;
 use crate::ops::binary::BinaryOp;
 use crate::ops::glu::Activation;
@@ -24,7 +24,14 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
     let t64 = t as u64;
 
     let mut x = g.scratch(e as u64 * t64);
-    g.node(Op::GetRows { w: w.tok_embd.clone(), n_ids: t }, &[tokens], &[x]);
+    g.node(
+        Op::GetRows {
+            w: w.tok_embd.clone(),
+            n_ids: t,
+        },
+        &[tokens],
+        &[x],
+    );
 
     let shape = AttnShape {
         head_dim: hp.head_dim,
@@ -41,40 +48,162 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
     for (il, lw) in w.layers.iter().enumerate() {
         let norm_w = g.external(lw.attn_norm.clone());
         let cur = g.scratch(e as u64 * t64);
-        g.node(Op::RmsNorm { n: e, rows: t, eps: hp.eps }, &[x, norm_w], &[cur]);
+        g.node(
+            Op::RmsNorm {
+                n: e,
+                rows: t,
+                eps: hp.eps,
+            },
+            &[x, norm_w],
+            &[cur],
+        );
         let q = g.scratch(nq as u64 * t64);
         let k = g.scratch(nkv as u64 * t64);
         let v = g.scratch(nkv as u64 * t64);
-        g.node(Op::Matmul { w: lw.wq.clone(), n_tok: t }, &[cur], &[q]);
-        g.node(Op::Matmul { w: lw.wk.clone(), n_tok: t }, &[cur], &[k]);
-        g.node(Op::Matmul { w: lw.wv.clone(), n_tok: t }, &[cur], &[v]);
-        g.node(Op::Rope { p: hp.rope, n_head: hp.n_head, n_tok: t }, &[table], &[q]);
-        g.node(Op::Rope { p: hp.rope, n_head: hp.n_head_kv, n_tok: t }, &[table], &[k]);
+        g.node(
+            Op::Matmul {
+                w: lw.wq.clone(),
+                n_tok: t,
+            },
+            &[cur],
+            &[q],
+        );
+        g.node(
+            Op::Matmul {
+                w: lw.wk.clone(),
+                n_tok: t,
+            },
+            &[cur],
+            &[k],
+        );
+        g.node(
+            Op::Matmul {
+                w: lw.wv.clone(),
+                n_tok: t,
+            },
+            &[cur],
+            &[v],
+        );
+        g.node(
+            Op::Rope {
+                p: hp.rope,
+                n_head: hp.n_head,
+                n_tok: t,
+            },
+            &[table],
+            &[q],
+        );
+        g.node(
+            Op::Rope {
+                p: hp.rope,
+                n_head: hp.n_head_kv,
+                n_tok: t,
+            },
+            &[table],
+            &[k],
+        );
         let kc = g.external(kv.k[il].clone());
         let vc = g.external(kv.v[il].clone());
-        g.node(Op::SetRows { row_len: nkv, n_rows: t }, &[k, slots], &[kc]);
-        g.node(Op::SetRows { row_len: nkv, n_rows: t }, &[v, slots], &[vc]);
+        g.node(
+            Op::SetRows {
+                row_len: nkv,
+                n_rows: t,
+            },
+            &[k, slots],
+            &[kc],
+        );
+        g.node(
+            Op::SetRows {
+                row_len: nkv,
+                n_rows: t,
+            },
+            &[v, slots],
+            &[vc],
+        );
         let scores = g.scratch(shape.scores_len());
         let attn = g.scratch(nq as u64 * t64);
-        g.node(Op::Attention { shape, sp }, &[q, kc, vc, mask], &[scores, attn]);
+        g.node(
+            Op::Attention { shape, sp },
+            &[q, kc, vc, mask],
+            &[scores, attn],
+        );
         let o = g.scratch(e as u64 * t64);
-        g.node(Op::Matmul { w: lw.wo.clone(), n_tok: t }, &[attn], &[o]);
+        g.node(
+            Op::Matmul {
+                w: lw.wo.clone(),
+                n_tok: t,
+            },
+            &[attn],
+            &[o],
+        );
         let x_attn = g.scratch(e as u64 * t64);
-        g.node(Op::Binary { op: BinaryOp::Add, n: e * t, nb: e * t }, &[x, o], &[x_attn]);
+        g.node(
+            Op::Binary {
+                op: BinaryOp::Add,
+                n: e * t,
+                nb: e * t,
+            },
+            &[x, o],
+            &[x_attn],
+        );
 
         let ffn_w = g.external(lw.ffn_norm.clone());
         let cur = g.scratch(e as u64 * t64);
-        g.node(Op::RmsNorm { n: e, rows: t, eps: hp.eps }, &[x_attn, ffn_w], &[cur]);
+        g.node(
+            Op::RmsNorm {
+                n: e,
+                rows: t,
+                eps: hp.eps,
+            },
+            &[x_attn, ffn_w],
+            &[cur],
+        );
         let gate = g.scratch(ff as u64 * t64);
         let up = g.scratch(ff as u64 * t64);
-        g.node(Op::Matmul { w: lw.gate.clone(), n_tok: t }, &[cur], &[gate]);
-        g.node(Op::Matmul { w: lw.up.clone(), n_tok: t }, &[cur], &[up]);
+        g.node(
+            Op::Matmul {
+                w: lw.gate.clone(),
+                n_tok: t,
+            },
+            &[cur],
+            &[gate],
+        );
+        g.node(
+            Op::Matmul {
+                w: lw.up.clone(),
+                n_tok: t,
+            },
+            &[cur],
+            &[up],
+        );
         let h = g.scratch(ff as u64 * t64);
-        g.node(Op::Glu { act: Activation::Silu, n: ff * t }, &[gate, up], &[h]);
+        g.node(
+            Op::Glu {
+                act: Activation::Silu,
+                n: ff * t,
+            },
+            &[gate, up],
+            &[h],
+        );
         let down = g.scratch(e as u64 * t64);
-        g.node(Op::Matmul { w: lw.down.clone(), n_tok: t }, &[h], &[down]);
+        g.node(
+            Op::Matmul {
+                w: lw.down.clone(),
+                n_tok: t,
+            },
+            &[h],
+            &[down],
+        );
         let x_next = g.scratch(e as u64 * t64);
-        g.node(Op::Binary { op: BinaryOp::Add, n: e * t, nb: e * t }, &[x_attn, down], &[x_next]);
+        g.node(
+            Op::Binary {
+                op: BinaryOp::Add,
+                n: e * t,
+                nb: e * t,
+            },
+            &[x_attn, down],
+            &[x_next],
+        );
         x = x_next;
     }
 
@@ -85,12 +214,35 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
     }
     if n_out < t {
         let sel = g.scratch(e as u64 * n_out as u64);
-        g.node(Op::SelectRows { n_cols: e, n_rows: t, n_ids: n_out }, &[x, out_ids], &[sel]);
+        g.node(
+            Op::SelectRows {
+                n_cols: e,
+                n_rows: t,
+                n_ids: n_out,
+            },
+            &[x, out_ids],
+            &[sel],
+        );
         x = sel;
     }
     let out_norm_w = g.external(w.output_norm.clone());
     let cur = g.scratch(e as u64 * n_out as u64);
-    g.node(Op::RmsNorm { n: e, rows: n_out, eps: hp.eps }, &[x, out_norm_w], &[cur]);
-    g.node(Op::Matmul { w: w.output.clone(), n_tok: n_out }, &[cur], &[logits]);
+    g.node(
+        Op::RmsNorm {
+            n: e,
+            rows: n_out,
+            eps: hp.eps,
+        },
+        &[x, out_norm_w],
+        &[cur],
+    );
+    g.node(
+        Op::Matmul {
+            w: w.output.clone(),
+            n_tok: n_out,
+        },
+        &[cur],
+        &[logits],
+    );
     g.build(&m.gpu)
 }

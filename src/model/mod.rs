@@ -25,7 +25,11 @@ pub enum ModelError {
         supported: &'static str,
     },
     #[error("{path}: tensor `{tensor}` has type {ty}, which wgllm cannot compute with yet (supported: F32, F16, Q4_0, Q4_1, Q8_0)")]
-    UnsupportedType { path: String, tensor: String, ty: GgmlType },
+    UnsupportedType {
+        path: String,
+        tensor: String,
+        ty: GgmlType,
+    },
     #[error("{path}: required tensor `{tensor}` is missing")]
     MissingTensor { path: String, tensor: String },
     #[error("{path}: tensor `{tensor}` has shape {got:?}, expected {want:?}")]
@@ -51,7 +55,11 @@ pub struct Model {
 impl Model {
     /// Reads hyperparameters and uploads every weight. `progress(done, total)` is called
     /// in bytes as tensors are uploaded.
-    pub fn load(gpu: Arc<Gpu>, f: &GgufFile, progress: &mut dyn FnMut(u64, u64)) -> Result<Model, ModelError> {
+    pub fn load(
+        gpu: Arc<Gpu>,
+        f: &GgufFile,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Model, ModelError> {
         let hp = Hparams::from_gguf(f)?;
         let weights = ModelWeights::load(&gpu, f, &hp, progress)?;
         let name = f
@@ -59,11 +67,20 @@ impl Model {
             .and_then(|v| v.as_str())
             .unwrap_or("model")
             .to_string();
-        Ok(Model { hp, weights, gpu, name })
+        Ok(Model {
+            hp,
+            weights,
+            gpu,
+            name,
+        })
     }
 
     /// Builds the forward graph for one ubatch (see [`crate::context`] for the inputs).
-    pub fn build_graph(&self, io: &GraphIo, kv: &KvBuffers) -> Result<crate::graph::Graph, GpuError> {
+    pub fn build_graph(
+        &self,
+        io: &GraphIo,
+        kv: &KvBuffers,
+    ) -> Result<crate::graph::Graph, GpuError> {
         match self.hp.arch {
             Arch::Llama => llama::build(self, io, kv),
         }

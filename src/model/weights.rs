@@ -39,10 +39,13 @@ struct Loader<'a> {
 
 impl Loader<'_> {
     fn info(&self, name: &str, want: &[u64]) -> Result<&TensorInfo, ModelError> {
-        let t = self.f.tensor(name).ok_or_else(|| ModelError::MissingTensor {
-            path: self.f.path.clone(),
-            tensor: name.into(),
-        })?;
+        let t = self
+            .f
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                path: self.f.path.clone(),
+                tensor: name.into(),
+            })?;
         if t.dims != want {
             return Err(ModelError::BadShape {
                 path: self.f.path.clone(),
@@ -69,7 +72,14 @@ impl Loader<'_> {
                 ty: t.ty,
             });
         }
-        let w = Weight::upload(self.gpu, name, t.ty, n_cols as usize, n_rows as usize, self.f.tensor_data(&t))?;
+        let w = Weight::upload(
+            self.gpu,
+            name,
+            t.ty,
+            n_cols as usize,
+            n_rows as usize,
+            self.f.tensor_data(&t),
+        )?;
         self.gpu_bytes += w.gpu_bytes();
         self.advance(&t);
         Ok(Arc::new(w))
@@ -95,7 +105,12 @@ impl Loader<'_> {
 }
 
 impl ModelWeights {
-    pub fn load(gpu: &Gpu, f: &GgufFile, hp: &Hparams, progress: &mut dyn FnMut(u64, u64)) -> Result<Self, ModelError> {
+    pub fn load(
+        gpu: &Gpu,
+        f: &GgufFile,
+        hp: &Hparams,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self, ModelError> {
         let total = f.tensors.iter().map(|t| t.n_bytes).sum();
         let mut l = Loader {
             gpu,

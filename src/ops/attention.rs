@@ -19,7 +19,16 @@ pub struct AttnShape {
 
 impl AttnShape {
     fn params(&self) -> [u32; 8] {
-        [self.head_dim, self.n_head, self.n_head_kv, self.n_tok, self.n_kv, 0, 0, 0]
+        [
+            self.head_dim,
+            self.n_head,
+            self.n_head_kv,
+            self.n_tok,
+            self.n_kv,
+            0,
+            0,
+            0,
+        ]
     }
     /// f32 elements of the scores scratch buffer.
     pub fn scores_len(&self) -> u64 {
@@ -72,7 +81,14 @@ pub fn attention(
 }
 
 /// CPU reference with the same layouts.
-pub fn attention_ref(s: &AttnShape, sp: &SoftmaxParams, q: &[f32], k: &[f32], v: &[f32], mask: &[f32]) -> Vec<f32> {
+pub fn attention_ref(
+    s: &AttnShape,
+    sp: &SoftmaxParams,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &[f32],
+) -> Vec<f32> {
     let (hd, nh, nkvh, nt, nkv) = (
         s.head_dim as usize,
         s.n_head as usize,
@@ -98,7 +114,9 @@ pub fn attention_ref(s: &AttnShape, sp: &SoftmaxParams, q: &[f32], k: &[f32], v:
         for t in 0..nt {
             for d in 0..hd {
                 let acc: f64 = (0..nkv)
-                    .map(|c| probs[(h * nt + t) * nkv + c] as f64 * v[(c * nkvh + h / g) * hd + d] as f64)
+                    .map(|c| {
+                        probs[(h * nt + t) * nkv + c] as f64 * v[(c * nkvh + h / g) * hd + d] as f64
+                    })
                     .sum();
                 out[(t * nh + h) * hd + d] = acc as f32;
             }

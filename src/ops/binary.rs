@@ -25,15 +25,33 @@ impl BinaryOp {
 }
 
 /// dst[i] = a[i] op b[i % nb] for i < n. dst may be the same buffer as neither input.
-pub fn binary(gpu: &Gpu, op: BinaryOp, a: &View, b: &View, dst: &View, n: u32, nb: u32) -> Result<Dispatch, GpuError> {
+pub fn binary(
+    gpu: &Gpu,
+    op: BinaryOp,
+    a: &View,
+    b: &View,
+    dst: &View,
+    n: u32,
+    nb: u32,
+) -> Result<Dispatch, GpuError> {
     let pipeline = gpu.pipeline(&format!("binary_{op:?}"), || {
         shaders::compose(&[shaders::BINARY], &[("OP", op.expr().to_string())])
     })?;
     let params: [u32; 4] = [n, nb, 0, 0];
     let (gx, gy) = split_groups(n.div_ceil(256));
-    record(gpu, "binary", pipeline, bytemuck::cast_slice(&params), &[a, b, dst], [gx, gy, 1])
+    record(
+        gpu,
+        "binary",
+        pipeline,
+        bytemuck::cast_slice(&params),
+        &[a, b, dst],
+        [gx, gy, 1],
+    )
 }
 
 pub fn binary_ref(op: BinaryOp, a: &[f32], b: &[f32]) -> Vec<f32> {
-    a.iter().enumerate().map(|(i, &v)| op.apply(v, b[i % b.len()])).collect()
+    a.iter()
+        .enumerate()
+        .map(|(i, &v)| op.apply(v, b[i % b.len()]))
+        .collect()
 }

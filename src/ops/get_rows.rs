@@ -5,10 +5,19 @@ use crate::gguf::{quant, GgmlType};
 use crate::gpu::{Gpu, GpuError};
 
 /// dst[t] = dequantized row ids[t] of `w`, for t < n_ids. One dispatch per weight chunk.
-pub fn get_rows(gpu: &Gpu, w: &Weight, ids: &View, n_ids: u32, dst: &View) -> Result<Vec<Dispatch>, GpuError> {
+pub fn get_rows(
+    gpu: &Gpu,
+    w: &Weight,
+    ids: &View,
+    n_ids: u32,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
     let ty = w.ty;
     let pipeline = gpu.pipeline(&format!("get_rows_{ty}"), || {
-        shaders::compose(&[shaders::quant_snippet(ty).unwrap(), shaders::GET_ROWS], &[])
+        shaders::compose(
+            &[shaders::quant_snippet(ty).unwrap(), shaders::GET_ROWS],
+            &[],
+        )
     })?;
     w.chunks
         .iter()

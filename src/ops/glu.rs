@@ -28,15 +28,32 @@ impl Activation {
 }
 
 /// dst[i] = act(gate[i]) * up[i] for i < n.
-pub fn glu(gpu: &Gpu, act: Activation, gate: &View, up: &View, dst: &View, n: u32) -> Result<Dispatch, GpuError> {
+pub fn glu(
+    gpu: &Gpu,
+    act: Activation,
+    gate: &View,
+    up: &View,
+    dst: &View,
+    n: u32,
+) -> Result<Dispatch, GpuError> {
     let pipeline = gpu.pipeline(&format!("glu_{act:?}"), || {
         shaders::compose(&[shaders::GLU], &[("ACT", act.wgsl().to_string())])
     })?;
     let params: [u32; 4] = [n, 0, 0, 0];
     let (gx, gy) = split_groups(n.div_ceil(256));
-    record(gpu, "glu", pipeline, bytemuck::cast_slice(&params), &[gate, up, dst], [gx, gy, 1])
+    record(
+        gpu,
+        "glu",
+        pipeline,
+        bytemuck::cast_slice(&params),
+        &[gate, up, dst],
+        [gx, gy, 1],
+    )
 }
 
 pub fn glu_ref(act: Activation, gate: &[f32], up: &[f32]) -> Vec<f32> {
-    gate.iter().zip(up).map(|(&g, &u)| act.apply(g) * u).collect()
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| act.apply(g) * u)
+        .collect()
 }

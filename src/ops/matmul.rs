@@ -4,17 +4,32 @@ use super::{record, shaders, split_groups, Dispatch, View, Weight};
 use crate::gguf::{quant, GgmlType};
 use crate::gpu::{Gpu, GpuError};
 
-/// Tokens per invocation: matrix-vector for one token, small tiles for batches.
-pub fn tokens_per_invocation(n_tok: u32) -> u32 {
-    match n_tok {
-        1 => 1,
-        2..=4 => 4,
-        _ => 8,
+/// (rows, tokens) per invocation: matrix-vector for one token, small tiles for batches.
+/// `WGLLM_MATMUL_TILE=RxT` overrides it, for benchmarking kernel shapes.
+pub fn tile(n_tok: u32) -> (u32, u32) {
+    if let Some((r, t)) = std::env::var("WGLLM_MATMUL_TILE").ok().and_then(|v| {
+        let (r, t) = v.split_once('x')?;
+        Some((r.parse().ok()?, t.parse().ok()?))
+    }) {
+        return (r, t);
+    }
+    // Measured on lavapipe with SmolLM2 (wgllm bench): 2x1 beat 1x1/4x1/8x1 for decode,
+    // 2x4 beat 1x4/1x8/2x8/4x4/4x2 for prompts.
+    if n_tok == 1 {
+        (2, 1)
+    } else {
+        (2, 4)
     }
 }
 
 /// x is [w.n_cols, n_tok] f32, dst is [w.n_rows, n_tok] f32. One dispatch per chunk.
-pub fn matmul(gpu: &Gpu, w: &Weight, x: &View, n_tok: u32, dst: &View) -> Result<Vec<Dispatch>, GpuError> {
+pub fn matmul(
+    gpu: &Gpu,
+    w: &Weight,
+    x: &View,
+    n_tok: u32,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
     let ty = w.ty;
     if w.n_cols % 32 != 0 {
         return Err(GpuError::Validation(format!(
@@ -22,18 +37,27 @@ pub fn matmul(gpu: &Gpu, w: &Weight, x: &View, n_tok: u32, dst: &View) -> Result
             w.name, w.n_cols
         )));
     }
-    let tb = tokens_per_invocation(n_tok);
-    let pipeline = gpu.pipeline(&format!("matmul_{ty}_{tb}"), || {
+    let (r, tb) = tile(n_tok);
+    let pipeline = gpu.pipeline(&format!("matmul_{ty}_{r}x{tb}"), || {
         shaders::compose(
             &[shaders::quant_snippet(ty).unwrap(), shaders::MATMUL],
-            &[("TB", tb.to_string())],
+            &[("TB", tb.to_string()), ("R", r.to_string())],
         )
     })?;
     w.chunks
         .iter()
         .map(|c| {
-            let (gx, gy) = split_groups(c.n_rows.div_ceil(64));
-            let params = [w.n_cols, c.n_rows, n_tok, w.row_words, c.row_begin, w.n_rows, gx, 0];
+            let (gx, gy) = split_groups(c.n_rows.div_ceil(64 * r));
+            let params = [
+                w.n_cols,
+                c.n_rows,
+                n_tok,
+                w.row_words,
+                c.row_begin,
+                w.n_rows,
+                gx,
+                0,
+            ];
             record(
                 gpu,
                 "matmul",
@@ -47,7 +71,14 @@ pub fn matmul(gpu: &Gpu, w: &Weight, x: &View, n_tok: u32, dst: &View) -> Result
 }
 
 /// CPU reference: dequantize each row, then f64-accumulated dot products.
-pub fn matmul_ref(ty: GgmlType, data: &[u8], n_cols: usize, n_rows: usize, x: &[f32], n_tok: usize) -> Vec<f32> {
+pub fn matmul_ref(
+    ty: GgmlType,
+    data: &[u8],
+    n_cols: usize,
+    n_rows: usize,
+    x: &[f32],
+    n_tok: usize,
+) -> Vec<f32> {
     let row_bytes = ty.row_bytes(n_cols as u64).unwrap() as usize;
     let mut row = vec![0.0f32; n_cols];
     let mut out = vec![0.0; n_rows * n_tok];

@@ -4,11 +4,26 @@ use super::{record, shaders, split_groups, Dispatch, View};
 use crate::gpu::{Gpu, GpuError};
 
 /// x and dst are [n, n_rows]; w has n elements.
-pub fn rms_norm(gpu: &Gpu, x: &View, w: &View, dst: &View, n: u32, n_rows: u32, eps: f32) -> Result<Dispatch, GpuError> {
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &View,
+    w: &View,
+    dst: &View,
+    n: u32,
+    n_rows: u32,
+    eps: f32,
+) -> Result<Dispatch, GpuError> {
     let pipeline = gpu.pipeline("rms_norm", || shaders::RMS_NORM.to_string())?;
     let params: [u32; 4] = [n, eps.to_bits(), 0, 0];
     let (gx, gy) = split_groups(n_rows);
-    record(gpu, "rms_norm", pipeline, bytemuck::cast_slice(&params), &[x, w, dst], [gx, gy, 1])
+    record(
+        gpu,
+        "rms_norm",
+        pipeline,
+        bytemuck::cast_slice(&params),
+        &[x, w, dst],
+        [gx, gy, 1],
+    )
 }
 
 pub fn rms_norm_ref(x: &[f32], w: &[f32], n: usize, eps: f32) -> Vec<f32> {
@@ -16,7 +31,9 @@ pub fn rms_norm_ref(x: &[f32], w: &[f32], n: usize, eps: f32) -> Vec<f32> {
         .flat_map(|row| {
             let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
             let scale = 1.0 / (ms + eps as f64).sqrt();
-            row.iter().zip(w).map(move |(&v, &g)| (v as f64 * scale) as f32 * g)
+            row.iter()
+                .zip(w)
+                .map(move |(&v, &g)| (v as f64 * scale) as f32 * g)
         })
         .collect()
 }

@@ -31,9 +31,25 @@ impl RopeParams {
 }
 
 /// Rotates x, [head_dim, n_head, n_tok], in place with the table for n_tok positions.
-pub fn rope(gpu: &Gpu, rp: &RopeParams, table: &View, x: &View, n_head: u32, n_tok: u32) -> Result<Dispatch, GpuError> {
+pub fn rope(
+    gpu: &Gpu,
+    rp: &RopeParams,
+    table: &View,
+    x: &View,
+    n_head: u32,
+    n_tok: u32,
+) -> Result<Dispatch, GpuError> {
     let pipeline = gpu.pipeline("rope", || shaders::ROPE.to_string())?;
-    let params: [u32; 8] = [rp.head_dim, n_head, n_tok, rp.n_dims, rp.neox as u32, 0, 0, 0];
+    let params: [u32; 8] = [
+        rp.head_dim,
+        n_head,
+        n_tok,
+        rp.n_dims,
+        rp.neox as u32,
+        0,
+        0,
+        0,
+    ];
     record(
         gpu,
         "rope",
@@ -54,7 +70,11 @@ pub fn rope_ref(rp: &RopeParams, x: &[f32], n_head: usize, positions: &[f64]) ->
         for h in 0..n_head {
             let base = (t * n_head + h) * hd;
             for i in 0..half {
-                let (a, b) = if rp.neox { (base + i, base + i + half) } else { (base + 2 * i, base + 2 * i + 1) };
+                let (a, b) = if rp.neox {
+                    (base + i, base + i + half)
+                } else {
+                    (base + 2 * i, base + 2 * i + 1)
+                };
                 let [c, s] = table[t * half + i];
                 let (x0, x1) = (x[a] as f64, x[b] as f64);
                 out[a] = (x0 * c as f64 - x1 * s as f64) as f32;

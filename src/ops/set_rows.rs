@@ -4,7 +4,14 @@ use super::{record, shaders, Dispatch, View};
 use crate::gpu::{Gpu, GpuError};
 
 /// dst row idx[r] = src row r, for r < n_rows, rows of row_len floats.
-pub fn set_rows(gpu: &Gpu, src: &View, idx: &View, dst: &View, row_len: u32, n_rows: u32) -> Result<Dispatch, GpuError> {
+pub fn set_rows(
+    gpu: &Gpu,
+    src: &View,
+    idx: &View,
+    dst: &View,
+    row_len: u32,
+    n_rows: u32,
+) -> Result<Dispatch, GpuError> {
     let pipeline = gpu.pipeline("set_rows", || shaders::SET_ROWS.to_string())?;
     let params: [u32; 4] = [row_len, n_rows, 0, 0];
     record(
@@ -19,6 +26,7 @@ pub fn set_rows(gpu: &Gpu, src: &View, idx: &View, dst: &View, row_len: u32, n_r
 
 pub fn set_rows_ref(dst: &mut [f32], src: &[f32], idx: &[u32], row_len: usize) {
     for (r, &i) in idx.iter().enumerate() {
-        dst[i as usize * row_len..(i as usize + 1) * row_len].copy_from_slice(&src[r * row_len..(r + 1) * row_len]);
+        dst[i as usize * row_len..(i as usize + 1) * row_len]
+            .copy_from_slice(&src[r * row_len..(r + 1) * row_len]);
     }
 }

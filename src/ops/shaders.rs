@@ -38,20 +38,39 @@ pub fn compose(parts: &[&str], subs: &[(&str, String)]) -> String {
 pub fn all_variants() -> Vec<(String, String)> {
     let mut v = vec![
         ("rms_norm".into(), RMS_NORM.to_string()),
-        ("binary_add".into(), compose(&[BINARY], &[("OP", "av + bv".into())])),
-        ("glu_silu".into(), compose(&[GLU], &[("ACT", "silu".into())])),
-        ("glu_gelu".into(), compose(&[GLU], &[("ACT", "gelu".into())])),
+        (
+            "binary_add".into(),
+            compose(&[BINARY], &[("OP", "av + bv".into())]),
+        ),
+        (
+            "glu_silu".into(),
+            compose(&[GLU], &[("ACT", "silu".into())]),
+        ),
+        (
+            "glu_gelu".into(),
+            compose(&[GLU], &[("ACT", "gelu".into())]),
+        ),
         ("rope".into(), ROPE.to_string()),
         ("set_rows".into(), SET_ROWS.to_string()),
         ("softmax".into(), SOFTMAX.to_string()),
         ("attn_kq".into(), ATTN_KQ.to_string()),
         ("attn_kqv".into(), ATTN_KQV.to_string()),
     ];
-    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+    ] {
         let q = quant_snippet(ty).unwrap();
         v.push((format!("get_rows_{ty}"), compose(&[q, GET_ROWS], &[])));
-        for tb in [1, 4, 8] {
-            v.push((format!("matmul_{ty}_{tb}"), compose(&[q, MATMUL], &[("TB", tb.to_string())])));
+        for (r, tb) in [(2, 1), (2, 4), (1, 1)] {
+            let subs = [("TB", tb.to_string()), ("R", r.to_string())];
+            v.push((
+                format!("matmul_{ty}_{r}x{tb}"),
+                compose(&[q, MATMUL], &subs),
+            ));
         }
     }
     v
@@ -64,9 +83,12 @@ mod tests {
         for (name, src) in super::all_variants() {
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
-                .validate(&module)
-                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+            naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
         }
     }
 }

@@ -64,10 +64,23 @@ pub fn softmax(
             &dummy
         }
     };
-    record(gpu, "softmax", pipeline, bytemuck::cast_slice(&params), &[mask, x], [gx, gy, 1])
+    record(
+        gpu,
+        "softmax",
+        pipeline,
+        bytemuck::cast_slice(&params),
+        &[mask, x],
+        [gx, gy, 1],
+    )
 }
 
-pub fn softmax_ref(sp: &SoftmaxParams, x: &[f32], mask: Option<&[f32]>, n_cols: usize, rows_per_head: usize) -> Vec<f32> {
+pub fn softmax_ref(
+    sp: &SoftmaxParams,
+    x: &[f32],
+    mask: Option<&[f32]>,
+    n_cols: usize,
+    rows_per_head: usize,
+) -> Vec<f32> {
     let mut out = vec![0.0; x.len()];
     for (row, (src, dst)) in x.chunks(n_cols).zip(out.chunks_mut(n_cols)).enumerate() {
         let (t, h) = (row % rows_per_head, row / rows_per_head);

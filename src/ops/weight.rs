@@ -31,9 +31,8 @@ impl Weight {
         n_rows: usize,
         data: &[u8],
     ) -> Result<Weight, GpuError> {
-        let row_words = quant::gpu_row_words(ty, n_cols).ok_or_else(|| {
-            GpuError::Validation(format!("{name}: no GPU kernels for type {ty}"))
-        })?;
+        let row_words = quant::gpu_row_words(ty, n_cols)
+            .ok_or_else(|| GpuError::Validation(format!("{name}: no GPU kernels for type {ty}")))?;
         let row_bytes = ty
             .row_bytes(n_cols as u64)
             .expect("row length checked by the GGUF reader") as usize;

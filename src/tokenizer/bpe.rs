@@ -6,6 +6,7 @@
 //! kept as pieces of its own. The words are then mapped into the GPT-2 byte alphabet
 //! and merged, lowest merge rank first (ties: leftmost pair first).
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::OnceLock;
@@ -20,6 +21,55 @@ const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's split: like Llama-3 but every digit alone.
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Letters, digits and punctuation new in Unicode 16.0. llama.cpp's character tables
+/// (Unicode 15.1) see them as unassigned, while the regex crate knows them, so they are
+/// swapped for unassigned stand-ins before splitting.
+#[rustfmt::skip]
+const UNICODE16_ADDED: &[(u32, u32)] = &[
+    (0x01B4E, 0x01B4F), (0x01B7F, 0x01B7F), (0x01C89, 0x01C8A), (0x0A7CB, 0x0A7CD),
+    (0x0A7DA, 0x0A7DC), (0x105C0, 0x105F3), (0x10D40, 0x10D65), (0x10D6E, 0x10D85),
+    (0x10EC2, 0x10EC4), (0x11380, 0x11389), (0x1138B, 0x1138B), (0x1138E, 0x1138E),
+    (0x11390, 0x113B5), (0x113B7, 0x113B7), (0x113D1, 0x113D1), (0x113D3, 0x113D5),
+    (0x113D7, 0x113D8), (0x116D0, 0x116E3), (0x11BC0, 0x11BE1), (0x11BF0, 0x11BF9),
+    (0x13460, 0x143FA), (0x16100, 0x1611D), (0x16130, 0x16139), (0x16D40, 0x16D79),
+    (0x18CFF, 0x18CFF), (0x1CCF0, 0x1CCF9), (0x1E5D0, 0x1E5ED), (0x1E5F0, 0x1E5FA),
+    (0x1E5FF, 0x1E5FF),
+];
+
+fn unicode16_added(c: char) -> bool {
+    let c = c as u32;
+    c >= 0x1B4E
+        && UNICODE16_ADDED
+            .binary_search_by(|&(lo, hi)| {
+                if hi < c {
+                    Ordering::Less
+                } else if lo > c {
+                    Ordering::Greater
+                } else {
+                    Ordering::Equal
+                }
+            })
+            .is_ok()
+}
+
+/// `text` with Unicode-16 additions replaced by unassigned code points of the same
+/// UTF-8 length (noncharacters), which every regex class treats as llama.cpp does.
+fn as_llama_sees(text: &str) -> Cow<'_, str> {
+    if text.is_ascii() || !text.chars().any(unicode16_added) {
+        return Cow::Borrowed(text);
+    }
+    let stand_in = |c: char| match c.len_utf8() {
+        3 => '\u{FFFE}',
+        4 => '\u{10FFFE}',
+        _ => '\u{0378}',
+    };
+    Cow::Owned(
+        text.chars()
+            .map(|c| if unicode16_added(c) { stand_in(c) } else { c })
+            .collect(),
+    )
+}
 
 /// What a `tokenizer.ggml.pre` name selects in llama.cpp.
 pub(super) struct PreConfig {
@@ -141,12 +191,16 @@ impl Bpe {
         self.ranks.get(&format!("{left} {right}")).copied()
     }
 
-    /// Splits `text` into words (byte ranges), applying each regex to the previous pieces.
+    /// Splits `text` into words, applying each regex to the pieces the previous one left.
     pub fn split<'t>(&self, text: &'t str) -> Vec<&'t str> {
-        let mut pieces = vec![text];
+        // Run the regexes on what llama.cpp's character tables see; stand-ins keep every
+        // character's UTF-8 length, so the byte ranges carry over to `text` unchanged.
+        let seen = as_llama_sees(text);
+        let mut pieces = vec![(0, seen.len())];
         for re in &self.regexes {
             let mut next = Vec::with_capacity(pieces.len() * 2);
-            for piece in pieces {
+            for (start, end) in pieces {
+                let piece = &seen[start..end];
                 let mut last = 0;
                 for m in re.find_iter(piece) {
                     let m = match m {
@@ -157,20 +211,20 @@ impl Bpe {
                         }
                     };
                     if m.start() > last {
-                        next.push(&piece[last..m.start()]);
+                        next.push((start + last, start + m.start()));
                     }
                     if m.end() > m.start() {
-                        next.push(m.as_str());
+                        next.push((start + m.start(), start + m.end()));
                     }
                     last = m.end();
                 }
                 if last < piece.len() {
-                    next.push(&piece[last..]);
+                    next.push((start + last, end));
                 }
             }
             pieces = next;
         }
-        pieces
+        pieces.into_iter().map(|(a, b)| &text[a..b]).collect()
     }
 
     /// Tokenizes one pre-tokenized word (already in the GPT-2 alphabet).

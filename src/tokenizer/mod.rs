@@ -20,7 +20,7 @@ use std::collections::{BTreeSet, HashMap};
 use crate::gguf::GgufFile;
 
 use special::Fragment;
-pub use template::{apply_chat_template, ChatMessage, TemplateError};
+pub use template::{apply_chat_template, ChatMessage, TemplateError, CHATML};
 
 /// Why a model's tokenizer could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -327,16 +327,14 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
-    /// Renders the model's chat template with its BOS/EOS texts.
+    /// Renders the model's chat template with its BOS/EOS texts. A model without a
+    /// template gets ChatML, as llama.cpp's chat tools do.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        let tpl = self
-            .chat_template
-            .as_deref()
-            .ok_or(TemplateError::NoTemplate)?;
+        let tpl = self.chat_template.as_deref().unwrap_or(template::CHATML);
         let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
         apply_chat_template(
             tpl,

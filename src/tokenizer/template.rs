@@ -24,11 +24,13 @@ impl ChatMessage {
     }
 }
 
+/// ChatML, the fallback for models without a template (llama.cpp uses it too).
+pub const CHATML: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}\
+                          {% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
 /// Why a chat template could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
-    #[error("the model has no chat template (tokenizer.chat_template is missing); pass the prompt as raw text")]
-    NoTemplate,
     #[error("chat template: {0}")]
     Render(String),
 }

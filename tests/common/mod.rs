@@ -9,7 +9,10 @@ pub struct Rng(pub u64);
 
 impl Rng {
     pub fn next_u32(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 32) as u32
     }
     pub fn below(&mut self, n: u32) -> u32 {
@@ -44,7 +47,9 @@ pub fn gpus() -> &'static [(String, Arc<Gpu>)] {
                 backend,
                 ..Default::default()
             })
-            .unwrap_or_else(|e| panic!("backend {name} requested for the tests but unavailable: {e}"));
+            .unwrap_or_else(|e| {
+                panic!("backend {name} requested for the tests but unavailable: {e}")
+            });
             if gpu.has_f16 || gpu.has_subgroups {
                 let plain = Gpu::new(&GpuOptions {
                     backend,
@@ -80,9 +85,12 @@ pub fn model_path(env_var: &str, file: &str) -> std::path::PathBuf {
     if let Ok(p) = std::env::var(env_var) {
         return p.into();
     }
-    let dir = std::env::var("WGLLM_MODELS").map(std::path::PathBuf::from).unwrap_or_else(|_| {
-        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/wgllm-models")
-    });
+    let dir = std::env::var("WGLLM_MODELS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into()))
+                .join(".cache/wgllm-models")
+        });
     let p = dir.join(file);
     assert!(
         p.exists(),
