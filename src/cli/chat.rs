@@ -27,9 +27,7 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
     let loaded = load_model(&a.model)?;
     let tok = &loaded.tokenizer;
     if tok.chat_template().is_none() {
-        bail!(
-            "this model has no chat template (tokenizer.chat_template); use `wgllm run -p` instead"
-        );
+        log::warn!("the model has no chat template; using ChatML, as llama.cpp does");
     }
     let mut ctx = new_context(&loaded.model, &a.model)?;
     let mut sampler = a.sampling.sampler(tok.n_vocab())?;

@@ -108,10 +108,10 @@ pub fn load_model(args: &ModelArgs) -> Result<Loaded> {
         );
     }
     let f = GgufFile::open(&args.model)?;
+    // Check the architecture before anything else: the clearest error comes first.
+    wgllm::model::Hparams::from_gguf(&f)?;
     let tokenizer = Tokenizer::from_gguf(&f)
         .with_context(|| format!("reading the tokenizer of {}", args.model.display()))?;
-    // Check the architecture before touching the GPU: a clear error comes first.
-    wgllm::model::Hparams::from_gguf(&f)?;
     let gpu = args.gpu.open()?;
     let bar = indicatif::ProgressBar::new(f.file_size());
     bar.set_style(

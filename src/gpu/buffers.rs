@@ -47,7 +47,7 @@ impl Gpu {
 
     /// Queues a write of `data` (padded to 4 bytes) at `offset`.
     pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
-        if data.len() % 4 == 0 {
+        if data.len().is_multiple_of(4) {
             self.queue.write_buffer(buf, offset, data);
         } else {
             let mut padded = data.to_vec();

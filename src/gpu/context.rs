@@ -88,7 +88,7 @@ fn summarize(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
         driver: format!("{} {}", info.driver, info.driver_info)
             .trim()
             .to_string(),
-        max_storage_binding: limits.max_storage_buffer_binding_size as u64,
+        max_storage_binding: limits.max_storage_buffer_binding_size,
         max_buffer: limits.max_buffer_size,
         max_workgroup_storage: limits.max_compute_workgroup_storage_size,
         shader_f16: features.contains(wgpu::Features::SHADER_F16),

@@ -50,7 +50,7 @@ pub fn attention(
     scores: &View,
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    if s.head_dim % 4 != 0 || s.n_head % s.n_head_kv != 0 {
+    if !s.head_dim.is_multiple_of(4) || !s.n_head.is_multiple_of(s.n_head_kv) {
         return Err(GpuError::Validation(format!(
             "attention: head_dim {} must be a multiple of 4 and n_head {} a multiple of n_head_kv {}",
             s.head_dim, s.n_head, s.n_head_kv

@@ -31,7 +31,7 @@ pub fn matmul(
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let ty = w.ty;
-    if w.n_cols % 32 != 0 {
+    if !w.n_cols.is_multiple_of(32) {
         return Err(GpuError::Validation(format!(
             "matmul {}: row length {} is not a multiple of 32",
             w.name, w.n_cols

