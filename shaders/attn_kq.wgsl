@@ -1,5 +1,5 @@
 // Attention scores: kq[h][t][c] = dot(q[t][h], k[c][h / (n_head / n_head_kv)]).
-// q is [head_dim, n_head, n_tok]; k is the cache, [head_dim, n_head_kv, cells].
+// q is [head_dim, n_head, n_tok]; k is the cache, [head_dim, n_head_kv, cells] of KV_T.
 struct Params {
     head_dim: u32,
     n_head: u32,
@@ -13,7 +13,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<{{KV_T}}>>;
 @group(0) @binding(3) var<storage, read_write> kq: array<f32>;
 
 @compute @workgroup_size(64)
@@ -30,7 +30,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let ko = (c * p.n_head_kv + hk) * d4;
     var s = 0.0;
     for (var i = 0u; i < d4; i++) {
-        s += dot(q[qo + i], k[ko + i]);
+        s += dot(q[qo + i], vec4<f32>(k[ko + i]));
     }
     kq[(h * p.n_tok + t) * p.n_kv + c] = s;
 }

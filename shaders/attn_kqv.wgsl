@@ -13,7 +13,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> probs: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
+@group(0) @binding(2) var<storage, read> v: array<{{KV_T}}>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
 @compute @workgroup_size(64)
@@ -32,7 +32,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var c = 0u; c < p.n_kv; c++) {
         let pr = probs[pbase + c];
         if (pr != 0.0) {
-            s += pr * v[vo];
+            s += pr * f32(v[vo]);
         }
         vo += row;
     }

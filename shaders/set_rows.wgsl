@@ -1,4 +1,5 @@
-// Copies new K/V rows into cache cells: dst[idx[r]] = src[r], rows of row_len floats.
+// Copies new K/V rows into cache cells: dst[idx[r]] = src[r], rows of row_len values.
+// The cache element type KV_T is f16 where the adapter has shader-f16, else f32.
 struct Params {
     row_len: u32,
     n_rows: u32,
@@ -9,7 +10,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read> idx: array<u32>;
-@group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<{{KV_T}}>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -18,5 +19,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (j >= p.row_len || r >= p.n_rows) {
         return;
     }
-    dst[idx[r] * p.row_len + j] = src[r * p.row_len + j];
+    dst[idx[r] * p.row_len + j] = {{KV_T}}(src[r * p.row_len + j]);
 }

@@ -88,7 +88,8 @@ impl Context {
         }
         let ub = params.n_ubatch.min(params.n_batch) as u64;
         let n_ctx = params.n_ctx as u64;
-        let kv_bytes = hp.n_embd_kv() as u64 * n_ctx * 4;
+        let kv_f16 = gpu.has_f16;
+        let kv_bytes = hp.n_embd_kv() as u64 * n_ctx * if kv_f16 { 2 } else { 4 };
         let mut k = Vec::new();
         let mut v = Vec::new();
         for il in 0..hp.n_layer {
@@ -109,16 +110,17 @@ impl Context {
             logits: gpu.storage("logits", n_out_max as u64 * hp.n_vocab as u64 * 4)?,
         };
         log::info!(
-            "context: {} cells, KV cache {:.1} MiB (f32), ubatch {}",
+            "context: {} cells, KV cache {:.1} MiB ({}), ubatch {}",
             n_ctx,
             (2 * kv_bytes * hp.n_layer as u64) as f64 / (1 << 20) as f64,
+            if kv_f16 { "f16" } else { "f32" },
             ub
         );
         Ok(Context {
             model,
             params,
             cells: KvCells::new(n_ctx as usize),
-            kv: KvBuffers { k, v },
+            kv: KvBuffers { k, v, f16: kv_f16 },
             step,
             n_out_max,
             graphs: VecDeque::new(),

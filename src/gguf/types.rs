@@ -75,7 +75,8 @@ impl GgmlType {
     /// Bytes of a row of `n` elements; None when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let (bs, bb) = self.block_layout()?;
-        n.is_multiple_of(bs as u64).then(|| n / bs as u64 * bb as u64)
+        n.is_multiple_of(bs as u64)
+            .then(|| n / bs as u64 * bb as u64)
     }
 
     /// Types whose matmul/get_rows kernels exist in this build.

@@ -41,6 +41,16 @@ impl fmt::Display for Backend {
     }
 }
 
+/// Which kernel shapes to use: row-per-invocation loops for CPU-like adapters (lavapipe,
+/// llvmpipe), workgroup-per-row reductions for GPUs. `Auto` picks by adapter type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum KernelShape {
+    #[default]
+    Auto,
+    Cpu,
+    Gpu,
+}
+
 /// How to open the GPU. `no_f16` / `no_subgroups` force the portable paths even where the
 /// adapter has the features, so tests cover both.
 #[derive(Clone, Debug, Default)]
@@ -52,6 +62,7 @@ pub struct GpuOptions {
     pub no_subgroups: bool,
     /// Pretend the storage binding limit is this small (tests the tensor-splitting path).
     pub max_binding_override: Option<u64>,
+    pub kernels: KernelShape,
 }
 
 /// One line of `wgllm devices`.
@@ -118,6 +129,8 @@ pub struct Gpu {
     pub has_f16: bool,
     pub has_subgroups: bool,
     pub is_cpu: bool,
+    /// Resolved kernel shape (never `Auto`).
+    pub kernels: KernelShape,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
@@ -210,14 +223,20 @@ impl Gpu {
             .min(info.max_buffer);
         let is_cpu = matches!(adapter.get_info().device_type, wgpu::DeviceType::Cpu)
             || info.name.contains("llvmpipe");
+        let kernels = match opts.kernels {
+            KernelShape::Auto if is_cpu => KernelShape::Cpu,
+            KernelShape::Auto => KernelShape::Gpu,
+            k => k,
+        };
         log::info!(
-            "GPU: {} ({}, {}), max binding {} MiB, f16 {}, subgroups {}",
+            "GPU: {} ({}, {}), max binding {} MiB, f16 {}, subgroups {}, {:?}-shaped kernels",
             info.name,
             info.backend,
             info.device_type,
             max_binding >> 20,
             has_f16,
-            has_subgroups
+            has_subgroups,
+            kernels
         );
         Ok(Arc::new(Gpu {
             device,
@@ -227,6 +246,7 @@ impl Gpu {
             has_f16,
             has_subgroups,
             is_cpu,
+            kernels,
             pipelines: Mutex::new(HashMap::new()),
             errors,
             lost,

@@ -7,7 +7,7 @@
 mod buffers;
 mod context;
 
-pub use context::{list_adapters, AdapterSummary, Backend, Gpu, GpuOptions};
+pub use context::{list_adapters, AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
 
 /// Errors from the GPU layer.
 #[derive(Debug, thiserror::Error)]

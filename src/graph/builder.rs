@@ -48,8 +48,12 @@ pub enum Op {
         n_head: u32,
         n_tok: u32,
     },
-    /// reads [src, idx], writes [dst]
-    SetRows { row_len: u32, n_rows: u32 },
+    /// reads [src, idx], writes [dst] (f16 when dst_f16)
+    SetRows {
+        row_len: u32,
+        n_rows: u32,
+        dst_f16: bool,
+    },
     /// reads [q, k, v, mask], writes [scores, dst]
     Attention { shape: AttnShape, sp: SoftmaxParams },
 }
@@ -135,9 +139,13 @@ impl GraphBuilder {
                 Op::Rope { p, n_head, n_tok } => {
                     dispatches.push(rope(gpu, p, &r[0], &w[0], *n_head, *n_tok)?)
                 }
-                Op::SetRows { row_len, n_rows } => {
-                    dispatches.push(set_rows(gpu, &r[0], &r[1], &w[0], *row_len, *n_rows)?)
-                }
+                Op::SetRows {
+                    row_len,
+                    n_rows,
+                    dst_f16,
+                } => dispatches.push(set_rows(
+                    gpu, &r[0], &r[1], &w[0], *row_len, *n_rows, *dst_f16,
+                )?),
                 Op::Attention { shape, sp } => dispatches.extend(attention(
                     gpu, shape, sp, &r[0], &r[1], &r[2], &r[3], &w[0], &w[1],
                 )?),

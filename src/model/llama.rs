@@ -39,6 +39,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         n_head_kv: hp.n_head_kv,
         n_tok: t,
         n_kv: io.n_kv,
+        kv_f16: kv.f16,
     };
     let sp = SoftmaxParams {
         scale: 1.0 / (hp.head_dim as f32).sqrt(),
@@ -108,6 +109,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             Op::SetRows {
                 row_len: nkv,
                 n_rows: t,
+                dst_f16: kv.f16,
             },
             &[k, slots],
             &[kc],
@@ -116,6 +118,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             Op::SetRows {
                 row_len: nkv,
                 n_rows: t,
+                dst_f16: kv.f16,
             },
             &[v, slots],
             &[vc],

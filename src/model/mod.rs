@@ -100,8 +100,10 @@ pub struct GraphIo {
     pub logits: crate::ops::View,
 }
 
-/// The per-layer K and V cache buffers ([n_embd_kv, cells] f32 each).
+/// The per-layer K and V cache buffers ([n_embd_kv, cells] each), f16 on adapters with
+/// shader-f16 (as llama.cpp's default cache type), else f32.
 pub struct KvBuffers {
     pub k: Vec<crate::ops::View>,
     pub v: Vec<crate::ops::View>,
+    pub f16: bool,
 }

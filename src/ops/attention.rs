@@ -15,6 +15,8 @@ pub struct AttnShape {
     pub n_tok: u32,
     /// Cells read from the cache (the padded bound, not the cache size).
     pub n_kv: u32,
+    /// The cache holds f16 (adapters with shader-f16) rather than f32.
+    pub kv_f16: bool,
 }
 
 impl AttnShape {
@@ -36,7 +38,7 @@ impl AttnShape {
     }
 }
 
-/// q: [head_dim, n_head, n_tok]; k, v: cache [head_dim, n_head_kv, cells];
+/// q: [head_dim, n_head, n_tok]; k, v: cache [head_dim, n_head_kv, cells] (f16 or f32);
 /// mask: [n_kv, n_tok]; scores: scratch; dst: [head_dim * n_head, n_tok].
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
@@ -56,8 +58,13 @@ pub fn attention(
             s.head_dim, s.n_head, s.n_head_kv
         )));
     }
-    let kq = gpu.pipeline("attn_kq", || shaders::ATTN_KQ.to_string())?;
-    let kqv = gpu.pipeline("attn_kqv", || shaders::ATTN_KQV.to_string())?;
+    let f16 = s.kv_f16;
+    let kq = gpu.pipeline(&format!("attn_kq_{f16}"), || {
+        shaders::kv_source(shaders::ATTN_KQ, f16)
+    })?;
+    let kqv = gpu.pipeline(&format!("attn_kqv_{f16}"), || {
+        shaders::kv_source(shaders::ATTN_KQV, f16)
+    })?;
     let params = s.params();
     Ok(vec![
         record(
@@ -80,7 +87,7 @@ pub fn attention(
     ])
 }
 
-/// CPU reference with the same layouts.
+/// CPU reference with the same layouts (k and v as f32 values).
 pub fn attention_ref(
     s: &AttnShape,
     sp: &SoftmaxParams,

@@ -2,7 +2,7 @@
 
 use super::{record, shaders, split_groups, Dispatch, View, Weight};
 use crate::gguf::{quant, GgmlType};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, KernelShape};
 
 /// (rows, tokens) per invocation: matrix-vector for one token, small tiles for batches.
 /// `WGLLM_MATMUL_TILE=RxT` overrides it, for benchmarking kernel shapes.
@@ -37,17 +37,28 @@ pub fn matmul(
             w.name, w.n_cols
         )));
     }
-    let (r, tb) = tile(n_tok);
-    let pipeline = gpu.pipeline(&format!("matmul_{ty}_{r}x{tb}"), || {
-        shaders::compose(
-            &[shaders::quant_snippet(ty).unwrap(), shaders::MATMUL],
-            &[("TB", tb.to_string()), ("R", r.to_string())],
-        )
-    })?;
+    // (pipeline, weight rows per workgroup, tokens per workgroup)
+    let (pipeline, rows_per_group, tb) = if gpu.kernels == KernelShape::Gpu {
+        let tb = if n_tok == 1 { 1 } else { 4 };
+        let sg = gpu.has_subgroups;
+        let p = gpu.pipeline(&format!("matmul_wg_{ty}_{tb}_{sg}"), || {
+            shaders::matmul_wg_source(ty, tb, sg)
+        })?;
+        (p, 1, tb)
+    } else {
+        let (r, tb) = tile(n_tok);
+        let p = gpu.pipeline(&format!("matmul_{ty}_{r}x{tb}"), || {
+            shaders::compose(
+                &[shaders::quant_snippet(ty).unwrap(), shaders::MATMUL],
+                &[("TB", tb.to_string()), ("R", r.to_string())],
+            )
+        })?;
+        (p, 64 * r, tb)
+    };
     w.chunks
         .iter()
         .map(|c| {
-            let (gx, gy) = split_groups(c.n_rows.div_ceil(64 * r));
+            let (gx, gy) = split_groups(c.n_rows.div_ceil(rows_per_group));
             let params = [
                 w.n_cols,
                 c.n_rows,

@@ -3,7 +3,8 @@
 use super::{record, shaders, Dispatch, View};
 use crate::gpu::{Gpu, GpuError};
 
-/// dst row idx[r] = src row r, for r < n_rows, rows of row_len floats.
+/// dst row idx[r] = src row r, for r < n_rows, rows of row_len values; dst holds f16
+/// when `dst_f16` (the KV cache on adapters with shader-f16), else f32.
 pub fn set_rows(
     gpu: &Gpu,
     src: &View,
@@ -11,8 +12,11 @@ pub fn set_rows(
     dst: &View,
     row_len: u32,
     n_rows: u32,
+    dst_f16: bool,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline("set_rows", || shaders::SET_ROWS.to_string())?;
+    let pipeline = gpu.pipeline(&format!("set_rows_{dst_f16}"), || {
+        shaders::kv_source(shaders::SET_ROWS, dst_f16)
+    })?;
     let params: [u32; 4] = [row_len, n_rows, 0, 0];
     record(
         gpu,

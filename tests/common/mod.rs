@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::sync::{Arc, OnceLock};
-use wgllm::gpu::{Backend, Gpu, GpuOptions};
+use wgllm::gpu::{Backend, Gpu, GpuOptions, KernelShape};
 
 /// A small deterministic generator (tests must not depend on a crate's RNG stream).
 pub struct Rng(pub u64);
@@ -29,7 +29,8 @@ impl Rng {
 
 /// The backends the op tests run on. `WGLLM_TEST_BACKENDS` (default "vulkan,gl") lists
 /// them; each one listed must be present, so a missing driver fails instead of skipping.
-/// Each backend is opened twice where it has shader-f16: with it, and forced without.
+/// Each backend is opened with CPU-shaped and GPU-shaped kernels, and where it has
+/// shader-f16 or subgroups, once more with both forced off.
 pub fn gpus() -> &'static [(String, Arc<Gpu>)] {
     static GPUS: OnceLock<Vec<(String, Arc<Gpu>)>> = OnceLock::new();
     GPUS.get_or_init(|| {
@@ -50,11 +51,21 @@ pub fn gpus() -> &'static [(String, Arc<Gpu>)] {
             .unwrap_or_else(|e| {
                 panic!("backend {name} requested for the tests but unavailable: {e}")
             });
+            // The GPU-shaped kernels, with the adapter's features (subgroups where present)...
+            let gpu_shaped = Gpu::new(&GpuOptions {
+                backend,
+                kernels: KernelShape::Gpu,
+                ..Default::default()
+            })
+            .unwrap();
+            out.push((format!("{name}-gpushape"), gpu_shaped));
+            // ...and the portable path: no shader-f16, no subgroups.
             if gpu.has_f16 || gpu.has_subgroups {
                 let plain = Gpu::new(&GpuOptions {
                     backend,
                     no_f16: true,
                     no_subgroups: true,
+                    kernels: KernelShape::Gpu,
                     ..Default::default()
                 })
                 .unwrap();
