@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use wgllm::context::{Context, ContextParams};
-use wgllm::generate::{generate, Timings, Utf8Stream};
+use wgllm::generate::{generate, Feeder, ShiftPolicy, Timings, Utf8Stream};
 use wgllm::gguf::GgufFile;
 use wgllm::gpu::{Gpu, GpuOptions};
 use wgllm::model::Model;
@@ -31,13 +31,13 @@ fn main() -> anyhow::Result<()> {
     let tokens = tok.encode(&prompt, true, true);
     let mut stream = Utf8Stream::default();
     let mut text = String::new();
-    let (mut n_past, mut timings) = (0, Timings::default());
+    let mut timings = Timings::default();
+    let mut feeder = Feeder::new(&mut ctx, ShiftPolicy::default())?;
     generate(
-        &mut ctx,
+        &mut feeder,
         &tok,
         &mut sampler,
         &tokens,
-        &mut n_past,
         32,
         &mut timings,
         &mut |t| {

@@ -1,6 +1,7 @@
 // Rotary position embedding, in place on rows of [head_dim, n_head] per token (or per
 // cache cell, for the K-shift). The cos/sin of every (token, pair) come from the host,
 // computed in f64: GPU sin/cos lose accuracy at the large angles long contexts reach.
+// KV_T is f32 for activations, f16 when rotating an f16 K cache in place (the K-shift).
 struct Params {
     head_dim: u32,
     n_head: u32,
@@ -14,7 +15,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> cs: array<vec2<f32>>;
-@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> x: array<{{KV_T}}>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -33,8 +34,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         b = base + i + half_dims;
     }
     let r = cs[t * half_dims + i];
-    let x0 = x[a];
-    let x1 = x[b];
-    x[a] = x0 * r.x - x1 * r.y;
-    x[b] = x0 * r.y + x1 * r.x;
+    let x0 = f32(x[a]);
+    let x1 = f32(x[b]);
+    x[a] = {{KV_T}}(x0 * r.x - x1 * r.y);
+    x[b] = {{KV_T}}(x0 * r.y + x1 * r.x);
 }

@@ -5,7 +5,8 @@ use crate::gpu::GpuError;
 use crate::graph::Graph;
 use crate::kv::{build_mask, KvCells, KvError, N_KV_PAD};
 use crate::model::{GraphIo, KvBuffers, Model};
-use crate::ops::View;
+use crate::ops::rope::rope;
+use crate::ops::{run_now, View};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -17,6 +18,8 @@ pub enum ContextError {
     Gpu(#[from] GpuError),
     #[error("invalid batch: {0}")]
     BadBatch(String),
+    #[error("the context is full ({n_ctx} tokens){}; use a larger context (-c)", if *shift { " and context shift cannot free space (is --keep too large?)" } else { " and context shift is off" })]
+    ContextFull { n_ctx: u32, shift: bool },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -141,6 +144,46 @@ impl Context {
         self.cells.clear();
     }
 
+    /// The cell bookkeeping, for sequence operations (seq_rm, seq_add, …). Position
+    /// changes are applied to the K cache by the K-shift before the next decode.
+    pub fn cells_mut(&mut self) -> &mut KvCells {
+        &mut self.cells
+    }
+
+    /// Re-applies RoPE to every cached key whose cell position changed (seq_add /
+    /// seq_div), in place, by the cell's accumulated delta; then the deltas are zero.
+    pub fn apply_k_shift(&mut self) -> Result<(), ContextError> {
+        let Some(deltas) = self.cells.take_shifts() else {
+            return Ok(());
+        };
+        let gpu = self.model.gpu.clone();
+        let hp = &self.model.hp;
+        let positions: Vec<f64> = deltas.iter().map(|&d| d as f64).collect();
+        let table = gpu.upload(
+            "k_shift_table",
+            bytemuck::cast_slice(&hp.rope.table(&positions)),
+        )?;
+        let table = View::whole(&table);
+        let mut dispatches = Vec::with_capacity(self.kv.k.len());
+        for k in &self.kv.k {
+            dispatches.push(rope(
+                &gpu,
+                &hp.rope,
+                &table,
+                k,
+                hp.n_head_kv,
+                self.cells.size() as u32,
+                self.kv.f16,
+            )?);
+        }
+        run_now(&gpu, &dispatches)?;
+        log::debug!(
+            "K-shift applied to {} cells",
+            deltas.iter().filter(|&&d| d != 0).count()
+        );
+        Ok(())
+    }
+
     /// Decodes a batch; returns the logits of the tokens that asked for them, in batch
     /// order, n_vocab floats each.
     pub fn decode(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
@@ -170,6 +213,7 @@ impl Context {
                 "a token belongs to no sequence".into(),
             ));
         }
+        self.apply_k_shift()?;
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let mut out = Vec::new();
         let mut i = 0;

@@ -81,6 +81,152 @@ impl Utf8Stream {
     }
 }
 
+/// What to do when the cache fills up: llama.cpp's context shift (keep the first
+/// `n_keep` tokens, drop half of the rest) or Self-Extend (group positions by `ga_n`
+/// beyond windows of `ga_w`). With neither, a full context stops generation.
+#[derive(Clone, Copy, Debug)]
+pub struct ShiftPolicy {
+    pub context_shift: bool,
+    pub n_keep: i32,
+    pub ga_n: i32,
+    pub ga_w: i32,
+}
+
+impl Default for ShiftPolicy {
+    fn default() -> Self {
+        Self {
+            context_shift: true,
+            n_keep: 0,
+            ga_n: 1,
+            ga_w: 512,
+        }
+    }
+}
+
+/// A cache operation the feeder performed, as llama.cpp's reference loop records them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheOp {
+    pub op: &'static str,
+    pub p0: i32,
+    pub p1: i32,
+    pub v: i32,
+    pub n_past: i32,
+}
+
+/// Feeds tokens of sequence 0 into a context the way llama-completion does: in chunks of
+/// n_batch, shifting the context (or applying Self-Extend) before a chunk that would not
+/// fit. Tracks n_past and logs every cache operation.
+pub struct Feeder<'a> {
+    pub ctx: &'a mut Context,
+    pub policy: ShiftPolicy,
+    pub n_past: i32,
+    ga_i: i32,
+    pub ops: Vec<CacheOp>,
+}
+
+impl<'a> Feeder<'a> {
+    pub fn new(ctx: &'a mut Context, policy: ShiftPolicy) -> Result<Self, ContextError> {
+        if policy.ga_n < 1
+            || (policy.ga_n > 1 && (policy.ga_w <= 0 || policy.ga_w % policy.ga_n != 0))
+        {
+            return Err(ContextError::BadBatch(format!(
+                "--grp-attn-n {} / --grp-attn-w {}: the width must be a positive multiple of the factor",
+                policy.ga_n, policy.ga_w
+            )));
+        }
+        Ok(Self {
+            ctx,
+            policy,
+            n_past: 0,
+            ga_i: 0,
+            ops: Vec::new(),
+        })
+    }
+
+    fn log(&mut self, op: &'static str, p0: i32, p1: i32, v: i32) {
+        log::debug!("cache: {op}({p0}, {p1}, {v}) at n_past {}", self.n_past);
+        self.ops.push(CacheOp {
+            op,
+            p0,
+            p1,
+            v,
+            n_past: self.n_past,
+        });
+    }
+
+    /// Makes room for `n` more tokens (context shift) or regroups positions (Self-Extend).
+    fn before_decode(&mut self, n: i32) -> Result<(), ContextError> {
+        let n_ctx = self.ctx.n_ctx() as i32;
+        let p = self.policy;
+        if p.ga_n == 1 {
+            if self.n_past + n >= n_ctx {
+                let n_discard = (self.n_past - p.n_keep) / 2;
+                if !p.context_shift || n_discard <= 0 {
+                    return Err(ContextError::ContextFull {
+                        n_ctx: n_ctx as u32,
+                        shift: p.context_shift,
+                    });
+                }
+                let (keep, past) = (p.n_keep, self.n_past);
+                self.ctx.cells_mut().seq_rm(Some(0), keep, keep + n_discard);
+                self.log("seq_rm", keep, keep + n_discard, 0);
+                self.ctx
+                    .cells_mut()
+                    .seq_add(0, keep + n_discard, past, -n_discard);
+                self.log("seq_add", keep + n_discard, past, -n_discard);
+                self.n_past -= n_discard;
+            }
+        } else {
+            let (ga_n, ga_w) = (p.ga_n, p.ga_w);
+            while self.n_past >= self.ga_i + ga_w {
+                let ib = (ga_n * self.ga_i) / ga_w;
+                let bd = (ga_w / ga_n) * (ga_n - 1);
+                let dd = (ga_w / ga_n) - ib * bd - ga_w;
+                let (gi, past) = (self.ga_i, self.n_past);
+                self.ctx.cells_mut().seq_add(0, gi, past, ib * bd);
+                self.log("seq_add", gi, past, ib * bd);
+                self.ctx
+                    .cells_mut()
+                    .seq_div(0, gi + ib * bd, gi + ib * bd + ga_w, ga_n);
+                self.log("seq_div", gi + ib * bd, gi + ib * bd + ga_w, ga_n);
+                self.ctx
+                    .cells_mut()
+                    .seq_add(0, gi + ib * bd + ga_w, past + ib * bd, dd);
+                self.log("seq_add", gi + ib * bd + ga_w, past + ib * bd, dd);
+                self.n_past -= bd;
+                self.ga_i += ga_w / ga_n;
+            }
+            if self.n_past + n > n_ctx {
+                return Err(ContextError::ContextFull {
+                    n_ctx: n_ctx as u32,
+                    shift: false,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes `tokens` in chunks of n_batch; returns the logits of the last one.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ContextError> {
+        let n_batch = self.ctx.params.n_batch as usize;
+        let mut logits = Vec::new();
+        for chunk in tokens.chunks(n_batch) {
+            self.before_decode(chunk.len() as i32)?;
+            // Positions continue from the sequence's largest one, as llama.cpp assigns them
+            // to a batch without positions. After Self-Extend this is below n_past.
+            let pos = self.ctx.cells().seq_pos_max(0) + 1;
+            logits = self.ctx.decode(&Batch::simple(chunk, pos, false))?;
+            self.n_past += chunk.len() as i32;
+        }
+        Ok(logits)
+    }
+
+    /// Feeds one token per step (teacher forcing): the logits after each, n_vocab apiece.
+    pub fn feed_each(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, ContextError> {
+        tokens.iter().map(|&t| self.feed(&[t])).collect()
+    }
+}
+
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -90,27 +236,23 @@ pub enum Stop {
     Interrupted,
 }
 
-/// Feeds `prompt` (from position `n_past`), then samples up to `n_predict` tokens
-/// (negative: until the context is full or end of generation). Calls `on_token` with each
-/// new token; returning false stops. Returns the tokens generated and why it stopped.
-#[allow(clippy::too_many_arguments)]
+/// Feeds `prompt`, then samples up to `n_predict` tokens (negative: without limit, until
+/// end of generation or, without context shift, a full context). Calls `on_token` with
+/// each new token; returning false stops. Returns the tokens generated and why it stopped.
 pub fn generate(
-    ctx: &mut Context,
+    feeder: &mut Feeder,
     tok: &Tokenizer,
     sampler: &mut Sampler,
     prompt: &[u32],
-    n_past: &mut i32,
     n_predict: i32,
     timings: &mut Timings,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, Stop), ContextError> {
-    let n_batch = ctx.params.n_batch as usize;
     let start = Instant::now();
-    let mut logits = Vec::new();
-    for chunk in prompt.chunks(n_batch) {
-        logits = ctx.decode(&Batch::simple(chunk, *n_past, false))?;
-        *n_past += chunk.len() as i32;
-    }
+    let mut logits = match feeder.feed(prompt) {
+        Err(ContextError::ContextFull { .. }) => return Ok((Vec::new(), Stop::ContextFull)),
+        other => other?,
+    };
     timings.prompt += start.elapsed();
     timings.prompt_tokens += prompt.len();
     for &t in prompt {
@@ -130,12 +272,11 @@ pub fn generate(
         if !on_token(t) {
             return Ok((out, Stop::Interrupted));
         }
-        if *n_past as u32 >= ctx.n_ctx() {
-            return Ok((out, Stop::ContextFull));
-        }
         let step = Instant::now();
-        logits = ctx.decode(&Batch::simple(&[t], *n_past, false))?;
-        *n_past += 1;
+        logits = match feeder.feed(&[t]) {
+            Err(ContextError::ContextFull { .. }) => return Ok((out, Stop::ContextFull)),
+            other => other?,
+        };
         timings.eval += step.elapsed();
         timings.eval_tokens += 1;
     }

@@ -246,7 +246,7 @@ fn rope_matches_reference() {
             let table = up_f32(gpu, bytemuck::cast_slice(&rp.table(&positions)));
             run_now(
                 gpu,
-                &[rope(gpu, &rp, &table, &xv, n_head as u32, n_tok as u32).unwrap()],
+                &[rope(gpu, &rp, &table, &xv, n_head as u32, n_tok as u32, false).unwrap()],
             )
             .unwrap();
             check(
@@ -255,6 +255,67 @@ fn rope_matches_reference() {
                 &read(gpu, &xv, x.len()),
                 1e-10,
             );
+        }
+    }
+}
+
+/// The K-shift: keys roped at p, then rotated in place in the cache by d, equal keys roped
+/// at p + d (f32 cache exactly, f16 cache within its rounding).
+#[test]
+fn k_shift_equals_rope_at_shifted_position() {
+    let mut rng = Rng(10);
+    for (name, gpu) in gpus() {
+        for f16 in kv_types(gpu) {
+            for neox in [false, true] {
+                let rp = RopeParams {
+                    head_dim: 64,
+                    n_dims: 64,
+                    neox,
+                    freq_base: 10000.0,
+                    freq_scale: 1.0,
+                };
+                let (n_head_kv, cells) = (3usize, 50usize);
+                let pos: Vec<f64> = (0..cells).map(|_| rng.below(4000) as f64).collect();
+                let delta: Vec<f64> = (0..cells)
+                    .map(|_| rng.below(3000) as f64 - 1500.0)
+                    .collect();
+                let k = rng.vec(64 * n_head_kv * cells);
+                let roped = rope_ref(&rp, &k, n_head_kv, &pos);
+                let (cache, _) = up_kv(gpu, &roped, f16);
+                let table = up_f32(gpu, bytemuck::cast_slice(&rp.table(&delta)));
+                run_now(
+                    gpu,
+                    &[rope(
+                        gpu,
+                        &rp,
+                        &table,
+                        &cache,
+                        n_head_kv as u32,
+                        cells as u32,
+                        f16,
+                    )
+                    .unwrap()],
+                )
+                .unwrap();
+                let shifted: Vec<f64> = pos.iter().zip(&delta).map(|(p, d)| p + d).collect();
+                let want = rope_ref(&rp, &k, n_head_kv, &shifted);
+                let got = if f16 {
+                    let bytes = gpu
+                        .read_bytes(&cache.buf, 0, want.len() as u64 * 2)
+                        .unwrap();
+                    let h: Vec<half::f16> = bytemuck::pod_collect_to_vec(&bytes);
+                    h.iter().map(|x| x.to_f32()).collect()
+                } else {
+                    read(gpu, &cache, want.len())
+                };
+                let tol = if f16 { 1e-6 } else { 1e-10 };
+                check(
+                    &format!("{name} k-shift f16={f16} neox={neox}"),
+                    &want,
+                    &got,
+                    tol,
+                );
+            }
         }
     }
 }

@@ -1,12 +1,12 @@
 //! `wgllm chat`: an interactive conversation rendered with the model's chat template.
 //! Each turn only the text the template adds since the last turn is tokenized and decoded.
 
-use super::run::SamplingArgs;
+use super::run::{SamplingArgs, ShiftArgs};
 use super::{load_model, new_context, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
-use wgllm::generate::{generate, Stop, Timings, Utf8Stream};
+use wgllm::generate::{generate, Feeder, Stop, Timings, Utf8Stream};
 use wgllm::tokenizer::ChatMessage;
 
 #[derive(Args)]
@@ -21,6 +21,8 @@ pub struct ChatArgs {
     pub n_predict: i32,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub shift: ShiftArgs,
 }
 
 pub fn chat(a: &ChatArgs) -> Result<()> {
@@ -36,7 +38,8 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         messages.push(ChatMessage::new("system", s.clone()));
     }
     let mut shown = String::new(); // the formatted conversation already in the cache
-    let mut n_past = 0i32;
+                                   // --keep counts tokens of the first turn (-1: all of it), fixed once it is known.
+    let mut feeder = Feeder::new(&mut ctx, a.shift.policy(usize::MAX, false)?)?;
     let mut timings = Timings {
         load: loaded.load_time,
         ..Default::default()
@@ -65,21 +68,18 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
             .strip_prefix(shown.as_str())
             .unwrap_or(&formatted)
             .to_string();
-        let tokens = tok.encode(&new_text, n_past == 0, true);
-        if n_past as usize + tokens.len() + 4 > ctx.n_ctx() as usize {
-            bail!(
-                "the conversation no longer fits the context ({} tokens); restart with a larger -c",
-                ctx.n_ctx()
-            );
+        let first_turn = feeder.n_past == 0 && feeder.ops.is_empty();
+        let tokens = tok.encode(&new_text, first_turn, true);
+        if first_turn {
+            feeder.policy = a.shift.policy(tokens.len(), tok.add_bos())?;
         }
         let mut stream = Utf8Stream::default();
         let mut reply = String::new();
         let (_, stop) = generate(
-            &mut ctx,
+            &mut feeder,
             tok,
             &mut sampler,
             &tokens,
-            &mut n_past,
             a.n_predict,
             &mut timings,
             &mut |t| {
@@ -93,7 +93,7 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         reply.push_str(&tail);
         println!("{tail}");
         if stop == Stop::ContextFull {
-            bail!("the context is full; restart with a larger -c");
+            bail!("the context is full and context shift is off; restart with a larger -c");
         }
         messages.push(ChatMessage::new("assistant", reply));
         // The cache now holds the prompt and the reply; the template's end-of-turn text

@@ -5,7 +5,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
-use wgllm::generate::{generate, Stop, Timings, Utf8Stream};
+use wgllm::generate::{generate, Feeder, ShiftPolicy, Stop, Timings, Utf8Stream};
 use wgllm::sample::{Sampler, SamplerParams};
 
 /// Sampling flags, with llama.cpp's defaults.
@@ -81,6 +81,54 @@ pub struct RunArgs {
     /// Take the prompt literally (by default \n, \t, \\ … in -p are unescaped, as llama.cpp does).
     #[arg(long)]
     pub no_escape: bool,
+    #[command(flatten)]
+    pub shift: ShiftArgs,
+}
+
+/// What happens when the context fills: llama.cpp's flags.
+#[derive(Args, Clone, Debug)]
+pub struct ShiftArgs {
+    /// Prompt tokens kept at a context shift (-1: the whole prompt).
+    #[arg(long = "keep", default_value_t = 0, allow_negative_numbers = true)]
+    pub keep: i32,
+    /// Stop when the context is full instead of shifting it.
+    #[arg(long = "no-context-shift")]
+    pub no_context_shift: bool,
+    /// Self-Extend group factor (1: off).
+    #[arg(long = "grp-attn-n", visible_alias = "gan", default_value_t = 1)]
+    pub ga_n: i32,
+    /// Self-Extend group width.
+    #[arg(long = "grp-attn-w", visible_alias = "gaw", default_value_t = 512)]
+    pub ga_w: i32,
+}
+
+impl ShiftArgs {
+    /// The policy for a prompt of `n_prompt` tokens (n_keep counts BOS as llama.cpp does).
+    pub fn policy(&self, n_prompt: usize, add_bos: bool) -> Result<ShiftPolicy> {
+        let n_keep = match self.keep {
+            k if k < 0 => n_prompt as i32,
+            k if k as usize > n_prompt => {
+                bail!("--keep {k} is larger than the prompt ({n_prompt} tokens)")
+            }
+            k => (k + add_bos as i32).min(n_prompt as i32),
+        };
+        if self.ga_n < 1 {
+            bail!("--grp-attn-n must be at least 1, got {}", self.ga_n);
+        }
+        if self.ga_n > 1 && (self.ga_w <= 0 || self.ga_w % self.ga_n != 0) {
+            bail!(
+                "--grp-attn-w ({}) must be a positive multiple of --grp-attn-n ({})",
+                self.ga_w,
+                self.ga_n
+            );
+        }
+        Ok(ShiftPolicy {
+            context_shift: !self.no_context_shift,
+            n_keep,
+            ga_n: self.ga_n,
+            ga_w: self.ga_w,
+        })
+    }
 }
 
 /// llama.cpp's escape processing of -p.
@@ -131,13 +179,14 @@ pub fn run(a: &RunArgs) -> Result<()> {
         bail!("the prompt is empty after tokenization");
     }
     let n_ctx = ctx.n_ctx() as usize;
-    if tokens.len() > n_ctx.saturating_sub(4) {
+    if a.shift.ga_n == 1 && tokens.len() > n_ctx.saturating_sub(4) {
         bail!(
             "prompt is too long ({} tokens, max {}); use a larger context (-c) or a shorter prompt",
             tokens.len(),
             n_ctx.saturating_sub(4)
         );
     }
+    let policy = a.shift.policy(tokens.len(), tok.add_bos())?;
     let mut sampler = a.sampling.sampler(tok.n_vocab())?;
     log::info!(
         "prompt: {} tokens, sampler seed {}",
@@ -154,14 +203,13 @@ pub fn run(a: &RunArgs) -> Result<()> {
         stdout.flush()?;
     }
     let mut stream = Utf8Stream::default();
-    let mut n_past = 0;
     let mut write_err = None;
+    let mut feeder = Feeder::new(&mut ctx, policy)?;
     let (_, stop) = generate(
-        &mut ctx,
+        &mut feeder,
         tok,
         &mut sampler,
         &tokens,
-        &mut n_past,
         a.n_predict,
         &mut timings,
         &mut |t| {
@@ -182,8 +230,20 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     write!(stdout, "{}", stream.finish())?;
     writeln!(stdout)?;
+    let n_shifts = feeder.ops.iter().filter(|o| o.op == "seq_rm").count();
+    if n_shifts > 0 {
+        log::info!("context shifts: {n_shifts}");
+    }
     match stop {
-        Stop::ContextFull => log::warn!("stopped: the context ({} tokens) is full", ctx.n_ctx()),
+        Stop::ContextFull => log::warn!(
+            "stopped: the context ({} tokens) is full{}",
+            feeder.ctx.n_ctx(),
+            if policy.context_shift {
+                ""
+            } else {
+                " and context shift is off"
+            }
+        ),
         Stop::EndOfGeneration => log::info!("[end of text]"),
         _ => {}
     }

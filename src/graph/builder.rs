@@ -137,7 +137,7 @@ impl GraphBuilder {
                 }
                 Op::Glu { act, n } => dispatches.push(glu(gpu, *act, &r[0], &r[1], &w[0], *n)?),
                 Op::Rope { p, n_head, n_tok } => {
-                    dispatches.push(rope(gpu, p, &r[0], &w[0], *n_head, *n_tok)?)
+                    dispatches.push(rope(gpu, p, &r[0], &w[0], *n_head, *n_tok, false)?)
                 }
                 Op::SetRows {
                     row_len,

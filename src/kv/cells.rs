@@ -39,10 +39,12 @@ pub enum KvError {
 
 #[derive(Clone, Debug)]
 pub struct KvCells {
-    cells: Vec<Cell>,
+    pub(super) cells: Vec<Cell>,
     /// Where the next search for free cells starts.
-    head: usize,
-    used: usize,
+    pub(super) head: usize,
+    pub(super) used: usize,
+    /// Some cell has a delta that the K-shift has not applied yet.
+    pub(super) has_shift: bool,
 }
 
 impl KvCells {
@@ -51,6 +53,7 @@ impl KvCells {
             cells: vec![Cell::default(); size],
             head: 0,
             used: 0,
+            has_shift: false,
         }
     }
 
@@ -68,6 +71,7 @@ impl KvCells {
         self.cells.fill(Cell::default());
         self.head = 0;
         self.used = 0;
+        self.has_shift = false;
     }
 
     /// One past the last non-empty cell.
@@ -147,16 +151,6 @@ impl KvCells {
         } else {
             Err(KvError::BadSeq(s))
         }
-    }
-
-    /// Largest position stored for sequence `s`, or -1.
-    pub fn seq_pos_max(&self, s: SeqId) -> i32 {
-        self.cells
-            .iter()
-            .filter(|c| c.has_seq(s))
-            .map(|c| c.pos)
-            .max()
-            .unwrap_or(-1)
     }
 }
 

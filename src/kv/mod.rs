@@ -6,6 +6,7 @@
 
 mod cells;
 mod mask;
+mod seq;
 
 pub use cells::{Cell, KvCells, KvError, SeqId};
 pub use mask::{build_mask, MASKED};

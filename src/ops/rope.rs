@@ -31,6 +31,7 @@ impl RopeParams {
 }
 
 /// Rotates x, [head_dim, n_head, n_tok], in place with the table for n_tok positions.
+/// x holds f16 when `x_f16` (an f16 K cache being shifted), else f32.
 pub fn rope(
     gpu: &Gpu,
     rp: &RopeParams,
@@ -38,8 +39,17 @@ pub fn rope(
     x: &View,
     n_head: u32,
     n_tok: u32,
+    x_f16: bool,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline("rope", || shaders::ROPE.to_string())?;
+    if n_tok > super::MAX_GROUPS {
+        return Err(GpuError::Validation(format!(
+            "rope: {n_tok} rows exceed one dispatch ({})",
+            super::MAX_GROUPS
+        )));
+    }
+    let pipeline = gpu.pipeline(&format!("rope_{x_f16}"), || {
+        shaders::kv_source(shaders::ROPE, x_f16)
+    })?;
     let params: [u32; 8] = [
         rp.head_dim,
         n_head,

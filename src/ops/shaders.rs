@@ -35,7 +35,8 @@ pub fn compose(parts: &[&str], subs: &[(&str, String)]) -> String {
     s
 }
 
-/// A KV-cache shader (set_rows, attn_kq, attn_kqv) for an f16 or f32 cache.
+/// A shader touching the KV cache (set_rows, attn_kq, attn_kqv, rope for the K-shift),
+/// for an f16 or f32 cache.
 pub fn kv_source(src: &str, f16: bool) -> String {
     let body = compose(
         &[src],
@@ -114,7 +115,8 @@ pub fn all_variants() -> Vec<(String, String)> {
             "glu_gelu".into(),
             compose(&[GLU], &[("ACT", "gelu".into())]),
         ),
-        ("rope".into(), ROPE.to_string()),
+        ("rope".into(), kv_source(ROPE, false)),
+        ("rope_f16".into(), kv_source(ROPE, true)),
         ("set_rows".into(), kv_source(SET_ROWS, false)),
         ("softmax".into(), SOFTMAX.to_string()),
         ("attn_kq".into(), kv_source(ATTN_KQ, false)),
