@@ -122,6 +122,8 @@ pub struct Feeder<'a> {
     pub n_past: i32,
     ga_i: i32,
     pub ops: Vec<CacheOp>,
+    /// Print the cell view after every decode (`-dkvc`).
+    pub dump_cells: bool,
 }
 
 impl<'a> Feeder<'a> {
@@ -140,6 +142,7 @@ impl<'a> Feeder<'a> {
             n_past: 0,
             ga_i: 0,
             ops: Vec::new(),
+            dump_cells: false,
         })
     }
 
@@ -217,6 +220,9 @@ impl<'a> Feeder<'a> {
             let pos = self.ctx.cells().seq_pos_max(0) + 1;
             logits = self.ctx.decode(&Batch::simple(chunk, pos, false))?;
             self.n_past += chunk.len() as i32;
+            if self.dump_cells {
+                eprint!("\n{}", self.ctx.cells().view());
+            }
         }
         Ok(logits)
     }

@@ -83,6 +83,9 @@ pub struct RunArgs {
     pub no_escape: bool,
     #[command(flatten)]
     pub shift: ShiftArgs,
+    /// Print the KV cache cells after every decode (llama.cpp's -dkvc).
+    #[arg(long = "dump-kv-cache", visible_alias = "dkvc")]
+    pub dump_kv_cache: bool,
 }
 
 /// What happens when the context fills: llama.cpp's flags.
@@ -205,6 +208,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut stream = Utf8Stream::default();
     let mut write_err = None;
     let mut feeder = Feeder::new(&mut ctx, policy)?;
+    feeder.dump_cells = a.dump_kv_cache;
     let (_, stop) = generate(
         &mut feeder,
         tok,

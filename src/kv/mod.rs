@@ -7,6 +7,7 @@
 mod cells;
 mod mask;
 mod seq;
+mod view;
 
 pub use cells::{Cell, KvCells, KvError, SeqId};
 pub use mask::{build_mask, MASKED};
