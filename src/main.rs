@@ -18,6 +18,7 @@ fn main() {
         Command::Bench(a) => cli::bench::bench(a),
         Command::Inspect(a) => cli::info::inspect(a),
         Command::Devices(a) => cli::info::devices(a),
+        Command::Synth(a) => cli::synth::synth(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -5,6 +5,7 @@ pub mod chat;
 pub mod info;
 pub mod perplexity;
 pub mod run;
+pub mod synth;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand};
@@ -42,6 +43,8 @@ pub enum Command {
     Inspect(info::InspectArgs),
     /// List the GPU adapters wgpu can reach.
     Devices(info::DevicesArgs),
+    /// Write a llama-shaped GGUF with random weights (benchmark subjects).
+    Synth(synth::SynthArgs),
 }
 
 /// GPU selection, shared by every command that runs a model.

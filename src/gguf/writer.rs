@@ -79,35 +79,45 @@ impl GgufWriter {
 
     /// Serializes with 32-byte alignment (GGUF version 3).
     pub fn to_bytes(&self) -> Vec<u8> {
-        const ALIGN: usize = 32;
         let mut out = Vec::new();
-        out.extend(b"GGUF");
-        out.extend(3u32.to_le_bytes());
-        out.extend((self.tensors.len() as u64).to_le_bytes());
-        out.extend((self.metadata.len() as u64).to_le_bytes());
-        for (k, v) in &self.metadata {
-            put_str(&mut out, k);
-            out.extend(value_type(v).to_le_bytes());
-            put_value(&mut out, v);
-        }
-        let mut offset = 0usize;
-        for (name, dims, ty, data) in &self.tensors {
-            put_str(&mut out, name);
-            out.extend((dims.len() as u32).to_le_bytes());
-            dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
-            out.extend(type_id(*ty).to_le_bytes());
-            out.extend((offset as u64).to_le_bytes());
-            offset += data.len().div_ceil(ALIGN) * ALIGN;
-        }
-        out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
-        for (_, _, _, data) in &self.tensors {
-            out.extend(data);
-            out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
-        }
+        self.write_to(&mut out).expect("writing to memory");
         out
     }
 
+    /// Streams the file to `out` (a 7B model need not fit twice in memory).
+    pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        const ALIGN: usize = 32;
+        let mut head = Vec::new();
+        head.extend(b"GGUF");
+        head.extend(3u32.to_le_bytes());
+        head.extend((self.tensors.len() as u64).to_le_bytes());
+        head.extend((self.metadata.len() as u64).to_le_bytes());
+        for (k, v) in &self.metadata {
+            put_str(&mut head, k);
+            head.extend(value_type(v).to_le_bytes());
+            put_value(&mut head, v);
+        }
+        let mut offset = 0usize;
+        for (name, dims, ty, data) in &self.tensors {
+            put_str(&mut head, name);
+            head.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| head.extend(d.to_le_bytes()));
+            head.extend(type_id(*ty).to_le_bytes());
+            head.extend((offset as u64).to_le_bytes());
+            offset += data.len().div_ceil(ALIGN) * ALIGN;
+        }
+        head.resize(head.len().div_ceil(ALIGN) * ALIGN, 0);
+        out.write_all(&head)?;
+        let zeros = [0u8; ALIGN];
+        for (_, _, _, data) in &self.tensors {
+            out.write_all(data)?;
+            out.write_all(&zeros[..data.len().div_ceil(ALIGN) * ALIGN - data.len()])?;
+        }
+        out.flush()
+    }
+
     pub fn write(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
-        std::fs::write(path, self.to_bytes())
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+        self.write_to(&mut f)
     }
 }

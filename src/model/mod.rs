@@ -3,6 +3,7 @@
 
 mod hparams;
 mod llama;
+pub mod synth;
 mod weights;
 
 pub use hparams::{Arch, Hparams};
