@@ -19,14 +19,7 @@ fn main() -> anyhow::Result<()> {
     let tok = Tokenizer::from_gguf(&file)?;
     let gpu = Gpu::new(&GpuOptions::default())?;
     let model = Arc::new(Model::load(gpu, &file, &mut |_, _| {})?);
-    let mut ctx = Context::new(
-        model,
-        ContextParams {
-            n_ctx: 512,
-            n_batch: 512,
-            n_ubatch: 512,
-        },
-    )?;
+    let mut ctx = Context::new(model, ContextParams::new(512, 512, 512))?;
     let mut sampler = Sampler::new(SamplerParams::greedy(), tok.n_vocab());
     let tokens = tok.encode(&prompt, true, true);
     let mut stream = Utf8Stream::default();

@@ -171,11 +171,9 @@ impl<'a> Feeder<'a> {
                     });
                 }
                 let (keep, past) = (p.n_keep, self.n_past);
-                self.ctx.cells_mut().seq_rm(Some(0), keep, keep + n_discard);
+                self.ctx.seq_rm(Some(0), keep, keep + n_discard)?;
                 self.log("seq_rm", keep, keep + n_discard, 0);
-                self.ctx
-                    .cells_mut()
-                    .seq_add(0, keep + n_discard, past, -n_discard);
+                self.ctx.seq_add(0, keep + n_discard, past, -n_discard)?;
                 self.log("seq_add", keep + n_discard, past, -n_discard);
                 self.n_past -= n_discard;
             }
@@ -186,15 +184,13 @@ impl<'a> Feeder<'a> {
                 let bd = (ga_w / ga_n) * (ga_n - 1);
                 let dd = (ga_w / ga_n) - ib * bd - ga_w;
                 let (gi, past) = (self.ga_i, self.n_past);
-                self.ctx.cells_mut().seq_add(0, gi, past, ib * bd);
+                self.ctx.seq_add(0, gi, past, ib * bd)?;
                 self.log("seq_add", gi, past, ib * bd);
                 self.ctx
-                    .cells_mut()
-                    .seq_div(0, gi + ib * bd, gi + ib * bd + ga_w, ga_n);
+                    .seq_div(0, gi + ib * bd, gi + ib * bd + ga_w, ga_n)?;
                 self.log("seq_div", gi + ib * bd, gi + ib * bd + ga_w, ga_n);
                 self.ctx
-                    .cells_mut()
-                    .seq_add(0, gi + ib * bd + ga_w, past + ib * bd, dd);
+                    .seq_add(0, gi + ib * bd + ga_w, past + ib * bd, dd)?;
                 self.log("seq_add", gi + ib * bd + ga_w, past + ib * bd, dd);
                 self.n_past -= bd;
                 self.ga_i += ga_w / ga_n;
@@ -254,16 +250,49 @@ pub fn generate(
     timings: &mut Timings,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, Stop), ContextError> {
+    match feed_prompt(feeder, sampler, prompt, 0, timings)? {
+        None => Ok((Vec::new(), Stop::ContextFull)),
+        Some(logits) => {
+            continue_generation(feeder, tok, sampler, logits, n_predict, timings, on_token)
+        }
+    }
+}
+
+/// Feeds the part of `prompt` not already cached (`prompt[cached..]`, at least the last
+/// token, whose logits are needed) and returns those logits, or None when the context is
+/// full. The whole prompt enters the sampler's history.
+pub fn feed_prompt(
+    feeder: &mut Feeder,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    cached: usize,
+    timings: &mut Timings,
+) -> Result<Option<Vec<f32>>, ContextError> {
+    let cached = cached.min(prompt.len().saturating_sub(1));
     let start = Instant::now();
-    let mut logits = match feeder.feed(prompt) {
-        Err(ContextError::ContextFull { .. }) => return Ok((Vec::new(), Stop::ContextFull)),
+    let logits = match feeder.feed(&prompt[cached..]) {
+        Err(ContextError::ContextFull { .. }) => return Ok(None),
         other => other?,
     };
     timings.prompt += start.elapsed();
-    timings.prompt_tokens += prompt.len();
+    timings.prompt_tokens += prompt.len() - cached;
     for &t in prompt {
         sampler.accept(t);
     }
+    Ok(Some(logits))
+}
+
+/// Samples from `logits` and feeds each sampled token back, as [`generate`] does after
+/// the prompt.
+pub fn continue_generation(
+    feeder: &mut Feeder,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    mut logits: Vec<f32>,
+    n_predict: i32,
+    timings: &mut Timings,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, Stop), ContextError> {
     let mut out = Vec::new();
     loop {
         if n_predict >= 0 && out.len() >= n_predict as usize {

@@ -10,5 +10,6 @@ pub mod graph;
 pub mod kv;
 pub mod model;
 pub mod ops;
+pub mod parallel;
 pub mod sample;
 pub mod tokenizer;

@@ -10,7 +10,7 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,wgllm=info"))
         .format_timestamp(None)
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(std::env::args_os().map(cli::llama_style_flag));
     let result = match &cli.cmd {
         Command::Run(a) => cli::run::run(a),
         Command::Chat(a) => cli::chat::chat(a),

@@ -101,6 +101,27 @@ fn impossible_flags_are_refused() {
         "batch sizes must be positive",
     );
     assert_clean_failure(&["run", "-m", m], "no prompt");
+    assert_clean_failure(
+        &["run", "-m", m, "-p", "hi", "-np", "0"],
+        "number of sequences",
+    );
+    assert_clean_failure(
+        &["run", "-m", m, "-p", "hi", "--keep", "50"],
+        "larger than the prompt",
+    );
+    let bad = temp_file("bad.cache", b"WGLLMKV\0garbage");
+    assert_clean_failure(
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "hi",
+            "--prompt-cache",
+            bad.to_str().unwrap(),
+        ],
+        "damaged",
+    );
     let (code, _, err) = wgllm(&["run", "-m", m, "-p", "hi", "--backend", "nonsense"]);
     assert_eq!(code, 2, "clap rejects unknown values: {err}");
 }

@@ -11,6 +11,11 @@ fn model() -> String {
 }
 
 fn wgllm(args: &[&str]) -> String {
+    wgllm_out_err(args).0
+}
+
+/// Runs wgllm, which must succeed; returns stdout and stderr.
+fn wgllm_out_err(args: &[&str]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
         .args(args)
         .output()
@@ -20,7 +25,10 @@ fn wgllm(args: &[&str]) -> String {
         "wgllm {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap()
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// `run --temp 0` prints llama.cpp's greedy text up to its first near-tie (margin < 0.5).
@@ -98,4 +106,71 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
         out.contains("[17]") && !out.contains("[18]"),
         "chunk count differs: {out}"
     );
+}
+
+/// `--prompt-cache`: the second run loads the first run's cache, decodes only the prompt's
+/// last token, and generates the same greedy text as the first.
+#[test]
+fn prompt_cache_reuses_the_prompt_and_changes_nothing() {
+    let cache = std::env::temp_dir().join(format!("wgllm-prompt-cache-{}", std::process::id()));
+    let _ = std::fs::remove_file(&cache);
+    let m = model();
+    let args = [
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "The history of the Roman Empire begins with",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "-c",
+        "256",
+        "--prompt-cache",
+        cache.to_str().unwrap(),
+    ];
+    let (first, err1) = wgllm_out_err(&args);
+    assert!(err1.contains("will be created"), "{err1}");
+    assert!(cache.exists());
+    let (second, err2) = wgllm_out_err(&args);
+    let _ = std::fs::remove_file(&cache);
+    assert!(err2.contains("7 of 8 prompt tokens reused"), "{err2}");
+    assert!(
+        err2.contains("/     1 tokens"),
+        "only the last prompt token is decoded: {err2}"
+    );
+    assert_eq!(first, second);
+}
+
+/// A small context, sampling and no end: generation runs through many context shifts.
+#[test]
+fn long_sampled_generation_survives_many_context_shifts() {
+    let m = model();
+    let (out, err) = wgllm_out_err(&[
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "Once upon a time",
+        "-c",
+        "256",
+        "-n",
+        "2000",
+        "--temp",
+        "0.8",
+        "-s",
+        "42",
+        "--ignore-eos",
+    ]);
+    let shifts: usize = err
+        .lines()
+        .find_map(|l| l.split("context shifts: ").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no context shift reported: {err}"));
+    // The first shift comes when 255 cells are used; each frees (255 - 1) / 2 = 127
+    // (n_keep is BOS alone), so 2005 tokens take 14.
+    assert_eq!(shifts, 14, "context shifts");
+    assert!(err.contains("/  2000 runs"), "2000 tokens generated: {err}");
+    assert!(out.len() > 2000, "text came out ({} bytes)", out.len());
 }

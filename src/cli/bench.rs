@@ -20,6 +20,10 @@ pub struct BenchArgs {
     /// Repetitions.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: u32,
+    /// Tokens already in the cache before each test (llama-bench's -d): the cost of a
+    /// step with a full cache rather than an empty one.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    pub n_depth: u32,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -34,7 +38,7 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 
 pub fn bench(a: &BenchArgs) -> Result<()> {
     let mut margs = a.model.clone();
-    margs.ctx_size = margs.ctx_size.max(a.n_prompt + a.n_gen + 8);
+    margs.ctx_size = margs.ctx_size.max(a.n_depth + a.n_prompt.max(a.n_gen) + 8);
     margs.batch_size = margs.batch_size.max(a.n_prompt);
     let loaded = load_model(&margs)?;
     let model = &loaded.model;
@@ -52,6 +56,22 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     let backend = format!("wgpu/{}", model.gpu.info.backend);
     println!("| model | size | backend | device | test | t/s |");
     println!("| --- | ---: | --- | --- | ---: | ---: |");
+    let depth = a.n_depth as i32;
+    let at = if depth > 0 {
+        format!(" @ d{depth}")
+    } else {
+        String::new()
+    };
+    // Fills the cache with `depth` tokens (untimed), as llama-bench does before a test.
+    let fill = |ctx: &mut wgllm::context::Context, toks: &[u32]| -> Result<()> {
+        ctx.clear();
+        let nb = ctx.params.n_batch as usize;
+        for (i, c) in toks.chunks(nb).enumerate() {
+            ctx.decode(&Batch::simple(c, (i * nb) as i32, false))?;
+        }
+        Ok(())
+    };
+    let depth_toks: Vec<u32> = (0..a.n_depth).map(|_| rand_tok()).collect();
     let row = |test: String, rates: &[f64]| {
         let (m, sd) = mean_sd(rates);
         println!(
@@ -63,31 +83,31 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         let mut rates = Vec::new();
         for rep in 0..=a.reps {
             let toks: Vec<u32> = (0..a.n_prompt).map(|_| rand_tok()).collect();
-            ctx.clear();
+            fill(&mut ctx, &depth_toks)?;
             let t0 = Instant::now();
-            ctx.decode(&Batch::simple(&toks, 0, false))?;
+            ctx.decode(&Batch::simple(&toks, depth, false))?;
             let dt = t0.elapsed().as_secs_f64();
             if rep > 0 {
                 rates.push(a.n_prompt as f64 / dt); // rep 0 warms up (pipelines, graphs)
             }
         }
-        row(format!("pp{}", a.n_prompt), &rates);
+        row(format!("pp{}{at}", a.n_prompt), &rates);
     }
     if a.n_gen > 0 {
         let mut rates = Vec::new();
         for rep in 0..=a.reps {
-            ctx.clear();
+            fill(&mut ctx, &depth_toks)?;
             let t0 = Instant::now();
             for i in 0..a.n_gen {
                 let t = rand_tok();
-                ctx.decode(&Batch::simple(&[t], i as i32, true))?;
+                ctx.decode(&Batch::simple(&[t], depth + i as i32, true))?;
             }
             let dt = t0.elapsed().as_secs_f64();
             if rep > 0 {
                 rates.push(a.n_gen as f64 / dt);
             }
         }
-        row(format!("tg{}", a.n_gen), &rates);
+        row(format!("tg{}{at}", a.n_gen), &rates);
     }
     Ok(())
 }

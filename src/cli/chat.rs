@@ -32,7 +32,7 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         log::warn!("the model has no chat template; using ChatML, as llama.cpp does");
     }
     let mut ctx = new_context(&loaded.model, &a.model)?;
-    let mut sampler = a.sampling.sampler(tok.n_vocab())?;
+    let mut sampler = a.sampling.sampler(tok)?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(ChatMessage::new("system", s.clone()));

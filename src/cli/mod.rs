@@ -47,6 +47,16 @@ pub enum Command {
     Synth(synth::SynthArgs),
 }
 
+/// llama.cpp spells some flags with one dash and several letters (`-np 4`, `-ub 256`);
+/// clap would read `-np` as `-n p`. Those spellings become their `--` aliases.
+pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
+    const MULTI_LETTER: [&str; 7] = ["-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys"];
+    match arg.to_str() {
+        Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),
+        _ => arg,
+    }
+}
+
 /// GPU selection, shared by every command that runs a model.
 #[derive(Args, Clone, Debug)]
 pub struct GpuArgs {
@@ -96,6 +106,13 @@ pub struct ModelArgs {
     /// Physical batch size: most tokens per graph.
     #[arg(long = "ubatch-size", visible_alias = "ub", default_value_t = 512)]
     pub ubatch_size: u32,
+    /// Sequences the context serves at once (llama.cpp's -np / --parallel).
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
+    pub n_parallel: u32,
+    /// Compact the KV cache when more than this share of it is holes (<= 0: never).
+    /// llama.cpp now ignores this flag; here it keeps attention from reading holes.
+    #[arg(long = "defrag-thold", visible_alias = "dt", default_value_t = -1.0, allow_negative_numbers = true)]
+    pub defrag_thold: f32,
     #[command(flatten)]
     pub gpu: GpuArgs,
 }
@@ -181,6 +198,8 @@ pub fn new_context(model: &Arc<Model>, args: &ModelArgs) -> Result<Context> {
             n_ctx,
             n_batch: args.batch_size.min(n_ctx),
             n_ubatch: args.ubatch_size.min(args.batch_size).min(n_ctx),
+            n_seq_max: args.n_parallel,
+            defrag_thold: args.defrag_thold,
         },
     )?)
 }

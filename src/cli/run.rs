@@ -5,8 +5,12 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
-use wgllm::generate::{generate, Feeder, ShiftPolicy, Stop, Timings, Utf8Stream};
+use wgllm::context::Context;
+use wgllm::generate::{
+    continue_generation, feed_prompt, Feeder, ShiftPolicy, Stop, Timings, Utf8Stream,
+};
 use wgllm::sample::{Sampler, SamplerParams};
+use wgllm::tokenizer::Tokenizer;
 
 /// Sampling flags, with llama.cpp's defaults.
 #[derive(Args, Clone, Debug)]
@@ -27,10 +31,13 @@ pub struct SamplingArgs {
     /// RNG seed (-1: random).
     #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
     pub seed: i64,
+    /// Never end generation: end-of-generation tokens are not sampled.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
 }
 
 impl SamplingArgs {
-    pub fn sampler(&self, n_vocab: usize) -> Result<Sampler> {
+    pub fn sampler(&self, tok: &Tokenizer) -> Result<Sampler> {
         if self.temp.is_nan()
             || self.top_p.is_nan()
             || self.min_p.is_nan()
@@ -54,8 +61,13 @@ impl SamplingArgs {
                 repeat_penalty: self.repeat_penalty,
                 repeat_last_n: self.repeat_last_n,
                 seed,
+                banned: if self.ignore_eos {
+                    tok.eog_tokens().collect()
+                } else {
+                    Vec::new()
+                },
             },
-            n_vocab,
+            tok.n_vocab(),
         ))
     }
 }
@@ -86,6 +98,13 @@ pub struct RunArgs {
     /// Print the KV cache cells after every decode (llama.cpp's -dkvc).
     #[arg(long = "dump-kv-cache", visible_alias = "dkvc")]
     pub dump_kv_cache: bool,
+    /// Reuse the cache of an earlier run whose prompt shares a prefix with this one, and
+    /// save this prompt's cache there (created if missing).
+    #[arg(long = "prompt-cache")]
+    pub prompt_cache: Option<PathBuf>,
+    /// Use --prompt-cache without updating the file.
+    #[arg(long = "prompt-cache-ro", requires = "prompt_cache")]
+    pub prompt_cache_ro: bool,
 }
 
 /// What happens when the context fills: llama.cpp's flags.
@@ -190,7 +209,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
     }
     let policy = a.shift.policy(tokens.len(), tok.add_bos())?;
-    let mut sampler = a.sampling.sampler(tok.n_vocab())?;
+    let mut sampler = a.sampling.sampler(tok)?;
     log::info!(
         "prompt: {} tokens, sampler seed {}",
         tokens.len(),
@@ -207,13 +226,25 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     let mut stream = Utf8Stream::default();
     let mut write_err = None;
+    let cached = match &a.prompt_cache {
+        Some(path) => reuse_prompt_cache(&mut ctx, path, &tokens)?,
+        None => 0,
+    };
     let mut feeder = Feeder::new(&mut ctx, policy)?;
     feeder.dump_cells = a.dump_kv_cache;
-    let (_, stop) = generate(
+    feeder.n_past = cached as i32;
+    let Some(logits) = feed_prompt(&mut feeder, &mut sampler, &tokens, cached, &mut timings)?
+    else {
+        bail!("the prompt does not fit in the context ({} tokens)", n_ctx);
+    };
+    if let (Some(path), false) = (&a.prompt_cache, a.prompt_cache_ro) {
+        feeder.ctx.state_save(path, &tokens, None)?;
+    }
+    let (_, stop) = continue_generation(
         &mut feeder,
         tok,
         &mut sampler,
-        &tokens,
+        logits,
         a.n_predict,
         &mut timings,
         &mut |t| {
@@ -253,4 +284,32 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     eprintln!("{}", timings.report());
     Ok(())
+}
+
+/// Loads `path` (if it exists) and keeps the cells of the longest prefix its tokens share
+/// with `prompt`, as llama.cpp's --prompt-cache does; returns how many prompt tokens need
+/// no decoding. The last prompt token is always decoded again, for its logits.
+fn reuse_prompt_cache(ctx: &mut Context, path: &std::path::Path, prompt: &[u32]) -> Result<usize> {
+    if !path.exists() {
+        log::info!(
+            "prompt cache {} does not exist yet; it will be created",
+            path.display()
+        );
+        return Ok(0);
+    }
+    let saved = ctx.state_load(path, None)?;
+    let same = saved
+        .tokens
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let reuse = same.min(prompt.len() - 1);
+    ctx.seq_rm(None, reuse as i32, -1)?;
+    log::info!(
+        "prompt cache {}: {reuse} of {} prompt tokens reused",
+        path.display(),
+        prompt.len()
+    );
+    Ok(reuse)
 }

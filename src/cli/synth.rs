@@ -52,7 +52,7 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
         a.output.display(),
         shape
     );
-    let w = synth_llama(shape, ty, vocab_metadata(&src), n_vocab, a.vocab_only);
+    let w = synth_llama(shape, ty, vocab_metadata(&src), n_vocab, 0.02, a.vocab_only);
     w.write(&a.output)
         .with_context(|| format!("writing {}", a.output.display()))?;
     Ok(())

@@ -5,11 +5,13 @@
 //! where it can be unit-tested exhaustively.
 
 mod cells;
+mod defrag;
 mod mask;
 mod seq;
 mod view;
 
-pub use cells::{Cell, KvCells, KvError, SeqId};
+pub use cells::{Cell, KvCells, KvError, SeqId, MAX_SEQ};
+pub use defrag::Move;
 pub use mask::{build_mask, MASKED};
 
 /// Attention reads cells [0, n_kv) with n_kv a multiple of this (as llama.cpp pads it),

@@ -87,12 +87,15 @@ fn random_tensor(ty: GgmlType, n: usize, rows: usize, std: f32, seed: u64) -> Ve
 }
 
 /// Builds the GGUF of a llama with `shape`, weights of type `ty` (norms F32) and the
-/// vocabulary `vocab`. `vocab_only` writes just the metadata, as llama.cpp's vocab files.
+/// vocabulary `vocab`; matrix entries have standard deviation `std` (0.02 as at
+/// initialization; tests use larger ones so that attention is sharp and every position
+/// matters). `vocab_only` writes just the metadata, as llama.cpp's vocab files.
 pub fn synth_llama(
     shape: SynthShape,
     ty: GgmlType,
     vocab: Vec<(String, Value)>,
     n_vocab: u64,
+    std: f32,
     vocab_only: bool,
 ) -> GgufWriter {
     let SynthShape {
@@ -131,7 +134,7 @@ pub fn synth_llama(
     let mut seed = 1u64;
     let mut mat = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64| {
         seed += 1;
-        let data = random_tensor(ty, cols as usize, rows as usize, 0.02, seed);
+        let data = random_tensor(ty, cols as usize, rows as usize, std, seed);
         w.tensor(name, &[cols, rows], ty, data);
     };
     mat(&mut w, "token_embd.weight", e, n_vocab);
@@ -170,7 +173,7 @@ mod tests {
             Value::Array((0..100).map(|i| Value::String(format!("t{i}"))).collect()),
         )];
         let path = std::env::temp_dir().join(format!("wgllm-synth-{}.gguf", std::process::id()));
-        synth_llama(shape, GgmlType::Q4_0, vocab, 100, false)
+        synth_llama(shape, GgmlType::Q4_0, vocab, 100, 0.02, false)
             .write(&path)
             .unwrap();
         let f = GgufFile::open(&path).unwrap();

@@ -28,6 +28,8 @@ pub struct SamplerParams {
     pub repeat_last_n: usize,
     /// Random seed; [`SamplerParams::RANDOM_SEED`] picks a fresh one each run.
     pub seed: u64,
+    /// Tokens never sampled (a logit bias of -inf, as llama.cpp's --ignore-eos sets).
+    pub banned: Vec<u32>,
 }
 
 impl SamplerParams {
@@ -53,6 +55,7 @@ impl Default for SamplerParams {
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: Self::RANDOM_SEED,
+            banned: Vec::new(),
         }
     }
 }
@@ -179,6 +182,11 @@ impl Sampler {
             .collect();
         if c.is_empty() {
             return 0;
+        }
+        for &b in &self.params.banned {
+            if let Some(x) = c.get_mut(b as usize) {
+                x.logit = f32::NEG_INFINITY;
+            }
         }
         self.penalize(&mut c);
         let p = &self.params;

@@ -9,6 +9,7 @@ fn params(temp: f32, top_k: i32, top_p: f32, min_p: f32) -> SamplerParams {
         repeat_penalty: 1.0,
         repeat_last_n: 64,
         seed: 1234,
+        banned: Vec::new(),
     }
 }
 
@@ -204,4 +205,22 @@ fn pcg_is_deterministic_and_uniform() {
     assert!((mean - 0.5).abs() < 0.02, "{mean}");
     let mut r2 = Pcg32::new(42);
     assert_eq!(r2.next_f64(), xs[0]);
+}
+
+#[test]
+fn banned_tokens_are_never_sampled() {
+    let mut p = params(1.5, 0, 1.0, 0.0);
+    p.banned = vec![2];
+    let mut s = Sampler::new(p, 4);
+    for _ in 0..200 {
+        assert_ne!(s.sample(&[0.0, 0.1, 9.0, 0.2]), 2);
+    }
+    let mut g = Sampler::new(
+        SamplerParams {
+            banned: vec![2],
+            ..SamplerParams::greedy()
+        },
+        4,
+    );
+    assert_eq!(g.sample(&[0.0, 0.1, 9.0, 0.2]), 3);
 }

@@ -110,3 +110,47 @@ pub fn model_path(env_var: &str, file: &str) -> std::path::PathBuf {
     );
     p
 }
+
+/// A tiny llama with random weights (2 layers, 64 wide, 256 tokens), loaded on `gpu`:
+/// cache behaviour can be checked on it in milliseconds, logits being sensitive to every
+/// position and every cell even though they mean nothing.
+pub fn tiny_model(gpu: Arc<Gpu>, ty: wgllm::gguf::GgmlType) -> Arc<wgllm::model::Model> {
+    use wgllm::gguf::Value;
+    use wgllm::model::synth::{synth_llama, SynthShape};
+    let shape = SynthShape {
+        n_embd: 64,
+        n_layer: 2,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 2,
+    };
+    let vocab = vec![(
+        "tokenizer.ggml.tokens".to_string(),
+        Value::Array((0..256).map(|i| Value::String(format!("<{i}>"))).collect()),
+    )];
+    let path = std::env::temp_dir().join(format!(
+        "wgllm-tiny-{}-{:?}.gguf",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    synth_llama(shape, ty, vocab, 256, 0.5, false)
+        .write(&path)
+        .unwrap();
+    let f = wgllm::gguf::GgufFile::open(&path).unwrap();
+    let model = wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap();
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    Arc::new(model)
+}
+
+/// Normalized mean squared error, as llama.cpp's test-backend-ops computes it.
+pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let err: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    err / norm.max(1e-30)
+}

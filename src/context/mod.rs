@@ -1,9 +1,12 @@
 //! An inference context: the KV cache (cells on the host, K/V on the GPU), the step input
 //! buffers, and the graphs built for the shapes seen so far. `decode` runs a batch.
 
+mod defrag;
+pub mod state;
+
 use crate::gpu::GpuError;
 use crate::graph::Graph;
-use crate::kv::{build_mask, KvCells, KvError, N_KV_PAD};
+use crate::kv::{build_mask, KvCells, KvError, SeqId, MAX_SEQ, N_KV_PAD};
 use crate::model::{GraphIo, KvBuffers, Model};
 use crate::ops::rope::rope;
 use crate::ops::{run_now, View};
@@ -18,6 +21,14 @@ pub enum ContextError {
     Gpu(#[from] GpuError),
     #[error("invalid batch: {0}")]
     BadBatch(String),
+    #[error("invalid sequence id {seq}: this context has {n_seq_max} sequence(s), ids 0..{n_seq_max} (raise it with -np)")]
+    BadSeq { seq: u32, n_seq_max: u32 },
+    #[error("invalid batch: sequence {seq} ends at position {last} in the cache, so the batch must continue it at {} (it starts at {first}); positions of a sequence stay consecutive", last + 1)]
+    PositionGap { seq: u32, last: i32, first: i32 },
+    #[error("invalid batch: the positions of sequence {seq} go backwards ({prev} then {next})")]
+    PositionsBackwards { seq: u32, prev: i32, next: i32 },
+    #[error(transparent)]
+    State(#[from] state::StateError),
     #[error("the context is full ({n_ctx} tokens){}; use a larger context (-c)", if *shift { " and context shift cannot free space (is --keep too large?)" } else { " and context shift is off" })]
     ContextFull { n_ctx: u32, shift: bool },
 }
@@ -30,6 +41,24 @@ pub struct ContextParams {
     pub n_batch: u32,
     /// Most tokens one graph computes (-ub).
     pub n_ubatch: u32,
+    /// Distinct sequences the context serves (-np); ids are 0..n_seq_max.
+    pub n_seq_max: u32,
+    /// Compact the cache when this share of the cells below the used bound are holes
+    /// (--defrag-thold; <= 0: never).
+    pub defrag_thold: f32,
+}
+
+impl ContextParams {
+    /// One sequence, no defragmentation: what a single prompt needs.
+    pub fn new(n_ctx: u32, n_batch: u32, n_ubatch: u32) -> Self {
+        ContextParams {
+            n_ctx,
+            n_batch,
+            n_ubatch,
+            n_seq_max: 1,
+            defrag_thold: -1.0,
+        }
+    }
 }
 
 /// Tokens to decode: for each, its position, its sequences (bit set) and whether its
@@ -89,6 +118,12 @@ impl Context {
                 "context, batch and ubatch sizes must be positive".into(),
             ));
         }
+        if params.n_seq_max == 0 || params.n_seq_max > MAX_SEQ {
+            return Err(ContextError::BadBatch(format!(
+                "-np {}: the number of sequences must be in 1..={MAX_SEQ}",
+                params.n_seq_max
+            )));
+        }
         let ub = params.n_ubatch.min(params.n_batch) as u64;
         let n_ctx = params.n_ctx as u64;
         let kv_f16 = gpu.has_f16;
@@ -144,10 +179,115 @@ impl Context {
         self.cells.clear();
     }
 
-    /// The cell bookkeeping, for sequence operations (seq_rm, seq_add, …). Position
-    /// changes are applied to the K cache by the K-shift before the next decode.
-    pub fn cells_mut(&mut self) -> &mut KvCells {
-        &mut self.cells
+    fn check_seq(&self, seq: SeqId) -> Result<(), ContextError> {
+        if seq < self.params.n_seq_max {
+            Ok(())
+        } else {
+            Err(ContextError::BadSeq {
+                seq,
+                n_seq_max: self.params.n_seq_max,
+            })
+        }
+    }
+
+    /// Removes `seq` (None: all sequences) from positions [p0, p1) (negative: open).
+    pub fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), ContextError> {
+        if let Some(s) = seq {
+            self.check_seq(s)?;
+        }
+        self.cells.seq_rm(seq, p0, p1);
+        Ok(())
+    }
+    /// Makes `dst` share the cells of `src` in [p0, p1) (no K/V copy).
+    pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError> {
+        self.check_seq(src)?;
+        self.check_seq(dst)?;
+        self.cells.seq_cp(src, dst, p0, p1);
+        Ok(())
+    }
+    /// Drops every sequence but `seq`.
+    pub fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError> {
+        self.check_seq(seq)?;
+        self.cells.seq_keep(seq);
+        Ok(())
+    }
+    /// Adds `delta` to the positions of `seq` in [p0, p1); the K-shift follows.
+    pub fn seq_add(
+        &mut self,
+        seq: SeqId,
+        p0: i32,
+        p1: i32,
+        delta: i32,
+    ) -> Result<(), ContextError> {
+        self.check_seq(seq)?;
+        self.cells.seq_add(seq, p0, p1, delta);
+        Ok(())
+    }
+    /// Divides the positions of `seq` in [p0, p1) by `d`; the K-shift follows.
+    pub fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
+        self.check_seq(seq)?;
+        if d < 1 {
+            return Err(ContextError::BadBatch(format!(
+                "seq_div by {d}: the divisor must be positive"
+            )));
+        }
+        self.cells.seq_div(seq, p0, p1, d);
+        Ok(())
+    }
+
+    /// Checks a batch as llama.cpp does before splitting it: sequence ids in range, each
+    /// sequence continuing at its last cached position + 1, positions without gaps, and
+    /// (stricter than llama.cpp) never decreasing within a sequence.
+    fn check_batch(&self, b: &Batch) -> Result<(), ContextError> {
+        let n_seq = self.params.n_seq_max;
+        let mut first = vec![None::<(i32, i32, usize)>; n_seq as usize]; // (min, max, count)
+        let mut last = vec![None::<i32>; n_seq as usize];
+        for (&set, &p) in b.seq.iter().zip(&b.pos) {
+            if set >> n_seq != 0 {
+                let seq = 63 - set.leading_zeros();
+                return Err(ContextError::BadSeq {
+                    seq,
+                    n_seq_max: n_seq,
+                });
+            }
+            for s in 0..n_seq {
+                if set & (1u64 << s) == 0 {
+                    continue;
+                }
+                let su = s as usize;
+                if let Some(prev) = last[su] {
+                    if p < prev {
+                        return Err(ContextError::PositionsBackwards {
+                            seq: s,
+                            prev,
+                            next: p,
+                        });
+                    }
+                }
+                last[su] = Some(p);
+                first[su] = Some(match first[su] {
+                    None => (p, p, 1),
+                    Some((lo, hi, n)) => (lo.min(p), hi.max(p), n + 1),
+                });
+            }
+        }
+        for (s, f) in first.iter().enumerate() {
+            let Some((lo, hi, n)) = *f else { continue };
+            let cached = self.cells.seq_pos_max(s as SeqId);
+            if cached >= 0 && lo != cached + 1 {
+                return Err(ContextError::PositionGap {
+                    seq: s as u32,
+                    last: cached,
+                    first: lo,
+                });
+            }
+            if (hi - lo + 1) as usize > n {
+                return Err(ContextError::BadBatch(format!(
+                    "the positions of sequence {s} in the batch are not continuous ({lo}..={hi} with {n} tokens)"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Re-applies RoPE to every cached key whose cell position changed (seq_add /
@@ -213,7 +353,9 @@ impl Context {
                 "a token belongs to no sequence".into(),
             ));
         }
+        self.check_batch(batch)?;
         self.apply_k_shift()?;
+        self.maybe_defrag()?;
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let mut out = Vec::new();
         let mut i = 0;

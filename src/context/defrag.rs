@@ -1,0 +1,50 @@
+//! Defragmentation on the GPU: the cells' compaction plan (kv::KvCells::compact) applied
+//! to every layer's K and V rows with buffer copies.
+
+use super::{Context, ContextError};
+
+impl Context {
+    /// Bytes of one cell's K (or V) row in one layer.
+    pub(super) fn kv_row_bytes(&self) -> u64 {
+        self.model.hp.n_embd_kv() as u64 * if self.kv.f16 { 2 } else { 4 }
+    }
+
+    /// Defragments when the share of holes exceeds `--defrag-thold`.
+    pub(super) fn maybe_defrag(&mut self) -> Result<(), ContextError> {
+        let thold = self.params.defrag_thold;
+        if thold > 0.0 && self.cells.fragmentation() > thold {
+            let moved = self.defrag()?;
+            log::debug!("defragmented the KV cache: {moved} cells moved");
+        }
+        Ok(())
+    }
+
+    /// Moves every used cell to the front of the cache (K/V rows with it), so attention
+    /// reads no holes. The outputs are unchanged. Returns the number of cells moved.
+    pub fn defrag(&mut self) -> Result<usize, ContextError> {
+        let moves = self.cells.compact();
+        let Some(end) = moves.iter().map(|m| m.src + m.len).max() else {
+            return Ok(0);
+        };
+        let gpu = self.model.gpu.clone();
+        let row = self.kv_row_bytes();
+        // wgpu forbids copies within one buffer: stage each layer's rows in a scratch buffer.
+        let tmp = gpu.storage("defrag rows", end as u64 * row)?;
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for t in self.kv.k.iter().chain(&self.kv.v) {
+            enc.copy_buffer_to_buffer(&t.buf, t.offset, &tmp, 0, end as u64 * row);
+            for m in &moves {
+                enc.copy_buffer_to_buffer(
+                    &tmp,
+                    m.src as u64 * row,
+                    &t.buf,
+                    t.offset + m.dst as u64 * row,
+                    m.len as u64 * row,
+                );
+            }
+        }
+        gpu.queue.submit([enc.finish()]);
+        gpu.sync()?;
+        Ok(moves.iter().map(|m| m.len).sum())
+    }
+}

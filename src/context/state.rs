@@ -1,0 +1,267 @@
+//! Saving and loading the KV cache: the cells (position, sequences) and their K/V rows of
+//! every layer, the whole cache or one sequence, plus the tokens they came from (what
+//! `--prompt-cache` needs to reuse a prompt's prefix).
+//!
+//! File layout (little endian): magic, version, model shape (layers, K/V width, vocab),
+//! K/V element size, tokens, cells (pos i32, sequence set u64), then per layer the K rows
+//! and the V rows of those cells, in cell order.
+
+use super::{Context, ContextError};
+use crate::kv::SeqId;
+use half::f16;
+use std::path::Path;
+
+const MAGIC: &[u8; 8] = b"WGLLMKV\0";
+const VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a wgllm cache state file, or a damaged one ({what})")]
+    Format { path: String, what: String },
+    #[error(
+        "{path}: the cache was saved for another model ({what}); delete the file to start afresh"
+    )]
+    OtherModel { path: String, what: String },
+    #[error("{path}: the saved cache has {cells} cells, more than fit in this context ({free} free); use a larger -c")]
+    TooBig {
+        path: String,
+        cells: usize,
+        free: usize,
+    },
+}
+
+/// What a state file holds besides the K/V rows.
+#[derive(Debug)]
+pub struct SavedState {
+    pub tokens: Vec<u32>,
+    pub n_cells: usize,
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+    at: usize,
+    path: &'a str,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], StateError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.data.len());
+        let Some(end) = end else {
+            return Err(StateError::Format {
+                path: self.path.into(),
+                what: format!("truncated at byte {}", self.at),
+            });
+        };
+        let s = &self.data[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32, StateError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, StateError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+}
+
+/// Converts K/V rows between f16 and f32 storage.
+fn convert(rows: &[u8], from_f16: bool, to_f16: bool) -> Vec<u8> {
+    match (from_f16, to_f16) {
+        (true, false) => rows
+            .chunks_exact(2)
+            .flat_map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32().to_le_bytes())
+            .collect(),
+        (false, true) => rows
+            .chunks_exact(4)
+            .flat_map(|b| f16::from_f32(f32::from_le_bytes(b.try_into().unwrap())).to_le_bytes())
+            .collect(),
+        _ => rows.to_vec(),
+    }
+}
+
+impl Context {
+    fn model_shape(&self) -> [u32; 3] {
+        let hp = &self.model.hp;
+        [hp.n_layer, hp.n_embd_kv(), hp.n_vocab]
+    }
+
+    /// Saves the cache (or only `seq`'s cells) and `tokens` to `path`.
+    pub fn state_save(
+        &mut self,
+        path: &Path,
+        tokens: &[u32],
+        seq: Option<SeqId>,
+    ) -> Result<(), ContextError> {
+        if let Some(s) = seq {
+            self.check_seq(s)?;
+        }
+        self.apply_k_shift()?; // pending deltas are not part of the format
+        let picked: Vec<usize> = (0..self.cells.size())
+            .filter(|&i| {
+                let c = self.cells.cells()[i];
+                seq.map_or(!c.is_empty(), |s| c.has_seq(s))
+            })
+            .collect();
+        let mut out = Vec::new();
+        out.extend(MAGIC);
+        out.extend(VERSION.to_le_bytes());
+        self.model_shape()
+            .iter()
+            .for_each(|v| out.extend(v.to_le_bytes()));
+        out.extend((if self.kv.f16 { 2u32 } else { 4 }).to_le_bytes());
+        out.extend((tokens.len() as u32).to_le_bytes());
+        tokens.iter().for_each(|t| out.extend(t.to_le_bytes()));
+        out.extend((picked.len() as u32).to_le_bytes());
+        for &i in &picked {
+            let c = self.cells.cells()[i];
+            out.extend(c.pos.to_le_bytes());
+            // One sequence is saved as sequence 0, to be loaded into any other.
+            let set = if seq.is_some() { 1u64 } else { c.seq };
+            out.extend(set.to_le_bytes());
+        }
+        let row = self.kv_row_bytes() as usize;
+        let end = picked.last().map_or(0, |&i| i + 1);
+        let gpu = self.model.gpu.clone();
+        for t in self.kv.k.iter().zip(&self.kv.v).flat_map(|(k, v)| [k, v]) {
+            if end == 0 {
+                break;
+            }
+            let rows = gpu.read_bytes(&t.buf, t.offset, (end * row) as u64)?;
+            for &i in &picked {
+                out.extend(&rows[i * row..(i + 1) * row]);
+            }
+        }
+        std::fs::write(path, out).map_err(|source| StateError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        log::info!(
+            "saved {} cells and {} tokens to {}",
+            picked.len(),
+            tokens.len(),
+            path.display()
+        );
+        Ok(())
+    }
+
+    /// Loads a state file: the whole cache (replacing it) or, with `dst`, one saved
+    /// sequence into sequence `dst` (replacing that sequence). Returns the saved tokens.
+    pub fn state_load(
+        &mut self,
+        path: &Path,
+        dst: Option<SeqId>,
+    ) -> Result<SavedState, ContextError> {
+        let p = path.display().to_string();
+        let data = std::fs::read(path).map_err(|source| StateError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let mut r = Reader {
+            data: &data,
+            at: 0,
+            path: &p,
+        };
+        let format = |what: &str| StateError::Format {
+            path: p.clone(),
+            what: what.into(),
+        };
+        if r.take(8)? != MAGIC {
+            return Err(format("bad magic").into());
+        }
+        let version = r.u32()?;
+        if version != VERSION {
+            return Err(format(&format!("version {version}, expected {VERSION}")).into());
+        }
+        let shape = [r.u32()?, r.u32()?, r.u32()?];
+        if shape != self.model_shape() {
+            return Err(StateError::OtherModel {
+                path: p.clone(),
+                what: format!(
+                    "layers, K/V width, vocabulary {:?}; this model has {:?}",
+                    shape,
+                    self.model_shape()
+                ),
+            }
+            .into());
+        }
+        let elem = r.u32()?;
+        if elem != 2 && elem != 4 {
+            return Err(format(&format!("K/V element size {elem}")).into());
+        }
+        let n_tok = r.u32()? as usize;
+        let tokens: Vec<u32> = (0..n_tok).map(|_| r.u32()).collect::<Result<_, _>>()?;
+        let n_cells = r.u32()? as usize;
+        let mut pos = Vec::with_capacity(n_cells);
+        let mut sets = Vec::with_capacity(n_cells);
+        for _ in 0..n_cells {
+            pos.push(r.u32()? as i32);
+            let set = r.u64()?;
+            if set == 0 || set >> self.params.n_seq_max != 0 {
+                return Err(format(&format!(
+                    "a cell's sequence set {set:#x} is empty or beyond this context's -np {}",
+                    self.params.n_seq_max
+                ))
+                .into());
+            }
+            sets.push(set);
+        }
+        let saved_row = self.model.hp.n_embd_kv() as usize * elem as usize;
+        // Read (and check) everything before touching the cache.
+        let mut layers = Vec::with_capacity(2 * self.kv.k.len());
+        for _ in 0..2 * self.kv.k.len() {
+            layers.push(convert(
+                r.take(n_cells * saved_row)?,
+                elem == 2,
+                self.kv.f16,
+            ));
+        }
+        if r.at != data.len() {
+            return Err(format("trailing bytes").into());
+        }
+        let start = match dst {
+            None => {
+                if n_cells > self.cells.size() {
+                    return Err(StateError::TooBig {
+                        path: p,
+                        cells: n_cells,
+                        free: self.cells.size(),
+                    }
+                    .into());
+                }
+                self.cells.clear();
+                0
+            }
+            Some(s) => {
+                self.check_seq(s)?;
+                self.cells.seq_rm(Some(s), -1, -1);
+                sets.iter_mut().for_each(|v| *v = 1u64 << s);
+                if n_cells == 0 {
+                    return Ok(SavedState { tokens, n_cells });
+                }
+                self.cells
+                    .find_slot(n_cells)
+                    .map_err(|_| StateError::TooBig {
+                        path: p.clone(),
+                        cells: n_cells,
+                        free: self.cells.size() - self.cells.used(),
+                    })?
+            }
+        };
+        if n_cells > 0 {
+            self.cells.store(start, &pos, &sets);
+            let row = self.kv_row_bytes();
+            let gpu = self.model.gpu.clone();
+            let targets = self.kv.k.iter().zip(&self.kv.v).flat_map(|(k, v)| [k, v]);
+            for (t, rows) in targets.zip(&layers) {
+                gpu.write(&t.buf, t.offset + start as u64 * row, rows);
+            }
+        }
+        log::info!("loaded {n_cells} cells and {n_tok} tokens from {p}");
+        Ok(SavedState { tokens, n_cells })
+    }
+}

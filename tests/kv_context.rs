@@ -1,0 +1,353 @@
+//! The KV cache through a real context on a tiny random llama: random sequence operations
+//! against recomputation, defragmentation, state save/load, and batch errors.
+mod common;
+
+use common::{nmse, tiny_model, Rng};
+use std::sync::Arc;
+use wgllm::context::{Batch, Context, ContextError, ContextParams};
+use wgllm::gguf::GgmlType;
+use wgllm::gpu::{Gpu, GpuOptions};
+use wgllm::model::Model;
+
+/// f32 K/V cache (no shader-f16), so that recomputation agrees to float rounding.
+fn model() -> Arc<Model> {
+    let gpu = Gpu::new(&GpuOptions {
+        no_f16: true,
+        ..Default::default()
+    })
+    .unwrap();
+    tiny_model(gpu, GgmlType::Q8_0)
+}
+
+fn context(model: &Arc<Model>, n_ctx: u32, n_seq: u32) -> Context {
+    let mut p = ContextParams::new(n_ctx, n_ctx.min(128), 64);
+    p.n_seq_max = n_seq;
+    Context::new(model.clone(), p).unwrap()
+}
+
+/// A batch of tokens of one sequence at consecutive positions, logits for the last.
+fn seq_batch(tokens: &[u32], pos0: i32, seq: u32) -> Batch {
+    let mut b = Batch::simple(tokens, pos0, false);
+    b.seq = vec![1u64 << seq; tokens.len()];
+    b
+}
+
+/// The reference: what each cell holds (token, position, sequence set), kept without a
+/// GPU. A sequence's history is its cells in position order.
+#[derive(Clone, Debug)]
+struct RefCell {
+    token: u32,
+    pos: i32,
+    seq: u64,
+}
+
+fn history(cells: &[RefCell], s: u32) -> Vec<(u32, i32)> {
+    let mut h: Vec<(u32, i32)> = cells
+        .iter()
+        .filter(|c| c.seq & (1 << s) != 0)
+        .map(|c| (c.token, c.pos))
+        .collect();
+    h.sort_by_key(|&(_, p)| p);
+    h
+}
+
+/// Logits of `probe` appended to sequence `s` in `ctx`; the probe is removed afterwards.
+fn probe_logits(ctx: &mut Context, s: u32, probe: u32) -> Vec<f32> {
+    let pos = ctx.cells().seq_pos_max(s) + 1;
+    let logits = ctx.decode(&seq_batch(&[probe], pos, s)).unwrap();
+    ctx.seq_rm(Some(s), pos, -1).unwrap();
+    logits
+}
+
+/// The same probe after recomputing the sequence from scratch at its current positions.
+fn recomputed_logits(fresh: &mut Context, h: &[(u32, i32)], probe: u32) -> Vec<f32> {
+    fresh.clear();
+    let mut tokens: Vec<u32> = h.iter().map(|&(t, _)| t).collect();
+    tokens.push(probe);
+    let pos0 = h.first().map_or(0, |&(_, p)| p);
+    fresh.decode(&seq_batch(&tokens, pos0, 0)).unwrap()
+}
+
+/// Random decodes, seq_rm of suffixes, seq_cp into emptied sequences, seq_keep and
+/// seq_add of whole unshared sequences, on four sequences. After every step, each
+/// sequence's next-token logits equal those of recomputing it alone from scratch.
+/// (seq_div and removals from the middle change what the remaining cells attended to when
+/// they were computed, so nothing recomputed equals them: the llama.cpp replays in
+/// smollm2_kv.rs cover those.)
+#[test]
+fn random_sequence_ops_match_recomputation() {
+    let model = model();
+    let mut ctx = context(&model, 256, 4);
+    let mut fresh = context(&model, 160, 1);
+    let mut rng = Rng(0x5eed);
+    let mut cells: Vec<RefCell> = Vec::new();
+    let mut checks = 0;
+    for step in 0..70 {
+        let s = rng.below(4);
+        let h = history(&cells, s);
+        let what = rng.below(10);
+        match what {
+            0..=4 => {
+                // Decode 1..6 tokens on s (and, sometimes, one more sequence alongside).
+                let n = 1 + rng.below(6) as usize;
+                if ctx.cells().used() + n + 1 > 120 {
+                    continue;
+                }
+                let pos0 = h.last().map_or(rng.below(5) as i32, |&(_, p)| p + 1);
+                let toks: Vec<u32> = (0..n).map(|_| rng.below(256)).collect();
+                let mut b = seq_batch(&toks, pos0, s);
+                let t = (s + 1) % 4;
+                let ht = history(&cells, t);
+                let other = rng.below(2) == 0;
+                if other {
+                    let pt = ht.last().map_or(0, |&(_, p)| p + 1);
+                    let tok = rng.below(256);
+                    b.tokens.push(tok);
+                    b.pos.push(pt);
+                    b.seq.push(1 << t);
+                    b.logits.push(true);
+                    cells.push(RefCell {
+                        token: tok,
+                        pos: pt,
+                        seq: 1 << t,
+                    });
+                }
+                ctx.decode(&b).unwrap();
+                for (i, &tok) in toks.iter().enumerate() {
+                    cells.push(RefCell {
+                        token: tok,
+                        pos: pos0 + i as i32,
+                        seq: 1 << s,
+                    });
+                }
+            }
+            5 => {
+                // Remove a suffix of s.
+                let Some(&(_, p)) = h.get(rng.below(h.len().max(1) as u32) as usize) else {
+                    continue;
+                };
+                ctx.seq_rm(Some(s), p, -1).unwrap();
+                for c in &mut cells {
+                    if c.pos >= p {
+                        c.seq &= !(1 << s);
+                    }
+                }
+            }
+            6 | 7 => {
+                // Copy a prefix of s into another sequence, emptied first.
+                let d = (s + 1 + rng.below(3)) % 4;
+                let p1 = h
+                    .get(rng.below(h.len().max(1) as u32) as usize)
+                    .map_or(-1, |&(_, p)| p + 1);
+                ctx.seq_rm(Some(d), -1, -1).unwrap();
+                ctx.seq_cp(s, d, -1, p1).unwrap();
+                for c in &mut cells {
+                    c.seq &= !(1 << d);
+                    if c.seq & (1 << s) != 0 && (p1 < 0 || c.pos < p1) {
+                        c.seq |= 1 << d;
+                    }
+                }
+            }
+            8 => {
+                // Shift all of s, if no other sequence shares its cells.
+                let shared = cells
+                    .iter()
+                    .any(|c| c.seq & (1 << s) != 0 && c.seq != 1 << s);
+                let Some(&(_, lo)) = h.first() else { continue };
+                if shared {
+                    continue;
+                }
+                let delta = rng.below(40) as i32 - lo.min(20);
+                ctx.seq_add(s, -1, -1, delta).unwrap();
+                for c in &mut cells {
+                    if c.seq == 1 << s {
+                        c.pos += delta;
+                    }
+                }
+            }
+            _ => {
+                if rng.below(4) != 0 {
+                    continue;
+                }
+                ctx.seq_keep(s).unwrap();
+                for c in &mut cells {
+                    c.seq &= 1 << s;
+                }
+            }
+        }
+        cells.retain(|c| c.seq != 0);
+        assert_eq!(ctx.cells().used(), cells.len(), "step {step}: cells in use");
+        for q in 0..4 {
+            let hq = history(&cells, q);
+            assert_eq!(
+                ctx.cells().seq_pos_max(q),
+                hq.last().map_or(-1, |&(_, p)| p),
+                "step {step}: seq {q} max position"
+            );
+            if hq.is_empty() {
+                continue;
+            }
+            let probe = rng.below(256);
+            let got = probe_logits(&mut ctx, q, probe);
+            let want = recomputed_logits(&mut fresh, &hq, probe);
+            let e = nmse(&got, &want);
+            assert!(e < 1e-4, "step {step} (op {what}): seq {q} nmse {e}");
+            checks += 1;
+        }
+    }
+    assert!(checks > 100, "only {checks} comparisons were made");
+}
+
+/// Holes from a context shift; compacting the cache leaves every output as it was.
+#[test]
+fn defrag_keeps_outputs_and_closes_holes() {
+    let model = model();
+    let mut ctx = context(&model, 128, 1);
+    let mut rng = Rng(7);
+    let toks: Vec<u32> = (0..100).map(|_| rng.below(256)).collect();
+    ctx.decode(&seq_batch(&toks, 0, 0)).unwrap();
+    ctx.seq_rm(Some(0), 10, 50).unwrap();
+    ctx.seq_add(0, 50, -1, -40).unwrap();
+    let probe = rng.below(256);
+    let mut undefragged = context(&model, 128, 1);
+    // The same state in a second context, left fragmented.
+    undefragged.decode(&seq_batch(&toks, 0, 0)).unwrap();
+    undefragged.seq_rm(Some(0), 10, 50).unwrap();
+    undefragged.seq_add(0, 50, -1, -40).unwrap();
+    let moved = ctx.defrag().unwrap();
+    assert_eq!(moved, 50, "cells 50..100 move to 10..60");
+    assert_eq!(ctx.cells().fragmentation(), 0.0);
+    let a = probe_logits(&mut ctx, 0, probe);
+    let b = probe_logits(&mut undefragged, 0, probe);
+    let e = nmse(&a, &b);
+    assert!(e < 1e-10, "defrag changed the logits: nmse {e}");
+    // And the automatic trigger (--defrag-thold) compacts before a decode.
+    let mut p = ContextParams::new(128, 64, 64);
+    p.defrag_thold = 0.1;
+    let mut auto = Context::new(model.clone(), p).unwrap();
+    auto.decode(&seq_batch(&toks[..60], 0, 0)).unwrap();
+    auto.seq_rm(Some(0), 0, 20).unwrap();
+    assert!(auto.cells().fragmentation() > 0.3);
+    auto.decode(&seq_batch(&[1], 60, 0)).unwrap();
+    assert_eq!(auto.cells().fragmentation(), 0.0);
+    assert_eq!(auto.cells().used(), 41);
+}
+
+/// Saving, loading into a fresh context and continuing equals never stopping; one
+/// sequence can be moved into another sequence of another context; and an f16 cache
+/// loads into an f32 one.
+#[test]
+fn state_round_trip_equals_never_stopping() {
+    let model = model();
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("wgllm-state-{}.bin", std::process::id()));
+    let mut rng = Rng(11);
+    let a: Vec<u32> = (0..40).map(|_| rng.below(256)).collect();
+    let b: Vec<u32> = (0..9).map(|_| rng.below(256)).collect();
+
+    let mut whole = context(&model, 96, 2);
+    whole.decode(&seq_batch(&a, 0, 0)).unwrap();
+    whole.decode(&seq_batch(&a[..7], 0, 1)).unwrap();
+    whole.seq_add(0, -1, -1, 3).unwrap(); // a pending shift is applied before saving
+    whole.state_save(&path, &a, None).unwrap();
+    let want = whole.decode(&seq_batch(&b, 43, 0)).unwrap();
+
+    let mut loaded = context(&model, 96, 2);
+    let saved = loaded.state_load(&path, None).unwrap();
+    assert_eq!(saved.tokens, a);
+    assert_eq!(saved.n_cells, 47);
+    assert_eq!(loaded.cells().seq_pos_max(0), 42);
+    assert_eq!(loaded.cells().seq_pos_max(1), 6);
+    let got = loaded.decode(&seq_batch(&b, 43, 0)).unwrap();
+    assert_eq!(
+        got, want,
+        "loading then continuing must equal never stopping"
+    );
+
+    // One sequence (1) into sequence 2 of a context that already holds other cells.
+    whole.state_save(&path, &a[..7], Some(1)).unwrap();
+    let mut other = context(&model, 96, 3);
+    other.decode(&seq_batch(&b, 0, 0)).unwrap();
+    other.state_load(&path, Some(2)).unwrap();
+    assert_eq!(other.cells().seq_pos_max(2), 6);
+    let got = probe_logits(&mut other, 2, 5);
+    let want = probe_logits(&mut whole, 1, 5);
+    assert!(nmse(&got, &want) < 1e-12);
+
+    // A cache saved as f16 loads into an f32 context (values are converted exactly).
+    let gpu16 = Gpu::new(&GpuOptions::default()).unwrap();
+    if gpu16.has_f16 {
+        let m16 = tiny_model(gpu16, GgmlType::Q8_0);
+        let mut c16 = context(&m16, 96, 1);
+        c16.decode(&seq_batch(&a, 0, 0)).unwrap();
+        c16.state_save(&path, &[], None).unwrap();
+        let want = probe_logits(&mut c16, 0, 9);
+        let mut c32 = context(&model, 96, 1);
+        c32.state_load(&path, None).unwrap();
+        let got = probe_logits(&mut c32, 0, 9);
+        assert!(nmse(&got, &want) < 1e-6, "nmse {}", nmse(&got, &want));
+    }
+
+    // Damaged and foreign files are refused with a clear error, the cache untouched.
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+    let e = loaded.state_load(&path, None).unwrap_err().to_string();
+    assert!(e.contains("truncated"), "{e}");
+    assert_eq!(loaded.cells().seq_pos_max(0), 42 + 9);
+    std::fs::write(&path, b"not a state file at all").unwrap();
+    let e = loaded.state_load(&path, None).unwrap_err().to_string();
+    assert!(e.contains("not a wgllm cache state file"), "{e}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn bad_batches_are_refused_with_clear_errors() {
+    let model = model();
+    let mut ctx = context(&model, 64, 2);
+    ctx.decode(&seq_batch(&[1, 2, 3], 0, 0)).unwrap();
+    let e = ctx.decode(&seq_batch(&[4], 0, 2)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ContextError::BadSeq {
+                seq: 2,
+                n_seq_max: 2
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("-np"));
+    assert!(ctx.seq_cp(0, 5, -1, -1).is_err());
+    let e = ctx.decode(&seq_batch(&[4], 7, 0)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ContextError::PositionGap {
+                seq: 0,
+                last: 2,
+                first: 7
+            }
+        ),
+        "{e}"
+    );
+    let mut back = seq_batch(&[4, 5], 3, 0);
+    back.pos = vec![4, 3];
+    let e = ctx.decode(&back).unwrap_err();
+    assert!(
+        matches!(e, ContextError::PositionsBackwards { seq: 0, .. }),
+        "{e}"
+    );
+    let mut gap = seq_batch(&[4, 5], 3, 1);
+    gap.pos = vec![3, 5];
+    assert!(ctx
+        .decode(&gap)
+        .unwrap_err()
+        .to_string()
+        .contains("not continuous"));
+    let full = vec![1u32; 64];
+    let e = ctx.decode(&seq_batch(&full, 3, 0)).unwrap_err();
+    assert!(e.to_string().contains("KV cache is full"), "{e}");
+    // Nothing of the refused batches was stored.
+    assert_eq!(ctx.cells().used(), 3);
+    assert!(ctx.seq_div(0, 0, 3, 0).is_err());
+}
