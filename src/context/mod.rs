@@ -6,7 +6,7 @@ pub mod state;
 
 use crate::gpu::GpuError;
 use crate::graph::Graph;
-use crate::kv::{build_mask, KvCells, KvError, SeqId, MAX_SEQ, N_KV_PAD};
+use crate::kv::{build_mask, KvCells, KvError, MaskKind, SeqId, MAX_SEQ, N_KV_PAD};
 use crate::model::{GraphIo, KvBuffers, Model};
 use crate::ops::rope::rope;
 use crate::ops::{run_now, View};
@@ -390,7 +390,7 @@ impl Context {
         let seq = &b.seq[r.clone()];
         self.cells.store(slot, pos, seq);
         let n_kv = self.cells.n_kv(N_KV_PAD);
-        let mask = build_mask(self.cells.cells(), n_kv, pos, seq, None);
+        let mask = build_mask(self.cells.cells(), n_kv, pos, seq, MaskKind::default());
         let positions: Vec<f64> = pos.iter().map(|&p| p as f64).collect();
         let table = self.model.hp.rope.table(&positions);
         let slots: Vec<u32> = (slot as u32..(slot + n) as u32).collect();

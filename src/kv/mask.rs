@@ -5,16 +5,26 @@ use super::Cell;
 /// Value of a hidden entry (softmax gives it exactly zero weight).
 pub const MASKED: f32 = f32::NEG_INFINITY;
 
+/// How the mask is filled besides causality and sequences.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MaskKind {
+    /// Sliding-window attention: cells with pos <= p_t - w are hidden too.
+    pub swa: Option<i32>,
+    /// ALiBi: a visible entry holds -|p_t - p_c| (the softmax scales it by the head's
+    /// slope) instead of 0.
+    pub alibi: bool,
+}
+
 /// Builds the [n_kv, n_tok] mask: token t sees cell c iff c shares one of t's sequences
-/// and holds a position <= t's (causal). With `swa` = Some(w), cells with
-/// pos <= p_t - w are hidden too (sliding-window attention).
+/// and holds a position <= t's (causal), within the window if there is one.
 pub fn build_mask(
     cells: &[Cell],
     n_kv: usize,
     positions: &[i32],
     seqs: &[u64],
-    swa: Option<i32>,
+    kind: MaskKind,
 ) -> Vec<f32> {
+    let swa = kind.swa;
     let mut m = vec![MASKED; n_kv * positions.len()];
     for (t, (&p, &s)) in positions.iter().zip(seqs).enumerate() {
         let row = &mut m[t * n_kv..(t + 1) * n_kv];
@@ -22,7 +32,11 @@ pub fn build_mask(
             let visible =
                 cell.seq & s != 0 && cell.pos <= p && swa.is_none_or(|w| p - cell.pos < w);
             if visible {
-                row[c] = 0.0;
+                row[c] = if kind.alibi {
+                    -((p - cell.pos).abs() as f32)
+                } else {
+                    0.0
+                };
             }
         }
     }
@@ -46,12 +60,22 @@ mod tests {
             cell(2, 1),
             Cell::default(),
         ];
-        let m = build_mask(&cells, 5, &[1, 2], &[1, 1], None);
+        let m = build_mask(&cells, 5, &[1, 2], &[1, 1], MaskKind::default());
         assert_eq!(&m[..5], &[0.0, 0.0, MASKED, MASKED, MASKED]);
         assert_eq!(&m[5..], &[0.0, 0.0, MASKED, 0.0, MASKED]);
-        let m = build_mask(&cells, 5, &[0], &[2], None);
+        let m = build_mask(&cells, 5, &[0], &[2], MaskKind::default());
         assert_eq!(m, vec![MASKED, MASKED, 0.0, MASKED, MASKED]);
-        let m = build_mask(&cells, 5, &[2], &[1], Some(2));
+        let swa = MaskKind {
+            swa: Some(2),
+            alibi: false,
+        };
+        let m = build_mask(&cells, 5, &[2], &[1], swa);
         assert_eq!(m, vec![MASKED, 0.0, MASKED, 0.0, MASKED]);
+        let alibi = MaskKind {
+            swa: None,
+            alibi: true,
+        };
+        let m = build_mask(&cells, 5, &[2], &[1], alibi);
+        assert_eq!(m, vec![-2.0, -1.0, MASKED, 0.0, MASKED]);
     }
 }

@@ -12,7 +12,7 @@ mod view;
 
 pub use cells::{Cell, KvCells, KvError, SeqId, MAX_SEQ};
 pub use defrag::Move;
-pub use mask::{build_mask, MASKED};
+pub use mask::{build_mask, MaskKind, MASKED};
 
 /// Attention reads cells [0, n_kv) with n_kv a multiple of this (as llama.cpp pads it),
 /// so the graph keeps one shape over many steps and can be replayed.
