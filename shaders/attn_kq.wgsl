@@ -1,5 +1,7 @@
 // Attention scores: kq[h][t][c] = dot(q[t][h], k[c][h / (n_head / n_head_kv)]).
 // q is [head_dim, n_head, n_tok]; k is the cache, [head_dim, n_head_kv, cells] of KV_T.
+// One invocation owns one cell and TB tokens: each key is loaded once and used TB times
+// (the queries are the same for all invocations of a workgroup row).
 struct Params {
     head_dim: u32,
     n_head: u32,
@@ -11,6 +13,8 @@ struct Params {
     _pad2: u32,
 }
 
+const TB: u32 = {{TB}}u;
+
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k: array<vec4<{{KV_T}}>>;
@@ -19,18 +23,29 @@ struct Params {
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
-    let t = gid.y;
+    let t0 = gid.y * TB;
     let h = gid.z;
     if (c >= p.n_kv) {
         return;
     }
     let hk = h / (p.n_head / p.n_head_kv);
     let d4 = p.head_dim / 4u;
-    let qo = (t * p.n_head + h) * d4;
     let ko = (c * p.n_head_kv + hk) * d4;
-    var s = 0.0;
-    for (var i = 0u; i < d4; i++) {
-        s += dot(q[qo + i], vec4<f32>(k[ko + i]));
+    var qo: array<u32, TB>;
+    for (var j = 0u; j < TB; j++) {
+        // Tokens past the end re-read the last one; their scores are not stored.
+        qo[j] = (min(t0 + j, p.n_tok - 1u) * p.n_head + h) * d4;
     }
-    kq[(h * p.n_tok + t) * p.n_kv + c] = s;
+    var s: array<f32, TB>;
+    for (var i = 0u; i < d4; i++) {
+        let kv = vec4<f32>(k[ko + i]);
+        for (var j = 0u; j < TB; j++) {
+            s[j] += dot(q[qo[j] + i], kv);
+        }
+    }
+    for (var j = 0u; j < TB; j++) {
+        if (t0 + j < p.n_tok) {
+            kq[(h * p.n_tok + t0 + j) * p.n_kv + c] = s[j];
+        }
+    }
 }

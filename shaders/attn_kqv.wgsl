@@ -1,5 +1,7 @@
 // Attention output: dst[t][h][d] = sum_c probs[h][t][c] * v[c][h / (n_head / n_head_kv)][d].
 // dst is [head_dim * n_head, n_tok], the layout the output projection reads.
+// One invocation owns one head dimension and TB tokens: each value is loaded once and used
+// TB times; cells that all TB tokens give zero weight (the causal mask) are skipped.
 struct Params {
     head_dim: u32,
     n_head: u32,
@@ -11,6 +13,8 @@ struct Params {
     _pad2: u32,
 }
 
+const TB: u32 = {{TB}}u;
+
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> probs: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<{{KV_T}}>;
@@ -19,22 +23,38 @@ struct Params {
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let d = gid.x;
-    let t = gid.y;
+    let t0 = gid.y * TB;
     let h = gid.z;
     if (d >= p.head_dim) {
         return;
     }
     let hk = h / (p.n_head / p.n_head_kv);
-    let pbase = (h * p.n_tok + t) * p.n_kv;
+    var pbase: array<u32, TB>;
+    for (var j = 0u; j < TB; j++) {
+        // Tokens past the end re-read the last one; their outputs are not stored.
+        pbase[j] = (h * p.n_tok + min(t0 + j, p.n_tok - 1u)) * p.n_kv;
+    }
     let row = p.n_head_kv * p.head_dim;
     var vo = hk * p.head_dim + d;
-    var s = 0.0;
+    var s: array<f32, TB>;
     for (var c = 0u; c < p.n_kv; c++) {
-        let pr = probs[pbase + c];
-        if (pr != 0.0) {
-            s += pr * f32(v[vo]);
+        var pr: array<f32, TB>;
+        var any = false;
+        for (var j = 0u; j < TB; j++) {
+            pr[j] = probs[pbase[j] + c];
+            any = any || pr[j] != 0.0;
+        }
+        if (any) {
+            let x = f32(v[vo]);
+            for (var j = 0u; j < TB; j++) {
+                s[j] += pr[j] * x;
+            }
         }
         vo += row;
     }
-    dst[(t * p.n_head + h) * p.head_dim + d] = s;
+    for (var j = 0u; j < TB; j++) {
+        if (t0 + j < p.n_tok) {
+            dst[((t0 + j) * p.n_head + h) * p.head_dim + d] = s[j];
+        }
+    }
 }

@@ -38,9 +38,17 @@ pub fn compose(parts: &[&str], subs: &[(&str, String)]) -> String {
 /// A shader touching the KV cache (set_rows, attn_kq, attn_kqv, rope for the K-shift),
 /// for an f16 or f32 cache.
 pub fn kv_source(src: &str, f16: bool) -> String {
+    kv_source_tb(src, f16, 1)
+}
+
+/// `kv_source` for kernels that also take TB, the tokens per invocation.
+pub fn kv_source_tb(src: &str, f16: bool, tb: u32) -> String {
     let body = compose(
         &[src],
-        &[("KV_T", if f16 { "f16" } else { "f32" }.to_string())],
+        &[
+            ("KV_T", if f16 { "f16" } else { "f32" }.to_string()),
+            ("TB", tb.to_string()),
+        ],
     );
     if f16 {
         format!("enable f16;\n{body}")
@@ -124,6 +132,8 @@ pub fn all_variants() -> Vec<(String, String)> {
         ("set_rows_f16".into(), kv_source(SET_ROWS, true)),
         ("attn_kq_f16".into(), kv_source(ATTN_KQ, true)),
         ("attn_kqv_f16".into(), kv_source(ATTN_KQV, true)),
+        ("attn_kq_f16_tb4".into(), kv_source_tb(ATTN_KQ, true, 4)),
+        ("attn_kqv_f16_tb4".into(), kv_source_tb(ATTN_KQV, true, 4)),
     ];
     for ty in [
         GgmlType::F32,
@@ -134,7 +144,7 @@ pub fn all_variants() -> Vec<(String, String)> {
     ] {
         let q = quant_snippet(ty).unwrap();
         v.push((format!("get_rows_{ty}"), compose(&[q, GET_ROWS], &[])));
-        for (r, tb) in [(2, 1), (2, 4), (1, 1)] {
+        for (r, tb) in [(2, 1), (2, 4), (4, 8), (1, 1)] {
             let subs = [("TB", tb.to_string()), ("R", r.to_string())];
             v.push((
                 format!("matmul_{ty}_{r}x{tb}"),
