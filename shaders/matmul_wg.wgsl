@@ -1,7 +1,10 @@
-// dst[t][row] = dot(W[row], x[t]), GPU-shaped: one workgroup of 64 per weight row, its
-// threads striding over the row's blocks, then a reduction — with subgroupAdd where the
-// adapter has subgroups ({{SG}} = 1), else a shared-memory tree. Discrete GPUs want this
-// shape (coalesced loads, many threads per row); CPU-like adapters use matmul.wgsl.
+// dst[t][row] = dot(W[row], x[t]) for decode and small batches on GPUs: a workgroup of 256
+// handles ROWS weight rows, TPR = 256 / ROWS invocations per row. The row's invocations
+// stride over its quarter blocks (consecutive invocations read consecutive quarters, so
+// loads coalesce), each keeping TB partial sums, then the row's partials are reduced:
+// the REDUCE template slot is subgroupAdd plus a short sum over subgroups where the adapter has
+// subgroups no wider than TPR, else a workgroup-memory tree. CPU-like adapters use
+// matmul.wgsl instead.
 struct Params {
     k: u32,
     n_rows: u32,
@@ -14,7 +17,8 @@ struct Params {
 }
 
 const TB: u32 = {{TB}}u;
-const SG: bool = {{SG}}u == 1u;
+const ROWS: u32 = {{ROWS}}u;
+const TPR: u32 = 256u / ROWS;
 const WB_SLOTS: u32 = 1u;
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -22,36 +26,33 @@ const WB_SLOTS: u32 = 1u;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
-var<workgroup> red: array<f32, 64u * TB>;
+var<workgroup> red: array<f32, 256u * TB>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     {{SG_ARGS}}
 ) {
-    let row = wid.y * p.wg_x + wid.x;
+    let seg = lid / TPR;
+    let sl = lid % TPR;
+    let row = (wid.y * p.wg_x + wid.x) * ROWS + seg;
     let t0 = wid.z * TB;
-    if (row >= p.n_rows) {
-        return;
-    }
     let ntb = min(TB, p.n_tok - t0);
     let k4 = p.k / 4u;
+    // Rows past the end read the last row (every invocation must reach the barriers).
+    let rbase = min(row, p.n_rows - 1u) * p.row_words;
     var acc: array<f32, TB>;
-    let rbase = row * p.row_words;
-    let nb = p.k / QK;
-    for (var b = lid; b < nb; b += 64u) {
-        load_block(rbase + b * WPB, 0u);
+    let nq = (p.k / QK) * 4u;
+    for (var e = sl; e < nq; e += TPR) {
+        let b = e / 4u;
+        let v = load_quarter(rbase + b * WPB, e % 4u);
         for (var t = 0u; t < TB; t++) {
-            if (t < ntb) {
-                let xo = (t0 + t) * k4 + b * (QK / 4u);
-                var s = 0.0;
-                for (var i = 0u; i < QK / 4u; i++) {
-                    s += dot(wb[i], x[xo + i]);
-                }
-                acc[t] += s;
-            }
+            let xo = min(t0 + t, p.n_tok - 1u) * k4 + b * 8u;
+            acc[t] += dot(v.a, x[xo + v.ia]) + dot(v.b, x[xo + v.ib]);
         }
     }
-    {{REDUCE}}
+    let out_ok = row < p.n_rows;
+    let o = p.out_row_offset + row;
+{{REDUCE}}
 }

@@ -16,3 +16,21 @@ fn load_block(base: u32, slot: u32) {
 fn deq_elem(row_base: u32, j: u32) -> f32 {
     return unpack2x16float(w[row_base + j / 2u])[j % 2u];
 }
+
+// A quarter block: values 8q..8q+7 (four words), wb slots 2q and 2q + 1.
+struct Quarter {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    ia: u32,
+    ib: u32,
+}
+
+fn load_quarter(base: u32, q: u32) -> Quarter {
+    let o = base + 4u * q;
+    return Quarter(
+        vec4<f32>(unpack2x16float(w[o]), unpack2x16float(w[o + 1u])),
+        vec4<f32>(unpack2x16float(w[o + 2u]), unpack2x16float(w[o + 3u])),
+        2u * q,
+        2u * q + 1u,
+    );
+}

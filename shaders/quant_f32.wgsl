@@ -17,3 +17,21 @@ fn load_block(base: u32, slot: u32) {
 fn deq_elem(row_base: u32, j: u32) -> f32 {
     return bitcast<f32>(w[row_base + j]);
 }
+
+// A quarter block: values 8q..8q+7, wb slots 2q and 2q + 1.
+struct Quarter {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    ia: u32,
+    ib: u32,
+}
+
+fn load_quarter(base: u32, q: u32) -> Quarter {
+    let o = base + 8u * q;
+    return Quarter(
+        bitcast<vec4<f32>>(vec4<u32>(w[o], w[o + 1u], w[o + 2u], w[o + 3u])),
+        bitcast<vec4<f32>>(vec4<u32>(w[o + 4u], w[o + 5u], w[o + 6u], w[o + 7u])),
+        2u * q,
+        2u * q + 1u,
+    );
+}

@@ -27,3 +27,18 @@ fn deq_elem(row_base: u32, j: u32) -> f32 {
     let q = select(byte & 15u, byte >> 4u, k >= 16u);
     return (f32(q) - 8.0) * unpack2x16float(w[base]).x;
 }
+
+// A quarter block (qs word q): its 8 weights, which land in wb slots q (low nibbles) and
+// q + 4 (high nibbles). Consecutive invocations reading consecutive quarters coalesce.
+struct Quarter {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    ia: u32,
+    ib: u32,
+}
+
+fn load_quarter(base: u32, q: u32) -> Quarter {
+    let d = unpack2x16float(w[base]).x;
+    let v = w[base + 1u + q];
+    return Quarter((nibbles(v, 0u) - 8.0) * d, (nibbles(v, 4u) - 8.0) * d, q, q + 4u);
+}

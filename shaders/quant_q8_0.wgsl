@@ -24,3 +24,17 @@ fn deq_elem(row_base: u32, j: u32) -> f32 {
     let q = bitcast<i32>(w[base + 1u + k / 4u] << (24u - 8u * (k % 4u))) >> 24u;
     return f32(q) * unpack2x16float(w[base]).x;
 }
+
+// A quarter block: weights 8q..8q+7 (two qs words), wb slots 2q and 2q + 1.
+struct Quarter {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    ia: u32,
+    ib: u32,
+}
+
+fn load_quarter(base: u32, q: u32) -> Quarter {
+    let d = unpack2x16float(w[base]).x;
+    let o = base + 1u + 2u * q;
+    return Quarter(bytes_i8(w[o]) * d, bytes_i8(w[o + 1u]) * d, 2u * q, 2u * q + 1u);
+}

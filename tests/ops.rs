@@ -3,9 +3,11 @@
 
 mod common;
 
-use common::{gpus, small_binding_gpu, Rng};
+use common::{gpus, small_binding_gpu, small_binding_gpu_with, Rng};
 use wgllm::gguf::{quant, GgmlType};
 use wgllm::gpu::Gpu;
+use wgllm::gpu::KernelShape;
+use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
 use wgllm::ops::attention::{attention, attention_ref, AttnShape};
 use wgllm::ops::binary::{binary, binary_ref, BinaryOp};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
@@ -79,7 +81,7 @@ fn matmul_matches_reference() {
     let mut rng = Rng(2);
     for (name, gpu) in gpus() {
         for ty in WEIGHT_TYPES {
-            for n_tok in [1usize, 3, 8, 13] {
+            for n_tok in [1usize, 3, 8, 13, 70] {
                 let k = 32 * (1 + rng.below(8) as usize);
                 let n = 1 + rng.below(150) as usize;
                 let data = quantized(ty, &mut rng, k, n);
@@ -140,6 +142,112 @@ fn tensors_larger_than_a_binding_are_split() {
         &read(&gpu, &rows, 5 * k),
         1e-12,
     );
+}
+
+/// The GPU-shaped kernels on odd shapes: the tiled prompt matmul (64x64 tiles, and
+/// 128x64 for matrices of 2048+ rows) with rows and tokens not multiples of the tile, and
+/// the matrix-vector kernel for 1..7 tokens, on each backend.
+#[test]
+fn gpu_shaped_matmul_odd_shapes() {
+    let mut rng = Rng(21);
+    for (name, gpu) in gpus() {
+        if gpu.kernels != KernelShape::Gpu {
+            continue;
+        }
+        for ty in WEIGHT_TYPES {
+            for (n, n_tok) in [(1usize, 9usize), (65, 64), (130, 129), (2100, 67), (70, 5)] {
+                // One type is enough for the 128x64 tile (the loaders are shared).
+                if n > 2048 && ty != GgmlType::Q4_1 {
+                    continue;
+                }
+                let k = 32 * (1 + rng.below(6) as usize);
+                let data = quantized(ty, &mut rng, k, n);
+                let x = rng.vec(k * n_tok);
+                let w = Weight::upload(gpu, "w", ty, k, n, &data).unwrap();
+                let dst = out_f32(gpu, n * n_tok);
+                let d = matmul(gpu, &w, &up_f32(gpu, &x), n_tok as u32, &dst).unwrap();
+                run_now(gpu, &d).unwrap();
+                let want = matmul_ref(ty, &data, k, n, &x, n_tok);
+                check(
+                    &format!("{name} gpu matmul {ty} {k}x{n} T={n_tok}"),
+                    &want,
+                    &read(gpu, &dst, want.len()),
+                    1e-9,
+                );
+            }
+        }
+    }
+}
+
+/// Both GPU-shaped matmuls over a weight split into chunks by a small binding limit.
+#[test]
+fn gpu_shaped_matmul_split_weights() {
+    // 12 KiB bindings: 300 rows of 108 bytes (Q8_0) or 60 (Q4_1) make 3 or 2 chunks, while
+    // the activations and the output of 9 tokens still fit one binding each.
+    let gpu = small_binding_gpu_with(12288, KernelShape::Gpu);
+    let mut rng = Rng(22);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
+        let (k, n) = (96usize, 300usize);
+        let data = quantized(ty, &mut rng, k, n);
+        let w = Weight::upload(&gpu, "big", ty, k, n, &data).unwrap();
+        assert!(w.chunks.len() >= 2, "expected a split");
+        for n_tok in [1usize, 5, 9] {
+            let x = rng.vec(k * n_tok);
+            let dst = out_f32(&gpu, n * n_tok);
+            run_now(
+                &gpu,
+                &matmul(&gpu, &w, &up_f32(&gpu, &x), n_tok as u32, &dst).unwrap(),
+            )
+            .unwrap();
+            check(
+                &format!("split gpu matmul {ty} T={n_tok}"),
+                &matmul_ref(ty, &data, k, n, &x, n_tok),
+                &read(&gpu, &dst, n * n_tok),
+                1e-9,
+            );
+        }
+    }
+}
+
+#[test]
+fn add_rms_norm_matches_reference() {
+    let mut rng = Rng(23);
+    for (name, gpu) in gpus() {
+        for _ in 0..3 {
+            let (n, rows) = (1 + rng.below(700) as usize, 1 + rng.below(20) as usize);
+            let a = rng.vec(n * rows);
+            let b = rng.vec(n * rows);
+            let w = rng.vec(n);
+            let sum = out_f32(gpu, n * rows);
+            let dst = out_f32(gpu, n * rows);
+            let d = add_rms_norm(
+                gpu,
+                &up_f32(gpu, &a),
+                &up_f32(gpu, &b),
+                &up_f32(gpu, &w),
+                &sum,
+                &dst,
+                n as u32,
+                rows as u32,
+                1e-5,
+            )
+            .unwrap();
+            run_now(gpu, &[d]).unwrap();
+            let (want_sum, want) = add_rms_norm_ref(&a, &b, &w, n, 1e-5);
+            check(
+                &format!("{name} add_rms_norm sum {n}x{rows}"),
+                &want_sum,
+                &read(gpu, &sum, n * rows),
+                1e-12,
+            );
+            check(
+                &format!("{name} add_rms_norm {n}x{rows}"),
+                &want,
+                &read(gpu, &dst, n * rows),
+                1e-10,
+            );
+        }
+    }
 }
 
 #[test]

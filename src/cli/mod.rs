@@ -73,7 +73,7 @@ pub struct GpuArgs {
     #[arg(long)]
     pub no_subgroups: bool,
     /// Kernel shapes: `cpu` (row per invocation) suits software rasterizers, `gpu`
-    /// (workgroup per row) discrete GPUs; `auto` picks by adapter type.
+    /// (tiled prompt matmul, multi-row reductions) discrete GPUs; `auto` picks by adapter type.
     #[arg(long, value_enum, default_value_t = KernelShape::Auto)]
     pub kernels: KernelShape,
 }

@@ -42,7 +42,7 @@ impl fmt::Display for Backend {
 }
 
 /// Which kernel shapes to use: row-per-invocation loops for CPU-like adapters (lavapipe,
-/// llvmpipe), workgroup-per-row reductions for GPUs. `Auto` picks by adapter type.
+/// llvmpipe), tiled prompt matmuls and multi-row reductions for GPUs. `Auto` picks by adapter type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Default)]
 pub enum KernelShape {
     #[default]

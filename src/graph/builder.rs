@@ -2,6 +2,7 @@
 
 use super::{planner, Graph};
 use crate::gpu::{Gpu, GpuError};
+use crate::ops::add_rms_norm::add_rms_norm;
 use crate::ops::attention::{attention, AttnShape};
 use crate::ops::binary::{binary, BinaryOp};
 use crate::ops::get_rows::{get_rows, select_rows};
@@ -38,6 +39,8 @@ pub enum Op {
     Matmul { w: Arc<Weight>, n_tok: u32 },
     /// reads [x, weight], writes [dst]
     RmsNorm { n: u32, rows: u32, eps: f32 },
+    /// reads [a, b, weight], writes [sum, dst]: sum = a + b, dst = rms_norm(sum) * weight
+    AddRmsNorm { n: u32, rows: u32, eps: f32 },
     /// reads [a, b], writes [dst]
     Binary { op: BinaryOp, n: u32, nb: u32 },
     /// reads [gate, up], writes [dst]
@@ -132,6 +135,9 @@ impl GraphBuilder {
                 Op::RmsNorm { n, rows, eps } => {
                     dispatches.push(rms_norm(gpu, &r[0], &r[1], &w[0], *n, *rows, *eps)?)
                 }
+                Op::AddRmsNorm { n, rows, eps } => dispatches.push(add_rms_norm(
+                    gpu, &r[0], &r[1], &r[2], &w[0], &w[1], *n, *rows, *eps,
+                )?),
                 Op::Binary { op, n, nb } => {
                     dispatches.push(binary(gpu, *op, &r[0], &r[1], &w[0], *n, *nb)?)
                 }
@@ -152,6 +158,18 @@ impl GraphBuilder {
             }
         }
         gpu.check()?;
+        if log::log_enabled!(log::Level::Debug) {
+            let mut per_op: std::collections::BTreeMap<&str, usize> = Default::default();
+            for d in &dispatches {
+                *per_op.entry(d.label).or_default() += 1;
+            }
+            let counts: Vec<String> = per_op.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            log::debug!(
+                "graph: {} dispatches per step ({})",
+                dispatches.len(),
+                counts.join(", ")
+            );
+        }
         let scratch_bytes = scratch.iter().map(|b| b.size()).sum();
         Ok(Graph {
             dispatches,

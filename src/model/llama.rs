@@ -3,7 +3,7 @@
 
 use super::{GraphIo, KvBuffers, Model};
 use crate::gpu::GpuError;
-use crate::graph::{Graph, GraphBuilder, Op};
+use crate::graph::{Graph, GraphBuilder, Op, TensorId};
 use crate::ops::attention::AttnShape;
 use crate::ops::binary::BinaryOp;
 use crate::ops::glu::Activation;
@@ -46,18 +46,27 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         max_bias: 0.0,
         n_head: hp.n_head,
     };
+    // The attention norm of layer il > 0 comes out of the previous layer's fused
+    // residual add (AddRmsNorm); layer 0 norms the embeddings on its own.
+    let mut normed: Option<TensorId> = None;
     for (il, lw) in w.layers.iter().enumerate() {
-        let norm_w = g.external(lw.attn_norm.clone());
-        let cur = g.scratch(e as u64 * t64);
-        g.node(
-            Op::RmsNorm {
-                n: e,
-                rows: t,
-                eps: hp.eps,
-            },
-            &[x, norm_w],
-            &[cur],
-        );
+        let cur = match normed.take() {
+            Some(c) => c,
+            None => {
+                let norm_w = g.external(lw.attn_norm.clone());
+                let cur = g.scratch(e as u64 * t64);
+                g.node(
+                    Op::RmsNorm {
+                        n: e,
+                        rows: t,
+                        eps: hp.eps,
+                    },
+                    &[x, norm_w],
+                    &[cur],
+                );
+                cur
+            }
+        };
         let q = g.scratch(nq as u64 * t64);
         let k = g.scratch(nkv as u64 * t64);
         let v = g.scratch(nkv as u64 * t64);
@@ -140,26 +149,16 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             &[o],
         );
         let x_attn = g.scratch(e as u64 * t64);
-        g.node(
-            Op::Binary {
-                op: BinaryOp::Add,
-                n: e * t,
-                nb: e * t,
-            },
-            &[x, o],
-            &[x_attn],
-        );
-
         let ffn_w = g.external(lw.ffn_norm.clone());
         let cur = g.scratch(e as u64 * t64);
         g.node(
-            Op::RmsNorm {
+            Op::AddRmsNorm {
                 n: e,
                 rows: t,
                 eps: hp.eps,
             },
-            &[x_attn, ffn_w],
-            &[cur],
+            &[x, o, ffn_w],
+            &[x_attn, cur],
         );
         let gate = g.scratch(ff as u64 * t64);
         let up = g.scratch(ff as u64 * t64);
@@ -198,15 +197,30 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             &[down],
         );
         let x_next = g.scratch(e as u64 * t64);
-        g.node(
-            Op::Binary {
-                op: BinaryOp::Add,
-                n: e * t,
-                nb: e * t,
-            },
-            &[x_attn, down],
-            &[x_next],
-        );
+        if let Some(next) = w.layers.get(il + 1) {
+            let norm_w = g.external(next.attn_norm.clone());
+            let cur = g.scratch(e as u64 * t64);
+            g.node(
+                Op::AddRmsNorm {
+                    n: e,
+                    rows: t,
+                    eps: hp.eps,
+                },
+                &[x_attn, down, norm_w],
+                &[x_next, cur],
+            );
+            normed = Some(cur);
+        } else {
+            g.node(
+                Op::Binary {
+                    op: BinaryOp::Add,
+                    n: e * t,
+                    nb: e * t,
+                },
+                &[x_attn, down],
+                &[x_next],
+            );
+        }
         x = x_next;
     }
 

@@ -5,6 +5,7 @@
 //! inside one compute pass. Parameters go in a small uniform buffer per dispatch, made once
 //! when the graph is built; what changes per step lives in input buffers.
 
+pub mod add_rms_norm;
 pub mod attention;
 pub mod binary;
 pub mod get_rows;

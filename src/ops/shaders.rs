@@ -5,7 +5,9 @@ use crate::gguf::GgmlType;
 pub const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
 pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 pub const MATMUL_WG: &str = include_str!("../../shaders/matmul_wg.wgsl");
+pub const MATMUL_TILE: &str = include_str!("../../shaders/matmul_tile.wgsl");
 pub const RMS_NORM: &str = include_str!("../../shaders/rms_norm.wgsl");
+pub const ADD_RMS_NORM: &str = include_str!("../../shaders/add_rms_norm.wgsl");
 pub const BINARY: &str = include_str!("../../shaders/binary.wgsl");
 pub const GLU: &str = include_str!("../../shaders/glu.wgsl");
 pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
@@ -57,60 +59,110 @@ pub fn kv_source_tb(src: &str, f16: bool, tb: u32) -> String {
     }
 }
 
-/// The workgroup-per-row matmul, with subgroup or shared-memory reduction.
-pub fn matmul_wg_source(ty: GgmlType, tb: u32, subgroups: bool) -> String {
+/// The rows-per-workgroup matrix-vector matmul: `rows` rows per workgroup of 256, `tb`
+/// tokens, reduced with subgroupAdd when `subgroups` (the caller checks that the adapter's
+/// widest subgroup fits in 256 / rows invocations) or a workgroup-memory tree.
+pub fn matmul_wg_source(ty: GgmlType, tb: u32, rows: u32, subgroups: bool) -> String {
     let reduce_tree = "\
-    for (var t = 0u; t < TB; t++) { red[t * 64u + lid] = acc[t]; }
+    for (var t = 0u; t < TB; t++) { red[t * 256u + lid] = acc[t]; }
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            for (var t = 0u; t < TB; t++) { red[t * 64u + lid] += red[t * 64u + lid + s]; }
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if (sl < s) {
+            for (var t = 0u; t < TB; t++) { red[t * 256u + lid] += red[t * 256u + lid + s]; }
         }
         workgroupBarrier();
     }
-    if (lid == 0u) {
-        for (var t = 0u; t < ntb; t++) { dst[(t0 + t) * p.out_stride + p.out_row_offset + row] = red[t * 64u]; }
+    if (sl == 0u && out_ok) {
+        for (var t = 0u; t < ntb; t++) { dst[(t0 + t) * p.out_stride + o] = red[t * 256u + lid]; }
     }";
     let reduce_sg = "\
     for (var t = 0u; t < TB; t++) {
         let s = subgroupAdd(acc[t]);
-        if (sg_lane == 0u) { red[t * 64u + lid / sg_size] = s; }
+        if (sg_lane == 0u) { red[t * 256u + lid / sg_size] = s; }
     }
     workgroupBarrier();
-    if (lid == 0u) {
-        let n_sg = (64u + sg_size - 1u) / sg_size;
+    if (sl == 0u && out_ok) {
+        let per_row = TPR / sg_size;
+        let first = lid / sg_size;
         for (var t = 0u; t < ntb; t++) {
             var s = 0.0;
-            for (var i = 0u; i < n_sg; i++) { s += red[t * 64u + i]; }
-            dst[(t0 + t) * p.out_stride + p.out_row_offset + row] = s;
+            for (var i = 0u; i < per_row; i++) { s += red[t * 256u + first + i]; }
+            dst[(t0 + t) * p.out_stride + o] = s;
         }
     }";
-    let (header, args, reduce) = if subgroups {
+    let (args, reduce) = if subgroups {
         (
             // naga 30 enables subgroup builtins with the device feature, not `enable`.
-            "",
             "@builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_size) sg_size: u32,",
             reduce_sg,
         )
     } else {
-        ("", "", reduce_tree)
+        ("", reduce_tree)
     };
-    let body = compose(
+    compose(
         &[quant_snippet(ty).unwrap(), MATMUL_WG],
         &[
             ("TB", tb.to_string()),
-            ("SG", (subgroups as u32).to_string()),
+            ("ROWS", rows.to_string()),
             ("SG_ARGS", args.to_string()),
             ("REDUCE", reduce.to_string()),
         ],
-    );
-    format!("{header}{body}")
+    )
+}
+
+/// The tiled prompt matmul for BM weight rows x BN tokens per workgroup (multiples of 16),
+/// with each invocation's (BM/16) x (BN/16) micro-tile unrolled into scalar accumulators.
+pub fn matmul_tile_source(ty: GgmlType, bm: u32, bn: u32) -> String {
+    let (tm, tn) = (bm / 16, bn / 16);
+    let mut decl = String::new();
+    let mut body = String::new();
+    let mut store = String::new();
+    for i in 0..tm {
+        for j in 0..tn {
+            decl += &format!("    var c{i}_{j} = 0.0;\n");
+        }
+    }
+    for i in 0..tm {
+        body += &format!("            let a{i} = ws[wo + {}u];\n", 16 * i);
+    }
+    for j in 0..tn {
+        body += &format!("            let b{j} = xs[xo + {}u];\n", 16 * j);
+    }
+    for i in 0..tm {
+        for j in 0..tn {
+            body += &format!("            c{i}_{j} += dot(a{i}, b{j});\n");
+        }
+    }
+    for j in 0..tn {
+        store += &format!(
+            "    let tok{j} = t0 + ty + {}u;\n    if (tok{j} < p.n_tok) {{\n        let o = tok{j} * p.out_stride + p.out_row_offset;\n",
+            16 * j
+        );
+        for i in 0..tm {
+            store += &format!(
+                "        if (row0 + tx + {r}u < p.n_rows) {{ dst[o + row0 + tx + {r}u] = c{i}_{j}; }}\n",
+                r = 16 * i
+            );
+        }
+        store += "    }\n";
+    }
+    compose(
+        &[quant_snippet(ty).unwrap(), MATMUL_TILE],
+        &[
+            ("BM", bm.to_string()),
+            ("BN", bn.to_string()),
+            ("DECL", decl),
+            ("BODY", body),
+            ("STORE", store),
+        ],
+    )
 }
 
 /// Every shader variant the ops can build, for validation without a GPU.
 pub fn all_variants() -> Vec<(String, String)> {
     let mut v = vec![
         ("rms_norm".into(), RMS_NORM.to_string()),
+        ("add_rms_norm".into(), ADD_RMS_NORM.to_string()),
         (
             "binary_add".into(),
             compose(&[BINARY], &[("OP", "av + bv".into())]),
@@ -144,6 +196,20 @@ pub fn all_variants() -> Vec<(String, String)> {
     ] {
         let q = quant_snippet(ty).unwrap();
         v.push((format!("get_rows_{ty}"), compose(&[q, GET_ROWS], &[])));
+        for (tb, rows) in [(1, 8), (4, 8), (1, 4), (1, 16)] {
+            for sg in [false, true] {
+                v.push((
+                    format!("matmul_wg_{ty}_{tb}x{rows}{}", if sg { "_sg" } else { "" }),
+                    matmul_wg_source(ty, tb, rows, sg),
+                ));
+            }
+        }
+        for (bm, bn) in [(64, 64), (128, 64)] {
+            v.push((
+                format!("matmul_tile_{ty}_{bm}x{bn}"),
+                matmul_tile_source(ty, bm, bn),
+            ));
+        }
         for (r, tb) in [(2, 1), (2, 4), (4, 8), (1, 1)] {
             let subs = [("TB", tb.to_string()), ("R", r.to_string())];
             v.push((

@@ -79,9 +79,15 @@ pub fn gpus() -> &'static [(String, Arc<Gpu>)] {
 
 /// A GPU whose storage bindings are limited to `bytes`, to exercise tensor splitting.
 pub fn small_binding_gpu(bytes: u64) -> Arc<Gpu> {
+    small_binding_gpu_with(bytes, KernelShape::Auto)
+}
+
+/// [`small_binding_gpu`] with a chosen kernel shape.
+pub fn small_binding_gpu_with(bytes: u64, kernels: KernelShape) -> Arc<Gpu> {
     Gpu::new(&GpuOptions {
         backend: Backend::Vulkan,
         max_binding_override: Some(bytes),
+        kernels,
         ..Default::default()
     })
     .expect("vulkan adapter")

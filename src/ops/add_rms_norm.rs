@@ -1,0 +1,43 @@
+//! Residual add fused with RMS norm: sum = a + b, dst = rms_norm(sum) * w, one dispatch.
+
+use super::{record, shaders, split_groups, Dispatch, View};
+use crate::gpu::{Gpu, GpuError};
+
+/// a, b, sum and dst are [n, n_rows]; w has n elements.
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    gpu: &Gpu,
+    a: &View,
+    b: &View,
+    w: &View,
+    sum: &View,
+    dst: &View,
+    n: u32,
+    n_rows: u32,
+    eps: f32,
+) -> Result<Dispatch, GpuError> {
+    let pipeline = gpu.pipeline("add_rms_norm", || shaders::ADD_RMS_NORM.to_string())?;
+    let params: [u32; 4] = [n, eps.to_bits(), 0, 0];
+    let (gx, gy) = split_groups(n_rows);
+    record(
+        gpu,
+        "add_rms_norm",
+        pipeline,
+        bytemuck::cast_slice(&params),
+        &[a, b, w, sum, dst],
+        [gx, gy, 1],
+    )
+}
+
+/// CPU reference: (sum, normed).
+pub fn add_rms_norm_ref(
+    a: &[f32],
+    b: &[f32],
+    w: &[f32],
+    n: usize,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let sum: Vec<f32> = a.iter().zip(b).map(|(x, y)| x + y).collect();
+    let normed = super::rms_norm::rms_norm_ref(&sum, w, n, eps);
+    (sum, normed)
+}
