@@ -52,6 +52,15 @@ fn portable_path_matches_llama_cpp() {
     });
 }
 
+/// What discrete GPUs run: GPU-shaped kernels with the adapter's subgroups and f16 cache.
+#[test]
+fn gpu_shaped_subgroup_path_matches_llama_cpp() {
+    check_model(&GpuOptions {
+        kernels: KernelShape::Gpu,
+        ..Default::default()
+    });
+}
+
 fn check_model(opts: &GpuOptions) {
     let model = load(opts);
     let n_vocab = model.hp.n_vocab as usize;
