@@ -16,12 +16,16 @@ struct Params {
 @group(0) @binding(1) var<storage, read> mask: array<f32>;
 @group(0) @binding(2) var<storage, read_write> x: array<f32>;
 
-var<workgroup> red: array<f32, 64>;
+// WG invocations per row: 64 on CPU-like adapters, 256 on GPUs (a decoded token's few
+// rows over a deep cache must still fill the device).
+const WG: u32 = {{WG}}u;
+
+var<workgroup> red: array<f32, WG>;
 
 fn reduce_max(v: f32, lid: u32) -> f32 {
     red[lid] = v;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
             red[lid] = max(red[lid], red[lid + s]);
         }
@@ -35,7 +39,7 @@ fn reduce_max(v: f32, lid: u32) -> f32 {
 fn reduce_sum(v: f32, lid: u32) -> f32 {
     red[lid] = v;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
             red[lid] += red[lid + s];
         }
@@ -48,7 +52,7 @@ fn reduce_sum(v: f32, lid: u32) -> f32 {
 
 const MASKED: f32 = -1e30;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.y * 65535u + wid.x;
     let t = row % p.rows_per_head;
@@ -64,7 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let base = row * p.n_cols;
     let mbase = t * p.n_cols;
     var mx = MASKED;
-    for (var c = lid; c < p.n_cols; c += 64u) {
+    for (var c = lid; c < p.n_cols; c += WG) {
         var v = x[base + c] * p.scale;
         if (p.has_mask != 0u) {
             let m = mask[mbase + c];
@@ -75,7 +79,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     mx = reduce_max(mx, lid);
     var sum = 0.0;
-    for (var c = lid; c < p.n_cols; c += 64u) {
+    for (var c = lid; c < p.n_cols; c += WG) {
         let v = x[base + c];
         var e = 0.0;
         if (v > MASKED) {
@@ -86,7 +90,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     sum = reduce_sum(sum, lid);
     let inv = select(0.0, 1.0 / sum, sum > 0.0);
-    for (var c = lid; c < p.n_cols; c += 64u) {
+    for (var c = lid; c < p.n_cols; c += WG) {
         x[base + c] *= inv;
     }
 }

@@ -1,7 +1,7 @@
 //! The generation loop shared by `run`, `chat` and the examples: prompt in batches, then
 //! one token per step, streaming text as whole UTF-8 characters.
 
-use crate::context::{Batch, Context, ContextError};
+use crate::context::{Batch, Context, ContextError, FullReason};
 use crate::sample::Sampler;
 use crate::tokenizer::Tokenizer;
 use std::time::{Duration, Instant};
@@ -167,7 +167,11 @@ impl<'a> Feeder<'a> {
                 if !p.context_shift || n_discard <= 0 {
                     return Err(ContextError::ContextFull {
                         n_ctx: n_ctx as u32,
-                        shift: p.context_shift,
+                        reason: if p.context_shift {
+                            FullReason::KeepTooLarge
+                        } else {
+                            FullReason::ShiftOff
+                        },
                     });
                 }
                 let (keep, past) = (p.n_keep, self.n_past);
@@ -195,10 +199,12 @@ impl<'a> Feeder<'a> {
                 self.n_past -= bd;
                 self.ga_i += ga_w / ga_n;
             }
-            if self.n_past + n > n_ctx {
+            // Grouping lowers n_past but frees no cell: the cells in use fill up first.
+            let used = self.ctx.cells().used() as i32;
+            if self.n_past.max(used) + n > n_ctx {
                 return Err(ContextError::ContextFull {
                     n_ctx: n_ctx as u32,
-                    shift: false,
+                    reason: FullReason::SelfExtend,
                 });
             }
         }
@@ -234,7 +240,8 @@ impl<'a> Feeder<'a> {
 pub enum Stop {
     EndOfGeneration,
     MaxTokens,
-    ContextFull,
+    /// The context filled up; the reason says why no room could be made.
+    ContextFull(FullReason),
     Interrupted,
 }
 
@@ -250,36 +257,36 @@ pub fn generate(
     timings: &mut Timings,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, Stop), ContextError> {
-    match feed_prompt(feeder, sampler, prompt, 0, timings)? {
-        None => Ok((Vec::new(), Stop::ContextFull)),
-        Some(logits) => {
+    match feed_prompt(feeder, sampler, prompt, 0, timings) {
+        Err(ContextError::ContextFull { reason, .. }) => {
+            Ok((Vec::new(), Stop::ContextFull(reason)))
+        }
+        Err(e) => Err(e),
+        Ok(logits) => {
             continue_generation(feeder, tok, sampler, logits, n_predict, timings, on_token)
         }
     }
 }
 
 /// Feeds the part of `prompt` not already cached (`prompt[cached..]`, at least the last
-/// token, whose logits are needed) and returns those logits, or None when the context is
-/// full. The whole prompt enters the sampler's history.
+/// token, whose logits are needed) and returns those logits; a full context is the
+/// `ContextFull` error, which says why. The whole prompt enters the sampler's history.
 pub fn feed_prompt(
     feeder: &mut Feeder,
     sampler: &mut Sampler,
     prompt: &[u32],
     cached: usize,
     timings: &mut Timings,
-) -> Result<Option<Vec<f32>>, ContextError> {
+) -> Result<Vec<f32>, ContextError> {
     let cached = cached.min(prompt.len().saturating_sub(1));
     let start = Instant::now();
-    let logits = match feeder.feed(&prompt[cached..]) {
-        Err(ContextError::ContextFull { .. }) => return Ok(None),
-        other => other?,
-    };
+    let logits = feeder.feed(&prompt[cached..])?;
     timings.prompt += start.elapsed();
     timings.prompt_tokens += prompt.len() - cached;
     for &t in prompt {
         sampler.accept(t);
     }
-    Ok(Some(logits))
+    Ok(logits)
 }
 
 /// Samples from `logits` and feeds each sampled token back, as [`generate`] does after
@@ -309,7 +316,9 @@ pub fn continue_generation(
         }
         let step = Instant::now();
         logits = match feeder.feed(&[t]) {
-            Err(ContextError::ContextFull { .. }) => return Ok((out, Stop::ContextFull)),
+            Err(ContextError::ContextFull { reason, .. }) => {
+                return Ok((out, Stop::ContextFull(reason)))
+            }
             other => other?,
         };
         timings.eval += step.elapsed();

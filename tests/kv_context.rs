@@ -4,9 +4,11 @@ mod common;
 
 use common::{nmse, tiny_model, Rng};
 use std::sync::Arc;
-use wgllm::context::{Batch, Context, ContextError, ContextParams};
+use wgllm::context::{Batch, Context, ContextError, ContextParams, FullReason};
+use wgllm::generate::{Feeder, ShiftPolicy};
 use wgllm::gguf::GgmlType;
 use wgllm::gpu::{Gpu, GpuOptions};
+use wgllm::kv::KvError;
 use wgllm::model::Model;
 
 /// f32 K/V cache (no shader-f16), so that recomputation agrees to float rounding.
@@ -350,4 +352,239 @@ fn bad_batches_are_refused_with_clear_errors() {
     // Nothing of the refused batches was stored.
     assert_eq!(ctx.cells().used(), 3);
     assert!(ctx.seq_div(0, 0, 3, 0).is_err());
+}
+
+/// `-np 64` is allowed, so sequence 63 works everywhere: decoding, the seq operations,
+/// and state files (whole cache and one sequence). Its outputs equal sequence 0's.
+#[test]
+fn sixty_four_sequences_and_id_63_work() {
+    let model = model();
+    let mut ctx = context(&model, 64, 64);
+    let mut rng = Rng(63);
+    let toks: Vec<u32> = (0..12).map(|_| rng.below(256)).collect();
+    let got = ctx.decode(&seq_batch(&toks, 0, 63)).unwrap();
+    assert_eq!(ctx.cells().seq_pos_max(63), 11);
+    let mut one = context(&model, 64, 1);
+    let want = one.decode(&seq_batch(&toks, 0, 0)).unwrap();
+    assert!(nmse(&got, &want) < 1e-12);
+    // A token shared by sequences 0 and 63 in one batch.
+    let mut b = seq_batch(&[7], 0, 0);
+    b.seq = vec![1 | 1 << 63];
+    let e = ctx.decode(&b).unwrap_err();
+    assert!(
+        matches!(e, ContextError::PositionGap { seq: 63, .. }),
+        "{e}"
+    );
+    ctx.seq_cp(63, 0, -1, -1).unwrap();
+    ctx.seq_rm(Some(63), 6, -1).unwrap();
+    assert_eq!(ctx.cells().seq_pos_max(63), 5);
+    assert_eq!(ctx.cells().seq_pos_max(0), 11);
+    ctx.seq_rm(Some(0), -1, -1).unwrap();
+    ctx.decode(&seq_batch(&toks[6..], 6, 63)).unwrap();
+
+    let path = std::env::temp_dir().join(format!("wgllm-np64-{}.bin", std::process::id()));
+    ctx.state_save(&path, &toks, None).unwrap();
+    let mut whole = context(&model, 64, 64);
+    whole.state_load(&path, None).unwrap();
+    assert_eq!(whole.cells().seq_pos_max(63), 11);
+    ctx.state_save(&path, &toks, Some(63)).unwrap();
+    let mut moved = context(&model, 64, 64);
+    moved.state_load(&path, Some(63)).unwrap();
+    assert_eq!(moved.cells().seq_pos_max(63), 11);
+    let a = probe_logits(&mut moved, 63, 3);
+    let b = probe_logits(&mut one, 0, 3);
+    assert!(nmse(&a, &b) < 1e-12);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A batch of several ubatches whose second finds no free cells fails as a whole: the
+/// first ubatch's cells are dropped again, and the next decode continues as if the
+/// failed batch had never been tried.
+#[test]
+fn a_failed_batch_leaves_the_cache_as_it_was() {
+    let model = model();
+    let mut ctx = Context::new(model.clone(), ContextParams::new(64, 64, 16)).unwrap();
+    let mut rng = Rng(2);
+    let toks: Vec<u32> = (0..72).map(|_| rng.below(256)).collect();
+    ctx.decode(&seq_batch(&toks[..40], 0, 0)).unwrap();
+    let view = ctx.cells().view();
+    // 32 tokens in two ubatches of 16: the first fits (56 used), the second does not.
+    let e = ctx.decode(&seq_batch(&toks[40..72], 40, 0)).unwrap_err();
+    assert!(
+        matches!(e, ContextError::Kv(KvError::NoSlot { needed: 16, .. })),
+        "{e}"
+    );
+    assert_eq!(ctx.cells().used(), 40);
+    assert_eq!(ctx.cells().seq_pos_max(0), 39);
+    assert_eq!(ctx.cells().view(), view, "cells and head as before");
+    let got = ctx.decode(&seq_batch(&toks[40..48], 40, 0)).unwrap();
+    let mut fresh = Context::new(model.clone(), ContextParams::new(64, 64, 16)).unwrap();
+    fresh.decode(&seq_batch(&toks[..40], 0, 0)).unwrap();
+    let want = fresh.decode(&seq_batch(&toks[40..48], 40, 0)).unwrap();
+    assert!(nmse(&got, &want) < 1e-12, "nmse {}", nmse(&got, &want));
+    assert_eq!(ctx.cells().used(), 48);
+}
+
+/// Decodes that straddle holes: after removals in the middle, a ubatch larger than any
+/// hole still fits (cells need not be contiguous, as in today's llama.cpp), and its
+/// outputs equal those of a cache without holes holding the same tokens.
+#[test]
+fn a_ubatch_fills_scattered_holes() {
+    let model = model();
+    let mut ctx = context(&model, 32, 2);
+    let mut rng = Rng(4);
+    let a: Vec<u32> = (0..8).map(|_| rng.below(256)).collect();
+    let b: Vec<u32> = (0..28).map(|_| rng.below(256)).collect();
+    // Sequences 0 and 1 interleaved one token at a time, then 0 removed: 8 holes of one
+    // cell in 0..16, and 16..32 free.
+    for i in 0..8 {
+        let mut batch = seq_batch(&[a[i]], i as i32, 0);
+        batch.tokens.push(b[i]);
+        batch.pos.push(i as i32);
+        batch.seq.push(2);
+        batch.logits.push(true);
+        ctx.decode(&batch).unwrap();
+    }
+    ctx.seq_rm(Some(0), -1, -1).unwrap();
+    assert_eq!(ctx.cells().largest_empty_run(), (16, 16));
+    // 20 tokens: more than the largest hole, fewer than the 24 free cells.
+    let got = ctx.decode(&seq_batch(&b[8..28], 8, 1)).unwrap();
+    assert_eq!(ctx.cells().used(), 28);
+    let mut fresh = context(&model, 32, 1);
+    let want = fresh.decode(&seq_batch(&b, 0, 0)).unwrap();
+    assert!(nmse(&got, &want) < 1e-5, "nmse {}", nmse(&got, &want));
+    // 8 holes of one cell and 4 free at the end: 13 tokens do not fit, 12 do.
+    ctx.seq_rm(Some(1), 0, 8).unwrap();
+    assert_eq!(ctx.cells().used(), 20);
+    let e = ctx.decode(&seq_batch(&b[..13], 0, 0)).unwrap_err();
+    assert!(e.to_string().contains("KV cache is full"), "{e}");
+    assert_eq!(ctx.cells().used(), 20);
+    ctx.decode(&seq_batch(&b[..12], 0, 0)).unwrap();
+    assert_eq!(ctx.cells().used(), 32);
+}
+
+/// Loading one sequence that does not fit leaves the sequence it would replace in place;
+/// files with negative positions or sequence ids beyond -np are refused with a clear
+/// error before the cache is touched.
+#[test]
+fn state_loading_is_all_or_nothing_and_checks_cells() {
+    let model = model();
+    let path = std::env::temp_dir().join(format!("wgllm-aon-{}.bin", std::process::id()));
+    let mut rng = Rng(5);
+    let a: Vec<u32> = (0..40).map(|_| rng.below(256)).collect();
+    let mut ctx = context(&model, 64, 2);
+    ctx.decode(&seq_batch(&a, 0, 0)).unwrap();
+    ctx.decode(&seq_batch(&a[..10], 0, 1)).unwrap();
+    let mut src = context(&model, 64, 1);
+    src.decode(&seq_batch(&a[..30], 0, 0)).unwrap();
+    src.state_save(&path, &a[..30], Some(0)).unwrap();
+    let before = probe_logits(&mut ctx, 1, 9);
+    // 30 cells into sequence 1: with its 10 cells freed, 24 are free.
+    let e = ctx.state_load(&path, Some(1)).unwrap_err().to_string();
+    assert!(e.contains("more than fit") && e.contains("24 free"), "{e}");
+    assert_eq!(ctx.cells().used(), 50);
+    assert_eq!(ctx.cells().seq_pos_max(1), 9);
+    assert_eq!(probe_logits(&mut ctx, 1, 9), before, "sequence 1 is intact");
+
+    // Cell 0 of a file without tokens: position at byte 36, sequence set at byte 40.
+    src.state_save(&path, &[], None).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    let patched = |at: usize, bytes: &[u8]| {
+        let mut f = good.clone();
+        f[at..at + bytes.len()].copy_from_slice(bytes);
+        std::fs::write(&path, f).unwrap();
+    };
+    let cases: [(usize, Vec<u8>, &str); 4] = [
+        (36, (-3i32).to_le_bytes().to_vec(), "negative position -3"),
+        (40, 0u64.to_le_bytes().to_vec(), "belongs to no sequence"),
+        (40, (1u64 << 5).to_le_bytes().to_vec(), "sequence 5"),
+        (40, (1u64 << 63).to_le_bytes().to_vec(), "sequence 63"),
+    ];
+    for (at, bytes, needle) in cases {
+        patched(at, &bytes);
+        for dst in [None, Some(1)] {
+            let e = ctx.state_load(&path, dst).unwrap_err().to_string();
+            assert!(e.contains(needle), "{dst:?}: {e}");
+            assert_eq!(ctx.cells().used(), 50);
+        }
+    }
+    // The same id is fine where -np allows it.
+    patched(40, &(1u64 << 63).to_le_bytes());
+    let mut np64 = context(&model, 64, 64);
+    np64.state_load(&path, None).unwrap();
+    assert_eq!(np64.cells().seq_pos_max(63), 0);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Every way the context fills up reports its own reason.
+#[test]
+fn a_full_context_says_why() {
+    let model = model();
+    let toks: Vec<u32> = (0..40).collect();
+    let full = |policy: ShiftPolicy, n: usize| -> ContextError {
+        let mut ctx = context(&model, 32, 1);
+        let mut f = Feeder::new(&mut ctx, policy).unwrap();
+        let mut last = None;
+        for &t in &toks[..n] {
+            if let Err(e) = f.feed(&[t]) {
+                last = Some(e);
+                break;
+            }
+        }
+        last.expect("the context never filled")
+    };
+    let off = ShiftPolicy {
+        context_shift: false,
+        ..Default::default()
+    };
+    let e = full(off, 40);
+    assert!(
+        matches!(
+            e,
+            ContextError::ContextFull {
+                n_ctx: 32,
+                reason: FullReason::ShiftOff
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("context shift is off"), "{e}");
+    let keep = ShiftPolicy {
+        n_keep: 30,
+        ..Default::default()
+    };
+    let e = full(keep, 40);
+    assert!(
+        matches!(
+            e,
+            ContextError::ContextFull {
+                reason: FullReason::KeepTooLarge,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("is --keep too large?"), "{e}");
+    // Self-Extend with windows wider than the context, and with narrow windows: grouping
+    // lowers n_past but the cells stay used, so the cells fill first.
+    for ga_w in [512, 8] {
+        let ga = ShiftPolicy {
+            ga_n: 2,
+            ga_w,
+            ..Default::default()
+        };
+        let e = full(ga, 40);
+        assert!(
+            matches!(
+                e,
+                ContextError::ContextFull {
+                    reason: FullReason::SelfExtend,
+                    ..
+                }
+            ),
+            "ga_w {ga_w}: {e}"
+        );
+        assert!(e.to_string().contains("Self-Extend"), "{e}");
+        assert!(!e.to_string().contains("context shift is off"), "{e}");
+    }
 }

@@ -8,7 +8,7 @@ use wgllm::gguf::{quant, GgmlType};
 use wgllm::gpu::Gpu;
 use wgllm::gpu::KernelShape;
 use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
-use wgllm::ops::attention::{attention, attention_ref, AttnShape};
+use wgllm::ops::attention::{attention, attention_ref, AttnShape, AttnViews};
 use wgllm::ops::binary::{binary, binary_ref, BinaryOp};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::glu::{glu, glu_ref, Activation};
@@ -54,7 +54,7 @@ fn check(what: &str, reference: &[f32], actual: &[f32], max_err: f64) {
 #[test]
 fn get_rows_matches_reference() {
     let mut rng = Rng(1);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         for ty in WEIGHT_TYPES {
             let (n_cols, n_rows) = (32 * (1 + rng.below(6) as usize), 1 + rng.below(40) as usize);
             let data = quantized(ty, &mut rng, n_cols, n_rows);
@@ -79,7 +79,7 @@ fn get_rows_matches_reference() {
 #[test]
 fn matmul_matches_reference() {
     let mut rng = Rng(2);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         for ty in WEIGHT_TYPES {
             for n_tok in [1usize, 3, 8, 13, 70] {
                 let k = 32 * (1 + rng.below(8) as usize);
@@ -150,7 +150,7 @@ fn tensors_larger_than_a_binding_are_split() {
 #[test]
 fn gpu_shaped_matmul_odd_shapes() {
     let mut rng = Rng(21);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         if gpu.kernels != KernelShape::Gpu {
             continue;
         }
@@ -212,7 +212,7 @@ fn gpu_shaped_matmul_split_weights() {
 #[test]
 fn add_rms_norm_matches_reference() {
     let mut rng = Rng(23);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         for _ in 0..3 {
             let (n, rows) = (1 + rng.below(700) as usize, 1 + rng.below(20) as usize);
             let a = rng.vec(n * rows);
@@ -253,7 +253,7 @@ fn add_rms_norm_matches_reference() {
 #[test]
 fn rms_norm_matches_reference() {
     let mut rng = Rng(4);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         for _ in 0..3 {
             let (n, rows) = (1 + rng.below(700) as usize, 1 + rng.below(20) as usize);
             let x = rng.vec(n * rows);
@@ -283,7 +283,7 @@ fn rms_norm_matches_reference() {
 #[test]
 fn binary_and_glu_match_reference() {
     let mut rng = Rng(5);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         let (nb, rows) = (1 + rng.below(300) as usize, 1 + rng.below(9) as usize);
         let a = rng.vec(nb * rows);
         let b = rng.vec(nb);
@@ -333,7 +333,7 @@ fn binary_and_glu_match_reference() {
 #[test]
 fn rope_matches_reference() {
     let mut rng = Rng(6);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         for neox in [false, true] {
             let head_dim = 8 * (1 + rng.below(16));
             let rp = RopeParams {
@@ -372,7 +372,7 @@ fn rope_matches_reference() {
 #[test]
 fn k_shift_equals_rope_at_shifted_position() {
     let mut rng = Rng(10);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         for f16 in kv_types(gpu) {
             for neox in [false, true] {
                 let rp = RopeParams {
@@ -459,7 +459,7 @@ fn up_kv(gpu: &Gpu, v: &[f32], f16: bool) -> (View, Vec<f32>) {
 #[test]
 fn set_rows_matches_reference() {
     let mut rng = Rng(7);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         for f16 in kv_types(gpu) {
             let (row_len, cells) = (2 * (1 + rng.below(100) as usize), 20usize);
             let idx = [3u32, 17, 0, 9];
@@ -506,7 +506,7 @@ fn random_mask(rng: &mut Rng, n_kv: usize, n_tok: usize) -> Vec<f32> {
 #[test]
 fn softmax_matches_reference() {
     let mut rng = Rng(8);
-    for (name, gpu) in gpus() {
+    for (name, gpu, _serial) in gpus() {
         for max_bias in [0.0f32, 8.0] {
             let (n_kv, n_tok, n_head) = (
                 1 + rng.below(300) as usize,
@@ -553,16 +553,21 @@ fn softmax_matches_reference() {
 #[test]
 fn attention_matches_reference() {
     let mut rng = Rng(9);
-    for (name, gpu) in gpus() {
-        let shapes = [(64u32, 9u32, 3u32), (32, 4, 4), (256, 4, 1)];
-        for ((head_dim, n_head, n_head_kv), kv_f16) in shapes
-            .into_iter()
-            .flat_map(|s| kv_types(gpu).into_iter().map(move |f| (s, f)))
-        {
-            // 1..=20 tokens: both the one-token kernels and the 4-token ones with a
-            // partial last group.
-            let n_tok = 1 + rng.below(20);
-            let n_kv = n_tok + rng.below(300);
+    for (name, gpu, _serial) in gpus() {
+        // Head sizes of 16, 8, 64 and 20 vec4s (the last not a power of two: two vec4s
+        // per lane in the split output kernel).
+        let shapes = [(64u32, 9u32, 3u32), (32, 4, 4), (256, 4, 1), (80, 4, 2)];
+        let cases = shapes.into_iter().flat_map(|s| {
+            kv_types(gpu)
+                .into_iter()
+                .flat_map(move |f| [1u32, 5, 0].map(|t| (s, f, t)))
+        });
+        for ((head_dim, n_head, n_head_kv), kv_f16, n_tok) in cases {
+            // 1 and 5 tokens (on GPU-shaped kernels: the output split over chunks of
+            // cells, up to 5 chunks here), then 1..=20: both the one-token kernels and the
+            // 4-token ones with a partial last group.
+            let n_tok = if n_tok == 0 { 1 + rng.below(20) } else { n_tok };
+            let n_kv = n_tok + rng.below(600);
             let s = AttnShape {
                 head_dim,
                 n_head,
@@ -589,20 +594,19 @@ fn attention_matches_reference() {
                 kv_f16,
             );
             let mask = random_mask(&mut rng, n_kv as usize, n_tok as usize);
-            let scores = out_f32(gpu, s.scores_len() as usize);
+            let scores = out_f32(gpu, s.scores_len(gpu).unwrap() as usize);
+            let partials = out_f32(gpu, s.partials_len(gpu) as usize);
             let dst = out_f32(gpu, q.len());
-            let d = attention(
-                gpu,
-                &s,
-                &sp,
-                &up_f32(gpu, &q),
-                &k_gpu,
-                &v_gpu,
-                &up_f32(gpu, &mask),
-                &scores,
-                &dst,
-            )
-            .unwrap();
+            let io = AttnViews {
+                q: &up_f32(gpu, &q),
+                k: &k_gpu,
+                v: &v_gpu,
+                mask: &up_f32(gpu, &mask),
+                scores: &scores,
+                partials: &partials,
+                dst: &dst,
+            };
+            let d = attention(gpu, &s, &sp, &io).unwrap();
             run_now(gpu, &d).unwrap();
             let want = attention_ref(&s, &sp, &q, &k, &v, &mask);
             check(
@@ -613,4 +617,57 @@ fn attention_matches_reference() {
             );
         }
     }
+}
+
+/// Attention whose scores (heads × tokens × cells) exceed a storage binding runs in passes
+/// of fewer tokens: 64 KiB bindings, 4 heads × 256 cells = 4 KiB of scores per token, so
+/// 40 tokens take three passes. A shape where one token's scores do not fit is an error.
+#[test]
+fn attention_over_a_binding_runs_in_passes() {
+    let gpu = small_binding_gpu(65536);
+    let mut rng = Rng(31);
+    let s = AttnShape {
+        head_dim: 32,
+        n_head: 4,
+        n_head_kv: 1,
+        n_tok: 40,
+        n_kv: 256,
+        kv_f16: false,
+    };
+    assert!(
+        s.tokens_per_pass(&gpu).unwrap() < s.n_tok,
+        "no split to test"
+    );
+    let sp = SoftmaxParams {
+        scale: 1.0 / (s.head_dim as f32).sqrt(),
+        max_bias: 0.0,
+        n_head: s.n_head,
+    };
+    let q = rng.vec((s.head_dim * s.n_head * s.n_tok) as usize);
+    let kv_len = (s.head_dim * s.n_head_kv * (s.n_kv + 5)) as usize;
+    let (k, v) = (rng.vec(kv_len), rng.vec(kv_len));
+    let mask = random_mask(&mut rng, s.n_kv as usize, s.n_tok as usize);
+    let scores = out_f32(&gpu, s.scores_len(&gpu).unwrap() as usize);
+    let dst = out_f32(&gpu, q.len());
+    let io = AttnViews {
+        q: &up_f32(&gpu, &q),
+        k: &up_f32(&gpu, &k),
+        v: &up_f32(&gpu, &v),
+        mask: &up_f32(&gpu, &mask),
+        scores: &scores,
+        partials: &out_f32(&gpu, s.partials_len(&gpu) as usize),
+        dst: &dst,
+    };
+    let d = attention(&gpu, &s, &sp, &io).unwrap();
+    assert_eq!(d.len(), 9, "three passes of three dispatches");
+    run_now(&gpu, &d).unwrap();
+    check(
+        "attention in passes",
+        &attention_ref(&s, &sp, &q, &k, &v, &mask),
+        &read(&gpu, &dst, q.len()),
+        1e-10,
+    );
+    let too_wide = AttnShape { n_kv: 8192, ..s };
+    let e = too_wide.tokens_per_pass(&gpu).unwrap_err().to_string();
+    assert!(e.contains("smaller context"), "{e}");
 }

@@ -31,46 +31,75 @@ fn wgllm_out_err(args: &[&str]) -> (String, String) {
     )
 }
 
-/// `run --temp 0` prints llama.cpp's greedy text up to its first near-tie (margin < 0.5).
+/// llama.cpp's greedy text in reference file `file`, up to its first near-tie (the first
+/// step whose top-1 margin is below 0.5: there float summation order may flip the token).
+fn reliable_prefix(file: &str) -> String {
+    let path = common::shared_dir().join("reference").join(file);
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let pieces = r["greedy_pieces"].as_array().unwrap();
+    let margins = r["top1_margins"].as_array().unwrap();
+    let mut expected = String::new();
+    for (p, m) in pieces.iter().zip(margins) {
+        if m.as_f64().unwrap() < 0.5 {
+            break;
+        }
+        expected.push_str(p.as_str().unwrap());
+    }
+    assert!(
+        expected.len() > 3,
+        "{file}: reference has too short a reliable prefix"
+    );
+    expected
+}
+
+/// `wgllm run --temp 0 -f PROMPT ARGS` prints a start of `expected`.
+fn check_greedy_run(name: &str, expected: &str, n_predict: usize, args: &[&str]) {
+    let prompt = common::shared_dir().join(format!("reference/{name}.txt"));
+    let n = n_predict.to_string();
+    let mut all = vec![
+        "run",
+        "-m",
+        &model(),
+        "-f",
+        prompt.to_str().unwrap(),
+        "-n",
+        &n,
+        "--temp",
+        "0",
+        "--no-display-prompt",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>();
+    all.extend(args.iter().map(|a| a.to_string()));
+    let all: Vec<&str> = all.iter().map(|s| s.as_str()).collect();
+    let out = wgllm(&all);
+    assert!(
+        out.starts_with(expected),
+        "{name} {args:?}: got {out:?}, want a start of {expected:?}"
+    );
+}
+
+/// `run --temp 0` prints llama.cpp's greedy text up to its first near-tie, on every
+/// reference prompt (the chat one is already in SmolLM2's template, special tokens and all).
 #[test]
 fn greedy_run_reproduces_llama_cpp_text() {
-    for name in ["smol-capital", "smol-code"] {
-        let dir = common::shared_dir().join("reference");
-        let r: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.join(format!("{name}.cpu.json"))).unwrap(),
-        )
-        .unwrap();
-        let pieces = r["greedy_pieces"].as_array().unwrap();
-        let margins = r["top1_margins"].as_array().unwrap();
-        let mut expected = String::new();
-        for (p, m) in pieces.iter().zip(margins) {
-            if m.as_f64().unwrap() < 0.5 {
-                break;
-            }
-            expected.push_str(p.as_str().unwrap());
-        }
-        assert!(
-            expected.len() > 3,
-            "{name}: reference has too short a reliable prefix"
-        );
-        let prompt = dir.join(format!("{name}.txt"));
-        let out = wgllm(&[
-            "run",
-            "-m",
-            &model(),
-            "-f",
-            prompt.to_str().unwrap(),
-            "-n",
-            "48",
-            "--temp",
-            "0",
-            "--no-display-prompt",
-        ]);
-        assert!(
-            out.starts_with(&expected),
-            "{name}: got {out:?}, want a start of {expected:?}"
-        );
+    for name in ["smol-capital", "smol-code", "smol-chat", "smol-story"] {
+        check_greedy_run(name, &reliable_prefix(&format!("{name}.cpu.json")), 48, &[]);
     }
+}
+
+/// llama-completion's context-shift loop, through `wgllm run` with the same flags
+/// (../shared/reference/README.md): counting through 4 shifts of a 128-token context. All
+/// 300 of llama.cpp's margins are >= 0.5, so the whole text must match. (The story's first
+/// near-tie comes before any shift, and Self-Extend's at the first token: the teacher-forced
+/// replays in smollm2_kv.rs cover those.)
+#[test]
+fn greedy_run_through_context_shifts_reproduces_llama_cpp_text() {
+    let expected = reliable_prefix("smol-count.ctxshift.json");
+    let args = ["-c", "128", "-b", "32", "-ub", "32", "--keep", "4"];
+    check_greedy_run("smol-count", &expected, 300, &args);
 }
 
 /// llama-perplexity -c 128 on the same text gives 16.5035 (CPU) / 16.5758 (Vulkan).
@@ -173,4 +202,46 @@ fn long_sampled_generation_survives_many_context_shifts() {
     assert_eq!(shifts, 14, "context shifts");
     assert!(err.contains("/  2000 runs"), "2000 tokens generated: {err}");
     assert!(out.len() > 2000, "text came out ({} bytes)", out.len());
+}
+
+/// `wgllm chat` over stdin: the first turn, rendered with SmolLM2's template (its default
+/// system prompt included), is llama.cpp's smol-chat prompt, so the greedy reply starts with
+/// llama.cpp's reliable prefix; a second turn continues the conversation; end of input ends
+/// the chat cleanly with timings.
+#[test]
+fn chat_over_stdin_answers_as_llama_cpp() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(["chat", "-m", &model(), "--temp", "0", "-n", "24"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the boiling point of water at sea level?\nAnd in Fahrenheit?\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "chat failed: {stderr}");
+    let replies: Vec<&str> = stdout
+        .split("> ")
+        .filter(|r| !r.trim().is_empty())
+        .collect();
+    assert_eq!(replies.len(), 2, "two replies expected: {stdout:?}");
+    let expected = reliable_prefix("smol-chat.cpu.json");
+    assert!(
+        replies[0].starts_with(&expected),
+        "first reply {:?} does not start with llama.cpp's {expected:?}",
+        replies[0]
+    );
+    assert!(
+        replies[1].trim().len() > 3,
+        "empty second reply: {stdout:?}"
+    );
+    assert!(stderr.contains("eval time"), "no timings: {stderr}");
 }

@@ -92,8 +92,8 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         let tail = stream.finish();
         reply.push_str(&tail);
         println!("{tail}");
-        if stop == Stop::ContextFull {
-            bail!("the context is full and context shift is off; restart with a larger -c");
+        if let Stop::ContextFull(reason) = stop {
+            bail!("the context is full and {reason}; restart with a larger -c");
         }
         messages.push(ChatMessage::new("assistant", reply));
         // The cache now holds the prompt and the reply; the template's end-of-turn text

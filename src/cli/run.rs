@@ -5,7 +5,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
-use wgllm::context::Context;
+use wgllm::context::{Context, ContextError};
 use wgllm::generate::{
     continue_generation, feed_prompt, Feeder, ShiftPolicy, Stop, Timings, Utf8Stream,
 };
@@ -180,6 +180,14 @@ pub fn unescape(s: &str) -> String {
 }
 
 pub fn run(a: &RunArgs) -> Result<()> {
+    // Checked before loading anything: the cache is reused by position, and Self-Extend
+    // makes cached positions differ from the prompt's token indices.
+    if a.prompt_cache.is_some() && a.shift.ga_n > 1 {
+        bail!(
+            "--prompt-cache cannot be used with Self-Extend (--grp-attn-n {} > 1): a cache is reused by position, and grouped positions no longer match the prompt's tokens",
+            a.shift.ga_n
+        );
+    }
     let prompt = match (&a.prompt, &a.file) {
         (Some(p), _) if a.no_escape => p.clone(),
         (Some(p), _) => unescape(p),
@@ -233,9 +241,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut feeder = Feeder::new(&mut ctx, policy)?;
     feeder.dump_cells = a.dump_kv_cache;
     feeder.n_past = cached as i32;
-    let Some(logits) = feed_prompt(&mut feeder, &mut sampler, &tokens, cached, &mut timings)?
-    else {
-        bail!("the prompt does not fit in the context ({} tokens)", n_ctx);
+    let logits = match feed_prompt(&mut feeder, &mut sampler, &tokens, cached, &mut timings) {
+        Err(ContextError::ContextFull { reason, .. }) => {
+            bail!("the prompt does not fit in the context ({n_ctx} tokens): {reason}")
+        }
+        other => other?,
     };
     if let (Some(path), false) = (&a.prompt_cache, a.prompt_cache_ro) {
         feeder.ctx.state_save(path, &tokens, None)?;
@@ -270,14 +280,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
         log::info!("context shifts: {n_shifts}");
     }
     match stop {
-        Stop::ContextFull => log::warn!(
-            "stopped: the context ({} tokens) is full{}",
-            feeder.ctx.n_ctx(),
-            if policy.context_shift {
-                ""
-            } else {
-                " and context shift is off"
-            }
+        Stop::ContextFull(reason) => log::warn!(
+            "stopped: the context ({} tokens) is full and {reason}",
+            feeder.ctx.n_ctx()
         ),
         Stop::EndOfGeneration => log::info!("[end of text]"),
         _ => {}

@@ -6,7 +6,7 @@ pub mod state;
 
 use crate::gpu::GpuError;
 use crate::graph::Graph;
-use crate::kv::{build_mask, KvCells, KvError, MaskKind, SeqId, MAX_SEQ, N_KV_PAD};
+use crate::kv::{build_mask, seqs_below, KvCells, KvError, MaskKind, SeqId, MAX_SEQ, N_KV_PAD};
 use crate::model::{GraphIo, KvBuffers, Model};
 use crate::ops::rope::rope;
 use crate::ops::{run_now, View};
@@ -21,6 +21,8 @@ pub enum ContextError {
     Gpu(#[from] GpuError),
     #[error("invalid batch: {0}")]
     BadBatch(String),
+    #[error("{0}")]
+    TooLarge(String),
     #[error("invalid sequence id {seq}: this context has {n_seq_max} sequence(s), ids 0..{n_seq_max} (raise it with -np)")]
     BadSeq { seq: u32, n_seq_max: u32 },
     #[error("invalid batch: sequence {seq} ends at position {last} in the cache, so the batch must continue it at {} (it starts at {first}); positions of a sequence stay consecutive", last + 1)]
@@ -29,8 +31,29 @@ pub enum ContextError {
     PositionsBackwards { seq: u32, prev: i32, next: i32 },
     #[error(transparent)]
     State(#[from] state::StateError),
-    #[error("the context is full ({n_ctx} tokens){}; use a larger context (-c)", if *shift { " and context shift cannot free space (is --keep too large?)" } else { " and context shift is off" })]
-    ContextFull { n_ctx: u32, shift: bool },
+    #[error("the context is full ({n_ctx} tokens) and {reason}; use a larger context (-c)")]
+    ContextFull { n_ctx: u32, reason: FullReason },
+}
+
+/// Why a full context could not make room, so that every message says the true cause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FullReason {
+    /// Context shift is off (--no-context-shift).
+    ShiftOff,
+    /// Context shift is on, but the tokens after --keep are too few to discard any.
+    KeepTooLarge,
+    /// Self-Extend regroups positions but frees no cells.
+    SelfExtend,
+}
+
+impl std::fmt::Display for FullReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FullReason::ShiftOff => "context shift is off",
+            FullReason::KeepTooLarge => "context shift cannot free space (is --keep too large?)",
+            FullReason::SelfExtend => "Self-Extend (--grp-attn-n) frees no cells",
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -128,6 +151,15 @@ impl Context {
         let n_ctx = params.n_ctx as u64;
         let kv_f16 = gpu.has_f16;
         let kv_bytes = hp.n_embd_kv() as u64 * n_ctx * if kv_f16 { 2 } else { 4 };
+        // Each layer's K and V are bound whole by the attention kernels.
+        if kv_bytes > gpu.max_binding {
+            let max_ctx = gpu.max_binding / (kv_bytes / n_ctx);
+            return Err(ContextError::TooLarge(format!(
+                "-c {n_ctx}: one layer's K cache would be {} MiB, over this adapter's storage binding limit of {} MiB; use -c {max_ctx} or less",
+                kv_bytes >> 20,
+                gpu.max_binding >> 20
+            )));
+        }
         let mut k = Vec::new();
         let mut v = Vec::new();
         for il in 0..hp.n_layer {
@@ -195,20 +227,20 @@ impl Context {
         if let Some(s) = seq {
             self.check_seq(s)?;
         }
-        self.cells.seq_rm(seq, p0, p1);
+        self.cells.seq_rm(seq, p0, p1)?;
         Ok(())
     }
     /// Makes `dst` share the cells of `src` in [p0, p1) (no K/V copy).
     pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError> {
         self.check_seq(src)?;
         self.check_seq(dst)?;
-        self.cells.seq_cp(src, dst, p0, p1);
+        self.cells.seq_cp(src, dst, p0, p1)?;
         Ok(())
     }
     /// Drops every sequence but `seq`.
     pub fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError> {
         self.check_seq(seq)?;
-        self.cells.seq_keep(seq);
+        self.cells.seq_keep(seq)?;
         Ok(())
     }
     /// Adds `delta` to the positions of `seq` in [p0, p1); the K-shift follows.
@@ -220,18 +252,13 @@ impl Context {
         delta: i32,
     ) -> Result<(), ContextError> {
         self.check_seq(seq)?;
-        self.cells.seq_add(seq, p0, p1, delta);
+        self.cells.seq_add(seq, p0, p1, delta)?;
         Ok(())
     }
     /// Divides the positions of `seq` in [p0, p1) by `d`; the K-shift follows.
     pub fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
         self.check_seq(seq)?;
-        if d < 1 {
-            return Err(ContextError::BadBatch(format!(
-                "seq_div by {d}: the divisor must be positive"
-            )));
-        }
-        self.cells.seq_div(seq, p0, p1, d);
+        self.cells.seq_div(seq, p0, p1, d)?;
         Ok(())
     }
 
@@ -243,7 +270,7 @@ impl Context {
         let mut first = vec![None::<(i32, i32, usize)>; n_seq as usize]; // (min, max, count)
         let mut last = vec![None::<i32>; n_seq as usize];
         for (&set, &p) in b.seq.iter().zip(&b.pos) {
-            if set >> n_seq != 0 {
+            if set & !seqs_below(n_seq) != 0 {
                 let seq = 63 - set.leading_zeros();
                 return Err(ContextError::BadSeq {
                     seq,
@@ -356,6 +383,20 @@ impl Context {
         self.check_batch(batch)?;
         self.apply_k_shift()?;
         self.maybe_defrag()?;
+        // A failed batch leaves the cache as it was (as llama.cpp restores its cells):
+        // ubatches already stored and the cells of a failing one are dropped. Their K/V
+        // rows may stay written, harmlessly, in cells that are empty again.
+        let saved = self.cells.clone();
+        let out = self.decode_ubatches(batch);
+        if out.is_err() {
+            self.cells = saved;
+        }
+        out
+    }
+
+    /// Splits a checked batch into ubatches and decodes them in order.
+    fn decode_ubatches(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
+        let n = batch.tokens.len();
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let mut out = Vec::new();
         let mut i = 0;
@@ -385,15 +426,15 @@ impl Context {
     ) -> Result<Vec<f32>, ContextError> {
         let gpu = self.model.gpu.clone();
         let n = r.len();
-        let slot = self.cells.find_slot(n)?;
+        let slots = self.cells.find_slot(n)?;
         let pos = &b.pos[r.clone()];
         let seq = &b.seq[r.clone()];
-        self.cells.store(slot, pos, seq);
+        self.cells.store(&slots, pos, seq)?;
         let n_kv = self.cells.n_kv(N_KV_PAD);
         let mask = build_mask(self.cells.cells(), n_kv, pos, seq, MaskKind::default());
         let positions: Vec<f64> = pos.iter().map(|&p| p as f64).collect();
         let table = self.model.hp.rope.table(&positions);
-        let slots: Vec<u32> = (slot as u32..(slot + n) as u32).collect();
+        let slots: Vec<u32> = slots.iter().map(|&c| c as u32).collect();
         let out_ids: Vec<u32> = (0..n as u32)
             .filter(|&j| b.logits[r.start + j as usize])
             .collect();

@@ -7,7 +7,7 @@
 //! and the V rows of those cells, in cell order.
 
 use super::{Context, ContextError};
-use crate::kv::SeqId;
+use crate::kv::{seqs_below, KvCells, SeqId};
 use half::f16;
 use std::path::Path;
 
@@ -198,13 +198,21 @@ impl Context {
         let n_cells = r.u32()? as usize;
         let mut pos = Vec::with_capacity(n_cells);
         let mut sets = Vec::with_capacity(n_cells);
-        for _ in 0..n_cells {
-            pos.push(r.u32()? as i32);
+        let n_seq = self.params.n_seq_max;
+        for i in 0..n_cells {
+            let p = r.u32()? as i32;
+            if p < 0 {
+                return Err(format(&format!("cell {i} has the negative position {p}")).into());
+            }
+            pos.push(p);
             let set = r.u64()?;
-            if set == 0 || set >> self.params.n_seq_max != 0 {
+            if set == 0 {
+                return Err(format(&format!("cell {i} belongs to no sequence")).into());
+            }
+            if set & !seqs_below(n_seq) != 0 {
+                let bad = 63 - (set & !seqs_below(n_seq)).leading_zeros();
                 return Err(format(&format!(
-                    "a cell's sequence set {set:#x} is empty or beyond this context's -np {}",
-                    self.params.n_seq_max
+                    "cell {i} belongs to sequence {bad}, beyond this context's ids 0..{n_seq} (-np {n_seq})"
                 ))
                 .into());
             }
@@ -223,42 +231,45 @@ impl Context {
         if r.at != data.len() {
             return Err(format("trailing bytes").into());
         }
-        let start = match dst {
-            None => {
-                if n_cells > self.cells.size() {
-                    return Err(StateError::TooBig {
-                        path: p,
-                        cells: n_cells,
-                        free: self.cells.size(),
-                    }
-                    .into());
-                }
-                self.cells.clear();
-                0
-            }
+        if let Some(s) = dst {
+            self.check_seq(s)?;
+        }
+        // The new cells are laid out on a copy, which replaces the cache only once they
+        // all fit: a file that does not fit leaves the cache (and `dst`) as it was.
+        let mut cells = self.cells.clone();
+        match dst {
+            None => cells.clear(),
             Some(s) => {
-                self.check_seq(s)?;
-                self.cells.seq_rm(Some(s), -1, -1);
-                sets.iter_mut().for_each(|v| *v = 1u64 << s);
-                if n_cells == 0 {
-                    return Ok(SavedState { tokens, n_cells });
-                }
-                self.cells
-                    .find_slot(n_cells)
-                    .map_err(|_| StateError::TooBig {
-                        path: p.clone(),
-                        cells: n_cells,
-                        free: self.cells.size() - self.cells.used(),
-                    })?
+                cells.seq_rm(Some(s), -1, -1)?;
+                let bit = KvCells::seq_bit(s)?;
+                sets.iter_mut().for_each(|v| *v = bit);
             }
+        }
+        let slots = if n_cells == 0 {
+            Vec::new()
+        } else {
+            cells.find_slot(n_cells).map_err(|_| StateError::TooBig {
+                path: p.clone(),
+                cells: n_cells,
+                free: cells.size() - cells.used(),
+            })?
         };
-        if n_cells > 0 {
-            self.cells.store(start, &pos, &sets);
-            let row = self.kv_row_bytes();
-            let gpu = self.model.gpu.clone();
-            let targets = self.kv.k.iter().zip(&self.kv.v).flat_map(|(k, v)| [k, v]);
-            for (t, rows) in targets.zip(&layers) {
-                gpu.write(&t.buf, t.offset + start as u64 * row, rows);
+        cells.store(&slots, &pos, &sets)?;
+        self.cells = cells;
+        let row = self.kv_row_bytes();
+        let gpu = self.model.gpu.clone();
+        let targets = self.kv.k.iter().zip(&self.kv.v).flat_map(|(k, v)| [k, v]);
+        for (t, rows) in targets.zip(&layers) {
+            // One write per run of consecutive cells (the slots may be scattered).
+            let mut a = 0;
+            while a < slots.len() {
+                let mut b = a + 1;
+                while b < slots.len() && slots[b] == slots[b - 1] + 1 {
+                    b += 1;
+                }
+                let bytes = &rows[a * row as usize..b * row as usize];
+                gpu.write(&t.buf, t.offset + slots[a] as u64 * row, bytes);
+                a = b;
             }
         }
         log::info!("loaded {n_cells} cells and {n_tok} tokens from {p}");

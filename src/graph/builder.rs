@@ -3,7 +3,7 @@
 use super::{planner, Graph};
 use crate::gpu::{Gpu, GpuError};
 use crate::ops::add_rms_norm::add_rms_norm;
-use crate::ops::attention::{attention, AttnShape};
+use crate::ops::attention::{attention, AttnShape, AttnViews};
 use crate::ops::binary::{binary, BinaryOp};
 use crate::ops::get_rows::{get_rows, select_rows};
 use crate::ops::glu::{glu, Activation};
@@ -57,7 +57,7 @@ pub enum Op {
         n_rows: u32,
         dst_f16: bool,
     },
-    /// reads [q, k, v, mask], writes [scores, dst]
+    /// reads [q, k, v, mask], writes [scores, dst, partials]
     Attention { shape: AttnShape, sp: SoftmaxParams },
 }
 
@@ -152,9 +152,18 @@ impl GraphBuilder {
                 } => dispatches.push(set_rows(
                     gpu, &r[0], &r[1], &w[0], *row_len, *n_rows, *dst_f16,
                 )?),
-                Op::Attention { shape, sp } => dispatches.extend(attention(
-                    gpu, shape, sp, &r[0], &r[1], &r[2], &r[3], &w[0], &w[1],
-                )?),
+                Op::Attention { shape, sp } => {
+                    let io = AttnViews {
+                        q: &r[0],
+                        k: &r[1],
+                        v: &r[2],
+                        mask: &r[3],
+                        scores: &w[0],
+                        dst: &w[1],
+                        partials: &w[2],
+                    };
+                    dispatches.extend(attention(gpu, shape, sp, &io)?)
+                }
             }
         }
         gpu.check()?;

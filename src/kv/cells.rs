@@ -20,12 +20,23 @@ impl Cell {
     pub fn is_empty(&self) -> bool {
         self.seq == 0
     }
+    /// False for ids the set cannot hold (>= MAX_SEQ) rather than a shift overflow.
     pub fn has_seq(&self, s: SeqId) -> bool {
-        self.seq & (1u64 << s) != 0
+        KvCells::seq_bit(s).is_ok_and(|b| self.seq & b != 0)
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// The sequence ids 0..n as a set; n >= MAX_SEQ gives every id (a plain shift by 64
+/// would overflow, and `-np 64` is allowed).
+pub fn seqs_below(n: u32) -> u64 {
+    if n >= MAX_SEQ {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KvError {
     #[error("the KV cache is full: no room for {needed} more token(s) ({used} of {size} cells used); use a larger context (-c) or enable context shift")]
     NoSlot {
@@ -35,6 +46,10 @@ pub enum KvError {
     },
     #[error("invalid sequence id {0}: this build tracks sequence ids 0..{MAX_SEQ}")]
     BadSeq(SeqId),
+    #[error("seq_div by {0}: the divisor must be positive")]
+    BadDivisor(i32),
+    #[error("invalid store into the KV cache: {0}")]
+    BadStore(String),
 }
 
 #[derive(Clone, Debug)]
@@ -91,9 +106,12 @@ impl KvCells {
             .min(self.size())
     }
 
-    /// Finds `n` contiguous empty cells, searching from `head` and wrapping once, as
-    /// llama.cpp does for a ubatch. Returns the first cell index.
-    pub fn find_slot(&self, n: usize) -> Result<usize, KvError> {
+    /// Finds `n` empty cells for a ubatch as today's llama.cpp does (its default,
+    /// non-contiguous search): from `head`, or from 0 when more than 2n cells before the
+    /// head are free (fill the front first), taking every empty cell on the way and
+    /// wrapping at the end. Fails only after testing every cell, so a fragmented cache
+    /// takes a ubatch larger than any of its holes. Returns the cell of each token.
+    pub fn find_slot(&self, n: usize) -> Result<Vec<usize>, KvError> {
         let size = self.size();
         let no_slot = KvError::NoSlot {
             needed: n,
@@ -103,32 +121,55 @@ impl KvCells {
         if n > size {
             return Err(no_slot);
         }
-        let mut head = if self.head + n > size { 0 } else { self.head };
-        let mut tested = 0;
-        while tested < size {
-            if head + n > size {
-                tested += size - head;
-                head = 0;
-                continue;
+        let mut head = self.head;
+        if head > self.used + 2 * n {
+            head = 0;
+        }
+        let mut slots = Vec::with_capacity(n);
+        for k in 0..size {
+            if slots.len() == n {
+                break;
             }
-            match self.cells[head..head + n]
-                .iter()
-                .position(|c| !c.is_empty())
-            {
-                None => return Ok(head),
-                Some(i) => {
-                    head += i + 1;
-                    tested += i + 1;
-                }
+            let i = (head + k) % size;
+            if self.cells[i].is_empty() {
+                slots.push(i);
             }
         }
-        Err(no_slot)
+        if slots.len() == n {
+            Ok(slots)
+        } else {
+            Err(no_slot)
+        }
     }
 
-    /// Stores tokens with `positions` and `seqs` (one set each) from cell `start` on.
-    pub fn store(&mut self, start: usize, positions: &[i32], seqs: &[u64]) {
-        for (i, (&p, &s)) in positions.iter().zip(seqs).enumerate() {
-            let c = &mut self.cells[start + i];
+    /// Stores token t with `positions[t]` and `seqs[t]` (one set each) in cell
+    /// `slots[t]`; the next search starts after the last of them. Checked first and
+    /// all-or-nothing, so a bad call cannot corrupt the used count.
+    pub fn store(
+        &mut self,
+        slots: &[usize],
+        positions: &[i32],
+        seqs: &[u64],
+    ) -> Result<(), KvError> {
+        let n = slots.len();
+        if positions.len() != n || seqs.len() != n {
+            return Err(KvError::BadStore(format!(
+                "{n} cell(s) for {} position(s) and {} sequence set(s)",
+                positions.len(),
+                seqs.len()
+            )));
+        }
+        if let Some(&i) = slots.iter().find(|&&i| i >= self.size()) {
+            return Err(KvError::BadStore(format!(
+                "cell {i} is outside the cache ({} cells)",
+                self.size()
+            )));
+        }
+        if seqs.contains(&0) {
+            return Err(KvError::BadStore("a token belongs to no sequence".into()));
+        }
+        for ((&i, &p), &s) in slots.iter().zip(positions).zip(seqs) {
+            let c = &mut self.cells[i];
             if c.is_empty() {
                 self.used += 1;
             }
@@ -138,10 +179,10 @@ impl KvCells {
                 seq: s,
             };
         }
-        self.head = start + positions.len();
-        if self.head >= self.size() {
-            self.head = 0;
+        if let Some(&last) = slots.last() {
+            self.head = (last + 1) % self.size();
         }
+        Ok(())
     }
 
     /// Bit mask for one sequence id, checked.
@@ -158,18 +199,28 @@ impl KvCells {
 mod tests {
     use super::*;
 
+    /// Stores positions `p0..p0 + n` of sequence 0 wherever find_slot puts them.
+    fn put(kv: &mut KvCells, p0: i32, n: usize) -> Vec<usize> {
+        let slots = kv.find_slot(n).unwrap();
+        let pos: Vec<i32> = (p0..p0 + n as i32).collect();
+        kv.store(&slots, &pos, &vec![1; n]).unwrap();
+        slots
+    }
+
+    fn range(a: usize, b: usize) -> Vec<usize> {
+        (a..b).collect()
+    }
+
     #[test]
     fn slots_fill_from_the_front_and_pad_n_kv() {
         let mut kv = KvCells::new(600);
         assert_eq!(kv.n_kv(256), 256);
-        let s = kv.find_slot(10).unwrap();
-        assert_eq!(s, 0);
-        kv.store(s, &(0..10).collect::<Vec<_>>(), &[1; 10]);
+        assert_eq!(put(&mut kv, 0, 10), range(0, 10));
         assert_eq!(kv.used(), 10);
-        assert_eq!(kv.find_slot(5).unwrap(), 10);
-        kv.store(10, &(10..300).collect::<Vec<_>>(), &[1; 290]);
+        assert_eq!(kv.find_slot(5).unwrap(), range(10, 15));
+        put(&mut kv, 10, 290);
         assert_eq!(kv.n_kv(256), 512);
-        kv.store(300, &(300..590).collect::<Vec<_>>(), &[1; 290]);
+        put(&mut kv, 300, 290);
         assert_eq!(kv.n_kv(256), 600, "capped at the cache size");
         assert_eq!(kv.seq_pos_max(0), 589);
         assert_eq!(kv.seq_pos_max(1), -1);
@@ -178,8 +229,8 @@ mod tests {
     #[test]
     fn a_full_cache_says_so() {
         let mut kv = KvCells::new(8);
-        kv.store(0, &[0, 1, 2, 3, 4, 5], &[1; 6]);
-        assert_eq!(kv.find_slot(2).unwrap(), 6);
+        put(&mut kv, 0, 6);
+        assert_eq!(kv.find_slot(2).unwrap(), vec![6, 7]);
         let e = kv.find_slot(3).unwrap_err();
         assert_eq!(
             e,
@@ -191,15 +242,88 @@ mod tests {
         );
         assert!(e.to_string().contains("KV cache is full"));
         assert!(kv.find_slot(9).is_err());
+        put(&mut kv, 6, 2);
+        let e = kv.find_slot(1).unwrap_err();
+        assert!(e.to_string().contains("KV cache is full"), "{e}");
         assert!(KvCells::seq_bit(64).is_err());
     }
 
     #[test]
     fn search_wraps_to_the_front() {
         let mut kv = KvCells::new(8);
-        kv.store(4, &[0, 1, 2, 3], &[1; 4]);
-        // head is now 0 (wrapped): cells 0..4 are free.
-        assert_eq!(kv.find_slot(4).unwrap(), 0);
+        kv.store(&[4, 5, 6, 7], &[0, 1, 2, 3], &[1; 4]).unwrap();
+        assert_eq!(kv.head, 0, "the head wraps after the last cell");
+        assert_eq!(kv.find_slot(4).unwrap(), range(0, 4));
         assert!(kv.find_slot(5).is_err());
+        // From a head in the middle, the search wraps and takes the front cells last.
+        let mut kv = KvCells::new(8);
+        kv.store(&[2, 3], &[0, 1], &[1; 2]).unwrap();
+        assert_eq!(kv.head, 4);
+        assert_eq!(kv.find_slot(5).unwrap(), vec![4, 5, 6, 7, 0]);
+    }
+
+    /// Holes of 2 cells between used ones: a ubatch of 5 fits across them, in order from
+    /// the head, as long as enough cells are free in all.
+    #[test]
+    fn a_fragmented_cache_takes_a_ubatch_larger_than_any_hole() {
+        let mut kv = KvCells::new(12);
+        put(&mut kv, 0, 12);
+        for p in [1, 2, 5, 6, 9, 10] {
+            kv.seq_rm(Some(0), p, p + 1).unwrap();
+        }
+        assert_eq!(kv.used(), 6);
+        assert_eq!(kv.largest_empty_run().1, 2);
+        let slots = kv.find_slot(5).unwrap();
+        assert_eq!(slots, vec![1, 2, 5, 6, 9]);
+        kv.store(&slots, &[12, 13, 14, 15, 16], &[2; 5]).unwrap();
+        assert_eq!(kv.used(), 11);
+        assert_eq!(kv.head, 10, "after the last cell used");
+        assert_eq!(kv.find_slot(1).unwrap(), vec![10]);
+        assert!(kv.find_slot(2).is_err());
+        assert_eq!(kv.seq_pos_max(1), 16);
+    }
+
+    /// llama.cpp restarts the search from cell 0 when more than 2n cells are free before
+    /// the head, and otherwise keeps going from the head.
+    #[test]
+    fn the_head_resets_when_many_cells_before_it_are_free() {
+        let mut kv = KvCells::new(32);
+        put(&mut kv, 0, 20);
+        kv.seq_rm(Some(0), 0, 15).unwrap(); // used 5 (cells 15..20); head stays 0
+        kv.head = 20;
+        // head 20 > used 5 + 2 * 4: search from 0.
+        assert_eq!(kv.find_slot(4).unwrap(), range(0, 4));
+        // head 20 <= used 5 + 2 * 8: search from the head.
+        assert_eq!(kv.find_slot(8).unwrap(), range(20, 28));
+        // head 20 <= 5 + 2 * 13, and only 12 cells after it: the rest wraps to the front.
+        let mut want = range(20, 32);
+        want.push(0);
+        assert_eq!(kv.find_slot(13).unwrap(), want);
+    }
+
+    #[test]
+    fn bad_stores_are_refused_untouched() {
+        let mut kv = KvCells::new(4);
+        assert!(kv.store(&[0, 4], &[0, 1], &[1, 1]).is_err());
+        assert!(kv.store(&[0, 1], &[0], &[1, 1]).is_err());
+        assert!(kv.store(&[0], &[0], &[0]).is_err());
+        assert_eq!(kv.used(), 0);
+        assert!(kv.cells().iter().all(|c| c.is_empty()));
+    }
+
+    #[test]
+    fn sequence_id_sets_cover_every_id_up_to_64() {
+        assert_eq!(seqs_below(0), 0);
+        assert_eq!(seqs_below(1), 1);
+        assert_eq!(seqs_below(63), u64::MAX >> 1);
+        assert_eq!(seqs_below(64), u64::MAX);
+        assert_eq!(seqs_below(1000), u64::MAX);
+        let c = Cell {
+            pos: 0,
+            delta: 0,
+            seq: 1 << 63,
+        };
+        assert!(c.has_seq(63));
+        assert!(!c.has_seq(64) && !c.has_seq(u32::MAX), "no panic, no match");
     }
 }

@@ -54,9 +54,14 @@ mod tests {
     #[test]
     fn compaction_closes_holes_in_order_and_merges_runs() {
         let mut kv = KvCells::new(16);
-        kv.store(0, &(0..10).collect::<Vec<_>>(), &[1; 10]);
-        kv.seq_rm(Some(0), 2, 5); // holes at 2, 3, 4
-        kv.seq_add(0, 5, 10, -3);
+        kv.store(
+            &(0..10).collect::<Vec<_>>(),
+            &(0..10).collect::<Vec<_>>(),
+            &[1; 10],
+        )
+        .unwrap();
+        kv.seq_rm(Some(0), 2, 5).unwrap(); // holes at 2, 3, 4
+        kv.seq_add(0, 5, 10, -3).unwrap();
         assert!((kv.fragmentation() - 0.3).abs() < 1e-6);
         let before: Vec<_> = kv
             .cells()
@@ -78,16 +83,21 @@ mod tests {
         assert!(kv.cells()[7..].iter().all(|c| c.is_empty()));
         assert_eq!(kv.used(), 7);
         assert_eq!(kv.fragmentation(), 0.0);
-        assert_eq!(kv.find_slot(3).unwrap(), 7);
+        assert_eq!(kv.find_slot(3).unwrap(), vec![7, 8, 9]);
         assert!(kv.compact().is_empty(), "nothing left to move");
     }
 
     #[test]
     fn scattered_holes_give_one_move_per_run() {
         let mut kv = KvCells::new(12);
-        kv.store(0, &(0..12).collect::<Vec<_>>(), &[1; 12]);
+        kv.store(
+            &(0..12).collect::<Vec<_>>(),
+            &(0..12).collect::<Vec<_>>(),
+            &[1; 12],
+        )
+        .unwrap();
         for p in [1, 4, 5, 9] {
-            kv.seq_rm(None, p, p + 1);
+            kv.seq_rm(None, p, p + 1).unwrap();
         }
         let moves = kv.compact();
         assert_eq!(

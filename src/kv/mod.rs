@@ -10,7 +10,7 @@ mod mask;
 mod seq;
 mod view;
 
-pub use cells::{Cell, KvCells, KvError, SeqId, MAX_SEQ};
+pub use cells::{seqs_below, Cell, KvCells, KvError, SeqId, MAX_SEQ};
 pub use defrag::Move;
 pub use mask::{build_mask, MaskKind, MASKED};
 

@@ -2,8 +2,9 @@
 //! positions. Bounds are half-open [p0, p1); a negative bound means "from the start" (p0)
 //! or "to the end" (p1); `None` as a sequence means every sequence.
 //! Position changes accumulate in each cell's `delta` for the K-shift to apply.
+//! A sequence id the cell sets cannot hold is an error, never a shift overflow.
 
-use super::{Cell, KvCells, SeqId};
+use super::{Cell, KvCells, KvError, SeqId};
 
 fn range(p0: i32, p1: i32) -> (i32, i32) {
     (p0.max(0), if p1 < 0 { i32::MAX } else { p1 })
@@ -20,7 +21,8 @@ impl KvCells {
     }
 
     /// Removes `seq` (or every sequence) from cells with positions in [p0, p1).
-    pub fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) {
+    pub fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), KvError> {
+        let bit = seq.map(Self::seq_bit).transpose()?;
         let (p0, p1) = range(p0, p1);
         let mut new_head = self.size();
         for i in 0..self.size() {
@@ -28,9 +30,9 @@ impl KvCells {
             if !Self::in_range(&c, p0, p1) {
                 continue;
             }
-            match seq {
-                Some(s) if c.has_seq(s) => {
-                    self.cells[i].seq &= !(1u64 << s);
+            match bit {
+                Some(b) if c.seq & b != 0 => {
+                    self.cells[i].seq &= !b;
                     if self.cells[i].is_empty() {
                         self.free(i);
                     }
@@ -46,31 +48,35 @@ impl KvCells {
         if new_head != self.size() && new_head < self.head {
             self.head = new_head;
         }
+        Ok(())
     }
 
     /// Adds `dst` to every cell of `src` with a position in [p0, p1).
-    pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) {
+    pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), KvError> {
+        let (sb, db) = (Self::seq_bit(src)?, Self::seq_bit(dst)?);
         if src == dst {
-            return;
+            return Ok(());
         }
         let (p0, p1) = range(p0, p1);
         for c in &mut self.cells {
-            if Self::in_range(c, p0, p1) && c.has_seq(src) {
-                c.seq |= 1u64 << dst;
+            if Self::in_range(c, p0, p1) && c.seq & sb != 0 {
+                c.seq |= db;
             }
         }
+        Ok(())
     }
 
     /// Drops every sequence but `seq`; cells without it are freed.
-    pub fn seq_keep(&mut self, seq: SeqId) {
+    pub fn seq_keep(&mut self, seq: SeqId) -> Result<(), KvError> {
+        let bit = Self::seq_bit(seq)?;
         let mut new_head = self.size();
         for i in 0..self.size() {
             let c = self.cells[i];
             if c.is_empty() {
                 continue;
             }
-            if c.has_seq(seq) {
-                self.cells[i].seq = 1u64 << seq;
+            if c.seq & bit != 0 {
+                self.cells[i].seq = bit;
             } else {
                 self.free(i);
                 if new_head == self.size() {
@@ -81,13 +87,15 @@ impl KvCells {
         if new_head != self.size() && new_head < self.head {
             self.head = new_head;
         }
+        Ok(())
     }
 
     /// Adds `delta` to the positions of `seq` in [p0, p1). Cells pushed below 0 are freed.
-    pub fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) {
+    pub fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), KvError> {
+        Self::seq_bit(seq)?;
         let (p0, p1) = range(p0, p1);
         if delta == 0 || p0 == p1 {
-            return;
+            return Ok(());
         }
         let mut new_head = self.size();
         for i in 0..self.size() {
@@ -108,13 +116,18 @@ impl KvCells {
         }
         // As llama.cpp: start the next search at a freed slot, else from the beginning.
         self.head = if new_head != self.size() { new_head } else { 0 };
+        Ok(())
     }
 
     /// Integer-divides the positions of `seq` in [p0, p1) by `d` (Self-Extend's grouping).
-    pub fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) {
+    pub fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), KvError> {
+        Self::seq_bit(seq)?;
+        if d < 1 {
+            return Err(KvError::BadDivisor(d));
+        }
         let (p0, p1) = range(p0, p1);
         if d == 1 || p0 == p1 {
-            return;
+            return Ok(());
         }
         for c in &mut self.cells {
             if Self::in_range(c, p0, p1) && c.has_seq(seq) {
@@ -127,9 +140,10 @@ impl KvCells {
                 c.delta += old - c.pos;
             }
         }
+        Ok(())
     }
 
-    /// Smallest position stored for `seq`, or -1.
+    /// Smallest position stored for `seq`, or -1 (also for an id no cell can hold).
     pub fn seq_pos_min(&self, seq: SeqId) -> i32 {
         self.cells
             .iter()
@@ -179,7 +193,9 @@ mod tests {
     /// A cache holding positions 0..n of sequence 0 in cells 0..n.
     fn filled(size: usize, n: i32) -> KvCells {
         let mut kv = KvCells::new(size);
-        kv.store(0, &(0..n).collect::<Vec<_>>(), &vec![1; n as usize]);
+        let slots: Vec<usize> = (0..n as usize).collect();
+        kv.store(&slots, &(0..n).collect::<Vec<_>>(), &vec![1; n as usize])
+            .unwrap();
         kv
     }
 
@@ -194,9 +210,9 @@ mod tests {
     fn context_shift_as_llama_completion_does_it() {
         // n_ctx 16, n_keep 2, n_past 15: discard (15 - 2) / 2 = 6 after the kept ones.
         let mut kv = filled(16, 15);
-        kv.seq_rm(Some(0), 2, 8);
+        kv.seq_rm(Some(0), 2, 8).unwrap();
         assert_eq!(kv.used(), 9);
-        kv.seq_add(0, 8, 15, -6);
+        kv.seq_add(0, 8, 15, -6).unwrap();
         assert_eq!(
             positions(&kv),
             [0, 1, -1, -1, -1, -1, -1, -1, 2, 3, 4, 5, 6, 7, 8, -1]
@@ -210,25 +226,25 @@ mod tests {
         );
         assert!(!kv.has_shift() && kv.take_shifts().is_none());
         // The next slot search starts at the first freed cell.
-        assert_eq!(kv.find_slot(6).unwrap(), 2);
+        assert_eq!(kv.find_slot(6).unwrap(), vec![2, 3, 4, 5, 6, 7]);
     }
 
     #[test]
     fn negative_bounds_mean_whole_range_and_none_means_all_sequences() {
         let mut kv = filled(8, 6);
-        kv.seq_cp(0, 3, -1, -1);
+        kv.seq_cp(0, 3, -1, -1).unwrap();
         assert!(kv.cells()[..6].iter().all(|c| c.has_seq(0) && c.has_seq(3)));
-        kv.seq_rm(Some(0), 4, -1);
+        kv.seq_rm(Some(0), 4, -1).unwrap();
         assert_eq!(kv.used(), 6, "cells 4, 5 still hold sequence 3");
         assert_eq!(kv.seq_pos_max(0), 3);
         assert_eq!(kv.seq_pos_max(3), 5);
-        kv.seq_rm(None, -1, 2);
+        kv.seq_rm(None, -1, 2).unwrap();
         assert_eq!(kv.used(), 4);
         assert_eq!(kv.seq_pos_min(3), 2);
-        kv.seq_keep(0);
+        kv.seq_keep(0).unwrap();
         assert_eq!(kv.used(), 2, "only cells 2, 3 had sequence 0");
         assert!(kv.cells()[2].seq == 1 && kv.cells()[3].seq == 1);
-        kv.seq_rm(Some(0), -1, -1);
+        kv.seq_rm(Some(0), -1, -1).unwrap();
         assert_eq!(kv.used(), 0);
         assert_eq!(kv.seq_pos_max(0), -1);
     }
@@ -236,7 +252,7 @@ mod tests {
     #[test]
     fn shifting_below_zero_frees_cells() {
         let mut kv = filled(8, 4);
-        kv.seq_add(0, 0, 2, -1);
+        kv.seq_add(0, 0, 2, -1).unwrap();
         assert_eq!(positions(&kv)[..4], [-1, 0, 2, 3]);
         assert_eq!(kv.used(), 3);
     }
@@ -244,16 +260,40 @@ mod tests {
     #[test]
     fn self_extend_division_accumulates_deltas() {
         let mut kv = filled(16, 10);
-        kv.seq_div(0, 0, 8, 4);
+        kv.seq_div(0, 0, 8, 4).unwrap();
         assert_eq!(positions(&kv)[..10], [0, 0, 0, 0, 1, 1, 1, 1, 8, 9]);
-        kv.seq_add(0, 8, 10, -6);
+        kv.seq_add(0, 8, 10, -6).unwrap();
         let d = kv.take_shifts().unwrap();
         // Division adds old - new (llama.cpp's current sign); the add adds its delta.
         assert_eq!(&d[..10], &[0, 1, 2, 3, 3, 4, 5, 6, -6, -6]);
         // No-ops: d == 1, delta == 0, empty range.
-        kv.seq_div(0, 0, 8, 1);
-        kv.seq_add(0, 0, 8, 0);
-        kv.seq_add(0, 3, 3, 5);
+        kv.seq_div(0, 0, 8, 1).unwrap();
+        kv.seq_add(0, 0, 8, 0).unwrap();
+        kv.seq_add(0, 3, 3, 5).unwrap();
         assert!(!kv.has_shift());
+    }
+
+    /// Ids the 64-bit sets cannot hold are refused (they used to overflow a shift).
+    #[test]
+    fn bad_sequence_ids_are_errors_not_panics() {
+        let mut kv = filled(8, 4);
+        let bad = KvError::BadSeq(64);
+        assert_eq!(kv.seq_rm(Some(64), -1, -1), Err(bad.clone()));
+        assert_eq!(kv.seq_cp(0, 64, -1, -1), Err(bad.clone()));
+        assert_eq!(kv.seq_cp(64, 0, -1, -1), Err(bad.clone()));
+        assert_eq!(kv.seq_cp(64, 64, -1, -1), Err(bad.clone()));
+        assert_eq!(kv.seq_keep(64), Err(bad.clone()));
+        assert_eq!(kv.seq_add(64, -1, -1, 1), Err(bad.clone()));
+        assert_eq!(kv.seq_div(64, -1, -1, 2), Err(bad));
+        assert_eq!(kv.seq_div(0, -1, -1, 0), Err(KvError::BadDivisor(0)));
+        assert_eq!(kv.seq_pos_max(u32::MAX), -1);
+        assert_eq!(kv.seq_pos_min(64), -1);
+        assert_eq!(kv.used(), 4, "nothing changed");
+        assert!(!kv.has_shift());
+        // Id 63, the last one, works.
+        kv.seq_cp(0, 63, -1, -1).unwrap();
+        kv.seq_keep(63).unwrap();
+        assert_eq!(kv.seq_pos_max(63), 3);
+        assert_eq!(kv.cells()[0].seq, 1 << 63);
     }
 }

@@ -84,9 +84,14 @@ mod tests {
     #[test]
     fn view_summarises_runs_and_holes() {
         let mut kv = KvCells::new(12);
-        kv.store(0, &[0, 1, 2, 3, 4, 5, 6, 7], &[1; 8]);
-        kv.seq_rm(Some(0), 2, 5);
-        kv.seq_cp(0, 2, 6, -1);
+        kv.store(
+            &[0, 1, 2, 3, 4, 5, 6, 7],
+            &[0, 1, 2, 3, 4, 5, 6, 7],
+            &[1; 8],
+        )
+        .unwrap();
+        kv.seq_rm(Some(0), 2, 5).unwrap();
+        kv.seq_cp(0, 2, 6, -1).unwrap();
         assert_eq!(kv.largest_empty_run(), (8, 4));
         let v = kv.view();
         assert!(v.starts_with("kv cache: 12 cells, 5 used"), "{v}");

@@ -81,9 +81,9 @@ impl Hparams {
         } else {
             head_dim
         };
-        if head_dim % 4 != 0 || n_rot > head_dim || n_rot % 2 != 0 {
+        if n_embd == 0 || head_dim == 0 || head_dim % 4 != 0 || n_rot > head_dim || n_rot % 2 != 0 {
             return Err(bad(format!(
-                "head size {head_dim} / rotary dims {n_rot} are not supported"
+                "embedding width {n_embd}, head size {head_dim} / rotary dims {n_rot} are not supported"
             )));
         }
         let freq_base = f

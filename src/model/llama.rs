@@ -132,12 +132,13 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             &[v, slots],
             &[vc],
         );
-        let scores = g.scratch(shape.scores_len());
+        let scores = g.scratch(shape.scores_len(&m.gpu)?);
         let attn = g.scratch(nq as u64 * t64);
+        let partials = g.scratch(shape.partials_len(&m.gpu));
         g.node(
             Op::Attention { shape, sp },
             &[q, kc, vc, mask],
-            &[scores, attn],
+            &[scores, attn, partials],
         );
         let o = g.scratch(e as u64 * t64);
         g.node(

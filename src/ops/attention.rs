@@ -5,7 +5,7 @@
 
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
 use super::{record, shaders, Dispatch, View};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, KernelShape};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnShape {
@@ -32,9 +32,129 @@ impl AttnShape {
             0,
         ]
     }
-    /// f32 elements of the scores scratch buffer.
-    pub fn scores_len(&self) -> u64 {
-        self.n_head as u64 * self.n_tok as u64 * self.n_kv as u64
+    /// Tokens one pass of the three kernels takes. The scores of a pass (heads × tokens ×
+    /// cells, f32) must fit one storage binding: at long contexts a big ubatch does not
+    /// (SmolLM2 at -c 8192 -ub 512: 151 MB against lavapipe's 128 MiB), so it is cut into
+    /// passes of fewer tokens, each starting on the adapter's storage offset alignment.
+    pub fn tokens_per_pass(&self, gpu: &Gpu) -> Result<u32, GpuError> {
+        let per_tok = self.n_head as u64 * self.n_kv as u64 * 4;
+        let fit = gpu.max_binding / per_tok.max(1);
+        if fit >= self.n_tok as u64 {
+            return Ok(self.n_tok);
+        }
+        let align = gpu.device.limits().min_storage_buffer_offset_alignment as u64;
+        let step = |row_bytes: u64| align / gcd(align, row_bytes);
+        let q_row = self.head_dim as u64 * self.n_head as u64 * 4;
+        let (a, b) = (step(q_row), step(self.n_kv as u64 * 4));
+        let unit = a / gcd(a, b) * b;
+        let tc = fit / unit * unit;
+        if tc == 0 {
+            return Err(GpuError::Validation(format!(
+                "attention over {} cache cells with {} heads needs {} bytes of scores per token, \
+                 more than this adapter's storage binding limit ({} bytes) allows; use a smaller context (-c)",
+                self.n_kv, self.n_head, per_tok * unit, gpu.max_binding
+            )));
+        }
+        Ok(tc as u32)
+    }
+
+    /// f32 elements of the scores scratch buffer (one pass of [`Self::tokens_per_pass`]).
+    pub fn scores_len(&self, gpu: &Gpu) -> Result<u64, GpuError> {
+        Ok(self.n_head as u64 * self.tokens_per_pass(gpu)? as u64 * self.n_kv as u64)
+    }
+
+    /// Chunks of cells the output is split into, or None for the one-pass output kernel.
+    /// GPUs split a few tokens' output over the cells (flash-decoding): one workgroup per
+    /// head and dimension leaves most of a GPU idle and walks every cell in turn, which
+    /// made a decoded token over 4096 cells cost 30x the llama.cpp Vulkan time on an H100.
+    /// CPU-like adapters (lavapipe) keep the one-pass kernel, already spread over threads.
+    fn split(&self, gpu: &Gpu) -> Option<u32> {
+        let n_split = self.n_kv.div_ceil(SPLIT_CHUNK);
+        let wanted = gpu.kernels == KernelShape::Gpu && self.n_tok <= SPLIT_MAX_TOK && n_split > 1;
+        (wanted && self.partials_bytes(n_split) <= gpu.max_binding).then_some(n_split)
+    }
+
+    fn partials_bytes(&self, n_split: u32) -> u64 {
+        n_split as u64 * self.n_tok as u64 * self.n_head as u64 * self.head_dim as u64 * 4
+    }
+
+    /// f32 elements of the partial-output scratch buffer of the split kernel (1 if unused).
+    pub fn partials_len(&self, gpu: &Gpu) -> u64 {
+        self.split(gpu)
+            .map_or(1, |n_split| self.partials_bytes(n_split) / 4)
+    }
+}
+
+/// Most tokens for which GPU-shaped kernels split the attention output over cells.
+const SPLIT_MAX_TOK: u32 = 8;
+/// Cells per workgroup of the split output kernel.
+const SPLIT_CHUNK: u32 = 128;
+
+/// The split output kernel's two dispatches: partial sums per chunk of cells, then their sum.
+fn kqv_split(
+    gpu: &Gpu,
+    s: &AttnShape,
+    n_split: u32,
+    probs: &View,
+    v: &View,
+    partials: &View,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let d4 = s.head_dim / 4;
+    // Lanes across a row: the largest power of two up to d4 (at most 64).
+    let lanes = 1u32 << (31 - d4.min(64).leading_zeros());
+    let nv = d4.div_ceil(lanes);
+    let f16 = s.kv_f16;
+    let split = gpu.pipeline(&format!("attn_kqv_split_{f16}_{lanes}_{nv}"), || {
+        shaders::attn_kqv_split_source(f16, lanes, nv)
+    })?;
+    let sum = gpu.pipeline("attn_kqv_sum", || shaders::ATTN_KQV_SUM.to_string())?;
+    let params = [
+        s.head_dim,
+        s.n_head,
+        s.n_head_kv,
+        s.n_tok,
+        s.n_kv,
+        SPLIT_CHUNK,
+        0,
+        0,
+    ];
+    let partials = sub_view(partials, 0, s.partials_bytes(n_split));
+    let n = d4 * s.n_head * s.n_tok;
+    Ok(vec![
+        record(
+            gpu,
+            "attn_kqv",
+            split,
+            bytemuck::cast_slice(&params),
+            &[probs, v, &partials],
+            [n_split, s.n_tok, s.n_head],
+        )?,
+        record(
+            gpu,
+            "attn_kqv_sum",
+            sum,
+            bytemuck::cast_slice(&[n, n_split, 0, 0]),
+            &[&partials, dst],
+            [n.div_ceil(64), 1, 1],
+        )?,
+    ])
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// `v` narrowed to `len` bytes from `start` bytes in.
+fn sub_view(v: &View, start: u64, len: u64) -> View {
+    View {
+        buf: v.buf.clone(),
+        offset: v.offset + start,
+        size: len,
     }
 }
 
@@ -56,20 +176,35 @@ fn tokens_per_invocation(n_tok: u32) -> u32 {
     }
 }
 
-/// q: [head_dim, n_head, n_tok]; k, v: cache [head_dim, n_head_kv, cells] (f16 or f32);
-/// mask: [n_kv, n_tok]; scores: scratch; dst: [head_dim * n_head, n_tok].
-#[allow(clippy::too_many_arguments)]
+/// The views attention reads and writes. q: [head_dim, n_head, n_tok]; k, v: the cache,
+/// [head_dim, n_head_kv, cells] (f16 or f32); mask: [n_kv, n_tok]; scores: scratch of
+/// [`AttnShape::scores_len`]; partials: scratch of [`AttnShape::partials_len`];
+/// dst: [head_dim * n_head, n_tok].
+pub struct AttnViews<'a> {
+    pub q: &'a View,
+    pub k: &'a View,
+    pub v: &'a View,
+    pub mask: &'a View,
+    pub scores: &'a View,
+    pub partials: &'a View,
+    pub dst: &'a View,
+}
+
 pub fn attention(
     gpu: &Gpu,
     s: &AttnShape,
     sp: &SoftmaxParams,
-    q: &View,
-    k: &View,
-    v: &View,
-    mask: &View,
-    scores: &View,
-    dst: &View,
+    io: &AttnViews,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    let AttnViews {
+        q,
+        k,
+        v,
+        mask,
+        scores,
+        partials,
+        dst,
+    } = *io;
     if !s.head_dim.is_multiple_of(4) || !s.n_head.is_multiple_of(s.n_head_kv) {
         return Err(GpuError::Validation(format!(
             "attention: head_dim {} must be a multiple of 4 and n_head {} a multiple of n_head_kv {}",
@@ -84,26 +219,42 @@ pub fn attention(
     let kqv = gpu.pipeline(&format!("attn_kqv_{f16}_{tb}"), || {
         shaders::kv_source_tb(shaders::ATTN_KQV, f16, tb)
     })?;
-    let params = s.params();
-    Ok(vec![
-        record(
+    let per_pass = s.tokens_per_pass(gpu)?;
+    let q_row = s.head_dim as u64 * s.n_head as u64 * 4;
+    let mask_row = s.n_kv as u64 * 4;
+    let mut out = Vec::new();
+    for t0 in (0..s.n_tok).step_by(per_pass as usize) {
+        let n_tok = per_pass.min(s.n_tok - t0);
+        let pass = AttnShape { n_tok, ..*s };
+        let params = pass.params();
+        let (t0, nt) = (t0 as u64, n_tok as u64);
+        let q = sub_view(q, t0 * q_row, nt * q_row);
+        let dst = sub_view(dst, t0 * q_row, nt * q_row);
+        let mask = sub_view(mask, t0 * mask_row, nt * mask_row);
+        let scores = sub_view(scores, 0, pass.n_head as u64 * nt * mask_row);
+        out.push(record(
             gpu,
             "attn_kq",
-            kq,
+            kq.clone(),
             bytemuck::cast_slice(&params),
-            &[q, k, scores],
-            [s.n_kv.div_ceil(64), s.n_tok.div_ceil(tb), s.n_head],
-        )?,
-        softmax(gpu, sp, Some(mask), scores, s.n_kv, s.n_tok)?,
-        record(
+            &[&q, k, &scores],
+            [s.n_kv.div_ceil(64), n_tok.div_ceil(tb), s.n_head],
+        )?);
+        out.push(softmax(gpu, sp, Some(&mask), &scores, s.n_kv, n_tok)?);
+        if let Some(n_split) = s.split(gpu) {
+            out.extend(kqv_split(gpu, &pass, n_split, &scores, v, partials, &dst)?);
+            continue;
+        }
+        out.push(record(
             gpu,
             "attn_kqv",
-            kqv,
+            kqv.clone(),
             bytemuck::cast_slice(&params),
-            &[scores, v, dst],
-            [s.head_dim.div_ceil(64), s.n_tok.div_ceil(tb), s.n_head],
-        )?,
-    ])
+            &[&scores, v, &dst],
+            [s.head_dim.div_ceil(64), n_tok.div_ceil(tb), s.n_head],
+        )?);
+    }
+    Ok(out)
 }
 
 /// CPU reference with the same layouts (k and v as f32 values).

@@ -15,6 +15,8 @@ pub const SET_ROWS: &str = include_str!("../../shaders/set_rows.wgsl");
 pub const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
 pub const ATTN_KQ: &str = include_str!("../../shaders/attn_kq.wgsl");
 pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
+pub const ATTN_KQV_SPLIT: &str = include_str!("../../shaders/attn_kqv_split.wgsl");
+pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
 
 /// The snippet defining QK, WPB, `load_block` and `deq_elem` for a weight type.
 pub fn quant_snippet(ty: GgmlType) -> Option<&'static str> {
@@ -158,6 +160,20 @@ pub fn matmul_tile_source(ty: GgmlType, bm: u32, bn: u32) -> String {
     )
 }
 
+/// The masked softmax with `wg` invocations per row.
+pub fn softmax_source(wg: u32) -> String {
+    compose(&[SOFTMAX], &[("WG", wg.to_string())])
+}
+
+/// The split attention output kernel: `lanes` invocations across a value row, `nv` vec4s each.
+pub fn attn_kqv_split_source(f16: bool, lanes: u32, nv: u32) -> String {
+    let src = compose(
+        &[ATTN_KQV_SPLIT],
+        &[("LANES", lanes.to_string()), ("NV", nv.to_string())],
+    );
+    kv_source(&src, f16)
+}
+
 /// Every shader variant the ops can build, for validation without a GPU.
 pub fn all_variants() -> Vec<(String, String)> {
     let mut v = vec![
@@ -178,7 +194,9 @@ pub fn all_variants() -> Vec<(String, String)> {
         ("rope".into(), kv_source(ROPE, false)),
         ("rope_f16".into(), kv_source(ROPE, true)),
         ("set_rows".into(), kv_source(SET_ROWS, false)),
-        ("softmax".into(), SOFTMAX.to_string()),
+        ("softmax_64".into(), softmax_source(64)),
+        ("softmax_256".into(), softmax_source(256)),
+        ("attn_kqv_sum".into(), ATTN_KQV_SUM.to_string()),
         ("attn_kq".into(), kv_source(ATTN_KQ, false)),
         ("attn_kqv".into(), kv_source(ATTN_KQV, false)),
         ("set_rows_f16".into(), kv_source(SET_ROWS, true)),
@@ -187,6 +205,17 @@ pub fn all_variants() -> Vec<(String, String)> {
         ("attn_kq_f16_tb4".into(), kv_source_tb(ATTN_KQ, true, 4)),
         ("attn_kqv_f16_tb4".into(), kv_source_tb(ATTN_KQV, true, 4)),
     ];
+    for f16 in [false, true] {
+        for (lanes, nv) in [(16, 1), (32, 1), (64, 1), (16, 2)] {
+            v.push((
+                format!(
+                    "attn_kqv_split_{}_{lanes}x{nv}",
+                    if f16 { "f16" } else { "f32" }
+                ),
+                attn_kqv_split_source(f16, lanes, nv),
+            ));
+        }
+    }
     for ty in [
         GgmlType::F32,
         GgmlType::F16,

@@ -1,7 +1,7 @@
 //! Softmax with scale, KQ mask and ALiBi slope, as ggml_soft_max_ext, in place on rows.
 
 use super::{record, shaders, split_groups, Dispatch, View};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, KernelShape};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SoftmaxParams {
@@ -42,7 +42,12 @@ pub fn softmax(
     n_cols: u32,
     rows_per_head: u32,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline("softmax", || shaders::SOFTMAX.to_string())?;
+    let wg = if gpu.kernels == KernelShape::Gpu {
+        256
+    } else {
+        64
+    };
+    let pipeline = gpu.pipeline(&format!("softmax_{wg}"), || shaders::softmax_source(wg))?;
     let (n2, m0, m1) = sp.alibi();
     let params: [u32; 8] = [
         n_cols,

@@ -33,6 +33,11 @@ impl Weight {
     ) -> Result<Weight, GpuError> {
         let row_words = quant::gpu_row_words(ty, n_cols)
             .ok_or_else(|| GpuError::Validation(format!("{name}: no GPU kernels for type {ty}")))?;
+        if row_words == 0 {
+            return Err(GpuError::Validation(format!(
+                "{name}: a [{n_cols}, {n_rows}] matrix has empty rows"
+            )));
+        }
         let row_bytes = ty
             .row_bytes(n_cols as u64)
             .expect("row length checked by the GGUF reader") as usize;

@@ -323,10 +323,18 @@ fn longer_special_tokens_win() {
 
 // ---------------------------------------------------------------- real models
 
+/// `$env`, else the fetch script's cache (`$WGLLM_MODELS`, default `~/.cache/wgllm-models`).
 fn model_path(env: &str, file: &str) -> PathBuf {
-    std::env::var_os(env)
+    if let Some(p) = std::env::var_os(env) {
+        return p.into();
+    }
+    let dir = std::env::var_os("WGLLM_MODELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/root/.cache/wgllm-models").join(file))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into()))
+                .join(".cache/wgllm-models")
+        });
+    dir.join(file)
 }
 
 fn shared_reference() -> PathBuf {
@@ -347,21 +355,18 @@ fn smollm2() -> &'static Tokenizer {
     })
 }
 
-fn gemma3() -> Option<&'static Tokenizer> {
-    static T: OnceLock<Option<Tokenizer>> = OnceLock::new();
+fn gemma3() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
         let p = model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
-        if !p.exists() {
-            eprintln!(
-                "skipping Gemma-3 tokenizer checks: {} not found (run scripts/fetch-models.sh --gemma or set WGLLM_GEMMA3)",
-                p.display()
-            );
-            return None;
-        }
+        assert!(
+            p.exists(),
+            "Gemma-3 model not found at {} — run scripts/fetch-models.sh --gemma (or set WGLLM_GEMMA3)",
+            p.display()
+        );
         let f = GgufFile::open(&p).unwrap();
-        Some(Tokenizer::from_gguf(&f).unwrap())
+        Tokenizer::from_gguf(&f).unwrap()
     })
-    .as_ref()
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
@@ -556,7 +561,7 @@ fn template_helpers() {
 
 #[test]
 fn gemma3_matches_llama_cpp_references() {
-    let Some(t) = gemma3() else { return };
+    let t = gemma3();
     assert_eq!(t.model(), "llama");
     assert!(t.add_bos());
     assert!(t.is_eog(1) && t.is_eog(106), "<eos> and <end_of_turn>");
@@ -575,7 +580,7 @@ fn gemma3_matches_llama_cpp_references() {
 
 #[test]
 fn gemma3_tricky_text() {
-    let Some(t) = gemma3() else { return };
+    let t = gemma3();
     for text in [
         "héllo wörld — ¿qué tal?",
         "日本語のテキスト",
@@ -627,6 +632,6 @@ fn smollm2_matches_llama_cpp_on_tricky_text() {
 
 #[test]
 fn gemma3_matches_llama_cpp_on_tricky_text() {
-    let Some(t) = gemma3() else { return };
+    let t = gemma3();
     assert!(check_tricky(t, "gemma") > 200);
 }

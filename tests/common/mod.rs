@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use wgllm::gpu::{Backend, Gpu, GpuOptions, KernelShape};
 
 /// A small deterministic generator (tests must not depend on a crate's RNG stream).
@@ -31,7 +31,7 @@ impl Rng {
 /// them; each one listed must be present, so a missing driver fails instead of skipping.
 /// Each backend is opened with CPU-shaped and GPU-shaped kernels, and where it has
 /// shader-f16 or subgroups, once more with both forced off.
-pub fn gpus() -> &'static [(String, Arc<Gpu>)] {
+fn opened_gpus() -> &'static [(String, Arc<Gpu>)] {
     static GPUS: OnceLock<Vec<(String, Arc<Gpu>)>> = OnceLock::new();
     GPUS.get_or_init(|| {
         let list = std::env::var("WGLLM_TEST_BACKENDS").unwrap_or_else(|_| "vulkan,gl".into());
@@ -74,6 +74,27 @@ pub fn gpus() -> &'static [(String, Arc<Gpu>)] {
             out.push((name.to_string(), gpu));
         }
         out
+    })
+}
+
+/// The test GPUs, each handed out with a guard that the test keeps while it uses it.
+/// wgpu's GL backend shares one EGL context per process behind a lock that panics after a
+/// 6 s wait, and llvmpipe can hold it that long for one big dispatch while other test
+/// threads queue behind it: so GL devices are used by one test at a time. Other backends
+/// are shared freely (the guard is `None`).
+pub fn gpus() -> impl Iterator<
+    Item = (
+        &'static str,
+        &'static Arc<Gpu>,
+        Option<MutexGuard<'static, ()>>,
+    ),
+> {
+    static GL_SERIAL: Mutex<()> = Mutex::new(());
+    opened_gpus().iter().map(|(name, gpu)| {
+        let guard = name
+            .starts_with("gl")
+            .then(|| GL_SERIAL.lock().unwrap_or_else(|e| e.into_inner()));
+        (name.as_str(), gpu, guard)
     })
 }
 
