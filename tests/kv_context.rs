@@ -588,3 +588,30 @@ fn a_full_context_says_why() {
         assert!(!e.to_string().contains("context shift is off"), "{e}");
     }
 }
+
+/// A ubatch whose attention scores exceed a storage binding (64 KiB here: 4 heads × 256
+/// cells × 4 bytes is 4 KiB a token, so 64 tokens take 4 passes) gives the logits of the
+/// same model on an adapter where one pass holds them all.
+#[test]
+fn attention_in_passes_gives_the_same_logits() {
+    let small = Gpu::new(&GpuOptions {
+        no_f16: true,
+        max_binding_override: Some(65536),
+        ..Default::default()
+    })
+    .unwrap();
+    let split = tiny_model(small, GgmlType::Q8_0);
+    let whole = model();
+    let mut rng = Rng(77);
+    let tokens: Vec<u32> = (0..64).map(|_| rng.below(256)).collect();
+    let logits = |m: &Arc<Model>| {
+        let mut ctx = Context::new(m.clone(), ContextParams::new(256, 64, 64)).unwrap();
+        ctx.decode(&Batch::simple(&tokens[..8], 0, false)).unwrap();
+        // 56 more tokens, scores over 256 cells: more than one pass on the small binding.
+        ctx.decode(&Batch::simple(&tokens[8..], 8, true)).unwrap()
+    };
+    let (a, b) = (logits(&split), logits(&whole));
+    assert_eq!(a.len(), 56 * 256);
+    let e = nmse(&a, &b);
+    assert!(e < 1e-12, "nmse {e:e}");
+}
