@@ -624,50 +624,102 @@ fn attention_matches_reference() {
 /// 40 tokens take three passes. A shape where one token's scores do not fit is an error.
 #[test]
 fn attention_over_a_binding_runs_in_passes() {
-    let gpu = small_binding_gpu(65536);
-    let mut rng = Rng(31);
+    for kernels in [KernelShape::Cpu, KernelShape::Gpu] {
+        let gpu = small_binding_gpu_with(65536, kernels);
+        let mut rng = Rng(31);
+        let s = AttnShape {
+            head_dim: 32,
+            n_head: 4,
+            n_head_kv: 1,
+            n_tok: 40,
+            n_kv: 256,
+            kv_f16: false,
+        };
+        assert_eq!(
+            s.tokens_per_pass(&gpu).unwrap(),
+            16,
+            "three passes of up to 16 tokens"
+        );
+        let sp = SoftmaxParams {
+            scale: 1.0 / (s.head_dim as f32).sqrt(),
+            max_bias: 0.0,
+            n_head: s.n_head,
+        };
+        let q = rng.vec((s.head_dim * s.n_head * s.n_tok) as usize);
+        let kv_len = (s.head_dim * s.n_head_kv * (s.n_kv + 5)) as usize;
+        let (k, v) = (rng.vec(kv_len), rng.vec(kv_len));
+        let mask = random_mask(&mut rng, s.n_kv as usize, s.n_tok as usize);
+        let scores = out_f32(&gpu, s.scores_len(&gpu).unwrap() as usize);
+        let dst = out_f32(&gpu, q.len());
+        let io = AttnViews {
+            q: &up_f32(&gpu, &q),
+            k: &up_f32(&gpu, &k),
+            v: &up_f32(&gpu, &v),
+            mask: &up_f32(&gpu, &mask),
+            scores: &scores,
+            partials: &out_f32(&gpu, s.partials_len(&gpu) as usize),
+            dst: &dst,
+        };
+        let d = attention(&gpu, &s, &sp, &io).unwrap();
+        // Per pass: scores, softmax, and the output in one dispatch (or split + sum on
+        // GPU-shaped kernels, 256 cells being two chunks).
+        let per_pass = if kernels == KernelShape::Gpu { 4 } else { 3 };
+        assert_eq!(d.len(), 3 * per_pass, "{kernels:?}: three passes");
+        run_now(&gpu, &d).unwrap();
+        check(
+            &format!("attention in passes, {kernels:?} kernels"),
+            &attention_ref(&s, &sp, &q, &k, &v, &mask),
+            &read(&gpu, &dst, q.len()),
+            1e-10,
+        );
+        let too_wide = AttnShape { n_kv: 8192, ..s };
+        let e = too_wide.tokens_per_pass(&gpu).unwrap_err().to_string();
+        assert!(e.contains("smaller context"), "{e}");
+    }
+}
+
+/// GPU-shaped kernels split the attention output over chunks of cells; where the partial
+/// sums of every chunk would not fit (64 KiB bindings here: 20 tokens × 8 heads × 16 dims
+/// of partials per chunk allow 6 chunks, 1024 cells want 8), the chunks grow instead (4 of
+/// 256 cells), and the result is the same.
+#[test]
+fn split_attention_chunks_grow_to_fit_the_partials() {
+    let gpu = small_binding_gpu_with(65536, KernelShape::Gpu);
+    let mut rng = Rng(41);
     let s = AttnShape {
-        head_dim: 32,
-        n_head: 4,
+        head_dim: 16,
+        n_head: 8,
         n_head_kv: 1,
-        n_tok: 40,
-        n_kv: 256,
+        n_tok: 20,
+        n_kv: 1024,
         kv_f16: false,
     };
-    assert!(
-        s.tokens_per_pass(&gpu).unwrap() < s.n_tok,
-        "no split to test"
-    );
     let sp = SoftmaxParams {
-        scale: 1.0 / (s.head_dim as f32).sqrt(),
+        scale: 0.25,
         max_bias: 0.0,
         n_head: s.n_head,
     };
+    // Partials of 4 chunks (not 8 of 128 cells, which would not fit a binding).
+    assert_eq!(s.partials_len(&gpu), 4 * 20 * 8 * 16);
     let q = rng.vec((s.head_dim * s.n_head * s.n_tok) as usize);
-    let kv_len = (s.head_dim * s.n_head_kv * (s.n_kv + 5)) as usize;
+    let kv_len = (s.head_dim * s.n_head_kv * s.n_kv) as usize;
     let (k, v) = (rng.vec(kv_len), rng.vec(kv_len));
     let mask = random_mask(&mut rng, s.n_kv as usize, s.n_tok as usize);
-    let scores = out_f32(&gpu, s.scores_len(&gpu).unwrap() as usize);
     let dst = out_f32(&gpu, q.len());
     let io = AttnViews {
         q: &up_f32(&gpu, &q),
         k: &up_f32(&gpu, &k),
         v: &up_f32(&gpu, &v),
         mask: &up_f32(&gpu, &mask),
-        scores: &scores,
+        scores: &out_f32(&gpu, s.scores_len(&gpu).unwrap() as usize),
         partials: &out_f32(&gpu, s.partials_len(&gpu) as usize),
         dst: &dst,
     };
-    let d = attention(&gpu, &s, &sp, &io).unwrap();
-    assert_eq!(d.len(), 9, "three passes of three dispatches");
-    run_now(&gpu, &d).unwrap();
+    run_now(&gpu, &attention(&gpu, &s, &sp, &io).unwrap()).unwrap();
     check(
-        "attention in passes",
+        "split attention with grown chunks",
         &attention_ref(&s, &sp, &q, &k, &v, &mask),
         &read(&gpu, &dst, q.len()),
         1e-10,
     );
-    let too_wide = AttnShape { n_kv: 8192, ..s };
-    let e = too_wide.tokens_per_pass(&gpu).unwrap_err().to_string();
-    assert!(e.contains("smaller context"), "{e}");
 }

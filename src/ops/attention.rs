@@ -64,14 +64,25 @@ impl AttnShape {
     }
 
     /// Chunks of cells the output is split into, or None for the one-pass output kernel.
-    /// GPUs split a few tokens' output over the cells (flash-decoding): one workgroup per
+    /// GPUs split the output over the cells (flash-decoding): one workgroup per
     /// head and dimension leaves most of a GPU idle and walks every cell in turn, which
     /// made a decoded token over 4096 cells cost 30x the llama.cpp Vulkan time on an H100.
     /// CPU-like adapters (lavapipe) keep the one-pass kernel, already spread over threads.
-    fn split(&self, gpu: &Gpu) -> Option<u32> {
-        let n_split = self.n_kv.div_ceil(SPLIT_CHUNK);
-        let wanted = gpu.kernels == KernelShape::Gpu && self.n_tok <= SPLIT_MAX_TOK && n_split > 1;
-        (wanted && self.partials_bytes(n_split) <= gpu.max_binding).then_some(n_split)
+    fn split(&self, gpu: &Gpu) -> Option<Split> {
+        if gpu.kernels != KernelShape::Gpu || self.n_tok > split_max_tok() {
+            return None;
+        }
+        // Chunks of SPLIT_CHUNK cells, or fewer, longer chunks where the partial sums of
+        // many tokens would not fit SPLIT_MAX_BYTES.
+        let room = gpu.max_binding.min(SPLIT_MAX_BYTES);
+        let max_splits = (room / self.partials_bytes(1)).min(u32::MAX as u64) as u32;
+        let target = self.n_kv.div_ceil(SPLIT_CHUNK).min(max_splits);
+        if target < 2 {
+            return None;
+        }
+        let chunk = self.n_kv.div_ceil(target).div_ceil(SPLIT_CHUNK) * SPLIT_CHUNK;
+        let n_split = self.n_kv.div_ceil(chunk);
+        (n_split > 1).then_some(Split { n_split, chunk })
     }
 
     fn partials_bytes(&self, n_split: u32) -> u64 {
@@ -81,20 +92,39 @@ impl AttnShape {
     /// f32 elements of the partial-output scratch buffer of the split kernel (1 if unused).
     pub fn partials_len(&self, gpu: &Gpu) -> u64 {
         self.split(gpu)
-            .map_or(1, |n_split| self.partials_bytes(n_split) / 4)
+            .map_or(1, |sp| self.partials_bytes(sp.n_split) / 4)
     }
 }
 
-/// Most tokens for which GPU-shaped kernels split the attention output over cells.
-const SPLIT_MAX_TOK: u32 = 8;
-/// Cells per workgroup of the split output kernel.
+/// Most tokens for which GPU-shaped kernels split the attention output over cells: all
+/// by default (`WGLLM_ATTN_SPLIT=N` sets a limit, for measuring). Prompts gain too: H100,
+/// pp512 with 8 as the limit vs none: SmolLM2 shape 13.8k -> 21.2k t/s, 7B Q4_0 1300 ->
+/// 1539, and at depth 2048 4.4k -> 10.9k and 625 -> 1093.
+fn split_max_tok() -> u32 {
+    std::env::var("WGLLM_ATTN_SPLIT")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(u32::MAX)
+}
+
+/// Largest partial-output scratch the split takes: beyond it, chunks grow past SPLIT_CHUNK
+/// cells (7B, 512 tokens: 256 MiB holds 32 chunks).
+const SPLIT_MAX_BYTES: u64 = 256 << 20;
+/// Cells per workgroup of the split output kernel (at least; a multiple of it).
 const SPLIT_CHUNK: u32 = 128;
+
+/// How the output is split: `n_split` chunks of `chunk` cells (the last one shorter).
+#[derive(Clone, Copy, Debug)]
+struct Split {
+    n_split: u32,
+    chunk: u32,
+}
 
 /// The split output kernel's two dispatches: partial sums per chunk of cells, then their sum.
 fn kqv_split(
     gpu: &Gpu,
     s: &AttnShape,
-    n_split: u32,
+    sp: Split,
     probs: &View,
     v: &View,
     partials: &View,
@@ -115,10 +145,11 @@ fn kqv_split(
         s.n_head_kv,
         s.n_tok,
         s.n_kv,
-        SPLIT_CHUNK,
+        sp.chunk,
         0,
         0,
     ];
+    let n_split = sp.n_split;
     let partials = sub_view(partials, 0, s.partials_bytes(n_split));
     let n = d4 * s.n_head * s.n_tok;
     Ok(vec![
@@ -241,8 +272,8 @@ pub fn attention(
             [s.n_kv.div_ceil(64), n_tok.div_ceil(tb), s.n_head],
         )?);
         out.push(softmax(gpu, sp, Some(&mask), &scores, s.n_kv, n_tok)?);
-        if let Some(n_split) = s.split(gpu) {
-            out.extend(kqv_split(gpu, &pass, n_split, &scores, v, partials, &dst)?);
+        if let Some(split) = s.split(gpu) {
+            out.extend(kqv_split(gpu, &pass, split, &scores, v, partials, &dst)?);
             continue;
         }
         out.push(record(
