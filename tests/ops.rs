@@ -550,6 +550,37 @@ fn softmax_matches_reference() {
     }
 }
 
+/// Runs attention of shape `s` on random queries, a random cache of `cells` cells (f16 or
+/// f32 as `s` says) and a random causal mask; returns how many dispatches it took, the CPU
+/// reference and the GPU result.
+fn attention_case(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    s: &AttnShape,
+    sp: &SoftmaxParams,
+    cells: usize,
+) -> (usize, Vec<f32>, Vec<f32>) {
+    let q = rng.vec((s.head_dim * s.n_head * s.n_tok) as usize);
+    let kv_len = (s.head_dim * s.n_head_kv) as usize * cells;
+    let (k_gpu, k) = up_kv(gpu, &rng.vec(kv_len), s.kv_f16);
+    let (v_gpu, v) = up_kv(gpu, &rng.vec(kv_len), s.kv_f16);
+    let mask = random_mask(rng, s.n_kv as usize, s.n_tok as usize);
+    let dst = out_f32(gpu, q.len());
+    let io = AttnViews {
+        q: &up_f32(gpu, &q),
+        k: &k_gpu,
+        v: &v_gpu,
+        mask: &up_f32(gpu, &mask),
+        scores: &out_f32(gpu, s.scores_len(gpu).unwrap() as usize),
+        partials: &out_f32(gpu, s.partials_len(gpu) as usize),
+        dst: &dst,
+    };
+    let d = attention(gpu, s, sp, &io).unwrap();
+    run_now(gpu, &d).unwrap();
+    let want = attention_ref(s, sp, &q, &k, &v, &mask);
+    (d.len(), want, read(gpu, &dst, q.len()))
+}
+
 #[test]
 fn attention_matches_reference() {
     let mut rng = Rng(9);
@@ -581,40 +612,9 @@ fn attention_matches_reference() {
                 max_bias: 0.0,
                 n_head,
             };
-            let q = rng.vec((head_dim * n_head * n_tok) as usize);
-            let cells = n_kv as usize + 5; // the cache is larger than the part read
-            let (k_gpu, k) = up_kv(
-                gpu,
-                &rng.vec(head_dim as usize * n_head_kv as usize * cells),
-                kv_f16,
-            );
-            let (v_gpu, v) = up_kv(
-                gpu,
-                &rng.vec(head_dim as usize * n_head_kv as usize * cells),
-                kv_f16,
-            );
-            let mask = random_mask(&mut rng, n_kv as usize, n_tok as usize);
-            let scores = out_f32(gpu, s.scores_len(gpu).unwrap() as usize);
-            let partials = out_f32(gpu, s.partials_len(gpu) as usize);
-            let dst = out_f32(gpu, q.len());
-            let io = AttnViews {
-                q: &up_f32(gpu, &q),
-                k: &k_gpu,
-                v: &v_gpu,
-                mask: &up_f32(gpu, &mask),
-                scores: &scores,
-                partials: &partials,
-                dst: &dst,
-            };
-            let d = attention(gpu, &s, &sp, &io).unwrap();
-            run_now(gpu, &d).unwrap();
-            let want = attention_ref(&s, &sp, &q, &k, &v, &mask);
-            check(
-                &format!("{name} attention {s:?}"),
-                &want,
-                &read(gpu, &dst, q.len()),
-                1e-10,
-            );
+            // The cache is larger than the part read.
+            let (_, want, got) = attention_case(gpu, &mut rng, &s, &sp, n_kv as usize + 5);
+            check(&format!("{name} attention {s:?}"), &want, &got, 1e-10);
         }
     }
 }
@@ -645,31 +645,16 @@ fn attention_over_a_binding_runs_in_passes() {
             max_bias: 0.0,
             n_head: s.n_head,
         };
-        let q = rng.vec((s.head_dim * s.n_head * s.n_tok) as usize);
-        let kv_len = (s.head_dim * s.n_head_kv * (s.n_kv + 5)) as usize;
-        let (k, v) = (rng.vec(kv_len), rng.vec(kv_len));
-        let mask = random_mask(&mut rng, s.n_kv as usize, s.n_tok as usize);
-        let scores = out_f32(&gpu, s.scores_len(&gpu).unwrap() as usize);
-        let dst = out_f32(&gpu, q.len());
-        let io = AttnViews {
-            q: &up_f32(&gpu, &q),
-            k: &up_f32(&gpu, &k),
-            v: &up_f32(&gpu, &v),
-            mask: &up_f32(&gpu, &mask),
-            scores: &scores,
-            partials: &out_f32(&gpu, s.partials_len(&gpu) as usize),
-            dst: &dst,
-        };
-        let d = attention(&gpu, &s, &sp, &io).unwrap();
+        let (n_dispatches, want, got) =
+            attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize + 5);
         // Per pass: scores, softmax, and the output in one dispatch (or split + sum on
         // GPU-shaped kernels, 256 cells being two chunks).
         let per_pass = if kernels == KernelShape::Gpu { 4 } else { 3 };
-        assert_eq!(d.len(), 3 * per_pass, "{kernels:?}: three passes");
-        run_now(&gpu, &d).unwrap();
+        assert_eq!(n_dispatches, 3 * per_pass, "{kernels:?}: three passes");
         check(
             &format!("attention in passes, {kernels:?} kernels"),
-            &attention_ref(&s, &sp, &q, &k, &v, &mask),
-            &read(&gpu, &dst, q.len()),
+            &want,
+            &got,
             1e-10,
         );
         let too_wide = AttnShape { n_kv: 8192, ..s };
@@ -701,25 +686,6 @@ fn split_attention_chunks_grow_to_fit_the_partials() {
     };
     // Partials of 4 chunks (not 8 of 128 cells, which would not fit a binding).
     assert_eq!(s.partials_len(&gpu), 4 * 20 * 8 * 16);
-    let q = rng.vec((s.head_dim * s.n_head * s.n_tok) as usize);
-    let kv_len = (s.head_dim * s.n_head_kv * s.n_kv) as usize;
-    let (k, v) = (rng.vec(kv_len), rng.vec(kv_len));
-    let mask = random_mask(&mut rng, s.n_kv as usize, s.n_tok as usize);
-    let dst = out_f32(&gpu, q.len());
-    let io = AttnViews {
-        q: &up_f32(&gpu, &q),
-        k: &up_f32(&gpu, &k),
-        v: &up_f32(&gpu, &v),
-        mask: &up_f32(&gpu, &mask),
-        scores: &out_f32(&gpu, s.scores_len(&gpu).unwrap() as usize),
-        partials: &out_f32(&gpu, s.partials_len(&gpu) as usize),
-        dst: &dst,
-    };
-    run_now(&gpu, &attention(&gpu, &s, &sp, &io).unwrap()).unwrap();
-    check(
-        "split attention with grown chunks",
-        &attention_ref(&s, &sp, &q, &k, &v, &mask),
-        &read(&gpu, &dst, q.len()),
-        1e-10,
-    );
+    let (_, want, got) = attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize);
+    check("split attention with grown chunks", &want, &got, 1e-10);
 }
