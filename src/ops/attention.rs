@@ -4,7 +4,7 @@
 //! single decoded token still spreads its work across the adapter.
 
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
-use super::{record, shaders, Dispatch, View};
+use super::{record, shaders, split_groups, Dispatch, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -152,6 +152,7 @@ fn kqv_split(
     let n_split = sp.n_split;
     let partials = sub_view(partials, 0, s.partials_bytes(n_split));
     let n = d4 * s.n_head * s.n_tok;
+    let (gx, gy) = split_groups(n.div_ceil(64));
     Ok(vec![
         record(
             gpu,
@@ -167,7 +168,7 @@ fn kqv_split(
             sum,
             bytemuck::cast_slice(&[n, n_split, 0, 0]),
             &[&partials, dst],
-            [n.div_ceil(64), 1, 1],
+            [gx, gy, 1],
         )?,
     ])
 }
