@@ -3,13 +3,12 @@
 //! See ARCHITECTURE.md for how the modules fit together.
 
 pub mod context;
-pub mod generate;
+pub mod engine;
 pub mod gguf;
 pub mod gpu;
 pub mod graph;
 pub mod kv;
 pub mod model;
 pub mod ops;
-pub mod parallel;
 pub mod sample;
 pub mod tokenizer;

@@ -10,7 +10,14 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,wgllm=info"))
         .format_timestamp(None)
         .init();
-    let cli = Cli::parse_from(std::env::args_os().map(cli::llama_style_flag));
+    let args: Vec<_> = std::env::args_os()
+        .map(cli::habits::llama_style_flag)
+        .collect();
+    if let Some(msg) = cli::habits::refused(&args) {
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+    let cli = Cli::parse_from(args);
     let result = match &cli.cmd {
         Command::Run(a) => cli::run::run(a),
         Command::Chat(a) => cli::chat::chat(a),

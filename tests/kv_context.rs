@@ -5,7 +5,7 @@ mod common;
 use common::{nmse, tiny_model, Rng};
 use std::sync::Arc;
 use wgllm::context::{Batch, Context, ContextError, ContextParams, FullReason};
-use wgllm::generate::{Feeder, ShiftPolicy};
+use wgllm::engine::{Engine, EngineError, EngineOptions, SessionParams, ShiftPolicy};
 use wgllm::gguf::GgmlType;
 use wgllm::gpu::{Gpu, GpuOptions};
 use wgllm::kv::KvError;
@@ -519,25 +519,47 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
 /// Every way the context fills up reports its own reason.
 #[test]
 fn a_full_context_says_why() {
-    let model = model();
+    let gpu = Gpu::new(&GpuOptions {
+        no_f16: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let (model, tok) = common::tiny_parts(gpu, GgmlType::Q8_0);
     let toks: Vec<u32> = (0..40).collect();
-    let full = |policy: ShiftPolicy, n: usize| -> ContextError {
-        let mut ctx = context(&model, 32, 1);
-        let mut f = Feeder::new(&mut ctx, policy).unwrap();
-        let mut last = None;
-        for &t in &toks[..n] {
-            if let Err(e) = f.feed(&[t]) {
-                last = Some(e);
-                break;
+    // Feeds a first input of `first` tokens, then a chunk of 4, then one token at a
+    // time, until the session's context is full.
+    let full = |policy: ShiftPolicy, first: usize| -> ContextError {
+        let opts = EngineOptions {
+            n_ctx: 32,
+            ..Default::default()
+        };
+        let mut e = Engine::new(model.clone(), tok.clone(), &opts).unwrap();
+        let id = e
+            .open_session(SessionParams {
+                shift: policy,
+                ..Default::default()
+            })
+            .unwrap();
+        e.feed(id, &toks[..first]).unwrap();
+        let mut at = first;
+        let mut chunk = 4;
+        while at < toks.len() {
+            if let Err(err) = e.feed(id, &toks[at..at + chunk]) {
+                match err {
+                    EngineError::Context(c) => return c,
+                    other => panic!("not a context error: {other}"),
+                }
             }
+            at += chunk;
+            chunk = 1;
         }
-        last.expect("the context never filled")
+        panic!("the context never filled")
     };
     let off = ShiftPolicy {
         context_shift: false,
         ..Default::default()
     };
-    let e = full(off, 40);
+    let e = full(off, 1);
     assert!(
         matches!(
             e,
@@ -549,11 +571,12 @@ fn a_full_context_says_why() {
         "{e}"
     );
     assert!(e.to_string().contains("context shift is off"), "{e}");
+    // The whole 28-token first prompt kept: a 4-token chunk then leaves nothing to drop.
     let keep = ShiftPolicy {
-        n_keep: 30,
+        keep: -1,
         ..Default::default()
     };
-    let e = full(keep, 40);
+    let e = full(keep, 28);
     assert!(
         matches!(
             e,
@@ -573,7 +596,7 @@ fn a_full_context_says_why() {
             ga_w,
             ..Default::default()
         };
-        let e = full(ga, 40);
+        let e = full(ga, 1);
         assert!(
             matches!(
                 e,

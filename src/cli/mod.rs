@@ -1,22 +1,19 @@
-//! The `wgllm` command line: flags follow llama.cpp's where they overlap.
+//! The `wgllm` command line: flags follow llama.cpp's where they overlap. Commands only
+//! parse arguments and print; the work is the library's engine.
 
 pub mod bench;
 pub mod chat;
+pub mod habits;
 pub mod info;
 pub mod perplexity;
 pub mod run;
 pub mod synth;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Instant;
-use wgllm::context::{Context, ContextParams};
-use wgllm::gguf::GgufFile;
-use wgllm::gpu::{Backend, Gpu, GpuOptions, KernelShape};
-use wgllm::model::Model;
-use wgllm::tokenizer::Tokenizer;
+use wgllm::engine::{Engine, EngineOptions};
+use wgllm::gpu::{Backend, GpuOptions, KernelShape};
 
 #[derive(Parser)]
 #[command(
@@ -47,21 +44,11 @@ pub enum Command {
     Synth(synth::SynthArgs),
 }
 
-/// llama.cpp spells some flags with one dash and several letters (`-np 4`, `-ub 256`);
-/// clap would read `-np` as `-n p`. Those spellings become their `--` aliases.
-pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
-    const MULTI_LETTER: [&str; 7] = ["-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys"];
-    match arg.to_str() {
-        Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),
-        _ => arg,
-    }
-}
-
 /// GPU selection, shared by every command that runs a model.
 #[derive(Args, Clone, Debug)]
 pub struct GpuArgs {
-    /// wgpu backend.
-    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    /// wgpu backend: auto, vulkan, metal, dx12 or gl.
+    #[arg(long, default_value_t = Backend::Auto)]
     pub backend: Backend,
     /// Adapter index from `wgllm devices` (default: the high-performance adapter).
     #[arg(long = "device")]
@@ -74,20 +61,20 @@ pub struct GpuArgs {
     pub no_subgroups: bool,
     /// Kernel shapes: `cpu` (row per invocation) suits software rasterizers, `gpu`
     /// (tiled prompt matmul, multi-row reductions) discrete GPUs; `auto` picks by adapter type.
-    #[arg(long, value_enum, default_value_t = KernelShape::Auto)]
+    #[arg(long, default_value_t = KernelShape::Auto)]
     pub kernels: KernelShape,
 }
 
 impl GpuArgs {
-    pub fn open(&self) -> Result<Arc<Gpu>> {
-        Ok(Gpu::new(&GpuOptions {
+    pub fn options(&self) -> GpuOptions {
+        GpuOptions {
             backend: self.backend,
             adapter_index: self.device,
             no_f16: self.no_f16,
             no_subgroups: self.no_subgroups,
             max_binding_override: None,
             kernels: self.kernels,
-        })?)
+        }
     }
 }
 
@@ -115,30 +102,27 @@ pub struct ModelArgs {
     pub defrag_thold: f32,
     #[command(flatten)]
     pub gpu: GpuArgs,
+    #[command(flatten)]
+    pub habits: habits::LlamaHabits,
 }
 
-pub struct Loaded {
-    pub model: Arc<Model>,
-    pub tokenizer: Tokenizer,
-    pub load_time: std::time::Duration,
-}
-
-/// Opens the GGUF, the GPU and uploads the weights with a progress bar on stderr.
-pub fn load_model(args: &ModelArgs) -> Result<Loaded> {
-    let start = Instant::now();
-    if !args.model.exists() {
-        bail!(
-            "model file {} does not exist (scripts/fetch-models.sh downloads the test models)",
-            args.model.display()
-        );
+impl ModelArgs {
+    pub fn options(&self) -> EngineOptions {
+        EngineOptions {
+            n_ctx: self.ctx_size,
+            n_batch: self.batch_size,
+            n_ubatch: self.ubatch_size,
+            n_seq_max: self.n_parallel,
+            defrag_thold: self.defrag_thold,
+            gpu: self.gpu.options(),
+        }
     }
-    let f = GgufFile::open(&args.model)?;
-    // Check the architecture before anything else: the clearest error comes first.
-    wgllm::model::Hparams::from_gguf(&f)?;
-    let tokenizer = Tokenizer::from_gguf(&f)
-        .with_context(|| format!("reading the tokenizer of {}", args.model.display()))?;
-    let gpu = args.gpu.open()?;
-    let bar = indicatif::ProgressBar::new(f.file_size());
+}
+
+/// Loads the model for `args` into an engine, with a progress bar on stderr.
+pub fn load_engine(args: &ModelArgs, opts: &EngineOptions) -> Result<Engine> {
+    args.habits.log();
+    let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "loading {msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
@@ -152,54 +136,10 @@ pub fn load_model(args: &ModelArgs) -> Result<Loaded> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default(),
     );
-    let model = Model::load(gpu, &f, &mut |done, total| {
+    let engine = Engine::load(&args.model, opts, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    })?;
+    });
     bar.finish_and_clear();
-    log::info!(
-        "loaded {} ({} layers, {:.1} MiB on {} via {})",
-        model.name,
-        model.hp.n_layer,
-        model.weights.gpu_bytes as f64 / (1 << 20) as f64,
-        model.gpu.info.name,
-        model.gpu.info.backend
-    );
-    Ok(Loaded {
-        model: Arc::new(model),
-        tokenizer,
-        load_time: start.elapsed(),
-    })
-}
-
-/// The context for `args`, with llama.cpp's defaults and checks.
-pub fn new_context(model: &Arc<Model>, args: &ModelArgs) -> Result<Context> {
-    let n_ctx = if args.ctx_size == 0 {
-        model.hp.n_ctx_train.min(4096)
-    } else {
-        args.ctx_size
-    };
-    if args.batch_size == 0 || args.ubatch_size == 0 {
-        bail!(
-            "batch sizes must be positive (-b {}, -ub {})",
-            args.batch_size,
-            args.ubatch_size
-        );
-    }
-    if n_ctx > model.hp.n_ctx_train {
-        log::warn!(
-            "context size {n_ctx} is larger than the model's training context {}",
-            model.hp.n_ctx_train
-        );
-    }
-    Ok(Context::new(
-        model.clone(),
-        ContextParams {
-            n_ctx,
-            n_batch: args.batch_size.min(n_ctx),
-            n_ubatch: args.ubatch_size.min(args.batch_size).min(n_ctx),
-            n_seq_max: args.n_parallel,
-            defrag_thold: args.defrag_thold,
-        },
-    )?)
+    Ok(engine?)
 }

@@ -1,16 +1,12 @@
 //! `wgllm run`: one prompt in, generated text out (stdout), logs and timings on stderr.
 
-use super::{load_model, new_context, ModelArgs};
+use super::{load_engine, ModelArgs};
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
-use wgllm::context::{Context, ContextError};
-use wgllm::generate::{
-    continue_generation, feed_prompt, Feeder, ShiftPolicy, Stop, Timings, Utf8Stream,
-};
-use wgllm::sample::{Sampler, SamplerParams};
-use wgllm::tokenizer::Tokenizer;
+use wgllm::engine::{Engine, Event, PromptCache, SessionId, SessionParams, ShiftPolicy, Stop};
+use wgllm::sample::SamplerParams;
 
 /// Sampling flags, with llama.cpp's defaults.
 #[derive(Args, Clone, Debug)]
@@ -37,7 +33,7 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn sampler(&self, tok: &Tokenizer) -> Result<Sampler> {
+    pub fn params(&self, engine: &Engine) -> Result<SamplerParams> {
         if self.temp.is_nan()
             || self.top_p.is_nan()
             || self.min_p.is_nan()
@@ -52,23 +48,20 @@ impl SamplingArgs {
         } else {
             self.seed as u64
         };
-        Ok(Sampler::new(
-            SamplerParams {
-                temp: self.temp,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                min_p: self.min_p,
-                repeat_penalty: self.repeat_penalty,
-                repeat_last_n: self.repeat_last_n,
-                seed,
-                banned: if self.ignore_eos {
-                    tok.eog_tokens().collect()
-                } else {
-                    Vec::new()
-                },
+        Ok(SamplerParams {
+            temp: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
+            banned: if self.ignore_eos {
+                engine.tokenizer.eog_tokens().collect()
+            } else {
+                Vec::new()
             },
-            tok.n_vocab(),
-        ))
+        })
     }
 }
 
@@ -105,6 +98,13 @@ pub struct RunArgs {
     /// Use --prompt-cache without updating the file.
     #[arg(long = "prompt-cache-ro", requires = "prompt_cache")]
     pub prompt_cache_ro: bool,
+    /// Render the prompt as the first user turn of a chat with this system prompt
+    /// (the model's chat template), as llama-cli does.
+    #[arg(long = "system-prompt", visible_alias = "sys")]
+    pub system: Option<String>,
+    /// Accepted for compatibility: `run` never enters conversation mode.
+    #[arg(long = "no-conversation", visible_alias = "no-cnv")]
+    pub no_conversation: bool,
 }
 
 /// What happens when the context fills: llama.cpp's flags.
@@ -125,31 +125,16 @@ pub struct ShiftArgs {
 }
 
 impl ShiftArgs {
-    /// The policy for a prompt of `n_prompt` tokens (n_keep counts BOS as llama.cpp does).
-    pub fn policy(&self, n_prompt: usize, add_bos: bool) -> Result<ShiftPolicy> {
-        let n_keep = match self.keep {
-            k if k < 0 => n_prompt as i32,
-            k if k as usize > n_prompt => {
-                bail!("--keep {k} is larger than the prompt ({n_prompt} tokens)")
-            }
-            k => (k + add_bos as i32).min(n_prompt as i32),
-        };
-        if self.ga_n < 1 {
-            bail!("--grp-attn-n must be at least 1, got {}", self.ga_n);
-        }
-        if self.ga_n > 1 && (self.ga_w <= 0 || self.ga_w % self.ga_n != 0) {
-            bail!(
-                "--grp-attn-w ({}) must be a positive multiple of --grp-attn-n ({})",
-                self.ga_w,
-                self.ga_n
-            );
-        }
-        Ok(ShiftPolicy {
+    /// The engine's shift policy, checked before anything is loaded.
+    pub fn policy(&self) -> Result<ShiftPolicy> {
+        let p = ShiftPolicy {
             context_shift: !self.no_context_shift,
-            n_keep,
+            keep: self.keep,
             ga_n: self.ga_n,
             ga_w: self.ga_w,
-        })
+        };
+        p.validate().map_err(anyhow::Error::msg)?;
+        Ok(p)
     }
 }
 
@@ -180,14 +165,7 @@ pub fn unescape(s: &str) -> String {
 }
 
 pub fn run(a: &RunArgs) -> Result<()> {
-    // Checked before loading anything: the cache is reused by position, and Self-Extend
-    // makes cached positions differ from the prompt's token indices.
-    if a.prompt_cache.is_some() && a.shift.ga_n > 1 {
-        bail!(
-            "--prompt-cache cannot be used with Self-Extend (--grp-attn-n {} > 1): a cache is reused by position, and grouped positions no longer match the prompt's tokens",
-            a.shift.ga_n
-        );
-    }
+    let policy = a.shift.policy()?;
     let prompt = match (&a.prompt, &a.file) {
         (Some(p), _) if a.no_escape => p.clone(),
         (Some(p), _) => unescape(p),
@@ -201,120 +179,106 @@ pub fn run(a: &RunArgs) -> Result<()> {
             a.n_predict
         );
     }
-    let loaded = load_model(&a.model)?;
-    let tok = &loaded.tokenizer;
-    let mut ctx = new_context(&loaded.model, &a.model)?;
-    let tokens = tok.encode(&prompt, true, true);
-    if tokens.is_empty() {
-        bail!("the prompt is empty after tokenization");
-    }
-    let n_ctx = ctx.n_ctx() as usize;
-    if a.shift.ga_n == 1 && tokens.len() > n_ctx.saturating_sub(4) {
-        bail!(
-            "prompt is too long ({} tokens, max {}); use a larger context (-c) or a shorter prompt",
-            tokens.len(),
-            n_ctx.saturating_sub(4)
-        );
-    }
-    let policy = a.shift.policy(tokens.len(), tok.add_bos())?;
-    let mut sampler = a.sampling.sampler(tok)?;
-    log::info!(
-        "prompt: {} tokens, sampler seed {}",
-        tokens.len(),
-        sampler.seed()
-    );
-    let mut timings = Timings {
-        load: loaded.load_time,
-        ..Default::default()
+    let mut params = SessionParams {
+        sampling: Default::default(),
+        n_predict: a.n_predict,
+        shift: policy,
+        prompt_cache: a.prompt_cache.as_ref().map(|p| PromptCache {
+            path: p.clone(),
+            read_only: a.prompt_cache_ro,
+        }),
     };
+    // Checked before loading anything.
+    params.validate()?;
+    let mut engine = load_engine(&a.model, &a.model.options())?;
+    params.sampling = a.sampling.params(&engine)?;
+    let id = engine.open_session(params)?;
+    // With a system prompt the prompt is the first user turn of a chat (as llama-cli
+    // does with -sys); otherwise it is raw text.
+    let n = match &a.system {
+        Some(sys) => engine.chat_with_system(id, Some(sys), &prompt)?,
+        None => engine.prompt_text(id, &prompt)?,
+    };
+    log::info!(
+        "prompt: {n} tokens, sampler seed {}",
+        engine.session(id)?.sampler_seed()
+    );
     let mut stdout = std::io::stdout().lock();
-    if !a.no_display_prompt {
+    if !a.no_display_prompt && a.system.is_none() {
         write!(stdout, "{prompt}")?;
         stdout.flush()?;
     }
-    let mut stream = Utf8Stream::default();
-    let mut write_err = None;
-    let cached = match &a.prompt_cache {
-        Some(path) => reuse_prompt_cache(&mut ctx, path, &tokens)?,
-        None => 0,
-    };
-    let mut feeder = Feeder::new(&mut ctx, policy)?;
-    feeder.dump_cells = a.dump_kv_cache;
-    feeder.n_past = cached as i32;
-    let logits = match feed_prompt(&mut feeder, &mut sampler, &tokens, cached, &mut timings) {
-        Err(ContextError::ContextFull { reason, .. }) => {
-            bail!("the prompt does not fit in the context ({n_ctx} tokens): {reason}")
-        }
-        other => other?,
-    };
-    if let (Some(path), false) = (&a.prompt_cache, a.prompt_cache_ro) {
-        feeder.ctx.state_save(path, &tokens, None)?;
-    }
-    let (_, stop) = continue_generation(
-        &mut feeder,
-        tok,
-        &mut sampler,
-        logits,
-        a.n_predict,
-        &mut timings,
-        &mut |t| {
-            let text = stream.push(&tok.token_to_piece(t, false));
-            match write!(stdout, "{text}").and_then(|_| stdout.flush()) {
-                Ok(()) => true,
-                Err(e) => {
-                    write_err = Some(e);
-                    false
-                }
-            }
-        },
-    )?;
-    if let Some(e) = write_err {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            return Err(e.into());
-        }
-    }
-    write!(stdout, "{}", stream.finish())?;
+    let stop = drive(&mut engine, id, a.dump_kv_cache, &mut |text| {
+        write!(stdout, "{text}").and_then(|_| stdout.flush())
+    })?;
     writeln!(stdout)?;
-    let n_shifts = feeder.ops.iter().filter(|o| o.op == "seq_rm").count();
+    let s = engine.session(id)?;
+    let n_shifts = s.shift().ops.iter().filter(|o| o.op == "seq_rm").count();
     if n_shifts > 0 {
         log::info!("context shifts: {n_shifts}");
     }
     match stop {
         Stop::ContextFull(reason) => log::warn!(
             "stopped: the context ({} tokens) is full and {reason}",
-            feeder.ctx.n_ctx()
+            engine.n_ctx_seq()
         ),
         Stop::EndOfGeneration => log::info!("[end of text]"),
         _ => {}
     }
+    let mut timings = s.timings().clone();
+    timings.load = engine.load_time;
     eprintln!("{}", timings.report());
     Ok(())
 }
 
-/// Loads `path` (if it exists) and keeps the cells of the longest prefix its tokens share
-/// with `prompt`, as llama.cpp's --prompt-cache does; returns how many prompt tokens need
-/// no decoding. The last prompt token is always decoded again, for its logits.
-fn reuse_prompt_cache(ctx: &mut Context, path: &std::path::Path, prompt: &[u32]) -> Result<usize> {
-    if !path.exists() {
-        log::info!(
-            "prompt cache {} does not exist yet; it will be created",
-            path.display()
-        );
-        return Ok(0);
+/// Steps the engine until session `id` finishes, writing its text with `out` (a closed
+/// pipe cancels the session quietly); returns why it stopped. `dump_cells` prints the
+/// cache's cells after every step (-dkvc).
+pub fn drive(
+    engine: &mut Engine,
+    id: SessionId,
+    dump_cells: bool,
+    out: &mut dyn FnMut(&str) -> std::io::Result<()>,
+) -> Result<Stop> {
+    let mut write_err = None;
+    loop {
+        let events = engine.step()?;
+        if dump_cells {
+            eprint!("\n{}", engine.cells().view());
+        }
+        for ev in events {
+            match &ev {
+                Event::Token { text, .. } | Event::Finished { tail: text, .. }
+                    if write_err.is_none() && !text.is_empty() =>
+                {
+                    if let Err(e) = out(text) {
+                        write_err = Some(e);
+                        engine.cancel(id)?;
+                    }
+                }
+                _ => {}
+            }
+            match ev {
+                Event::Error { error, .. } => return Err(error.into()),
+                Event::ContextShifted {
+                    n_keep, n_discard, ..
+                } => log::debug!("context shift: kept {n_keep}, dropped {n_discard}"),
+                Event::ContextExtended { n_past, .. } => {
+                    log::debug!("Self-Extend: n_past now {n_past}")
+                }
+                Event::Finished { stop, .. } => {
+                    if let Some(e) = write_err {
+                        if e.kind() != std::io::ErrorKind::BrokenPipe {
+                            return Err(e.into());
+                        }
+                    }
+                    return Ok(stop);
+                }
+                _ => {}
+            }
+        }
+        if !engine.session(id)?.is_busy() {
+            bail!("session {id} went idle without finishing");
+        }
     }
-    let saved = ctx.state_load(path, None)?;
-    let same = saved
-        .tokens
-        .iter()
-        .zip(prompt)
-        .take_while(|(a, b)| a == b)
-        .count();
-    let reuse = same.min(prompt.len() - 1);
-    ctx.seq_rm(None, reuse as i32, -1)?;
-    log::info!(
-        "prompt cache {}: {reuse} of {} prompt tokens reused",
-        path.display(),
-        prompt.len()
-    );
-    Ok(reuse)
 }

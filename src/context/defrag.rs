@@ -44,7 +44,7 @@ impl Context {
             }
         }
         gpu.queue.submit([enc.finish()]);
-        gpu.sync()?;
+        gpu.flush()?;
         Ok(moves.iter().map(|m| m.len).sum())
     }
 }

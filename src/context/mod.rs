@@ -352,8 +352,14 @@ impl Context {
     }
 
     /// Decodes a batch; returns the logits of the tokens that asked for them, in batch
-    /// order, n_vocab floats each.
+    /// order, n_vocab floats each (blocking; native targets).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn decode(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
+        pollster::block_on(self.decode_async(batch))
+    }
+
+    /// [`Context::decode`], awaiting the logits readback instead of blocking on it.
+    pub async fn decode_async(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
         let n = batch.tokens.len();
         if n == 0 {
             return Err(ContextError::BadBatch("the batch is empty".into()));
@@ -387,7 +393,7 @@ impl Context {
         // ubatches already stored and the cells of a failing one are dropped. Their K/V
         // rows may stay written, harmlessly, in cells that are empty again.
         let saved = self.cells.clone();
-        let out = self.decode_ubatches(batch);
+        let out = self.decode_ubatches(batch).await;
         if out.is_err() {
             self.cells = saved;
         }
@@ -395,7 +401,7 @@ impl Context {
     }
 
     /// Splits a checked batch into ubatches and decodes them in order.
-    fn decode_ubatches(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
+    async fn decode_ubatches(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
         let n = batch.tokens.len();
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let mut out = Vec::new();
@@ -413,13 +419,13 @@ impl Context {
                 }
                 end += 1;
             }
-            out.extend(self.decode_ubatch(batch, i..end)?);
+            out.extend(self.decode_ubatch(batch, i..end).await?);
             i = end;
         }
         Ok(out)
     }
 
-    fn decode_ubatch(
+    async fn decode_ubatch(
         &mut self,
         b: &Batch,
         r: std::ops::Range<usize>,
@@ -483,7 +489,7 @@ impl Context {
         let graph = &self.graphs[idx].1;
         let bytes = n_out as u64 * self.model.hp.n_vocab as u64 * 4;
         let read = (n_out > 0).then(|| (View::whole(&self.step.logits), bytes));
-        let data = graph.run(&gpu, read.as_ref().map(|(v, b)| (v, *b)))?;
+        let data = graph.run(&gpu, read.as_ref().map(|(v, b)| (v, *b))).await?;
         Ok(data
             .map(|d| bytemuck::pod_collect_to_vec(&d))
             .unwrap_or_default())

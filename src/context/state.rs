@@ -90,7 +90,9 @@ impl Context {
         [hp.n_layer, hp.n_embd_kv(), hp.n_vocab]
     }
 
-    /// Saves the cache (or only `seq`'s cells) and `tokens` to `path`.
+    /// Saves the cache (or only `seq`'s cells) and `tokens` to `path` (native targets:
+    /// it waits for the K/V readback and writes a file).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn state_save(
         &mut self,
         path: &Path,

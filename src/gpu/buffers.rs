@@ -1,4 +1,4 @@
-//! Buffer creation with out-of-memory checks, uploads, and readback.
+//! Buffer creation with out-of-memory checks and uploads.
 
 use super::{Gpu, GpuError};
 
@@ -28,7 +28,7 @@ impl Gpu {
             usage: STORAGE,
             mapped_at_creation: false,
         });
-        if pollster::block_on(scope.pop()).is_some() {
+        if super::scope_failed(scope) {
             return Err(GpuError::OutOfMemory {
                 what: label.to_string(),
                 bytes: size,
@@ -67,56 +67,5 @@ impl Gpu {
         });
         self.write(&buf, 0, data);
         buf
-    }
-
-    /// Copies `bytes` from `buf` at `offset` to the host, waiting for queued work first.
-    pub fn read_bytes(
-        &self,
-        buf: &wgpu::Buffer,
-        offset: u64,
-        bytes: u64,
-    ) -> Result<Vec<u8>, GpuError> {
-        let size = bytes.div_ceil(4) * 4;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: size.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
-        self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..size);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.sync()?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(GpuError::Validation(format!("readback failed: {e}"))),
-            Err(_) => {
-                return Err(GpuError::DeviceLost {
-                    reason: "readback never completed".into(),
-                })
-            }
-        }
-        let data = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Validation(format!("readback mapping: {e:?}")))?
-            [..bytes as usize]
-            .to_vec();
-        staging.unmap();
-        Ok(data)
-    }
-
-    pub fn read_f32(
-        &self,
-        buf: &wgpu::Buffer,
-        offset_elems: u64,
-        count: usize,
-    ) -> Result<Vec<f32>, GpuError> {
-        let bytes = self.read_bytes(buf, offset_elems * 4, count as u64 * 4)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 /// Which wgpu backend to use (`--backend`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Backend {
     #[default]
     Auto,
@@ -29,6 +29,24 @@ impl Backend {
     }
 }
 
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "auto" => Backend::Auto,
+            "vulkan" | "vk" => Backend::Vulkan,
+            "metal" | "mtl" => Backend::Metal,
+            "dx12" | "d3d12" => Backend::Dx12,
+            "gl" | "gles" | "opengl" => Backend::Gl,
+            other => {
+                return Err(format!(
+                    "unknown backend `{other}` (choose auto, vulkan, metal, dx12 or gl)"
+                ))
+            }
+        })
+    }
+}
+
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -43,12 +61,38 @@ impl fmt::Display for Backend {
 
 /// Which kernel shapes to use: row-per-invocation loops for CPU-like adapters (lavapipe,
 /// llvmpipe), tiled prompt matmuls and multi-row reductions for GPUs. `Auto` picks by adapter type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KernelShape {
     #[default]
     Auto,
     Cpu,
     Gpu,
+}
+
+impl std::str::FromStr for KernelShape {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "auto" => KernelShape::Auto,
+            "cpu" => KernelShape::Cpu,
+            "gpu" => KernelShape::Gpu,
+            other => {
+                return Err(format!(
+                    "unknown kernel shape `{other}` (choose auto, cpu or gpu)"
+                ))
+            }
+        })
+    }
+}
+
+impl fmt::Display for KernelShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KernelShape::Auto => "auto",
+            KernelShape::Cpu => "cpu",
+            KernelShape::Gpu => "gpu",
+        })
+    }
 }
 
 /// How to open the GPU. `no_f16` / `no_subgroups` force the portable paths even where the
@@ -109,6 +153,7 @@ fn summarize(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
 }
 
 /// Every adapter the backend choice reaches, in the order `--device` indexes them.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn list_adapters(backend: Backend) -> Vec<AdapterSummary> {
     let inst = instance(backend);
     let adapters = pollster::block_on(inst.enumerate_adapters(backend.backends()));
@@ -137,17 +182,23 @@ pub struct Gpu {
 }
 
 impl Gpu {
+    /// Opens the adapter `opts` asks for and a device with the adapter's own limits
+    /// (blocking; native targets).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(opts: &GpuOptions) -> Result<Arc<Gpu>, GpuError> {
+        pollster::block_on(Self::open(opts))
+    }
+
+    /// [`Gpu::new`] for callers that can await (the browser).
+    pub async fn open(opts: &GpuOptions) -> Result<Arc<Gpu>, GpuError> {
         let inst = instance(opts.backend);
-        let adapters = pollster::block_on(inst.enumerate_adapters(opts.backend.backends()));
+        let adapters = inst.enumerate_adapters(opts.backend.backends()).await;
+        let count = adapters.len();
         let adapter = match opts.adapter_index {
             Some(index) => adapters
                 .into_iter()
                 .nth(index)
-                .ok_or(GpuError::BadAdapterIndex {
-                    index,
-                    count: list_adapters(opts.backend).len(),
-                })?,
+                .ok_or(GpuError::BadAdapterIndex { index, count })?,
             None => {
                 let req = wgpu::RequestAdapterOptions {
                     power_preference: wgpu::PowerPreference::HighPerformance,
@@ -155,16 +206,20 @@ impl Gpu {
                     compatible_surface: None,
                     apply_limit_buckets: false,
                 };
-                match pollster::block_on(inst.request_adapter(&req)) {
+                match inst.request_adapter(&req).await {
                     Ok(a) => a,
                     Err(_) => {
-                        let others = list_adapters(Backend::Auto);
+                        let all = instance(Backend::Auto);
+                        let others = all.enumerate_adapters(wgpu::Backends::all()).await;
                         let available = if others.is_empty() {
                             " (no adapters on any backend)".to_string()
                         } else {
                             let names: Vec<String> = others
                                 .iter()
-                                .map(|a| format!("{} on {}", a.name, a.backend))
+                                .map(|a| {
+                                    let i = a.get_info();
+                                    format!("{} on {:?}", i.name, i.backend)
+                                })
                                 .collect();
                             format!(" (available: {})", names.join(", "))
                         };
@@ -176,46 +231,78 @@ impl Gpu {
                 }
             }
         };
-        let info = summarize(opts.adapter_index.unwrap_or(0), &adapter);
         let features = adapter.features();
-        let has_f16 = !opts.no_f16 && features.contains(wgpu::Features::SHADER_F16);
-        let has_subgroups = !opts.no_subgroups && features.contains(wgpu::Features::SUBGROUP);
         let mut required_features = wgpu::Features::empty();
-        if has_f16 {
+        if !opts.no_f16 && features.contains(wgpu::Features::SHADER_F16) {
             required_features |= wgpu::Features::SHADER_F16;
         }
-        if has_subgroups {
+        if !opts.no_subgroups && features.contains(wgpu::Features::SUBGROUP) {
             required_features |= wgpu::Features::SUBGROUP;
         }
         // wgpu's defaults cap bindings at 128 MiB even where the adapter allows more.
-        let required_limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgllm"),
             required_features,
-            required_limits,
+            required_limits: adapter.limits(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
-            GpuError::RequestDevice {
-                adapter: info.name.clone(),
-                msg: e.to_string(),
-            }
-        })?;
-        let errors = Arc::new(Mutex::new(Vec::new()));
-        let errs = errors.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            log::error!("wgpu: {e}");
-            errs.lock().unwrap().push(e.to_string());
-        }));
-        let lost = Arc::new(Mutex::new(None));
-        let lost2 = lost.clone();
-        device.set_device_lost_callback(move |reason, msg| {
+        let (device, queue) =
+            adapter
+                .request_device(&desc)
+                .await
+                .map_err(|e| GpuError::RequestDevice {
+                    adapter: adapter.get_info().name,
+                    msg: e.to_string(),
+                })?;
+        let gpu = Self::wrap(&adapter, device, queue, opts);
+        // Our own device: its uncaptured errors and loss are ours to report.
+        let errs = gpu.errors.clone();
+        gpu.device
+            .on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                log::error!("wgpu: {e}");
+                errs.lock().unwrap().push(e.to_string());
+            }));
+        let lost = gpu.lost.clone();
+        gpu.device.set_device_lost_callback(move |reason, msg| {
             if reason != wgpu::DeviceLostReason::Destroyed {
-                *lost2.lock().unwrap() = Some(format!("{reason:?}: {msg}"));
+                *lost.lock().unwrap() = Some(format!("{reason:?}: {msg}"));
             }
         });
+        Ok(gpu)
+    }
+
+    /// Runs on a device another wgpu user created (a winit/egui window renders with the
+    /// same device the model runs on). The device's own features and limits decide what
+    /// the kernels use: request SHADER_F16 / SUBGROUP and the adapter's limits when
+    /// creating it to get the fast paths and large bindings. The host keeps its
+    /// uncaptured-error and device-lost handlers; wgllm checks its own work with error
+    /// scopes, so a validation error in inference surfaces through the host's handler.
+    pub fn from_device(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        opts: &GpuOptions,
+    ) -> Arc<Gpu> {
+        Self::wrap(adapter, device, queue, opts)
+    }
+
+    /// Capabilities of an open device, from what it was created with.
+    fn wrap(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        opts: &GpuOptions,
+    ) -> Arc<Gpu> {
+        let mut info = summarize(opts.adapter_index.unwrap_or(0), adapter);
+        let features = device.features();
+        let limits = device.limits();
+        info.max_storage_binding = limits.max_storage_buffer_binding_size;
+        info.max_buffer = limits.max_buffer_size;
+        info.max_workgroup_storage = limits.max_compute_workgroup_storage_size;
+        let has_f16 = !opts.no_f16 && features.contains(wgpu::Features::SHADER_F16);
+        let has_subgroups = !opts.no_subgroups && features.contains(wgpu::Features::SUBGROUP);
         let max_binding = opts
             .max_binding_override
             .unwrap_or(u64::MAX)
@@ -238,7 +325,7 @@ impl Gpu {
             has_subgroups,
             kernels
         );
-        Ok(Arc::new(Gpu {
+        Arc::new(Gpu {
             device,
             queue,
             info,
@@ -248,9 +335,9 @@ impl Gpu {
             is_cpu,
             kernels,
             pipelines: Mutex::new(HashMap::new()),
-            errors,
-            lost,
-        }))
+            errors: Arc::new(Mutex::new(Vec::new())),
+            lost: Arc::new(Mutex::new(None)),
+        })
     }
 
     /// A compute pipeline for `source` (entry point `main`), compiled once per `key`.
@@ -294,7 +381,7 @@ impl Gpu {
                 compilation_options: Default::default(),
                 cache: None,
             });
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = super::scope_error(scope) {
             return Err(GpuError::Shader {
                 name: key.to_string(),
                 msg: e.to_string(),
@@ -308,10 +395,25 @@ impl Gpu {
         Ok(p)
     }
 
-    /// Waits for all submitted work, then reports any error the device raised meanwhile.
+    /// Waits for all submitted work, then reports any error the device raised meanwhile
+    /// (native targets; in a browser, awaiting a readback is the way to wait).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn sync(&self) -> Result<(), GpuError> {
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
         self.check()
+    }
+
+    /// Waits for submitted work where the target can block (native), else only reports
+    /// errors already captured: queue order keeps later work correct either way.
+    pub fn flush(&self) -> Result<(), GpuError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.sync()
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            self.check()
+        }
     }
 
     /// Reports a captured validation error or device loss, if any.

@@ -6,6 +6,7 @@
 
 mod buffers;
 mod context;
+mod readback;
 
 pub use context::{list_adapters, AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
 
@@ -32,4 +33,24 @@ pub enum GpuError {
     Validation(String),
     #[error("shader `{name}` failed to compile: {msg}")]
     Shader { name: String, msg: String },
+}
+
+/// Whether an error scope caught an error. Native targets wait for the answer; a browser
+/// cannot block, so there the scope is closed without waiting and an error reaches the
+/// device's uncaptured-error handler instead.
+pub(crate) fn scope_failed(scope: wgpu::ErrorScopeGuard) -> bool {
+    scope_error(scope).is_some()
+}
+
+/// The error an error scope caught, where the target can wait for it.
+pub(crate) fn scope_error(scope: wgpu::ErrorScopeGuard) -> Option<wgpu::Error> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        pollster::block_on(scope.pop())
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        drop(scope.pop());
+        None
+    }
 }

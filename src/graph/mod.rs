@@ -20,12 +20,14 @@ pub struct Graph {
 
 /// `WGLLM_PROFILE=1`: before each run, time every dispatch alone and log the totals per
 /// op (slow; for finding where the time goes, not for measuring speed).
+#[cfg(not(target_arch = "wasm32"))]
 fn profiling() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("WGLLM_PROFILE").is_ok_and(|v| v == "1"))
 }
 
 impl Graph {
+    #[cfg(not(target_arch = "wasm32"))]
     fn profile(&self, gpu: &Gpu) -> Result<(), GpuError> {
         let mut per_op: std::collections::BTreeMap<&str, (f64, usize)> = Default::default();
         for d in &self.dispatches {
@@ -50,8 +52,13 @@ impl Graph {
     }
 
     /// Records all dispatches in one pass, then (optionally) copies `read` to a mappable
-    /// buffer in the same submit; returns the bytes read.
-    pub fn run(&self, gpu: &Gpu, read: Option<(&View, u64)>) -> Result<Option<Vec<u8>>, GpuError> {
+    /// buffer in the same submit; returns the bytes read once the GPU is done.
+    pub async fn run(
+        &self,
+        gpu: &Gpu,
+        read: Option<(&View, u64)>,
+    ) -> Result<Option<Vec<u8>>, GpuError> {
+        #[cfg(not(target_arch = "wasm32"))]
         if profiling() {
             self.profile(gpu)?;
         }
@@ -66,37 +73,13 @@ impl Graph {
         }
         let Some((view, bytes)) = read else {
             gpu.queue.submit([enc.finish()]);
-            gpu.sync()?;
+            gpu.flush()?;
             return Ok(None);
         };
         let size = bytes.div_ceil(4) * 4;
-        let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("logits readback"),
-            size: size.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = gpu.staging("logits readback", size);
         enc.copy_buffer_to_buffer(&view.buf, view.offset, &staging, 0, size);
         gpu.queue.submit([enc.finish()]);
-        let slice = staging.slice(..size);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        gpu.sync()?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            _ => {
-                return Err(GpuError::DeviceLost {
-                    reason: "logits readback did not complete".into(),
-                })
-            }
-        }
-        let data = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Validation(format!("logits mapping: {e:?}")))?[..bytes as usize]
-            .to_vec();
-        staging.unmap();
-        Ok(Some(data))
+        Ok(Some(gpu.map_read(&staging, bytes).await?))
     }
 }

@@ -143,7 +143,7 @@ impl ModelWeights {
                 down: l.matrix(&n("ffn_down"), ff, e)?,
             });
         }
-        gpu.sync()?;
+        gpu.flush()?;
         Ok(ModelWeights {
             tok_embd,
             output_norm,

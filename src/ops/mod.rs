@@ -119,7 +119,7 @@ pub fn run_now(gpu: &Gpu, dispatches: &[Dispatch]) -> Result<(), GpuError> {
         }
     }
     gpu.queue.submit([enc.finish()]);
-    gpu.sync()
+    gpu.flush()
 }
 
 /// Normalized mean squared error, as llama.cpp's test-backend-ops reports it.

@@ -152,6 +152,7 @@ pub(super) fn alphabet_to_byte(c: char) -> Option<u8> {
 }
 
 /// A compiled byte-level BPE: pre-tokenizer plus merge ranks.
+#[derive(Clone)]
 pub(super) struct Bpe {
     regexes: Vec<Regex>,
     /// `"left right"` → rank (merge sides never contain a space).

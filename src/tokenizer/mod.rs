@@ -79,12 +79,14 @@ pub(crate) struct TokenData {
     pub attr: u32,
 }
 
+#[derive(Clone)]
 enum Kind {
     Bpe(bpe::Bpe),
     Spm,
 }
 
 /// A model's vocabulary and tokenizer, built from GGUF metadata.
+#[derive(Clone)]
 pub struct Tokenizer {
     kind: Kind,
     model: String,

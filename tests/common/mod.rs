@@ -142,6 +142,15 @@ pub fn model_path(env_var: &str, file: &str) -> std::path::PathBuf {
 /// cache behaviour can be checked on it in milliseconds, logits being sensitive to every
 /// position and every cell even though they mean nothing.
 pub fn tiny_model(gpu: Arc<Gpu>, ty: wgllm::gguf::GgmlType) -> Arc<wgllm::model::Model> {
+    tiny_parts(gpu, ty).0
+}
+
+/// [`tiny_model`] with its tokenizer (an SPM vocabulary of 256 `<i>` tokens, enough for
+/// an engine: tests feed token ids).
+pub fn tiny_parts(
+    gpu: Arc<Gpu>,
+    ty: wgllm::gguf::GgmlType,
+) -> (Arc<wgllm::model::Model>, wgllm::tokenizer::Tokenizer) {
     use wgllm::gguf::Value;
     use wgllm::model::synth::{synth_llama, SynthShape};
     let shape = SynthShape {
@@ -151,10 +160,16 @@ pub fn tiny_model(gpu: Arc<Gpu>, ty: wgllm::gguf::GgmlType) -> Arc<wgllm::model:
         n_head: 4,
         n_head_kv: 2,
     };
-    let vocab = vec![(
-        "tokenizer.ggml.tokens".to_string(),
-        Value::Array((0..256).map(|i| Value::String(format!("<{i}>"))).collect()),
-    )];
+    let vocab = vec![
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array((0..256).map(|i| Value::String(format!("<{i}>"))).collect()),
+        ),
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("llama".into()),
+        ),
+    ];
     let path = std::env::temp_dir().join(format!(
         "wgllm-tiny-{}-{:?}.gguf",
         std::process::id(),
@@ -165,9 +180,10 @@ pub fn tiny_model(gpu: Arc<Gpu>, ty: wgllm::gguf::GgmlType) -> Arc<wgllm::model:
         .unwrap();
     let f = wgllm::gguf::GgufFile::open(&path).unwrap();
     let model = wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap();
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
     drop(f);
     let _ = std::fs::remove_file(&path);
-    Arc::new(model)
+    (Arc::new(model), tok)
 }
 
 /// Normalized mean squared error, as llama.cpp's test-backend-ops computes it.

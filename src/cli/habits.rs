@@ -1,0 +1,119 @@
+//! Flags llama.cpp users type by habit. Those that make sense here are accepted (some
+//! with nothing to do: every layer is always on the GPU, there are no CPU threads);
+//! those that have no meaning here are refused before parsing with one sentence saying
+//! why, rather than clap's generic "unexpected argument".
+
+use clap::Args;
+
+/// llama.cpp spells some flags with one dash and several letters (`-np 4`, `-ngl 99`);
+/// clap would read `-np` as `-n p`. Those spellings become their `--` forms.
+pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
+    const MULTI_LETTER: [&str; 24] = [
+        "-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys", "-ngl", "-fa", "-tb", "-cnv",
+        "-no-cnv", "-ngld", "-ctk", "-ctv", "-sm", "-ts", "-mg", "-md", "-hf", "-mu", "-ot",
+        "-nkvo", "-lv",
+    ];
+    match arg.to_str() {
+        Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),
+        _ => arg,
+    }
+}
+
+/// llama.cpp flags with no meaning in wgllm, and why.
+const REFUSED: &[(&[&str], &str)] = &[
+    (&["--mlock", "--no-mmap", "--mmap", "--numa"], "it places the model in host memory, and wgllm keeps every weight on the GPU"),
+    (&["--split-mode", "--tensor-split", "--main-gpu", "--sm", "--ts", "--mg"], "it splits a model over several GPUs, and wgllm runs on one adapter (choose it with --device, see `wgllm devices`)"),
+    (&["--cache-type-k", "--cache-type-v", "--ctk", "--ctv"], "the KV cache is f16 where the adapter has shader-f16 and f32 otherwise (--no-f16 forces f32); quantized caches are not built"),
+    (&["--no-kv-offload", "--nkvo", "--cpu-moe", "--n-cpu-moe", "--override-tensor", "--ot"], "it keeps tensors on the CPU, and wgllm computes everything on the GPU"),
+    (&["--model-draft", "--md", "--n-gpu-layers-draft", "--ngld", "--draft", "--draft-max", "--draft-min"], "speculative decoding is not built"),
+    (&["--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled"], "LoRA adapters and control vectors are not supported"),
+    (&["--mmproj", "--image"], "multimodal models are not supported"),
+    (&["--hf-repo", "--hf", "--hf-file", "--model-url", "--mu"], "wgllm runs local GGUF files only: download the file and pass it with -m"),
+    (&["--conversation", "--cnv", "--interactive", "-i", "--interactive-first", "-if"], "conversations are the `wgllm chat` command"),
+    (&["--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast"], "RoPE overrides are not supported: the model's own RoPE settings are used"),
+    (&["--grammar", "--grammar-file", "--json-schema", "-j"], "grammar-constrained sampling is not built"),
+];
+
+/// The error for an argument llama.cpp accepts but wgllm cannot honour, if `args` holds
+/// one (after the `--` forms of [`llama_style_flag`]).
+pub fn refused(args: &[std::ffi::OsString]) -> Option<String> {
+    for a in args.iter().skip(1) {
+        let Some(a) = a.to_str() else { continue };
+        if a == "--" {
+            break;
+        }
+        let flag = a.split('=').next().unwrap_or(a);
+        for (names, why) in REFUSED {
+            if names.contains(&flag) {
+                return Some(format!(
+                    "`{flag}` is a llama.cpp flag wgllm does not take: {why}"
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Accepted for habit's sake; each is logged at debug level (or info, where the user
+/// may expect an effect) and otherwise changes nothing.
+#[derive(Args, Clone, Debug, Default)]
+pub struct LlamaHabits {
+    /// Accepted for compatibility: every layer always runs on the GPU.
+    #[arg(long = "n-gpu-layers", visible_aliases = ["ngl", "gpu-layers"], allow_hyphen_values = true, hide_short_help = true)]
+    pub n_gpu_layers: Option<String>,
+    /// Accepted for compatibility: the CPU only feeds the GPU, there are no threads to set.
+    #[arg(
+        short = 't',
+        long = "threads",
+        allow_hyphen_values = true,
+        hide_short_help = true
+    )]
+    pub threads: Option<i64>,
+    /// Accepted for compatibility (llama.cpp's prompt-processing threads).
+    #[arg(
+        long = "threads-batch",
+        visible_alias = "tb",
+        allow_hyphen_values = true,
+        hide_short_help = true
+    )]
+    pub threads_batch: Option<i64>,
+    /// Accepted for compatibility: attention always runs fused on the GPU; on/off/auto/1/0.
+    #[arg(long = "flash-attn", visible_alias = "fa", num_args = 0..=1, default_missing_value = "on", hide_short_help = true)]
+    pub flash_attn: Option<String>,
+    /// Accepted for compatibility: escapes in -p (\n, \t, ...) are processed by default
+    /// (--no-escape turns that off).
+    #[arg(short = 'e', long = "escape", hide_short_help = true)]
+    pub escape: bool,
+    /// Accepted for compatibility: output is not coloured.
+    #[arg(long = "color", hide_short_help = true)]
+    pub color: bool,
+    /// Accepted for compatibility: chat templates always render with a Jinja engine.
+    #[arg(long = "jinja", hide_short_help = true)]
+    pub jinja: bool,
+}
+
+impl LlamaHabits {
+    /// Says what each given habit flag does here.
+    pub fn log(&self) {
+        if let Some(n) = &self.n_gpu_layers {
+            log::debug!("-ngl {n}: every layer runs on the GPU in wgllm; the value is ignored");
+        }
+        if let Some(t) = self.threads.or(self.threads_batch) {
+            log::debug!("-t {t}: wgllm has no CPU compute threads; ignored");
+        }
+        if let Some(fa) = &self.flash_attn {
+            log::debug!(
+                "-fa {fa}: attention is always computed on the GPU in wgllm's own kernels; ignored"
+            );
+        }
+        if self.escape {
+            log::debug!("-e: escapes are processed by default");
+        }
+        if self.color {
+            log::debug!("--color: output is not coloured; ignored");
+        }
+        if self.jinja {
+            log::debug!("--jinja: chat templates always render with minijinja");
+        }
+    }
+}

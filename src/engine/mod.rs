@@ -1,0 +1,668 @@
+//! The engine every front end stands on (CLI, desktop app, server, browser): a model,
+//! its tokenizer and one inference context, serving [`Session`]s — one per cache
+//! sequence — that are advanced together. Each [`Engine::step`] samples a token for every
+//! generating session, adds a chunk of every waiting prompt, and decodes them all in one
+//! batch (continuous batching: a prompt joins while others generate). Context shift,
+//! Self-Extend, prompt-cache reuse and chat turns live here, not in a front end.
+//!
+//! Nothing in the engine blocks on the GPU where a browser cannot: `step_async` awaits
+//! the logits readback; `step` blocks on it and exists on native targets only.
+
+pub mod bench;
+mod chat;
+mod options;
+pub mod perplexity;
+mod session;
+mod shift;
+mod stream;
+
+pub use chat::Conversation;
+pub use options::EngineOptions;
+pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop};
+pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};
+pub use stream::{Timings, Utf8Stream};
+
+use crate::context::{Batch, Context, ContextError};
+use crate::gguf::{GgufError, GgufFile};
+use crate::gpu::{Gpu, GpuError};
+use crate::kv::KvCells;
+use crate::model::{Model, ModelError};
+use crate::tokenizer::{TemplateError, Tokenizer, TokenizerError};
+use std::sync::Arc;
+use web_time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Context(#[from] ContextError),
+    #[error("reading the tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    #[error("chat template: {0}")]
+    Template(#[from] TemplateError),
+    #[error("model file {0} does not exist (scripts/fetch-models.sh downloads the test models)")]
+    MissingFile(String),
+    #[error("{0}")]
+    Options(String),
+    #[error("no session {0} (it was never opened or is closed)")]
+    NoSession(SessionId),
+    #[error("all {0} sequences are in use; close a session or raise -np")]
+    NoFreeSequence(u32),
+    #[error("session {0} is still generating; cancel it or wait for it to finish")]
+    Busy(SessionId),
+    #[error(
+        "prompt is too long ({n} tokens, max {max}); use a larger context (-c) or a shorter prompt"
+    )]
+    PromptTooLong { n: usize, max: usize },
+    #[error("the prompt is empty after tokenization")]
+    EmptyPrompt,
+    #[error("the prompt does not fit in the context ({n_ctx} tokens): {reason}")]
+    PromptFull {
+        n_ctx: u32,
+        reason: crate::context::FullReason,
+    },
+    #[error("{0}")]
+    PromptCache(String),
+}
+
+/// A loaded model with one context and the sessions using it.
+pub struct Engine {
+    pub model: Arc<Model>,
+    pub tokenizer: Tokenizer,
+    ctx: Context,
+    /// Indexed by sequence id.
+    sessions: Vec<Option<Session>>,
+    /// Time spent loading, for the timing summary.
+    pub load_time: Duration,
+    /// Decodes run, for logs and tests.
+    pub n_steps: u64,
+}
+
+impl Engine {
+    /// Opens a GGUF file, the GPU `opts` names, and uploads the weights; `progress(done,
+    /// total)` is called in bytes as tensors are uploaded (native targets).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn load(
+        path: &std::path::Path,
+        opts: &EngineOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Engine, EngineError> {
+        let start = Instant::now();
+        if !path.exists() {
+            return Err(EngineError::MissingFile(path.display().to_string()));
+        }
+        let f = GgufFile::open(path)?;
+        // The architecture first: the clearest error comes first.
+        crate::model::Hparams::from_gguf(&f)?;
+        let tokenizer = Tokenizer::from_gguf(&f)?;
+        let gpu = Gpu::new(&opts.gpu)?;
+        let mut e = Self::load_on(gpu, &f, tokenizer, opts, progress)?;
+        e.load_time = start.elapsed();
+        Ok(e)
+    }
+
+    /// Uploads the model in `f` to `gpu` — which may wrap a device the host created
+    /// ([`Gpu::from_device`]) — and builds the context.
+    pub fn load_on(
+        gpu: Arc<Gpu>,
+        f: &GgufFile,
+        tokenizer: Tokenizer,
+        opts: &EngineOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Engine, EngineError> {
+        let start = Instant::now();
+        let model = Model::load(gpu, f, progress)?;
+        log::info!(
+            "loaded {} ({} layers, {:.1} MiB on {} via {})",
+            model.name,
+            model.hp.n_layer,
+            model.weights.gpu_bytes as f64 / (1 << 20) as f64,
+            model.gpu.info.name,
+            model.gpu.info.backend
+        );
+        let mut e = Self::new(Arc::new(model), tokenizer, opts)?;
+        e.load_time = start.elapsed();
+        Ok(e)
+    }
+
+    /// An engine over a model already loaded (several engines may share one model).
+    pub fn new(
+        model: Arc<Model>,
+        tokenizer: Tokenizer,
+        opts: &EngineOptions,
+    ) -> Result<Engine, EngineError> {
+        let params = opts
+            .context_params(&model.hp)
+            .map_err(EngineError::Options)?;
+        let ctx = Context::new(model.clone(), params)?;
+        let n = params.n_seq_max as usize;
+        Ok(Engine {
+            model,
+            tokenizer,
+            ctx,
+            sessions: (0..n).map(|_| None).collect(),
+            load_time: Duration::ZERO,
+            n_steps: 0,
+        })
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+    /// The context itself, for batch-level work (benchmarks, perplexity). Sessions keep
+    /// their own bookkeeping: do not edit their sequences through it.
+    pub fn context_mut(&mut self) -> &mut Context {
+        &mut self.ctx
+    }
+    pub fn cells(&self) -> &KvCells {
+        self.ctx.cells()
+    }
+    pub fn n_ctx(&self) -> u32 {
+        self.ctx.n_ctx()
+    }
+    /// Cells a session may fill before its context shifts: an equal share of the cache.
+    pub fn n_ctx_seq(&self) -> u32 {
+        self.ctx.n_ctx() / self.ctx.params.n_seq_max
+    }
+
+    /// Opens a session on the lowest free sequence.
+    pub fn open_session(&mut self, params: SessionParams) -> Result<SessionId, EngineError> {
+        let seq = self
+            .sessions
+            .iter()
+            .position(Option::is_none)
+            .ok_or(EngineError::NoFreeSequence(self.sessions.len() as u32))?;
+        params.validate()?;
+        let id = seq as SessionId;
+        self.ctx.seq_rm(Some(id), -1, -1)?;
+        self.sessions[seq] = Some(Session::new(id, params, self.tokenizer.n_vocab())?);
+        Ok(id)
+    }
+
+    /// A new session continuing from everything `src` has decoded (its cells are shared,
+    /// not copied: a system prompt decoded once serves many conversations).
+    pub fn fork_session(
+        &mut self,
+        src: SessionId,
+        params: SessionParams,
+    ) -> Result<SessionId, EngineError> {
+        if self.session(src)?.phase != Phase::Idle {
+            return Err(EngineError::Busy(src));
+        }
+        let id = self.open_session(params)?;
+        self.ctx.seq_cp(src, id, -1, -1)?;
+        let (history, logits, shift) = {
+            let s = self.session(src)?;
+            (s.history.clone(), s.logits.clone(), s.shift.clone())
+        };
+        let dst = self.session_mut(id)?;
+        for &t in &history {
+            dst.sampler.accept(t);
+        }
+        dst.shift.n_past = shift.n_past;
+        dst.shift.n_keep = shift.n_keep;
+        dst.history = history;
+        dst.logits = logits;
+        Ok(id)
+    }
+
+    /// Closes a session and frees its cells (cells shared with other sessions stay).
+    pub fn close_session(&mut self, id: SessionId) -> Result<(), EngineError> {
+        self.session(id)?;
+        self.ctx.seq_rm(Some(id), -1, -1)?;
+        self.sessions[id as usize] = None;
+        Ok(())
+    }
+
+    pub fn session(&self, id: SessionId) -> Result<&Session, EngineError> {
+        self.sessions
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .ok_or(EngineError::NoSession(id))
+    }
+
+    fn session_mut(&mut self, id: SessionId) -> Result<&mut Session, EngineError> {
+        self.sessions
+            .get_mut(id as usize)
+            .and_then(Option::as_mut)
+            .ok_or(EngineError::NoSession(id))
+    }
+
+    /// The open sessions, by id.
+    pub fn sessions(&self) -> impl Iterator<Item = &Session> {
+        self.sessions.iter().flatten()
+    }
+
+    /// True while some session has work for the next step.
+    pub fn is_busy(&self) -> bool {
+        self.sessions().any(Session::is_busy)
+    }
+
+    /// Tokenizes `text` (with BOS where the model wants one, on a session's first input)
+    /// and queues it for `id`, which then generates; returns the token count.
+    pub fn prompt_text(&mut self, id: SessionId, text: &str) -> Result<usize, EngineError> {
+        let first = self.session(id)?.history.is_empty();
+        let tokens = self.tokenizer.encode(text, first, true);
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.input(id, &tokens, true)?;
+        Ok(tokens.len())
+    }
+
+    /// Queues `tokens` for `id`, which then generates. With no tokens, a session that
+    /// holds logits (a fork) starts generating from them.
+    pub fn prompt_tokens(&mut self, id: SessionId, tokens: &[u32]) -> Result<(), EngineError> {
+        self.input(id, tokens, true)
+    }
+
+    /// A chat turn: the user's message is rendered with the model's chat template and
+    /// the text beyond what the cache holds is queued; the reply is generated and, when
+    /// it ends, recorded in the conversation. Returns the tokens queued.
+    pub fn chat(&mut self, id: SessionId, user: &str) -> Result<usize, EngineError> {
+        self.chat_with_system(id, None, user)
+    }
+
+    /// [`Engine::chat`], with a system prompt on the conversation's first turn.
+    pub fn chat_with_system(
+        &mut self,
+        id: SessionId,
+        system: Option<&str>,
+        user: &str,
+    ) -> Result<usize, EngineError> {
+        if self.session(id)?.phase != Phase::Idle {
+            return Err(EngineError::Busy(id));
+        }
+        let tok = &self.tokenizer;
+        let s = self.sessions[id as usize].as_mut().unwrap();
+        let conv = s
+            .conversation
+            .get_or_insert_with(|| Conversation::new(system));
+        let first = conv.is_empty() && s.history.is_empty();
+        let text = conv.user_turn(tok, user)?;
+        let tokens = tok.encode(&text, first, true);
+        self.input(id, &tokens, true)?;
+        Ok(tokens.len())
+    }
+
+    /// Decodes `tokens` for `id` without generating (teacher forcing, shared prefixes),
+    /// stepping every session until they are in; returns the logits after the last one.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn feed(&mut self, id: SessionId, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        pollster::block_on(self.feed_async(id, tokens))
+    }
+
+    /// [`Engine::feed`], awaiting readbacks. Events of other sessions stepped meanwhile
+    /// are dropped: use it when `id` is the only busy session.
+    pub async fn feed_async(
+        &mut self,
+        id: SessionId,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, EngineError> {
+        self.input(id, tokens, false)?;
+        while self.session(id)?.phase != Phase::Idle {
+            for ev in self.step_async().await? {
+                if let Event::Error { session, error } = ev {
+                    if session == id {
+                        return Err(error);
+                    }
+                }
+            }
+        }
+        Ok(self.session(id)?.logits.clone().unwrap_or_default())
+    }
+
+    /// Stops `id`'s generation (or prompt) at the next step, which reports it finished.
+    pub fn cancel(&mut self, id: SessionId) -> Result<(), EngineError> {
+        let s = self.session_mut(id)?;
+        if s.phase != Phase::Idle {
+            s.cancel = true;
+        }
+        Ok(())
+    }
+
+    /// Queues input for a session: checks, `--keep` resolution and prompt-cache reuse on
+    /// the first input, sampler history.
+    fn input(&mut self, id: SessionId, tokens: &[u32], generate: bool) -> Result<(), EngineError> {
+        let n_ctx_seq = self.n_ctx_seq() as usize;
+        let add_bos = self.tokenizer.add_bos();
+        let s = self.session(id)?;
+        if s.phase != Phase::Idle {
+            return Err(EngineError::Busy(id));
+        }
+        if tokens.is_empty() && (s.logits.is_none() || !generate) {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let n_vocab = self.model.hp.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t >= n_vocab) {
+            return Err(EngineError::Options(format!(
+                "token id {bad} is out of the vocabulary (0..{n_vocab})"
+            )));
+        }
+        let first = s.history.is_empty();
+        let mut reuse = 0;
+        if first {
+            // llama-completion refuses a first prompt that leaves fewer than 4 cells.
+            if s.params.shift.ga_n == 1 && tokens.len() > n_ctx_seq.saturating_sub(4) {
+                return Err(EngineError::PromptTooLong {
+                    n: tokens.len(),
+                    max: n_ctx_seq.saturating_sub(4),
+                });
+            }
+            if let Some(pc) = s.params.prompt_cache.clone() {
+                reuse = self.reuse_prompt_cache(id, &pc.path, tokens)?;
+            }
+        }
+        let s = self.session_mut(id)?;
+        if first {
+            s.shift.n_keep = s.params.shift.n_keep_for(tokens.len(), add_bos);
+            s.save_cache_after_input = s
+                .params
+                .prompt_cache
+                .as_ref()
+                .is_some_and(|pc| !pc.read_only);
+        }
+        for &t in tokens {
+            s.sampler.accept(t);
+        }
+        s.history.extend_from_slice(&tokens[..reuse]);
+        s.shift.n_past += reuse as i32;
+        s.pending = tokens[reuse..].iter().copied().collect();
+        s.input_total = s.pending.len();
+        s.input_done = 0;
+        s.then_generate = generate;
+        s.generated.clear();
+        s.reply.clear();
+        s.stream = Utf8Stream::default();
+        s.phase = if s.pending.is_empty() {
+            Phase::Generate
+        } else {
+            Phase::Prompt
+        };
+        Ok(())
+    }
+
+    /// Loads the prompt-cache file (if it exists) into `id`'s sequence and keeps the
+    /// cells of the longest prefix its tokens share with `prompt`; returns how many
+    /// prompt tokens need no decoding (never the last one: its logits are needed).
+    fn reuse_prompt_cache(
+        &mut self,
+        id: SessionId,
+        path: &std::path::Path,
+        prompt: &[u32],
+    ) -> Result<usize, EngineError> {
+        if !path.exists() {
+            log::info!(
+                "prompt cache {} does not exist yet; it will be created",
+                path.display()
+            );
+            return Ok(0);
+        }
+        let saved = self.ctx.state_load(path, Some(id))?;
+        let same = saved
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let reuse = same.min(prompt.len() - 1);
+        self.ctx.seq_rm(Some(id), reuse as i32, -1)?;
+        log::info!(
+            "prompt cache {}: {reuse} of {} prompt tokens reused",
+            path.display(),
+            prompt.len()
+        );
+        Ok(reuse)
+    }
+
+    /// One step, blocking on the GPU (native targets): see [`Engine::step_async`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
+        pollster::block_on(self.step_async())
+    }
+
+    /// One step of every session: each generating session samples a token; then one
+    /// batch of at most n_batch tokens — one per generating session, then chunks of
+    /// waiting prompts in session order — is decoded. Returns what happened; an `Err` is
+    /// a failure of the whole step (the GPU), after which the cache is as before it.
+    pub async fn step_async(&mut self) -> Result<Vec<Event>, EngineError> {
+        let mut events = Vec::new();
+        self.sample_all(&mut events);
+        let (batch, parts) = self.plan_batch(&mut events)?;
+        if batch.tokens.is_empty() {
+            return Ok(events);
+        }
+        let start = Instant::now();
+        let logits = self.ctx.decode_async(&batch).await?;
+        let dt = start.elapsed();
+        self.n_steps += 1;
+        self.take_results(&batch, &parts, &logits, dt, &mut events)?;
+        Ok(events)
+    }
+
+    /// Cancellations, then a sampled token for each generating session.
+    fn sample_all(&mut self, events: &mut Vec<Event>) {
+        let tok = &self.tokenizer;
+        for s in self.sessions.iter_mut().flatten() {
+            if std::mem::take(&mut s.cancel) {
+                if s.phase != Phase::Idle {
+                    events.push(s.finish(Stop::Cancelled));
+                    record_reply(tok, s);
+                }
+                continue;
+            }
+            // A token sampled earlier that did not fit the last batch is still to decode.
+            if s.phase != Phase::Generate || s.next.is_some() {
+                continue;
+            }
+            let n_predict = s.params.n_predict;
+            if n_predict >= 0 && s.generated.len() >= n_predict as usize {
+                events.push(s.finish(Stop::MaxTokens));
+                record_reply(tok, s);
+                continue;
+            }
+            let Some(logits) = s.logits.as_deref() else {
+                continue;
+            };
+            let t = s.sampler.sample(logits);
+            s.sampler.accept(t);
+            if tok.is_eog(t) {
+                events.push(s.finish(Stop::EndOfGeneration));
+                record_reply(tok, s);
+                continue;
+            }
+            s.generated.push(t);
+            let text = s.stream.push(&tok.token_to_piece(t, false));
+            s.reply.push_str(&text);
+            s.next = Some(t);
+            events.push(Event::Token {
+                session: s.id,
+                token: t,
+                text,
+            });
+        }
+    }
+
+    /// Makes room for each session's share of the batch and lays the batch out.
+    fn plan_batch(&mut self, events: &mut Vec<Event>) -> Result<(Batch, Vec<Part>), EngineError> {
+        let n_batch = self.ctx.params.n_batch as usize;
+        let n_ctx_seq = self.n_ctx_seq() as i32;
+        let mut batch = Batch::default();
+        let mut parts = Vec::new();
+        // Generating sessions first (one token each), then prompts in session order.
+        let order: Vec<(SessionId, bool)> = self
+            .sessions()
+            .filter_map(|s| match s.phase {
+                Phase::Generate if s.next.is_some() => Some((s.id, true)),
+                Phase::Prompt => Some((s.id, false)),
+                _ => None,
+            })
+            .collect();
+        let mut order_gen: Vec<_> = order.iter().filter(|o| o.1).collect();
+        order_gen.extend(order.iter().filter(|o| !o.1));
+        for &&(id, generating) in &order_gen {
+            let room_left = n_batch - batch.tokens.len();
+            if room_left == 0 {
+                break;
+            }
+            let s = self.sessions[id as usize].as_mut().unwrap();
+            let tokens: Vec<u32> = if generating {
+                vec![s.next.unwrap()]
+            } else {
+                s.pending.iter().take(room_left).copied().collect()
+            };
+            let n = tokens.len() as i32;
+            match s.shift.make_room(&mut self.ctx, id, n, n_ctx_seq) {
+                Ok(Room::Fits) => {}
+                Ok(Room::Shifted { n_keep, n_discard }) => events.push(Event::ContextShifted {
+                    session: id,
+                    n_keep,
+                    n_discard,
+                }),
+                Ok(Room::Extended { n_past }) => events.push(Event::ContextExtended {
+                    session: id,
+                    n_past,
+                }),
+                Err(ContextError::ContextFull { n_ctx, reason }) => {
+                    let s = self.sessions[id as usize].as_mut().unwrap();
+                    if generating {
+                        events.push(s.finish(Stop::ContextFull(reason)));
+                        record_reply(&self.tokenizer, s);
+                    } else {
+                        s.finish(Stop::ContextFull(reason));
+                        events.push(Event::Error {
+                            session: id,
+                            error: if s.then_generate {
+                                EngineError::PromptFull { n_ctx, reason }
+                            } else {
+                                EngineError::Context(ContextError::ContextFull { n_ctx, reason })
+                            },
+                        });
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let s = self.sessions[id as usize].as_ref().unwrap();
+            // Positions continue from the sequence's largest one, as llama.cpp assigns
+            // them to a batch without positions (after Self-Extend, below n_past).
+            let pos0 = self.ctx.cells().seq_pos_max(id) + 1;
+            let last_of_input = generating || tokens.len() == s.pending.len();
+            for (i, &t) in tokens.iter().enumerate() {
+                batch.tokens.push(t);
+                batch.pos.push(pos0 + i as i32);
+                batch.seq.push(1u64 << id);
+                batch.logits.push(last_of_input && i + 1 == tokens.len());
+            }
+            parts.push(Part {
+                id,
+                len: tokens.len(),
+                generating,
+                logits: last_of_input,
+            });
+        }
+        Ok((batch, parts))
+    }
+
+    /// Hands each session its decoded tokens and logits.
+    fn take_results(
+        &mut self,
+        batch: &Batch,
+        parts: &[Part],
+        logits: &[f32],
+        dt: Duration,
+        events: &mut Vec<Event>,
+    ) -> Result<(), EngineError> {
+        let n_vocab = self.model.hp.n_vocab as usize;
+        let mut rows = logits.chunks(n_vocab.max(1));
+        let mut at = 0;
+        for p in parts {
+            let toks = &batch.tokens[at..at + p.len];
+            at += p.len;
+            let row = if p.logits { rows.next() } else { None };
+            let s = self.sessions[p.id as usize].as_mut().unwrap();
+            s.shift.n_past += p.len as i32;
+            s.history.extend_from_slice(toks);
+            if let Some(r) = row {
+                s.logits = Some(r.to_vec());
+            }
+            if p.generating {
+                s.next = None;
+                s.timings.eval += dt;
+                s.timings.eval_tokens += 1;
+                continue;
+            }
+            s.pending.drain(..p.len);
+            s.input_done += p.len;
+            s.timings.prompt += dt;
+            s.timings.prompt_tokens += p.len;
+            events.push(Event::PromptProgress {
+                session: p.id,
+                done: s.input_done,
+                total: s.input_total,
+            });
+            if !s.pending.is_empty() {
+                continue;
+            }
+            if std::mem::take(&mut s.save_cache_after_input) {
+                let path = s.params.prompt_cache.as_ref().unwrap().path.clone();
+                let history = s.history.clone();
+                self.save_prompt_cache(p.id, &path, &history)?;
+            }
+            let s = self.sessions[p.id as usize].as_mut().unwrap();
+            if s.then_generate {
+                s.phase = Phase::Generate;
+            } else {
+                events.push(s.finish(Stop::Fed));
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn save_prompt_cache(
+        &mut self,
+        id: SessionId,
+        path: &std::path::Path,
+        tokens: &[u32],
+    ) -> Result<(), EngineError> {
+        self.ctx.state_save(path, tokens, Some(id))?;
+        Ok(())
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn save_prompt_cache(
+        &mut self,
+        _: SessionId,
+        path: &std::path::Path,
+        _: &[u32],
+    ) -> Result<(), EngineError> {
+        Err(EngineError::PromptCache(format!(
+            "{}: prompt-cache files need a file system",
+            path.display()
+        )))
+    }
+}
+
+/// A session's slice of a step's batch.
+struct Part {
+    id: SessionId,
+    len: usize,
+    generating: bool,
+    logits: bool,
+}
+
+/// Records a finished chat reply in the session's conversation.
+fn record_reply(tok: &Tokenizer, s: &mut Session) {
+    let reply = s.reply.clone();
+    if let Some(conv) = s.conversation.as_mut() {
+        if let Err(e) = conv.assistant_reply(tok, &reply) {
+            log::warn!("chat template while recording the reply: {e}");
+        }
+    }
+}

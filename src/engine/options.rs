@@ -1,0 +1,69 @@
+//! Everything that decides how an engine is built: context and batch sizes, sequences,
+//! the GPU and its kernel choices. Front ends fill one of these from their flags.
+
+use crate::context::ContextParams;
+use crate::gpu::GpuOptions;
+use crate::model::Hparams;
+
+/// How to build an [`super::Engine`]. The defaults are llama.cpp's.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Cache cells (`-c`); 0: the model's training context, capped at 4096.
+    pub n_ctx: u32,
+    /// Most tokens one decode call takes (`-b`).
+    pub n_batch: u32,
+    /// Most tokens one graph computes (`-ub`).
+    pub n_ubatch: u32,
+    /// Sessions served at once (`-np`), each on its own sequence of the cache, each with
+    /// an equal share of the cells for its context-shift decisions.
+    pub n_seq_max: u32,
+    /// Compact the cache when this share of the cells below the used bound are holes
+    /// (`--defrag-thold`; <= 0: never).
+    pub defrag_thold: f32,
+    /// Backend, adapter, f16/subgroups, kernel shapes and tuning.
+    pub gpu: GpuOptions,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            n_ctx: 4096,
+            n_batch: 2048,
+            n_ubatch: 512,
+            n_seq_max: 1,
+            defrag_thold: -1.0,
+            gpu: GpuOptions::default(),
+        }
+    }
+}
+
+impl EngineOptions {
+    /// The context parameters for a model, with llama.cpp's defaults and clamps: the
+    /// batch no larger than the context, the ubatch no larger than the batch.
+    pub fn context_params(&self, hp: &Hparams) -> Result<ContextParams, String> {
+        let n_ctx = if self.n_ctx == 0 {
+            hp.n_ctx_train.min(4096)
+        } else {
+            self.n_ctx
+        };
+        if self.n_batch == 0 || self.n_ubatch == 0 {
+            return Err(format!(
+                "batch sizes must be positive (-b {}, -ub {})",
+                self.n_batch, self.n_ubatch
+            ));
+        }
+        if n_ctx > hp.n_ctx_train {
+            log::warn!(
+                "context size {n_ctx} is larger than the model's training context {}",
+                hp.n_ctx_train
+            );
+        }
+        Ok(ContextParams {
+            n_ctx,
+            n_batch: self.n_batch.min(n_ctx),
+            n_ubatch: self.n_ubatch.min(self.n_batch).min(n_ctx),
+            n_seq_max: self.n_seq_max,
+            defrag_thold: self.defrag_thold,
+        })
+    }
+}

