@@ -87,6 +87,7 @@ impl GpuArgs {
             no_subgroups: self.no_subgroups,
             max_binding_override: None,
             kernels: self.kernels,
+            tuning: wgllm::ops::KernelTuning::from_env()?,
         })?)
     }
 }

@@ -18,13 +18,6 @@ pub struct Graph {
     pub scratch_bytes: u64,
 }
 
-/// `WGLLM_PROFILE=1`: before each run, time every dispatch alone and log the totals per
-/// op (slow; for finding where the time goes, not for measuring speed).
-fn profiling() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("WGLLM_PROFILE").is_ok_and(|v| v == "1"))
-}
-
 impl Graph {
     fn profile(&self, gpu: &Gpu) -> Result<(), GpuError> {
         let mut per_op: std::collections::BTreeMap<&str, (f64, usize)> = Default::default();
@@ -52,7 +45,9 @@ impl Graph {
     /// Records all dispatches in one pass, then (optionally) copies `read` to a mappable
     /// buffer in the same submit; returns the bytes read.
     pub fn run(&self, gpu: &Gpu, read: Option<(&View, u64)>) -> Result<Option<Vec<u8>>, GpuError> {
-        if profiling() {
+        // `gpu.tuning.profile` (`WGLLM_PROFILE=1`): before each run, time every dispatch
+        // alone and log the totals per op (slow; for finding where the time goes).
+        if gpu.tuning.profile {
             self.profile(gpu)?;
         }
         let mut enc = gpu.device.create_command_encoder(&Default::default());
