@@ -811,3 +811,30 @@ fn unknown_variants_are_refused() {
     let e = Gpu::new(&bad).err().expect("tuning with 3 rows refused");
     assert!(e.to_string().contains("WGLLM_GPU_VEC"), "{e}");
 }
+
+/// Heads larger than any split output kernel variant fall back to the one-pass kernel.
+#[test]
+fn attention_with_heads_beyond_the_split_variants() {
+    let mut rng = Rng(33);
+    for (name, gpu, _serial) in gpus() {
+        if gpu.kernels != KernelShape::Gpu {
+            continue;
+        }
+        let s = AttnShape {
+            head_dim: wgllm::ops::kernels::MAX_SPLIT_HEAD_DIM + 4,
+            n_head: 1,
+            n_head_kv: 1,
+            n_tok: 1,
+            n_kv: 300,
+            kv_f16: false,
+        };
+        let sp = SoftmaxParams {
+            scale: 0.02,
+            max_bias: 0.0,
+            n_head: 1,
+        };
+        let (n, want, got) = attention_case(gpu, &mut rng, &s, &sp, 300);
+        assert_eq!(n, 3, "{name}: scores, softmax and the one-pass output");
+        check(&format!("{name} attention {s:?}"), &want, &got, 1e-10);
+    }
+}

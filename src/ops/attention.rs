@@ -3,7 +3,7 @@
 //! Three dispatches, each parallel over a different axis (cells, rows, head dims), so a
 //! single decoded token still spreads its work across the adapter.
 
-use super::kernels::split_shape;
+use super::kernels::{split_shape, MAX_SPLIT_HEAD_DIM};
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
 use super::uniforms::{AttnSumUniform, AttnUniform};
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View};
@@ -71,7 +71,11 @@ impl AttnShape {
     /// made a decoded token over 4096 cells cost 30x the llama.cpp Vulkan time on an H100.
     /// CPU-like adapters (lavapipe) keep the one-pass kernel, already spread over threads.
     fn split(&self, gpu: &Gpu) -> Option<Split> {
-        if gpu.kernels != KernelShape::Gpu || self.n_tok > split_max_tok(&gpu.tuning) {
+        // Heads larger than the split kernel's variants (none known) take the one-pass kernel.
+        if gpu.kernels != KernelShape::Gpu
+            || self.n_tok > split_max_tok(&gpu.tuning)
+            || self.head_dim > MAX_SPLIT_HEAD_DIM
+        {
             return None;
         }
         // Chunks of SPLIT_CHUNK cells, or fewer, longer chunks where the partial sums of
