@@ -1,15 +1,21 @@
 //! Kernel benchmarks on the default adapter: the matmul shapes of SmolLM2's decode and
 //! prompt steps, for each weight type, with the adapter's kernel shape.
-//! `cargo bench --bench ops` (WGPU_BACKEND / WGLLM_MATMUL_TILE to compare variants).
+//! `cargo bench --bench ops` (WGPU_BACKEND, and the WGLLM_* tuning variables such as
+//! WGLLM_MATMUL_TILE, to compare variants).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use wgllm::gguf::{quant, GgmlType};
-use wgllm::gpu::{Gpu, GpuOptions};
+use wgllm::gpu::{Gpu, GpuOptions, KernelTuning};
 use wgllm::ops::matmul::matmul;
 use wgllm::ops::{run_now, View, Weight};
 
 fn bench_matmul(c: &mut Criterion) {
-    let gpu = Gpu::new(&GpuOptions::default()).expect("a GPU adapter (software Vulkan will do)");
+    let tuning = KernelTuning::from_env().expect("valid WGLLM_* tuning variables");
+    let gpu = Gpu::new(&GpuOptions {
+        tuning,
+        ..Default::default()
+    })
+    .expect("a GPU adapter (software Vulkan will do)");
     let mut group = c.benchmark_group(format!("matmul/{}", gpu.info.name));
     group.sample_size(10);
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16] {

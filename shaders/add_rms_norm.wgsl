@@ -2,13 +2,8 @@
 // sum = a + b;  dst = sum / sqrt(mean(sum^2) + eps) * w  (w has n elements).
 // Both sum (the new residual stream) and dst (the normed input of the next block) are
 // written, saving the separate add's dispatch and a round trip through memory.
-struct Params {
-    n: u32,
-    eps: f32,
-    _pad0: u32,
-    _pad1: u32,
-}
 
+// `Params` is `NormUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;

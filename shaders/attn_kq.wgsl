@@ -2,19 +2,10 @@
 // q is [head_dim, n_head, n_tok]; k is the cache, [head_dim, n_head_kv, cells] of KV_T.
 // One invocation owns one cell and TB tokens: each key is loaded once and used TB times
 // (the queries are the same for all invocations of a workgroup row).
-struct Params {
-    head_dim: u32,
-    n_head: u32,
-    n_head_kv: u32,
-    n_tok: u32,
-    n_kv: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
 
 const TB: u32 = {{TB}}u;
 
+// `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k: array<vec4<{{KV_T}}>>;

@@ -2,19 +2,10 @@
 // dst is [head_dim * n_head, n_tok], the layout the output projection reads.
 // One invocation owns one head dimension and TB tokens: each value is loaded once and used
 // TB times; cells that all TB tokens give zero weight (the causal mask) are skipped.
-struct Params {
-    head_dim: u32,
-    n_head: u32,
-    n_head_kv: u32,
-    n_tok: u32,
-    n_kv: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
 
 const TB: u32 = {{TB}}u;
 
+// `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> probs: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<{{KV_T}}>;

@@ -5,21 +5,12 @@
 // Inside a workgroup, LANES invocations cover a value row (vec4 each, NV per invocation,
 // consecutive lanes reading consecutive words) and GROUPS = 64 / LANES of them take
 // interleaved cells of the chunk.
-struct Params {
-    head_dim: u32,
-    n_head: u32,
-    n_head_kv: u32,
-    n_tok: u32,
-    n_kv: u32,
-    chunk: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
 
 const LANES: u32 = {{LANES}}u;
 const NV: u32 = {{NV}}u;
 const GROUPS: u32 = 64u / LANES;
 
+// `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> probs: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<vec4<{{KV_T}}>>;

@@ -1,12 +1,7 @@
 // Adds the chunks' partial attention outputs of attn_kqv_split.wgsl:
 // dst[i] = sum over s of part[s][i], i over [head_dim / 4 * n_head * n_tok] vec4s.
-struct Params {
-    n: u32,
-    n_split: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
 
+// `Params` is `AttnSumUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> dst: array<vec4<f32>>;

@@ -1,11 +1,6 @@
 // dst[i] = a[i] OP b[i % nb]: residual adds and broadcast multiplies.
-struct Params {
-    n: u32,
-    nb: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
 
+// `Params` is `BinaryUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;

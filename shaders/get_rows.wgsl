@@ -1,19 +1,10 @@
 // Gathers rows `ids[t]` of a (possibly quantized) matrix into f32 rows: embeddings, and
 // selecting the rows that need logits. The matrix may be one chunk of a split tensor:
 // only ids inside [row_begin, row_begin + row_count) are written by this dispatch.
-struct Params {
-    n: u32,          // elements per row
-    row_words: u32,  // words per row in the GPU layout
-    row_begin: u32,
-    row_count: u32,
-    n_ids: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
 
 const WB_SLOTS: u32 = 1u;
 
+// `Params` is `GetRowsUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;

@@ -1,11 +1,6 @@
 // Gated linear unit: dst[i] = act(gate[i]) * up[i] (SwiGLU with SiLU, GeGLU with GELU).
-struct Params {
-    n: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
 
+// `Params` is `GluUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> gate: array<f32>;
 @group(0) @binding(2) var<storage, read> up: array<f32>;

@@ -3,21 +3,12 @@
 // One invocation owns R consecutive weight rows and TB tokens: each weight block is
 // dequantized once and used TB times, each block of x is loaded once and used R times.
 // This "rows per invocation, no barriers" shape is what CPU-like adapters run fastest.
-struct Params {
-    k: u32,              // row length (multiple of QK)
-    n_rows: u32,         // rows in this chunk
-    n_tok: u32,
-    row_words: u32,
-    out_row_offset: u32, // first row of this chunk in dst
-    out_stride: u32,     // dst row length (all rows of the matrix)
-    wg_x: u32,           // workgroups along x (rows are split over x and y)
-    _pad: u32,
-}
 
 const TB: u32 = {{TB}}u;
 const R: u32 = {{R}}u;
 const WB_SLOTS: u32 = R;
 
+// `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;

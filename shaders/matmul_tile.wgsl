@@ -5,21 +5,12 @@
 // them; each invocation then owns a TM x TN micro-tile of accumulators (rows tx + 16 i,
 // tokens ty + 16 j), which the host writes out unrolled (the DECL, BODY and STORE template slots).
 // Workgroup memory is 8 vec4 x (BM + BN): 16 KiB for 64x64, 24 KiB for 128x64.
-struct Params {
-    k: u32,
-    n_rows: u32,
-    n_tok: u32,
-    row_words: u32,
-    out_row_offset: u32,
-    out_stride: u32,
-    wg_x: u32,
-    _pad: u32,
-}
 
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
 const WB_SLOTS: u32 = 1u;
 
+// `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;

@@ -5,22 +5,13 @@
 // the REDUCE template slot is subgroupAdd plus a short sum over subgroups where the adapter has
 // subgroups no wider than TPR, else a workgroup-memory tree. CPU-like adapters use
 // matmul.wgsl instead.
-struct Params {
-    k: u32,
-    n_rows: u32,
-    n_tok: u32,
-    row_words: u32,
-    out_row_offset: u32,
-    out_stride: u32,
-    wg_x: u32,
-    _pad: u32,
-}
 
 const TB: u32 = {{TB}}u;
 const ROWS: u32 = {{ROWS}}u;
 const TPR: u32 = 256u / ROWS;
 const WB_SLOTS: u32 = 1u;
 
+// `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;

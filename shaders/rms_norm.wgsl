@@ -1,11 +1,6 @@
 // dst = x / sqrt(mean(x^2) + eps) * w, per row of n; w has n elements (one per column).
-struct Params {
-    n: u32,
-    eps: f32,
-    _pad0: u32,
-    _pad1: u32,
-}
 
+// `Params` is `NormUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;

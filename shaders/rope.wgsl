@@ -2,17 +2,8 @@
 // cache cell, for the K-shift). The cos/sin of every (token, pair) come from the host,
 // computed in f64: GPU sin/cos lose accuracy at the large angles long contexts reach.
 // KV_T is f32 for activations, f16 when rotating an f16 K cache in place (the K-shift).
-struct Params {
-    head_dim: u32,
-    n_head: u32,
-    n_tok: u32,
-    n_dims: u32,     // rotated dimensions (<= head_dim); the rest pass through
-    neox: u32,       // 0: rotate pairs (2i, 2i+1); 1: pairs (i, i + n_dims/2)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
 
+// `Params` is `RopeUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> cs: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read_write> x: array<{{KV_T}}>;

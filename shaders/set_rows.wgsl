@@ -1,12 +1,7 @@
 // Copies new K/V rows into cache cells: dst[idx[r]] = src[r], rows of row_len values.
 // The cache element type KV_T is f16 where the adapter has shader-f16, else f32.
-struct Params {
-    row_len: u32,
-    n_rows: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
 
+// `Params` is `SetRowsUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read> idx: array<u32>;

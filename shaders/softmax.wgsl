@@ -1,17 +1,8 @@
 // Row softmax of (x * scale + slope * mask), as ggml_soft_max_ext: mask is [n_cols, rows_per_head]
 // (one row per token, shared by every head); slope is 1, or the ALiBi slope of the row's
 // head when max_bias > 0. Masked entries (-inf) get exactly 0.
-struct Params {
-    n_cols: u32,
-    rows_per_head: u32,
-    has_mask: u32,
-    n_head_log2: u32,
-    scale: f32,
-    max_bias: f32,
-    m0: f32,
-    m1: f32,
-}
 
+// `Params` is `SoftmaxUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> mask: array<f32>;
 @group(0) @binding(2) var<storage, read_write> x: array<f32>;

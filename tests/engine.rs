@@ -241,7 +241,8 @@ fn a_host_device_runs_the_engine() {
         device.clone(),
         queue.clone(),
         &GpuOptions::default(),
-    );
+    )
+    .unwrap();
     assert!(!host.has_f16, "the host did not ask for shader-f16");
     let own = Gpu::new(&GpuOptions {
         backend: wgllm::gpu::Backend::Vulkan,

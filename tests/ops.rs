@@ -5,8 +5,7 @@ mod common;
 
 use common::{gpus, small_binding_gpu, small_binding_gpu_with, Rng};
 use wgllm::gguf::{quant, GgmlType};
-use wgllm::gpu::Gpu;
-use wgllm::gpu::KernelShape;
+use wgllm::gpu::{Backend, Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
 use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
 use wgllm::ops::attention::{attention, attention_ref, AttnShape, AttnViews};
 use wgllm::ops::binary::{binary, binary_ref, BinaryOp};
@@ -17,7 +16,7 @@ use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
 use wgllm::ops::set_rows::{set_rows, set_rows_ref};
 use wgllm::ops::softmax::{softmax, softmax_ref, SoftmaxParams};
-use wgllm::ops::{nmse, run_now, View, Weight};
+use wgllm::ops::{nmse, run_now, KernelKey, View, Weight};
 
 const WEIGHT_TYPES: [GgmlType; 5] = [
     GgmlType::F32,
@@ -688,4 +687,154 @@ fn split_attention_chunks_grow_to_fit_the_partials() {
     assert_eq!(s.partials_len(&gpu), 4 * 20 * 8 * 16);
     let (_, want, got) = attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize);
     check("split attention with grown chunks", &want, &got, 1e-10);
+}
+
+/// The tuning overrides reach the kernels, and the variants they pick (other matmul tiles
+/// and row counts, other attention tokens per invocation, no split) match the reference.
+#[test]
+fn tuned_kernels_match_reference() {
+    let mut rng = Rng(31);
+    let cases = [
+        (
+            KernelShape::Cpu,
+            KernelTuning {
+                matmul_tile: Some((8, 16)),
+                attn_tb: Some(8),
+                ..Default::default()
+            },
+        ),
+        (
+            KernelShape::Cpu,
+            KernelTuning {
+                matmul_tile: Some((1, 2)),
+                attn_tb: Some(2),
+                ..Default::default()
+            },
+        ),
+        (
+            KernelShape::Gpu,
+            KernelTuning {
+                gpu_vec_rows: Some(32),
+                tile_min: Some(16),
+                gpu_tile: Some((64, 64)),
+                attn_split_max_tok: Some(1),
+                ..Default::default()
+            },
+        ),
+        (
+            KernelShape::Gpu,
+            KernelTuning {
+                gpu_vec_rows: Some(1),
+                attn_tb: Some(1),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (kernels, tuning) in cases {
+        let gpu = Gpu::new(&GpuOptions {
+            backend: Backend::Vulkan,
+            kernels,
+            tuning: tuning.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(gpu.tuning, tuning);
+        let name = format!("{kernels:?} {tuning:?}");
+        for n_tok in [1usize, 5, 12, 20] {
+            let ty = GgmlType::Q4_1;
+            let (k, n) = (96, 70);
+            let data = quantized(ty, &mut rng, k, n);
+            let x = rng.vec(k * n_tok);
+            let w = Weight::upload(&gpu, "w", ty, k, n, &data).unwrap();
+            let dst = out_f32(&gpu, n * n_tok);
+            let d = matmul(&gpu, &w, &up_f32(&gpu, &x), n_tok as u32, &dst).unwrap();
+            run_now(&gpu, &d).unwrap();
+            let want = matmul_ref(ty, &data, k, n, &x, n_tok);
+            check(
+                &format!("{name} matmul T={n_tok}"),
+                &want,
+                &read(&gpu, &dst, want.len()),
+                1e-9,
+            );
+        }
+        for n_tok in [1u32, 6] {
+            let s = AttnShape {
+                head_dim: 64,
+                n_head: 4,
+                n_head_kv: 2,
+                n_tok,
+                n_kv: n_tok + 300,
+                kv_f16: gpu.has_f16,
+            };
+            let sp = SoftmaxParams {
+                scale: 0.125,
+                max_bias: 0.0,
+                n_head: 4,
+            };
+            let (_, want, got) = attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize);
+            check(&format!("{name} attention {s:?}"), &want, &got, 1e-10);
+        }
+    }
+}
+
+/// A kernel variant outside `KernelKey::all()` and a tuning value outside the variant
+/// space are clear errors, not panics or driver failures.
+#[test]
+fn unknown_variants_are_refused() {
+    let (_, gpu, _serial) = gpus().next().expect("a test GPU");
+    for key in [
+        KernelKey::Softmax { wg: 128 },
+        KernelKey::GetRows { ty: GgmlType::Q6K },
+        KernelKey::MatmulWg {
+            ty: GgmlType::Q4_0,
+            tb: 2,
+            rows: 4,
+            subgroups: false,
+        },
+    ] {
+        match gpu.pipeline(key) {
+            Err(GpuError::Shader { name, msg }) => {
+                assert_eq!(name, key.to_string());
+                assert!(msg.contains("KernelKey::all()"), "{msg}");
+            }
+            other => panic!("{key}: expected a refusal, got {:?}", other.map(|_| ())),
+        }
+    }
+    let bad = GpuOptions {
+        backend: Backend::Vulkan,
+        tuning: KernelTuning {
+            gpu_vec_rows: Some(3),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let e = Gpu::new(&bad).err().expect("tuning with 3 rows refused");
+    assert!(e.to_string().contains("WGLLM_GPU_VEC"), "{e}");
+}
+
+/// Heads larger than any split output kernel variant fall back to the one-pass kernel.
+#[test]
+fn attention_with_heads_beyond_the_split_variants() {
+    let mut rng = Rng(33);
+    for (name, gpu, _serial) in gpus() {
+        if gpu.kernels != KernelShape::Gpu {
+            continue;
+        }
+        let s = AttnShape {
+            head_dim: wgllm::ops::kernels::MAX_SPLIT_HEAD_DIM + 4,
+            n_head: 1,
+            n_head_kv: 1,
+            n_tok: 1,
+            n_kv: 300,
+            kv_f16: false,
+        };
+        let sp = SoftmaxParams {
+            scale: 0.02,
+            max_bias: 0.0,
+            n_head: 1,
+        };
+        let (n, want, got) = attention_case(gpu, &mut rng, &s, &sp, 300);
+        assert_eq!(n, 3, "{name}: scores, softmax and the one-pass output");
+        check(&format!("{name} attention {s:?}"), &want, &got, 1e-10);
+    }
 }

@@ -33,7 +33,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         n_depth: a.n_depth,
     };
     let (min_ctx, min_batch) = bench::min_context(&p);
-    let mut opts = a.model.options();
+    let mut opts = a.model.options()?;
     opts.n_ctx = opts.n_ctx.max(min_ctx);
     opts.n_batch = opts.n_batch.max(min_batch);
     let mut engine = load_engine(&a.model, &opts)?;

@@ -66,15 +66,18 @@ pub struct GpuArgs {
 }
 
 impl GpuArgs {
-    pub fn options(&self) -> GpuOptions {
-        GpuOptions {
+    /// The GPU options, with the kernel tuning read from the environment (the one place
+    /// the `WGLLM_*` variables are read).
+    pub fn options(&self) -> Result<GpuOptions> {
+        Ok(GpuOptions {
             backend: self.backend,
             adapter_index: self.device,
             no_f16: self.no_f16,
             no_subgroups: self.no_subgroups,
             max_binding_override: None,
             kernels: self.kernels,
-        }
+            tuning: wgllm::ops::KernelTuning::from_env()?,
+        })
     }
 }
 
@@ -107,15 +110,15 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    pub fn options(&self) -> EngineOptions {
-        EngineOptions {
+    pub fn options(&self) -> Result<EngineOptions> {
+        Ok(EngineOptions {
             n_ctx: self.ctx_size,
             n_batch: self.batch_size,
             n_ubatch: self.ubatch_size,
             n_seq_max: self.n_parallel,
             defrag_thold: self.defrag_thold,
-            gpu: self.gpu.options(),
-        }
+            gpu: self.gpu.options()?,
+        })
     }
 }
 

@@ -24,7 +24,7 @@ pub struct PerplexityArgs {
 pub fn perplexity(a: &PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
-    let mut engine = load_engine(&a.model, &a.model.options())?;
+    let mut engine = load_engine(&a.model, &a.model.options()?)?;
     let tokens = engine.tokenizer.encode(&text, true, false);
     let n_ctx = engine.n_ctx();
     eprintln!(

@@ -190,7 +190,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     };
     // Checked before loading anything.
     params.validate()?;
-    let mut engine = load_engine(&a.model, &a.model.options())?;
+    let mut engine = load_engine(&a.model, &a.model.options()?)?;
     params.sampling = a.sampling.params(&engine)?;
     let id = engine.open_session(params)?;
     // With a system prompt the prompt is the first user turn of a chat (as llama-cli

@@ -1,6 +1,7 @@
 //! Choosing an adapter and opening a device with the adapter's own limits.
 
 use super::GpuError;
+use crate::ops::{KernelKey, KernelTuning};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -107,6 +108,8 @@ pub struct GpuOptions {
     /// Pretend the storage binding limit is this small (tests the tensor-splitting path).
     pub max_binding_override: Option<u64>,
     pub kernels: KernelShape,
+    /// Overrides of kernel choices, for measuring (checked by `Gpu::new`).
+    pub tuning: KernelTuning,
 }
 
 /// One line of `wgllm devices`.
@@ -176,7 +179,9 @@ pub struct Gpu {
     pub is_cpu: bool,
     /// Resolved kernel shape (never `Auto`).
     pub kernels: KernelShape,
-    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// The kernel overrides the ops apply (a copy of [`GpuOptions::tuning`]).
+    pub tuning: KernelTuning,
+    pipelines: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
 }
@@ -191,6 +196,9 @@ impl Gpu {
 
     /// [`Gpu::new`] for callers that can await (the browser).
     pub async fn open(opts: &GpuOptions) -> Result<Arc<Gpu>, GpuError> {
+        opts.tuning
+            .validate()
+            .map_err(|e| GpuError::Validation(format!("kernel tuning: {e}")))?;
         let inst = instance(opts.backend);
         let adapters = inst.enumerate_adapters(opts.backend.backends()).await;
         let count = adapters.len();
@@ -284,8 +292,11 @@ impl Gpu {
         device: wgpu::Device,
         queue: wgpu::Queue,
         opts: &GpuOptions,
-    ) -> Arc<Gpu> {
-        Self::wrap(adapter, device, queue, opts)
+    ) -> Result<Arc<Gpu>, GpuError> {
+        opts.tuning
+            .validate()
+            .map_err(|e| GpuError::Validation(format!("kernel tuning: {e}")))?;
+        Ok(Self::wrap(adapter, device, queue, opts))
     }
 
     /// Capabilities of an open device, from what it was created with.
@@ -334,47 +345,61 @@ impl Gpu {
             has_subgroups,
             is_cpu,
             kernels,
+            tuning: opts.tuning.clone(),
             pipelines: Mutex::new(HashMap::new()),
             errors: Arc::new(Mutex::new(Vec::new())),
             lost: Arc::new(Mutex::new(None)),
         })
     }
 
-    /// A compute pipeline for `source` (entry point `main`), compiled once per `key`.
-    pub fn pipeline(
-        &self,
-        key: &str,
-        source: impl FnOnce() -> String,
-    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
-        if let Some(p) = self.pipelines.lock().unwrap().get(key) {
+    /// The compute pipeline of a kernel variant (entry point `main`), compiled once.
+    /// Keys outside [`KernelKey::all`] are refused: only those are checked offline
+    /// (naga validation, MSL and HLSL translation), so a selection bug fails here, loudly,
+    /// rather than on some other backend's driver.
+    pub fn pipeline(&self, key: KernelKey) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
             return Ok(p.clone());
         }
-        let src = source();
-        // Validate with naga first: its messages name the line, and a bad shader must
-        // not reach the driver.
-        let module = naga::front::wgsl::parse_str(&src).map_err(|e| GpuError::Shader {
-            name: key.to_string(),
-            msg: e.emit_to_string(&src),
-        })?;
+        let name = key.to_string();
+        let shader_err = |msg: String| GpuError::Shader {
+            name: name.clone(),
+            msg,
+        };
+        if !key.is_known() {
+            return Err(shader_err(
+                "not one of the kernel variants KernelKey::all() lists (and the offline check covers)"
+                    .into(),
+            ));
+        }
+        let missing = key.features() - self.device.features();
+        if !missing.is_empty() {
+            return Err(shader_err(format!(
+                "needs device features {missing:?}, which this device was opened without"
+            )));
+        }
+        let src = key.source().map_err(&shader_err)?;
+        // Validate with naga first, with only the capabilities the key declares: its
+        // messages name the line, and a bad shader must not reach the driver.
+        let module =
+            naga::front::wgsl::parse_str(&src).map_err(|e| shader_err(e.emit_to_string(&src)))?;
         let mut validator = naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
+            key.naga_capabilities(),
         );
-        validator.validate(&module).map_err(|e| GpuError::Shader {
-            name: key.to_string(),
-            msg: e.emit_to_string(&src),
-        })?;
+        validator
+            .validate(&module)
+            .map_err(|e| shader_err(e.emit_to_string(&src)))?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let sm = self
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(key),
+                label: Some(&name),
                 source: wgpu::ShaderSource::Wgsl(src.into()),
             });
         let p = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(key),
+                label: Some(&name),
                 layout: None,
                 module: &sm,
                 entry_point: Some("main"),
@@ -382,16 +407,10 @@ impl Gpu {
                 cache: None,
             });
         if let Some(e) = super::scope_error(scope) {
-            return Err(GpuError::Shader {
-                name: key.to_string(),
-                msg: e.to_string(),
-            });
+            return Err(shader_err(e.to_string()));
         }
         let p = Arc::new(p);
-        self.pipelines
-            .lock()
-            .unwrap()
-            .insert(key.to_string(), p.clone());
+        self.pipelines.lock().unwrap().insert(key, p.clone());
         Ok(p)
     }
 

@@ -8,6 +8,7 @@ mod buffers;
 mod context;
 mod readback;
 
+pub use crate::ops::{KernelKey, KernelTuning};
 pub use context::{list_adapters, AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
 
 /// Errors from the GPU layer.

@@ -18,14 +18,6 @@ pub struct Graph {
     pub scratch_bytes: u64,
 }
 
-/// `WGLLM_PROFILE=1`: before each run, time every dispatch alone and log the totals per
-/// op (slow; for finding where the time goes, not for measuring speed).
-#[cfg(not(target_arch = "wasm32"))]
-fn profiling() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("WGLLM_PROFILE").is_ok_and(|v| v == "1"))
-}
-
 impl Graph {
     #[cfg(not(target_arch = "wasm32"))]
     fn profile(&self, gpu: &Gpu) -> Result<(), GpuError> {
@@ -58,8 +50,10 @@ impl Graph {
         gpu: &Gpu,
         read: Option<(&View, u64)>,
     ) -> Result<Option<Vec<u8>>, GpuError> {
+        // `gpu.tuning.profile` (`WGLLM_PROFILE=1`): before each run, time every dispatch
+        // alone and log the totals per op (slow; for finding where the time goes).
         #[cfg(not(target_arch = "wasm32"))]
-        if profiling() {
+        if gpu.tuning.profile {
             self.profile(gpu)?;
         }
         let mut enc = gpu.device.create_command_encoder(&Default::default());

@@ -1,6 +1,7 @@
 //! Residual add fused with RMS norm: sum = a + b, dst = rms_norm(sum) * w, one dispatch.
 
-use super::{record, shaders, split_groups, Dispatch, View};
+use super::uniforms::NormUniform;
+use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
 /// a, b, sum and dst are [n, n_rows]; w has n elements.
@@ -16,14 +17,18 @@ pub fn add_rms_norm(
     n_rows: u32,
     eps: f32,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline("add_rms_norm", || shaders::ADD_RMS_NORM.to_string())?;
-    let params: [u32; 4] = [n, eps.to_bits(), 0, 0];
+    let pipeline = gpu.pipeline(KernelKey::AddRmsNorm)?;
+    let params = NormUniform {
+        n,
+        eps,
+        ..Default::default()
+    };
     let (gx, gy) = split_groups(n_rows);
     record(
         gpu,
         "add_rms_norm",
         pipeline,
-        bytemuck::cast_slice(&params),
+        bytemuck::bytes_of(&params),
         &[a, b, w, sum, dst],
         [gx, gy, 1],
     )

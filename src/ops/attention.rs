@@ -3,8 +3,10 @@
 //! Three dispatches, each parallel over a different axis (cells, rows, head dims), so a
 //! single decoded token still spreads its work across the adapter.
 
+use super::kernels::{split_shape, MAX_SPLIT_HEAD_DIM};
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
-use super::{record, shaders, split_groups, Dispatch, View};
+use super::uniforms::{AttnSumUniform, AttnUniform};
+use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -20,17 +22,17 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
-    fn params(&self) -> [u32; 8] {
-        [
-            self.head_dim,
-            self.n_head,
-            self.n_head_kv,
-            self.n_tok,
-            self.n_kv,
-            0,
-            0,
-            0,
-        ]
+    /// The kernels' uniform block, with `chunk` cells per chunk for the split kernel.
+    fn uniform(&self, chunk: u32) -> AttnUniform {
+        AttnUniform {
+            head_dim: self.head_dim,
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            n_tok: self.n_tok,
+            n_kv: self.n_kv,
+            chunk,
+            ..Default::default()
+        }
     }
     /// Tokens one pass of the three kernels takes. The scores of a pass (heads × tokens ×
     /// cells, f32) must fit one storage binding: at long contexts a big ubatch does not
@@ -69,7 +71,11 @@ impl AttnShape {
     /// made a decoded token over 4096 cells cost 30x the llama.cpp Vulkan time on an H100.
     /// CPU-like adapters (lavapipe) keep the one-pass kernel, already spread over threads.
     fn split(&self, gpu: &Gpu) -> Option<Split> {
-        if gpu.kernels != KernelShape::Gpu || self.n_tok > split_max_tok() {
+        // Heads larger than the split kernel's variants (none known) take the one-pass kernel.
+        if gpu.kernels != KernelShape::Gpu
+            || self.n_tok > split_max_tok(&gpu.tuning)
+            || self.head_dim > MAX_SPLIT_HEAD_DIM
+        {
             return None;
         }
         // Chunks of SPLIT_CHUNK cells, or fewer, longer chunks where the partial sums of
@@ -97,14 +103,11 @@ impl AttnShape {
 }
 
 /// Most tokens for which GPU-shaped kernels split the attention output over cells: all
-/// by default (`WGLLM_ATTN_SPLIT=N` sets a limit, for measuring). Prompts gain too: H100,
-/// pp512 with 8 as the limit vs none: SmolLM2 shape 13.8k -> 21.2k t/s, 7B Q4_0 1300 ->
-/// 1539, and at depth 2048 4.4k -> 10.9k and 625 -> 1093.
-fn split_max_tok() -> u32 {
-    std::env::var("WGLLM_ATTN_SPLIT")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(u32::MAX)
+/// by default (`tuning.attn_split_max_tok`, `WGLLM_ATTN_SPLIT=N`, sets a limit, for
+/// measuring). Prompts gain too: H100, pp512 with 8 as the limit vs none: SmolLM2 shape
+/// 13.8k -> 21.2k t/s, 7B Q4_0 1300 -> 1539, and at depth 2048 4.4k -> 10.9k and 625 -> 1093.
+fn split_max_tok(tuning: &KernelTuning) -> u32 {
+    tuning.attn_split_max_tok.unwrap_or(u32::MAX)
 }
 
 /// Largest partial-output scratch the split takes: beyond it, chunks grow past SPLIT_CHUNK
@@ -131,24 +134,14 @@ fn kqv_split(
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let d4 = s.head_dim / 4;
-    // Lanes across a row: the largest power of two up to d4 (at most 64).
-    let lanes = 1u32 << (31 - d4.min(64).leading_zeros());
-    let nv = d4.div_ceil(lanes);
-    let f16 = s.kv_f16;
-    let split = gpu.pipeline(&format!("attn_kqv_split_{f16}_{lanes}_{nv}"), || {
-        shaders::attn_kqv_split_source(f16, lanes, nv)
+    let (lanes, nv) = split_shape(d4);
+    let split = gpu.pipeline(KernelKey::AttnKqvSplit {
+        f16: s.kv_f16,
+        lanes,
+        nv,
     })?;
-    let sum = gpu.pipeline("attn_kqv_sum", || shaders::ATTN_KQV_SUM.to_string())?;
-    let params = [
-        s.head_dim,
-        s.n_head,
-        s.n_head_kv,
-        s.n_tok,
-        s.n_kv,
-        sp.chunk,
-        0,
-        0,
-    ];
+    let sum = gpu.pipeline(KernelKey::AttnKqvSum)?;
+    let params = s.uniform(sp.chunk);
     let n_split = sp.n_split;
     let partials = sub_view(partials, 0, s.partials_bytes(n_split));
     let n = d4 * s.n_head * s.n_tok;
@@ -158,7 +151,7 @@ fn kqv_split(
             gpu,
             "attn_kqv",
             split,
-            bytemuck::cast_slice(&params),
+            bytemuck::bytes_of(&params),
             &[probs, v, &partials],
             [n_split, s.n_tok, s.n_head],
         )?,
@@ -166,7 +159,11 @@ fn kqv_split(
             gpu,
             "attn_kqv_sum",
             sum,
-            bytemuck::cast_slice(&[n, n_split, 0, 0]),
+            bytemuck::bytes_of(&AttnSumUniform {
+                n,
+                n_split,
+                ..Default::default()
+            }),
             &[&partials, dst],
             [gx, gy, 1],
         )?,
@@ -191,13 +188,10 @@ fn sub_view(v: &View, start: u64, len: u64) -> View {
 }
 
 /// Tokens per invocation in the score and output kernels: each cached key or value row is
-/// loaded once for that many tokens. `WGLLM_ATTN_TB` overrides it, for measuring.
-fn tokens_per_invocation(n_tok: u32) -> u32 {
-    if let Some(tb) = std::env::var("WGLLM_ATTN_TB")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|&t| t > 0)
-    {
+/// loaded once for that many tokens. `tuning.attn_tb` (`WGLLM_ATTN_TB`) overrides it, for
+/// measuring.
+fn tokens_per_invocation(tuning: &KernelTuning, n_tok: u32) -> u32 {
+    if let Some(tb) = tuning.attn_tb {
         return tb;
     }
     // lavapipe, SmolLM2 pp128: 1 token 4.9 t/s, 4 tokens 6.2, 8 tokens 5.6.
@@ -237,20 +231,20 @@ pub fn attention(
         partials,
         dst,
     } = *io;
-    if !s.head_dim.is_multiple_of(4) || !s.n_head.is_multiple_of(s.n_head_kv) {
+    if s.head_dim == 0
+        || !s.head_dim.is_multiple_of(4)
+        || s.n_head_kv == 0
+        || !s.n_head.is_multiple_of(s.n_head_kv)
+    {
         return Err(GpuError::Validation(format!(
-            "attention: head_dim {} must be a multiple of 4 and n_head {} a multiple of n_head_kv {}",
+            "attention: head_dim {} must be a positive multiple of 4 and n_head {} a multiple of a nonzero n_head_kv {}",
             s.head_dim, s.n_head, s.n_head_kv
         )));
     }
     let f16 = s.kv_f16;
-    let tb = tokens_per_invocation(s.n_tok);
-    let kq = gpu.pipeline(&format!("attn_kq_{f16}_{tb}"), || {
-        shaders::kv_source_tb(shaders::ATTN_KQ, f16, tb)
-    })?;
-    let kqv = gpu.pipeline(&format!("attn_kqv_{f16}_{tb}"), || {
-        shaders::kv_source_tb(shaders::ATTN_KQV, f16, tb)
-    })?;
+    let tb = tokens_per_invocation(&gpu.tuning, s.n_tok);
+    let kq = gpu.pipeline(KernelKey::AttnKq { f16, tb })?;
+    let kqv = gpu.pipeline(KernelKey::AttnKqv { f16, tb })?;
     let per_pass = s.tokens_per_pass(gpu)?;
     let q_row = s.head_dim as u64 * s.n_head as u64 * 4;
     let mask_row = s.n_kv as u64 * 4;
@@ -258,7 +252,7 @@ pub fn attention(
     for t0 in (0..s.n_tok).step_by(per_pass as usize) {
         let n_tok = per_pass.min(s.n_tok - t0);
         let pass = AttnShape { n_tok, ..*s };
-        let params = pass.params();
+        let params = pass.uniform(0);
         let (t0, nt) = (t0 as u64, n_tok as u64);
         let q = sub_view(q, t0 * q_row, nt * q_row);
         let dst = sub_view(dst, t0 * q_row, nt * q_row);
@@ -268,7 +262,7 @@ pub fn attention(
             gpu,
             "attn_kq",
             kq.clone(),
-            bytemuck::cast_slice(&params),
+            bytemuck::bytes_of(&params),
             &[&q, k, &scores],
             [s.n_kv.div_ceil(64), n_tok.div_ceil(tb), s.n_head],
         )?);
@@ -281,7 +275,7 @@ pub fn attention(
             gpu,
             "attn_kqv",
             kqv.clone(),
-            bytemuck::cast_slice(&params),
+            bytemuck::bytes_of(&params),
             &[&scores, v, &dst],
             [s.head_dim.div_ceil(64), n_tok.div_ceil(tb), s.n_head],
         )?);

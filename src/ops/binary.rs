@@ -1,16 +1,20 @@
 //! Element-wise add and multiply, with `b` broadcast along rows (b.len() divides a.len()).
 
-use super::{record, shaders, split_groups, Dispatch, View};
+use super::uniforms::BinaryUniform;
+use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
     Add,
     Mul,
 }
 
 impl BinaryOp {
-    fn expr(self) -> &'static str {
+    /// Every op, for enumerating the kernel variants.
+    pub const ALL: &'static [BinaryOp] = &[BinaryOp::Add, BinaryOp::Mul];
+
+    pub(crate) fn expr(self) -> &'static str {
         match self {
             BinaryOp::Add => "av + bv",
             BinaryOp::Mul => "av * bv",
@@ -34,16 +38,18 @@ pub fn binary(
     n: u32,
     nb: u32,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline(&format!("binary_{op:?}"), || {
-        shaders::compose(&[shaders::BINARY], &[("OP", op.expr().to_string())])
-    })?;
-    let params: [u32; 4] = [n, nb, 0, 0];
+    let pipeline = gpu.pipeline(KernelKey::Binary(op))?;
+    let params = BinaryUniform {
+        n,
+        nb,
+        ..Default::default()
+    };
     let (gx, gy) = split_groups(n.div_ceil(256));
     record(
         gpu,
         "binary",
         pipeline,
-        bytemuck::cast_slice(&params),
+        bytemuck::bytes_of(&params),
         &[a, b, dst],
         [gx, gy, 1],
     )

@@ -1,6 +1,7 @@
 //! get_rows: gather whole rows of a (quantized) matrix into f32 rows.
 
-use super::{record, shaders, Dispatch, View, Weight};
+use super::uniforms::GetRowsUniform;
+use super::{record, Dispatch, KernelKey, View, Weight};
 use crate::gguf::{quant, GgmlType};
 use crate::gpu::{Gpu, GpuError};
 
@@ -13,21 +14,23 @@ pub fn get_rows(
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let ty = w.ty;
-    let pipeline = gpu.pipeline(&format!("get_rows_{ty}"), || {
-        shaders::compose(
-            &[shaders::quant_snippet(ty).unwrap(), shaders::GET_ROWS],
-            &[],
-        )
-    })?;
+    let pipeline = gpu.pipeline(KernelKey::GetRows { ty })?;
     w.chunks
         .iter()
         .map(|c| {
-            let params = [w.n_cols, w.row_words, c.row_begin, c.n_rows, n_ids, 0, 0, 0];
+            let params = GetRowsUniform {
+                n: w.n_cols,
+                row_words: w.row_words,
+                row_begin: c.row_begin,
+                row_count: c.n_rows,
+                n_ids,
+                ..Default::default()
+            };
             record(
                 gpu,
                 "get_rows",
                 pipeline.clone(),
-                bytemuck::cast_slice(&params),
+                bytemuck::bytes_of(&params),
                 &[&View::whole(&c.buf), ids, dst],
                 [w.n_cols.div_ceil(64), n_ids, 1],
             )
@@ -45,21 +48,20 @@ pub fn select_rows(
     n_ids: u32,
     dst: &View,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline("get_rows_F32", || {
-        shaders::compose(
-            &[
-                shaders::quant_snippet(GgmlType::F32).unwrap(),
-                shaders::GET_ROWS,
-            ],
-            &[],
-        )
-    })?;
-    let params = [n_cols, n_cols, 0, n_rows, n_ids, 0, 0, 0];
+    let pipeline = gpu.pipeline(KernelKey::GetRows { ty: GgmlType::F32 })?;
+    let params = GetRowsUniform {
+        n: n_cols,
+        row_words: n_cols,
+        row_begin: 0,
+        row_count: n_rows,
+        n_ids,
+        ..Default::default()
+    };
     record(
         gpu,
         "select_rows",
         pipeline,
-        bytemuck::cast_slice(&params),
+        bytemuck::bytes_of(&params),
         &[src, ids, dst],
         [n_cols.div_ceil(64), n_ids, 1],
     )

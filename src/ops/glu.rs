@@ -1,16 +1,20 @@
 //! Gated linear units: SwiGLU (SiLU gate, llama) and GeGLU (tanh-GELU gate, gemma).
 
-use super::{record, shaders, split_groups, Dispatch, View};
+use super::uniforms::GluUniform;
+use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Activation {
     Silu,
     Gelu,
 }
 
 impl Activation {
-    fn wgsl(self) -> &'static str {
+    /// Every activation, for enumerating the kernel variants.
+    pub const ALL: &'static [Activation] = &[Activation::Silu, Activation::Gelu];
+
+    pub(crate) fn wgsl(self) -> &'static str {
         match self {
             Activation::Silu => "silu",
             Activation::Gelu => "gelu",
@@ -36,16 +40,17 @@ pub fn glu(
     dst: &View,
     n: u32,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline(&format!("glu_{act:?}"), || {
-        shaders::compose(&[shaders::GLU], &[("ACT", act.wgsl().to_string())])
-    })?;
-    let params: [u32; 4] = [n, 0, 0, 0];
+    let pipeline = gpu.pipeline(KernelKey::Glu(act))?;
+    let params = GluUniform {
+        n,
+        ..Default::default()
+    };
     let (gx, gy) = split_groups(n.div_ceil(256));
     record(
         gpu,
         "glu",
         pipeline,
-        bytemuck::cast_slice(&params),
+        bytemuck::bytes_of(&params),
         &[gate, up, dst],
         [gx, gy, 1],
     )

@@ -1,17 +1,15 @@
 //! matmul: dst[t][r] = dot(W[r], x[t]) with W read in its quantized block layout.
 
-use super::{record, shaders, split_groups, Dispatch, View, Weight};
+use super::uniforms::MatmulUniform;
+use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View, Weight};
 use crate::gguf::{quant, GgmlType};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
 /// (rows, tokens) per invocation: matrix-vector for one token, small tiles for batches.
-/// `WGLLM_MATMUL_TILE=RxT` overrides it, for benchmarking kernel shapes.
-pub fn tile(n_tok: u32) -> (u32, u32) {
-    if let Some((r, t)) = std::env::var("WGLLM_MATMUL_TILE").ok().and_then(|v| {
-        let (r, t) = v.split_once('x')?;
-        Some((r.parse().ok()?, t.parse().ok()?))
-    }) {
-        return (r, t);
+/// `tuning.matmul_tile` (`WGLLM_MATMUL_TILE=RxT`) overrides it, for benchmarking kernel shapes.
+pub fn tile(tuning: &KernelTuning, n_tok: u32) -> (u32, u32) {
+    if let Some(rt) = tuning.matmul_tile {
+        return rt;
     }
     // Measured on lavapipe with SmolLM2 (wgllm bench). Decode: 2x1 beat 1x1/4x1/8x1 on an
     // Intel host and was within 10 % of the best on an AMD EPYC (Zen 3) host. Prompts: 2x4
@@ -26,40 +24,59 @@ pub fn tile(n_tok: u32) -> (u32, u32) {
     }
 }
 
-fn env_u32(name: &str) -> Option<u32> {
-    std::env::var(name).ok()?.parse().ok()
-}
-
-/// Fewest tokens for which GPU-shaped kernels use the tiled matmul (`WGLLM_TILE_MIN`
-/// overrides the default 8); fewer go to the matrix-vector kernel.
-pub fn gpu_tile_min() -> u32 {
-    env_u32("WGLLM_TILE_MIN").unwrap_or(8).max(1)
+/// Fewest tokens for which GPU-shaped kernels use the tiled matmul (`tuning.tile_min`,
+/// `WGLLM_TILE_MIN`, overrides the default 8); fewer go to the matrix-vector kernel.
+pub fn gpu_tile_min(tuning: &KernelTuning) -> u32 {
+    tuning.tile_min.unwrap_or(8).max(1)
 }
 
 /// Weight rows per workgroup of 256 in the GPU matrix-vector kernel: 4 by default (64
 /// invocations per row; on an H100, tg beat 8 and 16 rows by 2 % and 10 % on a 135M, by
-/// 7 % and 21 % on a 7B); `WGLLM_GPU_VEC` picks a power of two from 1 to 32.
-pub fn gpu_vec_rows() -> u32 {
-    env_u32("WGLLM_GPU_VEC")
-        .filter(|r| r.is_power_of_two() && *r <= 32)
-        .unwrap_or(4)
+/// 7 % and 21 % on a 7B); `tuning.gpu_vec_rows` (`WGLLM_GPU_VEC`) picks a power of two
+/// from 1 to 32.
+pub fn gpu_vec_rows(tuning: &KernelTuning) -> u32 {
+    tuning.gpu_vec_rows.unwrap_or(4)
 }
 
 /// (weight rows, tokens) per workgroup of the tiled prompt matmul: 128x64 for big
 /// matrices where the adapter has the 24 KiB of workgroup memory it takes (on an H100,
 /// 7B pp512 1367 t/s against 1178 with 64x64), else 64x64 (16 KiB).
-/// `WGLLM_GPU_TILE=64x64|128x64` overrides it.
+/// `tuning.gpu_tile` (`WGLLM_GPU_TILE=64x64|128x64`) overrides it where it fits.
 pub fn gpu_tile(gpu: &Gpu, n_rows: u32) -> (u32, u32) {
     let fits = gpu.info.max_workgroup_storage >= 24 * 1024;
-    match std::env::var("WGLLM_GPU_TILE").as_deref() {
-        Ok("64x64") => return (64, 64),
-        Ok("128x64") if fits => return (128, 64),
+    match gpu.tuning.gpu_tile {
+        Some((64, 64)) => return (64, 64),
+        Some((128, 64)) if fits => return (128, 64),
         _ => {}
     }
     if fits && n_rows >= 2048 {
         (128, 64)
     } else {
         (64, 64)
+    }
+}
+
+/// The matmul variant for `n_tok` tokens through a `ty` matrix of `n_rows` rows on `gpu`.
+pub fn kernel(gpu: &Gpu, ty: GgmlType, n_rows: u32, n_tok: u32) -> KernelKey {
+    if gpu.kernels != KernelShape::Gpu {
+        let (rows, tb) = tile(&gpu.tuning, n_tok);
+        return KernelKey::Matmul { ty, rows, tb };
+    }
+    if n_tok >= gpu_tile_min(&gpu.tuning) {
+        let (bm, bn) = gpu_tile(gpu, n_rows);
+        return KernelKey::MatmulTile { ty, bm, bn };
+    }
+    let tb = if n_tok == 1 { 1 } else { 4 };
+    let rows = gpu_vec_rows(&gpu.tuning);
+    // subgroupAdd reduces within a row only where the widest subgroup fits in its
+    // 256 / rows invocations.
+    let max_sg = gpu.info.subgroup_size.1;
+    let subgroups = gpu.has_subgroups && max_sg > 0 && max_sg <= 256 / rows;
+    KernelKey::MatmulWg {
+        ty,
+        tb,
+        rows,
+        subgroups,
     }
 }
 
@@ -71,60 +88,36 @@ pub fn matmul(
     n_tok: u32,
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let ty = w.ty;
     if !w.n_cols.is_multiple_of(32) {
         return Err(GpuError::Validation(format!(
             "matmul {}: row length {} is not a multiple of 32",
             w.name, w.n_cols
         )));
     }
-    // (pipeline, weight rows per workgroup, tokens per workgroup)
-    let (pipeline, rows_per_group, tb) = if gpu.kernels == KernelShape::Gpu {
-        if n_tok >= gpu_tile_min() {
-            let (bm, bn) = gpu_tile(gpu, w.n_rows);
-            let p = gpu.pipeline(&format!("matmul_tile_{ty}_{bm}x{bn}"), || {
-                shaders::matmul_tile_source(ty, bm, bn)
-            })?;
-            (p, bm, bn)
-        } else {
-            let tb = if n_tok == 1 { 1 } else { 4 };
-            let rows = gpu_vec_rows();
-            let max_sg = gpu.info.subgroup_size.1;
-            let sg = gpu.has_subgroups && max_sg > 0 && max_sg <= 256 / rows;
-            let p = gpu.pipeline(&format!("matmul_wg_{ty}_{tb}x{rows}_{sg}"), || {
-                shaders::matmul_wg_source(ty, tb, rows, sg)
-            })?;
-            (p, rows, tb)
-        }
-    } else {
-        let (r, tb) = tile(n_tok);
-        let p = gpu.pipeline(&format!("matmul_{ty}_{r}x{tb}"), || {
-            shaders::compose(
-                &[shaders::quant_snippet(ty).unwrap(), shaders::MATMUL],
-                &[("TB", tb.to_string()), ("R", r.to_string())],
-            )
-        })?;
-        (p, 64 * r, tb)
-    };
+    let key = kernel(gpu, w.ty, w.n_rows, n_tok);
+    let pipeline = gpu.pipeline(key)?;
+    let (rows_per_group, tb) = key
+        .matmul_block()
+        .ok_or_else(|| GpuError::Validation(format!("{key} is not a matmul kernel")))?;
     w.chunks
         .iter()
         .map(|c| {
             let (gx, gy) = split_groups(c.n_rows.div_ceil(rows_per_group));
-            let params = [
-                w.n_cols,
-                c.n_rows,
+            let params = MatmulUniform {
+                k: w.n_cols,
+                n_rows: c.n_rows,
                 n_tok,
-                w.row_words,
-                c.row_begin,
-                w.n_rows,
-                gx,
-                0,
-            ];
+                row_words: w.row_words,
+                out_row_offset: c.row_begin,
+                out_stride: w.n_rows,
+                wg_x: gx,
+                ..Default::default()
+            };
             record(
                 gpu,
                 "matmul",
                 pipeline.clone(),
-                bytemuck::cast_slice(&params),
+                bytemuck::bytes_of(&params),
                 &[&View::whole(&c.buf), x, dst],
                 [gx, gy, n_tok.div_ceil(tb)],
             )

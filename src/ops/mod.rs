@@ -10,17 +10,22 @@ pub mod attention;
 pub mod binary;
 pub mod get_rows;
 pub mod glu;
+pub mod kernels;
 pub mod matmul;
 pub mod rms_norm;
 pub mod rope;
 pub mod set_rows;
 pub mod shaders;
 pub mod softmax;
+pub mod tuning;
+pub mod uniforms;
 pub mod weight;
 
 use crate::gpu::{Gpu, GpuError};
 use std::sync::Arc;
 
+pub use kernels::KernelKey;
+pub use tuning::{KernelTuning, TuningError};
 pub use weight::Weight;
 
 /// A byte range of a GPU buffer, as an op sees an input or output.
@@ -61,7 +66,8 @@ pub fn split_groups(n: u32) -> (u32, u32) {
     }
 }
 
-/// Records a dispatch: binding 0 is a uniform holding `params`, bindings 1.. the views.
+/// Records a dispatch: binding 0 is a uniform holding `params` (the kernel's struct from
+/// [`uniforms`], as bytes), bindings 1.. the views.
 pub fn record(
     gpu: &Gpu,
     label: &'static str,

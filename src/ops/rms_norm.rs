@@ -1,6 +1,7 @@
 //! RMS norm fused with the weight multiply: dst = x / sqrt(mean(x²) + eps) * w.
 
-use super::{record, shaders, split_groups, Dispatch, View};
+use super::uniforms::NormUniform;
+use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
 /// x and dst are [n, n_rows]; w has n elements.
@@ -13,14 +14,18 @@ pub fn rms_norm(
     n_rows: u32,
     eps: f32,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline("rms_norm", || shaders::RMS_NORM.to_string())?;
-    let params: [u32; 4] = [n, eps.to_bits(), 0, 0];
+    let pipeline = gpu.pipeline(KernelKey::RmsNorm)?;
+    let params = NormUniform {
+        n,
+        eps,
+        ..Default::default()
+    };
     let (gx, gy) = split_groups(n_rows);
     record(
         gpu,
         "rms_norm",
         pipeline,
-        bytemuck::cast_slice(&params),
+        bytemuck::bytes_of(&params),
         &[x, w, dst],
         [gx, gy, 1],
     )

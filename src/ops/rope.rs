@@ -1,7 +1,8 @@
 //! Rotary position embedding (normal and NeoX), in place. The angles are computed on the
 //! host in f64 and uploaded as a (cos, sin) table; the shader only rotates.
 
-use super::{record, shaders, Dispatch, View};
+use super::uniforms::RopeUniform;
+use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,24 +48,20 @@ pub fn rope(
             super::MAX_GROUPS
         )));
     }
-    let pipeline = gpu.pipeline(&format!("rope_{x_f16}"), || {
-        shaders::kv_source(shaders::ROPE, x_f16)
-    })?;
-    let params: [u32; 8] = [
-        rp.head_dim,
+    let pipeline = gpu.pipeline(KernelKey::Rope { f16: x_f16 })?;
+    let params = RopeUniform {
+        head_dim: rp.head_dim,
         n_head,
         n_tok,
-        rp.n_dims,
-        rp.neox as u32,
-        0,
-        0,
-        0,
-    ];
+        n_dims: rp.n_dims,
+        neox: rp.neox as u32,
+        ..Default::default()
+    };
     record(
         gpu,
         "rope",
         pipeline,
-        bytemuck::cast_slice(&params),
+        bytemuck::bytes_of(&params),
         &[table, x],
         [(rp.n_dims / 2).div_ceil(64), n_head, n_tok],
     )

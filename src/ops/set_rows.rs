@@ -1,6 +1,7 @@
 //! set_rows: copy new K/V rows into their cache cells.
 
-use super::{record, shaders, Dispatch, View};
+use super::uniforms::SetRowsUniform;
+use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
 /// dst row idx[r] = src row r, for r < n_rows, rows of row_len values; dst holds f16
@@ -14,15 +15,17 @@ pub fn set_rows(
     n_rows: u32,
     dst_f16: bool,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline(&format!("set_rows_{dst_f16}"), || {
-        shaders::kv_source(shaders::SET_ROWS, dst_f16)
-    })?;
-    let params: [u32; 4] = [row_len, n_rows, 0, 0];
+    let pipeline = gpu.pipeline(KernelKey::SetRows { f16: dst_f16 })?;
+    let params = SetRowsUniform {
+        row_len,
+        n_rows,
+        ..Default::default()
+    };
     record(
         gpu,
         "set_rows",
         pipeline,
-        bytemuck::cast_slice(&params),
+        bytemuck::bytes_of(&params),
         &[src, idx, dst],
         [row_len.div_ceil(64), n_rows, 1],
     )

@@ -1,6 +1,7 @@
 //! Softmax with scale, KQ mask and ALiBi slope, as ggml_soft_max_ext, in place on rows.
 
-use super::{record, shaders, split_groups, Dispatch, View};
+use super::uniforms::SoftmaxUniform;
+use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,18 +48,18 @@ pub fn softmax(
     } else {
         64
     };
-    let pipeline = gpu.pipeline(&format!("softmax_{wg}"), || shaders::softmax_source(wg))?;
-    let (n2, m0, m1) = sp.alibi();
-    let params: [u32; 8] = [
+    let pipeline = gpu.pipeline(KernelKey::Softmax { wg })?;
+    let (n_head_log2, m0, m1) = sp.alibi();
+    let params = SoftmaxUniform {
         n_cols,
         rows_per_head,
-        mask.is_some() as u32,
-        n2,
-        sp.scale.to_bits(),
-        sp.max_bias.to_bits(),
-        m0.to_bits(),
-        m1.to_bits(),
-    ];
+        has_mask: mask.is_some() as u32,
+        n_head_log2,
+        scale: sp.scale,
+        max_bias: sp.max_bias,
+        m0,
+        m1,
+    };
     let (gx, gy) = split_groups(rows_per_head * sp.n_head);
     // Without a mask the binding still needs a buffer; the shader never reads it.
     let dummy;
@@ -73,7 +74,7 @@ pub fn softmax(
         gpu,
         "softmax",
         pipeline,
-        bytemuck::cast_slice(&params),
+        bytemuck::bytes_of(&params),
         &[mask, x],
         [gx, gy, 1],
     )

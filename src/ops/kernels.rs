@@ -1,0 +1,479 @@
+//! One typed key per kernel variant. A [`KernelKey`] picks the pipeline in
+//! [`crate::gpu::Gpu::pipeline`], generates its WGSL, and says which device features it
+//! needs; [`KernelKey::all`] lists every variant the ops can ask for, which the offline
+//! test validates with naga and translates to MSL and HLSL. The selection code only picks
+//! values from the lists below and `Gpu::pipeline` refuses any other key, so a variant
+//! that was never checked offline cannot reach a driver.
+
+use super::binary::BinaryOp;
+use super::glu::Activation;
+use super::shaders::{self, compose};
+use super::uniforms::*;
+use crate::gguf::GgmlType;
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::OnceLock;
+
+/// Rows per invocation of the CPU-shaped matmul (`matmul.wgsl`) the tuning may choose.
+pub const CPU_MATMUL_ROWS: &[u32] = &[1, 2, 4, 8];
+/// Tokens per invocation of the CPU-shaped matmul the tuning may choose.
+pub const CPU_MATMUL_TOKENS: &[u32] = &[1, 2, 4, 8, 16];
+/// Weight rows per workgroup of the GPU matrix-vector matmul (`matmul_wg.wgsl`).
+pub const GPU_VEC_ROWS: &[u32] = &[1, 2, 4, 8, 16, 32];
+/// Tokens per workgroup of `matmul_wg.wgsl`: 1 for decode, 4 for small batches.
+pub const GPU_VEC_TOKENS: &[u32] = &[1, 4];
+/// (weight rows, tokens) per workgroup of the tiled prompt matmul (`matmul_tile.wgsl`).
+pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64)];
+/// Tokens per invocation of the attention score and output kernels.
+pub const ATTN_TB: &[u32] = &[1, 2, 4, 8];
+/// Invocations per row of the softmax: 64 for CPU-like adapters, 256 for GPUs.
+pub const SOFTMAX_WG: &[u32] = &[64, 256];
+/// Largest head size the split attention output kernel has a variant for.
+pub const MAX_SPLIT_HEAD_DIM: u32 = 2048;
+
+/// A kernel variant: the shader and every constant baked into its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKey {
+    RmsNorm,
+    AddRmsNorm,
+    Binary(BinaryOp),
+    Glu(Activation),
+    /// RoPE on f32 activations, or in place on an f16 K cache (the K-shift).
+    Rope {
+        f16: bool,
+    },
+    /// Copy of new rows into an f16 or f32 KV cache.
+    SetRows {
+        f16: bool,
+    },
+    /// Masked softmax with `wg` invocations per row.
+    Softmax {
+        wg: u32,
+    },
+    /// Attention scores over an f16 or f32 cache, `tb` tokens per invocation.
+    AttnKq {
+        f16: bool,
+        tb: u32,
+    },
+    /// One-pass attention output, `tb` tokens per invocation.
+    AttnKqv {
+        f16: bool,
+        tb: u32,
+    },
+    /// Attention output split over chunks of cells: `lanes` invocations across a value
+    /// row, `nv` vec4s each (see [`split_shape`]).
+    AttnKqvSplit {
+        f16: bool,
+        lanes: u32,
+        nv: u32,
+    },
+    /// The sum of the split kernel's partial outputs.
+    AttnKqvSum,
+    GetRows {
+        ty: GgmlType,
+    },
+    /// The CPU-shaped matmul: `rows` rows and `tb` tokens per invocation.
+    Matmul {
+        ty: GgmlType,
+        rows: u32,
+        tb: u32,
+    },
+    /// The GPU matrix-vector matmul: `rows` rows per workgroup of 256, `tb` tokens,
+    /// reduced with subgroupAdd when `subgroups`.
+    MatmulWg {
+        ty: GgmlType,
+        tb: u32,
+        rows: u32,
+        subgroups: bool,
+    },
+    /// The GPU tiled prompt matmul: `bm` weight rows x `bn` tokens per workgroup.
+    MatmulTile {
+        ty: GgmlType,
+        bm: u32,
+        bn: u32,
+    },
+}
+
+/// (lanes, vec4s per lane) of the split attention output kernel for rows of `d4` vec4s:
+/// lanes is the largest power of two up to d4 (at most 64).
+pub fn split_shape(d4: u32) -> (u32, u32) {
+    let d4 = d4.max(1);
+    let lanes = 1u32 << (31 - d4.min(64).leading_zeros());
+    (lanes, d4.div_ceil(lanes))
+}
+
+/// Every distinct [`split_shape`] for head sizes up to [`MAX_SPLIT_HEAD_DIM`].
+fn split_shapes() -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for d4 in 1..=MAX_SPLIT_HEAD_DIM / 4 {
+        let s = split_shape(d4);
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+fn kv_type(f16: bool) -> String {
+    if f16 { "f16" } else { "f32" }.to_string()
+}
+
+impl KernelKey {
+    /// Every variant the ops can request: the offline check's list, and the set
+    /// `Gpu::pipeline` accepts.
+    pub fn all() -> Vec<KernelKey> {
+        use KernelKey::*;
+        let mut v = vec![RmsNorm, AddRmsNorm, AttnKqvSum];
+        v.extend(BinaryOp::ALL.iter().map(|&op| Binary(op)));
+        v.extend(Activation::ALL.iter().map(|&act| Glu(act)));
+        v.extend(SOFTMAX_WG.iter().map(|&wg| Softmax { wg }));
+        for f16 in [false, true] {
+            v.push(Rope { f16 });
+            v.push(SetRows { f16 });
+            for &tb in ATTN_TB {
+                v.push(AttnKq { f16, tb });
+                v.push(AttnKqv { f16, tb });
+            }
+            for (lanes, nv) in split_shapes() {
+                v.push(AttnKqvSplit { f16, lanes, nv });
+            }
+        }
+        for ty in shaders::weight_types() {
+            v.push(GetRows { ty });
+            for &rows in CPU_MATMUL_ROWS {
+                for &tb in CPU_MATMUL_TOKENS {
+                    v.push(Matmul { ty, rows, tb });
+                }
+            }
+            for &tb in GPU_VEC_TOKENS {
+                for &rows in GPU_VEC_ROWS {
+                    for subgroups in [false, true] {
+                        v.push(MatmulWg {
+                            ty,
+                            tb,
+                            rows,
+                            subgroups,
+                        });
+                    }
+                }
+            }
+            for &(bm, bn) in GPU_TILES {
+                v.push(MatmulTile { ty, bm, bn });
+            }
+        }
+        v
+    }
+
+    /// Whether [`Self::all`] lists this key (the set is built once).
+    pub fn is_known(&self) -> bool {
+        static ALL: OnceLock<HashSet<KernelKey>> = OnceLock::new();
+        ALL.get_or_init(|| Self::all().into_iter().collect())
+            .contains(self)
+    }
+
+    /// The device features the shader needs: shader-f16 for an f16 KV cache, subgroups
+    /// for the subgroupAdd reduction.
+    pub fn features(&self) -> wgpu::Features {
+        use KernelKey::*;
+        match *self {
+            Rope { f16 }
+            | SetRows { f16 }
+            | AttnKq { f16, .. }
+            | AttnKqv { f16, .. }
+            | AttnKqvSplit { f16, .. }
+                if f16 =>
+            {
+                wgpu::Features::SHADER_F16
+            }
+            MatmulWg {
+                subgroups: true, ..
+            } => wgpu::Features::SUBGROUP,
+            _ => wgpu::Features::empty(),
+        }
+    }
+
+    /// The naga capabilities matching [`Self::features`]. Every kernel may use
+    /// `unpack2x16float` (f16 scales read from f32 words), which needs no device feature.
+    pub fn naga_capabilities(&self) -> naga::valid::Capabilities {
+        use naga::valid::Capabilities as C;
+        let f = self.features();
+        let mut caps = C::SHADER_FLOAT16_IN_FLOAT32;
+        if f.contains(wgpu::Features::SHADER_F16) {
+            caps |= C::SHADER_FLOAT16;
+        }
+        if f.contains(wgpu::Features::SUBGROUP) {
+            caps |= C::SUBGROUP;
+        }
+        caps
+    }
+
+    /// Invocations per workgroup (x; y and z are 1).
+    pub fn workgroup_size(&self) -> u32 {
+        use KernelKey::*;
+        match *self {
+            Binary(_) | Glu(_) | MatmulWg { .. } | MatmulTile { .. } => 256,
+            Softmax { wg } => wg,
+            RmsNorm
+            | AddRmsNorm
+            | Rope { .. }
+            | SetRows { .. }
+            | AttnKq { .. }
+            | AttnKqv { .. }
+            | AttnKqvSplit { .. }
+            | AttnKqvSum
+            | GetRows { .. }
+            | Matmul { .. } => 64,
+        }
+    }
+
+    /// For the matmul kernels: (weight rows, tokens) one workgroup computes, from which
+    /// the dispatch size follows.
+    pub fn matmul_block(&self) -> Option<(u32, u32)> {
+        match *self {
+            KernelKey::Matmul { rows, tb, .. } => Some((64 * rows, tb)),
+            KernelKey::MatmulWg { rows, tb, .. } => Some((rows, tb)),
+            KernelKey::MatmulTile { bm, bn, .. } => Some((bm, bn)),
+            _ => None,
+        }
+    }
+
+    /// The WGSL `struct Params` of the kernel's uniform block.
+    pub fn uniform_wgsl(&self) -> &'static str {
+        use KernelKey::*;
+        match self {
+            RmsNorm | AddRmsNorm => NormUniform::WGSL,
+            Binary(_) => BinaryUniform::WGSL,
+            Glu(_) => GluUniform::WGSL,
+            Rope { .. } => RopeUniform::WGSL,
+            SetRows { .. } => SetRowsUniform::WGSL,
+            Softmax { .. } => SoftmaxUniform::WGSL,
+            AttnKq { .. } | AttnKqv { .. } | AttnKqvSplit { .. } => AttnUniform::WGSL,
+            AttnKqvSum => AttnSumUniform::WGSL,
+            GetRows { .. } => GetRowsUniform::WGSL,
+            Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
+        }
+    }
+
+    /// The complete WGSL module (entry point `main`), or why there is none (a weight
+    /// type without a GPU snippet).
+    pub fn source(&self) -> Result<String, String> {
+        use KernelKey::*;
+        let quant = |ty: GgmlType| {
+            shaders::quant_snippet(ty).ok_or_else(|| format!("no GPU kernels for weight type {ty}"))
+        };
+        let body = match *self {
+            RmsNorm => shaders::RMS_NORM.to_string(),
+            AddRmsNorm => shaders::ADD_RMS_NORM.to_string(),
+            Binary(op) => compose(&[shaders::BINARY], &[("OP", op.expr().to_string())]),
+            Glu(act) => compose(&[shaders::GLU], &[("ACT", act.wgsl().to_string())]),
+            Rope { f16 } => compose(&[shaders::ROPE], &[("KV_T", kv_type(f16))]),
+            SetRows { f16 } => compose(&[shaders::SET_ROWS], &[("KV_T", kv_type(f16))]),
+            Softmax { wg } => compose(&[shaders::SOFTMAX], &[("WG", wg.to_string())]),
+            AttnKq { f16, tb } => compose(
+                &[shaders::ATTN_KQ],
+                &[("KV_T", kv_type(f16)), ("TB", tb.to_string())],
+            ),
+            AttnKqv { f16, tb } => compose(
+                &[shaders::ATTN_KQV],
+                &[("KV_T", kv_type(f16)), ("TB", tb.to_string())],
+            ),
+            AttnKqvSplit { f16, lanes, nv } => compose(
+                &[shaders::ATTN_KQV_SPLIT],
+                &[
+                    ("KV_T", kv_type(f16)),
+                    ("LANES", lanes.to_string()),
+                    ("NV", nv.to_string()),
+                ],
+            ),
+            AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
+            GetRows { ty } => compose(&[quant(ty)?, shaders::GET_ROWS], &[]),
+            Matmul { ty, rows, tb } => compose(
+                &[quant(ty)?, shaders::MATMUL],
+                &[("TB", tb.to_string()), ("R", rows.to_string())],
+            ),
+            MatmulWg {
+                ty,
+                tb,
+                rows,
+                subgroups,
+            } => shaders::matmul_wg_source(quant(ty)?, tb, rows, subgroups),
+            MatmulTile { ty, bm, bn } => shaders::matmul_tile_source(quant(ty)?, bm, bn),
+        };
+        // `enable` directives must precede every declaration.
+        let enable = if self.features().contains(wgpu::Features::SHADER_F16) {
+            "enable f16;\n"
+        } else {
+            ""
+        };
+        Ok(format!("{enable}{}\n{body}", self.uniform_wgsl()))
+    }
+}
+
+impl fmt::Display for KernelKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use KernelKey::*;
+        let kv = |f16: bool| if f16 { "f16" } else { "f32" };
+        match *self {
+            RmsNorm => write!(f, "rms_norm"),
+            AddRmsNorm => write!(f, "add_rms_norm"),
+            Binary(op) => write!(f, "binary_{op:?}"),
+            Glu(act) => write!(f, "glu_{act:?}"),
+            Rope { f16 } => write!(f, "rope_{}", kv(f16)),
+            SetRows { f16 } => write!(f, "set_rows_{}", kv(f16)),
+            Softmax { wg } => write!(f, "softmax_{wg}"),
+            AttnKq { f16, tb } => write!(f, "attn_kq_{}_tb{tb}", kv(f16)),
+            AttnKqv { f16, tb } => write!(f, "attn_kqv_{}_tb{tb}", kv(f16)),
+            AttnKqvSplit { f16, lanes, nv } => {
+                write!(f, "attn_kqv_split_{}_{lanes}x{nv}", kv(f16))
+            }
+            AttnKqvSum => write!(f, "attn_kqv_sum"),
+            GetRows { ty } => write!(f, "get_rows_{ty}"),
+            Matmul { ty, rows, tb } => write!(f, "matmul_{ty}_{rows}x{tb}"),
+            MatmulWg {
+                ty,
+                tb,
+                rows,
+                subgroups,
+            } => write!(
+                f,
+                "matmul_wg_{ty}_tb{tb}_rows{rows}{}",
+                if subgroups { "_sg" } else { "" }
+            ),
+            MatmulTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use naga::back::{hlsl, msl};
+
+    /// Parses and validates a key's WGSL with only the capabilities it declares, checks
+    /// its workgroup size, and translates it the way wgpu's Metal and DX12 backends would.
+    fn check(key: KernelKey) -> Result<(), String> {
+        let src = key.source()?;
+        let module = naga::front::wgsl::parse_str(&src)
+            .map_err(|e| format!("parse: {}", e.emit_to_string(&src)))?;
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            key.naga_capabilities(),
+        )
+        .validate(&module)
+        .map_err(|e| format!("validate: {}", e.emit_to_string(&src)))?;
+        let ep = module
+            .entry_points
+            .iter()
+            .find(|ep| ep.name == "main")
+            .ok_or("no entry point `main`")?;
+        if ep.workgroup_size != [key.workgroup_size(), 1, 1] {
+            return Err(format!(
+                "workgroup size {:?}, the key says {}",
+                ep.workgroup_size,
+                key.workgroup_size()
+            ));
+        }
+        let subgroups = key.features().contains(wgpu::Features::SUBGROUP);
+        let f16 = key.features().contains(wgpu::Features::SHADER_F16);
+        // Metal: MSL 2.0 is what wgpu's oldest supported macOS offers; simdgroup
+        // reductions need 2.1. Bounds checks as wgpu enables them by default.
+        let checks = naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::ReadZeroSkipWrite,
+            buffer: naga::proc::BoundsCheckPolicy::ReadZeroSkipWrite,
+            ..Default::default()
+        };
+        let msl_opts = msl::Options {
+            lang_version: if subgroups { (2, 1) } else { (2, 0) },
+            bounds_check_policies: checks,
+            ..Default::default()
+        };
+        let msl_pipe = msl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+            ..Default::default()
+        };
+        msl::write_string(&module, &info, &msl_opts, &msl_pipe)
+            .map_err(|e| format!("MSL: {e:?}"))?;
+        // DX12: shader model 5.1 (FXC) for the plain kernels, 6.0 for wave intrinsics,
+        // 6.2 for native f16 (both through DXC).
+        let hlsl_opts = hlsl::Options {
+            shader_model: if f16 {
+                hlsl::ShaderModel::V6_2
+            } else if subgroups {
+                hlsl::ShaderModel::V6_0
+            } else {
+                hlsl::ShaderModel::V5_1
+            },
+            ..Default::default()
+        };
+        let hlsl_pipe = hlsl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+        };
+        let mut out = String::new();
+        hlsl::Writer::new(&mut out, &hlsl_opts, &hlsl_pipe)
+            .write(&module, &info, None)
+            .map_err(|e| format!("HLSL: {e:?}"))?;
+        Ok(())
+    }
+
+    #[test]
+    fn every_kernel_variant_validates_and_translates_to_msl_and_hlsl() {
+        let failures: Vec<String> = KernelKey::all()
+            .into_iter()
+            .filter_map(|k| check(k).err().map(|e| format!("{k}: {e}")))
+            .collect();
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+
+    #[test]
+    fn all_covers_every_choice_the_ops_make() {
+        let all = KernelKey::all();
+        let set: HashSet<_> = all.iter().copied().collect();
+        assert_eq!(set.len(), all.len(), "duplicate keys");
+        let types = shaders::weight_types();
+        assert!(types.len() >= 5, "{types:?}");
+        let splits = split_shapes().len();
+        // Lanes 1 to 32 with 1 or 2 vec4s each (1 lane only ever has 1), 64 lanes with 1 to 8.
+        assert_eq!(splits, 19);
+        let per_type = 1
+            + CPU_MATMUL_ROWS.len() * CPU_MATMUL_TOKENS.len()
+            + GPU_VEC_TOKENS.len() * GPU_VEC_ROWS.len() * 2
+            + GPU_TILES.len();
+        let shared = 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len();
+        let kv = 2 * (2 + 2 * ATTN_TB.len() + splits);
+        assert_eq!(all.len(), shared + kv + types.len() * per_type);
+        if types.len() == 5 {
+            // F32, F16, Q4_0, Q4_1, Q8_0: 9 + 58 + 5 x 47.
+            assert_eq!(all.len(), 302);
+        }
+        // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
+        // which the hand-kept list used to miss.
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::F16,
+        ] {
+            for subgroups in [false, true] {
+                assert!(set.contains(&KernelKey::MatmulWg {
+                    ty,
+                    tb: 4,
+                    rows: 4,
+                    subgroups
+                }));
+            }
+        }
+        assert!(set.contains(&KernelKey::AttnKq { f16: false, tb: 4 }));
+        assert!(set.contains(&KernelKey::AttnKqv { f16: false, tb: 4 }));
+        // Every split shape attention can pick for head sizes up to the limit.
+        for head_dim in (4..=MAX_SPLIT_HEAD_DIM).step_by(4) {
+            let (lanes, nv) = split_shape(head_dim / 4);
+            assert!(set.contains(&KernelKey::AttnKqvSplit {
+                f16: true,
+                lanes,
+                nv
+            }));
+        }
+        assert!(!KernelKey::Softmax { wg: 128 }.is_known());
+        assert!(!KernelKey::GetRows { ty: GgmlType::Q6K }.is_known());
+    }
+}

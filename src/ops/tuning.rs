@@ -1,0 +1,213 @@
+//! Kernel knobs for measuring other shapes than the defaults, gathered in one struct.
+//!
+//! The `WGLLM_*` tuning variables are read here and nowhere else, once, by the caller that
+//! opens the GPU ([`KernelTuning::from_env`]); ops read the copy in [`crate::gpu::Gpu`].
+//! Every override is checked against the values [`super::kernels::KernelKey::all`]
+//! enumerates, so a tuning choice can only select a kernel the offline check has seen.
+
+use super::kernels;
+
+/// Overrides of the kernel choices; `None` (the default) keeps the built-in choice.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelTuning {
+    /// `WGLLM_MATMUL_TILE=RxT`: (rows, tokens) per invocation of the CPU-shaped matmul.
+    pub matmul_tile: Option<(u32, u32)>,
+    /// `WGLLM_GPU_TILE=64x64|128x64`: (weight rows, tokens) per workgroup of the tiled
+    /// prompt matmul. 128x64 falls back to the default choice where the adapter lacks the
+    /// 24 KiB of workgroup memory it takes.
+    pub gpu_tile: Option<(u32, u32)>,
+    /// `WGLLM_GPU_VEC`: weight rows per workgroup of the GPU matrix-vector matmul.
+    pub gpu_vec_rows: Option<u32>,
+    /// `WGLLM_TILE_MIN`: fewest tokens for which GPU-shaped kernels use the tiled matmul.
+    pub tile_min: Option<u32>,
+    /// `WGLLM_ATTN_TB`: tokens per invocation of the attention score and output kernels.
+    pub attn_tb: Option<u32>,
+    /// `WGLLM_ATTN_SPLIT`: most tokens for which GPU-shaped kernels split the attention
+    /// output over cells.
+    pub attn_split_max_tok: Option<u32>,
+    /// `WGLLM_PROFILE=1`: time every dispatch alone before each graph run and log the
+    /// totals per op (slow; for finding hot spots, not for measuring speed).
+    pub profile: bool,
+}
+
+/// A tuning value outside what the kernels support.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}={value:?}: {msg}")]
+pub struct TuningError {
+    pub var: &'static str,
+    pub value: String,
+    pub msg: String,
+}
+
+fn fmt_list(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}
+
+fn parse_pair(s: &str) -> Option<(u32, u32)> {
+    let (a, b) = s.split_once('x')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
+impl KernelTuning {
+    /// Reads the `WGLLM_*` tuning variables of the process environment.
+    pub fn from_env() -> Result<KernelTuning, TuningError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Builds the tuning from any variable lookup (the environment, or a test's table).
+    /// An empty value counts as unset.
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<KernelTuning, TuningError> {
+        let get = |var: &'static str| lookup(var).filter(|v| !v.trim().is_empty());
+        let bad = |var: &'static str, value: &str, msg: &str| TuningError {
+            var,
+            value: value.to_string(),
+            msg: msg.to_string(),
+        };
+        let pair = |var: &'static str| -> Result<Option<(u32, u32)>, TuningError> {
+            get(var)
+                .map(|v| parse_pair(&v).ok_or_else(|| bad(var, &v, "expected RxT, e.g. 2x4")))
+                .transpose()
+        };
+        let num = |var: &'static str| -> Result<Option<u32>, TuningError> {
+            get(var)
+                .map(|v| {
+                    v.trim()
+                        .parse()
+                        .map_err(|_| bad(var, &v, "expected a whole number"))
+                })
+                .transpose()
+        };
+        let profile = match get("WGLLM_PROFILE").as_deref().map(str::trim) {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(v) => return Err(bad("WGLLM_PROFILE", v, "expected 0 or 1")),
+        };
+        let t = KernelTuning {
+            matmul_tile: pair("WGLLM_MATMUL_TILE")?,
+            gpu_tile: pair("WGLLM_GPU_TILE")?,
+            gpu_vec_rows: num("WGLLM_GPU_VEC")?,
+            tile_min: num("WGLLM_TILE_MIN")?,
+            attn_tb: num("WGLLM_ATTN_TB")?,
+            attn_split_max_tok: num("WGLLM_ATTN_SPLIT")?,
+            profile,
+        };
+        t.validate()?;
+        Ok(t)
+    }
+
+    /// Checks every override against the kernel variants that exist.
+    pub fn validate(&self) -> Result<(), TuningError> {
+        let bad =
+            |var: &'static str, value: String, msg: String| Err(TuningError { var, value, msg });
+        if let Some((r, t)) = self.matmul_tile {
+            if !kernels::CPU_MATMUL_ROWS.contains(&r) || !kernels::CPU_MATMUL_TOKENS.contains(&t) {
+                return bad(
+                    "WGLLM_MATMUL_TILE",
+                    format!("{r}x{t}"),
+                    format!(
+                        "rows must be one of {} and tokens one of {}",
+                        fmt_list(kernels::CPU_MATMUL_ROWS),
+                        fmt_list(kernels::CPU_MATMUL_TOKENS)
+                    ),
+                );
+            }
+        }
+        if let Some((m, n)) = self.gpu_tile {
+            if !kernels::GPU_TILES.contains(&(m, n)) {
+                return bad(
+                    "WGLLM_GPU_TILE",
+                    format!("{m}x{n}"),
+                    "expected 64x64 or 128x64".into(),
+                );
+            }
+        }
+        if let Some(r) = self.gpu_vec_rows {
+            if !kernels::GPU_VEC_ROWS.contains(&r) {
+                return bad(
+                    "WGLLM_GPU_VEC",
+                    r.to_string(),
+                    format!("expected one of {}", fmt_list(kernels::GPU_VEC_ROWS)),
+                );
+            }
+        }
+        if self.tile_min == Some(0) {
+            return bad("WGLLM_TILE_MIN", "0".into(), "expected at least 1".into());
+        }
+        if let Some(tb) = self.attn_tb {
+            if !kernels::ATTN_TB.contains(&tb) {
+                return bad(
+                    "WGLLM_ATTN_TB",
+                    tb.to_string(),
+                    format!("expected one of {}", fmt_list(kernels::ATTN_TB)),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(vars: &[(&str, &str)]) -> Result<KernelTuning, TuningError> {
+        KernelTuning::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn no_variables_means_no_overrides() {
+        assert_eq!(from(&[]).unwrap(), KernelTuning::default());
+    }
+
+    #[test]
+    fn parses_every_variable() {
+        let t = from(&[
+            ("WGLLM_MATMUL_TILE", "4x8"),
+            ("WGLLM_GPU_TILE", "128x64"),
+            ("WGLLM_GPU_VEC", "8"),
+            ("WGLLM_TILE_MIN", "16"),
+            ("WGLLM_ATTN_TB", "1"),
+            ("WGLLM_ATTN_SPLIT", "8"),
+            ("WGLLM_PROFILE", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t,
+            KernelTuning {
+                matmul_tile: Some((4, 8)),
+                gpu_tile: Some((128, 64)),
+                gpu_vec_rows: Some(8),
+                tile_min: Some(16),
+                attn_tb: Some(1),
+                attn_split_max_tok: Some(8),
+                profile: true,
+            }
+        );
+    }
+
+    #[test]
+    fn refuses_values_outside_the_variant_space() {
+        for (var, value) in [
+            ("WGLLM_MATMUL_TILE", "3x1"),
+            ("WGLLM_MATMUL_TILE", "2"),
+            ("WGLLM_GPU_TILE", "32x32"),
+            ("WGLLM_GPU_VEC", "6"),
+            ("WGLLM_GPU_VEC", "64"),
+            ("WGLLM_TILE_MIN", "0"),
+            ("WGLLM_TILE_MIN", "many"),
+            ("WGLLM_ATTN_TB", "3"),
+            ("WGLLM_ATTN_SPLIT", "-1"),
+            ("WGLLM_PROFILE", "yes"),
+        ] {
+            let e = from(&[(var, value)]).unwrap_err();
+            assert_eq!(e.var, var, "{value}");
+            assert!(e.to_string().contains(var), "{e}");
+        }
+    }
+}

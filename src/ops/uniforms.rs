@@ -1,0 +1,182 @@
+//! The uniform parameter block of each kernel family, defined once: the macro emits the
+//! `#[repr(C)]` Rust struct the dispatch code fills and the WGSL `struct Params` that the
+//! shader source generator prepends, so the two layouts cannot drift apart.
+//!
+//! Fields are 4-byte scalars only (u32, f32, i32), so the Rust offsets equal the WGSL
+//! uniform offsets; each struct is padded by hand to a multiple of 16 bytes (checked at
+//! compile time), the size uniform buffers are rounded to on every backend.
+
+macro_rules! uniform_struct {
+    (
+        $(#[$meta:meta])*
+        $name:ident {
+            $( $(#[$fmeta:meta])* $field:ident : $ty:ident ),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+        pub struct $name {
+            $( $(#[$fmeta])* pub $field: $ty, )*
+        }
+
+        impl $name {
+            /// The same layout as WGSL, named `Params` (shaders bind it as `p`).
+            pub const WGSL: &'static str = concat!(
+                "struct Params {\n",
+                $( "    ", stringify!($field), ": ", stringify!($ty), ",\n", )*
+                "}\n"
+            );
+        }
+
+        const _: () = assert!(
+            std::mem::size_of::<$name>() % 16 == 0,
+            concat!(stringify!($name), ": uniform size must be a multiple of 16 bytes")
+        );
+    };
+}
+
+uniform_struct! {
+    /// rms_norm and add_rms_norm: rows of `n` values.
+    NormUniform {
+        n: u32,
+        eps: f32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+uniform_struct! {
+    /// binary: `n` outputs, `b` repeating every `nb` elements.
+    BinaryUniform {
+        n: u32,
+        nb: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+uniform_struct! {
+    /// glu: `n` outputs.
+    GluUniform {
+        n: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+uniform_struct! {
+    /// rope over [head_dim, n_head, n_tok].
+    RopeUniform {
+        head_dim: u32,
+        n_head: u32,
+        n_tok: u32,
+        /// Rotated dimensions (<= head_dim); the rest pass through.
+        n_dims: u32,
+        /// 0: rotate pairs (2i, 2i+1); 1: pairs (i, i + n_dims/2).
+        neox: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+uniform_struct! {
+    /// set_rows: `n_rows` rows of `row_len` values.
+    SetRowsUniform {
+        row_len: u32,
+        n_rows: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+uniform_struct! {
+    /// softmax with scale, mask and ALiBi.
+    SoftmaxUniform {
+        n_cols: u32,
+        rows_per_head: u32,
+        has_mask: u32,
+        n_head_log2: u32,
+        scale: f32,
+        max_bias: f32,
+        m0: f32,
+        m1: f32,
+    }
+}
+
+uniform_struct! {
+    /// attn_kq, attn_kqv and attn_kqv_split.
+    AttnUniform {
+        head_dim: u32,
+        n_head: u32,
+        n_head_kv: u32,
+        n_tok: u32,
+        n_kv: u32,
+        /// Cells per chunk (the split output kernel only).
+        chunk: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+uniform_struct! {
+    /// attn_kqv_sum: `n` vec4s in each of `n_split` partial outputs.
+    AttnSumUniform {
+        n: u32,
+        n_split: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+uniform_struct! {
+    /// get_rows: gather rows of a (chunk of a) matrix.
+    GetRowsUniform {
+        /// Elements per row.
+        n: u32,
+        /// Words per row in the GPU layout.
+        row_words: u32,
+        row_begin: u32,
+        row_count: u32,
+        n_ids: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+uniform_struct! {
+    /// The three matmul kernels (matmul, matmul_wg, matmul_tile).
+    MatmulUniform {
+        /// Row length (a multiple of the block size).
+        k: u32,
+        /// Rows in this chunk.
+        n_rows: u32,
+        n_tok: u32,
+        row_words: u32,
+        /// First row of this chunk in dst.
+        out_row_offset: u32,
+        /// dst row length (all rows of the matrix).
+        out_stride: u32,
+        /// Workgroups along x (rows are split over x and y).
+        wg_x: u32,
+        _pad0: u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wgsl_struct_matches_rust_fields() {
+        assert_eq!(
+            NormUniform::WGSL,
+            "struct Params {\n    n: u32,\n    eps: f32,\n    _pad0: u32,\n    _pad1: u32,\n}\n"
+        );
+        assert_eq!(std::mem::size_of::<SoftmaxUniform>(), 32);
+        assert_eq!(std::mem::size_of::<MatmulUniform>(), 32);
+    }
+}
