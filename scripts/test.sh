@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
-# The project's test command: fetches the test model if missing, then runs every test
-# (op tests run on Vulkan and GL; see WGLLM_TEST_BACKENDS in tests/common/mod.rs).
+# The project's test command: fetches the test model if missing, checks that the library
+# builds for the other targets wgpu serves, then runs every test (op tests run on Vulkan
+# and GL; see WGLLM_TEST_BACKENDS in tests/common/mod.rs). Arguments go to `cargo test`
+# (with arguments, the cross-target checks are skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # SmolLM2 for the model tests; Gemma-3 for the SPM tokenizer tests.
 scripts/fetch-models.sh --gemma >/dev/null
+if [ $# -eq 0 ]; then
+  # Metal (macOS), DX12 (Windows) and the browser's WebGPU (wasm32): checked, not run.
+  if ! command -v rustup >/dev/null; then
+    echo "error: rustup is needed to add the cross-check targets (https://rustup.rs)" >&2
+    exit 1
+  fi
+  targets="aarch64-apple-darwin x86_64-pc-windows-msvc wasm32-unknown-unknown"
+  rustup target add $targets >/dev/null
+  for t in $targets; do
+    echo "cargo check --lib --target $t"
+    cargo check --quiet --lib --target "$t"
+  done
+fi
 # The GL backend (EGL) wants a runtime dir; without one it only prints noise.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 cargo test --release "$@"

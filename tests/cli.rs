@@ -105,10 +105,6 @@ fn impossible_flags_are_refused() {
         &["run", "-m", m, "-p", "hi", "-np", "0"],
         "number of sequences",
     );
-    assert_clean_failure(
-        &["run", "-m", m, "-p", "hi", "--keep", "50"],
-        "larger than the prompt",
-    );
     let bad = temp_file("bad.cache", b"WGLLMKV\0garbage");
     assert_clean_failure(
         &[
@@ -196,4 +192,38 @@ fn inspect_and_devices_work() {
     let (code, out, err) = wgllm(&["devices", "--backend", "vulkan"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("max storage binding"), "{out}");
+}
+
+/// Flags llama.cpp users type by habit work: -ngl, -t, -fa, -e, --color, --jinja,
+/// -no-cnv are accepted, and --keep larger than the prompt is clamped to it.
+#[test]
+fn llama_cpp_habits_are_accepted() {
+    let model = common::smollm2();
+    let (code, out, err) = wgllm(&[
+        "run", "-m", &model, "-ngl", "99", "-t", "2", "-tb", "2", "-fa", "-e", "--color",
+        "--jinja", "-no-cnv", "--keep", "8", "-p", "Hi", "-n", "2", "--temp", "0",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(out.starts_with("Hi"), "{out}");
+    let (code, _, err) = wgllm(&["run", "-m", &model, "-fa", "off", "-p", "Hi", "-n", "1"]);
+    assert_eq!(code, 0, "stderr: {err}");
+}
+
+/// llama.cpp flags with no meaning here are refused with a sentence saying why.
+#[test]
+fn meaningless_llama_cpp_flags_are_refused() {
+    let model = common::smollm2();
+    for (flag, why) in [
+        (&["--mlock"][..], "keeps every weight on the GPU"),
+        (&["-sm", "layer"][..], "runs on one adapter"),
+        (&["-ctk", "q8_0"][..], "quantized caches are not built"),
+        (&["-hf", "org/repo"][..], "local GGUF files only"),
+        (&["--lora", "x.gguf"][..], "LoRA"),
+        (&["-i"][..], "wgllm chat"),
+    ] {
+        let mut args = vec!["run", "-m", model.as_str(), "-p", "Hi"];
+        args.extend_from_slice(flag);
+        assert_clean_failure(&args, why);
+        assert_clean_failure(&args, "is a llama.cpp flag wgllm does not take");
+    }
 }
