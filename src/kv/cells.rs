@@ -1,4 +1,12 @@
 //! Cells: position, pending shift (delta) and the set of sequences each cell belongs to.
+//!
+//! Beside the cells, [`KvCells`] keeps two indexes so that what every decode step asks (the
+//! used bound for `n_kv`, each sequence's first and last position) costs O(log n) instead
+//! of a scan of all n_ctx cells: the set of used cell indices, and per sequence the
+//! multiset of its positions. Every change to a cell goes through [`KvCells::set_cell`],
+//! which keeps both in step (and `Clone` copies them with the cells).
+
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A sequence id (0..64 in this build: the set is a 64-bit mask).
 pub type SeqId = u32;
@@ -54,12 +62,30 @@ pub enum KvError {
 
 #[derive(Clone, Debug)]
 pub struct KvCells {
+    /// Read freely within the module; change a cell's `pos` or `seq` only through
+    /// [`KvCells::set_cell`] (a `delta` may be changed in place: no index covers it).
     pub(super) cells: Vec<Cell>,
     /// Where the next search for free cells starts.
     pub(super) head: usize,
+    /// Non-empty cells (= `used_cells.len()`).
     pub(super) used: usize,
     /// Some cell has a delta that the K-shift has not applied yet.
     pub(super) has_shift: bool,
+    /// Indices of the non-empty cells.
+    used_cells: BTreeSet<usize>,
+    /// For each sequence id, position -> number of its cells holding that position.
+    seq_pos: Vec<BTreeMap<i32, u32>>,
+}
+
+/// The ids in a sequence set, lowest first.
+fn seq_ids(mut set: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (set != 0).then(|| {
+            let s = set.trailing_zeros() as usize;
+            set &= set - 1;
+            s
+        })
+    })
 }
 
 impl KvCells {
@@ -69,7 +95,57 @@ impl KvCells {
             head: 0,
             used: 0,
             has_shift: false,
+            used_cells: BTreeSet::new(),
+            seq_pos: vec![BTreeMap::new(); MAX_SEQ as usize],
         }
+    }
+
+    /// Replaces cell `i`, updating the used count and both indexes: O(log n) per
+    /// sequence of the old and new cell.
+    pub(super) fn set_cell(&mut self, i: usize, new: Cell) {
+        let old = std::mem::replace(&mut self.cells[i], new);
+        if !old.is_empty() {
+            for s in seq_ids(old.seq) {
+                let m = &mut self.seq_pos[s];
+                if let Some(n) = m.get_mut(&old.pos) {
+                    *n -= 1;
+                    if *n == 0 {
+                        m.remove(&old.pos);
+                    }
+                }
+            }
+        }
+        if !new.is_empty() {
+            for s in seq_ids(new.seq) {
+                *self.seq_pos[s].entry(new.pos).or_insert(0) += 1;
+            }
+        }
+        match (old.is_empty(), new.is_empty()) {
+            (true, false) => {
+                self.used_cells.insert(i);
+            }
+            (false, true) => {
+                self.used_cells.remove(&i);
+            }
+            _ => {}
+        }
+        self.used = self.used_cells.len();
+    }
+
+    /// Smallest position stored for `seq`, or -1 (also for an id no cell can hold).
+    pub fn seq_pos_min(&self, seq: SeqId) -> i32 {
+        self.seq_pos
+            .get(seq as usize)
+            .and_then(|m| m.first_key_value())
+            .map_or(-1, |(&p, _)| p)
+    }
+
+    /// Largest position stored for `seq`, or -1.
+    pub fn seq_pos_max(&self, seq: SeqId) -> i32 {
+        self.seq_pos
+            .get(seq as usize)
+            .and_then(|m| m.last_key_value())
+            .map_or(-1, |(&p, _)| p)
     }
 
     pub fn size(&self) -> usize {
@@ -87,14 +163,13 @@ impl KvCells {
         self.head = 0;
         self.used = 0;
         self.has_shift = false;
+        self.used_cells.clear();
+        self.seq_pos.iter_mut().for_each(BTreeMap::clear);
     }
 
     /// One past the last non-empty cell.
     pub fn used_max_p1(&self) -> usize {
-        self.cells
-            .iter()
-            .rposition(|c| !c.is_empty())
-            .map_or(0, |i| i + 1)
+        self.used_cells.last().map_or(0, |&i| i + 1)
     }
 
     /// Cells attention must read: the used bound rounded up to `pad`, capped at the size.
@@ -169,15 +244,12 @@ impl KvCells {
             return Err(KvError::BadStore("a token belongs to no sequence".into()));
         }
         for ((&i, &p), &s) in slots.iter().zip(positions).zip(seqs) {
-            let c = &mut self.cells[i];
-            if c.is_empty() {
-                self.used += 1;
-            }
-            *c = Cell {
+            let cell = Cell {
                 pos: p,
                 delta: 0,
                 seq: s,
             };
+            self.set_cell(i, cell);
         }
         if let Some(&last) = slots.last() {
             self.head = (last + 1) % self.size();
@@ -309,6 +381,125 @@ mod tests {
         assert!(kv.store(&[0], &[0], &[0]).is_err());
         assert_eq!(kv.used(), 0);
         assert!(kv.cells().iter().all(|c| c.is_empty()));
+    }
+
+    /// The indexed bounds equal a full scan of the cells after any sequence of operations,
+    /// including clones restored over the cache (as after a failed batch).
+    mod indexes_match_a_scan {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Put(usize, i32, u64),
+            StoreAt(Vec<usize>, i32, u64),
+            Rm(Option<SeqId>, i32, i32),
+            Cp(SeqId, SeqId, i32, i32),
+            Keep(SeqId),
+            Add(SeqId, i32, i32, i32),
+            Div(SeqId, i32, i32, i32),
+            Clear,
+            Compact,
+            TakeShifts,
+            Snapshot,
+            Restore,
+        }
+
+        fn seq() -> impl Strategy<Value = SeqId> {
+            prop_oneof![4 => 0u32..4, 1 => Just(63u32)]
+        }
+        fn set() -> impl Strategy<Value = u64> {
+            prop_oneof![3 => (0u32..4).prop_map(|s| 1u64 << s), 1 => 1u64..16, 1 => Just(1u64 << 63 | 1)]
+        }
+        fn bound() -> impl Strategy<Value = i32> {
+            -1i32..40
+        }
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                6 => (1usize..12, 0i32..30, set()).prop_map(|(n, p, s)| Op::Put(n, p, s)),
+                2 => (prop::collection::vec(0usize..64, 1..5), 0i32..30, set())
+                    .prop_map(|(v, p, s)| Op::StoreAt(v, p, s)),
+                3 => (prop::option::of(seq()), bound(), bound()).prop_map(|(s, a, b)| Op::Rm(s, a, b)),
+                2 => (seq(), seq(), bound(), bound()).prop_map(|(s, d, a, b)| Op::Cp(s, d, a, b)),
+                1 => seq().prop_map(Op::Keep),
+                2 => (seq(), bound(), bound(), -12i32..12).prop_map(|(s, a, b, d)| Op::Add(s, a, b, d)),
+                1 => (seq(), bound(), bound(), 1i32..4).prop_map(|(s, a, b, d)| Op::Div(s, a, b, d)),
+                1 => Just(Op::Clear),
+                1 => Just(Op::Compact),
+                1 => Just(Op::TakeShifts),
+                1 => Just(Op::Snapshot),
+                1 => Just(Op::Restore),
+            ]
+        }
+
+        fn check(kv: &KvCells) -> Result<(), TestCaseError> {
+            let cells = kv.cells();
+            let used = cells.iter().filter(|c| !c.is_empty()).count();
+            prop_assert_eq!(kv.used(), used);
+            let hi = cells
+                .iter()
+                .rposition(|c| !c.is_empty())
+                .map_or(0, |i| i + 1);
+            prop_assert_eq!(kv.used_max_p1(), hi);
+            for pad in [1, 8, 256] {
+                let want = hi.max(1).div_ceil(pad).saturating_mul(pad).min(kv.size());
+                prop_assert_eq!(kv.n_kv(pad), want);
+            }
+            for s in 0..MAX_SEQ + 1 {
+                let pos = cells.iter().filter(|c| c.has_seq(s)).map(|c| c.pos);
+                prop_assert_eq!(
+                    kv.seq_pos_min(s),
+                    pos.clone().min().unwrap_or(-1),
+                    "min {}",
+                    s
+                );
+                prop_assert_eq!(kv.seq_pos_max(s), pos.max().unwrap_or(-1), "max {}", s);
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+            #[test]
+            fn after_random_operations(size in 1usize..48, ops in prop::collection::vec(op(), 1..40)) {
+                let mut kv = KvCells::new(size);
+                let mut saved: Option<KvCells> = None;
+                for op in ops {
+                    match op {
+                        Op::Put(n, p, s) => {
+                            if let Ok(slots) = kv.find_slot(n) {
+                                let pos: Vec<i32> = (p..p + n as i32).collect();
+                                kv.store(&slots, &pos, &vec![s; n]).unwrap();
+                            }
+                        }
+                        Op::StoreAt(v, p, s) => {
+                            let slots: Vec<usize> = v.iter().map(|i| i % size).collect();
+                            let pos: Vec<i32> = (p..p + slots.len() as i32).collect();
+                            kv.store(&slots, &pos, &vec![s; slots.len()]).unwrap();
+                        }
+                        Op::Rm(s, a, b) => kv.seq_rm(s, a, b).unwrap(),
+                        Op::Cp(s, d, a, b) => kv.seq_cp(s, d, a, b).unwrap(),
+                        Op::Keep(s) => kv.seq_keep(s).unwrap(),
+                        Op::Add(s, a, b, d) => kv.seq_add(s, a, b, d).unwrap(),
+                        Op::Div(s, a, b, d) => kv.seq_div(s, a, b, d).unwrap(),
+                        Op::Clear => kv.clear(),
+                        Op::Compact => {
+                            kv.compact();
+                        }
+                        Op::TakeShifts => {
+                            kv.take_shifts();
+                        }
+                        Op::Snapshot => saved = Some(kv.clone()),
+                        Op::Restore => {
+                            if let Some(s) = &saved {
+                                kv = s.clone();
+                            }
+                        }
+                    }
+                    check(&kv)?;
+                }
+            }
+        }
     }
 
     #[test]
