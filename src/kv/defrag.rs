@@ -44,6 +44,7 @@ impl KvCells {
             dst += 1;
         }
         self.head = if dst >= self.size() { 0 } else { dst };
+        self.settle();
         moves
     }
 }

@@ -52,6 +52,7 @@ impl KvCells {
         if new_head != self.size() && new_head < self.head {
             self.head = new_head;
         }
+        self.settle();
         Ok(())
     }
 
@@ -74,6 +75,7 @@ impl KvCells {
                 );
             }
         }
+        self.settle();
         Ok(())
     }
 
@@ -100,6 +102,7 @@ impl KvCells {
         if new_head != self.size() && new_head < self.head {
             self.head = new_head;
         }
+        self.settle();
         Ok(())
     }
 
@@ -133,6 +136,7 @@ impl KvCells {
         }
         // As llama.cpp: start the next search at a freed slot, else from the beginning.
         self.head = if new_head != self.size() { new_head } else { 0 };
+        self.settle();
         Ok(())
     }
 
@@ -158,6 +162,7 @@ impl KvCells {
                 self.set_cell(i, Cell { pos, delta, ..c });
             }
         }
+        self.settle();
         Ok(())
     }
 
