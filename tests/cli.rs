@@ -155,12 +155,13 @@ fn unsupported_quant_type_is_named() {
             GgmlType::F32,
             q(1, e, GgmlType::F32),
         )
-        // Q5_1 blocks: 24 bytes per 32 weights, written raw (no kernels read Q5_1 yet).
+        // Q8_1 blocks: 36 bytes per 32 weights, written raw (an activation type no
+        // kernel reads as a weight).
         .tensor(
             "blk.0.attn_q.weight",
             &[e, e],
-            GgmlType::Q5_1,
-            vec![0; (e * e / 32 * 24) as usize],
+            GgmlType::Q8_1,
+            vec![0; (e * e / 32 * 36) as usize],
         );
     let p = temp_file("q51.gguf", &w.to_bytes());
     let f = GgufFile::open(&p).unwrap();
@@ -169,12 +170,14 @@ fn unsupported_quant_type_is_named() {
         Err(e @ ModelError::UnsupportedType { .. }) => {
             let msg = e.to_string();
             assert!(
-                msg.contains("blk.0.attn_q.weight") && msg.contains("Q5_1"),
+                msg.contains("blk.0.attn_q.weight")
+                    && msg.contains("Q8_1")
+                    && msg.contains("supported: F32, F16, Q4_0"),
                 "{msg}"
             );
         }
         Err(other) => panic!("expected an unsupported-type error, got: {other}"),
-        Ok(_) => panic!("a Q5_1 tensor was accepted"),
+        Ok(_) => panic!("a Q8_1 tensor was accepted"),
     }
 }
 

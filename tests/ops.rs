@@ -18,11 +18,13 @@ use wgllm::ops::set_rows::{set_rows, set_rows_ref};
 use wgllm::ops::softmax::{softmax, softmax_ref, SoftmaxParams};
 use wgllm::ops::{nmse, run_now, KernelKey, View, Weight};
 
-const WEIGHT_TYPES: [GgmlType; 5] = [
+const WEIGHT_TYPES: [GgmlType; 7] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q8_0,
 ];
 

@@ -4,7 +4,7 @@
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::path::PathBuf;
-use wgllm::gguf::{GgmlType, GgufFile};
+use wgllm::gguf::{quant, GgufFile};
 use wgllm::model::synth::{synth_llama, vocab_metadata, SynthShape};
 
 #[derive(Args)]
@@ -15,7 +15,7 @@ pub struct SynthArgs {
     /// Model shape: 135m, 1b or 7b.
     #[arg(long, default_value = "7b")]
     pub shape: String,
-    /// Weight type of the matrices: q4_0, q4_1, q8_0, f16 or f32.
+    /// Weight type of the matrices: any type wgllm can quantize to (q4_0, q5_1, q8_0, f16, …).
     #[arg(long = "type", default_value = "q4_0")]
     pub ty: String,
     /// Write only the metadata (a vocabulary file, as llama.cpp's ggml-vocab-*.gguf).
@@ -34,13 +34,13 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
             SynthShape::PRESETS
         );
     };
-    let ty = match a.ty.to_ascii_lowercase().as_str() {
-        "q4_0" => GgmlType::Q4_0,
-        "q4_1" => GgmlType::Q4_1,
-        "q8_0" => GgmlType::Q8_0,
-        "f16" => GgmlType::F16,
-        "f32" => GgmlType::F32,
-        other => bail!("unknown weight type `{other}` (--type takes q4_0, q4_1, q8_0, f16 or f32)"),
+    let ty = match quant::format_by_name(&a.ty) {
+        Some(f) if f.quantizer().is_some() => f.ty(),
+        _ => bail!(
+            "unknown weight type `{}` (--type takes one of: {})",
+            a.ty,
+            quant::quantizable_names()
+        ),
     };
     let src = GgufFile::open(&a.vocab_from)?;
     let n_vocab = src

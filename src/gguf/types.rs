@@ -79,12 +79,10 @@ impl GgmlType {
             .then(|| n / bs as u64 * bb as u64)
     }
 
-    /// Types whose matmul/get_rows kernels exist in this build.
+    /// Types whose matmul/get_rows kernels exist in this build: those with a
+    /// [`crate::gguf::quant::QuantFormat`] in the registry.
     pub fn is_supported_weight(self) -> bool {
-        matches!(
-            self,
-            Self::F32 | Self::F16 | Self::Q4_0 | Self::Q4_1 | Self::Q8_0
-        )
+        super::quant::format(self).is_some()
     }
 }
 

@@ -33,8 +33,9 @@ impl KvCells {
                 continue;
             }
             if src != dst {
-                self.cells[dst] = self.cells[src];
-                self.cells[src] = Default::default();
+                let c = self.cells[src];
+                self.set_cell(src, Default::default());
+                self.set_cell(dst, c);
                 match moves.last_mut() {
                     Some(m) if m.src + m.len == src && m.dst + m.len == dst => m.len += 1,
                     _ => moves.push(Move { src, dst, len: 1 }),
@@ -43,6 +44,7 @@ impl KvCells {
             dst += 1;
         }
         self.head = if dst >= self.size() { 0 } else { dst };
+        self.settle();
         moves
     }
 }

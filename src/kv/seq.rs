@@ -16,8 +16,7 @@ impl KvCells {
     }
 
     fn free(&mut self, i: usize) {
-        self.cells[i] = Cell::default();
-        self.used -= 1;
+        self.set_cell(i, Cell::default());
     }
 
     /// Removes `seq` (or every sequence) from cells with positions in [p0, p1).
@@ -32,9 +31,14 @@ impl KvCells {
             }
             match bit {
                 Some(b) if c.seq & b != 0 => {
-                    self.cells[i].seq &= !b;
-                    if self.cells[i].is_empty() {
+                    let rest = Cell {
+                        seq: c.seq & !b,
+                        ..c
+                    };
+                    if rest.is_empty() {
                         self.free(i);
+                    } else {
+                        self.set_cell(i, rest);
                     }
                 }
                 Some(_) => continue,
@@ -48,6 +52,7 @@ impl KvCells {
         if new_head != self.size() && new_head < self.head {
             self.head = new_head;
         }
+        self.settle();
         Ok(())
     }
 
@@ -58,11 +63,19 @@ impl KvCells {
             return Ok(());
         }
         let (p0, p1) = range(p0, p1);
-        for c in &mut self.cells {
-            if Self::in_range(c, p0, p1) && c.seq & sb != 0 {
-                c.seq |= db;
+        for i in 0..self.size() {
+            let c = self.cells[i];
+            if Self::in_range(&c, p0, p1) && c.seq & sb != 0 && c.seq & db == 0 {
+                self.set_cell(
+                    i,
+                    Cell {
+                        seq: c.seq | db,
+                        ..c
+                    },
+                );
             }
         }
+        self.settle();
         Ok(())
     }
 
@@ -76,7 +89,9 @@ impl KvCells {
                 continue;
             }
             if c.seq & bit != 0 {
-                self.cells[i].seq = bit;
+                if c.seq != bit {
+                    self.set_cell(i, Cell { seq: bit, ..c });
+                }
             } else {
                 self.free(i);
                 if new_head == self.size() {
@@ -87,6 +102,7 @@ impl KvCells {
         if new_head != self.size() && new_head < self.head {
             self.head = new_head;
         }
+        self.settle();
         Ok(())
     }
 
@@ -104,18 +120,23 @@ impl KvCells {
                 continue;
             }
             self.has_shift = true;
-            let cell = &mut self.cells[i];
-            cell.pos += delta;
-            cell.delta += delta;
-            if cell.pos < 0 {
+            let moved = Cell {
+                pos: c.pos + delta,
+                delta: c.delta + delta,
+                ..c
+            };
+            if moved.pos < 0 {
                 self.free(i);
                 if new_head == self.size() {
                     new_head = i;
                 }
+            } else {
+                self.set_cell(i, moved);
             }
         }
         // As llama.cpp: start the next search at a freed slot, else from the beginning.
         self.head = if new_head != self.size() { new_head } else { 0 };
+        self.settle();
         Ok(())
     }
 
@@ -129,38 +150,20 @@ impl KvCells {
         if d == 1 || p0 == p1 {
             return Ok(());
         }
-        for c in &mut self.cells {
-            if Self::in_range(c, p0, p1) && c.has_seq(seq) {
+        for i in 0..self.size() {
+            let c = self.cells[i];
+            if Self::in_range(&c, p0, p1) && c.has_seq(seq) {
                 self.has_shift = true;
-                let old = c.pos;
-                c.pos /= d;
+                let pos = c.pos / d;
                 // Today's llama.cpp accumulates old - new here (the seeds' older code had
                 // new - old). Its results are the reference, so the K-shift after a
                 // division rotates keys as it does; smollm2_kv's Self-Extend replay pins it.
-                c.delta += old - c.pos;
+                let delta = c.delta + (c.pos - pos);
+                self.set_cell(i, Cell { pos, delta, ..c });
             }
         }
+        self.settle();
         Ok(())
-    }
-
-    /// Smallest position stored for `seq`, or -1 (also for an id no cell can hold).
-    pub fn seq_pos_min(&self, seq: SeqId) -> i32 {
-        self.cells
-            .iter()
-            .filter(|c| c.has_seq(seq))
-            .map(|c| c.pos)
-            .min()
-            .unwrap_or(-1)
-    }
-
-    /// Largest position stored for `seq`, or -1.
-    pub fn seq_pos_max(&self, seq: SeqId) -> i32 {
-        self.cells
-            .iter()
-            .filter(|c| c.has_seq(seq))
-            .map(|c| c.pos)
-            .max()
-            .unwrap_or(-1)
     }
 
     pub fn has_shift(&self) -> bool {

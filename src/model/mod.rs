@@ -25,7 +25,7 @@ pub enum ModelError {
         arch: String,
         supported: &'static str,
     },
-    #[error("{path}: tensor `{tensor}` has type {ty}, which wgllm cannot compute with yet (supported: F32, F16, Q4_0, Q4_1, Q8_0)")]
+    #[error("{path}: tensor `{tensor}` has type {ty}, which wgllm cannot compute with yet (supported: {supported})", supported = crate::gguf::quant::supported_names())]
     UnsupportedType {
         path: String,
         tensor: String,

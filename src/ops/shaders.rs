@@ -21,14 +21,8 @@ pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
 
 /// The snippet defining QK, WPB, `load_block` and `deq_elem` for a weight type.
 pub fn quant_snippet(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        GgmlType::F32 => include_str!("../../shaders/quant_f32.wgsl"),
-        GgmlType::F16 => include_str!("../../shaders/quant_f16.wgsl"),
-        GgmlType::Q4_0 => include_str!("../../shaders/quant_q4_0.wgsl"),
-        GgmlType::Q4_1 => include_str!("../../shaders/quant_q4_1.wgsl"),
-        GgmlType::Q8_0 => include_str!("../../shaders/quant_q8_0.wgsl"),
-        _ => return None,
-    })
+    // Each weight format owns its snippet (see `crate::gguf::quant` for the contract).
+    crate::gguf::quant::format(ty).map(|f| f.wgsl())
 }
 
 /// Joins `parts` and replaces each `{{KEY}}` with its value.

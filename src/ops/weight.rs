@@ -31,16 +31,29 @@ impl Weight {
         n_rows: usize,
         data: &[u8],
     ) -> Result<Weight, GpuError> {
-        let row_words = quant::gpu_row_words(ty, n_cols)
-            .ok_or_else(|| GpuError::Validation(format!("{name}: no GPU kernels for type {ty}")))?;
+        let fmt = quant::format(ty).ok_or_else(|| {
+            GpuError::Validation(format!(
+                "{name}: no GPU kernels for type {ty} (supported: {})",
+                quant::supported_names()
+            ))
+        })?;
+        let row_words = fmt.gpu_row_words(n_cols);
         if row_words == 0 {
             return Err(GpuError::Validation(format!(
                 "{name}: a [{n_cols}, {n_rows}] matrix has empty rows"
             )));
         }
-        let row_bytes = ty
-            .row_bytes(n_cols as u64)
-            .expect("row length checked by the GGUF reader") as usize;
+        let row_bytes = ty.row_bytes(n_cols as u64).ok_or_else(|| {
+            GpuError::Validation(format!(
+                "{name}: rows of {n_cols} elements are not whole {ty} blocks"
+            ))
+        })? as usize;
+        if data.len() < n_rows * row_bytes {
+            return Err(GpuError::Validation(format!(
+                "{name}: {} bytes of data for {n_rows} rows of {row_bytes}",
+                data.len()
+            )));
+        }
         let rows_per_chunk = ((gpu.max_binding / 4) as usize / row_words).clamp(1, n_rows.max(1));
         let mut chunks = Vec::new();
         let mut words = Vec::new();
@@ -49,7 +62,7 @@ impl Weight {
             words.clear();
             words.reserve(rows * row_words);
             let src = &data[row_begin * row_bytes..(row_begin + rows) * row_bytes];
-            quant::repack_rows(ty, src, n_cols, &mut words);
+            fmt.repack_rows(src, n_cols, &mut words);
             let label = format!("{name}[{row_begin}..]");
             let buf = gpu.upload(&label, bytemuck::cast_slice(&words))?;
             chunks.push(WeightChunk {

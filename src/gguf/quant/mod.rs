@@ -1,0 +1,212 @@
+//! Weight formats: one [`QuantFormat`] implementation per type the kernels can read, all
+//! listed in [`FORMATS`]. Everything type-specific lives in that one implementation (and
+//! its WGSL snippet); the rest of the crate asks the registry.
+//!
+//! # The contract every format keeps
+//!
+//! * **File side.** A tensor row is a whole number of *file blocks* ([`QuantFormat::file_block`],
+//!   the layout GGUF stores, see `GgmlType::block_layout`). [`QuantFormat::dequantize`] is the
+//!   CPU reference the tests compare the GPU against; [`QuantFormat::quantizer`] exists where
+//!   we can make test and synthetic weights of the type.
+//! * **GPU side.** The GPU layout may differ from the file's: [`QuantFormat::repack`] re-lays a
+//!   row out once at upload. It stays quantized (never a dequantized copy). Every kernel reads
+//!   every type the same way: a row is a sequence of *GPU blocks* of [`GPU_BLOCK`] = 32
+//!   elements, each [`QuantFormat::gpu_block_words`] 32-bit words, with every field starting
+//!   on a word boundary (WGSL storage arrays hold 4-byte elements, and unaligned byte fields
+//!   would cost two loads and shifts per field in the innermost loop).
+//! * **Bigger file blocks.** A format whose file block is larger than 32 elements (the
+//!   k-quants: 256 elements with 6-bit packed sub-block scales) repacks each file block into
+//!   `elements / 32` GPU sub-blocks, each carrying its own ready-to-use scale and min
+//!   (an f32, or an f16 pair in one word). Kernels then never see the 256-element block, so
+//!   such a type needs only its own implementation and snippet, not kernel changes.
+//! * **WGSL snippet.** [`QuantFormat::wgsl`] is prepended to the matmul and get_rows kernels
+//!   (which declare `w: array<u32>` and `WB_SLOTS`). It defines `QK` (= 32), `WPB` (words per
+//!   GPU block), and reads one GPU block starting at word `base`:
+//!   - `load_block(base, slot)`: all 32 values into `wb[slot * 8 .. slot * 8 + 8]` (vec4s);
+//!   - `load_quarter(base, q) -> Quarter`: 8 of the values as two vec4s `a`, `b` plus the
+//!     vec4 indices `ia`, `ib` (0..8) they have within the block; the four quarters cover
+//!     the block once;
+//!   - `deq_elem(row_base, j)`: element `j` of the row whose first word is `row_base`.
+//!
+//! Rows are padded with zero words to whole GPU blocks (only F32/F16 rows can be ragged).
+
+mod fp16;
+mod fp32;
+mod q4_0;
+mod q4_1;
+mod q5_0;
+mod q5_1;
+mod q8_0;
+
+#[cfg(test)]
+mod tests;
+
+use super::GgmlType;
+
+/// Elements per GPU block: the unit every kernel dequantizes (see the module docs).
+pub const GPU_BLOCK: usize = 32;
+
+/// Quantizes whole file blocks of values (`src.len()` a multiple of the block size),
+/// appending their bytes.
+pub type Quantizer = fn(src: &[f32], out: &mut Vec<u8>);
+
+/// One weight type: its file blocks, GPU layout, CPU reference and WGSL reader.
+pub trait QuantFormat: Sync {
+    /// The ggml type this implements.
+    fn ty(&self) -> GgmlType;
+
+    /// (elements, bytes) of one block as the file stores it.
+    fn file_block(&self) -> (usize, usize);
+
+    /// 32-bit words of one GPU block of [`GPU_BLOCK`] elements.
+    fn gpu_block_words(&self) -> usize;
+
+    /// Appends the GPU words of `row`, the file bytes of one row (whole file blocks).
+    /// Must produce at most [`QuantFormat::gpu_row_words`] words for it; the caller pads.
+    fn repack(&self, row: &[u8], out: &mut Vec<u32>);
+
+    /// CPU reference: dequantizes `out.len()` elements from `src` (whole file blocks).
+    fn dequantize(&self, src: &[u8], out: &mut [f32]);
+
+    /// The reference quantizer, where we have one (test weights, synthetic models).
+    fn quantizer(&self) -> Option<Quantizer> {
+        None
+    }
+
+    /// The WGSL snippet the kernels include to read this type (see the module docs).
+    fn wgsl(&self) -> &'static str;
+
+    /// Words of one row of `n` elements on the GPU (rows padded to whole GPU blocks).
+    fn gpu_row_words(&self, n: usize) -> usize {
+        n.div_ceil(GPU_BLOCK) * self.gpu_block_words()
+    }
+
+    /// Re-lays out whole rows of `n_per_row` elements (file bytes) for the GPU, appending
+    /// `gpu_row_words(n_per_row)` words per row.
+    fn repack_rows(&self, src: &[u8], n_per_row: usize, out: &mut Vec<u32>) {
+        let (be, bb) = self.file_block();
+        let row_bytes = n_per_row / be * bb;
+        let row_words = self.gpu_row_words(n_per_row);
+        if row_bytes == 0 {
+            return;
+        }
+        for row in src.chunks_exact(row_bytes) {
+            let start = out.len();
+            self.repack(row, out);
+            debug_assert!(
+                out.len() - start <= row_words,
+                "{} repack overflow",
+                self.ty()
+            );
+            out.resize(start + row_words, 0);
+        }
+    }
+}
+
+/// Every weight type the kernels read, in the order the CLI and error messages list them.
+/// Adding a type = one implementation file, its snippet, and one entry here.
+pub static FORMATS: &[&dyn QuantFormat] = &[
+    &fp32::F32,
+    &fp16::F16,
+    &q4_0::Q4_0,
+    &q4_1::Q4_1,
+    &q5_0::Q5_0,
+    &q5_1::Q5_1,
+    &q8_0::Q8_0,
+];
+
+/// The format of `ty`, or None when no kernel reads it.
+pub fn format(ty: GgmlType) -> Option<&'static dyn QuantFormat> {
+    FORMATS.iter().copied().find(|f| f.ty() == ty)
+}
+
+/// The format named `name` as ggml spells it (`Q4_0`, `f16`; any case).
+pub fn format_by_name(name: &str) -> Option<&'static dyn QuantFormat> {
+    FORMATS
+        .iter()
+        .copied()
+        .find(|f| f.ty().to_string().eq_ignore_ascii_case(name))
+}
+
+/// "F32, F16, Q4_0, …": the supported weight types, for error messages.
+pub fn supported_names() -> String {
+    names(FORMATS.iter().copied())
+}
+
+/// The types we can quantize to (synthetic models), as in [`supported_names`].
+pub fn quantizable_names() -> String {
+    names(FORMATS.iter().copied().filter(|f| f.quantizer().is_some()))
+}
+
+fn names<'a>(it: impl Iterator<Item = &'a dyn QuantFormat>) -> String {
+    it.map(|f| f.ty().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Dequantizes `out.len()` elements of type `ty` from `src` (whole blocks): any registered
+/// format, plus BF16, which only norm vectors use (no kernel reads it, so it is no format).
+/// Panics if `ty` is neither or `src` is short: callers check the type and size `src`
+/// from the tensor table first.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
+    if ty == GgmlType::Bf16 {
+        for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+            *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+        }
+        return;
+    }
+    match format(ty) {
+        Some(f) => f.dequantize(src, out),
+        None => panic!("dequantize_row: no CPU reference for {ty}"),
+    }
+}
+
+/// Quantizes one row (a whole number of blocks) to `ty`, or None without a quantizer.
+pub fn try_quantize_row(ty: GgmlType, src: &[f32]) -> Option<Vec<u8>> {
+    let q = format(ty)?.quantizer()?;
+    let mut out = Vec::new();
+    q(src, &mut out);
+    Some(out)
+}
+
+/// [`try_quantize_row`] for tests and synthetic weights, whose types are fixed in code.
+/// Panics if `ty` has no quantizer.
+pub fn quantize_row(ty: GgmlType, src: &[f32]) -> Vec<u8> {
+    try_quantize_row(ty, src)
+        .unwrap_or_else(|| panic!("quantize_row: no reference quantizer for {ty}"))
+}
+
+/// 32-bit words one row of `n` elements takes in the GPU layout, None if no kernel reads `ty`.
+pub fn gpu_row_words(ty: GgmlType, n: usize) -> Option<usize> {
+    format(ty).map(|f| f.gpu_row_words(n))
+}
+
+// ---- small helpers shared by the implementations
+
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+pub(crate) fn word_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// The f16 bits of `v`, as little-endian bytes.
+pub(crate) fn f16_bytes(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_le_bytes()
+}
+
+/// The value of largest magnitude (sign kept), as ggml's symmetric quantizers scale by.
+pub(crate) fn signed_absmax(blk: &[f32]) -> f32 {
+    blk.iter()
+        .copied()
+        .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m })
+}
+
+/// (min, max) of a block.
+pub(crate) fn min_max(blk: &[f32]) -> (f32, f32) {
+    blk.iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        })
+}

@@ -1,0 +1,202 @@
+use super::*;
+
+fn lcg(seed: &mut u64) -> f32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// Worst absolute error of quantize→dequantize on values in [-1, 1): half a quantization
+/// step (the scale covers a range of 2 in 2^bits - 1 steps, or |max| in 2^(bits-1)), plus
+/// the f16 rounding of the scale. A format with a quantizer must be listed here.
+fn round_trip_tolerance(ty: GgmlType) -> f32 {
+    match ty {
+        GgmlType::F32 => 0.0,
+        GgmlType::F16 => 1e-3,
+        GgmlType::Q8_0 => 1.0 / 127.0,
+        GgmlType::Q4_0 => 1.0 / 8.0,
+        GgmlType::Q4_1 => 1.0 / 15.0,
+        GgmlType::Q5_0 => 1.0 / 16.0,
+        GgmlType::Q5_1 => 1.0 / 31.0,
+        other => panic!("no round-trip tolerance for {other}: add one"),
+    }
+}
+
+#[test]
+fn quantize_then_dequantize_is_close() {
+    let mut s = 7;
+    let src: Vec<f32> = (0..256).map(|_| lcg(&mut s)).collect();
+    for f in FORMATS.iter().filter(|f| f.quantizer().is_some()) {
+        let ty = f.ty();
+        let tol = round_trip_tolerance(ty);
+        let q = quantize_row(ty, &src);
+        assert_eq!(q.len() as u64, ty.row_bytes(256).unwrap(), "{ty}");
+        let mut back = vec![0.0; 256];
+        dequantize_row(ty, &q, &mut back);
+        for (a, b) in src.iter().zip(&back) {
+            assert!((a - b).abs() <= tol + 1e-6, "{ty}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn every_format_is_consistent_with_the_file_table_and_its_snippet() {
+    let mut seen = Vec::new();
+    for f in FORMATS {
+        let ty = f.ty();
+        assert!(!seen.contains(&ty), "{ty} registered twice");
+        seen.push(ty);
+        assert!(std::ptr::addr_eq(format(ty).unwrap(), *f));
+        assert_eq!(Some(f.file_block()), ty.block_layout(), "{ty} file block");
+        assert!(ty.is_supported_weight());
+        assert_eq!(
+            format_by_name(&ty.to_string().to_lowercase()).unwrap().ty(),
+            ty
+        );
+        // The snippet's constants are the layout the repack produces.
+        let src = f.wgsl();
+        assert!(src.contains("const QK: u32 = 32u;"), "{ty}: QK");
+        let wpb = format!("const WPB: u32 = {}u;", f.gpu_block_words());
+        assert!(src.contains(&wpb), "{ty}: snippet lacks `{wpb}`");
+        for sym in [
+            "fn load_block(",
+            "fn deq_elem(",
+            "fn load_quarter(",
+            "struct Quarter",
+        ] {
+            assert!(src.contains(sym), "{ty}: snippet lacks {sym}");
+        }
+    }
+    assert!(format(GgmlType::Q8_1).is_none());
+    assert!(!GgmlType::Q4K.is_supported_weight());
+    assert_eq!(
+        supported_names(),
+        "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0",
+        "error messages list the registry"
+    );
+}
+
+#[test]
+fn repack_gives_whole_gpu_blocks_per_row() {
+    let mut s = 11;
+    for f in FORMATS {
+        let Some(q) = f.quantizer() else { continue };
+        let (n, rows) = (96, 3);
+        let src: Vec<f32> = (0..n * rows).map(|_| lcg(&mut s)).collect();
+        let mut bytes = Vec::new();
+        q(&src, &mut bytes);
+        let mut words = Vec::new();
+        f.repack_rows(&bytes, n, &mut words);
+        assert_eq!(words.len(), rows * f.gpu_row_words(n), "{}", f.ty());
+        assert_eq!(f.gpu_row_words(n), n / GPU_BLOCK * f.gpu_block_words());
+    }
+    // Ragged F16 rows are padded to a whole GPU block, each row on its own.
+    let f = format(GgmlType::F16).unwrap();
+    let bytes = quantize_row(GgmlType::F16, &[1.0; 2 * 33]);
+    let mut words = Vec::new();
+    f.repack_rows(&bytes, 33, &mut words);
+    assert_eq!(words.len(), 2 * 32);
+    assert_eq!(words[16], 0x3C00, "odd last value, zero high half");
+    assert_eq!(words[17..32], [0; 15]);
+    assert_eq!(words[32], 0x3C00_3C00);
+}
+
+#[test]
+fn repacked_words_keep_every_field_word_aligned() {
+    let mut s = 3;
+    let src: Vec<f32> = (0..64).map(|_| lcg(&mut s)).collect();
+    let q = quantize_row(GgmlType::Q8_0, &src);
+    let mut words = Vec::new();
+    format(GgmlType::Q8_0)
+        .unwrap()
+        .repack_rows(&q, 64, &mut words);
+    assert_eq!(words.len(), gpu_row_words(GgmlType::Q8_0, 64).unwrap());
+    // Second block: scale in word 9, first quant byte in the low byte of word 10.
+    assert_eq!(words[9] as u16, u16::from_le_bytes([q[34], q[35]]));
+    assert_eq!(words[10] as u8, q[36]);
+
+    // Q5_0 (22-byte blocks): second block's d in word 6, qh in word 7, qs from word 8.
+    let q = quantize_row(GgmlType::Q5_0, &src);
+    let mut words = Vec::new();
+    format(GgmlType::Q5_0)
+        .unwrap()
+        .repack_rows(&q, 64, &mut words);
+    assert_eq!(words.len(), 12);
+    assert_eq!(words[6], u16::from_le_bytes([q[22], q[23]]) as u32);
+    assert_eq!(words[7], word_at(&q, 24));
+    assert_eq!(words[8..12], [28, 32, 36, 40].map(|i| word_at(&q, i)));
+}
+
+/// Hand-made Q5 blocks where every 5th bit is set on its own: weight j's value must move by
+/// exactly 16 steps when bit j of qh is set, and by nothing else.
+#[test]
+fn q5_fifth_bits_belong_to_their_weight() {
+    for j in 0..32 {
+        let qh = 1u32 << j;
+        let mut q50 = vec![0u8; 22];
+        q50[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+        q50[2..6].copy_from_slice(&qh.to_le_bytes());
+        q50[6..].fill(0x21); // low nibbles 1, high nibbles 2
+        let mut out = [0f32; 32];
+        dequantize_row(GgmlType::Q5_0, &q50, &mut out);
+        for (k, &v) in out.iter().enumerate() {
+            let q = if k < 16 { 1 } else { 2 } + if k == j { 16 } else { 0 };
+            assert_eq!(v, (q as f32 - 16.0) * 0.5, "Q5_0 bit {j} weight {k}");
+        }
+        let mut q51 = vec![0u8; 24];
+        q51[..2].copy_from_slice(&half::f16::from_f32(0.25).to_le_bytes());
+        q51[2..4].copy_from_slice(&half::f16::from_f32(-1.0).to_le_bytes());
+        q51[4..8].copy_from_slice(&qh.to_le_bytes());
+        q51[8..].fill(0x21);
+        dequantize_row(GgmlType::Q5_1, &q51, &mut out);
+        for (k, &v) in out.iter().enumerate() {
+            let q = if k < 16 { 1 } else { 2 } + if k == j { 16 } else { 0 };
+            assert_eq!(v, q as f32 * 0.25 - 1.0, "Q5_1 bit {j} weight {k}");
+        }
+    }
+}
+
+/// Every registered snippet composes with every kernel that includes it.
+#[test]
+fn every_format_snippet_validates_in_every_kernel() {
+    use crate::ops::shaders;
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    for f in FORMATS {
+        let ty = f.ty();
+        let q = f.wgsl();
+        let mut variants = vec![
+            (
+                "get_rows".to_string(),
+                shaders::compose(&[q, shaders::GET_ROWS], &[]),
+            ),
+            (
+                "matmul".to_string(),
+                shaders::compose(
+                    &[q, shaders::MATMUL],
+                    &[("TB", "4".into()), ("R", "2".into())],
+                ),
+            ),
+            (
+                "matmul_tile".to_string(),
+                shaders::matmul_tile_source(ty, 64, 64),
+            ),
+        ];
+        for sg in [false, true] {
+            variants.push((
+                format!("matmul_wg_{sg}"),
+                shaders::matmul_wg_source(ty, 4, 8, sg),
+            ));
+        }
+        for (name, src) in variants {
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{ty} {name}: {}", e.emit_to_string(&src)));
+            Validator::new(
+                ValidationFlags::all(),
+                Capabilities::SHADER_FLOAT16_IN_FLOAT32 | Capabilities::SUBGROUP,
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{ty} {name}: {}", e.emit_to_string(&src)));
+        }
+    }
+}
