@@ -149,9 +149,10 @@ impl GraphBuilder {
         });
     }
 
-    // Helpers: one node each, outputs sized from the operands. An architecture file
-    // chains them top-down; each records exactly the node it names, so a graph written
-    // with them dispatches the same kernels as one written node by node.
+    // Helpers, outputs sized from the operands. An architecture file chains them
+    // top-down; an op helper records exactly the node it names and a block the nodes it
+    // lists, so a graph written with them dispatches the same kernels as one written
+    // node by node.
 
     /// Rows `ids` ([n_ids]) of a (quantized) matrix as f32: [w.n_cols, n_ids].
     pub fn get_rows(&mut self, w: &Arc<Weight>, ids: TensorId) -> TensorId {
