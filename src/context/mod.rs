@@ -6,8 +6,8 @@ pub mod state;
 
 use crate::gpu::GpuError;
 use crate::graph::Graph;
-use crate::kv::{build_mask, seqs_below, KvCells, KvError, MaskKind, SeqId, MAX_SEQ, N_KV_PAD};
-use crate::model::{GraphIo, KvBuffers, Model};
+use crate::kv::{seqs_below, KvCells, KvError, SeqId, MAX_SEQ, N_KV_PAD};
+use crate::model::{GraphInput, GraphIo, KvBuffers, Model, UbatchView};
 use crate::ops::rope::rope;
 use crate::ops::{run_now, View};
 use std::collections::VecDeque;
@@ -107,12 +107,9 @@ impl Batch {
     }
 }
 
+/// The model's declared graph inputs, one buffer each, and the logits it writes.
 struct StepBuffers {
-    tokens: wgpu::Buffer,
-    rope_table: wgpu::Buffer,
-    kv_slots: wgpu::Buffer,
-    mask: wgpu::Buffer,
-    out_ids: wgpu::Buffer,
+    inputs: Vec<(GraphInput, wgpu::Buffer)>,
     logits: wgpu::Buffer,
 }
 
@@ -171,12 +168,13 @@ impl Context {
             ));
         }
         let n_out_max = (gpu.max_binding / (hp.n_vocab as u64 * 4)).clamp(1, ub) as u32;
+        let mut inputs = Vec::new();
+        for input in model.inputs() {
+            let buf = gpu.storage(&input.label(), input.bytes(ub, n_ctx))?;
+            inputs.push((input, buf));
+        }
         let step = StepBuffers {
-            tokens: gpu.storage("tokens", ub * 4)?,
-            rope_table: gpu.storage("rope_table", ub * hp.rope.n_dims as u64 * 4)?,
-            kv_slots: gpu.storage("kv_slots", ub * 4)?,
-            mask: gpu.storage("kq_mask", ub * n_ctx * 4)?,
-            out_ids: gpu.storage("out_ids", ub * 4)?,
+            inputs,
             logits: gpu.storage("logits", n_out_max as u64 * hp.n_vocab as u64 * 4)?,
         };
         log::info!(
@@ -437,25 +435,21 @@ impl Context {
         let seq = &b.seq[r.clone()];
         self.cells.store(&slots, pos, seq)?;
         let n_kv = self.cells.n_kv(N_KV_PAD);
-        let mask = build_mask(self.cells.cells(), n_kv, pos, seq, MaskKind::default());
-        let positions: Vec<f64> = pos.iter().map(|&p| p as f64).collect();
-        let table = self.model.hp.rope.table(&positions);
-        let slots: Vec<u32> = slots.iter().map(|&c| c as u32).collect();
-        let out_ids: Vec<u32> = (0..n as u32)
-            .filter(|&j| b.logits[r.start + j as usize])
-            .collect();
-        let n_out = out_ids.len() as u32;
-        gpu.write(
-            &self.step.tokens,
-            0,
-            bytemuck::cast_slice(&b.tokens[r.clone()]),
-        );
-        gpu.write(&self.step.rope_table, 0, bytemuck::cast_slice(&table));
-        gpu.write(&self.step.kv_slots, 0, bytemuck::cast_slice(&slots));
-        gpu.write(&self.step.mask, 0, bytemuck::cast_slice(&mask));
-        if !out_ids.is_empty() {
-            gpu.write(&self.step.out_ids, 0, bytemuck::cast_slice(&out_ids));
+        // Every declared input fills itself from the ubatch and the cells it was stored in.
+        let ubv = UbatchView {
+            tokens: &b.tokens[r.clone()],
+            pos,
+            seq,
+            logits: &b.logits[r.clone()],
+            slots: &slots,
+        };
+        for (input, buf) in &self.step.inputs {
+            let data = input.fill(&ubv, &self.cells, n_kv);
+            if !data.is_empty() {
+                gpu.write(buf, 0, data.as_bytes());
+            }
         }
+        let n_out = ubv.logits.iter().filter(|&&l| l).count() as u32;
         let key = (n as u32, n_kv as u32, n_out);
         let idx = match self.graphs.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
@@ -464,11 +458,9 @@ impl Context {
                     n_tok: key.0,
                     n_kv: key.1,
                     n_out,
-                    tokens: View::whole(&self.step.tokens),
-                    rope_table: View::whole(&self.step.rope_table),
-                    kv_slots: View::whole(&self.step.kv_slots),
-                    mask: View::whole(&self.step.mask),
-                    out_ids: View::whole(&self.step.out_ids),
+                    inputs: (self.step.inputs.iter())
+                        .map(|(i, buf)| (*i, View::whole(buf)))
+                        .collect(),
                     logits: View::whole(&self.step.logits),
                 };
                 let graph = self.model.build_graph(&io, &self.kv)?;

@@ -70,7 +70,32 @@ pub struct Node {
 #[derive(Default)]
 pub struct GraphBuilder {
     pub(super) tensors: Vec<Storage>,
+    /// [ne0, ne1] (row length, rows) of each tensor in elements, so that the helpers
+    /// below size their outputs and ops from their operands, as ggml tensors do.
+    shapes: Vec<[u32; 2]>,
     pub(super) nodes: Vec<Node>,
+}
+
+/// One layer's attention block: the projections, and which cache, mask and RoPE table
+/// the layer uses (a model with local and global layers picks them per layer).
+#[derive(Clone, Copy)]
+pub struct AttnBlock<'a> {
+    pub wq: &'a Arc<Weight>,
+    pub wk: &'a Arc<Weight>,
+    pub wv: &'a Arc<Weight>,
+    pub wo: &'a Arc<Weight>,
+    /// The layer's K and V cache, [n_embd_kv, cells] each.
+    pub k_cache: &'a View,
+    pub v_cache: &'a View,
+    /// [n_tok] cells the ubatch's K and V rows are stored in.
+    pub slots: TensorId,
+    /// [n_kv, n_tok] KQ mask.
+    pub mask: TensorId,
+    /// The (cos, sin) table and the parameters it was made with.
+    pub rope: TensorId,
+    pub rope_p: RopeParams,
+    pub shape: AttnShape,
+    pub sp: SoftmaxParams,
 }
 
 impl GraphBuilder {
@@ -78,15 +103,42 @@ impl GraphBuilder {
         Self::default()
     }
 
-    pub fn external(&mut self, v: View) -> TensorId {
-        self.tensors.push(Storage::External(v));
+    fn push(&mut self, s: Storage, ne: [u32; 2]) -> TensorId {
+        self.tensors.push(s);
+        self.shapes.push(ne);
         self.tensors.len() - 1
+    }
+
+    /// A buffer owned elsewhere, seen as one row of f32-sized elements.
+    pub fn external(&mut self, v: View) -> TensorId {
+        let ne = [(v.size / 4).min(u32::MAX as u64) as u32, 1];
+        self.push(Storage::External(v), ne)
+    }
+
+    /// A buffer owned elsewhere (a step input, the logits) read as [ne0, ne1] elements.
+    pub fn input(&mut self, v: View, ne: [u32; 2]) -> TensorId {
+        self.push(Storage::External(v), ne)
     }
 
     /// A new intermediate of `n` f32 elements.
     pub fn scratch(&mut self, n: u64) -> TensorId {
-        self.tensors.push(Storage::Scratch { bytes: n * 4 });
-        self.tensors.len() - 1
+        let ne = [n.min(u32::MAX as u64) as u32, 1];
+        self.push(Storage::Scratch { bytes: n * 4 }, ne)
+    }
+
+    /// A new f32 intermediate of [ne0, ne1] elements.
+    pub fn tensor(&mut self, ne: [u32; 2]) -> TensorId {
+        self.push(
+            Storage::Scratch {
+                bytes: ne[0] as u64 * ne[1] as u64 * 4,
+            },
+            ne,
+        )
+    }
+
+    /// [ne0, ne1] of a tensor.
+    pub fn ne(&self, t: TensorId) -> [u32; 2] {
+        self.shapes[t]
     }
 
     pub fn node(&mut self, op: Op, reads: &[TensorId], writes: &[TensorId]) {
@@ -95,6 +147,169 @@ impl GraphBuilder {
             reads: reads.to_vec(),
             writes: writes.to_vec(),
         });
+    }
+
+    // Helpers, outputs sized from the operands. An architecture file chains them
+    // top-down; an op helper records exactly the node it names and a block the nodes it
+    // lists, so a graph written with them dispatches the same kernels as one written
+    // node by node.
+
+    /// Rows `ids` ([n_ids]) of a (quantized) matrix as f32: [w.n_cols, n_ids].
+    pub fn get_rows(&mut self, w: &Arc<Weight>, ids: TensorId) -> TensorId {
+        let n_ids = self.ne(ids)[0];
+        let dst = self.tensor([w.n_cols, n_ids]);
+        let op = Op::GetRows {
+            w: w.clone(),
+            n_ids,
+        };
+        self.node(op, &[ids], &[dst]);
+        dst
+    }
+
+    /// Rows `ids` ([n_ids]) of an f32 activation x: [ne0(x), n_ids].
+    pub fn select_rows(&mut self, x: TensorId, ids: TensorId) -> TensorId {
+        let ([n_cols, n_rows], n_ids) = (self.ne(x), self.ne(ids)[0]);
+        let dst = self.tensor([n_cols, n_ids]);
+        let op = Op::SelectRows {
+            n_cols,
+            n_rows,
+            n_ids,
+        };
+        self.node(op, &[x, ids], &[dst]);
+        dst
+    }
+
+    /// w · x for x [w.n_cols, n_tok]: [w.n_rows, n_tok].
+    pub fn matmul(&mut self, w: &Arc<Weight>, x: TensorId) -> TensorId {
+        let dst = self.tensor([w.n_rows, self.ne(x)[1]]);
+        self.matmul_into(w, x, dst);
+        dst
+    }
+
+    /// w · x written to an existing tensor (the logits buffer).
+    pub fn matmul_into(&mut self, w: &Arc<Weight>, x: TensorId, dst: TensorId) {
+        let op = Op::Matmul {
+            w: w.clone(),
+            n_tok: self.ne(x)[1],
+        };
+        self.node(op, &[x], &[dst]);
+    }
+
+    /// Each row of x RMS-normed and scaled by the vector `w`.
+    pub fn rms_norm(&mut self, x: TensorId, w: &View, eps: f32) -> TensorId {
+        let [n, rows] = self.ne(x);
+        let w = self.external(w.clone());
+        let dst = self.tensor([n, rows]);
+        self.node(Op::RmsNorm { n, rows, eps }, &[x, w], &[dst]);
+        dst
+    }
+
+    /// The residual add fused with the next RMS norm: (a + b, rms_norm(a + b) * w).
+    pub fn add_rms_norm(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        w: &View,
+        eps: f32,
+    ) -> (TensorId, TensorId) {
+        let [n, rows] = self.ne(a);
+        let w = self.external(w.clone());
+        let sum = self.tensor([n, rows]);
+        let dst = self.tensor([n, rows]);
+        self.node(Op::AddRmsNorm { n, rows, eps }, &[a, b, w], &[sum, dst]);
+        (sum, dst)
+    }
+
+    /// a + b, b broadcast over a when it is smaller.
+    pub fn add(&mut self, a: TensorId, b: TensorId) -> TensorId {
+        let ([n0, n1], [b0, b1]) = (self.ne(a), self.ne(b));
+        let dst = self.tensor([n0, n1]);
+        let op = Op::Binary {
+            op: BinaryOp::Add,
+            n: n0 * n1,
+            nb: b0 * b1,
+        };
+        self.node(op, &[a, b], &[dst]);
+        dst
+    }
+
+    /// act(gate) * up.
+    pub fn glu(&mut self, act: Activation, gate: TensorId, up: TensorId) -> TensorId {
+        let [n0, n1] = self.ne(gate);
+        let dst = self.tensor([n0, n1]);
+        self.node(Op::Glu { act, n: n0 * n1 }, &[gate, up], &[dst]);
+        dst
+    }
+
+    /// Rotates x ([head_dim * n_head, n_tok]) in place with a (cos, sin) table.
+    pub fn rope(&mut self, x: TensorId, table: TensorId, p: RopeParams, n_head: u32) {
+        let n_tok = self.ne(x)[1];
+        self.node(Op::Rope { p, n_head, n_tok }, &[table], &[x]);
+    }
+
+    /// Row t of src ([row_len, n_rows]) to row idx[t] of dst (f16 when `dst_f16`).
+    pub fn set_rows(&mut self, src: TensorId, idx: TensorId, dst: TensorId, dst_f16: bool) {
+        let [row_len, n_rows] = self.ne(src);
+        let op = Op::SetRows {
+            row_len,
+            n_rows,
+            dst_f16,
+        };
+        self.node(op, &[src, idx], &[dst]);
+    }
+
+    /// softmax(mask + scale · K q) V over the cache for q [head_dim * n_head, n_tok]:
+    /// [head_dim * n_head, n_tok].
+    pub fn attention(
+        &mut self,
+        gpu: &Gpu,
+        q: TensorId,
+        kv: [TensorId; 2],
+        mask: TensorId,
+        shape: AttnShape,
+        sp: SoftmaxParams,
+    ) -> Result<TensorId, GpuError> {
+        let scores = self.scratch(shape.scores_len(gpu)?);
+        let dst = self.tensor(self.ne(q));
+        let partials = self.scratch(shape.partials_len(gpu));
+        let op = Op::Attention { shape, sp };
+        self.node(op, &[q, kv[0], kv[1], mask], &[scores, dst, partials]);
+        Ok(dst)
+    }
+
+    /// Self-attention of a normed x [n_embd, n_tok]: Q, K, V projections, RoPE on Q and K,
+    /// K and V rows stored in the cache at the ubatch's slots, attention over the cache
+    /// with the layer's mask, output projection.
+    pub fn attn_block(
+        &mut self,
+        gpu: &Gpu,
+        x: TensorId,
+        a: &AttnBlock,
+    ) -> Result<TensorId, GpuError> {
+        let q = self.matmul(a.wq, x);
+        let k = self.matmul(a.wk, x);
+        let v = self.matmul(a.wv, x);
+        self.rope(q, a.rope, a.rope_p, a.shape.n_head);
+        self.rope(k, a.rope, a.rope_p, a.shape.n_head_kv);
+        let kc = self.external(a.k_cache.clone());
+        let vc = self.external(a.v_cache.clone());
+        self.set_rows(k, a.slots, kc, a.shape.kv_f16);
+        self.set_rows(v, a.slots, vc, a.shape.kv_f16);
+        let attn = self.attention(gpu, q, [kc, vc], a.mask, a.shape, a.sp)?;
+        Ok(self.matmul(a.wo, attn))
+    }
+
+    /// Gated feed-forward of a normed x: down · (act(gate · x) * (up · x)).
+    pub fn ffn_block(
+        &mut self,
+        x: TensorId,
+        [gate, up, down]: [&Arc<Weight>; 3],
+        act: Activation,
+    ) -> TensorId {
+        let g = self.matmul(gate, x);
+        let u = self.matmul(up, x);
+        let h = self.glu(act, g, u);
+        self.matmul(down, h)
     }
 
     /// Plans scratch buffers and records every dispatch.

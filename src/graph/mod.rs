@@ -5,7 +5,7 @@
 mod builder;
 mod planner;
 
-pub use builder::{GraphBuilder, Node, Op, TensorId};
+pub use builder::{AttnBlock, GraphBuilder, Node, Op, TensorId};
 
 use crate::gpu::{Gpu, GpuError};
 use crate::ops::{Dispatch, View};

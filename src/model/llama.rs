@@ -1,38 +1,35 @@
 //! The llama architecture (SmolLM2 among others): pre-norm blocks of grouped-query
 //! attention with RoPE and a SwiGLU feed-forward.
 
-use super::{GraphIo, KvBuffers, Model};
+use super::{GraphInput, GraphIo, Hparams, KvBuffers, Model};
 use crate::gpu::GpuError;
-use crate::graph::{Graph, GraphBuilder, Op, TensorId};
+use crate::graph::{AttnBlock, Graph, GraphBuilder};
+use crate::kv::MaskKind;
 use crate::ops::attention::AttnShape;
-use crate::ops::binary::BinaryOp;
 use crate::ops::glu::Activation;
 use crate::ops::softmax::SoftmaxParams;
 
+/// One causal mask and one RoPE table serve every layer.
+pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
+    vec![
+        GraphInput::Tokens,
+        GraphInput::KvSlots,
+        GraphInput::OutIds,
+        GraphInput::KqMask(MaskKind::default()),
+        GraphInput::Rope(hp.rope),
+    ]
+}
+
 pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError> {
-    let hp = &m.hp;
-    let w = &m.weights;
-    let (t, e) = (io.n_tok, hp.n_embd);
-    let (nq, nkv, ff) = (hp.n_embd_q(), hp.n_embd_kv(), hp.n_ff);
+    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    let (t, eps) = (io.n_tok, hp.eps);
     let mut g = GraphBuilder::new();
-    let tokens = g.external(io.tokens.clone());
-    let table = g.external(io.rope_table.clone());
-    let slots = g.external(io.kv_slots.clone());
-    let mask = g.external(io.mask.clone());
-    let out_ids = g.external(io.out_ids.clone());
-    let logits = g.external(io.logits.clone());
-    let t64 = t as u64;
-
-    let mut x = g.scratch(e as u64 * t64);
-    g.node(
-        Op::GetRows {
-            w: w.tok_embd.clone(),
-            n_ids: t,
-        },
-        &[tokens],
-        &[x],
-    );
-
+    let tokens = g.input(io.tokens()?, [t, 1]);
+    let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
+    let slots = g.input(io.kv_slots()?, [t, 1]);
+    let mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
+    let out_ids = g.input(io.out_ids()?, [io.n_out, 1]);
+    let logits = g.input(io.logits.clone(), [hp.n_vocab, io.n_out]);
     let shape = AttnShape {
         head_dim: hp.head_dim,
         n_head: hp.n_head,
@@ -46,221 +43,57 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         max_bias: 0.0,
         n_head: hp.n_head,
     };
+
+    if kv.k.len() != w.layers.len() || kv.v.len() != w.layers.len() {
+        return Err(GpuError::Validation(
+            "the K/V cache has a different layer count".into(),
+        ));
+    }
+    let mut x = g.get_rows(&w.tok_embd, tokens);
     // The attention norm of layer il > 0 comes out of the previous layer's fused
     // residual add (AddRmsNorm); layer 0 norms the embeddings on its own.
-    let mut normed: Option<TensorId> = None;
-    for (il, lw) in w.layers.iter().enumerate() {
+    let mut normed = None;
+    let caches = kv.k.iter().zip(&kv.v);
+    for (il, (lw, (k_cache, v_cache))) in w.layers.iter().zip(caches).enumerate() {
         let cur = match normed.take() {
-            Some(c) => c,
-            None => {
-                let norm_w = g.external(lw.attn_norm.clone());
-                let cur = g.scratch(e as u64 * t64);
-                g.node(
-                    Op::RmsNorm {
-                        n: e,
-                        rows: t,
-                        eps: hp.eps,
-                    },
-                    &[x, norm_w],
-                    &[cur],
-                );
-                cur
-            }
+            Some(cur) => cur,
+            None => g.rms_norm(x, &lw.attn_norm, eps),
         };
-        let q = g.scratch(nq as u64 * t64);
-        let k = g.scratch(nkv as u64 * t64);
-        let v = g.scratch(nkv as u64 * t64);
-        g.node(
-            Op::Matmul {
-                w: lw.wq.clone(),
-                n_tok: t,
-            },
-            &[cur],
-            &[q],
-        );
-        g.node(
-            Op::Matmul {
-                w: lw.wk.clone(),
-                n_tok: t,
-            },
-            &[cur],
-            &[k],
-        );
-        g.node(
-            Op::Matmul {
-                w: lw.wv.clone(),
-                n_tok: t,
-            },
-            &[cur],
-            &[v],
-        );
-        g.node(
-            Op::Rope {
-                p: hp.rope,
-                n_head: hp.n_head,
-                n_tok: t,
-            },
-            &[table],
-            &[q],
-        );
-        g.node(
-            Op::Rope {
-                p: hp.rope,
-                n_head: hp.n_head_kv,
-                n_tok: t,
-            },
-            &[table],
-            &[k],
-        );
-        let kc = g.external(kv.k[il].clone());
-        let vc = g.external(kv.v[il].clone());
-        g.node(
-            Op::SetRows {
-                row_len: nkv,
-                n_rows: t,
-                dst_f16: kv.f16,
-            },
-            &[k, slots],
-            &[kc],
-        );
-        g.node(
-            Op::SetRows {
-                row_len: nkv,
-                n_rows: t,
-                dst_f16: kv.f16,
-            },
-            &[v, slots],
-            &[vc],
-        );
-        let scores = g.scratch(shape.scores_len(&m.gpu)?);
-        let attn = g.scratch(nq as u64 * t64);
-        let partials = g.scratch(shape.partials_len(&m.gpu));
-        g.node(
-            Op::Attention { shape, sp },
-            &[q, kc, vc, mask],
-            &[scores, attn, partials],
-        );
-        let o = g.scratch(e as u64 * t64);
-        g.node(
-            Op::Matmul {
-                w: lw.wo.clone(),
-                n_tok: t,
-            },
-            &[attn],
-            &[o],
-        );
-        let x_attn = g.scratch(e as u64 * t64);
-        let ffn_w = g.external(lw.ffn_norm.clone());
-        let cur = g.scratch(e as u64 * t64);
-        g.node(
-            Op::AddRmsNorm {
-                n: e,
-                rows: t,
-                eps: hp.eps,
-            },
-            &[x, o, ffn_w],
-            &[x_attn, cur],
-        );
-        let gate = g.scratch(ff as u64 * t64);
-        let up = g.scratch(ff as u64 * t64);
-        g.node(
-            Op::Matmul {
-                w: lw.gate.clone(),
-                n_tok: t,
-            },
-            &[cur],
-            &[gate],
-        );
-        g.node(
-            Op::Matmul {
-                w: lw.up.clone(),
-                n_tok: t,
-            },
-            &[cur],
-            &[up],
-        );
-        let h = g.scratch(ff as u64 * t64);
-        g.node(
-            Op::Glu {
-                act: Activation::Silu,
-                n: ff * t,
-            },
-            &[gate, up],
-            &[h],
-        );
-        let down = g.scratch(e as u64 * t64);
-        g.node(
-            Op::Matmul {
-                w: lw.down.clone(),
-                n_tok: t,
-            },
-            &[h],
-            &[down],
-        );
-        let x_next = g.scratch(e as u64 * t64);
-        if let Some(next) = w.layers.get(il + 1) {
-            let norm_w = g.external(next.attn_norm.clone());
-            let cur = g.scratch(e as u64 * t64);
-            g.node(
-                Op::AddRmsNorm {
-                    n: e,
-                    rows: t,
-                    eps: hp.eps,
-                },
-                &[x_attn, down, norm_w],
-                &[x_next, cur],
-            );
-            normed = Some(cur);
-        } else {
-            g.node(
-                Op::Binary {
-                    op: BinaryOp::Add,
-                    n: e * t,
-                    nb: e * t,
-                },
-                &[x_attn, down],
-                &[x_next],
-            );
-        }
-        x = x_next;
+        let attn = AttnBlock {
+            wq: &lw.wq,
+            wk: &lw.wk,
+            wv: &lw.wv,
+            wo: &lw.wo,
+            k_cache,
+            v_cache,
+            slots,
+            mask,
+            rope,
+            rope_p: hp.rope,
+            shape,
+            sp,
+        };
+        let o = g.attn_block(gpu, cur, &attn)?;
+        let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
+        let ffn = g.ffn_block(cur, [&lw.gate, &lw.up, &lw.down], Activation::Silu);
+        x = match w.layers.get(il + 1) {
+            Some(next) => {
+                let (x_next, cur) = g.add_rms_norm(x_attn, ffn, &next.attn_norm, eps);
+                normed = Some(cur);
+                x_next
+            }
+            None => g.add(x_attn, ffn),
+        };
     }
 
     // Only the rows that need logits go through the output head.
-    let n_out = io.n_out;
-    if n_out == 0 {
-        return g.build(&m.gpu);
+    if io.n_out == 0 {
+        return g.build(gpu);
     }
-    if n_out < t {
-        let sel = g.scratch(e as u64 * n_out as u64);
-        g.node(
-            Op::SelectRows {
-                n_cols: e,
-                n_rows: t,
-                n_ids: n_out,
-            },
-            &[x, out_ids],
-            &[sel],
-        );
-        x = sel;
+    if io.n_out < t {
+        x = g.select_rows(x, out_ids);
     }
-    let out_norm_w = g.external(w.output_norm.clone());
-    let cur = g.scratch(e as u64 * n_out as u64);
-    g.node(
-        Op::RmsNorm {
-            n: e,
-            rows: n_out,
-            eps: hp.eps,
-        },
-        &[x, out_norm_w],
-        &[cur],
-    );
-    g.node(
-        Op::Matmul {
-            w: w.output.clone(),
-            n_tok: n_out,
-        },
-        &[cur],
-        &[logits],
-    );
-    g.build(&m.gpu)
+    let cur = g.rms_norm(x, &w.output_norm, eps);
+    g.matmul_into(&w.output, cur, logits);
+    g.build(gpu)
 }

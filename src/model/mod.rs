@@ -2,11 +2,13 @@
 //! that builds the forward graph for a ubatch.
 
 mod hparams;
+mod inputs;
 mod llama;
 pub mod synth;
 mod weights;
 
 pub use hparams::{Arch, Hparams};
+pub use inputs::{GraphInput, GraphIo, InputData, UbatchView};
 pub use weights::{LayerWeights, ModelWeights};
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
@@ -76,7 +78,15 @@ impl Model {
         })
     }
 
-    /// Builds the forward graph for one ubatch (see [`crate::context`] for the inputs).
+    /// The per-ubatch inputs this model's graph reads, without repeats; the context
+    /// allocates and fills one buffer for each.
+    pub fn inputs(&self) -> Vec<GraphInput> {
+        inputs::dedup(match self.hp.arch {
+            Arch::Llama => llama::inputs(&self.hp),
+        })
+    }
+
+    /// Builds the forward graph for one ubatch over the buffers of [`Self::inputs`].
     pub fn build_graph(
         &self,
         io: &GraphIo,
@@ -86,19 +96,6 @@ impl Model {
             Arch::Llama => llama::build(self, io, kv),
         }
     }
-}
-
-/// Per-ubatch inputs and outputs of the forward graph, and its shape.
-pub struct GraphIo {
-    pub n_tok: u32,
-    pub n_kv: u32,
-    pub n_out: u32,
-    pub tokens: crate::ops::View,
-    pub rope_table: crate::ops::View,
-    pub kv_slots: crate::ops::View,
-    pub mask: crate::ops::View,
-    pub out_ids: crate::ops::View,
-    pub logits: crate::ops::View,
 }
 
 /// The per-layer K and V cache buffers ([n_embd_kv, cells] each), f16 on adapters with

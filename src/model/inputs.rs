@@ -1,0 +1,289 @@
+//! Graph inputs: what a model's forward graph reads per ubatch besides weights and the
+//! K/V cache. Each architecture declares the inputs it needs ([`super::Model::inputs`]);
+//! the context gives each one a buffer sized for the largest ubatch and, before every
+//! ubatch, lets it fill itself from the ubatch and the cache cells. The graph builder then
+//! looks its inputs up by what they are ([`GraphIo::mask`], [`GraphIo::rope`], ...), so an
+//! architecture with two masks or two RoPE tables says so in its own file only.
+
+use crate::gpu::GpuError;
+use crate::kv::{build_mask, KvCells, MaskKind};
+use crate::ops::rope::RopeParams;
+use crate::ops::View;
+
+/// One per-ubatch input of the forward graph.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GraphInput {
+    /// The ubatch's token ids (u32 each), for the embedding lookup.
+    Tokens,
+    /// The cache cell each token's K and V rows are stored in (u32 each).
+    KvSlots,
+    /// The rows of the ubatch whose logits are wanted (u32 each, ascending).
+    OutIds,
+    /// A KQ mask [n_kv, n_tok] of f32 (0 or an ALiBi distance where a token sees a cell,
+    /// -inf elsewhere); models with local and global layers declare one per kind.
+    KqMask(MaskKind),
+    /// A (cos, sin) table [n_dims / 2, n_tok] of f32 pairs for these RoPE parameters;
+    /// models whose layers rotate with different bases declare one per parameter set.
+    Rope(RopeParams),
+}
+
+/// The ubatch an input fills itself from: the tokens of one graph run and where they go.
+#[derive(Clone, Copy, Debug)]
+pub struct UbatchView<'a> {
+    pub tokens: &'a [u32],
+    pub pos: &'a [i32],
+    /// Sequence set of each token (bit s: sequence s).
+    pub seq: &'a [u64],
+    /// Whether each token's logits are wanted.
+    pub logits: &'a [bool],
+    /// The cache cell each token is stored in.
+    pub slots: &'a [usize],
+}
+
+/// The filled contents of an input, kept in the element type they were computed in so a
+/// large mask goes to the GPU from its own vector, without a copy into bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InputData {
+    U32(Vec<u32>),
+    F32(Vec<f32>),
+}
+
+impl InputData {
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            InputData::U32(v) => bytemuck::cast_slice(v),
+            InputData::F32(v) => bytemuck::cast_slice(v),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        match self {
+            InputData::U32(v) => v.is_empty(),
+            InputData::F32(v) => v.is_empty(),
+        }
+    }
+}
+
+impl GraphInput {
+    /// Buffer bytes for the largest ubatch (`n_ubatch` tokens over `n_ctx` cells).
+    pub fn bytes(&self, n_ubatch: u64, n_ctx: u64) -> u64 {
+        match self {
+            GraphInput::Tokens | GraphInput::KvSlots | GraphInput::OutIds => n_ubatch * 4,
+            GraphInput::KqMask(_) => n_ubatch * n_ctx * 4,
+            GraphInput::Rope(p) => n_ubatch * p.n_dims as u64 * 4,
+        }
+    }
+
+    /// The input's contents for a ubatch already stored in `cells`, whose attention
+    /// reads cells [0, n_kv).
+    pub fn fill(&self, ub: &UbatchView, cells: &KvCells, n_kv: usize) -> InputData {
+        match self {
+            GraphInput::Tokens => InputData::U32(ub.tokens.to_vec()),
+            GraphInput::KvSlots => InputData::U32(ub.slots.iter().map(|&c| c as u32).collect()),
+            GraphInput::OutIds => InputData::U32(
+                (0..ub.logits.len() as u32)
+                    .filter(|&j| ub.logits[j as usize])
+                    .collect(),
+            ),
+            GraphInput::KqMask(kind) => {
+                InputData::F32(build_mask(cells.cells(), n_kv, ub.pos, ub.seq, *kind))
+            }
+            GraphInput::Rope(p) => {
+                let positions: Vec<f64> = ub.pos.iter().map(|&p| p as f64).collect();
+                InputData::F32(bytemuck::cast_slice(&p.table(&positions)).to_vec())
+            }
+        }
+    }
+
+    /// A buffer label that tells inputs of the same kind apart in GPU captures.
+    pub fn label(&self) -> String {
+        match self {
+            GraphInput::Tokens => "tokens".into(),
+            GraphInput::KvSlots => "kv_slots".into(),
+            GraphInput::OutIds => "out_ids".into(),
+            GraphInput::KqMask(k) => {
+                let mut s = String::from("kq_mask");
+                if let Some(w) = k.swa {
+                    s.push_str(&format!("_swa{w}"));
+                }
+                if k.alibi {
+                    s.push_str("_alibi");
+                }
+                s
+            }
+            GraphInput::Rope(p) => format!("rope_table_{}", p.freq_base),
+        }
+    }
+}
+
+/// Per-ubatch inputs and outputs of the forward graph, and its shape.
+pub struct GraphIo {
+    pub n_tok: u32,
+    pub n_kv: u32,
+    pub n_out: u32,
+    /// The declared inputs and their buffers, in declaration order.
+    pub inputs: Vec<(GraphInput, View)>,
+    /// [n_vocab, n_out] f32, owned by the context, which reads it back.
+    pub logits: View,
+}
+
+impl GraphIo {
+    /// The buffer of a declared input. A lookup of an undeclared one is an error of the
+    /// architecture file (its build asks for more than its declaration gave), reported
+    /// rather than panicking.
+    pub fn input(&self, want: GraphInput) -> Result<View, GpuError> {
+        self.inputs
+            .iter()
+            .find(|(i, _)| *i == want)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| {
+                GpuError::Validation(format!(
+                    "the model's graph reads input {want:?}, which it did not declare"
+                ))
+            })
+    }
+    pub fn tokens(&self) -> Result<View, GpuError> {
+        self.input(GraphInput::Tokens)
+    }
+    pub fn kv_slots(&self) -> Result<View, GpuError> {
+        self.input(GraphInput::KvSlots)
+    }
+    pub fn out_ids(&self) -> Result<View, GpuError> {
+        self.input(GraphInput::OutIds)
+    }
+    pub fn mask(&self, kind: MaskKind) -> Result<View, GpuError> {
+        self.input(GraphInput::KqMask(kind))
+    }
+    pub fn rope(&self, p: RopeParams) -> Result<View, GpuError> {
+        self.input(GraphInput::Rope(p))
+    }
+}
+
+/// `inputs` without repeats, in first-declaration order: a model that asks twice for the
+/// same mask or table gets one buffer, filled once.
+pub fn dedup(inputs: Vec<GraphInput>) -> Vec<GraphInput> {
+    let mut out: Vec<GraphInput> = Vec::with_capacity(inputs.len());
+    for i in inputs {
+        if !out.contains(&i) {
+            out.push(i);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::MASKED;
+
+    fn bytes<T: bytemuck::Pod>(v: &[T]) -> &[u8] {
+        bytemuck::cast_slice(v)
+    }
+
+    fn rope(base: f32) -> RopeParams {
+        RopeParams {
+            head_dim: 8,
+            n_dims: 8,
+            neox: true,
+            freq_base: base,
+            freq_scale: 1.0,
+        }
+    }
+
+    /// A Gemma-3-like declaration: a global causal mask and a sliding window one, and a
+    /// RoPE table per base, each filled from one ubatch of two sequences.
+    #[test]
+    fn two_masks_and_two_rope_tables_fill_from_a_ubatch() {
+        let causal = MaskKind::default();
+        let window = MaskKind {
+            swa: Some(3),
+            alibi: false,
+        };
+        let (local, global) = (rope(10_000.0), rope(1_000_000.0));
+        let declared = dedup(vec![
+            GraphInput::Tokens,
+            GraphInput::KvSlots,
+            GraphInput::OutIds,
+            GraphInput::KqMask(causal),
+            GraphInput::KqMask(window),
+            GraphInput::Rope(local),
+            GraphInput::Rope(global),
+            GraphInput::KqMask(causal),
+        ]);
+        assert_eq!(declared.len(), 7, "a repeated declaration shares one input");
+
+        // Sequence 0 holds positions 0..5 in cells 0..5; sequence 1 holds 0..2 in 5..7.
+        let mut cells = KvCells::new(16);
+        let pos0: Vec<i32> = (0..5).collect();
+        cells.store(&[0, 1, 2, 3, 4], &pos0, &[1; 5]).unwrap();
+        cells.store(&[5, 6], &[0, 1], &[2, 2]).unwrap();
+        // The ubatch: two more tokens of sequence 0, one of sequence 1.
+        let tokens = [7u32, 8, 9];
+        let pos = [5, 6, 2];
+        let seq = [1u64, 1, 2];
+        let logits = [false, true, true];
+        let slots = cells.find_slot(3).unwrap();
+        cells.store(&slots, &pos, &seq).unwrap();
+        let ub = UbatchView {
+            tokens: &tokens,
+            pos: &pos,
+            seq: &seq,
+            logits: &logits,
+            slots: &slots,
+        };
+        let n_kv = 16;
+        let fill = |i: GraphInput| i.fill(&ub, &cells, n_kv);
+
+        assert_eq!(fill(GraphInput::Tokens), InputData::U32(vec![7, 8, 9]));
+        assert_eq!(fill(GraphInput::KvSlots), InputData::U32(vec![7, 8, 9]));
+        assert_eq!(fill(GraphInput::OutIds), InputData::U32(vec![1, 2]));
+
+        let m_causal = fill(GraphInput::KqMask(causal));
+        let m_window = fill(GraphInput::KqMask(window));
+        let want_causal = build_mask(cells.cells(), n_kv, &pos, &seq, causal);
+        let want_window = build_mask(cells.cells(), n_kv, &pos, &seq, window);
+        assert_eq!(m_causal.as_bytes(), bytes(&want_causal));
+        assert_eq!(m_window.as_bytes(), bytes(&want_window));
+        // Token 1 (sequence 0, position 6) sees cells 0..=4, 7 and 8 causally, but only
+        // positions 4..=6 (cells 4, 7, 8) within the window of 3.
+        let row = |m: &[f32]| m[n_kv..2 * n_kv].to_vec();
+        let visible = |m: &[f32]| -> Vec<usize> {
+            row(m)
+                .iter()
+                .enumerate()
+                .filter(|(_, &v)| v != MASKED)
+                .map(|(c, _)| c)
+                .collect()
+        };
+        assert_eq!(visible(&want_causal), vec![0, 1, 2, 3, 4, 7, 8]);
+        assert_eq!(visible(&want_window), vec![4, 7, 8]);
+
+        let t_local = fill(GraphInput::Rope(local));
+        let t_global = fill(GraphInput::Rope(global));
+        let p64: Vec<f64> = pos.iter().map(|&p| p as f64).collect();
+        assert_eq!(t_local.as_bytes(), bytes(&local.table(&p64)));
+        assert_eq!(t_global.as_bytes(), bytes(&global.table(&p64)));
+        assert_ne!(t_local, t_global);
+
+        // Each buffer holds its input for the largest ubatch.
+        for i in &declared {
+            let filled = fill(*i).as_bytes().len() as u64;
+            assert!(filled <= i.bytes(3, 16), "{i:?}: {filled} bytes");
+        }
+        assert_eq!(GraphInput::KqMask(window).bytes(3, 16), 3 * 16 * 4);
+        assert_eq!(GraphInput::Rope(local).bytes(3, 16), 3 * 4 * 8);
+    }
+
+    #[test]
+    fn labels_tell_inputs_apart() {
+        let window = GraphInput::KqMask(MaskKind {
+            swa: Some(512),
+            alibi: false,
+        });
+        assert_eq!(window.label(), "kq_mask_swa512");
+        assert_eq!(GraphInput::KqMask(MaskKind::default()).label(), "kq_mask");
+        assert_ne!(
+            GraphInput::Rope(rope(10_000.0)).label(),
+            GraphInput::Rope(rope(1_000_000.0)).label()
+        );
+    }
+}
