@@ -9,9 +9,7 @@ use std::sync::Arc;
 use wgllm::engine::{Engine, EngineOptions, Event, SessionId, SessionParams, Stop};
 use wgllm::gguf::GgmlType;
 use wgllm::gpu::{Gpu, GpuOptions};
-use wgllm::model::Model;
 use wgllm::sample::SamplerParams;
-use wgllm::tokenizer::Tokenizer;
 
 /// One session of a scenario: its prompt, when it joins (step number), and after how
 /// many generated tokens it is cancelled.
@@ -78,17 +76,6 @@ fn run(engine: &mut Engine, plans: &[Plan], params: &SessionParams) -> Vec<Outco
     out
 }
 
-fn engine(model: &Arc<Model>, tok: &Tokenizer, n_ctx: u32, n_batch: u32, n_seq: u32) -> Engine {
-    let opts = EngineOptions {
-        n_ctx,
-        n_batch,
-        n_ubatch: n_batch,
-        n_seq_max: n_seq,
-        ..Default::default()
-    };
-    Engine::new(model.clone(), tok.clone(), &opts).unwrap()
-}
-
 /// Four sessions of prompt lengths 3, 21, 9 and 14 on a tiny random llama (f32 cache),
 /// in batches of at most 8 tokens so prompts are split and mixed with generation steps;
 /// the fourth joins at step 3, the third is cancelled after 4 tokens. Each session's
@@ -133,8 +120,12 @@ fn tiny_sessions_batched_equal_alone() {
         n_predict: 10,
         ..Default::default()
     };
-    let together = run(&mut engine(&model, &tok, 256, 8, 4), &plans, &params);
-    let mut alone_engine = engine(&model, &tok, 64, 8, 1);
+    let together = run(
+        &mut common::engine(&model, &tok, 256, 8, 4),
+        &plans,
+        &params,
+    );
+    let mut alone_engine = common::engine(&model, &tok, 64, 8, 1);
     for (i, p) in plans.iter().enumerate() {
         let solo = Plan {
             join_at: 0,
@@ -254,7 +245,7 @@ fn a_host_device_runs_the_engine() {
     let tokens: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 256).collect();
     let logits = |gpu: Arc<Gpu>| {
         let (model, tok) = common::tiny_parts(gpu, GgmlType::Q4_1);
-        let mut e = engine(&model, &tok, 64, 64, 1);
+        let mut e = common::engine(&model, &tok, 64, 64, 1);
         let id = e.open_session(SessionParams::default()).unwrap();
         e.feed(id, &tokens).unwrap()
     };

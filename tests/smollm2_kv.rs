@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use wgllm::engine::{CacheOp, Engine, EngineOptions, SessionParams, ShiftPolicy};
+use wgllm::engine::{CacheOp, Engine, SessionParams, ShiftPolicy};
 use wgllm::gguf::GgufFile;
 use wgllm::gpu::{Gpu, GpuOptions};
 use wgllm::model::Model;
@@ -26,14 +26,7 @@ fn load() -> (Arc<Model>, Tokenizer) {
 
 /// An engine over the loaded model with `n_seq` sequences.
 fn engine(m: &(Arc<Model>, Tokenizer), n_ctx: u32, n_batch: u32, n_seq: u32) -> Engine {
-    let opts = EngineOptions {
-        n_ctx,
-        n_batch,
-        n_ubatch: n_batch,
-        n_seq_max: n_seq,
-        ..Default::default()
-    };
-    Engine::new(m.0.clone(), m.1.clone(), &opts).unwrap()
+    common::engine(&m.0, &m.1, n_ctx, n_batch, n_seq)
 }
 
 fn argmax(row: &[f32]) -> u32 {

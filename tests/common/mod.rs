@@ -232,3 +232,21 @@ pub fn wgllm_with_stdin(args: &[&str], stdin: &str) -> (i32, String, String) {
         err,
     )
 }
+
+/// An engine over a loaded model: `n_seq` sequences, ubatch = batch.
+pub fn engine(
+    model: &Arc<wgllm::model::Model>,
+    tok: &wgllm::tokenizer::Tokenizer,
+    n_ctx: u32,
+    n_batch: u32,
+    n_seq: u32,
+) -> wgllm::engine::Engine {
+    let opts = wgllm::engine::EngineOptions {
+        n_ctx,
+        n_batch,
+        n_ubatch: n_batch,
+        n_seq_max: n_seq,
+        ..Default::default()
+    };
+    wgllm::engine::Engine::new(model.clone(), tok.clone(), &opts).unwrap()
+}
