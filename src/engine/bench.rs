@@ -48,7 +48,6 @@ pub fn min_context(p: &BenchParams) -> (u32, u32) {
 /// Runs the pp and tg tests (a count of 0 skips one), calling `on_result` after each.
 /// Tokens are deterministic pseudo-random ids, as llama-bench feeds random ones. The
 /// engine's sessions must be idle: the benchmark uses the whole cache.
-#[cfg(not(target_arch = "wasm32"))]
 pub fn run(
     engine: &mut Engine,
     p: &BenchParams,
@@ -114,7 +113,6 @@ pub fn run(
     Ok(())
 }
 
-#[cfg(not(target_arch = "wasm32"))]
 fn decode_chunks(ctx: &mut Context, toks: &[u32]) -> Result<(), EngineError> {
     let nb = ctx.params.n_batch as usize;
     for (i, c) in toks.chunks(nb).enumerate() {

@@ -8,9 +8,12 @@
 //! Nothing in the engine blocks on the GPU where a browser cannot: `step_async` awaits
 //! the logits readback; `step` blocks on it and exists on native targets only.
 
+// The benchmark and perplexity loops block on the GPU: native front ends only.
+#[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 mod chat;
 mod options;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod perplexity;
 mod session;
 mod shift;

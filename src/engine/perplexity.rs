@@ -42,7 +42,6 @@ pub fn n_chunks(engine: &Engine, n_tokens: usize, max_chunks: i64) -> usize {
 
 /// Scores `tokens` chunk by chunk, calling `on_chunk` after each (the engine's sessions
 /// must be idle: every chunk clears the cache).
-#[cfg(not(target_arch = "wasm32"))]
 pub fn run(
     engine: &mut Engine,
     tokens: &[u32],

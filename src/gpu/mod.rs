@@ -9,7 +9,9 @@ mod context;
 mod readback;
 
 pub use crate::ops::{KernelKey, KernelTuning};
-pub use context::{list_adapters, AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
+#[cfg(not(target_arch = "wasm32"))]
+pub use context::list_adapters;
+pub use context::{AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
 
 /// Errors from the GPU layer.
 #[derive(Debug, thiserror::Error)]
