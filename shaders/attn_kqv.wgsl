@@ -28,7 +28,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let row = p.n_head_kv * p.head_dim;
     var vo = hk * p.head_dim + d;
     var s: array<f32, TB>;
-    for (var c = 0u; c < p.n_kv; c++) {
+    // The bound is deliberately not a pure function of the uniform. lavapipe (Mesa 22.3)
+    // specializes shaders on uniform values that decide loops; with `c < p.n_kv` it kept
+    // ~300 KB of host memory per dispatch until the device was dropped (9 MB per SmolLM2
+    // token) and decoded 20 % slower. min() with the buffer's length is the same value
+    // and keeps the loop out of that path (measured: no growth).
+    let n_kv = min(p.n_kv, arrayLength(&probs));
+    for (var c = 0u; c < n_kv; c++) {
         var pr: array<f32, TB>;
         var any = false;
         for (var j = 0u; j < TB; j++) {
