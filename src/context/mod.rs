@@ -324,16 +324,24 @@ impl Context {
         let gpu = self.model.gpu.clone();
         let hp = &self.model.hp;
         let positions: Vec<f64> = deltas.iter().map(|&d| d as f64).collect();
-        let table = gpu.upload(
-            "k_shift_table",
-            bytemuck::cast_slice(&hp.rope.table(&positions)),
-        )?;
-        let table = View::whole(&table);
+        // Each layer re-rotates with its own RoPE (Gemma's local and global layers differ);
+        // one table per distinct parameter set.
+        let mut tables: Vec<(crate::ops::rope::RopeParams, View)> = Vec::new();
         let mut dispatches = Vec::with_capacity(self.kv.k.len());
-        for k in &self.kv.k {
+        for (il, k) in self.kv.k.iter().enumerate() {
+            let rp = hp.layer_rope(il);
+            let table = match tables.iter().find(|(p, _)| *p == rp) {
+                Some((_, t)) => t.clone(),
+                None => {
+                    let buf =
+                        gpu.upload("k_shift_table", bytemuck::cast_slice(&rp.table(&positions)))?;
+                    tables.push((rp, View::whole(&buf)));
+                    View::whole(&buf)
+                }
+            };
             dispatches.push(rope(
                 &gpu,
-                &hp.rope,
+                &rp,
                 &table,
                 k,
                 hp.n_head_kv,

@@ -96,6 +96,8 @@ pub struct AttnBlock<'a> {
     pub rope_p: RopeParams,
     pub shape: AttnShape,
     pub sp: SoftmaxParams,
+    /// RMS norms of each Q and K head before RoPE (Gemma), with their epsilon.
+    pub qk_norm: Option<(&'a View, &'a View, f32)>,
 }
 
 impl GraphBuilder {
@@ -204,6 +206,17 @@ impl GraphBuilder {
         dst
     }
 
+    /// x seen as rows of `n` elements (e.g. the heads of Q), each RMS-normed and scaled by
+    /// the vector `w` of `n`; the result keeps x's shape.
+    pub fn rms_norm_rows(&mut self, x: TensorId, w: &View, eps: f32, n: u32) -> TensorId {
+        let [n0, n1] = self.ne(x);
+        let rows = n0 / n * n1;
+        let w = self.external(w.clone());
+        let dst = self.tensor([n0, n1]);
+        self.node(Op::RmsNorm { n, rows, eps }, &[x, w], &[dst]);
+        dst
+    }
+
     /// The residual add fused with the next RMS norm: (a + b, rms_norm(a + b) * w).
     pub fn add_rms_norm(
         &mut self,
@@ -222,10 +235,19 @@ impl GraphBuilder {
 
     /// a + b, b broadcast over a when it is smaller.
     pub fn add(&mut self, a: TensorId, b: TensorId) -> TensorId {
+        self.binary(BinaryOp::Add, a, b)
+    }
+
+    /// a * b, b broadcast over a when it is smaller (a one-element b scales a).
+    pub fn mul(&mut self, a: TensorId, b: TensorId) -> TensorId {
+        self.binary(BinaryOp::Mul, a, b)
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: TensorId, b: TensorId) -> TensorId {
         let ([n0, n1], [b0, b1]) = (self.ne(a), self.ne(b));
         let dst = self.tensor([n0, n1]);
         let op = Op::Binary {
-            op: BinaryOp::Add,
+            op,
             n: n0 * n1,
             nb: b0 * b1,
         };
@@ -277,7 +299,8 @@ impl GraphBuilder {
         Ok(dst)
     }
 
-    /// Self-attention of a normed x [n_embd, n_tok]: Q, K, V projections, RoPE on Q and K,
+    /// Self-attention of a normed x [n_embd, n_tok]: Q, K, V projections, (per-head Q and K
+    /// norms,) RoPE on Q and K,
     /// K and V rows stored in the cache at the ubatch's slots, attention over the cache
     /// with the layer's mask, output projection.
     pub fn attn_block(
@@ -286,9 +309,13 @@ impl GraphBuilder {
         x: TensorId,
         a: &AttnBlock,
     ) -> Result<TensorId, GpuError> {
-        let q = self.matmul(a.wq, x);
-        let k = self.matmul(a.wk, x);
+        let mut q = self.matmul(a.wq, x);
+        let mut k = self.matmul(a.wk, x);
         let v = self.matmul(a.wv, x);
+        if let Some((qn, kn, eps)) = a.qk_norm {
+            q = self.rms_norm_rows(q, qn, eps, a.shape.head_dim);
+            k = self.rms_norm_rows(k, kn, eps, a.shape.head_dim);
+        }
         self.rope(q, a.rope, a.rope_p, a.shape.n_head);
         self.rope(k, a.rope, a.rope_p, a.shape.n_head_kv);
         let kc = self.external(a.k_cache.clone());

@@ -7,9 +7,18 @@ use crate::ops::rope::RopeParams;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Llama,
+    Gemma3,
 }
 
-pub const SUPPORTED_ARCHS: &str = "llama";
+pub const SUPPORTED_ARCHS: &str = "llama, gemma3";
+
+/// Interleaved sliding-window attention: layer `il` attends over a window of `window`
+/// positions unless `il % pattern == pattern - 1` (every `pattern`-th layer is global).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Swa {
+    pub window: u32,
+    pub pattern: u32,
+}
 
 #[derive(Clone, Debug)]
 pub struct Hparams {
@@ -23,7 +32,15 @@ pub struct Hparams {
     pub n_ff: u32,
     pub n_ctx_train: u32,
     pub eps: f32,
+    /// RoPE of the global (full-attention) layers.
     pub rope: RopeParams,
+    /// Sliding-window layers, if the model has them, and their own RoPE.
+    pub swa: Option<Swa>,
+    pub rope_swa: RopeParams,
+    /// Softmax scale of the attention scores (1/sqrt(head_dim) unless the model says).
+    pub attn_scale: f32,
+    /// The token embeddings are multiplied by this (Gemma: sqrt(n_embd)).
+    pub embd_scale: Option<f32>,
 }
 
 impl Hparams {
@@ -34,10 +51,31 @@ impl Hparams {
         self.head_dim * self.n_head_kv
     }
 
+    /// Whether layer `il` attends over a sliding window (else over the whole context).
+    pub fn is_swa(&self, il: usize) -> bool {
+        self.swa
+            .is_some_and(|s| s.pattern == 0 || (il as u32) % s.pattern < s.pattern - 1)
+    }
+
+    /// The window of layer `il`, None for a global layer.
+    pub fn layer_window(&self, il: usize) -> Option<u32> {
+        self.swa.filter(|_| self.is_swa(il)).map(|s| s.window)
+    }
+
+    /// The RoPE parameters layer `il` rotates Q and K with (the K-shift uses them too).
+    pub fn layer_rope(&self, il: usize) -> RopeParams {
+        if self.is_swa(il) {
+            self.rope_swa
+        } else {
+            self.rope
+        }
+    }
+
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
         let arch_name = f.architecture()?.to_string();
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
+            "gemma3" => Arch::Gemma3,
             _ => {
                 return Err(ModelError::UnsupportedArch {
                     path: f.path.clone(),
@@ -106,24 +144,56 @@ impl Hparams {
                 path: f.path.clone(),
                 tensor: "token_embd.weight".into(),
             })?;
+        let rope = RopeParams {
+            head_dim,
+            n_dims: n_rot,
+            // Gemma rotates the two halves of a head (GPT-NeoX style), llama pairs.
+            neox: arch == Arch::Gemma3,
+            freq_base,
+            freq_scale,
+        };
+        let (swa, rope_swa, embd_scale) = match arch {
+            Arch::Llama => (None, rope, None),
+            Arch::Gemma3 => {
+                // Five of every six layers see a window; they rotate with base 10 000
+                // and no scaling, as llama.cpp fixes for this architecture.
+                let window = u("attention.sliding_window")?;
+                if window == 0 {
+                    return Err(bad(format!("{} is 0", key("attention.sliding_window"))));
+                }
+                let swa = Swa { window, pattern: 6 };
+                let local = RopeParams {
+                    freq_base: 10_000.0,
+                    freq_scale: 1.0,
+                    ..rope
+                };
+                (Some(swa), local, Some((n_embd as f32).sqrt()))
+            }
+        };
+        // Gemma 3 27B (62 layers) scales queries by n_embd / n_head rather than its head
+        // size, as its reference implementation does.
+        let n_layer = u("block_count")?;
+        let query_scale_dim = if arch == Arch::Gemma3 && n_layer == 62 {
+            n_embd / n_head
+        } else {
+            head_dim
+        };
         Ok(Hparams {
             arch,
             n_vocab,
             n_embd,
-            n_layer: u("block_count")?,
+            n_layer,
             n_head,
             n_head_kv,
             head_dim,
             n_ff: u("feed_forward_length")?,
             n_ctx_train: u("context_length")?,
             eps: f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            rope: RopeParams {
-                head_dim,
-                n_dims: n_rot,
-                neox: false,
-                freq_base,
-                freq_scale,
-            },
+            rope,
+            swa,
+            rope_swa,
+            attn_scale: 1.0 / (query_scale_dim as f32).sqrt(),
+            embd_scale,
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The llama architecture (SmolLM2 among others): pre-norm blocks of grouped-query
 //! attention with RoPE and a SwiGLU feed-forward.
 
-use super::{GraphInput, GraphIo, Hparams, KvBuffers, Model};
+use super::{output_head, GraphInput, GraphIo, Hparams, KvBuffers, Model};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
 use crate::kv::MaskKind;
@@ -28,8 +28,6 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
     let slots = g.input(io.kv_slots()?, [t, 1]);
     let mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
-    let out_ids = g.input(io.out_ids()?, [io.n_out, 1]);
-    let logits = g.input(io.logits.clone(), [hp.n_vocab, io.n_out]);
     let shape = AttnShape {
         head_dim: hp.head_dim,
         n_head: hp.n_head,
@@ -39,7 +37,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         kv_f16: kv.f16,
     };
     let sp = SoftmaxParams {
-        scale: 1.0 / (hp.head_dim as f32).sqrt(),
+        scale: hp.attn_scale,
         max_bias: 0.0,
         n_head: hp.n_head,
     };
@@ -72,6 +70,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             rope_p: hp.rope,
             shape,
             sp,
+            qk_norm: None,
         };
         let o = g.attn_block(gpu, cur, &attn)?;
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
@@ -86,14 +85,5 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         };
     }
 
-    // Only the rows that need logits go through the output head.
-    if io.n_out == 0 {
-        return g.build(gpu);
-    }
-    if io.n_out < t {
-        x = g.select_rows(x, out_ids);
-    }
-    let cur = g.rms_norm(x, &w.output_norm, eps);
-    g.matmul_into(&w.output, cur, logits);
-    g.build(gpu)
+    output_head(g, m, io, x)
 }

@@ -1,6 +1,7 @@
 //! Models: hyperparameters and weights from a GGUF file, and one file per architecture
 //! that builds the forward graph for a ubatch.
 
+mod gemma3;
 mod hparams;
 mod inputs;
 mod llama;
@@ -83,6 +84,7 @@ impl Model {
     pub fn inputs(&self) -> Vec<GraphInput> {
         inputs::dedup(match self.hp.arch {
             Arch::Llama => llama::inputs(&self.hp),
+            Arch::Gemma3 => gemma3::inputs(&self.hp),
         })
     }
 
@@ -94,8 +96,33 @@ impl Model {
     ) -> Result<crate::graph::Graph, GpuError> {
         match self.hp.arch {
             Arch::Llama => llama::build(self, io, kv),
+            Arch::Gemma3 => gemma3::build(self, io, kv),
         }
     }
+}
+
+/// The output head every architecture ends with: the rows that want logits, the final
+/// norm, the projection into the context's logits buffer; then the graph is built.
+fn output_head(
+    mut g: crate::graph::GraphBuilder,
+    m: &Model,
+    io: &GraphIo,
+    x: crate::graph::TensorId,
+) -> Result<crate::graph::Graph, GpuError> {
+    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    if io.n_out == 0 {
+        return g.build(gpu);
+    }
+    let x = if io.n_out < io.n_tok {
+        let out_ids = g.input(io.out_ids()?, [io.n_out, 1]);
+        g.select_rows(x, out_ids)
+    } else {
+        x
+    };
+    let logits = g.input(io.logits.clone(), [hp.n_vocab, io.n_out]);
+    let cur = g.rms_norm(x, &w.output_norm, hp.eps);
+    g.matmul_into(&w.output, cur, logits);
+    g.build(gpu)
 }
 
 /// The per-layer K and V cache buffers ([n_embd_kv, cells] each), f16 on adapters with

@@ -1,7 +1,7 @@
 //! Uploading the weights: matrices stay quantized (re-laid out per block); norm vectors
 //! become f32.
 
-use super::{Hparams, ModelError};
+use super::{Arch, Hparams, ModelError};
 use crate::gguf::{quant, GgmlType, GgufFile, TensorInfo};
 use crate::gpu::Gpu;
 use crate::ops::{View, Weight};
@@ -17,6 +17,12 @@ pub struct LayerWeights {
     pub gate: Arc<Weight>,
     pub up: Arc<Weight>,
     pub down: Arc<Weight>,
+    /// Gemma: RMS norms of each Q and K head ([head_dim]), and norms of the attention and
+    /// feed-forward outputs before their residual adds.
+    pub attn_q_norm: Option<View>,
+    pub attn_k_norm: Option<View>,
+    pub attn_post_norm: Option<View>,
+    pub ffn_post_norm: Option<View>,
 }
 
 pub struct ModelWeights {
@@ -25,6 +31,8 @@ pub struct ModelWeights {
     /// The output projection; the embedding itself when the model ties them.
     pub output: Arc<Weight>,
     pub layers: Vec<LayerWeights>,
+    /// One f32 the embeddings are multiplied by (Gemma), broadcast by the graph.
+    pub embd_scale: Option<View>,
     pub gpu_bytes: u64,
 }
 
@@ -128,10 +136,22 @@ impl ModelWeights {
         } else {
             tok_embd.clone()
         };
+        let gemma = hp.arch == Arch::Gemma3;
         let mut layers = Vec::with_capacity(hp.n_layer as usize);
         for i in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let mut opt = |want: bool, name: &str, len: u32| -> Result<_, ModelError> {
+                want.then(|| l.vector(&n(name), len)).transpose()
+            };
+            let attn_q_norm = opt(gemma, "attn_q_norm", hp.head_dim)?;
+            let attn_k_norm = opt(gemma, "attn_k_norm", hp.head_dim)?;
+            let attn_post_norm = opt(gemma, "post_attention_norm", e)?;
+            let ffn_post_norm = opt(gemma, "post_ffw_norm", e)?;
             layers.push(LayerWeights {
+                attn_q_norm,
+                attn_k_norm,
+                attn_post_norm,
+                ffn_post_norm,
                 attn_norm: l.vector(&n("attn_norm"), e)?,
                 wq: l.matrix(&n("attn_q"), e, q)?,
                 wk: l.matrix(&n("attn_k"), e, kv)?,
@@ -143,12 +163,19 @@ impl ModelWeights {
                 down: l.matrix(&n("ffn_down"), ff, e)?,
             });
         }
+        let embd_scale = match hp.embd_scale {
+            Some(s) => Some(View::whole(
+                &gpu.upload("embd_scale", bytemuck::bytes_of(&s))?,
+            )),
+            None => None,
+        };
         gpu.flush()?;
         Ok(ModelWeights {
             tok_embd,
             output_norm,
             output,
             layers,
+            embd_scale,
             gpu_bytes: l.gpu_bytes,
         })
     }

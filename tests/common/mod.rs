@@ -250,3 +250,99 @@ pub fn engine(
     };
     wgllm::engine::Engine::new(model.clone(), tok.clone(), &opts).unwrap()
 }
+
+/// One llama.cpp reference file (`<model>-<name>.cpu.json` in ../shared/reference).
+pub struct Reference {
+    pub name: String,
+    pub prompt: Vec<u32>,
+    pub greedy: Vec<u32>,
+    pub margins: Vec<f64>,
+    /// (token, logit) at the last prompt position.
+    pub last_top5: Vec<(usize, f64)>,
+}
+
+impl Reference {
+    pub fn load(path: &std::path::Path) -> Reference {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("reference {}: {e}", path.display()));
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            (v.as_array().unwrap().iter())
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        };
+        Reference {
+            name: path.file_name().unwrap().to_string_lossy().into_owned(),
+            prompt: ids(&r["prompt_tokens"]),
+            greedy: ids(&r["greedy_tokens"]),
+            margins: (r["top1_margins"].as_array().unwrap().iter())
+                .map(|m| m.as_f64().unwrap())
+                .collect(),
+            last_top5: (r["last_prompt_top5"].as_array().unwrap().iter())
+                .map(|p| (p[0].as_u64().unwrap() as usize, p[1].as_f64().unwrap()))
+                .collect(),
+        }
+    }
+}
+
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Teacher-forces the prompt plus llama.cpp's greedy tokens through a fresh context
+/// (chunks of `n_batch`, logits only from the last prompt position on) and checks: the
+/// last prompt position's top-5 logits within `tol` of llama.cpp's, and our top-1 equal
+/// to llama.cpp's at every generated step whose margin is at least 0.5. Returns the
+/// number of steps compared and the logits row of the last prompt position.
+pub fn teacher_forced(
+    model: &Arc<wgllm::model::Model>,
+    r: &Reference,
+    n_ctx: u32,
+    n_batch: u32,
+    tol: f64,
+) -> (usize, Vec<f32>) {
+    use wgllm::context::{Batch, Context, ContextParams};
+    let n_vocab = model.hp.n_vocab as usize;
+    let mut all = r.prompt.clone();
+    all.extend(&r.greedy);
+    let mut ctx = Context::new(model.clone(), ContextParams::new(n_ctx, n_batch, n_batch)).unwrap();
+    let first_out = r.prompt.len() - 1;
+    let mut logits = Vec::new();
+    for (c, chunk) in all.chunks(n_batch as usize).enumerate() {
+        let start = c * n_batch as usize;
+        let mut b = Batch::simple(chunk, start as i32, true);
+        for (i, l) in b.logits.iter_mut().enumerate() {
+            *l = start + i >= first_out;
+        }
+        logits.extend(ctx.decode(&b).unwrap());
+    }
+    let row = |i: usize| &logits[i * n_vocab..(i + 1) * n_vocab];
+    let last = row(0).to_vec();
+    for &(id, want) in &r.last_top5 {
+        let got = last[id] as f64;
+        assert!(
+            (got - want).abs() < tol,
+            "{}: last prompt logit of {id}: {got} vs llama.cpp {want}",
+            r.name
+        );
+    }
+    let mut checked = 0;
+    for (i, (&tok, &margin)) in r.greedy.iter().zip(&r.margins).enumerate() {
+        if margin >= 0.5 {
+            assert_eq!(
+                argmax(row(i)),
+                tok,
+                "{}: generated step {i} (margin {margin})",
+                r.name
+            );
+            checked += 1;
+        }
+    }
+    (checked, last)
+}

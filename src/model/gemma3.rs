@@ -1,0 +1,125 @@
+//! The Gemma 3 architecture: embeddings scaled by sqrt(n_embd); per-head RMS norms of Q
+//! and K; RMS norms both before and after attention and the feed-forward (the "sandwich");
+//! a GELU-gated feed-forward; the output tied to the embeddings. Five of every six layers
+//! attend over a sliding window with their own RoPE base, the sixth over everything.
+
+use super::{output_head, GraphInput, GraphIo, Hparams, KvBuffers, Model};
+use crate::gpu::GpuError;
+use crate::graph::{AttnBlock, Graph, GraphBuilder};
+use crate::kv::MaskKind;
+use crate::ops::attention::AttnShape;
+use crate::ops::glu::Activation;
+use crate::ops::softmax::SoftmaxParams;
+
+/// The mask of the sliding-window layers (a causal one serves the global layers).
+fn window_mask(hp: &Hparams) -> MaskKind {
+    MaskKind {
+        swa: hp.swa.map(|s| s.window as i32),
+        alibi: false,
+    }
+}
+
+/// Two masks (global, window) and two RoPE tables (global base, local base).
+pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
+    vec![
+        GraphInput::Tokens,
+        GraphInput::KvSlots,
+        GraphInput::OutIds,
+        GraphInput::KqMask(MaskKind::default()),
+        GraphInput::KqMask(window_mask(hp)),
+        GraphInput::Rope(hp.rope),
+        GraphInput::Rope(hp.rope_swa),
+    ]
+}
+
+/// A norm vector every Gemma layer has: a missing one is a loader bug, reported.
+fn need<'a>(v: &'a Option<crate::ops::View>, what: &str) -> Result<&'a crate::ops::View, GpuError> {
+    v.as_ref()
+        .ok_or_else(|| GpuError::Validation(format!("gemma3 layer without its {what}")))
+}
+
+pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError> {
+    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    let (t, eps) = (io.n_tok, hp.eps);
+    let mut g = GraphBuilder::new();
+    let tokens = g.input(io.tokens()?, [t, 1]);
+    let slots = g.input(io.kv_slots()?, [t, 1]);
+    let global_mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
+    let local_mask = g.input(io.mask(window_mask(hp))?, [io.n_kv, t]);
+    let global_rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
+    let local_rope = g.input(io.rope(hp.rope_swa)?, [hp.rope_swa.n_dims, t]);
+    let shape = AttnShape {
+        head_dim: hp.head_dim,
+        n_head: hp.n_head,
+        n_head_kv: hp.n_head_kv,
+        n_tok: t,
+        n_kv: io.n_kv,
+        kv_f16: kv.f16,
+    };
+    // Gemma scales Q before the product; scaling the scores instead is the same.
+    let sp = SoftmaxParams {
+        scale: hp.attn_scale,
+        max_bias: 0.0,
+        n_head: hp.n_head,
+    };
+    if kv.k.len() != w.layers.len() || kv.v.len() != w.layers.len() {
+        return Err(GpuError::Validation(
+            "the K/V cache has a different layer count".into(),
+        ));
+    }
+
+    let mut x = g.get_rows(&w.tok_embd, tokens);
+    if let Some(s) = &w.embd_scale {
+        let s = g.input(s.clone(), [1, 1]);
+        x = g.mul(x, s);
+    }
+    // The attention norm of layer il > 0 comes out of the previous layer's fused
+    // residual add; layer 0 norms the scaled embeddings on its own.
+    let mut normed = None;
+    let caches = kv.k.iter().zip(&kv.v);
+    for (il, (lw, (k_cache, v_cache))) in w.layers.iter().zip(caches).enumerate() {
+        let cur = match normed.take() {
+            Some(cur) => cur,
+            None => g.rms_norm(x, &lw.attn_norm, eps),
+        };
+        let (mask, rope) = if hp.is_swa(il) {
+            (local_mask, local_rope)
+        } else {
+            (global_mask, global_rope)
+        };
+        let attn = AttnBlock {
+            wq: &lw.wq,
+            wk: &lw.wk,
+            wv: &lw.wv,
+            wo: &lw.wo,
+            k_cache,
+            v_cache,
+            slots,
+            mask,
+            rope,
+            rope_p: hp.layer_rope(il),
+            shape,
+            sp,
+            qk_norm: Some((
+                need(&lw.attn_q_norm, "Q norm")?,
+                need(&lw.attn_k_norm, "K norm")?,
+                eps,
+            )),
+        };
+        let o = g.attn_block(gpu, cur, &attn)?;
+        let o = g.rms_norm(o, need(&lw.attn_post_norm, "post-attention norm")?, eps);
+        let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
+        let ffn = g.ffn_block(cur, [&lw.gate, &lw.up, &lw.down], Activation::Gelu);
+        let ffn = g.rms_norm(ffn, need(&lw.ffn_post_norm, "post-feed-forward norm")?, eps);
+        x = match w.layers.get(il + 1) {
+            Some(next) => {
+                let (x_next, cur) = g.add_rms_norm(x_attn, ffn, &next.attn_norm, eps);
+                normed = Some(cur);
+                x_next
+            }
+            None => g.add(x_attn, ffn),
+        };
+    }
+
+    output_head(g, m, io, x)
+}
