@@ -63,6 +63,8 @@ pub enum KvError {
     BadDivisor(i32),
     #[error("invalid store into the KV cache: {0}")]
     BadStore(String),
+    #[error("sequence {seq} needs positions {from}..{to} in the sliding-window cache, which the rolling buffer has already dropped (they were outside every window it expected); use --swa-full to keep a full-size cache for the sliding-window layers")]
+    WindowLost { seq: SeqId, from: i32, to: i32 },
 }
 
 #[derive(Clone, Debug)]

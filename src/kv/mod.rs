@@ -9,10 +9,12 @@ mod defrag;
 mod mask;
 mod seq;
 mod view;
+mod window;
 
 pub use cells::{seqs_below, Cell, KvCells, KvError, SeqId, MAX_SEQ};
 pub use defrag::Move;
 pub use mask::{build_mask, MaskKind, MASKED};
+pub use window::WindowCells;
 
 /// Attention reads cells [0, n_kv) with n_kv a multiple of this (as llama.cpp pads it),
 /// so the graph keeps one shape over many steps and can be replayed.
