@@ -486,7 +486,8 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
     assert_eq!(ctx.cells().seq_pos_max(1), 9);
     assert_eq!(probe_logits(&mut ctx, 1, 9), before, "sequence 1 is intact");
 
-    // Cell 0 of a file without tokens: position at byte 36, sequence set at byte 40.
+    // Cell 0 of a file without tokens (one K/V store): position at byte 40, sequence set
+    // at byte 44.
     src.state_save(&path, &[], None).unwrap();
     let good = std::fs::read(&path).unwrap();
     let patched = |at: usize, bytes: &[u8]| {
@@ -495,10 +496,10 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
         std::fs::write(&path, f).unwrap();
     };
     let cases: [(usize, Vec<u8>, &str); 4] = [
-        (36, (-3i32).to_le_bytes().to_vec(), "negative position -3"),
-        (40, 0u64.to_le_bytes().to_vec(), "belongs to no sequence"),
-        (40, (1u64 << 5).to_le_bytes().to_vec(), "sequence 5"),
-        (40, (1u64 << 63).to_le_bytes().to_vec(), "sequence 63"),
+        (40, (-3i32).to_le_bytes().to_vec(), "negative position -3"),
+        (44, 0u64.to_le_bytes().to_vec(), "belongs to no sequence"),
+        (44, (1u64 << 5).to_le_bytes().to_vec(), "sequence 5"),
+        (44, (1u64 << 63).to_le_bytes().to_vec(), "sequence 63"),
     ];
     for (at, bytes, needle) in cases {
         patched(at, &bytes);
@@ -509,7 +510,7 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
         }
     }
     // The same id is fine where -np allows it.
-    patched(40, &(1u64 << 63).to_le_bytes());
+    patched(44, &(1u64 << 63).to_le_bytes());
     let mut np64 = context(&model, 64, 64);
     np64.state_load(&path, None).unwrap();
     assert_eq!(np64.cells().seq_pos_max(63), 0);

@@ -26,7 +26,9 @@ pub struct ChatArgs {
 
 pub fn chat(a: &ChatArgs) -> Result<()> {
     let policy = a.shift.policy()?;
-    let mut engine = load_engine(&a.model, &a.model.options()?)?;
+    let mut opts = a.model.options()?;
+    opts.swa_keep = a.shift.swa_keep();
+    let mut engine = load_engine(&a.model, &opts)?;
     if engine.tokenizer.chat_template().is_none() {
         log::warn!("the model has no chat template; using ChatML, as llama.cpp does");
     }

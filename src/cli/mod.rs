@@ -103,6 +103,10 @@ pub struct ModelArgs {
     /// llama.cpp now ignores this flag; here it keeps attention from reading holes.
     #[arg(long = "defrag-thold", visible_alias = "dt", default_value_t = -1.0, allow_negative_numbers = true)]
     pub defrag_thold: f32,
+    /// Give sliding-window layers a full-size KV cache instead of a rolling buffer of their
+    /// window (needed only for Self-Extend, or to cut a sequence back past the buffer).
+    #[arg(long = "swa-full")]
+    pub swa_full: bool,
     #[command(flatten)]
     pub gpu: GpuArgs,
     #[command(flatten)]
@@ -117,6 +121,8 @@ impl ModelArgs {
             n_ubatch: self.ubatch_size,
             n_seq_max: self.n_parallel,
             defrag_thold: self.defrag_thold,
+            swa_full: self.swa_full,
+            swa_keep: 0,
             gpu: self.gpu.options()?,
         })
     }

@@ -125,6 +125,16 @@ pub struct ShiftArgs {
 }
 
 impl ShiftArgs {
+    /// The prefix a sliding-window model's rolling buffer must never drop: what a shift
+    /// keeps (plus BOS), everything for `--keep -1`, nothing without context shift.
+    pub fn swa_keep(&self) -> u32 {
+        match self.keep {
+            _ if self.no_context_shift => 0,
+            k if k < 0 => u32::MAX,
+            k => k as u32 + 1,
+        }
+    }
+
     /// The engine's shift policy, checked before anything is loaded.
     pub fn policy(&self) -> Result<ShiftPolicy> {
         let p = ShiftPolicy {
@@ -190,7 +200,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     };
     // Checked before loading anything.
     params.validate()?;
-    let mut engine = load_engine(&a.model, &a.model.options()?)?;
+    let mut opts = a.model.options()?;
+    opts.swa_keep = a.shift.swa_keep();
+    let mut engine = load_engine(&a.model, &opts)?;
     params.sampling = a.sampling.params(&engine)?;
     let id = engine.open_session(params)?;
     // With a system prompt the prompt is the first user turn of a chat (as llama-cli

@@ -2,6 +2,7 @@
 //! to every layer's K and V rows with buffer copies.
 
 use super::{Context, ContextError};
+use crate::kv::CacheKind;
 
 impl Context {
     /// Bytes of one cell's K (or V) row in one layer.
@@ -31,7 +32,11 @@ impl Context {
         // wgpu forbids copies within one buffer: stage each layer's rows in a scratch buffer.
         let tmp = gpu.storage("defrag rows", end as u64 * row)?;
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for t in self.kv.k.iter().chain(&self.kv.v) {
+        // Only the full store's layers: a rolling buffer is small and never compacted.
+        let full = (self.kv.k.iter().zip(&self.kv.v).enumerate())
+            .filter(|(il, _)| self.layer_kind[*il] == CacheKind::Full)
+            .flat_map(|(_, (k, v))| [k, v]);
+        for t in full {
             enc.copy_buffer_to_buffer(&t.buf, t.offset, &tmp, 0, end as u64 * row);
             for m in &moves {
                 enc.copy_buffer_to_buffer(

@@ -6,8 +6,8 @@ pub mod state;
 
 use crate::gpu::GpuError;
 use crate::graph::Graph;
-use crate::kv::{seqs_below, KvCells, KvError, SeqId, MAX_SEQ, N_KV_PAD};
-use crate::model::{GraphInput, GraphIo, KvBuffers, Model, UbatchView};
+use crate::kv::{seqs_below, CacheKind, KvCells, KvError, SeqId, WindowCells, MAX_SEQ, N_KV_PAD};
+use crate::model::{CacheState, GraphInput, GraphIo, KvBuffers, Model, UbatchView};
 use crate::ops::rope::rope;
 use crate::ops::{run_now, View};
 use std::collections::VecDeque;
@@ -31,6 +31,8 @@ pub enum ContextError {
     PositionsBackwards { seq: u32, prev: i32, next: i32 },
     #[error(transparent)]
     State(#[from] state::StateError),
+    #[error("Self-Extend (--grp-attn-n) divides positions, so a sliding window would span more tokens than the rolling buffer of this model's sliding-window layers keeps; use --swa-full")]
+    SelfExtendNeedsSwaFull,
     #[error("the context is full ({n_ctx} tokens) and {reason}; use a larger context (-c)")]
     ContextFull { n_ctx: u32, reason: FullReason },
 }
@@ -69,6 +71,12 @@ pub struct ContextParams {
     /// Compact the cache when this share of the cells below the used bound are holes
     /// (--defrag-thold; <= 0: never).
     pub defrag_thold: f32,
+    /// Sliding-window layers keep a full-size cache (--swa-full) instead of a rolling
+    /// buffer of their window.
+    pub swa_full: bool,
+    /// Positions below this stay in the rolling buffer (a context shift's kept prefix,
+    /// --keep plus BOS), since a shift brings them back inside the window.
+    pub swa_keep: u32,
 }
 
 impl ContextParams {
@@ -80,6 +88,8 @@ impl ContextParams {
             n_ubatch,
             n_seq_max: 1,
             defrag_thold: -1.0,
+            swa_full: false,
+            swa_keep: 0,
         }
     }
 }
@@ -113,18 +123,27 @@ struct StepBuffers {
     logits: wgpu::Buffer,
 }
 
+/// What a graph is built for: (tokens, cells read in the full store, cells read in the
+/// window store, logit rows).
+type GraphKey = (u32, u32, u32, u32);
+
 /// Graphs kept for reuse (decode steps replay one graph until n_kv crosses a pad boundary).
 const GRAPH_CACHE: usize = 3;
 
 pub struct Context {
     pub model: Arc<Model>,
     pub params: ContextParams,
+    /// The cells of the whole context (the full store).
     cells: KvCells,
+    /// The rolling buffer of the sliding-window layers, if they have their own store.
+    window: Option<WindowCells>,
+    /// The store each layer's K and V rows live in.
+    layer_kind: Vec<CacheKind>,
     kv: KvBuffers,
     step: StepBuffers,
     /// Logit rows one graph can produce (bounded by the storage binding limit).
     n_out_max: u32,
-    graphs: VecDeque<((u32, u32, u32), Graph)>,
+    graphs: VecDeque<(GraphKey, Graph)>,
     /// Counters for the timing summary.
     pub n_graph_builds: u64,
 }
@@ -147,10 +166,35 @@ impl Context {
         let ub = params.n_ubatch.min(params.n_batch) as u64;
         let n_ctx = params.n_ctx as u64;
         let kv_f16 = gpu.has_f16;
-        let kv_bytes = hp.n_embd_kv() as u64 * n_ctx * if kv_f16 { 2 } else { 4 };
+        let row_bytes = hp.n_embd_kv() as u64 * if kv_f16 { 2 } else { 4 };
+        // Sliding-window layers get a rolling buffer of their window unless --swa-full.
+        let window = match hp.swa {
+            Some(swa) if !params.swa_full => {
+                let size = WindowCells::capacity(
+                    swa.window,
+                    params.swa_keep,
+                    params.n_seq_max,
+                    ub as u32,
+                    params.n_ctx,
+                );
+                Some(WindowCells::new(size, swa.window, params.swa_keep))
+            }
+            _ => None,
+        };
+        let layer_kind: Vec<CacheKind> = (0..hp.n_layer as usize)
+            .map(|il| match &window {
+                Some(_) if hp.is_swa(il) => CacheKind::Window,
+                _ => CacheKind::Full,
+            })
+            .collect();
+        let cells_of = |kind: CacheKind| match (kind, &window) {
+            (CacheKind::Window, Some(w)) => w.cells.size() as u64,
+            _ => n_ctx,
+        };
         // Each layer's K and V are bound whole by the attention kernels.
-        if kv_bytes > gpu.max_binding {
-            let max_ctx = gpu.max_binding / (kv_bytes / n_ctx);
+        let kv_bytes = row_bytes * n_ctx;
+        if kv_bytes > gpu.max_binding && layer_kind.contains(&CacheKind::Full) {
+            let max_ctx = gpu.max_binding / row_bytes;
             return Err(ContextError::TooLarge(format!(
                 "-c {n_ctx}: one layer's K cache would be {} MiB, over this adapter's storage binding limit of {} MiB; use -c {max_ctx} or less",
                 kv_bytes >> 20,
@@ -159,13 +203,30 @@ impl Context {
         }
         let mut k = Vec::new();
         let mut v = Vec::new();
-        for il in 0..hp.n_layer {
-            k.push(View::whole(
-                &gpu.storage(&format!("k_cache{il}"), kv_bytes)?,
-            ));
-            v.push(View::whole(
-                &gpu.storage(&format!("v_cache{il}"), kv_bytes)?,
-            ));
+        let mut bytes_of = [0u64; 2];
+        for (il, &kind) in layer_kind.iter().enumerate() {
+            let bytes = row_bytes * cells_of(kind);
+            bytes_of[kind as usize] += 2 * bytes;
+            k.push(View::whole(&gpu.storage(&format!("k_cache{il}"), bytes)?));
+            v.push(View::whole(&gpu.storage(&format!("v_cache{il}"), bytes)?));
+        }
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let elem = if kv_f16 { "f16" } else { "f32" };
+        match &window {
+            Some(w) => log::info!(
+                "context: {n_ctx} cells, KV cache {:.1} MiB ({elem}): global layers {:.1} MiB over {n_ctx} cells, sliding-window layers {:.1} MiB in a rolling buffer of {} cells (window {}, kept prefix {}); ubatch {ub}",
+                mib(bytes_of[0] + bytes_of[1]),
+                mib(bytes_of[0]),
+                mib(bytes_of[1]),
+                w.cells.size(),
+                w.window,
+                w.keep
+            ),
+            None => log::info!(
+                "context: {n_ctx} cells, KV cache {:.1} MiB ({elem}){}, ubatch {ub}",
+                mib(bytes_of[0]),
+                if hp.swa.is_some() { ", full size for the sliding-window layers too (--swa-full)" } else { "" }
+            ),
         }
         let n_out_max = (gpu.max_binding / (hp.n_vocab as u64 * 4)).clamp(1, ub) as u32;
         let mut inputs = Vec::new();
@@ -177,17 +238,12 @@ impl Context {
             inputs,
             logits: gpu.storage("logits", n_out_max as u64 * hp.n_vocab as u64 * 4)?,
         };
-        log::info!(
-            "context: {} cells, KV cache {:.1} MiB ({}), ubatch {}",
-            n_ctx,
-            (2 * kv_bytes * hp.n_layer as u64) as f64 / (1 << 20) as f64,
-            if kv_f16 { "f16" } else { "f32" },
-            ub
-        );
         Ok(Context {
             model,
             params,
             cells: KvCells::new(n_ctx as usize),
+            window,
+            layer_kind,
             kv: KvBuffers { k, v, f16: kv_f16 },
             step,
             n_out_max,
@@ -204,9 +260,19 @@ impl Context {
         &self.cells
     }
 
+    /// The rolling buffer of the sliding-window layers, where they have one.
+    pub fn window_cells(&self) -> Option<&WindowCells> {
+        self.window.as_ref()
+    }
+
+    /// The cells of every store (the full one first): sequence operations apply to all.
+    fn stores_mut(&mut self) -> impl Iterator<Item = &mut KvCells> {
+        std::iter::once(&mut self.cells).chain(self.window.as_mut().map(|w| &mut w.cells))
+    }
+
     /// Empties the cache.
     pub fn clear(&mut self) {
-        self.cells.clear();
+        self.stores_mut().for_each(|c| c.clear());
     }
 
     fn check_seq(&self, seq: SeqId) -> Result<(), ContextError> {
@@ -225,20 +291,26 @@ impl Context {
         if let Some(s) = seq {
             self.check_seq(s)?;
         }
-        self.cells.seq_rm(seq, p0, p1)?;
+        for c in self.stores_mut() {
+            c.seq_rm(seq, p0, p1)?;
+        }
         Ok(())
     }
     /// Makes `dst` share the cells of `src` in [p0, p1) (no K/V copy).
     pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError> {
         self.check_seq(src)?;
         self.check_seq(dst)?;
-        self.cells.seq_cp(src, dst, p0, p1)?;
+        for c in self.stores_mut() {
+            c.seq_cp(src, dst, p0, p1)?;
+        }
         Ok(())
     }
     /// Drops every sequence but `seq`.
     pub fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError> {
         self.check_seq(seq)?;
-        self.cells.seq_keep(seq)?;
+        for c in self.stores_mut() {
+            c.seq_keep(seq)?;
+        }
         Ok(())
     }
     /// Adds `delta` to the positions of `seq` in [p0, p1); the K-shift follows.
@@ -250,12 +322,17 @@ impl Context {
         delta: i32,
     ) -> Result<(), ContextError> {
         self.check_seq(seq)?;
-        self.cells.seq_add(seq, p0, p1, delta)?;
+        for c in self.stores_mut() {
+            c.seq_add(seq, p0, p1, delta)?;
+        }
         Ok(())
     }
     /// Divides the positions of `seq` in [p0, p1) by `d`; the K-shift follows.
     pub fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
         self.check_seq(seq)?;
+        if self.window.is_some() {
+            return Err(ContextError::SelfExtendNeedsSwaFull);
+        }
         self.cells.seq_div(seq, p0, p1, d)?;
         Ok(())
     }
@@ -318,9 +395,22 @@ impl Context {
     /// Re-applies RoPE to every cached key whose cell position changed (seq_add /
     /// seq_div), in place, by the cell's accumulated delta; then the deltas are zero.
     pub fn apply_k_shift(&mut self) -> Result<(), ContextError> {
-        let Some(deltas) = self.cells.take_shifts() else {
-            return Ok(());
-        };
+        for kind in [CacheKind::Full, CacheKind::Window] {
+            let cells = match (kind, self.window.as_mut()) {
+                (CacheKind::Full, _) => &mut self.cells,
+                (CacheKind::Window, Some(w)) => &mut w.cells,
+                (CacheKind::Window, None) => continue,
+            };
+            let Some(deltas) = cells.take_shifts() else {
+                continue;
+            };
+            self.shift_layers(kind, &deltas)?;
+        }
+        Ok(())
+    }
+
+    /// Re-rotates the keys of the layers in store `kind` by each cell's delta.
+    fn shift_layers(&self, kind: CacheKind, deltas: &[i32]) -> Result<(), ContextError> {
         let gpu = self.model.gpu.clone();
         let hp = &self.model.hp;
         let positions: Vec<f64> = deltas.iter().map(|&d| d as f64).collect();
@@ -329,6 +419,9 @@ impl Context {
         let mut tables: Vec<(crate::ops::rope::RopeParams, View)> = Vec::new();
         let mut dispatches = Vec::with_capacity(self.kv.k.len());
         for (il, k) in self.kv.k.iter().enumerate() {
+            if self.layer_kind[il] != kind {
+                continue;
+            }
             let rp = hp.layer_rope(il);
             let table = match tables.iter().find(|(p, _)| *p == rp) {
                 Some((_, t)) => t.clone(),
@@ -345,13 +438,13 @@ impl Context {
                 &table,
                 k,
                 hp.n_head_kv,
-                self.cells.size() as u32,
+                deltas.len() as u32,
                 self.kv.f16,
             )?);
         }
         run_now(&gpu, &dispatches)?;
         log::debug!(
-            "K-shift applied to {} cells",
+            "K-shift applied to {} cells of the {kind:?} store",
             deltas.iter().filter(|&&d| d != 0).count()
         );
         Ok(())
@@ -398,10 +491,10 @@ impl Context {
         // A failed batch leaves the cache as it was (as llama.cpp restores its cells):
         // ubatches already stored and the cells of a failing one are dropped. Their K/V
         // rows may stay written, harmlessly, in cells that are empty again.
-        let saved = self.cells.clone();
+        let saved = (self.cells.clone(), self.window.clone());
         let out = self.decode_ubatches(batch).await;
         if out.is_err() {
-            self.cells = saved;
+            (self.cells, self.window) = saved;
         }
         out
     }
@@ -443,28 +536,50 @@ impl Context {
         let seq = &b.seq[r.clone()];
         self.cells.store(&slots, pos, seq)?;
         let n_kv = self.cells.n_kv(N_KV_PAD);
-        // Every declared input fills itself from the ubatch and the cells it was stored in.
+        let window_slots = match self.window.as_mut() {
+            Some(w) => {
+                w.prepare(&self.cells, &first_positions(pos, seq), n)?;
+                let s = w.cells.find_slot(n)?;
+                w.cells.store(&s, pos, seq)?;
+                Some(s)
+            }
+            None => None,
+        };
+        let full = CacheState {
+            cells: &self.cells,
+            slots: &slots,
+            n_kv,
+        };
+        let window = match (&self.window, &window_slots) {
+            (Some(w), Some(s)) => CacheState {
+                cells: &w.cells,
+                slots: s,
+                n_kv: w.cells.n_kv(N_KV_PAD),
+            },
+            _ => full,
+        };
+        // Every declared input fills itself from the ubatch and the stores it went to.
         let ubv = UbatchView {
             tokens: &b.tokens[r.clone()],
             pos,
             seq,
             logits: &b.logits[r.clone()],
-            slots: &slots,
         };
         for (input, buf) in &self.step.inputs {
-            let data = input.fill(&ubv, &self.cells, n_kv);
+            let data = input.fill(&ubv, full, window);
             if !data.is_empty() {
                 gpu.write(buf, 0, data.as_bytes());
             }
         }
         let n_out = ubv.logits.iter().filter(|&&l| l).count() as u32;
-        let key = (n as u32, n_kv as u32, n_out);
+        let key = (n as u32, n_kv as u32, window.n_kv as u32, n_out);
         let idx = match self.graphs.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
             None => {
                 let io = GraphIo {
                     n_tok: key.0,
                     n_kv: key.1,
+                    n_kv_window: key.2,
                     n_out,
                     inputs: (self.step.inputs.iter())
                         .map(|(i, buf)| (*i, View::whole(buf)))
@@ -494,4 +609,21 @@ impl Context {
             .map(|d| bytemuck::pod_collect_to_vec(&d))
             .unwrap_or_default())
     }
+}
+
+/// The first position of each sequence in a ubatch (a token may be in several).
+fn first_positions(pos: &[i32], seq: &[u64]) -> Vec<(SeqId, i32)> {
+    let mut first: Vec<(SeqId, i32)> = Vec::new();
+    for (&p, &set) in pos.iter().zip(seq) {
+        for s in 0..MAX_SEQ {
+            if set & (1u64 << s) == 0 {
+                continue;
+            }
+            match first.iter_mut().find(|f| f.0 == s) {
+                Some(f) => f.1 = f.1.min(p),
+                None => first.push((s, p)),
+            }
+        }
+    }
+    first
 }

@@ -3,16 +3,17 @@
 //! `--prompt-cache` needs to reuse a prompt's prefix).
 //!
 //! File layout (little endian): magic, version, model shape (layers, K/V width, vocab),
-//! K/V element size, tokens, cells (pos i32, sequence set u64), then per layer the K rows
-//! and the V rows of those cells, in cell order.
+//! K/V element size, tokens, the number of K/V stores (1, or 2 where sliding-window layers
+//! keep a rolling buffer), then per store: its cells (pos i32, sequence set u64), then per
+//! layer of that store the K rows and the V rows of those cells, in cell order.
 
 use super::{Context, ContextError};
-use crate::kv::{seqs_below, KvCells, SeqId};
+use crate::kv::{seqs_below, CacheKind, KvCells, SeqId};
 use half::f16;
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"WGLLMKV\0";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -27,6 +28,8 @@ pub enum StateError {
         "{path}: the cache was saved for another model ({what}); delete the file to start afresh"
     )]
     OtherModel { path: String, what: String },
+    #[error("{path}: the cache was saved {saved} a separate sliding-window buffer and this context has {}; load it with the same --swa-full setting", if *saved == "with" { "none" } else { "one" })]
+    OtherLayout { path: String, saved: &'static str },
     #[error("{path}: the saved cache has {cells} cells, more than fit in this context ({free} free); use a larger -c")]
     TooBig {
         path: String,
@@ -84,10 +87,42 @@ fn convert(rows: &[u8], from_f16: bool, to_f16: bool) -> Vec<u8> {
     }
 }
 
+/// One store's part of a file, read and checked before anything changes.
+struct StoreData {
+    pos: Vec<i32>,
+    sets: Vec<u64>,
+    /// K then V rows of each layer of the store, converted to this context's element size.
+    layers: Vec<Vec<u8>>,
+}
+
 impl Context {
     fn model_shape(&self) -> [u32; 3] {
         let hp = &self.model.hp;
         [hp.n_layer, hp.n_embd_kv(), hp.n_vocab]
+    }
+
+    /// The stores of this context, the full one first.
+    fn store_kinds(&self) -> Vec<CacheKind> {
+        let mut kinds = vec![CacheKind::Full];
+        if self.window.is_some() {
+            kinds.push(CacheKind::Window);
+        }
+        kinds
+    }
+
+    fn store_cells(&self, kind: CacheKind) -> &KvCells {
+        match (kind, &self.window) {
+            (CacheKind::Window, Some(w)) => &w.cells,
+            _ => &self.cells,
+        }
+    }
+
+    /// The K and V views of the layers in store `kind`, K then V per layer.
+    fn store_layers(&self, kind: CacheKind) -> Vec<&crate::ops::View> {
+        (self.kv.k.iter().zip(&self.kv.v).enumerate())
+            .filter(|(il, _)| self.layer_kind[*il] == kind)
+            .flat_map(|(_, (k, v))| [k, v])
+            .collect()
     }
 
     /// Saves the cache (or only `seq`'s cells) and `tokens` to `path` (native targets:
@@ -103,12 +138,6 @@ impl Context {
             self.check_seq(s)?;
         }
         self.apply_k_shift()?; // pending deltas are not part of the format
-        let picked: Vec<usize> = (0..self.cells.size())
-            .filter(|&i| {
-                let c = self.cells.cells()[i];
-                seq.map_or(!c.is_empty(), |s| c.has_seq(s))
-            })
-            .collect();
         let mut out = Vec::new();
         out.extend(MAGIC);
         out.extend(VERSION.to_le_bytes());
@@ -118,24 +147,39 @@ impl Context {
         out.extend((if self.kv.f16 { 2u32 } else { 4 }).to_le_bytes());
         out.extend((tokens.len() as u32).to_le_bytes());
         tokens.iter().for_each(|t| out.extend(t.to_le_bytes()));
-        out.extend((picked.len() as u32).to_le_bytes());
-        for &i in &picked {
-            let c = self.cells.cells()[i];
-            out.extend(c.pos.to_le_bytes());
-            // One sequence is saved as sequence 0, to be loaded into any other.
-            let set = if seq.is_some() { 1u64 } else { c.seq };
-            out.extend(set.to_le_bytes());
-        }
+        let kinds = self.store_kinds();
+        out.extend((kinds.len() as u32).to_le_bytes());
         let row = self.kv_row_bytes() as usize;
-        let end = picked.last().map_or(0, |&i| i + 1);
         let gpu = self.model.gpu.clone();
-        for t in self.kv.k.iter().zip(&self.kv.v).flat_map(|(k, v)| [k, v]) {
-            if end == 0 {
-                break;
+        let mut n_saved = 0;
+        for kind in kinds {
+            let cells = self.store_cells(kind);
+            let picked: Vec<usize> = (0..cells.size())
+                .filter(|&i| {
+                    let c = cells.cells()[i];
+                    seq.map_or(!c.is_empty(), |s| c.has_seq(s))
+                })
+                .collect();
+            if kind == CacheKind::Full {
+                n_saved = picked.len();
             }
-            let rows = gpu.read_bytes(&t.buf, t.offset, (end * row) as u64)?;
+            out.extend((picked.len() as u32).to_le_bytes());
             for &i in &picked {
-                out.extend(&rows[i * row..(i + 1) * row]);
+                let c = cells.cells()[i];
+                out.extend(c.pos.to_le_bytes());
+                // One sequence is saved as sequence 0, to be loaded into any other.
+                let set = if seq.is_some() { 1u64 } else { c.seq };
+                out.extend(set.to_le_bytes());
+            }
+            let end = picked.last().map_or(0, |&i| i + 1);
+            if end == 0 {
+                continue;
+            }
+            for t in self.store_layers(kind) {
+                let rows = gpu.read_bytes(&t.buf, t.offset, (end * row) as u64)?;
+                for &i in &picked {
+                    out.extend(&rows[i * row..(i + 1) * row]);
+                }
             }
         }
         std::fs::write(path, out).map_err(|source| StateError::Io {
@@ -143,8 +187,7 @@ impl Context {
             source,
         })?;
         log::info!(
-            "saved {} cells and {} tokens to {}",
-            picked.len(),
+            "saved {n_saved} cells and {} tokens to {}",
             tokens.len(),
             path.display()
         );
@@ -197,38 +240,60 @@ impl Context {
         }
         let n_tok = r.u32()? as usize;
         let tokens: Vec<u32> = (0..n_tok).map(|_| r.u32()).collect::<Result<_, _>>()?;
-        let n_cells = r.u32()? as usize;
-        let mut pos = Vec::with_capacity(n_cells);
-        let mut sets = Vec::with_capacity(n_cells);
-        let n_seq = self.params.n_seq_max;
-        for i in 0..n_cells {
-            let p = r.u32()? as i32;
-            if p < 0 {
-                return Err(format(&format!("cell {i} has the negative position {p}")).into());
+        let kinds = self.store_kinds();
+        let n_stores = r.u32()? as usize;
+        if n_stores != kinds.len() {
+            if n_stores != 1 && n_stores != 2 {
+                return Err(format(&format!("{n_stores} K/V stores")).into());
             }
-            pos.push(p);
-            let set = r.u64()?;
-            if set == 0 {
-                return Err(format(&format!("cell {i} belongs to no sequence")).into());
+            let saved = if n_stores == 2 { "with" } else { "without" };
+            return Err(StateError::OtherLayout {
+                path: p.clone(),
+                saved,
             }
-            if set & !seqs_below(n_seq) != 0 {
-                let bad = 63 - (set & !seqs_below(n_seq)).leading_zeros();
-                return Err(format(&format!(
-                    "cell {i} belongs to sequence {bad}, beyond this context's ids 0..{n_seq} (-np {n_seq})"
-                ))
-                .into());
-            }
-            sets.push(set);
+            .into());
         }
         let saved_row = self.model.hp.n_embd_kv() as usize * elem as usize;
+        let n_seq = self.params.n_seq_max;
         // Read (and check) everything before touching the cache.
-        let mut layers = Vec::with_capacity(2 * self.kv.k.len());
-        for _ in 0..2 * self.kv.k.len() {
-            layers.push(convert(
-                r.take(n_cells * saved_row)?,
-                elem == 2,
-                self.kv.f16,
-            ));
+        let mut stores = Vec::with_capacity(kinds.len());
+        for &kind in &kinds {
+            let n_cells = r.u32()? as usize;
+            // 12 bytes per cell: a damaged count fails here, not in an allocation.
+            if n_cells.saturating_mul(12) > r.data.len() - r.at {
+                return Err(format(&format!("{n_cells} cells do not fit in the file")).into());
+            }
+            let mut pos = Vec::with_capacity(n_cells);
+            let mut sets = Vec::with_capacity(n_cells);
+            for i in 0..n_cells {
+                let p = r.u32()? as i32;
+                if p < 0 {
+                    return Err(format(&format!("cell {i} has the negative position {p}")).into());
+                }
+                pos.push(p);
+                let set = r.u64()?;
+                if set == 0 {
+                    return Err(format(&format!("cell {i} belongs to no sequence")).into());
+                }
+                if set & !seqs_below(n_seq) != 0 {
+                    let bad = 63 - (set & !seqs_below(n_seq)).leading_zeros();
+                    return Err(format(&format!(
+                        "cell {i} belongs to sequence {bad}, beyond this context's ids 0..{n_seq} (-np {n_seq})"
+                    ))
+                    .into());
+                }
+                sets.push(set);
+            }
+            let n_layers = self.store_layers(kind).len();
+            let mut layers = Vec::with_capacity(n_layers);
+            for _ in 0..n_layers {
+                layers.push(convert(
+                    r.take(n_cells * saved_row)?,
+                    elem == 2,
+                    self.kv.f16,
+                ));
+            }
+            stores.push(StoreData { pos, sets, layers });
         }
         if r.at != data.len() {
             return Err(format("trailing bytes").into());
@@ -236,44 +301,54 @@ impl Context {
         if let Some(s) = dst {
             self.check_seq(s)?;
         }
-        // The new cells are laid out on a copy, which replaces the cache only once they
+        // The new cells are laid out on copies, which replace the stores only once they
         // all fit: a file that does not fit leaves the cache (and `dst`) as it was.
-        let mut cells = self.cells.clone();
-        match dst {
-            None => cells.clear(),
-            Some(s) => {
-                cells.seq_rm(Some(s), -1, -1)?;
-                let bit = KvCells::seq_bit(s)?;
-                sets.iter_mut().for_each(|v| *v = bit);
+        let mut placed = Vec::with_capacity(kinds.len());
+        for (&kind, st) in kinds.iter().zip(&mut stores) {
+            let mut cells = self.store_cells(kind).clone();
+            match dst {
+                None => cells.clear(),
+                Some(s) => {
+                    cells.seq_rm(Some(s), -1, -1)?;
+                    let bit = KvCells::seq_bit(s)?;
+                    st.sets.iter_mut().for_each(|v| *v = bit);
+                }
             }
+            let n_cells = st.pos.len();
+            let slots = if n_cells == 0 {
+                Vec::new()
+            } else {
+                cells.find_slot(n_cells).map_err(|_| StateError::TooBig {
+                    path: p.clone(),
+                    cells: n_cells,
+                    free: cells.size() - cells.used(),
+                })?
+            };
+            cells.store(&slots, &st.pos, &st.sets)?;
+            placed.push((cells, slots));
         }
-        let slots = if n_cells == 0 {
-            Vec::new()
-        } else {
-            cells.find_slot(n_cells).map_err(|_| StateError::TooBig {
-                path: p.clone(),
-                cells: n_cells,
-                free: cells.size() - cells.used(),
-            })?
-        };
-        cells.store(&slots, &pos, &sets)?;
-        self.cells = cells;
         let row = self.kv_row_bytes();
         let gpu = self.model.gpu.clone();
-        let targets = self.kv.k.iter().zip(&self.kv.v).flat_map(|(k, v)| [k, v]);
-        for (t, rows) in targets.zip(&layers) {
-            // One write per run of consecutive cells (the slots may be scattered).
-            let mut a = 0;
-            while a < slots.len() {
-                let mut b = a + 1;
-                while b < slots.len() && slots[b] == slots[b - 1] + 1 {
-                    b += 1;
+        for ((&kind, st), (cells, slots)) in kinds.iter().zip(&stores).zip(placed) {
+            for (t, rows) in self.store_layers(kind).into_iter().zip(&st.layers) {
+                // One write per run of consecutive cells (the slots may be scattered).
+                let mut a = 0;
+                while a < slots.len() {
+                    let mut b = a + 1;
+                    while b < slots.len() && slots[b] == slots[b - 1] + 1 {
+                        b += 1;
+                    }
+                    let bytes = &rows[a * row as usize..b * row as usize];
+                    gpu.write(&t.buf, t.offset + slots[a] as u64 * row, bytes);
+                    a = b;
                 }
-                let bytes = &rows[a * row as usize..b * row as usize];
-                gpu.write(&t.buf, t.offset + slots[a] as u64 * row, bytes);
-                a = b;
+            }
+            match (kind, self.window.as_mut()) {
+                (CacheKind::Window, Some(w)) => w.cells = cells,
+                _ => self.cells = cells,
             }
         }
+        let n_cells = stores[0].pos.len();
         log::info!("loaded {n_cells} cells and {n_tok} tokens from {p}");
         Ok(SavedState { tokens, n_cells })
     }

@@ -20,6 +20,12 @@ pub struct EngineOptions {
     /// Compact the cache when this share of the cells below the used bound are holes
     /// (`--defrag-thold`; <= 0: never).
     pub defrag_thold: f32,
+    /// Sliding-window layers keep a full-size cache (`--swa-full`) instead of a rolling
+    /// buffer of their window.
+    pub swa_full: bool,
+    /// Positions the rolling buffer never drops (`--keep` plus BOS: a context shift
+    /// brings them back inside the window); `u32::MAX` keeps everything.
+    pub swa_keep: u32,
     /// Backend, adapter, f16/subgroups, kernel shapes and tuning.
     pub gpu: GpuOptions,
 }
@@ -32,6 +38,8 @@ impl Default for EngineOptions {
             n_ubatch: 512,
             n_seq_max: 1,
             defrag_thold: -1.0,
+            swa_full: false,
+            swa_keep: 0,
             gpu: GpuOptions::default(),
         }
     }
@@ -64,6 +72,8 @@ impl EngineOptions {
             n_ubatch: self.n_ubatch.min(self.n_batch).min(n_ctx),
             n_seq_max: self.n_seq_max,
             defrag_thold: self.defrag_thold,
+            swa_full: self.swa_full,
+            swa_keep: self.swa_keep.min(n_ctx),
         })
     }
 }

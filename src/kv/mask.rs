@@ -15,6 +15,18 @@ pub struct MaskKind {
     pub alibi: bool,
 }
 
+impl MaskKind {
+    /// The store whose cells a mask of this kind is over: a sliding window's is the
+    /// window store (its rolling buffer, where the context has one).
+    pub fn cache(&self) -> super::CacheKind {
+        if self.swa.is_some() {
+            super::CacheKind::Window
+        } else {
+            super::CacheKind::Full
+        }
+    }
+}
+
 /// Builds the [n_kv, n_tok] mask: token t sees cell c iff c shares one of t's sequences
 /// and holds a position <= t's (causal), within the window if there is one.
 pub fn build_mask(

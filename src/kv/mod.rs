@@ -19,3 +19,12 @@ pub use window::WindowCells;
 /// Attention reads cells [0, n_kv) with n_kv a multiple of this (as llama.cpp pads it),
 /// so the graph keeps one shape over many steps and can be replayed.
 pub const N_KV_PAD: usize = 256;
+
+/// Which K/V store a layer's rows live in: the full cache (every cell of the context), or
+/// the rolling buffer of the sliding-window layers. A context without a separate buffer
+/// (`--swa-full`, or no sliding-window layers) serves both kinds from the full cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CacheKind {
+    Full,
+    Window,
+}

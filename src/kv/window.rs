@@ -184,13 +184,26 @@ mod tests {
         full.seq_rm(Some(0), 4, -1).unwrap();
         win.cells.seq_rm(Some(0), 4, -1).unwrap();
         let e = win.prepare(&full, &[(0, 4)], 1).unwrap_err();
-        assert!(matches!(e, KvError::WindowLost { seq: 0, from: 1, to: 4 }), "{e}");
+        assert!(
+            matches!(
+                e,
+                KvError::WindowLost {
+                    seq: 0,
+                    from: 1,
+                    to: 4
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]
     fn capacity_covers_windows_pins_and_a_ubatch() {
         assert_eq!(WindowCells::capacity(512, 17, 1, 64, 1000), 511 + 17 + 64);
-        assert_eq!(WindowCells::capacity(512, 0, 4, 512, 100_000), 4 * 511 + 512);
+        assert_eq!(
+            WindowCells::capacity(512, 0, 4, 512, 100_000),
+            4 * 511 + 512
+        );
         assert_eq!(WindowCells::capacity(512, 0, 1, 512, 300), 300);
     }
 }

@@ -3,7 +3,7 @@
 //! a GELU-gated feed-forward; the output tied to the embeddings. Five of every six layers
 //! attend over a sliding window with their own RoPE base, the sixth over everything.
 
-use super::{output_head, GraphInput, GraphIo, Hparams, KvBuffers, Model};
+use super::{output_head, CacheKind, GraphInput, GraphIo, Hparams, KvBuffers, Model};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
 use crate::kv::MaskKind;
@@ -19,11 +19,13 @@ fn window_mask(hp: &Hparams) -> MaskKind {
     }
 }
 
-/// Two masks (global, window) and two RoPE tables (global base, local base).
+/// Two masks (global, window), the cells of both K/V stores, and two RoPE tables (global
+/// base, local base).
 pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
     vec![
         GraphInput::Tokens,
-        GraphInput::KvSlots,
+        GraphInput::KvSlots(CacheKind::Full),
+        GraphInput::KvSlots(CacheKind::Window),
         GraphInput::OutIds,
         GraphInput::KqMask(MaskKind::default()),
         GraphInput::KqMask(window_mask(hp)),
@@ -43,18 +45,23 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
     let (t, eps) = (io.n_tok, hp.eps);
     let mut g = GraphBuilder::new();
     let tokens = g.input(io.tokens()?, [t, 1]);
-    let slots = g.input(io.kv_slots()?, [t, 1]);
+    let global_slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
+    let local_slots = g.input(io.kv_slots(CacheKind::Window)?, [t, 1]);
     let global_mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
-    let local_mask = g.input(io.mask(window_mask(hp))?, [io.n_kv, t]);
+    let local_mask = g.input(io.mask(window_mask(hp))?, [io.n_kv_window, t]);
     let global_rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
     let local_rope = g.input(io.rope(hp.rope_swa)?, [hp.rope_swa.n_dims, t]);
-    let shape = AttnShape {
+    let global_shape = AttnShape {
         head_dim: hp.head_dim,
         n_head: hp.n_head,
         n_head_kv: hp.n_head_kv,
         n_tok: t,
         n_kv: io.n_kv,
         kv_f16: kv.f16,
+    };
+    let local_shape = AttnShape {
+        n_kv: io.n_kv_window,
+        ..global_shape
     };
     // Gemma scales Q before the product; scaling the scores instead is the same.
     let sp = SoftmaxParams {
@@ -82,10 +89,11 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             Some(cur) => cur,
             None => g.rms_norm(x, &lw.attn_norm, eps),
         };
-        let (mask, rope) = if hp.is_swa(il) {
-            (local_mask, local_rope)
+        // A sliding-window layer's K/V rows are in the window store (its own cells).
+        let (slots, mask, rope, shape) = if hp.is_swa(il) {
+            (local_slots, local_mask, local_rope, local_shape)
         } else {
-            (global_mask, global_rope)
+            (global_slots, global_mask, global_rope, global_shape)
         };
         let attn = AttnBlock {
             wq: &lw.wq,

@@ -6,21 +6,32 @@
 //! architecture with two masks or two RoPE tables says so in its own file only.
 
 use crate::gpu::GpuError;
+pub use crate::kv::CacheKind;
 use crate::kv::{build_mask, KvCells, MaskKind};
 use crate::ops::rope::RopeParams;
 use crate::ops::View;
+
+/// A K/V store as a ubatch sees it: its cells (the ubatch already stored), the cell of
+/// each ubatch token, and how many cells attention reads.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheState<'a> {
+    pub cells: &'a KvCells,
+    pub slots: &'a [usize],
+    pub n_kv: usize,
+}
 
 /// One per-ubatch input of the forward graph.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum GraphInput {
     /// The ubatch's token ids (u32 each), for the embedding lookup.
     Tokens,
-    /// The cache cell each token's K and V rows are stored in (u32 each).
-    KvSlots,
+    /// The cell of this store each token's K and V rows are written to (u32 each).
+    KvSlots(CacheKind),
     /// The rows of the ubatch whose logits are wanted (u32 each, ascending).
     OutIds,
     /// A KQ mask [n_kv, n_tok] of f32 (0 or an ALiBi distance where a token sees a cell,
-    /// -inf elsewhere); models with local and global layers declare one per kind.
+    /// -inf elsewhere); models with local and global layers declare one per kind. A
+    /// sliding-window mask is over the cells of the window store, any other over the full.
     KqMask(MaskKind),
     /// A (cos, sin) table [n_dims / 2, n_tok] of f32 pairs for these RoPE parameters;
     /// models whose layers rotate with different bases declare one per parameter set.
@@ -36,8 +47,6 @@ pub struct UbatchView<'a> {
     pub seq: &'a [u64],
     /// Whether each token's logits are wanted.
     pub logits: &'a [bool],
-    /// The cache cell each token is stored in.
-    pub slots: &'a [usize],
 }
 
 /// The filled contents of an input, kept in the element type they were computed in so a
@@ -67,25 +76,32 @@ impl GraphInput {
     /// Buffer bytes for the largest ubatch (`n_ubatch` tokens over `n_ctx` cells).
     pub fn bytes(&self, n_ubatch: u64, n_ctx: u64) -> u64 {
         match self {
-            GraphInput::Tokens | GraphInput::KvSlots | GraphInput::OutIds => n_ubatch * 4,
+            GraphInput::Tokens | GraphInput::KvSlots(_) | GraphInput::OutIds => n_ubatch * 4,
             GraphInput::KqMask(_) => n_ubatch * n_ctx * 4,
             GraphInput::Rope(p) => n_ubatch * p.n_dims as u64 * 4,
         }
     }
 
-    /// The input's contents for a ubatch already stored in `cells`, whose attention
-    /// reads cells [0, n_kv).
-    pub fn fill(&self, ub: &UbatchView, cells: &KvCells, n_kv: usize) -> InputData {
+    /// The input's contents for a ubatch already stored in the K/V stores `full` and
+    /// `window` (the same store twice when the context has no separate window buffer).
+    pub fn fill(&self, ub: &UbatchView, full: CacheState, window: CacheState) -> InputData {
+        let store = |kind: CacheKind| match kind {
+            CacheKind::Full => full,
+            CacheKind::Window => window,
+        };
         match self {
             GraphInput::Tokens => InputData::U32(ub.tokens.to_vec()),
-            GraphInput::KvSlots => InputData::U32(ub.slots.iter().map(|&c| c as u32).collect()),
+            GraphInput::KvSlots(kind) => {
+                InputData::U32(store(*kind).slots.iter().map(|&c| c as u32).collect())
+            }
             GraphInput::OutIds => InputData::U32(
                 (0..ub.logits.len() as u32)
                     .filter(|&j| ub.logits[j as usize])
                     .collect(),
             ),
             GraphInput::KqMask(kind) => {
-                InputData::F32(build_mask(cells.cells(), n_kv, ub.pos, ub.seq, *kind))
+                let c = store(kind.cache());
+                InputData::F32(build_mask(c.cells.cells(), c.n_kv, ub.pos, ub.seq, *kind))
             }
             GraphInput::Rope(p) => {
                 let positions: Vec<f64> = ub.pos.iter().map(|&p| p as f64).collect();
@@ -98,7 +114,8 @@ impl GraphInput {
     pub fn label(&self) -> String {
         match self {
             GraphInput::Tokens => "tokens".into(),
-            GraphInput::KvSlots => "kv_slots".into(),
+            GraphInput::KvSlots(CacheKind::Full) => "kv_slots".into(),
+            GraphInput::KvSlots(CacheKind::Window) => "kv_slots_window".into(),
             GraphInput::OutIds => "out_ids".into(),
             GraphInput::KqMask(k) => {
                 let mut s = String::from("kq_mask");
@@ -118,7 +135,9 @@ impl GraphInput {
 /// Per-ubatch inputs and outputs of the forward graph, and its shape.
 pub struct GraphIo {
     pub n_tok: u32,
+    /// Cells attention reads in the full store and in the window store.
     pub n_kv: u32,
+    pub n_kv_window: u32,
     pub n_out: u32,
     /// The declared inputs and their buffers, in declaration order.
     pub inputs: Vec<(GraphInput, View)>,
@@ -144,8 +163,15 @@ impl GraphIo {
     pub fn tokens(&self) -> Result<View, GpuError> {
         self.input(GraphInput::Tokens)
     }
-    pub fn kv_slots(&self) -> Result<View, GpuError> {
-        self.input(GraphInput::KvSlots)
+    pub fn kv_slots(&self, kind: CacheKind) -> Result<View, GpuError> {
+        self.input(GraphInput::KvSlots(kind))
+    }
+    /// Cells attention reads in the store of `kind`.
+    pub fn n_kv_of(&self, kind: CacheKind) -> u32 {
+        match kind {
+            CacheKind::Full => self.n_kv,
+            CacheKind::Window => self.n_kv_window,
+        }
     }
     pub fn out_ids(&self) -> Result<View, GpuError> {
         self.input(GraphInput::OutIds)
@@ -201,7 +227,7 @@ mod tests {
         let (local, global) = (rope(10_000.0), rope(1_000_000.0));
         let declared = dedup(vec![
             GraphInput::Tokens,
-            GraphInput::KvSlots,
+            GraphInput::KvSlots(CacheKind::Full),
             GraphInput::OutIds,
             GraphInput::KqMask(causal),
             GraphInput::KqMask(window),
@@ -228,13 +254,20 @@ mod tests {
             pos: &pos,
             seq: &seq,
             logits: &logits,
-            slots: &slots,
         };
         let n_kv = 16;
-        let fill = |i: GraphInput| i.fill(&ub, &cells, n_kv);
+        let store = CacheState {
+            cells: &cells,
+            slots: &slots,
+            n_kv,
+        };
+        let fill = |i: GraphInput| i.fill(&ub, store, store);
 
         assert_eq!(fill(GraphInput::Tokens), InputData::U32(vec![7, 8, 9]));
-        assert_eq!(fill(GraphInput::KvSlots), InputData::U32(vec![7, 8, 9]));
+        assert_eq!(
+            fill(GraphInput::KvSlots(CacheKind::Full)),
+            InputData::U32(vec![7, 8, 9])
+        );
         assert_eq!(fill(GraphInput::OutIds), InputData::U32(vec![1, 2]));
 
         let m_causal = fill(GraphInput::KqMask(causal));

@@ -1,7 +1,7 @@
 //! The llama architecture (SmolLM2 among others): pre-norm blocks of grouped-query
 //! attention with RoPE and a SwiGLU feed-forward.
 
-use super::{output_head, GraphInput, GraphIo, Hparams, KvBuffers, Model};
+use super::{output_head, CacheKind, GraphInput, GraphIo, Hparams, KvBuffers, Model};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
 use crate::kv::MaskKind;
@@ -13,7 +13,7 @@ use crate::ops::softmax::SoftmaxParams;
 pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
     vec![
         GraphInput::Tokens,
-        GraphInput::KvSlots,
+        GraphInput::KvSlots(CacheKind::Full),
         GraphInput::OutIds,
         GraphInput::KqMask(MaskKind::default()),
         GraphInput::Rope(hp.rope),
@@ -26,7 +26,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
     let mut g = GraphBuilder::new();
     let tokens = g.input(io.tokens()?, [t, 1]);
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
-    let slots = g.input(io.kv_slots()?, [t, 1]);
+    let slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
     let mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
     let shape = AttnShape {
         head_dim: hp.head_dim,

@@ -9,7 +9,7 @@ pub mod synth;
 mod weights;
 
 pub use hparams::{Arch, Hparams};
-pub use inputs::{GraphInput, GraphIo, InputData, UbatchView};
+pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use weights::{LayerWeights, ModelWeights};
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};

@@ -86,10 +86,7 @@ fn random_tensor(ty: GgmlType, n: usize, rows: usize, std: f32, seed: u64) -> Ve
     parts.concat()
 }
 
-/// Builds the GGUF of a llama with `shape`, weights of type `ty` (norms F32) and the
-/// vocabulary `vocab`; matrix entries have standard deviation `std` (0.02 as at
-/// initialization; tests use larger ones so that attention is sharp and every position
-/// matters). `vocab_only` writes just the metadata, as llama.cpp's vocab files.
+/// A llama-architecture model with random weights (see the module docs).
 pub fn synth_llama(
     shape: SynthShape,
     ty: GgmlType,
@@ -98,6 +95,33 @@ pub fn synth_llama(
     std: f32,
     vocab_only: bool,
 ) -> GgufWriter {
+    synth(shape, ty, vocab, n_vocab, std, vocab_only, None)
+}
+
+/// A gemma3-architecture model with random weights: sliding window `window` on five of
+/// every six layers, per-head Q/K norms, sandwich norms, the output tied to the
+/// embeddings. For testing the sliding-window cache on shapes that decode in
+/// milliseconds.
+pub fn synth_gemma3(
+    shape: SynthShape,
+    ty: GgmlType,
+    vocab: Vec<(String, Value)>,
+    n_vocab: u64,
+    std: f32,
+    window: u32,
+) -> GgufWriter {
+    synth(shape, ty, vocab, n_vocab, std, false, Some(window))
+}
+
+fn synth(
+    shape: SynthShape,
+    ty: GgmlType,
+    vocab: Vec<(String, Value)>,
+    n_vocab: u64,
+    std: f32,
+    vocab_only: bool,
+    gemma_window: Option<u32>,
+) -> GgufWriter {
     let SynthShape {
         n_embd,
         n_layer,
@@ -105,22 +129,34 @@ pub fn synth_llama(
         n_head,
         n_head_kv,
     } = shape;
+    let arch = if gemma_window.is_some() {
+        "gemma3"
+    } else {
+        "llama"
+    };
+    let key = |k: &str| format!("{arch}.{k}");
     let mut w = GgufWriter::new();
     let u = Value::U32;
-    w.meta("general.architecture", Value::String("llama".into()))
+    w.meta("general.architecture", Value::String(arch.into()))
         .meta(
             "general.name",
-            Value::String(format!("synthetic llama {n_embd}x{n_layer} {ty}")),
+            Value::String(format!("synthetic {arch} {n_embd}x{n_layer} {ty}")),
         )
-        .meta("llama.context_length", u(4096))
-        .meta("llama.embedding_length", u(n_embd))
-        .meta("llama.block_count", u(n_layer))
-        .meta("llama.feed_forward_length", u(n_ff))
-        .meta("llama.attention.head_count", u(n_head))
-        .meta("llama.attention.head_count_kv", u(n_head_kv))
-        .meta("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5))
-        .meta("llama.rope.freq_base", Value::F32(10000.0))
-        .meta("llama.rope.dimension_count", u(n_embd / n_head));
+        .meta(&key("context_length"), u(4096))
+        .meta(&key("embedding_length"), u(n_embd))
+        .meta(&key("block_count"), u(n_layer))
+        .meta(&key("feed_forward_length"), u(n_ff))
+        .meta(&key("attention.head_count"), u(n_head))
+        .meta(&key("attention.head_count_kv"), u(n_head_kv))
+        .meta(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
+        .meta(&key("rope.dimension_count"), u(n_embd / n_head));
+    match gemma_window {
+        // Gemma's global layers rotate with base 1e6 (the local ones with 1e4, fixed).
+        Some(window) => w
+            .meta(&key("rope.freq_base"), Value::F32(1_000_000.0))
+            .meta(&key("attention.sliding_window"), u(window)),
+        None => w.meta(&key("rope.freq_base"), Value::F32(10000.0)),
+    };
     for (k, v) in vocab {
         w.meta(&k, v);
     }
@@ -128,7 +164,8 @@ pub fn synth_llama(
         return w;
     }
     let e = n_embd as u64;
-    let kv = (n_embd / n_head * n_head_kv) as u64;
+    let hd = (n_embd / n_head) as u64;
+    let kv = hd * n_head_kv as u64;
     let f = n_ff as u64;
     let ones = |n: u64| quantize_row(GgmlType::F32, &vec![1.0; n as usize]);
     let mut seed = 1u64;
@@ -139,7 +176,9 @@ pub fn synth_llama(
     };
     mat(&mut w, "token_embd.weight", e, n_vocab);
     w.tensor("output_norm.weight", &[e], GgmlType::F32, ones(e));
-    mat(&mut w, "output.weight", e, n_vocab);
+    if gemma_window.is_none() {
+        mat(&mut w, "output.weight", e, n_vocab);
+    }
     for i in 0..n_layer {
         let b = |t: &str| format!("blk.{i}.{t}.weight");
         w.tensor(&b("attn_norm"), &[e], GgmlType::F32, ones(e));
@@ -151,6 +190,12 @@ pub fn synth_llama(
         mat(&mut w, &b("ffn_gate"), e, f);
         mat(&mut w, &b("ffn_up"), e, f);
         mat(&mut w, &b("ffn_down"), f, e);
+        if gemma_window.is_some() {
+            w.tensor(&b("attn_q_norm"), &[hd], GgmlType::F32, ones(hd));
+            w.tensor(&b("attn_k_norm"), &[hd], GgmlType::F32, ones(hd));
+            w.tensor(&b("post_attention_norm"), &[e], GgmlType::F32, ones(e));
+            w.tensor(&b("post_ffw_norm"), &[e], GgmlType::F32, ones(e));
+        }
     }
     w
 }

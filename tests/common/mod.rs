@@ -151,16 +151,24 @@ pub fn tiny_parts(
     gpu: Arc<Gpu>,
     ty: wgllm::gguf::GgmlType,
 ) -> (Arc<wgllm::model::Model>, wgllm::tokenizer::Tokenizer) {
+    use wgllm::model::synth::synth_llama;
+    let w = synth_llama(TINY, ty, tiny_vocab(), 256, 0.5, false);
+    load_synth(gpu, w)
+}
+
+/// The tiny model's dimensions: 2 layers (6 for the gemma3 one), 64 wide, 4 heads.
+const TINY: wgllm::model::synth::SynthShape = wgllm::model::synth::SynthShape {
+    n_embd: 64,
+    n_layer: 2,
+    n_ff: 128,
+    n_head: 4,
+    n_head_kv: 2,
+};
+
+/// An SPM vocabulary of 256 `<i>` tokens, enough for an engine: tests feed token ids.
+fn tiny_vocab() -> Vec<(String, wgllm::gguf::Value)> {
     use wgllm::gguf::Value;
-    use wgllm::model::synth::{synth_llama, SynthShape};
-    let shape = SynthShape {
-        n_embd: 64,
-        n_layer: 2,
-        n_ff: 128,
-        n_head: 4,
-        n_head_kv: 2,
-    };
-    let vocab = vec![
+    vec![
         (
             "tokenizer.ggml.tokens".to_string(),
             Value::Array((0..256).map(|i| Value::String(format!("<{i}>"))).collect()),
@@ -169,15 +177,40 @@ pub fn tiny_parts(
             "tokenizer.ggml.model".to_string(),
             Value::String("llama".into()),
         ),
-    ];
+    ]
+}
+
+/// A tiny gemma3 with random f32 weights: six layers (five with a sliding window of
+/// `window`, the sixth global), one KV head of 16.
+pub fn tiny_gemma3(gpu: Arc<Gpu>, window: u32) -> Arc<wgllm::model::Model> {
+    use wgllm::model::synth::{synth_gemma3, SynthShape};
+    let shape = SynthShape {
+        n_layer: 6,
+        n_head_kv: 1,
+        ..TINY
+    };
+    let w = synth_gemma3(
+        shape,
+        wgllm::gguf::GgmlType::F32,
+        tiny_vocab(),
+        256,
+        0.5,
+        window,
+    );
+    load_synth(gpu, w).0
+}
+
+/// Writes a synthetic GGUF to a temporary file and loads model and tokenizer from it.
+fn load_synth(
+    gpu: Arc<Gpu>,
+    w: wgllm::gguf::GgufWriter,
+) -> (Arc<wgllm::model::Model>, wgllm::tokenizer::Tokenizer) {
     let path = std::env::temp_dir().join(format!(
         "wgllm-tiny-{}-{:?}.gguf",
         std::process::id(),
         std::thread::current().id()
     ));
-    synth_llama(shape, ty, vocab, 256, 0.5, false)
-        .write(&path)
-        .unwrap();
+    w.write(&path).unwrap();
     let f = wgllm::gguf::GgufFile::open(&path).unwrap();
     let model = wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap();
     let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
