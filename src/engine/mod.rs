@@ -101,8 +101,12 @@ impl Engine {
         }
         let f = GgufFile::open(path)?;
         // The architecture first: the clearest error comes first.
-        crate::model::Hparams::from_gguf(&f)?;
-        let tokenizer = Tokenizer::from_gguf(&f)?;
+        let mut tokenizer = Tokenizer::from_gguf(&f)?;
+        let hp = crate::model::Hparams::from_gguf(&f)?;
+        if tokenizer.chat_template().is_none() && hp.arch == crate::model::Arch::Gemma3 {
+            log::info!("the GGUF has no chat template: using Gemma's turn format (llama.cpp would use ChatML)");
+            tokenizer.set_default_chat_template(crate::tokenizer::GEMMA);
+        }
         let gpu = Gpu::new(&opts.gpu)?;
         let mut e = Self::load_on(gpu, &f, tokenizer, opts, progress)?;
         e.load_time = start.elapsed();

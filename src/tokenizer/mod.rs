@@ -20,7 +20,7 @@ use std::collections::{BTreeSet, HashMap};
 use crate::gguf::GgufFile;
 
 use special::Fragment;
-pub use template::{apply_chat_template, ChatMessage, TemplateError, CHATML};
+pub use template::{apply_chat_template, ChatMessage, TemplateError, CHATML, GEMMA};
 
 /// Why a model's tokenizer could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -322,6 +322,13 @@ impl Tokenizer {
         self.tokens
             .get(id as usize)
             .is_some_and(|t| t.attr & attr::CONTROL != 0)
+    }
+
+    /// Uses `template` where the GGUF has none (a built-in one of the architecture).
+    pub fn set_default_chat_template(&mut self, template: &str) {
+        if self.chat_template.is_none() {
+            self.chat_template = Some(template.to_string());
+        }
     }
 
     /// `tokenizer.chat_template`, if the model has one.

@@ -28,6 +28,19 @@ impl ChatMessage {
 pub const CHATML: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}\
                           {% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/// Gemma's turn format, for Gemma GGUFs that carry no template (llama.cpp falls back to
+/// ChatML there, which the model was never trained on). Gemma has no system role: a
+/// system message is put before the next user turn's text, as Gemma's own template does.
+pub const GEMMA: &str = "{%- set ns = namespace(system='') -%}\
+{%- for m in messages -%}\
+{%- if m['role'] == 'system' -%}{%- set ns.system = ns.system + m['content'] | trim + '\n\n' -%}\
+{%- else -%}\
+{{- '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + ns.system + m['content'] | trim + '<end_of_turn>\n' -}}\
+{%- set ns.system = '' -%}\
+{%- endif -%}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}";
+
 /// Why a chat template could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {

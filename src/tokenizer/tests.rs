@@ -578,6 +578,37 @@ fn gemma3_matches_llama_cpp_references() {
     assert!(n >= 4, "expected the Gemma reference files, found {n}");
 }
 
+/// The built-in Gemma turn format: no system role (its text joins the next user turn),
+/// `model` for the assistant, trimmed contents.
+#[test]
+fn gemma_turn_format() {
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi "),
+        ChatMessage::new("assistant", "Hello."),
+        ChatMessage::new("user", "Write one sentence about the moon."),
+    ];
+    let got = apply_chat_template(GEMMA, &msgs, true, "<bos>", "<eos>").unwrap();
+    assert_eq!(
+        got,
+        "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
+         <start_of_turn>user\nWrite one sentence about the moon.<end_of_turn>\n<start_of_turn>model\n"
+    );
+    // The reference prompt ../shared/reference/gemma-chat.txt is this format.
+    let one = [ChatMessage::new(
+        "user",
+        "Write one sentence about the moon.",
+    )];
+    let want = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/gemma-chat.txt"),
+    )
+    .unwrap();
+    assert_eq!(
+        apply_chat_template(GEMMA, &one, true, "", "").unwrap(),
+        want
+    );
+}
+
 #[test]
 fn gemma3_tricky_text() {
     let t = gemma3();
