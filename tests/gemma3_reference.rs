@@ -89,7 +89,7 @@ fn context_shifts_through_the_rolling_buffer_match_llama_cpp() {
     let (mut i, mut n_past, mut checked, mut shifts) = (0usize, 0i32, 0usize, 0);
     let mut shifted_at = None::<usize>;
     let wanted = |step: usize, shifted_at: Option<usize>| {
-        step % 16 == 0 || step + 16 >= n_steps || shifted_at.is_some_and(|a| step < a + 64)
+        step.is_multiple_of(16) || step + 16 >= n_steps || shifted_at.is_some_and(|a| step < a + 64)
     };
     while i < stream.len() {
         if n_past + 1 >= n_ctx as i32 {
