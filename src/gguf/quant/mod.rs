@@ -30,12 +30,20 @@
 //!
 //! Rows are padded with zero words to whole GPU blocks (only F32/F16 rows can be ragged).
 
+mod bf16;
 mod fp16;
 mod fp32;
+mod iq4;
+mod kquant;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
+mod q4_k;
 mod q5_0;
 mod q5_1;
+mod q5_k;
+mod q6_k;
 mod q8_0;
 
 #[cfg(test)]
@@ -113,6 +121,14 @@ pub static FORMATS: &[&dyn QuantFormat] = &[
     &q5_0::Q5_0,
     &q5_1::Q5_1,
     &q8_0::Q8_0,
+    &q2_k::Q2K,
+    &q3_k::Q3K,
+    &q4_k::Q4K,
+    &q5_k::Q5K,
+    &q6_k::Q6K,
+    &bf16::BF16,
+    &iq4::IQ4_NL,
+    &iq4::IQ4_XS,
 ];
 
 /// The format of `ty`, or None when no kernel reads it.
@@ -144,17 +160,10 @@ fn names<'a>(it: impl Iterator<Item = &'a dyn QuantFormat>) -> String {
         .join(", ")
 }
 
-/// Dequantizes `out.len()` elements of type `ty` from `src` (whole blocks): any registered
-/// format, plus BF16, which only norm vectors use (no kernel reads it, so it is no format).
-/// Panics if `ty` is neither or `src` is short: callers check the type and size `src`
-/// from the tensor table first.
+/// Dequantizes `out.len()` elements of type `ty` from `src` (whole blocks), for any
+/// registered format. Panics if `ty` is none or `src` is short: callers check the type and
+/// size `src` from the tensor table first.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
-    if ty == GgmlType::Bf16 {
-        for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-            *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
-        }
-        return;
-    }
     match format(ty) {
         Some(f) => f.dequantize(src, out),
         None => panic!("dequantize_row: no CPU reference for {ty}"),
@@ -201,6 +210,27 @@ pub(crate) fn signed_absmax(blk: &[f32]) -> f32 {
     blk.iter()
         .copied()
         .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m })
+}
+
+/// Four words of nibbles in the GPU's 4-bit order: byte j holds weight j in its low nibble
+/// and weight j + 16 in its high one (`q(i)` is weight i's value, below 16).
+pub(crate) fn nibble_words(q: impl Fn(usize) -> u8) -> [u32; 4] {
+    std::array::from_fn(|w| {
+        (0..4).fold(0, |acc, b| {
+            let j = 4 * w + b;
+            acc | ((q(j) & 0xF) as u32 | ((q(j + 16) & 0xF) as u32) << 4) << (8 * b)
+        })
+    })
+}
+
+/// One word of 2-bit fields: weight `first + i` at bits 2i, 2i+1 (16 weights).
+pub(crate) fn pair_word(first: usize, q: impl Fn(usize) -> u8) -> u32 {
+    (0..16).fold(0, |acc, i| acc | ((q(first + i) & 3) as u32) << (2 * i))
+}
+
+/// One word of bits: bit i is `q(i)`'s bit `bit` (32 weights).
+pub(crate) fn bit_word(bit: u32, q: impl Fn(usize) -> u8) -> u32 {
+    (0..32).fold(0, |acc, i| acc | ((q(i) as u32 >> bit) & 1) << i)
 }
 
 /// (min, max) of a block.
