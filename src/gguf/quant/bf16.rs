@@ -30,7 +30,10 @@ impl QuantFormat for BF16 {
         }
     }
     fn quantizer(&self) -> Option<Quantizer> {
-        Some(|src, out| src.iter().for_each(|v| out.extend(to_bf16(*v).to_le_bytes())))
+        Some(|src, out| {
+            src.iter()
+                .for_each(|v| out.extend(to_bf16(*v).to_le_bytes()))
+        })
     }
     fn wgsl(&self) -> &'static str {
         include_str!("../../../shaders/quant_bf16.wgsl")

@@ -139,9 +139,10 @@ fn quantize_xs(src: &[f32], out: &mut Vec<u8>) {
             acc | (((l + 32) as u16 >> 4) << (2 * s))
         });
         out.extend(hi.to_le_bytes());
-        out.extend((0..4).map(|i| {
-            ((ls[2 * i] + 32) as u8 & 0xF) | ((ls[2 * i + 1] + 32) as u8 & 0xF) << 4
-        }));
+        out.extend(
+            (0..4)
+                .map(|i| ((ls[2 * i] + 32) as u8 & 0xF) | ((ls[2 * i + 1] + 32) as u8 & 0xF) << 4),
+        );
         for s in 0..8 {
             out.extend(pack(|j| q[32 * s + j] as u8));
         }

@@ -68,9 +68,7 @@ impl QuantFormat for Q6K {
 
 fn quantize(src: &[f32], out: &mut Vec<u8>) {
     for blk in src.chunks_exact(QK_K) {
-        let (d, sc, q) = fit_symmetric(blk, 16, 32.0, 127, |v| {
-            (v.round() as i32).clamp(-32, 31)
-        });
+        let (d, sc, q) = fit_symmetric(blk, 16, 32.0, 127, |v| (v.round() as i32).clamp(-32, 31));
         let mut b = [0u8; BYTES];
         for (e, &q) in q.iter().enumerate() {
             let u = (q + 32) as u8;
