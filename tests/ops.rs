@@ -804,7 +804,7 @@ fn unknown_variants_are_refused() {
     let (_, gpu, _serial) = gpus().next().expect("a test GPU");
     for key in [
         KernelKey::Softmax { wg: 128 },
-        KernelKey::GetRows { ty: GgmlType::Q6K },
+        KernelKey::GetRows { ty: GgmlType::Q8K },
         KernelKey::MatmulWg {
             ty: GgmlType::Q4_0,
             tb: 2,
