@@ -15,13 +15,22 @@
 //!   on a word boundary (WGSL storage arrays hold 4-byte elements, and unaligned byte fields
 //!   would cost two loads and shifts per field in the innermost loop).
 //! * **Bigger file blocks.** A format whose file block is larger than 32 elements (the
-//!   k-quants: 256 elements with 6-bit packed sub-block scales) repacks each file block into
-//!   `elements / 32` GPU sub-blocks, each carrying its own ready-to-use scale and min
-//!   (an f32, or an f16 pair in one word). Kernels then never see the 256-element block, so
-//!   such a type needs only its own implementation and snippet, not kernel changes.
+//!   k-quants and IQ4_XS: 256 elements with packed sub-block scales) repacks each file block
+//!   into `elements / 32` GPU sub-blocks, each carrying its own scale (and min). Kernels then
+//!   never see the 256-element block, so such a type needs only its own implementation and
+//!   snippet, not kernel changes. The header keeps the file's values *exactly*: a sub-block
+//!   scale is an f16 `d` times a small integer, which f32 holds without rounding, so either
+//!   the repack stores the f32 products (Q4_K, Q5_K: scale and -min; IQ4_XS), or, where a
+//!   32-element GPU block spans two of the file's 16-element sub-blocks (Q2_K, Q3_K, Q6_K),
+//!   it stores the f16 `d` (and `dmin`) with the two integer codes in one or two words and
+//!   the snippet multiplies. Either way the GPU computes the CPU reference's values to the
+//!   bit (at most the one rounding an FMA saves), at the cost of a word or two per 32
+//!   elements over the file's size (Q4_K: 6 words, Q5_K and Q6_K: 7, Q2_K and Q3_K: 4).
 //! * **WGSL snippet.** [`QuantFormat::wgsl`] is prepended to the matmul and get_rows kernels
 //!   (which declare `w: array<u32>` and `WB_SLOTS`). It defines `QK` (= 32), `WPB` (words per
-//!   GPU block), and reads one GPU block starting at word `base`:
+//!   GPU block), and reads one GPU block starting at word `base` (formats of one family
+//!   share a body, `concat!`ed after a small header: `quant_q4.wgsl` for Q4_0/Q4_1/Q4_K,
+//!   `quant_q5.wgsl` for Q5_0/Q5_1/Q5_K, `quant_iq4.wgsl` for IQ4_NL/IQ4_XS):
 //!   - `load_block(base, slot)`: all 32 values into `wb[slot * 8 .. slot * 8 + 8]` (vec4s);
 //!   - `load_quarter(base, q) -> Quarter`: 8 of the values as two vec4s `a`, `b` plus the
 //!     vec4 indices `ia`, `ib` (0..8) they have within the block; the four quarters cover
@@ -171,8 +180,15 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
 }
 
 /// Quantizes one row (a whole number of blocks) to `ty`, or None without a quantizer.
+/// Panics if `src` is not a whole number of `ty`'s blocks.
 pub fn try_quantize_row(ty: GgmlType, src: &[f32]) -> Option<Vec<u8>> {
-    let q = format(ty)?.quantizer()?;
+    let f = format(ty)?;
+    let q = f.quantizer()?;
+    assert!(
+        src.len().is_multiple_of(f.file_block().0),
+        "quantize_row: {} values are not whole {ty} blocks",
+        src.len()
+    );
     let mut out = Vec::new();
     q(src, &mut out);
     Some(out)

@@ -60,8 +60,8 @@ fn quantize(src: &[f32], out: &mut Vec<u8>) {
     for blk in src.chunks_exact(QK_K) {
         let f = fit_affine(blk, 16, 3, 15);
         let mut b = [0u8; BYTES];
-        for i in 0..16 {
-            b[i] = f.sc[i] | f.m[i] << 4;
+        for (b, (sc, m)) in b.iter_mut().zip(f.sc.iter().zip(&f.m)) {
+            *b = sc | m << 4;
         }
         for (e, &q) in f.q.iter().enumerate() {
             let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
