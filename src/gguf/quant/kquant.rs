@@ -37,9 +37,7 @@ fn f16_round(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
 }
 
-/// x ≈ (d sc) q - (dmin m) with q in 0..=qmax per sub-block of `sub` weights, sc and m in
-/// 0..=smax: (d, dmin, sc per sub-block, m per sub-block, q per weight). d and dmin are
-/// f16-exact; a sub-block's min is taken at most 0, as m is unsigned.
+/// An affine fit of one 256-weight block, see [`fit_affine`].
 pub struct Affine {
     pub d: f32,
     pub dmin: f32,
@@ -48,6 +46,9 @@ pub struct Affine {
     pub q: Vec<u8>,
 }
 
+/// x ≈ (d sc) q - (dmin m) with q in 0..=qmax per sub-block of `sub` weights, sc and m in
+/// 0..=smax: d, dmin (f16-exact), sc and m per sub-block, q per weight. A sub-block's min
+/// is taken at most 0, as m is unsigned.
 pub fn fit_affine(blk: &[f32], sub: usize, qmax: u8, smax: u8) -> Affine {
     let fits: Vec<(f32, f32)> = blk
         .chunks_exact(sub)

@@ -193,3 +193,25 @@ fn every_format_is_in_the_validated_kernel_space() {
         }
     }
 }
+
+/// The 6-bit scale packing of Q4_K/Q5_K reads back what it packed, every bit of every
+/// sub-block on its own.
+#[test]
+fn k4_scales_round_trip() {
+    use super::kquant::{k4_pack, k4_scale_min};
+    for j in 0..8 {
+        for bit in 0..6 {
+            let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+            sc[j] = 1 << bit;
+            m[(j + 3) % 8] = 1 << bit;
+            let packed = k4_pack(&sc, &m);
+            for i in 0..8 {
+                assert_eq!(
+                    k4_scale_min(&packed, i),
+                    (sc[i], m[i]),
+                    "j {j} bit {bit} i {i}"
+                );
+            }
+        }
+    }
+}
