@@ -1,44 +1,10 @@
-// Q4_0, GPU layout of 5 words per 32 weights: [d (f16, low half)] [qs: 4 words].
-// Weight j < 16 is the low nibble of byte j, weight j + 16 its high nibble; x = (q - 8) d.
+// Q4_0, GPU layout of 5 words per 32 weights: [d (f16, low half)] [qs: 4 words];
+// x = (q - 8) d, computed as q d - 8 d (both products exact in f32, so the same value).
 const QK: u32 = 32u;
 const WPB: u32 = 5u;
+const Q4_QS: u32 = 1u;
 
-// Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
-var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
-
-fn nibbles(q: u32, shift: u32) -> vec4<f32> {
-    return vec4<f32>(vec4<u32>(q >> shift, q >> (shift + 8u), q >> (shift + 16u), q >> (shift + 24u)) & vec4<u32>(15u));
-}
-
-fn load_block(base: u32, slot: u32) {
-    let o8 = slot * 8u;
+fn q4_dm(base: u32) -> vec2<f32> {
     let d = unpack2x16float(w[base]).x;
-    for (var i = 0u; i < 4u; i++) {
-        let q = w[base + 1u + i];
-        wb[o8 + i] = (nibbles(q, 0u) - 8.0) * d;
-        wb[o8 + i + 4u] = (nibbles(q, 4u) - 8.0) * d;
-    }
-}
-
-fn deq_elem(row_base: u32, j: u32) -> f32 {
-    let base = row_base + (j / 32u) * WPB;
-    let k = j % 32u;
-    let byte = (w[base + 1u + (k % 16u) / 4u] >> (8u * (k % 4u))) & 0xFFu;
-    let q = select(byte & 15u, byte >> 4u, k >= 16u);
-    return (f32(q) - 8.0) * unpack2x16float(w[base]).x;
-}
-
-// A quarter block (qs word q): its 8 weights, which land in wb slots q (low nibbles) and
-// q + 4 (high nibbles). Consecutive invocations reading consecutive quarters coalesce.
-struct Quarter {
-    a: vec4<f32>,
-    b: vec4<f32>,
-    ia: u32,
-    ib: u32,
-}
-
-fn load_quarter(base: u32, q: u32) -> Quarter {
-    let d = unpack2x16float(w[base]).x;
-    let v = w[base + 1u + q];
-    return Quarter((nibbles(v, 0u) - 8.0) * d, (nibbles(v, 4u) - 8.0) * d, q, q + 4u);
+    return vec2<f32>(d, -8.0 * d);
 }

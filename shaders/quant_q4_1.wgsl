@@ -1,44 +1,8 @@
 // Q4_1, the file's own 5-word block: [d, m (f16 pair)] [qs: 4 words]; x = q d + m.
 const QK: u32 = 32u;
 const WPB: u32 = 5u;
+const Q4_QS: u32 = 1u;
 
-// Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
-var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
-
-fn nibbles(q: u32, shift: u32) -> vec4<f32> {
-    return vec4<f32>(vec4<u32>(q >> shift, q >> (shift + 8u), q >> (shift + 16u), q >> (shift + 24u)) & vec4<u32>(15u));
-}
-
-fn load_block(base: u32, slot: u32) {
-    let o8 = slot * 8u;
-    let dm = unpack2x16float(w[base]);
-    for (var i = 0u; i < 4u; i++) {
-        let q = w[base + 1u + i];
-        wb[o8 + i] = nibbles(q, 0u) * dm.x + dm.y;
-        wb[o8 + i + 4u] = nibbles(q, 4u) * dm.x + dm.y;
-    }
-}
-
-fn deq_elem(row_base: u32, j: u32) -> f32 {
-    let base = row_base + (j / 32u) * WPB;
-    let k = j % 32u;
-    let byte = (w[base + 1u + (k % 16u) / 4u] >> (8u * (k % 4u))) & 0xFFu;
-    let q = select(byte & 15u, byte >> 4u, k >= 16u);
-    let dm = unpack2x16float(w[base]);
-    return f32(q) * dm.x + dm.y;
-}
-
-// A quarter block (qs word q): its 8 weights, which land in wb slots q (low nibbles) and
-// q + 4 (high nibbles). Consecutive invocations reading consecutive quarters coalesce.
-struct Quarter {
-    a: vec4<f32>,
-    b: vec4<f32>,
-    ia: u32,
-    ib: u32,
-}
-
-fn load_quarter(base: u32, q: u32) -> Quarter {
-    let dm = unpack2x16float(w[base]);
-    let v = w[base + 1u + q];
-    return Quarter(nibbles(v, 0u) * dm.x + dm.y, nibbles(v, 4u) * dm.x + dm.y, q, q + 4u);
+fn q4_dm(base: u32) -> vec2<f32> {
+    return unpack2x16float(w[base]);
 }

@@ -1,52 +1,8 @@
-// Q5_1, the file's own 6-word block: [d, m (f16 pair)] [qh] [qs: 4 words].
-// Weight j < 16 is the low nibble of qs byte j, weight j + 16 its high nibble; bit j of qh
-// is weight j's 5th bit; x = q d + m.
+// Q5_1, the file's own 6-word block: [d, m (f16 pair)] [qh] [qs: 4 words]; x = q d + m.
 const QK: u32 = 32u;
 const WPB: u32 = 6u;
+const Q5_H: u32 = 1u;
 
-// Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
-var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
-
-// The four 5-bit values of qs word `q` at nibble `shift` (0 or 4), whose 5th bits are
-// bits s..s+3 of `h`.
-fn q5(q: u32, shift: u32, h: u32, s: u32) -> vec4<f32> {
-    let lo = vec4<u32>(q >> shift, q >> (shift + 8u), q >> (shift + 16u), q >> (shift + 24u)) & vec4<u32>(15u);
-    let hi = (vec4<u32>(h >> s, h >> (s + 1u), h >> (s + 2u), h >> (s + 3u)) & vec4<u32>(1u)) << vec4<u32>(4u);
-    return vec4<f32>(lo | hi);
-}
-
-fn load_block(base: u32, slot: u32) {
-    let o8 = slot * 8u;
-    let dm = unpack2x16float(w[base]);
-    let h = w[base + 1u];
-    for (var i = 0u; i < 4u; i++) {
-        let q = w[base + 2u + i];
-        wb[o8 + i] = q5(q, 0u, h, 4u * i) * dm.x + dm.y;
-        wb[o8 + i + 4u] = q5(q, 4u, h, 16u + 4u * i) * dm.x + dm.y;
-    }
-}
-
-fn deq_elem(row_base: u32, j: u32) -> f32 {
-    let base = row_base + (j / 32u) * WPB;
-    let k = j % 32u;
-    let byte = (w[base + 2u + (k % 16u) / 4u] >> (8u * (k % 4u))) & 0xFFu;
-    let q = select(byte & 15u, byte >> 4u, k >= 16u) | (((w[base + 1u] >> k) & 1u) << 4u);
-    let dm = unpack2x16float(w[base]);
-    return f32(q) * dm.x + dm.y;
-}
-
-// A quarter block (qs word q): its 8 weights, which land in wb slots q (low nibbles) and
-// q + 4 (high nibbles). Consecutive invocations reading consecutive quarters coalesce.
-struct Quarter {
-    a: vec4<f32>,
-    b: vec4<f32>,
-    ia: u32,
-    ib: u32,
-}
-
-fn load_quarter(base: u32, q: u32) -> Quarter {
-    let dm = unpack2x16float(w[base]);
-    let h = w[base + 1u];
-    let v = w[base + 2u + q];
-    return Quarter(q5(v, 0u, h, 4u * q) * dm.x + dm.y, q5(v, 4u, h, 16u + 4u * q) * dm.x + dm.y, q, q + 4u);
+fn q5_dm(base: u32) -> vec2<f32> {
+    return unpack2x16float(w[base]);
 }

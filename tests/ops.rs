@@ -18,7 +18,7 @@ use wgllm::ops::set_rows::{set_rows, set_rows_ref};
 use wgllm::ops::softmax::{softmax, softmax_ref, SoftmaxParams};
 use wgllm::ops::{nmse, run_now, KernelKey, View, Weight};
 
-const WEIGHT_TYPES: [GgmlType; 7] = [
+const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -26,7 +26,25 @@ const WEIGHT_TYPES: [GgmlType; 7] = [
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Bf16,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
 ];
+
+/// A random row length for `ty`: 1 to `max_blocks` blocks of 32, or 1 or 2 blocks of 256
+/// for the 256-weight formats.
+fn n_cols(ty: GgmlType, rng: &mut Rng, max_blocks: u32) -> usize {
+    if ty.block_size() > 32 {
+        ty.block_size() * (1 + rng.below(2) as usize)
+    } else {
+        32 * (1 + rng.below(max_blocks) as usize)
+    }
+}
 
 fn up_f32(gpu: &Gpu, data: &[f32]) -> View {
     View::whole(&gpu.upload("test", bytemuck::cast_slice(data)).unwrap())
@@ -57,7 +75,7 @@ fn get_rows_matches_reference() {
     let mut rng = Rng(1);
     for (name, gpu, _serial) in gpus() {
         for ty in WEIGHT_TYPES {
-            let (n_cols, n_rows) = (32 * (1 + rng.below(6) as usize), 1 + rng.below(40) as usize);
+            let (n_cols, n_rows) = (n_cols(ty, &mut rng, 6), 1 + rng.below(40) as usize);
             let data = quantized(ty, &mut rng, n_cols, n_rows);
             let ids: Vec<u32> = (0..1 + rng.below(9))
                 .map(|_| rng.below(n_rows as u32))
@@ -83,7 +101,7 @@ fn matmul_matches_reference() {
     for (name, gpu, _serial) in gpus() {
         for ty in WEIGHT_TYPES {
             for n_tok in [1usize, 3, 8, 13, 70] {
-                let k = 32 * (1 + rng.below(8) as usize);
+                let k = n_cols(ty, &mut rng, 8);
                 let n = 1 + rng.below(150) as usize;
                 let data = quantized(ty, &mut rng, k, n);
                 let x = rng.vec(k * n_tok);
@@ -161,7 +179,7 @@ fn gpu_shaped_matmul_odd_shapes() {
                 if n > 2048 && ty != GgmlType::Q4_1 {
                     continue;
                 }
-                let k = 32 * (1 + rng.below(6) as usize);
+                let k = n_cols(ty, &mut rng, 6);
                 let data = quantized(ty, &mut rng, k, n);
                 let x = rng.vec(k * n_tok);
                 let w = Weight::upload(gpu, "w", ty, k, n, &data).unwrap();
@@ -786,7 +804,7 @@ fn unknown_variants_are_refused() {
     let (_, gpu, _serial) = gpus().next().expect("a test GPU");
     for key in [
         KernelKey::Softmax { wg: 128 },
-        KernelKey::GetRows { ty: GgmlType::Q6K },
+        KernelKey::GetRows { ty: GgmlType::Q8K },
         KernelKey::MatmulWg {
             ty: GgmlType::Q4_0,
             tb: 2,

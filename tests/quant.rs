@@ -1,7 +1,12 @@
-//! Weight formats on real GGUF blocks: the CPU dequantization against a decoder written
-//! here from the block layouts alone, and the GPU's (get_rows, matmul) against the CPU's.
-//! Q5_0 and Q8_0 blocks come from Gemma-3-270M Q4_K_M, Q4_1 blocks from SmolLM2-135M; a
-//! missing model file fails the test (it is never skipped).
+//! Weight formats on real GGUF blocks: the CPU dequantization against an independent
+//! decoder, and the GPU's (get_rows, matmul) against the CPU's.
+//! * Q5_0 and Q8_0 blocks come from Gemma-3-270M Q4_K_M, Q4_1 blocks from SmolLM2-135M,
+//!   checked against a decoder written here from the block layouts alone; a missing model
+//!   file fails the test (it is never skipped).
+//! * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, IQ4_NL and IQ4_XS blocks are checked-in fixtures
+//!   (`tests/data/quant/`, written by `scripts/make-quant-fixtures.py`): 2048 weights of
+//!   llama-quantize output per type and their values as gguf-py's numpy dequantization
+//!   gives them.
 
 mod common;
 
@@ -181,6 +186,136 @@ fn gpu_dequantization_of_real_blocks_matches_the_cpu() {
             let want = matmul_ref(r.ty, &r.data, r.n_cols, r.n_rows, &x, n_tok);
             let e = nmse(&want, &got);
             assert!(e <= 1e-9, "{name} matmul {} {}: nmse {e:e}", r.name, r.ty);
+        }
+    }
+}
+
+/// A fixture of `tests/data/quant/`: 8 chunks of 256 real weights of type `ty` (whole
+/// file blocks) and gguf-py's values for them.
+struct Fixture {
+    ty: GgmlType,
+    bytes: Vec<u8>,
+    values: Vec<f32>,
+}
+
+const FIXTURE_TYPES: [GgmlType; 8] = [
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Bf16,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+];
+
+fn fixtures() -> Vec<Fixture> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/quant");
+    FIXTURE_TYPES
+        .iter()
+        .map(|&ty| {
+            let read = |ext: &str| std::fs::read(dir.join(format!("{ty}.{ext}"))).unwrap();
+            let bytes = read("bin");
+            let values: Vec<f32> = read("f32")
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(values.len(), 2048, "{ty}");
+            assert_eq!(
+                bytes.len() as u64,
+                ty.row_bytes(2048).unwrap(),
+                "{ty}: fixture size"
+            );
+            Fixture { ty, bytes, values }
+        })
+        .collect()
+}
+
+impl Fixture {
+    /// A [n_cols, n_rows] matrix of the fixture's 256-weight chunks in a scrambled order
+    /// (every row a different mix), with its values.
+    fn matrix(&self, n_cols: usize, n_rows: usize) -> (Vec<u8>, Vec<f32>) {
+        let cb = self.bytes.len() / 8;
+        let (mut bytes, mut values) = (Vec::new(), Vec::new());
+        for r in 0..n_rows {
+            for c in 0..n_cols / 256 {
+                let i = (3 * r + 5 * c + r / 8) % 8;
+                bytes.extend_from_slice(&self.bytes[i * cb..][..cb]);
+                values.extend_from_slice(&self.values[i * 256..][..256]);
+            }
+        }
+        (bytes, values)
+    }
+}
+
+#[test]
+fn cpu_dequantization_of_fixture_blocks_matches_gguf_py() {
+    for f in fixtures() {
+        let mut out = vec![0f32; 2048];
+        quant::dequantize_row(f.ty, &f.bytes, &mut out);
+        for (i, (g, w)) in out.iter().zip(&f.values).enumerate() {
+            // numpy computes in f32 in the same order: the same value, or one rounding off.
+            assert!(
+                (g - w).abs() <= w.abs() * 1.2e-7,
+                "{}: weight {i}: {g} vs gguf-py {w}",
+                f.ty
+            );
+        }
+        let rms = (out.iter().map(|v| v * v).sum::<f32>() / out.len() as f32).sqrt();
+        assert!(rms > 1e-3 && rms < 1.0, "{}: rms {rms}", f.ty);
+        // Real blocks use many levels (all sub-block scales and codes get exercised).
+        let mut distinct: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 100, "{}: {} values", f.ty, distinct.len());
+    }
+}
+
+#[test]
+fn gpu_dequantization_of_fixture_blocks_matches_the_cpu() {
+    let fixtures = fixtures();
+    let mut rng = Rng(9);
+    for (name, gpu, _serial) in gpus() {
+        for f in &fixtures {
+            let (n_cols, n_rows) = (1024, 24);
+            let (data, values) = f.matrix(n_cols, n_rows);
+            let w = Weight::upload(gpu, "fixture", f.ty, n_cols, n_rows, &data).unwrap();
+            let mut ids: Vec<u32> = vec![0, n_rows as u32 - 1];
+            ids.extend((0..6).map(|_| rng.below(n_rows as u32)));
+            let id_buf = View::whole(&gpu.upload("ids", bytemuck::cast_slice(&ids)).unwrap());
+            let dst = View::whole(
+                &gpu.storage("rows", (ids.len() * n_cols * 4) as u64)
+                    .unwrap(),
+            );
+            run_now(
+                gpu,
+                &get_rows(gpu, &w, &id_buf, ids.len() as u32, &dst).unwrap(),
+            )
+            .unwrap();
+            let got = gpu.read_f32(&dst.buf, 0, ids.len() * n_cols).unwrap();
+            for (t, &r) in ids.iter().enumerate() {
+                let want = &values[r as usize * n_cols..][..n_cols];
+                for (j, (g, w)) in got[t * n_cols..][..n_cols].iter().zip(want).enumerate() {
+                    // The GPU may fuse the scale and offset into one FMA: one rounding apart.
+                    assert!(
+                        (g - w).abs() <= w.abs() * 2.4e-7,
+                        "{name} get_rows {}: row {r} weight {j}: {g} vs {w}",
+                        f.ty
+                    );
+                }
+            }
+
+            // 1 and 3 tokens take the vector kernels, 9 the tiled one on GPU-shaped devices.
+            for n_tok in [1usize, 3, 9] {
+                let x = rng.vec(n_cols * n_tok);
+                let xv = View::whole(&gpu.upload("x", bytemuck::cast_slice(&x)).unwrap());
+                let dst = View::whole(&gpu.storage("y", (n_rows * n_tok * 4) as u64).unwrap());
+                run_now(gpu, &matmul(gpu, &w, &xv, n_tok as u32, &dst).unwrap()).unwrap();
+                let got = gpu.read_f32(&dst.buf, 0, n_rows * n_tok).unwrap();
+                let want = matmul_ref(f.ty, &data, n_cols, n_rows, &x, n_tok);
+                let e = nmse(&want, &got);
+                assert!(e <= 1e-9, "{name} matmul {} T={n_tok}: nmse {e:e}", f.ty);
+            }
         }
     }
 }

@@ -42,6 +42,16 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
             quant::quantizable_names()
         ),
     };
+    let bs = ty.block_size() as u32;
+    if !shape.n_embd.is_multiple_of(bs) || !shape.n_ff.is_multiple_of(bs) {
+        bail!(
+            "{ty} stores rows in blocks of {bs} weights, and the {} shape's rows of {} and {} \
+             are not whole blocks",
+            a.shape,
+            shape.n_embd,
+            shape.n_ff
+        );
+    }
     let src = GgufFile::open(&a.vocab_from)?;
     let n_vocab = src
         .get_array("tokenizer.ggml.tokens")

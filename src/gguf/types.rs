@@ -20,6 +20,8 @@ pub enum GgmlType {
     Q5K,
     Q6K,
     Q8K,
+    Iq4Nl,
+    Iq4Xs,
     Bf16,
     /// A type id this build does not know; kept so errors can name it.
     Other(u32),
@@ -42,6 +44,8 @@ impl GgmlType {
             13 => Self::Q5K,
             14 => Self::Q6K,
             15 => Self::Q8K,
+            20 => Self::Iq4Nl,
+            23 => Self::Iq4Xs,
             30 => Self::Bf16,
             other => Self::Other(other),
         }
@@ -64,6 +68,8 @@ impl GgmlType {
             Self::Q5K => (256, 176),
             Self::Q6K => (256, 210),
             Self::Q8K => (256, 292),
+            Self::Iq4Nl => (32, 18),
+            Self::Iq4Xs => (256, 136),
             Self::Other(_) => return None,
         })
     }
@@ -103,6 +109,8 @@ impl fmt::Display for GgmlType {
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
             Self::Q8K => "Q8_K",
+            Self::Iq4Nl => "IQ4_NL",
+            Self::Iq4Xs => "IQ4_XS",
             Self::Bf16 => "BF16",
             Self::Other(id) => return write!(f, "type#{id}"),
         };

@@ -474,6 +474,6 @@ mod tests {
             }));
         }
         assert!(!KernelKey::Softmax { wg: 128 }.is_known());
-        assert!(!KernelKey::GetRows { ty: GgmlType::Q6K }.is_known());
+        assert!(!KernelKey::GetRows { ty: GgmlType::Q8K }.is_known());
     }
 }

@@ -15,13 +15,22 @@
 //!   on a word boundary (WGSL storage arrays hold 4-byte elements, and unaligned byte fields
 //!   would cost two loads and shifts per field in the innermost loop).
 //! * **Bigger file blocks.** A format whose file block is larger than 32 elements (the
-//!   k-quants: 256 elements with 6-bit packed sub-block scales) repacks each file block into
-//!   `elements / 32` GPU sub-blocks, each carrying its own ready-to-use scale and min
-//!   (an f32, or an f16 pair in one word). Kernels then never see the 256-element block, so
-//!   such a type needs only its own implementation and snippet, not kernel changes.
+//!   k-quants and IQ4_XS: 256 elements with packed sub-block scales) repacks each file block
+//!   into `elements / 32` GPU sub-blocks, each carrying its own scale (and min). Kernels then
+//!   never see the 256-element block, so such a type needs only its own implementation and
+//!   snippet, not kernel changes. The header keeps the file's values *exactly*: a sub-block
+//!   scale is an f16 `d` times a small integer, which f32 holds without rounding, so either
+//!   the repack stores the f32 products (Q4_K, Q5_K: scale and -min; IQ4_XS), or, where a
+//!   32-element GPU block spans two of the file's 16-element sub-blocks (Q2_K, Q3_K, Q6_K),
+//!   it stores the f16 `d` (and `dmin`) with the two integer codes in one or two words and
+//!   the snippet multiplies. Either way the GPU computes the CPU reference's values to the
+//!   bit (at most the one rounding an FMA saves), at the cost of a word or two per 32
+//!   elements over the file's size (Q4_K: 6 words, Q5_K and Q6_K: 7, Q2_K and Q3_K: 4).
 //! * **WGSL snippet.** [`QuantFormat::wgsl`] is prepended to the matmul and get_rows kernels
 //!   (which declare `w: array<u32>` and `WB_SLOTS`). It defines `QK` (= 32), `WPB` (words per
-//!   GPU block), and reads one GPU block starting at word `base`:
+//!   GPU block), and reads one GPU block starting at word `base` (formats of one family
+//!   share a body, `concat!`ed after a small header: `quant_q4.wgsl` for Q4_0/Q4_1/Q4_K,
+//!   `quant_q5.wgsl` for Q5_0/Q5_1/Q5_K, `quant_iq4.wgsl` for IQ4_NL/IQ4_XS):
 //!   - `load_block(base, slot)`: all 32 values into `wb[slot * 8 .. slot * 8 + 8]` (vec4s);
 //!   - `load_quarter(base, q) -> Quarter`: 8 of the values as two vec4s `a`, `b` plus the
 //!     vec4 indices `ia`, `ib` (0..8) they have within the block; the four quarters cover
@@ -30,12 +39,20 @@
 //!
 //! Rows are padded with zero words to whole GPU blocks (only F32/F16 rows can be ragged).
 
+mod bf16;
 mod fp16;
 mod fp32;
+mod iq4;
+mod kquant;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
+mod q4_k;
 mod q5_0;
 mod q5_1;
+mod q5_k;
+mod q6_k;
 mod q8_0;
 
 #[cfg(test)]
@@ -113,6 +130,14 @@ pub static FORMATS: &[&dyn QuantFormat] = &[
     &q5_0::Q5_0,
     &q5_1::Q5_1,
     &q8_0::Q8_0,
+    &q2_k::Q2K,
+    &q3_k::Q3K,
+    &q4_k::Q4K,
+    &q5_k::Q5K,
+    &q6_k::Q6K,
+    &bf16::BF16,
+    &iq4::IQ4_NL,
+    &iq4::IQ4_XS,
 ];
 
 /// The format of `ty`, or None when no kernel reads it.
@@ -144,17 +169,10 @@ fn names<'a>(it: impl Iterator<Item = &'a dyn QuantFormat>) -> String {
         .join(", ")
 }
 
-/// Dequantizes `out.len()` elements of type `ty` from `src` (whole blocks): any registered
-/// format, plus BF16, which only norm vectors use (no kernel reads it, so it is no format).
-/// Panics if `ty` is neither or `src` is short: callers check the type and size `src`
-/// from the tensor table first.
+/// Dequantizes `out.len()` elements of type `ty` from `src` (whole blocks), for any
+/// registered format. Panics if `ty` is none or `src` is short: callers check the type and
+/// size `src` from the tensor table first.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
-    if ty == GgmlType::Bf16 {
-        for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-            *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
-        }
-        return;
-    }
     match format(ty) {
         Some(f) => f.dequantize(src, out),
         None => panic!("dequantize_row: no CPU reference for {ty}"),
@@ -162,8 +180,15 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
 }
 
 /// Quantizes one row (a whole number of blocks) to `ty`, or None without a quantizer.
+/// Panics if `src` is not a whole number of `ty`'s blocks.
 pub fn try_quantize_row(ty: GgmlType, src: &[f32]) -> Option<Vec<u8>> {
-    let q = format(ty)?.quantizer()?;
+    let f = format(ty)?;
+    let q = f.quantizer()?;
+    assert!(
+        src.len().is_multiple_of(f.file_block().0),
+        "quantize_row: {} values are not whole {ty} blocks",
+        src.len()
+    );
     let mut out = Vec::new();
     q(src, &mut out);
     Some(out)
@@ -201,6 +226,27 @@ pub(crate) fn signed_absmax(blk: &[f32]) -> f32 {
     blk.iter()
         .copied()
         .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m })
+}
+
+/// Four words of nibbles in the GPU's 4-bit order: byte j holds weight j in its low nibble
+/// and weight j + 16 in its high one (`q(i)` is weight i's value, below 16).
+pub(crate) fn nibble_words(q: impl Fn(usize) -> u8) -> [u32; 4] {
+    std::array::from_fn(|w| {
+        (0..4).fold(0, |acc, b| {
+            let j = 4 * w + b;
+            acc | ((q(j) & 0xF) as u32 | ((q(j + 16) & 0xF) as u32) << 4) << (8 * b)
+        })
+    })
+}
+
+/// One word of 2-bit fields: weight `first + i` at bits 2i, 2i+1 (16 weights).
+pub(crate) fn pair_word(first: usize, q: impl Fn(usize) -> u8) -> u32 {
+    (0..16).fold(0, |acc, i| acc | ((q(first + i) & 3) as u32) << (2 * i))
+}
+
+/// One word of bits: bit i is `q(i)`'s bit `bit` (32 weights).
+pub(crate) fn bit_word(bit: u32, q: impl Fn(usize) -> u8) -> u32 {
+    (0..32).fold(0, |acc, i| acc | ((q(i) as u32 >> bit) & 1) << i)
 }
 
 /// (min, max) of a block.

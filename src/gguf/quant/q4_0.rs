@@ -38,7 +38,10 @@ impl QuantFormat for Q4_0 {
         Some(quantize)
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/quant_q4_0.wgsl")
+        concat!(
+            include_str!("../../../shaders/quant_q4_0.wgsl"),
+            include_str!("../../../shaders/quant_q4.wgsl")
+        )
     }
 }
 

@@ -34,7 +34,10 @@ impl QuantFormat for Q4_1 {
         Some(quantize)
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/quant_q4_1.wgsl")
+        concat!(
+            include_str!("../../../shaders/quant_q4_1.wgsl"),
+            include_str!("../../../shaders/quant_q4.wgsl")
+        )
     }
 }
 

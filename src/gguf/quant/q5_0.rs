@@ -42,7 +42,10 @@ impl QuantFormat for Q5_0 {
         Some(quantize)
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/quant_q5_0.wgsl")
+        concat!(
+            include_str!("../../../shaders/quant_q5_0.wgsl"),
+            include_str!("../../../shaders/quant_q5.wgsl")
+        )
     }
 }
 

@@ -38,7 +38,10 @@ impl QuantFormat for Q5_1 {
         Some(quantize)
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/quant_q5_1.wgsl")
+        concat!(
+            include_str!("../../../shaders/quant_q5_1.wgsl"),
+            include_str!("../../../shaders/quant_q5.wgsl")
+        )
     }
 }
 

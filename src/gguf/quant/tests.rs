@@ -19,6 +19,18 @@ fn round_trip_tolerance(ty: GgmlType) -> f32 {
         GgmlType::Q4_1 => 1.0 / 15.0,
         GgmlType::Q5_0 => 1.0 / 16.0,
         GgmlType::Q5_1 => 1.0 / 31.0,
+        GgmlType::Bf16 => 1.0 / 256.0,
+        // The k-quants' sub-block scales are 4-, 6- or 8-bit codes of the super-block's d:
+        // half a step, plus what the scale's rounding (half a code of up to 1/smax relative
+        // error, times the largest code) and, for the affine ones, the min's rounding add.
+        GgmlType::Q2K => 1.0 / 3.0 + 3.0 * (2.0 / 3.0) / 30.0 + 1.0 / 30.0,
+        GgmlType::Q3K => 1.0 / 4.0 + 4.0 * (1.0 / 4.0) / 62.0,
+        GgmlType::Q4K => 1.0 / 15.0 + 15.0 * (2.0 / 15.0) / 126.0 + 1.0 / 126.0,
+        GgmlType::Q5K => 1.0 / 31.0 + 31.0 * (2.0 / 31.0) / 126.0 + 1.0 / 126.0,
+        GgmlType::Q6K => 1.0 / 32.0 + 32.0 * (1.0 / 32.0) / 254.0,
+        // The widest gap between levels is 24 of 127 (and 113 to 127 at the top).
+        GgmlType::Iq4Nl => 14.0 / 127.0,
+        GgmlType::Iq4Xs => 14.0 / 127.0 + 127.0 * (1.0 / 127.0) / 62.0,
         other => panic!("no round-trip tolerance for {other}: add one"),
     }
 }
@@ -69,10 +81,10 @@ fn every_format_is_consistent_with_the_file_table_and_its_snippet() {
         }
     }
     assert!(format(GgmlType::Q8_1).is_none());
-    assert!(!GgmlType::Q4K.is_supported_weight());
+    assert!(!GgmlType::Q8K.is_supported_weight());
     assert_eq!(
         supported_names(),
-        "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0",
+        "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, IQ4_NL, IQ4_XS",
         "error messages list the registry"
     );
 }
@@ -82,7 +94,8 @@ fn repack_gives_whole_gpu_blocks_per_row() {
     let mut s = 11;
     for f in FORMATS {
         let Some(q) = f.quantizer() else { continue };
-        let (n, rows) = (96, 3);
+        let n = if f.file_block().0 > 96 { 512 } else { 96 };
+        let rows = 3;
         let src: Vec<f32> = (0..n * rows).map(|_| lcg(&mut s)).collect();
         let mut bytes = Vec::new();
         q(&src, &mut bytes);
@@ -177,6 +190,28 @@ fn every_format_is_in_the_validated_kernel_space() {
                 }),
                 "{ty}: {kind}"
             );
+        }
+    }
+}
+
+/// The 6-bit scale packing of Q4_K/Q5_K reads back what it packed, every bit of every
+/// sub-block on its own.
+#[test]
+fn k4_scales_round_trip() {
+    use super::kquant::{k4_pack, k4_scale_min};
+    for j in 0..8 {
+        for bit in 0..6 {
+            let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+            sc[j] = 1 << bit;
+            m[(j + 3) % 8] = 1 << bit;
+            let packed = k4_pack(&sc, &m);
+            for i in 0..8 {
+                assert_eq!(
+                    k4_scale_min(&packed, i),
+                    (sc[i], m[i]),
+                    "j {j} bit {bit} i {i}"
+                );
+            }
         }
     }
 }

@@ -1,0 +1,41 @@
+// BF16 weights, two per word (low half first): a "block" is 32 values (16 words).
+const QK: u32 = 32u;
+const WPB: u32 = 16u;
+
+// The two values of a word: a bf16 is the high half of an f32.
+fn bf2(v: u32) -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xFFFF0000u));
+}
+
+// Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
+var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
+
+fn load_block(base: u32, slot: u32) {
+    let o8 = slot * 8u;
+    for (var i = 0u; i < 8u; i++) {
+        let o = base + 2u * i;
+        wb[o8 + i] = vec4<f32>(bf2(w[o]), bf2(w[o + 1u]));
+    }
+}
+
+fn deq_elem(row_base: u32, j: u32) -> f32 {
+    return bf2(w[row_base + j / 2u])[j % 2u];
+}
+
+// A quarter block: values 8q..8q+7 (four words), wb slots 2q and 2q + 1.
+struct Quarter {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    ia: u32,
+    ib: u32,
+}
+
+fn load_quarter(base: u32, q: u32) -> Quarter {
+    let o = base + 4u * q;
+    return Quarter(
+        vec4<f32>(bf2(w[o]), bf2(w[o + 1u])),
+        vec4<f32>(bf2(w[o + 2u]), bf2(w[o + 3u])),
+        2u * q,
+        2u * q + 1u,
+    );
+}

@@ -1,0 +1,51 @@
+// Body shared by the non-linear 4-bit formats (IQ4_NL, IQ4_XS), after a header that sets
+// QK, WPB and `iq4_d(base)`, the block's scale. Words 1..4 of a block are its nibbles
+// (byte j: weight j in the low nibble, weight j + 16 in the high one), each an index into
+// the 16 levels below; x = d level.
+
+// The 16 levels as signed bytes, four to a word (level i in byte i % 4 of word i / 4).
+const IQ4_LEVELS = vec4<u32>(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
+
+// Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
+var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
+
+fn iq4_level(i: u32) -> f32 {
+    return f32(bitcast<i32>(IQ4_LEVELS[i >> 2u] << (24u - 8u * (i & 3u))) >> 24u);
+}
+
+fn iq4(v: u32, shift: u32) -> vec4<f32> {
+    let n = vec4<u32>(v >> shift, v >> (shift + 8u), v >> (shift + 16u), v >> (shift + 24u)) & vec4<u32>(15u);
+    return vec4<f32>(iq4_level(n.x), iq4_level(n.y), iq4_level(n.z), iq4_level(n.w));
+}
+
+fn load_block(base: u32, slot: u32) {
+    let o8 = slot * 8u;
+    let d = iq4_d(base);
+    for (var i = 0u; i < 4u; i++) {
+        let q = w[base + 1u + i];
+        wb[o8 + i] = iq4(q, 0u) * d;
+        wb[o8 + i + 4u] = iq4(q, 4u) * d;
+    }
+}
+
+fn deq_elem(row_base: u32, j: u32) -> f32 {
+    let base = row_base + (j / 32u) * WPB;
+    let k = j % 32u;
+    let byte = (w[base + 1u + (k % 16u) / 4u] >> (8u * (k % 4u))) & 0xFFu;
+    return iq4_level(select(byte & 15u, byte >> 4u, k >= 16u)) * iq4_d(base);
+}
+
+// A quarter block (nibble word q): its 8 weights, which land in wb slots q (low nibbles)
+// and q + 4 (high nibbles).
+struct Quarter {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    ia: u32,
+    ib: u32,
+}
+
+fn load_quarter(base: u32, q: u32) -> Quarter {
+    let d = iq4_d(base);
+    let v = w[base + 1u + q];
+    return Quarter(iq4(v, 0u) * d, iq4(v, 4u) * d, q, q + 4u);
+}
