@@ -69,7 +69,37 @@ fn unknown_architecture_is_named() {
     let p = temp_file("mamba.gguf", &w.to_bytes());
     assert_clean_failure(
         &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
-        "unsupported model architecture `mamba`",
+        "unsupported model architecture `mamba` (wgllm supports: llama, gemma3)",
+    );
+}
+
+/// A gemma3 file without one of the norms only Gemma has: named, exit 1.
+#[test]
+fn a_gemma_file_missing_a_tensor_names_it() {
+    use wgllm::model::synth::{synth_gemma3, SynthShape};
+    let shape = SynthShape {
+        n_embd: 64,
+        n_layer: 3,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 1,
+    };
+    let vocab = vec![
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array((0..256).map(|i| Value::String(format!("<{i}>"))).collect()),
+        ),
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("llama".into()),
+        ),
+    ];
+    let mut w = synth_gemma3(shape, wgllm::gguf::GgmlType::F32, vocab, 256, 0.5, 8);
+    w.remove_tensor("blk.2.post_ffw_norm.weight");
+    let p = temp_file("gemma-missing.gguf", &w.to_bytes());
+    assert_clean_failure(
+        &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
+        "required tensor `blk.2.post_ffw_norm.weight` is missing",
     );
 }
 

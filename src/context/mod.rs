@@ -265,6 +265,14 @@ impl Context {
         self.window.as_ref()
     }
 
+    /// Whether sequence `seq` can be decoded on from position `p` (after cutting it back
+    /// there): false where the rolling buffer has dropped cells that window needs.
+    pub fn can_resume(&self, seq: SeqId, p: i32) -> bool {
+        self.window
+            .as_ref()
+            .is_none_or(|w| w.check(&self.cells, seq, p).is_ok())
+    }
+
     /// The cells of every store (the full one first): sequence operations apply to all.
     fn stores_mut(&mut self) -> impl Iterator<Item = &mut KvCells> {
         std::iter::once(&mut self.cells).chain(self.window.as_mut().map(|w| &mut w.cells))

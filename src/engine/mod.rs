@@ -101,8 +101,8 @@ impl Engine {
         }
         let f = GgufFile::open(path)?;
         // The architecture first: the clearest error comes first.
-        let mut tokenizer = Tokenizer::from_gguf(&f)?;
         let hp = crate::model::Hparams::from_gguf(&f)?;
+        let mut tokenizer = Tokenizer::from_gguf(&f)?;
         if tokenizer.chat_template().is_none() && hp.arch == crate::model::Arch::Gemma3 {
             log::info!("the GGUF has no chat template: using Gemma's turn format (llama.cpp would use ChatML)");
             tokenizer.set_default_chat_template(crate::tokenizer::GEMMA);
@@ -417,8 +417,18 @@ impl Engine {
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
-        let reuse = same.min(prompt.len() - 1);
+        let mut reuse = same.min(prompt.len() - 1);
         self.ctx.seq_rm(Some(id), reuse as i32, -1)?;
+        if !self.ctx.can_resume(id, reuse as i32) {
+            // As llama.cpp does without --swa-full, but only when it must: the rolling
+            // buffer no longer has the window before the shared prefix ends.
+            log::info!(
+                "prompt cache {}: the sliding-window buffer no longer holds the window before token {reuse}; reprocessing the prompt (--swa-full keeps it)",
+                path.display()
+            );
+            self.ctx.seq_rm(Some(id), -1, -1)?;
+            reuse = 0;
+        }
         log::info!(
             "prompt cache {}: {reuse} of {} prompt tokens reused",
             path.display(),

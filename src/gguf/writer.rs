@@ -78,6 +78,12 @@ impl GgufWriter {
     }
 
     /// Serializes with 32-byte alignment (GGUF version 3).
+    /// Drops a tensor added before (for files that must lack one: error tests).
+    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
+        self.tensors.retain(|t| t.0 != name);
+        self
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.write_to(&mut out).expect("writing to memory");

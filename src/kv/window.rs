@@ -51,6 +51,28 @@ impl WindowCells {
         ((p - self.window as i32 + 1).max(self.keep as i32), p)
     }
 
+    /// Whether the buffer holds every cell of sequence `s` that `full` (the cells of the
+    /// whole context) has in the window of a query at `p`; else which positions it lacks.
+    pub fn check(&self, full: &KvCells, s: SeqId, p: i32) -> Result<(), KvError> {
+        let (lo, hi) = self.needed(p);
+        if lo >= hi {
+            return Ok(());
+        }
+        let count = |c: &KvCells| {
+            (c.cells().iter())
+                .filter(|c| c.has_seq(s) && c.pos >= lo && c.pos < hi)
+                .count()
+        };
+        if count(&self.cells) < count(full) {
+            return Err(KvError::WindowLost {
+                seq: s,
+                from: lo,
+                to: hi,
+            });
+        }
+        Ok(())
+    }
+
     /// Before storing a ubatch of `n` tokens whose first token of sequence s is at
     /// `first[s]`: checks that the buffer holds every cell of s that `full` (the cells of
     /// the whole context) has in the window of that token; then, only if fewer than `n`
@@ -65,22 +87,7 @@ impl WindowCells {
         n: usize,
     ) -> Result<(), KvError> {
         for &(s, p) in first {
-            let (lo, hi) = self.needed(p);
-            if lo >= hi {
-                continue;
-            }
-            let count = |c: &KvCells| {
-                (c.cells().iter())
-                    .filter(|c| c.has_seq(s) && c.pos >= lo && c.pos < hi)
-                    .count()
-            };
-            if count(&self.cells) < count(full) {
-                return Err(KvError::WindowLost {
-                    seq: s,
-                    from: lo,
-                    to: hi,
-                });
-            }
+            self.check(full, s, p)?;
         }
         if self.cells.size() - self.cells.used() >= n {
             return Ok(());
