@@ -19,13 +19,6 @@ fn deq_elem(row_base: u32, j: u32) -> f32 {
 }
 
 // A quarter block: values 8q..8q+7, wb slots 2q and 2q + 1.
-struct Quarter {
-    a: vec4<f32>,
-    b: vec4<f32>,
-    ia: u32,
-    ib: u32,
-}
-
 fn load_quarter(base: u32, q: u32) -> Quarter {
     let o = base + 8u * q;
     return Quarter(

@@ -37,13 +37,6 @@ fn deq_elem(row_base: u32, j: u32) -> f32 {
 
 // A quarter block (nibble word q): its 8 weights, which land in wb slots q (low nibbles)
 // and q + 4 (high nibbles).
-struct Quarter {
-    a: vec4<f32>,
-    b: vec4<f32>,
-    ia: u32,
-    ib: u32,
-}
-
 fn load_quarter(base: u32, q: u32) -> Quarter {
     let d = iq4_d(base);
     let v = w[base + 1u + q];

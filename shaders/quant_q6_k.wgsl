@@ -46,13 +46,6 @@ fn deq_elem(row_base: u32, j: u32) -> f32 {
 }
 
 // A quarter block (nibble word q): weights 4q.. (wb slot q) and 16 + 4q.. (slot q + 4).
-struct Quarter {
-    a: vec4<f32>,
-    b: vec4<f32>,
-    ia: u32,
-    ib: u32,
-}
-
 fn load_quarter(base: u32, q: u32) -> Quarter {
     let s = q6_scales(base);
     let v = w[base + 1u + q];

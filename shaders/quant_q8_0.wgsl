@@ -26,13 +26,6 @@ fn deq_elem(row_base: u32, j: u32) -> f32 {
 }
 
 // A quarter block: weights 8q..8q+7 (two qs words), wb slots 2q and 2q + 1.
-struct Quarter {
-    a: vec4<f32>,
-    b: vec4<f32>,
-    ia: u32,
-    ib: u32,
-}
-
 fn load_quarter(base: u32, q: u32) -> Quarter {
     let d = unpack2x16float(w[base]).x;
     let o = base + 1u + 2u * q;

@@ -286,9 +286,9 @@ impl KernelKey {
                 ],
             ),
             AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
-            GetRows { ty } => compose(&[quant(ty)?, shaders::GET_ROWS], &[]),
+            GetRows { ty } => compose(&[&quant(ty)?, shaders::GET_ROWS], &[]),
             Matmul { ty, rows, tb } => compose(
-                &[quant(ty)?, shaders::MATMUL],
+                &[&quant(ty)?, shaders::MATMUL],
                 &[("TB", tb.to_string()), ("R", rows.to_string())],
             ),
             MatmulWg {
@@ -296,8 +296,8 @@ impl KernelKey {
                 tb,
                 rows,
                 subgroups,
-            } => shaders::matmul_wg_source(quant(ty)?, tb, rows, subgroups),
-            MatmulTile { ty, bm, bn } => shaders::matmul_tile_source(quant(ty)?, bm, bn),
+            } => shaders::matmul_wg_source(&quant(ty)?, tb, rows, subgroups),
+            MatmulTile { ty, bm, bn } => shaders::matmul_tile_source(&quant(ty)?, bm, bn),
         };
         // `enable` directives must precede every declaration.
         let enable = if self.features().contains(wgpu::Features::SHADER_F16) {

@@ -19,10 +19,14 @@ pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
 pub const ATTN_KQV_SPLIT: &str = include_str!("../../shaders/attn_kqv_split.wgsl");
 pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
 
-/// The snippet defining QK, WPB, `load_block` and `deq_elem` for a weight type.
-pub fn quant_snippet(ty: GgmlType) -> Option<&'static str> {
+/// What every weight snippet shares (the `Quarter` that `load_quarter` returns).
+pub const QUANT_COMMON: &str = include_str!("../../shaders/quant_common.wgsl");
+
+/// The snippet defining QK, WPB, `load_block`, `load_quarter` and `deq_elem` for a weight
+/// type, after the shared part.
+pub fn quant_snippet(ty: GgmlType) -> Option<String> {
     // Each weight format owns its snippet (see `crate::gguf::quant` for the contract).
-    crate::gguf::quant::format(ty).map(|f| f.wgsl())
+    crate::gguf::quant::format(ty).map(|f| format!("{QUANT_COMMON}\n{}", f.wgsl()))
 }
 
 /// Joins `parts` and replaces each `{{KEY}}` with its value.
