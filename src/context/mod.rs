@@ -273,6 +273,14 @@ impl Context {
             .is_none_or(|w| w.check(&self.cells, seq, p).is_ok())
     }
 
+    /// The cells of store `kind` (the full store's where there is no separate window).
+    fn store_cells_mut(&mut self, kind: CacheKind) -> &mut KvCells {
+        match (kind, self.window.as_mut()) {
+            (CacheKind::Window, Some(w)) => &mut w.cells,
+            _ => &mut self.cells,
+        }
+    }
+
     /// The cells of every store (the full one first): sequence operations apply to all.
     fn stores_mut(&mut self) -> impl Iterator<Item = &mut KvCells> {
         std::iter::once(&mut self.cells).chain(self.window.as_mut().map(|w| &mut w.cells))
@@ -403,13 +411,8 @@ impl Context {
     /// Re-applies RoPE to every cached key whose cell position changed (seq_add /
     /// seq_div), in place, by the cell's accumulated delta; then the deltas are zero.
     pub fn apply_k_shift(&mut self) -> Result<(), ContextError> {
-        for kind in [CacheKind::Full, CacheKind::Window] {
-            let cells = match (kind, self.window.as_mut()) {
-                (CacheKind::Full, _) => &mut self.cells,
-                (CacheKind::Window, Some(w)) => &mut w.cells,
-                (CacheKind::Window, None) => continue,
-            };
-            let Some(deltas) = cells.take_shifts() else {
+        for kind in self.store_kinds() {
+            let Some(deltas) = self.store_cells_mut(kind).take_shifts() else {
                 continue;
             };
             self.shift_layers(kind, &deltas)?;

@@ -102,7 +102,7 @@ impl Context {
     }
 
     /// The stores of this context, the full one first.
-    fn store_kinds(&self) -> Vec<CacheKind> {
+    pub(super) fn store_kinds(&self) -> Vec<CacheKind> {
         let mut kinds = vec![CacheKind::Full];
         if self.window.is_some() {
             kinds.push(CacheKind::Window);
@@ -343,10 +343,7 @@ impl Context {
                     a = b;
                 }
             }
-            match (kind, self.window.as_mut()) {
-                (CacheKind::Window, Some(w)) => w.cells = cells,
-                _ => self.cells = cells,
-            }
+            *self.store_cells_mut(kind) = cells;
         }
         let n_cells = stores[0].pos.len();
         log::info!("loaded {n_cells} cells and {n_tok} tokens from {p}");
