@@ -19,6 +19,8 @@ fn main() {
     }
     let cli = Cli::parse_from(args);
     let result = match &cli.cmd {
+        #[cfg(feature = "app")]
+        Command::App(a) => cli::app::app(a),
         Command::Run(a) => cli::run::run(a),
         Command::Chat(a) => cli::chat::chat(a),
         Command::Perplexity(a) => cli::perplexity::perplexity(a),

@@ -275,3 +275,97 @@ fn a_host_device_runs_the_engine() {
     let back: Vec<u32> = bytemuck::pod_collect_to_vec(&dst.slice(..).get_mapped_range().unwrap());
     assert_eq!(back, data);
 }
+
+/// Generates until the session is idle; returns its tokens.
+fn reply(engine: &mut Engine, id: SessionId) -> Vec<u32> {
+    let mut toks = Vec::new();
+    while engine.is_busy() {
+        for ev in engine.step().unwrap() {
+            match ev {
+                Event::Token { token, .. } => toks.push(token),
+                Event::Error { error, .. } => panic!("{error}"),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(engine.session(id).unwrap().generated(), &toks[..]);
+    toks
+}
+
+/// Regenerate cuts the cache back to where the reply began and samples again from the
+/// logits kept there: greedy gives the same reply and the same cells, a sampled reply
+/// with another seed (set_sampling) a different one of the same length; the cells it
+/// leaves are exactly the prompt's plus the new reply's. After a context shift during
+/// the reply, regenerate is refused with a reason.
+#[test]
+fn regenerate_replaces_the_last_reply() {
+    let gpu = Gpu::new(&GpuOptions {
+        no_f16: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let (model, tok) = common::tiny_parts(gpu, GgmlType::Q8_0);
+    let eog: Vec<u32> = tok.eog_tokens().collect();
+    let mut engine = common::engine(&model, &tok, 64, 8, 1);
+    let params = SessionParams {
+        sampling: SamplerParams {
+            banned: eog.clone(),
+            ..SamplerParams::greedy()
+        },
+        n_predict: 12,
+        ..Default::default()
+    };
+    let id = engine.open_session(params).unwrap();
+    let prompt: Vec<u32> = (0..10).map(|i| 20 + i * 7).collect();
+    engine.prompt_tokens(id, &prompt).unwrap();
+    let first = reply(&mut engine, id);
+    assert_eq!(first.len(), 12);
+    let cells_after = engine.cells().used();
+    engine.regenerate(id).unwrap();
+    let again = reply(&mut engine, id);
+    assert_eq!(again, first, "greedy regenerates the same reply");
+    assert_eq!(engine.cells().used(), cells_after, "same cells");
+    assert_eq!(engine.session(id).unwrap().history().len(), 10 + 12);
+
+    let sampled = SamplerParams {
+        temp: 1.5,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 99,
+        banned: eog,
+        ..SamplerParams::default()
+    };
+    engine.set_sampling(id, sampled, 12).unwrap();
+    engine.regenerate(id).unwrap();
+    let other = reply(&mut engine, id);
+    assert_eq!(other.len(), 12);
+    assert_ne!(other, first, "a sampled reply differs from the greedy one");
+    assert_eq!(
+        engine.cells().used(),
+        10 + 12,
+        "only prompt and the new reply"
+    );
+    assert_eq!(&engine.session(id).unwrap().history()[..10], &prompt[..]);
+
+    // A reply long enough to shift the 64-cell context: regenerate is refused.
+    engine
+        .set_sampling(id, SamplerParams::greedy(), 50)
+        .unwrap();
+    engine.prompt_tokens(id, &[5, 6, 7]).unwrap();
+    let shifted = reply(&mut engine, id);
+    assert!(!shifted.is_empty());
+    assert!(
+        !engine.session(id).unwrap().shift().ops.is_empty(),
+        "a shift happened"
+    );
+    let err = engine.regenerate(id).unwrap_err().to_string();
+    assert!(err.contains("context shifted"), "{err}");
+    // Busy sessions and sessions without a reply are refused too.
+    let fresh = {
+        engine.close_session(id).unwrap();
+        engine.open_session(SessionParams::default()).unwrap()
+    };
+    let err = engine.regenerate(fresh).unwrap_err().to_string();
+    assert!(err.contains("no reply"), "{err}");
+}

@@ -27,28 +27,6 @@ fn wgllm_out_err(args: &[&str]) -> (String, String) {
     )
 }
 
-/// llama.cpp's greedy text in reference file `file`, up to its first near-tie (the first
-/// step whose top-1 margin is below 0.5: there float summation order may flip the token).
-fn reliable_prefix(file: &str) -> String {
-    let path = common::shared_dir().join("reference").join(file);
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let pieces = r["greedy_pieces"].as_array().unwrap();
-    let margins = r["top1_margins"].as_array().unwrap();
-    let mut expected = String::new();
-    for (p, m) in pieces.iter().zip(margins) {
-        if m.as_f64().unwrap() < 0.5 {
-            break;
-        }
-        expected.push_str(p.as_str().unwrap());
-    }
-    assert!(
-        expected.len() > 3,
-        "{file}: reference has too short a reliable prefix"
-    );
-    expected
-}
-
 /// `wgllm run --temp 0 -f PROMPT ARGS` prints a start of `expected`.
 fn check_greedy_run(name: &str, expected: &str, n_predict: usize, args: &[&str]) {
     let prompt = common::shared_dir().join(format!("reference/{name}.txt"));
@@ -82,7 +60,12 @@ fn check_greedy_run(name: &str, expected: &str, n_predict: usize, args: &[&str])
 #[test]
 fn greedy_run_reproduces_llama_cpp_text() {
     for name in ["smol-capital", "smol-code", "smol-chat", "smol-story"] {
-        check_greedy_run(name, &reliable_prefix(&format!("{name}.cpu.json")), 48, &[]);
+        check_greedy_run(
+            name,
+            &common::reliable_prefix(&format!("{name}.cpu.json")),
+            48,
+            &[],
+        );
     }
 }
 
@@ -93,7 +76,7 @@ fn greedy_run_reproduces_llama_cpp_text() {
 /// replays in smollm2_kv.rs cover those.)
 #[test]
 fn greedy_run_through_context_shifts_reproduces_llama_cpp_text() {
-    let expected = reliable_prefix("smol-count.ctxshift.json");
+    let expected = common::reliable_prefix("smol-count.ctxshift.json");
     let args = ["-c", "128", "-b", "32", "-ub", "32", "--keep", "4"];
     check_greedy_run("smol-count", &expected, 300, &args);
 }
@@ -216,7 +199,7 @@ fn chat_over_stdin_answers_as_llama_cpp() {
         .filter(|r| !r.trim().is_empty())
         .collect();
     assert_eq!(replies.len(), 2, "two replies expected: {stdout:?}");
-    let expected = reliable_prefix("smol-chat.cpu.json");
+    let expected = common::reliable_prefix("smol-chat.cpu.json");
     assert!(
         replies[0].starts_with(&expected),
         "first reply {:?} does not start with llama.cpp's {expected:?}",

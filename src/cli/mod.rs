@@ -1,6 +1,8 @@
 //! The `wgllm` command line: flags follow llama.cpp's where they overlap. Commands only
 //! parse arguments and print; the work is the library's engine.
 
+#[cfg(feature = "app")]
+pub mod app;
 pub mod bench;
 pub mod chat;
 pub mod habits;
@@ -28,6 +30,9 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// The desktop demo app: chat, tokens/s and the KV cache map in a window.
+    #[cfg(feature = "app")]
+    App(app::AppArgs),
     /// Generate text from a prompt.
     Run(run::RunArgs),
     /// Interactive chat using the model's chat template.

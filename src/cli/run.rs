@@ -34,6 +34,15 @@ pub struct SamplingArgs {
 
 impl SamplingArgs {
     pub fn params(&self, engine: &Engine) -> Result<SamplerParams> {
+        let mut p = self.checked()?;
+        if self.ignore_eos {
+            p.banned = engine.tokenizer.eog_tokens().collect();
+        }
+        Ok(p)
+    }
+
+    /// The settings without `--ignore-eos` (which needs the model's tokens).
+    pub fn checked(&self) -> Result<SamplerParams> {
         if self.temp.is_nan()
             || self.top_p.is_nan()
             || self.min_p.is_nan()
@@ -56,11 +65,7 @@ impl SamplingArgs {
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
             seed,
-            banned: if self.ignore_eos {
-                engine.tokenizer.eog_tokens().collect()
-            } else {
-                Vec::new()
-            },
+            banned: Vec::new(),
         })
     }
 }

@@ -144,6 +144,8 @@ pub struct Context {
     /// Logit rows one graph can produce (bounded by the storage binding limit).
     n_out_max: u32,
     graphs: VecDeque<(GraphKey, Graph)>,
+    /// K and V bytes of each store, by `CacheKind` (for displays and logs).
+    kv_bytes: [u64; 2],
     /// Counters for the timing summary.
     pub n_graph_builds: u64,
 }
@@ -248,6 +250,7 @@ impl Context {
             step,
             n_out_max,
             graphs: VecDeque::new(),
+            kv_bytes: bytes_of,
             n_graph_builds: 0,
         })
     }
@@ -258,6 +261,11 @@ impl Context {
 
     pub fn cells(&self) -> &KvCells {
         &self.cells
+    }
+
+    /// K and V bytes of the store `kind` over all its layers (0 for a store not in use).
+    pub fn kv_bytes(&self, kind: CacheKind) -> u64 {
+        self.kv_bytes[kind as usize]
     }
 
     /// The rolling buffer of the sliding-window layers, where they have one.

@@ -11,14 +11,17 @@
 // The benchmark and perplexity loops block on the GPU: native front ends only.
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
+mod cache_map;
 mod chat;
 mod options;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod perplexity;
+mod rewind;
 mod session;
 mod shift;
 mod stream;
 
+pub use cache_map::{CacheMap, StoreMap};
 pub use chat::Conversation;
 pub use options::EngineOptions;
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop};
@@ -96,6 +99,34 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
+        // The file first: its errors are clearer than a GPU's.
+        let (f, tokenizer) = Self::open_file(path)?;
+        let gpu = Gpu::new(&opts.gpu)?;
+        let mut e = Self::load_on(gpu, &f, tokenizer, opts, progress)?;
+        e.load_time = start.elapsed();
+        Ok(e)
+    }
+
+    /// [`Engine::load`] onto a GPU the caller opened or wrapped (the desktop app runs the
+    /// model on the device its window draws with).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn load_file_on(
+        gpu: Arc<Gpu>,
+        path: &std::path::Path,
+        opts: &EngineOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Engine, EngineError> {
+        let start = Instant::now();
+        let (f, tokenizer) = Self::open_file(path)?;
+        let mut e = Self::load_on(gpu, &f, tokenizer, opts, progress)?;
+        e.load_time = start.elapsed();
+        Ok(e)
+    }
+
+    /// Opens and checks a GGUF file: it exists, its architecture is one we run, its
+    /// tokenizer reads (with Gemma's turn template where a Gemma file has none).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn open_file(path: &std::path::Path) -> Result<(GgufFile, Tokenizer), EngineError> {
         if !path.exists() {
             return Err(EngineError::MissingFile(path.display().to_string()));
         }
@@ -107,10 +138,7 @@ impl Engine {
             log::info!("the GGUF has no chat template: using Gemma's turn format (llama.cpp would use ChatML)");
             tokenizer.set_default_chat_template(crate::tokenizer::GEMMA);
         }
-        let gpu = Gpu::new(&opts.gpu)?;
-        let mut e = Self::load_on(gpu, &f, tokenizer, opts, progress)?;
-        e.load_time = start.elapsed();
-        Ok(e)
+        Ok((f, tokenizer))
     }
 
     /// Uploads the model in `f` to `gpu` — which may wrap a device the host created
@@ -322,6 +350,33 @@ impl Engine {
             }
         }
         Ok(self.session(id)?.logits.clone().unwrap_or_default())
+    }
+
+    /// New sampling settings (and reply length) for an idle session; its conversation and
+    /// cells stay. The penalty history is rebuilt from the tokens the sequence holds.
+    pub fn set_sampling(
+        &mut self,
+        id: SessionId,
+        sampling: crate::sample::SamplerParams,
+        n_predict: i32,
+    ) -> Result<(), EngineError> {
+        let n_vocab = self.tokenizer.n_vocab();
+        let s = self.session_mut(id)?;
+        if s.phase != Phase::Idle {
+            return Err(EngineError::Busy(id));
+        }
+        s.params.sampling = sampling.clone();
+        s.params.n_predict = n_predict;
+        s.sampler = crate::sample::Sampler::new(sampling, n_vocab);
+        let from = s
+            .history
+            .len()
+            .saturating_sub(s.sampler.params().repeat_last_n);
+        for i in from..s.history.len() {
+            let t = s.history[i];
+            s.sampler.accept(t);
+        }
+        Ok(())
     }
 
     /// Stops `id`'s generation (or prompt) at the next step, which reports it finished.
@@ -631,8 +686,10 @@ impl Engine {
                 let history = s.history.clone();
                 self.save_prompt_cache(p.id, &path, &history)?;
             }
+            let pos = self.ctx.cells().seq_pos_max(p.id) + 1;
             let s = self.sessions[p.id as usize].as_mut().unwrap();
             if s.then_generate {
+                s.reply_mark = Some(rewind::ReplyMark::take(s, pos));
                 s.phase = Phase::Generate;
             } else {
                 events.push(s.finish(Stop::Fed));

@@ -153,6 +153,8 @@ pub struct Session {
     pub(super) cancel: bool,
     /// The prompt-cache file still has to be written after the first input.
     pub(super) save_cache_after_input: bool,
+    /// Where the last generation began, for [`super::Engine::regenerate`].
+    pub(super) reply_mark: Option<super::rewind::ReplyMark>,
 }
 
 impl Session {
@@ -183,6 +185,7 @@ impl Session {
             conversation: None,
             cancel: false,
             save_cache_after_input: false,
+            reply_mark: None,
         })
     }
 

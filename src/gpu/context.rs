@@ -18,7 +18,8 @@ pub enum Backend {
 }
 
 impl Backend {
-    fn backends(self) -> wgpu::Backends {
+    /// The wgpu backends this choice enables (for hosts that create the instance).
+    pub fn backends(self) -> wgpu::Backends {
         match self {
             // WGPU_BACKEND, when set, narrows `auto` (the GL test run uses it).
             Backend::Auto => wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all()),

@@ -27,6 +27,9 @@ pub struct Cell {
     pub delta: i32,
     /// Bit s set: the cell belongs to sequence s. Empty cell: 0.
     pub seq: u64,
+    /// A sequence operation (context shift, Self-Extend) changed the position since the
+    /// token was stored; only displays read it (the desktop app marks moved cells).
+    pub moved: bool,
 }
 
 impl Cell {
@@ -273,6 +276,7 @@ impl KvCells {
                 pos: p,
                 delta: 0,
                 seq: s,
+                moved: false,
             };
             self.set_cell(i, cell);
         }
@@ -537,9 +541,8 @@ mod tests {
         assert_eq!(seqs_below(64), u64::MAX);
         assert_eq!(seqs_below(1000), u64::MAX);
         let c = Cell {
-            pos: 0,
-            delta: 0,
             seq: 1 << 63,
+            ..Cell::default()
         };
         assert!(c.has_seq(63));
         assert!(!c.has_seq(64) && !c.has_seq(u32::MAX), "no panic, no match");

@@ -60,7 +60,11 @@ mod tests {
     use super::*;
 
     fn cell(pos: i32, seq: u64) -> Cell {
-        Cell { pos, delta: 0, seq }
+        Cell {
+            pos,
+            seq,
+            ..Cell::default()
+        }
     }
 
     #[test]

@@ -123,6 +123,7 @@ impl KvCells {
             let moved = Cell {
                 pos: c.pos + delta,
                 delta: c.delta + delta,
+                moved: true,
                 ..c
             };
             if moved.pos < 0 {
@@ -159,7 +160,15 @@ impl KvCells {
                 // new - old). Its results are the reference, so the K-shift after a
                 // division rotates keys as it does; smollm2_kv's Self-Extend replay pins it.
                 let delta = c.delta + (c.pos - pos);
-                self.set_cell(i, Cell { pos, delta, ..c });
+                self.set_cell(
+                    i,
+                    Cell {
+                        pos,
+                        delta,
+                        moved: c.moved || pos != c.pos,
+                        ..c
+                    },
+                );
             }
         }
         self.settle();
@@ -258,6 +267,22 @@ mod tests {
         kv.seq_add(0, 0, 2, -1).unwrap();
         assert_eq!(positions(&kv)[..4], [-1, 0, 2, 3]);
         assert_eq!(kv.used(), 3);
+    }
+
+    #[test]
+    fn shifted_cells_are_marked_moved_until_rewritten() {
+        let mut kv = KvCells::new(8);
+        kv.store(&[0, 1, 2, 3], &[0, 1, 2, 3], &[1; 4]).unwrap();
+        kv.seq_rm(Some(0), 1, 2).unwrap();
+        kv.seq_add(0, 2, -1, -1).unwrap();
+        let moved: Vec<bool> = kv.cells().iter().map(|c| c.moved).collect();
+        assert_eq!(moved[..4], [false, false, true, true]);
+        // Division moves only the cells whose position changes.
+        kv.seq_div(0, 0, -1, 2).unwrap();
+        assert!(!kv.cells()[0].moved, "0 / 2 stays at 0");
+        // A stored token starts unmoved.
+        kv.store(&[1], &[9], &[1]).unwrap();
+        assert!(!kv.cells()[1].moved);
     }
 
     #[test]

@@ -379,3 +379,25 @@ pub fn teacher_forced(
     }
     (checked, last)
 }
+
+/// llama.cpp's greedy text in reference file `file`, up to its first near-tie (the first
+/// step whose top-1 margin is below 0.5: there float summation order may flip the token).
+pub fn reliable_prefix(file: &str) -> String {
+    let path = shared_dir().join("reference").join(file);
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let pieces = r["greedy_pieces"].as_array().unwrap();
+    let margins = r["top1_margins"].as_array().unwrap();
+    let mut expected = String::new();
+    for (p, m) in pieces.iter().zip(margins) {
+        if m.as_f64().unwrap() < 0.5 {
+            break;
+        }
+        expected.push_str(p.as_str().unwrap());
+    }
+    assert!(
+        expected.len() > 3,
+        "{file}: reference has too short a reliable prefix"
+    );
+    expected
+}

@@ -1,0 +1,128 @@
+//! The KV cache as a map: one square per cell, coloured by the sequence it belongs to
+//! (white where several share it), dark when empty; a ring marks cells a context shift or
+//! Self-Extend moved; cells past the `n_kv` bound (what attention reads) are dimmed
+//! behind a red line. Hovering a cell shows its position and sequences.
+
+use crate::engine::{CacheMap, StoreMap};
+use egui::{Color32, Rect, Sense, Stroke, StrokeKind, Vec2};
+
+/// Colour of sequence `s` (the chat tab of the same number uses it too).
+pub fn seq_color(s: u32) -> Color32 {
+    const PALETTE: [Color32; 8] = [
+        Color32::from_rgb(66, 135, 245),
+        Color32::from_rgb(245, 130, 48),
+        Color32::from_rgb(60, 180, 75),
+        Color32::from_rgb(220, 60, 160),
+        Color32::from_rgb(145, 30, 180),
+        Color32::from_rgb(70, 200, 200),
+        Color32::from_rgb(210, 200, 40),
+        Color32::from_rgb(170, 110, 40),
+    ];
+    PALETTE[s as usize % PALETTE.len()]
+}
+
+/// The colour of an empty cell.
+pub const EMPTY: Color32 = Color32::from_gray(48);
+/// The colour of a cell shared by several sequences.
+pub const SHARED: Color32 = Color32::from_gray(235);
+/// The ring of a moved cell.
+pub const MOVED: Color32 = Color32::from_rgb(255, 230, 0);
+
+fn cell_color(seq: u64) -> Color32 {
+    match seq.count_ones() {
+        0 => EMPTY,
+        1 => seq_color(seq.trailing_zeros()),
+        _ => SHARED,
+    }
+}
+
+fn seqs(mask: u64) -> String {
+    let ids: Vec<String> = (0..64)
+        .filter(|s| mask & (1u64 << s) != 0)
+        .map(|s| s.to_string())
+        .collect();
+    ids.join(", ")
+}
+
+/// Draws every store of the cache, each with its counts.
+pub fn show(ui: &mut egui::Ui, map: &CacheMap) {
+    for store in &map.stores {
+        store_ui(ui, store);
+        ui.add_space(6.0);
+    }
+}
+
+fn store_ui(ui: &mut egui::Ui, st: &StoreMap) {
+    let n = st.cells.len();
+    ui.label(format!(
+        "{}: {} / {} cells used, n_kv {}, {} moved, {:.1} MiB",
+        st.name,
+        st.used,
+        n,
+        st.n_kv.min(n),
+        st.moved(),
+        st.bytes as f64 / (1 << 20) as f64
+    ));
+    if n == 0 {
+        return;
+    }
+    // Squares as large as fit the width, 3 to 12 pixels, with a one-pixel gap.
+    let width = ui.available_width().max(64.0);
+    let side = ((width * width / n as f32).sqrt()).clamp(3.0, 12.0).floor();
+    let cols = ((width / side).floor() as usize).max(1);
+    let rows = n.div_ceil(cols);
+    let (resp, painter) = ui.allocate_painter(
+        Vec2::new(cols as f32 * side, rows as f32 * side),
+        Sense::hover(),
+    );
+    let origin = resp.rect.min;
+    let rect_of = |i: usize| {
+        let (r, c) = (i / cols, i % cols);
+        Rect::from_min_size(
+            origin + Vec2::new(c as f32 * side, r as f32 * side),
+            Vec2::splat(side - 1.0),
+        )
+    };
+    let n_kv = st.n_kv.min(n);
+    for (i, c) in st.cells.iter().enumerate() {
+        let mut color = cell_color(c.seq);
+        if i >= n_kv {
+            color = color.gamma_multiply(0.45);
+        }
+        let r = rect_of(i);
+        painter.rect_filled(r, 0.0, color);
+        if c.moved && !c.is_empty() && side >= 5.0 {
+            painter.rect_stroke(r, 0.0, Stroke::new(1.0, MOVED), StrokeKind::Inside);
+        } else if c.moved && !c.is_empty() {
+            painter.rect_filled(r.shrink(side / 3.0), 0.0, MOVED);
+        }
+    }
+    // The n_kv bound: a red bar before the first cell attention does not read.
+    if n_kv < n {
+        let r = rect_of(n_kv);
+        painter.line_segment(
+            [r.left_top(), r.left_bottom() + Vec2::new(0.0, 1.0)],
+            Stroke::new(2.0, Color32::RED),
+        );
+    }
+    if let Some(p) = resp.hover_pos() {
+        let rel = p - origin;
+        let (c, r) = ((rel.x / side) as usize, (rel.y / side) as usize);
+        let i = r * cols + c;
+        if c < cols && i < n {
+            let cell = st.cells[i];
+            let text = if cell.is_empty() {
+                format!("cell {i}: empty")
+            } else {
+                format!(
+                    "cell {i}: pos {}, sequences {{{}}}{}{}",
+                    cell.pos,
+                    seqs(cell.seq),
+                    if cell.moved { ", moved by a shift" } else { "" },
+                    if i >= n_kv { ", beyond n_kv" } else { "" }
+                )
+            };
+            resp.on_hover_text_at_pointer(text);
+        }
+    }
+}

@@ -1,0 +1,691 @@
+//! The window: settings on the left, chats in the middle, speed and the cache map on the
+//! right. It keeps only what it shows; the engine thread holds the model and the cache.
+
+use super::chart::{self, Sample};
+use super::kv_map;
+use super::worker::{self, Cmd, ModelInfo, Update};
+use super::{AppOptions, AppSettings, DriveReport, Outcome};
+use crate::engine::{CacheMap, Event, SessionId, Stop};
+use crate::gpu::{list_adapters, AdapterSummary, Backend, Gpu};
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use web_time::Instant;
+
+enum Load {
+    None,
+    Loading { done: u64, total: u64 },
+    Loaded(ModelInfo),
+    Failed(String),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    User,
+    Assistant,
+    Note,
+}
+
+struct Chat {
+    id: SessionId,
+    messages: Vec<(Role, String)>,
+    input: String,
+    busy: bool,
+    /// The prompt's decoding progress, while it runs.
+    progress: Option<(usize, usize)>,
+}
+
+impl Chat {
+    fn new(id: SessionId) -> Self {
+        Chat {
+            id,
+            messages: Vec::new(),
+            input: String::new(),
+            busy: false,
+            progress: None,
+        }
+    }
+}
+
+/// The headless drive's stages.
+#[derive(PartialEq)]
+enum Drive {
+    WaitLoad,
+    WaitReply,
+    /// Frames drawn since the reply ended (the last text needs one to be laid out).
+    Settle(u32),
+    /// The screenshot is asked for; the window closes once it is saved.
+    Shooting,
+}
+
+pub struct App {
+    opts: AppOptions,
+    settings: AppSettings,
+    /// Settings the loaded model was built with (context, sequences).
+    loaded_settings: AppSettings,
+    tx: Sender<Cmd>,
+    rx: Receiver<Update>,
+    gpu: Arc<Gpu>,
+    adapters: Vec<AdapterSummary>,
+    models: Vec<PathBuf>,
+    model_path: String,
+    load: Load,
+    error: Option<String>,
+    chats: Vec<Chat>,
+    active: usize,
+    samples: Vec<Sample>,
+    cache: Option<CacheMap>,
+    drive: Option<Drive>,
+    started: Instant,
+    outcome: Arc<Mutex<Outcome>>,
+}
+
+/// `.gguf` files in `dirs` (not recursive), sorted.
+fn find_models(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = dirs
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|rd| rd.flatten().map(|e| e.path()))
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+impl App {
+    pub fn new(
+        cc: &eframe::CreationContext<'_>,
+        opts: AppOptions,
+        outcome: Arc<Mutex<Outcome>>,
+    ) -> Result<App, String> {
+        let rs = cc
+            .wgpu_render_state
+            .as_ref()
+            .ok_or("the window has no wgpu renderer")?;
+        let gpu = Gpu::from_device(&rs.adapter, rs.device.clone(), rs.queue.clone(), &opts.gpu)
+            .map_err(|e| e.to_string())?;
+        log::info!(
+            "app: drawing and running the model on {} ({})",
+            gpu.info.name,
+            gpu.info.backend
+        );
+        let (cmd_tx, cmd_rx) = channel();
+        let (up_tx, up_rx) = channel();
+        let ctx = cc.egui_ctx.clone();
+        worker::spawn(gpu.clone(), cmd_rx, up_tx, move || ctx.request_repaint());
+        let models = find_models(&opts.model_dirs);
+        let model_path = opts
+            .model
+            .as_ref()
+            .or(models.first())
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let drive = opts.screenshot.as_ref().map(|_| Drive::WaitLoad);
+        let mut app = App {
+            settings: opts.settings.clone(),
+            loaded_settings: opts.settings.clone(),
+            tx: cmd_tx,
+            rx: up_rx,
+            gpu,
+            adapters: list_adapters(Backend::Auto),
+            models,
+            model_path,
+            load: Load::None,
+            error: None,
+            chats: Vec::new(),
+            active: 0,
+            samples: Vec::new(),
+            cache: None,
+            drive,
+            started: Instant::now(),
+            outcome,
+            opts,
+        };
+        if app.opts.model.is_some() {
+            app.start_load();
+        } else if app.drive.is_some() {
+            app.fail_drive("--screenshot needs a model (-m)".into());
+        }
+        Ok(app)
+    }
+
+    fn send(&mut self, cmd: Cmd) {
+        if self.tx.send(cmd).is_err() {
+            self.error = Some("the engine thread has stopped".into());
+        }
+    }
+
+    fn start_load(&mut self) {
+        let path = PathBuf::from(self.model_path.trim());
+        self.loaded_settings = self.settings.clone();
+        self.chats.clear();
+        self.cache = None;
+        self.error = None;
+        self.load = Load::Loading { done: 0, total: 0 };
+        let opts = Box::new(self.settings.engine_options(&self.opts.gpu));
+        self.send(Cmd::Load {
+            path,
+            opts,
+            chats: self.settings.n_parallel,
+            session: Box::new(self.settings.session_params()),
+        });
+    }
+
+    fn send_message(&mut self, i: usize) {
+        let text = std::mem::take(&mut self.chats[i].input);
+        if text.trim().is_empty() {
+            return;
+        }
+        let id = self.chats[i].id;
+        // Sampling settings apply from this reply on.
+        let s = &self.settings;
+        let (sampling, n_predict) = (s.sampling.clone(), s.n_predict);
+        self.chats[i].messages.push((Role::User, text.clone()));
+        self.chats[i]
+            .messages
+            .push((Role::Assistant, String::new()));
+        self.chats[i].busy = true;
+        self.send(Cmd::Sampling {
+            chat: id,
+            sampling: Box::new(sampling),
+            n_predict,
+        });
+        self.send(Cmd::Chat { chat: id, text });
+    }
+
+    fn chat_mut(&mut self, id: SessionId) -> Option<&mut Chat> {
+        self.chats.iter_mut().find(|c| c.id == id)
+    }
+
+    fn apply(&mut self, u: Update) {
+        match u {
+            Update::Progress { done, total } => self.load = Load::Loading { done, total },
+            Update::Loaded(info) => {
+                self.chats = (0..info.n_seq).map(Chat::new).collect();
+                self.active = 0;
+                self.load = Load::Loaded(info);
+                if self.drive == Some(Drive::WaitLoad) {
+                    if let Some(p) = self.opts.prompt.clone() {
+                        self.chats[0].input = p;
+                        self.send_message(0);
+                        self.drive = Some(Drive::WaitReply);
+                    } else {
+                        self.drive = Some(Drive::Settle(0));
+                    }
+                }
+            }
+            Update::Error { chat, msg } => {
+                if let Some(c) = chat.and_then(|id| self.chat_mut(id)) {
+                    c.busy = false;
+                    c.progress = None;
+                    if c.messages
+                        .last()
+                        .is_some_and(|m| m.0 == Role::Assistant && m.1.is_empty())
+                    {
+                        c.messages.pop();
+                    }
+                    c.messages.push((Role::Note, format!("error: {msg}")));
+                } else if matches!(self.load, Load::Loading { .. }) {
+                    self.load = Load::Failed(msg.clone());
+                } else {
+                    self.error = Some(msg.clone());
+                }
+                if self.drive.is_some() {
+                    self.fail_drive(msg);
+                }
+            }
+            Update::Event(ev) => self.event(ev),
+            Update::Step {
+                at,
+                secs,
+                n_prompt,
+                n_gen,
+            } => {
+                if n_prompt > 0 {
+                    self.samples.push(Sample {
+                        at,
+                        tps: n_prompt as f64 / secs,
+                        prompt: true,
+                    });
+                } else if n_gen > 0 {
+                    self.samples.push(Sample {
+                        at,
+                        tps: n_gen as f64 / secs,
+                        prompt: false,
+                    });
+                }
+                if self.samples.len() > 2000 {
+                    self.samples.drain(..1000);
+                }
+            }
+            Update::Cache(m) => self.cache = Some(m),
+        }
+    }
+
+    fn event(&mut self, ev: Event) {
+        let id = ev.session();
+        let drive_chat = id == 0;
+        let Some(c) = self.chat_mut(id) else {
+            return;
+        };
+        match ev {
+            Event::PromptProgress { done, total, .. } => {
+                c.progress = (done < total).then_some((done, total));
+            }
+            Event::Token { text, .. } => {
+                c.progress = None;
+                if let Some(m) = c.messages.last_mut().filter(|m| m.0 == Role::Assistant) {
+                    m.1.push_str(&text);
+                }
+            }
+            Event::ContextShifted {
+                n_keep, n_discard, ..
+            } => c.messages.push((
+                Role::Note,
+                format!("context shift: kept {n_keep} tokens, dropped the next {n_discard}"),
+            )),
+            Event::ContextExtended { n_past, .. } => c.messages.push((
+                Role::Note,
+                format!("Self-Extend: positions regrouped, the sequence now spans {n_past}"),
+            )),
+            Event::Finished {
+                stop,
+                tail,
+                timings,
+                ..
+            } => {
+                if let Some(m) = c.messages.iter_mut().rev().find(|m| m.0 == Role::Assistant) {
+                    m.1.push_str(&tail);
+                }
+                c.busy = false;
+                c.progress = None;
+                let why = match stop {
+                    Stop::EndOfGeneration => "end of reply".to_string(),
+                    Stop::MaxTokens => "max tokens".to_string(),
+                    Stop::Cancelled => "stopped".to_string(),
+                    Stop::ContextFull(r) => format!("context full: {r}"),
+                    Stop::Fed => "fed".to_string(),
+                };
+                let rate = |n: usize, d: std::time::Duration| n as f64 / d.as_secs_f64().max(1e-9);
+                c.messages.push((
+                    Role::Note,
+                    format!(
+                        "{why} · prompt {} tokens at {:.1} t/s · reply {} tokens at {:.1} t/s",
+                        timings.prompt_tokens,
+                        rate(timings.prompt_tokens, timings.prompt),
+                        timings.eval_tokens,
+                        rate(timings.eval_tokens, timings.eval)
+                    ),
+                ));
+                if drive_chat && self.drive == Some(Drive::WaitReply) {
+                    self.drive = Some(Drive::Settle(0));
+                }
+            }
+            Event::Error { error, .. } => {
+                c.busy = false;
+                c.progress = None;
+                c.messages.push((Role::Note, format!("error: {error}")));
+                if drive_chat && self.drive == Some(Drive::WaitReply) {
+                    self.fail_drive(error.to_string());
+                }
+            }
+        }
+    }
+
+    /// The drive failed: the window is still saved (it shows the error), the exit is 1.
+    fn fail_drive(&mut self, msg: String) {
+        if self.drive == Some(Drive::Shooting) {
+            return;
+        }
+        self.outcome.lock().unwrap().error.get_or_insert(msg);
+        self.drive = Some(Drive::Settle(0));
+    }
+
+    /// What the drive saw, for the caller to print.
+    fn report(&self) -> DriveReport {
+        let reply = self
+            .chats
+            .first()
+            .and_then(|c| c.messages.iter().rev().find(|m| m.0 == Role::Assistant))
+            .map(|m| m.1.clone())
+            .unwrap_or_default();
+        let stores = self.cache.as_ref().map_or(Vec::new(), |m| {
+            m.stores
+                .iter()
+                .map(|s| (s.name, s.used, s.cells.len(), s.moved()))
+                .collect()
+        });
+        DriveReport { reply, stores }
+    }
+
+    /// The headless drive: after the reply, a few frames for layout, then the shot.
+    fn drive(&mut self, ctx: &egui::Context) {
+        let Some(d) = &self.drive else {
+            return;
+        };
+        let waiting = matches!(d, Drive::WaitLoad | Drive::WaitReply);
+        if waiting && self.started.elapsed() > self.opts.timeout {
+            self.fail_drive(format!(
+                "no reply within {} s; the window is saved as it is",
+                self.opts.timeout.as_secs()
+            ));
+        }
+        match self.drive {
+            Some(Drive::Settle(n)) if n < 3 => {
+                self.drive = Some(Drive::Settle(n + 1));
+                ctx.request_repaint();
+            }
+            Some(Drive::Settle(_)) => {
+                self.drive = Some(Drive::Shooting);
+                let path = self.opts.screenshot.clone().expect("driving");
+                let out = self.outcome.clone();
+                out.lock().unwrap().report = Some(self.report());
+                let c2 = ctx.clone();
+                ctx.request_screenshot(move |image| {
+                    match super::shot::save_png(&path, &image) {
+                        Ok(()) => log::info!("app: saved the window to {}", path.display()),
+                        Err(e) => {
+                            out.lock().unwrap().error.get_or_insert(e);
+                        }
+                    }
+                    c2.send_viewport_cmd(egui::ViewportCommand::Close);
+                });
+            }
+            Some(Drive::WaitLoad) | Some(Drive::WaitReply) => {
+                // Keep checking the timeout while the engine works.
+                ctx.request_repaint_after(std::time::Duration::from_millis(250));
+            }
+            _ => {}
+        }
+    }
+
+    fn top_bar(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal(|ui| {
+            ui.heading("wgllm");
+            ui.separator();
+            ui.label(format!(
+                "{} · {} · {}",
+                self.gpu.info.name,
+                self.gpu.info.backend,
+                if self.gpu.has_f16 { "f16" } else { "no f16" }
+            ));
+            ui.separator();
+            match &self.load {
+                Load::None => {
+                    ui.label("no model loaded");
+                }
+                Load::Loading { done, total } => {
+                    let f = if *total > 0 {
+                        *done as f32 / *total as f32
+                    } else {
+                        0.0
+                    };
+                    ui.label("loading");
+                    ui.add(egui::ProgressBar::new(f).desired_width(240.0).text(format!(
+                        "{} / {} MiB",
+                        done >> 20,
+                        total >> 20
+                    )));
+                }
+                Load::Loaded(m) => {
+                    ui.label(format!(
+                        "{} ({}, {:.0} MiB, -c {}, -np {}, loaded in {:.1} s)",
+                        m.name, m.arch, m.weights_mib, m.n_ctx, m.n_seq, m.load_secs
+                    ));
+                }
+                Load::Failed(e) => {
+                    ui.colored_label(egui::Color32::LIGHT_RED, format!("load failed: {e}"));
+                }
+            }
+        });
+        if let Some(e) = self.error.clone() {
+            ui.horizontal(|ui| {
+                ui.colored_label(egui::Color32::LIGHT_RED, e);
+                if ui.small_button("dismiss").clicked() {
+                    self.error = None;
+                }
+            });
+        }
+    }
+
+    fn left_panel(&mut self, ui: &mut egui::Ui) {
+        egui::ScrollArea::vertical().show(ui, |ui| {
+            ui.strong("Model");
+            ui.add(egui::TextEdit::singleline(&mut self.model_path).hint_text("path to a .gguf"));
+            if !self.models.is_empty() {
+                egui::ComboBox::from_id_salt("models")
+                    .selected_text("model cache…")
+                    .width(ui.available_width())
+                    .show_ui(ui, |ui| {
+                        for m in &self.models {
+                            let name = m.file_name().unwrap_or_default().to_string_lossy();
+                            if ui.selectable_label(false, name).clicked() {
+                                self.model_path = m.display().to_string();
+                            }
+                        }
+                    });
+            }
+            self.settings.context_ui(ui);
+            let loading = matches!(self.load, Load::Loading { .. });
+            if ui
+                .add_enabled(!loading, egui::Button::new("Load"))
+                .on_hover_text("load the model with these context settings")
+                .clicked()
+            {
+                self.start_load();
+            }
+            ui.separator();
+            ui.strong("GPU");
+            ui.label(
+                "the window and the model share one device; another adapter restarts the app on it",
+            );
+            let current = &self.gpu.info;
+            let mut switch_to = None;
+            for a in &self.adapters {
+                let here = a.name == current.name && a.backend == current.backend;
+                let label = format!("{} · {} · {}", a.name, a.backend, a.device_type);
+                if ui.selectable_label(here, label).clicked() && !here {
+                    switch_to = Some(a.clone());
+                }
+            }
+            if let Some(a) = switch_to {
+                self.restart_on(ui.ctx(), &a);
+            }
+            ui.separator();
+            ui.strong("Context policy (on chat reset)");
+            self.settings.policy_ui(ui);
+            ui.separator();
+            ui.strong("Sampling (next reply)");
+            self.settings.sampling_ui(ui);
+        });
+    }
+
+    /// Starts this app again on another adapter (a window's device cannot change) and
+    /// closes this one.
+    fn restart_on(&mut self, ctx: &egui::Context, a: &AdapterSummary) {
+        let backend = a.backend.to_lowercase();
+        let index = list_adapters(backend.parse().unwrap_or(Backend::Auto))
+            .iter()
+            .position(|b| b.name == a.name)
+            .unwrap_or(0);
+        let exe = match std::env::current_exe() {
+            Ok(e) => e,
+            Err(e) => {
+                self.error = Some(format!("cannot restart: {e}"));
+                return;
+            }
+        };
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(["app", "--backend", &backend, "--device", &index.to_string()]);
+        cmd.args(["-c", &self.settings.n_ctx.to_string()]);
+        cmd.args(["-np", &self.settings.n_parallel.to_string()]);
+        if let Load::Loaded(m) = &self.load {
+            cmd.arg("-m").arg(&m.path);
+        }
+        match cmd.spawn() {
+            Ok(_) => ctx.send_viewport_cmd(egui::ViewportCommand::Close),
+            Err(e) => self.error = Some(format!("cannot restart on {}: {e}", a.name)),
+        }
+    }
+
+    fn right_panel(&mut self, ui: &mut egui::Ui) {
+        egui::ScrollArea::vertical().show(ui, |ui| {
+            ui.strong("Speed");
+            chart::show(ui, &self.samples);
+            ui.separator();
+            ui.strong("KV cache");
+            ui.horizontal_wrapped(|ui| {
+                for c in &self.chats {
+                    ui.colored_label(kv_map::seq_color(c.id), format!("chat {}", c.id + 1));
+                }
+                ui.colored_label(kv_map::SHARED, "shared");
+                ui.colored_label(kv_map::MOVED, "moved (ring)");
+                ui.colored_label(egui::Color32::RED, "n_kv bound");
+            });
+            match &self.cache {
+                Some(m) => kv_map::show(ui, m),
+                None => {
+                    ui.label("load a model to see its cache");
+                }
+            }
+        });
+    }
+
+    fn chat_panel(&mut self, ui: &mut egui::Ui) {
+        if self.chats.is_empty() {
+            ui.centered_and_justified(|ui| {
+                ui.label("Pick a model on the left and press Load.");
+            });
+            return;
+        }
+        ui.horizontal(|ui| {
+            for i in 0..self.chats.len() {
+                let c = &self.chats[i];
+                let dot = if c.busy { " …" } else { "" };
+                let text = egui::RichText::new(format!("Chat {}{dot}", c.id + 1))
+                    .color(kv_map::seq_color(c.id));
+                if ui.selectable_label(self.active == i, text).clicked() {
+                    self.active = i;
+                }
+            }
+        });
+        ui.separator();
+        let i = self.active.min(self.chats.len() - 1);
+        let busy = self.chats[i].busy;
+        let id = self.chats[i].id;
+        // The input row at the bottom, the messages above it.
+        egui::Panel::bottom("input").show(ui, |ui| {
+            ui.add_space(4.0);
+            let c = &mut self.chats[i];
+            let edit = ui.add(
+                egui::TextEdit::multiline(&mut c.input)
+                    .desired_rows(2)
+                    .desired_width(f32::INFINITY)
+                    .hint_text("message (Enter sends, Shift+Enter a new line)"),
+            );
+            let enter = edit.has_focus()
+                && ui.input(|inp| inp.key_pressed(egui::Key::Enter) && !inp.modifiers.shift);
+            if enter && c.input.ends_with('\n') {
+                c.input.pop();
+            }
+            ui.horizontal(|ui| {
+                if (ui.add_enabled(!busy, egui::Button::new("Send")).clicked() || enter) && !busy {
+                    self.send_message(i);
+                }
+                if ui.add_enabled(busy, egui::Button::new("Stop")).clicked() {
+                    self.send(Cmd::Stop(id));
+                }
+                let has_reply = self.chats[i]
+                    .messages
+                    .iter()
+                    .any(|m| m.0 == Role::Assistant);
+                if ui
+                    .add_enabled(!busy && has_reply, egui::Button::new("Regenerate"))
+                    .clicked()
+                {
+                    self.regenerate(i);
+                }
+                if ui
+                    .add_enabled(!busy, egui::Button::new("Reset chat"))
+                    .on_hover_text(
+                        "forget this conversation (frees its cells); applies the context policy",
+                    )
+                    .clicked()
+                {
+                    self.chats[i].messages.clear();
+                    let session = Box::new(self.settings.session_params());
+                    self.send(Cmd::Reset { chat: id, session });
+                }
+                if let Some((done, total)) = self.chats[i].progress {
+                    ui.label(format!("prompt {done}/{total}"));
+                }
+            });
+        });
+        egui::CentralPanel::default().show(ui, |ui| {
+            egui::ScrollArea::vertical()
+                .stick_to_bottom(true)
+                .auto_shrink([false, false])
+                .show(ui, |ui| {
+                    for (role, text) in &self.chats[i].messages {
+                        match role {
+                            Role::User => {
+                                ui.label(egui::RichText::new("you").strong());
+                                ui.label(text);
+                            }
+                            Role::Assistant => {
+                                ui.label(
+                                    egui::RichText::new("model")
+                                        .strong()
+                                        .color(kv_map::seq_color(id)),
+                                );
+                                ui.label(if text.is_empty() && busy { "…" } else { text });
+                            }
+                            Role::Note => {
+                                ui.label(egui::RichText::new(text).small().weak());
+                            }
+                        }
+                        ui.add_space(4.0);
+                    }
+                });
+        });
+    }
+
+    fn regenerate(&mut self, i: usize) {
+        let c = &mut self.chats[i];
+        // Drop the last reply and the notes after it; the engine cuts its cells.
+        if let Some(pos) = c.messages.iter().rposition(|m| m.0 == Role::Assistant) {
+            c.messages.truncate(pos);
+        }
+        c.messages.push((Role::Assistant, String::new()));
+        c.busy = true;
+        let id = c.id;
+        let (sampling, n_predict) = (self.settings.sampling.clone(), self.settings.n_predict);
+        self.send(Cmd::Sampling {
+            chat: id,
+            sampling: Box::new(sampling),
+            n_predict,
+        });
+        self.send(Cmd::Regenerate(id));
+    }
+}
+
+impl eframe::App for App {
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        while let Ok(u) = self.rx.try_recv() {
+            self.apply(u);
+        }
+        let ctx = ui.ctx().clone();
+        egui::Panel::top("top").show(ui, |ui| self.top_bar(ui));
+        egui::Panel::left("settings")
+            .default_size(290.0)
+            .show(ui, |ui| self.left_panel(ui));
+        egui::Panel::right("cache")
+            .default_size(420.0)
+            .show(ui, |ui| self.right_panel(ui));
+        egui::CentralPanel::default().show(ui, |ui| self.chat_panel(ui));
+        self.drive(&ctx);
+    }
+}

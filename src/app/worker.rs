@@ -1,0 +1,278 @@
+//! The engine's own thread: it owns the [`Engine`], takes commands from the window and
+//! sends back what happened, so a slow decode (seconds per token on a software adapter)
+//! never freezes the window. The GPU device is the window's: `Gpu` wraps the device egui
+//! draws with, and wgpu devices are shared across threads.
+
+use crate::engine::{CacheMap, Engine, EngineOptions, Event, SessionId, SessionParams};
+use crate::gpu::Gpu;
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use web_time::Instant;
+
+/// What the window asks of the engine.
+pub enum Cmd {
+    /// Load a model (replacing the one loaded), then open `chats` sessions.
+    Load {
+        path: PathBuf,
+        opts: Box<EngineOptions>,
+        chats: u32,
+        session: Box<SessionParams>,
+    },
+    Chat {
+        chat: SessionId,
+        text: String,
+    },
+    /// Sampling settings for a chat's next reply.
+    Sampling {
+        chat: SessionId,
+        sampling: Box<crate::sample::SamplerParams>,
+        n_predict: i32,
+    },
+    Stop(SessionId),
+    Regenerate(SessionId),
+    /// Forget a chat's conversation and cells and start it anew with these settings.
+    Reset {
+        chat: SessionId,
+        session: Box<SessionParams>,
+    },
+}
+
+/// A loaded model, as the window describes it.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub name: String,
+    pub arch: String,
+    pub path: PathBuf,
+    pub weights_mib: f64,
+    pub n_ctx: u32,
+    pub n_seq: u32,
+    pub load_secs: f64,
+}
+
+/// What happened, for the window.
+pub enum Update {
+    Progress {
+        done: u64,
+        total: u64,
+    },
+    Loaded(ModelInfo),
+    /// A failure: of a chat's turn (`chat`) or of the engine (loading, a GPU step).
+    Error {
+        chat: Option<SessionId>,
+        msg: String,
+    },
+    Event(Event),
+    /// One decode step: its duration and the prompt and generated tokens it carried.
+    Step {
+        at: f64,
+        secs: f64,
+        n_prompt: usize,
+        n_gen: usize,
+    },
+    Cache(CacheMap),
+}
+
+/// Starts the engine thread on `gpu`; `wake` is called after each batch of updates so
+/// the window repaints.
+pub fn spawn(
+    gpu: Arc<Gpu>,
+    rx: Receiver<Cmd>,
+    tx: Sender<Update>,
+    wake: impl Fn() + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("wgllm-engine".into())
+        .spawn(move || {
+            Worker {
+                gpu,
+                tx,
+                wake: Box::new(wake),
+                engine: None,
+                started: Instant::now(),
+                prompt_done: vec![0; crate::kv::MAX_SEQ as usize],
+            }
+            .run(rx)
+        })
+        .expect("spawning the engine thread")
+}
+
+struct Worker {
+    gpu: Arc<Gpu>,
+    tx: Sender<Update>,
+    wake: Box<dyn Fn() + Send>,
+    engine: Option<Engine>,
+    started: Instant,
+    /// Per session, the input tokens already counted in a step (from its progress).
+    prompt_done: Vec<usize>,
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<Cmd>) {
+        loop {
+            let busy = self.engine.as_ref().is_some_and(Engine::is_busy);
+            // Idle: wait for the window; busy: take what came in, then step.
+            let cmd = if busy {
+                match rx.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                }
+            };
+            if let Some(c) = cmd {
+                self.handle(c);
+            } else {
+                self.step();
+            }
+            (self.wake)();
+        }
+    }
+
+    fn send(&self, u: Update) {
+        // The window closed: nothing left to tell.
+        let _ = self.tx.send(u);
+    }
+
+    fn fail(&self, chat: Option<SessionId>, msg: String) {
+        log::warn!("app: {msg}");
+        self.send(Update::Error { chat, msg });
+    }
+
+    fn handle(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Load {
+                path,
+                opts,
+                chats,
+                session,
+            } => self.load(path, &opts, chats, &session),
+            Cmd::Chat { chat, text } => {
+                self.with_engine(Some(chat), |e| e.chat(chat, &text).map(drop))
+            }
+            Cmd::Sampling {
+                chat,
+                sampling,
+                n_predict,
+            } => self.with_engine(Some(chat), |e| e.set_sampling(chat, *sampling, n_predict)),
+            Cmd::Stop(chat) => self.with_engine(Some(chat), |e| e.cancel(chat)),
+            Cmd::Regenerate(chat) => self.with_engine(Some(chat), |e| e.regenerate(chat)),
+            Cmd::Reset { chat, session } => self.with_engine(Some(chat), |e| {
+                e.close_session(chat)?;
+                let id = e.open_session(*session)?;
+                debug_assert_eq!(id, chat, "the lowest free sequence is the one closed");
+                Ok(())
+            }),
+        }
+        self.send_cache();
+    }
+
+    fn with_engine(
+        &mut self,
+        chat: Option<SessionId>,
+        f: impl FnOnce(&mut Engine) -> Result<(), crate::engine::EngineError>,
+    ) {
+        let Some(e) = self.engine.as_mut() else {
+            self.fail(chat, "no model is loaded".into());
+            return;
+        };
+        if let Err(err) = f(e) {
+            self.fail(chat, err.to_string());
+        }
+    }
+
+    fn load(&mut self, path: PathBuf, opts: &EngineOptions, chats: u32, session: &SessionParams) {
+        // Free the old model's buffers before the new one's are made.
+        self.engine = None;
+        let tx = self.tx.clone();
+        let mut last = Instant::now();
+        let mut progress = |done: u64, total: u64| {
+            if last.elapsed().as_millis() >= 50 || done == total {
+                last = Instant::now();
+                let _ = tx.send(Update::Progress { done, total });
+            }
+        };
+        let mut opts = opts.clone();
+        opts.n_seq_max = chats.max(1);
+        let loaded = Engine::load_file_on(self.gpu.clone(), &path, &opts, &mut progress).and_then(
+            |mut e| {
+                for _ in 0..chats.max(1) {
+                    e.open_session(session.clone())?;
+                }
+                Ok(e)
+            },
+        );
+        match loaded {
+            Ok(e) => {
+                self.send(Update::Loaded(ModelInfo {
+                    name: e.model.name.clone(),
+                    arch: format!("{:?}", e.model.hp.arch).to_lowercase(),
+                    path,
+                    weights_mib: e.model.weights.gpu_bytes as f64 / (1 << 20) as f64,
+                    n_ctx: e.n_ctx(),
+                    n_seq: e.context().params.n_seq_max,
+                    load_secs: e.load_time.as_secs_f64(),
+                }));
+                self.engine = Some(e);
+            }
+            Err(err) => self.fail(None, format!("loading {}: {err}", path.display())),
+        }
+    }
+
+    fn step(&mut self) {
+        let Some(e) = self.engine.as_mut() else {
+            return;
+        };
+        let t0 = Instant::now();
+        let at = t0.duration_since(self.started).as_secs_f64();
+        let events = match e.step() {
+            Ok(ev) => ev,
+            Err(err) => {
+                // The step failed as a whole: stop every session so the loop ends.
+                let ids: Vec<SessionId> = e.sessions().map(|s| s.id()).collect();
+                for id in ids {
+                    let _ = e.cancel(id);
+                }
+                self.fail(None, format!("decoding failed: {err}"));
+                return;
+            }
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        let (mut n_prompt, mut n_gen) = (0, 0);
+        for ev in events {
+            match &ev {
+                Event::Token { .. } => n_gen += 1,
+                // `done` counts this input's decoded tokens: the step added the rest.
+                Event::PromptProgress { session, done, .. } => {
+                    let seen = &mut self.prompt_done[*session as usize];
+                    n_prompt += done.saturating_sub(*seen);
+                    *seen = *done;
+                }
+                Event::Finished { session, .. } | Event::Error { session, .. } => {
+                    self.prompt_done[*session as usize] = 0;
+                }
+                _ => {}
+            }
+            self.send(Update::Event(ev));
+        }
+        if n_prompt + n_gen > 0 {
+            self.send(Update::Step {
+                at,
+                secs,
+                n_prompt,
+                n_gen,
+            });
+        }
+        self.send_cache();
+    }
+
+    fn send_cache(&self) {
+        if let Some(e) = &self.engine {
+            self.send(Update::Cache(e.cache_map()));
+        }
+    }
+}

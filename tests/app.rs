@@ -1,0 +1,155 @@
+//! The desktop app, driven headless under Xvfb on lavapipe: it loads SmolLM2, sends
+//! llama.cpp's smol-chat question through the chat template, waits for the reply
+//! (through a context shift: -c 64), saves the window, and exits. The reply must start
+//! with llama.cpp's reliable prefix; the PNG must show one square per used cell in the
+//! first chat's colour, rings on the cells the shift moved, and the conversation's text.
+#![cfg(feature = "app")]
+
+mod common;
+
+use std::collections::VecDeque;
+use std::process::Command;
+
+/// An RGBA image.
+struct Image {
+    w: usize,
+    h: usize,
+    px: Vec<u8>,
+}
+
+impl Image {
+    fn load(path: &std::path::Path) -> Image {
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+        let mut r = dec.read_info().unwrap();
+        let mut px = vec![0; r.output_buffer_size().unwrap()];
+        let info = r.next_frame(&mut px).unwrap();
+        assert_eq!(info.color_type, png::ColorType::Rgba, "RGBA screenshot");
+        Image {
+            w: info.width as usize,
+            h: info.height as usize,
+            px,
+        }
+    }
+
+    fn rgb(&self, x: usize, y: usize) -> [u8; 3] {
+        let i = 4 * (y * self.w + x);
+        [self.px[i], self.px[i + 1], self.px[i + 2]]
+    }
+
+    /// Squares of `color` (within 2 per channel) in columns x0.., at least 7 pixels on
+    /// a side: the map's cells, not glyphs of coloured text.
+    fn squares(&self, x0: usize, color: [u8; 3]) -> usize {
+        let near = |c: [u8; 3]| (0..3).all(|k| c[k].abs_diff(color[k]) <= 2);
+        let mut seen = vec![false; self.w * self.h];
+        let mut count = 0;
+        for y in 0..self.h {
+            for x in x0..self.w {
+                if seen[y * self.w + x] || !near(self.rgb(x, y)) {
+                    continue;
+                }
+                // Flood fill one component; keep its bounding box.
+                let (mut lo, mut hi) = ((x, y), (x, y));
+                let mut q = VecDeque::from([(x, y)]);
+                seen[y * self.w + x] = true;
+                while let Some((cx, cy)) = q.pop_front() {
+                    lo = (lo.0.min(cx), lo.1.min(cy));
+                    hi = (hi.0.max(cx), hi.1.max(cy));
+                    let n = [
+                        (cx.wrapping_sub(1), cy),
+                        (cx + 1, cy),
+                        (cx, cy.wrapping_sub(1)),
+                        (cx, cy + 1),
+                    ];
+                    for (nx, ny) in n {
+                        if nx >= x0 && nx < self.w && ny < self.h {
+                            let i = ny * self.w + nx;
+                            if !seen[i] && near(self.rgb(nx, ny)) {
+                                seen[i] = true;
+                                q.push_back((nx, ny));
+                            }
+                        }
+                    }
+                }
+                let (bw, bh) = (hi.0 - lo.0 + 1, hi.1 - lo.1 + 1);
+                if bw >= 7 && bh >= 7 && bw.abs_diff(bh) <= 1 {
+                    count += 1;
+                }
+            }
+        }
+        count
+    }
+}
+
+#[test]
+fn headless_chat_shows_reply_and_cache_map() {
+    let model = common::smollm2();
+    let dir = std::env::temp_dir().join(format!("wgllm-app-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shot = dir.join("app.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = Command::new("xvfb-run")
+        .args(["-a", "-s", "-screen 0 1400x900x24"])
+        .arg(env!("CARGO_BIN_EXE_wgllm"))
+        .args([
+            "app", "-m", &model, "--temp", "0", "-n", "40", "-c", "64", "-np", "1",
+        ])
+        .args(["-p", "What is the boiling point of water at sea level?"])
+        .arg("--screenshot")
+        .arg(&shot)
+        .args(["--timeout", "600", "--size", "1280x800"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("xvfb-run (apt-get install xvfb xauth) runs the app under a virtual display");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "app failed: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let expected = common::reliable_prefix("smol-chat.cpu.json");
+    assert!(
+        stdout.starts_with(&expected),
+        "reply {stdout:?} does not start with llama.cpp's {expected:?}"
+    );
+    // "full cache: 50 of 64 cells used, 32 moved by a shift"
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("full cache: "))
+        .unwrap_or_else(|| panic!("no cache line: {stderr}"));
+    let nums: Vec<usize> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let (used, cells, moved) = (nums[0], nums[1], nums[2]);
+    assert_eq!(cells, 64);
+    assert!(
+        used > 40,
+        "prompt (41 tokens) and reply in the cache: {line}"
+    );
+    assert!(moved > 0, "-c 64 with 41 + 40 tokens must shift: {line}");
+
+    let img = Image::load(&shot);
+    assert_eq!((img.w, img.h), (1280, 800), "window size");
+    // The cache map is in the right panel; chat 1's colour is (66, 135, 245); moved
+    // cells carry a (255, 230, 0) ring (and a smaller blue square inside it).
+    let right = img.w * 2 / 3;
+    assert_eq!(
+        img.squares(right, [66, 135, 245]),
+        used,
+        "one square per used cell"
+    );
+    assert_eq!(
+        img.squares(right, [255, 230, 0]),
+        moved,
+        "one ring per moved cell"
+    );
+    assert_eq!(
+        img.squares(right, [48, 48, 48]),
+        cells - used,
+        "empty cells"
+    );
+    // The conversation: light text (egui draws it at ~140 grey) on the dark chat panel,
+    // several lines of it.
+    let text_rows = (60..img.h - 120)
+        .filter(|&y| (img.w / 4..right).any(|x| img.rgb(x, y).iter().all(|&c| c > 110)))
+        .count();
+    assert!(text_rows > 30, "the chat shows text ({text_rows} rows)");
+}
