@@ -369,3 +369,30 @@ fn regenerate_replaces_the_last_reply() {
     let err = engine.regenerate(fresh).unwrap_err().to_string();
     assert!(err.contains("no reply"), "{err}");
 }
+
+/// feed_all's rows are the logits a one-token-at-a-time loop sees (batched in chunks of
+/// -b: equal up to float summation order).
+#[test]
+fn feed_all_rows_equal_feeding_one_by_one() {
+    let gpu = Gpu::new(&GpuOptions {
+        no_f16: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let (model, tok) = common::tiny_parts(gpu, GgmlType::Q8_0);
+    let mut engine = common::engine(&model, &tok, 64, 8, 2);
+    let toks: Vec<u32> = (0..19).map(|i| 3 + i * 11).collect();
+    let a = engine.open_session(SessionParams::default()).unwrap();
+    let rows = engine.feed_all(a, &toks).unwrap();
+    assert_eq!(rows.len(), toks.len());
+    let b = engine.open_session(SessionParams::default()).unwrap();
+    for (i, &t) in toks.iter().enumerate() {
+        let one = engine.feed(b, &[t]).unwrap();
+        let err = common::nmse(&rows[i], &one);
+        assert!(err < 1e-9, "token {i}: nmse {err}");
+    }
+    // The session's own logits are the last row, and plain feeding is unchanged.
+    assert_eq!(engine.session(a).unwrap().logits().unwrap(), &rows[18][..]);
+    let more = engine.feed(a, &[7]).unwrap();
+    assert_eq!(more.len(), rows[0].len());
+}

@@ -69,22 +69,42 @@ fn replay(model: &(Arc<Model>, Tokenizer), file: &str) {
             ..Default::default()
         })
         .unwrap();
-    let mut logits = e.feed(id, &prompt).unwrap();
+    let logits = e.feed(id, &prompt).unwrap();
     assert_eq!(e.session(id).unwrap().shift().n_keep, get("n_keep"));
     let mut checked = 0;
-    for (i, (&tok, &margin)) in greedy.iter().zip(&margins).enumerate() {
+    let mut check = |step: usize, row: &[f32], n_past: i32| {
+        let margin = margins[step];
         if margin >= 0.5 {
             assert_eq!(
-                argmax(&logits),
-                tok,
-                "{file}: step {i} (margin {margin}, n_past {})",
-                e.session(id).unwrap().shift().n_past
+                argmax(row),
+                greedy[step],
+                "{file}: step {step} (margin {margin}, n_past {n_past})"
             );
             checked += 1;
         }
-        if i + 1 < greedy.len() {
-            logits = e.feed(id, &[tok]).unwrap();
+    };
+    check(0, &logits, e.session(id).unwrap().shift().n_past);
+    // Teacher forcing: llama.cpp's tokens go back in, in chunks that end where its loop
+    // shifts (a chunk never crosses the point where one token more fills the context),
+    // so the engine makes the same decisions at the same n_past and every step's logits
+    // come out of the chunk. Self-Extend regroups before any token, one at a time.
+    let n_ctx = get("n_ctx");
+    let mut i = 0;
+    while i + 1 < greedy.len() {
+        let n_past = e.session(id).unwrap().shift().n_past;
+        let n = if get("ga_n") == 1 {
+            let room = (n_ctx - 1 - n_past).max(1) as usize;
+            room.min(n_batch as usize).min(greedy.len() - 1 - i)
+        } else {
+            1
+        };
+        let rows = e.feed_all(id, &greedy[i..i + n]).unwrap();
+        assert_eq!(rows.len(), n);
+        let n_past = e.session(id).unwrap().shift().n_past;
+        for (k, row) in rows.iter().enumerate() {
+            check(i + 1 + k, row, n_past - (n - 1 - k) as i32);
         }
+        i += n;
     }
     let want: Vec<CacheOp> = r["cache_ops"]
         .as_array()

@@ -135,7 +135,10 @@ impl AppSettings {
             ui.label("repeat penalty");
             ui.add(egui::Slider::new(&mut s.repeat_penalty, 1.0..=2.0));
             ui.end_row();
-            ui.label("seed");
+            ui.label("seed").on_hover_text(format!(
+                "{}: a new random seed each chat",
+                SamplerParams::RANDOM_SEED
+            ));
             ui.add(egui::DragValue::new(&mut s.seed));
             ui.end_row();
             ui.label("max tokens (-n)");

@@ -379,6 +379,20 @@ impl Engine {
         Ok(())
     }
 
+    /// [`Engine::feed`], returning the logits after every token (teacher forcing: the
+    /// rows a one-token-at-a-time loop would see, computed in batches of up to `-b`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn feed_all(
+        &mut self,
+        id: SessionId,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.session_mut(id)?.fed_logits = Some(Vec::new());
+        let fed = self.feed(id, tokens);
+        let rows = self.session_mut(id)?.fed_logits.take().unwrap_or_default();
+        fed.map(|_| rows)
+    }
+
     /// Stops `id`'s generation (or prompt) at the next step, which reports it finished.
     pub fn cancel(&mut self, id: SessionId) -> Result<(), EngineError> {
         let s = self.session_mut(id)?;
@@ -625,17 +639,25 @@ impl Engine {
             // them to a batch without positions (after Self-Extend, below n_past).
             let pos0 = self.ctx.cells().seq_pos_max(id) + 1;
             let last_of_input = generating || tokens.len() == s.pending.len();
+            let every_row = !generating && s.fed_logits.is_some();
             for (i, &t) in tokens.iter().enumerate() {
                 batch.tokens.push(t);
                 batch.pos.push(pos0 + i as i32);
                 batch.seq.push(1u64 << id);
-                batch.logits.push(last_of_input && i + 1 == tokens.len());
+                batch
+                    .logits
+                    .push(every_row || (last_of_input && i + 1 == tokens.len()));
             }
             parts.push(Part {
                 id,
                 len: tokens.len(),
                 generating,
                 logits: last_of_input,
+                rows: if every_row {
+                    tokens.len()
+                } else {
+                    last_of_input as usize
+                },
             });
         }
         Ok((batch, parts))
@@ -656,8 +678,16 @@ impl Engine {
         for p in parts {
             let toks = &batch.tokens[at..at + p.len];
             at += p.len;
-            let row = if p.logits { rows.next() } else { None };
+            let part_rows: Vec<&[f32]> = rows.by_ref().take(p.rows).collect();
+            let row = if p.logits {
+                part_rows.last().copied()
+            } else {
+                None
+            };
             let s = self.sessions[p.id as usize].as_mut().unwrap();
+            if let Some(all) = s.fed_logits.as_mut().filter(|_| !p.generating) {
+                all.extend(part_rows.iter().map(|r| r.to_vec()));
+            }
             s.shift.n_past += p.len as i32;
             s.history.extend_from_slice(toks);
             if let Some(r) = row {
@@ -728,7 +758,10 @@ struct Part {
     id: SessionId,
     len: usize,
     generating: bool,
+    /// The slice ends the session's input: its last row becomes the session's logits.
     logits: bool,
+    /// Logit rows the slice has in the step's output (every token's for `feed_all`).
+    rows: usize,
 }
 
 /// Records a finished chat reply in the session's conversation.

@@ -153,6 +153,8 @@ pub struct Session {
     pub(super) cancel: bool,
     /// The prompt-cache file still has to be written after the first input.
     pub(super) save_cache_after_input: bool,
+    /// Every logits row of the input being fed ([`super::Engine::feed_all`]).
+    pub(super) fed_logits: Option<Vec<Vec<f32>>>,
     /// Where the last generation began, for [`super::Engine::regenerate`].
     pub(super) reply_mark: Option<super::rewind::ReplyMark>,
 }
@@ -185,6 +187,7 @@ impl Session {
             conversation: None,
             cancel: false,
             save_cache_after_input: false,
+            fed_logits: None,
             reply_mark: None,
         })
     }
