@@ -92,12 +92,7 @@ fn bench_prompt_matmul(c: &mut Criterion) {
     let gpu = open_gpu();
     let mut group = c.benchmark_group(format!("matmul/{}", gpu.info.name));
     group.sample_size(10);
-    for ty in [
-        GgmlType::Q4_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4K,
-        GgmlType::F16,
-    ] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::F16] {
         for n_tok in [16u32, 64] {
             // The FFN down projection: its width is a multiple of the K-quant block.
             let (k, n) = (N_FF, N_EMBD);

@@ -122,7 +122,7 @@ fn check_habits(a: &BenchArgs) -> Result<()> {
 
 fn plan(a: &BenchArgs) -> Result<BenchPlan> {
     let nums = |flag: &str, v: &[String]| -> Result<Vec<u32>> {
-        list::parse_u32_lists(v).with_context(|| format!("{flag}"))
+        list::parse_u32_lists(v).with_context(|| flag.to_string())
     };
     let words = |v: &[String]| -> Result<Vec<String>> {
         let mut out = Vec::new();

@@ -390,8 +390,9 @@ impl BenchRow {
 /// model, backend, step and how it was timed.
 pub fn profile_md(title: &str, p: &StepProfile) -> String {
     let mut s = format!(
-        "\n### {title}: {} tokens over {} cells, {:.3} ms\n\ntiming: {}\n\n",
+        "\n### {title}: {} token{} over {} cells, {:.3} ms\n\ntiming: {}\n\n",
         p.n_tok,
+        if p.n_tok == 1 { "" } else { "s" },
         p.n_kv,
         p.total_ns() / 1e6,
         p.source.note()
