@@ -537,3 +537,38 @@ impl GraphBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_model() {
+        let c = Op::RmsNorm {
+            n: 576,
+            rows: 2,
+            eps: 1e-5,
+        }
+        .cost();
+        assert_eq!(c.bytes, (2 * 576 * 2 + 576) * 4);
+        let shape = AttnShape {
+            head_dim: 64,
+            n_head: 9,
+            n_head_kv: 3,
+            n_tok: 4,
+            n_kv: 256,
+            kv_f16: true,
+        };
+        let sp = SoftmaxParams {
+            scale: 0.125,
+            max_bias: 0.0,
+            n_head: 9,
+        };
+        let a = Op::Attention { shape, sp };
+        assert_eq!(a.kind(), "attention");
+        let c = a.cost();
+        assert_eq!(c.flops, 4 * 9 * 64 * 256 * 4 + 5 * 9 * 4 * 256);
+        // At least K and V of every cell once, in f16.
+        assert!(c.bytes > 2 * 256 * 3 * 64 * 2);
+    }
+}
