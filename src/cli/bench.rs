@@ -1,56 +1,259 @@
-//! `wgllm bench`: llama-bench's pp (prompt processing) and tg (generation) tests, as a
-//! markdown table of tokens per second, mean ± standard deviation over repetitions.
+//! `wgllm bench`: llama-bench's flags, lists and output formats over the library's
+//! benchmark (`wgllm::engine::bench`). Parsing and printing only.
 
-use super::{load_engine, ModelArgs};
-use anyhow::Result;
+use anyhow::{bail, Context as _, Result};
 use clap::Args;
-use wgllm::engine::bench::{self, BenchParams};
+use std::io::Write;
+use std::path::PathBuf;
+use wgllm::engine::bench::{
+    self, list, plot, report, BenchEvent, BenchPlan, MdColumns, OutputFormat, Stage, Writer,
+};
+use wgllm::gpu::{Backend, GpuOptions, KernelShape};
 
 #[derive(Args)]
 pub struct BenchArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Prompt tokens for the pp test (0 skips it).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
-    pub n_prompt: u32,
-    /// Generated tokens for the tg test (0 skips it).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
-    pub n_gen: u32,
-    /// Repetitions.
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
-    pub reps: u32,
-    /// Tokens already in the cache before each test (llama-bench's -d): the cost of a
-    /// step with a full cache rather than an empty one.
-    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
-    pub n_depth: u32,
+    /// GGUF models (comma list, or repeat -m).
+    #[arg(short = 'm', long = "model", required = true)]
+    pub model: Vec<String>,
+    /// Prompt tokens of pp tests: a list (`16,32`) or range (`16-512*2`, `64-256+64`); 0 skips.
+    #[arg(short = 'p', long = "n-prompt", default_value = "512")]
+    pub n_prompt: Vec<String>,
+    /// Generated tokens of tg tests (list or range; 0 skips).
+    #[arg(short = 'n', long = "n-gen", default_value = "128")]
+    pub n_gen: Vec<String>,
+    /// A prompt-then-generate test `PP,TG` (llama-bench's pg; repeat for more).
+    #[arg(long = "pg", value_name = "PP,TG")]
+    pub pg: Vec<String>,
+    /// Logical batch sizes (list or range).
+    #[arg(short = 'b', long = "batch-size", default_value = "2048")]
+    pub batch: Vec<String>,
+    /// Physical batch sizes (list or range).
+    #[arg(long = "ubatch-size", visible_alias = "ub", default_value = "512")]
+    pub ubatch: Vec<String>,
+    /// Tokens already in the cache before each test (list or range).
+    #[arg(short = 'd', long = "n-depth", default_value = "0")]
+    pub depth: Vec<String>,
+    /// Timed repetitions after one warm-up (list or range).
+    #[arg(short = 'r', long = "repetitions", default_value = "5")]
+    pub reps: Vec<String>,
+    /// Context size at least (default: what each load's largest test needs).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    pub ctx_size: u32,
+    /// Output format: md (rows as they finish), csv, json (one array) or jsonl.
+    #[arg(short = 'o', long = "output", default_value = "md")]
+    pub output: String,
+    /// Print progress lines to stderr.
+    #[arg(long)]
+    pub progress: bool,
+    /// Time a pp and a tg step per op kind for each model and backend.
+    #[arg(long)]
+    pub profile: bool,
+    /// Draw tokens/s against depth (several -d) or test size as an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// wgpu backends: a list of auto, vulkan, metal, dx12, gl; each loads the models.
+    #[arg(long, default_value = "auto")]
+    pub backend: Vec<String>,
+    /// Adapter index from `wgllm devices`.
+    #[arg(long = "device")]
+    pub device: Option<usize>,
+    /// Do not use shader-f16 even if the adapter has it.
+    #[arg(long)]
+    pub no_f16: bool,
+    /// Do not use subgroup operations even if the adapter has them.
+    #[arg(long)]
+    pub no_subgroups: bool,
+    /// Kernel shapes: auto, cpu or gpu (see `wgllm run --help`).
+    #[arg(long, default_value_t = KernelShape::Auto)]
+    pub kernels: KernelShape,
+    /// llama-bench's thread counts: one value accepted (there are no CPU threads here).
+    #[arg(short = 't', long = "threads", hide_short_help = true)]
+    pub threads: Vec<String>,
+    /// llama-bench's GPU layers: one value accepted (every layer always runs on the GPU).
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", hide_short_help = true)]
+    pub n_gpu_layers: Vec<String>,
+    /// llama-bench's flash attention: one value accepted (one attention path here).
+    #[arg(long = "flash-attn", visible_alias = "fa", hide_short_help = true)]
+    pub flash_attn: Vec<String>,
+    /// llama-bench's mmap switch: one value accepted (weights are copied to the GPU).
+    #[arg(long = "mmap", visible_alias = "mmp", hide_short_help = true)]
+    pub mmap: Vec<String>,
+}
+
+/// llama-bench flags that vary something wgllm has no choice of: one value is accepted
+/// (and changes nothing), a list would only repeat the same test, so it is refused.
+fn check_habits(a: &BenchArgs) -> Result<()> {
+    let habits: [(&str, &[String], &str); 4] = [
+        (
+            "-t",
+            &a.threads,
+            "wgllm computes on the GPU and has no CPU threads to set",
+        ),
+        (
+            "-ngl",
+            &a.n_gpu_layers,
+            "every layer always runs on the GPU",
+        ),
+        (
+            "-fa",
+            &a.flash_attn,
+            "wgllm has one attention path (scores, softmax, weighted sum on the GPU)",
+        ),
+        (
+            "-mmp",
+            &a.mmap,
+            "the weights are read once from a memory map and copied to the GPU",
+        ),
+    ];
+    for (flag, given, why) in habits {
+        let values = list::parse_words(&given.join(",")).unwrap_or_default();
+        if values.len() > 1 {
+            bail!("{flag} {}: {why}, so a list of values would only repeat the same test; give one value or none", given.join(","));
+        }
+        if flag == "-ngl" && values.first().map(String::as_str) == Some("0") {
+            bail!("-ngl 0 asks for a CPU-only run, and {why}");
+        }
+        if let Some(v) = values.first() {
+            log::debug!("{flag} {v}: {why}; ignored");
+        }
+    }
+    Ok(())
+}
+
+fn plan(a: &BenchArgs) -> Result<BenchPlan> {
+    let nums = |flag: &str, v: &[String]| -> Result<Vec<u32>> {
+        list::parse_u32_lists(v).with_context(|| flag.to_string())
+    };
+    let words = |v: &[String]| -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for s in v {
+            out.extend(list::parse_words(s)?);
+        }
+        Ok(out)
+    };
+    let backends = (words(&a.backend).context("--backend")?.iter())
+        .map(|b| b.parse::<Backend>().map_err(anyhow::Error::msg))
+        .collect::<Result<Vec<_>>>()?;
+    let pg = (a.pg.iter())
+        .map(|s| list::parse_pg(s).context("-pg"))
+        .collect::<Result<Vec<_>>>()?;
+    let mut p = BenchPlan {
+        models: words(&a.model)
+            .context("-m")?
+            .into_iter()
+            .map(PathBuf::from)
+            .collect(),
+        backends,
+        n_batch: nums("-b", &a.batch)?,
+        n_ubatch: nums("-ub", &a.ubatch)?,
+        n_prompt: nums("-p", &a.n_prompt)?,
+        n_gen: nums("-n", &a.n_gen)?,
+        pg,
+        n_depth: nums("-d", &a.depth)?,
+        reps: nums("-r", &a.reps)?,
+        profile: a.profile,
+        ..BenchPlan::default()
+    };
+    p.base.n_ctx = a.ctx_size;
+    p.base.gpu = GpuOptions {
+        backend: Backend::Auto,
+        adapter_index: a.device,
+        no_f16: a.no_f16,
+        no_subgroups: a.no_subgroups,
+        max_binding_override: None,
+        kernels: a.kernels,
+        tuning: wgllm::ops::KernelTuning::from_env()?,
+    };
+    p.validate().map_err(anyhow::Error::msg)?;
+    Ok(p)
+}
+
+fn progress_line(e: &BenchEvent) -> Option<String> {
+    match e {
+        BenchEvent::Progress {
+            index,
+            total,
+            test,
+            stage,
+        } => Some(match stage {
+            Stage::Warmup => format!("wgllm bench: benchmark {index}/{total}: {test}: warmup run"),
+            Stage::Rep(i, n) => {
+                format!("wgllm bench: benchmark {index}/{total}: {test}: run {i}/{n}")
+            }
+        }),
+        BenchEvent::Loading {
+            model,
+            backend,
+            done: 0,
+            ..
+        } => Some(format!(
+            "wgllm bench: loading {} on {backend}",
+            model.display()
+        )),
+        _ => None,
+    }
 }
 
 pub fn bench(a: &BenchArgs) -> Result<()> {
-    let p = BenchParams {
-        n_prompt: a.n_prompt,
-        n_gen: a.n_gen,
-        reps: a.reps,
-        n_depth: a.n_depth,
+    check_habits(a)?;
+    let format: OutputFormat = a.output.parse().map_err(anyhow::Error::msg)?;
+    let plan = plan(a)?;
+    let md = MdColumns {
+        n_batch: plan.n_batch.len() > 1,
+        n_ubatch: plan.n_ubatch.len() > 1,
     };
-    let (min_ctx, min_batch) = bench::min_context(&p);
-    let mut opts = a.model.options()?;
-    opts.n_ctx = opts.n_ctx.max(min_ctx);
-    opts.n_batch = opts.n_batch.max(min_batch);
-    let mut engine = load_engine(&a.model, &opts)?;
-    let size_mib = engine.model.weights.gpu_bytes as f64 / (1 << 20) as f64;
-    let backend = format!("wgpu/{}", engine.model.gpu.info.backend);
-    let (name, device) = (
-        engine.model.name.clone(),
-        engine.model.gpu.info.name.clone(),
-    );
-    println!("| model | size | backend | device | test | t/s |");
-    println!("| --- | ---: | --- | --- | ---: | ---: |");
-    bench::run(&mut engine, &p, &mut |r| {
-        let (m, sd) = r.mean_sd();
-        println!(
-            "| {name} | {size_mib:.2} MiB | {backend} | {device} | {} | {m:.2} ± {sd:.2} |",
-            r.test
-        );
+    let mut w = Writer::new(format, md);
+    let mut out = std::io::stdout().lock();
+    let mut profiles = Vec::new();
+    let mut io_err = None;
+    let mut emit = |out: &mut std::io::StdoutLock, s: &str| {
+        if let Err(e) = out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+            io_err.get_or_insert(e);
+        }
+    };
+    emit(&mut out, &w.begin());
+    let rows = bench::run_plan(&plan, &mut |e| {
+        if a.progress {
+            if let Some(line) = progress_line(&e) {
+                eprintln!("{line}");
+            }
+        }
+        match e {
+            BenchEvent::Row(r) => {
+                let s = w.row(r);
+                emit(&mut out, &s);
+            }
+            BenchEvent::Profile(p) => profiles.push(p.clone()),
+            _ => {}
+        }
     })?;
+    emit(&mut out, &w.end());
+    if let Some(e) = io_err {
+        return Err(e).context("writing the results");
+    }
+    // md shows the profiles after the table; json and jsonl carry them in their rows;
+    // csv has no place for them, so they go to stderr.
+    let mut text = String::new();
+    for p in &profiles {
+        for (step, sp) in [("pp", &p.pp), ("tg", &p.tg)] {
+            if let Some(sp) = sp {
+                let title = format!(
+                    "profile: {} on {} ({}), {step} step",
+                    p.model_type, p.backend, p.adapter
+                );
+                text.push_str(&report::profile_md(&title, sp));
+            }
+        }
+    }
+    match format {
+        OutputFormat::Md => print!("{text}"),
+        OutputFormat::Csv => eprint!("{text}"),
+        _ => {}
+    }
+    if let Some(path) = &a.plot {
+        let svg = plot::bench_svg(&rows);
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        log::info!("plot written to {}", path.display());
+    }
     Ok(())
 }

@@ -5,7 +5,7 @@ mod defrag;
 pub mod state;
 
 use crate::gpu::GpuError;
-use crate::graph::Graph;
+use crate::graph::{Graph, StepProfile};
 use crate::kv::{seqs_below, CacheKind, KvCells, KvError, SeqId, WindowCells, MAX_SEQ, N_KV_PAD};
 use crate::model::{CacheState, GraphInput, GraphIo, KvBuffers, Model, UbatchView};
 use crate::ops::rope::rope;
@@ -148,6 +148,19 @@ pub struct Context {
     kv_bytes: [u64; 2],
     /// Counters for the timing summary.
     pub n_graph_builds: u64,
+    /// What the last graph run cost on the host (benchmarks report it).
+    pub last_step: StepStats,
+    /// Set by [`Context::profile_next_ubatch`]; the profile lands in `last_profile`.
+    profile_next: bool,
+    pub last_profile: Option<StepProfile>,
+}
+
+/// The last ubatch's graph: its dispatches and the host time to record them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepStats {
+    pub n_tok: u32,
+    pub dispatches: usize,
+    pub record_ns: u64,
 }
 
 impl Context {
@@ -252,7 +265,17 @@ impl Context {
             graphs: VecDeque::new(),
             kv_bytes: bytes_of,
             n_graph_builds: 0,
+            last_step: StepStats::default(),
+            profile_next: false,
+            last_profile: None,
         })
+    }
+
+    /// After the next ubatch runs, time each of its dispatches again alone
+    /// ([`Graph::profile`]) and keep the result in `last_profile` (benchmarks' `--profile`).
+    pub fn profile_next_ubatch(&mut self) {
+        self.profile_next = true;
+        self.last_profile = None;
     }
 
     pub fn n_ctx(&self) -> u32 {
@@ -624,6 +647,16 @@ impl Context {
         let bytes = n_out as u64 * self.model.hp.n_vocab as u64 * 4;
         let read = (n_out > 0).then(|| (View::whole(&self.step.logits), bytes));
         let data = graph.run(&gpu, read.as_ref().map(|(v, b)| (v, *b))).await?;
+        self.last_step = StepStats {
+            n_tok: key.0,
+            dispatches: graph.n_dispatches(),
+            record_ns: graph.record_ns(),
+        };
+        if std::mem::take(&mut self.profile_next) {
+            let mut p = graph.profile(&gpu).await?;
+            (p.n_tok, p.n_kv) = (key.0, key.1);
+            self.last_profile = Some(p);
+        }
         Ok(data
             .map(|d| bytemuck::pod_collect_to_vec(&d))
             .unwrap_or_default())

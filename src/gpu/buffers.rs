@@ -35,6 +35,7 @@ impl Gpu {
                 adapter: self.info.name.clone(),
             });
         }
+        self.count_allocation(size);
         Ok(buf)
     }
 
@@ -66,6 +67,7 @@ impl Gpu {
             mapped_at_creation: false,
         });
         self.write(&buf, 0, data);
+        self.count_allocation(size);
         buf
     }
 }

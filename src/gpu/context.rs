@@ -4,6 +4,7 @@ use super::GpuError;
 use crate::ops::{KernelKey, KernelTuning};
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Which wgpu backend to use (`--backend`).
@@ -182,6 +183,13 @@ pub struct Gpu {
     pub kernels: KernelShape,
     /// The kernel overrides the ops apply (a copy of [`GpuOptions::tuning`]).
     pub tuning: KernelTuning,
+    /// The device can write timestamps at compute pass boundaries (`--profile` times
+    /// each dispatch on the GPU rather than from the host).
+    pub has_timestamps: bool,
+    /// Bytes of storage and uniform buffers created through this `Gpu` (never
+    /// decreases: wgpu frees a buffer when its last handle drops, which we do not see).
+    /// Benchmarks report it as the memory a model and its context took.
+    allocated: AtomicU64,
     pipelines: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
@@ -247,6 +255,10 @@ impl Gpu {
         }
         if !opts.no_subgroups && features.contains(wgpu::Features::SUBGROUP) {
             required_features |= wgpu::Features::SUBGROUP;
+        }
+        // Only profiling uses timestamps; asking costs nothing where the adapter has them.
+        if features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            required_features |= wgpu::Features::TIMESTAMP_QUERY;
         }
         // wgpu's defaults cap bindings at 128 MiB even where the adapter allows more.
         let desc = wgpu::DeviceDescriptor {
@@ -347,10 +359,21 @@ impl Gpu {
             is_cpu,
             kernels,
             tuning: opts.tuning.clone(),
+            has_timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            allocated: AtomicU64::new(0),
             pipelines: Mutex::new(HashMap::new()),
             errors: Arc::new(Mutex::new(Vec::new())),
             lost: Arc::new(Mutex::new(None)),
         })
+    }
+
+    /// Bytes of buffers created through this device so far (see the field's note).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn count_allocation(&self, bytes: u64) {
+        self.allocated.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// The compute pipeline of a kernel variant (entry point `main`), compiled once.

@@ -61,6 +61,106 @@ pub enum Op {
     Attention { shape: AttnShape, sp: SoftmaxParams },
 }
 
+/// What one node costs at the least: bytes it must move through memory (weights, K/V
+/// and activations read, outputs written, each once) and arithmetic operations. A profile
+/// divides these by the measured time, so a kernel's GB/s and GFLOP/s say how far it is
+/// from the device's bandwidth and compute peaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OpCost {
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+impl Op {
+    /// The op's name in profiles, with the weight type where there is one
+    /// (`matmul q4_1`): the same op on different formats runs different kernels.
+    pub fn kind(&self) -> String {
+        match self {
+            Op::GetRows { w, .. } => format!("get_rows {}", w.ty).to_lowercase(),
+            Op::SelectRows { .. } => "select_rows".into(),
+            Op::Matmul { w, .. } => format!("matmul {}", w.ty).to_lowercase(),
+            Op::RmsNorm { .. } => "rms_norm".into(),
+            Op::AddRmsNorm { .. } => "add_rms_norm".into(),
+            Op::Binary { op, .. } => format!("{op:?}").to_lowercase(),
+            Op::Glu { .. } => "glu".into(),
+            Op::Rope { .. } => "rope".into(),
+            Op::SetRows { .. } => "set_rows".into(),
+            Op::Attention { .. } => "attention".into(),
+        }
+    }
+
+    /// The cost model: the least memory traffic and arithmetic the op needs (see
+    /// [`OpCost`]). Weights count once per node (the kernels stream each block once per
+    /// tile of tokens, so this is the ideal), activations are f32.
+    pub fn cost(&self) -> OpCost {
+        const F: u64 = 4;
+        let c = |bytes: u64, flops: u64| OpCost { bytes, flops };
+        match self {
+            Op::GetRows { w, n_ids } => {
+                let (cols, rows, ids) = (w.n_cols as u64, w.n_rows.max(1) as u64, *n_ids as u64);
+                let row_bytes = w.gpu_bytes() / rows;
+                c(ids * (row_bytes + cols * F + F), ids * cols)
+            }
+            Op::SelectRows { n_cols, n_ids, .. } => {
+                let n = *n_cols as u64 * *n_ids as u64;
+                c(2 * n * F + *n_ids as u64 * F, 0)
+            }
+            Op::Matmul { w, n_tok } => {
+                let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
+                c(w.gpu_bytes() + (cols + rows) * t * F, 2 * rows * cols * t)
+            }
+            Op::RmsNorm { n, rows, .. } => {
+                let e = *n as u64 * *rows as u64;
+                c(2 * e * F + *n as u64 * F, 4 * e)
+            }
+            Op::AddRmsNorm { n, rows, .. } => {
+                let e = *n as u64 * *rows as u64;
+                c(4 * e * F + *n as u64 * F, 5 * e)
+            }
+            Op::Binary { n, nb, .. } => c((2 * *n as u64 + *nb as u64) * F, *n as u64),
+            // act(gate) * up: the activation is a few operations (exp, divide, multiply).
+            Op::Glu { n, .. } => c(3 * *n as u64 * F, 5 * *n as u64),
+            Op::Rope { p, n_head, n_tok } => {
+                let e = p.head_dim as u64 * *n_head as u64 * *n_tok as u64;
+                let table = *n_tok as u64 * p.n_dims as u64 / 2 * 2 * F;
+                // Each rotated pair: two multiplies and an add per output element.
+                c(
+                    2 * e * F + table,
+                    3 * p.n_dims as u64 / 2 * 2 * *n_head as u64 * *n_tok as u64,
+                )
+            }
+            Op::SetRows {
+                row_len,
+                n_rows,
+                dst_f16,
+            } => {
+                let e = *row_len as u64 * *n_rows as u64;
+                c(
+                    e * F + e * if *dst_f16 { 2 } else { F } + *n_rows as u64 * F,
+                    0,
+                )
+            }
+            Op::Attention { shape: s, .. } => {
+                let (hd, nh, nkv, nt) = (
+                    s.head_dim as u64,
+                    s.n_head as u64,
+                    s.n_kv as u64,
+                    s.n_tok as u64,
+                );
+                let elem = if s.kv_f16 { 2 } else { F };
+                let kv = 2 * nkv * s.n_head_kv as u64 * hd * elem;
+                let scores = nh * nt * nkv;
+                // K and V once, Q in and the output out, the mask, and the scores written
+                // by the first kernel, normalised in place and read by the last.
+                let bytes = kv + 2 * nh * hd * nt * F + nkv * nt * F + 4 * scores * F;
+                // QK^T and the weighted sum of V (2 flops per multiply-add each), plus a
+                // few per score for the masked softmax.
+                c(bytes, 4 * nh * hd * nkv * nt + 5 * scores)
+            }
+        }
+    }
+}
+
 pub struct Node {
     pub op: Op,
     pub reads: Vec<TensorId>,
@@ -357,7 +457,10 @@ impl GraphBuilder {
             }
         };
         let mut dispatches = Vec::new();
-        for node in &self.nodes {
+        let mut node_of = Vec::new();
+        let mut costs = Vec::with_capacity(self.nodes.len());
+        for (i, node) in self.nodes.iter().enumerate() {
+            costs.push((node.op.kind(), node.op.cost()));
             let r: Vec<View> = node.reads.iter().map(|&t| view(t)).collect();
             let w: Vec<View> = node.writes.iter().map(|&t| view(t)).collect();
             match &node.op {
@@ -407,6 +510,8 @@ impl GraphBuilder {
                     dispatches.extend(attention(gpu, shape, sp, &io)?)
                 }
             }
+            // Every dispatch this node recorded belongs to it.
+            node_of.resize(dispatches.len(), i as u32);
         }
         gpu.check()?;
         if log::log_enabled!(log::Level::Debug) {
@@ -424,8 +529,46 @@ impl GraphBuilder {
         let scratch_bytes = scratch.iter().map(|b| b.size()).sum();
         Ok(Graph {
             dispatches,
+            node_of,
+            costs,
             scratch,
             scratch_bytes,
+            record_ns: Default::default(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_model() {
+        let c = Op::RmsNorm {
+            n: 576,
+            rows: 2,
+            eps: 1e-5,
+        }
+        .cost();
+        assert_eq!(c.bytes, (2 * 576 * 2 + 576) * 4);
+        let shape = AttnShape {
+            head_dim: 64,
+            n_head: 9,
+            n_head_kv: 3,
+            n_tok: 4,
+            n_kv: 256,
+            kv_f16: true,
+        };
+        let sp = SoftmaxParams {
+            scale: 0.125,
+            max_bias: 0.0,
+            n_head: 9,
+        };
+        let a = Op::Attention { shape, sp };
+        assert_eq!(a.kind(), "attention");
+        let c = a.cost();
+        assert_eq!(c.flops, 4 * 9 * 64 * 256 * 4 + 5 * 9 * 4 * 256);
+        // At least K and V of every cell once, in f16.
+        assert!(c.bytes > 2 * 256 * 3 * 64 * 2);
     }
 }

@@ -4,8 +4,10 @@
 
 mod builder;
 mod planner;
+mod profile;
 
-pub use builder::{AttnBlock, GraphBuilder, Node, Op, TensorId};
+pub use builder::{AttnBlock, GraphBuilder, Node, Op, OpCost, TensorId};
+pub use profile::{OpProfile, StepProfile, TimingSource};
 
 use crate::gpu::{Gpu, GpuError};
 use crate::ops::{Dispatch, View};
@@ -13,30 +15,39 @@ use crate::ops::{Dispatch, View};
 /// A built graph: ready-made dispatches and the scratch buffers they use.
 pub struct Graph {
     dispatches: Vec<Dispatch>,
+    /// The node each dispatch was recorded for (index into `costs`).
+    node_of: Vec<u32>,
+    /// Each node's [`Op::kind`] and cost model, for profiles.
+    costs: Vec<(String, OpCost)>,
+    /// Nanoseconds the last run spent recording (an atomic: `run` takes
+    /// `&self`, and graphs are shared with a future awaiting the readback).
+    record_ns: std::sync::atomic::AtomicU64,
     /// Kept alive for the bind groups; their count shows how well buffers are reused.
     pub scratch: Vec<wgpu::Buffer>,
     pub scratch_bytes: u64,
 }
 
 impl Graph {
+    /// `WGLLM_PROFILE=1`: the time per op kind of this graph, logged.
     #[cfg(not(target_arch = "wasm32"))]
-    fn profile(&self, gpu: &Gpu) -> Result<(), GpuError> {
-        let mut per_op: std::collections::BTreeMap<&str, (f64, usize)> = Default::default();
-        for d in &self.dispatches {
-            let t0 = std::time::Instant::now();
-            crate::ops::run_now(gpu, std::slice::from_ref(d))?;
-            let e = per_op.entry(d.label).or_default();
-            e.0 += t0.elapsed().as_secs_f64() * 1e3;
-            e.1 += 1;
-        }
-        let total: f64 = per_op.values().map(|v| v.0).sum();
-        for (op, (ms, n)) in per_op {
+    fn log_profile(&self, gpu: &Gpu) -> Result<(), GpuError> {
+        let p = pollster::block_on(self.profile(gpu))?;
+        for op in &p.ops {
             log::info!(
-                "profile: {op:<12} {n:4} dispatches {ms:9.2} ms ({:.1} %)",
-                100.0 * ms / total
+                "profile: {:<16} {:4} dispatches {:9.2} ms ({:.1} %)",
+                op.kind,
+                op.dispatches,
+                op.ns / 1e6,
+                100.0 * p.share(op)
             );
         }
         Ok(())
+    }
+
+    /// Host time the last [`Graph::run`] took to record its dispatches into a command
+    /// buffer (not the submit: on GL, submitting executes the commands on the host).
+    pub fn record_ns(&self) -> u64 {
+        self.record_ns.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn n_dispatches(&self) -> usize {
@@ -54,8 +65,9 @@ impl Graph {
         // alone and log the totals per op (slow; for finding where the time goes).
         #[cfg(not(target_arch = "wasm32"))]
         if gpu.tuning.profile {
-            self.profile(gpu)?;
+            self.log_profile(gpu)?;
         }
+        let t0 = web_time::Instant::now();
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
@@ -65,15 +77,24 @@ impl Graph {
                 pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
             }
         }
+        let record = |t0: web_time::Instant| {
+            let ns = t0.elapsed().as_nanos() as u64;
+            self.record_ns
+                .store(ns, std::sync::atomic::Ordering::Relaxed);
+        };
         let Some((view, bytes)) = read else {
-            gpu.queue.submit([enc.finish()]);
+            let cmd = enc.finish();
+            record(t0);
+            gpu.queue.submit([cmd]);
             gpu.flush()?;
             return Ok(None);
         };
         let size = bytes.div_ceil(4) * 4;
         let staging = gpu.staging("logits readback", size);
         enc.copy_buffer_to_buffer(&view.buf, view.offset, &staging, 0, size);
-        gpu.queue.submit([enc.finish()]);
+        let cmd = enc.finish();
+        record(t0);
+        gpu.queue.submit([cmd]);
         Ok(Some(gpu.map_read(&staging, bytes).await?))
     }
 }

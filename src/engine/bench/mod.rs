@@ -1,0 +1,500 @@
+//! llama-bench on the engine: every combination of models, backends, batch sizes and
+//! tests (pp: a prompt of n tokens; tg: n tokens generated one at a time; pg: both, in
+//! that order), each at a depth of tokens already cached, timed over repetitions after
+//! one untimed warm-up. A model, backend and batch combination is loaded once for all
+//! its tests. Front ends (`wgllm bench`, the desktop app) get [`BenchEvent`]s and print
+//! or draw them; the formats ([`report`]) and the plot ([`plot`]) live here too.
+
+pub mod list;
+pub mod plot;
+pub mod report;
+
+pub use crate::graph::{OpProfile, StepProfile, TimingSource};
+pub use report::{BenchRow, MdColumns, OutputFormat, Writer};
+
+use super::{Engine, EngineError, EngineOptions};
+use crate::context::{Batch, Context};
+use crate::gguf::GgufFile;
+use crate::gpu::Backend;
+use std::path::PathBuf;
+use web_time::Instant;
+
+/// One test of an instance: its sizes and repetitions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TestSpec {
+    pub n_prompt: u32,
+    pub n_gen: u32,
+    pub n_depth: u32,
+    pub reps: u32,
+}
+
+impl TestSpec {
+    /// Cells the test fills: depth, prompt and generated tokens.
+    pub fn n_ctx(&self) -> u32 {
+        self.n_depth + self.n_prompt + self.n_gen
+    }
+    /// `pp512`, `tg128 @ d4096`, ...
+    pub fn name(&self) -> String {
+        report::test_name(self.n_prompt, self.n_gen, self.n_depth)
+    }
+}
+
+/// What to benchmark: every value of every list is combined with every other
+/// (llama-bench's comma lists and ranges; see [`list`]).
+#[derive(Clone, Debug)]
+pub struct BenchPlan {
+    pub models: Vec<PathBuf>,
+    pub backends: Vec<Backend>,
+    pub n_batch: Vec<u32>,
+    pub n_ubatch: Vec<u32>,
+    /// pp tests (0 skips), tg tests (0 skips), pg pairs.
+    pub n_prompt: Vec<u32>,
+    pub n_gen: Vec<u32>,
+    pub pg: Vec<(u32, u32)>,
+    pub n_depth: Vec<u32>,
+    pub reps: Vec<u32>,
+    /// Profile a pp and a tg step per model and backend.
+    pub profile: bool,
+    /// Everything else about loading: `n_ctx` is a floor (the tests' own need decides
+    /// otherwise), `gpu.backend` is replaced by each of `backends`.
+    pub base: EngineOptions,
+}
+
+impl Default for BenchPlan {
+    /// llama-bench's defaults: pp512 and tg128, five repetitions, -b 2048, -ub 512.
+    fn default() -> Self {
+        BenchPlan {
+            models: Vec::new(),
+            backends: vec![Backend::Auto],
+            n_batch: vec![2048],
+            n_ubatch: vec![512],
+            n_prompt: vec![512],
+            n_gen: vec![128],
+            pg: Vec::new(),
+            n_depth: vec![0],
+            reps: vec![5],
+            profile: false,
+            base: EngineOptions {
+                n_ctx: 0,
+                ..EngineOptions::default()
+            },
+        }
+    }
+}
+
+/// The tests sharing one loaded engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instance {
+    pub model: PathBuf,
+    pub backend: Backend,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub tests: Vec<TestSpec>,
+}
+
+impl BenchPlan {
+    /// The tests of one load, in llama-bench's order: per depth and repetition count,
+    /// the pp tests, then tg, then pg.
+    fn tests(&self) -> Vec<TestSpec> {
+        let mut out = Vec::new();
+        for &n_depth in &self.n_depth {
+            for &reps in &self.reps {
+                let t = |n_prompt, n_gen| TestSpec {
+                    n_prompt,
+                    n_gen,
+                    n_depth,
+                    reps,
+                };
+                out.extend(self.n_prompt.iter().filter(|&&p| p > 0).map(|&p| t(p, 0)));
+                out.extend(self.n_gen.iter().filter(|&&n| n > 0).map(|&n| t(0, n)));
+                out.extend(
+                    self.pg
+                        .iter()
+                        .filter(|pg| pg.0 + pg.1 > 0)
+                        .map(|&(p, n)| t(p, n)),
+                );
+            }
+        }
+        out
+    }
+
+    /// Every load with its tests: models × backends × batch × ubatch.
+    pub fn instances(&self) -> Vec<Instance> {
+        let tests = self.tests();
+        let mut out = Vec::new();
+        for m in &self.models {
+            for &backend in &self.backends {
+                for &n_batch in &self.n_batch {
+                    for &n_ubatch in &self.n_ubatch {
+                        out.push(Instance {
+                            model: m.clone(),
+                            backend,
+                            n_batch,
+                            n_ubatch,
+                            tests: tests.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Checks the plan before anything loads.
+    pub fn validate(&self) -> Result<(), String> {
+        let empty = |name: &str, len: usize| {
+            if len == 0 {
+                Err(format!("{name} has no values"))
+            } else {
+                Ok(())
+            }
+        };
+        empty("-m", self.models.len())?;
+        empty("--backend", self.backends.len())?;
+        empty("-b", self.n_batch.len())?;
+        empty("-ub", self.n_ubatch.len())?;
+        empty("-d", self.n_depth.len())?;
+        empty("-r", self.reps.len())?;
+        if self.n_batch.contains(&0) || self.n_ubatch.contains(&0) {
+            return Err("batch sizes (-b, -ub) must be positive".into());
+        }
+        if self.reps.contains(&0) {
+            return Err("-r must be at least 1 (a warm-up run precedes the timed ones)".into());
+        }
+        if self.tests().is_empty() {
+            return Err("no tests: every -p, -n and -pg value is 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// Where a benchmark is, for progress lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Warmup,
+    /// Timed repetition `i` (1-based) of `n`.
+    Rep(u32, u32),
+}
+
+/// A model and backend's profile (`--profile`): a pp and a tg step timed per op.
+#[derive(Clone, Debug)]
+pub struct ModelProfile {
+    pub model_type: String,
+    pub backend: String,
+    pub adapter: String,
+    /// The pp step (the first pp or pg test's prompt, at most one ubatch) and one
+    /// decoded token, both on an empty cache.
+    pub pp: Option<StepProfile>,
+    pub tg: Option<StepProfile>,
+}
+
+/// What a benchmark reports as it goes.
+pub enum BenchEvent<'a> {
+    /// A model is being loaded on a backend: bytes uploaded of total.
+    Loading {
+        model: &'a std::path::Path,
+        backend: Backend,
+        done: u64,
+        total: u64,
+    },
+    /// Test `index` (1-based) of `total` is at `stage`.
+    Progress {
+        index: usize,
+        total: usize,
+        test: &'a str,
+        stage: Stage,
+    },
+    /// A model and backend was profiled (before its tests run).
+    Profile(&'a ModelProfile),
+    /// A test finished.
+    Row(&'a BenchRow),
+}
+
+/// What the file says about a model, for every row of it.
+struct ModelFacts {
+    filename: String,
+    model_type: String,
+    size: u64,
+    n_params: u64,
+}
+
+fn model_facts(path: &std::path::Path) -> Result<ModelFacts, EngineError> {
+    if !path.exists() {
+        return Err(EngineError::MissingFile(path.display().to_string()));
+    }
+    let f = GgufFile::open(path)?;
+    let size = f.tensors.iter().map(|t| t.n_bytes).sum();
+    let n_params = f.tensors.iter().map(|t| t.n_elements()).sum();
+    // The weight type holding most parameters names the model's quantization.
+    let mut by_type: Vec<(String, u64)> = Vec::new();
+    for t in f.tensors.iter().filter(|t| t.dims.len() >= 2) {
+        let ty = t.ty.to_string();
+        match by_type.iter_mut().find(|e| e.0 == ty) {
+            Some(e) => e.1 += t.n_elements(),
+            None => by_type.push((ty, t.n_elements())),
+        }
+    }
+    let ty = (by_type.iter().max_by_key(|e| e.1))
+        .map(|e| e.0.clone())
+        .unwrap_or_default();
+    let arch = f.get_str("general.architecture").unwrap_or("?").to_string();
+    let params = match n_params {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n => format!("{}M", (n as f64 / 1e6).round()),
+    };
+    Ok(ModelFacts {
+        filename: path.display().to_string(),
+        model_type: format!("{arch} {params} {ty}"),
+        size,
+        n_params,
+    })
+}
+
+/// Runs every test of the plan, reporting each as it finishes; returns all rows.
+pub fn run_plan(
+    plan: &BenchPlan,
+    on: &mut dyn FnMut(BenchEvent),
+) -> Result<Vec<BenchRow>, EngineError> {
+    plan.validate().map_err(EngineError::Options)?;
+    let instances = plan.instances();
+    let total: usize = instances.iter().map(|i| i.tests.len()).sum();
+    let mut rows = Vec::new();
+    let mut index = 0;
+    let mut profiled: Vec<(PathBuf, Backend)> = Vec::new();
+    let mut facts: Vec<(PathBuf, std::rc::Rc<ModelFacts>)> = Vec::new();
+    for inst in &instances {
+        let mf = match facts.iter().find(|f| f.0 == inst.model) {
+            Some(f) => f.1.clone(),
+            None => {
+                let f = std::rc::Rc::new(model_facts(&inst.model)?);
+                facts.push((inst.model.clone(), f.clone()));
+                f
+            }
+        };
+        let mut opts = plan.base.clone();
+        opts.gpu.backend = inst.backend;
+        opts.n_batch = inst.n_batch;
+        opts.n_ubatch = inst.n_ubatch;
+        let need = inst.tests.iter().map(|t| t.n_ctx()).max().unwrap_or(1);
+        opts.n_ctx = opts.n_ctx.max(need).max(1);
+        let mut engine = Engine::load(&inst.model, &opts, &mut |done, total| {
+            on(BenchEvent::Loading {
+                model: &inst.model,
+                backend: inst.backend,
+                done,
+                total,
+            })
+        })?;
+        let mut bench = Bench::new(&mut engine);
+        // One decoded token, untimed: the decode graph's dispatches and record time.
+        let (dispatches_per_token, record_us) = bench.probe_decode()?;
+        let gpu = bench.engine.model.gpu.clone();
+        // The cache holds f16 where the device has shader-f16 (see `Context::new`).
+        let kv = if gpu.has_f16 { "f16" } else { "f32" };
+        let mut model_profile = None;
+        let key = (inst.model.clone(), inst.backend);
+        if plan.profile && !profiled.contains(&key) {
+            profiled.push(key);
+            let pp_n = (inst.tests.iter().find(|t| t.n_prompt > 0)).map(|t| t.n_prompt);
+            let has_tg = inst.tests.iter().any(|t| t.n_gen > 0);
+            let p = ModelProfile {
+                model_type: mf.model_type.clone(),
+                backend: inst.backend.to_string(),
+                adapter: gpu.info.name.clone(),
+                pp: match pp_n {
+                    Some(n) => Some(bench.profile_step(n)?),
+                    None => None,
+                },
+                tg: if has_tg {
+                    Some(bench.profile_step(1)?)
+                } else {
+                    None
+                },
+            };
+            on(BenchEvent::Profile(&p));
+            model_profile = Some(p);
+        }
+        for t in &inst.tests {
+            index += 1;
+            let name = t.name();
+            let test_time = report::iso8601(
+                web_time::SystemTime::now()
+                    .duration_since(web_time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0),
+            );
+            let m = bench.run_test(t, &mut |stage| {
+                on(BenchEvent::Progress {
+                    index,
+                    total,
+                    test: &name,
+                    stage,
+                })
+            })?;
+            let profile = model_profile
+                .as_ref()
+                .and_then(|p| match (t.n_prompt, t.n_gen) {
+                    (_, 0) => p.pp.clone(),
+                    (0, _) => p.tg.clone(),
+                    _ => None,
+                });
+            let row = BenchRow {
+                build_commit: env!("WGLLM_BUILD_COMMIT").to_string(),
+                gpu_info: gpu.info.name.clone(),
+                backends: gpu.info.backend.clone(),
+                model_filename: mf.filename.clone(),
+                model_type: mf.model_type.clone(),
+                model_size: mf.size,
+                model_n_params: mf.n_params,
+                n_batch: inst.n_batch,
+                n_ubatch: inst.n_ubatch,
+                type_k: kv.into(),
+                type_v: kv.into(),
+                n_prompt: t.n_prompt,
+                n_gen: t.n_gen,
+                n_depth: t.n_depth,
+                test_time,
+                samples_ns: m.samples_ns,
+                backend: inst.backend.to_string(),
+                adapter: gpu.info.name.clone(),
+                driver: gpu.info.driver.clone(),
+                kernels: gpu.kernels.to_string(),
+                gpu_mem_bytes: gpu.allocated_bytes(),
+                dispatches_per_token: m.decode.map_or(dispatches_per_token, |d| d.0),
+                record_us: m.decode.map_or(record_us, |d| d.1),
+                profile,
+            };
+            on(BenchEvent::Row(&row));
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// One test's measurements.
+struct Measured {
+    samples_ns: Vec<u64>,
+    /// For tests that decode single tokens: the last step's dispatches and mean host
+    /// microseconds to record a step (encoding its dispatches, before the submit).
+    decode: Option<(usize, f64)>,
+}
+
+/// The loops on one engine. Tokens are deterministic pseudo-random ids, as llama-bench
+/// feeds random ones. The engine's sessions must be idle: the benchmark uses the whole
+/// cache.
+struct Bench<'e> {
+    engine: &'e mut Engine,
+    seed: u64,
+}
+
+impl<'e> Bench<'e> {
+    fn new(engine: &'e mut Engine) -> Self {
+        Bench {
+            engine,
+            seed: 12345,
+        }
+    }
+
+    fn tokens(&mut self, n: u32) -> Vec<u32> {
+        let n_vocab = self.engine.model.hp.n_vocab as u64;
+        (0..n)
+            .map(|_| {
+                self.seed =
+                    (self.seed.wrapping_mul(6364136223846793005)).wrapping_add(1442695040888963407);
+                ((self.seed >> 33) % n_vocab) as u32
+            })
+            .collect()
+    }
+
+    fn ctx(&mut self) -> &mut Context {
+        self.engine.context_mut()
+    }
+
+    /// Decodes one token on an empty cache (twice: the first run builds the graph).
+    fn probe_decode(&mut self) -> Result<(usize, f64), EngineError> {
+        self.ctx().clear();
+        for pos in 0..2 {
+            let t = self.tokens(1);
+            self.ctx().decode(&Batch::simple(&t, pos, true))?;
+        }
+        let s = self.ctx().last_step;
+        self.ctx().clear();
+        Ok((s.dispatches, s.record_ns as f64 / 1e3))
+    }
+
+    /// Profiles the last ubatch of an `n`-token step on an empty cache.
+    fn profile_step(&mut self, n: u32) -> Result<StepProfile, EngineError> {
+        self.ctx().clear();
+        let n = n.min(self.ctx().params.n_ubatch).max(1);
+        let toks = self.tokens(n);
+        // Once to build the graph and compile its pipelines, once profiled.
+        for profiled in [false, true] {
+            self.ctx().clear();
+            if profiled {
+                self.ctx().profile_next_ubatch();
+            }
+            self.ctx().decode(&Batch::simple(&toks, 0, false))?;
+        }
+        let p = self.ctx().last_profile.take();
+        self.ctx().clear();
+        p.ok_or_else(|| EngineError::Options("the profiled step ran no graph".into()))
+    }
+
+    fn run_test(
+        &mut self,
+        t: &TestSpec,
+        stage: &mut dyn FnMut(Stage),
+    ) -> Result<Measured, EngineError> {
+        let depth = t.n_depth as i32;
+        // The depth is filled once (untimed); each repetition then removes its own tokens.
+        self.ctx().clear();
+        let depth_toks = self.tokens(t.n_depth);
+        decode_chunks(self.ctx(), &depth_toks, 0)?;
+        let mut samples_ns = Vec::new();
+        let mut decode = None;
+        for rep in 0..=t.reps {
+            stage(if rep == 0 {
+                Stage::Warmup
+            } else {
+                Stage::Rep(rep, t.reps)
+            });
+            let prompt = self.tokens(t.n_prompt);
+            let gen = self.tokens(t.n_gen);
+            self.ctx().seq_rm(None, depth, -1)?;
+            let mut record_ns = 0u64;
+            let t0 = Instant::now();
+            decode_chunks(self.ctx(), &prompt, depth)?;
+            let pos = depth + t.n_prompt as i32;
+            for (i, &tok) in gen.iter().enumerate() {
+                self.ctx()
+                    .decode(&Batch::simple(&[tok], pos + i as i32, true))?;
+                record_ns += self.ctx().last_step.record_ns;
+            }
+            let ns = t0.elapsed().as_nanos() as u64;
+            // Repetition 0 warms up (pipelines, graphs).
+            if rep > 0 {
+                samples_ns.push(ns);
+                if t.n_gen > 0 {
+                    let us = record_ns as f64 / 1e3 / t.n_gen as f64;
+                    let (_, acc) = decode.get_or_insert((0, 0.0));
+                    *acc += us / t.reps as f64;
+                }
+            }
+        }
+        if let Some(d) = decode.as_mut() {
+            d.0 = self.ctx().last_step.dispatches;
+        }
+        self.ctx().clear();
+        Ok(Measured { samples_ns, decode })
+    }
+}
+
+/// Decodes `toks` from position `start` in batches of at most n_batch (as llama-bench
+/// feeds a prompt longer than -b), the last token of each with logits.
+fn decode_chunks(ctx: &mut Context, toks: &[u32], start: i32) -> Result<(), EngineError> {
+    let nb = ctx.params.n_batch as usize;
+    for (i, c) in toks.chunks(nb).enumerate() {
+        ctx.decode(&Batch::simple(c, start + (i * nb) as i32, false))?;
+    }
+    Ok(())
+}
