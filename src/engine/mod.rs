@@ -102,9 +102,7 @@ impl Engine {
         // The file first: its errors are clearer than a GPU's.
         let (f, tokenizer) = Self::open_file(path)?;
         let gpu = Gpu::new(&opts.gpu)?;
-        let mut e = Self::load_on(gpu, &f, tokenizer, opts, progress)?;
-        e.load_time = start.elapsed();
-        Ok(e)
+        Self::load_opened(start, gpu, &f, tokenizer, opts, progress)
     }
 
     /// [`Engine::load`] onto a GPU the caller opened or wrapped (the desktop app runs the
@@ -118,7 +116,20 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
         let (f, tokenizer) = Self::open_file(path)?;
-        let mut e = Self::load_on(gpu, &f, tokenizer, opts, progress)?;
+        Self::load_opened(start, gpu, &f, tokenizer, opts, progress)
+    }
+
+    /// [`Engine::load_on`], timed from `start` (when the file was first touched).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn load_opened(
+        start: Instant,
+        gpu: Arc<Gpu>,
+        f: &GgufFile,
+        tokenizer: Tokenizer,
+        opts: &EngineOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Engine, EngineError> {
+        let mut e = Self::load_on(gpu, f, tokenizer, opts, progress)?;
         e.load_time = start.elapsed();
         Ok(e)
     }
