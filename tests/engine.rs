@@ -336,11 +336,20 @@ fn regenerate_replaces_the_last_reply() {
         banned: eog,
         ..SamplerParams::default()
     };
-    engine.set_sampling(id, sampled, 12).unwrap();
+    engine.set_sampling(id, sampled.clone(), 12).unwrap();
     engine.regenerate(id).unwrap();
     let other = reply(&mut engine, id);
     assert_eq!(other.len(), 12);
     assert_ne!(other, first, "a sampled reply differs from the greedy one");
+    // The same settings again keep the sampler: its random stream goes on, so the next
+    // regenerated reply is another one (a reseeded sampler would repeat `other`).
+    engine.set_sampling(id, sampled, 12).unwrap();
+    engine.regenerate(id).unwrap();
+    let third = reply(&mut engine, id);
+    assert_ne!(
+        third, other,
+        "regenerate with unchanged settings samples anew"
+    );
     assert_eq!(
         engine.cells().used(),
         10 + 12,

@@ -169,7 +169,6 @@ impl App {
         self.send(Cmd::Load {
             path,
             opts,
-            chats: self.settings.n_parallel,
             session: Box::new(self.settings.session_params()),
         });
     }

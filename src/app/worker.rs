@@ -12,11 +12,11 @@ use web_time::Instant;
 
 /// What the window asks of the engine.
 pub enum Cmd {
-    /// Load a model (replacing the one loaded), then open `chats` sessions.
+    /// Load a model (replacing the one loaded), then open a session per sequence
+    /// (`opts.n_seq_max`).
     Load {
         path: PathBuf,
         opts: Box<EngineOptions>,
-        chats: u32,
         session: Box<SessionParams>,
     },
     Chat {
@@ -148,9 +148,8 @@ impl Worker {
             Cmd::Load {
                 path,
                 opts,
-                chats,
                 session,
-            } => self.load(path, &opts, chats, &session),
+            } => self.load(path, &opts, &session),
             Cmd::Chat { chat, text } => {
                 self.with_engine(Some(chat), |e| e.chat(chat, &text).map(drop))
             }
@@ -185,7 +184,7 @@ impl Worker {
         }
     }
 
-    fn load(&mut self, path: PathBuf, opts: &EngineOptions, chats: u32, session: &SessionParams) {
+    fn load(&mut self, path: PathBuf, opts: &EngineOptions, session: &SessionParams) {
         // Free the old model's buffers before the new one's are made.
         self.engine = None;
         let tx = self.tx.clone();
@@ -196,16 +195,13 @@ impl Worker {
                 let _ = tx.send(Update::Progress { done, total });
             }
         };
-        let mut opts = opts.clone();
-        opts.n_seq_max = chats.max(1);
-        let loaded = Engine::load_file_on(self.gpu.clone(), &path, &opts, &mut progress).and_then(
-            |mut e| {
-                for _ in 0..chats.max(1) {
+        let loaded =
+            Engine::load_file_on(self.gpu.clone(), &path, opts, &mut progress).and_then(|mut e| {
+                for _ in 0..opts.n_seq_max {
                     e.open_session(session.clone())?;
                 }
                 Ok(e)
-            },
-        );
+            });
         match loaded {
             Ok(e) => {
                 self.send(Update::Loaded(ModelInfo {

@@ -364,7 +364,9 @@ impl Engine {
     }
 
     /// New sampling settings (and reply length) for an idle session; its conversation and
-    /// cells stay. The penalty history is rebuilt from the tokens the sequence holds.
+    /// cells stay. Settings equal to the current ones keep the sampler as it is, random
+    /// stream included (a regenerated reply then differs); new ones start a new sampler
+    /// whose penalty history is rebuilt from the tokens the sequence holds.
     pub fn set_sampling(
         &mut self,
         id: SessionId,
@@ -376,16 +378,11 @@ impl Engine {
         if s.phase != Phase::Idle {
             return Err(EngineError::Busy(id));
         }
-        s.params.sampling = sampling.clone();
         s.params.n_predict = n_predict;
-        s.sampler = crate::sample::Sampler::new(sampling, n_vocab);
-        let from = s
-            .history
-            .len()
-            .saturating_sub(s.sampler.params().repeat_last_n);
-        for i in from..s.history.len() {
-            let t = s.history[i];
-            s.sampler.accept(t);
+        if s.params.sampling != sampling {
+            s.params.sampling = sampling.clone();
+            s.sampler = crate::sample::Sampler::new(sampling, n_vocab);
+            s.refill_penalty_history();
         }
         Ok(())
     }

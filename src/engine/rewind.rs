@@ -52,12 +52,7 @@ impl Engine {
         let s = self.session_mut(id)?;
         s.history.truncate(mark.history_len);
         s.sampler.reset();
-        let n_hist = s.history.len();
-        let from = n_hist.saturating_sub(s.sampler.params().repeat_last_n);
-        for i in from..n_hist {
-            let t = s.history[i];
-            s.sampler.accept(t);
-        }
+        s.refill_penalty_history();
         s.logits = mark.logits;
         s.shift = mark.shift;
         s.conversation = mark.conversation;

@@ -235,6 +235,17 @@ impl Session {
         self.phase != Phase::Idle || self.cancel
     }
 
+    /// Gives an emptied sampler the penalty history of the tokens the sequence holds.
+    pub(super) fn refill_penalty_history(&mut self) {
+        let from = self
+            .history
+            .len()
+            .saturating_sub(self.sampler.params().repeat_last_n);
+        for &t in &self.history[from..] {
+            self.sampler.accept(t);
+        }
+    }
+
     /// Ends the current generation: the stream's tail, the chat reply, the event.
     pub(super) fn finish(&mut self, stop: Stop) -> Event {
         let tail = self.stream.finish();
