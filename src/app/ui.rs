@@ -61,8 +61,6 @@ enum Drive {
 pub struct App {
     opts: AppOptions,
     settings: AppSettings,
-    /// Settings the loaded model was built with (context, sequences).
-    loaded_settings: AppSettings,
     tx: Sender<Cmd>,
     rx: Receiver<Update>,
     gpu: Arc<Gpu>,
@@ -126,7 +124,6 @@ impl App {
         let drive = opts.screenshot.as_ref().map(|_| Drive::WaitLoad);
         let mut app = App {
             settings: opts.settings.clone(),
-            loaded_settings: opts.settings.clone(),
             tx: cmd_tx,
             rx: up_rx,
             gpu,
@@ -160,7 +157,6 @@ impl App {
 
     fn start_load(&mut self) {
         let path = PathBuf::from(self.model_path.trim());
-        self.loaded_settings = self.settings.clone();
         self.chats.clear();
         self.cache = None;
         self.error = None;
@@ -179,20 +175,25 @@ impl App {
             return;
         }
         let id = self.chats[i].id;
-        // Sampling settings apply from this reply on.
-        let s = &self.settings;
-        let (sampling, n_predict) = (s.sampling.clone(), s.n_predict);
         self.chats[i].messages.push((Role::User, text.clone()));
         self.chats[i]
             .messages
             .push((Role::Assistant, String::new()));
         self.chats[i].busy = true;
+        self.send_sampling(id);
+        self.send(Cmd::Chat { chat: id, text });
+    }
+
+    /// The sampling panel's settings, for chat `id`'s next reply (the engine keeps its
+    /// sampler when they have not changed).
+    fn send_sampling(&mut self, id: SessionId) {
+        let s = &self.settings;
+        let (sampling, n_predict) = (Box::new(s.sampling.clone()), s.n_predict);
         self.send(Cmd::Sampling {
             chat: id,
-            sampling: Box::new(sampling),
+            sampling,
             n_predict,
         });
-        self.send(Cmd::Chat { chat: id, text });
     }
 
     fn chat_mut(&mut self, id: SessionId) -> Option<&mut Chat> {
@@ -661,12 +662,7 @@ impl App {
         c.messages.push((Role::Assistant, String::new()));
         c.busy = true;
         let id = c.id;
-        let (sampling, n_predict) = (self.settings.sampling.clone(), self.settings.n_predict);
-        self.send(Cmd::Sampling {
-            chat: id,
-            sampling: Box::new(sampling),
-            n_predict,
-        });
+        self.send_sampling(id);
         self.send(Cmd::Regenerate(id));
     }
 }
