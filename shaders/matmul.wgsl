@@ -3,6 +3,8 @@
 // One invocation owns R consecutive weight rows and TB tokens: each weight block is
 // dequantized once and used TB times, each block of x is loaded once and used R times.
 // This "rows per invocation, no barriers" shape is what CPU-like adapters run fastest.
+// STORE writes the accumulators: plainly, or through the fused GLU epilogue, where the
+// weight's rows are interleaved (gate, up) pairs and act(gate) * up is written (R even).
 
 const TB: u32 = {{TB}}u;
 const R: u32 = {{R}}u;
@@ -51,11 +53,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
-    for (var t = 0u; t < ntb; t++) {
-        for (var r = 0u; r < R; r++) {
-            if (row0 + r < p.n_rows) {
-                dst[(t0 + t) * p.out_stride + p.out_row_offset + row0 + r] = acc[t * R + r];
-            }
-        }
-    }
+{{STORE}}
 }

@@ -4,7 +4,9 @@
 // loads coalesce), each keeping TB partial sums, then the row's partials are reduced:
 // the REDUCE template slot is subgroupAdd plus a short sum over subgroups where the adapter has
 // subgroups no wider than TPR, else a workgroup-memory tree. CPU-like adapters use
-// matmul.wgsl instead.
+// matmul.wgsl instead. With the fused GLU epilogue (the weight's rows are interleaved
+// (gate, up) pairs, ROWS even) the row sums meet in workgroup memory and each pair's
+// act(gate) * up is written.
 
 const TB: u32 = {{TB}}u;
 const ROWS: u32 = {{ROWS}}u;
@@ -18,6 +20,7 @@ const WB_SLOTS: u32 = 1u;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
 var<workgroup> red: array<f32, 256u * TB>;
+{{DECL}}
 
 @compute @workgroup_size(256)
 fn main(

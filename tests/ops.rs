@@ -11,9 +11,10 @@ use wgllm::ops::attention::{attention, attention_ref, AttnShape, AttnViews};
 use wgllm::ops::binary::{binary, binary_ref, BinaryOp};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::glu::{glu, glu_ref, Activation};
-use wgllm::ops::matmul::{matmul, matmul_ref};
+use wgllm::ops::matmul::{matmul, matmul_at, matmul_glu, matmul_ref, MatmulOut};
 use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
+use wgllm::ops::rope_store::{rope_store, rope_store_ref, RopeStoreShape, RopeStoreViews};
 use wgllm::ops::set_rows::{set_rows, set_rows_ref};
 use wgllm::ops::softmax::{softmax, softmax_ref, SoftmaxParams};
 use wgllm::ops::{nmse, run_now, KernelKey, View, Weight};
@@ -810,6 +811,15 @@ fn unknown_variants_are_refused() {
             tb: 2,
             rows: 4,
             subgroups: false,
+            glu: None,
+        },
+        // The fused GLU epilogue pairs rows inside a workgroup: odd rows have no variant.
+        KernelKey::MatmulWg {
+            ty: GgmlType::Q4_0,
+            tb: 1,
+            rows: 1,
+            subgroups: false,
+            glu: Some(wgllm::ops::glu::Activation::Silu),
         },
     ] {
         match gpu.pipeline(key) {
@@ -856,5 +866,228 @@ fn attention_with_heads_beyond_the_split_variants() {
         let (n, want, got) = attention_case(gpu, &mut rng, &s, &sp, 300);
         assert_eq!(n, 3, "{name}: scores, softmax and the one-pass output");
         check(&format!("{name} attention {s:?}"), &want, &got, 1e-10);
+    }
+}
+
+/// Reads an f16 or f32 cache back as f32.
+fn read_kv(gpu: &Gpu, v: &View, n: usize, f16: bool) -> Vec<f32> {
+    if f16 {
+        let bytes = gpu.read_bytes(&v.buf, 0, n as u64 * 2).unwrap();
+        let h: Vec<half::f16> = bytemuck::pod_collect_to_vec(&bytes);
+        h.iter().map(|x| x.to_f32()).collect()
+    } else {
+        read(gpu, v, n)
+    }
+}
+
+/// The fused rope_store (per-head norms, RoPE of Q and K, K and V rows into their cells)
+/// against the unfused CPU references: rms_norm, rope and set_rows one after another.
+#[test]
+fn rope_store_matches_unfused_reference() {
+    let mut rng = Rng(21);
+    for (name, gpu, _serial) in gpus() {
+        for f16 in kv_types(gpu) {
+            for (neox, norm) in [(false, false), (true, true), (true, false), (false, true)] {
+                let head_dim = 8 * (1 + rng.below(20));
+                let n_dims = if rng.below(2) == 0 {
+                    head_dim
+                } else {
+                    head_dim / 2
+                };
+                let rp = RopeParams {
+                    head_dim,
+                    n_dims,
+                    neox,
+                    freq_base: 10000.0,
+                    freq_scale: 1.0,
+                };
+                let n_head_kv = 1 + rng.below(3);
+                let n_head = n_head_kv * (1 + rng.below(3));
+                let n_tok = [1u32, 3, 9][rng.below(3) as usize];
+                let shape = RopeStoreShape {
+                    n_head,
+                    n_head_kv,
+                    n_tok,
+                    kv_f16: f16,
+                };
+                let cells = 12usize;
+                let kv_row = (n_head_kv * head_dim) as usize;
+                let slots: Vec<u32> = [7u32, 2, 11, 0, 5, 9, 1, 3, 10][..n_tok as usize].to_vec();
+                let positions: Vec<f64> = (0..n_tok).map(|_| rng.below(30000) as f64).collect();
+                let qkv = rng.vec(shape.row_len(head_dim) as usize * n_tok as usize);
+                let (qn, kn) = (rng.vec(head_dim as usize), rng.vec(head_dim as usize));
+                let (kc, k_init) = up_kv(gpu, &rng.vec(kv_row * cells), f16);
+                let (vc, v_init) = up_kv(gpu, &rng.vec(kv_row * cells), f16);
+                let q = out_f32(gpu, (n_head * head_dim * n_tok) as usize);
+                let table = up_f32(gpu, bytemuck::cast_slice(&rp.table(&positions)));
+                let (qn_v, kn_v) = (up_f32(gpu, &qn), up_f32(gpu, &kn));
+                let io = RopeStoreViews {
+                    table: &table,
+                    qkv: &up_f32(gpu, &qkv),
+                    slots: &up_u32(gpu, &slots),
+                    q: &q,
+                    k_cache: &kc,
+                    v_cache: &vc,
+                    norm: norm.then_some((&qn_v, &kn_v, 1e-6)),
+                };
+                run_now(gpu, &[rope_store(gpu, &rp, &shape, &io).unwrap()]).unwrap();
+                let (mut k_want, mut v_want) = (k_init, v_init);
+                let q_want = rope_store_ref(
+                    &rp,
+                    &shape,
+                    &qkv,
+                    &positions,
+                    &slots,
+                    norm.then_some((&qn[..], &kn[..], 1e-6)),
+                    &mut k_want,
+                    &mut v_want,
+                );
+                let what = format!("{name} rope_store f16={f16} norm={norm} {rp:?} {shape:?}");
+                check(&what, &q_want, &read(gpu, &q, q_want.len()), 1e-10);
+                let (tol, round) = if f16 {
+                    (1e-6, f16_round(&k_want).0)
+                } else {
+                    (1e-10, k_want)
+                };
+                check(&what, &round, &read_kv(gpu, &kc, round.len(), f16), tol);
+                let v_round = if f16 { f16_round(&v_want).0 } else { v_want };
+                check(&what, &v_round, &read_kv(gpu, &vc, v_round.len(), f16), 0.0);
+            }
+        }
+    }
+}
+
+/// Per token, the rows of each part's output one after another (Q, K, V side by side).
+fn stack_rows(parts: &[Vec<f32>], rows: &[usize], n_tok: usize) -> Vec<f32> {
+    let mut out = Vec::new();
+    for t in 0..n_tok {
+        for (p, &r) in parts.iter().zip(rows) {
+            out.extend_from_slice(&p[t * r..(t + 1) * r]);
+        }
+    }
+    out
+}
+
+/// The fused projections against separate matmuls on the CPU: Q, K and V stacked in one
+/// weight; parts of different types written side by side (`matmul_at`); gate and up
+/// interleaved with the GLU in the matmul's epilogue (decode, small batches) or after the
+/// tiled prompt matmul.
+#[test]
+fn fused_projections_match_separate_matmuls() {
+    let mut rng = Rng(22);
+    for (name, gpu, _serial) in gpus() {
+        fused_projections_case(name, gpu, &mut rng);
+    }
+}
+
+/// A fused gate/up weight split over bindings keeps whole (gate, up) pairs in each chunk.
+#[test]
+fn fused_gate_up_split_over_bindings() {
+    let gpu = small_binding_gpu(4096);
+    let mut rng = Rng(23);
+    // Q8_0 rows of 64 are 72 bytes: 200 interleaved rows take four 4 KiB chunks.
+    let (ty, k, ff) = (GgmlType::Q8_0, 64usize, 100usize);
+    let gate = quantized(ty, &mut rng, k, ff);
+    let up = quantized(ty, &mut rng, k, ff);
+    let w = Weight::upload_fused(&gpu, "gate_up", ty, k, &[&gate, &up], true).unwrap();
+    assert!(w.chunks.len() >= 4, "{} chunks", w.chunks.len());
+    assert!(w
+        .chunks
+        .iter()
+        .all(|c| c.row_begin % 2 == 0 && c.n_rows % 2 == 0));
+    for n_tok in [1usize, 3] {
+        let x = rng.vec(k * n_tok);
+        let dst = out_f32(&gpu, ff * n_tok);
+        let pairs = out_f32(&gpu, 2 * ff * n_tok);
+        let xv = up_f32(&gpu, &x);
+        let d = matmul_glu(&gpu, &w, &xv, n_tok as u32, Activation::Silu, &dst, &pairs).unwrap();
+        run_now(&gpu, &d).unwrap();
+        let want = glu_ref(
+            Activation::Silu,
+            &matmul_ref(ty, &gate, k, ff, &x, n_tok),
+            &matmul_ref(ty, &up, k, ff, &x, n_tok),
+        );
+        check(
+            &format!("gate/up over chunks T={n_tok}"),
+            &want,
+            &read(&gpu, &dst, want.len()),
+            1e-9,
+        );
+    }
+}
+
+fn fused_projections_case(name: &str, gpu: &Gpu, rng: &mut Rng) {
+    for (i, n_tok) in [1usize, 4, 13, 70].into_iter().enumerate() {
+        let ty = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::F16][i];
+        let k = n_cols(ty, rng, 6);
+        let x = rng.vec(k * n_tok);
+        let xv = up_f32(gpu, &x);
+        let rows = [
+            2 * (1 + rng.below(40) as usize),
+            2 * (1 + rng.below(20) as usize),
+            2 * (1 + rng.below(20) as usize),
+        ];
+        let data: Vec<Vec<u8>> = rows.iter().map(|&r| quantized(ty, rng, k, r)).collect();
+        let mut refs: Vec<Vec<f32>> = data
+            .iter()
+            .zip(rows)
+            .map(|(d, r)| matmul_ref(ty, d, k, r, &x, n_tok))
+            .collect();
+        let total: usize = rows.iter().sum();
+        let what = format!("{name} {ty} {k}x{rows:?} T={n_tok}");
+        // One stacked weight.
+        let parts: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+        let w = Weight::upload_fused(gpu, "qkv", ty, k, &parts, false).unwrap();
+        let dst = out_f32(gpu, total * n_tok);
+        run_now(gpu, &matmul(gpu, &w, &xv, n_tok as u32, &dst).unwrap()).unwrap();
+        let want = stack_rows(&refs, &rows, n_tok);
+        check(
+            &format!("{what} stacked"),
+            &want,
+            &read(gpu, &dst, want.len()),
+            1e-9,
+        );
+        // Separate weights, the last of another type, into one tensor at row offsets.
+        let (v_ty, v_data) = (GgmlType::Q8_0, quantized(GgmlType::Q8_0, rng, k, rows[2]));
+        refs[2] = matmul_ref(v_ty, &v_data, k, rows[2], &x, n_tok);
+        let want = stack_rows(&refs, &rows, n_tok);
+        let dst = out_f32(gpu, total * n_tok);
+        let mut d = Vec::new();
+        let mut at = 0;
+        for (j, &r) in rows.iter().enumerate() {
+            let (t, bytes) = if j == 2 {
+                (v_ty, &v_data)
+            } else {
+                (ty, &data[j])
+            };
+            let w = Weight::upload(gpu, "part", t, k, r, bytes).unwrap();
+            let out = MatmulOut {
+                row_offset: at,
+                stride: total as u32,
+            };
+            d.extend(matmul_at(gpu, &w, &xv, n_tok as u32, &dst, out).unwrap());
+            at += r as u32;
+        }
+        run_now(gpu, &d).unwrap();
+        check(
+            &format!("{what} split"),
+            &want,
+            &read(gpu, &dst, want.len()),
+            1e-9,
+        );
+        // Gate and up interleaved, the GLU fused.
+        let ff = rows[0];
+        let up_data = quantized(ty, rng, k, ff);
+        let up_ref = matmul_ref(ty, &up_data, k, ff, &x, n_tok);
+        let w = Weight::upload_fused(gpu, "gate_up", ty, k, &[&data[0], &up_data], true).unwrap();
+        for act in [Activation::Silu, Activation::Gelu] {
+            let dst = out_f32(gpu, ff * n_tok);
+            let pairs = out_f32(gpu, 2 * ff * n_tok);
+            let d = matmul_glu(gpu, &w, &xv, n_tok as u32, act, &dst, &pairs).unwrap();
+            run_now(gpu, &d).unwrap();
+            let want = glu_ref(act, &refs[0], &up_ref);
+            let what = format!("{what} gate/up {act:?} ({} chunks)", w.chunks.len());
+            check(&what, &want, &read(gpu, &dst, want.len()), 1e-9);
+        }
     }
 }

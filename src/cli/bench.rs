@@ -66,6 +66,9 @@ pub struct BenchArgs {
     /// Kernel shapes: auto, cpu or gpu (see `wgllm run --help`).
     #[arg(long, default_value_t = KernelShape::Auto)]
     pub kernels: KernelShape,
+    /// Compile the kernels with wgpu's runtime checks (see `wgllm run --help`).
+    #[arg(long)]
+    pub shader_checks: bool,
     /// llama-bench's thread counts: one value accepted (there are no CPU threads here).
     #[arg(short = 't', long = "threads", hide_short_help = true)]
     pub threads: Vec<String>,
@@ -163,6 +166,7 @@ fn plan(a: &BenchArgs) -> Result<BenchPlan> {
         max_binding_override: None,
         kernels: a.kernels,
         tuning: wgllm::ops::KernelTuning::from_env()?,
+        shader_checks: a.shader_checks,
     };
     p.validate().map_err(anyhow::Error::msg)?;
     Ok(p)

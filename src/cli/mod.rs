@@ -68,6 +68,10 @@ pub struct GpuArgs {
     /// (tiled prompt matmul, multi-row reductions) discrete GPUs; `auto` picks by adapter type.
     #[arg(long, default_value_t = KernelShape::Auto)]
     pub kernels: KernelShape,
+    /// Compile the kernels with wgpu's runtime checks (index clamping, loop counters,
+    /// guarded division), for debugging; slower (lavapipe: a third of prompt speed).
+    #[arg(long)]
+    pub shader_checks: bool,
 }
 
 impl GpuArgs {
@@ -82,6 +86,7 @@ impl GpuArgs {
             max_binding_override: None,
             kernels: self.kernels,
             tuning: wgllm::ops::KernelTuning::from_env()?,
+            shader_checks: self.shader_checks,
         })
     }
 }

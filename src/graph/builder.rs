@@ -2,14 +2,16 @@
 
 use super::{planner, Graph};
 use crate::gpu::{Gpu, GpuError};
+use crate::model::GateUp;
 use crate::ops::add_rms_norm::add_rms_norm;
 use crate::ops::attention::{attention, AttnShape, AttnViews};
 use crate::ops::binary::{binary, BinaryOp};
 use crate::ops::get_rows::{get_rows, select_rows};
 use crate::ops::glu::{glu, Activation};
-use crate::ops::matmul::matmul;
+use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
 use crate::ops::rms_norm::rms_norm;
 use crate::ops::rope::{rope, RopeParams};
+use crate::ops::rope_store::{rope_store, RopeStoreShape, RopeStoreViews};
 use crate::ops::set_rows::set_rows;
 use crate::ops::softmax::SoftmaxParams;
 use crate::ops::{View, Weight};
@@ -35,8 +37,19 @@ pub enum Op {
         n_rows: u32,
         n_ids: u32,
     },
-    /// reads [x], writes [dst]
-    Matmul { w: Arc<Weight>, n_tok: u32 },
+    /// reads [x], writes [dst]: w's rows go to rows `out.row_offset..` of dst
+    Matmul {
+        w: Arc<Weight>,
+        n_tok: u32,
+        out: MatmulOut,
+    },
+    /// reads [x], writes [dst, pairs]: act(gate · x) * (up · x) for interleaved (gate, up)
+    /// rows; `pairs` holds the matmul's output where the GLU is not in its epilogue
+    MatmulGlu {
+        w: Arc<Weight>,
+        n_tok: u32,
+        act: Activation,
+    },
     /// reads [x, weight], writes [dst]
     RmsNorm { n: u32, rows: u32, eps: f32 },
     /// reads [a, b, weight], writes [sum, dst]: sum = a + b, dst = rms_norm(sum) * weight
@@ -50,6 +63,13 @@ pub enum Op {
         p: RopeParams,
         n_head: u32,
         n_tok: u32,
+    },
+    /// reads [table, qkv, slots(, q_norm, k_norm)], writes [q, k_cache, v_cache]
+    RopeStore {
+        p: RopeParams,
+        shape: RopeStoreShape,
+        /// Epsilon of the per-head Q/K norms, when the node reads their weights.
+        norm_eps: Option<f32>,
     },
     /// reads [src, idx], writes [dst] (f16 when dst_f16)
     SetRows {
@@ -79,6 +99,8 @@ impl Op {
             Op::GetRows { w, .. } => format!("get_rows {}", w.ty).to_lowercase(),
             Op::SelectRows { .. } => "select_rows".into(),
             Op::Matmul { w, .. } => format!("matmul {}", w.ty).to_lowercase(),
+            Op::MatmulGlu { w, .. } => format!("matmul_glu {}", w.ty).to_lowercase(),
+            Op::RopeStore { .. } => "rope_store".into(),
             Op::RmsNorm { .. } => "rms_norm".into(),
             Op::AddRmsNorm { .. } => "add_rms_norm".into(),
             Op::Binary { op, .. } => format!("{op:?}").to_lowercase(),
@@ -105,9 +127,32 @@ impl Op {
                 let n = *n_cols as u64 * *n_ids as u64;
                 c(2 * n * F + *n_ids as u64 * F, 0)
             }
-            Op::Matmul { w, n_tok } => {
+            Op::Matmul { w, n_tok, .. } => {
                 let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
                 c(w.gpu_bytes() + (cols + rows) * t * F, 2 * rows * cols * t)
+            }
+            // The matmul, writing half the rows, plus the activation per output.
+            Op::MatmulGlu { w, n_tok, .. } => {
+                let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
+                c(
+                    w.gpu_bytes() + (cols + rows / 2) * t * F,
+                    2 * rows * cols * t + 5 * rows / 2 * t,
+                )
+            }
+            Op::RopeStore { p, shape: s, .. } => {
+                let t = s.n_tok as u64;
+                let row = s.row_len(p.head_dim) as u64;
+                let kv = 2 * s.n_head_kv as u64 * p.head_dim as u64;
+                let q = row - kv;
+                let elem = if s.kv_f16 { 2 } else { F };
+                let table = t * p.n_dims as u64 / 2 * 2 * F;
+                // The projection row in, Q out, K and V into the cache; the rotations
+                // of Q and K heads as in RoPE.
+                let heads = (s.n_head + s.n_head_kv) as u64;
+                c(
+                    row * t * F + q * t * F + kv * t * elem + table + t * F,
+                    3 * p.n_dims as u64 / 2 * 2 * heads * t,
+                )
             }
             Op::RmsNorm { n, rows, .. } => {
                 let e = *n as u64 * *rows as u64;
@@ -180,9 +225,8 @@ pub struct GraphBuilder {
 /// the layer uses (a model with local and global layers picks them per layer).
 #[derive(Clone, Copy)]
 pub struct AttnBlock<'a> {
-    pub wq: &'a Arc<Weight>,
-    pub wk: &'a Arc<Weight>,
-    pub wv: &'a Arc<Weight>,
+    /// The Q, K and V projections stacked by rows (see `LayerWeights::qkv`).
+    pub qkv: &'a [Arc<Weight>],
     pub wo: &'a Arc<Weight>,
     /// The layer's K and V cache, [n_embd_kv, cells] each.
     pub k_cache: &'a View,
@@ -290,11 +334,41 @@ impl GraphBuilder {
 
     /// w · x written to an existing tensor (the logits buffer).
     pub fn matmul_into(&mut self, w: &Arc<Weight>, x: TensorId, dst: TensorId) {
+        self.matmul_rows_into(w, x, dst, 0);
+    }
+
+    /// w · x written to rows `row_offset..` of dst, whose rows are ne0(dst) long.
+    pub fn matmul_rows_into(
+        &mut self,
+        w: &Arc<Weight>,
+        x: TensorId,
+        dst: TensorId,
+        row_offset: u32,
+    ) {
         let op = Op::Matmul {
             w: w.clone(),
             n_tok: self.ne(x)[1],
+            out: MatmulOut {
+                row_offset,
+                stride: self.ne(dst)[0],
+            },
         };
         self.node(op, &[x], &[dst]);
+    }
+
+    /// act(gate · x) * (up · x) through one weight of interleaved (gate, up) rows:
+    /// [w.n_rows / 2, n_tok].
+    pub fn matmul_glu(&mut self, w: &Arc<Weight>, x: TensorId, act: Activation) -> TensorId {
+        let n_tok = self.ne(x)[1];
+        let dst = self.tensor([w.n_rows / 2, n_tok]);
+        let pairs = self.tensor([w.n_rows, n_tok]);
+        let op = Op::MatmulGlu {
+            w: w.clone(),
+            n_tok,
+            act,
+        };
+        self.node(op, &[x], &[dst, pairs]);
+        dst
     }
 
     /// Each row of x RMS-normed and scaled by the vector `w`.
@@ -380,6 +454,35 @@ impl GraphBuilder {
         self.node(op, &[src, idx], &[dst]);
     }
 
+    /// From a Q/K/V projection qkv ([row_len, n_tok]): the rotated Q ([head_dim *
+    /// n_head, n_tok]), with rotated K and plain V rows stored at `slots` in the caches;
+    /// Q and K heads RMS-normed first with `norm` (weights and epsilon).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_store(
+        &mut self,
+        qkv: TensorId,
+        table: TensorId,
+        p: RopeParams,
+        slots: TensorId,
+        [k_cache, v_cache]: [TensorId; 2],
+        shape: RopeStoreShape,
+        norm: Option<(&View, &View, f32)>,
+    ) -> TensorId {
+        let q = self.tensor([p.head_dim * shape.n_head, shape.n_tok]);
+        let mut reads = vec![table, qkv, slots];
+        if let Some((qn, kn, _)) = norm {
+            reads.push(self.external(qn.clone()));
+            reads.push(self.external(kn.clone()));
+        }
+        let op = Op::RopeStore {
+            p,
+            shape,
+            norm_eps: norm.map(|n| n.2),
+        };
+        self.node(op, &reads, &[q, k_cache, v_cache]);
+        q
+    }
+
     /// softmax(mask + scale · K q) V over the cache for q [head_dim * n_head, n_tok]:
     /// [head_dim * n_head, n_tok].
     pub fn attention(
@@ -399,43 +502,66 @@ impl GraphBuilder {
         Ok(dst)
     }
 
-    /// Self-attention of a normed x [n_embd, n_tok]: Q, K, V projections, (per-head Q and K
-    /// norms,) RoPE on Q and K,
-    /// K and V rows stored in the cache at the ubatch's slots, attention over the cache
-    /// with the layer's mask, output projection.
+    /// Self-attention of a normed x [n_embd, n_tok]: the Q, K, V projections into one
+    /// tensor (one matmul per weight of `a.qkv`), then one rope_store: (per-head Q and K
+    /// norms,) RoPE on Q and K, K and V rows stored in the cache at the ubatch's slots;
+    /// attention over the cache with the layer's mask, output projection.
     pub fn attn_block(
         &mut self,
         gpu: &Gpu,
         x: TensorId,
         a: &AttnBlock,
     ) -> Result<TensorId, GpuError> {
-        let mut q = self.matmul(a.wq, x);
-        let mut k = self.matmul(a.wk, x);
-        let v = self.matmul(a.wv, x);
-        if let Some((qn, kn, eps)) = a.qk_norm {
-            q = self.rms_norm_rows(q, qn, eps, a.shape.head_dim);
-            k = self.rms_norm_rows(k, kn, eps, a.shape.head_dim);
+        let n_tok = self.ne(x)[1];
+        let shape = RopeStoreShape {
+            n_head: a.shape.n_head,
+            n_head_kv: a.shape.n_head_kv,
+            n_tok,
+            kv_f16: a.shape.kv_f16,
+        };
+        let row = shape.row_len(a.shape.head_dim);
+        let stacked: u32 = a.qkv.iter().map(|w| w.n_rows).sum();
+        if stacked != row {
+            return Err(GpuError::Validation(format!(
+                "attention block: the Q/K/V weights have {stacked} rows, the heads need {row}"
+            )));
         }
-        self.rope(q, a.rope, a.rope_p, a.shape.n_head);
-        self.rope(k, a.rope, a.rope_p, a.shape.n_head_kv);
+        let qkv = match a.qkv {
+            [w] => self.matmul(w, x),
+            parts => {
+                let qkv = self.tensor([row, n_tok]);
+                let mut at = 0;
+                for w in parts {
+                    self.matmul_rows_into(w, x, qkv, at);
+                    at += w.n_rows;
+                }
+                qkv
+            }
+        };
         let kc = self.external(a.k_cache.clone());
         let vc = self.external(a.v_cache.clone());
-        self.set_rows(k, a.slots, kc, a.shape.kv_f16);
-        self.set_rows(v, a.slots, vc, a.shape.kv_f16);
+        let q = self.rope_store(qkv, a.rope, a.rope_p, a.slots, [kc, vc], shape, a.qk_norm);
         let attn = self.attention(gpu, q, [kc, vc], a.mask, a.shape, a.sp)?;
         Ok(self.matmul(a.wo, attn))
     }
 
-    /// Gated feed-forward of a normed x: down · (act(gate · x) * (up · x)).
+    /// Gated feed-forward of a normed x: down · (act(gate · x) * (up · x)), the gate and
+    /// up projections in one matmul with the GLU fused where their weights are one.
     pub fn ffn_block(
         &mut self,
         x: TensorId,
-        [gate, up, down]: [&Arc<Weight>; 3],
+        gate_up: &GateUp,
+        down: &Arc<Weight>,
         act: Activation,
     ) -> TensorId {
-        let g = self.matmul(gate, x);
-        let u = self.matmul(up, x);
-        let h = self.glu(act, g, u);
+        let h = match gate_up {
+            GateUp::Interleaved(w) => self.matmul_glu(w, x, act),
+            GateUp::Split { gate, up } => {
+                let g = self.matmul(gate, x);
+                let u = self.matmul(up, x);
+                self.glu(act, g, u)
+            }
+        };
         self.matmul(down, h)
     }
 
@@ -474,8 +600,23 @@ impl GraphBuilder {
                 } => dispatches.push(select_rows(
                     gpu, &r[0], *n_cols, *n_rows, &r[1], *n_ids, &w[0],
                 )?),
-                Op::Matmul { w: m, n_tok } => {
-                    dispatches.extend(matmul(gpu, m, &r[0], *n_tok, &w[0])?)
+                Op::Matmul { w: m, n_tok, out } => {
+                    dispatches.extend(matmul_at(gpu, m, &r[0], *n_tok, &w[0], *out)?)
+                }
+                Op::MatmulGlu { w: m, n_tok, act } => {
+                    dispatches.extend(matmul_glu(gpu, m, &r[0], *n_tok, *act, &w[0], &w[1])?)
+                }
+                Op::RopeStore { p, shape, norm_eps } => {
+                    let io = RopeStoreViews {
+                        table: &r[0],
+                        qkv: &r[1],
+                        slots: &r[2],
+                        q: &w[0],
+                        k_cache: &w[1],
+                        v_cache: &w[2],
+                        norm: norm_eps.map(|eps| (&r[3], &r[4], eps)),
+                    };
+                    dispatches.push(rope_store(gpu, p, shape, &io)?)
                 }
                 Op::RmsNorm { n, rows, eps } => {
                     dispatches.push(rms_norm(gpu, &r[0], &r[1], &w[0], *n, *rows, *eps)?)

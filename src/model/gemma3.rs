@@ -96,9 +96,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             (global_slots, global_mask, global_rope, global_shape)
         };
         let attn = AttnBlock {
-            wq: &lw.wq,
-            wk: &lw.wk,
-            wv: &lw.wv,
+            qkv: &lw.qkv,
             wo: &lw.wo,
             k_cache,
             v_cache,
@@ -117,7 +115,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         let o = g.attn_block(gpu, cur, &attn)?;
         let o = g.rms_norm(o, need(&lw.attn_post_norm, "post-attention norm")?, eps);
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
-        let ffn = g.ffn_block(cur, [&lw.gate, &lw.up, &lw.down], Activation::Gelu);
+        let ffn = g.ffn_block(cur, &lw.gate_up, &lw.down, Activation::Gelu);
         let ffn = g.rms_norm(ffn, need(&lw.ffn_post_norm, "post-feed-forward norm")?, eps);
         x = match w.layers.get(il + 1) {
             Some(next) => {

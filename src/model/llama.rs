@@ -58,9 +58,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             None => g.rms_norm(x, &lw.attn_norm, eps),
         };
         let attn = AttnBlock {
-            wq: &lw.wq,
-            wk: &lw.wk,
-            wv: &lw.wv,
+            qkv: &lw.qkv,
             wo: &lw.wo,
             k_cache,
             v_cache,
@@ -74,7 +72,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         };
         let o = g.attn_block(gpu, cur, &attn)?;
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
-        let ffn = g.ffn_block(cur, [&lw.gate, &lw.up, &lw.down], Activation::Silu);
+        let ffn = g.ffn_block(cur, &lw.gate_up, &lw.down, Activation::Silu);
         x = match w.layers.get(il + 1) {
             Some(next) => {
                 let (x_next, cur) = g.add_rms_norm(x_attn, ffn, &next.attn_norm, eps);

@@ -10,7 +10,7 @@ mod weights;
 
 pub use hparams::{Arch, Hparams};
 pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
-pub use weights::{LayerWeights, ModelWeights};
+pub use weights::{GateUp, LayerWeights, ModelWeights};
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
 use crate::gpu::{Gpu, GpuError};

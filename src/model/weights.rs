@@ -7,15 +7,24 @@ use crate::gpu::Gpu;
 use crate::ops::{View, Weight};
 use std::sync::Arc;
 
+/// The gate and up projections of a gated feed-forward.
+pub enum GateUp {
+    /// One weight of interleaved (gate, up) rows: one matmul with the GLU in its
+    /// epilogue.
+    Interleaved(Arc<Weight>),
+    /// Two weights (their types differ): two matmuls and a GLU.
+    Split { gate: Arc<Weight>, up: Arc<Weight> },
+}
+
 pub struct LayerWeights {
     pub attn_norm: View,
-    pub wq: Arc<Weight>,
-    pub wk: Arc<Weight>,
-    pub wv: Arc<Weight>,
+    /// The Q, K and V projections stacked by rows in that order, one weight per run of
+    /// same-typed ones: one matmul for a typical file (Gemma's Q4_K_M, whose V is Q8_0
+    /// beside Q5_0 Q and K: two).
+    pub qkv: Vec<Arc<Weight>>,
     pub wo: Arc<Weight>,
     pub ffn_norm: View,
-    pub gate: Arc<Weight>,
-    pub up: Arc<Weight>,
+    pub gate_up: GateUp,
     pub down: Arc<Weight>,
     /// Gemma: RMS norms of each Q and K head ([head_dim]), and norms of the attention and
     /// feed-forward outputs before their residual adds.
@@ -70,8 +79,8 @@ impl Loader<'_> {
         (self.progress)(self.done, self.total);
     }
 
-    /// A matrix [n_cols, n_rows], kept in its quantized type.
-    fn matrix(&mut self, name: &str, n_cols: u32, n_rows: u32) -> Result<Arc<Weight>, ModelError> {
+    /// A matrix's tensor, checked: [n_cols, n_rows] of a type the kernels read.
+    fn matrix_info(&self, name: &str, n_cols: u32, n_rows: u32) -> Result<TensorInfo, ModelError> {
         let t = self.info(name, &[n_cols as u64, n_rows as u64])?.clone();
         if !t.ty.is_supported_weight() {
             return Err(ModelError::UnsupportedType {
@@ -80,6 +89,76 @@ impl Loader<'_> {
                 ty: t.ty,
             });
         }
+        Ok(t)
+    }
+
+    /// Same-typed matrices [n_cols, rows] uploaded as one weight (see
+    /// [`Weight::upload_fused`]), named after its parts.
+    fn fused(
+        &mut self,
+        parts: &[TensorInfo],
+        n_cols: u32,
+        interleave: bool,
+    ) -> Result<Arc<Weight>, ModelError> {
+        if let [t] = parts {
+            return self.matrix(&t.name, n_cols, t.dims[1] as u32);
+        }
+        let name: Vec<&str> = parts.iter().map(|t| t.name.as_str()).collect();
+        let data: Vec<&[u8]> = parts.iter().map(|t| self.f.tensor_data(t)).collect();
+        let w = Weight::upload_fused(
+            self.gpu,
+            &name.join("+"),
+            parts[0].ty,
+            n_cols as usize,
+            &data,
+            interleave,
+        )?;
+        self.gpu_bytes += w.gpu_bytes();
+        for t in parts {
+            self.advance(t);
+        }
+        Ok(Arc::new(w))
+    }
+
+    /// Matrices [n_cols, rows_i] whose rows stack in order, one weight per run of
+    /// same-typed ones.
+    fn stacked(
+        &mut self,
+        names: &[(String, u32)],
+        n_cols: u32,
+    ) -> Result<Vec<Arc<Weight>>, ModelError> {
+        let infos = names
+            .iter()
+            .map(|(n, rows)| self.matrix_info(n, n_cols, *rows))
+            .collect::<Result<Vec<_>, _>>()?;
+        infos
+            .chunk_by(|a, b| a.ty == b.ty)
+            .map(|run| self.fused(run, n_cols, false))
+            .collect()
+    }
+
+    /// Gate and up [n_cols, n_rows] interleaved where their types agree.
+    fn gate_up(
+        &mut self,
+        gate: &str,
+        up: &str,
+        n_cols: u32,
+        n_rows: u32,
+    ) -> Result<GateUp, ModelError> {
+        let g = self.matrix_info(gate, n_cols, n_rows)?;
+        let u = self.matrix_info(up, n_cols, n_rows)?;
+        if g.ty == u.ty {
+            return Ok(GateUp::Interleaved(self.fused(&[g, u], n_cols, true)?));
+        }
+        Ok(GateUp::Split {
+            gate: self.matrix(gate, n_cols, n_rows)?,
+            up: self.matrix(up, n_cols, n_rows)?,
+        })
+    }
+
+    /// A matrix [n_cols, n_rows], kept in its quantized type.
+    fn matrix(&mut self, name: &str, n_cols: u32, n_rows: u32) -> Result<Arc<Weight>, ModelError> {
+        let t = self.matrix_info(name, n_cols, n_rows)?;
         let w = Weight::upload(
             self.gpu,
             name,
@@ -153,13 +232,10 @@ impl ModelWeights {
                 attn_post_norm,
                 ffn_post_norm,
                 attn_norm: l.vector(&n("attn_norm"), e)?,
-                wq: l.matrix(&n("attn_q"), e, q)?,
-                wk: l.matrix(&n("attn_k"), e, kv)?,
-                wv: l.matrix(&n("attn_v"), e, kv)?,
+                qkv: l.stacked(&[(n("attn_q"), q), (n("attn_k"), kv), (n("attn_v"), kv)], e)?,
                 wo: l.matrix(&n("attn_output"), q, e)?,
                 ffn_norm: l.vector(&n("ffn_norm"), e)?,
-                gate: l.matrix(&n("ffn_gate"), e, ff)?,
-                up: l.matrix(&n("ffn_up"), e, ff)?,
+                gate_up: l.gate_up(&n("ffn_gate"), &n("ffn_up"), e, ff)?,
                 down: l.matrix(&n("ffn_down"), ff, e)?,
             });
         }

@@ -38,6 +38,10 @@ pub fn binary(
     n: u32,
     nb: u32,
 ) -> Result<Dispatch, GpuError> {
+    if nb == 0 {
+        // The shader repeats b with `i % nb`; the kernels run without division guards.
+        return Err(GpuError::Validation("binary: b has no elements".into()));
+    }
     let pipeline = gpu.pipeline(KernelKey::Binary(op))?;
     let params = BinaryUniform {
         n,

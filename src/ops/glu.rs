@@ -40,9 +40,33 @@ pub fn glu(
     dst: &View,
     n: u32,
 ) -> Result<Dispatch, GpuError> {
+    record_glu(gpu, act, [gate, up], dst, n, false)
+}
+
+/// dst[i] = act(pairs[2i]) * pairs[2i + 1] for i < n: the interleaved (gate, up) output of
+/// a fused gate/up projection.
+pub fn glu_pairs(
+    gpu: &Gpu,
+    act: Activation,
+    pairs: &View,
+    dst: &View,
+    n: u32,
+) -> Result<Dispatch, GpuError> {
+    record_glu(gpu, act, [pairs, pairs], dst, n, true)
+}
+
+fn record_glu(
+    gpu: &Gpu,
+    act: Activation,
+    [gate, up]: [&View; 2],
+    dst: &View,
+    n: u32,
+    pairs: bool,
+) -> Result<Dispatch, GpuError> {
     let pipeline = gpu.pipeline(KernelKey::Glu(act))?;
     let params = GluUniform {
         n,
+        pairs: pairs as u32,
         ..Default::default()
     };
     let (gx, gy) = split_groups(n.div_ceil(256));

@@ -42,6 +42,12 @@ pub enum KernelKey {
     Rope {
         f16: bool,
     },
+    /// A Q/K/V projection's heads to a rotated Q and the f16 or f32 cache, with per-head
+    /// RMS norms of Q and K when `norm`.
+    RopeStore {
+        f16: bool,
+        norm: bool,
+    },
     /// Copy of new rows into an f16 or f32 KV cache.
     SetRows {
         f16: bool,
@@ -72,19 +78,23 @@ pub enum KernelKey {
     GetRows {
         ty: GgmlType,
     },
-    /// The CPU-shaped matmul: `rows` rows and `tb` tokens per invocation.
+    /// The CPU-shaped matmul: `rows` rows and `tb` tokens per invocation; with `glu`,
+    /// the fused epilogue over interleaved (gate, up) rows (`rows` even).
     Matmul {
         ty: GgmlType,
         rows: u32,
         tb: u32,
+        glu: Option<Activation>,
     },
     /// The GPU matrix-vector matmul: `rows` rows per workgroup of 256, `tb` tokens,
-    /// reduced with subgroupAdd when `subgroups`.
+    /// reduced with subgroupAdd when `subgroups`; with `glu`, the fused epilogue over
+    /// interleaved (gate, up) rows (`rows` even).
     MatmulWg {
         ty: GgmlType,
         tb: u32,
         rows: u32,
         subgroups: bool,
+        glu: Option<Activation>,
     },
     /// The GPU tiled prompt matmul: `bm` weight rows x `bn` tokens per workgroup.
     MatmulTile {
@@ -114,6 +124,11 @@ fn split_shapes() -> Vec<(u32, u32)> {
     out
 }
 
+/// No epilogue, or the fused GLU with each activation.
+fn glu_epilogues() -> impl Iterator<Item = Option<Activation>> {
+    std::iter::once(None).chain(Activation::ALL.iter().map(|&a| Some(a)))
+}
+
 fn kv_type(f16: bool) -> String {
     if f16 { "f16" } else { "f32" }.to_string()
 }
@@ -130,6 +145,9 @@ impl KernelKey {
         for f16 in [false, true] {
             v.push(Rope { f16 });
             v.push(SetRows { f16 });
+            for norm in [false, true] {
+                v.push(RopeStore { f16, norm });
+            }
             for &tb in ATTN_TB {
                 v.push(AttnKq { f16, tb });
                 v.push(AttnKqv { f16, tb });
@@ -140,20 +158,25 @@ impl KernelKey {
         }
         for ty in shaders::weight_types() {
             v.push(GetRows { ty });
-            for &rows in CPU_MATMUL_ROWS {
-                for &tb in CPU_MATMUL_TOKENS {
-                    v.push(Matmul { ty, rows, tb });
+            for glu in glu_epilogues() {
+                // The fused epilogue pairs rows within an invocation (a workgroup).
+                let rows_ok = |rows: u32| glu.is_none() || rows.is_multiple_of(2);
+                for &rows in CPU_MATMUL_ROWS.iter().filter(|&&r| rows_ok(r)) {
+                    for &tb in CPU_MATMUL_TOKENS {
+                        v.push(Matmul { ty, rows, tb, glu });
+                    }
                 }
-            }
-            for &tb in GPU_VEC_TOKENS {
-                for &rows in GPU_VEC_ROWS {
-                    for subgroups in [false, true] {
-                        v.push(MatmulWg {
-                            ty,
-                            tb,
-                            rows,
-                            subgroups,
-                        });
+                for &tb in GPU_VEC_TOKENS {
+                    for &rows in GPU_VEC_ROWS.iter().filter(|&&r| rows_ok(r)) {
+                        for subgroups in [false, true] {
+                            v.push(MatmulWg {
+                                ty,
+                                tb,
+                                rows,
+                                subgroups,
+                                glu,
+                            });
+                        }
                     }
                 }
             }
@@ -178,6 +201,7 @@ impl KernelKey {
         match *self {
             Rope { f16 }
             | SetRows { f16 }
+            | RopeStore { f16, .. }
             | AttnKq { f16, .. }
             | AttnKqv { f16, .. }
             | AttnKqvSplit { f16, .. }
@@ -216,6 +240,7 @@ impl KernelKey {
             RmsNorm
             | AddRmsNorm
             | Rope { .. }
+            | RopeStore { .. }
             | SetRows { .. }
             | AttnKq { .. }
             | AttnKqv { .. }
@@ -237,6 +262,14 @@ impl KernelKey {
         }
     }
 
+    /// The activation of a matmul's fused GLU epilogue, if it has one.
+    pub fn glu(&self) -> Option<Activation> {
+        match *self {
+            KernelKey::Matmul { glu, .. } | KernelKey::MatmulWg { glu, .. } => glu,
+            _ => None,
+        }
+    }
+
     /// The WGSL `struct Params` of the kernel's uniform block.
     pub fn uniform_wgsl(&self) -> &'static str {
         use KernelKey::*;
@@ -246,6 +279,7 @@ impl KernelKey {
             Glu(_) => GluUniform::WGSL,
             Rope { .. } => RopeUniform::WGSL,
             SetRows { .. } => SetRowsUniform::WGSL,
+            RopeStore { .. } => RopeStoreUniform::WGSL,
             Softmax { .. } => SoftmaxUniform::WGSL,
             AttnKq { .. } | AttnKqv { .. } | AttnKqvSplit { .. } => AttnUniform::WGSL,
             AttnKqvSum => AttnSumUniform::WGSL,
@@ -265,9 +299,13 @@ impl KernelKey {
             RmsNorm => shaders::RMS_NORM.to_string(),
             AddRmsNorm => shaders::ADD_RMS_NORM.to_string(),
             Binary(op) => compose(&[shaders::BINARY], &[("OP", op.expr().to_string())]),
-            Glu(act) => compose(&[shaders::GLU], &[("ACT", act.wgsl().to_string())]),
+            Glu(act) => compose(
+                &[shaders::ACT, shaders::GLU],
+                &[("ACT", act.wgsl().to_string())],
+            ),
             Rope { f16 } => compose(&[shaders::ROPE], &[("KV_T", kv_type(f16))]),
             SetRows { f16 } => compose(&[shaders::SET_ROWS], &[("KV_T", kv_type(f16))]),
+            RopeStore { f16, norm } => shaders::rope_store_source(&kv_type(f16), norm),
             Softmax { wg } => compose(&[shaders::SOFTMAX], &[("WG", wg.to_string())]),
             AttnKq { f16, tb } => compose(
                 &[shaders::ATTN_KQ],
@@ -287,16 +325,22 @@ impl KernelKey {
             ),
             AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
             GetRows { ty } => compose(&[&quant(ty)?, shaders::GET_ROWS], &[]),
-            Matmul { ty, rows, tb } => compose(
-                &[&quant(ty)?, shaders::MATMUL],
-                &[("TB", tb.to_string()), ("R", rows.to_string())],
-            ),
+            Matmul { ty, rows, tb, glu } => {
+                shaders::matmul_source(&quant(ty)?, rows, tb, glu.map(Activation::wgsl))
+            }
             MatmulWg {
                 ty,
                 tb,
                 rows,
                 subgroups,
-            } => shaders::matmul_wg_source(&quant(ty)?, tb, rows, subgroups),
+                glu,
+            } => shaders::matmul_wg_source(
+                &quant(ty)?,
+                tb,
+                rows,
+                subgroups,
+                glu.map(Activation::wgsl),
+            ),
             MatmulTile { ty, bm, bn } => shaders::matmul_tile_source(&quant(ty)?, bm, bn),
         };
         // `enable` directives must precede every declaration.
@@ -307,6 +351,11 @@ impl KernelKey {
         };
         Ok(format!("{enable}{}\n{body}", self.uniform_wgsl()))
     }
+}
+
+fn glu_suffix(glu: Option<Activation>) -> String {
+    glu.map(|a| format!("_glu_{}", a.wgsl()))
+        .unwrap_or_default()
 }
 
 impl fmt::Display for KernelKey {
@@ -320,6 +369,14 @@ impl fmt::Display for KernelKey {
             Glu(act) => write!(f, "glu_{act:?}"),
             Rope { f16 } => write!(f, "rope_{}", kv(f16)),
             SetRows { f16 } => write!(f, "set_rows_{}", kv(f16)),
+            RopeStore { f16, norm } => {
+                write!(
+                    f,
+                    "rope_store_{}{}",
+                    kv(f16),
+                    if norm { "_norm" } else { "" }
+                )
+            }
             Softmax { wg } => write!(f, "softmax_{wg}"),
             AttnKq { f16, tb } => write!(f, "attn_kq_{}_tb{tb}", kv(f16)),
             AttnKqv { f16, tb } => write!(f, "attn_kqv_{}_tb{tb}", kv(f16)),
@@ -328,16 +385,20 @@ impl fmt::Display for KernelKey {
             }
             AttnKqvSum => write!(f, "attn_kqv_sum"),
             GetRows { ty } => write!(f, "get_rows_{ty}"),
-            Matmul { ty, rows, tb } => write!(f, "matmul_{ty}_{rows}x{tb}"),
+            Matmul { ty, rows, tb, glu } => {
+                write!(f, "matmul_{ty}_{rows}x{tb}{}", glu_suffix(glu))
+            }
             MatmulWg {
                 ty,
                 tb,
                 rows,
                 subgroups,
+                glu,
             } => write!(
                 f,
-                "matmul_wg_{ty}_tb{tb}_rows{rows}{}",
-                if subgroups { "_sg" } else { "" }
+                "matmul_wg_{ty}_tb{tb}_rows{rows}{}{}",
+                if subgroups { "_sg" } else { "" },
+                glu_suffix(glu)
             ),
             MatmulTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
         }
@@ -434,17 +495,20 @@ mod tests {
         let splits = split_shapes().len();
         // Lanes 1 to 32 with 1 or 2 vec4s each (1 lane only ever has 1), 64 lanes with 1 to 8.
         assert_eq!(splits, 19);
+        let even = |rows: &[u32]| rows.iter().filter(|&&r| r % 2 == 0).count();
+        // Plain matmuls, and the fused GLU epilogue (even rows only) per activation.
         let per_type = 1
             + CPU_MATMUL_ROWS.len() * CPU_MATMUL_TOKENS.len()
             + GPU_VEC_TOKENS.len() * GPU_VEC_ROWS.len() * 2
-            + GPU_TILES.len();
+            + GPU_TILES.len()
+            + Activation::ALL.len()
+                * (even(CPU_MATMUL_ROWS) * CPU_MATMUL_TOKENS.len()
+                    + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
+        assert_eq!(per_type, 47 + 2 * (15 + 20));
         let shared = 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len();
-        let kv = 2 * (2 + 2 * ATTN_TB.len() + splits);
+        // Per cache type: rope, set_rows, two rope_stores, the attention kernels.
+        let kv = 2 * (4 + 2 * ATTN_TB.len() + splits);
         assert_eq!(all.len(), shared + kv + types.len() * per_type);
-        if types.len() == 5 {
-            // F32, F16, Q4_0, Q4_1, Q8_0: 9 + 58 + 5 x 47.
-            assert_eq!(all.len(), 302);
-        }
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.
         for ty in [
@@ -454,12 +518,15 @@ mod tests {
             GgmlType::F16,
         ] {
             for subgroups in [false, true] {
-                assert!(set.contains(&KernelKey::MatmulWg {
-                    ty,
-                    tb: 4,
-                    rows: 4,
-                    subgroups
-                }));
+                for glu in glu_epilogues() {
+                    assert!(set.contains(&KernelKey::MatmulWg {
+                        ty,
+                        tb: 4,
+                        rows: 4,
+                        subgroups,
+                        glu
+                    }));
+                }
             }
         }
         assert!(set.contains(&KernelKey::AttnKq { f16: false, tb: 4 }));

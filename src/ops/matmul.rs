@@ -1,5 +1,6 @@
 //! matmul: dst[t][r] = dot(W[r], x[t]) with W read in its quantized block layout.
 
+use super::glu::{glu_pairs, Activation};
 use super::uniforms::MatmulUniform;
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View, Weight};
 use crate::gguf::{quant, GgmlType};
@@ -57,17 +58,28 @@ pub fn gpu_tile(gpu: &Gpu, n_rows: u32) -> (u32, u32) {
 }
 
 /// The matmul variant for `n_tok` tokens through a `ty` matrix of `n_rows` rows on `gpu`.
-pub fn kernel(gpu: &Gpu, ty: GgmlType, n_rows: u32, n_tok: u32) -> KernelKey {
+/// With `glu`, the variant with the fused GLU epilogue where the shape has one (rows per
+/// invocation or workgroup rounded up to even); the tiled prompt matmul has none (its
+/// invocations own rows 16 apart), so its key comes back without.
+pub fn kernel(
+    gpu: &Gpu,
+    ty: GgmlType,
+    n_rows: u32,
+    n_tok: u32,
+    glu: Option<Activation>,
+) -> KernelKey {
+    let even = |rows: u32| if glu.is_some() { rows.max(2) } else { rows };
     if gpu.kernels != KernelShape::Gpu {
         let (rows, tb) = tile(&gpu.tuning, n_tok);
-        return KernelKey::Matmul { ty, rows, tb };
+        let rows = even(rows);
+        return KernelKey::Matmul { ty, rows, tb, glu };
     }
     if n_tok >= gpu_tile_min(&gpu.tuning) {
         let (bm, bn) = gpu_tile(gpu, n_rows);
         return KernelKey::MatmulTile { ty, bm, bn };
     }
     let tb = if n_tok == 1 { 1 } else { 4 };
-    let rows = gpu_vec_rows(&gpu.tuning);
+    let rows = even(gpu_vec_rows(&gpu.tuning));
     // subgroupAdd reduces within a row only where the widest subgroup fits in its
     // 256 / rows invocations.
     let max_sg = gpu.info.subgroup_size.1;
@@ -77,6 +89,25 @@ pub fn kernel(gpu: &Gpu, ty: GgmlType, n_rows: u32, n_tok: u32) -> KernelKey {
         tb,
         rows,
         subgroups,
+        glu,
+    }
+}
+
+/// Where a matmul's rows go in dst: `row_offset` rows into rows of `stride` elements (a
+/// projection writing its part of a wider tensor, as Q, K and V side by side).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatmulOut {
+    pub row_offset: u32,
+    pub stride: u32,
+}
+
+impl MatmulOut {
+    /// The whole of dst: rows of w.n_rows.
+    pub fn whole(w: &Weight) -> MatmulOut {
+        MatmulOut {
+            row_offset: 0,
+            stride: w.n_rows,
+        }
     }
 }
 
@@ -88,13 +119,76 @@ pub fn matmul(
     n_tok: u32,
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    matmul_at(gpu, w, x, n_tok, dst, MatmulOut::whole(w))
+}
+
+/// [`matmul`] into rows `out.row_offset..` of a dst whose rows are `out.stride` long.
+pub fn matmul_at(
+    gpu: &Gpu,
+    w: &Weight,
+    x: &View,
+    n_tok: u32,
+    dst: &View,
+    out: MatmulOut,
+) -> Result<Vec<Dispatch>, GpuError> {
+    if out.row_offset + w.n_rows > out.stride {
+        return Err(GpuError::Validation(format!(
+            "matmul {}: {} rows at row {} do not fit rows of {}",
+            w.name, w.n_rows, out.row_offset, out.stride
+        )));
+    }
+    let key = kernel(gpu, w.ty, w.n_rows, n_tok, None);
+    record_chunks(gpu, w, x, n_tok, dst, key, out)
+}
+
+/// act(gate · x) * (up · x) for a weight whose rows are interleaved (gate, up) pairs
+/// (`Weight::upload_interleaved`): dst is [w.n_rows / 2, n_tok]. Decode and small
+/// batches run one matmul with the GLU in its epilogue; the tiled prompt matmul writes
+/// the pairs to `pairs` ([w.n_rows, n_tok]) and a GLU dispatch reads them.
+pub fn matmul_glu(
+    gpu: &Gpu,
+    w: &Weight,
+    x: &View,
+    n_tok: u32,
+    act: Activation,
+    dst: &View,
+    pairs: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    if !w.n_rows.is_multiple_of(2) || w.chunks.iter().any(|c| c.row_begin % 2 != 0) {
+        return Err(GpuError::Validation(format!(
+            "matmul {}: a fused gate/up weight needs whole (gate, up) row pairs in each chunk",
+            w.name
+        )));
+    }
+    let key = kernel(gpu, w.ty, w.n_rows, n_tok, Some(act));
+    let half = MatmulOut {
+        row_offset: 0,
+        stride: w.n_rows / 2,
+    };
+    if key.glu().is_some() {
+        return record_chunks(gpu, w, x, n_tok, dst, key, half);
+    }
+    let mut d = record_chunks(gpu, w, x, n_tok, pairs, key, MatmulOut::whole(w))?;
+    d.push(glu_pairs(gpu, act, pairs, dst, half.stride * n_tok)?);
+    Ok(d)
+}
+
+/// One dispatch of `key` per chunk of w.
+fn record_chunks(
+    gpu: &Gpu,
+    w: &Weight,
+    x: &View,
+    n_tok: u32,
+    dst: &View,
+    key: KernelKey,
+    out: MatmulOut,
+) -> Result<Vec<Dispatch>, GpuError> {
     if !w.n_cols.is_multiple_of(32) {
         return Err(GpuError::Validation(format!(
             "matmul {}: row length {} is not a multiple of 32",
             w.name, w.n_cols
         )));
     }
-    let key = kernel(gpu, w.ty, w.n_rows, n_tok);
     let pipeline = gpu.pipeline(key)?;
     let (rows_per_group, tb) = key
         .matmul_block()
@@ -108,8 +202,8 @@ pub fn matmul(
                 n_rows: c.n_rows,
                 n_tok,
                 row_words: w.row_words,
-                out_row_offset: c.row_begin,
-                out_stride: w.n_rows,
+                out_row_offset: out.row_offset + c.row_begin,
+                out_stride: out.stride,
                 wg_x: gx,
                 ..Default::default()
             };

@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod matmul;
 pub mod rms_norm;
 pub mod rope;
+pub mod rope_store;
 pub mod set_rows;
 pub mod shaders;
 pub mod softmax;

@@ -11,8 +11,10 @@ pub const RMS_NORM: &str = include_str!("../../shaders/rms_norm.wgsl");
 pub const ADD_RMS_NORM: &str = include_str!("../../shaders/add_rms_norm.wgsl");
 pub const BINARY: &str = include_str!("../../shaders/binary.wgsl");
 pub const GLU: &str = include_str!("../../shaders/glu.wgsl");
+pub const ACT: &str = include_str!("../../shaders/act.wgsl");
 pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 pub const SET_ROWS: &str = include_str!("../../shaders/set_rows.wgsl");
+pub const ROPE_STORE: &str = include_str!("../../shaders/rope_store.wgsl");
 pub const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
 pub const ATTN_KQ: &str = include_str!("../../shaders/attn_kq.wgsl");
 pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
@@ -47,11 +49,59 @@ pub fn weight_types() -> Vec<GgmlType> {
         .collect()
 }
 
+/// The CPU-shaped matmul (`rows` rows and `tb` tokens per invocation), storing plainly or,
+/// with `glu`, act(gate) * up of each interleaved (gate, up) row pair (`rows` even).
+pub fn matmul_source(quant: &str, rows: u32, tb: u32, glu: Option<&str>) -> String {
+    let store = match glu {
+        None => "\
+    for (var t = 0u; t < ntb; t++) {
+        for (var r = 0u; r < R; r++) {
+            if (row0 + r < p.n_rows) {
+                dst[(t0 + t) * p.out_stride + p.out_row_offset + row0 + r] = acc[t * R + r];
+            }
+        }
+    }"
+        .to_string(),
+        Some(act) => format!(
+            "\
+    for (var t = 0u; t < ntb; t++) {{
+        for (var r = 0u; r < R; r += 2u) {{
+            if (row0 + r + 1u < p.n_rows) {{
+                let o = (t0 + t) * p.out_stride + (p.out_row_offset + row0 + r) / 2u;
+                dst[o] = {act}(acc[t * R + r]) * acc[t * R + r + 1u];
+            }}
+        }}
+    }}"
+        ),
+    };
+    let parts: &[&str] = if glu.is_some() {
+        &[quant, ACT, MATMUL]
+    } else {
+        &[quant, MATMUL]
+    };
+    compose(
+        parts,
+        &[
+            ("TB", tb.to_string()),
+            ("R", rows.to_string()),
+            ("STORE", store),
+        ],
+    )
+}
+
 /// The rows-per-workgroup matrix-vector matmul: `rows` rows per workgroup of 256, `tb`
 /// tokens, reduced with subgroupAdd when `subgroups` (the caller checks that the adapter's
 /// widest subgroup fits in 256 / rows invocations) or a workgroup-memory tree.
+/// With `glu` (an activation's WGSL name; `rows` even) each row's sum goes to workgroup
+/// memory and act(gate) * up of each interleaved (gate, up) row pair is written.
 /// `quant` is the weight type's [`quant_snippet`].
-pub fn matmul_wg_source(quant: &str, tb: u32, rows: u32, subgroups: bool) -> String {
+pub fn matmul_wg_source(
+    quant: &str,
+    tb: u32,
+    rows: u32,
+    subgroups: bool,
+    glu: Option<&str>,
+) -> String {
     let reduce_tree = "\
     for (var t = 0u; t < TB; t++) { red[t * 256u + lid] = acc[t]; }
     workgroupBarrier();
@@ -62,7 +112,7 @@ pub fn matmul_wg_source(quant: &str, tb: u32, rows: u32, subgroups: bool) -> Str
         workgroupBarrier();
     }
     if (sl == 0u && out_ok) {
-        for (var t = 0u; t < ntb; t++) { dst[(t0 + t) * p.out_stride + o] = red[t * 256u + lid]; }
+        for (var t = 0u; t < ntb; t++) { PUT(red[t * 256u + lid]); }
     }";
     let reduce_sg = "\
     for (var t = 0u; t < TB; t++) {
@@ -76,10 +126,10 @@ pub fn matmul_wg_source(quant: &str, tb: u32, rows: u32, subgroups: bool) -> Str
         for (var t = 0u; t < ntb; t++) {
             var s = 0.0;
             for (var i = 0u; i < per_row; i++) { s += red[t * 256u + first + i]; }
-            dst[(t0 + t) * p.out_stride + o] = s;
+            PUT(s);
         }
     }";
-    let (args, reduce) = if subgroups {
+    let (args, reduce_any) = if subgroups {
         (
             // naga 30 enables subgroup builtins with the device feature, not `enable`.
             "@builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_size) sg_size: u32,",
@@ -88,9 +138,34 @@ pub fn matmul_wg_source(quant: &str, tb: u32, rows: u32, subgroups: bool) -> Str
     } else {
         ("", reduce_tree)
     };
+    let (decl, reduce) = match glu {
+        None => (
+            String::new(),
+            reduce_any.replace("PUT(", "dst[(t0 + t) * p.out_stride + o] = ("),
+        ),
+        Some(act) => (
+            "var<workgroup> res: array<f32, ROWS * TB>;".to_string(),
+            reduce_any.replace("PUT(", "res[t * ROWS + seg] = (")
+                + &format!(
+                    "
+    workgroupBarrier();
+    if (sl == 0u && seg % 2u == 0u && row + 1u < p.n_rows) {{
+        for (var t = 0u; t < ntb; t++) {{
+            dst[(t0 + t) * p.out_stride + o / 2u] = {act}(res[t * ROWS + seg]) * res[t * ROWS + seg + 1u];
+        }}
+    }}"
+                ),
+        ),
+    };
+    let parts: &[&str] = if glu.is_some() {
+        &[quant, ACT, MATMUL_WG]
+    } else {
+        &[quant, MATMUL_WG]
+    };
     compose(
-        &[quant, MATMUL_WG],
+        parts,
         &[
+            ("DECL", decl),
             ("TB", tb.to_string()),
             ("ROWS", rows.to_string()),
             ("SG_ARGS", args.to_string()),
@@ -144,6 +219,25 @@ pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32) -> String {
             ("DECL", decl),
             ("BODY", body),
             ("STORE", store),
+        ],
+    )
+}
+
+/// rope_store for an f16 or f32 cache, with the per-head norm weights bound when `norm`.
+pub fn rope_store_source(kv_t: &str, norm: bool) -> String {
+    let bindings = if norm {
+        "@group(0) @binding(7) var<storage, read> q_norm: array<f32>;
+@group(0) @binding(8) var<storage, read> k_norm: array<f32>;
+fn norm_weight(e: u32, is_q: bool) -> f32 { return select(k_norm[e], q_norm[e], is_q); }"
+    } else {
+        "fn norm_weight(e: u32, is_q: bool) -> f32 { return 1.0; }"
+    };
+    compose(
+        &[ROPE_STORE],
+        &[
+            ("KV_T", kv_t.to_string()),
+            ("NORM", norm.to_string()),
+            ("NORM_BINDINGS", bindings.to_string()),
         ],
     )
 }

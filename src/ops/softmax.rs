@@ -43,6 +43,10 @@ pub fn softmax(
     n_cols: u32,
     rows_per_head: u32,
 ) -> Result<Dispatch, GpuError> {
+    if rows_per_head == 0 {
+        // The shader divides by it; the kernels run without division guards.
+        return Err(GpuError::Validation("softmax: no rows per head".into()));
+    }
     let wg = if gpu.kernels == KernelShape::Gpu {
         256
     } else {

@@ -57,10 +57,10 @@ uniform_struct! {
 }
 
 uniform_struct! {
-    /// glu: `n` outputs.
+    /// glu: `n` outputs; gate and up interleaved in one tensor when `pairs` is 1.
     GluUniform {
         n: u32,
-        _pad0: u32,
+        pairs: u32,
         _pad1: u32,
         _pad2: u32,
     }
@@ -79,6 +79,23 @@ uniform_struct! {
         _pad0: u32,
         _pad1: u32,
         _pad2: u32,
+    }
+}
+
+uniform_struct! {
+    /// rope_store: a Q/K/V projection row's heads to Q and the cache.
+    RopeStoreUniform {
+        head_dim: u32,
+        n_head: u32,
+        n_head_kv: u32,
+        /// Rotated dimensions (<= head_dim); the rest pass through.
+        n_dims: u32,
+        /// 0: rotate pairs (2i, 2i+1); 1: pairs (i, i + n_dims/2).
+        neox: u32,
+        /// Epsilon of the per-head RMS norm (the norm variant only).
+        eps: f32,
+        _pad0: u32,
+        _pad1: u32,
     }
 }
 
@@ -156,9 +173,10 @@ uniform_struct! {
         n_rows: u32,
         n_tok: u32,
         row_words: u32,
-        /// First row of this chunk in dst.
+        /// First row of this chunk in dst (in weight rows, even with the GLU epilogue).
         out_row_offset: u32,
-        /// dst row length (all rows of the matrix).
+        /// dst row length (all rows of the matrix, or of the tensor the rows go into;
+        /// half the weight's rows with the GLU epilogue).
         out_stride: u32,
         /// Workgroups along x (rows are split over x and y).
         wg_x: u32,

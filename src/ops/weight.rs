@@ -31,6 +31,59 @@ impl Weight {
         n_rows: usize,
         data: &[u8],
     ) -> Result<Weight, GpuError> {
+        Self::upload_chunked(gpu, name, ty, n_cols, n_rows, data, 1)
+    }
+
+    /// Several same-typed [n_cols, rows] tensors (GGUF bytes each) as one weight: stacked
+    /// (all rows of the first, then the second...: Q, K and V in one matmul), or with
+    /// `interleave` row by row (gate 0, up 0, gate 1, ...: the pairs the fused GLU
+    /// epilogue reads; the parts then have the same rows, and chunks hold whole pairs).
+    pub fn upload_fused(
+        gpu: &Gpu,
+        name: &str,
+        ty: GgmlType,
+        n_cols: usize,
+        parts: &[&[u8]],
+        interleave: bool,
+    ) -> Result<Weight, GpuError> {
+        let row_bytes = ty.row_bytes(n_cols as u64).ok_or_else(|| {
+            GpuError::Validation(format!(
+                "{name}: rows of {n_cols} elements are not whole {ty} blocks"
+            ))
+        })? as usize;
+        let rows: Vec<usize> = parts.iter().map(|p| p.len() / row_bytes).collect();
+        let n_rows: usize = rows.iter().sum();
+        if interleave && rows.iter().any(|&r| r != rows[0]) {
+            return Err(GpuError::Validation(format!(
+                "{name}: interleaved parts differ in rows ({rows:?})"
+            )));
+        }
+        let mut data = Vec::with_capacity(n_rows * row_bytes);
+        if interleave {
+            for r in 0..rows[0] {
+                for p in parts {
+                    data.extend_from_slice(&p[r * row_bytes..(r + 1) * row_bytes]);
+                }
+            }
+        } else {
+            for (p, &r) in parts.iter().zip(&rows) {
+                data.extend_from_slice(&p[..r * row_bytes]);
+            }
+        }
+        let multiple = if interleave { parts.len() } else { 1 };
+        Self::upload_chunked(gpu, name, ty, n_cols, n_rows, &data, multiple)
+    }
+
+    /// [`Self::upload`] with chunks of a multiple of `row_multiple` rows.
+    fn upload_chunked(
+        gpu: &Gpu,
+        name: &str,
+        ty: GgmlType,
+        n_cols: usize,
+        n_rows: usize,
+        data: &[u8],
+        row_multiple: usize,
+    ) -> Result<Weight, GpuError> {
         let fmt = quant::format(ty).ok_or_else(|| {
             GpuError::Validation(format!(
                 "{name}: no GPU kernels for type {ty} (supported: {})",
@@ -54,7 +107,10 @@ impl Weight {
                 data.len()
             )));
         }
-        let rows_per_chunk = ((gpu.max_binding / 4) as usize / row_words).clamp(1, n_rows.max(1));
+        let fit = (gpu.max_binding / 4) as usize / row_words;
+        let rows_per_chunk = (fit / row_multiple * row_multiple)
+            .max(row_multiple)
+            .min(n_rows.max(1));
         let mut chunks = Vec::new();
         let mut words = Vec::new();
         for row_begin in (0..n_rows).step_by(rows_per_chunk) {

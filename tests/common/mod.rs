@@ -30,7 +30,7 @@ impl Rng {
 /// The backends the op tests run on. `WGLLM_TEST_BACKENDS` (default "vulkan,gl") lists
 /// them; each one listed must be present, so a missing driver fails instead of skipping.
 /// Each backend is opened with CPU-shaped and GPU-shaped kernels, and where it has
-/// shader-f16 or subgroups, once more with both forced off.
+/// shader-f16 or subgroups, once more with both forced off (and wgpu's shader checks on).
 fn opened_gpus() -> &'static [(String, Arc<Gpu>)] {
     static GPUS: OnceLock<Vec<(String, Arc<Gpu>)>> = OnceLock::new();
     GPUS.get_or_init(|| {
@@ -59,13 +59,15 @@ fn opened_gpus() -> &'static [(String, Arc<Gpu>)] {
             })
             .unwrap();
             out.push((format!("{name}-gpushape"), gpu_shaped));
-            // ...and the portable path: no shader-f16, no subgroups.
+            // ...and the portable path: no shader-f16, no subgroups; compiled with wgpu's
+            // runtime checks, so that the debugging path stays tested too.
             if gpu.has_f16 || gpu.has_subgroups {
                 let plain = Gpu::new(&GpuOptions {
                     backend,
                     no_f16: true,
                     no_subgroups: true,
                     kernels: KernelShape::Gpu,
+                    shader_checks: true,
                     ..Default::default()
                 })
                 .unwrap();

@@ -1,0 +1,128 @@
+//! rope_store: the fused step from a Q/K/V projection to the cache. From the projection's
+//! output, rows of [q heads | k heads | v heads] per token, it writes rotated Q heads to a
+//! Q tensor, rotated K heads and plain V heads straight into their cache cells, with an
+//! optional RMS norm of each Q and K head first (Gemma). One dispatch where the unfused
+//! graph had two RoPEs, two set_rows and (Gemma) two per-head norms: a decoded token's
+//! dispatch count, not its bandwidth, bounds small-model decode on discrete GPUs.
+
+use super::rms_norm::rms_norm_ref;
+use super::rope::{rope_ref, RopeParams};
+use super::set_rows::set_rows_ref;
+use super::uniforms::RopeStoreUniform;
+use super::{record, Dispatch, KernelKey, View, MAX_GROUPS};
+use crate::gpu::{Gpu, GpuError};
+
+/// The heads of one projection row and where its K/V go.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeStoreShape {
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub n_tok: u32,
+    /// The cache holds f16 (else f32).
+    pub kv_f16: bool,
+}
+
+impl RopeStoreShape {
+    /// Elements of one token's projection row: Q, K and V heads.
+    pub fn row_len(&self, head_dim: u32) -> u32 {
+        (self.n_head + 2 * self.n_head_kv) * head_dim
+    }
+}
+
+/// The buffers rope_store reads and writes.
+pub struct RopeStoreViews<'a> {
+    /// (cos, sin) per token and rotated pair.
+    pub table: &'a View,
+    /// [row_len, n_tok] projection output.
+    pub qkv: &'a View,
+    /// [n_tok] cache cells.
+    pub slots: &'a View,
+    /// [head_dim * n_head, n_tok] rotated Q.
+    pub q: &'a View,
+    pub k_cache: &'a View,
+    pub v_cache: &'a View,
+    /// Per-head RMS norm weights of Q and K ([head_dim] each) and their epsilon.
+    pub norm: Option<(&'a View, &'a View, f32)>,
+}
+
+pub fn rope_store(
+    gpu: &Gpu,
+    rp: &RopeParams,
+    s: &RopeStoreShape,
+    io: &RopeStoreViews,
+) -> Result<Dispatch, GpuError> {
+    let slots = s.n_head + 2 * s.n_head_kv;
+    if s.n_head_kv == 0 || s.n_head == 0 || s.n_tok > MAX_GROUPS || slots > MAX_GROUPS {
+        return Err(GpuError::Validation(format!(
+            "rope_store: {} heads, {} KV heads and {} tokens do not fit one dispatch",
+            s.n_head, s.n_head_kv, s.n_tok
+        )));
+    }
+    if rp.n_dims > rp.head_dim || !rp.n_dims.is_multiple_of(2) {
+        return Err(GpuError::Validation(format!(
+            "rope_store: {} rotated dimensions in heads of {}",
+            rp.n_dims, rp.head_dim
+        )));
+    }
+    let key = KernelKey::RopeStore {
+        f16: s.kv_f16,
+        norm: io.norm.is_some(),
+    };
+    let params = RopeStoreUniform {
+        head_dim: rp.head_dim,
+        n_head: s.n_head,
+        n_head_kv: s.n_head_kv,
+        n_dims: rp.n_dims,
+        neox: rp.neox as u32,
+        eps: io.norm.map_or(0.0, |n| n.2),
+        ..Default::default()
+    };
+    let mut views = vec![io.table, io.qkv, io.slots, io.q, io.k_cache, io.v_cache];
+    if let Some((qn, kn, _)) = io.norm {
+        views.extend([qn, kn]);
+    }
+    record(
+        gpu,
+        "rope_store",
+        gpu.pipeline(key)?,
+        bytemuck::bytes_of(&params),
+        &views,
+        [slots, s.n_tok, 1],
+    )
+}
+
+/// What the unfused ops compute: per-head RMS norms, RoPE of Q and K, K and V rows into
+/// their cells. `k_cache` and `v_cache` are f32 rows of n_head_kv * head_dim per cell.
+/// Returns the rotated Q.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_store_ref(
+    rp: &RopeParams,
+    s: &RopeStoreShape,
+    qkv: &[f32],
+    positions: &[f64],
+    slots: &[u32],
+    norm: Option<(&[f32], &[f32], f32)>,
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+) -> Vec<f32> {
+    let hd = rp.head_dim as usize;
+    let (nq, nkv) = (s.n_head as usize * hd, s.n_head_kv as usize * hd);
+    let row = nq + 2 * nkv;
+    let mut q = Vec::with_capacity(nq * positions.len());
+    let mut k = Vec::with_capacity(nkv * positions.len());
+    let mut v = Vec::with_capacity(nkv * positions.len());
+    for r in qkv.chunks(row).take(positions.len()) {
+        q.extend_from_slice(&r[..nq]);
+        k.extend_from_slice(&r[nq..nq + nkv]);
+        v.extend_from_slice(&r[nq + nkv..]);
+    }
+    if let Some((qn, kn, eps)) = norm {
+        q = rms_norm_ref(&q, qn, hd, eps);
+        k = rms_norm_ref(&k, kn, hd, eps);
+    }
+    let q = rope_ref(rp, &q, s.n_head as usize, positions);
+    let k = rope_ref(rp, &k, s.n_head_kv as usize, positions);
+    set_rows_ref(k_cache, &k, slots, nkv);
+    set_rows_ref(v_cache, &v, slots, nkv);
+    q
+}
