@@ -24,4 +24,13 @@ if [ $# -eq 0 ]; then
 fi
 # The GL backend (EGL) wants a runtime dir; without one it only prints noise.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+# Kernel shapes and backend are measured at a model's first use (`wgllm tune`). Measure
+# once here, into a cache of this run's own, so every test process uses the same choice
+# (tests running side by side would otherwise each measure, under each other's load).
+export WGLLM_CACHE_DIR="${WGLLM_CACHE_DIR:-$(mktemp -d)}"
+cargo build --release --quiet
+models="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}"
+for m in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
+  target/release/wgllm tune -m "$models/$m"
+done
 cargo test --release "$@"

@@ -12,6 +12,7 @@ pub mod model;
 pub mod ops;
 pub mod sample;
 pub mod tokenizer;
+pub mod tune;
 
 /// The desktop demo app (cargo feature `app`): egui on the model's own wgpu device.
 #[cfg(all(feature = "app", not(target_arch = "wasm32")))]

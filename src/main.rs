@@ -28,6 +28,7 @@ fn main() {
         Command::Inspect(a) => cli::info::inspect(a),
         Command::Devices(a) => cli::info::devices(a),
         Command::Synth(a) => cli::synth::synth(a),
+        Command::Tune(a) => cli::tune::tune(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -260,3 +260,93 @@ fn meaningless_llama_cpp_flags_are_refused() {
         assert_clean_failure(&args, "is a llama.cpp flag wgllm does not take");
     }
 }
+
+/// `wgllm tune` times both kernel shapes on the model's layer, caches the choice, and
+/// `devices` and the next `run` use the cache without measuring; a damaged cache is
+/// measured anew, not an error; a fixed `--kernels` is refused by `tune`.
+#[test]
+fn tune_measures_caches_and_is_reused() {
+    let model = common::smollm2();
+    let dir = std::env::temp_dir().join(format!("wgllm-tune-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+            .args(args)
+            .env("WGLLM_CACHE_DIR", &dir)
+            .env("RUST_LOG", "warn,wgllm=info")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            err,
+        )
+    };
+    let (code, out, err) = run(&["tune", "-m", &model, "--backend", "vulkan"]);
+    assert_eq!(code, 0, "{err}");
+    for row in [
+        "| vulkan | cpu | decode 2x1 |",
+        "| vulkan | gpu | prompt tile 64x64 |",
+    ] {
+        assert!(out.contains(row), "{row} missing: {out}");
+    }
+    assert!(
+        out.contains("chosen: ") && out.contains("on vulkan"),
+        "{out}"
+    );
+    let cache: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tune.json")).unwrap()).unwrap();
+    let entries = cache["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{cache}");
+    assert_eq!(entries[0]["backend"], "vulkan");
+    assert!(
+        entries[0]["model"].as_str().unwrap().contains("q4_1"),
+        "{cache}"
+    );
+    assert!(entries[0]["decode_us"].as_f64().unwrap() > 0.0);
+
+    let (code, out, err) = run(&["devices", "--backend", "vulkan"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("tuned choices") && out.contains("kernels ("),
+        "{out}"
+    );
+
+    let gen = [
+        "run",
+        "-m",
+        &model,
+        "--backend",
+        "vulkan",
+        "-p",
+        "Hi",
+        "-n",
+        "2",
+        "--temp",
+        "0",
+    ];
+    let (code, _, err) = run(&gen);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("tuned earlier") && !err.contains("tuning kernels"),
+        "{err}"
+    );
+
+    std::fs::write(dir.join("tune.json"), "{damaged").unwrap();
+    let (code, _, err) = run(&gen);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("ignoring the tuning cache") && err.contains("measured now"),
+        "{err}"
+    );
+
+    let (code, _, err) = run(&["run", "--no-tune", "-m", &model, "-p", "Hi", "-n", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("kernels: "), "{err}");
+    let (code, _, err) = run(&["tune", "-m", &model, "--kernels", "cpu"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("leave --kernels auto"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

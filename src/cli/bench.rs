@@ -69,6 +69,9 @@ pub struct BenchArgs {
     /// Compile the kernels with wgpu's runtime checks (see `wgllm run --help`).
     #[arg(long)]
     pub shader_checks: bool,
+    /// Do not measure kernel shapes (`wgllm tune`); use the built-in choice.
+    #[arg(long)]
+    pub no_tune: bool,
     /// llama-bench's thread counts: one value accepted (there are no CPU threads here).
     #[arg(short = 't', long = "threads", hide_short_help = true)]
     pub threads: Vec<String>,
@@ -168,6 +171,7 @@ fn plan(a: &BenchArgs) -> Result<BenchPlan> {
         tuning: wgllm::ops::KernelTuning::from_env()?,
         shader_checks: a.shader_checks,
     };
+    p.base.tune = super::tune_options(a.no_tune, false);
     p.validate().map_err(anyhow::Error::msg)?;
     Ok(p)
 }

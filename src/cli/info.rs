@@ -90,5 +90,19 @@ pub fn devices(a: &DevicesArgs) -> Result<()> {
             d.subgroup_size.1
         );
     }
+    let (file, entries) = wgllm::tune::cached_entries(&super::tune_options(false, false));
+    if let Some(file) = file {
+        if entries.is_empty() {
+            println!(
+                "no tuned choices yet ({}; `wgllm tune -m MODEL` measures)",
+                file.display()
+            );
+        } else {
+            println!("tuned choices ({}):", file.display());
+            for e in &entries {
+                println!("  {}", super::tune::describe(e));
+            }
+        }
+    }
     Ok(())
 }

@@ -10,12 +10,14 @@ pub mod info;
 pub mod perplexity;
 pub mod run;
 pub mod synth;
+pub mod tune;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use wgllm::engine::{Engine, EngineOptions};
 use wgllm::gpu::{Backend, GpuOptions, KernelShape};
+use wgllm::tune::{TuneMode, TuneOptions};
 
 #[derive(Parser)]
 #[command(
@@ -47,6 +49,8 @@ pub enum Command {
     Devices(info::DevicesArgs),
     /// Write a llama-shaped GGUF with random weights (benchmark subjects).
     Synth(synth::SynthArgs),
+    /// Measure kernel shapes and backends on a model's layer and cache the choice.
+    Tune(tune::TuneArgs),
 }
 
 /// GPU selection, shared by every command that runs a model.
@@ -72,6 +76,27 @@ pub struct GpuArgs {
     /// guarded division), for debugging; slower (lavapipe: a third of prompt speed).
     #[arg(long)]
     pub shader_checks: bool,
+    /// Do not measure kernel shapes and backends (`wgllm tune`); use the built-in choice
+    /// by adapter type.
+    #[arg(long)]
+    pub no_tune: bool,
+}
+
+/// The tuning cache directory: `WGLLM_CACHE_DIR`, else the library's default
+/// (`$XDG_CACHE_HOME/wgllm` or `~/.cache/wgllm`).
+pub fn tune_options(no_tune: bool, redo: bool) -> TuneOptions {
+    TuneOptions {
+        mode: if no_tune {
+            TuneMode::Off
+        } else if redo {
+            TuneMode::Redo
+        } else {
+            TuneMode::Cached
+        },
+        cache_dir: std::env::var_os("WGLLM_CACHE_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from),
+    }
 }
 
 impl GpuArgs {
@@ -134,6 +159,7 @@ impl ModelArgs {
             swa_full: self.swa_full,
             swa_keep: 0,
             gpu: self.gpu.options()?,
+            tune: tune_options(self.gpu.no_tune, false),
         })
     }
 }

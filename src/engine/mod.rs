@@ -101,8 +101,41 @@ impl Engine {
         let start = Instant::now();
         // The file first: its errors are clearer than a GPU's.
         let (f, tokenizer) = Self::open_file(path)?;
-        let gpu = Gpu::new(&opts.gpu)?;
+        let gpu = Gpu::new(&Self::tuned_gpu(&f, opts)?)?;
         Self::load_opened(start, gpu, &f, tokenizer, opts, progress)
+    }
+
+    /// The GPU options with what [`crate::tune`] chose for this model (measured at first
+    /// use of the adapter, then cached).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn tuned_gpu(
+        f: &GgufFile,
+        opts: &EngineOptions,
+    ) -> Result<crate::gpu::GpuOptions, EngineError> {
+        let r = crate::tune::resolve(&opts.gpu, &opts.tune, f, &mut |backend, t| {
+            log::debug!(
+                "tune {backend} {} {}: {:.1} us per token",
+                t.kernels,
+                t.name,
+                t.us_per_token
+            )
+        })?;
+        if let Some(e) = r.entries.first() {
+            log::info!(
+                "kernels: {} on {} ({}; {}{} us per layer and decoded token, {:.1} per prompt token)",
+                e.kernels,
+                e.backend,
+                if r.measured { "measured now" } else { "tuned earlier" },
+                if r.entries.len() > 1 {
+                    format!("of {} backends; ", r.entries.len())
+                } else {
+                    String::new()
+                },
+                e.decode_us.round(),
+                e.prompt_us
+            );
+        }
+        Ok(r.gpu)
     }
 
     /// [`Engine::load`] onto a GPU the caller opened or wrapped (the desktop app runs the

@@ -4,6 +4,7 @@
 use crate::context::ContextParams;
 use crate::gpu::GpuOptions;
 use crate::model::Hparams;
+use crate::tune::TuneOptions;
 
 /// How to build an [`super::Engine`]. The defaults are llama.cpp's.
 #[derive(Clone, Debug)]
@@ -28,6 +29,9 @@ pub struct EngineOptions {
     pub swa_keep: u32,
     /// Backend, adapter, f16/subgroups, kernel shapes and tuning.
     pub gpu: GpuOptions,
+    /// Whether `--kernels auto` / `--backend auto` are decided by measurement (cached),
+    /// see [`crate::tune`].
+    pub tune: TuneOptions,
 }
 
 impl Default for EngineOptions {
@@ -41,6 +45,7 @@ impl Default for EngineOptions {
             swa_full: false,
             swa_keep: 0,
             gpu: GpuOptions::default(),
+            tune: TuneOptions::default(),
         }
     }
 }

@@ -200,7 +200,8 @@ pub struct Gpu {
     /// decreases: wgpu frees a buffer when its last handle drops, which we do not see).
     /// Benchmarks report it as the memory a model and its context took.
     allocated: AtomicU64,
-    pipelines: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
+    /// Shared with the [`Gpu::retuned`] views of the same device.
+    pipelines: Arc<Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
 }
@@ -372,9 +373,35 @@ impl Gpu {
             shader_checks: opts.shader_checks,
             has_timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             allocated: AtomicU64::new(0),
-            pipelines: Mutex::new(HashMap::new()),
+            pipelines: Default::default(),
             errors: Arc::new(Mutex::new(Vec::new())),
             lost: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// The same device with other kernel choices: the tuner times candidates on one
+    /// device this way. Buffers, compiled pipelines and error reporting are shared.
+    pub fn retuned(&self, kernels: KernelShape, tuning: KernelTuning) -> Arc<Gpu> {
+        let kernels = match kernels {
+            KernelShape::Auto => self.kernels,
+            k => k,
+        };
+        Arc::new(Gpu {
+            device: self.device.clone(),
+            queue: self.queue.clone(),
+            info: self.info.clone(),
+            max_binding: self.max_binding,
+            has_f16: self.has_f16,
+            has_subgroups: self.has_subgroups,
+            is_cpu: self.is_cpu,
+            kernels,
+            tuning,
+            shader_checks: self.shader_checks,
+            has_timestamps: self.has_timestamps,
+            allocated: AtomicU64::new(self.allocated_bytes()),
+            pipelines: self.pipelines.clone(),
+            errors: self.errors.clone(),
+            lost: self.lost.clone(),
         })
     }
 

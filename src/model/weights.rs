@@ -172,6 +172,32 @@ impl Loader<'_> {
         Ok(Arc::new(w))
     }
 
+    /// Layer `il`'s weights.
+    fn layer(&mut self, hp: &Hparams, il: u32) -> Result<LayerWeights, ModelError> {
+        let (e, q, kv, ff) = (hp.n_embd, hp.n_embd_q(), hp.n_embd_kv(), hp.n_ff);
+        let gemma = hp.arch == Arch::Gemma3;
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        let mut opt = |want: bool, name: &str, len: u32| -> Result<_, ModelError> {
+            want.then(|| self.vector(&n(name), len)).transpose()
+        };
+        let attn_q_norm = opt(gemma, "attn_q_norm", hp.head_dim)?;
+        let attn_k_norm = opt(gemma, "attn_k_norm", hp.head_dim)?;
+        let attn_post_norm = opt(gemma, "post_attention_norm", e)?;
+        let ffn_post_norm = opt(gemma, "post_ffw_norm", e)?;
+        Ok(LayerWeights {
+            attn_q_norm,
+            attn_k_norm,
+            attn_post_norm,
+            ffn_post_norm,
+            attn_norm: self.vector(&n("attn_norm"), e)?,
+            qkv: self.stacked(&[(n("attn_q"), q), (n("attn_k"), kv), (n("attn_v"), kv)], e)?,
+            wo: self.matrix(&n("attn_output"), q, e)?,
+            ffn_norm: self.vector(&n("ffn_norm"), e)?,
+            gate_up: self.gate_up(&n("ffn_gate"), &n("ffn_up"), e, ff)?,
+            down: self.matrix(&n("ffn_down"), ff, e)?,
+        })
+    }
+
     /// A vector, as f32.
     fn vector(&mut self, name: &str, n: u32) -> Result<View, ModelError> {
         let t = self.info(name, &[n as u64])?.clone();
@@ -191,6 +217,23 @@ impl Loader<'_> {
     }
 }
 
+impl LayerWeights {
+    /// One layer's weights alone (the tuner times kernels on them).
+    pub fn load(gpu: &Gpu, f: &GgufFile, hp: &Hparams, il: u32) -> Result<Self, ModelError> {
+        let mut l = Loader {
+            gpu,
+            f,
+            done: 0,
+            total: 0,
+            progress: &mut |_, _| {},
+            gpu_bytes: 0,
+        };
+        let layer = l.layer(hp, il)?;
+        gpu.flush()?;
+        Ok(layer)
+    }
+}
+
 impl ModelWeights {
     pub fn load(
         gpu: &Gpu,
@@ -207,7 +250,7 @@ impl ModelWeights {
             progress,
             gpu_bytes: 0,
         };
-        let (e, q, kv, ff) = (hp.n_embd, hp.n_embd_q(), hp.n_embd_kv(), hp.n_ff);
+        let e = hp.n_embd;
         let tok_embd = l.matrix("token_embd.weight", e, hp.n_vocab)?;
         let output_norm = l.vector("output_norm.weight", e)?;
         let output = if f.tensor("output.weight").is_some() {
@@ -215,30 +258,9 @@ impl ModelWeights {
         } else {
             tok_embd.clone()
         };
-        let gemma = hp.arch == Arch::Gemma3;
-        let mut layers = Vec::with_capacity(hp.n_layer as usize);
-        for i in 0..hp.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}.weight");
-            let mut opt = |want: bool, name: &str, len: u32| -> Result<_, ModelError> {
-                want.then(|| l.vector(&n(name), len)).transpose()
-            };
-            let attn_q_norm = opt(gemma, "attn_q_norm", hp.head_dim)?;
-            let attn_k_norm = opt(gemma, "attn_k_norm", hp.head_dim)?;
-            let attn_post_norm = opt(gemma, "post_attention_norm", e)?;
-            let ffn_post_norm = opt(gemma, "post_ffw_norm", e)?;
-            layers.push(LayerWeights {
-                attn_q_norm,
-                attn_k_norm,
-                attn_post_norm,
-                ffn_post_norm,
-                attn_norm: l.vector(&n("attn_norm"), e)?,
-                qkv: l.stacked(&[(n("attn_q"), q), (n("attn_k"), kv), (n("attn_v"), kv)], e)?,
-                wo: l.matrix(&n("attn_output"), q, e)?,
-                ffn_norm: l.vector(&n("ffn_norm"), e)?,
-                gate_up: l.gate_up(&n("ffn_gate"), &n("ffn_up"), e, ff)?,
-                down: l.matrix(&n("ffn_down"), ff, e)?,
-            });
-        }
+        let layers = (0..hp.n_layer)
+            .map(|il| l.layer(hp, il))
+            .collect::<Result<Vec<_>, _>>()?;
         let embd_scale = match hp.embd_scale {
             Some(s) => Some(View::whole(
                 &gpu.upload("embd_scale", bytemuck::bytes_of(&s))?,

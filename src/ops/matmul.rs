@@ -12,16 +12,18 @@ pub fn tile(tuning: &KernelTuning, n_tok: u32) -> (u32, u32) {
     if let Some(rt) = tuning.matmul_tile {
         return rt;
     }
-    // Measured on lavapipe with SmolLM2 (wgllm bench). Decode: 2x1 beat 1x1/4x1/8x1 on an
-    // Intel host and was within 10 % of the best on an AMD EPYC (Zen 3) host. Prompts: 2x4
-    // won on the Intel host, but on the EPYC host 4x8 ran pp64 at 5.6 t/s against 3.6
-    // (8x8 5.3, 4x16 5.5, 2x8 4.0); bigger register tiles keep more loaded weights reused.
+    // The defaults where nothing was tuned, measured on lavapipe with SmolLM2 (wgllm
+    // bench). Decode: 2x1 beat 1x1/4x1/8x1 on an Intel host and was within 10 % of the
+    // best on an AMD EPYC (Zen 3) host. Prompts: 2x4 won on the Intel host, but on the
+    // EPYC host 4x8 ran pp64 at 5.6 t/s against 3.6 (8x8 5.3, 4x16 5.5, 2x8 4.0); bigger
+    // register tiles keep more loaded weights reused. Hosts differ: `crate::tune`
+    // measures them.
     if n_tok == 1 {
-        (2, 1)
+        tuning.cpu_decode_tile.unwrap_or((2, 1))
     } else if n_tok < 8 {
         (2, 4)
     } else {
-        (4, 8)
+        tuning.cpu_prompt_tile.unwrap_or((4, 8))
     }
 }
 

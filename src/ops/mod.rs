@@ -116,13 +116,21 @@ pub fn record(
 
 /// Runs dispatches in one compute pass and one submit (for tests and one-off work).
 pub fn run_now(gpu: &Gpu, dispatches: &[Dispatch]) -> Result<(), GpuError> {
+    run_repeated(gpu, dispatches, 1)
+}
+
+/// Runs the dispatches `reps` times over in one compute pass and one submit, and waits
+/// (the tuner times kernels this way, so that one submit's cost is spread over many).
+pub fn run_repeated(gpu: &Gpu, dispatches: &[Dispatch], reps: u32) -> Result<(), GpuError> {
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     {
         let mut pass = enc.begin_compute_pass(&Default::default());
-        for d in dispatches {
-            pass.set_pipeline(&d.pipeline);
-            pass.set_bind_group(0, &d.bind_group, &[]);
-            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        for _ in 0..reps {
+            for d in dispatches {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, &d.bind_group, &[]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
         }
     }
     gpu.queue.submit([enc.finish()]);

@@ -25,6 +25,11 @@ pub struct KernelTuning {
     /// `WGLLM_ATTN_SPLIT`: most tokens for which GPU-shaped kernels split the attention
     /// output over cells.
     pub attn_split_max_tok: Option<u32>,
+    /// (rows, tokens) per invocation of the CPU-shaped matmul for one token and for 8+
+    /// tokens: what the tuner (`crate::tune`) measured best on an adapter, below
+    /// `matmul_tile`, which overrides every size.
+    pub cpu_decode_tile: Option<(u32, u32)>,
+    pub cpu_prompt_tile: Option<(u32, u32)>,
     /// `WGLLM_PROFILE=1`: time every dispatch alone before each graph run and log the
     /// totals per op (slow; for finding hot spots, not for measuring speed).
     pub profile: bool,
@@ -92,19 +97,42 @@ impl KernelTuning {
             attn_tb: num("WGLLM_ATTN_TB")?,
             attn_split_max_tok: num("WGLLM_ATTN_SPLIT")?,
             profile,
+            ..Default::default()
         };
         t.validate()?;
         Ok(t)
+    }
+
+    /// These overrides where set, the tuned `base` elsewhere: what the user asked for
+    /// (environment) wins over what the tuner measured.
+    pub fn over(&self, base: &KernelTuning) -> KernelTuning {
+        KernelTuning {
+            matmul_tile: self.matmul_tile.or(base.matmul_tile),
+            gpu_tile: self.gpu_tile.or(base.gpu_tile),
+            gpu_vec_rows: self.gpu_vec_rows.or(base.gpu_vec_rows),
+            tile_min: self.tile_min.or(base.tile_min),
+            attn_tb: self.attn_tb.or(base.attn_tb),
+            attn_split_max_tok: self.attn_split_max_tok.or(base.attn_split_max_tok),
+            cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),
+            cpu_prompt_tile: self.cpu_prompt_tile.or(base.cpu_prompt_tile),
+            profile: self.profile || base.profile,
+        }
     }
 
     /// Checks every override against the kernel variants that exist.
     pub fn validate(&self) -> Result<(), TuningError> {
         let bad =
             |var: &'static str, value: String, msg: String| Err(TuningError { var, value, msg });
-        if let Some((r, t)) = self.matmul_tile {
+        let tiles = [
+            ("WGLLM_MATMUL_TILE", self.matmul_tile),
+            ("tuned decode tile", self.cpu_decode_tile),
+            ("tuned prompt tile", self.cpu_prompt_tile),
+        ];
+        for (var, tile) in tiles {
+            let Some((r, t)) = tile else { continue };
             if !kernels::CPU_MATMUL_ROWS.contains(&r) || !kernels::CPU_MATMUL_TOKENS.contains(&t) {
                 return bad(
-                    "WGLLM_MATMUL_TILE",
+                    var,
                     format!("{r}x{t}"),
                     format!(
                         "rows must be one of {} and tokens one of {}",
@@ -187,6 +215,7 @@ mod tests {
                 attn_tb: Some(1),
                 attn_split_max_tok: Some(8),
                 profile: true,
+                ..Default::default()
             }
         );
     }

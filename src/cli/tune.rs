@@ -1,0 +1,85 @@
+//! `wgllm tune`: measures the kernel shapes (and, with `--backend auto`, the backends
+//! reaching the same device) on one layer of a model, prints every candidate's time and
+//! caches the choice that `run`, `chat`, `perplexity` and `bench` then use.
+
+use super::GpuArgs;
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use wgllm::gguf::GgufFile;
+use wgllm::gpu::KernelShape;
+use wgllm::tune::{self, TuneEntry};
+
+#[derive(Args)]
+pub struct TuneArgs {
+    /// Path to a GGUF model: its own matrix sizes and types are timed.
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+}
+
+pub fn tune(a: &TuneArgs) -> Result<()> {
+    if a.gpu.no_tune {
+        anyhow::bail!("--no-tune turns tuning off; `wgllm tune` is for measuring");
+    }
+    let mut gpu = a.gpu.options()?;
+    if gpu.kernels != KernelShape::Auto {
+        anyhow::bail!(
+            "--kernels {} fixes the kernel shape; `wgllm tune` measures the shapes (leave --kernels auto)",
+            gpu.kernels
+        );
+    }
+    gpu.kernels = KernelShape::Auto;
+    let f = GgufFile::open(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
+    let topts = super::tune_options(false, true);
+    println!("| backend | kernels | candidate | us per token (one layer) |");
+    println!("| --- | --- | --- | ---: |");
+    let r = tune::resolve(&gpu, &topts, &f, &mut |backend, t| {
+        println!(
+            "| {backend} | {} | {} | {:.1} |",
+            t.kernels, t.name, t.us_per_token
+        )
+    })?;
+    println!();
+    for (i, e) in r.entries.iter().enumerate() {
+        println!(
+            "{} {}",
+            if i == 0 { "chosen:" } else { "beside:" },
+            describe(e)
+        );
+    }
+    if let Some(dir) = topts.dir() {
+        println!("cached in {}", tune::TuneCache::file(&dir).display());
+    }
+    Ok(())
+}
+
+/// One line for a tuned choice: adapter, backend, kernels with their tiles, times.
+pub fn describe(e: &TuneEntry) -> String {
+    let mut knobs = Vec::new();
+    let pair = |(a, b): (u32, u32)| format!("{a}x{b}");
+    if let Some(t) = e.cpu_decode_tile {
+        knobs.push(format!("decode {}", pair(t)));
+    }
+    if let Some(t) = e.cpu_prompt_tile {
+        knobs.push(format!("prompt {}", pair(t)));
+    }
+    if let Some(r) = e.gpu_vec_rows {
+        knobs.push(format!("decode rows {r}"));
+    }
+    if let Some(t) = e.gpu_tile {
+        knobs.push(format!("prompt tile {}", pair(t)));
+    }
+    format!(
+        "{} on {} ({}): {} kernels ({}), {:.0} us per layer and decoded token, {:.1} per prompt token; model {}",
+        e.adapter,
+        e.backend,
+        e.driver,
+        e.kernels,
+        knobs.join(", "),
+        e.decode_us,
+        e.prompt_us,
+        e.model
+    )
+}

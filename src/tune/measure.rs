@@ -1,0 +1,245 @@
+//! Timing the candidate kernel shapes on one device, on one layer of the model itself:
+//! its Q/K/V, output, gate/up and down matrices, in the file's own types, for one decoded
+//! token and for a prompt ubatch. Only the matmuls are timed: they are ~90 % of a step.
+
+use crate::gguf::GgufFile;
+use crate::gpu::{Gpu, GpuError, KernelShape, KernelTuning};
+use crate::model::{GateUp, Hparams, LayerWeights};
+use crate::ops::glu::Activation;
+use crate::ops::kernels::GPU_TILES;
+use crate::ops::matmul::{matmul, matmul_at, matmul_glu, MatmulOut};
+use crate::ops::{run_repeated, Dispatch, View};
+use std::sync::Arc;
+use web_time::Instant;
+
+/// Tokens of the timed prompt ubatch: enough for the tiled kernels to run full tiles.
+pub const PROMPT_TOKENS: u32 = 64;
+
+/// One candidate's times: microseconds for the layer's matmuls, per token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CandidateTime {
+    pub kernels: KernelShape,
+    /// What the candidate varies, as `WGLLM_*` would name it (`decode 2x1`, `prompt 4x8`,
+    /// `decode rows 4`, `prompt tile 128x64`).
+    pub name: String,
+    /// For a decode candidate the time of one token; for a prompt candidate the time of
+    /// the ubatch divided by its tokens.
+    pub us_per_token: f64,
+    pub decode: bool,
+}
+
+/// The best of one kernel shape on one device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeChoice {
+    pub kernels: KernelShape,
+    /// The tuned fields (tiles, rows) of the best decode and prompt candidates.
+    pub tuning: KernelTuning,
+    pub decode_us: f64,
+    pub prompt_us: f64,
+}
+
+impl ShapeChoice {
+    /// What a token costs, decoded and in a prompt, equally weighted: the number the
+    /// shape and backend choices minimise.
+    pub fn score(&self) -> f64 {
+        self.decode_us + self.prompt_us
+    }
+}
+
+/// The layer's buffers and the dispatches of its matmuls for `n_tok` tokens.
+struct LayerRun {
+    lw: LayerWeights,
+    x: View,
+    attn: View,
+    ffn: View,
+    qkv: View,
+    out: View,
+    pairs: View,
+}
+
+impl LayerRun {
+    fn new(gpu: &Gpu, f: &GgufFile, hp: &Hparams) -> Result<Self, GpuError> {
+        let lw = LayerWeights::load(gpu, f, hp, 0)
+            .map_err(|e| GpuError::Validation(format!("tuning: {e}")))?;
+        let t = PROMPT_TOKENS as u64;
+        let qkv_rows: u32 = lw.qkv.iter().map(|w| w.n_rows).sum();
+        let buf = |name: &str, n: u64| -> Result<View, GpuError> {
+            Ok(View::whole(&gpu.storage(name, n.max(1) * 4 * t)?))
+        };
+        Ok(LayerRun {
+            x: buf("tune_x", hp.n_embd as u64)?,
+            attn: buf("tune_attn", hp.n_embd_q() as u64)?,
+            ffn: buf("tune_ffn", hp.n_ff as u64)?,
+            qkv: buf("tune_qkv", qkv_rows as u64)?,
+            out: buf("tune_out", hp.n_embd as u64)?,
+            pairs: buf("tune_pairs", 2 * hp.n_ff as u64)?,
+            lw,
+        })
+    }
+
+    fn dispatches(&self, gpu: &Gpu, n_tok: u32) -> Result<Vec<Dispatch>, GpuError> {
+        let mut d = Vec::new();
+        let stride: u32 = self.lw.qkv.iter().map(|w| w.n_rows).sum();
+        let mut at = 0;
+        for w in &self.lw.qkv {
+            let out = MatmulOut {
+                row_offset: at,
+                stride,
+            };
+            d.extend(matmul_at(gpu, w, &self.x, n_tok, &self.qkv, out)?);
+            at += w.n_rows;
+        }
+        d.extend(matmul(gpu, &self.lw.wo, &self.attn, n_tok, &self.out)?);
+        match &self.lw.gate_up {
+            GateUp::Interleaved(w) => d.extend(matmul_glu(
+                gpu,
+                w,
+                &self.x,
+                n_tok,
+                Activation::Silu,
+                &self.ffn,
+                &self.pairs,
+            )?),
+            GateUp::Split { gate, up } => {
+                d.extend(matmul(gpu, gate, &self.x, n_tok, &self.pairs)?);
+                d.extend(matmul(gpu, up, &self.x, n_tok, &self.pairs)?);
+            }
+        }
+        d.extend(matmul(gpu, &self.lw.down, &self.ffn, n_tok, &self.out)?);
+        Ok(d)
+    }
+}
+
+/// Seconds one run of `reps` repetitions takes.
+fn run_secs(gpu: &Gpu, d: &[Dispatch], reps: u32) -> Result<f64, GpuError> {
+    let start = Instant::now();
+    run_repeated(gpu, d, reps)?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// The time of one run of `d`: a warm-up (which compiles the pipelines), then runs of
+/// enough repetitions to last ~20 ms, the fastest of three. A candidate 3x slower than
+/// `best` (seconds per run) stops after one run: it cannot win.
+fn time_dispatches(gpu: &Gpu, d: &[Dispatch], best: f64) -> Result<f64, GpuError> {
+    run_secs(gpu, d, 1)?;
+    let once = run_secs(gpu, d, 1)?.max(1e-7);
+    if once > 3.0 * best {
+        return Ok(once);
+    }
+    let reps = ((0.02 / once).ceil() as u32).clamp(1, 200);
+    let mut fastest = f64::MAX;
+    for _ in 0..3 {
+        fastest = fastest.min(run_secs(gpu, d, reps)? / reps as f64);
+        if fastest > 3.0 * best || once > 0.5 {
+            break;
+        }
+    }
+    Ok(fastest)
+}
+
+/// The candidates of one shape: (decode?, name, tuning).
+fn candidates(gpu: &Gpu, kernels: KernelShape) -> Vec<(bool, String, KernelTuning)> {
+    let mut v = Vec::new();
+    let t = KernelTuning::default;
+    match kernels {
+        KernelShape::Gpu => {
+            for rows in [2, 4, 8, 16] {
+                let tuning = KernelTuning {
+                    gpu_vec_rows: Some(rows),
+                    ..t()
+                };
+                v.push((true, format!("decode rows {rows}"), tuning));
+            }
+            for &(bm, bn) in GPU_TILES {
+                if bm > 64 && gpu.info.max_workgroup_storage < 24 * 1024 {
+                    continue;
+                }
+                let tuning = KernelTuning {
+                    gpu_tile: Some((bm, bn)),
+                    ..t()
+                };
+                v.push((false, format!("prompt tile {bm}x{bn}"), tuning));
+            }
+        }
+        _ => {
+            for r in [1, 2, 4, 8] {
+                let tuning = KernelTuning {
+                    cpu_decode_tile: Some((r, 1)),
+                    ..t()
+                };
+                v.push((true, format!("decode {r}x1"), tuning));
+            }
+            for (r, tb) in [(2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (4, 16)] {
+                let tuning = KernelTuning {
+                    cpu_prompt_tile: Some((r, tb)),
+                    ..t()
+                };
+                v.push((false, format!("prompt {r}x{tb}"), tuning));
+            }
+        }
+    }
+    v
+}
+
+/// Times every candidate of both kernel shapes on `gpu` with layer 0 of the model in
+/// `f`; `report` sees each time as it is measured. Returns the best of each shape.
+pub fn measure(
+    gpu: &Arc<Gpu>,
+    f: &GgufFile,
+    hp: &Hparams,
+    report: &mut dyn FnMut(&CandidateTime),
+) -> Result<Vec<ShapeChoice>, GpuError> {
+    let layer = LayerRun::new(gpu, f, hp)?;
+    let mut out = Vec::new();
+    // The fastest so far over both shapes: a candidate far behind it stops early.
+    let (mut fastest_decode, mut fastest_prompt) = (f64::MAX, f64::MAX);
+    // The shape the adapter type suggests first, so that the cut-off bites early.
+    let shapes = if gpu.is_cpu {
+        [KernelShape::Cpu, KernelShape::Gpu]
+    } else {
+        [KernelShape::Gpu, KernelShape::Cpu]
+    };
+    for kernels in shapes {
+        let mut best = ShapeChoice {
+            kernels,
+            tuning: KernelTuning::default(),
+            decode_us: f64::MAX,
+            prompt_us: f64::MAX,
+        };
+        for (decode, name, tuning) in candidates(gpu, kernels) {
+            let g = gpu.retuned(kernels, tuning.clone());
+            let n_tok = if decode { 1 } else { PROMPT_TOKENS };
+            let d = layer.dispatches(&g, n_tok)?;
+            let so_far = if decode {
+                fastest_decode
+            } else {
+                fastest_prompt
+            };
+            let secs = time_dispatches(&g, &d, so_far * 1e-6 * n_tok as f64)?;
+            let us = secs * 1e6 / n_tok as f64;
+            if decode {
+                fastest_decode = fastest_decode.min(us);
+            } else {
+                fastest_prompt = fastest_prompt.min(us);
+            }
+            report(&CandidateTime {
+                kernels,
+                name,
+                us_per_token: us,
+                decode,
+            });
+            if decode && us < best.decode_us {
+                best.decode_us = us;
+                best.tuning.cpu_decode_tile = tuning.cpu_decode_tile;
+                best.tuning.gpu_vec_rows = tuning.gpu_vec_rows;
+            } else if !decode && us < best.prompt_us {
+                best.prompt_us = us;
+                best.tuning.cpu_prompt_tile = tuning.cpu_prompt_tile;
+                best.tuning.gpu_tile = tuning.gpu_tile;
+            }
+        }
+        out.push(best);
+    }
+    gpu.check()?;
+    Ok(out)
+}

@@ -1,0 +1,351 @@
+//! Choosing kernels and backend by measurement. llama.cpp picks kernel shapes from fixed
+//! per-vendor tables; wgpu reaches devices no table lists (a software rasterizer, a
+//! phone, a browser) through several backends each. So at first use of an adapter with
+//! a model shape, `--kernels auto` times the candidate kernel shapes on one layer of the
+//! model itself ([`measure`]), and `--backend auto` does so on every backend that reaches
+//! the same device (lavapipe's Vulkan and llvmpipe's GL are one CPU), keeping the
+//! fastest. The choice is cached on disk ([`cache`]) per adapter, driver, wgllm version
+//! and model shape; `wgllm tune` measures again, `wgllm devices` lists what was chosen.
+//! `WGLLM_*` kernel overrides still win over measured choices.
+
+pub mod cache;
+pub mod measure;
+
+pub use cache::{TuneCache, TuneEntry};
+pub use measure::{CandidateTime, ShapeChoice};
+
+use crate::gguf::GgufFile;
+use crate::gpu::{AdapterSummary, Backend, Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
+use crate::model::Hparams;
+use std::path::{Path, PathBuf};
+
+/// When to measure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TuneMode {
+    /// Use the cached choice; measure (and cache) where there is none.
+    #[default]
+    Cached,
+    /// Measure again, replacing the cached choice (`wgllm tune`).
+    Redo,
+    /// The built-in choice by adapter type (`--no-tune`).
+    Off,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TuneOptions {
+    pub mode: TuneMode,
+    /// Where the cache file lives; `None`: [`default_cache_dir`].
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl TuneOptions {
+    pub fn dir(&self) -> Option<PathBuf> {
+        self.cache_dir.clone().or_else(default_cache_dir)
+    }
+}
+
+/// `$XDG_CACHE_HOME/wgllm`, else `~/.cache/wgllm`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let xdg = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty());
+    let base = xdg
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("wgllm"))
+}
+
+/// The device an adapter is, whatever the backend: its name up to a '/' (GL appends
+/// "/PCIe/SSE2" and the like) and its type. Backends with the same id compete.
+pub fn hardware_id(a: &AdapterSummary) -> String {
+    let name = a.name.split('/').next().unwrap_or("").trim();
+    format!("{name} ({})", a.device_type)
+}
+
+/// What the timed layer is: the architecture, the matrix sizes and the weight types.
+pub fn model_id(hp: &Hparams, f: &GgufFile) -> String {
+    let ty = |name: &str| {
+        f.tensor(&format!("blk.0.{name}.weight"))
+            .map(|t| t.ty.to_string().to_lowercase())
+            .unwrap_or_else(|| "-".into())
+    };
+    format!(
+        "{:?} {}x{} q{}/kv{} {}/{}/{}/{}/{}/{}/{}",
+        hp.arch,
+        hp.n_embd,
+        hp.n_ff,
+        hp.n_embd_q(),
+        hp.n_embd_kv(),
+        ty("attn_q"),
+        ty("attn_k"),
+        ty("attn_v"),
+        ty("attn_output"),
+        ty("ffn_gate"),
+        ty("ffn_up"),
+        ty("ffn_down")
+    )
+    .to_lowercase()
+}
+
+/// One adapter the tuner may choose: its backend and index among that backend's adapters.
+#[derive(Clone, Debug)]
+struct Candidate {
+    backend: Backend,
+    index: usize,
+    info: AdapterSummary,
+}
+
+fn backend_of(a: &AdapterSummary) -> Option<Backend> {
+    a.backend.parse().ok()
+}
+
+/// The adapters to compare: the one the options name, or with `--backend auto` the
+/// default adapter and every other backend's view of the same device (the default first:
+/// it wins ties).
+#[cfg(not(target_arch = "wasm32"))]
+fn candidates(opts: &GpuOptions) -> Result<Vec<Candidate>, GpuError> {
+    // Each backend's own list, so that an index is what `--device` means there.
+    let listed = |b: Backend| -> Vec<Candidate> {
+        crate::gpu::list_adapters(b)
+            .into_iter()
+            .map(|info| Candidate {
+                backend: b,
+                index: info.index,
+                info,
+            })
+            .collect()
+    };
+    let opened = Gpu::new(opts)?.info.clone();
+    let same = |c: &Candidate| c.info.name == opened.name && c.info.driver == opened.driver;
+    let auto = opts.backend == Backend::Auto && opts.adapter_index.is_none();
+    let mut out = Vec::new();
+    for b in [Backend::Vulkan, Backend::Metal, Backend::Dx12, Backend::Gl] {
+        let this = backend_of(&opened) == Some(b);
+        // `--backend auto` honours WGPU_BACKEND, as opening does.
+        if !Backend::Auto.backends().contains(b.backends()) || !(auto || this) {
+            continue;
+        }
+        let found = listed(b).into_iter().find(|c| {
+            if this {
+                same(c)
+            } else {
+                hardware_id(&c.info) == hardware_id(&opened)
+            }
+        });
+        out.extend(found);
+    }
+    out.sort_by_key(|c| !same(c));
+    if out.is_empty() {
+        return Err(GpuError::Validation(format!(
+            "tuning: {} is not among the adapters wgpu lists",
+            opened.name
+        )));
+    }
+    Ok(out)
+}
+
+/// The key part of an entry for an adapter and model.
+fn entry_for(c: &Candidate, model: &str, best: &ShapeChoice) -> TuneEntry {
+    TuneEntry {
+        hardware: hardware_id(&c.info),
+        adapter: c.info.name.clone(),
+        backend: c.backend.to_string(),
+        driver: c.info.driver.clone(),
+        model: model.to_string(),
+        wgllm: env!("CARGO_PKG_VERSION").to_string(),
+        kernels: best.kernels.to_string(),
+        cpu_decode_tile: best.tuning.cpu_decode_tile,
+        cpu_prompt_tile: best.tuning.cpu_prompt_tile,
+        gpu_vec_rows: best.tuning.gpu_vec_rows,
+        gpu_tile: best.tuning.gpu_tile,
+        decode_us: best.decode_us,
+        prompt_us: best.prompt_us,
+    }
+}
+
+/// What [`resolve`] decided, for the caller to report.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The options to open the GPU with.
+    pub gpu: GpuOptions,
+    /// The entry per compared adapter, the chosen one first.
+    pub entries: Vec<TuneEntry>,
+    /// Whether anything was measured (else every entry came from the cache).
+    pub measured: bool,
+}
+
+/// How much faster another backend must be to be chosen over the default one: switching
+/// can cost features the timed layer does not show (GL has no shader-f16 for the cache).
+pub const BACKEND_MARGIN: f64 = 0.05;
+
+/// The GPU options with `kernels auto` (and `backend auto`) decided by measurement (see
+/// the module doc). Options that leave nothing to choose come back as they are.
+/// `report` sees every candidate measured (with the adapter's backend), for progress.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn resolve(
+    opts: &GpuOptions,
+    topts: &TuneOptions,
+    f: &GgufFile,
+    report: &mut dyn FnMut(&str, &CandidateTime),
+) -> Result<Resolved, GpuError> {
+    let unchanged = || Resolved {
+        gpu: opts.clone(),
+        entries: Vec::new(),
+        measured: false,
+    };
+    if topts.mode == TuneMode::Off || opts.kernels != KernelShape::Auto {
+        return Ok(unchanged());
+    }
+    let hp = Hparams::from_gguf(f).map_err(|e| GpuError::Validation(e.to_string()))?;
+    let model = model_id(&hp, f);
+    let dir = topts.dir();
+    let mut cache = dir.as_deref().map(TuneCache::load).unwrap_or_default();
+    let mut entries = Vec::new();
+    let mut measured = false;
+    let adapters = candidates(opts)?;
+    for c in &adapters {
+        let mut plain = opts.clone();
+        plain.backend = c.backend;
+        plain.adapter_index = Some(c.index);
+        plain.tuning = KernelTuning::default();
+        let key = entry_for(c, &model, &ShapeChoice::placeholder());
+        let cached = (topts.mode == TuneMode::Cached)
+            .then(|| cache.find(&key).cloned())
+            .flatten();
+        let e = match cached {
+            Some(e) => e,
+            None => {
+                log::info!(
+                    "tuning kernels for {} on {} ({model}): first use, a few seconds",
+                    c.info.name,
+                    c.backend
+                );
+                let gpu = Gpu::new(&plain)?;
+                let backend = c.backend.to_string();
+                let shapes = measure::measure(&gpu, f, &hp, &mut |t| report(&backend, t))?;
+                let best = shapes
+                    .iter()
+                    .min_by(|a, b| a.score().total_cmp(&b.score()))
+                    .expect("two shapes measured");
+                measured = true;
+                let e = entry_for(c, &model, best);
+                cache.put(e.clone());
+                e
+            }
+        };
+        entries.push(e);
+    }
+    if measured {
+        if let Some(dir) = &dir {
+            if let Err(e) = cache.save(dir) {
+                log::warn!(
+                    "could not write the tuning cache in {}: {e} (the choice holds for this run only)",
+                    dir.display()
+                );
+            }
+        }
+    }
+    let chosen = choose(&entries);
+    let e = entries[chosen].clone();
+    entries.swap(0, chosen);
+    let mut gpu = opts.clone();
+    gpu.backend = adapters[chosen].backend;
+    gpu.adapter_index = Some(adapters[chosen].index);
+    gpu.kernels = e.kernels.parse().map_err(GpuError::Validation)?;
+    let tuned = KernelTuning {
+        cpu_decode_tile: e.cpu_decode_tile,
+        cpu_prompt_tile: e.cpu_prompt_tile,
+        gpu_vec_rows: e.gpu_vec_rows,
+        gpu_tile: e.gpu_tile,
+        ..Default::default()
+    };
+    gpu.tuning = opts.tuning.over(&tuned);
+    gpu.tuning
+        .validate()
+        .map_err(|err| GpuError::Validation(format!("tuned kernels: {err}")))?;
+    Ok(Resolved {
+        gpu,
+        entries,
+        measured,
+    })
+}
+
+/// The entry to use: the first (the default adapter) unless another scores better by
+/// more than [`BACKEND_MARGIN`].
+pub fn choose(entries: &[TuneEntry]) -> usize {
+    let mut best = 0;
+    for (i, e) in entries.iter().enumerate().skip(1) {
+        if e.score() < entries[best].score() * (1.0 - BACKEND_MARGIN) {
+            best = i;
+        }
+    }
+    best
+}
+
+impl ShapeChoice {
+    /// A choice with no times, for building cache keys.
+    fn placeholder() -> ShapeChoice {
+        ShapeChoice {
+            kernels: KernelShape::Auto,
+            tuning: KernelTuning::default(),
+            decode_us: 0.0,
+            prompt_us: 0.0,
+        }
+    }
+}
+
+/// The cached entries in the cache directory of `topts`, for `wgllm devices`.
+pub fn cached_entries(topts: &TuneOptions) -> (Option<PathBuf>, Vec<TuneEntry>) {
+    let dir = topts.dir();
+    let entries = dir
+        .as_deref()
+        .map(|d: &Path| TuneCache::load(d).entries)
+        .unwrap_or_default();
+    (dir.map(|d| TuneCache::file(&d)), entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_backend_must_be_clearly_faster() {
+        let e = |backend: &str, decode_us: f64| TuneEntry {
+            hardware: "h".into(),
+            adapter: "a".into(),
+            backend: backend.into(),
+            driver: "d".into(),
+            model: "m".into(),
+            wgllm: "v".into(),
+            kernels: "cpu".into(),
+            cpu_decode_tile: None,
+            cpu_prompt_tile: None,
+            gpu_vec_rows: None,
+            gpu_tile: None,
+            decode_us,
+            prompt_us: 0.0,
+        };
+        assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 97.0)]), 0);
+        assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 90.0)]), 1);
+        assert_eq!(choose(&[e("vulkan", 100.0)]), 0);
+    }
+
+    #[test]
+    fn hardware_ignores_what_gl_appends() {
+        let a = |name: &str, backend: &str| AdapterSummary {
+            index: 0,
+            name: name.into(),
+            backend: backend.into(),
+            device_type: "DiscreteGpu".into(),
+            driver: String::new(),
+            max_storage_binding: 0,
+            max_buffer: 0,
+            max_workgroup_storage: 0,
+            shader_f16: false,
+            subgroups: false,
+            subgroup_size: (0, 0),
+        };
+        assert_eq!(
+            hardware_id(&a("NVIDIA H100 80GB HBM3", "Vulkan")),
+            hardware_id(&a("NVIDIA H100 80GB HBM3/PCIe/SSE2", "Gl"))
+        );
+    }
+}
