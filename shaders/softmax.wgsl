@@ -1,6 +1,7 @@
 // Row softmax of (x * scale + slope * mask), as ggml_soft_max_ext: mask is [n_cols, rows_per_head]
 // (one row per token, shared by every head); slope is 1, or the ALiBi slope of the row's
-// head when max_bias > 0. Masked entries (-inf) get exactly 0.
+// head when max_bias > 0. Masked entries (-inf) get exactly 0. softmax_common.wgsl
+// (MASKED, alibi_slope) is prepended.
 
 // `Params` is `SoftmaxUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
@@ -41,21 +42,12 @@ fn reduce_sum(v: f32, lid: u32) -> f32 {
     return r;
 }
 
-const MASKED: f32 = -1e30;
-
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.y * 65535u + wid.x;
     let t = row % p.rows_per_head;
     let h = row / p.rows_per_head;
-    var slope = 1.0;
-    if (p.max_bias > 0.0) {
-        if (h < p.n_head_log2) {
-            slope = pow(p.m0, f32(h + 1u));
-        } else {
-            slope = pow(p.m1, f32(2u * (h - p.n_head_log2) + 1u));
-        }
-    }
+    let slope = alibi_slope(h);
     let base = row * p.n_cols;
     let mbase = t * p.n_cols;
     var mx = MASKED;

@@ -627,9 +627,10 @@ fn attention_matches_reference() {
                 n_kv,
                 kv_f16,
             };
+            // Every other case with ALiBi slopes (the split kernel applies them itself).
             let sp = SoftmaxParams {
                 scale: 1.0 / (head_dim as f32).sqrt(),
-                max_bias: 0.0,
+                max_bias: [0.0, 8.0][rng.below(2) as usize],
                 n_head,
             };
             // The cache is larger than the part read.
@@ -667,9 +668,10 @@ fn attention_over_a_binding_runs_in_passes() {
         };
         let (n_dispatches, want, got) =
             attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize + 5);
-        // Per pass: scores, softmax, and the output in one dispatch (or split + sum on
-        // GPU-shaped kernels, 256 cells being two chunks).
-        let per_pass = if kernels == KernelShape::Gpu { 4 } else { 3 };
+        // Per pass: scores, softmax, and the output in one dispatch (or, on GPU-shaped
+        // kernels, the split kernel with the softmax inside and the sum of its two chunks
+        // of 128 cells).
+        let per_pass = 3;
         assert_eq!(n_dispatches, 3 * per_pass, "{kernels:?}: three passes");
         check(
             &format!("attention in passes, {kernels:?} kernels"),
@@ -685,8 +687,8 @@ fn attention_over_a_binding_runs_in_passes() {
 
 /// GPU-shaped kernels split the attention output over chunks of cells; where the partial
 /// sums of every chunk would not fit (64 KiB bindings here: 20 tokens × 8 heads × 16 dims
-/// of partials per chunk allow 6 chunks, 1024 cells want 8), the chunks grow instead (4 of
-/// 256 cells), and the result is the same.
+/// and a (max, sum) pair per chunk allow 5 chunks, 1024 cells want 8), the chunks grow
+/// instead (4 of 256 cells), and the result is the same.
 #[test]
 fn split_attention_chunks_grow_to_fit_the_partials() {
     let gpu = small_binding_gpu_with(65536, KernelShape::Gpu);
@@ -704,8 +706,9 @@ fn split_attention_chunks_grow_to_fit_the_partials() {
         max_bias: 0.0,
         n_head: s.n_head,
     };
-    // Partials of 4 chunks (not 8 of 128 cells, which would not fit a binding).
-    assert_eq!(s.partials_len(&gpu), 4 * 20 * 8 * 16);
+    // Partials and (max, sum) pairs of 4 chunks (not 8 of 128 cells, which would not fit
+    // a binding).
+    assert_eq!(s.partials_len(&gpu), 4 * 20 * 8 * (16 + 2));
     let (_, want, got) = attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize);
     check("split attention with grown chunks", &want, &got, 1e-10);
 }

@@ -5,7 +5,7 @@
 
 use super::kernels::{split_shape, MAX_SPLIT_HEAD_DIM};
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
-use super::uniforms::{AttnSumUniform, AttnUniform};
+use super::uniforms::{AttnSplitUniform, AttnSumUniform, AttnUniform};
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
@@ -22,15 +22,14 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
-    /// The kernels' uniform block, with `chunk` cells per chunk for the split kernel.
-    fn uniform(&self, chunk: u32) -> AttnUniform {
+    /// The score and one-pass output kernels' uniform block.
+    fn uniform(&self) -> AttnUniform {
         AttnUniform {
             head_dim: self.head_dim,
             n_head: self.n_head,
             n_head_kv: self.n_head_kv,
             n_tok: self.n_tok,
             n_kv: self.n_kv,
-            chunk,
             ..Default::default()
         }
     }
@@ -81,7 +80,8 @@ impl AttnShape {
         // Chunks of SPLIT_CHUNK cells, or fewer, longer chunks where the partial sums of
         // many tokens would not fit SPLIT_MAX_BYTES.
         let room = gpu.max_binding.min(SPLIT_MAX_BYTES);
-        let max_splits = (room / self.partials_bytes(1)).min(u32::MAX as u64) as u32;
+        let per_split = self.partials_bytes(1) + self.stats_bytes(1);
+        let max_splits = (room / per_split).min(u32::MAX as u64) as u32;
         let target = self.n_kv.div_ceil(SPLIT_CHUNK).min(max_splits);
         if target < 2 {
             return None;
@@ -95,10 +95,24 @@ impl AttnShape {
         n_split as u64 * self.n_tok as u64 * self.n_head as u64 * self.head_dim as u64 * 4
     }
 
-    /// f32 elements of the partial-output scratch buffer of the split kernel (1 if unused).
+    /// The (max, sum) pairs of the split kernel: one per chunk, token and head.
+    fn stats_bytes(&self, n_split: u32) -> u64 {
+        n_split as u64 * self.n_tok as u64 * self.n_head as u64 * 8
+    }
+
+    /// Where the stats start in the partials scratch: after the partial outputs, on the
+    /// adapter's storage offset alignment.
+    fn stats_offset(&self, gpu: &Gpu, n_split: u32) -> u64 {
+        let align = gpu.device.limits().min_storage_buffer_offset_alignment as u64;
+        self.partials_bytes(n_split).div_ceil(align) * align
+    }
+
+    /// f32 elements of the scratch buffer of the split kernel: partial outputs, then
+    /// their stats (1 if unused).
     pub fn partials_len(&self, gpu: &Gpu) -> u64 {
-        self.split(gpu)
-            .map_or(1, |sp| self.partials_bytes(sp.n_split) / 4)
+        self.split(gpu).map_or(1, |sp| {
+            (self.stats_offset(gpu, sp.n_split) + self.stats_bytes(sp.n_split)) / 4
+        })
     }
 }
 
@@ -123,13 +137,15 @@ struct Split {
     chunk: u32,
 }
 
-/// The split output kernel's two dispatches: partial sums per chunk of cells, then their sum.
+/// The split kernel's two dispatches: per chunk of cells the softmax's maximum and sum
+/// and the weighted values, then the chunks joined (see attn_kqv_split.wgsl).
+#[allow(clippy::too_many_arguments)]
 fn kqv_split(
     gpu: &Gpu,
     s: &AttnShape,
+    sm: &SoftmaxParams,
     sp: Split,
-    probs: &View,
-    v: &View,
+    [scores, mask, v]: [&View; 3],
     partials: &View,
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
@@ -141,9 +157,28 @@ fn kqv_split(
         nv,
     })?;
     let sum = gpu.pipeline(KernelKey::AttnKqvSum)?;
-    let params = s.uniform(sp.chunk);
+    let (n_head_log2, m0, m1) = sm.alibi();
+    let params = AttnSplitUniform {
+        head_dim: s.head_dim,
+        n_head: s.n_head,
+        n_head_kv: s.n_head_kv,
+        n_tok: s.n_tok,
+        n_kv: s.n_kv,
+        chunk: sp.chunk,
+        has_mask: 1,
+        n_head_log2,
+        scale: sm.scale,
+        max_bias: sm.max_bias,
+        m0,
+        m1,
+    };
     let n_split = sp.n_split;
-    let partials = sub_view(partials, 0, s.partials_bytes(n_split));
+    let part = sub_view(partials, 0, s.partials_bytes(n_split));
+    let stats = sub_view(
+        partials,
+        s.stats_offset(gpu, n_split),
+        s.stats_bytes(n_split),
+    );
     let n = d4 * s.n_head * s.n_tok;
     let (gx, gy) = split_groups(n.div_ceil(64));
     Ok(vec![
@@ -152,7 +187,7 @@ fn kqv_split(
             "attn_kqv",
             split,
             bytemuck::bytes_of(&params),
-            &[probs, v, &partials],
+            &[scores, mask, v, &part, &stats],
             [n_split, s.n_tok, s.n_head],
         )?,
         record(
@@ -162,9 +197,10 @@ fn kqv_split(
             bytemuck::bytes_of(&AttnSumUniform {
                 n,
                 n_split,
+                d4,
                 ..Default::default()
             }),
-            &[&partials, dst],
+            &[&part, &stats, dst],
             [gx, gy, 1],
         )?,
     ])
@@ -252,7 +288,7 @@ pub fn attention(
     for t0 in (0..s.n_tok).step_by(per_pass as usize) {
         let n_tok = per_pass.min(s.n_tok - t0);
         let pass = AttnShape { n_tok, ..*s };
-        let params = pass.uniform(0);
+        let params = pass.uniform();
         let (t0, nt) = (t0 as u64, n_tok as u64);
         let q = sub_view(q, t0 * q_row, nt * q_row);
         let dst = sub_view(dst, t0 * q_row, nt * q_row);
@@ -266,11 +302,13 @@ pub fn attention(
             &[&q, k, &scores],
             [s.n_kv.div_ceil(64), n_tok.div_ceil(tb), s.n_head],
         )?);
-        out.push(softmax(gpu, sp, Some(&mask), &scores, s.n_kv, n_tok)?);
         if let Some(split) = s.split(gpu) {
-            out.extend(kqv_split(gpu, &pass, split, &scores, v, partials, &dst)?);
+            // The softmax is inside the split kernel.
+            let io = [&scores, &mask, v];
+            out.extend(kqv_split(gpu, &pass, sp, split, io, partials, &dst)?);
             continue;
         }
+        out.push(softmax(gpu, sp, Some(&mask), &scores, s.n_kv, n_tok)?);
         out.push(record(
             gpu,
             "attn_kqv",

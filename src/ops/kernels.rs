@@ -66,14 +66,14 @@ pub enum KernelKey {
         f16: bool,
         tb: u32,
     },
-    /// Attention output split over chunks of cells: `lanes` invocations across a value
-    /// row, `nv` vec4s each (see [`split_shape`]).
+    /// Attention softmax and output split over chunks of cells (flash-decoding):
+    /// `lanes` invocations across a value row, `nv` vec4s each (see [`split_shape`]).
     AttnKqvSplit {
         f16: bool,
         lanes: u32,
         nv: u32,
     },
-    /// The sum of the split kernel's partial outputs.
+    /// The split kernel's partial outputs, rescaled to one maximum and normalised.
     AttnKqvSum,
     GetRows {
         ty: GgmlType,
@@ -281,7 +281,8 @@ impl KernelKey {
             SetRows { .. } => SetRowsUniform::WGSL,
             RopeStore { .. } => RopeStoreUniform::WGSL,
             Softmax { .. } => SoftmaxUniform::WGSL,
-            AttnKq { .. } | AttnKqv { .. } | AttnKqvSplit { .. } => AttnUniform::WGSL,
+            AttnKq { .. } | AttnKqv { .. } => AttnUniform::WGSL,
+            AttnKqvSplit { .. } => AttnSplitUniform::WGSL,
             AttnKqvSum => AttnSumUniform::WGSL,
             GetRows { .. } => GetRowsUniform::WGSL,
             Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
@@ -306,7 +307,10 @@ impl KernelKey {
             Rope { f16 } => compose(&[shaders::ROPE], &[("KV_T", kv_type(f16))]),
             SetRows { f16 } => compose(&[shaders::SET_ROWS], &[("KV_T", kv_type(f16))]),
             RopeStore { f16, norm } => shaders::rope_store_source(&kv_type(f16), norm),
-            Softmax { wg } => compose(&[shaders::SOFTMAX], &[("WG", wg.to_string())]),
+            Softmax { wg } => compose(
+                &[shaders::SOFTMAX_COMMON, shaders::SOFTMAX],
+                &[("WG", wg.to_string())],
+            ),
             AttnKq { f16, tb } => compose(
                 &[shaders::ATTN_KQ],
                 &[("KV_T", kv_type(f16)), ("TB", tb.to_string())],
@@ -316,7 +320,7 @@ impl KernelKey {
                 &[("KV_T", kv_type(f16)), ("TB", tb.to_string())],
             ),
             AttnKqvSplit { f16, lanes, nv } => compose(
-                &[shaders::ATTN_KQV_SPLIT],
+                &[shaders::SOFTMAX_COMMON, shaders::ATTN_KQV_SPLIT],
                 &[
                     ("KV_T", kv_type(f16)),
                     ("LANES", lanes.to_string()),

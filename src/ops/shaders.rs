@@ -16,6 +16,7 @@ pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 pub const SET_ROWS: &str = include_str!("../../shaders/set_rows.wgsl");
 pub const ROPE_STORE: &str = include_str!("../../shaders/rope_store.wgsl");
 pub const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
+pub const SOFTMAX_COMMON: &str = include_str!("../../shaders/softmax_common.wgsl");
 pub const ATTN_KQ: &str = include_str!("../../shaders/attn_kq.wgsl");
 pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
 pub const ATTN_KQV_SPLIT: &str = include_str!("../../shaders/attn_kqv_split.wgsl");

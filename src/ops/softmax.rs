@@ -13,7 +13,8 @@ pub struct SoftmaxParams {
 }
 
 impl SoftmaxParams {
-    fn alibi(&self) -> (u32, f32, f32) {
+    /// (n_head_log2, m0, m1) of ggml's ALiBi slopes.
+    pub(crate) fn alibi(&self) -> (u32, f32, f32) {
         let n_head_log2 = 1u32 << (31 - self.n_head.max(1).leading_zeros());
         let m0 = 2f32.powf(-self.max_bias / n_head_log2 as f32);
         let m1 = 2f32.powf(-(self.max_bias / 2.0) / n_head_log2 as f32);

@@ -124,27 +124,45 @@ uniform_struct! {
 }
 
 uniform_struct! {
-    /// attn_kq, attn_kqv and attn_kqv_split.
+    /// attn_kq and attn_kqv.
     AttnUniform {
         head_dim: u32,
         n_head: u32,
         n_head_kv: u32,
         n_tok: u32,
         n_kv: u32,
-        /// Cells per chunk (the split output kernel only).
-        chunk: u32,
         _pad0: u32,
         _pad1: u32,
+        _pad2: u32,
     }
 }
 
 uniform_struct! {
-    /// attn_kqv_sum: `n` vec4s in each of `n_split` partial outputs.
+    /// attn_kqv_split: the attention shape and the softmax's scale, mask and ALiBi.
+    AttnSplitUniform {
+        head_dim: u32,
+        n_head: u32,
+        n_head_kv: u32,
+        n_tok: u32,
+        n_kv: u32,
+        /// Cells per chunk.
+        chunk: u32,
+        has_mask: u32,
+        n_head_log2: u32,
+        scale: f32,
+        max_bias: f32,
+        m0: f32,
+        m1: f32,
+    }
+}
+
+uniform_struct! {
+    /// attn_kqv_sum: `n` vec4s (rows of `d4`) in each of `n_split` partial outputs.
     AttnSumUniform {
         n: u32,
         n_split: u32,
+        d4: u32,
         _pad0: u32,
-        _pad1: u32,
     }
 }
 
