@@ -21,6 +21,17 @@ pub struct Weight {
     pub chunks: Vec<WeightChunk>,
 }
 
+/// Bytes of a file row of `n_cols` elements of `ty`.
+fn row_bytes(name: &str, ty: GgmlType, n_cols: usize) -> Result<usize, GpuError> {
+    ty.row_bytes(n_cols as u64)
+        .map(|b| b as usize)
+        .ok_or_else(|| {
+            GpuError::Validation(format!(
+                "{name}: rows of {n_cols} elements are not whole {ty} blocks"
+            ))
+        })
+}
+
 impl Weight {
     /// Uploads `data` (GGUF bytes of a [n_cols, n_rows] tensor), re-laid out for the GPU.
     pub fn upload(
@@ -46,11 +57,7 @@ impl Weight {
         parts: &[&[u8]],
         interleave: bool,
     ) -> Result<Weight, GpuError> {
-        let row_bytes = ty.row_bytes(n_cols as u64).ok_or_else(|| {
-            GpuError::Validation(format!(
-                "{name}: rows of {n_cols} elements are not whole {ty} blocks"
-            ))
-        })? as usize;
+        let row_bytes = row_bytes(name, ty, n_cols)?;
         let rows: Vec<usize> = parts.iter().map(|p| p.len() / row_bytes).collect();
         let n_rows: usize = rows.iter().sum();
         if interleave && rows.iter().any(|&r| r != rows[0]) {
@@ -96,11 +103,7 @@ impl Weight {
                 "{name}: a [{n_cols}, {n_rows}] matrix has empty rows"
             )));
         }
-        let row_bytes = ty.row_bytes(n_cols as u64).ok_or_else(|| {
-            GpuError::Validation(format!(
-                "{name}: rows of {n_cols} elements are not whole {ty} blocks"
-            ))
-        })? as usize;
+        let row_bytes = row_bytes(name, ty, n_cols)?;
         if data.len() < n_rows * row_bytes {
             return Err(GpuError::Validation(format!(
                 "{name}: {} bytes of data for {n_rows} rows of {row_bytes}",
