@@ -330,7 +330,7 @@ fn tune_measures_caches_and_is_reused() {
     let (code, _, err) = run(&gen);
     assert_eq!(code, 0, "{err}");
     assert!(
-        err.contains("tuned earlier") && !err.contains("tuning kernels"),
+        err.contains("(cached;") && !err.contains("tuning kernels"),
         "{err}"
     );
 

@@ -34,6 +34,8 @@ pub struct AppOptions {
     pub model_dirs: Vec<PathBuf>,
     /// Backend, adapter and kernel choices for the window's (and so the model's) device.
     pub gpu: GpuOptions,
+    /// Whether the kernels are tuned for that device (see [`crate::tune`]).
+    pub tune: crate::tune::TuneOptions,
     /// Context, sequences, sampling: the settings panel starts from these.
     pub settings: AppSettings,
     /// Headless drive: send this prompt to the first chat once the model is loaded.

@@ -5,6 +5,7 @@
 use crate::engine::{EngineOptions, SessionParams, ShiftPolicy};
 use crate::gpu::GpuOptions;
 use crate::sample::SamplerParams;
+use crate::tune::TuneOptions;
 
 /// What the settings panel edits; the flags of `wgllm app` give the first values.
 #[derive(Clone, Debug)]
@@ -38,7 +39,7 @@ impl Default for AppSettings {
 }
 
 impl AppSettings {
-    pub fn engine_options(&self, gpu: &GpuOptions) -> EngineOptions {
+    pub fn engine_options(&self, gpu: &GpuOptions, tune: &TuneOptions) -> EngineOptions {
         EngineOptions {
             n_ctx: self.n_ctx,
             n_batch: self.n_batch,
@@ -52,6 +53,7 @@ impl AppSettings {
                 0
             },
             gpu: gpu.clone(),
+            tune: tune.clone(),
             ..EngineOptions::default()
         }
     }

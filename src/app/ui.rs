@@ -161,7 +161,10 @@ impl App {
         self.cache = None;
         self.error = None;
         self.load = Load::Loading { done: 0, total: 0 };
-        let opts = Box::new(self.settings.engine_options(&self.opts.gpu));
+        let opts = Box::new(
+            self.settings
+                .engine_options(&self.opts.gpu, &self.opts.tune),
+        );
         self.send(Cmd::Load {
             path,
             opts,

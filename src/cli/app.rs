@@ -123,6 +123,7 @@ pub fn app(a: &AppArgs) -> Result<()> {
             a.models_dir.clone()
         },
         gpu: a.gpu.options()?,
+        tune: super::tune_options(a.gpu.no_tune, false),
         settings,
         prompt: a.prompt.as_deref().map(unescape),
         screenshot: a.screenshot.clone(),

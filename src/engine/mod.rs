@@ -89,6 +89,24 @@ pub struct Engine {
     pub n_steps: u64,
 }
 
+/// One log line for the kernels the tuner chose.
+#[cfg(not(target_arch = "wasm32"))]
+fn log_tuned(e: &crate::tune::TuneEntry, measured: bool, n_backends: usize) {
+    log::info!(
+        "kernels: {} on {} ({}; {}{} us per layer and decoded token, {:.1} per prompt token)",
+        e.kernels,
+        e.backend,
+        if measured { "measured now" } else { "cached" },
+        if n_backends > 1 {
+            format!("best of {n_backends} backends; ")
+        } else {
+            String::new()
+        },
+        e.decode_us.round(),
+        e.prompt_us
+    );
+}
+
 impl Engine {
     /// Opens a GGUF file, the GPU `opts` names, and uploads the weights; `progress(done,
     /// total)` is called in bytes as tensors are uploaded (native targets).
@@ -121,19 +139,7 @@ impl Engine {
             )
         })?;
         if let Some(e) = r.entries.first() {
-            log::info!(
-                "kernels: {} on {} ({}; {}{} us per layer and decoded token, {:.1} per prompt token)",
-                e.kernels,
-                e.backend,
-                if r.measured { "measured now" } else { "tuned earlier" },
-                if r.entries.len() > 1 {
-                    format!("of {} backends; ", r.entries.len())
-                } else {
-                    String::new()
-                },
-                e.decode_us.round(),
-                e.prompt_us
-            );
+            log_tuned(e, r.measured, r.entries.len());
         }
         Ok(r.gpu)
     }
@@ -149,7 +155,11 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
         let (f, tokenizer) = Self::open_file(path)?;
-        Self::load_opened(start, gpu, &f, tokenizer, opts, progress)
+        let tuned = crate::tune::retune_device(&gpu, &opts.gpu, &opts.tune, &f)?;
+        if let Some(e) = &tuned.entry {
+            log_tuned(e, tuned.measured, 1);
+        }
+        Self::load_opened(start, tuned.gpu, &f, tokenizer, opts, progress)
     }
 
     /// [`Engine::load_on`], timed from `start` (when the file was first touched).

@@ -18,6 +18,7 @@ use crate::gguf::GgufFile;
 use crate::gpu::{AdapterSummary, Backend, Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
 use crate::model::Hparams;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// When to measure.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -176,6 +177,98 @@ pub struct Resolved {
 /// can cost features the timed layer does not show (GL has no shader-f16 for the cache).
 pub const BACKEND_MARGIN: f64 = 0.05;
 
+/// The model's key and the cache, for one resolution.
+struct Tuner<'a> {
+    f: &'a GgufFile,
+    hp: Hparams,
+    model: String,
+    mode: TuneMode,
+    dir: Option<PathBuf>,
+    cache: TuneCache,
+    measured: bool,
+}
+
+impl<'a> Tuner<'a> {
+    fn new(f: &'a GgufFile, topts: &TuneOptions) -> Result<Self, GpuError> {
+        let hp = Hparams::from_gguf(f).map_err(|e| GpuError::Validation(e.to_string()))?;
+        let dir = topts.dir();
+        Ok(Tuner {
+            model: model_id(&hp, f),
+            hp,
+            f,
+            mode: topts.mode,
+            cache: dir.as_deref().map(TuneCache::load).unwrap_or_default(),
+            dir,
+            measured: false,
+        })
+    }
+
+    /// The cached entry for an adapter, or one measured on the device `open` gives.
+    fn entry(
+        &mut self,
+        c: &Candidate,
+        open: impl FnOnce() -> Result<Arc<Gpu>, GpuError>,
+        report: &mut dyn FnMut(&str, &CandidateTime),
+    ) -> Result<TuneEntry, GpuError> {
+        let key = entry_for(c, &self.model, &ShapeChoice::placeholder());
+        if self.mode == TuneMode::Cached {
+            if let Some(e) = self.cache.find(&key) {
+                return Ok(e.clone());
+            }
+        }
+        log::info!(
+            "tuning kernels for {} on {} ({}): first use, a few seconds",
+            c.info.name,
+            c.backend,
+            self.model
+        );
+        let gpu = open()?;
+        let backend = c.backend.to_string();
+        let shapes = measure::measure(&gpu, self.f, &self.hp, &mut |t| report(&backend, t))?;
+        let best = shapes
+            .iter()
+            .min_by(|a, b| a.score().total_cmp(&b.score()))
+            .expect("two shapes measured");
+        let e = entry_for(c, &self.model, best);
+        self.cache.put(e.clone());
+        self.measured = true;
+        Ok(e)
+    }
+
+    /// Writes the cache if anything was measured; a cache that cannot be written costs
+    /// only a measurement next time.
+    fn save(&self) {
+        if let (true, Some(dir)) = (self.measured, &self.dir) {
+            if let Err(e) = self.cache.save(dir) {
+                log::warn!(
+                    "could not write the tuning cache in {}: {e} (the choice holds for this run only)",
+                    dir.display()
+                );
+            }
+        }
+    }
+}
+
+/// The kernel shape and tuned fields of an entry, under the user's `WGLLM_*` overrides.
+fn entry_kernels(
+    e: &TuneEntry,
+    user: &KernelTuning,
+) -> Result<(KernelShape, KernelTuning), GpuError> {
+    let kernels = e.kernels.parse().map_err(GpuError::Validation)?;
+    let tuned = KernelTuning {
+        cpu_decode_tile: e.cpu_decode_tile,
+        cpu_prompt_tile: e.cpu_prompt_tile,
+        gpu_vec_rows: e.gpu_vec_rows,
+        gpu_tile: e.gpu_tile,
+        ..Default::default()
+    };
+    let tuning = user.over(&tuned);
+    tuning
+        .validate()
+        .map_err(|err| GpuError::Validation(format!("tuned kernels: {err}")))?;
+    Ok((kernels, tuning))
+}
+
 /// The GPU options with `kernels auto` (and `backend auto`) decided by measurement (see
 /// the module doc). Options that leave nothing to choose come back as they are.
 /// `report` sees every candidate measured (with the adapter's backend), for progress.
@@ -186,85 +279,83 @@ pub fn resolve(
     f: &GgufFile,
     report: &mut dyn FnMut(&str, &CandidateTime),
 ) -> Result<Resolved, GpuError> {
-    let unchanged = || Resolved {
-        gpu: opts.clone(),
-        entries: Vec::new(),
-        measured: false,
-    };
     if topts.mode == TuneMode::Off || opts.kernels != KernelShape::Auto {
-        return Ok(unchanged());
+        return Ok(Resolved {
+            gpu: opts.clone(),
+            entries: Vec::new(),
+            measured: false,
+        });
     }
-    let hp = Hparams::from_gguf(f).map_err(|e| GpuError::Validation(e.to_string()))?;
-    let model = model_id(&hp, f);
-    let dir = topts.dir();
-    let mut cache = dir.as_deref().map(TuneCache::load).unwrap_or_default();
-    let mut entries = Vec::new();
-    let mut measured = false;
+    let mut tuner = Tuner::new(f, topts)?;
     let adapters = candidates(opts)?;
+    let mut entries = Vec::new();
     for c in &adapters {
         let mut plain = opts.clone();
         plain.backend = c.backend;
         plain.adapter_index = Some(c.index);
         plain.tuning = KernelTuning::default();
-        let key = entry_for(c, &model, &ShapeChoice::placeholder());
-        let cached = (topts.mode == TuneMode::Cached)
-            .then(|| cache.find(&key).cloned())
-            .flatten();
-        let e = match cached {
-            Some(e) => e,
-            None => {
-                log::info!(
-                    "tuning kernels for {} on {} ({model}): first use, a few seconds",
-                    c.info.name,
-                    c.backend
-                );
-                let gpu = Gpu::new(&plain)?;
-                let backend = c.backend.to_string();
-                let shapes = measure::measure(&gpu, f, &hp, &mut |t| report(&backend, t))?;
-                let best = shapes
-                    .iter()
-                    .min_by(|a, b| a.score().total_cmp(&b.score()))
-                    .expect("two shapes measured");
-                measured = true;
-                let e = entry_for(c, &model, best);
-                cache.put(e.clone());
-                e
-            }
-        };
-        entries.push(e);
+        entries.push(tuner.entry(c, || Gpu::new(&plain), report)?);
     }
-    if measured {
-        if let Some(dir) = &dir {
-            if let Err(e) = cache.save(dir) {
-                log::warn!(
-                    "could not write the tuning cache in {}: {e} (the choice holds for this run only)",
-                    dir.display()
-                );
-            }
-        }
-    }
+    tuner.save();
     let chosen = choose(&entries);
-    let e = entries[chosen].clone();
+    let (kernels, tuning) = entry_kernels(&entries[chosen], &opts.tuning)?;
     entries.swap(0, chosen);
     let mut gpu = opts.clone();
     gpu.backend = adapters[chosen].backend;
     gpu.adapter_index = Some(adapters[chosen].index);
-    gpu.kernels = e.kernels.parse().map_err(GpuError::Validation)?;
-    let tuned = KernelTuning {
-        cpu_decode_tile: e.cpu_decode_tile,
-        cpu_prompt_tile: e.cpu_prompt_tile,
-        gpu_vec_rows: e.gpu_vec_rows,
-        gpu_tile: e.gpu_tile,
-        ..Default::default()
-    };
-    gpu.tuning = opts.tuning.over(&tuned);
-    gpu.tuning
-        .validate()
-        .map_err(|err| GpuError::Validation(format!("tuned kernels: {err}")))?;
+    gpu.kernels = kernels;
+    gpu.tuning = tuning;
     Ok(Resolved {
         gpu,
         entries,
-        measured,
+        measured: tuner.measured,
+    })
+}
+
+/// What [`retune_device`] made of a device.
+pub struct Retuned {
+    /// The device with the tuned kernel choice (or as it was).
+    pub gpu: Arc<Gpu>,
+    /// The choice, where tuning applied.
+    pub entry: Option<TuneEntry>,
+    /// Whether it was measured now (else cached).
+    pub measured: bool,
+}
+
+/// For a device the caller opened (the desktop app's window device): the same device
+/// with the kernel choice cached for its adapter and this model, measured on it at first
+/// use. `opts` are the options it was opened with: a fixed `--kernels` or `--no-tune`
+/// leaves it as it is.
+pub fn retune_device(
+    gpu: &Arc<Gpu>,
+    opts: &GpuOptions,
+    topts: &TuneOptions,
+    f: &GgufFile,
+) -> Result<Retuned, GpuError> {
+    let unchanged = || Retuned {
+        gpu: gpu.clone(),
+        entry: None,
+        measured: false,
+    };
+    if topts.mode == TuneMode::Off || opts.kernels != KernelShape::Auto {
+        return Ok(unchanged());
+    }
+    let Some(backend) = backend_of(&gpu.info) else {
+        return Ok(unchanged());
+    };
+    let c = Candidate {
+        backend,
+        index: gpu.info.index,
+        info: gpu.info.clone(),
+    };
+    let mut tuner = Tuner::new(f, topts)?;
+    let e = tuner.entry(&c, || Ok(gpu.clone()), &mut |_, _| {})?;
+    tuner.save();
+    let (kernels, tuning) = entry_kernels(&e, &gpu.tuning)?;
+    Ok(Retuned {
+        gpu: gpu.retuned(kernels, tuning),
+        entry: Some(e),
+        measured: tuner.measured,
     })
 }
 
