@@ -299,7 +299,11 @@ pub fn run_plan(
             let has_tg = inst.tests.iter().any(|t| t.n_gen > 0);
             let p = ModelProfile {
                 model_type: mf.model_type.clone(),
-                backend: inst.backend.to_string(),
+                // `auto` is decided by the tuner: name what it chose.
+                backend: match inst.backend {
+                    Backend::Auto => format!("auto: {}", gpu.info.backend.to_lowercase()),
+                    b => b.to_string(),
+                },
                 adapter: gpu.info.name.clone(),
                 pp: match pp_n {
                     Some(n) => Some(bench.profile_step(n)?),
@@ -355,7 +359,11 @@ pub fn run_plan(
                 n_depth: t.n_depth,
                 test_time,
                 samples_ns: m.samples_ns,
-                backend: inst.backend.to_string(),
+                // `auto` is decided by the tuner: name what it chose.
+                backend: match inst.backend {
+                    Backend::Auto => format!("auto: {}", gpu.info.backend.to_lowercase()),
+                    b => b.to_string(),
+                },
                 adapter: gpu.info.name.clone(),
                 driver: gpu.info.driver.clone(),
                 kernels: gpu.kernels.to_string(),

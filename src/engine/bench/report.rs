@@ -72,7 +72,8 @@ pub struct BenchRow {
     pub test_time: String,
     /// Nanoseconds of each timed repetition.
     pub samples_ns: Vec<u64>,
-    /// The backend asked for (`--backend`), the adapter it reached and its driver.
+    /// The backend asked for (`--backend`; for `auto`, `auto: ` and the one chosen), the
+    /// adapter it reached and its driver.
     pub backend: String,
     pub adapter: String,
     pub driver: String,
