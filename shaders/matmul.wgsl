@@ -32,23 +32,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         rbase[r] = min(row0 + r, p.n_rows - 1u) * p.row_words;
     }
     let nb = p.k / QK;
+    // Each half block's values are code * scale + offset (`load_block` returns (scale,
+    // offset) of the first and second 16): the codes' dot with x is scaled once per half,
+    // and the offsets multiply x's sum, so no value is scaled one by one.
+    var sc: array<vec4<f32>, R>;
     for (var b = 0u; b < nb; b++) {
         for (var r = 0u; r < R; r++) {
-            load_block(rbase[r] + b * WPB, r);
+            sc[r] = load_block(rbase[r] + b * WPB, r);
         }
         for (var t = 0u; t < TB; t++) {
             if (t < ntb) {
-                let xo = (t0 + t) * k4 + b * (QK / 4u);
-                var xv: array<vec4<f32>, QK / 4u>;
-                for (var i = 0u; i < QK / 4u; i++) {
+                let xo = (t0 + t) * k4 + b * 8u;
+                var xv: array<vec4<f32>, 8>;
+                var xs = vec2<f32>(0.0);
+                for (var i = 0u; i < 4u; i++) {
                     xv[i] = x[xo + i];
+                    xv[i + 4u] = x[xo + i + 4u];
+                    xs += vec2<f32>(dot(xv[i], vec4<f32>(1.0)), dot(xv[i + 4u], vec4<f32>(1.0)));
                 }
                 for (var r = 0u; r < R; r++) {
-                    var s = 0.0;
-                    for (var i = 0u; i < QK / 4u; i++) {
-                        s += dot(wb[r * 8u + i], xv[i]);
+                    var lo = 0.0;
+                    var hi = 0.0;
+                    for (var i = 0u; i < 4u; i++) {
+                        lo += dot(wb[r * 8u + i], xv[i]);
+                        hi += dot(wb[r * 8u + i + 4u], xv[i + 4u]);
                     }
-                    acc[t * R + r] += s;
+                    let c = sc[r];
+                    acc[t * R + r] += c.x * lo + c.y * xs.x + c.z * hi + c.w * xs.y;
                 }
             }
         }

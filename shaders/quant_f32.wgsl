@@ -5,12 +5,13 @@ const WPB: u32 = 32u;
 // Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
 var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
 
-fn load_block(base: u32, slot: u32) {
+fn load_block(base: u32, slot: u32) -> vec4<f32> {
     let o8 = slot * 8u;
     for (var i = 0u; i < 8u; i++) {
         let o = base + 4u * i;
         wb[o8 + i] = vec4<f32>(bitcast<f32>(w[o]), bitcast<f32>(w[o + 1u]), bitcast<f32>(w[o + 2u]), bitcast<f32>(w[o + 3u]));
     }
+    return vec4<f32>(1.0, 0.0, 1.0, 0.0);
 }
 
 // Element j of the row whose first word is `row_base` (any j, not only whole blocks).

@@ -18,14 +18,15 @@ fn iq4(v: u32, shift: u32) -> vec4<f32> {
     return vec4<f32>(iq4_level(n.x), iq4_level(n.y), iq4_level(n.z), iq4_level(n.w));
 }
 
-fn load_block(base: u32, slot: u32) {
+fn load_block(base: u32, slot: u32) -> vec4<f32> {
     let o8 = slot * 8u;
-    let d = iq4_d(base);
     for (var i = 0u; i < 4u; i++) {
         let q = w[base + 1u + i];
-        wb[o8 + i] = iq4(q, 0u) * d;
-        wb[o8 + i + 4u] = iq4(q, 4u) * d;
+        wb[o8 + i] = iq4(q, 0u);
+        wb[o8 + i + 4u] = iq4(q, 4u);
     }
+    let d = iq4_d(base);
+    return vec4<f32>(d, 0.0, d, 0.0);
 }
 
 fn deq_elem(row_base: u32, j: u32) -> f32 {

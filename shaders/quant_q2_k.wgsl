@@ -20,15 +20,15 @@ fn q2(v: u32, l: u32) -> vec4<f32> {
     return vec4<f32>(vec4<u32>(v >> l, v >> (l + 2u), v >> (l + 4u), v >> (l + 6u)) & vec4<u32>(3u));
 }
 
-fn load_block(base: u32, slot: u32) {
+fn load_block(base: u32, slot: u32) -> vec4<f32> {
     let o8 = slot * 8u;
-    let s = q2_dm(base);
     let v0 = w[base + 2u];
     let v1 = w[base + 3u];
     for (var i = 0u; i < 4u; i++) {
-        wb[o8 + i] = q2(v0, 8u * i) * s.x + s.y;
-        wb[o8 + i + 4u] = q2(v1, 8u * i) * s.z + s.w;
+        wb[o8 + i] = q2(v0, 8u * i);
+        wb[o8 + i + 4u] = q2(v1, 8u * i);
     }
+    return q2_dm(base);
 }
 
 fn deq_elem(row_base: u32, j: u32) -> f32 {

@@ -23,16 +23,17 @@ fn q3(lo: u32, l: u32, hb: u32, t: u32) -> vec4<f32> {
     return vec4<f32>(q | h) - 4.0;
 }
 
-fn load_block(base: u32, slot: u32) {
+fn load_block(base: u32, slot: u32) -> vec4<f32> {
     let o8 = slot * 8u;
-    let s = q3_scales(base);
     let l0 = w[base + 1u];
     let l1 = w[base + 2u];
     let hb = w[base + 3u];
     for (var i = 0u; i < 4u; i++) {
-        wb[o8 + i] = q3(l0, 8u * i, hb, 4u * i) * s.x;
-        wb[o8 + i + 4u] = q3(l1, 8u * i, hb, 16u + 4u * i) * s.y;
+        wb[o8 + i] = q3(l0, 8u * i, hb, 4u * i);
+        wb[o8 + i + 4u] = q3(l1, 8u * i, hb, 16u + 4u * i);
     }
+    let s = q3_scales(base);
+    return vec4<f32>(s.x, 0.0, s.y, 0.0);
 }
 
 fn deq_elem(row_base: u32, j: u32) -> f32 {

@@ -10,14 +10,15 @@ fn nibbles(q: u32, shift: u32) -> vec4<f32> {
     return vec4<f32>(vec4<u32>(q >> shift, q >> (shift + 8u), q >> (shift + 16u), q >> (shift + 24u)) & vec4<u32>(15u));
 }
 
-fn load_block(base: u32, slot: u32) {
+fn load_block(base: u32, slot: u32) -> vec4<f32> {
     let o8 = slot * 8u;
-    let dm = q4_dm(base);
     for (var i = 0u; i < 4u; i++) {
         let q = w[base + Q4_QS + i];
-        wb[o8 + i] = nibbles(q, 0u) * dm.x + dm.y;
-        wb[o8 + i + 4u] = nibbles(q, 4u) * dm.x + dm.y;
+        wb[o8 + i] = nibbles(q, 0u);
+        wb[o8 + i + 4u] = nibbles(q, 4u);
     }
+    let dm = q4_dm(base);
+    return vec4<f32>(dm, dm);
 }
 
 fn deq_elem(row_base: u32, j: u32) -> f32 {

@@ -14,15 +14,16 @@ fn q5(q: u32, shift: u32, h: u32, s: u32) -> vec4<f32> {
     return vec4<f32>(lo | hi);
 }
 
-fn load_block(base: u32, slot: u32) {
+fn load_block(base: u32, slot: u32) -> vec4<f32> {
     let o8 = slot * 8u;
-    let dm = q5_dm(base);
     let h = w[base + Q5_H];
     for (var i = 0u; i < 4u; i++) {
         let q = w[base + Q5_H + 1u + i];
-        wb[o8 + i] = q5(q, 0u, h, 4u * i) * dm.x + dm.y;
-        wb[o8 + i + 4u] = q5(q, 4u, h, 16u + 4u * i) * dm.x + dm.y;
+        wb[o8 + i] = q5(q, 0u, h, 4u * i);
+        wb[o8 + i + 4u] = q5(q, 4u, h, 16u + 4u * i);
     }
+    let dm = q5_dm(base);
+    return vec4<f32>(dm, dm);
 }
 
 fn deq_elem(row_base: u32, j: u32) -> f32 {

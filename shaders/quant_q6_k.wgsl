@@ -23,16 +23,17 @@ fn q6(v: u32, shift: u32, h: u32, hs: u32) -> vec4<f32> {
     return vec4<f32>(lo | hi) - 32.0;
 }
 
-fn load_block(base: u32, slot: u32) {
+fn load_block(base: u32, slot: u32) -> vec4<f32> {
     let o8 = slot * 8u;
-    let s = q6_scales(base);
     let h0 = w[base + 5u];
     let h1 = w[base + 6u];
     for (var i = 0u; i < 4u; i++) {
         let v = w[base + 1u + i];
-        wb[o8 + i] = q6(v, 0u, h0, 8u * i) * s.x;
-        wb[o8 + i + 4u] = q6(v, 4u, h1, 8u * i) * s.y;
+        wb[o8 + i] = q6(v, 0u, h0, 8u * i);
+        wb[o8 + i + 4u] = q6(v, 4u, h1, 8u * i);
     }
+    let s = q6_scales(base);
+    return vec4<f32>(s.x, 0.0, s.y, 0.0);
 }
 
 fn deq_elem(row_base: u32, j: u32) -> f32 {

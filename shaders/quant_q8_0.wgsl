@@ -10,12 +10,13 @@ fn bytes_i8(q: u32) -> vec4<f32> {
     return vec4<f32>(v);
 }
 
-fn load_block(base: u32, slot: u32) {
+fn load_block(base: u32, slot: u32) -> vec4<f32> {
     let o8 = slot * 8u;
-    let d = unpack2x16float(w[base]).x;
     for (var i = 0u; i < 8u; i++) {
-        wb[o8 + i] = bytes_i8(w[base + 1u + i]) * d;
+        wb[o8 + i] = bytes_i8(w[base + 1u + i]);
     }
+    let d = unpack2x16float(w[base]).x;
+    return vec4<f32>(d, 0.0, d, 0.0);
 }
 
 fn deq_elem(row_base: u32, j: u32) -> f32 {

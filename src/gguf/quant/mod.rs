@@ -31,7 +31,10 @@
 //!   GPU block), and reads one GPU block starting at word `base` (formats of one family
 //!   share a body, `concat!`ed after a small header: `quant_q4.wgsl` for Q4_0/Q4_1/Q4_K,
 //!   `quant_q5.wgsl` for Q5_0/Q5_1/Q5_K, `quant_iq4.wgsl` for IQ4_NL/IQ4_XS):
-//!   - `load_block(base, slot)`: all 32 values into `wb[slot * 8 .. slot * 8 + 8]` (vec4s);
+//!   - `load_block(base, slot) -> vec4<f32>`: the 32 values' codes into
+//!     `wb[slot * 8 .. slot * 8 + 8]` (vec4s), returning (scale, offset) of the first 16
+//!     and of the second 16 (value = code * scale + offset), which the CPU-shaped matmul
+//!     applies once per half block instead of to every value;
 //!   - `load_quarter(base, q) -> Quarter` (the struct is shared, `shaders/quant_common.wgsl`): 8 of the values as two vec4s `a`, `b` plus the
 //!     vec4 indices `ia`, `ib` (0..8) they have within the block; the four quarters cover
 //!     the block once;
