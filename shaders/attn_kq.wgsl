@@ -1,7 +1,9 @@
 // Attention scores: kq[h][t][c] = dot(q[t][h], k[c][h / (n_head / n_head_kv)]).
 // q is [head_dim, n_head, n_tok]; k is the cache, [head_dim, n_head_kv, cells] of KV_T.
 // One invocation owns one cell and TB tokens: each key is loaded once and used TB times
-// (the queries are the same for all invocations of a workgroup row).
+// (the queries are the same for all invocations of a workgroup row). A cell the mask
+// hides from all TB tokens (the causal half of a prompt) is not computed: the softmax
+// masks its score whatever it is.
 
 const TB: u32 = {{TB}}u;
 
@@ -10,6 +12,8 @@ const TB: u32 = {{TB}}u;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k: array<vec4<{{KV_T}}>>;
 @group(0) @binding(3) var<storage, read_write> kq: array<f32>;
+// [n_kv, n_tok]: -1e30 (or less) where a token may not see a cell.
+@group(0) @binding(4) var<storage, read> mask: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -27,8 +31,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         // Tokens past the end re-read the last one; their scores are not stored.
         qo[j] = (min(t0 + j, p.n_tok - 1u) * p.n_head + h) * d4;
     }
+    var seen = false;
+    for (var j = 0u; j < TB; j++) {
+        seen = seen || mask[min(t0 + j, p.n_tok - 1u) * p.n_kv + c] > -1e30;
+    }
     var s: array<f32, TB>;
-    for (var i = 0u; i < d4; i++) {
+    for (var i = 0u; i < select(0u, d4, seen); i++) {
         let kv = vec4<f32>(k[ko + i]);
         for (var j = 0u; j < TB; j++) {
             s[j] += dot(q[qo[j] + i], kv);

@@ -299,7 +299,7 @@ pub fn attention(
             "attn_kq",
             kq.clone(),
             bytemuck::bytes_of(&params),
-            &[&q, k, &scores],
+            &[&q, k, &scores, &mask],
             [s.n_kv.div_ceil(64), n_tok.div_ceil(tb), s.n_head],
         )?);
         if let Some(split) = s.split(gpu) {
@@ -315,7 +315,8 @@ pub fn attention(
             kqv.clone(),
             bytemuck::bytes_of(&params),
             &[&scores, v, &dst],
-            [s.head_dim.div_ceil(64), n_tok.div_ceil(tb), s.n_head],
+            // Invocations over (vec4 of the head, group of tb tokens).
+            [(s.head_dim / 4 * n_tok.div_ceil(tb)).div_ceil(64), 1, s.n_head],
         )?);
     }
     Ok(out)
