@@ -316,7 +316,11 @@ pub fn attention(
             bytemuck::bytes_of(&params),
             &[&scores, v, &dst],
             // Invocations over (vec4 of the head, group of tb tokens).
-            [(s.head_dim / 4 * n_tok.div_ceil(tb)).div_ceil(64), 1, s.n_head],
+            [
+                (s.head_dim / 4 * n_tok.div_ceil(tb)).div_ceil(64),
+                1,
+                s.n_head,
+            ],
         )?);
     }
     Ok(out)
