@@ -25,6 +25,48 @@ pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
 /// What every weight snippet shares (the `Quarter` that `load_quarter` returns).
 pub const QUANT_COMMON: &str = include_str!("../../shaders/quant_common.wgsl");
 
+/// A fingerprint of every kernel source (FNV-1a over the op shaders and each weight type's
+/// snippet): the tuner's cache keys on it, so changed kernels are measured again even
+/// within one version.
+pub fn fingerprint() -> u64 {
+    let ops = [
+        GET_ROWS,
+        MATMUL,
+        MATMUL_WG,
+        MATMUL_TILE,
+        RMS_NORM,
+        ADD_RMS_NORM,
+        BINARY,
+        GLU,
+        ACT,
+        ROPE,
+        SET_ROWS,
+        ROPE_STORE,
+        SOFTMAX,
+        SOFTMAX_COMMON,
+        ATTN_KQ,
+        ATTN_KQV,
+        ATTN_KQV_SPLIT,
+        ATTN_KQV_SUM,
+        QUANT_COMMON,
+    ];
+    let snippets: Vec<String> = weight_types()
+        .into_iter()
+        .filter_map(quant_snippet)
+        .collect();
+    let mut h: u64 = 0xcbf29ce484222325;
+    for src in ops
+        .iter()
+        .copied()
+        .chain(snippets.iter().map(String::as_str))
+    {
+        for b in src.bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+    }
+    h
+}
+
 /// The snippet defining QK, WPB, `load_block`, `load_quarter` and `deq_elem` for a weight
 /// type, after the shared part.
 pub fn quant_snippet(ty: GgmlType) -> Option<String> {

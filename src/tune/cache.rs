@@ -18,7 +18,8 @@ pub struct TuneEntry {
     pub driver: String,
     /// The shapes and types of the model's layer matrices (see `super::model_id`).
     pub model: String,
-    /// The wgllm version that measured: kernels change between versions.
+    /// The wgllm version that measured and a fingerprint of its kernel sources: changed
+    /// kernels are measured again.
     pub wgllm: String,
     /// `cpu` or `gpu`.
     pub kernels: String,

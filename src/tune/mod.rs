@@ -151,7 +151,11 @@ fn entry_for(c: &Candidate, model: &str, best: &ShapeChoice) -> TuneEntry {
         backend: c.backend.to_string(),
         driver: c.info.driver.clone(),
         model: model.to_string(),
-        wgllm: env!("CARGO_PKG_VERSION").to_string(),
+        wgllm: format!(
+            "{} kernels {:016x}",
+            env!("CARGO_PKG_VERSION"),
+            crate::ops::shaders::fingerprint()
+        ),
         kernels: best.kernels.to_string(),
         cpu_decode_tile: best.tuning.cpu_decode_tile,
         cpu_prompt_tile: best.tuning.cpu_prompt_tile,
