@@ -10,9 +10,8 @@ use crate::ops::get_rows::{get_rows, select_rows};
 use crate::ops::glu::{glu, Activation};
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
 use crate::ops::rms_norm::rms_norm;
-use crate::ops::rope::{rope, RopeParams};
+use crate::ops::rope::RopeParams;
 use crate::ops::rope_store::{rope_store, RopeStoreShape, RopeStoreViews};
-use crate::ops::set_rows::set_rows;
 use crate::ops::softmax::SoftmaxParams;
 use crate::ops::{View, Weight};
 use std::sync::Arc;
@@ -58,24 +57,12 @@ pub enum Op {
     Binary { op: BinaryOp, n: u32, nb: u32 },
     /// reads [gate, up], writes [dst]
     Glu { act: Activation, n: u32 },
-    /// reads [table], writes [x] (in place)
-    Rope {
-        p: RopeParams,
-        n_head: u32,
-        n_tok: u32,
-    },
     /// reads [table, qkv, slots(, q_norm, k_norm)], writes [q, k_cache, v_cache]
     RopeStore {
         p: RopeParams,
         shape: RopeStoreShape,
         /// Epsilon of the per-head Q/K norms, when the node reads their weights.
         norm_eps: Option<f32>,
-    },
-    /// reads [src, idx], writes [dst] (f16 when dst_f16)
-    SetRows {
-        row_len: u32,
-        n_rows: u32,
-        dst_f16: bool,
     },
     /// reads [q, k, v, mask], writes [scores, dst, partials]
     Attention { shape: AttnShape, sp: SoftmaxParams },
@@ -105,8 +92,6 @@ impl Op {
             Op::AddRmsNorm { .. } => "add_rms_norm".into(),
             Op::Binary { op, .. } => format!("{op:?}").to_lowercase(),
             Op::Glu { .. } => "glu".into(),
-            Op::Rope { .. } => "rope".into(),
-            Op::SetRows { .. } => "set_rows".into(),
             Op::Attention { .. } => "attention".into(),
         }
     }
@@ -165,26 +150,6 @@ impl Op {
             Op::Binary { n, nb, .. } => c((2 * *n as u64 + *nb as u64) * F, *n as u64),
             // act(gate) * up: the activation is a few operations (exp, divide, multiply).
             Op::Glu { n, .. } => c(3 * *n as u64 * F, 5 * *n as u64),
-            Op::Rope { p, n_head, n_tok } => {
-                let e = p.head_dim as u64 * *n_head as u64 * *n_tok as u64;
-                let table = *n_tok as u64 * p.n_dims as u64 / 2 * 2 * F;
-                // Each rotated pair: two multiplies and an add per output element.
-                c(
-                    2 * e * F + table,
-                    3 * p.n_dims as u64 / 2 * 2 * *n_head as u64 * *n_tok as u64,
-                )
-            }
-            Op::SetRows {
-                row_len,
-                n_rows,
-                dst_f16,
-            } => {
-                let e = *row_len as u64 * *n_rows as u64;
-                c(
-                    e * F + e * if *dst_f16 { 2 } else { F } + *n_rows as u64 * F,
-                    0,
-                )
-            }
             Op::Attention { shape: s, .. } => {
                 let (hd, nh, nkv, nt) = (
                     s.head_dim as u64,
@@ -380,17 +345,6 @@ impl GraphBuilder {
         dst
     }
 
-    /// x seen as rows of `n` elements (e.g. the heads of Q), each RMS-normed and scaled by
-    /// the vector `w` of `n`; the result keeps x's shape.
-    pub fn rms_norm_rows(&mut self, x: TensorId, w: &View, eps: f32, n: u32) -> TensorId {
-        let [n0, n1] = self.ne(x);
-        let rows = n0 / n * n1;
-        let w = self.external(w.clone());
-        let dst = self.tensor([n0, n1]);
-        self.node(Op::RmsNorm { n, rows, eps }, &[x, w], &[dst]);
-        dst
-    }
-
     /// The residual add fused with the next RMS norm: (a + b, rms_norm(a + b) * w).
     pub fn add_rms_norm(
         &mut self,
@@ -435,23 +389,6 @@ impl GraphBuilder {
         let dst = self.tensor([n0, n1]);
         self.node(Op::Glu { act, n: n0 * n1 }, &[gate, up], &[dst]);
         dst
-    }
-
-    /// Rotates x ([head_dim * n_head, n_tok]) in place with a (cos, sin) table.
-    pub fn rope(&mut self, x: TensorId, table: TensorId, p: RopeParams, n_head: u32) {
-        let n_tok = self.ne(x)[1];
-        self.node(Op::Rope { p, n_head, n_tok }, &[table], &[x]);
-    }
-
-    /// Row t of src ([row_len, n_rows]) to row idx[t] of dst (f16 when `dst_f16`).
-    pub fn set_rows(&mut self, src: TensorId, idx: TensorId, dst: TensorId, dst_f16: bool) {
-        let [row_len, n_rows] = self.ne(src);
-        let op = Op::SetRows {
-            row_len,
-            n_rows,
-            dst_f16,
-        };
-        self.node(op, &[src, idx], &[dst]);
     }
 
     /// From a Q/K/V projection qkv ([row_len, n_tok]): the rotated Q ([head_dim *
@@ -628,16 +565,6 @@ impl GraphBuilder {
                     dispatches.push(binary(gpu, *op, &r[0], &r[1], &w[0], *n, *nb)?)
                 }
                 Op::Glu { act, n } => dispatches.push(glu(gpu, *act, &r[0], &r[1], &w[0], *n)?),
-                Op::Rope { p, n_head, n_tok } => {
-                    dispatches.push(rope(gpu, p, &r[0], &w[0], *n_head, *n_tok, false)?)
-                }
-                Op::SetRows {
-                    row_len,
-                    n_rows,
-                    dst_f16,
-                } => dispatches.push(set_rows(
-                    gpu, &r[0], &r[1], &w[0], *row_len, *n_rows, *dst_f16,
-                )?),
                 Op::Attention { shape, sp } => {
                     let io = AttnViews {
                         q: &r[0],
