@@ -177,6 +177,59 @@ pub fn list_adapters(backend: Backend) -> Vec<AdapterSummary> {
         .collect()
 }
 
+/// The adapter `opts` name: `--device N` of the backend's list, or the backend's
+/// high-performance default. No device is opened.
+async fn pick_adapter(opts: &GpuOptions) -> Result<wgpu::Adapter, GpuError> {
+    let inst = instance(opts.backend);
+    let adapters = inst.enumerate_adapters(opts.backend.backends()).await;
+    let count = adapters.len();
+    Ok(match opts.adapter_index {
+        Some(index) => adapters
+            .into_iter()
+            .nth(index)
+            .ok_or(GpuError::BadAdapterIndex { index, count })?,
+        None => {
+            let req = wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                apply_limit_buckets: false,
+            };
+            match inst.request_adapter(&req).await {
+                Ok(a) => a,
+                Err(_) => {
+                    let all = instance(Backend::Auto);
+                    let others = all.enumerate_adapters(wgpu::Backends::all()).await;
+                    let available = if others.is_empty() {
+                        " (no adapters on any backend)".to_string()
+                    } else {
+                        let names: Vec<String> = others
+                            .iter()
+                            .map(|a| {
+                                let i = a.get_info();
+                                format!("{} on {:?}", i.name, i.backend)
+                            })
+                            .collect();
+                        format!(" (available: {})", names.join(", "))
+                    };
+                    return Err(GpuError::NoAdapter {
+                        backend: opts.backend.to_string(),
+                        available,
+                    });
+                }
+            }
+        }
+    })
+}
+
+/// What [`Gpu::new`] would open for `opts`, without opening a device (the tuner asks
+/// which adapter the options name).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn adapter_summary(opts: &GpuOptions) -> Result<AdapterSummary, GpuError> {
+    let a = pollster::block_on(pick_adapter(opts))?;
+    Ok(summarize(opts.adapter_index.unwrap_or(0), &a))
+}
+
 /// An open device with its capabilities. Cheap to share (`Arc`).
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -219,46 +272,7 @@ impl Gpu {
         opts.tuning
             .validate()
             .map_err(|e| GpuError::Validation(format!("kernel tuning: {e}")))?;
-        let inst = instance(opts.backend);
-        let adapters = inst.enumerate_adapters(opts.backend.backends()).await;
-        let count = adapters.len();
-        let adapter = match opts.adapter_index {
-            Some(index) => adapters
-                .into_iter()
-                .nth(index)
-                .ok_or(GpuError::BadAdapterIndex { index, count })?,
-            None => {
-                let req = wgpu::RequestAdapterOptions {
-                    power_preference: wgpu::PowerPreference::HighPerformance,
-                    force_fallback_adapter: false,
-                    compatible_surface: None,
-                    apply_limit_buckets: false,
-                };
-                match inst.request_adapter(&req).await {
-                    Ok(a) => a,
-                    Err(_) => {
-                        let all = instance(Backend::Auto);
-                        let others = all.enumerate_adapters(wgpu::Backends::all()).await;
-                        let available = if others.is_empty() {
-                            " (no adapters on any backend)".to_string()
-                        } else {
-                            let names: Vec<String> = others
-                                .iter()
-                                .map(|a| {
-                                    let i = a.get_info();
-                                    format!("{} on {:?}", i.name, i.backend)
-                                })
-                                .collect();
-                            format!(" (available: {})", names.join(", "))
-                        };
-                        return Err(GpuError::NoAdapter {
-                            backend: opts.backend.to_string(),
-                            available,
-                        });
-                    }
-                }
-            }
-        };
+        let adapter = pick_adapter(opts).await?;
         let features = adapter.features();
         let mut required_features = wgpu::Features::empty();
         if !opts.no_f16 && features.contains(wgpu::Features::SHADER_F16) {

@@ -10,7 +10,7 @@ mod readback;
 
 pub use crate::ops::{KernelKey, KernelTuning};
 #[cfg(not(target_arch = "wasm32"))]
-pub use context::list_adapters;
+pub use context::{adapter_summary, list_adapters};
 pub use context::{AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
 
 /// Errors from the GPU layer.

@@ -114,7 +114,8 @@ fn candidates(opts: &GpuOptions) -> Result<Vec<Candidate>, GpuError> {
             })
             .collect()
     };
-    let opened = Gpu::new(opts)?.info.clone();
+    // The adapter the options name, without opening a device for it.
+    let opened = crate::gpu::adapter_summary(opts)?;
     let same = |c: &Candidate| c.info.name == opened.name && c.info.driver == opened.driver;
     let auto = opts.backend == Backend::Auto && opts.adapter_index.is_none();
     let mut out = Vec::new();
