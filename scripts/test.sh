@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # SmolLM2 for the model tests; Gemma-3 for the SPM tokenizer tests.
 scripts/fetch-models.sh --gemma >/dev/null
+# llama.cpp's tokenizer test vocabularies and chat templates, for the tests that compare
+# with them (tests/common/mod.rs reads WGLLM_LLAMACPP_TESTS).
+export WGLLM_LLAMACPP_TESTS="${WGLLM_LLAMACPP_TESTS:-$(scripts/fetch-llamacpp-tests.sh)}"
 if [ $# -eq 0 ]; then
   # Metal (macOS), DX12 (Windows) and the browser's WebGPU (wasm32): checked, not run.
   if ! command -v rustup >/dev/null; then

@@ -140,6 +140,22 @@ pub fn model_path(env_var: &str, file: &str) -> std::path::PathBuf {
     p
 }
 
+/// llama.cpp's test data (`vocab/`, `templates/`) fetched by
+/// scripts/fetch-llamacpp-tests.sh: `$WGLLM_LLAMACPP_TESTS`, else that script's default
+/// cache. Missing = test failure.
+pub fn llamacpp_tests_dir() -> std::path::PathBuf {
+    let p = match std::env::var("WGLLM_LLAMACPP_TESTS") {
+        Ok(p) => std::path::PathBuf::from(p),
+        Err(_) => model_path("WGLLM_LLAMACPP_TESTS", "llamacpp-11434.0.0"),
+    };
+    assert!(
+        p.join("vocab").is_dir() && p.join("templates").is_dir(),
+        "llama.cpp test data missing at {}: run scripts/fetch-llamacpp-tests.sh",
+        p.display()
+    );
+    p
+}
+
 /// A tiny llama with random weights (2 layers, 64 wide, 256 tokens), loaded on `gpu`:
 /// cache behaviour can be checked on it in milliseconds, logits being sensitive to every
 /// position and every cell even though they mean nothing.
