@@ -29,6 +29,7 @@ fn main() {
         Command::Devices(a) => cli::info::devices(a),
         Command::Synth(a) => cli::synth::synth(a),
         Command::Tune(a) => cli::tune::tune(a),
+        Command::Tokenize(a) => cli::tokenize::tokenize(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

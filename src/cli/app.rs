@@ -1,7 +1,8 @@
 //! `wgllm app`: the desktop demo app (the window itself is the library's `app` module).
 
+use super::escapes::unescape;
 use super::habits::LlamaHabits;
-use super::run::{unescape, SamplingArgs, ShiftArgs};
+use super::run::{SamplingArgs, ShiftArgs};
 use super::GpuArgs;
 use anyhow::{bail, Context as _, Result};
 use clap::Args;

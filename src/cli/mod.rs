@@ -5,11 +5,13 @@
 pub mod app;
 pub mod bench;
 pub mod chat;
+pub mod escapes;
 pub mod habits;
 pub mod info;
 pub mod perplexity;
 pub mod run;
 pub mod synth;
+pub mod tokenize;
 pub mod tune;
 
 use anyhow::Result;
@@ -51,6 +53,8 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// Measure kernel shapes and backends on a model's layer and cache the choice.
     Tune(tune::TuneArgs),
+    /// Text to token ids with a model's tokenizer, as llama-tokenize prints them.
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 /// GPU selection, shared by every command that runs a model.

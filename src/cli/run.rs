@@ -1,5 +1,6 @@
 //! `wgllm run`: one prompt in, generated text out (stdout), logs and timings on stderr.
 
+use super::escapes::unescape;
 use super::{load_engine, ModelArgs};
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
@@ -151,32 +152,6 @@ impl ShiftArgs {
         p.validate().map_err(anyhow::Error::msg)?;
         Ok(p)
     }
-}
-
-/// llama.cpp's escape processing of -p.
-pub fn unescape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match it.next() {
-            Some('n') => out.push('\n'),
-            Some('t') => out.push('\t'),
-            Some('r') => out.push('\r'),
-            Some('\\') => out.push('\\'),
-            Some('"') => out.push('"'),
-            Some('\'') => out.push('\''),
-            Some(o) => {
-                out.push('\\');
-                out.push(o);
-            }
-            None => out.push('\\'),
-        }
-    }
-    out
 }
 
 pub fn run(a: &RunArgs) -> Result<()> {

@@ -13,14 +13,8 @@ use std::sync::OnceLock;
 
 use fancy_regex::Regex;
 
+use super::pre::PreTokenizer;
 use super::TokenizerError;
-
-/// `'s|'t|...| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`: the GPT-2 split.
-const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-/// Llama-3's split (case-insensitive contractions spelled out, digits in groups of 3).
-const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// Qwen2's split: like Llama-3 but every digit alone.
-const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Letters, digits and punctuation new in Unicode 16.0. llama.cpp's character tables
 /// (Unicode 15.1) see them as unassigned, while the regex crate knows them, so they are
@@ -71,53 +65,6 @@ fn as_llama_sees(text: &str) -> Cow<'_, str> {
     )
 }
 
-/// What a `tokenizer.ggml.pre` name selects in llama.cpp.
-pub(super) struct PreConfig {
-    pub regexes: &'static [&'static str],
-    /// A word that is already a whole token skips merging (Llama-3 family).
-    pub ignore_merges: bool,
-    /// Default for `add_bos` before the metadata flag overrides it.
-    pub add_bos: bool,
-    /// Undo the space-before-punctuation convention when detokenizing.
-    pub clean_spaces: bool,
-}
-
-/// The pre-tokenizer for a `tokenizer.ggml.pre` name; unknown names fall back to GPT-2.
-pub(super) fn pre_config(pre: &str) -> PreConfig {
-    let cfg = |regexes, ignore_merges, add_bos, clean_spaces| PreConfig {
-        regexes,
-        ignore_merges,
-        add_bos,
-        clean_spaces,
-    };
-    match pre {
-        "" | "default" => cfg(
-            &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
-            false,
-            false,
-            true,
-        ),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" => cfg(&[LLAMA3], true, true, true),
-        "dbrx" | "smaug-bpe" => cfg(&[LLAMA3], false, false, true),
-        "qwen2" | "deepseek-r1-qwen" => cfg(&[QWEN2], false, false, false),
-        "stablelm2" | "megrez" => cfg(&[QWEN2], false, false, true),
-        "smollm" | "command-r" => cfg(&[r"\p{N}", GPT2], false, false, false),
-        "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" => {
-            cfg(&[r"\p{N}", GPT2], false, false, true)
-        }
-        "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "jina-es" | "jina-de"
-        | "jina-v2-es" | "jina-v2-de" | "gigachat" | "exaone4" => cfg(&[GPT2], false, false, true),
-        other => {
-            log::warn!(
-                "unknown pre-tokenizer `{other}` (tokenizer.ggml.pre); using the GPT-2 split, \
-                 tokenization may differ from llama.cpp"
-            );
-            cfg(&[GPT2], false, false, true)
-        }
-    }
-}
-
 /// The GPT-2 byte alphabet: printable Latin-1 bytes stand for themselves, the other 68
 /// bytes are moved, in order, to U+0100 onwards, so every byte is a visible character.
 fn byte_alphabet() -> &'static ([char; 256], HashMap<char, u8>) {
@@ -157,12 +104,12 @@ pub(super) struct Bpe {
     regexes: Vec<Regex>,
     /// `"left right"` → rank (merge sides never contain a space).
     ranks: HashMap<String, u32>,
-    pub ignore_merges: bool,
+    pre: PreTokenizer,
 }
 
 impl Bpe {
-    pub fn new(cfg: &PreConfig, merges: &[&str]) -> Result<Self, TokenizerError> {
-        let regexes = cfg
+    pub fn new(pre: PreTokenizer, merges: &[&str]) -> Result<Self, TokenizerError> {
+        let regexes = pre
             .regexes
             .iter()
             .map(|r| Regex::new(r).map_err(|e| TokenizerError::Regex(format!("{r}: {e}"))))
@@ -181,8 +128,32 @@ impl Bpe {
         Ok(Self {
             regexes,
             ranks,
-            ignore_merges: cfg.ignore_merges,
+            pre,
         })
+    }
+
+    /// Whether tokens are written in the GPT-2 byte alphabet (else raw UTF-8 with `▁`
+    /// for spaces and `<0xNN>` byte tokens).
+    pub fn byte_encoded(&self) -> bool {
+        self.pre.byte_encode
+    }
+
+    /// Tokenizes raw text (no special tokens in it): escape, split, merge each word.
+    pub fn encode(&self, text: &str, lookup: &HashMap<String, u32>, out: &mut Vec<u32>) {
+        let escaped;
+        let text = if self.pre.escape_spaces {
+            escaped = text.replace(' ', "\u{2581}");
+            escaped.as_str()
+        } else {
+            text
+        };
+        for word in self.split(text) {
+            if self.pre.byte_encode {
+                self.tokenize_word(&bytes_to_alphabet(word.as_bytes()), lookup, out);
+            } else {
+                self.tokenize_word(word, lookup, out);
+            }
+        }
     }
 
     fn rank(&self, left: &str, right: &str) -> Option<u32> {
@@ -228,9 +199,11 @@ impl Bpe {
         pieces.into_iter().map(|(a, b)| &text[a..b]).collect()
     }
 
-    /// Tokenizes one pre-tokenized word (already in the GPT-2 alphabet).
-    pub fn tokenize_word(&self, word: &str, lookup: &HashMap<String, u32>, out: &mut Vec<u32>) {
-        if self.ignore_merges {
+    /// Tokenizes one pre-tokenized word (already in the vocabulary's alphabet).
+    fn tokenize_word(&self, word: &str, lookup: &HashMap<String, u32>, out: &mut Vec<u32>) {
+        let whole = self.pre.ignore_merges
+            || (self.pre.whole_newlines && !word.is_empty() && word.bytes().all(|b| b == b'\n'));
+        if whole {
             if let Some(&id) = lookup.get(word) {
                 out.push(id);
                 return;
@@ -289,12 +262,17 @@ impl Bpe {
             let s = text(&syms[k]);
             match lookup.get(s) {
                 Some(&id) => out.push(id),
-                // Not a token: llama.cpp looks each byte up as a one-byte token text,
-                // which only ASCII can be; other bytes are dropped.
+                // Not a token: llama.cpp looks each byte up as a one-byte token text
+                // (in the byte alphabet only ASCII can be one) or as `<0xNN>`; bytes
+                // with no token are dropped.
                 None => out.extend(s.bytes().filter_map(|b| {
-                    b.is_ascii()
-                        .then(|| lookup.get(&(b as char).to_string()).copied())
-                        .flatten()
+                    if self.pre.byte_encode {
+                        b.is_ascii()
+                            .then(|| lookup.get(&(b as char).to_string()).copied())
+                            .flatten()
+                    } else {
+                        lookup.get(&format!("<0x{b:02X}>")).copied()
+                    }
                 })),
             }
             i = syms[k].next;

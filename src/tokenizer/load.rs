@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::gguf::Value;
 
-use super::{attr, bpe, Kind, TokenData, Tokenizer, TokenizerError};
+use super::{attr, bpe, pre, wpm, Kind, TokenData, Tokenizer, TokenizerError};
 
 type Get<'a, 'v> = &'a dyn Fn(&str) -> Option<&'v Value>;
 
@@ -200,31 +200,61 @@ pub(super) fn build(get: Get<'_, '_>) -> Result<Tokenizer, TokenizerError> {
     }
 
     // Per-model defaults, before metadata overrides.
+    let bpe = |pre: &str| -> Result<(bpe::Bpe, pre::PreTokenizer), TokenizerError> {
+        let p = pre::lookup(pre)?;
+        let merges =
+            opt_array(get, K_MERGES)?.ok_or_else(|| TokenizerError::MissingKey(K_MERGES.into()))?;
+        Ok((bpe::Bpe::new(p, &str_array(K_MERGES, merges)?)?, p))
+    };
+    let mut sep = None;
     let (kind, mut bos, mut eos, mut unk, mut add_bos, mut add_space_prefix, clean_spaces) =
         match model {
             "llama" => (Kind::Spm, Some(1), Some(2), Some(0), true, true, false),
             "gpt2" => {
-                let cfg = bpe::pre_config(pre);
-                let merges = opt_array(get, K_MERGES)?
-                    .ok_or_else(|| TokenizerError::MissingKey(K_MERGES.into()))?;
-                let merges = str_array(K_MERGES, merges)?;
-                let b = bpe::Bpe::new(&cfg, &merges)?;
+                let (b, p) = bpe(pre)?;
+                let b = Kind::Bpe(b);
                 (
-                    Kind::Bpe(b),
+                    b,
                     Some(11),
                     Some(11),
                     None,
-                    cfg.add_bos,
+                    p.add_bos,
                     false,
-                    cfg.clean_spaces,
+                    p.clean_spaces,
                 )
+            }
+            // SentencePiece-style BPE: the pre-tokenizer is implied by the model.
+            "gemma4" => {
+                let (b, p) = bpe("gemma4")?;
+                (
+                    Kind::Bpe(b),
+                    None,
+                    None,
+                    None,
+                    p.add_bos,
+                    false,
+                    p.clean_spaces,
+                )
+            }
+            "bert" => {
+                // Uncased BERT unless the file says otherwise; accents go with case.
+                let lowercase =
+                    opt_bool(get, "tokenizer.ggml.normalizer.lowercase")?.unwrap_or(true);
+                let strip_accents =
+                    opt_bool(get, "tokenizer.ggml.normalizer.strip_accents")?.unwrap_or(lowercase);
+                let w = wpm::Wpm {
+                    lowercase,
+                    strip_accents,
+                    max_token_len: words.iter().map(|w| w.len()).max().unwrap_or(0),
+                };
+                sep = Some(102);
+                (Kind::Wpm(w), Some(101), None, Some(100), true, false, true)
             }
             other => return Err(TokenizerError::UnknownModel(other.to_string())),
         };
     if let Some(v) = opt_bool(get, "tokenizer.ggml.add_space_prefix")? {
         add_space_prefix = v;
     }
-
     let scores: Option<Vec<f32>> = match opt_array(get, K_SCORES)? {
         None => None,
         Some(a) if a.len() < n => {
@@ -287,6 +317,7 @@ pub(super) fn build(get: Get<'_, '_>) -> Result<Tokenizer, TokenizerError> {
     bos = special_id(get, "tokenizer.ggml.bos_token_id", bos, n)?;
     eos = special_id(get, "tokenizer.ggml.eos_token_id", eos, n)?;
     unk = special_id(get, "tokenizer.ggml.unknown_token_id", unk, n)?;
+    sep = special_id(get, "tokenizer.ggml.seperator_token_id", sep, n)?;
     let mut eot = special_id(get, "tokenizer.ggml.eot_token_id", None, n)?;
     let mut eom = special_id(get, "tokenizer.ggml.eom_token_id", None, n)?;
     let pad = special_id(get, "tokenizer.ggml.padding_token_id", None, n)?;
@@ -386,6 +417,7 @@ pub(super) fn build(get: Get<'_, '_>) -> Result<Tokenizer, TokenizerError> {
         bos,
         eos,
         eot,
+        sep,
         unk,
         pad,
         add_bos,

@@ -8,9 +8,11 @@
 
 mod bpe;
 mod load;
+pub mod pre;
 mod special;
 mod spm;
 pub mod template;
+mod wpm;
 
 #[cfg(test)]
 mod tests;
@@ -34,10 +36,16 @@ pub enum TokenizerError {
         found: &'static str,
     },
     #[error(
-        "unknown tokenizer model `{0}` (tokenizer.ggml.model); wgllm supports \"gpt2\" \
-         (byte-level BPE) and \"llama\" (SentencePiece)"
+        "unsupported tokenizer model `{0}` (tokenizer.ggml.model); wgllm supports \"llama\" \
+         (SentencePiece), \"gpt2\" (byte-level BPE), \"gemma4\" (SentencePiece-style BPE) \
+         and \"bert\" (WordPiece)"
     )]
     UnknownModel(String),
+    #[error(
+        "unsupported pre-tokenizer `{name}` (tokenizer.ggml.pre): its text split is unknown \
+         to wgllm, and a wrong split gives wrong token ids; supported: {supported}"
+    )]
+    UnknownPre { name: String, supported: String },
     #[error("invalid tokenizer metadata: {0}")]
     Invalid(String),
     #[error("pre-tokenizer regex does not compile: {0}")]
@@ -83,6 +91,7 @@ pub(crate) struct TokenData {
 enum Kind {
     Bpe(bpe::Bpe),
     Spm,
+    Wpm(wpm::Wpm),
 }
 
 /// A model's vocabulary and tokenizer, built from GGUF metadata.
@@ -98,6 +107,8 @@ pub struct Tokenizer {
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
+    /// Separator (BERT's `[SEP]`, appended by WordPiece with the special tokens).
+    sep: Option<u32>,
     unk: Option<u32>,
     pad: Option<u32>,
     add_bos: bool,
@@ -135,7 +146,8 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         let frags = special::partition(self, text, parse_special);
         let mut out = Vec::new();
-        if add_special && self.add_bos {
+        // WordPiece always opens with BOS ([CLS]) when special tokens are asked for.
+        if add_special && (self.add_bos || matches!(self.kind, Kind::Wpm(_))) {
             out.extend(self.bos);
         }
         match &self.kind {
@@ -143,13 +155,19 @@ impl Tokenizer {
                 for f in frags {
                     match f {
                         Fragment::Token(id) => out.push(id),
-                        Fragment::Text(t) => {
-                            for word in bpe.split(t) {
-                                let word = bpe::bytes_to_alphabet(word.as_bytes());
-                                bpe.tokenize_word(&word, &self.lookup, &mut out);
-                            }
-                        }
+                        Fragment::Text(t) => bpe.encode(t, &self.lookup, &mut out),
                     }
+                }
+            }
+            Kind::Wpm(wpm) => {
+                for f in frags {
+                    match f {
+                        Fragment::Token(id) => out.push(id),
+                        Fragment::Text(t) => wpm.encode(t, &self.lookup, self.unk, &mut out),
+                    }
+                }
+                if add_special {
+                    out.extend(self.sep);
                 }
             }
             Kind::Spm => {
@@ -200,9 +218,11 @@ impl Tokenizer {
             return t.text.as_bytes().to_vec();
         }
         if t.attr & attr::NORMAL != 0 {
-            return match self.kind {
-                Kind::Spm => t.text.replace('\u{2581}', " ").into_bytes(),
-                Kind::Bpe(_) => decode_alphabet(&t.text),
+            return match &self.kind {
+                Kind::Bpe(b) if b.byte_encoded() => decode_alphabet(&t.text),
+                Kind::Spm | Kind::Wpm(_) | Kind::Bpe(_) => {
+                    t.text.replace('\u{2581}', " ").into_bytes()
+                }
             };
         }
         if t.attr & attr::BYTE != 0 {
@@ -297,7 +317,7 @@ impl Tokenizer {
         self.add_eos
     }
 
-    /// `tokenizer.ggml.model`: "gpt2" or "llama".
+    /// `tokenizer.ggml.model`: "llama", "gpt2", "gemma4" or "bert".
     pub fn model(&self) -> &str {
         &self.model
     }

@@ -77,7 +77,7 @@ fn gpt2_alphabet_round_trips_every_byte() {
 
 #[test]
 fn bpe_merges_lowest_rank_first() {
-    let t = build(&bpe_meta("gpt2")).unwrap();
+    let t = build(&bpe_meta("gpt-2")).unwrap();
     // "t h" (rank 0) beats "Ġ t" (rank 3), so the result is "Ġthe", not "Ġt" + "he".
     assert_eq!(t.encode(" the", false, false), ids_of(&t, &["Ġthe"]));
     assert_eq!(t.encode("the", false, false), ids_of(&t, &["the"]));
@@ -87,7 +87,7 @@ fn bpe_merges_lowest_rank_first() {
 
 #[test]
 fn bpe_specials_parse_only_when_asked() {
-    let t = build(&bpe_meta("gpt2")).unwrap();
+    let t = build(&bpe_meta("gpt-2")).unwrap();
     let text = "<|im_start|>the<|im_end|>";
     assert_eq!(
         t.encode(text, false, true),
@@ -109,7 +109,7 @@ fn bpe_specials_parse_only_when_asked() {
 
 #[test]
 fn bpe_bos_eos_follow_metadata() {
-    let mut m = bpe_meta("gpt2");
+    let mut m = bpe_meta("gpt-2");
     let t = build(&m).unwrap();
     assert!(!t.add_bos() && !t.add_eos());
     assert_eq!(t.encode("", true, true), Vec::<u32>::new());
@@ -132,7 +132,7 @@ fn bpe_bos_eos_follow_metadata() {
 
 #[test]
 fn eog_detection_by_text() {
-    let t = build(&bpe_meta("gpt2")).unwrap();
+    let t = build(&bpe_meta("gpt-2")).unwrap();
     assert_eq!(t.eos(), Some(2));
     assert!(t.is_eog(2), "eos");
     assert!(t.is_eog(0), "<|endoftext|> is in llama.cpp's EOG list");
@@ -142,32 +142,38 @@ fn eog_detection_by_text() {
 
 #[test]
 fn missing_keys_and_unknown_models_are_errors() {
-    let mut m = bpe_meta("gpt2");
+    let mut m = bpe_meta("gpt-2");
     m.remove("tokenizer.ggml.merges");
     let e = build(&m).unwrap_err();
     assert!(e.to_string().contains("tokenizer.ggml.merges"), "{e}");
-    let mut m = bpe_meta("gpt2");
+    let mut m = bpe_meta("gpt-2");
     m.insert("tokenizer.ggml.model".into(), Value::String("t5".into()));
     assert!(matches!(build(&m), Err(TokenizerError::UnknownModel(_))));
-    let mut m = bpe_meta("gpt2");
+    let mut m = bpe_meta("gpt-2");
     m.remove("tokenizer.ggml.model");
     assert!(matches!(build(&m), Err(TokenizerError::MissingKey(_))));
-    let mut m = bpe_meta("gpt2");
+    let mut m = bpe_meta("gpt-2");
     m.insert("tokenizer.ggml.tokens".into(), Value::U32(3));
     assert!(matches!(build(&m), Err(TokenizerError::BadType { .. })));
-    // An unknown pre-tokenizer falls back to GPT-2 rather than failing.
-    assert!(build(&bpe_meta("no-such-pre")).is_ok());
+    // An unknown pre-tokenizer is refused, as llama.cpp refuses it, naming the known ones.
+    let e = build(&bpe_meta("no-such-pre")).unwrap_err();
+    assert!(matches!(e, TokenizerError::UnknownPre { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("no-such-pre") && msg.contains("llama-bpe") && msg.contains("qwen2"),
+        "{msg}"
+    );
 }
 
 fn split_of(pre: &str, text: &str) -> Vec<String> {
-    let b = bpe::Bpe::new(&bpe::pre_config(pre), &[]).unwrap();
+    let b = bpe::Bpe::new(super::pre::lookup(pre).unwrap(), &[]).unwrap();
     b.split(text).into_iter().map(str::to_string).collect()
 }
 
 #[test]
 fn pre_tokenizer_splits() {
     assert_eq!(
-        split_of("gpt2", "I'm 311 ok,  you?\n\nYes"),
+        split_of("gpt-2", "I'm 311 ok,  you?\n\nYes"),
         ["I", "'m", " 311", " ok", ",", " ", " you", "?", "\n", "\n", "Yes"]
     );
     // smollm isolates every digit first.
@@ -304,7 +310,7 @@ fn spm_space_prefix_after_special_tokens() {
 
 #[test]
 fn longer_special_tokens_win() {
-    let mut m = bpe_meta("gpt2");
+    let mut m = bpe_meta("gpt-2");
     let Value::Array(toks) = m.get_mut("tokenizer.ggml.tokens").unwrap() else {
         unreachable!()
     };
