@@ -169,6 +169,8 @@ fn bench_rope_softmax(c: &mut Criterion) {
         neox: false,
         freq_base: 100_000.0,
         freq_scale: 1.0,
+        freq_factors: None,
+        attn_factor: 1.0,
     };
     let positions: Vec<f64> = (0..n_tok).map(f64::from).collect();
     let table: Vec<f32> = rp.table(&positions).into_iter().flatten().collect();

@@ -366,6 +366,8 @@ fn rope_matches_reference() {
                 neox,
                 freq_base: [10000.0, 1e6][rng.below(2) as usize],
                 freq_scale: [1.0, 0.25][rng.below(2) as usize],
+                freq_factors: None,
+                attn_factor: 1.0,
             };
             let (n_head, n_tok) = (1 + rng.below(5) as usize, 1 + rng.below(7) as usize);
             let positions: Vec<f64> = (0..n_tok).map(|_| rng.below(40000) as f64).collect();
@@ -401,6 +403,8 @@ fn k_shift_equals_rope_at_shifted_position() {
                     neox,
                     freq_base: 10000.0,
                     freq_scale: 1.0,
+                    freq_factors: None,
+                    attn_factor: 1.0,
                 };
                 let (n_head_kv, cells) = (3usize, 50usize);
                 let pos: Vec<f64> = (0..cells).map(|_| rng.below(4000) as f64).collect();
@@ -903,6 +907,8 @@ fn rope_store_matches_unfused_reference() {
                     neox,
                     freq_base: 10000.0,
                     freq_scale: 1.0,
+                    freq_factors: None,
+                    attn_factor: 1.0,
                 };
                 let n_head_kv = 1 + rng.below(3);
                 let n_head = n_head_kv * (1 + rng.below(3));

@@ -1,20 +1,31 @@
-//! `wgllm synth`: writes a llama-shaped GGUF with random weights, for benchmarks at sizes
-//! no test model has (`--shape 7b`), loadable by llama.cpp too.
+//! `wgllm synth`: writes a GGUF with random weights, for benchmarks at sizes no test model
+//! has (`--shape 7b`) and architecture checks against llama.cpp (`--arch qwen2
+//! --trained-scale`), loadable by llama.cpp too.
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::path::PathBuf;
 use wgllm::gguf::{quant, GgufFile};
-use wgllm::model::synth::{synth_llama, vocab_metadata, SynthShape};
+use wgllm::model::synth::{
+    self as model_synth, vocab_metadata, SynthArch, SynthShape, WeightScale,
+};
 
 #[derive(Args)]
 pub struct SynthArgs {
     /// A GGUF whose tokenizer (all `tokenizer.*` metadata) the new file takes.
     #[arg(long = "vocab-from")]
     pub vocab_from: PathBuf,
-    /// Model shape: 135m, 1b or 7b.
+    /// Model shape: tiny, 135m, 1b or 7b.
     #[arg(long, default_value = "7b")]
     pub shape: String,
+    /// Architecture: llama, llama3 (with Llama 3 RoPE factors), qwen2, qwen3, phi3, gemma3.
+    #[arg(long, default_value = "llama")]
+    pub arch: String,
+    /// Weights scaled like a trained model's (1/sqrt(fan-in), norms and biases random
+    /// around their neutral values) instead of a fixed small scale: logits with spread,
+    /// for comparing perplexity with llama.cpp.
+    #[arg(long)]
+    pub trained_scale: bool,
     /// Weight type of the matrices: any type wgllm can quantize to (q4_0, q5_1, q8_0, f16, …).
     #[arg(long = "type", default_value = "q4_0")]
     pub ty: String,
@@ -27,6 +38,13 @@ pub struct SynthArgs {
 }
 
 pub fn synth(a: &SynthArgs) -> Result<()> {
+    let Some(arch) = SynthArch::by_name(&a.arch) else {
+        bail!(
+            "unknown architecture `{}` (--arch takes one of: {})",
+            a.arch,
+            SynthArch::NAMES
+        );
+    };
     let Some(shape) = SynthShape::preset(&a.shape) else {
         bail!(
             "unknown shape `{}` (--shape takes one of: {})",
@@ -62,7 +80,20 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
         a.output.display(),
         shape
     );
-    let w = synth_llama(shape, ty, vocab_metadata(&src), n_vocab, 0.02, a.vocab_only);
+    let scale = if a.trained_scale {
+        WeightScale::FanIn
+    } else {
+        WeightScale::Fixed(0.02)
+    };
+    let w = model_synth::synth(
+        arch,
+        shape,
+        ty,
+        vocab_metadata(&src),
+        n_vocab,
+        scale,
+        a.vocab_only,
+    );
     w.write(&a.output)
         .with_context(|| format!("writing {}", a.output.display()))?;
     Ok(())

@@ -192,6 +192,8 @@ pub struct GraphBuilder {
 pub struct AttnBlock<'a> {
     /// The Q, K and V projections stacked by rows (see `LayerWeights::qkv`).
     pub qkv: &'a [Arc<Weight>],
+    /// Biases added to the stacked Q/K/V rows (Qwen2), [n_embd_q + 2 n_embd_kv].
+    pub qkv_bias: Option<&'a View>,
     pub wo: &'a Arc<Weight>,
     /// The layer's K and V cache, [n_embd_kv, cells] each.
     pub k_cache: &'a View,
@@ -474,6 +476,13 @@ impl GraphBuilder {
                 }
                 qkv
             }
+        };
+        let qkv = match a.qkv_bias {
+            Some(bias) => {
+                let bias = self.input(bias.clone(), [row, 1]);
+                self.add(qkv, bias)
+            }
+            None => qkv,
         };
         let kc = self.external(a.k_cache.clone());
         let vc = self.external(a.v_cache.clone());

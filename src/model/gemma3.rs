@@ -97,6 +97,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         };
         let attn = AttnBlock {
             qkv: &lw.qkv,
+            qkv_bias: lw.qkv_bias.as_ref(),
             wo: &lw.wo,
             k_cache,
             v_cache,

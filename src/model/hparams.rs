@@ -1,16 +1,24 @@
 //! Hyperparameters from GGUF metadata.
 
 use super::ModelError;
-use crate::gguf::GgufFile;
-use crate::ops::rope::RopeParams;
+use crate::gguf::{quant, GgmlType, GgufFile};
+use crate::ops::rope::{intern_factors, RopeParams};
 
+/// The architectures wgllm runs. Qwen 2/3 and Phi-3 are llama-shaped blocks that differ
+/// in data, not in structure: NeoX-style RoPE, Q/K/V biases (qwen2), per-head Q/K norms
+/// (qwen3), fused QKV and gate/up tensors (phi3); the llama graph reads what the weights
+/// have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Llama,
     Gemma3,
+    Qwen2,
+    Qwen3,
+    Phi3,
 }
 
-pub const SUPPORTED_ARCHS: &str = "llama, gemma3";
+pub const SUPPORTED_ARCHS: &str =
+    "llama (Llama 1-3, Mistral, SmolLM...), qwen2, qwen3, phi3 (4k-context RoPE), gemma3";
 
 /// Interleaved sliding-window attention: layer `il` attends over a window of `window`
 /// positions unless `il % pattern == pattern - 1` (every `pattern`-th layer is global).
@@ -76,6 +84,9 @@ impl Hparams {
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
             "gemma3" => Arch::Gemma3,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "phi3" => Arch::Phi3,
             _ => {
                 return Err(ModelError::UnsupportedArch {
                     path: f.path.clone(),
@@ -144,16 +155,12 @@ impl Hparams {
                 path: f.path.clone(),
                 tensor: "token_embd.weight".into(),
             })?;
-        let rope = RopeParams {
-            head_dim,
-            n_dims: n_rot,
-            // Gemma rotates the two halves of a head (GPT-NeoX style), llama pairs.
-            neox: arch == Arch::Gemma3,
-            freq_base,
-            freq_scale,
-        };
+        // Llama rotates adjacent pairs; the others the two halves of a head (GPT-NeoX).
+        let neox = arch != Arch::Llama;
+        let mut rope = RopeParams::new(head_dim, n_rot, neox, freq_base, freq_scale);
+        rope.freq_factors = rope_factors(f, arch, n_rot)?;
         let (swa, rope_swa, embd_scale) = match arch {
-            Arch::Llama => (None, rope, None),
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => (None, rope, None),
             Arch::Gemma3 => {
                 // Five of every six layers see a window; they rotate with base 10 000
                 // and no scaling, as llama.cpp fixes for this architecture.
@@ -196,4 +203,47 @@ impl Hparams {
             embd_scale,
         })
     }
+}
+
+/// RoPE frequency factors the file carries: Llama 3's `rope_freqs.weight` (its
+/// long-context frequency scaling, one divisor per rotated pair). Phi-3's long/short
+/// factor pairs are chosen by context length and come with a magnitude scale; they are
+/// refused until that choice is made per context.
+fn rope_factors(
+    f: &GgufFile,
+    arch: Arch,
+    n_rot: u32,
+) -> Result<Option<&'static [f32]>, ModelError> {
+    if arch == Arch::Phi3
+        && (f.tensor("rope_factors_long.weight").is_some()
+            || f.tensor("rope_factors_short.weight").is_some())
+    {
+        return Err(ModelError::BadHparams {
+            path: f.path.clone(),
+            msg: "phi3 with long-context RoPE factors (rope_factors_long/short, e.g. \
+                  Phi-3.5-mini or Phi-3-*-128k) is not supported yet; 4k-context Phi-3 models are"
+                .into(),
+        });
+    }
+    let Some(t) = f.tensor("rope_freqs.weight") else {
+        return Ok(None);
+    };
+    let half = (n_rot / 2) as u64;
+    if t.dims != [half] || !matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16) {
+        return Err(ModelError::BadShape {
+            path: f.path.clone(),
+            tensor: t.name.clone(),
+            got: t.dims.clone(),
+            want: vec![half],
+        });
+    }
+    let mut v = vec![0f32; half as usize];
+    quant::dequantize_row(t.ty, f.tensor_data(t), &mut v);
+    if v.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
+        return Err(ModelError::BadHparams {
+            path: f.path.clone(),
+            msg: "rope_freqs.weight holds a factor that is not a positive number".into(),
+        });
+    }
+    Ok(Some(intern_factors(&v)))
 }

@@ -212,6 +212,8 @@ mod tests {
             neox: true,
             freq_base: base,
             freq_scale: 1.0,
+            freq_factors: None,
+            attn_factor: 1.0,
         }
     }
 

@@ -1,5 +1,10 @@
-//! The llama architecture (SmolLM2 among others): pre-norm blocks of grouped-query
-//! attention with RoPE and a SwiGLU feed-forward.
+//! The llama architecture (Llama 1-3, Mistral, SmolLM2...) and its close relatives: pre-norm
+//! blocks of grouped-query attention with RoPE and a SwiGLU feed-forward.
+//!
+//! Qwen2, Qwen3 and Phi-3 run through this same graph: what sets them apart is data the
+//! loader and the hyperparameters already carry — Q/K/V biases (Qwen2), per-head Q/K RMS
+//! norms (Qwen3), NeoX-style rotation (all three), fused QKV and gate/up tensors (Phi-3,
+//! re-laid out at load), Llama 3's RoPE frequency factors (in the RoPE table).
 
 use super::{output_head, CacheKind, GraphInput, GraphIo, Hparams, KvBuffers, Model};
 use crate::gpu::GpuError;
@@ -57,8 +62,13 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             Some(cur) => cur,
             None => g.rms_norm(x, &lw.attn_norm, eps),
         };
+        let qk_norm = match (&lw.attn_q_norm, &lw.attn_k_norm) {
+            (Some(q), Some(k)) => Some((q, k, eps)),
+            _ => None,
+        };
         let attn = AttnBlock {
             qkv: &lw.qkv,
+            qkv_bias: lw.qkv_bias.as_ref(),
             wo: &lw.wo,
             k_cache,
             v_cache,
@@ -68,7 +78,7 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             rope_p: hp.rope,
             shape,
             sp,
-            qk_norm: None,
+            qk_norm,
         };
         let o = g.attn_block(gpu, cur, &attn)?;
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);

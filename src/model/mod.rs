@@ -83,7 +83,7 @@ impl Model {
     /// allocates and fills one buffer for each.
     pub fn inputs(&self) -> Vec<GraphInput> {
         inputs::dedup(match self.hp.arch {
-            Arch::Llama => llama::inputs(&self.hp),
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::inputs(&self.hp),
             Arch::Gemma3 => gemma3::inputs(&self.hp),
         })
     }
@@ -95,7 +95,7 @@ impl Model {
         kv: &KvBuffers,
     ) -> Result<crate::graph::Graph, GpuError> {
         match self.hp.arch {
-            Arch::Llama => llama::build(self, io, kv),
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::build(self, io, kv),
             Arch::Gemma3 => gemma3::build(self, io, kv),
         }
     }

@@ -26,13 +26,14 @@ impl SynthShape {
             n_head_kv,
         };
         Some(match name {
+            "tiny" => s(256, 2, 512, 4, 2),     // architecture checks
             "135m" => s(576, 30, 1536, 9, 3),   // SmolLM2-135M
             "1b" => s(2048, 16, 8192, 32, 8),   // Llama-3.2-1B
             "7b" => s(4096, 32, 11008, 32, 32), // Llama-2-7B
             _ => return None,
         })
     }
-    pub const PRESETS: &'static str = "135m, 1b, 7b";
+    pub const PRESETS: &'static str = "tiny, 135m, 1b, 7b";
 }
 
 /// Metadata keys of `src` that make up its tokenizer.
@@ -86,6 +87,61 @@ fn random_tensor(ty: GgmlType, n: usize, rows: usize, std: f32, seed: u64) -> Ve
     parts.concat()
 }
 
+/// The architectures `synth` writes, with what each adds to the llama layout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SynthArch {
+    Llama,
+    /// Llama with Llama 3's RoPE frequency factors (`rope_freqs.weight`).
+    Llama3,
+    /// Q/K/V biases, NeoX RoPE.
+    Qwen2,
+    /// Per-head Q/K norms, NeoX RoPE.
+    Qwen3,
+    /// Fused QKV and gate/up tensors, NeoX RoPE.
+    Phi3,
+    /// Sliding window on five of every six layers, Q/K norms, sandwich norms, tied output.
+    Gemma3 {
+        window: u32,
+    },
+}
+
+impl SynthArch {
+    pub fn by_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "llama" => Self::Llama,
+            "llama3" => Self::Llama3,
+            "qwen2" => Self::Qwen2,
+            "qwen3" => Self::Qwen3,
+            "phi3" => Self::Phi3,
+            "gemma3" => Self::Gemma3 { window: 512 },
+            _ => return None,
+        })
+    }
+    pub const NAMES: &'static str = "llama, llama3, qwen2, qwen3, phi3, gemma3";
+
+    /// `general.architecture`.
+    fn gguf_arch(self) -> &'static str {
+        match self {
+            Self::Llama | Self::Llama3 => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Phi3 => "phi3",
+            Self::Gemma3 { .. } => "gemma3",
+        }
+    }
+}
+
+/// How large the random weights are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum WeightScale {
+    /// Every matrix with this standard deviation, norms all ones (benchmark subjects).
+    Fixed(f32),
+    /// As a trained model's: matrices 1/sqrt(fan-in), embeddings 1, norms and biases
+    /// random around their neutral values, so logits have spread and every tensor
+    /// (a forgotten bias, a norm applied twice) shows in them.
+    FanIn,
+}
+
 /// A llama-architecture model with random weights (see the module docs).
 pub fn synth_llama(
     shape: SynthShape,
@@ -95,7 +151,15 @@ pub fn synth_llama(
     std: f32,
     vocab_only: bool,
 ) -> GgufWriter {
-    synth(shape, ty, vocab, n_vocab, std, vocab_only, None)
+    synth(
+        SynthArch::Llama,
+        shape,
+        ty,
+        vocab,
+        n_vocab,
+        WeightScale::Fixed(std),
+        vocab_only,
+    )
 }
 
 /// A gemma3-architecture model with random weights: sliding window `window` on five of
@@ -110,17 +174,54 @@ pub fn synth_gemma3(
     std: f32,
     window: u32,
 ) -> GgufWriter {
-    synth(shape, ty, vocab, n_vocab, std, false, Some(window))
+    synth(
+        SynthArch::Gemma3 { window },
+        shape,
+        ty,
+        vocab,
+        n_vocab,
+        WeightScale::Fixed(std),
+        false,
+    )
 }
 
-fn synth(
+/// Llama 3's frequency factors for `n_rot` rotated dims: pairs with wavelengths longer
+/// than `orig_ctx / low` are slowed by `factor`, shorter than `orig_ctx / high` kept,
+/// the band between blended (the published Llama 3.1 rule).
+pub fn llama3_rope_factors(
+    n_rot: u32,
+    base: f32,
+    factor: f32,
+    low: f32,
+    high: f32,
+    orig_ctx: f32,
+) -> Vec<f32> {
+    (0..n_rot / 2)
+        .map(|i| {
+            let freq = (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let (low_wl, high_wl) = ((orig_ctx / low) as f64, (orig_ctx / high) as f64);
+            if wavelen < high_wl {
+                1.0
+            } else if wavelen > low_wl {
+                factor
+            } else {
+                let smooth = ((orig_ctx as f64 / wavelen) - low as f64) / (high - low) as f64;
+                (1.0 / ((1.0 - smooth) / factor as f64 + smooth)) as f32
+            }
+        })
+        .collect()
+}
+
+/// Any of [`SynthArch`] with random weights.
+pub fn synth(
+    arch: SynthArch,
     shape: SynthShape,
     ty: GgmlType,
     vocab: Vec<(String, Value)>,
     n_vocab: u64,
-    std: f32,
+    scale: WeightScale,
     vocab_only: bool,
-    gemma_window: Option<u32>,
 ) -> GgufWriter {
     let SynthShape {
         n_embd,
@@ -129,18 +230,15 @@ fn synth(
         n_head,
         n_head_kv,
     } = shape;
-    let arch = if gemma_window.is_some() {
-        "gemma3"
-    } else {
-        "llama"
-    };
-    let key = |k: &str| format!("{arch}.{k}");
+    let name = arch.gguf_arch();
+    let key = |k: &str| format!("{name}.{k}");
     let mut w = GgufWriter::new();
     let u = Value::U32;
-    w.meta("general.architecture", Value::String(arch.into()))
+    let hd = n_embd / n_head;
+    w.meta("general.architecture", Value::String(name.into()))
         .meta(
             "general.name",
-            Value::String(format!("synthetic {arch} {n_embd}x{n_layer} {ty}")),
+            Value::String(format!("synthetic {arch:?} {n_embd}x{n_layer} {ty}")),
         )
         .meta(&key("context_length"), u(4096))
         .meta(&key("embedding_length"), u(n_embd))
@@ -149,14 +247,17 @@ fn synth(
         .meta(&key("attention.head_count"), u(n_head))
         .meta(&key("attention.head_count_kv"), u(n_head_kv))
         .meta(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
-        .meta(&key("rope.dimension_count"), u(n_embd / n_head));
-    match gemma_window {
+        .meta(&key("rope.dimension_count"), u(hd));
+    let base = match arch {
         // Gemma's global layers rotate with base 1e6 (the local ones with 1e4, fixed).
-        Some(window) => w
-            .meta(&key("rope.freq_base"), Value::F32(1_000_000.0))
-            .meta(&key("attention.sliding_window"), u(window)),
-        None => w.meta(&key("rope.freq_base"), Value::F32(10000.0)),
+        SynthArch::Gemma3 { window } => {
+            w.meta(&key("attention.sliding_window"), u(window));
+            1_000_000.0
+        }
+        SynthArch::Llama3 | SynthArch::Qwen2 | SynthArch::Qwen3 => 500_000.0,
+        SynthArch::Llama | SynthArch::Phi3 => 10_000.0,
     };
+    w.meta(&key("rope.freq_base"), Value::F32(base));
     for (k, v) in vocab {
         w.meta(&k, v);
     }
@@ -164,37 +265,85 @@ fn synth(
         return w;
     }
     let e = n_embd as u64;
-    let hd = (n_embd / n_head) as u64;
-    let kv = hd * n_head_kv as u64;
+    let kv = hd as u64 * n_head_kv as u64;
     let f = n_ff as u64;
-    let ones = |n: u64| quantize_row(GgmlType::F32, &vec![1.0; n as usize]);
+    let f32s = |v: &[f32]| quantize_row(GgmlType::F32, v);
     let mut seed = 1u64;
-    let mut mat = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64| {
+    // A vector around `center` (norm weights near 1, biases near 0).
+    let mut vector = |w: &mut GgufWriter, name: &str, n: u64, center: f32, spread: f32| {
         seed += 1;
-        let data = random_tensor(ty, cols as usize, rows as usize, std, seed);
+        let v: Vec<f32> = match scale {
+            WeightScale::Fixed(_) => vec![center; n as usize],
+            WeightScale::FanIn => {
+                let mut rng = Rng(seed.wrapping_mul(0x9e3779b97f4a7c15));
+                (0..n)
+                    .map(|_| center + spread * 3f32.sqrt() * rng.normalish())
+                    .collect()
+            }
+        };
+        w.tensor(name, &[n], GgmlType::F32, f32s(&v));
+    };
+    let mut mseed = 1000u64;
+    let mut mat = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64, embedding: bool| {
+        mseed += 1;
+        // normalish() has a standard deviation of 1/sqrt(3): FanIn rescales it to the
+        // target (Fixed keeps the factor, as its benchmark files always had).
+        let std = match scale {
+            WeightScale::Fixed(s) => s,
+            WeightScale::FanIn if embedding => 3f32.sqrt(),
+            WeightScale::FanIn => 3f32.sqrt() / (cols as f32).sqrt(),
+        };
+        let data = random_tensor(ty, cols as usize, rows as usize, std, mseed);
         w.tensor(name, &[cols, rows], ty, data);
     };
-    mat(&mut w, "token_embd.weight", e, n_vocab);
-    w.tensor("output_norm.weight", &[e], GgmlType::F32, ones(e));
-    if gemma_window.is_none() {
-        mat(&mut w, "output.weight", e, n_vocab);
+    let gemma = matches!(arch, SynthArch::Gemma3 { .. });
+    mat(&mut w, "token_embd.weight", e, n_vocab, true);
+    vector(&mut w, "output_norm.weight", e, 1.0, 0.1);
+    if !gemma {
+        mat(&mut w, "output.weight", e, n_vocab, false);
+    }
+    if arch == SynthArch::Llama3 {
+        // A short original context, so the factors reach pairs a 128-token test turns.
+        let factors = llama3_rope_factors(hd, base, 8.0, 1.0, 4.0, 64.0);
+        w.tensor(
+            "rope_freqs.weight",
+            &[hd as u64 / 2],
+            GgmlType::F32,
+            f32s(&factors),
+        );
     }
     for i in 0..n_layer {
         let b = |t: &str| format!("blk.{i}.{t}.weight");
-        w.tensor(&b("attn_norm"), &[e], GgmlType::F32, ones(e));
-        mat(&mut w, &b("attn_q"), e, e);
-        mat(&mut w, &b("attn_k"), e, kv);
-        mat(&mut w, &b("attn_v"), e, kv);
-        mat(&mut w, &b("attn_output"), e, e);
-        w.tensor(&b("ffn_norm"), &[e], GgmlType::F32, ones(e));
-        mat(&mut w, &b("ffn_gate"), e, f);
-        mat(&mut w, &b("ffn_up"), e, f);
-        mat(&mut w, &b("ffn_down"), f, e);
-        if gemma_window.is_some() {
-            w.tensor(&b("attn_q_norm"), &[hd], GgmlType::F32, ones(hd));
-            w.tensor(&b("attn_k_norm"), &[hd], GgmlType::F32, ones(hd));
-            w.tensor(&b("post_attention_norm"), &[e], GgmlType::F32, ones(e));
-            w.tensor(&b("post_ffw_norm"), &[e], GgmlType::F32, ones(e));
+        let bias = |t: &str| format!("blk.{i}.{t}.bias");
+        vector(&mut w, &b("attn_norm"), e, 1.0, 0.1);
+        if arch == SynthArch::Phi3 {
+            mat(&mut w, &b("attn_qkv"), e, e + 2 * kv, false);
+        } else {
+            mat(&mut w, &b("attn_q"), e, e, false);
+            mat(&mut w, &b("attn_k"), e, kv, false);
+            mat(&mut w, &b("attn_v"), e, kv, false);
+        }
+        if arch == SynthArch::Qwen2 {
+            vector(&mut w, &bias("attn_q"), e, 0.0, 0.5);
+            vector(&mut w, &bias("attn_k"), kv, 0.0, 0.5);
+            vector(&mut w, &bias("attn_v"), kv, 0.0, 0.5);
+        }
+        mat(&mut w, &b("attn_output"), e, e, false);
+        vector(&mut w, &b("ffn_norm"), e, 1.0, 0.1);
+        if arch == SynthArch::Phi3 {
+            mat(&mut w, &b("ffn_up"), e, 2 * f, false);
+        } else {
+            mat(&mut w, &b("ffn_gate"), e, f, false);
+            mat(&mut w, &b("ffn_up"), e, f, false);
+        }
+        mat(&mut w, &b("ffn_down"), f, e, false);
+        if gemma || arch == SynthArch::Qwen3 {
+            vector(&mut w, &b("attn_q_norm"), hd as u64, 1.0, 0.1);
+            vector(&mut w, &b("attn_k_norm"), hd as u64, 1.0, 0.1);
+        }
+        if gemma {
+            vector(&mut w, &b("post_attention_norm"), e, 1.0, 0.1);
+            vector(&mut w, &b("post_ffw_norm"), e, 1.0, 0.1);
         }
     }
     w

@@ -22,12 +22,14 @@ pub struct LayerWeights {
     /// same-typed ones: one matmul for a typical file (Gemma's Q4_K_M, whose V is Q8_0
     /// beside Q5_0 Q and K: two).
     pub qkv: Vec<Arc<Weight>>,
+    /// Qwen2: the Q, K and V biases stacked the same way ([n_embd_q + 2 n_embd_kv]).
+    pub qkv_bias: Option<View>,
     pub wo: Arc<Weight>,
     pub ffn_norm: View,
     pub gate_up: GateUp,
     pub down: Arc<Weight>,
-    /// Gemma: RMS norms of each Q and K head ([head_dim]), and norms of the attention and
-    /// feed-forward outputs before their residual adds.
+    /// Gemma, Qwen3: RMS norms of each Q and K head ([head_dim]). Gemma: norms of the
+    /// attention and feed-forward outputs before their residual adds.
     pub attn_q_norm: Option<View>,
     pub attn_k_norm: Option<View>,
     pub attn_post_norm: Option<View>,
@@ -156,6 +158,38 @@ impl Loader<'_> {
         })
     }
 
+    /// Phi-3's fused feed-forward input: one [n_cols, 2 n_rows] tensor whose first half of
+    /// rows is the gate and second half the up projection, re-laid out interleaved.
+    fn fused_gate_up(
+        &mut self,
+        name: &str,
+        n_cols: u32,
+        n_rows: u32,
+    ) -> Result<GateUp, ModelError> {
+        let t = self.matrix_info(name, n_cols, 2 * n_rows)?;
+        let data = self.f.tensor_data(&t);
+        let (gate, up) = data.split_at(data.len() / 2);
+        let w = Weight::upload_fused(self.gpu, name, t.ty, n_cols as usize, &[gate, up], true)?;
+        self.gpu_bytes += w.gpu_bytes();
+        self.advance(&t);
+        Ok(GateUp::Interleaved(Arc::new(w)))
+    }
+
+    /// Vectors stacked into one f32 buffer (Qwen2's Q, K, V biases), if the file has the
+    /// first; then it must have all.
+    fn stacked_vectors(&mut self, names: &[(String, u32)]) -> Result<Option<View>, ModelError> {
+        if self.f.tensor(&names[0].0).is_none() {
+            return Ok(None);
+        }
+        let mut all = Vec::new();
+        for (name, n) in names {
+            all.extend(self.vector_data(name, *n)?);
+        }
+        let buf = self.gpu.upload(&names[0].0, bytemuck::cast_slice(&all))?;
+        self.gpu_bytes += buf.size();
+        Ok(Some(View::whole(&buf)))
+    }
+
     /// A matrix [n_cols, n_rows], kept in its quantized type.
     fn matrix(&mut self, name: &str, n_cols: u32, n_rows: u32) -> Result<Arc<Weight>, ModelError> {
         let t = self.matrix_info(name, n_cols, n_rows)?;
@@ -176,30 +210,49 @@ impl Loader<'_> {
     fn layer(&mut self, hp: &Hparams, il: u32) -> Result<LayerWeights, ModelError> {
         let (e, q, kv, ff) = (hp.n_embd, hp.n_embd_q(), hp.n_embd_kv(), hp.n_ff);
         let gemma = hp.arch == Arch::Gemma3;
+        let qk_norms = gemma || hp.arch == Arch::Qwen3;
         let n = |s: &str| format!("blk.{il}.{s}.weight");
+        let b = |s: &str| format!("blk.{il}.{s}.bias");
         let mut opt = |want: bool, name: &str, len: u32| -> Result<_, ModelError> {
             want.then(|| self.vector(&n(name), len)).transpose()
         };
-        let attn_q_norm = opt(gemma, "attn_q_norm", hp.head_dim)?;
-        let attn_k_norm = opt(gemma, "attn_k_norm", hp.head_dim)?;
+        let attn_q_norm = opt(qk_norms, "attn_q_norm", hp.head_dim)?;
+        let attn_k_norm = opt(qk_norms, "attn_k_norm", hp.head_dim)?;
         let attn_post_norm = opt(gemma, "post_attention_norm", e)?;
         let ffn_post_norm = opt(gemma, "post_ffw_norm", e)?;
+        let attn_norm = self.vector(&n("attn_norm"), e)?;
+        // Phi-3 (and some converted files) store Q, K, V as one tensor, already stacked.
+        let qkv = if self.f.tensor(&n("attn_qkv")).is_some() {
+            vec![self.matrix(&n("attn_qkv"), e, q + 2 * kv)?]
+        } else {
+            self.stacked(&[(n("attn_q"), q), (n("attn_k"), kv), (n("attn_v"), kv)], e)?
+        };
+        let qkv_bias =
+            self.stacked_vectors(&[(b("attn_q"), q), (b("attn_k"), kv), (b("attn_v"), kv)])?;
+        let wo = self.matrix(&n("attn_output"), q, e)?;
+        let ffn_norm = self.vector(&n("ffn_norm"), e)?;
+        let gate_up = if self.f.tensor(&n("ffn_gate")).is_none() && hp.arch == Arch::Phi3 {
+            self.fused_gate_up(&n("ffn_up"), e, ff)?
+        } else {
+            self.gate_up(&n("ffn_gate"), &n("ffn_up"), e, ff)?
+        };
         Ok(LayerWeights {
             attn_q_norm,
             attn_k_norm,
             attn_post_norm,
             ffn_post_norm,
-            attn_norm: self.vector(&n("attn_norm"), e)?,
-            qkv: self.stacked(&[(n("attn_q"), q), (n("attn_k"), kv), (n("attn_v"), kv)], e)?,
-            wo: self.matrix(&n("attn_output"), q, e)?,
-            ffn_norm: self.vector(&n("ffn_norm"), e)?,
-            gate_up: self.gate_up(&n("ffn_gate"), &n("ffn_up"), e, ff)?,
+            attn_norm,
+            qkv,
+            qkv_bias,
+            wo,
+            ffn_norm,
+            gate_up,
             down: self.matrix(&n("ffn_down"), ff, e)?,
         })
     }
 
-    /// A vector, as f32.
-    fn vector(&mut self, name: &str, n: u32) -> Result<View, ModelError> {
+    /// A vector's values, as f32 (counted as loaded).
+    fn vector_data(&mut self, name: &str, n: u32) -> Result<Vec<f32>, ModelError> {
         let t = self.info(name, &[n as u64])?.clone();
         if !matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16) {
             return Err(ModelError::UnsupportedType {
@@ -210,9 +263,15 @@ impl Loader<'_> {
         }
         let mut v = vec![0f32; n as usize];
         quant::dequantize_row(t.ty, self.f.tensor_data(&t), &mut v);
+        self.advance(&t);
+        Ok(v)
+    }
+
+    /// A vector, as f32 on the GPU.
+    fn vector(&mut self, name: &str, n: u32) -> Result<View, ModelError> {
+        let v = self.vector_data(name, n)?;
         let buf = self.gpu.upload(name, bytemuck::cast_slice(&v))?;
         self.gpu_bytes += buf.size();
-        self.advance(&t);
         Ok(View::whole(&buf))
     }
 }

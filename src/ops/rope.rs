@@ -4,6 +4,7 @@
 use super::uniforms::RopeUniform;
 use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
+use std::sync::Mutex;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeParams {
@@ -13,18 +14,55 @@ pub struct RopeParams {
     pub neox: bool,
     pub freq_base: f32,
     pub freq_scale: f32,
+    /// Per-pair divisors of the angle (n_dims / 2 of them): Llama 3's frequency scaling
+    /// (`rope_freqs.weight`), Phi-3's long/short factors.
+    /// Interned (see [`intern_factors`]) so the parameters stay `Copy`.
+    pub freq_factors: Option<&'static [f32]>,
+    /// Multiplies cos and sin (1 unless the model's scaling asks otherwise).
+    pub attn_factor: f32,
+}
+
+/// A `'static` copy of a model's RoPE frequency factors, shared by every load of the
+/// same factors: each distinct array (a few hundred bytes) is kept for the life of the
+/// process, which keeps [`RopeParams`] a small `Copy` value that graph inputs key on.
+pub fn intern_factors(factors: &[f32]) -> &'static [f32] {
+    static SEEN: Mutex<Vec<&'static [f32]>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(f) = seen.iter().find(|f| **f == factors) {
+        return f;
+    }
+    let f: &'static [f32] = Box::leak(factors.to_vec().into_boxed_slice());
+    seen.push(f);
+    f
 }
 
 impl RopeParams {
-    /// (cos, sin) for every position and rotated pair: theta = p * scale * base^(-2i/n_dims).
+    /// Plain RoPE: no frequency factors, no magnitude scaling.
+    pub fn new(head_dim: u32, n_dims: u32, neox: bool, freq_base: f32, freq_scale: f32) -> Self {
+        Self {
+            head_dim,
+            n_dims,
+            neox,
+            freq_base,
+            freq_scale,
+            freq_factors: None,
+            attn_factor: 1.0,
+        }
+    }
+
+    /// (cos, sin) · attn_factor for every position and rotated pair:
+    /// theta = p * scale * base^(-2i/n_dims) / factor_i. The table is made on the host,
+    /// so every scaling scheme is a change here, not in a kernel.
     pub fn table(&self, positions: &[f64]) -> Vec<[f32; 2]> {
         let half = (self.n_dims / 2) as usize;
         let mut out = Vec::with_capacity(positions.len() * half);
+        let m = self.attn_factor as f64;
         for &p in positions {
             for i in 0..half {
                 let inv = (self.freq_base as f64).powf(-2.0 * i as f64 / self.n_dims as f64);
-                let theta = p * self.freq_scale as f64 * inv;
-                out.push([theta.cos() as f32, theta.sin() as f32]);
+                let factor = self.freq_factors.as_ref().map_or(1.0, |f| f[i] as f64);
+                let theta = p * self.freq_scale as f64 * inv / factor;
+                out.push([(theta.cos() * m) as f32, (theta.sin() * m) as f32]);
             }
         }
         out

