@@ -8,6 +8,7 @@
 
 mod bpe;
 mod load;
+mod pyjinja;
 mod special;
 mod spm;
 pub mod template;
@@ -20,7 +21,10 @@ use std::collections::{BTreeSet, HashMap};
 use crate::gguf::GgufFile;
 
 use special::Fragment;
-pub use template::{apply_chat_template, ChatMessage, TemplateError, CHATML, GEMMA};
+pub use template::{
+    apply_chat_template, render_chat_template, ChatMessage, TemplateError, TemplateOptions, CHATML,
+    GEMMA,
+};
 
 /// Why a model's tokenizer could not be built.
 #[derive(Debug, thiserror::Error)]
