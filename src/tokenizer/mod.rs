@@ -1,6 +1,7 @@
 //! Text ↔ token ids, reproducing llama.cpp's tokenizer for the GGUF vocabularies
-//! wgllm runs: byte-level BPE (`tokenizer.ggml.model = "gpt2"`, e.g. SmolLM2) and
-//! SentencePiece BPE (`"llama"`, e.g. Gemma-3).
+//! wgllm runs: byte-level BPE (`tokenizer.ggml.model = "gpt2"`, e.g. SmolLM2, Llama 3,
+//! Qwen), SentencePiece BPE (`"llama"`, e.g. Gemma-3, Phi-3), SentencePiece-style BPE
+//! over raw UTF-8 (`"gemma4"`) and WordPiece (`"bert"`).
 //!
 //! The token ids must match llama.cpp exactly, since the reference outputs (and users'
 //! expectations) are keyed on them; so metadata defaults, special-token handling and
@@ -9,6 +10,7 @@
 mod bpe;
 mod load;
 pub mod pre;
+mod pyjinja;
 mod special;
 mod spm;
 pub mod template;
@@ -22,7 +24,10 @@ use std::collections::{BTreeSet, HashMap};
 use crate::gguf::GgufFile;
 
 use special::Fragment;
-pub use template::{apply_chat_template, ChatMessage, TemplateError, CHATML, GEMMA};
+pub use template::{
+    apply_chat_template, render_chat_template, ChatMessage, TemplateError, TemplateOptions, CHATML,
+    GEMMA,
+};
 
 /// Why a model's tokenizer could not be built.
 #[derive(Debug, thiserror::Error)]

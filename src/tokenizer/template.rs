@@ -2,10 +2,11 @@
 //! with minijinja the way Hugging Face's `apply_chat_template` renders it
 //! (`trim_blocks` and `lstrip_blocks` on, Python string methods, `raise_exception`).
 
-use std::collections::BTreeMap;
-
 use minijinja::syntax::SyntaxConfig;
-use minijinja::{Environment, Error, ErrorKind, Value};
+use minijinja::value::ValueKind;
+use minijinja::{Environment, Error, ErrorKind, UndefinedBehavior, Value};
+
+use super::pyjinja;
 
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +51,7 @@ pub enum TemplateError {
 
 impl From<Error> for TemplateError {
     fn from(e: Error) -> Self {
-        let mut msg = e.to_string();
+        let mut msg = jinja2_undefined_wording(&e.to_string());
         let mut src = std::error::Error::source(&e);
         while let Some(s) = src {
             msg.push_str(&format!(": {s}"));
@@ -58,6 +59,47 @@ impl From<Error> for TemplateError {
         }
         TemplateError::Render(msg)
     }
+}
+
+/// minijinja (in debug mode) says which variable was undefined as `` `name` is
+/// undefined ``; Jinja2's UndefinedError says `'name' is undefined`. The message keeps
+/// minijinja's account and words that part as Jinja2 does, so an error reads the same
+/// as under Hugging Face's renderer.
+fn jinja2_undefined_wording(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(at) = rest.find('`') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at + 1..];
+        let name_len = tail
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        if name_len > 0 && tail[name_len..].starts_with("` is undefined") {
+            out.push('\'');
+            out.push_str(&tail[..name_len]);
+            out.push('\'');
+            rest = &tail[name_len + 1..];
+        } else {
+            out.push('`');
+            rest = tail;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What a chat template is rendered with besides the messages.
+#[derive(Debug, Clone, Default)]
+pub struct TemplateOptions<'a> {
+    /// Append the opening of an assistant turn.
+    pub add_generation_prompt: bool,
+    /// The model's BOS text, as templates reference it (`bos_token`).
+    pub bos_token: &'a str,
+    /// The model's EOS text (`eos_token`).
+    pub eos_token: &'a str,
+    /// The time `strftime_now` formats. `None` is the local time at the call, as Hugging
+    /// Face's renderer gives; tests fix it so that renders are reproducible.
+    pub now: Option<chrono::NaiveDateTime>,
 }
 
 /// Renders `template` for `messages`; `add_generation_prompt` appends the opening of an
@@ -69,6 +111,62 @@ pub fn apply_chat_template(
     bos_token: &str,
     eos_token: &str,
 ) -> Result<String, TemplateError> {
+    render_chat_template(
+        template,
+        messages,
+        &TemplateOptions {
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+            now: None,
+        },
+    )
+}
+
+/// Renders `template` for `messages` as Hugging Face's `apply_chat_template` renders it
+/// with Python's Jinja2: the same whitespace rules, globals, filters, Python string and
+/// dict methods, and Python's way of printing values. The context is the one
+/// transformers passes: `messages`, `tools` and `documents` (both `None`, since wgllm
+/// gives neither), `add_generation_prompt`, `bos_token` and `eos_token`.
+pub fn render_chat_template(
+    template: &str,
+    messages: &[ChatMessage],
+    opts: &TemplateOptions,
+) -> Result<String, TemplateError> {
+    let now = opts
+        .now
+        .unwrap_or_else(|| chrono::Local::now().naive_local());
+    let mut env = environment(now)?;
+    env.add_template_owned("chat", generation_blocks(template))?;
+
+    // Maps keep their insertion order (minijinja's preserve_order), as Python dicts do.
+    let msgs: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            Value::from_pairs([
+                ("role", Value::from(m.role.as_str())),
+                ("content", Value::from(m.content.as_str())),
+            ])
+        })
+        .collect();
+    let ctx = Value::from_pairs([
+        ("messages", Value::from(msgs)),
+        ("tools", Value::from(())),
+        ("documents", Value::from(())),
+        (
+            "add_generation_prompt",
+            Value::from(opts.add_generation_prompt),
+        ),
+        ("bos_token", Value::from(opts.bos_token)),
+        ("eos_token", Value::from(opts.eos_token)),
+    ]);
+    let out = env.get_template("chat")?.render(ctx)?;
+    log::debug!("chat template rendered {} bytes", out.len());
+    Ok(out)
+}
+
+/// The minijinja environment set up as transformers sets up Jinja2 for chat templates.
+fn environment(now: chrono::NaiveDateTime) -> Result<Environment<'static>, TemplateError> {
     let mut env = Environment::new();
     env.set_syntax(
         SyntaxConfig::builder()
@@ -77,28 +175,86 @@ pub fn apply_chat_template(
             .build()
             .map_err(TemplateError::from)?,
     );
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    // Jinja2's default Undefined: prints empty, iterates empty, is false, fails on
+    // attribute access. minijinja's lenient behaviour is the same.
+    env.set_undefined_behavior(UndefinedBehavior::Lenient);
+    // `{{ x }}` prints Python's str(x): True/None, Python reprs of lists and dicts.
+    env.set_formatter(|out, _state, value| {
+        out.write_str(&pyjinja::py_str(value))
+            .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
+    });
+    env.set_unknown_method_callback(pyjinja::unknown_method);
     env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
         Err(Error::new(ErrorKind::InvalidOperation, msg))
     });
-    env.add_template("chat", template)?;
+    env.add_function("strftime_now", move |fmt: String| {
+        pyjinja::strftime(&now, &fmt)
+    });
+    env.add_filter("tojson", pyjinja::tojson);
+    // Jinja2's tests ask Python: `none` is not iterable (templates check `tools is
+    // iterable` before taking its length) and strings and dicts are sequences.
+    env.add_test("iterable", |v: &Value| {
+        v.is_undefined() || (!v.is_none() && v.try_iter().is_ok())
+    });
+    env.add_test("sequence", |v: &Value| {
+        v.is_undefined()
+            || matches!(
+                v.kind(),
+                ValueKind::Seq | ValueKind::String | ValueKind::Map
+            )
+    });
+    // Debug mode names the undefined expression behind an error, as Jinja2's
+    // UndefinedError does ("'x' is undefined"). It tags each undefined value with the
+    // instruction that made it, a small cost for a prompt's render.
+    env.set_debug(true);
+    Ok(env)
+}
 
-    let msgs: Vec<Value> = messages
-        .iter()
-        .map(|m| {
-            let mut map = BTreeMap::new();
-            map.insert("role".to_string(), Value::from(m.role.as_str()));
-            map.insert("content".to_string(), Value::from(m.content.as_str()));
-            Value::from(map)
-        })
-        .collect();
-    let mut ctx = BTreeMap::new();
-    ctx.insert("messages".to_string(), Value::from(msgs));
-    ctx.insert(
-        "add_generation_prompt".to_string(),
-        Value::from(add_generation_prompt),
-    );
-    ctx.insert("bos_token".to_string(), Value::from(bos_token));
-    ctx.insert("eos_token".to_string(), Value::from(eos_token));
-    Ok(env.get_template("chat")?.render(Value::from(ctx))?)
+/// transformers adds a `{% generation %}...{% endgeneration %}` block tag, which marks
+/// the assistant's text when an assistant-token mask is asked for and otherwise renders
+/// its body unchanged. minijinja takes no custom tags, so each tag becomes `if true` /
+/// `endif`, keeping its whitespace-control marks (`-`, `+`) and so its trimming.
+fn generation_blocks(template: &str) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        match generation_tag(rest) {
+            Some((len, open, end, close)) => {
+                let body = if end { "endif" } else { "if true" };
+                out.push_str(&format!("{{%{open} {body} {close}%}}"));
+                rest = &rest[len..];
+            }
+            None => {
+                out.push_str("{%");
+                rest = &rest[2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// If `s` starts with a `generation` or `endgeneration` tag: its length, its opening
+/// and closing whitespace marks, and whether it is the end tag.
+fn generation_tag(s: &str) -> Option<(usize, &str, bool, &str)> {
+    let inner = s.strip_prefix("{%")?;
+    let open_len = usize::from(inner.starts_with(['-', '+']));
+    let (open, inner) = inner.split_at(open_len);
+    let trimmed = inner.trim_start();
+    let (end, after) = if let Some(a) = trimmed.strip_prefix("endgeneration") {
+        (true, a)
+    } else {
+        (false, trimmed.strip_prefix("generation")?)
+    };
+    let after_ws = after.trim_start();
+    if after_ws.len() == after.len() && !after.starts_with(['-', '+', '%']) {
+        return None; // a longer name, such as `generation_prompt`
+    }
+    let close_len = usize::from(after_ws.starts_with(['-', '+']));
+    let (close, tail) = after_ws.split_at(close_len);
+    tail.strip_prefix("%}")?;
+    let len = s.len() - tail.len() + 2;
+    Some((len, open, end, close))
 }

@@ -565,6 +565,56 @@ fn template_helpers() {
     ));
 }
 
+/// What Hugging Face's Jinja2 setup gives templates beyond plain Jinja: `tojson` as
+/// Python's json.dumps, `strftime_now`, the `{% generation %}` tag, `tools` and
+/// `documents` passed as none, Python's printing of values and its error wording.
+#[test]
+fn template_python_compat() {
+    let msgs = [ChatMessage::new("user", "héllo \"x\"")];
+    let opts = TemplateOptions {
+        add_generation_prompt: true,
+        bos_token: "<s>",
+        eos_token: "</s>",
+        now: chrono::NaiveDate::from_ymd_opt(2026, 1, 15).and_then(|d| d.and_hms_opt(10, 30, 0)),
+    };
+    let render = |tpl: &str| render_chat_template(tpl, &msgs, &opts);
+    assert_eq!(
+        render("{{ messages|tojson }}").unwrap(),
+        r#"[{"role": "user", "content": "héllo \"x\""}]"#
+    );
+    assert_eq!(
+        render("{{ strftime_now('%d %b %Y') }}").unwrap(),
+        "15 Jan 2026"
+    );
+    assert_eq!(
+        render("{%- generation -%} A {%- endgeneration -%}|{{ add_generation_prompt }}").unwrap(),
+        "A|True"
+    );
+    assert_eq!(
+        render("{{ tools is none }}{{ documents is defined }}{{ tools is iterable }}").unwrap(),
+        "TrueTrueFalse"
+    );
+    assert_eq!(
+        render("{{ [1.0, none, 'a'] }}").unwrap(),
+        "[1.0, None, 'a']"
+    );
+    let e = render("{{ 'a' + nothing }}").unwrap_err().to_string();
+    assert!(e.contains("'nothing' is undefined"), "{e}");
+    let e = render("{% set l = [] %}{{ l.append(1) }}")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("access to attribute 'append' of 'list' object is unsafe."),
+        "{e}"
+    );
+    // Without a fixed clock, strftime_now formats the current local date (read on both
+    // sides of the render, should the year turn between).
+    let year = || chrono::Local::now().format("%Y").to_string();
+    let before = year();
+    let got = apply_chat_template("{{ strftime_now('%Y') }}", &msgs, false, "", "").unwrap();
+    assert!(got == before || got == year(), "{got}");
+}
+
 #[test]
 fn gemma3_matches_llama_cpp_references() {
     let t = gemma3();
