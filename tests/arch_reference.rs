@@ -1,0 +1,147 @@
+//! Each architecture against llama.cpp: small random-weight models (`wgllm synth
+//! --trained-scale`, weights scaled like a trained model's, real vocabularies from
+//! llama.cpp's tokenizer tests), scored by `wgllm perplexity -c 128` on the reference
+//! text. Every running chunk estimate must be within 1 % of llama-perplexity's on the
+//! same file (recorded by scripts/record-arch-ppl.sh; the file is rebuilt here and its
+//! sha256 checked, so both saw the same bytes). A missing bias, a norm in the wrong
+//! place or the wrong rotation moves these estimates by far more than 1 %.
+
+mod common;
+
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+use wgllm::gguf::{quant, GgufFile};
+use wgllm::model::synth::{synth, vocab_metadata, SynthArch, SynthShape, WeightScale};
+
+struct Recorded {
+    arch: String,
+    vocab: String,
+    ty: String,
+    sha256: String,
+    chunks: Vec<f64>,
+}
+
+fn recorded(name: &str) -> Recorded {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/arch-ppl/{name}.txt"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k} ")))
+            .unwrap_or_else(|| panic!("{}: no `{k}` line", path.display()))
+            .to_string()
+    };
+    Recorded {
+        arch: field("arch"),
+        vocab: field("vocab"),
+        ty: field("type"),
+        sha256: field("sha256"),
+        chunks: field("chunks")
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect(),
+    }
+}
+
+/// The running estimates `wgllm perplexity` prints: `[1]123.4,[2]...`.
+fn chunk_estimates(stdout: &str) -> Vec<f64> {
+    stdout
+        .split(',')
+        .filter_map(|s| s.trim().strip_prefix('[')?.split_once(']'))
+        .filter_map(|(_, v)| v.parse().ok())
+        .collect()
+}
+
+fn check(name: &str) {
+    let r = recorded(name);
+    let vocab = GgufFile::open(common::llamacpp_tests_dir().join("vocab").join(&r.vocab)).unwrap();
+    let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;
+    let ty = quant::format_by_name(&r.ty).unwrap().ty();
+    let arch = SynthArch::by_name(&r.arch).unwrap();
+    let shape = SynthShape::preset("tiny").unwrap();
+    let w = synth(
+        arch,
+        shape,
+        ty,
+        vocab_metadata(&vocab),
+        n_vocab,
+        WeightScale::FanIn,
+        false,
+    );
+    let path = std::env::temp_dir().join(format!("wgllm-arch-{name}-{}.gguf", std::process::id()));
+    w.write(&path).unwrap();
+    let sha = format!("{:x}", Sha256::digest(std::fs::read(&path).unwrap()));
+    assert_eq!(
+        sha, r.sha256,
+        "{name}: the synthetic model is not the file llama.cpp scored"
+    );
+
+    let text = common::shared_dir().join("reference/ppl-text.txt");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(["perplexity", "-c", "128", "--no-tune", "-m"])
+        .arg(&path)
+        .arg("-f")
+        .arg(&text)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).ok();
+    assert!(
+        out.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ours = chunk_estimates(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        ours.len(),
+        r.chunks.len(),
+        "{name}: chunk count differs from llama.cpp's"
+    );
+    let worst = ours
+        .iter()
+        .zip(&r.chunks)
+        .map(|(a, b)| (a / b - 1.0).abs())
+        .fold(0.0, f64::max);
+    eprintln!(
+        "{name}: {} chunks, worst running estimate {:.3} % from llama.cpp",
+        ours.len(),
+        worst * 100.0
+    );
+    for (i, (a, b)) in ours.iter().zip(&r.chunks).enumerate() {
+        assert!(
+            (a / b - 1.0).abs() < 0.01,
+            "{name}: chunk {} estimate {a:.4}, llama.cpp {b:.4} ({:+.2} %)",
+            i + 1,
+            (a / b - 1.0) * 100.0
+        );
+    }
+}
+
+#[test]
+fn llama3_rope_factors_q8_0() {
+    check("llama3-q8_0");
+}
+
+#[test]
+fn qwen2_q8_0() {
+    check("qwen2-q8_0");
+}
+
+#[test]
+fn qwen2_q4_k() {
+    check("qwen2-q4_k");
+}
+
+#[test]
+fn qwen3_q8_0() {
+    check("qwen3-q8_0");
+}
+
+#[test]
+fn phi3_q8_0() {
+    check("phi3-q8_0");
+}
+
+#[test]
+fn phi3_f16() {
+    check("phi3-f16");
+}
