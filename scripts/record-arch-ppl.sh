@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Records llama.cpp's perplexity on small random-weight models of each architecture wgllm
+# Records llama.cpp's perplexity (and refdump's greedy tokens) on small random-weight models of each architecture wgllm
 # runs (written by `wgllm synth --trained-scale` with real vocabularies from llama.cpp's
 # tokenizer tests), for tests/arch_reference.rs. Needs llama.cpp built by
 # ../shared/tools/llamacpp-ref/build.sh (LLAMACPP_BIN, default ~/.cache/llamacpp-ref/bin).
@@ -30,5 +30,7 @@ for c in $cases; do
     echo "sha256 $(sha256sum "$f" | cut -d' ' -f1)"
     echo "chunks ${chunks% }"
   } > "$out/$arch-$ty.txt"
+  # Greedy tokens, margins and last-prompt logits for a prompt (teacher-forced check).
+  "$bin/refdump" "$f" ../shared/reference/smol-story.txt 32 0 > "$out/$arch-$ty.refdump.json"
   echo "$arch $ty: $(wc -w <<<"$chunks") chunks"
 done

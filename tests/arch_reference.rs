@@ -4,7 +4,10 @@
 //! text. Every running chunk estimate must be within 1 % of llama-perplexity's on the
 //! same file (recorded by scripts/record-arch-ppl.sh; the file is rebuilt here and its
 //! sha256 checked, so both saw the same bytes). A missing bias, a norm in the wrong
-//! place or the wrong rotation moves these estimates by far more than 1 %.
+//! place or the wrong rotation moves these estimates by far more than 1 %. Then
+//! teacher-forced against refdump on a prompt: the same prompt ids, the last prompt
+//! position's top-5 logits within 0.1, and llama.cpp's greedy token wherever its margin
+//! is at least 0.5.
 
 mod common;
 
@@ -84,7 +87,6 @@ fn check(name: &str) {
         .arg(&text)
         .output()
         .unwrap();
-    std::fs::remove_file(&path).ok();
     assert!(
         out.status.success(),
         "{name}: {}",
@@ -114,6 +116,23 @@ fn check(name: &str) {
             (a / b - 1.0) * 100.0
         );
     }
+
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch-ppl");
+    let r = common::Reference::load(&dir.join(format!("{name}.refdump.json")));
+    let f = GgufFile::open(&path).unwrap();
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    let prompt =
+        std::fs::read_to_string(common::shared_dir().join("reference/smol-story.txt")).unwrap();
+    assert_eq!(
+        tok.encode(&prompt, true, true),
+        r.prompt,
+        "{name}: prompt tokens"
+    );
+    let gpu = wgllm::gpu::Gpu::new(&Default::default()).unwrap();
+    let model = std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
+    std::fs::remove_file(&path).ok();
+    let (n, _) = common::teacher_forced(&model, &r, 256, 256, 0.1);
+    assert!(n >= 3, "{name}: only {n} generated steps had a clear top-1");
 }
 
 #[test]
