@@ -69,7 +69,8 @@ fn unknown_architecture_is_named() {
     let p = temp_file("mamba.gguf", &w.to_bytes());
     assert_clean_failure(
         &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
-        "unsupported model architecture `mamba` (wgllm supports: llama, gemma3)",
+        "unsupported model architecture `mamba` (wgllm supports: llama (Llama 1-3, Mistral, \
+         SmolLM...), qwen2, qwen3, phi3 (4k-context RoPE), gemma3)",
     );
 }
 
@@ -100,6 +101,60 @@ fn a_gemma_file_missing_a_tensor_names_it() {
     assert_clean_failure(
         &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
         "required tensor `blk.2.post_ffw_norm.weight` is missing",
+    );
+}
+
+/// Phi-3's long-context RoPE factors (Phi-3.5-mini, the 128k models) are refused by name
+/// until the per-context choice between them exists; a qwen2 file whose pre-tokenizer
+/// wgllm does not know is refused, naming the known ones.
+#[test]
+fn unsupported_variants_are_named() {
+    use wgllm::gguf::GgmlType;
+    use wgllm::model::synth::{synth, SynthArch, SynthShape, WeightScale};
+    let shape = SynthShape::preset("tiny").unwrap();
+    let vocab = |pre: &str| {
+        vec![
+            (
+                "tokenizer.ggml.tokens".to_string(),
+                Value::Array((0..256).map(|i| Value::String(format!("<{i}>"))).collect()),
+            ),
+            (
+                "tokenizer.ggml.model".to_string(),
+                Value::String("gpt2".into()),
+            ),
+            ("tokenizer.ggml.pre".to_string(), Value::String(pre.into())),
+            ("tokenizer.ggml.merges".to_string(), Value::Array(vec![])),
+        ]
+    };
+    let mut w = synth(
+        SynthArch::Phi3,
+        shape,
+        GgmlType::F32,
+        vocab("gpt-2"),
+        256,
+        WeightScale::Fixed(0.02),
+        false,
+    );
+    let factors = vec![0u8; 4 * 32];
+    w.tensor("rope_factors_long.weight", &[32], GgmlType::F32, factors);
+    let p = temp_file("phi3-long.gguf", &w.to_bytes());
+    assert_clean_failure(
+        &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
+        "phi3 with long-context RoPE factors",
+    );
+    let w = synth(
+        SynthArch::Qwen2,
+        shape,
+        GgmlType::F32,
+        vocab("qwen9"),
+        256,
+        WeightScale::Fixed(0.02),
+        false,
+    );
+    let p = temp_file("qwen-pre.gguf", &w.to_bytes());
+    assert_clean_failure(
+        &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
+        "unsupported pre-tokenizer `qwen9`",
     );
 }
 
