@@ -13,8 +13,8 @@ out=tests/data/arch-ppl
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cargo build --release --quiet
-# arch:vocabulary:type
-cases="llama3:llama-bpe:q8_0 qwen2:qwen2:q8_0 qwen2:qwen2:q4_k qwen3:qwen2:q8_0 phi3:phi-3:q8_0 phi3:phi-3:f16"
+# arch:vocabulary:type (llama with the SentencePiece vocabulary: Mistral 7B and Llama 2 style)
+cases="llama:llama-spm:q4_0 llama3:llama-bpe:q8_0 qwen2:qwen2:q8_0 qwen2:qwen2:q4_k qwen3:qwen2:q8_0 phi3:phi-3:q8_0 phi3:phi-3:f16"
 for c in $cases; do
   IFS=: read -r arch voc ty <<<"$c"
   f="$tmp/$arch-$ty.gguf"

@@ -135,6 +135,12 @@ fn check(name: &str) {
     assert!(n >= 3, "{name}: only {n} generated steps had a clear top-1");
 }
 
+/// Llama with a SentencePiece vocabulary, as Mistral 7B and Llama 2 ship.
+#[test]
+fn llama_spm_q4_0() {
+    check("llama-q4_0");
+}
+
 #[test]
 fn llama3_rope_factors_q8_0() {
     check("llama3-q8_0");
