@@ -101,6 +101,21 @@ fn llamacpp_vocab_tests_pass() {
     );
 }
 
+/// `wgllm tokenize -m MODEL FLAGS.. LAST`'s standard output; it must succeed.
+fn tokenize(model: &Path, flags: &[&str], last: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .arg("tokenize")
+        .arg("-m")
+        .arg(model)
+        .args(flags)
+        .arg(last)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{flags:?} {last:?}: {err}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// `wgllm tokenize -f FILE --ids --no-bos --no-parse-special --no-escape`, the command
 /// line way to the same test: the file's bytes exactly (trailing newlines included).
 #[test]
@@ -120,28 +135,20 @@ fn tokenize_command_matches_llamacpp() {
         for (text, want) in picked {
             let input = dir.join("input.txt");
             std::fs::write(&input, text).unwrap();
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
-                .args([
-                    "tokenize",
+            let out = tokenize(
+                &f,
+                &[
                     "--ids",
                     "--no-bos",
                     "--no-parse-special",
                     "--no-escape",
-                ])
-                .arg("-m")
-                .arg(&f)
-                .arg("-f")
-                .arg(&input)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
+                    "-f",
+                ],
+                input.to_str().unwrap(),
             );
             let list: Vec<String> = want.iter().map(u32::to_string).collect();
             assert_eq!(
-                String::from_utf8(out.stdout).unwrap(),
+                out,
                 format!("[{}]\n", list.join(", ")),
                 "{} on {text:?}",
                 f.display()
@@ -157,17 +164,7 @@ fn tokenize_command_matches_llamacpp() {
 #[test]
 fn tokenize_command_prints_pieces() {
     let f = common::model_path("WGLLM_TEST_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(["tokenize", "-p", r"Hi\n<|im_start|>", "--show-count", "-m"])
-        .arg(&f)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = tokenize(&f, &["--show-count", "-p"], r"Hi\n<|im_start|>");
     let gguf = GgufFile::open(&f).unwrap();
     let tok = Tokenizer::from_gguf(&gguf).unwrap();
     let ids = tok.encode("Hi\n<|im_start|>", tok.add_bos(), true);
