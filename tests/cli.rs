@@ -70,7 +70,7 @@ fn unknown_architecture_is_named() {
     assert_clean_failure(
         &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
         "unsupported model architecture `mamba` (wgllm supports: llama (Llama 1-3, Mistral, \
-         SmolLM...), qwen2, qwen3, phi3 (4k-context RoPE), gemma3)",
+         SmolLM...), qwen2, qwen3, phi3, gemma3)",
     );
 }
 
@@ -104,9 +104,8 @@ fn a_gemma_file_missing_a_tensor_names_it() {
     );
 }
 
-/// Phi-3's long-context RoPE factors (Phi-3.5-mini, the 128k models) are refused by name
-/// until the per-context choice between them exists; a qwen2 file whose pre-tokenizer
-/// wgllm does not know is refused, naming the known ones.
+/// A Phi-3 file with only one of its two RoPE factor sets is refused by name; a qwen2
+/// file whose pre-tokenizer wgllm does not know is refused, naming the known ones.
 #[test]
 fn unsupported_variants_are_named() {
     use wgllm::gguf::GgmlType;
@@ -135,12 +134,12 @@ fn unsupported_variants_are_named() {
         WeightScale::Fixed(0.02),
         false,
     );
-    let factors = vec![0u8; 4 * 32];
+    let factors: Vec<u8> = (0..32).flat_map(|_| 1f32.to_le_bytes()).collect();
     w.tensor("rope_factors_long.weight", &[32], GgmlType::F32, factors);
     let p = temp_file("phi3-long.gguf", &w.to_bytes());
     assert_clean_failure(
         &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
-        "phi3 with long-context RoPE factors",
+        "rope_factors_short/long: a file needs both",
     );
     let w = synth(
         SynthArch::Qwen2,

@@ -18,7 +18,8 @@ pub struct SynthArgs {
     /// Model shape: tiny, 135m, 1b or 7b.
     #[arg(long, default_value = "7b")]
     pub shape: String,
-    /// Architecture: llama, llama3 (with Llama 3 RoPE factors), qwen2, qwen3, phi3, gemma3.
+    /// Architecture: llama, llama3 (with Llama 3 RoPE factors), qwen2, qwen3, phi3,
+    /// phi3-long (long-context RoPE factors, original context 256), gemma3.
     #[arg(long, default_value = "llama")]
     pub arch: String,
     /// Weights scaled like a trained model's (1/sqrt(fan-in), norms and biases random

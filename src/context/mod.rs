@@ -178,6 +178,16 @@ impl Context {
                 params.n_seq_max
             )));
         }
+        if !hp.fits_context(params.n_ctx, params.n_seq_max) {
+            return Err(ContextError::BadBatch(format!(
+                "this model's RoPE factors were chosen for another context size than {} cells \
+                 for {} sequence(s) (Phi-3 uses its long-context factors beyond {} cells per \
+                 sequence); call Hparams::fit_context before sharing the model",
+                params.n_ctx,
+                params.n_seq_max,
+                hp.long_rope.map_or(0, |lr| lr.n_ctx_orig)
+            )));
+        }
         let ub = params.n_ubatch.min(params.n_batch) as u64;
         let n_ctx = params.n_ctx as u64;
         let kv_f16 = gpu.has_f16;

@@ -205,7 +205,10 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
-        let model = Model::load(gpu, f, progress)?;
+        let mut model = Model::load(gpu, f, progress)?;
+        if let Ok(p) = opts.context_params(&model.hp) {
+            model.hp.fit_context(p.n_ctx, p.n_seq_max);
+        }
         log::info!(
             "loaded {} ({} layers, {:.1} MiB on {} via {})",
             model.name,

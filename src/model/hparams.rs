@@ -18,7 +18,32 @@ pub enum Arch {
 }
 
 pub const SUPPORTED_ARCHS: &str =
-    "llama (Llama 1-3, Mistral, SmolLM...), qwen2, qwen3, phi3 (4k-context RoPE), gemma3";
+    "llama (Llama 1-3, Mistral, SmolLM...), qwen2, qwen3, phi3, gemma3";
+
+/// Phi-3's long-context RoPE: two sets of frequency factors, the long one for contexts
+/// (per sequence) longer than the original training context, as llama.cpp chooses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LongRope {
+    pub short: &'static [f32],
+    pub long: &'static [f32],
+    pub n_ctx_orig: u32,
+}
+
+impl LongRope {
+    /// The factors a context of `n_ctx` cells shared by `n_seq` sequences rotates with.
+    /// llama.cpp sizes contexts in multiples of 256 (the whole, then each sequence's
+    /// share) and chooses with that size; so does this, so that the same `-c` gives the
+    /// same numbers.
+    pub fn factors(&self, n_ctx: u32, n_seq: u32) -> &'static [f32] {
+        let pad = |n: u32| n.div_ceil(256) * 256;
+        let n_ctx_seq = pad(pad(n_ctx) / n_seq.max(1));
+        if n_ctx_seq > self.n_ctx_orig {
+            self.long
+        } else {
+            self.short
+        }
+    }
+}
 
 /// Interleaved sliding-window attention: layer `il` attends over a window of `window`
 /// positions unless `il % pattern == pattern - 1` (every `pattern`-th layer is global).
@@ -49,6 +74,8 @@ pub struct Hparams {
     pub attn_scale: f32,
     /// The token embeddings are multiplied by this (Gemma: sqrt(n_embd)).
     pub embd_scale: Option<f32>,
+    /// Phi-3's long/short factors; `rope` holds the short ones until [`Self::fit_context`].
+    pub long_rope: Option<LongRope>,
 }
 
 impl Hparams {
@@ -77,6 +104,22 @@ impl Hparams {
         } else {
             self.rope
         }
+    }
+
+    /// Chooses what depends on the context size: Phi-3's long or short RoPE factors for
+    /// `n_ctx` cells shared by `n_seq` sequences. Call before the model is shared.
+    pub fn fit_context(&mut self, n_ctx: u32, n_seq: u32) {
+        if let Some(lr) = self.long_rope {
+            self.rope.freq_factors = Some(lr.factors(n_ctx, n_seq));
+            self.rope_swa.freq_factors = self.rope.freq_factors;
+        }
+    }
+
+    /// Whether these parameters serve such a context (false only for Phi-3 fitted to
+    /// the other side of its original context).
+    pub fn fits_context(&self, n_ctx: u32, n_seq: u32) -> bool {
+        self.long_rope
+            .is_none_or(|lr| self.rope.freq_factors == Some(lr.factors(n_ctx, n_seq)))
     }
 
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
@@ -158,7 +201,35 @@ impl Hparams {
         // Llama rotates adjacent pairs; the others the two halves of a head (GPT-NeoX).
         let neox = arch != Arch::Llama;
         let mut rope = RopeParams::new(head_dim, n_rot, neox, freq_base, freq_scale);
-        rope.freq_factors = rope_factors(f, arch, n_rot)?;
+        rope.freq_factors = rope_factors(f, "rope_freqs.weight", n_rot)?;
+        if let Some(v) = f
+            .get(&key("rope.scaling.attn_factor"))
+            .and_then(|v| v.as_f64())
+        {
+            rope.attn_factor = v as f32;
+        }
+        let long_rope = match (
+            rope_factors(f, "rope_factors_short.weight", n_rot)?,
+            rope_factors(f, "rope_factors_long.weight", n_rot)?,
+        ) {
+            (Some(short), Some(long)) if arch == Arch::Phi3 => Some(LongRope {
+                short,
+                long,
+                n_ctx_orig: match f.get(&key("rope.scaling.original_context_length")) {
+                    Some(_) => u("rope.scaling.original_context_length")?,
+                    None => u("context_length")?,
+                },
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(bad(
+                    "rope_factors_short/long: a file needs both, and only phi3 uses them".into(),
+                ))
+            }
+        };
+        if let Some(lr) = long_rope {
+            rope.freq_factors = Some(lr.short);
+        }
         let (swa, rope_swa, embd_scale) = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => (None, rope, None),
             Arch::Gemma3 => {
@@ -201,31 +272,20 @@ impl Hparams {
             rope_swa,
             attn_scale: 1.0 / (query_scale_dim as f32).sqrt(),
             embd_scale,
+            long_rope,
         })
     }
 }
 
-/// RoPE frequency factors the file carries: Llama 3's `rope_freqs.weight` (its
-/// long-context frequency scaling, one divisor per rotated pair). Phi-3's long/short
-/// factor pairs are chosen by context length and come with a magnitude scale; they are
-/// refused until that choice is made per context.
+/// A RoPE frequency-factor tensor, if the file has it: Llama 3's `rope_freqs.weight`
+/// (its long-context frequency scaling), Phi-3's `rope_factors_short/long.weight`; one
+/// divisor per rotated pair.
 fn rope_factors(
     f: &GgufFile,
-    arch: Arch,
+    name: &str,
     n_rot: u32,
 ) -> Result<Option<&'static [f32]>, ModelError> {
-    if arch == Arch::Phi3
-        && (f.tensor("rope_factors_long.weight").is_some()
-            || f.tensor("rope_factors_short.weight").is_some())
-    {
-        return Err(ModelError::BadHparams {
-            path: f.path.clone(),
-            msg: "phi3 with long-context RoPE factors (rope_factors_long/short, e.g. \
-                  Phi-3.5-mini or Phi-3-*-128k) is not supported yet; 4k-context Phi-3 models are"
-                .into(),
-        });
-    }
-    let Some(t) = f.tensor("rope_freqs.weight") else {
+    let Some(t) = f.tensor(name) else {
         return Ok(None);
     };
     let half = (n_rot / 2) as u64;
@@ -242,7 +302,7 @@ fn rope_factors(
     if v.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
         return Err(ModelError::BadHparams {
             path: f.path.clone(),
-            msg: "rope_freqs.weight holds a factor that is not a positive number".into(),
+            msg: format!("{name} holds a factor that is not a positive number"),
         });
     }
     Ok(Some(intern_factors(&v)))

@@ -8,7 +8,7 @@ mod llama;
 pub mod synth;
 mod weights;
 
-pub use hparams::{Arch, Hparams};
+pub use hparams::{Arch, Hparams, LongRope};
 pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use weights::{GateUp, LayerWeights, ModelWeights};
 

@@ -99,6 +99,10 @@ pub enum SynthArch {
     Qwen3,
     /// Fused QKV and gate/up tensors, NeoX RoPE.
     Phi3,
+    /// Phi-3 with long-context RoPE (short and long factor sets, a magnitude factor) and
+    /// an original context of 256 (llama.cpp's smallest context), so a context above
+    /// 256 takes the long factors.
+    Phi3Long,
     /// Sliding window on five of every six layers, Q/K norms, sandwich norms, tied output.
     Gemma3 {
         window: u32,
@@ -113,11 +117,12 @@ impl SynthArch {
             "qwen2" => Self::Qwen2,
             "qwen3" => Self::Qwen3,
             "phi3" => Self::Phi3,
+            "phi3-long" => Self::Phi3Long,
             "gemma3" => Self::Gemma3 { window: 512 },
             _ => return None,
         })
     }
-    pub const NAMES: &'static str = "llama, llama3, qwen2, qwen3, phi3, gemma3";
+    pub const NAMES: &'static str = "llama, llama3, qwen2, qwen3, phi3, phi3-long, gemma3";
 
     /// `general.architecture`.
     fn gguf_arch(self) -> &'static str {
@@ -125,7 +130,7 @@ impl SynthArch {
             Self::Llama | Self::Llama3 => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
-            Self::Phi3 => "phi3",
+            Self::Phi3 | Self::Phi3Long => "phi3",
             Self::Gemma3 { .. } => "gemma3",
         }
     }
@@ -255,9 +260,14 @@ pub fn synth(
             1_000_000.0
         }
         SynthArch::Llama3 | SynthArch::Qwen2 | SynthArch::Qwen3 => 500_000.0,
-        SynthArch::Llama | SynthArch::Phi3 => 10_000.0,
+        SynthArch::Llama | SynthArch::Phi3 | SynthArch::Phi3Long => 10_000.0,
     };
     w.meta(&key("rope.freq_base"), Value::F32(base));
+    let phi3 = matches!(arch, SynthArch::Phi3 | SynthArch::Phi3Long);
+    if arch == SynthArch::Phi3Long {
+        w.meta(&key("rope.scaling.original_context_length"), u(256))
+            .meta(&key("rope.scaling.attn_factor"), Value::F32(1.19));
+    }
     for (k, v) in vocab {
         w.meta(&k, v);
     }
@@ -302,6 +312,24 @@ pub fn synth(
     if !gemma {
         mat(&mut w, "output.weight", e, n_vocab, false);
     }
+    if arch == SynthArch::Phi3Long {
+        let half = hd / 2;
+        let ramp = |i: u32| i as f32 / half as f32;
+        let short: Vec<f32> = (0..half).map(|i| 1.0 + 0.5 * ramp(i)).collect();
+        let long: Vec<f32> = (0..half).map(|i| 1.0 + 20.0 * ramp(i) * ramp(i)).collect();
+        w.tensor(
+            "rope_factors_short.weight",
+            &[half as u64],
+            GgmlType::F32,
+            f32s(&short),
+        );
+        w.tensor(
+            "rope_factors_long.weight",
+            &[half as u64],
+            GgmlType::F32,
+            f32s(&long),
+        );
+    }
     if arch == SynthArch::Llama3 {
         // A short original context, so the factors reach pairs a 128-token test turns.
         let factors = llama3_rope_factors(hd, base, 8.0, 1.0, 4.0, 64.0);
@@ -316,7 +344,7 @@ pub fn synth(
         let b = |t: &str| format!("blk.{i}.{t}.weight");
         let bias = |t: &str| format!("blk.{i}.{t}.bias");
         vector(&mut w, &b("attn_norm"), e, 1.0, 0.1);
-        if arch == SynthArch::Phi3 {
+        if phi3 {
             mat(&mut w, &b("attn_qkv"), e, e + 2 * kv, false);
         } else {
             mat(&mut w, &b("attn_q"), e, e, false);
@@ -330,7 +358,7 @@ pub fn synth(
         }
         mat(&mut w, &b("attn_output"), e, e, false);
         vector(&mut w, &b("ffn_norm"), e, 1.0, 0.1);
-        if arch == SynthArch::Phi3 {
+        if phi3 {
             mat(&mut w, &b("ffn_up"), e, 2 * f, false);
         } else {
             mat(&mut w, &b("ffn_gate"), e, f, false);
