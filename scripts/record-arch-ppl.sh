@@ -37,6 +37,6 @@ for c in $cases; do
     echo "chunks ${chunks% }"
   } > "$out/$name.txt"
   # Greedy tokens, margins and last-prompt logits for a prompt (teacher-forced check).
-  "$bin/refdump" "$f" ../shared/reference/smol-story.txt 32 0 "$ctx" > "$out/$name.refdump.json"
+  "$bin/refdump" "$f" ../shared/reference/smol-story.txt 96 0 "$ctx" > "$out/$name.refdump.json"
   echo "$name: $(wc -w <<<"$chunks") chunks"
 done

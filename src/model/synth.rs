@@ -243,7 +243,7 @@ pub fn synth(
     w.meta("general.architecture", Value::String(name.into()))
         .meta(
             "general.name",
-            Value::String(format!("synthetic {arch:?} {n_embd}x{n_layer} {ty}")),
+            Value::String(format!("synthetic {name} {n_embd}x{n_layer} {ty}")),
         )
         .meta(&key("context_length"), u(4096))
         .meta(&key("embedding_length"), u(n_embd))
@@ -293,7 +293,9 @@ pub fn synth(
         };
         w.tensor(name, &[n], GgmlType::F32, f32s(&v));
     };
-    let mut mseed = 1000u64;
+    // Matrices are seeded 2, 3, ... in file order (the files benchmarks and tests were
+    // made with); vectors draw from their own counter.
+    let mut mseed = 1u64;
     let mut mat = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64, embedding: bool| {
         mseed += 1;
         // normalish() has a standard deviation of 1/sqrt(3): FanIn rescales it to the

@@ -90,6 +90,8 @@ pub fn model_id(hp: &Hparams, f: &GgufFile) -> String {
 #[derive(Clone, Debug)]
 struct Candidate {
     backend: Backend,
+    // Read only where devices are opened by index (native targets).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     index: usize,
     info: AdapterSummary,
 }

@@ -314,8 +314,10 @@ pub struct Reference {
 
 impl Reference {
     pub fn load(path: &std::path::Path) -> Reference {
-        let text = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("reference {}: {e}", path.display()));
+        // Pieces of byte tokens can be partial UTF-8; only ids and numbers are read.
+        let bytes =
+            std::fs::read(path).unwrap_or_else(|e| panic!("reference {}: {e}", path.display()));
+        let text = String::from_utf8_lossy(&bytes);
         let r: serde_json::Value = serde_json::from_str(&text).unwrap();
         let ids = |v: &serde_json::Value| -> Vec<u32> {
             (v.as_array().unwrap().iter())
