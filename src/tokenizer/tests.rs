@@ -722,3 +722,17 @@ fn gemma3_matches_llama_cpp_on_tricky_text() {
     let t = gemma3();
     assert!(check_tricky(t, "gemma") > 200);
 }
+
+/// Every pre-tokenizer in the table compiles and splits text (names without a llama.cpp
+/// test vocabulary are otherwise only exercised by files in the wild).
+#[test]
+fn every_pre_tokenizer_compiles_and_splits() {
+    let text = "Hello World's 12345 ñandú 你好 안녕 \n\n  tabs\there! <sentinel:3> IMGIMGAZ";
+    for name in super::pre::supported() {
+        let b = bpe::Bpe::new(super::pre::lookup(name).unwrap(), &[])
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let words = b.split(text);
+        assert_eq!(words.concat(), text, "{name}: the split loses or adds text");
+        assert!(words.len() >= 3, "{name}: {words:?}");
+    }
+}
