@@ -291,6 +291,11 @@ pub fn run_plan(
         let gpu = bench.engine.model.gpu.clone();
         // The cache holds f16 where the device has shader-f16 (see `Context::new`).
         let kv = if gpu.has_f16 { "f16" } else { "f32" };
+        // `auto` is decided by the tuner: name what it chose.
+        let backend = match inst.backend {
+            Backend::Auto => format!("auto: {}", gpu.info.backend.to_lowercase()),
+            b => b.to_string(),
+        };
         let mut model_profile = None;
         let key = (inst.model.clone(), inst.backend);
         if plan.profile && !profiled.contains(&key) {
@@ -299,11 +304,7 @@ pub fn run_plan(
             let has_tg = inst.tests.iter().any(|t| t.n_gen > 0);
             let p = ModelProfile {
                 model_type: mf.model_type.clone(),
-                // `auto` is decided by the tuner: name what it chose.
-                backend: match inst.backend {
-                    Backend::Auto => format!("auto: {}", gpu.info.backend.to_lowercase()),
-                    b => b.to_string(),
-                },
+                backend: backend.clone(),
                 adapter: gpu.info.name.clone(),
                 pp: match pp_n {
                     Some(n) => Some(bench.profile_step(n)?),
@@ -359,11 +360,7 @@ pub fn run_plan(
                 n_depth: t.n_depth,
                 test_time,
                 samples_ns: m.samples_ns,
-                // `auto` is decided by the tuner: name what it chose.
-                backend: match inst.backend {
-                    Backend::Auto => format!("auto: {}", gpu.info.backend.to_lowercase()),
-                    b => b.to_string(),
-                },
+                backend: backend.clone(),
                 adapter: gpu.info.name.clone(),
                 driver: gpu.info.driver.clone(),
                 kernels: gpu.kernels.to_string(),
