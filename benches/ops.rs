@@ -163,15 +163,7 @@ fn bench_rope_softmax(c: &mut Criterion) {
     let mut group = c.benchmark_group(format!("elementwise/{}", gpu.info.name));
     group.sample_size(10);
     let n_tok = 64u32;
-    let rp = RopeParams {
-        head_dim: HEAD_DIM,
-        n_dims: HEAD_DIM,
-        neox: false,
-        freq_base: 100_000.0,
-        freq_scale: 1.0,
-        freq_factors: None,
-        attn_factor: 1.0,
-    };
+    let rp = RopeParams::new(HEAD_DIM, HEAD_DIM, false, 100_000.0, 1.0);
     let positions: Vec<f64> = (0..n_tok).map(f64::from).collect();
     let table: Vec<f32> = rp.table(&positions).into_iter().flatten().collect();
     let table = f32_buf(&gpu, &table);

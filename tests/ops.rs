@@ -356,19 +356,14 @@ fn rope_matches_reference() {
     for (name, gpu, _serial) in gpus() {
         for neox in [false, true] {
             let head_dim = 8 * (1 + rng.below(16));
-            let rp = RopeParams {
-                head_dim,
-                n_dims: if rng.below(2) == 0 {
-                    head_dim
-                } else {
-                    head_dim / 2
-                },
-                neox,
-                freq_base: [10000.0, 1e6][rng.below(2) as usize],
-                freq_scale: [1.0, 0.25][rng.below(2) as usize],
-                freq_factors: None,
-                attn_factor: 1.0,
+            let n_dims = if rng.below(2) == 0 {
+                head_dim
+            } else {
+                head_dim / 2
             };
+            let freq_base = [10000.0, 1e6][rng.below(2) as usize];
+            let freq_scale = [1.0, 0.25][rng.below(2) as usize];
+            let rp = RopeParams::new(head_dim, n_dims, neox, freq_base, freq_scale);
             let (n_head, n_tok) = (1 + rng.below(5) as usize, 1 + rng.below(7) as usize);
             let positions: Vec<f64> = (0..n_tok).map(|_| rng.below(40000) as f64).collect();
             let x = rng.vec(head_dim as usize * n_head * n_tok);
@@ -397,15 +392,7 @@ fn k_shift_equals_rope_at_shifted_position() {
     for (name, gpu, _serial) in gpus() {
         for f16 in kv_types(gpu) {
             for neox in [false, true] {
-                let rp = RopeParams {
-                    head_dim: 64,
-                    n_dims: 64,
-                    neox,
-                    freq_base: 10000.0,
-                    freq_scale: 1.0,
-                    freq_factors: None,
-                    attn_factor: 1.0,
-                };
+                let rp = RopeParams::new(64, 64, neox, 10000.0, 1.0);
                 let (n_head_kv, cells) = (3usize, 50usize);
                 let pos: Vec<f64> = (0..cells).map(|_| rng.below(4000) as f64).collect();
                 let delta: Vec<f64> = (0..cells)
@@ -901,15 +888,7 @@ fn rope_store_matches_unfused_reference() {
                 } else {
                     head_dim / 2
                 };
-                let rp = RopeParams {
-                    head_dim,
-                    n_dims,
-                    neox,
-                    freq_base: 10000.0,
-                    freq_scale: 1.0,
-                    freq_factors: None,
-                    attn_factor: 1.0,
-                };
+                let rp = RopeParams::new(head_dim, n_dims, neox, 10000.0, 1.0);
                 let n_head_kv = 1 + rng.below(3);
                 let n_head = n_head_kv * (1 + rng.below(3));
                 let n_tok = [1u32, 3, 9][rng.below(3) as usize];

@@ -206,15 +206,7 @@ mod tests {
     }
 
     fn rope(base: f32) -> RopeParams {
-        RopeParams {
-            head_dim: 8,
-            n_dims: 8,
-            neox: true,
-            freq_base: base,
-            freq_scale: 1.0,
-            freq_factors: None,
-            attn_factor: 1.0,
-        }
+        RopeParams::new(8, 8, true, base, 1.0)
     }
 
     /// A Gemma-3-like declaration: a global causal mask and a sliding window one, and a

@@ -212,9 +212,8 @@ pub(super) fn build(get: Get<'_, '_>) -> Result<Tokenizer, TokenizerError> {
             "llama" => (Kind::Spm, Some(1), Some(2), Some(0), true, true, false),
             "gpt2" => {
                 let (b, p) = bpe(pre)?;
-                let b = Kind::Bpe(b);
                 (
-                    b,
+                    Kind::Bpe(b),
                     Some(11),
                     Some(11),
                     None,
