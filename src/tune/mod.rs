@@ -61,27 +61,34 @@ pub fn hardware_id(a: &AdapterSummary) -> String {
     format!("{name} ({})", a.device_type)
 }
 
-/// What the timed layer is: the architecture, the matrix sizes and the weight types.
+/// What the timed layer is: the architecture, the matrix sizes and the weight types
+/// (`-` for a tensor the file does not have; Phi-3's fused `attn_qkv` stands in for
+/// Q/K/V).
 pub fn model_id(hp: &Hparams, f: &GgufFile) -> String {
-    let ty = |name: &str| {
+    let types: Vec<String> = [
+        "attn_qkv",
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ]
+    .iter()
+    .map(|name| {
         f.tensor(&format!("blk.0.{name}.weight"))
-            .map(|t| t.ty.to_string().to_lowercase())
-            .unwrap_or_else(|| "-".into())
-    };
+            .map_or_else(|| "-".into(), |t| t.ty.to_string())
+    })
+    .collect();
     format!(
-        "{:?} {}x{} q{}/kv{} {}/{}/{}/{}/{}/{}/{}",
+        "{:?} {}x{} q{}/kv{} {}",
         hp.arch,
         hp.n_embd,
         hp.n_ff,
         hp.n_embd_q(),
         hp.n_embd_kv(),
-        ty("attn_q"),
-        ty("attn_k"),
-        ty("attn_v"),
-        ty("attn_output"),
-        ty("ffn_gate"),
-        ty("ffn_up"),
-        ty("ffn_down")
+        types.join("/")
     )
     .to_lowercase()
 }
