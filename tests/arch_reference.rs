@@ -83,19 +83,19 @@ fn check(name: &str) {
     );
 
     let text = common::shared_dir().join("reference/ppl-text.txt");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(["perplexity", "-c", &r.ctx.to_string(), "--no-tune", "-m"])
-        .arg(&path)
-        .arg("-f")
-        .arg(&text)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ours = chunk_estimates(&String::from_utf8_lossy(&out.stdout));
+    let ctx_arg = r.ctx.to_string();
+    let (code, out, err) = common::wgllm(&[
+        "perplexity",
+        "-c",
+        &ctx_arg,
+        "--no-tune",
+        "-m",
+        path.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{name}: {err}");
+    let ours = chunk_estimates(&out);
     assert_eq!(
         ours.len(),
         r.chunks.len(),

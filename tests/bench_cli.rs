@@ -5,22 +5,9 @@
 
 mod common;
 
-use serde_json::Value;
-use std::process::Command;
+use common::wgllm;
 
-fn wgllm(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(args)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        err,
-    )
-}
+use serde_json::Value;
 
 fn ok(args: &[&str]) -> String {
     let (code, out, err) = wgllm(args);

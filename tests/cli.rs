@@ -2,22 +2,12 @@
 
 mod common;
 
+use common::wgllm;
+
 use std::process::Command;
 use wgllm::gguf::{quant, GgmlType, GgufFile, GgufWriter, Value};
 use wgllm::gpu::{Gpu, GpuOptions};
 use wgllm::model::{Model, ModelError};
-
-fn wgllm(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("wgllm-cli-{}", std::process::id()));

@@ -103,17 +103,12 @@ fn llamacpp_vocab_tests_pass() {
 
 /// `wgllm tokenize -m MODEL FLAGS.. LAST`'s standard output; it must succeed.
 fn tokenize(model: &Path, flags: &[&str], last: &str) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .arg("tokenize")
-        .arg("-m")
-        .arg(model)
-        .args(flags)
-        .arg(last)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{flags:?} {last:?}: {err}");
-    String::from_utf8(out.stdout).unwrap()
+    let mut args = vec!["tokenize", "-m", model.to_str().unwrap()];
+    args.extend(flags);
+    args.push(last);
+    let (code, out, err) = common::wgllm(&args);
+    assert_eq!(code, 0, "{flags:?} {last:?}: {err}");
+    out
 }
 
 /// `wgllm tokenize -f FILE --ids --no-bos --no-parse-special --no-escape`, the command
@@ -181,14 +176,9 @@ fn tokenize_command_prints_pieces() {
 #[test]
 fn tokenize_command_refuses_unsupported_vocabularies() {
     let f = common::llamacpp_tests_dir().join("vocab/ggml-vocab-nomic-bert-moe.gguf");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(["tokenize", "-p", "x", "-m"])
-        .arg(&f)
-        .output()
-        .unwrap();
+    let (code, _, err) = common::wgllm(&["tokenize", "-p", "x", "-m", f.to_str().unwrap()]);
     // Unigram (T5-style, `t5`) vocabularies are not implemented: named, with what is.
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    assert_ne!(code, 0);
     assert!(
         err.contains("`t5`") && err.contains("\"gpt2\"") && err.contains("\"bert\""),
         "{err}"

@@ -256,6 +256,12 @@ pub fn smollm2() -> String {
         .into_owned()
 }
 
+/// Runs the `wgllm` binary with no input; returns the exit code, stdout and stderr. A
+/// panic message on stderr fails the test whatever the exit code.
+pub fn wgllm(args: &[&str]) -> (i32, String, String) {
+    wgllm_with_stdin(args, "")
+}
+
 /// Runs the `wgllm` binary with `stdin` as its input; returns the exit code, stdout and
 /// stderr. A panic message on stderr fails the test whatever the exit code.
 pub fn wgllm_with_stdin(args: &[&str], stdin: &str) -> (i32, String, String) {
