@@ -32,6 +32,8 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 # (tests running side by side would otherwise each measure, under each other's load).
 export WGLLM_CACHE_DIR="${WGLLM_CACHE_DIR:-$(mktemp -d)}"
 cargo build --release --quiet
+# The browser page (the app for wasm32), which tests/browser.rs serves to headless Chromium.
+scripts/web.sh --build-only
 models="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}"
 for m in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
   target/release/wgllm tune -m "$models/$m"

@@ -14,6 +14,7 @@ pub mod sample;
 pub mod tokenizer;
 pub mod tune;
 
-/// The desktop demo app (cargo feature `app`): egui on the model's own wgpu device.
-#[cfg(all(feature = "app", not(target_arch = "wasm32")))]
+/// The demo app (cargo feature `app`): egui on the model's own wgpu device, in a window
+/// (native) or on a browser page's canvas (wasm32, WebGPU).
+#[cfg(feature = "app")]
 pub mod app;

@@ -1,11 +1,21 @@
 //! The `wgllm` binary: parses flags, runs a command, turns errors into a message and a
-//! non-zero exit.
+//! non-zero exit. Built for wasm32, the same binary is the browser page: `main` starts
+//! the app on the page's canvas (see `wgllm::app::web` and scripts/web.sh).
 
+#[cfg(not(target_arch = "wasm32"))]
 mod cli;
 
+#[cfg(target_arch = "wasm32")]
+fn main() {
+    wgllm::app::web::start();
+}
+
+#[cfg(not(target_arch = "wasm32"))]
 use clap::Parser;
+#[cfg(not(target_arch = "wasm32"))]
 use cli::{Cli, Command};
 
+#[cfg(not(target_arch = "wasm32"))]
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,wgllm=info"))
         .format_timestamp(None)

@@ -10,19 +10,28 @@
 //! A headless drive (`--prompt TEXT --screenshot FILE.png`) loads the model, sends the
 //! prompt, waits for the reply, saves a PNG of the window and exits: tests and the README
 //! picture use it.
+//!
+//! Built for wasm32 the same app is a browser page ([`web`]): eframe draws on the page's
+//! canvas with WebGPU, the model comes from a URL or a picked file, and the engine runs
+//! as an async task instead of a thread.
 
 mod chart;
 mod kv_map;
 mod settings;
+#[cfg(not(target_arch = "wasm32"))]
 mod shot;
 mod ui;
+#[cfg(target_arch = "wasm32")]
+pub mod web;
 mod worker;
 
 pub use settings::AppSettings;
 
 use crate::gpu::{Backend, GpuOptions};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+#[cfg(not(target_arch = "wasm32"))]
+use std::sync::Mutex;
 use web_time::Duration;
 
 /// Everything `wgllm app` takes from its flags.
@@ -38,8 +47,13 @@ pub struct AppOptions {
     pub tune: crate::tune::TuneOptions,
     /// Context, sequences, sampling: the settings panel starts from these.
     pub settings: AppSettings,
-    /// Headless drive: send this prompt to the first chat once the model is loaded.
+    /// Headless drive: send `prompt` to the first chat once the model is loaded, report
+    /// the reply (a PNG of the window natively, `#wgllm-result` on a page).
+    pub drive: bool,
+    /// Send this to the first chat once the model is loaded.
     pub prompt: Option<String>,
+    /// The prompt is raw text to continue (no chat template), as `wgllm run -p` takes it.
+    pub raw: bool,
     /// Headless drive: after the reply, save the window here and exit.
     pub screenshot: Option<PathBuf>,
     /// Headless drive: give up (exit with an error) after this long.
@@ -60,6 +74,11 @@ pub enum AppError {
 pub struct DriveReport {
     /// The first chat's last reply.
     pub reply: String,
+    /// Its prompt and reply tokens and speeds (tokens/s), as the chat's note shows them.
+    pub prompt_tokens: usize,
+    pub prompt_tps: f64,
+    pub eval_tokens: usize,
+    pub eval_tps: f64,
     /// Per K/V store: name, used cells, cells, cells moved by a shift.
     pub stores: Vec<(&'static str, usize, usize, usize)>,
 }
@@ -73,6 +92,7 @@ struct Outcome {
 
 /// Opens the window and runs until it is closed (or, driven, until the screenshot is
 /// saved). Blocks; native targets. Returns what a drive saw.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn run(opts: AppOptions) -> Result<Option<DriveReport>, AppError> {
     let outcome: Arc<Mutex<Outcome>> = Arc::default();
     let native = eframe::NativeOptions {

@@ -3,10 +3,12 @@
 
 use super::chart::{self, Sample};
 use super::kv_map;
-use super::worker::{self, Cmd, ModelInfo, Update};
+use super::worker::{self, Cmd, ModelInfo, ModelSource, Update};
 use super::{AppOptions, AppSettings, DriveReport, Outcome};
 use crate::engine::{CacheMap, Event, SessionId, Stop};
-use crate::gpu::{list_adapters, AdapterSummary, Backend, Gpu};
+use crate::gpu::Gpu;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::gpu::{list_adapters, AdapterSummary, Backend};
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -14,7 +16,11 @@ use web_time::Instant;
 
 enum Load {
     None,
-    Loading { done: u64, total: u64 },
+    Loading {
+        what: &'static str,
+        done: u64,
+        total: u64,
+    },
     Loaded(ModelInfo),
     Failed(String),
 }
@@ -64,6 +70,7 @@ pub struct App {
     tx: Sender<Cmd>,
     rx: Receiver<Update>,
     gpu: Arc<Gpu>,
+    #[cfg(not(target_arch = "wasm32"))]
     adapters: Vec<AdapterSummary>,
     models: Vec<PathBuf>,
     model_path: String,
@@ -74,11 +81,17 @@ pub struct App {
     samples: Vec<Sample>,
     cache: Option<CacheMap>,
     drive: Option<Drive>,
+    /// The first chat's last reply: prompt tokens and t/s, reply tokens and t/s.
+    last_speed: (usize, f64, usize, f64),
     started: Instant,
     outcome: Arc<Mutex<Outcome>>,
+    /// A file the page's picker returned, to load at the next frame.
+    #[cfg(target_arch = "wasm32")]
+    picked: std::rc::Rc<std::cell::RefCell<Option<web_sys::File>>>,
 }
 
 /// `.gguf` files in `dirs` (not recursive), sorted.
+#[cfg(not(target_arch = "wasm32"))]
 fn find_models(dirs: &[PathBuf]) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = dirs
         .iter()
@@ -114,20 +127,25 @@ impl App {
         let (up_tx, up_rx) = channel();
         let ctx = cc.egui_ctx.clone();
         worker::spawn(gpu.clone(), cmd_rx, up_tx, move || ctx.request_repaint());
-        let models = find_models(&opts.model_dirs);
+        #[cfg(not(target_arch = "wasm32"))]
+        let (models, adapters) = (find_models(&opts.model_dirs), list_adapters(Backend::Auto));
+        // A page has no folders to list, and one adapter: the browser's.
+        #[cfg(target_arch = "wasm32")]
+        let models = Vec::new();
         let model_path = opts
             .model
             .as_ref()
             .or(models.first())
             .map(|p| p.display().to_string())
             .unwrap_or_default();
-        let drive = opts.screenshot.as_ref().map(|_| Drive::WaitLoad);
+        let drive = opts.drive.then_some(Drive::WaitLoad);
         let mut app = App {
             settings: opts.settings.clone(),
             tx: cmd_tx,
             rx: up_rx,
             gpu,
-            adapters: list_adapters(Backend::Auto),
+            #[cfg(not(target_arch = "wasm32"))]
+            adapters,
             models,
             model_path,
             load: Load::None,
@@ -137,14 +155,17 @@ impl App {
             samples: Vec::new(),
             cache: None,
             drive,
+            last_speed: (0, 0.0, 0, 0.0),
             started: Instant::now(),
             outcome,
             opts,
+            #[cfg(target_arch = "wasm32")]
+            picked: Default::default(),
         };
         if app.opts.model.is_some() {
             app.start_load();
         } else if app.drive.is_some() {
-            app.fail_drive("--screenshot needs a model (-m)".into());
+            app.fail_drive("a drive needs a model (-m, or ?model= on a page)".into());
         }
         Ok(app)
     }
@@ -155,24 +176,38 @@ impl App {
         }
     }
 
+    /// Loads what the model field names: a path natively, a URL on a page.
     fn start_load(&mut self) {
-        let path = PathBuf::from(self.model_path.trim());
+        let text = self.model_path.trim().to_string();
+        #[cfg(not(target_arch = "wasm32"))]
+        let source = ModelSource::Path(PathBuf::from(text));
+        #[cfg(target_arch = "wasm32")]
+        let source = ModelSource::Url(text);
+        self.load_from(source);
+    }
+
+    fn load_from(&mut self, source: ModelSource) {
         self.chats.clear();
         self.cache = None;
         self.error = None;
-        self.load = Load::Loading { done: 0, total: 0 };
+        self.load = Load::Loading {
+            what: "opening",
+            done: 0,
+            total: 0,
+        };
         let opts = Box::new(
             self.settings
                 .engine_options(&self.opts.gpu, &self.opts.tune),
         );
         self.send(Cmd::Load {
-            path,
+            source,
             opts,
             session: Box::new(self.settings.session_params()),
         });
     }
 
-    fn send_message(&mut self, i: usize) {
+    /// Sends chat `i`'s input: a chat turn, or with `raw` text to continue.
+    fn send_message(&mut self, i: usize, raw: bool) {
         let text = std::mem::take(&mut self.chats[i].input);
         if text.trim().is_empty() {
             return;
@@ -184,7 +219,11 @@ impl App {
             .push((Role::Assistant, String::new()));
         self.chats[i].busy = true;
         self.send_sampling(id);
-        self.send(Cmd::Chat { chat: id, text });
+        self.send(if raw {
+            Cmd::Complete { chat: id, text }
+        } else {
+            Cmd::Chat { chat: id, text }
+        });
     }
 
     /// The sampling panel's settings, for chat `id`'s next reply (the engine keeps its
@@ -205,7 +244,9 @@ impl App {
 
     fn apply(&mut self, u: Update) {
         match u {
-            Update::Progress { done, total } => self.load = Load::Loading { done, total },
+            Update::Progress { what, done, total } => {
+                self.load = Load::Loading { what, done, total }
+            }
             Update::Loaded(info) => {
                 self.chats = (0..info.n_seq).map(Chat::new).collect();
                 self.active = 0;
@@ -213,7 +254,7 @@ impl App {
                 if self.drive == Some(Drive::WaitLoad) {
                     if let Some(p) = self.opts.prompt.clone() {
                         self.chats[0].input = p;
-                        self.send_message(0);
+                        self.send_message(0, self.opts.raw);
                         self.drive = Some(Drive::WaitReply);
                     } else {
                         self.drive = Some(Drive::Settle(0));
@@ -313,6 +354,12 @@ impl App {
                     Stop::Fed => "fed".to_string(),
                 };
                 let rate = |n: usize, d: std::time::Duration| n as f64 / d.as_secs_f64().max(1e-9);
+                let speed = (
+                    timings.prompt_tokens,
+                    rate(timings.prompt_tokens, timings.prompt),
+                    timings.eval_tokens,
+                    rate(timings.eval_tokens, timings.eval),
+                );
                 c.messages.push((
                     Role::Note,
                     format!(
@@ -323,8 +370,11 @@ impl App {
                         rate(timings.eval_tokens, timings.eval)
                     ),
                 ));
-                if drive_chat && self.drive == Some(Drive::WaitReply) {
-                    self.drive = Some(Drive::Settle(0));
+                if drive_chat {
+                    self.last_speed = speed;
+                    if self.drive == Some(Drive::WaitReply) {
+                        self.drive = Some(Drive::Settle(0));
+                    }
                 }
             }
             Event::Error { error, .. } => {
@@ -361,7 +411,15 @@ impl App {
                 .map(|s| (s.name, s.used, s.cells.len(), s.moved()))
                 .collect()
         });
-        DriveReport { reply, stores }
+        let (prompt_tokens, prompt_tps, eval_tokens, eval_tps) = self.last_speed;
+        DriveReport {
+            reply,
+            stores,
+            prompt_tokens,
+            prompt_tps,
+            eval_tokens,
+            eval_tps,
+        }
     }
 
     /// The headless drive: after the reply, a few frames for layout, then the shot.
@@ -383,19 +441,7 @@ impl App {
             }
             Some(Drive::Settle(_)) => {
                 self.drive = Some(Drive::Shooting);
-                let path = self.opts.screenshot.clone().expect("driving");
-                let out = self.outcome.clone();
-                out.lock().unwrap().report = Some(self.report());
-                let c2 = ctx.clone();
-                ctx.request_screenshot(move |image| {
-                    match super::shot::save_png(&path, &image) {
-                        Ok(()) => log::info!("app: saved the window to {}", path.display()),
-                        Err(e) => {
-                            out.lock().unwrap().error.get_or_insert(e);
-                        }
-                    }
-                    c2.send_viewport_cmd(egui::ViewportCommand::Close);
-                });
+                self.finish_drive(ctx);
             }
             Some(Drive::WaitLoad) | Some(Drive::WaitReply) => {
                 // Keep checking the timeout while the engine works.
@@ -405,13 +451,50 @@ impl App {
         }
     }
 
+    /// The adapter's name (browsers may keep it to themselves).
+    fn adapter_name(&self) -> &str {
+        match self.gpu.info.name.as_str() {
+            "" => "unnamed adapter",
+            n => n,
+        }
+    }
+
+    /// Natively: the screenshot, then the window closes. On a page: the report in
+    /// `#wgllm-result` (the page stays; its driver takes the screenshot).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn finish_drive(&mut self, ctx: &egui::Context) {
+        let Some(path) = self.opts.screenshot.clone() else {
+            return;
+        };
+        let out = self.outcome.clone();
+        out.lock().unwrap().report = Some(self.report());
+        let c2 = ctx.clone();
+        ctx.request_screenshot(move |image| {
+            match super::shot::save_png(&path, &image) {
+                Ok(()) => log::info!("app: saved the window to {}", path.display()),
+                Err(e) => {
+                    out.lock().unwrap().error.get_or_insert(e);
+                }
+            }
+            c2.send_viewport_cmd(egui::ViewportCommand::Close);
+        });
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn finish_drive(&mut self, _ctx: &egui::Context) {
+        let report = self.report();
+        let mut out = self.outcome.lock().unwrap();
+        super::web::publish(&report, out.error.as_deref());
+        out.report = Some(report);
+    }
+
     fn top_bar(&mut self, ui: &mut egui::Ui) {
         ui.horizontal(|ui| {
             ui.heading("wgllm");
             ui.separator();
             ui.label(format!(
                 "{} · {} · {}",
-                self.gpu.info.name,
+                self.adapter_name(),
                 self.gpu.info.backend,
                 if self.gpu.has_f16 { "f16" } else { "no f16" }
             ));
@@ -420,13 +503,13 @@ impl App {
                 Load::None => {
                     ui.label("no model loaded");
                 }
-                Load::Loading { done, total } => {
+                Load::Loading { what, done, total } => {
                     let f = if *total > 0 {
                         *done as f32 / *total as f32
                     } else {
                         0.0
                     };
-                    ui.label("loading");
+                    ui.label(*what);
                     ui.add(egui::ProgressBar::new(f).desired_width(240.0).text(format!(
                         "{} / {} MiB",
                         done >> 20,
@@ -437,7 +520,8 @@ impl App {
                     ui.label(format!(
                         "{} ({}, {:.0} MiB, -c {}, -np {}, loaded in {:.1} s)",
                         m.name, m.arch, m.weights_mib, m.n_ctx, m.n_seq, m.load_secs
-                    ));
+                    ))
+                    .on_hover_text(m.path.display().to_string());
                 }
                 Load::Failed(e) => {
                     ui.colored_label(egui::Color32::LIGHT_RED, format!("load failed: {e}"));
@@ -457,7 +541,19 @@ impl App {
     fn left_panel(&mut self, ui: &mut egui::Ui) {
         egui::ScrollArea::vertical().show(ui, |ui| {
             ui.strong("Model");
-            ui.add(egui::TextEdit::singleline(&mut self.model_path).hint_text("path to a .gguf"));
+            #[cfg(not(target_arch = "wasm32"))]
+            let hint = "path to a .gguf";
+            #[cfg(target_arch = "wasm32")]
+            let hint = "URL of a .gguf";
+            ui.add(egui::TextEdit::singleline(&mut self.model_path).hint_text(hint));
+            #[cfg(target_arch = "wasm32")]
+            if ui
+                .button("Open a file…")
+                .on_hover_text("load a .gguf from this computer (read into the page's memory)")
+                .clicked()
+            {
+                super::web::pick_file(self.picked.clone(), ui.ctx().clone());
+            }
             if !self.models.is_empty() {
                 egui::ComboBox::from_id_salt("models")
                     .selected_text("model cache…")
@@ -481,22 +577,7 @@ impl App {
                 self.start_load();
             }
             ui.separator();
-            ui.strong("GPU");
-            ui.label(
-                "the window and the model share one device; another adapter restarts the app on it",
-            );
-            let current = &self.gpu.info;
-            let mut switch_to = None;
-            for a in &self.adapters {
-                let here = a.name == current.name && a.backend == current.backend;
-                let label = format!("{} · {} · {}", a.name, a.backend, a.device_type);
-                if ui.selectable_label(here, label).clicked() && !here {
-                    switch_to = Some(a.clone());
-                }
-            }
-            if let Some(a) = switch_to {
-                self.restart_on(ui.ctx(), &a);
-            }
+            self.gpu_ui(ui);
             ui.separator();
             ui.strong("Context policy (on chat reset)");
             self.settings.policy_ui(ui);
@@ -506,8 +587,46 @@ impl App {
         });
     }
 
+    /// The adapters: natively every one wgpu finds (another restarts the app on it).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn gpu_ui(&mut self, ui: &mut egui::Ui) {
+        ui.strong("GPU");
+        ui.label(
+            "the window and the model share one device; another adapter restarts the app on it",
+        );
+        let current = &self.gpu.info;
+        let mut switch_to = None;
+        for a in &self.adapters {
+            let here = a.name == current.name && a.backend == current.backend;
+            let label = format!("{} · {} · {}", a.name, a.backend, a.device_type);
+            if ui.selectable_label(here, label).clicked() && !here {
+                switch_to = Some(a.clone());
+            }
+        }
+        if let Some(a) = switch_to {
+            self.restart_on(ui.ctx(), &a);
+        }
+    }
+
+    /// A page has the browser's adapter only.
+    #[cfg(target_arch = "wasm32")]
+    fn gpu_ui(&mut self, ui: &mut egui::Ui) {
+        ui.strong("GPU");
+        ui.label(format!(
+            "the browser's WebGPU adapter: {} ({}, {})",
+            self.adapter_name(),
+            if self.gpu.has_f16 { "f16" } else { "no f16" },
+            if self.gpu.has_subgroups {
+                "subgroups"
+            } else {
+                "no subgroups"
+            }
+        ));
+    }
+
     /// Starts this app again on another adapter (a window's device cannot change) and
     /// closes this one.
+    #[cfg(not(target_arch = "wasm32"))]
     fn restart_on(&mut self, ctx: &egui::Context, a: &AdapterSummary) {
         let backend = a.backend.to_lowercase();
         let index = list_adapters(backend.parse().unwrap_or(Backend::Auto))
@@ -596,7 +715,14 @@ impl App {
             }
             ui.horizontal(|ui| {
                 if (ui.add_enabled(!busy, egui::Button::new("Send")).clicked() || enter) && !busy {
-                    self.send_message(i);
+                    self.send_message(i, false);
+                }
+                if ui
+                    .add_enabled(!busy, egui::Button::new("Continue text"))
+                    .on_hover_text("send the input as raw text for the model to continue (no chat template), as `wgllm run -p` does")
+                    .clicked()
+                {
+                    self.send_message(i, true);
                 }
                 if ui.add_enabled(busy, egui::Button::new("Stop")).clicked() {
                     self.send(Cmd::Stop(id));
@@ -674,6 +800,13 @@ impl eframe::App for App {
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
         while let Ok(u) = self.rx.try_recv() {
             self.apply(u);
+        }
+        #[cfg(target_arch = "wasm32")]
+        let picked = self.picked.borrow_mut().take();
+        #[cfg(target_arch = "wasm32")]
+        if let Some(f) = picked {
+            self.model_path = f.name();
+            self.load_from(ModelSource::File(f));
         }
         let ctx = ui.ctx().clone();
         egui::Panel::top("top").show(ui, |ui| self.top_bar(ui));

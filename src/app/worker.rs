@@ -1,7 +1,9 @@
-//! The engine's own thread: it owns the [`Engine`], takes commands from the window and
+//! The engine's own task: it owns the [`Engine`], takes commands from the window and
 //! sends back what happened, so a slow decode (seconds per token on a software adapter)
-//! never freezes the window. The GPU device is the window's: `Gpu` wraps the device egui
-//! draws with, and wgpu devices are shared across threads.
+//! never freezes the window. Natively it is a thread blocking on the GPU; in a browser,
+//! where nothing may block, it is an async task on the page's event loop that awaits
+//! each step's readback (the page draws while the GPU works). The GPU device is the
+//! window's: `Gpu` wraps the device egui draws with.
 
 use crate::engine::{CacheMap, Engine, EngineOptions, Event, SessionId, SessionParams};
 use crate::gpu::Gpu;
@@ -10,16 +12,47 @@ use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use web_time::Instant;
 
+/// Where a model comes from.
+pub enum ModelSource {
+    /// A file on disk (memory-mapped).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    Path(PathBuf),
+    /// A download (the page's own server or any URL that allows it), read into memory.
+    #[cfg(target_arch = "wasm32")]
+    Url(String),
+    /// A file the page's user picked, read into memory.
+    #[cfg(target_arch = "wasm32")]
+    File(web_sys::File),
+}
+
+impl ModelSource {
+    /// How the window names it.
+    pub fn name(&self) -> String {
+        match self {
+            ModelSource::Path(p) => p.display().to_string(),
+            #[cfg(target_arch = "wasm32")]
+            ModelSource::Url(u) => u.clone(),
+            #[cfg(target_arch = "wasm32")]
+            ModelSource::File(f) => f.name(),
+        }
+    }
+}
+
 /// What the window asks of the engine.
 pub enum Cmd {
     /// Load a model (replacing the one loaded), then open a session per sequence
     /// (`opts.n_seq_max`).
     Load {
-        path: PathBuf,
+        source: ModelSource,
         opts: Box<EngineOptions>,
         session: Box<SessionParams>,
     },
     Chat {
+        chat: SessionId,
+        text: String,
+    },
+    /// Raw text to continue (no chat template), as `wgllm run -p` does.
+    Complete {
         chat: SessionId,
         text: String,
     },
@@ -43,6 +76,7 @@ pub enum Cmd {
 pub struct ModelInfo {
     pub name: String,
     pub arch: String,
+    /// The file (native) or URL / picked file name (browser).
     pub path: PathBuf,
     pub weights_mib: f64,
     pub n_ctx: u32,
@@ -52,7 +86,10 @@ pub struct ModelInfo {
 
 /// What happened, for the window.
 pub enum Update {
+    /// Loading: `what` is being done (reading a download or file, uploading tensors),
+    /// in bytes.
     Progress {
+        what: &'static str,
         done: u64,
         total: u64,
     },
@@ -73,28 +110,48 @@ pub enum Update {
     Cache(CacheMap),
 }
 
-/// Starts the engine thread on `gpu`; `wake` is called after each batch of updates so
+/// Starts the engine's task on `gpu`; `wake` is called after each batch of updates so
 /// the window repaints.
 pub fn spawn(
     gpu: Arc<Gpu>,
     rx: Receiver<Cmd>,
     tx: Sender<Update>,
     wake: impl Fn() + Send + 'static,
-) -> std::thread::JoinHandle<()> {
+) {
+    let worker = Worker {
+        gpu,
+        tx,
+        wake: Box::new(wake),
+        engine: None,
+        started: Instant::now(),
+        prompt_done: vec![0; crate::kv::MAX_SEQ as usize],
+    };
+    #[cfg(not(target_arch = "wasm32"))]
     std::thread::Builder::new()
         .name("wgllm-engine".into())
-        .spawn(move || {
-            Worker {
-                gpu,
-                tx,
-                wake: Box::new(wake),
-                engine: None,
-                started: Instant::now(),
-                prompt_done: vec![0; crate::kv::MAX_SEQ as usize],
-            }
-            .run(rx)
-        })
-        .expect("spawning the engine thread")
+        .spawn(move || pollster::block_on(worker.run(rx)))
+        .expect("spawning the engine thread");
+    #[cfg(target_arch = "wasm32")]
+    wasm_bindgen_futures::spawn_local(worker.run(rx));
+}
+
+/// The next command, waiting for one; `None` once the window is gone.
+#[cfg(not(target_arch = "wasm32"))]
+async fn next_cmd(rx: &Receiver<Cmd>) -> Option<Cmd> {
+    rx.recv().ok()
+}
+
+/// The next command: a page cannot block, so it looks every 30 ms and lets the page run
+/// in between.
+#[cfg(target_arch = "wasm32")]
+async fn next_cmd(rx: &Receiver<Cmd>) -> Option<Cmd> {
+    loop {
+        match rx.try_recv() {
+            Ok(c) => return Some(c),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) => super::web::sleep_ms(30).await,
+        }
+    }
 }
 
 struct Worker {
@@ -108,7 +165,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(mut self, rx: Receiver<Cmd>) {
+    async fn run(mut self, rx: Receiver<Cmd>) {
         loop {
             let busy = self.engine.as_ref().is_some_and(Engine::is_busy);
             // Idle: wait for the window; busy: take what came in, then step.
@@ -119,17 +176,20 @@ impl Worker {
                     Err(TryRecvError::Disconnected) => return,
                 }
             } else {
-                match rx.recv() {
-                    Ok(c) => Some(c),
-                    Err(_) => return,
+                match next_cmd(&rx).await {
+                    Some(c) => Some(c),
+                    None => return,
                 }
             };
             if let Some(c) = cmd {
-                self.handle(c);
+                self.handle(c).await;
             } else {
-                self.step();
+                self.step().await;
             }
             (self.wake)();
+            // Between steps the page gets a turn to draw what came back.
+            #[cfg(target_arch = "wasm32")]
+            super::web::sleep_ms(0).await;
         }
     }
 
@@ -143,15 +203,18 @@ impl Worker {
         self.send(Update::Error { chat, msg });
     }
 
-    fn handle(&mut self, cmd: Cmd) {
+    async fn handle(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Load {
-                path,
+                source,
                 opts,
                 session,
-            } => self.load(path, &opts, &session),
+            } => self.load(source, &opts, &session).await,
             Cmd::Chat { chat, text } => {
                 self.with_engine(Some(chat), |e| e.chat(chat, &text).map(drop))
+            }
+            Cmd::Complete { chat, text } => {
+                self.with_engine(Some(chat), |e| e.prompt_text(chat, &text).map(drop))
             }
             Cmd::Sampling {
                 chat,
@@ -184,30 +247,62 @@ impl Worker {
         }
     }
 
-    fn load(&mut self, path: PathBuf, opts: &EngineOptions, session: &SessionParams) {
+    async fn load(&mut self, source: ModelSource, opts: &EngineOptions, session: &SessionParams) {
         // Free the old model's buffers before the new one's are made.
         self.engine = None;
+        let name = source.name();
         let tx = self.tx.clone();
         let mut last = Instant::now();
-        let mut progress = |done: u64, total: u64| {
+        let mut report = move |what: &'static str, done: u64, total: u64| {
             if last.elapsed().as_millis() >= 50 || done == total {
                 last = Instant::now();
-                let _ = tx.send(Update::Progress { done, total });
+                let _ = tx.send(Update::Progress { what, done, total });
             }
         };
-        let loaded =
-            Engine::load_file_on(self.gpu.clone(), &path, opts, &mut progress).and_then(|mut e| {
-                for _ in 0..opts.n_seq_max {
-                    e.open_session(session.clone())?;
-                }
-                Ok(e)
-            });
+        let loaded = match source {
+            ModelSource::Path(path) => {
+                #[cfg(not(target_arch = "wasm32"))]
+                let r = Engine::load_file_on(self.gpu.clone(), &path, opts, &mut |d, t| {
+                    report("uploading", d, t)
+                });
+                #[cfg(target_arch = "wasm32")]
+                let r = Err(crate::engine::EngineError::MissingFile(format!(
+                    "{}: a page cannot open paths; give a URL or pick a file",
+                    path.display()
+                )));
+                r
+            }
+            #[cfg(target_arch = "wasm32")]
+            ModelSource::Url(url) => {
+                let read = super::web::fetch_bytes(&url, &mut |d, t| {
+                    report("downloading", d, t);
+                    (self.wake)();
+                })
+                .await;
+                self.load_bytes(&name, read, opts, &mut report).await
+            }
+            #[cfg(target_arch = "wasm32")]
+            ModelSource::File(file) => {
+                let read = super::web::read_file(&file, &mut |d, t| {
+                    report("reading", d, t);
+                    (self.wake)();
+                })
+                .await;
+                self.load_bytes(&name, read, opts, &mut report).await
+            }
+        };
+        let loaded = loaded.and_then(|mut e| {
+            for _ in 0..opts.n_seq_max {
+                e.open_session(session.clone())?;
+            }
+            Ok(e)
+        });
         match loaded {
             Ok(e) => {
                 self.send(Update::Loaded(ModelInfo {
                     name: e.model.name.clone(),
                     arch: format!("{:?}", e.model.hp.arch).to_lowercase(),
-                    path,
+                    path: PathBuf::from(&name),
                     weights_mib: e.model.weights.gpu_bytes as f64 / (1 << 20) as f64,
                     n_ctx: e.n_ctx(),
                     n_seq: e.context().params.n_seq_max,
@@ -215,17 +310,36 @@ impl Worker {
                 }));
                 self.engine = Some(e);
             }
-            Err(err) => self.fail(None, format!("loading {}: {err}", path.display())),
+            Err(err) => self.fail(None, format!("loading {name}: {err}")),
         }
     }
 
-    fn step(&mut self) {
+    /// Uploads a model the page read into memory; a model the GPU has no room for
+    /// fails here (the browser's out-of-memory answer is awaited).
+    #[cfg(target_arch = "wasm32")]
+    async fn load_bytes(
+        &self,
+        name: &str,
+        read: Result<Vec<u8>, String>,
+        opts: &EngineOptions,
+        report: &mut dyn FnMut(&'static str, u64, u64),
+    ) -> Result<Engine, crate::engine::EngineError> {
+        let bytes = read.map_err(crate::engine::EngineError::Options)?;
+        let upload = async {
+            Engine::load_bytes_on(self.gpu.clone(), name, bytes, opts, &mut |d, t| {
+                report("uploading", d, t)
+            })
+        };
+        self.gpu.scoped(upload).await
+    }
+
+    async fn step(&mut self) {
         let Some(e) = self.engine.as_mut() else {
             return;
         };
         let t0 = Instant::now();
         let at = t0.duration_since(self.started).as_secs_f64();
-        let events = match e.step() {
+        let events = match self.gpu.scoped(e.step_async()).await {
             Ok(ev) => ev,
             Err(err) => {
                 // The step failed as a whole: stop every session so the loop ends.

@@ -44,6 +44,10 @@ pub struct AppArgs {
     /// Send this message to the first chat once the model is loaded.
     #[arg(short = 'p', long)]
     pub prompt: Option<String>,
+    /// Send --prompt as raw text for the model to continue (no chat template), as `wgllm
+    /// run -p` takes it.
+    #[arg(long)]
+    pub raw: bool,
     /// After the reply to --prompt, save the window as a PNG here and exit (0 when the
     /// reply arrived, 1 otherwise).
     #[arg(long)]
@@ -126,7 +130,9 @@ pub fn app(a: &AppArgs) -> Result<()> {
         gpu: a.gpu.options()?,
         tune: super::tune_options(a.gpu.no_tune, false),
         settings,
+        drive: a.screenshot.is_some(),
         prompt: a.prompt.as_deref().map(unescape),
+        raw: a.raw,
         screenshot: a.screenshot.clone(),
         timeout: std::time::Duration::from_secs(a.timeout),
         window_size: parse_size(&a.size)?,

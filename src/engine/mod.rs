@@ -162,8 +162,31 @@ impl Engine {
         Self::load_opened(start, tuned.gpu, &f, tokenizer, opts, progress)
     }
 
+    /// [`Engine::load_file_on`] for a file already read into memory (a browser page's
+    /// picked file or download): `bytes` is the only copy, parsed in place and uploaded
+    /// tensor by tensor. In a browser the kernels are the built-in choice for the adapter
+    /// (no tuning run).
+    pub fn load_bytes_on(
+        gpu: Arc<Gpu>,
+        name: &str,
+        bytes: Vec<u8>,
+        opts: &EngineOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Engine, EngineError> {
+        let start = Instant::now();
+        let (f, tokenizer) = Self::check_file(GgufFile::from_bytes(name, bytes)?)?;
+        #[cfg(not(target_arch = "wasm32"))]
+        let gpu = {
+            let tuned = crate::tune::retune_device(&gpu, &opts.gpu, &opts.tune, &f)?;
+            if let Some(e) = &tuned.entry {
+                log_tuned(e, tuned.measured, 1);
+            }
+            tuned.gpu
+        };
+        Self::load_opened(start, gpu, &f, tokenizer, opts, progress)
+    }
+
     /// [`Engine::load_on`], timed from `start` (when the file was first touched).
-    #[cfg(not(target_arch = "wasm32"))]
     fn load_opened(
         start: Instant,
         gpu: Arc<Gpu>,
@@ -184,7 +207,11 @@ impl Engine {
         if !path.exists() {
             return Err(EngineError::MissingFile(path.display().to_string()));
         }
-        let f = GgufFile::open(path)?;
+        Self::check_file(GgufFile::open(path)?)
+    }
+
+    /// The checks of [`Engine::open_file`] on a parsed file, wherever its bytes are.
+    fn check_file(f: GgufFile) -> Result<(GgufFile, Tokenizer), EngineError> {
         // The architecture first: the clearest error comes first.
         let hp = crate::model::Hparams::from_gguf(&f)?;
         let mut tokenizer = Tokenizer::from_gguf(&f)?;

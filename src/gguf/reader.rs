@@ -27,7 +27,26 @@ impl TensorInfo {
     }
 }
 
-/// An open, parsed GGUF file. Tensor data stays in the memory map until uploaded.
+/// Where a file's bytes are: a memory map of a file on disk, or bytes the caller read
+/// (a browser page has no files to map: it reads a picked file or a download into one
+/// buffer, the only copy it keeps while the tensors are uploaded).
+enum FileBytes {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Map(m) => m,
+            FileBytes::Owned(v) => v,
+        }
+    }
+}
+
+/// An open, parsed GGUF file. Tensor data stays in the memory map (or the caller's
+/// buffer) until uploaded.
 pub struct GgufFile {
     pub path: String,
     pub version: u32,
@@ -35,7 +54,7 @@ pub struct GgufFile {
     pub tensors: Vec<TensorInfo>,
     pub data_offset: u64,
     pub alignment: u64,
-    map: Mmap,
+    map: FileBytes,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -166,10 +185,15 @@ impl GgufFile {
         // SAFETY: the map is read-only; wgllm never writes to model files, and a file
         // changed underneath us is outside what any mmap-based loader can guard against.
         let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
-        Self::parse(path, map)
+        Self::parse(path, FileBytes::Map(map))
     }
 
-    fn parse(path: String, map: Mmap) -> Result<Self, GgufError> {
+    /// Parses a file already read into memory; `name` stands for its path in messages.
+    pub fn from_bytes(name: impl Into<String>, bytes: Vec<u8>) -> Result<Self, GgufError> {
+        Self::parse(name.into(), FileBytes::Owned(bytes))
+    }
+
+    fn parse(path: String, map: FileBytes) -> Result<Self, GgufError> {
         let mut c = Cursor {
             buf: &map,
             pos: 0,

@@ -103,3 +103,25 @@ fn random_byte_flips_never_panic() {
         let _ = open_bytes(&b);
     }
 }
+
+/// A file read into memory (a browser page's download) parses as the mapped file does,
+/// and its truncations are errors too.
+#[test]
+fn bytes_in_memory_read_as_the_mapped_file() {
+    let bytes = sample();
+    let mapped = open_bytes(&bytes).unwrap();
+    let owned = GgufFile::from_bytes("download.gguf", bytes.clone()).unwrap();
+    assert_eq!(owned.path, "download.gguf");
+    assert_eq!(owned.metadata, mapped.metadata);
+    assert_eq!(owned.tensors.len(), mapped.tensors.len());
+    for (a, b) in owned.tensors.iter().zip(&mapped.tensors) {
+        assert_eq!(
+            (&a.name, a.file_offset, a.n_bytes),
+            (&b.name, b.file_offset, b.n_bytes)
+        );
+        assert_eq!(owned.tensor_data(a), mapped.tensor_data(b));
+    }
+    for cut in [0, 3, 20, bytes.len() / 2] {
+        assert!(GgufFile::from_bytes("cut.gguf", bytes[..cut].to_vec()).is_err());
+    }
+}

@@ -21,7 +21,7 @@ impl Gpu {
                 adapter: self.info.name.clone(),
             });
         }
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let scope = super::push_scope(&self.device, wgpu::ErrorFilter::OutOfMemory);
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,

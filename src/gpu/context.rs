@@ -465,7 +465,7 @@ impl Gpu {
         validator
             .validate(&module)
             .map_err(|e| shader_err(e.emit_to_string(&src)))?;
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let scope = super::push_scope(&self.device, wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&name),
             source: wgpu::ShaderSource::Wgsl(src.into()),

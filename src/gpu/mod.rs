@@ -38,22 +38,66 @@ pub enum GpuError {
     Shader { name: String, msg: String },
 }
 
-/// Whether an error scope caught an error. Native targets wait for the answer; a browser
-/// cannot block, so there the scope is closed without waiting and an error reaches the
-/// device's uncaptured-error handler instead.
-pub(crate) fn scope_failed(scope: wgpu::ErrorScopeGuard) -> bool {
-    scope_error(scope).is_some()
-}
-
-/// The error an error scope caught, where the target can wait for it.
-pub(crate) fn scope_error(scope: wgpu::ErrorScopeGuard) -> Option<wgpu::Error> {
+/// An error scope around one creation, on targets that can wait for its answer. In a
+/// browser none is pushed: a scope whose answer is not awaited would swallow its error,
+/// so errors reach the enclosing scope of [`Gpu::scoped`] instead.
+pub(crate) fn push_scope(
+    device: &wgpu::Device,
+    filter: wgpu::ErrorFilter,
+) -> Option<wgpu::ErrorScopeGuard> {
     #[cfg(not(target_arch = "wasm32"))]
     {
-        pollster::block_on(scope.pop())
+        Some(device.push_error_scope(filter))
     }
     #[cfg(target_arch = "wasm32")]
     {
-        drop(scope.pop());
+        let _ = (device, filter);
         None
+    }
+}
+
+/// Whether a scope of [`push_scope`] caught an error.
+pub(crate) fn scope_failed(scope: Option<wgpu::ErrorScopeGuard>) -> bool {
+    scope_error(scope).is_some()
+}
+
+/// The error a scope of [`push_scope`] caught (native targets wait for the answer).
+pub(crate) fn scope_error(scope: Option<wgpu::ErrorScopeGuard>) -> Option<wgpu::Error> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        scope.and_then(|s| pollster::block_on(s.pop()))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        debug_assert!(scope.is_none());
+        None
+    }
+}
+
+impl Gpu {
+    /// Runs `work` inside out-of-memory and validation error scopes and awaits their
+    /// answers: the way a browser reports what went wrong on the GPU (natively the
+    /// checks inside `work` have caught it already). An error the scopes caught fails
+    /// the work, whatever it returned.
+    pub async fn scoped<T, E: From<GpuError>>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let invalid = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let r = work.await;
+        let invalid = invalid.pop().await;
+        if oom.pop().await.is_some() {
+            return Err(GpuError::OutOfMemory {
+                what: "buffers".into(),
+                bytes: self.allocated_bytes(),
+                adapter: self.info.name.clone(),
+            }
+            .into());
+        }
+        if let Some(e) = invalid {
+            return Err(GpuError::Validation(e.to_string()).into());
+        }
+        r
     }
 }

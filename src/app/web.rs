@@ -1,0 +1,311 @@
+//! The app on a browser page (wasm32): the same window, drawn by eframe on the page's
+//! canvas through WebGPU, with the engine as an async task on the page's event loop.
+//!
+//! What the desktop gets from its flags the page gets from its address:
+//! `?model=URL&prompt=TEXT&raw=1&temp=0&n=48&c=1024&np=1&seed=N&no_subgroups=1`. With a
+//! `prompt`, the page drives itself as `wgllm app --screenshot` does: it loads the
+//! model, sends the prompt, and when the reply has ended writes a JSON report into the
+//! page's `#wgllm-result` element (tests read it there and screenshot the page).
+//!
+//! Memory: a page's wasm32 heap is at most 4 GiB and the model file is read into it
+//! once (downloaded or picked file, chunk by chunk straight into one buffer) and then
+//! uploaded to the GPU tensor by tensor; files that cannot fit are refused before any
+//! reading starts.
+
+use super::{AppOptions, AppSettings, DriveReport, Outcome};
+use crate::gpu::GpuOptions;
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+
+/// The largest model file a page takes: the 4 GiB a wasm32 page can address, less room
+/// for the engine, the tokenizer and the upload's staging copies.
+pub const MAX_MODEL_BYTES: u64 = (4 << 30) - (512 << 20);
+
+/// Bytes read from a picked file at a time.
+const FILE_CHUNK: f64 = (16 << 20) as f64;
+
+/// Starts the app on the page's `<canvas id="wgllm-canvas">` (called by `main`).
+pub fn start() {
+    let _ = eframe::WebLogger::init(log::LevelFilter::Info);
+    let opts = options_from_address();
+    wasm_bindgen_futures::spawn_local(async move {
+        if let Err(msg) = run(opts).await {
+            log::error!("wgllm: {msg}");
+            set_text("wgllm-error", &msg);
+        }
+    });
+}
+
+async fn run(opts: AppOptions) -> Result<(), String> {
+    let canvas = document()?
+        .get_element_by_id("wgllm-canvas")
+        .ok_or("the page has no <canvas id=\"wgllm-canvas\">")?
+        .dyn_into::<web_sys::HtmlCanvasElement>()
+        .map_err(|_| "#wgllm-canvas is not a canvas")?;
+    if !has_webgpu() {
+        return Err("this browser has no WebGPU (navigator.gpu): use a recent Chrome, Edge or Safari, or Firefox with WebGPU enabled".into());
+    }
+    let web = eframe::WebOptions {
+        wgpu_options: super::wgpu_config(&opts.gpu),
+        ..Default::default()
+    };
+    let outcome: Arc<Mutex<Outcome>> = Arc::default();
+    let runner = eframe::WebRunner::new();
+    // After eframe's own hook (which logs the panic): say on the page that it stopped.
+    let logged = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        logged(info);
+        set_text("wgllm-error", &format!("wgllm stopped: {info}"));
+    }));
+    runner
+        .start(
+            canvas,
+            web,
+            Box::new(move |cc| {
+                let app = super::ui::App::new(cc, opts, outcome).map_err(|e| e.to_string())?;
+                Ok(Box::new(app))
+            }),
+        )
+        .await
+        .map_err(|e| format!("the page could not start WebGPU drawing: {}", js_text(&e)))
+}
+
+fn has_webgpu() -> bool {
+    web_sys::window()
+        .and_then(|w| js_sys::Reflect::get(&w.navigator(), &"gpu".into()).ok())
+        .is_some_and(|g| !g.is_undefined() && !g.is_null())
+}
+
+fn document() -> Result<web_sys::Document, String> {
+    web_sys::window()
+        .and_then(|w| w.document())
+        .ok_or_else(|| "no document".to_string())
+}
+
+fn set_text(id: &str, text: &str) {
+    if let Some(el) = document().ok().and_then(|d| d.get_element_by_id(id)) {
+        el.set_text_content(Some(text));
+    }
+}
+
+/// A JS error as text.
+fn js_text(v: &JsValue) -> String {
+    v.as_string()
+        .or_else(|| {
+            v.dyn_ref::<js_sys::Error>()
+                .map(|e| String::from(e.message()))
+        })
+        .unwrap_or_else(|| format!("{v:?}"))
+}
+
+/// The app's options from the page address (see the module docs).
+fn options_from_address() -> AppOptions {
+    let query = web_sys::window()
+        .and_then(|w| w.location().search().ok())
+        .unwrap_or_default();
+    let params = web_sys::UrlSearchParams::new_with_str(&query).ok();
+    let get = |k: &str| params.as_ref().and_then(|p| p.get(k));
+    let flag = |k: &str| get(k).is_some_and(|v| v != "0" && v != "false");
+    let mut settings = AppSettings {
+        n_parallel: 1,
+        ..AppSettings::default()
+    };
+    if let Some(v) = get("c").and_then(|v| v.parse().ok()) {
+        settings.n_ctx = v;
+    }
+    if let Some(v) = get("np").and_then(|v| v.parse().ok()) {
+        settings.n_parallel = v;
+    }
+    if let Some(v) = get("n").and_then(|v| v.parse().ok()) {
+        settings.n_predict = v;
+    }
+    if let Some(v) = get("temp").and_then(|v| v.parse().ok()) {
+        settings.sampling.temp = v;
+    }
+    if let Some(v) = get("seed").and_then(|v| v.parse().ok()) {
+        settings.sampling.seed = v;
+    }
+    let prompt = get("prompt");
+    AppOptions {
+        model: get("model").map(PathBuf::from),
+        model_dirs: Vec::new(),
+        gpu: GpuOptions {
+            no_subgroups: flag("no_subgroups"),
+            no_f16: flag("no_f16"),
+            ..GpuOptions::default()
+        },
+        tune: crate::tune::TuneOptions::default(),
+        settings,
+        drive: prompt.is_some(),
+        prompt,
+        raw: flag("raw"),
+        screenshot: None,
+        timeout: web_time::Duration::from_secs(
+            get("timeout").and_then(|v| v.parse().ok()).unwrap_or(1800),
+        ),
+        window_size: [1280.0, 800.0],
+    }
+}
+
+/// The drive's end on a page: the report (or the error) as JSON in `#wgllm-result`.
+pub(super) fn publish(report: &DriveReport, error: Option<&str>) {
+    let stores: Vec<serde_json::Value> = report
+        .stores
+        .iter()
+        .map(|(name, used, size, moved)| {
+            serde_json::json!({"name": name, "used": used, "cells": size, "moved": moved})
+        })
+        .collect();
+    let json = serde_json::json!({
+        "ok": error.is_none(),
+        "error": error,
+        "reply": report.reply,
+        "prompt_tokens": report.prompt_tokens,
+        "prompt_tps": report.prompt_tps,
+        "eval_tokens": report.eval_tokens,
+        "eval_tps": report.eval_tps,
+        "stores": stores,
+    });
+    set_text("wgllm-result", &json.to_string());
+}
+
+/// Resolves after `ms` milliseconds (0: at the page's next turn), letting the page draw.
+pub async fn sleep_ms(ms: i32) {
+    let promise = js_sys::Promise::new(&mut |resolve, _| {
+        if let Some(w) = web_sys::window() {
+            let _ = w.set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, ms);
+        }
+    });
+    let _ = JsFuture::from(promise).await;
+}
+
+/// A clear refusal for a model the page cannot hold.
+fn check_fits(what: &str, bytes: u64) -> Result<(), String> {
+    if bytes > MAX_MODEL_BYTES {
+        return Err(format!(
+            "{what} is {:.2} GiB: a page addresses at most 4 GiB (wasm32) and holds the file there while uploading it, so files over {:.1} GiB cannot load in a browser; pick a smaller model or quantization, or run it with the native `wgllm`",
+            bytes as f64 / (1u64 << 30) as f64,
+            MAX_MODEL_BYTES as f64 / (1u64 << 30) as f64
+        ));
+    }
+    Ok(())
+}
+
+/// An empty buffer with room for `bytes`, or a clear error when the page gets no more
+/// memory.
+fn buffer_for(what: &str, bytes: u64) -> Result<Vec<u8>, String> {
+    check_fits(what, bytes)?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(bytes as usize).map_err(|_| {
+        format!(
+            "the page could not get {} MiB of memory for {what} (the browser refused it): close other tabs, or pick a smaller model",
+            bytes >> 20
+        )
+    })?;
+    Ok(buf)
+}
+
+/// Downloads `url` into memory, chunk by chunk straight into one buffer.
+pub async fn fetch_bytes(url: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<u8>, String> {
+    let window = web_sys::window().ok_or("no window")?;
+    let fail = |e: JsValue| format!("downloading {url}: {}", js_text(&e));
+    let resp: web_sys::Response = JsFuture::from(window.fetch_with_str(url))
+        .await
+        .map_err(fail)?
+        .dyn_into()
+        .map_err(fail)?;
+    if !resp.ok() {
+        return Err(format!(
+            "downloading {url}: HTTP {} {}",
+            resp.status(),
+            resp.status_text()
+        ));
+    }
+    let total: Option<u64> = resp
+        .headers()
+        .get("content-length")
+        .ok()
+        .flatten()
+        .and_then(|v| v.parse().ok());
+    let mut buf = buffer_for(url, total.unwrap_or(0))?;
+    let body = resp
+        .body()
+        .ok_or_else(|| format!("downloading {url}: no body"))?;
+    // A stream's default reader (no mode asked for) is a ReadableStreamDefaultReader.
+    let reader: web_sys::ReadableStreamDefaultReader = body.get_reader().unchecked_into();
+    loop {
+        let next = JsFuture::from(reader.read()).await.map_err(fail)?;
+        let done = js_sys::Reflect::get(&next, &"done".into())
+            .map_err(fail)?
+            .as_bool()
+            .unwrap_or(true);
+        if done {
+            break;
+        }
+        let chunk: js_sys::Uint8Array = js_sys::Reflect::get(&next, &"value".into())
+            .map_err(fail)?
+            .dyn_into()
+            .map_err(fail)?;
+        let (old, n) = (buf.len(), chunk.length() as usize);
+        check_fits(url, (old + n) as u64)?;
+        buf.try_reserve(n)
+            .map_err(|_| format!("the page ran out of memory at {} MiB of {url}", old >> 20))?;
+        buf.resize(old + n, 0);
+        chunk.copy_to(&mut buf[old..]);
+        progress(buf.len() as u64, total.unwrap_or(buf.len() as u64));
+    }
+    Ok(buf)
+}
+
+/// Reads a picked file into memory, 16 MiB at a time straight into one buffer.
+pub async fn read_file(
+    file: &web_sys::File,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<u8>, String> {
+    let name = file.name();
+    let total = file.size() as u64;
+    let mut buf = buffer_for(&name, total)?;
+    buf.resize(total as usize, 0);
+    let fail = |e: JsValue| format!("reading {name}: {}", js_text(&e));
+    let mut at = 0f64;
+    while (at as u64) < total {
+        let end = (at + FILE_CHUNK).min(total as f64);
+        let blob = file.slice_with_f64_and_f64(at, end).map_err(fail)?;
+        let ab = JsFuture::from(blob.array_buffer()).await.map_err(fail)?;
+        let chunk = js_sys::Uint8Array::new(&ab);
+        chunk.copy_to(&mut buf[at as usize..end as usize]);
+        at = end;
+        progress(at as u64, total);
+    }
+    Ok(buf)
+}
+
+/// Opens the browser's file picker for `.gguf` files; the picked file is put in `into`.
+/// (A picker needs a recent user gesture: call it from a button's click.)
+pub(super) fn pick_file(into: Rc<RefCell<Option<web_sys::File>>>, wake: egui::Context) {
+    let Ok(doc) = document() else {
+        return;
+    };
+    let Some(input) = doc
+        .create_element("input")
+        .ok()
+        .and_then(|e| e.dyn_into::<web_sys::HtmlInputElement>().ok())
+    else {
+        return;
+    };
+    input.set_type("file");
+    input.set_accept(".gguf");
+    let picked = input.clone();
+    let on_change = wasm_bindgen::closure::Closure::once_into_js(move || {
+        if let Some(f) = picked.files().and_then(|l| l.get(0)) {
+            *into.borrow_mut() = Some(f);
+            wake.request_repaint();
+        }
+    });
+    input.set_onchange(Some(on_change.unchecked_ref()));
+    input.click();
+}
