@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the browser page — the wgllm app compiled for wasm32, drawn and computed with
-# WebGPU — into target/web, and serves it on localhost with the test model beside it.
+# WebGPU — into target/web-page, and serves it on localhost with the test model beside it.
 #   scripts/web.sh               build, fetch SmolLM2, serve on http://127.0.0.1:${PORT:-8080}
 #   scripts/web.sh --build-only  build only (tests/browser.rs serves the page itself)
 # Needs: rustup's wasm32-unknown-unknown target and wasm-bindgen-cli at the version in
@@ -23,7 +23,7 @@ if [ "$have" != "$want" ]; then
 fi
 
 cargo build --profile web --target wasm32-unknown-unknown --bin wgllm >&2
-out=target/web
+out=target/web-page  # not target/web: that is cargo's folder for the `web` profile
 mkdir -p "$out"
 wasm-bindgen --target web --no-typescript --out-dir "$out" \
   target/wasm32-unknown-unknown/web/wgllm.wasm

@@ -1,5 +1,5 @@
 //! The browser page, end to end: the page `scripts/web.sh --build-only` builds into
-//! target/web (the app compiled for wasm32) is served here on 127.0.0.1 with the SmolLM2
+//! target/web-page (the app compiled for wasm32) is served here on 127.0.0.1 with the SmolLM2
 //! test model, and headless Chromium runs it on SwiftShader's WebGPU (no shader-f16: the
 //! page takes the portable kernels). Driven by its address, the page downloads the model
 //! with progress, uploads it, continues llama.cpp's smol-chat prompt at temperature 0 and
@@ -25,7 +25,7 @@ const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const TIMEOUT: Duration = Duration::from_secs(900);
 
 fn page_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/web");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/web-page");
     assert!(
         dir.join("wgllm_bg.wasm").exists() && dir.join("index.html").exists(),
         "the page is not built in {}: run scripts/web.sh --build-only (scripts/test.sh does)",

@@ -2,7 +2,8 @@
 //! canvas through WebGPU, with the engine as an async task on the page's event loop.
 //!
 //! What the desktop gets from its flags the page gets from its address:
-//! `?model=URL&prompt=TEXT&raw=1&temp=0&n=48&c=1024&np=1&seed=N&no_subgroups=1`. With a
+//! `?model=URL&prompt=TEXT&raw=1&temp=0&n=48&c=1024&np=1&seed=N&no_subgroups=1&no_f16=1`,
+//! `kernels=cpu|gpu` and the `WGLLM_*` tuning variables by name. With a
 //! `prompt`, the page drives itself as `wgllm app --screenshot` does: it loads the
 //! model, sends the prompt, and when the reply has ended writes a JSON report into the
 //! page's `#wgllm-result` element (tests read it there and screenshot the page).
@@ -13,7 +14,7 @@
 //! reading starts.
 
 use super::{AppOptions, AppSettings, DriveReport, Outcome};
-use crate::gpu::GpuOptions;
+use crate::gpu::{GpuOptions, KernelShape, KernelTuning};
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -130,12 +131,38 @@ fn options_from_address() -> AppOptions {
         settings.sampling.seed = v;
     }
     let prompt = get("prompt");
+    // Kernel choices as the CLI takes them: `kernels=cpu|gpu` (--kernels) and the
+    // `WGLLM_*` tuning variables by their own names. A page runs no tuner.
+    let mut bad = Vec::new();
+    let kernels = match get("kernels").map(|k| k.parse::<KernelShape>()) {
+        Some(Ok(k)) => k,
+        Some(Err(e)) => {
+            bad.push(format!("kernels: {e}"));
+            KernelShape::Auto
+        }
+        None => KernelShape::Auto,
+    };
+    let tuning = KernelTuning::from_lookup(|var| get(var)).unwrap_or_else(|e| {
+        bad.push(e.to_string());
+        KernelTuning::default()
+    });
+    if !bad.is_empty() {
+        set_text(
+            "wgllm-error",
+            &format!(
+                "the page's address asks for what cannot be: {}",
+                bad.join("; ")
+            ),
+        );
+    }
     AppOptions {
         model: get("model").map(PathBuf::from),
         model_dirs: Vec::new(),
         gpu: GpuOptions {
             no_subgroups: flag("no_subgroups"),
             no_f16: flag("no_f16"),
+            kernels,
+            tuning,
             ..GpuOptions::default()
         },
         tune: crate::tune::TuneOptions::default(),
@@ -209,8 +236,24 @@ fn buffer_for(what: &str, bytes: u64) -> Result<Vec<u8>, String> {
     Ok(buf)
 }
 
+/// The bytes of a model from a URL or a picked file (a page has no paths).
+pub(super) async fn read_model(
+    source: &super::worker::ModelSource,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<u8>, String> {
+    use super::worker::ModelSource;
+    match source {
+        ModelSource::Url(url) => fetch_bytes(url, progress).await,
+        ModelSource::File(file) => read_file(file, progress).await,
+        ModelSource::Path(p) => Err(format!(
+            "{}: a page cannot open paths; give a URL or pick a file",
+            p.display()
+        )),
+    }
+}
+
 /// Downloads `url` into memory, chunk by chunk straight into one buffer.
-pub async fn fetch_bytes(url: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<u8>, String> {
+async fn fetch_bytes(url: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<u8>, String> {
     let window = web_sys::window().ok_or("no window")?;
     let fail = |e: JsValue| format!("downloading {url}: {}", js_text(&e));
     let resp: web_sys::Response = JsFuture::from(window.fetch_with_str(url))
@@ -262,7 +305,7 @@ pub async fn fetch_bytes(url: &str, progress: &mut dyn FnMut(u64, u64)) -> Resul
 }
 
 /// Reads a picked file into memory, 16 MiB at a time straight into one buffer.
-pub async fn read_file(
+async fn read_file(
     file: &web_sys::File,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Vec<u8>, String> {

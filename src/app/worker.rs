@@ -260,31 +260,21 @@ impl Worker {
             }
         };
         let loaded = match source {
+            #[cfg(not(target_arch = "wasm32"))]
             ModelSource::Path(path) => {
-                #[cfg(not(target_arch = "wasm32"))]
-                let r = Engine::load_file_on(self.gpu.clone(), &path, opts, &mut |d, t| {
+                Engine::load_file_on(self.gpu.clone(), &path, opts, &mut |d, t| {
                     report("uploading", d, t)
-                });
-                #[cfg(target_arch = "wasm32")]
-                let r = Err(crate::engine::EngineError::MissingFile(format!(
-                    "{}: a page cannot open paths; give a URL or pick a file",
-                    path.display()
-                )));
-                r
-            }
-            #[cfg(target_arch = "wasm32")]
-            ModelSource::Url(url) => {
-                let read = super::web::fetch_bytes(&url, &mut |d, t| {
-                    report("downloading", d, t);
-                    (self.wake)();
                 })
-                .await;
-                self.load_bytes(&name, read, opts, &mut report).await
             }
+            // A page's download or picked file, read into memory first.
             #[cfg(target_arch = "wasm32")]
-            ModelSource::File(file) => {
-                let read = super::web::read_file(&file, &mut |d, t| {
-                    report("reading", d, t);
+            remote => {
+                let verb = match remote {
+                    ModelSource::Url(_) => "downloading",
+                    _ => "reading",
+                };
+                let read = super::web::read_model(&remote, &mut |d, t| {
+                    report(verb, d, t);
                     (self.wake)();
                 })
                 .await;
