@@ -10,8 +10,8 @@
 //!
 //! Memory: a page's wasm32 heap is at most 4 GiB and the model file is read into it
 //! once (downloaded or picked file, chunk by chunk straight into one buffer) and then
-//! uploaded to the GPU tensor by tensor; files that cannot fit are refused before any
-//! reading starts.
+//! uploaded to the GPU tensor by tensor. One buffer on wasm32 stops short of 2 GiB
+//! (`isize::MAX`), so larger files are refused before any reading starts.
 
 use super::{AppOptions, AppSettings, DriveReport, Outcome};
 use crate::gpu::{GpuOptions, KernelShape, KernelTuning};
@@ -22,9 +22,10 @@ use std::sync::{Arc, Mutex};
 use wasm_bindgen::{JsCast, JsValue};
 use wasm_bindgen_futures::JsFuture;
 
-/// The largest model file a page takes: the 4 GiB a wasm32 page can address, less room
-/// for the engine, the tokenizer and the upload's staging copies.
-pub const MAX_MODEL_BYTES: u64 = (4 << 30) - (512 << 20);
+/// The largest model file a page takes. The file is held in one buffer, and on wasm32
+/// no Rust allocation may exceed `isize::MAX` (2 GiB - 1 byte), whatever the 4 GiB the
+/// page could address in all; 1 MiB is left for the allocator's own bookkeeping.
+pub const MAX_MODEL_BYTES: u64 = (2 << 30) - (1 << 20);
 
 /// Bytes read from a picked file at a time.
 const FILE_CHUNK: f64 = (16 << 20) as f64;
@@ -214,9 +215,9 @@ pub async fn sleep_ms(ms: i32) {
 fn check_fits(what: &str, bytes: u64) -> Result<(), String> {
     if bytes > MAX_MODEL_BYTES {
         return Err(format!(
-            "{what} is {:.2} GiB: a page addresses at most 4 GiB (wasm32) and holds the file there while uploading it, so files over {:.1} GiB cannot load in a browser; pick a smaller model or quantization, or run it with the native `wgllm`",
+            "{what} is {:.2} GiB: a page holds the file in one buffer of its 32-bit memory while uploading it, and such a buffer stops short of 2 GiB, so files over {} MiB cannot load in a browser; pick a smaller model or quantization, or run it with the native `wgllm`",
             bytes as f64 / (1u64 << 30) as f64,
-            MAX_MODEL_BYTES as f64 / (1u64 << 30) as f64
+            MAX_MODEL_BYTES >> 20
         ));
     }
     Ok(())
