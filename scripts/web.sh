@@ -9,16 +9,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 serve=1
-[ "${1:-}" = "--build-only" ] && serve=0
+case "${1:-}" in
+  "") ;;
+  --build-only) serve=0 ;;
+  *) echo "usage: scripts/web.sh [--build-only]" >&2; exit 2 ;;
+esac
 
 if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
   rustup target add wasm32-unknown-unknown >&2
 fi
 # wasm-bindgen's CLI must be the exact version of the crate the build links.
 want=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)
+if [ -z "$want" ]; then
+  echo "error: no wasm-bindgen in Cargo.lock; run 'cargo generate-lockfile' (or a build) first" >&2
+  exit 1
+fi
 have=$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }' || true)
 if [ "$have" != "$want" ]; then
   echo "installing wasm-bindgen-cli $want (found: ${have:-none})..." >&2
+  # Not --locked: its lock names a webpki-roots release some registry mirrors lack.
   cargo install wasm-bindgen-cli --version "$want" >&2
 fi
 

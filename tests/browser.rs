@@ -99,6 +99,10 @@ struct Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        // The whole process group: the GPU, renderer and zygote processes too.
+        let _ = Command::new("kill")
+            .args(["-KILL", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
@@ -128,7 +132,9 @@ impl Browser {
         let profile = std::env::temp_dir().join(format!("wgllm-chromium-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&profile);
         std::fs::create_dir_all(&profile).unwrap();
+        use std::os::unix::process::CommandExt;
         let child = Command::new(chromium())
+            .process_group(0)
             .args([
                 "--headless=new",
                 "--no-sandbox",
@@ -157,14 +163,17 @@ impl Browser {
             .spawn()
             .expect("starting Chromium");
         let browser = Browser { child, profile };
-        // Chromium writes the port it listens on into the profile.
+        // Chromium writes the port it listens on into the profile (port, then its
+        // WebSocket path: a file with both lines is whole).
         let port_file = browser.profile.join("DevToolsActivePort");
         let start = Instant::now();
         let port = loop {
-            if let Some(p) = std::fs::read_to_string(&port_file)
-                .ok()
-                .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()))
-            {
+            if let Some(p) = std::fs::read_to_string(&port_file).ok().and_then(|s| {
+                let lines: Vec<&str> = s.lines().collect();
+                (lines.len() >= 2)
+                    .then(|| lines[0].trim().parse().ok())
+                    .flatten()
+            }) {
                 break p;
             }
             assert!(
@@ -234,6 +243,10 @@ impl Page {
             std::thread::sleep(Duration::from_millis(200));
         };
         let (ws, _) = tungstenite::connect(ws_url.as_str()).expect("DevTools WebSocket");
+        // A hung browser fails the test instead of hanging it.
+        if let tungstenite::stream::MaybeTlsStream::Plain(s) = ws.get_ref() {
+            s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        }
         let mut page = Page {
             ws,
             next_id: 1,
@@ -258,7 +271,12 @@ impl Page {
             .send(tungstenite::Message::text(msg.to_string()))
             .expect("DevTools send");
         loop {
-            let m = self.ws.read().expect("DevTools read");
+            let m = self.ws.read().unwrap_or_else(|e| {
+                panic!(
+                    "{method}: no answer from Chromium ({e})\nconsole:\n{}",
+                    self.console.join("\n")
+                )
+            });
             let Ok(text) = m.to_text() else { continue };
             let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
             if v["id"] == id {
@@ -279,6 +297,10 @@ impl Page {
                         .collect();
                     self.console.push(line.join(" "));
                 }
+                Some("Inspector.targetCrashed") | Some("Inspector.detached") => panic!(
+                    "the page's renderer went away ({text})\nconsole:\n{}",
+                    self.console.join("\n")
+                ),
                 Some("Runtime.exceptionThrown") => self
                     .console
                     .push(format!("exception: {}", v["params"]["exceptionDetails"])),

@@ -88,6 +88,9 @@ pub struct App {
     /// A file the page's picker returned, to load at the next frame.
     #[cfg(target_arch = "wasm32")]
     picked: std::rc::Rc<std::cell::RefCell<Option<web_sys::File>>>,
+    /// The last picked file: Load reads it again while the model field names it.
+    #[cfg(target_arch = "wasm32")]
+    picked_file: Option<web_sys::File>,
 }
 
 /// `.gguf` files in `dirs` (not recursive), sorted.
@@ -161,6 +164,8 @@ impl App {
             opts,
             #[cfg(target_arch = "wasm32")]
             picked: Default::default(),
+            #[cfg(target_arch = "wasm32")]
+            picked_file: None,
         };
         if app.opts.model.is_some() {
             app.start_load();
@@ -182,7 +187,10 @@ impl App {
         #[cfg(not(target_arch = "wasm32"))]
         let source = ModelSource::Path(PathBuf::from(text));
         #[cfg(target_arch = "wasm32")]
-        let source = ModelSource::Url(text);
+        let source = match &self.picked_file {
+            Some(f) if f.name() == text => ModelSource::File(f.clone()),
+            _ => ModelSource::Url(text),
+        };
         self.load_from(source);
     }
 
@@ -510,11 +518,11 @@ impl App {
                         0.0
                     };
                     ui.label(*what);
-                    ui.add(egui::ProgressBar::new(f).desired_width(240.0).text(format!(
-                        "{} / {} MiB",
-                        done >> 20,
-                        total >> 20
-                    )));
+                    let text = match total {
+                        0 => format!("{} MiB", done >> 20),
+                        t => format!("{} / {} MiB", done >> 20, t >> 20),
+                    };
+                    ui.add(egui::ProgressBar::new(f).desired_width(240.0).text(text));
                 }
                 Load::Loaded(m) => {
                     ui.label(format!(
@@ -806,6 +814,7 @@ impl eframe::App for App {
         #[cfg(target_arch = "wasm32")]
         if let Some(f) = picked {
             self.model_path = f.name();
+            self.picked_file = Some(f.clone());
             self.load_from(ModelSource::File(f));
         }
         let ctx = ui.ctx().clone();

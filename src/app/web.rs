@@ -131,7 +131,7 @@ fn options_from_address() -> AppOptions {
     if let Some(v) = get("seed").and_then(|v| v.parse().ok()) {
         settings.sampling.seed = v;
     }
-    let prompt = get("prompt");
+    let prompt = get("prompt").filter(|p| !p.trim().is_empty());
     // Kernel choices as the CLI takes them: `kernels=cpu|gpu` (--kernels) and the
     // `WGLLM_*` tuning variables by their own names. A page runs no tuner.
     let mut bad = Vec::new();
@@ -296,11 +296,19 @@ async fn fetch_bytes(url: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<Ve
             .map_err(fail)?;
         let (old, n) = (buf.len(), chunk.length() as usize);
         check_fits(url, (old + n) as u64)?;
-        buf.try_reserve(n)
-            .map_err(|_| format!("the page ran out of memory at {} MiB of {url}", old >> 20))?;
+        if old + n > buf.capacity() {
+            // Without a (right) length: double, but never past what one buffer may hold
+            // (`try_reserve`'s own doubling would ask for 2 GiB once past 1 GiB).
+            let want = (old + n)
+                .max(buf.capacity() * 2)
+                .min(MAX_MODEL_BYTES as usize);
+            buf.try_reserve_exact(want - old)
+                .map_err(|_| format!("the page ran out of memory at {} MiB of {url}", old >> 20))?;
+        }
         buf.resize(old + n, 0);
         chunk.copy_to(&mut buf[old..]);
-        progress(buf.len() as u64, total.unwrap_or(buf.len() as u64));
+        // An unknown total is 0: the window shows the MiB read so far.
+        progress(buf.len() as u64, total.unwrap_or(0));
     }
     Ok(buf)
 }

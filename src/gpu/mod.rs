@@ -78,7 +78,9 @@ impl Gpu {
     /// Runs `work` inside out-of-memory and validation error scopes and awaits their
     /// answers: the way a browser reports what went wrong on the GPU (natively the
     /// checks inside `work` have caught it already). An error the scopes caught fails
-    /// the work, whatever it returned.
+    /// the work, whatever it returned. In a page the window draws on the same device
+    /// while `work` awaits its readbacks, so an error of the window's own would be
+    /// reported here too (the window makes none in normal operation).
     pub async fn scoped<T, E: From<GpuError>>(
         &self,
         work: impl std::future::Future<Output = Result<T, E>>,
@@ -86,8 +88,11 @@ impl Gpu {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let invalid = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let r = work.await;
-        let invalid = invalid.pop().await;
-        if oom.pop().await.is_some() {
+        // Both answers asked for at once: in a page the scope stack is shared with the
+        // window's drawing, which runs whenever this task awaits.
+        let (invalid, oom) = (invalid.pop(), oom.pop());
+        let (invalid, oom) = (invalid.await, oom.await);
+        if oom.is_some() {
             return Err(GpuError::OutOfMemory {
                 what: "buffers".into(),
                 bytes: self.allocated_bytes(),
