@@ -99,14 +99,41 @@ struct Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // The whole process group: the GPU, renderer and zygote processes too.
-        let _ = Command::new("kill")
-            .args(["-KILL", &format!("-{}", self.child.id())])
-            .status();
+        // The whole process group: the GPU, renderer and zygote processes too. Each by
+        // its own (positive) pid: procps' `kill -KILL -PGID` can read the group as a
+        // signal and fall back to -1, every process the user may signal.
+        let group = self.child.id();
+        for pid in process_group(group) {
+            if pid != group {
+                let _ = Command::new("kill")
+                    .args(["-s", "KILL", "--", &pid.to_string()])
+                    .status();
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.profile);
     }
+}
+
+/// The processes of process group `pgid`, from /proc (the group id is the fifth field
+/// of /proc/PID/stat, after the command name in parentheses).
+fn process_group(pgid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = &s[s.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(2)?.parse::<u32>().ok()
+                })
+                == Some(pgid)
+        })
+        .collect()
 }
 
 fn chromium() -> String {
