@@ -155,11 +155,31 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
         let (f, tokenizer) = Self::open_file(path)?;
-        let tuned = crate::tune::retune_device(&gpu, &opts.gpu, &opts.tune, &f)?;
-        if let Some(e) = &tuned.entry {
-            log_tuned(e, tuned.measured, 1);
+        let gpu = Self::tuned_device(gpu, &f, opts)?;
+        Self::load_opened(start, gpu, &f, tokenizer, opts, progress)
+    }
+
+    /// The caller's device with the kernels [`crate::tune`] chose for this model on it
+    /// (measured at first use, then cached); a page runs no tuner and keeps the built-in
+    /// choice for the adapter.
+    fn tuned_device(
+        gpu: Arc<Gpu>,
+        f: &GgufFile,
+        opts: &EngineOptions,
+    ) -> Result<Arc<Gpu>, EngineError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let tuned = crate::tune::retune_device(&gpu, &opts.gpu, &opts.tune, f)?;
+            if let Some(e) = &tuned.entry {
+                log_tuned(e, tuned.measured, 1);
+            }
+            Ok(tuned.gpu)
         }
-        Self::load_opened(start, tuned.gpu, &f, tokenizer, opts, progress)
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (f, opts);
+            Ok(gpu)
+        }
     }
 
     /// [`Engine::load_file_on`] for a file already read into memory (a browser page's
@@ -175,14 +195,7 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
         let (f, tokenizer) = Self::check_file(GgufFile::from_bytes(name, bytes)?)?;
-        #[cfg(not(target_arch = "wasm32"))]
-        let gpu = {
-            let tuned = crate::tune::retune_device(&gpu, &opts.gpu, &opts.tune, &f)?;
-            if let Some(e) = &tuned.entry {
-                log_tuned(e, tuned.measured, 1);
-            }
-            tuned.gpu
-        };
+        let gpu = Self::tuned_device(gpu, &f, opts)?;
         Self::load_opened(start, gpu, &f, tokenizer, opts, progress)
     }
 
