@@ -1,8 +1,12 @@
 // dst[t][row] = dot(W[row], x[t]) for a weight matrix W in a GPU block layout (the
-// quant_*.wgsl snippet in front of this file defines QK, WPB and load_block).
+// quant_*.wgsl snippet in front of this file defines QK, HW, BW and load_block).
 // One invocation owns R consecutive weight rows and TB tokens: each weight block is
 // dequantized once and used TB times, each block of x is loaded once and used R times.
 // This "rows per invocation, no barriers" shape is what CPU-like adapters run fastest.
+// A block's body comes in whole vec4 loads (its head through a second binding of the same
+// buffer, as words): lavapipe (Mesa's llvmpipe) runs every storage load as a loop over
+// the SIMD lanes, so the number of loads, not their width, is what a row costs there
+// (Q8_0: 3 loads a block instead of 9; Gemma-3's Q8_0 matmuls took 37 ms a token, not 59).
 // STORE writes the accumulators: plainly, or through the fused GLU epilogue, where the
 // weight's rows are interleaved (gate, up) pairs and act(gate) * up is written (R even).
 
@@ -12,9 +16,24 @@ const WB_SLOTS: u32 = R;
 
 // `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+// The weight buffer again, as words, for the block heads (bound only for types with heads:
+// an unused binding would not be in the pipeline's layout).
+@group(0) @binding(4) var<storage, read> w: array<u32>;
+
+// The body of the block being dequantized, loaded whole; `bw` reads it (the snippet's
+// `deq_elem` and `load_quarter`, which read bodies anywhere, are not used here).
+var<private> bv: array<vec4<u32>, BW / 4u>;
+
+fn hw(i: u32) -> u32 {
+    return w[i];
+}
+
+fn bw(b: u32, i: u32) -> u32 {
+    return bv[i / 4u][i % 4u];
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -38,7 +57,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var sc: array<vec4<f32>, R>;
     for (var b = 0u; b < nb; b++) {
         for (var r = 0u; r < R; r++) {
-            sc[r] = load_block(rbase[r] + b * WPB, r);
+            let blk_r = blk(rbase[r], nb, b);
+            for (var v = 0u; v < BW / 4u; v++) {
+                bv[v] = wq[blk_r.b / 4u + v];
+            }
+            sc[r] = load_block(blk_r, r);
         }
         for (var t = 0u; t < TB; t++) {
             if (t < ntb) {

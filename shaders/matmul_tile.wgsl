@@ -16,6 +16,15 @@ const WB_SLOTS: u32 = 1u;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
+// How the weight snippet reads words (see quant_common.wgsl): straight from the binding.
+fn hw(i: u32) -> u32 {
+    return w[i];
+}
+
+fn bw(b: u32, i: u32) -> u32 {
+    return w[b + i];
+}
+
 // [k4][row] and [k4][token]: invocations with consecutive tx (ty) read consecutive vec4s.
 var<workgroup> ws: array<vec4<f32>, 8u * BM>;
 var<workgroup> xs: array<vec4<f32>, 8u * BN>;
@@ -34,7 +43,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             // Rows past the end re-read the last row; their results are not stored.
             let r = e / 4u;
             let row = min(row0 + r, p.n_rows - 1u);
-            let v = load_quarter(row * p.row_words + b * WPB, e % 4u);
+            let v = load_quarter(blk(row * p.row_words, nb, b), e % 4u);
             ws[v.ia * BM + r] = v.a;
             ws[v.ib * BM + r] = v.b;
         }

@@ -19,6 +19,15 @@ const WB_SLOTS: u32 = 1u;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
+// How the weight snippet reads words (see quant_common.wgsl): straight from the binding.
+fn hw(i: u32) -> u32 {
+    return w[i];
+}
+
+fn bw(b: u32, i: u32) -> u32 {
+    return w[b + i];
+}
+
 var<workgroup> red: array<f32, 256u * TB>;
 {{DECL}}
 
@@ -37,10 +46,11 @@ fn main(
     // Rows past the end read the last row (every invocation must reach the barriers).
     let rbase = min(row, p.n_rows - 1u) * p.row_words;
     var acc: array<f32, TB>;
-    let nq = (p.k / QK) * 4u;
+    let nb = p.k / QK;
+    let nq = nb * 4u;
     for (var e = sl; e < nq; e += TPR) {
         let b = e / 4u;
-        let v = load_quarter(rbase + b * WPB, e % 4u);
+        let v = load_quarter(blk(rbase, nb, b), e % 4u);
         for (var t = 0u; t < TB; t++) {
             let xo = min(t0 + t, p.n_tok - 1u) * k4 + b * 8u;
             acc[t] += dot(v.a, x[xo + v.ia]) + dot(v.b, x[xo + v.ib]);

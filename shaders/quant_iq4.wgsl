@@ -1,5 +1,5 @@
 // Body shared by the non-linear 4-bit formats (IQ4_NL, IQ4_XS), after a header that sets
-// QK, WPB and `iq4_d(base)`, the block's scale. Words 1..4 of a block are its nibbles
+// QK, HW (1), BW (4) and `iq4_d(h)`, the block's scale from its head. The body's 4 words are its nibbles
 // (byte j: weight j in the low nibble, weight j + 16 in the high one), each an index into
 // the 16 levels below; x = d level.
 
@@ -18,28 +18,28 @@ fn iq4(v: u32, shift: u32) -> vec4<f32> {
     return vec4<f32>(iq4_level(n.x), iq4_level(n.y), iq4_level(n.z), iq4_level(n.w));
 }
 
-fn load_block(base: u32, slot: u32) -> vec4<f32> {
+fn load_block(k: Blk, slot: u32) -> vec4<f32> {
     let o8 = slot * 8u;
     for (var i = 0u; i < 4u; i++) {
-        let q = w[base + 1u + i];
+        let q = bw(k.b, i);
         wb[o8 + i] = iq4(q, 0u);
         wb[o8 + i + 4u] = iq4(q, 4u);
     }
-    let d = iq4_d(base);
+    let d = iq4_d(k.h);
     return vec4<f32>(d, 0.0, d, 0.0);
 }
 
-fn deq_elem(row_base: u32, j: u32) -> f32 {
-    let base = row_base + (j / 32u) * WPB;
-    let k = j % 32u;
-    let byte = (w[base + 1u + (k % 16u) / 4u] >> (8u * (k % 4u))) & 0xFFu;
-    return iq4_level(select(byte & 15u, byte >> 4u, k >= 16u)) * iq4_d(base);
+fn deq_elem(row: u32, nb: u32, j: u32) -> f32 {
+    let k = blk(row, nb, j / 32u);
+    let e = j % 32u;
+    let byte = (bw(k.b, (e % 16u) / 4u) >> (8u * (e % 4u))) & 0xFFu;
+    return iq4_level(select(byte & 15u, byte >> 4u, e >= 16u)) * iq4_d(k.h);
 }
 
 // A quarter block (nibble word q): its 8 weights, which land in wb slots q (low nibbles)
 // and q + 4 (high nibbles).
-fn load_quarter(base: u32, q: u32) -> Quarter {
-    let d = iq4_d(base);
-    let v = w[base + 1u + q];
+fn load_quarter(k: Blk, q: u32) -> Quarter {
+    let d = iq4_d(k.h);
+    let v = bw(k.b, q);
     return Quarter(iq4(v, 0u) * d, iq4(v, 4u) * d, q, q + 4u);
 }

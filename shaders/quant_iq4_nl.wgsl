@@ -1,7 +1,8 @@
-// IQ4_NL, GPU layout of 5 words per 32 weights: [d (f16, low half)] [qs: 4 words].
+// IQ4_NL: head [d (f16, low half)], body [qs: 4 words].
 const QK: u32 = 32u;
-const WPB: u32 = 5u;
+const HW: u32 = 1u;
+const BW: u32 = 4u;
 
-fn iq4_d(base: u32) -> f32 {
-    return unpack2x16float(w[base]).x;
+fn iq4_d(h: u32) -> f32 {
+    return unpack2x16float(hw(h)).x;
 }

@@ -1,8 +1,9 @@
-// IQ4_XS, one 32-weight sub-block of a 256-weight file block in 5 words:
-// [d (ls - 32) (f32, exact: computed by the repack from the f16 d and 6-bit ls)] [qs: 4 words].
+// IQ4_XS, one 32-weight sub-block of a 256-weight file block: head [d (ls - 32) (f32,
+// exact: computed by the repack from the f16 d and 6-bit ls)], body [qs: 4 words].
 const QK: u32 = 32u;
-const WPB: u32 = 5u;
+const HW: u32 = 1u;
+const BW: u32 = 4u;
 
-fn iq4_d(base: u32) -> f32 {
-    return bitcast<f32>(w[base]);
+fn iq4_d(h: u32) -> f32 {
+    return bitcast<f32>(hw(h));
 }

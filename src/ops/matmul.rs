@@ -192,6 +192,7 @@ fn record_chunks(
         )));
     }
     let pipeline = gpu.pipeline(key)?;
+    let heads = quant::format(w.ty).is_some_and(|f| f.gpu_head_words() > 0);
     let (rows_per_group, tb) = key
         .matmul_block()
         .ok_or_else(|| GpuError::Validation(format!("{key} is not a matmul kernel")))?;
@@ -209,12 +210,19 @@ fn record_chunks(
                 wg_x: gx,
                 ..Default::default()
             };
+            let wv = View::whole(&c.buf);
+            // The CPU-shaped kernel reads block heads through a second binding (4) of the
+            // weights, which only types with heads have.
+            let views: &[&View] = match key {
+                KernelKey::Matmul { .. } if heads => &[&wv, x, dst, &wv],
+                _ => &[&wv, x, dst],
+            };
             record(
                 gpu,
                 "matmul",
                 pipeline.clone(),
                 bytemuck::bytes_of(&params),
-                &[&View::whole(&c.buf), x, dst],
+                views,
                 [gx, gy, n_tok.div_ceil(tb)],
             )
         })

@@ -67,7 +67,7 @@ pub fn fingerprint() -> u64 {
     h
 }
 
-/// The snippet defining QK, WPB, `load_block`, `load_quarter` and `deq_elem` for a weight
+/// The snippet defining QK, HW, BW, `load_block`, `load_quarter` and `deq_elem` for a weight
 /// type, after the shared part.
 pub fn quant_snippet(ty: GgmlType) -> Option<String> {
     // Each weight format owns its snippet (see `crate::gguf::quant` for the contract).

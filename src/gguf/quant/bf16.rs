@@ -16,6 +16,9 @@ impl QuantFormat for BF16 {
     fn gpu_block_words(&self) -> usize {
         16
     }
+    fn gpu_head_words(&self) -> usize {
+        0
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         // A row of odd length ends in half a word; its high half stays zero.
         for pair in row.chunks(4) {

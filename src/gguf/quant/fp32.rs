@@ -15,6 +15,9 @@ impl QuantFormat for F32 {
     fn gpu_block_words(&self) -> usize {
         32
     }
+    fn gpu_head_words(&self) -> usize {
+        0
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         out.extend(row.chunks_exact(4).map(|c| super::word_at(c, 0)));
     }

@@ -10,10 +10,16 @@
 //!   we can make test and synthetic weights of the type.
 //! * **GPU side.** The GPU layout may differ from the file's: [`QuantFormat::repack`] re-lays a
 //!   row out once at upload. It stays quantized (never a dequantized copy). Every kernel reads
-//!   every type the same way: a row is a sequence of *GPU blocks* of [`GPU_BLOCK`] = 32
-//!   elements, each [`QuantFormat::gpu_block_words`] 32-bit words, with every field starting
-//!   on a word boundary (WGSL storage arrays hold 4-byte elements, and unaligned byte fields
-//!   would cost two loads and shifts per field in the innermost loop).
+//!   every type the same way: a row is *GPU blocks* of [`GPU_BLOCK`] = 32 elements, each
+//!   [`QuantFormat::gpu_block_words`] 32-bit words, with every field starting on a word
+//!   boundary (WGSL storage arrays hold 4-byte elements, and unaligned byte fields would cost
+//!   two loads and shifts per field in the innermost loop). A block is a *head* of
+//!   [`QuantFormat::gpu_head_words`] words (scales, offsets, high bits) and a *body* (the
+//!   codes, a multiple of 4 words). [`QuantFormat::repack_rows`] stores each row as all its
+//!   blocks' bodies, then all their heads, padded to whole 16-byte vec4s: every body is then
+//!   whole vec4s, which the CPU-shaped matmul loads as such (lavapipe runs each storage load
+//!   as a loop over its SIMD lanes, so fewer, wider loads are what speeds it up), and on GPUs
+//!   consecutive invocations reading consecutive body words coalesce.
 //! * **Bigger file blocks.** A format whose file block is larger than 32 elements (the
 //!   k-quants and IQ4_XS: 256 elements with packed sub-block scales) repacks each file block
 //!   into `elements / 32` GPU sub-blocks, each carrying its own scale (and min). Kernels then
@@ -27,20 +33,25 @@
 //!   bit (at most the one rounding an FMA saves), at the cost of a word or two per 32
 //!   elements over the file's size (Q4_K: 6 words, Q5_K and Q6_K: 7, Q2_K and Q3_K: 4).
 //! * **WGSL snippet.** [`QuantFormat::wgsl`] is prepended to the matmul and get_rows kernels
-//!   (which declare `w: array<u32>` and `WB_SLOTS`). It defines `QK` (= 32), `WPB` (words per
-//!   GPU block), and reads one GPU block starting at word `base` (formats of one family
-//!   share a body, `concat!`ed after a small header: `quant_q4.wgsl` for Q4_0/Q4_1/Q4_K,
-//!   `quant_q5.wgsl` for Q5_0/Q5_1/Q5_K, `quant_iq4.wgsl` for IQ4_NL/IQ4_XS):
-//!   - `load_block(base, slot) -> vec4<f32>`: the 32 values' codes into
+//!   (which declare `WB_SLOTS` and how words are read: `hw(i)`, head word `i` of the binding,
+//!   and `bw(b, i)`, word `i` of the body starting at word `b`). It defines `QK` (= 32), `HW`
+//!   and `BW` (head and body words per GPU block), and reads one GPU block, located by a
+//!   `Blk` (its head and body words; `blk(row, nb, i)` in `shaders/quant_common.wgsl`
+//!   finds block `i` of a row); formats of one family share a body, `concat!`ed after a
+//!   small header: `quant_q4.wgsl` for Q4_0/Q4_1/Q4_K, `quant_q5.wgsl` for Q5_0/Q5_1/Q5_K,
+//!   `quant_iq4.wgsl` for IQ4_NL/IQ4_XS:
+//!   - `load_block(k, slot) -> vec4<f32>`: the 32 values' codes into
 //!     `wb[slot * 8 .. slot * 8 + 8]` (vec4s), returning (scale, offset) of the first 16
 //!     and of the second 16 (value = code * scale + offset), which the CPU-shaped matmul
 //!     applies once per half block instead of to every value;
-//!   - `load_quarter(base, q) -> Quarter` (the struct is shared, `shaders/quant_common.wgsl`): 8 of the values as two vec4s `a`, `b` plus the
+//!   - `load_quarter(k, q) -> Quarter` (the struct is shared, `shaders/quant_common.wgsl`): 8 of the values as two vec4s `a`, `b` plus the
 //!     vec4 indices `ia`, `ib` (0..8) they have within the block; the four quarters cover
 //!     the block once;
-//!   - `deq_elem(row_base, j)`: element `j` of the row whose first word is `row_base`.
+//!   - `deq_elem(row, nb, j)`: element `j` of the row of `nb` blocks whose first word is
+//!     `row`.
 //!
-//! Rows are padded with zero words to whole GPU blocks (only F32/F16 rows can be ragged).
+//! Rows are padded with zero words to whole GPU blocks (only F32/F16 rows can be ragged) and
+//! then to whole vec4s.
 
 mod bf16;
 mod fp16;
@@ -78,8 +89,14 @@ pub trait QuantFormat: Sync {
     /// (elements, bytes) of one block as the file stores it.
     fn file_block(&self) -> (usize, usize);
 
-    /// 32-bit words of one GPU block of [`GPU_BLOCK`] elements.
+    /// 32-bit words of one GPU block of [`GPU_BLOCK`] elements, as [`QuantFormat::repack`]
+    /// writes it: the head first, then the body.
     fn gpu_block_words(&self) -> usize;
+
+    /// Words at the start of each GPU block that are its head (scales, offsets, high
+    /// bits); the rest is the body (the codes), a multiple of 4 words. A row on the GPU
+    /// holds every block's body, then every block's head (see the module docs).
+    fn gpu_head_words(&self) -> usize;
 
     /// Appends the GPU words of `row`, the file bytes of one row (whole file blocks).
     /// Must produce at most [`QuantFormat::gpu_row_words`] words for it; the caller pads.
@@ -96,13 +113,14 @@ pub trait QuantFormat: Sync {
     /// The WGSL snippet the kernels include to read this type (see the module docs).
     fn wgsl(&self) -> &'static str;
 
-    /// Words of one row of `n` elements on the GPU (rows padded to whole GPU blocks).
+    /// Words of one row of `n` elements on the GPU: whole GPU blocks, padded to a whole
+    /// number of 16-byte vec4s so that every row and every block body starts on one.
     fn gpu_row_words(&self, n: usize) -> usize {
-        n.div_ceil(GPU_BLOCK) * self.gpu_block_words()
+        (n.div_ceil(GPU_BLOCK) * self.gpu_block_words()).next_multiple_of(4)
     }
 
     /// Re-lays out whole rows of `n_per_row` elements (file bytes) for the GPU, appending
-    /// `gpu_row_words(n_per_row)` words per row.
+    /// `gpu_row_words(n_per_row)` words per row: the blocks' bodies, then their heads.
     fn repack_rows(&self, src: &[u8], n_per_row: usize, out: &mut Vec<u32>) {
         let (be, bb) = self.file_block();
         let row_bytes = n_per_row / be * bb;
@@ -110,14 +128,17 @@ pub trait QuantFormat: Sync {
         if row_bytes == 0 {
             return;
         }
+        let (wpb, hw) = (self.gpu_block_words(), self.gpu_head_words());
+        let nb = n_per_row.div_ceil(GPU_BLOCK);
+        let mut blocks = Vec::with_capacity(nb * wpb);
         for row in src.chunks_exact(row_bytes) {
+            blocks.clear();
+            self.repack(row, &mut blocks);
+            debug_assert!(blocks.len() <= nb * wpb, "{} repack overflow", self.ty());
+            blocks.resize(nb * wpb, 0);
             let start = out.len();
-            self.repack(row, out);
-            debug_assert!(
-                out.len() - start <= row_words,
-                "{} repack overflow",
-                self.ty()
-            );
+            out.extend(blocks.chunks_exact(wpb).flat_map(|b| &b[hw..]));
+            out.extend(blocks.chunks_exact(wpb).flat_map(|b| &b[..hw]));
             out.resize(start + row_words, 0);
         }
     }

@@ -28,6 +28,9 @@ impl QuantFormat for Q2K {
     fn gpu_block_words(&self) -> usize {
         4
     }
+    fn gpu_head_words(&self) -> usize {
+        0
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         for blk in row.chunks_exact(BYTES) {
             let dm = word_at(blk, 80);

@@ -40,6 +40,9 @@ impl QuantFormat for Q3K {
     fn gpu_block_words(&self) -> usize {
         4
     }
+    fn gpu_head_words(&self) -> usize {
+        0
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         for blk in row.chunks_exact(BYTES) {
             let d = u16::from_le_bytes([blk[108], blk[109]]) as u32;

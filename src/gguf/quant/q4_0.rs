@@ -18,6 +18,9 @@ impl QuantFormat for Q4_0 {
     fn gpu_block_words(&self) -> usize {
         5
     }
+    fn gpu_head_words(&self) -> usize {
+        1
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         for blk in row.chunks_exact(18) {
             out.push(u16::from_le_bytes([blk[0], blk[1]]) as u32);

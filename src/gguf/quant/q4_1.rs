@@ -17,6 +17,9 @@ impl QuantFormat for Q4_1 {
     fn gpu_block_words(&self) -> usize {
         5
     }
+    fn gpu_head_words(&self) -> usize {
+        1
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         out.extend(row.chunks_exact(4).map(|c| word_at(c, 0)));
     }

@@ -31,6 +31,9 @@ impl QuantFormat for Q4K {
     fn gpu_block_words(&self) -> usize {
         6
     }
+    fn gpu_head_words(&self) -> usize {
+        2
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         for blk in row.chunks_exact(BYTES) {
             for s in 0..8 {

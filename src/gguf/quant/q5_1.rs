@@ -18,6 +18,9 @@ impl QuantFormat for Q5_1 {
     fn gpu_block_words(&self) -> usize {
         6
     }
+    fn gpu_head_words(&self) -> usize {
+        2
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         out.extend(row.chunks_exact(4).map(|c| word_at(c, 0)));
     }

@@ -30,6 +30,9 @@ impl QuantFormat for Q5K {
     fn gpu_block_words(&self) -> usize {
         7
     }
+    fn gpu_head_words(&self) -> usize {
+        3
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         for blk in row.chunks_exact(BYTES) {
             for s in 0..8 {

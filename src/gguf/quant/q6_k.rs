@@ -3,8 +3,9 @@
 //! In each half (128 weights, n = 0, 1), weight 32k + l (k = 0..3) has its low bits in
 //! nibble k / 2 of ql byte 64n + 32 (k % 2) + l and its high bits at bits 2k of qh byte
 //! 32n + l.
-//! GPU: each 32-weight sub-block in 7 words, [d (f16, low half), sc0, sc1 (i8, bytes 2, 3)]
-//! [low 4 bits: 4 nibble words] [high 2 bits of weights 0..15] [of weights 16..31].
+//! GPU: each 32-weight sub-block in 7 words, a head of three, [d (f16, low half), sc0, sc1
+//! (i8, bytes 2, 3)] [high 2 bits of weights 0..15] [of weights 16..31], and a body of the
+//! low 4 bits in 4 nibble words.
 //! d sc is exact in f32, so the GPU computes the file's values.
 
 use super::kquant::{fit_symmetric, QK_K};
@@ -37,6 +38,9 @@ impl QuantFormat for Q6K {
     fn gpu_block_words(&self) -> usize {
         7
     }
+    fn gpu_head_words(&self) -> usize {
+        3
+    }
     fn repack(&self, row: &[u8], out: &mut Vec<u32>) {
         for blk in row.chunks_exact(BYTES) {
             let d = u16::from_le_bytes([blk[208], blk[209]]) as u32;
@@ -44,8 +48,8 @@ impl QuantFormat for Q6K {
                 let q = |j: usize| code(blk, 32 * s + j);
                 let (s0, s1) = (scale(blk, 2 * s) as u8, scale(blk, 2 * s + 1) as u8);
                 out.push(d | (s0 as u32) << 16 | (s1 as u32) << 24);
-                out.extend(nibble_words(q));
                 out.extend([pair_word(0, |j| q(j) >> 4), pair_word(16, |j| q(j) >> 4)]);
+                out.extend(nibble_words(q));
             }
         }
     }

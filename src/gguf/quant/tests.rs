@@ -69,8 +69,17 @@ fn every_format_is_consistent_with_the_file_table_and_its_snippet() {
         // The snippet's constants are the layout the repack produces.
         let src = f.wgsl();
         assert!(src.contains("const QK: u32 = 32u;"), "{ty}: QK");
-        let wpb = format!("const WPB: u32 = {}u;", f.gpu_block_words());
-        assert!(src.contains(&wpb), "{ty}: snippet lacks `{wpb}`");
+        let (wpb, hw) = (f.gpu_block_words(), f.gpu_head_words());
+        let head = format!("const HW: u32 = {hw}u;");
+        let body = format!("const BW: u32 = {}u;", wpb - hw);
+        assert!(src.contains(&head), "{ty}: snippet lacks `{head}`");
+        assert!(src.contains(&body), "{ty}: snippet lacks `{body}`");
+        // Bodies are whole vec4s: the CPU-shaped matmul loads them as such.
+        assert!(
+            hw < wpb && (wpb - hw) % 4 == 0,
+            "{ty}: body of {} words",
+            wpb - hw
+        );
         for sym in ["fn load_block(", "fn deq_elem(", "fn load_quarter("] {
             assert!(src.contains(sym), "{ty}: snippet lacks {sym}");
         }
@@ -97,7 +106,8 @@ fn repack_gives_whole_gpu_blocks_per_row() {
         let mut words = Vec::new();
         f.repack_rows(&bytes, n, &mut words);
         assert_eq!(words.len(), rows * f.gpu_row_words(n), "{}", f.ty());
-        assert_eq!(f.gpu_row_words(n), n / GPU_BLOCK * f.gpu_block_words());
+        let words = n / GPU_BLOCK * f.gpu_block_words();
+        assert_eq!(f.gpu_row_words(n), words.next_multiple_of(4));
     }
     // Ragged F16 rows are padded to a whole GPU block, each row on its own.
     let f = format(GgmlType::F16).unwrap();
@@ -119,21 +129,25 @@ fn repacked_words_keep_every_field_word_aligned() {
     format(GgmlType::Q8_0)
         .unwrap()
         .repack_rows(&q, 64, &mut words);
+    // Two blocks of 9 words (18), padded to whole vec4s (20).
     assert_eq!(words.len(), gpu_row_words(GgmlType::Q8_0, 64).unwrap());
-    // Second block: scale in word 9, first quant byte in the low byte of word 10.
-    assert_eq!(words[9] as u16, u16::from_le_bytes([q[34], q[35]]));
-    assert_eq!(words[10] as u8, q[36]);
+    assert_eq!(words.len(), 20);
+    // Bodies first: the second block's first quant byte is the low byte of word 8; then
+    // the heads: its scale in word 17; then the padding.
+    assert_eq!(words[8] as u8, q[36]);
+    assert_eq!(words[17] as u16, u16::from_le_bytes([q[34], q[35]]));
+    assert_eq!(words[18..], [0, 0]);
 
-    // Q5_0 (22-byte blocks): second block's d in word 6, qh in word 7, qs from word 8.
+    // Q5_0 (22-byte blocks): bodies (qs) in words 0..8, then each block's d and qh.
     let q = quantize_row(GgmlType::Q5_0, &src);
     let mut words = Vec::new();
     format(GgmlType::Q5_0)
         .unwrap()
         .repack_rows(&q, 64, &mut words);
     assert_eq!(words.len(), 12);
-    assert_eq!(words[6], u16::from_le_bytes([q[22], q[23]]) as u32);
-    assert_eq!(words[7], word_at(&q, 24));
-    assert_eq!(words[8..12], [28, 32, 36, 40].map(|i| word_at(&q, i)));
+    assert_eq!(words[4..8], [28, 32, 36, 40].map(|i| word_at(&q, i)));
+    assert_eq!(words[10], u16::from_le_bytes([q[22], q[23]]) as u32);
+    assert_eq!(words[11], word_at(&q, 24));
 }
 
 /// Hand-made Q5 blocks where every 5th bit is set on its own: weight j's value must move by
