@@ -7,6 +7,10 @@
 // buffer, as words): lavapipe (Mesa's llvmpipe) runs every storage load as a loop over
 // the SIMD lanes, so the number of loads, not their width, is what a row costs there
 // (Q8_0: 3 loads a block instead of 9; Gemma-3's Q8_0 matmuls took 37 ms a token, not 59).
+// XLOAD reads x's block at `xo` into `xv`: eight vec4 loads per invocation, or, where the
+// adapter has subgroups (of 8 or more), one per lane, shared with subgroupBroadcast (the
+// rows of one invocation amortize x's loads; the lanes of a subgroup can too, since they
+// all read the same block: 13 % off a Q4_K matmul on lavapipe).
 // STORE writes the accumulators: plainly, or through the fused GLU epilogue, where the
 // weight's rows are interleaved (gate, up) pairs and act(gate) * up is written (R even).
 
@@ -36,12 +40,11 @@ fn bw(b: u32, i: u32) -> u32 {
 }
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32{{SG_ARGS}}) {
     let row0 = ((wid.y * p.wg_x + wid.x) * 64u + lid) * R;
     let t0 = wid.z * TB;
-    if (row0 >= p.n_rows) {
-        return;
-    }
+    // No early return past the last row: with subgroups, lanes share x's loads, so every
+    // invocation takes part (rows past the end re-read the last row and are not stored).
     let ntb = min(TB, p.n_tok - t0);
     let k4 = p.k / 4u;
     var acc: array<f32, TB * R>;
@@ -67,10 +70,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (t < ntb) {
                 let xo = (t0 + t) * k4 + b * 8u;
                 var xv: array<vec4<f32>, 8>;
+{{XLOAD}}
                 var xs = vec2<f32>(0.0);
                 for (var i = 0u; i < 4u; i++) {
-                    xv[i] = x[xo + i];
-                    xv[i + 4u] = x[xo + i + 4u];
                     xs += vec2<f32>(dot(xv[i], vec4<f32>(1.0)), dot(xv[i + 4u], vec4<f32>(1.0)));
                 }
                 for (var r = 0u; r < R; r++) {

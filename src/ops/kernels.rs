@@ -84,6 +84,7 @@ pub enum KernelKey {
         ty: GgmlType,
         rows: u32,
         tb: u32,
+        subgroups: bool,
         glu: Option<Activation>,
     },
     /// The GPU matrix-vector matmul: `rows` rows per workgroup of 256, `tb` tokens,
@@ -163,7 +164,16 @@ impl KernelKey {
                 let rows_ok = |rows: u32| glu.is_none() || rows.is_multiple_of(2);
                 for &rows in CPU_MATMUL_ROWS.iter().filter(|&&r| rows_ok(r)) {
                     for &tb in CPU_MATMUL_TOKENS {
-                        v.push(Matmul { ty, rows, tb, glu });
+                        // x's loads are shared over a subgroup for batches only.
+                        for subgroups in [false, true].into_iter().filter(|&s| !s || tb > 1) {
+                            v.push(Matmul {
+                                ty,
+                                rows,
+                                tb,
+                                subgroups,
+                                glu,
+                            });
+                        }
                     }
                 }
                 for &tb in GPU_VEC_TOKENS {
@@ -210,6 +220,9 @@ impl KernelKey {
                 wgpu::Features::SHADER_F16
             }
             MatmulWg {
+                subgroups: true, ..
+            }
+            | Matmul {
                 subgroups: true, ..
             } => wgpu::Features::SUBGROUP,
             _ => wgpu::Features::empty(),
@@ -329,8 +342,14 @@ impl KernelKey {
             ),
             AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
             GetRows { ty } => compose(&[&quant(ty)?, shaders::GET_ROWS], &[]),
-            Matmul { ty, rows, tb, glu } => {
-                shaders::matmul_source(&quant(ty)?, rows, tb, glu.map(Activation::wgsl))
+            Matmul {
+                ty,
+                rows,
+                tb,
+                subgroups,
+                glu,
+            } => {
+                shaders::matmul_source(&quant(ty)?, rows, tb, glu.map(Activation::wgsl), subgroups)
             }
             MatmulWg {
                 ty,
@@ -389,9 +408,18 @@ impl fmt::Display for KernelKey {
             }
             AttnKqvSum => write!(f, "attn_kqv_sum"),
             GetRows { ty } => write!(f, "get_rows_{ty}"),
-            Matmul { ty, rows, tb, glu } => {
-                write!(f, "matmul_{ty}_{rows}x{tb}{}", glu_suffix(glu))
-            }
+            Matmul {
+                ty,
+                rows,
+                tb,
+                subgroups,
+                glu,
+            } => write!(
+                f,
+                "matmul_{ty}_{rows}x{tb}{}{}",
+                if subgroups { "_sg" } else { "" },
+                glu_suffix(glu)
+            ),
             MatmulWg {
                 ty,
                 tb,
@@ -501,14 +529,16 @@ mod tests {
         assert_eq!(splits, 19);
         let even = |rows: &[u32]| rows.iter().filter(|&&r| r % 2 == 0).count();
         // Plain matmuls, and the fused GLU epilogue (even rows only) per activation.
+        // CPU-shaped batches with and without subgroups, decode without.
+        let cpu_tokens = 2 * CPU_MATMUL_TOKENS.len() - 1;
         let per_type = 1
-            + CPU_MATMUL_ROWS.len() * CPU_MATMUL_TOKENS.len()
+            + CPU_MATMUL_ROWS.len() * cpu_tokens
             + GPU_VEC_TOKENS.len() * GPU_VEC_ROWS.len() * 2
             + GPU_TILES.len()
             + Activation::ALL.len()
-                * (even(CPU_MATMUL_ROWS) * CPU_MATMUL_TOKENS.len()
+                * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
-        assert_eq!(per_type, 47 + 2 * (15 + 20));
+        assert_eq!(per_type, 63 + 2 * (27 + 20));
         let shared = 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len();
         // Per cache type: rope, set_rows, two rope_stores, the attention kernels.
         let kv = 2 * (4 + 2 * ATTN_TB.len() + splits);

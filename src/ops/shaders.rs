@@ -93,8 +93,26 @@ pub fn weight_types() -> Vec<GgmlType> {
 }
 
 /// The CPU-shaped matmul (`rows` rows and `tb` tokens per invocation), storing plainly or,
-/// with `glu`, act(gate) * up of each interleaved (gate, up) row pair (`rows` even).
-pub fn matmul_source(quant: &str, rows: u32, tb: u32, glu: Option<&str>) -> String {
+/// with `glu`, act(gate) * up of each interleaved (gate, up) row pair (`rows` even); with
+/// `subgroups` (subgroups of at least 8 lanes, the caller checks) x's loads are shared.
+pub fn matmul_source(
+    quant: &str,
+    rows: u32,
+    tb: u32,
+    glu: Option<&str>,
+    subgroups: bool,
+) -> String {
+    let (sg_args, xload) = if subgroups {
+        let mut load = "                let mine = x[xo + (sg_lane & 7u)];\n".to_string();
+        for i in 0..8 {
+            load += &format!("                xv[{i}] = subgroupBroadcast(mine, {i}u);\n");
+        }
+        // naga 30 enables subgroup builtins with the device feature, not `enable`.
+        (", @builtin(subgroup_invocation_id) sg_lane: u32", load)
+    } else {
+        let load = "                for (var i = 0u; i < 8u; i++) { xv[i] = x[xo + i]; }";
+        ("", load.to_string())
+    };
     let store = match glu {
         None => "\
     for (var t = 0u; t < ntb; t++) {
@@ -127,6 +145,8 @@ pub fn matmul_source(quant: &str, rows: u32, tb: u32, glu: Option<&str>) -> Stri
         &[
             ("TB", tb.to_string()),
             ("R", rows.to_string()),
+            ("SG_ARGS", sg_args.to_string()),
+            ("XLOAD", xload),
             ("STORE", store),
         ],
     )
