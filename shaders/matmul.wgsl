@@ -10,7 +10,8 @@
 // XLOAD reads x's block at `xo` into `xv`: eight vec4 loads per invocation, or, for
 // batches where the adapter has subgroups (of 8 or more), one per lane, shared with
 // subgroupBroadcast: all lanes read the same block, and those loads are per-lane loops
-// too (Gemma-3 pp128 on lavapipe: 145 t/s against 91).
+// too (Gemma-3 pp128 on lavapipe: 145 t/s against 91). EXIT stops invocations past the
+// last row, except where the lanes share x's loads and so must all take part.
 // STORE writes the accumulators: plainly, or through the fused GLU epilogue, where the
 // weight's rows are interleaved (gate, up) pairs and act(gate) * up is written (R even).
 
@@ -43,8 +44,7 @@ fn bw(b: u32, i: u32) -> u32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32{{SG_ARGS}}) {
     let row0 = ((wid.y * p.wg_x + wid.x) * 64u + lid) * R;
     let t0 = wid.z * TB;
-    // No early return past the last row: with subgroups, lanes share x's loads, so every
-    // invocation takes part (rows past the end re-read the last row and are not stored).
+{{EXIT}}
     let ntb = min(TB, p.n_tok - t0);
     let k4 = p.k / 4u;
     var acc: array<f32, TB * R>;

@@ -20,7 +20,7 @@ fn load_block(k: Blk, slot: u32) -> vec4<f32> {
     return vec4<f32>(1.0, 0.0, 1.0, 0.0);
 }
 
-// Element j of the row whose first word is `row` (any j: F16 rows may be ragged; no head).
+// Element j of the row whose first word is `row` (any j: BF16 rows may be ragged; no head).
 fn deq_elem(row: u32, nb: u32, j: u32) -> f32 {
     return bf2(bw(row, j / 2u))[j % 2u];
 }

@@ -99,9 +99,18 @@ fn get_rows_matches_reference() {
 #[test]
 fn matmul_matches_reference() {
     let mut rng = Rng(2);
+    let mut shared_x_loads = false;
     for (name, gpu, _serial) in gpus() {
         for ty in WEIGHT_TYPES {
             for n_tok in [1usize, 3, 8, 13, 70] {
+                let key = wgllm::ops::matmul::kernel(gpu, ty, 64, n_tok as u32, None);
+                shared_x_loads |= matches!(
+                    key,
+                    KernelKey::Matmul {
+                        subgroups: true,
+                        ..
+                    }
+                );
                 let k = n_cols(ty, &mut rng, 8);
                 let n = 1 + rng.below(150) as usize;
                 let data = quantized(ty, &mut rng, k, n);
@@ -120,6 +129,12 @@ fn matmul_matches_reference() {
             }
         }
     }
+    // lavapipe has subgroups of 8: the CPU-shaped kernel that shares x's loads over a
+    // subgroup must have been among those checked wherever a test device offers it.
+    let offered = gpus().any(|(_, g, _)| {
+        g.kernels != KernelShape::Gpu && g.has_subgroups && g.info.subgroup_size.0 >= 8
+    });
+    assert_eq!(shared_x_loads, offered, "subgroup-shared x loads checked");
 }
 
 #[test]

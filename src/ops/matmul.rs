@@ -75,10 +75,10 @@ pub fn kernel(
         let (rows, tb) = tile(&gpu.tuning, n_tok);
         let rows = even(rows);
         // Subgroups share x's loads (eight lanes load one vec4 of a block each) for
-        // batches: Gemma-3 pp128 on lavapipe 145 t/s against 91 without. Not for decode,
-        // where the same kernel ran 10-20 % slower (tg16 10.7 against 12.2-13.3 t/s), and
-        // the more so the more rows an invocation owns: llvmpipe's code for it is opaque
-        // to us, so the measurement decides.
+        // batches: Gemma-3 pp128 on lavapipe 145 t/s against 91 without. Not for one
+        // token per invocation (single-sequence decode), where the same kernel ran
+        // 10-20 % slower (tg16 10.7 against 12.2-13.3 t/s), the more so the more rows an
+        // invocation owns: llvmpipe's code for it is opaque to us, so measurement decides.
         let subgroups = tb > 1 && gpu.has_subgroups && gpu.info.subgroup_size.0 >= 8;
         return KernelKey::Matmul {
             ty,

@@ -22,7 +22,8 @@ pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
 pub const ATTN_KQV_SPLIT: &str = include_str!("../../shaders/attn_kqv_split.wgsl");
 pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
 
-/// What every weight snippet shares (the `Quarter` that `load_quarter` returns).
+/// What every weight snippet shares: the row layout (`Blk`, `blk`: where a block's head
+/// and body are) and the `Quarter` that `load_quarter` returns.
 pub const QUANT_COMMON: &str = include_str!("../../shaders/quant_common.wgsl");
 
 /// A fingerprint of every kernel source (FNV-1a over the op shaders and each weight type's
@@ -102,6 +103,13 @@ pub fn matmul_source(
     glu: Option<&str>,
     subgroups: bool,
 ) -> String {
+    // Invocations past the last row stop at once, unless subgroups share x's loads: then
+    // every lane takes part (re-reading the last row, whose results are not stored).
+    let exit = if subgroups {
+        ""
+    } else {
+        "    if (row0 >= p.n_rows) {\n        return;\n    }"
+    };
     let (sg_args, xload) = if subgroups {
         let mut load = "                let mine = x[xo + (sg_lane & 7u)];\n".to_string();
         for i in 0..8 {
@@ -146,6 +154,7 @@ pub fn matmul_source(
             ("TB", tb.to_string()),
             ("R", rows.to_string()),
             ("SG_ARGS", sg_args.to_string()),
+            ("EXIT", exit.to_string()),
             ("XLOAD", xload),
             ("STORE", store),
         ],

@@ -98,8 +98,9 @@ pub trait QuantFormat: Sync {
     /// holds every block's body, then every block's head (see the module docs).
     fn gpu_head_words(&self) -> usize;
 
-    /// Appends the GPU words of `row`, the file bytes of one row (whole file blocks).
-    /// Must produce at most [`QuantFormat::gpu_row_words`] words for it; the caller pads.
+    /// Appends the GPU words of `row`, the file bytes of one row (whole file blocks):
+    /// each GPU block's head, then its body. At most `gpu_block_words` words per GPU block
+    /// of the row; [`QuantFormat::repack_rows`] pads and splits heads from bodies.
     fn repack(&self, row: &[u8], out: &mut Vec<u32>);
 
     /// CPU reference: dequantizes `out.len()` elements from `src` (whole file blocks).
