@@ -10,15 +10,6 @@ const WB_SLOTS: u32 = 1u;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
-// How the weight snippet reads words (see quant_common.wgsl): straight from the binding.
-fn hw(i: u32) -> u32 {
-    return w[i];
-}
-
-fn bw(b: u32, i: u32) -> u32 {
-    return w[b + i];
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let j = gid.x;

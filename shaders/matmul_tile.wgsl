@@ -16,15 +16,6 @@ const WB_SLOTS: u32 = 1u;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
-// How the weight snippet reads words (see quant_common.wgsl): straight from the binding.
-fn hw(i: u32) -> u32 {
-    return w[i];
-}
-
-fn bw(b: u32, i: u32) -> u32 {
-    return w[b + i];
-}
-
 // [k4][row] and [k4][token]: invocations with consecutive tx (ty) read consecutive vec4s.
 var<workgroup> ws: array<vec4<f32>, 8u * BM>;
 var<workgroup> xs: array<vec4<f32>, 8u * BN>;

@@ -19,15 +19,6 @@ const WB_SLOTS: u32 = 1u;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
-// How the weight snippet reads words (see quant_common.wgsl): straight from the binding.
-fn hw(i: u32) -> u32 {
-    return w[i];
-}
-
-fn bw(b: u32, i: u32) -> u32 {
-    return w[b + i];
-}
-
 var<workgroup> red: array<f32, 256u * TB>;
 {{DECL}}
 

@@ -4,7 +4,8 @@
 // multiple of 4, so each body is whole vec4s), then their heads (scales, offsets, high
 // bits: HW words each). The snippet defines HW and BW; the including kernel defines how
 // words are read: `hw(i)`, head word i of the weight binding, and `bw(b, i)`, word i of
-// the body starting at word b (the CPU-shaped matmul serves bodies from vec4 loads).
+// the body starting at word b (quant_read.wgsl reads the binding; the CPU-shaped matmul
+// serves bodies from vec4 loads).
 
 // Where GPU block `i` of a row starting at word `row` (nb blocks per row) has its head
 // (`h`) and body (`b`).

@@ -341,7 +341,7 @@ impl KernelKey {
                 ],
             ),
             AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
-            GetRows { ty } => compose(&[&quant(ty)?, shaders::GET_ROWS], &[]),
+            GetRows { ty } => compose(&[&quant(ty)?, shaders::QUANT_READ, shaders::GET_ROWS], &[]),
             Matmul {
                 ty,
                 rows,

@@ -26,6 +26,10 @@ pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
 /// and body are) and the `Quarter` that `load_quarter` returns.
 pub const QUANT_COMMON: &str = include_str!("../../shaders/quant_common.wgsl");
 
+/// `hw`/`bw` reading weight words straight from the `w` binding: every kernel that
+/// includes a snippet but the CPU-shaped matmul.
+pub const QUANT_READ: &str = include_str!("../../shaders/quant_read.wgsl");
+
 /// A fingerprint of every kernel source (FNV-1a over the op shaders and each weight type's
 /// snippet): the tuner's cache keys on it, so changed kernels are measured again even
 /// within one version.
@@ -50,6 +54,7 @@ pub fn fingerprint() -> u64 {
         ATTN_KQV_SPLIT,
         ATTN_KQV_SUM,
         QUANT_COMMON,
+        QUANT_READ,
     ];
     let snippets: Vec<String> = weight_types()
         .into_iter()
@@ -230,9 +235,9 @@ pub fn matmul_wg_source(
         ),
     };
     let parts: &[&str] = if glu.is_some() {
-        &[quant, ACT, MATMUL_WG]
+        &[quant, QUANT_READ, ACT, MATMUL_WG]
     } else {
-        &[quant, MATMUL_WG]
+        &[quant, QUANT_READ, MATMUL_WG]
     };
     compose(
         parts,
@@ -284,7 +289,7 @@ pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32) -> String {
         store += "    }\n";
     }
     compose(
-        &[quant, MATMUL_TILE],
+        &[quant, QUANT_READ, MATMUL_TILE],
         &[
             ("BM", bm.to_string()),
             ("BN", bn.to_string()),
