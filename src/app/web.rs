@@ -203,12 +203,7 @@ pub(super) fn publish(report: &DriveReport, error: Option<&str>) {
 
 /// Resolves after `ms` milliseconds (0: at the page's next turn), letting the page draw.
 pub async fn sleep_ms(ms: i32) {
-    let promise = js_sys::Promise::new(&mut |resolve, _| {
-        if let Some(w) = web_sys::window() {
-            let _ = w.set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, ms);
-        }
-    });
-    let _ = JsFuture::from(promise).await;
+    crate::engine::pause::pause_ms(ms).await
 }
 
 /// A clear refusal for a model the page cannot hold.

@@ -1,15 +1,25 @@
-//! The engine's own task: it owns the [`Engine`], takes commands from the window and
-//! sends back what happened, so a slow decode (seconds per token on a software adapter)
-//! never freezes the window. Natively it is a thread blocking on the GPU; in a browser,
-//! where nothing may block, it is an async task on the page's event loop that awaits
-//! each step's readback (the page draws while the GPU works). The GPU device is the
-//! window's: `Gpu` wraps the device egui draws with.
+//! The app's go-between: it loads a model onto the window's device, then drives the
+//! library's [`EngineService`] the way a server does — each chat is a slot; a message
+//! renders the chat's whole conversation with the model's template and submits its
+//! tokens, and the service reuses the cells of the prefix the slot already holds (so only
+//! what the template adds is decoded) — and turns what comes back into the window's
+//! updates. Natively it is a thread; in a browser, where nothing may block, a task on the
+//! page's event loop (the service itself is one there too, awaiting each step's readback
+//! while the page draws). The GPU device is the window's: `Gpu` wraps the device egui
+//! draws with.
 
-use crate::engine::{CacheMap, Engine, EngineOptions, Event, SessionId, SessionParams};
+use crate::engine::service::{
+    EngineService, Request, RequestEvent, RequestKey, ServiceUpdate, SlotAction, StopReason,
+};
+use crate::engine::{
+    CacheMap, Engine, EngineError, EngineOptions, Event, SessionId, SessionParams, Stop,
+};
 use crate::gpu::Gpu;
+use crate::tokenizer::ChatMessage;
 use std::path::PathBuf;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
+use tokio::sync::mpsc as amp;
 use web_time::Instant;
 
 /// Where a model comes from.
@@ -110,46 +120,70 @@ pub enum Update {
     Cache(CacheMap),
 }
 
-/// Starts the engine's task on `gpu`; `wake` is called after each batch of updates so
-/// the window repaints.
-pub fn spawn(
-    gpu: Arc<Gpu>,
-    rx: Receiver<Cmd>,
-    tx: Sender<Update>,
-    wake: impl Fn() + Send + 'static,
-) {
+/// The window's end of the worker's input.
+pub struct Commands(amp::UnboundedSender<Input>);
+
+impl Commands {
+    /// False once the worker is gone.
+    pub fn send(&self, c: Cmd) -> bool {
+        self.0.send(Input::Cmd(c)).is_ok()
+    }
+}
+
+/// Everything the worker waits for, on one channel.
+enum Input {
+    Cmd(Cmd),
+    Request(SessionId, RequestEvent),
+    Service(ServiceUpdate),
+}
+
+/// Starts the worker on `gpu`; `wake` is called after each update so the window
+/// repaints.
+pub fn spawn(gpu: Arc<Gpu>, tx: Sender<Update>, wake: impl Fn() + Send + 'static) -> Commands {
+    let (in_tx, in_rx) = amp::unbounded_channel();
     let worker = Worker {
         gpu,
         tx,
         wake: Box::new(wake),
-        engine: None,
+        input: in_tx.clone(),
+        service: None,
+        chats: Vec::new(),
         started: Instant::now(),
-        prompt_done: vec![0; crate::kv::MAX_SEQ as usize],
     };
     #[cfg(not(target_arch = "wasm32"))]
     std::thread::Builder::new()
-        .name("wgllm-engine".into())
-        .spawn(move || pollster::block_on(worker.run(rx)))
-        .expect("spawning the engine thread");
+        .name("wgllm-app".into())
+        .spawn(move || pollster::block_on(worker.run(in_rx)))
+        .expect("spawning the app's worker thread");
     #[cfg(target_arch = "wasm32")]
-    wasm_bindgen_futures::spawn_local(worker.run(rx));
+    wasm_bindgen_futures::spawn_local(worker.run(in_rx));
+    Commands(in_tx)
 }
 
-/// The next command, waiting for one; `None` once the window is gone.
-#[cfg(not(target_arch = "wasm32"))]
-async fn next_cmd(rx: &Receiver<Cmd>) -> Option<Cmd> {
-    rx.recv().ok()
+/// A chat as the worker keeps it: its settings, its conversation (or, for raw text, the
+/// tokens its slot holds), and the request running for it.
+struct ChatState {
+    params: SessionParams,
+    messages: Vec<ChatMessage>,
+    /// The slot's tokens after the last reply (prompt and reply), for raw continuation.
+    tokens: Vec<u32>,
+    /// The last request's prompt and whether it was a chat turn, for regenerating.
+    last: Option<(Vec<u32>, bool)>,
+    running: Option<RequestKey>,
+    reply: String,
+    reply_tokens: Vec<u32>,
 }
 
-/// The next command: a page cannot block, so it looks every 30 ms and lets the page run
-/// in between.
-#[cfg(target_arch = "wasm32")]
-async fn next_cmd(rx: &Receiver<Cmd>) -> Option<Cmd> {
-    loop {
-        match rx.try_recv() {
-            Ok(c) => return Some(c),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) => super::web::sleep_ms(30).await,
+impl ChatState {
+    fn new(params: SessionParams) -> Self {
+        ChatState {
+            params,
+            messages: Vec::new(),
+            tokens: Vec::new(),
+            last: None,
+            running: None,
+            reply: String::new(),
+            reply_tokens: Vec::new(),
         }
     }
 }
@@ -158,38 +192,22 @@ struct Worker {
     gpu: Arc<Gpu>,
     tx: Sender<Update>,
     wake: Box<dyn Fn() + Send>,
-    engine: Option<Engine>,
+    /// For the service's sinks, which feed this worker's own input.
+    input: amp::UnboundedSender<Input>,
+    service: Option<EngineService>,
+    chats: Vec<ChatState>,
     started: Instant,
-    /// Per session, the input tokens already counted in a step (from its progress).
-    prompt_done: Vec<usize>,
 }
 
 impl Worker {
-    async fn run(mut self, rx: Receiver<Cmd>) {
-        loop {
-            let busy = self.engine.as_ref().is_some_and(Engine::is_busy);
-            // Idle: wait for the window; busy: take what came in, then step.
-            let cmd = if busy {
-                match rx.try_recv() {
-                    Ok(c) => Some(c),
-                    Err(TryRecvError::Empty) => None,
-                    Err(TryRecvError::Disconnected) => return,
-                }
-            } else {
-                match next_cmd(&rx).await {
-                    Some(c) => Some(c),
-                    None => return,
-                }
-            };
-            if let Some(c) = cmd {
-                self.handle(c).await;
-            } else {
-                self.step().await;
+    async fn run(mut self, mut rx: amp::UnboundedReceiver<Input>) {
+        while let Some(input) = rx.recv().await {
+            match input {
+                Input::Cmd(c) => self.handle(c).await,
+                Input::Request(chat, ev) => self.request_event(chat, ev),
+                Input::Service(u) => self.service_update(u),
             }
             (self.wake)();
-            // Between steps the page gets a turn to draw what came back.
-            #[cfg(target_arch = "wasm32")]
-            super::web::sleep_ms(0).await;
         }
     }
 
@@ -210,46 +228,208 @@ impl Worker {
                 opts,
                 session,
             } => self.load(source, &opts, &session).await,
-            Cmd::Chat { chat, text } => {
-                self.with_engine(Some(chat), |e| e.chat(chat, &text).map(drop))
-            }
-            Cmd::Complete { chat, text } => {
-                self.with_engine(Some(chat), |e| e.prompt_text(chat, &text).map(drop))
-            }
+            Cmd::Chat { chat, text } => self.turn(chat, Some(text), None),
+            Cmd::Complete { chat, text } => self.turn(chat, None, Some(text)),
             Cmd::Sampling {
                 chat,
                 sampling,
                 n_predict,
-            } => self.with_engine(Some(chat), |e| e.set_sampling(chat, *sampling, n_predict)),
-            Cmd::Stop(chat) => self.with_engine(Some(chat), |e| e.cancel(chat)),
-            Cmd::Regenerate(chat) => self.with_engine(Some(chat), |e| e.regenerate(chat)),
-            Cmd::Reset { chat, session } => self.with_engine(Some(chat), |e| {
-                e.close_session(chat)?;
-                let id = e.open_session(*session)?;
-                debug_assert_eq!(id, chat, "the lowest free sequence is the one closed");
-                Ok(())
-            }),
+            } => {
+                if let Some(c) = self.chats.get_mut(chat as usize) {
+                    c.params.sampling = *sampling;
+                    c.params.n_predict = n_predict;
+                }
+            }
+            Cmd::Stop(chat) => {
+                let key = self.chats.get(chat as usize).and_then(|c| c.running);
+                if let (Some(s), Some(k)) = (&self.service, key) {
+                    s.cancel(k);
+                }
+            }
+            Cmd::Regenerate(chat) => self.regenerate(chat),
+            Cmd::Reset { chat, session } => {
+                let Some(service) = self.service.clone() else {
+                    return self.fail(Some(chat), "no model is loaded".into());
+                };
+                if let Some(k) = self.chats.get(chat as usize).and_then(|c| c.running) {
+                    service.cancel(k);
+                }
+                if let Some(c) = self.chats.get_mut(chat as usize) {
+                    *c = ChatState::new(*session);
+                }
+                // Waits for the slot to be idle (a cancelled reply ends at the next step).
+                if let Err(e) = service.slot_action(chat, SlotAction::Erase).await {
+                    self.fail(Some(chat), e.to_string());
+                }
+            }
         }
-        self.send_cache();
     }
 
-    fn with_engine(
-        &mut self,
-        chat: Option<SessionId>,
-        f: impl FnOnce(&mut Engine) -> Result<(), crate::engine::EngineError>,
-    ) {
-        let Some(e) = self.engine.as_mut() else {
-            self.fail(chat, "no model is loaded".into());
+    /// Submits chat `chat`'s next request: a chat turn (`user`) or raw text to continue.
+    fn turn(&mut self, chat: SessionId, user: Option<String>, raw: Option<String>) {
+        let Some(service) = self.service.clone() else {
+            return self.fail(Some(chat), "no model is loaded".into());
+        };
+        let Some(c) = self.chats.get_mut(chat as usize) else {
+            return self.fail(Some(chat), format!("no chat {chat}"));
+        };
+        if c.running.is_some() {
+            return self.fail(Some(chat), EngineError::Busy(chat).to_string());
+        }
+        let tok = service.tokenizer();
+        let prompt = match (user, raw) {
+            (Some(text), _) => {
+                c.messages.push(ChatMessage::new("user", text));
+                match tok.apply_chat_template(&c.messages, true) {
+                    Ok(rendered) => tok.encode(&rendered, true, true),
+                    Err(e) => {
+                        c.messages.pop();
+                        return self.fail(Some(chat), e.to_string());
+                    }
+                }
+            }
+            (None, Some(text)) => {
+                let mut p = c.tokens.clone();
+                p.extend(tok.encode(&text, p.is_empty(), true));
+                p
+            }
+            (None, None) => return,
+        };
+        let is_chat = c.messages.last().is_some_and(|m| m.role == "user");
+        self.submit(chat, prompt, is_chat);
+    }
+
+    fn submit(&mut self, chat: SessionId, prompt: Vec<u32>, is_chat: bool) {
+        let (Some(service), Some(c)) = (self.service.clone(), self.chats.get_mut(chat as usize))
+        else {
             return;
         };
-        if let Err(err) = f(e) {
-            self.fail(chat, err.to_string());
+        c.reply.clear();
+        c.reply_tokens.clear();
+        c.last = Some((prompt.clone(), is_chat));
+        let input = self.input.clone();
+        let key = service.submit_to(
+            Request {
+                prompt,
+                params: c.params.clone(),
+                cache_prompt: true,
+                slot: Some(chat),
+                stop: Vec::new(),
+            },
+            Box::new(move |ev| input.send(Input::Request(chat, ev)).is_ok()),
+        );
+        c.running = Some(key);
+    }
+
+    /// Drops chat `chat`'s last reply and asks for a new one to the same prompt (the
+    /// slot's cells of the prompt are reused; with a fixed seed the reply repeats).
+    fn regenerate(&mut self, chat: SessionId) {
+        let Some(c) = self.chats.get_mut(chat as usize) else {
+            return;
+        };
+        let Some((prompt, is_chat)) = c.last.clone().filter(|_| c.running.is_none()) else {
+            return self.fail(
+                Some(chat),
+                format!("chat {chat} has no reply to regenerate yet"),
+            );
+        };
+        if is_chat && c.messages.last().is_some_and(|m| m.role == "assistant") {
+            c.messages.pop();
+        }
+        self.submit(chat, prompt, is_chat);
+    }
+
+    fn request_event(&mut self, chat: SessionId, ev: RequestEvent) {
+        let Some(c) = self.chats.get_mut(chat as usize) else {
+            return;
+        };
+        let event = match ev {
+            RequestEvent::Started { .. } => return,
+            RequestEvent::Progress { done, total } => Event::PromptProgress {
+                session: chat,
+                done,
+                total,
+            },
+            RequestEvent::Shifted { n_keep, n_discard } => Event::ContextShifted {
+                session: chat,
+                n_keep,
+                n_discard,
+            },
+            RequestEvent::Extended { n_past } => Event::ContextExtended {
+                session: chat,
+                n_past,
+            },
+            RequestEvent::Token { token, text, .. } => {
+                c.reply.push_str(&text);
+                c.reply_tokens.push(token);
+                Event::Token {
+                    session: chat,
+                    token,
+                    text,
+                    probs: None,
+                }
+            }
+            RequestEvent::Finished(end) => {
+                c.running = None;
+                c.reply.push_str(&end.tail);
+                if let Some((prompt, is_chat)) = &c.last {
+                    c.tokens = prompt.clone();
+                    c.tokens.extend_from_slice(&c.reply_tokens);
+                    if *is_chat {
+                        c.messages
+                            .push(ChatMessage::new("assistant", c.reply.clone()));
+                    }
+                }
+                Event::Finished {
+                    session: chat,
+                    stop: match end.stop {
+                        StopReason::Eos => Stop::EndOfGeneration,
+                        StopReason::Limit | StopReason::Word(_) => Stop::MaxTokens,
+                        StopReason::ContextFull(r) => Stop::ContextFull(r),
+                        StopReason::Cancelled => Stop::Cancelled,
+                    },
+                    tail: end.tail,
+                    timings: end.timings,
+                }
+            }
+            RequestEvent::Failed(e) => {
+                c.running = None;
+                // The turn did not happen: the conversation is as it was before it.
+                if c.last.as_ref().is_some_and(|l| l.1)
+                    && c.messages.last().is_some_and(|m| m.role == "user")
+                {
+                    c.messages.pop();
+                }
+                Event::Error {
+                    session: chat,
+                    error: EngineError::Options(e.to_string()),
+                }
+            }
+        };
+        self.send(Update::Event(event));
+    }
+
+    fn service_update(&mut self, u: ServiceUpdate) {
+        match u {
+            ServiceUpdate::Step {
+                secs,
+                n_prompt,
+                n_gen,
+            } => self.send(Update::Step {
+                at: self.started.elapsed().as_secs_f64() - secs,
+                secs,
+                n_prompt,
+                n_gen,
+            }),
+            ServiceUpdate::Cache(m) => self.send(Update::Cache(m)),
         }
     }
 
     async fn load(&mut self, source: ModelSource, opts: &EngineOptions, session: &SessionParams) {
-        // Free the old model's buffers before the new one's are made.
-        self.engine = None;
+        // Free the old model's buffers before the new one's are made: the service's loop
+        // ends (and drops its engine) when its last handle goes.
+        self.service = None;
+        self.chats.clear();
         let name = source.name();
         let tx = self.tx.clone();
         let mut last = Instant::now();
@@ -281,24 +461,32 @@ impl Worker {
                 self.load_bytes(&name, read, opts, &mut report).await
             }
         };
-        let loaded = loaded.and_then(|mut e| {
-            for _ in 0..opts.n_seq_max {
-                e.open_session(session.clone())?;
-            }
-            Ok(e)
-        });
-        match loaded {
-            Ok(e) => {
-                self.send(Update::Loaded(ModelInfo {
-                    name: e.model.name.clone(),
-                    arch: format!("{:?}", e.model.hp.arch).to_lowercase(),
-                    path: PathBuf::from(&name),
-                    weights_mib: e.model.weights.gpu_bytes as f64 / (1 << 20) as f64,
-                    n_ctx: e.n_ctx(),
-                    n_seq: e.context().params.n_seq_max,
-                    load_secs: e.load_time.as_secs_f64(),
-                }));
-                self.engine = Some(e);
+        let engine = match loaded {
+            Ok(e) => e,
+            Err(err) => return self.fail(None, format!("loading {name}: {err}")),
+        };
+        let info = ModelInfo {
+            name: engine.model.name.clone(),
+            arch: format!("{:?}", engine.model.hp.arch).to_lowercase(),
+            path: PathBuf::from(&name),
+            weights_mib: engine.model.weights.gpu_bytes as f64 / (1 << 20) as f64,
+            n_ctx: engine.n_ctx(),
+            n_seq: engine.context().params.n_seq_max,
+            load_secs: engine.load_time.as_secs_f64(),
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        let service = EngineService::spawn(engine);
+        #[cfg(target_arch = "wasm32")]
+        let service = EngineService::spawn_local(engine);
+        match service {
+            Ok(service) => {
+                let input = self.input.clone();
+                service.watch(Box::new(move |u| input.send(Input::Service(u)).is_ok()));
+                self.chats = (0..info.n_seq)
+                    .map(|_| ChatState::new(session.clone()))
+                    .collect();
+                self.service = Some(service);
+                self.send(Update::Loaded(info));
             }
             Err(err) => self.fail(None, format!("loading {name}: {err}")),
         }
@@ -321,58 +509,5 @@ impl Worker {
             })
         };
         self.gpu.scoped(upload).await
-    }
-
-    async fn step(&mut self) {
-        let Some(e) = self.engine.as_mut() else {
-            return;
-        };
-        let t0 = Instant::now();
-        let at = t0.duration_since(self.started).as_secs_f64();
-        let events = match self.gpu.scoped(e.step_async()).await {
-            Ok(ev) => ev,
-            Err(err) => {
-                // The step failed as a whole: stop every session so the loop ends.
-                let ids: Vec<SessionId> = e.sessions().map(|s| s.id()).collect();
-                for id in ids {
-                    let _ = e.cancel(id);
-                }
-                self.fail(None, format!("decoding failed: {err}"));
-                return;
-            }
-        };
-        let secs = t0.elapsed().as_secs_f64();
-        let (mut n_prompt, mut n_gen) = (0, 0);
-        for ev in events {
-            match &ev {
-                Event::Token { .. } => n_gen += 1,
-                // `done` counts this input's decoded tokens: the step added the rest.
-                Event::PromptProgress { session, done, .. } => {
-                    let seen = &mut self.prompt_done[*session as usize];
-                    n_prompt += done.saturating_sub(*seen);
-                    *seen = *done;
-                }
-                Event::Finished { session, .. } | Event::Error { session, .. } => {
-                    self.prompt_done[*session as usize] = 0;
-                }
-                _ => {}
-            }
-            self.send(Update::Event(ev));
-        }
-        if n_prompt + n_gen > 0 {
-            self.send(Update::Step {
-                at,
-                secs,
-                n_prompt,
-                n_gen,
-            });
-        }
-        self.send_cache();
-    }
-
-    fn send_cache(&self) {
-        if let Some(e) = &self.engine {
-            self.send(Update::Cache(e.cache_map()));
-        }
     }
 }

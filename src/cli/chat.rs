@@ -37,6 +37,7 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         n_predict: a.n_predict,
         shift: policy,
         prompt_cache: None,
+        ..Default::default()
     })?;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();

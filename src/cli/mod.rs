@@ -10,6 +10,9 @@ pub mod habits;
 pub mod info;
 pub mod perplexity;
 pub mod run;
+pub mod sampling;
+#[cfg(feature = "server")]
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
 pub mod tune;
@@ -39,6 +42,9 @@ pub enum Command {
     App(app::AppArgs),
     /// Generate text from a prompt.
     Run(run::RunArgs),
+    /// Serve the model over HTTP: llama-server's, OpenAI's and Anthropic's APIs.
+    #[cfg(feature = "server")]
+    Serve(serve::ServeArgs),
     /// Interactive chat using the model's chat template.
     Chat(chat::ChatArgs),
     /// Perplexity over a text file, as llama-perplexity computes it.

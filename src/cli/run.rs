@@ -1,75 +1,13 @@
 //! `wgllm run`: one prompt in, generated text out (stdout), logs and timings on stderr.
 
 use super::escapes::unescape;
+pub use super::sampling::SamplingArgs;
 use super::{load_engine, ModelArgs};
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 use wgllm::engine::{Engine, Event, PromptCache, SessionId, SessionParams, ShiftPolicy, Stop};
-use wgllm::sample::SamplerParams;
-
-/// Sampling flags, with llama.cpp's defaults.
-#[derive(Args, Clone, Debug)]
-pub struct SamplingArgs {
-    /// Temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8)]
-    pub temp: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: i32,
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-    /// RNG seed (-1: random).
-    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
-    pub seed: i64,
-    /// Never end generation: end-of-generation tokens are not sampled.
-    #[arg(long = "ignore-eos")]
-    pub ignore_eos: bool,
-}
-
-impl SamplingArgs {
-    pub fn params(&self, engine: &Engine) -> Result<SamplerParams> {
-        let mut p = self.checked()?;
-        if self.ignore_eos {
-            p.banned = engine.tokenizer.eog_tokens().collect();
-        }
-        Ok(p)
-    }
-
-    /// The settings without `--ignore-eos` (which needs the model's tokens).
-    pub fn checked(&self) -> Result<SamplerParams> {
-        if self.temp.is_nan()
-            || self.top_p.is_nan()
-            || self.min_p.is_nan()
-            || self.repeat_penalty <= 0.0
-        {
-            bail!(
-                "invalid sampling flags: --repeat-penalty must be positive and no value may be NaN"
-            );
-        }
-        let seed = if self.seed < 0 {
-            SamplerParams::RANDOM_SEED
-        } else {
-            self.seed as u64
-        };
-        Ok(SamplerParams {
-            temp: self.temp,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
-            seed,
-            banned: Vec::new(),
-        })
-    }
-}
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -177,6 +115,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
             path: p.clone(),
             read_only: a.prompt_cache_ro,
         }),
+        ..Default::default()
     };
     // Checked before loading anything.
     params.validate()?;

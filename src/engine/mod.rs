@@ -14,19 +14,24 @@ pub mod bench;
 mod cache_map;
 mod chat;
 mod options;
+#[cfg(target_arch = "wasm32")]
+pub mod pause;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod perplexity;
 mod rewind;
+mod schedule;
+pub mod service;
 mod session;
 mod shift;
+mod slots;
 mod stream;
 
 pub use cache_map::{CacheMap, StoreMap};
 pub use chat::Conversation;
 pub use options::EngineOptions;
-pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop};
+pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};
 pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};
-pub use stream::{Timings, Utf8Stream};
+pub use stream::{StopStrings, Timings, Utf8Stream};
 
 use crate::context::{Batch, Context, ContextError};
 use crate::gguf::{GgufError, GgufFile};
@@ -87,6 +92,8 @@ pub struct Engine {
     pub load_time: Duration,
     /// Decodes run, for logs and tests.
     pub n_steps: u64,
+    /// What the last step decoded: prompt tokens and generated tokens.
+    pub last_batch: (usize, usize),
 }
 
 /// One log line for the kernels the tuner chose.
@@ -280,6 +287,7 @@ impl Engine {
             sessions: (0..n).map(|_| None).collect(),
             load_time: Duration::ZERO,
             n_steps: 0,
+            last_batch: (0, 0),
         })
     }
 
@@ -499,6 +507,50 @@ impl Engine {
     /// Queues input for a session: checks, `--keep` resolution and prompt-cache reuse on
     /// the first input, sampler history.
     fn input(&mut self, id: SessionId, tokens: &[u32], generate: bool) -> Result<(), EngineError> {
+        self.input_reusing(id, tokens, generate, None)
+    }
+
+    /// Starts a request on idle session `id`: a fresh session with `params` whose input
+    /// is the whole prompt `tokens`. With `cache_prompt`, the cells of the longest prefix
+    /// the prompt shares with what the sequence holds are kept (never the last token:
+    /// its logits are needed); the rest of the sequence is dropped. Returns the tokens
+    /// reused. A sequence that was shifted or extended keeps nothing (its cells no longer
+    /// sit at the positions of its tokens).
+    pub fn start_request(
+        &mut self,
+        id: SessionId,
+        params: SessionParams,
+        tokens: &[u32],
+        cache_prompt: bool,
+    ) -> Result<usize, EngineError> {
+        let n_vocab = self.tokenizer.n_vocab();
+        let s = self.session(id)?;
+        if s.phase != Phase::Idle {
+            return Err(EngineError::Busy(id));
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        params.validate()?;
+        let kept = if cache_prompt && s.shift.ops.is_empty() {
+            s.history.clone()
+        } else {
+            Vec::new()
+        };
+        self.sessions[id as usize] = Some(Session::new(id, params, n_vocab)?);
+        self.input_reusing(id, tokens, true, Some(&kept))?;
+        Ok(self.session(id)?.history.len())
+    }
+
+    /// [`Engine::input`]; on a session's first input, `kept` (the tokens its sequence
+    /// still holds from an earlier request) gives the prefix to reuse.
+    fn input_reusing(
+        &mut self,
+        id: SessionId,
+        tokens: &[u32],
+        generate: bool,
+        kept: Option<&[u32]>,
+    ) -> Result<(), EngineError> {
         let n_ctx_seq = self.n_ctx_seq() as usize;
         let add_bos = self.tokenizer.add_bos();
         let s = self.session(id)?;
@@ -526,6 +578,8 @@ impl Engine {
             }
             if let Some(pc) = s.params.prompt_cache.clone() {
                 reuse = self.reuse_prompt_cache(id, &pc.path, tokens)?;
+            } else if let Some(kept) = kept {
+                reuse = self.reuse_cells(id, kept, tokens)?;
             }
         }
         let s = self.session_mut(id)?;
@@ -555,6 +609,25 @@ impl Engine {
             Phase::Prompt
         };
         Ok(())
+    }
+
+    /// Keeps the cells of the prefix `prompt` shares with `kept` (what sequence `id`
+    /// holds) and drops the rest; returns how many prompt tokens need no decoding.
+    fn reuse_cells(
+        &mut self,
+        id: SessionId,
+        kept: &[u32],
+        prompt: &[u32],
+    ) -> Result<usize, EngineError> {
+        let same = kept.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let mut reuse = same.min(prompt.len() - 1);
+        self.ctx.seq_rm(Some(id), reuse as i32, -1)?;
+        if reuse > 0 && !self.ctx.can_resume(id, reuse as i32) {
+            log::debug!("session {id}: the sliding-window buffer no longer holds the window before token {reuse}; reprocessing the prompt");
+            self.ctx.seq_rm(Some(id), -1, -1)?;
+            reuse = 0;
+        }
+        Ok(reuse)
     }
 
     /// Loads the prompt-cache file (if it exists) into `id`'s sequence and keeps the
@@ -614,6 +687,7 @@ impl Engine {
         let mut events = Vec::new();
         self.sample_all(&mut events);
         let (batch, parts) = self.plan_batch(&mut events)?;
+        self.last_batch = (0, 0);
         if batch.tokens.is_empty() {
             return Ok(events);
         }
@@ -621,6 +695,8 @@ impl Engine {
         let logits = self.ctx.decode_async(&batch).await?;
         let dt = start.elapsed();
         self.n_steps += 1;
+        let n_gen = parts.iter().filter(|p| p.generating).count();
+        self.last_batch = (batch.tokens.len() - n_gen, n_gen);
         self.take_results(&batch, &parts, &logits, dt, &mut events)?;
         Ok(events)
     }
@@ -649,7 +725,16 @@ impl Engine {
             let Some(logits) = s.logits.as_deref() else {
                 continue;
             };
-            let t = s.sampler.sample(logits);
+            let (t, probs) = if s.params.n_probs == 0 {
+                (s.sampler.sample(logits), None)
+            } else if s.params.post_sampling_probs {
+                let (t, prob, top) = s.sampler.sample_with_probs(logits, s.params.n_probs);
+                (t, Some(Box::new(TokenProbs { prob, top })))
+            } else {
+                let t = s.sampler.sample(logits);
+                let p = TokenProbs::from_logits(logits, t, s.params.n_probs);
+                (t, Some(Box::new(p)))
+            };
             s.sampler.accept(t);
             if tok.is_eog(t) {
                 events.push(s.finish(Stop::EndOfGeneration));
@@ -664,6 +749,7 @@ impl Engine {
                 session: s.id,
                 token: t,
                 text,
+                probs,
             });
         }
     }
@@ -674,18 +760,36 @@ impl Engine {
         let n_ctx_seq = self.n_ctx_seq() as i32;
         let mut batch = Batch::default();
         let mut parts = Vec::new();
-        // Generating sessions first (one token each), then prompts in session order.
-        let order: Vec<(SessionId, bool)> = self
+        // Generating sessions first (one token each), then the waiting prompts, which
+        // share the rest of the batch equally (starting from a different one each step,
+        // so the remainder rotates): a short prompt is not held behind a long one.
+        let generating: Vec<SessionId> = self
             .sessions()
-            .filter_map(|s| match s.phase {
-                Phase::Generate if s.next.is_some() => Some((s.id, true)),
-                Phase::Prompt => Some((s.id, false)),
-                _ => None,
-            })
+            .filter(|s| s.phase == Phase::Generate && s.next.is_some())
+            .map(|s| s.id)
             .collect();
-        let mut order_gen: Vec<_> = order.iter().filter(|o| o.1).collect();
-        order_gen.extend(order.iter().filter(|o| !o.1));
-        for &&(id, generating) in &order_gen {
+        let mut prompts: Vec<(SessionId, usize)> = self
+            .sessions()
+            .filter(|s| s.phase == Phase::Prompt)
+            .map(|s| (s.id, s.pending.len()))
+            .collect();
+        if !prompts.is_empty() {
+            let k = self.n_steps as usize % prompts.len();
+            prompts.rotate_left(k);
+        }
+        let room = n_batch.saturating_sub(generating.len());
+        let needs: Vec<usize> = prompts.iter().map(|p| p.1).collect();
+        let shares = schedule::fair_shares(&needs, room);
+        let order: Vec<(SessionId, bool, usize)> = (generating.iter().map(|&id| (id, true, 1)))
+            .chain(
+                prompts
+                    .iter()
+                    .zip(shares)
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(p, n)| (p.0, false, n)),
+            )
+            .collect();
+        for &(id, generating, share) in &order {
             let room_left = n_batch - batch.tokens.len();
             if room_left == 0 {
                 break;
@@ -694,7 +798,11 @@ impl Engine {
             let tokens: Vec<u32> = if generating {
                 vec![s.next.unwrap()]
             } else {
-                s.pending.iter().take(room_left).copied().collect()
+                s.pending
+                    .iter()
+                    .take(share.min(room_left))
+                    .copied()
+                    .collect()
             };
             let n = tokens.len() as i32;
             match s.shift.make_room(&mut self.ctx, id, n, n_ctx_seq) {

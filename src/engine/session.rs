@@ -32,12 +32,19 @@ pub struct SessionParams {
     pub n_predict: i32,
     pub shift: ShiftPolicy,
     pub prompt_cache: Option<PromptCache>,
+    /// Report the probabilities of this many most likely tokens with each generated
+    /// token (llama-server's `n_probs`, OpenAI's `top_logprobs`); 0: none.
+    pub n_probs: usize,
+    /// Report those probabilities after the sampler chain (top-k, top-p, temperature,
+    /// ...) instead of the model's own (llama-server's `post_sampling_probs`).
+    pub post_sampling_probs: bool,
 }
 
 impl SessionParams {
     /// Refuses settings that cannot work together, before anything is loaded.
     pub fn validate(&self) -> Result<(), EngineError> {
         self.shift.validate().map_err(EngineError::Options)?;
+        self.sampling.validate().map_err(EngineError::Options)?;
         if self.prompt_cache.is_some() && self.shift.ga_n > 1 {
             return Err(EngineError::PromptCache(format!(
                 "--prompt-cache cannot be used with Self-Extend (--grp-attn-n {} > 1): a cache is reused by position, and grouped positions no longer match the prompt's tokens",
@@ -78,6 +85,8 @@ pub enum Event {
         session: SessionId,
         token: u32,
         text: String,
+        /// With [`SessionParams::n_probs`] > 0: the distribution it was drawn from.
+        probs: Option<Box<TokenProbs>>,
     },
     /// A context shift dropped `n_discard` cached tokens after the first `n_keep`.
     ContextShifted {
@@ -111,6 +120,44 @@ impl Event {
             | Event::ContextExtended { session, .. }
             | Event::Finished { session, .. }
             | Event::Error { session, .. } => *session,
+        }
+    }
+}
+
+/// The distribution a token was sampled from: softmax of the model's logits (before the
+/// sampler chain), as llama-server reports `completion_probabilities` by default.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenProbs {
+    /// Probability of the token that was picked.
+    pub prob: f32,
+    /// The most likely tokens, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenProbs {
+    /// The top `n` of `logits` and the probability of `token`.
+    pub fn from_logits(logits: &[f32], token: u32, n: usize) -> TokenProbs {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+        let p = |l: f32| (((l - max) as f64).exp() / sum) as f32;
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let n = n.min(idx.len());
+        let cmp = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        if n > 0 && n < idx.len() {
+            idx.select_nth_unstable_by(n - 1, cmp);
+        }
+        idx.truncate(n);
+        idx.sort_by(cmp);
+        TokenProbs {
+            prob: logits.get(token as usize).map_or(0.0, |&l| p(l)),
+            top: idx
+                .into_iter()
+                .map(|i| (i, p(logits[i as usize])))
+                .collect(),
         }
     }
 }

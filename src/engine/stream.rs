@@ -77,3 +77,95 @@ impl Utf8Stream {
         s
     }
 }
+
+/// Stop strings over a stream of text (llama-server's `stop`): text that might be the
+/// start of a stop string is held back until the next piece decides; a whole stop string
+/// ends the generation and neither it nor anything after it is shown.
+#[derive(Clone, Debug, Default)]
+pub struct StopStrings {
+    words: Vec<String>,
+    held: String,
+    found: Option<String>,
+}
+
+impl StopStrings {
+    pub fn new(words: Vec<String>) -> Self {
+        StopStrings {
+            words: words.into_iter().filter(|w| !w.is_empty()).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// The stop string found, once one was.
+    pub fn found(&self) -> Option<&str> {
+        self.found.as_deref()
+    }
+
+    /// Takes the next piece of text; returns what can be shown now.
+    pub fn push(&mut self, text: &str) -> String {
+        if self.found.is_some() {
+            return String::new();
+        }
+        self.held.push_str(text);
+        // The earliest whole stop string ends the text.
+        let hit = (self.words.iter())
+            .filter_map(|w| self.held.find(w.as_str()).map(|at| (at, w)))
+            .min_by_key(|(at, _)| *at);
+        if let Some((at, w)) = hit {
+            self.found = Some(w.clone());
+            let shown = self.held[..at].to_string();
+            self.held.clear();
+            return shown;
+        }
+        // Hold back the longest tail that begins some stop string.
+        let keep = (self.words.iter())
+            .map(|w| partial_tail(&self.held, w))
+            .max()
+            .unwrap_or(0);
+        let cut = self.held.len() - keep;
+        let shown = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        shown
+    }
+
+    /// The end of the text: whatever was held back is shown.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// Length of the longest proper suffix of `text` that is a prefix of `word` (on
+/// character boundaries).
+fn partial_tail(text: &str, word: &str) -> usize {
+    (1..word.len().min(text.len() + 1))
+        .rev()
+        .filter(|&n| text.is_char_boundary(text.len() - n) && word.is_char_boundary(n))
+        .find(|&n| text.ends_with(&word[..n]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod stop_tests {
+    use super::StopStrings;
+
+    #[test]
+    fn stop_strings_hold_back_partial_matches() {
+        let mut s = StopStrings::new(vec!["</s>".into(), "\n\n".into()]);
+        assert_eq!(s.push("Hello <"), "Hello ");
+        assert_eq!(s.push("/"), "");
+        assert_eq!(s.push("b>"), "</b>");
+        assert_eq!(s.push(" x\n"), " x");
+        assert_eq!(s.push("\nmore"), "");
+        assert_eq!(s.found(), Some("\n\n"));
+        assert_eq!(s.push("ignored"), "");
+        assert_eq!(s.finish(), "");
+        let mut s = StopStrings::new(vec!["élan".into()]);
+        assert_eq!(s.push("caf"), "caf");
+        assert_eq!(s.push("é"), "");
+        assert_eq!(s.push("!"), "é!");
+        assert_eq!(s.push("él"), "");
+        assert_eq!(s.finish(), "él");
+        let mut none = StopStrings::new(vec![]);
+        assert_eq!(none.push("abc"), "abc");
+    }
+}

@@ -1,47 +1,161 @@
-//! Choosing the next token from logits, as llama.cpp's default sampler chain:
-//! repetition penalty → top-k → top-p → min-p → temperature → random draw.
+//! Choosing the next token from logits, the way llama.cpp's common sampler does, down to
+//! its random draws: the same logits, seed and settings pick the same token.
 //!
-//! Truncation (top-p, min-p) looks at the untempered distribution because temperature
-//! comes last in that chain. With `temp <= 0` the penalised argmax is taken (greedy).
-//! The random draw uses our own PCG32, so a given seed does not reproduce llama.cpp's
-//! (Mersenne-Twister) random sequence, only its distribution.
+//! The chain, in llama.cpp's default order:
+//! logit bias → penalties (repeat / frequency / presence) → top-n-σ → top-k → typical-p →
+//! top-p → min-p → XTC → temperature (optionally dynamic) → random draw.
+//!
+//! Things that matter for identical picks, all reproduced here:
+//! - Randomness comes from `std::mt19937` seeded with the 32-bit seed; the final draw
+//!   takes one `uniform_real_distribution<double>` value (two engine outputs) per sampled
+//!   token, even when only one candidate is left, and accepting a token draws nothing.
+//!   XTC has its own generator with the same seed and takes one
+//!   `uniform_real_distribution<float>` value (one output) per token whenever it is on and
+//!   at least two candidates reach it.
+//! - Candidates are reordered with libstdc++'s unstable `std::sort`/`std::partial_sort`
+//!   (plus llama.cpp's bucketed partial sort for more than 128 elements), so tied logits
+//!   come out in the same order (`stdsort.rs`).
+//! - Precision: logits, temperatures and the truncation samplers' probabilities are
+//!   `f32`; the draw exponentiates in `f32` and accumulates in `f64`. `exp`/`ln`/`powf`
+//!   are the platform's libm, as in llama.cpp (on Linux both use glibc's).
+//! - DRY, mirostat, adaptive-p, grammars and custom sampler orders are not implemented.
+//!
+//! Tested against llama.cpp itself: `reference_tests.rs` replays tests/data/sampler,
+//! recorded by scripts/record-sampler-ref.sh.
+//! - `temp <= 0` is not a separate path: the chain still runs, temperature keeps only the
+//!   first largest logit (in the order the chain left the candidates) and the draw still
+//!   consumes its random number.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 
+#[cfg(test)]
+mod reference_tests;
+mod rng;
+mod stdsort;
 #[cfg(test)]
 mod tests;
 
-/// Sampling settings; the defaults are llama.cpp's.
+use rng::Mt19937;
+
+/// Sampling settings; the defaults are llama.cpp's (`common_params_sampling`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplerParams {
-    /// Temperature; `<= 0` means greedy.
+    /// Temperature; `<= 0` keeps only the most likely token (greedy).
     pub temp: f32,
+    /// Dynamic temperature: the temperature ranges over `temp ± dynatemp_range` with the
+    /// normalised entropy of the candidates; `<= 0` disables.
+    pub dynatemp_range: f32,
+    /// Dynamic temperature: the exponent applied to the normalised entropy.
+    pub dynatemp_exponent: f32,
     /// Keep the k most likely tokens; `<= 0` keeps all.
     pub top_k: i32,
     /// Keep the smallest set of tokens whose probability reaches p; `>= 1` disables.
     pub top_p: f32,
     /// Drop tokens less likely than `min_p` × the most likely one; `<= 0` disables.
     pub min_p: f32,
+    /// Locally typical sampling; `>= 1` disables.
+    pub typical_p: f32,
+    /// Keep tokens whose logit is within `top_n_sigma` standard deviations of the
+    /// largest; `<= 0` disables.
+    pub top_n_sigma: f32,
+    /// XTC: the chance, per token, of removing all but the least likely of the tokens
+    /// above `xtc_threshold`; `<= 0` disables.
+    pub xtc_probability: f32,
+    /// XTC threshold; `> 0.5` disables XTC.
+    pub xtc_threshold: f32,
+    /// The fewest candidates top-p, min-p, typical-p and XTC leave (0: no minimum).
+    pub min_keep: usize,
     /// Penalty for tokens seen in the last `repeat_last_n`; `1.0` disables.
     pub repeat_penalty: f32,
-    /// How many recent tokens the repetition penalty looks at; `0` disables.
+    /// Subtracted from a logit once per occurrence in the last `repeat_last_n` tokens.
+    pub frequency_penalty: f32,
+    /// Subtracted from a logit once if the token occurs in the last `repeat_last_n`.
+    pub presence_penalty: f32,
+    /// How many recent tokens the penalties look at; `0` disables them.
     pub repeat_last_n: usize,
-    /// Random seed; [`SamplerParams::RANDOM_SEED`] picks a fresh one each run.
+    /// DRY repetition penalty. Not implemented: must stay 0 ([`SamplerParams::validate`]).
+    pub dry_multiplier: f32,
+    /// Added to the given tokens' logits before anything else (`-inf` bans a token).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Random seed; only its low 32 bits are used, as llama.cpp's seed is a `uint32_t`.
+    /// [`SamplerParams::RANDOM_SEED`] (low bits all ones) picks a fresh one.
     pub seed: u64,
-    /// Tokens never sampled (a logit bias of -inf, as llama.cpp's --ignore-eos sets).
+    /// Tokens never sampled: a logit bias of -inf after `logit_bias` (what llama.cpp's
+    /// --ignore-eos adds for the end-of-generation tokens).
     pub banned: Vec<u32>,
 }
 
 impl SamplerParams {
-    /// llama.cpp's "no seed given" value: draw a seed from the system.
+    /// llama.cpp's `LLAMA_DEFAULT_SEED`: draw a seed from the system.
     pub const RANDOM_SEED: u64 = 0xFFFF_FFFF;
 
-    /// Argmax decoding.
+    /// Argmax decoding (llama.cpp's `--temp 0`).
     pub fn greedy() -> Self {
         Self {
             temp: 0.0,
             ..Self::default()
         }
+    }
+
+    /// Rejects settings llama.cpp refuses (non-finite or non-positive repeat penalty,
+    /// non-finite frequency/presence penalties, NaN elsewhere) and DRY, which is not built.
+    pub fn validate(&self) -> Result<(), String> {
+        let r = self.repeat_penalty;
+        if !r.is_finite() || r <= 0.0 || !(1.0 / r).is_finite() {
+            return Err(format!(
+                "repeat_penalty must be finite and greater than 0, got {r}"
+            ));
+        }
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !v.is_finite() {
+                return Err(format!("{name} must be finite, got {v}"));
+            }
+        }
+        for (name, v) in [
+            ("temp", self.temp),
+            ("dynatemp_range", self.dynatemp_range),
+            ("dynatemp_exponent", self.dynatemp_exponent),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("typical_p", self.typical_p),
+            ("top_n_sigma", self.top_n_sigma),
+            ("xtc_probability", self.xtc_probability),
+            ("xtc_threshold", self.xtc_threshold),
+        ] {
+            if v.is_nan() {
+                return Err(format!("{name} must be a number, got NaN"));
+            }
+        }
+        if let Some(&(t, _)) = self.logit_bias.iter().find(|(_, b)| b.is_nan()) {
+            return Err(format!("logit_bias for token {t} is NaN"));
+        }
+        if self.dry_multiplier != 0.0 {
+            return Err(format!(
+                "DRY sampling is not built (dry_multiplier must be 0, got {})",
+                self.dry_multiplier
+            ));
+        }
+        Ok(())
+    }
+
+    /// The 32-bit seed llama.cpp would use, or `None` for a random one.
+    fn seed_u32(&self) -> Option<u32> {
+        let s = self.seed as u32;
+        (s != Self::RANDOM_SEED as u32).then_some(s)
+    }
+
+    fn penalties_on(&self) -> bool {
+        self.repeat_last_n > 0
+            && !(self.repeat_penalty == 1.0
+                && self.frequency_penalty == 0.0
+                && self.presence_penalty == 0.0)
+    }
+
+    fn xtc_on(&self) -> bool {
+        !(self.xtc_probability <= 0.0 || self.xtc_threshold > 0.5)
     }
 }
 
@@ -49,54 +163,30 @@ impl Default for SamplerParams {
     fn default() -> Self {
         Self {
             temp: 0.8,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0,
             top_k: 40,
             top_p: 0.95,
             min_p: 0.05,
+            typical_p: 1.0,
+            top_n_sigma: -1.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
+            min_keep: 0,
             repeat_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             repeat_last_n: 64,
+            dry_multiplier: 0.0,
+            logit_bias: Vec::new(),
             seed: Self::RANDOM_SEED,
             banned: Vec::new(),
         }
     }
 }
 
-/// PCG32 (XSH-RR): small, fast, and good enough for picking tokens.
-#[derive(Debug, Clone)]
-struct Pcg32 {
-    state: u64,
-    inc: u64,
-}
-
-impl Pcg32 {
-    const MUL: u64 = 6364136223846793005;
-
-    fn new(seed: u64) -> Self {
-        let mut r = Self {
-            state: 0,
-            inc: (0xda3e39cb94b95bdb_u64 << 1) | 1,
-        };
-        r.next_u32();
-        r.state = r.state.wrapping_add(seed);
-        r.next_u32();
-        r
-    }
-
-    fn next_u32(&mut self) -> u32 {
-        let old = self.state;
-        self.state = old.wrapping_mul(Self::MUL).wrapping_add(self.inc);
-        let xorshifted = (((old >> 18) ^ old) >> 27) as u32;
-        xorshifted.rotate_right((old >> 59) as u32)
-    }
-
-    /// Uniform in [0, 1) with 53 bits of precision.
-    fn next_f64(&mut self) -> f64 {
-        let hi = (self.next_u32() >> 5) as u64; // 27 bits
-        let lo = (self.next_u32() >> 6) as u64; // 26 bits
-        ((hi << 26) | lo) as f64 / (1u64 << 53) as f64
-    }
-}
-
-fn fresh_seed() -> u64 {
+/// A fresh 32-bit seed (never `RANDOM_SEED` itself, so it can be passed back).
+fn fresh_seed() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
@@ -104,201 +194,635 @@ fn fresh_seed() -> u64 {
             .duration_since(web_time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos()),
     );
-    h.finish()
+    let x = h.finish();
+    let s = (x ^ (x >> 32)) as u32;
+    if s == SamplerParams::RANDOM_SEED as u32 {
+        0
+    } else {
+        s
+    }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Cand {
-    id: u32,
-    logit: f32,
+/// One candidate: llama.cpp's `llama_token_data`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Cand {
+    pub(crate) id: u32,
+    pub(crate) logit: f32,
+    pub(crate) p: f32,
 }
 
-/// A stateful sampler: settings, RNG, and the recent-token history for penalties.
+/// llama.cpp's candidate order: larger logit first (ties: wherever the sort leaves them).
+fn by_logit(a: &Cand, b: &Cand) -> bool {
+    a.logit > b.logit
+}
+
+/// The candidate list a chain works on (llama.cpp's `llama_token_data_array`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cands {
+    pub(crate) data: Vec<Cand>,
+    /// Whether `data` is known to be in [`by_logit`] order.
+    pub(crate) sorted: bool,
+}
+
+/// What one [`Sampler::sample`] decided, with the final distribution (for tests).
+#[derive(Debug, Clone)]
+pub(crate) struct Pick {
+    pub(crate) token: u32,
+    /// The candidates the draw chose from, `p` normalised.
+    pub(crate) cands: Vec<Cand>,
+    /// Index of the chosen one in `cands`.
+    pub(crate) selected: usize,
+    /// The uniform number the draw used (mismatch reports of the reference tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) rnd: f64,
+}
+
+/// A stateful sampler: settings, random generators, and the recent-token history the
+/// penalties look at.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     params: SamplerParams,
     n_vocab: usize,
-    rng: Pcg32,
-    seed: u64,
+    seed: u32,
+    /// The final draw's generator (llama.cpp's `dist` sampler).
+    rng: Mt19937,
+    /// XTC's own generator, seeded alike.
+    xtc_rng: Mt19937,
     history: VecDeque<u32>,
+    cur: Cands,
+    scratch: Vec<Cand>,
 }
 
 impl Sampler {
     pub fn new(params: SamplerParams, n_vocab: usize) -> Self {
-        let seed = if params.seed == SamplerParams::RANDOM_SEED {
-            fresh_seed()
-        } else {
-            params.seed
-        };
+        let seed = params.seed_u32().unwrap_or_else(fresh_seed);
         Self {
-            rng: Pcg32::new(seed),
-            history: VecDeque::with_capacity(params.repeat_last_n),
+            rng: Mt19937::new(seed),
+            xtc_rng: Mt19937::new(seed),
+            history: VecDeque::with_capacity(params.repeat_last_n.min(4096)),
             params,
             n_vocab,
             seed,
+            cur: Cands::default(),
+            scratch: Vec::new(),
         }
     }
 
-    /// The seed actually used (a drawn one when the params asked for a random seed).
+    /// The 32-bit seed actually used (a drawn one when the params asked for a random
+    /// seed); passing it as the seed repeats the run.
     pub fn seed(&self) -> u64 {
-        self.seed
+        self.seed as u64
     }
 
     pub fn params(&self) -> &SamplerParams {
         &self.params
     }
 
-    /// Records a token for the repetition penalty (prompt tokens too, if wanted).
-    /// `sample` does not call this: the caller accepts what it keeps.
+    /// Records a token for the penalties (prompt tokens too, if wanted). `sample` does not
+    /// call this: the caller accepts what it keeps. Accepting draws no random numbers.
     pub fn accept(&mut self, token: u32) {
-        if self.params.repeat_last_n == 0 {
+        if !self.params.penalties_on() {
             return;
         }
-        if self.history.len() == self.params.repeat_last_n {
+        if self.history.len() >= self.params.repeat_last_n {
             self.history.pop_front();
         }
         self.history.push_back(token);
     }
 
-    /// Forgets the penalty history (new conversation).
+    /// Forgets the penalty history (new conversation). The random streams go on; unlike
+    /// llama.cpp's `llama_sampler_reset`, which also reseeds them (see [`Sampler::reseed`]).
     pub fn reset(&mut self) {
         self.history.clear();
     }
 
+    /// Restarts the random streams from the seed (a fresh one if the params asked for a
+    /// random seed): with [`Sampler::reset`], what llama.cpp's `llama_sampler_reset` does.
+    pub fn reseed(&mut self) {
+        self.seed = self.params.seed_u32().unwrap_or_else(fresh_seed);
+        self.rng = Mt19937::new(self.seed);
+        self.xtc_rng = Mt19937::new(self.seed);
+    }
+
     /// Picks the next token from one position's logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.run(logits, false).token
+    }
+
+    /// [`Sampler::sample`], also returning the distribution the token was drawn from
+    /// (after every stage of the chain): the `n` most likely candidates with their
+    /// probabilities, most likely first, those of probability 0 left out.
+    pub fn sample_with_probs(&mut self, logits: &[f32], n: usize) -> (u32, f32, Vec<(u32, f32)>) {
+        let pick = self.run(logits, true);
+        let chosen = pick.cands.get(pick.selected).map_or(0.0, |c| c.p);
+        let mut top: Vec<(u32, f32)> = (pick.cands.iter())
+            .filter(|c| c.p > 0.0)
+            .map(|c| (c.id, c.p))
+            .collect();
+        top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        top.truncate(n);
+        (pick.token, chosen, top)
+    }
+
+    /// Runs the chain; `keep` also returns the final candidates.
+    pub(crate) fn run(&mut self, logits: &[f32], keep: bool) -> Pick {
         let n = logits.len().min(self.n_vocab.max(1));
         debug_assert!(
             logits.len() >= self.n_vocab,
             "fewer logits than vocabulary entries"
         );
-        let mut c: Vec<Cand> = logits[..n]
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| Cand {
+        let mut cur = std::mem::take(&mut self.cur);
+        cur.data.clear();
+        cur.data
+            .extend(logits[..n].iter().enumerate().map(|(i, &l)| Cand {
                 id: i as u32,
                 logit: l,
-            })
-            .collect();
-        if c.is_empty() {
-            return 0;
+                p: 0.0,
+            }));
+        cur.sorted = false;
+        if cur.data.is_empty() {
+            self.cur = cur;
+            return Pick {
+                token: 0,
+                cands: Vec::new(),
+                selected: 0,
+                rnd: 0.0,
+            };
         }
-        for &b in &self.params.banned {
-            if let Some(x) = c.get_mut(b as usize) {
-                x.logit = f32::NEG_INFINITY;
-            }
-        }
-        self.penalize(&mut c);
         let p = &self.params;
-        if p.temp <= 0.0 {
-            // First maximum, like a strict `>` scan.
-            let best = c
-                .iter()
-                .fold(c[0], |b, x| if x.logit > b.logit { *x } else { b });
-            return best.id;
+        // The candidates are still indexed by id until the first sort.
+        logit_bias(&mut cur, p);
+        if p.penalties_on() {
+            penalize(&mut cur, &self.history, p);
         }
-        top_k(&mut c, p.top_k);
-        top_p(&mut c, p.top_p);
-        min_p(&mut c, p.min_p);
-        for x in c.iter_mut() {
-            x.logit /= p.temp;
+        if p.top_n_sigma > 0.0 {
+            top_n_sigma(&mut cur, p.top_n_sigma);
         }
-        self.draw(&c)
-    }
-
-    /// Repetition penalty over the distinct tokens in the history: a positive logit is
-    /// divided by the penalty, a non-positive one multiplied, so both become less likely.
-    fn penalize(&self, c: &mut [Cand]) {
-        let pen = self.params.repeat_penalty;
-        if pen == 1.0 || self.history.is_empty() {
-            return;
+        if p.top_k > 0 {
+            top_k(&mut cur, p.top_k, &mut self.scratch);
         }
-        let mut seen = HashSet::with_capacity(self.history.len());
-        for &t in &self.history {
-            if !seen.insert(t) {
-                continue;
-            }
-            // Candidates are still indexed by id here.
-            if let Some(x) = c.get_mut(t as usize) {
-                x.logit = if x.logit <= 0.0 {
-                    x.logit * pen
-                } else {
-                    x.logit / pen
-                };
-            }
+        if p.typical_p < 1.0 {
+            typical(&mut cur, p.typical_p, p.min_keep, &mut self.scratch);
         }
-    }
-
-    fn draw(&mut self, c: &[Cand]) -> u32 {
-        let probs = softmax(c);
-        let u = self.rng.next_f64();
-        let mut acc = 0.0f64;
-        for (x, &pr) in c.iter().zip(&probs) {
-            acc += pr as f64;
-            if u < acc {
-                return x.id;
-            }
+        if p.top_p < 1.0 {
+            top_p(&mut cur, p.top_p, p.min_keep, &mut self.scratch);
         }
-        // Rounding left `u` past the total: take the last token with any mass.
-        c.iter()
-            .zip(&probs)
-            .rev()
-            .find(|(_, &p)| p > 0.0)
-            .map_or(c[0].id, |(x, _)| x.id)
+        if p.min_p > 0.0 {
+            min_p(&mut cur, p.min_p, p.min_keep, &mut self.scratch);
+        }
+        if p.xtc_on() {
+            xtc(
+                &mut cur,
+                p.xtc_probability,
+                p.xtc_threshold,
+                p.min_keep,
+                &mut self.xtc_rng,
+                &mut self.scratch,
+            );
+        }
+        if p.dynatemp_range > 0.0 {
+            dynatemp(
+                &mut cur,
+                p.temp,
+                p.dynatemp_range,
+                p.dynatemp_exponent,
+                &mut self.scratch,
+            );
+        } else if p.temp != 1.0 {
+            scale_by_temp(&mut cur, p.temp);
+        }
+        let (selected, rnd) = draw(&mut cur, &mut self.rng);
+        let pick = Pick {
+            token: cur.data[selected].id,
+            cands: if keep { cur.data.clone() } else { Vec::new() },
+            selected,
+            rnd,
+        };
+        self.cur = cur;
+        pick
     }
 }
 
-/// Sorts by logit, highest first (ties: lower id first).
-fn sort_desc(c: &mut [Cand]) {
-    c.sort_by(|a, b| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id)));
+/// `std::max(a, b)`: `b` only if `a < b` (so NaN never replaces a value, nor is replaced).
+fn cpp_max(a: f32, b: f32) -> f32 {
+    if a < b {
+        b
+    } else {
+        a
+    }
 }
 
-fn softmax(c: &[Cand]) -> Vec<f32> {
-    let max = c.iter().map(|x| x.logit).fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = c.iter().map(|x| (x.logit - max).exp()).collect();
-    let sum: f32 = exps.iter().sum();
-    exps.into_iter().map(|e| e / sum).collect()
+fn logit_bias(cur: &mut Cands, p: &SamplerParams) {
+    let bias = p
+        .logit_bias
+        .iter()
+        .copied()
+        .chain(p.banned.iter().map(|&t| (t, f32::NEG_INFINITY)));
+    for (t, b) in bias {
+        // A token past the candidates matches none of them.
+        if let Some(c) = cur.data.get_mut(t as usize) {
+            c.logit += b;
+        }
+    }
 }
 
-fn top_k(c: &mut Vec<Cand>, k: i32) {
-    if k <= 0 || k as usize >= c.len() {
-        sort_desc(c);
+/// Repetition, frequency and presence penalties over the tokens in `history` (the last
+/// `repeat_last_n` accepted): a token seen `count` times has a positive logit divided by
+/// (a non-positive one multiplied by) `repeat_penalty` once, then
+/// `count·frequency + presence` subtracted.
+fn penalize(cur: &mut Cands, history: &VecDeque<u32>, p: &SamplerParams) {
+    let mut seen: Vec<u32> = history.iter().copied().collect();
+    seen.sort_unstable();
+    for run in seen.chunk_by(|a, b| a == b) {
+        // Candidates are in id order here (nothing has sorted them yet).
+        let Some(c) = cur.data.get_mut(run[0] as usize) else {
+            continue;
+        };
+        let count = run.len();
+        if c.logit <= 0.0 {
+            c.logit *= p.repeat_penalty;
+        } else {
+            c.logit /= p.repeat_penalty;
+        }
+        c.logit -= count as f32 * p.frequency_penalty + 1.0 * p.presence_penalty;
+    }
+    cur.sorted = false;
+}
+
+/// Masks (to -inf) logits more than `n` standard deviations below the largest.
+fn top_n_sigma(cur: &mut Cands, n: f32) {
+    if cur.data.len() <= 1 {
         return;
     }
-    let k = k as usize;
-    c.select_nth_unstable_by(k - 1, |a, b| {
-        b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+    let mut max = cur.data[0].logit;
+    let mut sum = 0.0f32;
+    let mut valid = 0usize;
+    for c in &cur.data {
+        if c.logit != f32::NEG_INFINITY {
+            max = cpp_max(max, c.logit);
+            sum += c.logit;
+            valid += 1;
+        }
+    }
+    let mean = if valid > 0 { sum / valid as f32 } else { 0.0 };
+    // The squares are taken (and summed) in double, the sum rounded back to float each step.
+    let mut acc = 0.0f32;
+    for c in &cur.data {
+        if c.logit != f32::NEG_INFINITY {
+            let d = (c.logit - mean) as f64;
+            acc = (acc as f64 + d * d) as f32;
+        }
+    }
+    let std = if valid > 0 {
+        (acc / valid as f32).sqrt()
+    } else {
+        0.0
+    };
+    let cut = max - n * std;
+    for c in &mut cur.data {
+        if c.logit < cut {
+            c.logit = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// llama.cpp's bucketed partial sort for large arrays: candidates go into 128 logit
+/// buckets over [-10, 10) (outside: the end buckets), in their current order; the top
+/// buckets that together hold at least `npartial` are `std::sort`ed, the last of them
+/// only `std::partial_sort`ed as far as needed. `out` gets those buckets' candidates
+/// (at least `npartial`, the first `npartial` in order).
+fn bucket_partial_sort(cur: &[Cand], npartial: usize, out: &mut Vec<Cand>) {
+    const NB: usize = 128;
+    const LOW: f32 = -10.0;
+    const HIGH: f32 = 10.0;
+    let scale: f32 = NB as f32 / (HIGH - LOW);
+    let inter: f32 = -LOW * scale;
+    let bucket = |l: f32| -> usize {
+        let x = scale * l + inter;
+        // C++ `int(x)` as x86 computes it: out of range (or NaN) gives INT_MIN.
+        let i = if !(-2_147_483_648.0..2_147_483_648.0).contains(&x) {
+            i32::MIN
+        } else {
+            x as i32
+        };
+        i.clamp(0, NB as i32 - 1) as usize
+    };
+    let mut histo = [0usize; NB];
+    let idx: Vec<u8> = cur
+        .iter()
+        .map(|c| {
+            let b = bucket(c.logit);
+            histo[b] += 1;
+            b as u8
+        })
+        .collect();
+    let mut nhave = 0;
+    let mut ib = NB - 1;
+    loop {
+        nhave += histo[ib];
+        if nhave >= npartial || ib == 0 {
+            break;
+        }
+        ib -= 1;
+    }
+    // Start of each kept bucket in `out`, highest bucket first.
+    let mut start = [0usize; NB];
+    let mut at = 0;
+    for j in (ib..NB).rev() {
+        start[j] = at;
+        at += histo[j];
+    }
+    out.clear();
+    out.resize(
+        nhave,
+        Cand {
+            id: 0,
+            logit: 0.0,
+            p: 0.0,
+        },
+    );
+    for (c, &b) in cur.iter().zip(&idx) {
+        let b = b as usize;
+        if b >= ib {
+            out[start[b]] = *c;
+            start[b] += 1;
+        }
+    }
+    let mut at = 0;
+    let mut done = 0;
+    for j in (ib + 1..NB).rev() {
+        stdsort::sort(&mut out[at..at + histo[j]], &by_logit);
+        at += histo[j];
+        done += histo[j];
+    }
+    stdsort::partial_sort(&mut out[at..at + histo[ib]], npartial - done, &by_logit);
+}
+
+/// llama.cpp's in-place partial sort: keeps only the first `npartial`, in order.
+fn partial_sort_inplace(cur: &mut Cands, npartial: usize, scratch: &mut Vec<Cand>) {
+    if npartial <= 128 {
+        stdsort::partial_sort(&mut cur.data, npartial, &by_logit);
+    } else {
+        bucket_partial_sort(&cur.data, npartial, scratch);
+        cur.data[..npartial].copy_from_slice(&scratch[..npartial]);
+    }
+    cur.data.truncate(npartial);
+    cur.sorted = true;
+}
+
+/// Softmax into `p` (float, max-subtracted), sorting first if `sort` is set.
+fn softmax(cur: &mut Cands, sort: bool, scratch: &mut Vec<Cand>) {
+    assert!(!cur.data.is_empty());
+    if sort && !cur.sorted {
+        let n = cur.data.len();
+        partial_sort_inplace(cur, n, scratch);
+    }
+    let mut max = cur.data[0].logit;
+    if !cur.sorted {
+        for c in &cur.data[1..] {
+            max = cpp_max(max, c.logit);
+        }
+    }
+    let mut sum = 0.0f32;
+    for c in &mut cur.data {
+        c.p = (c.logit - max).exp();
+        sum += c.p;
+    }
+    for c in &mut cur.data {
+        c.p /= sum;
+    }
+}
+
+fn top_k(cur: &mut Cands, k: i32, scratch: &mut Vec<Cand>) {
+    let k = (k as usize).min(cur.data.len());
+    if !cur.sorted {
+        partial_sort_inplace(cur, k, scratch);
+    }
+    cur.data.truncate(k);
+}
+
+/// Locally typical sampling: keeps the tokens whose surprise is closest to the entropy,
+/// until their probability exceeds `p`. Leaves the candidates in that order (unsorted).
+fn typical(cur: &mut Cands, p: f32, min_keep: usize, scratch: &mut Vec<Cand>) {
+    softmax(cur, true, scratch);
+    let mut entropy = 0.0f32;
+    for c in &cur.data {
+        entropy += -c.p * c.p.ln();
+    }
+    let shifted: Vec<f32> = cur
+        .data
+        .iter()
+        .map(|c| (-c.p.ln() - entropy).abs())
+        .collect();
+    let mut order: Vec<usize> = (0..cur.data.len()).collect();
+    stdsort::sort(&mut order, &|&a: &usize, &b: &usize| {
+        shifted[a] < shifted[b]
     });
-    c.truncate(k);
-    sort_desc(c);
-}
-
-/// Keeps the shortest most-likely prefix whose probability reaches `p` (at least one).
-/// Expects `c` sorted.
-fn top_p(c: &mut Vec<Cand>, p: f32) {
-    if p >= 1.0 {
-        return;
-    }
-    let probs = softmax(c);
     let mut cum = 0.0f32;
-    let mut keep = c.len();
-    for (i, pr) in probs.iter().enumerate() {
-        cum += pr;
-        if cum >= p {
-            keep = i + 1;
+    let mut last = order.len();
+    for (i, &k) in order.iter().enumerate() {
+        cum += cur.data[k].p;
+        if cum > p && (min_keep == 0 || i + 1 >= min_keep) {
+            last = i + 1;
             break;
         }
     }
-    c.truncate(keep.max(1));
+    scratch.clear();
+    scratch.extend(order[..last].iter().map(|&k| cur.data[k]));
+    cur.data.clear();
+    cur.data.extend_from_slice(scratch);
+    cur.sorted = false;
 }
 
-/// Keeps tokens with probability ≥ `p` × the top probability, i.e. logit ≥ max + ln p.
-/// Expects `c` sorted.
-fn min_p(c: &mut Vec<Cand>, p: f32) {
-    if p <= 0.0 || c.is_empty() {
+/// Nucleus sampling: keeps the most likely tokens until their probability reaches `p`.
+fn top_p(cur: &mut Cands, p: f32, min_keep: usize, buf: &mut Vec<Cand>) {
+    softmax(cur, false, buf);
+    let size = cur.data.len();
+    let mut k = size;
+    // When unsorted and large, sort only the top 256 first, and everything only if the
+    // nucleus turns out bigger than that.
+    let mut in_buf = false;
+    if !cur.sorted && size > 1024 {
+        k = size.min(256);
+        bucket_partial_sort(&cur.data, k, buf);
+        in_buf = true;
+    } else if !cur.sorted {
+        partial_sort_inplace(cur, k, buf);
+    }
+    let mut cum = 0.0f32;
+    let mut last = size;
+    for i in 0..size {
+        cum += if in_buf { buf[i].p } else { cur.data[i].p };
+        if cum >= p && i + 1 >= min_keep {
+            last = i + 1;
+            break;
+        }
+        if !cur.sorted && i == k - 1 {
+            k = size;
+            bucket_partial_sort(&cur.data, k, buf);
+        }
+    }
+    if !cur.sorted {
+        cur.data.clear();
+        cur.data.extend_from_slice(&buf[..last]);
+        cur.sorted = true;
+    }
+    cur.data.truncate(last);
+}
+
+/// Drops tokens whose probability is below `p` × the largest, i.e. whose logit is below
+/// `max + ln p`.
+fn min_p(cur: &mut Cands, p: f32, min_keep: usize, scratch: &mut Vec<Cand>) {
+    if cur.data.is_empty() {
         return;
     }
-    let min_logit = c[0].logit + p.ln();
-    let keep = c.iter().take_while(|x| x.logit >= min_logit).count();
-    c.truncate(keep.max(1));
+    if !cur.sorted {
+        let mut max = -f32::MAX;
+        for c in &cur.data {
+            max = cpp_max(max, c.logit);
+        }
+        let min_logit = max + p.ln();
+        scratch.clear();
+        scratch.extend(cur.data.iter().filter(|c| c.logit >= min_logit).copied());
+        if !scratch.is_empty() && scratch.len() >= min_keep {
+            cur.data.clear();
+            cur.data.extend_from_slice(scratch);
+            return;
+        }
+        let n = cur.data.len();
+        partial_sort_inplace(cur, n, scratch);
+    }
+    let min_logit = cur.data[0].logit + p.ln();
+    let mut i = 1;
+    while i < cur.data.len() {
+        if cur.data[i].logit < min_logit && i >= min_keep {
+            break;
+        }
+        i += 1;
+    }
+    cur.data.truncate(i);
+}
+
+/// Exclude Top Choices: with chance `prob`, drops every token at or above `threshold`
+/// probability except the least likely of them.
+fn xtc(
+    cur: &mut Cands,
+    prob: f32,
+    threshold: f32,
+    min_keep: usize,
+    rng: &mut Mt19937,
+    scratch: &mut Vec<Cand>,
+) {
+    if cur.data.len() < 2 {
+        return;
+    }
+    let chance = rng.uniform_f32();
+    if chance > prob {
+        return;
+    }
+    softmax(cur, true, scratch);
+    let mut pos_last = 0;
+    for (i, c) in cur.data.iter().enumerate() {
+        if c.p >= threshold {
+            pos_last = i;
+        } else {
+            break;
+        }
+    }
+    if cur.data.len() - pos_last >= min_keep && pos_last > 0 {
+        cur.data.drain(..pos_last);
+    }
+}
+
+/// Divides the logits by `temp`; `temp <= 0` keeps only the first largest logit (all
+/// others become -inf).
+fn scale_by_temp(cur: &mut Cands, temp: f32) {
+    if cur.data.is_empty() {
+        return;
+    }
+    if temp <= 0.0 {
+        let mut max_i = 0;
+        let mut max_l = cur.data[0].logit;
+        for i in 1..cur.data.len() {
+            if cur.data[i].logit > max_l {
+                cur.data[max_i].logit = f32::NEG_INFINITY;
+                max_i = i;
+                max_l = cur.data[i].logit;
+            } else {
+                cur.data[i].logit = f32::NEG_INFINITY;
+            }
+        }
+        return;
+    }
+    for c in &mut cur.data {
+        c.logit /= temp;
+    }
+}
+
+/// Dynamic temperature: maps the candidates' normalised entropy to a temperature in
+/// `[max(0, temp - range), temp + range]`.
+fn dynatemp(cur: &mut Cands, temp: f32, range: f32, exponent: f32, scratch: &mut Vec<Cand>) {
+    let min_temp = 0.0f32.max(temp - range);
+    let max_temp = temp + range;
+    if cur.data.len() <= 1 {
+        return;
+    }
+    let max_entropy = -(1.0f32 / cur.data.len() as f32).ln();
+    softmax(cur, true, scratch);
+    let mut entropy = 0.0f32;
+    for c in &cur.data {
+        if c.p > 0.0 {
+            entropy -= c.p * c.p.ln();
+        }
+    }
+    let normalized = entropy / max_entropy;
+    let dyn_temp = min_temp + (max_temp - min_temp) * normalized.powf(exponent);
+    scale_by_temp(cur, dyn_temp);
+    // Probabilities for the scaled logits, in double (the draw recomputes its own).
+    let max = cur.data[0].logit as f64;
+    let mut sum = 0.0f64;
+    for c in &mut cur.data {
+        let p = (c.logit as f64 - max).exp();
+        c.p = p as f32;
+        sum += p;
+    }
+    for c in &mut cur.data {
+        c.p = (c.p as f64 / sum) as f32;
+    }
+}
+
+/// The final draw: softmax (float exponentials, double sums), one uniform double `u`,
+/// and the first candidate where the running sum reaches `u` × the total. Returns the
+/// chosen index and `u`. Draws even for a single candidate.
+fn draw(cur: &mut Cands, rng: &mut Mt19937) -> (usize, f64) {
+    if cur.data.len() == 1 {
+        let u = rng.uniform_f64();
+        cur.data[0].p = 1.0;
+        return (0, u);
+    }
+    let mut max = cur.data[0].logit;
+    if !cur.sorted {
+        for c in &cur.data[1..] {
+            max = cpp_max(max, c.logit);
+        }
+    }
+    let mut total = 0.0f64;
+    for c in &mut cur.data {
+        c.p = (c.logit - max).exp();
+        total += c.p as f64;
+    }
+    let u = rng.uniform_f64();
+    let target = total * u;
+    let mut run = 0.0f64;
+    let mut selected = None;
+    for (i, c) in cur.data.iter_mut().enumerate() {
+        if selected.is_none() {
+            run += c.p as f64;
+            if run >= target {
+                selected = Some(i);
+            }
+        }
+        c.p = (c.p as f64 / total) as f32;
+    }
+    (selected.unwrap_or(cur.data.len() - 1), u)
 }

@@ -25,8 +25,8 @@ use crate::gguf::GgufFile;
 
 use special::Fragment;
 pub use template::{
-    apply_chat_template, render_chat_template, ChatMessage, TemplateError, TemplateOptions, CHATML,
-    GEMMA,
+    apply_chat_template, builtin_template, render_chat_template, ChatMessage, TemplateError,
+    TemplateOptions, BUILTIN_TEMPLATES, CHATML, GEMMA,
 };
 
 /// Why a model's tokenizer could not be built.
@@ -347,6 +347,11 @@ impl Tokenizer {
         self.tokens
             .get(id as usize)
             .is_some_and(|t| t.attr & attr::CONTROL != 0)
+    }
+
+    /// Uses `template` in place of the GGUF's (`--chat-template`).
+    pub fn set_chat_template(&mut self, template: &str) {
+        self.chat_template = Some(template.to_string());
     }
 
     /// Uses `template` where the GGUF has none (a built-in one of the architecture).

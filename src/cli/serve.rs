@@ -1,0 +1,215 @@
+//! `wgllm serve`: llama-server's flags over the library's server (`wgllm::server`).
+
+use super::run::{SamplingArgs, ShiftArgs};
+use super::{load_engine, ModelArgs};
+use anyhow::{bail, Context as _, Result};
+use clap::Args;
+use std::path::PathBuf;
+use wgllm::server::{Defaults, ServerOptions};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Addresses to listen on, comma-separated (loopback only unless told otherwise).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// The model's names in replies and in /v1/models, comma-separated (the first in
+    /// sorted order is its id; default: the file's path).
+    #[arg(short = 'a', long)]
+    pub alias: Option<String>,
+    /// Tags listed with the model in /v1/models, comma-separated.
+    #[arg(long)]
+    pub tags: Option<String>,
+    /// Most tokens a request may generate (-1: no cap).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i32,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub shift: ShiftArgs,
+    /// Shift a slot's context when it fills (off by default, as in llama-server).
+    #[arg(long = "context-shift")]
+    pub context_shift: bool,
+    /// API keys clients must send (`Authorization: Bearer KEY`); comma-separated or repeated.
+    #[arg(long = "api-key", value_delimiter = ',')]
+    pub api_key: Vec<String>,
+    /// A file with one API key per line.
+    #[arg(long = "api-key-file")]
+    pub api_key_file: Option<PathBuf>,
+    /// Serve Prometheus metrics on /metrics.
+    #[arg(long)]
+    pub metrics: bool,
+    /// Serve /slots (on by default).
+    #[arg(long, overrides_with = "no_slots")]
+    pub slots: bool,
+    #[arg(long = "no-slots")]
+    pub no_slots: bool,
+    /// Directory for /slots/{id}?action=save|restore files.
+    #[arg(long = "slot-save-path")]
+    pub slot_save_path: Option<PathBuf>,
+    /// Accepted for compatibility: templates always render with minijinja.
+    #[arg(long = "no-jinja")]
+    pub no_jinja: bool,
+    /// A chat template in place of the model's: Jinja source, or `chatml` / `gemma`.
+    #[arg(long = "chat-template")]
+    pub chat_template: Option<String>,
+    /// A file holding the chat template.
+    #[arg(long = "chat-template-file")]
+    pub chat_template_file: Option<PathBuf>,
+    /// Accepted for compatibility: batching is always continuous.
+    #[arg(long = "cont-batching", visible_alias = "cb")]
+    pub cont_batching: bool,
+    /// Refused: batching is always continuous here.
+    #[arg(long = "no-cont-batching", visible_alias = "nocb")]
+    pub no_cont_batching: bool,
+    /// Seconds a client connection may stay silent.
+    #[arg(long = "timeout", visible_alias = "to", default_value_t = 600)]
+    pub timeout: u64,
+    /// HTTP worker threads (default: one per core).
+    #[arg(
+        long = "threads-http",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub threads_http: i64,
+    /// Origins allowed to call the server from a browser, comma-separated (`*`: any).
+    #[arg(long = "cors-origins", default_value = "*")]
+    pub cors_origins: String,
+    /// Largest request body in MiB.
+    #[arg(long = "max-body-mib", default_value_t = 64)]
+    pub max_body_mib: usize,
+    /// Accepted for compatibility: every slot gets an equal share of the cache.
+    #[arg(long = "kv-unified", visible_alias = "kvu")]
+    pub kv_unified: bool,
+    /// Accepted for compatibility: there is no web UI.
+    #[arg(long = "no-webui", visible_alias = "no-ui")]
+    pub no_webui: bool,
+    /// Accepted for compatibility: reasoning text is returned as the model writes it.
+    #[arg(long = "reasoning-format")]
+    pub reasoning_format: Option<String>,
+    /// Accepted for compatibility: models are local files.
+    #[arg(long)]
+    pub offline: bool,
+    /// More log output (RUST_LOG=debug).
+    #[arg(long = "verbose", visible_alias = "v")]
+    pub verbose: bool,
+}
+
+/// A comma-separated list, trimmed, sorted, without repeats.
+fn list(s: Option<&str>) -> Vec<String> {
+    let mut v: Vec<String> = (s.unwrap_or("").split(','))
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(String::from)
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// A built-in chat template by llama.cpp's name, or Jinja source (any text that is not
+/// a known name renders as itself, as a Jinja template without tags does).
+fn template(t: &str) -> Result<String> {
+    if let Some(builtin) = wgllm::tokenizer::builtin_template(t) {
+        return Ok(builtin.to_string());
+    }
+    if t.chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+    {
+        bail!(
+            "--chat-template {t}: not a built-in template ({}); pass Jinja source or use --chat-template-file",
+            wgllm::tokenizer::BUILTIN_TEMPLATES.join(", ")
+        );
+    }
+    Ok(t.to_string())
+}
+
+pub fn serve(a: &ServeArgs) -> Result<()> {
+    if a.no_cont_batching {
+        bail!("--no-cont-batching: wgllm always batches requests continuously (every generating slot decodes in one batch)");
+    }
+    if a.n_predict < -1 {
+        bail!(
+            "-n must be -1 (no cap) or a token count, got {}",
+            a.n_predict
+        );
+    }
+    let mut shift = a.shift.clone();
+    shift.no_context_shift = !a.context_shift || a.shift.no_context_shift;
+    let policy = shift.policy()?;
+    let sampling = a.sampling.checked()?;
+    let mut keys: Vec<String> = a
+        .api_key
+        .iter()
+        .filter(|k| !k.is_empty())
+        .cloned()
+        .collect();
+    if let Some(f) = &a.api_key_file {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("reading the API key file {}", f.display()))?;
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from),
+        );
+    }
+    let chat_template = match (&a.chat_template, &a.chat_template_file) {
+        (_, Some(f)) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading the chat template file {}", f.display()))?,
+        ),
+        (Some(t), None) => Some(template(t)?),
+        (None, None) => None,
+    };
+    if let Some(dir) = &a.slot_save_path {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the slot directory {}", dir.display()))?;
+    }
+    if a.kv_unified {
+        log::debug!("--kv-unified: every slot has an equal share of one cache; ignored");
+    }
+    let opts = ServerOptions {
+        host: a.host.clone(),
+        port: a.port,
+        aliases: list(a.alias.as_deref()),
+        tags: list(a.tags.as_deref()),
+        model_path: a.model.model.clone(),
+        api_keys: keys,
+        metrics: a.metrics,
+        slots: !a.no_slots,
+        slot_save_path: a.slot_save_path.clone(),
+        defaults: Defaults {
+            sampling,
+            n_predict: a.n_predict,
+            shift: policy,
+            ignore_eos: a.sampling.ignore_eos,
+        },
+        cors_origins: a
+            .cors_origins
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .collect(),
+        max_body: a.max_body_mib << 20,
+        timeout_s: a.timeout,
+        threads_http: a.threads_http.max(0) as usize,
+    };
+    let model = a.model.clone();
+    let mut eopts = model.options()?;
+    eopts.swa_keep = shift.swa_keep();
+    let load = move || {
+        let mut e = load_engine(&model, &eopts)?;
+        if let Some(t) = &chat_template {
+            e.tokenizer.set_chat_template(t);
+        }
+        Ok(e)
+    };
+    wgllm::server::serve(opts, load, |addrs| {
+        for a in addrs {
+            log::info!("server is listening on http://{a}");
+        }
+    })
+}

@@ -1,0 +1,47 @@
+//! A session's cells as a file (llama-server's `/slots/{id}?action=save|restore|erase`):
+//! the sequence and the tokens it holds are written with the context's state format and
+//! read back into an idle session, which then continues from them.
+
+use super::{Engine, EngineError, Phase, Session, SessionId};
+use std::path::Path;
+
+impl Engine {
+    /// Writes idle session `id`'s cells and tokens to `path`; returns the tokens saved.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn save_session(&mut self, id: SessionId, path: &Path) -> Result<usize, EngineError> {
+        let history = self.idle(id)?.history.clone();
+        self.context_mut().state_save(path, &history, Some(id))?;
+        Ok(history.len())
+    }
+
+    /// Replaces idle session `id`'s cells with those saved in `path` (by
+    /// [`Engine::save_session`] or a one-sequence state file); the session's next
+    /// request reuses them as a cached prefix. Returns the tokens restored.
+    pub fn restore_session(&mut self, id: SessionId, path: &Path) -> Result<usize, EngineError> {
+        let params = self.idle(id)?.params.clone();
+        let saved = self.context_mut().state_load(path, Some(id))?;
+        let mut s = Session::new(id, params, self.tokenizer.n_vocab())?;
+        s.shift.n_past = saved.tokens.len() as i32;
+        s.history = saved.tokens;
+        let n = s.history.len();
+        self.sessions[id as usize] = Some(s);
+        Ok(n)
+    }
+
+    /// Drops idle session `id`'s cells and tokens; returns how many tokens it held.
+    pub fn erase_session(&mut self, id: SessionId) -> Result<usize, EngineError> {
+        let s = self.idle(id)?;
+        let (n, params) = (s.history.len(), s.params.clone());
+        self.context_mut().seq_rm(Some(id), -1, -1)?;
+        self.sessions[id as usize] = Some(Session::new(id, params, self.tokenizer.n_vocab())?);
+        Ok(n)
+    }
+
+    fn idle(&self, id: SessionId) -> Result<&Session, EngineError> {
+        let s = self.session(id)?;
+        if s.phase != Phase::Idle {
+            return Err(EngineError::Busy(id));
+        }
+        Ok(s)
+    }
+}

@@ -1,0 +1,153 @@
+//! A chat request read as llama-server reads it: OpenAI's `messages` (text content or
+//! text parts), an assistant message last continues that message (prefill, or
+//! `continue_final_message`), and what wgllm cannot honour — tool calls, images,
+//! grammar-constrained output — is refused with the reason rather than ignored.
+
+use super::error::{ApiError, ApiResult};
+use super::params::Fields;
+use crate::tokenizer::{ChatMessage, Tokenizer};
+use serde_json::Value;
+
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    /// Continue the last (assistant) message instead of opening a new turn.
+    pub continue_last: bool,
+}
+
+impl ChatRequest {
+    pub fn read(body: &Value) -> ApiResult<ChatRequest> {
+        let f = Fields::of(body)?;
+        refuse_unbuilt(&f)?;
+        let messages = messages(f.value("messages"))?;
+        let trailing = messages
+            .iter()
+            .rev()
+            .take_while(|m| m.role == "assistant")
+            .count();
+        if trailing >= 2 {
+            return Err(ApiError::invalid(
+                "Cannot have 2 or more assistant messages at the end of the list.",
+            ));
+        }
+        let add_gen = f.bool("add_generation_prompt")?;
+        let cont = f.bool("continue_final_message")?;
+        if add_gen == Some(true) && cont == Some(true) {
+            return Err(ApiError::invalid(
+                "Cannot set both add_generation_prompt and continue_final_message to true.",
+            ));
+        }
+        Ok(ChatRequest {
+            continue_last: trailing == 1 && cont != Some(false) && add_gen != Some(true),
+            messages,
+        })
+    }
+
+    /// The prompt text: the template's rendering, cut after the last message's content
+    /// when it is continued.
+    pub fn render(&self, tok: &Tokenizer) -> ApiResult<String> {
+        let wrap = |e: crate::tokenizer::TemplateError| ApiError::invalid(e.to_string());
+        if !self.continue_last {
+            return tok.apply_chat_template(&self.messages, true).map_err(wrap);
+        }
+        let last = self.messages.last().map_or("", |m| m.content.as_str());
+        let full = tok
+            .apply_chat_template(&self.messages, false)
+            .map_err(wrap)?;
+        // The assistant's text as rendered ends the prompt; what the template puts after
+        // it (its end-of-turn) is dropped so that the model continues the text.
+        match full.rfind(last).filter(|_| !last.is_empty()) {
+            Some(at) => Ok(full[..at + last.len()].to_string()),
+            None => Err(ApiError::invalid(
+                "the chat template does not render the final assistant message's text as given, so it cannot be continued",
+            )),
+        }
+    }
+
+    /// The prompt's tokens.
+    pub fn tokens(&self, tok: &Tokenizer) -> ApiResult<Vec<u32>> {
+        Ok(tok.encode(&self.render(tok)?, true, true))
+    }
+}
+
+/// Requests wgllm cannot serve faithfully, refused with the reason.
+fn refuse_unbuilt(f: &Fields) -> ApiResult<()> {
+    if f.value("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty())
+    {
+        return Err(ApiError::invalid(
+            "\"tools\" are not supported: wgllm does not parse tool calls out of the model's output",
+        ));
+    }
+    if f.value("grammar").is_some() || f.value("json_schema").is_some() {
+        return Err(ApiError::invalid(
+            "grammar-constrained sampling (\"grammar\", \"json_schema\") is not built in wgllm",
+        ));
+    }
+    if let Some(rf) = f.value("response_format") {
+        match rf.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object" | "json_schema") => {
+                return Err(ApiError::invalid(
+                    "response_format json_object/json_schema needs grammar-constrained sampling, which wgllm does not build",
+                ))
+            }
+            Some(t) => {
+                return Err(ApiError::invalid(format!(
+                    "response_format type must be one of \"text\" or \"json_object\", but got: {t}"
+                )))
+            }
+            None => return Err(ApiError::invalid("response_format needs a \"type\"")),
+        }
+    }
+    Ok(())
+}
+
+/// Chat messages from an OpenAI-style `messages` array (text parts of a content array
+/// are joined with newlines).
+pub fn messages(v: Option<&Value>) -> ApiResult<Vec<ChatMessage>> {
+    let items = match v {
+        None => return Err(ApiError::invalid("'messages' is required")),
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(ApiError::invalid("Expected 'messages' to be an array")),
+    };
+    items.iter().map(message).collect()
+}
+
+fn message(m: &Value) -> ApiResult<ChatMessage> {
+    let no_content = || ApiError::invalid("All non-assistant messages must contain 'content'");
+    let f = Fields::of(m).map_err(|_| no_content())?;
+    let role = f.str("role")?.unwrap_or("");
+    let content = match f.value("content") {
+        None if role == "assistant" => String::new(),
+        None => return Err(no_content()),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(part)
+            .collect::<ApiResult<Vec<_>>>()?
+            .join("\n"),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Expected 'content' to be a string or an array",
+            ))
+        }
+    };
+    Ok(ChatMessage::new(role, content))
+}
+
+fn part(p: &Value) -> ApiResult<String> {
+    match p.get("type").and_then(Value::as_str) {
+        Some("text") => p
+            .get("text")
+            .and_then(Value::as_str)
+            .map(String::from)
+            .ok_or_else(|| ApiError::invalid("a text part needs \"text\"")),
+        // llama-server answers these as server errors (no projector is loaded).
+        Some("image_url" | "image" | "input_audio" | "input_video" | "video_url") => Err(
+            ApiError::server("image input is not supported: wgllm runs text-only models"),
+        ),
+        Some(_) => Err(ApiError::invalid("unsupported content[].type")),
+        None => Err(ApiError::invalid("each content part needs a \"type\"")),
+    }
+}

@@ -1,0 +1,160 @@
+//! What every request passes through: the routes, the API key (compared in constant
+//! time; `/health` and the model list are public, as in llama-server), CORS, the body
+//! limit, and JSON errors for unknown paths and methods.
+
+use super::error::ApiError;
+use super::{anthropic, metrics, native, openai, AppState};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::sync::Arc;
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let max_body = state.opts.max_body;
+    Router::new()
+        .route("/health", get(native::health))
+        .route("/v1/health", get(native::health))
+        .route("/metrics", get(metrics::metrics))
+        .route("/props", get(native::props).post(native::set_props))
+        .route("/models", get(openai::models))
+        .route("/v1/models", get(openai::models))
+        .route("/completion", post(native::completion))
+        .route("/completions", post(native::completion))
+        .route("/v1/completions", post(openai::completions))
+        .route("/chat/completions", post(openai::chat_completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route(
+            "/chat/completions/input_tokens",
+            post(openai::chat_input_tokens),
+        )
+        .route(
+            "/v1/chat/completions/input_tokens",
+            post(openai::chat_input_tokens),
+        )
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/tokenize", post(native::tokenize))
+        .route("/detokenize", post(native::detokenize))
+        .route("/apply-template", post(native::apply_template))
+        .route("/slots", get(native::slots))
+        .route("/slots/{id}", post(native::slot_action))
+        .route("/embedding", post(not_built))
+        .route("/embeddings", post(not_built))
+        .route("/v1/embeddings", post(not_built))
+        .route("/rerank", post(not_built))
+        .route("/v1/rerank", post(not_built))
+        .route("/reranking", post(not_built))
+        .route("/infill", post(not_built))
+        .fallback(unknown)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), api_key))
+        .layer(middleware::from_fn_with_state(state.clone(), cors))
+        .with_state(state)
+}
+
+async fn not_built(req: Request) -> ApiError {
+    ApiError::not_supported(format!(
+        "{} is not served by wgllm: embeddings, reranking and infill are not built",
+        req.uri().path()
+    ))
+}
+
+async fn unknown(req: Request) -> ApiError {
+    ApiError::not_found(format!("File Not Found: {}", req.uri().path()))
+}
+
+async fn wrong_method(req: Request) -> Response {
+    let e = ApiError::invalid(format!(
+        "{} does not take {} requests",
+        req.uri().path(),
+        req.method()
+    ));
+    let mut r = e.into_response();
+    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+/// Paths any client may read without a key.
+const PUBLIC: &[&str] = &["/health", "/v1/health", "/models", "/v1/models"];
+
+async fn api_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let keys = &s.opts.api_keys;
+    if keys.is_empty() || req.method() == Method::OPTIONS || PUBLIC.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    let given = bearer(req.headers());
+    let ok = given.is_some_and(|g| {
+        // Every key is compared, each in constant time, so the time taken does not
+        // tell which key (or how much of one) matched.
+        keys.iter().fold(false, |hit, k| {
+            hit | bool::from(subtle::ConstantTimeEq::ct_eq(k.as_bytes(), g.as_bytes()))
+        })
+    });
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::auth().into_response()
+    }
+}
+
+/// The key of `Authorization: Bearer KEY` or `X-Api-Key: KEY`.
+fn bearer(h: &HeaderMap) -> Option<&str> {
+    if let Some(a) = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        return a.strip_prefix("Bearer ").map(str::trim);
+    }
+    h.get("x-api-key").and_then(|v| v.to_str().ok())
+}
+
+/// Answers preflights and marks replies to allowed origins.
+async fn cors(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let allowed = origin.as_ref().filter(|o| {
+        o.to_str()
+            .is_ok_and(|o| origin_allowed(&s.opts.cors_origins, o))
+    });
+    let preflight = req.method() == Method::OPTIONS;
+    let mut resp = if preflight {
+        StatusCode::OK.into_response()
+    } else {
+        next.run(req).await
+    };
+    if let Some(o) = allowed {
+        let h = resp.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o.clone());
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static("true"),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static("*"),
+        );
+    }
+    resp
+}
+
+/// `*` allows any origin; `localhost` any origin whose host is loopback (any scheme or
+/// port); otherwise the origin must be listed exactly.
+fn origin_allowed(list: &[String], origin: &str) -> bool {
+    list.iter().any(|a| match a.as_str() {
+        "*" => true,
+        "localhost" => {
+            let rest = origin.split_once("://").map_or(origin, |(_, r)| r);
+            let host = if let Some(v6) = rest.strip_prefix('[') {
+                v6.split(']').next().unwrap_or("")
+            } else {
+                rest.split([':', '/']).next().unwrap_or("")
+            };
+            matches!(host, "localhost" | "127.0.0.1" | "::1")
+        }
+        a => a == origin,
+    })
+}

@@ -1,0 +1,596 @@
+//! llama-server's own endpoints: `/health`, `/completion`, `/tokenize`, `/detokenize`,
+//! `/apply-template`, `/props`, `/slots`.
+
+use super::error::{ApiError, ApiResult};
+use super::gen::{self, Completion, Item, Piece};
+use super::params::{self, Fields, GenParams};
+use super::AppState;
+use crate::engine::service::{EngineService, Finished, SlotAction};
+use crate::engine::Timings;
+use crate::tokenizer::Tokenizer;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A request body as JSON.
+pub fn body_json(body: &Bytes) -> ApiResult<Value> {
+    if body.is_empty() {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("invalid JSON in the request body: {e}")))
+}
+
+pub async fn health(State(s): State<Arc<AppState>>) -> Response {
+    match s.service() {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
+    let service = s.service()?;
+    let body = body_json(&body)?;
+    let tok = service.tokenizer();
+    let p = params::gen_params(&body, &s.opts.defaults, tok)?;
+    let prompt = Fields::of(&body)?
+        .value("prompt")
+        .ok_or_else(|| ApiError::invalid("\"prompt\" is required"))?;
+    let prompts = params::prompts(prompt);
+    if p.stream {
+        if prompts.len() > 1 {
+            return Err(ApiError::invalid("streaming takes one prompt"));
+        }
+        let mut req = p.request.clone();
+        req.prompt = params::prompt_tokens(prompts[0], tok, true)?;
+        check_prompt(service, &req.prompt)?;
+        let start = gen::start_stream(service, req).await?;
+        let tok = tok.clone();
+        let settings = settings_json(&p, &s.model_name());
+        let model = s.model_name();
+        let (return_progress, per_token) = {
+            let f = Fields::of(&body)?;
+            (
+                f.bool("return_progress")?.unwrap_or(false),
+                f.bool("timings_per_token")?.unwrap_or(false),
+            )
+        };
+        let n_prompt = start.n_prompt;
+        let mut prompt_ms = 0.0;
+        let mut first_token_at: Option<std::time::Instant> = None;
+        let mut n_gen = 0usize;
+        return Ok(gen::sse(
+            start,
+            move |item| match item {
+                Item::Progress {
+                    total,
+                    cache,
+                    processed,
+                    ms,
+                } => {
+                    prompt_ms = ms;
+                    if !return_progress {
+                        return String::new();
+                    }
+                    let mut v = json!({
+                        "index": 0, "content": "", "tokens": [0], "stop": false, "id_slot": -1,
+                        "tokens_predicted": 0, "tokens_evaluated": total,
+                        "prompt_progress": {"total": total, "cache": cache, "processed": processed, "time_ms": ms},
+                    });
+                    if per_token {
+                        v["timings"] = live_timings(cache, processed - cache, prompt_ms, 0, 0.0);
+                    }
+                    gen::data(&v)
+                }
+                Item::Piece(pc) => {
+                    if pc.token != u32::MAX {
+                        n_gen += 1;
+                    }
+                    let t0 = *first_token_at.get_or_insert_with(std::time::Instant::now);
+                    let mut v = json!({
+                        "index": 0,
+                        "content": pc.text,
+                        "tokens": if pc.token == u32::MAX { vec![] } else { vec![pc.token] },
+                        "stop": false,
+                        "id_slot": -1,
+                        "tokens_predicted": n_gen,
+                        "tokens_evaluated": n_prompt,
+                    });
+                    if p.n_probs > 0 {
+                        v["completion_probabilities"] = probs_json(
+                            &tok,
+                            std::slice::from_ref(pc),
+                            p.n_probs,
+                            p.request.params.post_sampling_probs,
+                        );
+                    }
+                    if per_token {
+                        v["timings"] = live_timings(
+                            0,
+                            n_prompt,
+                            prompt_ms,
+                            n_gen,
+                            t0.elapsed().as_secs_f64() * 1e3,
+                        );
+                    }
+                    gen::data(&v)
+                }
+                Item::End(end) => {
+                    let mut v = final_json(end, "", &[], &settings, &model);
+                    v["content"] = json!("");
+                    gen::data(&v)
+                }
+                Item::Error(e) => format!("error: {}\n\n", json!({"error": e.object()})),
+            },
+            None,
+        ));
+    }
+    let mut out = Vec::new();
+    for (i, pr) in prompts.iter().enumerate() {
+        let mut req = p.request.clone();
+        req.prompt = params::prompt_tokens(pr, tok, true)?;
+        check_prompt(service, &req.prompt)?;
+        out.push((i, req));
+    }
+    let runs = out.into_iter().map(|(i, req)| {
+        let service = service.clone();
+        async move { (i, req.prompt.clone(), gen::complete(&service, req).await) }
+    });
+    let mut results = Vec::new();
+    for (i, prompt, r) in futures_join(runs).await {
+        let c = r?;
+        let mut v = completion_json(&c, &p, tok, &s.model_name());
+        v["index"] = json!(i);
+        v["prompt"] = json!(prompt
+            .iter()
+            .map(|&t| String::from_utf8_lossy(&tok.token_to_piece(t, true)).into_owned())
+            .collect::<String>());
+        if let Some(fields) = &p.response_fields {
+            v = pick_fields(&v, fields);
+        }
+        results.push(v);
+    }
+    Ok(Json(if results.len() == 1 {
+        results.pop().unwrap()
+    } else {
+        Value::Array(results)
+    })
+    .into_response())
+}
+
+/// llama-server's `response_fields`: only the named keys; `a/b` is looked up nested and
+/// kept under its whole name.
+fn pick_fields(v: &Value, fields: &[String]) -> Value {
+    let mut out = serde_json::Map::new();
+    for f in fields {
+        let found = f.split('/').try_fold(v, |at, k| at.get(k));
+        if let Some(x) = found {
+            out.insert(f.clone(), x.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+/// Runs futures side by side and returns their outputs in order. Dropping the returned
+/// future (a client that went away) aborts them all, which cancels their requests.
+pub async fn futures_join<F, T>(futs: impl Iterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for (i, f) in futs.enumerate() {
+        set.spawn(async move { (i, f.await) });
+    }
+    let mut out: Vec<(usize, T)> = Vec::with_capacity(set.len());
+    while let Some(r) = set.join_next().await {
+        if let Ok(v) = r {
+            out.push(v);
+        }
+    }
+    out.sort_by_key(|v| v.0);
+    out.into_iter().map(|v| v.1).collect()
+}
+
+/// Refuses an empty prompt (llama-server's wording).
+pub fn check_prompt(_service: &EngineService, prompt: &[u32]) -> ApiResult<()> {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("empty prompt: the input has no tokens"));
+    }
+    Ok(())
+}
+
+/// `/completion`'s reply.
+fn completion_json(c: &Completion, p: &GenParams, tok: &Tokenizer, model: &str) -> Value {
+    let settings = settings_json(p, model);
+    let tokens: Vec<u32> = if p.return_tokens {
+        c.pieces.iter().map(|x| x.token).collect()
+    } else {
+        Vec::new()
+    };
+    let mut v = final_json(&c.end, &c.text, &tokens, &settings, model);
+    if p.n_probs > 0 {
+        v["completion_probabilities"] = probs_json(
+            tok,
+            &c.pieces,
+            p.n_probs,
+            p.request.params.post_sampling_probs,
+        );
+    }
+    v
+}
+
+fn final_json(end: &Finished, text: &str, tokens: &[u32], settings: &Value, model: &str) -> Value {
+    json!({
+        "index": 0,
+        "content": text,
+        "tokens": tokens,
+        "id_slot": end.slot,
+        "stop": true,
+        "model": model,
+        "tokens_predicted": end.n_generated,
+        "tokens_evaluated": end.n_prompt,
+        "generation_settings": settings,
+        "has_new_line": text.contains('\n'),
+        "truncated": end.truncated,
+        "stop_type": gen::stop_type(&end.stop),
+        "stopping_word": match &end.stop {
+            crate::engine::service::StopReason::Word(w) => w.as_str(),
+            _ => "",
+        },
+        "tokens_cached": (end.n_prompt + end.n_generated).saturating_sub(1),
+        "timings": timings_json(&end.timings, end.n_cached, end.n_generated),
+    })
+}
+
+/// Timings while a request runs (`timings_per_token`), from the stream's own clock.
+fn live_timings(
+    cache_n: usize,
+    prompt_n: usize,
+    prompt_ms: f64,
+    n_gen: usize,
+    gen_ms: f64,
+) -> Value {
+    let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+    let rate = |ms: f64, n: usize| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    let steps = n_gen.saturating_sub(1);
+    json!({
+        "cache_n": cache_n,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": per(prompt_ms, prompt_n),
+        "prompt_per_second": rate(prompt_ms, prompt_n),
+        "predicted_n": n_gen,
+        "predicted_ms": gen_ms,
+        "predicted_per_token_ms": per(gen_ms, steps),
+        "predicted_per_second": rate(gen_ms, steps),
+    })
+}
+
+pub fn timings_json(t: &Timings, n_cached: usize, n_generated: usize) -> Value {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+    let rate = |ms: f64, n: usize| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    let (pm, em) = (ms(t.prompt), ms(t.eval));
+    json!({
+        "cache_n": n_cached,
+        "prompt_n": t.prompt_tokens,
+        "prompt_ms": pm,
+        "prompt_per_token_ms": per(pm, t.prompt_tokens),
+        "prompt_per_second": rate(pm, t.prompt_tokens),
+        "predicted_n": n_generated,
+        "predicted_ms": em,
+        // The first token comes from the prompt's logits: n tokens took n - 1 decodes.
+        "predicted_per_token_ms": per(em, n_generated.saturating_sub(1)),
+        "predicted_per_second": rate(em, n_generated.saturating_sub(1)),
+    })
+}
+
+/// The settings a request ran with, as llama-server echoes them.
+pub fn settings_json(p: &GenParams, model: &str) -> Value {
+    let s = &p.request.params.sampling;
+    json!({
+        "model": model,
+        "n_predict": p.request.params.n_predict,
+        "seed": s.seed,
+        "temperature": s.temp,
+        "dynatemp_range": s.dynatemp_range,
+        "dynatemp_exponent": s.dynatemp_exponent,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "top_n_sigma": s.top_n_sigma,
+        "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold,
+        "typical_p": s.typical_p,
+        "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "dry_multiplier": s.dry_multiplier,
+        "n_keep": p.request.params.shift.keep,
+        "n_probs": p.n_probs,
+        "min_keep": s.min_keep,
+        "stop": p.request.stop,
+        "stream": p.stream,
+        "ignore_eos": p.ignore_eos,
+        "adaptive_target": -1.0,
+        "adaptive_decay": 0.9,
+        "mirostat": 0,
+        "max_tokens": p.request.params.n_predict,
+        "n_discard": 0,
+        "post_sampling_probs": false,
+        "timings_per_token": false,
+        // -inf (a ban) is written as null, as llama-server writes it.
+        "logit_bias": (s.logit_bias.iter().copied())
+            .chain(s.banned.iter().map(|&t| (t, f32::NEG_INFINITY)))
+            .map(|(t, b)| json!({"bias": if b.is_finite() { json!(b) } else { Value::Null }, "token": t}))
+            .collect::<Vec<_>>(),
+        "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+    })
+}
+
+/// A piece's text and bytes as llama-server shows a token.
+pub fn token_json(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tok.token_to_piece(id, false);
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// `completion_probabilities`: per generated token its log-probability and the most
+/// likely alternatives.
+fn probs_json(tok: &Tokenizer, pieces: &[Piece], n: usize, post: bool) -> Value {
+    if n == 0 {
+        return Value::Null;
+    }
+    // Probabilities after the sampler chain are shown as such; the model's own as
+    // log-probabilities (never -inf: llama-server writes the lowest float).
+    let entry = |id: u32, p: f32| {
+        let (text, bytes) = token_json(tok, id);
+        if post {
+            json!({"id": id, "token": text, "bytes": bytes, "prob": p})
+        } else {
+            let lp = if p > 0.0 {
+                (p as f64).ln()
+            } else {
+                f32::MIN as f64
+            };
+            json!({"id": id, "token": text, "bytes": bytes, "logprob": lp})
+        }
+    };
+    Value::Array(
+        pieces
+            .iter()
+            .filter_map(|pc| {
+                let pr = pc.probs.as_ref()?;
+                let mut v = entry(pc.token, pr.prob);
+                let top: Vec<Value> = pr.top.iter().map(|&(t, p)| entry(t, p)).collect();
+                v[if post { "top_probs" } else { "top_logprobs" }] = Value::Array(top);
+                Some(v)
+            })
+            .collect(),
+    )
+}
+
+pub async fn tokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    let body = body_json(&body)?;
+    let f = Fields::of(&body)?;
+    let tok = service.tokenizer();
+    let add_special = f.bool("add_special")?.unwrap_or(false);
+    let parse_special = f.bool("parse_special")?.unwrap_or(true);
+    let tokens = match f.value("content") {
+        None => Vec::new(),
+        Some(Value::String(c)) => tok.encode(c, add_special, parse_special),
+        Some(v) => params::prompt_tokens(v, tok, add_special)?,
+    };
+    if f.bool("with_pieces")?.unwrap_or(false) {
+        let pieces: Vec<Value> = tokens
+            .iter()
+            .map(|&t| {
+                let bytes = tok.token_to_piece(t, true);
+                let piece = match String::from_utf8(bytes) {
+                    Ok(s) => json!(s),
+                    Err(e) => json!(e.into_bytes()),
+                };
+                json!({"id": t, "piece": piece})
+            })
+            .collect();
+        return Ok(Json(json!({ "tokens": pieces })));
+    }
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+pub async fn detokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    let body = body_json(&body)?;
+    let f = Fields::of(&body)?;
+    let tok = service.tokenizer();
+    let tokens = match f.value("tokens") {
+        None => Vec::new(),
+        Some(v) => params::prompt_tokens(v, tok, false)?,
+    };
+    Ok(Json(json!({ "content": tok.decode(&tokens) })))
+}
+
+pub async fn apply_template(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    let body = body_json(&body)?;
+    let f = Fields::of(&body)?;
+    let chat = super::chat::ChatRequest::read(&body)?;
+    let _ = f;
+    let prompt = chat.render(service.tokenizer())?;
+    Ok(Json(json!({ "prompt": prompt })))
+}
+
+pub async fn props(State(s): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    let info = service.info();
+    let d = &s.opts.defaults;
+    let p = GenParams {
+        request: crate::engine::service::Request {
+            params: crate::engine::SessionParams {
+                sampling: d.sampling.clone(),
+                n_predict: d.n_predict,
+                shift: d.shift,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        stream: false,
+        n_probs: 0,
+        return_tokens: false,
+        include_usage: false,
+        show_top: false,
+        ignore_eos: d.ignore_eos,
+        response_fields: None,
+    };
+    let settings = json!({
+        "params": settings_json(&p, &s.model_name()),
+        "n_ctx": info.n_ctx_slot,
+    });
+    let tok = service.tokenizer();
+    let piece = |t: Option<u32>| {
+        t.map(|t| tok.token_text(t).unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    Ok(Json(json!({
+        "default_generation_settings": settings,
+        "total_slots": info.n_slots,
+        "model_alias": s.model_name(),
+        "model_path": s.opts.model_path.display().to_string(),
+        "modalities": {"vision": false, "audio": false},
+        "chat_template": tok.chat_template().unwrap_or(crate::tokenizer::CHATML),
+        "bos_token": piece(tok.bos()),
+        "eos_token": piece(tok.eos()),
+        "build_info": format!("wgllm {}", env!("CARGO_PKG_VERSION")),
+        "is_sleeping": false,
+        "endpoint_slots": s.opts.slots,
+        "endpoint_props": false,
+        "endpoint_metrics": s.opts.metrics,
+        "ui": false,
+    })))
+}
+
+pub async fn set_props(State(s): State<Arc<AppState>>) -> ApiError {
+    let _ = s;
+    ApiError::not_supported("changing server properties at run time is not supported")
+}
+
+pub async fn slots(State(s): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
+    if !s.opts.slots {
+        return Err(ApiError::not_supported(
+            "This server does not support slots endpoint. Start it with `--slots`",
+        ));
+    }
+    let service = s.service()?;
+    let list = service.slots().await;
+    Ok(Json(Value::Array(
+        list.iter()
+            .map(|x| {
+                let sp = &x.params.sampling;
+                let mut v = json!({
+                    "id": x.id,
+                    "n_ctx": x.n_ctx,
+                    "speculative": false,
+                    "is_processing": x.is_processing,
+                });
+                // A slot that never ran a request has no settings to show.
+                if let Some(k) = x.request {
+                    v["id_task"] = json!(k);
+                    v["n_prompt_tokens"] = json!(x.n_cached);
+                    v["params"] = json!({
+                        "n_predict": x.params.n_predict,
+                        "seed": sp.seed,
+                        "temperature": sp.temp,
+                        "top_k": sp.top_k,
+                        "top_p": sp.top_p,
+                        "min_p": sp.min_p,
+                        "n_probs": x.params.n_probs,
+                    });
+                    v["next_token"] = json!([{
+                        "has_next_token": x.is_processing,
+                        "has_new_line": false,
+                        "n_remain": if x.is_processing { x.params.n_predict - x.n_decoded as i32 } else { -1 },
+                        "n_decoded": if x.is_processing { x.n_decoded } else { 0 },
+                    }]);
+                }
+                v
+            })
+            .collect(),
+    )))
+}
+
+pub async fn slot_action(
+    State(s): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    if s.opts.slot_save_path.is_none() {
+        return Err(ApiError::not_supported(
+            "This server does not support slots action. Start it with `--slot-save-path`",
+        ));
+    }
+    let service = s.service()?;
+    let id: u32 = id
+        .parse()
+        .map_err(|_| ApiError::invalid("Invalid slot ID"))?;
+    let body = body_json(&body)?;
+    let f = Fields::of(&body)?;
+    let file = |f: &Fields| -> ApiResult<(String, std::path::PathBuf)> {
+        let dir = s.opts.slot_save_path.as_ref().unwrap();
+        let name = f
+            .str("filename")?
+            .ok_or_else(|| ApiError::invalid("\"filename\" is required"))?;
+        if !valid_filename(name) {
+            return Err(ApiError::invalid("Invalid filename"));
+        }
+        Ok((name.to_string(), dir.join(name)))
+    };
+    let action = q.get("action").map(String::as_str).unwrap_or("");
+    match action {
+        "save" => {
+            let (name, path) = file(&f)?;
+            let r = service.slot_action(id, SlotAction::Save(path)).await?;
+            Ok(Json(json!({
+                "id_slot": id, "filename": name, "n_saved": r.tokens,
+                "n_written": std::fs::metadata(s.opts.slot_save_path.as_ref().unwrap().join(&name)).map_or(0, |m| m.len()),
+                "timings": {"save_ms": r.ms},
+            })))
+        }
+        "restore" => {
+            let (name, path) = file(&f)?;
+            if !path.exists() {
+                return Err(ApiError::invalid(format!("no slot file \"{name}\"")));
+            }
+            let n_read = std::fs::metadata(&path).map_or(0, |m| m.len());
+            let r = service.slot_action(id, SlotAction::Restore(path)).await?;
+            Ok(Json(json!({
+                "id_slot": id, "filename": name, "n_restored": r.tokens, "n_read": n_read,
+                "timings": {"restore_ms": r.ms},
+            })))
+        }
+        "erase" => {
+            let r = service.slot_action(id, SlotAction::Erase).await?;
+            Ok(Json(json!({"id_slot": id, "n_erased": r.tokens})))
+        }
+        _ => Err(ApiError::invalid("Invalid action")),
+    }
+}
+
+/// A file name with no directory parts: no separators, not `.` or `..`, nothing hidden
+/// or control characters, at most 255 bytes.
+pub fn valid_filename(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.starts_with('.')
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == '\\' || c == ':' || c.is_control())
+}

@@ -1,0 +1,439 @@
+//! OpenAI's API as llama-server serves it: `/v1/models`, `/v1/completions`,
+//! `/v1/chat/completions` (streamed as chunks ending with `[DONE]`).
+
+use super::chat::ChatRequest;
+use super::error::{ApiError, ApiResult};
+use super::gen::{self, Item, Piece};
+use super::native::{body_json, check_prompt, futures_join, timings_json, token_json};
+use super::params::{self, Fields, GenParams};
+use super::AppState;
+use crate::engine::service::Finished;
+use crate::tokenizer::Tokenizer;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const DONE: &str = "data: [DONE]\n\n";
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A reply id: `prefix-` and 32 letters and digits, from the clock and a counter mixed
+/// (unique within the process and across restarts; not a secret).
+pub fn reply_id(prefix: &str) -> String {
+    const ABC: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // splitmix64 over (time, counter): well spread letters from both.
+    let mut x = t ^ n.rotate_left(40);
+    let id: String = (0..32)
+        .map(|_| {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ABC[((z ^ (z >> 31)) % ABC.len() as u64) as usize] as char
+        })
+        .collect();
+    format!("{prefix}-{id}")
+}
+
+/// llama-server's `b<build>` form, which clients check.
+fn fingerprint() -> String {
+    format!("b{}-wgllm", env!("CARGO_PKG_VERSION"))
+}
+
+pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
+    let name = s.model_name();
+    let meta = s.service().ok().map(|svc| {
+        let i = svc.info();
+        json!({
+            "n_vocab": i.n_vocab,
+            "n_ctx_train": i.n_ctx_train,
+            "n_embd": i.n_embd,
+            "n_ctx": i.n_ctx_slot,
+            "size": i.model_bytes,
+        })
+    });
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": name,
+            "object": "model",
+            "created": now(),
+            "owned_by": "llamacpp",
+            "aliases": if s.opts.aliases.is_empty() { vec![name.clone()] } else { s.opts.aliases.clone() },
+            "tags": s.opts.tags,
+            "meta": meta,
+        }],
+        "models": [{
+            "name": name,
+            "model": name,
+            "type": "model",
+            "capabilities": ["completion"],
+        }],
+    }))
+}
+
+fn usage(end: &Finished) -> Value {
+    json!({
+        "completion_tokens": end.n_generated,
+        "prompt_tokens": end.n_prompt,
+        "total_tokens": end.n_prompt + end.n_generated,
+        "prompt_tokens_details": {"cached_tokens": end.n_cached},
+    })
+}
+
+/// `n_probs` from OpenAI's `logprobs` (a count for completions, `true` + `top_logprobs`
+/// for chat).
+fn oai_n_probs(body: &Value, p: &mut GenParams, chat: bool) -> ApiResult<()> {
+    let f = Fields::of(body)?;
+    let n = if chat {
+        if f.bool("logprobs")?.unwrap_or(false) {
+            Some(f.i64("top_logprobs")?.unwrap_or(0).clamp(0, 20) as usize)
+        } else {
+            None
+        }
+    } else {
+        match f.value("logprobs") {
+            Some(Value::Bool(true)) => Some(1),
+            Some(Value::Bool(false)) | None => None,
+            Some(_) => Some(f.i64("logprobs")?.unwrap_or(0).clamp(0, 20) as usize),
+        }
+    };
+    if let Some(n) = n {
+        // The chosen token's probability needs the distribution even with no alternatives.
+        p.n_probs = n.max(1);
+        p.request.params.n_probs = p.n_probs;
+        p.show_top = n > 0;
+    }
+    Ok(())
+}
+
+fn logprob_entry(tok: &Tokenizer, pc: &Piece, top: bool) -> Option<Value> {
+    let pr = pc.probs.as_ref()?;
+    let (text, bytes) = token_json(tok, pc.token);
+    let tops: Vec<Value> = if top {
+        pr.top
+            .iter()
+            .map(|&(t, p)| {
+                let (text, bytes) = token_json(tok, t);
+                json!({"id": t, "token": text, "bytes": bytes, "logprob": (p as f64).ln()})
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Some(json!({
+        "id": pc.token,
+        "token": text,
+        "bytes": bytes,
+        "logprob": (pr.prob as f64).ln(),
+        "top_logprobs": tops,
+    }))
+}
+
+fn logprobs_json(tok: &Tokenizer, pieces: &[Piece], p: &GenParams) -> Value {
+    if p.n_probs == 0 {
+        return Value::Null;
+    }
+    json!({
+        "content": pieces.iter().filter_map(|pc| logprob_entry(tok, pc, p.show_top)).collect::<Vec<_>>(),
+    })
+}
+
+pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
+    let service = s.service()?;
+    let body = body_json(&body)?;
+    let tok = service.tokenizer();
+    let mut p = params::gen_params(&body, &s.opts.defaults, tok)?;
+    oai_n_probs(&body, &mut p, false)?;
+    let prompt = Fields::of(&body)?
+        .value("prompt")
+        .ok_or_else(|| ApiError::invalid("\"prompt\" is required"))?;
+    let prompts = params::prompts(prompt);
+    let model = s.model_name();
+    let id = reply_id("chatcmpl");
+    if p.stream {
+        if prompts.len() > 1 {
+            return Err(ApiError::invalid("streaming takes one prompt"));
+        }
+        let mut req = p.request.clone();
+        req.prompt = params::prompt_tokens(prompts[0], tok, true)?;
+        check_prompt(service, &req.prompt)?;
+        let start = gen::start_stream(service, req).await?;
+        let tok = tok.clone();
+        let created = now();
+        return Ok(gen::sse(
+            start,
+            move |item| {
+                let chunk = |choices: Value| {
+                    json!({
+                        "choices": choices,
+                        "created": created,
+                        "model": model,
+                        "system_fingerprint": fingerprint(),
+                        "object": "text_completion",
+                        "id": id,
+                    })
+                };
+                match item {
+                    Item::Progress { .. } => String::new(),
+                    Item::Piece(pc) => gen::data(&chunk(json!([{
+                        "text": pc.text,
+                        "index": 0,
+                        "logprobs": if p.n_probs > 0 { logprobs_json(&tok, std::slice::from_ref(pc), &p) } else { Value::Null },
+                        "finish_reason": Value::Null,
+                    }]))),
+                    Item::End(end) => {
+                        let mut c = chunk(json!([{
+                            "text": "",
+                            "index": 0,
+                            "logprobs": Value::Null,
+                            "finish_reason": gen::finish_reason(&end.stop),
+                        }]));
+                        c["timings"] = timings_json(&end.timings, end.n_cached, end.n_generated);
+                        let mut out = gen::data(&c);
+                        if p.include_usage {
+                            let mut u = chunk(json!([]));
+                            u["usage"] = usage(end);
+                            out.push_str(&gen::data(&u));
+                        }
+                        out
+                    }
+                    Item::Error(e) => gen::data(&json!({"error": e.object()})),
+                }
+            },
+            Some(DONE),
+        ));
+    }
+    let mut reqs = Vec::new();
+    for pr in &prompts {
+        let mut req = p.request.clone();
+        req.prompt = params::prompt_tokens(pr, tok, true)?;
+        check_prompt(service, &req.prompt)?;
+        reqs.push(req);
+    }
+    let runs = reqs.into_iter().map(|req| {
+        let service = service.clone();
+        async move { gen::complete(&service, req).await }
+    });
+    let mut choices = Vec::new();
+    let (mut n_prompt, mut n_gen, mut n_cached) = (0, 0, 0);
+    let mut timings = Value::Null;
+    for (i, r) in futures_join(runs).await.into_iter().enumerate() {
+        let c = r?;
+        n_prompt += c.end.n_prompt;
+        n_gen += c.end.n_generated;
+        n_cached += c.end.n_cached;
+        timings = timings_json(&c.end.timings, c.end.n_cached, c.end.n_generated);
+        choices.push(json!({
+            "text": c.text,
+            "index": i,
+            "logprobs": logprobs_json(tok, &c.pieces, &p),
+            "finish_reason": gen::finish_reason(&c.end.stop),
+        }));
+    }
+    Ok(Json(json!({
+        "choices": choices,
+        "created": now(),
+        "model": model,
+        "system_fingerprint": fingerprint(),
+        "object": "text_completion",
+        "usage": {
+            "completion_tokens": n_gen,
+            "prompt_tokens": n_prompt,
+            "total_tokens": n_prompt + n_gen,
+            "prompt_tokens_details": {"cached_tokens": n_cached},
+        },
+        "id": id,
+        "timings": timings,
+    }))
+    .into_response())
+}
+
+/// A chat request's prompt tokens (template rendered on the caller's side).
+pub fn chat_prompt(body: &Value, tok: &Tokenizer) -> ApiResult<Vec<u32>> {
+    ChatRequest::read(body)?.tokens(tok)
+}
+
+/// `/chat/completions/input_tokens`: the prompt's token count, nothing generated.
+pub async fn chat_input_tokens(
+    State(s): State<Arc<AppState>>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    let n = chat_prompt(&body_json(&body)?, service.tokenizer())?.len();
+    Ok(Json(
+        json!({"input_tokens": n, "object": "response.input_tokens"}),
+    ))
+}
+
+pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
+    let service = s.service()?;
+    let body = body_json(&body)?;
+    let tok = service.tokenizer();
+    let mut p = params::gen_params(&body, &s.opts.defaults, tok)?;
+    oai_n_probs(&body, &mut p, true)?;
+    let f = Fields::of(&body)?;
+    let n_choices = f.i64("n")?.unwrap_or(1);
+    let n_slots = service.info().n_slots as i64;
+    if !(1..=n_slots.max(1)).contains(&n_choices) && n_choices != 1 {
+        return Err(ApiError::invalid(format!(
+            "\"n\" must be between 1 and the number of slots ({n_slots})"
+        )));
+    }
+    let verbose = f.bool("verbose")?.unwrap_or(false);
+    let return_progress = f.bool("return_progress")?.unwrap_or(false);
+    let chat = ChatRequest::read(&body)?;
+    let rendered = chat.render(tok)?;
+    let mut req = p.request.clone();
+    req.prompt = tok.encode(&rendered, true, true);
+    check_prompt(service, &req.prompt)?;
+    let model = s.model_name();
+    let id = reply_id("chatcmpl");
+    let created = now();
+    if p.stream {
+        let start = gen::start_stream(service, req).await?;
+        let tok = tok.clone();
+        let mut first = true;
+        return Ok(gen::sse(
+            start,
+            move |item| {
+                let chunk = |choices: Value| {
+                    json!({
+                        "choices": choices,
+                        "created": created,
+                        "id": id,
+                        "model": model,
+                        "system_fingerprint": fingerprint(),
+                        "object": "chat.completion.chunk",
+                    })
+                };
+                let mut out = String::new();
+                if std::mem::take(&mut first) {
+                    out.push_str(&gen::data(&chunk(json!([{
+                        "finish_reason": Value::Null,
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": Value::Null},
+                    }]))));
+                }
+                match item {
+                    Item::Progress {
+                        total,
+                        cache,
+                        processed,
+                        ms,
+                    } => {
+                        if return_progress {
+                            let mut c = chunk(json!([{
+                                "finish_reason": Value::Null,
+                                "index": 0,
+                                "delta": {"role": "assistant", "content": Value::Null},
+                            }]));
+                            c["prompt_progress"] = json!({"total": total, "cache": cache, "processed": processed, "time_ms": ms});
+                            // The opening role chunk was just written; this one carries progress.
+                            if out.is_empty() || processed > cache {
+                                out.push_str(&gen::data(&c));
+                            } else {
+                                out = gen::data(&c);
+                            }
+                        }
+                    }
+                    Item::Piece(pc) if pc.text.is_empty() && pc.probs.is_none() => {}
+                    Item::Piece(pc) => {
+                        let mut choice = json!({
+                            "finish_reason": Value::Null,
+                            "index": 0,
+                            "delta": {"content": pc.text},
+                        });
+                        if p.n_probs > 0 {
+                            choice["logprobs"] = logprobs_json(&tok, std::slice::from_ref(pc), &p);
+                        }
+                        out.push_str(&gen::data(&chunk(json!([choice]))));
+                    }
+                    Item::End(end) => {
+                        let mut c = chunk(json!([{
+                            "finish_reason": gen::finish_reason(&end.stop),
+                            "index": 0,
+                            "delta": {},
+                        }]));
+                        let timings = timings_json(&end.timings, end.n_cached, end.n_generated);
+                        if p.include_usage {
+                            out.push_str(&gen::data(&c));
+                            let mut u = chunk(json!([]));
+                            u["usage"] = usage(end);
+                            u["timings"] = timings;
+                            out.push_str(&gen::data(&u));
+                        } else {
+                            c["timings"] = timings;
+                            out.push_str(&gen::data(&c));
+                        }
+                    }
+                    Item::Error(e) => out.push_str(&gen::data(&json!({"error": e.object()}))),
+                }
+                out
+            },
+            Some(DONE),
+        ));
+    }
+    // `n` choices: the same prompt on as many requests, each with the next seed.
+    let runs = (0..n_choices).map(|i| {
+        let mut r = req.clone();
+        let seed = r.params.sampling.seed;
+        if seed != crate::sample::SamplerParams::RANDOM_SEED {
+            r.params.sampling.seed = (seed + i as u64) & 0xFFFF_FFFF;
+        }
+        let service = service.clone();
+        async move { gen::complete(&service, r).await }
+    });
+    let mut choices = Vec::new();
+    let mut last = None;
+    let (mut n_prompt, mut n_gen, mut n_cached) = (0, 0, 0);
+    for (i, r) in futures_join(runs).await.into_iter().enumerate() {
+        let c = r?;
+        let mut choice = json!({
+            "finish_reason": gen::finish_reason(&c.end.stop),
+            "index": i,
+            "message": {"role": "assistant", "content": c.text},
+        });
+        if p.n_probs > 0 {
+            choice["logprobs"] = logprobs_json(tok, &c.pieces, &p);
+        }
+        choices.push(choice);
+        n_prompt = c.end.n_prompt;
+        n_gen += c.end.n_generated;
+        n_cached += c.end.n_cached;
+        last = Some(c);
+    }
+    let c = last.ok_or_else(|| ApiError::server("no choice was generated"))?;
+    let mut v = json!({
+        "choices": choices,
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint(),
+        "object": "chat.completion",
+        "usage": {
+            "completion_tokens": n_gen,
+            "prompt_tokens": n_prompt,
+            "total_tokens": n_prompt + n_gen,
+            "prompt_tokens_details": {"cached_tokens": n_cached},
+        },
+        "id": id,
+        "timings": timings_json(&c.end.timings, c.end.n_cached, c.end.n_generated),
+    });
+    if verbose {
+        v["__verbose"] = json!({"prompt": rendered, "content": c.text});
+    }
+    Ok(Json(v).into_response())
+}

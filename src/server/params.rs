@@ -1,0 +1,355 @@
+//! A request body's generation settings, with llama-server's field names (and OpenAI's
+//! where they differ), over the server's defaults from its flags. A field of the wrong
+//! type is refused with its name, never ignored.
+
+use super::error::{ApiError, ApiResult};
+use crate::engine::service::Request;
+use crate::engine::{SessionParams, ShiftPolicy};
+use crate::sample::SamplerParams;
+use crate::tokenizer::Tokenizer;
+use serde_json::Value;
+
+/// What the server's flags set for every request.
+#[derive(Clone, Debug)]
+pub struct Defaults {
+    pub sampling: SamplerParams,
+    /// `-n`: the most tokens a request may generate (-1: no cap).
+    pub n_predict: i32,
+    pub shift: ShiftPolicy,
+    /// `--ignore-eos`: end-of-generation tokens are never sampled.
+    pub ignore_eos: bool,
+}
+
+/// A request's settings besides its prompt.
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    pub request: Request,
+    pub stream: bool,
+    pub n_probs: usize,
+    pub return_tokens: bool,
+    /// OpenAI's `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// End-of-generation tokens are banned (shown in the echoed settings).
+    pub ignore_eos: bool,
+    /// llama-server's `response_fields`: only these (`a/b` nested) keys of the reply.
+    pub response_fields: Option<Vec<String>>,
+    /// Show the alternatives with each token's log-probability (OpenAI's
+    /// `top_logprobs` > 0); the chosen token's alone otherwise.
+    pub show_top: bool,
+}
+
+/// Typed access to a JSON object's optional fields.
+pub struct Fields<'a>(pub &'a serde_json::Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    pub fn of(body: &'a Value) -> ApiResult<Fields<'a>> {
+        body.as_object()
+            .map(Fields)
+            .ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))
+    }
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+    pub fn value(&self, k: &str) -> Option<&'a Value> {
+        self.get(k)
+    }
+    pub fn f32(&self, k: &str) -> ApiResult<Option<f32>> {
+        self.get(k)
+            .map(|v| {
+                v.as_f64()
+                    .map(|x| x as f32)
+                    .ok_or_else(|| wrong(k, "a number"))
+            })
+            .transpose()
+    }
+    pub fn i64(&self, k: &str) -> ApiResult<Option<i64>> {
+        self.get(k)
+            .map(|v| {
+                v.as_i64()
+                    .or_else(|| v.as_f64().filter(|x| x.fract() == 0.0).map(|x| x as i64))
+                    .ok_or_else(|| wrong(k, "an integer"))
+            })
+            .transpose()
+    }
+    pub fn bool(&self, k: &str) -> ApiResult<Option<bool>> {
+        self.get(k)
+            .map(|v| v.as_bool().ok_or_else(|| wrong(k, "true or false")))
+            .transpose()
+    }
+    pub fn str(&self, k: &str) -> ApiResult<Option<&'a str>> {
+        self.get(k)
+            .map(|v| v.as_str().ok_or_else(|| wrong(k, "a string")))
+            .transpose()
+    }
+}
+
+fn wrong(k: &str, what: &str) -> ApiError {
+    ApiError::invalid(format!("\"{k}\" must be {what}"))
+}
+
+/// Reads the generation settings of a completion request (`oai`: OpenAI's names such
+/// as `max_tokens` are read too).
+pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenParams> {
+    let f = Fields::of(body)?;
+    let mut s = d.sampling.clone();
+    if let Some(v) = f.f32("temperature")? {
+        s.temp = v;
+    }
+    if let Some(v) = f.i64("top_k")? {
+        s.top_k = v.clamp(i32::MIN as i64, i32::MAX as i64) as i32;
+    }
+    set(&f, "top_p", &mut s.top_p)?;
+    set(&f, "min_p", &mut s.min_p)?;
+    set(&f, "typical_p", &mut s.typical_p)?;
+    set(&f, "repeat_penalty", &mut s.repeat_penalty)?;
+    set(&f, "presence_penalty", &mut s.presence_penalty)?;
+    set(&f, "frequency_penalty", &mut s.frequency_penalty)?;
+    set(&f, "top_n_sigma", &mut s.top_n_sigma)?;
+    set(&f, "xtc_probability", &mut s.xtc_probability)?;
+    set(&f, "xtc_threshold", &mut s.xtc_threshold)?;
+    set(&f, "dynatemp_range", &mut s.dynatemp_range)?;
+    set(&f, "dynatemp_exponent", &mut s.dynatemp_exponent)?;
+    set(&f, "dry_multiplier", &mut s.dry_multiplier)?;
+    if let Some(v) = f.i64("repeat_last_n")? {
+        s.repeat_last_n = if v < 0 { 4096 } else { v as usize };
+    }
+    if let Some(v) = f.i64("min_keep")? {
+        s.min_keep = v.max(0) as usize;
+    }
+    if let Some(seed) = f.i64("seed")? {
+        s.seed = if seed < 0 {
+            SamplerParams::RANDOM_SEED
+        } else {
+            seed as u64 & 0xFFFF_FFFF
+        };
+    }
+    if let Some(lb) = f.value("logit_bias") {
+        s.logit_bias = logit_bias(lb, tok)?;
+    }
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(d.ignore_eos);
+    if ignore_eos {
+        s.banned.extend(tok.eog_tokens());
+    }
+    s.validate().map_err(ApiError::invalid)?;
+    let mut n_predict = d.n_predict;
+    let asked = match f.i64("n_predict")? {
+        Some(n) => Some(n),
+        None => match f.i64("max_completion_tokens")? {
+            Some(n) => Some(n),
+            None => f.i64("max_tokens")?,
+        },
+    };
+    if let Some(n) = asked {
+        if n < -1 {
+            return Err(ApiError::invalid(format!(
+                "n_predict must be -1 (no limit) or a token count, got {n}"
+            )));
+        }
+        let n = n.min(i32::MAX as i64) as i32;
+        n_predict = if d.n_predict >= 0 && (n < 0 || n > d.n_predict) {
+            d.n_predict
+        } else {
+            n
+        };
+    }
+    let mut shift = d.shift;
+    if let Some(k) = f.i64("n_keep")? {
+        shift.keep = k.clamp(-1, i32::MAX as i64) as i32;
+    }
+    let n_probs = match f.i64("n_probs")? {
+        Some(n) => n.clamp(0, 100) as usize,
+        None => 0,
+    };
+    let slot = match f.i64("id_slot")? {
+        Some(n) if n >= 0 => Some(n.min(u32::MAX as i64) as u32),
+        _ => None,
+    };
+    let stop = match f.value("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(String::from))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| wrong("stop", "a string or an array of strings"))?,
+        Some(_) => return Err(wrong("stop", "a string or an array of strings")),
+    };
+    let include_usage = match f.value("stream_options") {
+        Some(o) => Fields::of(o)?.bool("include_usage")?.unwrap_or(false),
+        None => false,
+    };
+    Ok(GenParams {
+        request: Request {
+            prompt: Vec::new(),
+            params: SessionParams {
+                sampling: s,
+                n_predict,
+                shift,
+                prompt_cache: None,
+                n_probs,
+                post_sampling_probs: f.bool("post_sampling_probs")?.unwrap_or(false),
+            },
+            cache_prompt: f.bool("cache_prompt")?.unwrap_or(true),
+            slot,
+            stop,
+        },
+        stream: f.bool("stream")?.unwrap_or(false),
+        n_probs,
+        return_tokens: f.bool("return_tokens")?.unwrap_or(false),
+        include_usage,
+        show_top: true,
+        ignore_eos,
+        response_fields: match f.value("response_fields") {
+            None => None,
+            Some(Value::Array(a)) if a.is_empty() => None,
+            Some(Value::Array(a)) => Some(
+                a.iter()
+                    .map(|v| v.as_str().map(String::from))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| wrong("response_fields", "an array of strings"))?,
+            ),
+            Some(_) => return Err(wrong("response_fields", "an array of strings")),
+        },
+    })
+}
+
+fn set(f: &Fields, k: &str, out: &mut f32) -> ApiResult<()> {
+    if let Some(v) = f.f32(k)? {
+        *out = v;
+    }
+    Ok(())
+}
+
+/// llama-server's `logit_bias`: `[[token or text, bias or false], ...]`, or OpenAI's
+/// `{"token id": bias}`. A text applies to each of its tokens; `false` bans.
+fn logit_bias(v: &Value, tok: &Tokenizer) -> ApiResult<Vec<(u32, f32)>> {
+    let n_vocab = tok.n_vocab() as i64;
+    let bias = |b: &Value| -> ApiResult<f32> {
+        match b {
+            Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            b => b
+                .as_f64()
+                .map(|x| x as f32)
+                .ok_or_else(|| wrong("logit_bias", "pairs of a token and a number or false")),
+        }
+    };
+    let id = |t: i64| -> ApiResult<u32> {
+        if (0..n_vocab).contains(&t) {
+            Ok(t as u32)
+        } else {
+            Err(ApiError::invalid(format!(
+                "logit_bias: token {t} is out of the vocabulary (0..{n_vocab})"
+            )))
+        }
+    };
+    let mut out = Vec::new();
+    match v {
+        Value::Array(pairs) => {
+            for p in pairs {
+                let Some([t, b]) = p
+                    .as_array()
+                    .and_then(|a| <&[Value; 2]>::try_from(a.as_slice()).ok())
+                else {
+                    return Err(wrong(
+                        "logit_bias",
+                        "pairs of a token and a number or false",
+                    ));
+                };
+                let b = bias(b)?;
+                match t {
+                    Value::String(text) => {
+                        out.extend(tok.encode(text, false, false).into_iter().map(|t| (t, b)))
+                    }
+                    t => out.push((
+                        id(t.as_i64().ok_or_else(|| {
+                            wrong("logit_bias", "pairs of a token and a number or false")
+                        })?)?,
+                        b,
+                    )),
+                }
+            }
+        }
+        Value::Object(m) => {
+            for (k, b) in m {
+                let t: i64 = k.parse().map_err(|_| {
+                    ApiError::invalid(format!("logit_bias: \"{k}\" is not a token id"))
+                })?;
+                out.push((id(t)?, bias(b)?));
+            }
+        }
+        _ => return Err(wrong("logit_bias", "an array of pairs or an object")),
+    }
+    Ok(out)
+}
+
+/// A prompt as llama-server takes it: a string, token ids, or a list mixing both
+/// (strings tokenized without BOS after the first piece). BOS is added where the model
+/// wants one (`add_special`).
+pub fn prompt_tokens(v: &Value, tok: &Tokenizer, add_special: bool) -> ApiResult<Vec<u32>> {
+    let n_vocab = tok.n_vocab() as u64;
+    let mut out = Vec::new();
+    let mut first = true;
+    let mut piece = |p: &Value, out: &mut Vec<u32>| -> ApiResult<()> {
+        match p {
+            Value::Object(o) => {
+                if o.contains_key("multimodal_data") {
+                    return Err(ApiError::invalid(
+                        "Multimodal data provided, but model does not support multimodal requests.",
+                    ));
+                }
+                let Some(Value::String(s)) = o.get("prompt_string") else {
+                    return Err(ApiError::invalid("a prompt object needs \"prompt_string\""));
+                };
+                out.extend(tok.encode(s, add_special && first, true));
+            }
+            Value::String(s) => {
+                out.extend(tok.encode(s, add_special && first, true));
+            }
+            Value::Number(n) => match n.as_u64().filter(|&t| t < n_vocab) {
+                Some(t) => out.push(t as u32),
+                None => {
+                    return Err(ApiError::invalid(format!(
+                        "invalid token {n} in the prompt (the vocabulary has {n_vocab} tokens)"
+                    )))
+                }
+            },
+            _ => {
+                return Err(ApiError::invalid(
+                    "a prompt is a string, token ids, or a list mixing both",
+                ))
+            }
+        }
+        first = false;
+        Ok(())
+    };
+    match v {
+        Value::Array(items) => {
+            for p in items {
+                piece(p, &mut out)?;
+            }
+        }
+        p => piece(p, &mut out)?,
+    }
+    Ok(out)
+}
+
+/// The prompts of a request: one, or several (a list whose items are strings or token
+/// lists, each a prompt of its own).
+pub fn prompts(v: &Value) -> Vec<&Value> {
+    match v {
+        Value::Array(items)
+            if items.len() > 1
+                && items
+                    .iter()
+                    .all(|i| i.is_string() || i.is_array() || i.is_object()) =>
+        {
+            items.iter().collect()
+        }
+        Value::Array(items)
+            if items.len() == 1 && (items[0].is_array() || items[0].is_object()) =>
+        {
+            vec![&items[0]]
+        }
+        v => vec![v],
+    }
+}

