@@ -3,8 +3,10 @@
 # version scripts/fetch-llamacpp-tests.sh reads) against `wgllm serve` — or, for
 # comparison, against a llama-server binary — with SmolLM2 in place of every preset's
 # model (scripts/server-launcher.py swaps the model flags).
-#   scripts/server-tests.sh [--server BIN] [--junit FILE] [unit/test_x.py ...] [-- PYTEST_ARGS]
+#   scripts/server-tests.sh [--server BIN] [--junit FILE] [--expected LIST] [unit/test_x.py ...] [-- PYTEST_ARGS]
 # Default server: target/release/wgllm; default files: the twelve README's table lists.
+# --expected LIST runs the tests named in LIST (pytest node ids, one per line; # comments),
+# which must all pass: the test command runs tests/data/server-suite-pass.txt.
 # The suite's session fixture starts every preset once only to download models: with a
 # local model there is nothing to download, so that call is skipped in our copy.
 set -euo pipefail
@@ -18,6 +20,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --server) server=$(realpath "$2"); shift 2 ;;
     --junit) junit=$(realpath -m "$2"); shift 2 ;;
+    --expected) mapfile -t listed < <(grep -v '^\s*\(#\|$\)' "$2"); files+=("${listed[@]}"); shift 2 ;;
     --) shift; extra=("$@"); break ;;
     -*) echo "error: unknown option $1 (see the usage at the top of $0)" >&2; exit 2 ;;
     *) files+=("$1"); shift ;;

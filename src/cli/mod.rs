@@ -168,6 +168,7 @@ impl ModelArgs {
             defrag_thold: self.defrag_thold,
             swa_full: self.swa_full,
             swa_keep: 0,
+            kv_unified: false,
             gpu: self.gpu.options()?,
             tune: tune_options(self.gpu.no_tune, false),
         })

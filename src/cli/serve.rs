@@ -65,7 +65,7 @@ pub struct ServeArgs {
     /// Refused: batching is always continuous here.
     #[arg(long = "no-cont-batching", visible_alias = "nocb")]
     pub no_cont_batching: bool,
-    /// Seconds a client connection may stay silent.
+    /// Seconds a client may take to send a request's head before its connection is closed.
     #[arg(long = "timeout", visible_alias = "to", default_value_t = 600)]
     pub timeout: u64,
     /// HTTP worker threads (default: one per core).
@@ -81,7 +81,8 @@ pub struct ServeArgs {
     /// Largest request body in MiB.
     #[arg(long = "max-body-mib", default_value_t = 64)]
     pub max_body_mib: usize,
-    /// Accepted for compatibility: every slot gets an equal share of the cache.
+    /// Every slot may use the whole cache (else each gets an equal share); a request
+    /// that finds it full fails with "Context size has been exceeded".
     #[arg(long = "kv-unified", visible_alias = "kvu")]
     pub kv_unified: bool,
     /// Accepted for compatibility: there is no web UI.
@@ -169,9 +170,6 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the slot directory {}", dir.display()))?;
     }
-    if a.kv_unified {
-        log::debug!("--kv-unified: every slot has an equal share of one cache; ignored");
-    }
     let opts = ServerOptions {
         host: a.host.clone(),
         port: a.port,
@@ -200,6 +198,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     let model = a.model.clone();
     let mut eopts = model.options()?;
     eopts.swa_keep = shift.swa_keep();
+    eopts.kv_unified = a.kv_unified;
     let load = move || {
         let mut e = load_engine(&model, &eopts)?;
         if let Some(t) = &chat_template {

@@ -94,6 +94,8 @@ pub struct Engine {
     pub n_steps: u64,
     /// What the last step decoded: prompt tokens and generated tokens.
     pub last_batch: (usize, usize),
+    /// Sessions share the whole cache instead of an equal part each.
+    kv_unified: bool,
 }
 
 /// One log line for the kernels the tuner chose.
@@ -288,6 +290,7 @@ impl Engine {
             load_time: Duration::ZERO,
             n_steps: 0,
             last_batch: (0, 0),
+            kv_unified: opts.kv_unified,
         })
     }
 
@@ -305,8 +308,12 @@ impl Engine {
     pub fn n_ctx(&self) -> u32 {
         self.ctx.n_ctx()
     }
-    /// Cells a session may fill before its context shifts: an equal share of the cache.
+    /// Cells a session may fill before its context shifts: an equal share of the cache
+    /// (all of it with `kv_unified`).
     pub fn n_ctx_seq(&self) -> u32 {
+        if self.kv_unified {
+            return self.ctx.n_ctx();
+        }
         self.ctx.n_ctx() / self.ctx.params.n_seq_max
     }
 

@@ -27,6 +27,9 @@ pub struct EngineOptions {
     /// Positions the rolling buffer never drops (`--keep` plus BOS: a context shift
     /// brings them back inside the window); `u32::MAX` keeps everything.
     pub swa_keep: u32,
+    /// Every session may use the whole cache (llama.cpp's `--kv-unified`) instead of an
+    /// equal share; when the cells run out, the step fails for every session in it.
+    pub kv_unified: bool,
     /// Backend, adapter, f16/subgroups, kernel shapes and tuning.
     pub gpu: GpuOptions,
     /// Whether `--kernels auto` / `--backend auto` are decided by measurement (cached),
@@ -44,6 +47,7 @@ impl Default for EngineOptions {
             defrag_thold: -1.0,
             swa_full: false,
             swa_keep: 0,
+            kv_unified: false,
             gpu: GpuOptions::default(),
             tune: TuneOptions::default(),
         }

@@ -714,7 +714,18 @@ impl Worker {
             }
             Err(e) => {
                 log::error!("decoding failed: {e}");
-                let err = RequestError::Server(format!("decoding failed: {e}"));
+                let full = matches!(
+                    e,
+                    EngineError::Context(crate::context::ContextError::Kv(
+                        crate::kv::KvError::NoSlot { .. }
+                    ))
+                );
+                // llama-server's words for a shared cache that ran out (--kv-unified).
+                let err = RequestError::Server(if full {
+                    format!("Context size has been exceeded. ({e})")
+                } else {
+                    format!("decoding failed: {e}")
+                });
                 for i in 0..self.slots.len() {
                     if let Some(mut a) = self.slots[i].active.take() {
                         (a.sink)(RequestEvent::Failed(err.clone()));

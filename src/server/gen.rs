@@ -119,11 +119,16 @@ where
         n_cached,
         started,
     } = start;
+    // The first report is the slot's start: no prompt time has passed yet.
     let progress = move |done: usize| Item::Progress {
         total: n_prompt,
         cache: n_cached,
         processed: n_cached + done,
-        ms: started.elapsed().as_secs_f64() * 1e3,
+        ms: if done == 0 {
+            0.0
+        } else {
+            started.elapsed().as_secs_f64() * 1e3
+        },
     };
     let first = write(progress(0));
     tokio::spawn(async move {

@@ -158,3 +158,35 @@ fn origin_allowed(list: &[String], origin: &str) -> bool {
         a => a == origin,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::origin_allowed;
+
+    #[test]
+    fn cors_origins() {
+        let any = vec!["*".to_string()];
+        let local = vec!["localhost".to_string()];
+        let listed = vec!["https://a.example".to_string()];
+        assert!(origin_allowed(&any, "http://evil.com"));
+        for o in [
+            "http://localhost",
+            "http://localhost:8080",
+            "http://127.0.0.1:3000",
+            "http://[::1]",
+            "http://[::1]:3000",
+        ] {
+            assert!(origin_allowed(&local, o), "{o}");
+        }
+        for o in [
+            "http://web.mydomain.fr",
+            "http://notlocalhost",
+            "http://localhost.evil.com",
+            "http://evil.com",
+        ] {
+            assert!(!origin_allowed(&local, o), "{o}");
+        }
+        assert!(origin_allowed(&listed, "https://a.example"));
+        assert!(!origin_allowed(&listed, "https://b.example"));
+    }
+}

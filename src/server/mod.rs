@@ -48,7 +48,7 @@ pub struct ServerOptions {
     pub cors_origins: Vec<String>,
     /// Largest request body, in bytes.
     pub max_body: usize,
-    /// Seconds a connection may stay silent (`-to`).
+    /// Seconds a client may take to send a request's head (`-to`).
     pub timeout_s: u64,
     /// HTTP worker threads (`--threads-http`; 0: one per core).
     pub threads_http: usize,
@@ -132,7 +132,12 @@ async fn run(
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut servers = tokio::task::JoinSet::new();
     for l in listeners {
-        servers.spawn(accept_loop(l, app.clone(), stop_tx.subscribe()));
+        servers.spawn(accept_loop(
+            l,
+            app.clone(),
+            stop_tx.subscribe(),
+            std::time::Duration::from_secs(opts.timeout_s.max(1)),
+        ));
     }
     // The model loads on a thread of its own (it blocks on the GPU and the disk).
     let loaded =
@@ -165,8 +170,9 @@ async fn accept_loop(
     l: tokio::net::TcpListener,
     app: axum::Router,
     mut stop: tokio::sync::broadcast::Receiver<()>,
+    read_timeout: std::time::Duration,
 ) {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     loop {
         let (stream, _peer) = tokio::select! {
@@ -194,7 +200,10 @@ async fn accept_loop(
         };
         tokio::spawn(async move {
             let mut b = Builder::new(TokioExecutor::new());
-            b.http1().title_case_headers(true);
+            b.http1()
+                .title_case_headers(true)
+                .timer(TokioTimer::new())
+                .header_read_timeout(read_timeout);
             tokio::select! {
                 r = b.serve_connection(TokioIo::new(stream), svc) => {
                     if let Err(e) = r {

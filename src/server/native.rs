@@ -5,7 +5,7 @@ use super::error::{ApiError, ApiResult};
 use super::gen::{self, Completion, Item, Piece};
 use super::params::{self, Fields, GenParams};
 use super::AppState;
-use crate::engine::service::{EngineService, Finished, SlotAction};
+use crate::engine::service::{Finished, SlotAction};
 use crate::engine::Timings;
 use crate::tokenizer::Tokenizer;
 use axum::body::Bytes;
@@ -37,17 +37,9 @@ pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
     let body = body_json(&body)?;
     let tok = service.tokenizer();
     let p = params::gen_params(&body, &s.opts.defaults, tok)?;
-    let prompt = Fields::of(&body)?
-        .value("prompt")
-        .ok_or_else(|| ApiError::invalid("\"prompt\" is required"))?;
-    let prompts = params::prompts(prompt);
+    let mut reqs = params::completion_requests(&body, &p, tok)?;
     if p.stream {
-        if prompts.len() > 1 {
-            return Err(ApiError::invalid("streaming takes one prompt"));
-        }
-        let mut req = p.request.clone();
-        req.prompt = params::prompt_tokens(prompts[0], tok, true)?;
-        check_prompt(service, &req.prompt)?;
+        let req = reqs.remove(0);
         let start = gen::start_stream(service, req).await?;
         let tok = tok.clone();
         let settings = settings_json(&p, &s.model_name());
@@ -129,14 +121,7 @@ pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
             None,
         ));
     }
-    let mut out = Vec::new();
-    for (i, pr) in prompts.iter().enumerate() {
-        let mut req = p.request.clone();
-        req.prompt = params::prompt_tokens(pr, tok, true)?;
-        check_prompt(service, &req.prompt)?;
-        out.push((i, req));
-    }
-    let runs = out.into_iter().map(|(i, req)| {
+    let runs = reqs.into_iter().enumerate().map(|(i, req)| {
         let service = service.clone();
         async move { (i, req.prompt.clone(), gen::complete(&service, req).await) }
     });
@@ -194,14 +179,6 @@ where
     }
     out.sort_by_key(|v| v.0);
     out.into_iter().map(|v| v.1).collect()
-}
-
-/// Refuses an empty prompt (llama-server's wording).
-pub fn check_prompt(_service: &EngineService, prompt: &[u32]) -> ApiResult<()> {
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("empty prompt: the input has no tokens"));
-    }
-    Ok(())
 }
 
 /// `/completion`'s reply.
@@ -593,4 +570,21 @@ pub fn valid_filename(name: &str) -> bool {
         && !name
             .chars()
             .any(|c| c == '/' || c == '\\' || c == ':' || c.is_control())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_filename;
+
+    #[test]
+    fn slot_file_names_stay_in_their_directory() {
+        for ok in ["slot1.bin", "a-b_c.bin", "x"] {
+            assert!(valid_filename(ok), "{ok}");
+        }
+        for bad in [
+            "", ".", "..", "../x", "a/b", "a\\b", ".hidden", "c:x", "a\nb",
+        ] {
+            assert!(!valid_filename(bad), "{bad:?}");
+        }
+    }
 }

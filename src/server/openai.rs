@@ -4,7 +4,7 @@
 use super::chat::ChatRequest;
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item, Piece};
-use super::native::{body_json, check_prompt, futures_join, timings_json, token_json};
+use super::native::{body_json, futures_join, timings_json, token_json};
 use super::params::{self, Fields, GenParams};
 use super::AppState;
 use crate::engine::service::Finished;
@@ -51,6 +51,18 @@ pub fn reply_id(prefix: &str) -> String {
 /// llama-server's `b<build>` form, which clients check.
 fn fingerprint() -> String {
     format!("b{}-wgllm", env!("CARGO_PKG_VERSION"))
+}
+
+/// One streamed chunk (or whole reply) of OpenAI's shape.
+fn oai_chunk(object: &str, id: &str, created: u64, model: &str, choices: Value) -> Value {
+    json!({
+        "choices": choices,
+        "created": created,
+        "id": id,
+        "model": model,
+        "system_fingerprint": fingerprint(),
+        "object": object,
+    })
 }
 
 pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
@@ -158,35 +170,19 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
     let tok = service.tokenizer();
     let mut p = params::gen_params(&body, &s.opts.defaults, tok)?;
     oai_n_probs(&body, &mut p, false)?;
-    let prompt = Fields::of(&body)?
-        .value("prompt")
-        .ok_or_else(|| ApiError::invalid("\"prompt\" is required"))?;
-    let prompts = params::prompts(prompt);
+    let mut reqs = params::completion_requests(&body, &p, tok)?;
     let model = s.model_name();
     let id = reply_id("chatcmpl");
     if p.stream {
-        if prompts.len() > 1 {
-            return Err(ApiError::invalid("streaming takes one prompt"));
-        }
-        let mut req = p.request.clone();
-        req.prompt = params::prompt_tokens(prompts[0], tok, true)?;
-        check_prompt(service, &req.prompt)?;
+        let req = reqs.remove(0);
         let start = gen::start_stream(service, req).await?;
         let tok = tok.clone();
         let created = now();
         return Ok(gen::sse(
             start,
             move |item| {
-                let chunk = |choices: Value| {
-                    json!({
-                        "choices": choices,
-                        "created": created,
-                        "model": model,
-                        "system_fingerprint": fingerprint(),
-                        "object": "text_completion",
-                        "id": id,
-                    })
-                };
+                let chunk =
+                    |choices: Value| oai_chunk("text_completion", &id, created, &model, choices);
                 match item {
                     Item::Progress { .. } => String::new(),
                     Item::Piece(pc) => gen::data(&chunk(json!([{
@@ -216,13 +212,6 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
             },
             Some(DONE),
         ));
-    }
-    let mut reqs = Vec::new();
-    for pr in &prompts {
-        let mut req = p.request.clone();
-        req.prompt = params::prompt_tokens(pr, tok, true)?;
-        check_prompt(service, &req.prompt)?;
-        reqs.push(req);
     }
     let runs = reqs.into_iter().map(|req| {
         let service = service.clone();
@@ -299,7 +288,6 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
     let rendered = chat.render(tok)?;
     let mut req = p.request.clone();
     req.prompt = tok.encode(&rendered, true, true);
-    check_prompt(service, &req.prompt)?;
     let model = s.model_name();
     let id = reply_id("chatcmpl");
     let created = now();
@@ -311,14 +299,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
             start,
             move |item| {
                 let chunk = |choices: Value| {
-                    json!({
-                        "choices": choices,
-                        "created": created,
-                        "id": id,
-                        "model": model,
-                        "system_fingerprint": fingerprint(),
-                        "object": "chat.completion.chunk",
-                    })
+                    oai_chunk("chat.completion.chunk", &id, created, &model, choices)
                 };
                 let mut out = String::new();
                 if std::mem::take(&mut first) {

@@ -333,6 +333,33 @@ pub fn prompt_tokens(v: &Value, tok: &Tokenizer, add_special: bool) -> ApiResult
     Ok(out)
 }
 
+/// The requests of a completion body: one per prompt (see [`prompts`]), each with the
+/// body's settings; an empty prompt is refused.
+pub fn completion_requests(
+    body: &Value,
+    p: &GenParams,
+    tok: &Tokenizer,
+) -> ApiResult<Vec<Request>> {
+    let prompt = Fields::of(body)?
+        .value("prompt")
+        .ok_or_else(|| ApiError::invalid("\"prompt\" is required"))?;
+    let reqs = prompts(prompt)
+        .into_iter()
+        .map(|pr| {
+            let mut r = p.request.clone();
+            r.prompt = prompt_tokens(pr, tok, true)?;
+            if r.prompt.is_empty() {
+                return Err(ApiError::invalid("empty prompt: the input has no tokens"));
+            }
+            Ok(r)
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    if p.stream && reqs.len() > 1 {
+        return Err(ApiError::invalid("streaming takes one prompt"));
+    }
+    Ok(reqs)
+}
+
 /// The prompts of a request: one, or several (a list whose items are strings or token
 /// lists, each a prompt of its own).
 pub fn prompts(v: &Value) -> Vec<&Value> {
@@ -351,5 +378,23 @@ pub fn prompts(v: &Value) -> Vec<&Value> {
             vec![&items[0]]
         }
         v => vec![v],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompts;
+    use serde_json::json;
+
+    #[test]
+    fn one_prompt_or_several_as_llama_server_reads_them() {
+        let n = |v: serde_json::Value| prompts(&v).len();
+        assert_eq!(n(json!("text")), 1);
+        assert_eq!(n(json!([1, 2, 3])), 1);
+        assert_eq!(n(json!([1, "mixed", 3])), 1);
+        assert_eq!(n(json!(["a"])), 1);
+        assert_eq!(n(json!([[1, 2]])), 1);
+        assert_eq!(n(json!(["a", "b"])), 2);
+        assert_eq!(n(json!([[1, 2], "b", {"prompt_string": "c"}])), 3);
     }
 }

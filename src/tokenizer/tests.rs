@@ -736,3 +736,31 @@ fn every_pre_tokenizer_compiles_and_splits() {
         assert!(words.len() >= 3, "{name}: {words:?}");
     }
 }
+
+// ---------------------------------------------------------------- built-in templates
+
+/// llama.cpp's built-in `llama3` and `command-r` renders, as its server tests expect them.
+#[test]
+fn builtin_templates_render_as_llama_cpp() {
+    let msgs = |sys: &str, user: &str| {
+        vec![
+            ChatMessage::new("system", sys),
+            ChatMessage::new("user", user),
+        ]
+    };
+    let render = |name: &str, m: &[ChatMessage]| {
+        apply_chat_template(builtin_template(name).unwrap(), m, true, "<s>", "</s>").unwrap()
+    };
+    assert_eq!(
+        render("llama3", &msgs("Book", "What is the best book")),
+        "<|start_header_id|>system<|end_header_id|>\n\nBook<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is the best book<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+    assert_eq!(
+        render("command-r", &msgs("You are a test.", "Hi there")),
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+    );
+    for name in BUILTIN_TEMPLATES {
+        assert!(!render(name, &msgs("s", "u")).is_empty(), "{name}");
+    }
+    assert!(builtin_template("no-such-template").is_none());
+}
