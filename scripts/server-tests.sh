@@ -41,7 +41,7 @@ sed -i 's/^\(\s*\)ServerPreset.load_all()$/\1pass  # wgllm: models are local fil
 venv="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/server-tests-venv"
 if [ ! -x "$venv/bin/pytest" ]; then
   echo "installing the suite's Python requirements into $venv ..." >&2
-  python3 -m venv "$venv"
+  python3 -m venv "$venv" || { echo "error: python3 -m venv failed: install python3-venv (Debian) and rerun" >&2; exit 1; }
   "$venv/bin/pip" install -q -r "$tests/requirements.txt"
 fi
 cd "$tests"

@@ -39,3 +39,7 @@ for m in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
   target/release/wgllm tune -m "$models/$m"
 done
 cargo test --release "$@"
+if [ $# -eq 0 ]; then
+  # llama.cpp's own server tests against `wgllm serve`: the quick ones llama-server passes too.
+  scripts/server-tests.sh --expected tests/data/server-suite-pass.txt
+fi
