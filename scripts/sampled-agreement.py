@@ -23,6 +23,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--model")
 ap.add_argument("--llamacpp", default=os.path.expanduser("~/.cache/llamacpp-ref/bin"))
 ap.add_argument("-n", type=int, default=48)
+ap.add_argument("--pairs", type=int, default=0, help="only the first N prompt/seed pairs (0: all)")
 a = ap.parse_args()
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 model = a.model or subprocess.check_output([os.path.join(root, "scripts/fetch-models.sh")], text=True).strip()
@@ -50,15 +51,17 @@ def shared(x, y):
         n += 1
     return n
 
+pairs = [(p, s) for p in PROMPTS for s in SEEDS]
+if a.pairs:
+    pairs = pairs[:a.pairs]
 rows = []
 print("| prompt | seed | llama.cpp CPU vs Vulkan | wgllm vs llama.cpp Vulkan | wgllm vs llama.cpp CPU |")
 print("|---|---:|---:|---:|---:|")
-for p in PROMPTS:
-    for s in SEEDS:
-        vk, cpu, us = llama(p, s, True), llama(p, s, False), ours(p, s)
-        r = (shared(cpu, vk), shared(us, vk), shared(us, cpu))
-        rows.append(r)
-        print(f"| {p[:32]} | {s} | {r[0]} | {r[1]} | {r[2]} |", flush=True)
+for p, s in pairs:
+    vk, cpu, us = llama(p, s, True), llama(p, s, False), ours(p, s)
+    r = (shared(cpu, vk), shared(us, vk), shared(us, cpu))
+    rows.append(r)
+    print(f"| {p[:32]} | {s} | {r[0]} | {r[1]} | {r[2]} |", flush=True)
 med = [statistics.median(c) for c in zip(*rows)]
 print(f"\nmedian shared characters over {len(rows)} prompt/seed pairs: llama.cpp CPU vs Vulkan {med[0]}, "
       f"wgllm vs llama.cpp Vulkan {med[1]}, wgllm vs llama.cpp CPU {med[2]}")

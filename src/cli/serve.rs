@@ -94,7 +94,7 @@ pub struct ServeArgs {
     /// Accepted for compatibility: models are local files.
     #[arg(long)]
     pub offline: bool,
-    /// More log output (RUST_LOG=debug).
+    /// Chat replies carry `__verbose` with the rendered prompt (logs: RUST_LOG=debug).
     #[arg(long = "verbose", visible_alias = "v")]
     pub verbose: bool,
 }
@@ -194,6 +194,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         max_body: a.max_body_mib << 20,
         timeout_s: a.timeout,
         threads_http: a.threads_http.max(0) as usize,
+        verbose: a.verbose,
     };
     let model = a.model.clone();
     let mut eopts = model.options()?;

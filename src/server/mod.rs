@@ -52,6 +52,9 @@ pub struct ServerOptions {
     pub timeout_s: u64,
     /// HTTP worker threads (`--threads-http`; 0: one per core).
     pub threads_http: usize,
+    /// Every chat reply carries `__verbose` (the rendered prompt), as with llama-server's
+    /// `--verbose`; else only where a request asks (`"verbose": true`).
+    pub verbose: bool,
 }
 
 /// What every handler sees.

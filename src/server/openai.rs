@@ -282,7 +282,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
             "\"n\" must be between 1 and the number of slots ({n_slots})"
         )));
     }
-    let verbose = f.bool("verbose")?.unwrap_or(false);
+    let verbose = f.bool("verbose")?.unwrap_or(s.opts.verbose);
     let return_progress = f.bool("return_progress")?.unwrap_or(false);
     let chat = ChatRequest::read(&body)?;
     let rendered = chat.render(tok)?;
