@@ -396,9 +396,7 @@ pub async fn detokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
 pub async fn apply_template(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
     let body = body_json(&body)?;
-    let f = Fields::of(&body)?;
     let chat = super::chat::ChatRequest::read(&body)?;
-    let _ = f;
     let prompt = chat.render(service.tokenizer())?;
     Ok(Json(json!({ "prompt": prompt })))
 }
@@ -452,8 +450,7 @@ pub async fn props(State(s): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
     })))
 }
 
-pub async fn set_props(State(s): State<Arc<AppState>>) -> ApiError {
-    let _ = s;
+pub async fn set_props() -> ApiError {
     ApiError::not_supported("changing server properties at run time is not supported")
 }
 

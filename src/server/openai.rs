@@ -98,11 +98,16 @@ pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
 }
 
 fn usage(end: &Finished) -> Value {
+    usage_json(end.n_prompt, end.n_generated, end.n_cached)
+}
+
+/// OpenAI's `usage` object.
+fn usage_json(n_prompt: usize, n_gen: usize, n_cached: usize) -> Value {
     json!({
-        "completion_tokens": end.n_generated,
-        "prompt_tokens": end.n_prompt,
-        "total_tokens": end.n_prompt + end.n_generated,
-        "prompt_tokens_details": {"cached_tokens": end.n_cached},
+        "completion_tokens": n_gen,
+        "prompt_tokens": n_prompt,
+        "total_tokens": n_prompt + n_gen,
+        "prompt_tokens_details": {"cached_tokens": n_cached},
     })
 }
 
@@ -239,12 +244,7 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
         "model": model,
         "system_fingerprint": fingerprint(),
         "object": "text_completion",
-        "usage": {
-            "completion_tokens": n_gen,
-            "prompt_tokens": n_prompt,
-            "total_tokens": n_prompt + n_gen,
-            "prompt_tokens_details": {"cached_tokens": n_cached},
-        },
+        "usage": usage_json(n_prompt, n_gen, n_cached),
         "id": id,
         "timings": timings,
     }))
@@ -404,12 +404,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
         "model": model,
         "system_fingerprint": fingerprint(),
         "object": "chat.completion",
-        "usage": {
-            "completion_tokens": n_gen,
-            "prompt_tokens": n_prompt,
-            "total_tokens": n_prompt + n_gen,
-            "prompt_tokens_details": {"cached_tokens": n_cached},
-        },
+        "usage": usage_json(n_prompt, n_gen, n_cached),
         "id": id,
         "timings": timings_json(&c.end.timings, c.end.n_cached, c.end.n_generated),
     });
