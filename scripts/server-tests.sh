@@ -33,17 +33,10 @@ if [ ${#files[@]} -eq 0 ]; then
     unit/test_compat_anthropic.py unit/test_slot_save.py)
 fi
 [ -x "$server" ] || { echo "error: no server binary at $server (cargo build --release)" >&2; exit 1; }
-model="$(scripts/fetch-models.sh)"
-data="$(scripts/fetch-llamacpp-tests.sh)"
-tests="$data/server/tools/server/tests"
+# Sets model, tests (the suite's folder) and venv (its Python environment).
+source scripts/suite-env.sh
 # Our copy of the suite: the session fixture does not start every preset to download.
 sed -i 's/^\(\s*\)ServerPreset.load_all()$/\1pass  # wgllm: models are local files/' "$tests/conftest.py"
-venv="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/server-tests-venv"
-if [ ! -x "$venv/bin/pytest" ]; then
-  echo "installing the suite's Python requirements into $venv ..." >&2
-  python3 -m venv "$venv" || { echo "error: python3 -m venv failed: install python3-venv (Debian) and rerun" >&2; exit 1; }
-  "$venv/bin/pip" install -q -r "$tests/requirements.txt"
-fi
 cd "$tests"
 args=(-p no:cacheprovider -q -rfE)
 [ -n "$junit" ] && args+=("--junitxml=$junit")

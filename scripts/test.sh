@@ -11,12 +11,13 @@ scripts/fetch-models.sh --gemma >/dev/null
 # with them (tests/common/mod.rs reads WGLLM_LLAMACPP_TESTS).
 export WGLLM_LLAMACPP_TESTS="${WGLLM_LLAMACPP_TESTS:-$(scripts/fetch-llamacpp-tests.sh)}"
 if [ $# -eq 0 ]; then
-  # Metal (macOS), DX12 (Windows) and the browser's WebGPU (wasm32): checked, not run.
+  # Metal (macOS) and DX12 (Windows): checked, not run. The browser's WebGPU (wasm32) is
+  # built whole below (scripts/web.sh) and run by tests/browser.rs.
   if ! command -v rustup >/dev/null; then
     echo "error: rustup is needed to add the cross-check targets (https://rustup.rs)" >&2
     exit 1
   fi
-  targets="aarch64-apple-darwin x86_64-pc-windows-msvc wasm32-unknown-unknown"
+  targets="aarch64-apple-darwin x86_64-pc-windows-msvc"
   rustup target add $targets >/dev/null
   # The library without the desktop app's GUI crates (they add minutes per target; the
   # app itself is built and tested natively below).
@@ -42,4 +43,7 @@ cargo test --release "$@"
 if [ $# -eq 0 ]; then
   # llama.cpp's own server tests against `wgllm serve`: the quick ones llama-server passes too.
   scripts/server-tests.sh --expected tests/data/server-suite-pass.txt
+  # The real `openai` client against `wgllm serve` (the 64-client load test in
+  # tests/clients/test_load.py takes minutes on lavapipe: run by hand, README has its numbers).
+  scripts/client-tests.sh --ignore=tests/clients/test_load.py
 fi

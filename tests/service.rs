@@ -188,7 +188,8 @@ fn a_stop_string_ends_the_reply_before_it() {
 
 #[test]
 fn a_short_request_is_answered_while_a_long_prompt_is_processed() {
-    // Batches of 64: a 700-token prompt takes about eleven steps alone.
+    // Batches of 64: a 700-token prompt takes about eleven steps alone (the 2000-token
+    // case is tests/clients/test_load.py's, minutes on lavapipe).
     let s = service(2, 2048, 64);
     let long_text = "The quick brown fox jumps over the lazy dog. ".repeat(70);
     let mut long = s.submit(greedy(&s, &long_text, 2));

@@ -19,33 +19,46 @@ fn load(opts: &GpuOptions) -> Arc<Model> {
 /// The adapter's fast path: CPU-shaped kernels on lavapipe, f16 KV cache.
 #[test]
 fn teacher_forced_top1_matches_llama_cpp() {
-    check_model(&GpuOptions::default());
+    check_model(&GpuOptions::default(), true);
 }
 
 /// The portable path: GPU-shaped kernels with shared-memory reductions, f32 KV cache.
 #[test]
 fn portable_path_matches_llama_cpp() {
-    check_model(&GpuOptions {
-        no_f16: true,
-        no_subgroups: true,
-        kernels: KernelShape::Gpu,
-        ..Default::default()
-    });
+    check_model(
+        &GpuOptions {
+            no_f16: true,
+            no_subgroups: true,
+            kernels: KernelShape::Gpu,
+            ..Default::default()
+        },
+        false,
+    );
 }
 
 /// What discrete GPUs run: GPU-shaped kernels with the adapter's subgroups and f16 cache.
 #[test]
 fn gpu_shaped_subgroup_path_matches_llama_cpp() {
-    check_model(&GpuOptions {
-        kernels: KernelShape::Gpu,
-        ..Default::default()
-    });
+    check_model(
+        &GpuOptions {
+            kernels: KernelShape::Gpu,
+            ..Default::default()
+        },
+        false,
+    );
 }
 
-fn check_model(opts: &GpuOptions) {
+/// All four recorded prompts on the default path; the other paths, whose kernels run the
+/// same shapes for any prompt (and several times slower on lavapipe), take two of them.
+fn check_model(opts: &GpuOptions, all_prompts: bool) {
     let model = load(opts);
     let mut checked = 0;
-    for name in ["smol-capital", "smol-chat", "smol-code", "smol-story"] {
+    let names: &[&str] = if all_prompts {
+        &["smol-capital", "smol-chat", "smol-code", "smol-story"]
+    } else {
+        &["smol-chat", "smol-story"]
+    };
+    for &name in names {
         let r = common::Reference::load(
             &common::shared_dir().join(format!("reference/{name}.cpu.json")),
         );
@@ -64,5 +77,8 @@ fn check_model(opts: &GpuOptions) {
             }
         }
     }
-    assert!(checked > 100, "only {checked} positions checked");
+    assert!(
+        checked > 20 * names.len(),
+        "only {checked} positions checked"
+    );
 }

@@ -76,7 +76,7 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
     req.prompt = chat_prompt(&body, tok)?;
     let n_prompt = req.prompt.len();
     let model = s.model_name();
-    let id = reply_id("msg");
+    let id = reply_id("msg-");
     if p.stream {
         let start = gen::start_stream(service, req).await?;
         let mut first = true;
@@ -105,7 +105,7 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
                 match item {
                     Item::Progress { .. } => {}
                     Item::Piece(pc) => {
-                        if pc.token != u32::MAX {
+                        if pc.token.is_some() {
                             n_out += 1;
                         }
                         if !pc.text.is_empty() {

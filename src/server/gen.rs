@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 /// A generated token as a reply shows it.
 #[derive(Clone, Debug)]
 pub struct Piece {
-    pub token: u32,
+    /// `None` for the text held back until the end (see [`Finished::tail`]).
+    pub token: Option<u32>,
     pub text: String,
     pub probs: Option<Box<TokenProbs>>,
 }
@@ -40,7 +41,7 @@ pub async fn complete(service: &EngineService, req: Request) -> Result<Completio
             } => {
                 text.push_str(&s);
                 pieces.push(Piece {
-                    token,
+                    token: Some(token),
                     text: s,
                     probs,
                 });
@@ -138,14 +139,16 @@ where
         while let Some(ev) = ticket.events.recv().await {
             let out = match ev {
                 RequestEvent::Progress { done, .. } => write(progress(done)),
-                RequestEvent::Token { token, text, probs } => {
-                    write(Item::Piece(&Piece { token, text, probs }))
-                }
+                RequestEvent::Token { token, text, probs } => write(Item::Piece(&Piece {
+                    token: Some(token),
+                    text,
+                    probs,
+                })),
                 RequestEvent::Finished(end) => {
                     let mut s = String::new();
                     if !end.tail.is_empty() {
                         s.push_str(&write(Item::Piece(&Piece {
-                            token: u32::MAX,
+                            token: None,
                             text: end.tail.clone(),
                             probs: None,
                         })));

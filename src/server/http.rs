@@ -3,7 +3,7 @@
 //! limit, and JSON errors for unknown paths and methods.
 
 use super::error::ApiError;
-use super::{anthropic, metrics, native, openai, AppState};
+use super::{anthropic, metrics, native, openai, responses, AppState};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -34,6 +34,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/chat/completions/input_tokens",
             post(openai::chat_input_tokens),
         )
+        .route("/responses", post(responses::responses))
+        .route("/v1/responses", post(responses::responses))
+        .route("/responses/input_tokens", post(responses::input_tokens))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(native::tokenize))

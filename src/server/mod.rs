@@ -17,6 +17,7 @@ mod metrics;
 mod native;
 mod openai;
 mod params;
+mod responses;
 
 pub use error::ApiError;
 pub use params::Defaults;

@@ -79,14 +79,14 @@ pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
                     gen::data(&v)
                 }
                 Item::Piece(pc) => {
-                    if pc.token != u32::MAX {
+                    if pc.token.is_some() {
                         n_gen += 1;
                     }
                     let t0 = *first_token_at.get_or_insert_with(std::time::Instant::now);
                     let mut v = json!({
                         "index": 0,
                         "content": pc.text,
-                        "tokens": if pc.token == u32::MAX { vec![] } else { vec![pc.token] },
+                        "tokens": pc.token.into_iter().collect::<Vec<_>>(),
                         "stop": false,
                         "id_slot": -1,
                         "tokens_predicted": n_gen,
@@ -185,7 +185,7 @@ where
 fn completion_json(c: &Completion, p: &GenParams, tok: &Tokenizer, model: &str) -> Value {
     let settings = settings_json(p, model);
     let tokens: Vec<u32> = if p.return_tokens {
-        c.pieces.iter().map(|x| x.token).collect()
+        c.pieces.iter().filter_map(|x| x.token).collect()
     } else {
         Vec::new()
     };
@@ -225,7 +225,7 @@ fn final_json(end: &Finished, text: &str, tokens: &[u32], settings: &Value, mode
 }
 
 /// Timings while a request runs (`timings_per_token`), from the stream's own clock.
-fn live_timings(
+pub fn live_timings(
     cache_n: usize,
     prompt_n: usize,
     prompt_ms: f64,
@@ -342,8 +342,8 @@ fn probs_json(tok: &Tokenizer, pieces: &[Piece], n: usize, post: bool) -> Value 
         pieces
             .iter()
             .filter_map(|pc| {
-                let pr = pc.probs.as_ref()?;
-                let mut v = entry(pc.token, pr.prob);
+                let (pr, token) = (pc.probs.as_ref()?, pc.token?);
+                let mut v = entry(token, pr.prob);
                 let top: Vec<Value> = pr.top.iter().map(|&(t, p)| entry(t, p)).collect();
                 v[if post { "top_probs" } else { "top_logprobs" }] = Value::Array(top);
                 Some(v)

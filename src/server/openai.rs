@@ -25,7 +25,7 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// A reply id: `prefix-` and 32 letters and digits, from the clock and a counter mixed
+/// A reply id: `prefix` (with its separator) and 32 letters and digits, from the clock and a counter mixed
 /// (unique within the process and across restarts; not a secret).
 pub fn reply_id(prefix: &str) -> String {
     const ABC: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
@@ -45,7 +45,7 @@ pub fn reply_id(prefix: &str) -> String {
             ABC[((z ^ (z >> 31)) % ABC.len() as u64) as usize] as char
         })
         .collect();
-    format!("{prefix}-{id}")
+    format!("{prefix}{id}")
 }
 
 /// llama-server's `b<build>` form, which clients check.
@@ -138,8 +138,8 @@ fn oai_n_probs(body: &Value, p: &mut GenParams, chat: bool) -> ApiResult<()> {
 }
 
 fn logprob_entry(tok: &Tokenizer, pc: &Piece, top: bool) -> Option<Value> {
-    let pr = pc.probs.as_ref()?;
-    let (text, bytes) = token_json(tok, pc.token);
+    let (pr, token) = (pc.probs.as_ref()?, pc.token?);
+    let (text, bytes) = token_json(tok, token);
     let tops: Vec<Value> = if top {
         pr.top
             .iter()
@@ -152,7 +152,7 @@ fn logprob_entry(tok: &Tokenizer, pc: &Piece, top: bool) -> Option<Value> {
         Vec::new()
     };
     Some(json!({
-        "id": pc.token,
+        "id": token,
         "token": text,
         "bytes": bytes,
         "logprob": (pr.prob as f64).ln(),
@@ -177,7 +177,7 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
     oai_n_probs(&body, &mut p, false)?;
     let mut reqs = params::completion_requests(&body, &p, tok)?;
     let model = s.model_name();
-    let id = reply_id("chatcmpl");
+    let id = reply_id("chatcmpl-");
     if p.stream {
         let req = reqs.remove(0);
         let start = gen::start_stream(service, req).await?;
@@ -289,7 +289,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
     let mut req = p.request.clone();
     req.prompt = tok.encode(&rendered, true, true);
     let model = s.model_name();
-    let id = reply_id("chatcmpl");
+    let id = reply_id("chatcmpl-");
     let created = now();
     if p.stream {
         let start = gen::start_stream(service, req).await?;
@@ -302,13 +302,9 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
                     oai_chunk("chat.completion.chunk", &id, created, &model, choices)
                 };
                 let mut out = String::new();
-                if std::mem::take(&mut first) {
-                    out.push_str(&gen::data(&chunk(json!([{
-                        "finish_reason": Value::Null,
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": Value::Null},
-                    }]))));
-                }
+                // A stream's first item is the slot's start (see `gen::sse`): it opens the
+                // reply with the role chunk, which carries the first progress report.
+                let opening = std::mem::take(&mut first);
                 match item {
                     Item::Progress {
                         total,
@@ -316,19 +312,16 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
                         processed,
                         ms,
                     } => {
-                        if return_progress {
+                        if opening || return_progress {
                             let mut c = chunk(json!([{
                                 "finish_reason": Value::Null,
                                 "index": 0,
                                 "delta": {"role": "assistant", "content": Value::Null},
                             }]));
-                            c["prompt_progress"] = json!({"total": total, "cache": cache, "processed": processed, "time_ms": ms});
-                            // The opening role chunk was just written; this one carries progress.
-                            if out.is_empty() || processed > cache {
-                                out.push_str(&gen::data(&c));
-                            } else {
-                                out = gen::data(&c);
+                            if return_progress {
+                                c["prompt_progress"] = json!({"total": total, "cache": cache, "processed": processed, "time_ms": ms});
                             }
+                            out.push_str(&gen::data(&c));
                         }
                     }
                     Item::Piece(pc) if pc.text.is_empty() && pc.probs.is_none() => {}

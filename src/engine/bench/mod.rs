@@ -300,20 +300,20 @@ pub fn run_plan(
         let key = (inst.model.clone(), inst.backend);
         if plan.profile && !profiled.contains(&key) {
             profiled.push(key);
-            let pp_n = (inst.tests.iter().find(|t| t.n_prompt > 0)).map(|t| t.n_prompt);
-            let has_tg = inst.tests.iter().any(|t| t.n_gen > 0);
+            // The first pp and tg tests' shapes, at their depths.
+            let pp = (inst.tests.iter().find(|t| t.n_prompt > 0)).map(|t| (t.n_prompt, t.n_depth));
+            let tg = (inst.tests.iter().find(|t| t.n_gen > 0)).map(|t| t.n_depth);
             let p = ModelProfile {
                 model_type: mf.model_type.clone(),
                 backend: backend.clone(),
                 adapter: gpu.info.name.clone(),
-                pp: match pp_n {
-                    Some(n) => Some(bench.profile_step(n)?),
+                pp: match pp {
+                    Some((n, depth)) => Some(bench.profile_step(n, depth)?),
                     None => None,
                 },
-                tg: if has_tg {
-                    Some(bench.profile_step(1)?)
-                } else {
-                    None
+                tg: match tg {
+                    Some(depth) => Some(bench.profile_step(1, depth)?),
+                    None => None,
                 },
             };
             on(BenchEvent::Profile(&p));
@@ -427,18 +427,22 @@ impl<'e> Bench<'e> {
         Ok((s.dispatches, s.record_ns as f64 / 1e3))
     }
 
-    /// Profiles the last ubatch of an `n`-token step on an empty cache.
-    fn profile_step(&mut self, n: u32) -> Result<StepProfile, EngineError> {
+    /// Profiles the last ubatch of an `n`-token step over `depth` cells already in the
+    /// cache (attention's share grows with the depth).
+    fn profile_step(&mut self, n: u32, depth: u32) -> Result<StepProfile, EngineError> {
         self.ctx().clear();
         let n = n.min(self.ctx().params.n_ubatch).max(1);
         let toks = self.tokens(n);
+        let depth_toks = self.tokens(depth);
+        decode_chunks(self.ctx(), &depth_toks, 0)?;
         // Once to build the graph and compile its pipelines, once profiled.
         for profiled in [false, true] {
-            self.ctx().clear();
+            self.ctx().seq_rm(None, depth as i32, -1)?;
             if profiled {
                 self.ctx().profile_next_ubatch();
             }
-            self.ctx().decode(&Batch::simple(&toks, 0, false))?;
+            self.ctx()
+                .decode(&Batch::simple(&toks, depth as i32, false))?;
         }
         let p = self.ctx().last_profile.take();
         self.ctx().clear();

@@ -1,0 +1,303 @@
+//! OpenAI's Responses API (`/v1/responses`, `/v1/responses/input_tokens`) as
+//! llama-server serves it: the request is read as a chat completion (`instructions` as
+//! the system message, `input` as text or message items, `max_output_tokens`), the
+//! reply written as a `response` object with one output message, or streamed as
+//! `response.*` events. Nothing is stored: `previous_response_id` is refused, as
+//! llama-server refuses it.
+
+use super::error::{ApiError, ApiResult};
+use super::gen::{self, Item};
+use super::native::{body_json, live_timings, timings_json};
+use super::openai::{chat_prompt, reply_id};
+use super::params::{self, Fields};
+use super::AppState;
+use crate::engine::service::Finished;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+/// One input item's text parts as chat content parts.
+fn content_parts(item: &Value, output: bool) -> ApiResult<Vec<Value>> {
+    let parts = match item.get("content") {
+        Some(Value::String(s)) => return Ok(vec![json!({"type": "text", "text": s})]),
+        Some(Value::Array(parts)) => parts,
+        None if output => return Ok(Vec::new()),
+        _ => return Err(ApiError::invalid("a message item needs \"content\"")),
+    };
+    parts
+        .iter()
+        .map(|p| {
+            let text = |name: &str| {
+                p.get("text")
+                    .filter(|t| t.is_string())
+                    .map(|t| json!({"type": "text", "text": t}))
+                    .ok_or_else(|| ApiError::invalid(format!("'{name}' requires 'text'")))
+            };
+            match (p.get("type").and_then(Value::as_str), output) {
+                (Some("input_text"), false) => text("Input text"),
+                (Some("output_text" | "input_text"), true) => text("Output text"),
+                (Some("refusal"), true) => Ok(json!({"type": "text", "text":
+                    p.get("refusal").and_then(Value::as_str).ok_or_else(|| ApiError::invalid("'Refusal' requires 'refusal'"))?})),
+                // Passed on as an image part, which the chat reader refuses with its reason.
+                (Some("input_image"), false) => {
+                    Ok(json!({"type": "image_url", "image_url": {"url": p.get("image_url")}}))
+                }
+                (Some("input_file"), false) => Err(ApiError::invalid(
+                    "'input_file' is not supported: wgllm reads text input only",
+                )),
+                (_, false) => Err(ApiError::invalid(
+                    "'type' must be one of 'input_text', 'input_image', or 'input_file'",
+                )),
+                (_, true) => Err(ApiError::invalid(
+                    "'type' must be one of 'output_text' or 'refusal'",
+                )),
+            }
+        })
+        .collect()
+}
+
+/// The request as a chat completion body (llama-server's conversion; items wgllm has
+/// no use for, tool calls and reasoning, are refused with the reason).
+fn as_chat(body: &Value) -> ApiResult<Value> {
+    let f = Fields::of(body)?;
+    let input = f
+        .value("input")
+        .ok_or_else(|| ApiError::invalid("'input' is required"))?;
+    if f.str("previous_response_id")?
+        .is_some_and(|s| !s.is_empty())
+    {
+        return Err(ApiError::invalid(
+            "'previous_response_id' is not supported: wgllm keeps no responses; send the whole conversation as 'input'",
+        ));
+    }
+    let mut messages: Vec<Value> = Vec::new();
+    if let Some(sys) = f.str("instructions")? {
+        messages.push(json!({"role": "system", "content": sys}));
+    }
+    match input {
+        Value::String(s) => messages.push(json!({"role": "user", "content": s})),
+        Value::Array(items) => {
+            for item in items {
+                let role = item.get("role").and_then(Value::as_str);
+                let kind = item.get("type").and_then(Value::as_str);
+                match (role, kind) {
+                    (Some("user" | "system" | "developer"), _) => messages.push(json!({
+                        "role": role, "content": content_parts(item, false)?,
+                    })),
+                    (Some("assistant"), Some("message") | None) => {
+                        let parts = content_parts(item, true)?;
+                        // Consecutive assistant items are one message, as llama-server merges them.
+                        match messages.last_mut() {
+                            Some(prev) if prev["role"] == "assistant" => {
+                                if let Some(c) = prev["content"].as_array_mut() {
+                                    c.extend(parts)
+                                }
+                            }
+                            _ => messages.push(json!({"role": "assistant", "content": parts})),
+                        }
+                    }
+                    (_, Some("function_call" | "function_call_output")) => {
+                        return Err(ApiError::invalid(
+                            "function call items are not supported: wgllm does not parse tool calls out of the model's output",
+                        ))
+                    }
+                    (_, Some("reasoning")) => {
+                        return Err(ApiError::invalid(
+                            "reasoning items are not supported: wgllm does not separate reasoning from the reply",
+                        ))
+                    }
+                    _ => return Err(ApiError::invalid("Cannot determine type of 'item'")),
+                }
+            }
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "'input' must be a string or array of objects",
+            ))
+        }
+    }
+    let mut chat: Map<String, Value> = f.0.clone();
+    for k in ["input", "instructions", "max_output_tokens", "reasoning"] {
+        chat.remove(k);
+    }
+    chat.insert("messages".into(), Value::Array(messages));
+    if let Some(n) = f.value("max_output_tokens") {
+        chat.insert("max_tokens".into(), n.clone());
+    }
+    // Only function tools have a chat equivalent; the chat reader refuses any.
+    if let Some(tools) = f.value("tools") {
+        let tools = tools
+            .as_array()
+            .ok_or_else(|| ApiError::invalid("'tools' must be an array of objects"))?;
+        let functions: Vec<Value> = tools
+            .iter()
+            .filter(|t| t.get("type").and_then(Value::as_str) == Some("function"))
+            .cloned()
+            .collect();
+        chat.insert("tools".into(), Value::Array(functions));
+    }
+    Ok(Value::Object(chat))
+}
+
+fn usage(end: &Finished) -> Value {
+    json!({
+        "input_tokens": end.n_prompt,
+        "output_tokens": end.n_generated,
+        "total_tokens": end.n_prompt + end.n_generated,
+        "input_tokens_details": {"cached_tokens": end.n_cached},
+    })
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The output text as a content part.
+fn text_part(text: &str) -> Value {
+    json!({"type": "output_text", "annotations": [], "logprobs": [], "text": text})
+}
+
+/// The reply message as an output item (none for an empty reply, as llama-server).
+fn message_items(id: &str, text: &str) -> Vec<Value> {
+    if text.is_empty() {
+        return Vec::new();
+    }
+    vec![json!({
+        "type": "message", "status": "completed", "id": id, "role": "assistant",
+        "content": [text_part(text)],
+    })]
+}
+
+fn event(v: Value) -> String {
+    let name = v["type"].as_str().unwrap_or("message").to_string();
+    format!("event: {name}\ndata: {v}\n\n")
+}
+
+pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
+    let service = s.service()?;
+    let body = as_chat(&body_json(&body)?)?;
+    let tok = service.tokenizer();
+    let p = params::gen_params(&body, &s.opts.defaults, tok)?;
+    let f = Fields::of(&body)?;
+    let return_progress = f.bool("return_progress")?.unwrap_or(false);
+    let per_token = f.bool("timings_per_token")?.unwrap_or(false);
+    let mut req = p.request.clone();
+    req.prompt = chat_prompt(&body, tok)?;
+    let model = s.model_name();
+    let resp_id = reply_id("resp_");
+    let msg_id = reply_id("msg_");
+    if !p.stream {
+        let c = gen::complete(service, req).await?;
+        let t = now();
+        return Ok(Json(json!({
+            "completed_at": t,
+            "created_at": t,
+            "id": resp_id,
+            "model": model,
+            "object": "response",
+            "output": message_items(&msg_id, &c.text),
+            "status": "completed",
+            "usage": usage(&c.end),
+        }))
+        .into_response());
+    }
+    let start = gen::start_stream(service, req).await?;
+    let n_prompt = start.n_prompt;
+    let (mut created, mut opened) = (false, false);
+    let (mut text, mut n_gen) = (String::new(), 0usize);
+    let mut prompt_ms = 0.0;
+    let mut first_token_at: Option<std::time::Instant> = None;
+    let stub = json!({"id": resp_id, "object": "response", "status": "in_progress"});
+    Ok(gen::sse(
+        start,
+        move |item| {
+            let mut events: Vec<Value> = Vec::new();
+            match item {
+                // The first item is the slot's start (see `gen::sse`): it opens the response.
+                Item::Progress {
+                    total,
+                    cache,
+                    processed,
+                    ms,
+                } => {
+                    prompt_ms = ms;
+                    let opening = !std::mem::replace(&mut created, true);
+                    if opening {
+                        events.push(json!({"type": "response.created", "response": stub}));
+                    }
+                    if opening || return_progress {
+                        let mut e = json!({"type": "response.in_progress", "response": stub});
+                        if return_progress {
+                            e["prompt_progress"] = json!({"total": total, "cache": cache, "processed": processed, "time_ms": ms});
+                        }
+                        events.push(e);
+                    }
+                }
+                Item::Piece(pc) => {
+                    if pc.token.is_some() {
+                        n_gen += 1;
+                    }
+                    let t0 = *first_token_at.get_or_insert_with(std::time::Instant::now);
+                    if !pc.text.is_empty() {
+                        if !std::mem::replace(&mut opened, true) {
+                            events.push(json!({"type": "response.output_item.added", "item": {
+                                "content": [], "id": msg_id, "role": "assistant", "status": "in_progress", "type": "message",
+                            }}));
+                            events.push(
+                                json!({"type": "response.content_part.added", "item_id": msg_id,
+                                "part": {"type": "output_text", "text": ""}}),
+                            );
+                        }
+                        text.push_str(&pc.text);
+                        let mut e = json!({"type": "response.output_text.delta", "item_id": msg_id, "delta": pc.text});
+                        if per_token {
+                            e["timings"] = live_timings(
+                                0,
+                                n_prompt,
+                                prompt_ms,
+                                n_gen,
+                                t0.elapsed().as_secs_f64() * 1e3,
+                            );
+                        }
+                        events.push(e);
+                    }
+                }
+                Item::End(end) => {
+                    if !text.is_empty() {
+                        events.push(json!({"type": "response.output_text.done", "item_id": msg_id, "text": text}));
+                        events.push(json!({"type": "response.content_part.done", "item_id": msg_id, "part": text_part(&text)}));
+                    }
+                    let output = message_items(&msg_id, &text);
+                    if let Some(item) = output.first() {
+                        events.push(json!({"type": "response.output_item.done", "item": item}));
+                    }
+                    events.push(json!({
+                        "type": "response.completed",
+                        "response": {
+                            "id": resp_id, "object": "response", "created_at": now(), "status": "completed",
+                            "model": model, "output": output, "usage": usage(end),
+                        },
+                        "timings": timings_json(&end.timings, end.n_cached, end.n_generated),
+                    }));
+                }
+                Item::Error(e) => return gen::data(&json!({"error": e.object()})),
+            }
+            events.into_iter().map(event).collect()
+        },
+        None,
+    ))
+}
+
+pub async fn input_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    let body = as_chat(&body_json(&body)?)?;
+    let n = chat_prompt(&body, service.tokenizer())?.len();
+    Ok(Json(
+        json!({"input_tokens": n, "object": "response.input_tokens"}),
+    ))
+}
