@@ -1,12 +1,14 @@
-//! `wgllm chat`: an interactive conversation rendered with the model's chat template (the
-//! engine keeps the conversation and decodes only what each turn adds).
+//! `wgllm chat`: an interactive conversation rendered with the model's chat template, on
+//! the engine service (each turn decodes only what the slot's cache does not hold yet).
 
-use super::run::{drive, SamplingArgs, ShiftArgs};
+use super::run::{SamplingArgs, ShiftArgs};
 use super::{load_engine, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
-use wgllm::engine::{SessionParams, Stop};
+use wgllm::engine::service::{EngineService, Request, RequestError, RequestEvent, StopReason};
+use wgllm::engine::{SessionParams, Timings};
+use wgllm::tokenizer::ChatMessage;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -28,23 +30,31 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
     let policy = a.shift.policy()?;
     let mut opts = a.model.options()?;
     opts.swa_keep = a.shift.swa_keep();
-    let mut engine = load_engine(&a.model, &opts)?;
+    let engine = load_engine(&a.model, &opts)?;
     if engine.tokenizer.chat_template().is_none() {
         log::warn!("the model has no chat template; using ChatML, as llama.cpp does");
     }
-    let id = engine.open_session(SessionParams {
+    let params = SessionParams {
         sampling: a.sampling.params(&engine)?,
         n_predict: a.n_predict,
         shift: policy,
         prompt_cache: None,
         ..Default::default()
-    })?;
+    };
+    let (name, load_time) = (engine.model.name.clone(), engine.load_time);
+    // The conversation is rendered whole each turn and submitted to one slot, whose cells
+    // of the earlier turns are reused (the desktop app's chats work the same way).
+    let service = EngineService::spawn(engine)?;
+    let tok = service.tokenizer();
+    let mut messages: Vec<ChatMessage> = a
+        .system
+        .iter()
+        .map(|s| ChatMessage::new("system", s.as_str()))
+        .collect();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    eprintln!(
-        "chatting with {} — type a message, Ctrl-D to quit",
-        engine.model.name
-    );
+    eprintln!("chatting with {name} — type a message, Ctrl-D to quit");
+    let mut timings = Timings::default();
     loop {
         write!(out, "> ")?;
         out.flush()?;
@@ -57,17 +67,41 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         if line.is_empty() {
             continue;
         }
-        engine.chat_with_system(id, a.system.as_deref(), line)?;
-        let stop = drive(&mut engine, id, false, &mut |text| {
-            write!(out, "{text}").and_then(|_| out.flush())
-        })?;
+        messages.push(ChatMessage::new("user", line));
+        let prompt = tok.encode(&tok.apply_chat_template(&messages, true)?, true, true);
+        let mut ticket = service.submit(Request {
+            prompt,
+            params: params.clone(),
+            cache_prompt: true,
+            slot: Some(0),
+            stop: Vec::new(),
+        });
+        let mut reply = String::new();
+        let end = loop {
+            let text = match ticket.events.blocking_recv() {
+                Some(RequestEvent::Token { text, .. }) => text,
+                Some(RequestEvent::Finished(end)) => break end,
+                Some(RequestEvent::Failed(RequestError::ExceedsContext { n_prompt, n_ctx })) => {
+                    bail!("the conversation ({n_prompt} tokens) no longer fits the context ({n_ctx} tokens); restart with a larger -c")
+                }
+                Some(RequestEvent::Failed(e)) => return Err(e.into()),
+                Some(_) => continue,
+                None => bail!("the engine stopped during the reply"),
+            };
+            write!(out, "{text}")?;
+            out.flush()?;
+            reply.push_str(&text);
+        };
+        write!(out, "{}", end.tail)?;
         writeln!(out)?;
-        if let Stop::ContextFull(reason) = stop {
+        reply.push_str(&end.tail);
+        messages.push(ChatMessage::new("assistant", reply));
+        timings.add(&end.timings);
+        if let StopReason::ContextFull(reason) = end.stop {
             bail!("the context is full and {reason}; restart with a larger -c");
         }
     }
-    let mut timings = engine.session(id)?.timings().clone();
-    timings.load = engine.load_time;
+    timings.load = load_time;
     eprintln!("{}", timings.report());
     Ok(())
 }

@@ -165,7 +165,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
 /// Steps the engine until session `id` finishes, writing its text with `out` (a closed
 /// pipe cancels the session quietly); returns why it stopped. `dump_cells` prints the
 /// cache's cells after every step (-dkvc).
-pub fn drive(
+fn drive(
     engine: &mut Engine,
     id: SessionId,
     dump_cells: bool,

@@ -14,6 +14,14 @@ pub struct Timings {
 }
 
 impl Timings {
+    /// Adds another request's prompt and generation time (the chat CLI's turns).
+    pub fn add(&mut self, other: &Timings) {
+        self.prompt += other.prompt;
+        self.prompt_tokens += other.prompt_tokens;
+        self.eval += other.eval;
+        self.eval_tokens += other.eval_tokens;
+    }
+
     fn line(label: &str, d: Duration, n: usize, unit: &str) -> String {
         let ms = d.as_secs_f64() * 1e3;
         let per = if n > 0 { ms / n as f64 } else { 0.0 };
