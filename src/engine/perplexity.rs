@@ -74,12 +74,19 @@ pub fn run(
             input[0] = b;
         }
         ctx.clear();
-        let mut logits = Vec::with_capacity(n_ctx * n_vocab);
+        // Only the scored second half needs logits (as llama-perplexity asks for them):
+        // the output projection over the whole vocabulary is most of a small model's work.
+        let mut logits = Vec::with_capacity((n_ctx - first) * n_vocab);
         for (b, part) in input.chunks(n_batch).enumerate() {
-            logits.extend(ctx.decode(&Batch::simple(part, (b * n_batch) as i32, true))?);
+            let mut batch = Batch::simple(part, (b * n_batch) as i32, false);
+            for (k, l) in batch.logits.iter_mut().enumerate() {
+                *l = b * n_batch + k >= first;
+            }
+            logits.extend(ctx.decode(&batch)?);
         }
         for j in first..n_ctx - 1 {
-            let v = nll(&logits[j * n_vocab..(j + 1) * n_vocab], chunk[j + 1]);
+            let row = j - first;
+            let v = nll(&logits[row * n_vocab..(row + 1) * n_vocab], chunk[j + 1]);
             sum += v;
             sum2 += v * v;
             count += 1;
