@@ -103,7 +103,7 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
                     ));
                 }
                 match item {
-                    Item::Progress { .. } => {}
+                    Item::Progress(_) => {}
                     Item::Piece(pc) => {
                         if pc.token.is_some() {
                             n_out += 1;

@@ -90,16 +90,29 @@ pub async fn start_stream(service: &EngineService, req: Request) -> Result<Strea
     }
 }
 
+/// Prompt progress: `processed` of `total` prompt tokens are in the cache (`cache` of
+/// them reused), after `ms` milliseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    pub total: usize,
+    pub cache: usize,
+    pub processed: usize,
+    pub ms: f64,
+}
+
+impl Progress {
+    /// llama-server's `prompt_progress` object.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.ms,
+        })
+    }
+}
+
 /// One item of a stream, as a format writes it.
 pub enum Item<'a> {
-    /// Prompt progress: `processed` of `total` prompt tokens are in the cache (`cache` of
-    /// them reused), after `ms` milliseconds; the first comes when the slot starts.
-    Progress {
-        total: usize,
-        cache: usize,
-        processed: usize,
-        ms: f64,
-    },
+    /// The first comes when the slot starts.
+    Progress(Progress),
     Piece(&'a Piece),
     End(&'a Finished),
     Error(&'a ApiError),
@@ -121,15 +134,17 @@ where
         started,
     } = start;
     // The first report is the slot's start: no prompt time has passed yet.
-    let progress = move |done: usize| Item::Progress {
-        total: n_prompt,
-        cache: n_cached,
-        processed: n_cached + done,
-        ms: if done == 0 {
-            0.0
-        } else {
-            started.elapsed().as_secs_f64() * 1e3
-        },
+    let progress = move |done: usize| {
+        Item::Progress(Progress {
+            total: n_prompt,
+            cache: n_cached,
+            processed: n_cached + done,
+            ms: if done == 0 {
+                0.0
+            } else {
+                started.elapsed().as_secs_f64() * 1e3
+            },
+        })
     };
     let first = write(progress(0));
     tokio::spawn(async move {

@@ -58,23 +58,19 @@ pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
         return Ok(gen::sse(
             start,
             move |item| match item {
-                Item::Progress {
-                    total,
-                    cache,
-                    processed,
-                    ms,
-                } => {
-                    prompt_ms = ms;
+                Item::Progress(pr) => {
+                    prompt_ms = pr.ms;
                     if !return_progress {
                         return String::new();
                     }
                     let mut v = json!({
                         "index": 0, "content": "", "tokens": [0], "stop": false, "id_slot": -1,
-                        "tokens_predicted": 0, "tokens_evaluated": total,
-                        "prompt_progress": {"total": total, "cache": cache, "processed": processed, "time_ms": ms},
+                        "tokens_predicted": 0, "tokens_evaluated": pr.total,
+                        "prompt_progress": pr.json(),
                     });
                     if per_token {
-                        v["timings"] = live_timings(cache, processed - cache, prompt_ms, 0, 0.0);
+                        v["timings"] =
+                            live_timings(pr.cache, pr.processed - pr.cache, prompt_ms, 0, 0.0);
                     }
                     gen::data(&v)
                 }

@@ -19,7 +19,8 @@ use std::sync::Arc;
 
 const DONE: &str = "data: [DONE]\n\n";
 
-fn now() -> u64 {
+/// Seconds since the Unix epoch, as replies' `created` fields give them.
+pub fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -189,7 +190,7 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
                 let chunk =
                     |choices: Value| oai_chunk("text_completion", &id, created, &model, choices);
                 match item {
-                    Item::Progress { .. } => String::new(),
+                    Item::Progress(_) => String::new(),
                     Item::Piece(pc) => gen::data(&chunk(json!([{
                         "text": pc.text,
                         "index": 0,
@@ -306,12 +307,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
                 // reply with the role chunk, which carries the first progress report.
                 let opening = std::mem::take(&mut first);
                 match item {
-                    Item::Progress {
-                        total,
-                        cache,
-                        processed,
-                        ms,
-                    } => {
+                    Item::Progress(pr) => {
                         if opening || return_progress {
                             let mut c = chunk(json!([{
                                 "finish_reason": Value::Null,
@@ -319,7 +315,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
                                 "delta": {"role": "assistant", "content": Value::Null},
                             }]));
                             if return_progress {
-                                c["prompt_progress"] = json!({"total": total, "cache": cache, "processed": processed, "time_ms": ms});
+                                c["prompt_progress"] = pr.json();
                             }
                             out.push_str(&gen::data(&c));
                         }

@@ -270,11 +270,14 @@ fn logit_bias(v: &Value, tok: &Tokenizer) -> ApiResult<Vec<(u32, f32)>> {
             }
         }
         Value::Object(m) => {
+            // A key is a token id, or text whose tokens all get the bias (llama-server's
+            // reading of OpenAI's map).
             for (k, b) in m {
-                let t: i64 = k.parse().map_err(|_| {
-                    ApiError::invalid(format!("logit_bias: \"{k}\" is not a token id"))
-                })?;
-                out.push((id(t)?, bias(b)?));
+                let b = bias(b)?;
+                match k.parse::<i64>() {
+                    Ok(t) => out.push((id(t)?, b)),
+                    Err(_) => out.extend(tok.encode(k, false, false).into_iter().map(|t| (t, b))),
+                }
             }
         }
         _ => return Err(wrong("logit_bias", "an array of pairs or an object")),

@@ -8,7 +8,7 @@
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item};
 use super::native::{body_json, live_timings, timings_json};
-use super::openai::{chat_prompt, reply_id};
+use super::openai::{chat_prompt, now, reply_id};
 use super::params::{self, Fields};
 use super::AppState;
 use crate::engine::service::Finished;
@@ -151,12 +151,6 @@ fn usage(end: &Finished) -> Value {
     })
 }
 
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// The output text as a content part.
 fn text_part(text: &str) -> Value {
     json!({"type": "output_text", "annotations": [], "logprobs": [], "text": text})
@@ -219,13 +213,8 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
             let mut events: Vec<Value> = Vec::new();
             match item {
                 // The first item is the slot's start (see `gen::sse`): it opens the response.
-                Item::Progress {
-                    total,
-                    cache,
-                    processed,
-                    ms,
-                } => {
-                    prompt_ms = ms;
+                Item::Progress(pr) => {
+                    prompt_ms = pr.ms;
                     let opening = !std::mem::replace(&mut created, true);
                     if opening {
                         events.push(json!({"type": "response.created", "response": stub}));
@@ -233,7 +222,7 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
                     if opening || return_progress {
                         let mut e = json!({"type": "response.in_progress", "response": stub});
                         if return_progress {
-                            e["prompt_progress"] = json!({"total": total, "cache": cache, "processed": processed, "time_ms": ms});
+                            e["prompt_progress"] = pr.json();
                         }
                         events.push(e);
                     }
