@@ -64,7 +64,7 @@ fn stop_reason(end: &Finished) -> (&'static str, Value) {
 }
 
 fn event(name: &str, v: Value) -> String {
-    format!("event: {name}\ndata: {v}\n\n")
+    gen::event(name, &v)
 }
 
 pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {

@@ -198,6 +198,11 @@ where
         .unwrap()
 }
 
+/// `event: NAME\ndata: JSON\n\n` (Anthropic's and the Responses API's streams).
+pub fn event(name: &str, v: &serde_json::Value) -> String {
+    format!("event: {name}\ndata: {v}\n\n")
+}
+
 /// `data: JSON\n\n`.
 pub fn data(v: &serde_json::Value) -> String {
     format!("data: {v}\n\n")

@@ -2,7 +2,7 @@
 //! `/apply-template`, `/props`, `/slots`.
 
 use super::error::{ApiError, ApiResult};
-use super::gen::{self, Completion, Item, Piece};
+use super::gen::{self, Completion, Item, Piece, Progress};
 use super::params::{self, Fields, GenParams};
 use super::AppState;
 use crate::engine::service::{Finished, SlotAction};
@@ -52,14 +52,12 @@ pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
             )
         };
         let n_prompt = start.n_prompt;
-        let mut prompt_ms = 0.0;
-        let mut first_token_at: Option<std::time::Instant> = None;
-        let mut n_gen = 0usize;
+        let mut clock = StreamClock::default();
         return Ok(gen::sse(
             start,
             move |item| match item {
                 Item::Progress(pr) => {
-                    prompt_ms = pr.ms;
+                    clock.progress(&pr);
                     if !return_progress {
                         return String::new();
                     }
@@ -69,23 +67,19 @@ pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
                         "prompt_progress": pr.json(),
                     });
                     if per_token {
-                        v["timings"] =
-                            live_timings(pr.cache, pr.processed - pr.cache, prompt_ms, 0, 0.0);
+                        v["timings"] = clock.prompt_timings(&pr);
                     }
                     gen::data(&v)
                 }
                 Item::Piece(pc) => {
-                    if pc.token.is_some() {
-                        n_gen += 1;
-                    }
-                    let t0 = *first_token_at.get_or_insert_with(std::time::Instant::now);
+                    clock.piece(pc);
                     let mut v = json!({
                         "index": 0,
                         "content": pc.text,
                         "tokens": pc.token.into_iter().collect::<Vec<_>>(),
                         "stop": false,
                         "id_slot": -1,
-                        "tokens_predicted": n_gen,
+                        "tokens_predicted": clock.n_gen,
                         "tokens_evaluated": n_prompt,
                     });
                     if p.n_probs > 0 {
@@ -97,13 +91,7 @@ pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
                         );
                     }
                     if per_token {
-                        v["timings"] = live_timings(
-                            0,
-                            n_prompt,
-                            prompt_ms,
-                            n_gen,
-                            t0.elapsed().as_secs_f64() * 1e3,
-                        );
+                        v["timings"] = clock.gen_timings(n_prompt);
                     }
                     gen::data(&v)
                 }
@@ -221,7 +209,7 @@ fn final_json(end: &Finished, text: &str, tokens: &[u32], settings: &Value, mode
 }
 
 /// Timings while a request runs (`timings_per_token`), from the stream's own clock.
-pub fn live_timings(
+fn live_timings(
     cache_n: usize,
     prompt_n: usize,
     prompt_ms: f64,
@@ -242,6 +230,41 @@ pub fn live_timings(
         "predicted_per_token_ms": per(gen_ms, steps),
         "predicted_per_second": rate(gen_ms, steps),
     })
+}
+
+/// A stream's own clock for `timings_per_token`: the prompt time of the last progress
+/// report, and the tokens generated since the first piece.
+#[derive(Default)]
+pub struct StreamClock {
+    prompt_ms: f64,
+    first_piece_at: Option<std::time::Instant>,
+    /// Generated tokens so far (the held-back tail is a piece without one).
+    pub n_gen: usize,
+}
+
+impl StreamClock {
+    pub fn progress(&mut self, pr: &Progress) {
+        self.prompt_ms = pr.ms;
+    }
+
+    pub fn piece(&mut self, pc: &Piece) {
+        self.n_gen += pc.token.is_some() as usize;
+        self.first_piece_at
+            .get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// Timings while the prompt is processed.
+    pub fn prompt_timings(&self, pr: &Progress) -> Value {
+        live_timings(pr.cache, pr.processed - pr.cache, self.prompt_ms, 0, 0.0)
+    }
+
+    /// Timings while tokens are generated.
+    pub fn gen_timings(&self, n_prompt: usize) -> Value {
+        let gen_ms = self
+            .first_piece_at
+            .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+        live_timings(0, n_prompt, self.prompt_ms, self.n_gen, gen_ms)
+    }
 }
 
 pub fn timings_json(t: &Timings, n_cached: usize, n_generated: usize) -> Value {

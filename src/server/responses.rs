@@ -7,7 +7,7 @@
 
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item};
-use super::native::{body_json, live_timings, timings_json};
+use super::native::{body_json, timings_json, StreamClock};
 use super::openai::{chat_prompt, now, reply_id};
 use super::params::{self, Fields};
 use super::AppState;
@@ -167,9 +167,9 @@ fn message_items(id: &str, text: &str) -> Vec<Value> {
     })]
 }
 
+/// An event named by its `type`.
 fn event(v: Value) -> String {
-    let name = v["type"].as_str().unwrap_or("message").to_string();
-    format!("event: {name}\ndata: {v}\n\n")
+    gen::event(v["type"].as_str().unwrap_or("message"), &v)
 }
 
 pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
@@ -202,10 +202,9 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
     }
     let start = gen::start_stream(service, req).await?;
     let n_prompt = start.n_prompt;
-    let (mut created, mut opened) = (false, false);
-    let (mut text, mut n_gen) = (String::new(), 0usize);
-    let mut prompt_ms = 0.0;
-    let mut first_token_at: Option<std::time::Instant> = None;
+    let mut created = false;
+    let mut text = String::new();
+    let mut clock = StreamClock::default();
     let stub = json!({"id": resp_id, "object": "response", "status": "in_progress"});
     Ok(gen::sse(
         start,
@@ -214,7 +213,7 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
             match item {
                 // The first item is the slot's start (see `gen::sse`): it opens the response.
                 Item::Progress(pr) => {
-                    prompt_ms = pr.ms;
+                    clock.progress(&pr);
                     let opening = !std::mem::replace(&mut created, true);
                     if opening {
                         events.push(json!({"type": "response.created", "response": stub}));
@@ -228,12 +227,10 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
                     }
                 }
                 Item::Piece(pc) => {
-                    if pc.token.is_some() {
-                        n_gen += 1;
-                    }
-                    let t0 = *first_token_at.get_or_insert_with(std::time::Instant::now);
+                    clock.piece(pc);
                     if !pc.text.is_empty() {
-                        if !std::mem::replace(&mut opened, true) {
+                        // The message opens with its first text.
+                        if text.is_empty() {
                             events.push(json!({"type": "response.output_item.added", "item": {
                                 "content": [], "id": msg_id, "role": "assistant", "status": "in_progress", "type": "message",
                             }}));
@@ -245,13 +242,7 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
                         text.push_str(&pc.text);
                         let mut e = json!({"type": "response.output_text.delta", "item_id": msg_id, "delta": pc.text});
                         if per_token {
-                            e["timings"] = live_timings(
-                                0,
-                                n_prompt,
-                                prompt_ms,
-                                n_gen,
-                                t0.elapsed().as_secs_f64() * 1e3,
-                            );
+                            e["timings"] = clock.gen_timings(n_prompt);
                         }
                         events.push(e);
                     }
