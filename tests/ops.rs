@@ -214,6 +214,79 @@ fn gpu_shaped_matmul_odd_shapes() {
     }
 }
 
+/// The GPU matrix-vector matmul at every rows-per-workgroup value (rows per invocation
+/// 1 to 8, segments 1 to 4), reduced by subgroups and by the workgroup tree, plain and
+/// with the fused GLU epilogue, for one token and for a small batch.
+#[test]
+fn gpu_vec_rows_match_reference() {
+    let mut rng = Rng(41);
+    for &rows in wgllm::ops::kernels::GPU_VEC_ROWS {
+        for no_subgroups in [false, true] {
+            let gpu = Gpu::new(&GpuOptions {
+                backend: Backend::Vulkan,
+                kernels: KernelShape::Gpu,
+                no_subgroups,
+                tuning: KernelTuning {
+                    gpu_vec_rows: Some(rows),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .unwrap();
+            let ty = if rows % 4 == 0 {
+                GgmlType::Q4_0
+            } else {
+                GgmlType::Q6K
+            };
+            let k = n_cols(ty, &mut rng, 12);
+            let n = 2 * (1 + rng.below(45) as usize);
+            for n_tok in [1usize, 3] {
+                let name =
+                    format!("rows {rows} no_subgroups {no_subgroups} {ty} {k}x{n} T={n_tok}");
+                let key = wgllm::ops::matmul::kernel(&gpu, ty, n as u32, n_tok as u32, None);
+                assert!(matches!(key, KernelKey::MatmulWg { .. }), "{name}: {key}");
+                let data = quantized(ty, &mut rng, k, n);
+                let x = rng.vec(k * n_tok);
+                let w = Weight::upload(&gpu, "w", ty, k, n, &data).unwrap();
+                let dst = out_f32(&gpu, n * n_tok);
+                let xv = up_f32(&gpu, &x);
+                run_now(&gpu, &matmul(&gpu, &w, &xv, n_tok as u32, &dst).unwrap()).unwrap();
+                let want = matmul_ref(ty, &data, k, n, &x, n_tok);
+                check(&name, &want, &read(&gpu, &dst, want.len()), 1e-9);
+                // The same rows as interleaved (gate, up) pairs through the GLU epilogue.
+                let (gate, up) = (
+                    quantized(ty, &mut rng, k, n / 2),
+                    quantized(ty, &mut rng, k, n / 2),
+                );
+                let wf = Weight::upload_fused(&gpu, "gate_up", ty, k, &[&gate, &up], true).unwrap();
+                let glu_dst = out_f32(&gpu, n / 2 * n_tok);
+                let pairs = out_f32(&gpu, n * n_tok);
+                let d = matmul_glu(
+                    &gpu,
+                    &wf,
+                    &xv,
+                    n_tok as u32,
+                    Activation::Silu,
+                    &glu_dst,
+                    &pairs,
+                );
+                run_now(&gpu, &d.unwrap()).unwrap();
+                let want = glu_ref(
+                    Activation::Silu,
+                    &matmul_ref(ty, &gate, k, n / 2, &x, n_tok),
+                    &matmul_ref(ty, &up, k, n / 2, &x, n_tok),
+                );
+                check(
+                    &format!("{name} glu"),
+                    &want,
+                    &read(&gpu, &glu_dst, want.len()),
+                    1e-9,
+                );
+            }
+        }
+    }
+}
+
 /// Both GPU-shaped matmuls over a weight split into chunks by a small binding limit.
 #[test]
 fn gpu_shaped_matmul_split_weights() {
@@ -244,12 +317,23 @@ fn gpu_shaped_matmul_split_weights() {
     }
 }
 
+/// (n, rows) of a norm test case: rows of up to 700, and every fourth case rows longer
+/// than the 4096 values the norm kernels hold in registers (the re-reading path).
+fn norm_shape(rng: &mut Rng, i: usize) -> (usize, usize) {
+    let rows = 1 + rng.below(20) as usize;
+    if i % 4 == 3 {
+        (4097 + rng.below(3000) as usize, rows)
+    } else {
+        (1 + rng.below(700) as usize, rows)
+    }
+}
+
 #[test]
 fn add_rms_norm_matches_reference() {
     let mut rng = Rng(23);
     for (name, gpu, _serial) in gpus() {
-        for _ in 0..3 {
-            let (n, rows) = (1 + rng.below(700) as usize, 1 + rng.below(20) as usize);
+        for i in 0..4 {
+            let (n, rows) = norm_shape(&mut rng, i);
             let a = rng.vec(n * rows);
             let b = rng.vec(n * rows);
             let w = rng.vec(n);
@@ -289,8 +373,8 @@ fn add_rms_norm_matches_reference() {
 fn rms_norm_matches_reference() {
     let mut rng = Rng(4);
     for (name, gpu, _serial) in gpus() {
-        for _ in 0..3 {
-            let (n, rows) = (1 + rng.below(700) as usize, 1 + rng.below(20) as usize);
+        for i in 0..4 {
+            let (n, rows) = norm_shape(&mut rng, i);
             let x = rng.vec(n * rows);
             let w = rng.vec(n);
             let dst = out_f32(gpu, n * rows);

@@ -1,6 +1,7 @@
 //! The compute graph: a list of op nodes over virtual tensors, a planner that maps
 //! intermediate tensors onto a few reusable buffers by lifetime, and an executor that
-//! replays every dispatch of a ubatch in one compute pass and one submit.
+//! replays every dispatch of a ubatch (in a few submits on GPUs, so the device starts
+//! before the host has recorded them all).
 
 mod builder;
 mod planner;
@@ -11,6 +12,10 @@ pub use profile::{OpProfile, StepProfile, TimingSource};
 
 use crate::gpu::{Gpu, GpuError};
 use crate::ops::{Dispatch, View};
+
+/// Dispatches in the first submit of a run on a GPU, and in each one after it.
+const FIRST_SUBMIT: usize = 32;
+const SUBMIT_EVERY: usize = 96;
 
 /// A built graph: ready-made dispatches and the scratch buffers they use.
 pub struct Graph {
@@ -54,8 +59,8 @@ impl Graph {
         self.dispatches.len()
     }
 
-    /// Records all dispatches in one pass, then (optionally) copies `read` to a mappable
-    /// buffer in the same submit; returns the bytes read once the GPU is done.
+    /// Records the dispatches (in chunks, each submitted as it is recorded, on GPUs), then
+    /// (optionally) copies `read` to a mappable buffer in the last submit; returns the bytes read once the GPU is done.
     pub async fn run(
         &self,
         gpu: &Gpu,
@@ -67,34 +72,60 @@ impl Graph {
         if gpu.tuning.profile {
             self.log_profile(gpu)?;
         }
+        // On GPUs the dispatches go in several submits, the first small, so the device
+        // starts on the first layers while the host records the rest (llama.cpp's Vulkan
+        // backend submits every ~100 nodes for the same reason); a CPU adapter (lavapipe)
+        // gets one.
+        let chunks: Vec<&[Dispatch]> = if gpu.kernels == crate::gpu::KernelShape::Gpu {
+            let first = FIRST_SUBMIT.min(self.dispatches.len());
+            let (head, rest) = self.dispatches.split_at(first);
+            std::iter::once(head)
+                .chain(rest.chunks(SUBMIT_EVERY))
+                .collect()
+        } else {
+            vec![&self.dispatches[..]]
+        };
+        // Records one chunk into a fresh encoder; the host time goes to `record_ns`.
+        let mut record_ns = 0u64;
+        let mut encode = |chunk: &[Dispatch]| {
+            let t0 = web_time::Instant::now();
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for d in chunk {
+                    pass.set_pipeline(&d.pipeline);
+                    pass.set_bind_group(0, &d.bind_group, &[]);
+                    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                }
+            }
+            record_ns += t0.elapsed().as_nanos() as u64;
+            enc
+        };
+        let (last, before) = chunks.split_last().expect("chunks start with the head");
+        for chunk in before {
+            let cmd = encode(chunk).finish();
+            gpu.queue.submit([cmd]);
+        }
+        let mut enc = encode(last);
         let t0 = web_time::Instant::now();
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            for d in &self.dispatches {
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, &d.bind_group, &[]);
-                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        let staging = read.map(|(view, bytes)| {
+            let size = bytes.div_ceil(4) * 4;
+            let staging = gpu.staging("logits readback", size);
+            enc.copy_buffer_to_buffer(&view.buf, view.offset, &staging, 0, size);
+            (staging, bytes)
+        });
+        let cmd = enc.finish();
+        self.record_ns.store(
+            record_ns + t0.elapsed().as_nanos() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        gpu.queue.submit([cmd]);
+        match staging {
+            Some((staging, bytes)) => Ok(Some(gpu.map_read(&staging, bytes).await?)),
+            None => {
+                gpu.flush()?;
+                Ok(None)
             }
         }
-        let record = |t0: web_time::Instant| {
-            let ns = t0.elapsed().as_nanos() as u64;
-            self.record_ns
-                .store(ns, std::sync::atomic::Ordering::Relaxed);
-        };
-        let Some((view, bytes)) = read else {
-            let cmd = enc.finish();
-            record(t0);
-            gpu.queue.submit([cmd]);
-            gpu.flush()?;
-            return Ok(None);
-        };
-        let size = bytes.div_ceil(4) * 4;
-        let staging = gpu.staging("logits readback", size);
-        enc.copy_buffer_to_buffer(&view.buf, view.offset, &staging, 0, size);
-        let cmd = enc.finish();
-        record(t0);
-        gpu.queue.submit([cmd]);
-        Ok(Some(gpu.map_read(&staging, bytes).await?))
     }
 }

@@ -248,11 +248,9 @@ impl KernelKey {
     pub fn workgroup_size(&self) -> u32 {
         use KernelKey::*;
         match *self {
-            Binary(_) | Glu(_) | MatmulWg { .. } | MatmulTile { .. } => 256,
+            Binary(_) | Glu(_) | MatmulWg { .. } | MatmulTile { .. } | RmsNorm | AddRmsNorm => 256,
             Softmax { wg } => wg,
-            RmsNorm
-            | AddRmsNorm
-            | Rope { .. }
+            Rope { .. }
             | RopeStore { .. }
             | SetRows { .. }
             | AttnKq { .. }
@@ -310,8 +308,8 @@ impl KernelKey {
             shaders::quant_snippet(ty).ok_or_else(|| format!("no GPU kernels for weight type {ty}"))
         };
         let body = match *self {
-            RmsNorm => shaders::RMS_NORM.to_string(),
-            AddRmsNorm => shaders::ADD_RMS_NORM.to_string(),
+            RmsNorm => compose(&[shaders::RMS_NORM, shaders::NORM_SUM], &[]),
+            AddRmsNorm => compose(&[shaders::ADD_RMS_NORM, shaders::NORM_SUM], &[]),
             Binary(op) => compose(&[shaders::BINARY], &[("OP", op.expr().to_string())]),
             Glu(act) => compose(
                 &[shaders::ACT, shaders::GLU],

@@ -94,10 +94,11 @@ pub fn kernel(
     }
     let tb = if n_tok == 1 { 1 } else { 4 };
     let rows = even(gpu_vec_rows(&gpu.tuning));
-    // subgroupAdd reduces within a row only where the widest subgroup fits in its
-    // 256 / rows invocations.
-    let max_sg = gpu.info.subgroup_size.1;
-    let subgroups = gpu.has_subgroups && max_sg > 0 && max_sg <= 256 / rows;
+    // subgroupAdd reduces within a segment only where the widest subgroup fits in its
+    // invocations, and the narrowest holds a lane per row of an invocation.
+    let rpt = super::shaders::gpu_vec_rows_per_invocation(rows);
+    let (min_sg, max_sg) = gpu.info.subgroup_size;
+    let subgroups = gpu.has_subgroups && max_sg > 0 && max_sg <= 256 * rpt / rows && min_sg >= rpt;
     KernelKey::MatmulWg {
         ty,
         tb,

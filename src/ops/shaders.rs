@@ -9,6 +9,7 @@ pub const MATMUL_WG: &str = include_str!("../../shaders/matmul_wg.wgsl");
 pub const MATMUL_TILE: &str = include_str!("../../shaders/matmul_tile.wgsl");
 pub const RMS_NORM: &str = include_str!("../../shaders/rms_norm.wgsl");
 pub const ADD_RMS_NORM: &str = include_str!("../../shaders/add_rms_norm.wgsl");
+pub const NORM_SUM: &str = include_str!("../../shaders/norm_sum.wgsl");
 pub const BINARY: &str = include_str!("../../shaders/binary.wgsl");
 pub const GLU: &str = include_str!("../../shaders/glu.wgsl");
 pub const ACT: &str = include_str!("../../shaders/act.wgsl");
@@ -41,6 +42,7 @@ pub fn fingerprint() -> u64 {
         MATMUL_TILE,
         RMS_NORM,
         ADD_RMS_NORM,
+        NORM_SUM,
         BINARY,
         GLU,
         ACT,
@@ -166,12 +168,19 @@ pub fn matmul_source(
     )
 }
 
-/// The rows-per-workgroup matrix-vector matmul: `rows` rows per workgroup of 256, `tb`
-/// tokens, reduced with subgroupAdd when `subgroups` (the caller checks that the adapter's
-/// widest subgroup fits in 256 / rows invocations) or a workgroup-memory tree.
-/// With `glu` (an activation's WGSL name; `rows` even) each row's sum goes to workgroup
-/// memory and act(gate) * up of each interleaved (gate, up) row pair is written.
-/// `quant` is the weight type's [`quant_snippet`].
+/// Rows per invocation of the GPU matrix-vector matmul for `rows` rows per workgroup: up
+/// to 8, so one invocation's quarter of x serves that many rows (workgroups of up to 8
+/// rows are one segment of 256 invocations; 16 and 32 rows are 2 and 4 segments).
+pub fn gpu_vec_rows_per_invocation(rows: u32) -> u32 {
+    rows.min(8)
+}
+
+/// The rows-per-workgroup matrix-vector matmul: `rows` rows per workgroup of 256 (in
+/// segments of [`gpu_vec_rows_per_invocation`] rows), `tb` tokens, reduced with
+/// subgroupAdd when `subgroups` (the caller checks that the adapter's widest subgroup fits
+/// in a segment's invocations) or a workgroup-memory tree.
+/// With `glu` (an activation's WGSL name; `rows` even) act(gate) * up of each interleaved
+/// (gate, up) row pair is written. `quant` is the weight type's [`quant_snippet`].
 pub fn matmul_wg_source(
     quant: &str,
     tb: u32,
@@ -179,34 +188,43 @@ pub fn matmul_wg_source(
     subgroups: bool,
     glu: Option<&str>,
 ) -> String {
+    let rpt = gpu_vec_rows_per_invocation(rows);
+    // Every value (r, t) of a segment reduced into res[t * ROWS + seg * RPT + r].
     let reduce_tree = "\
-    for (var t = 0u; t < TB; t++) { red[t * 256u + lid] = acc[t]; }
-    workgroupBarrier();
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        if (sl < s) {
-            for (var t = 0u; t < TB; t++) { red[t * 256u + lid] += red[t * 256u + lid + s]; }
+    for (var r = 0u; r < RPT; r++) {
+        for (var t = 0u; t < TB; t++) { red[t * 256u + lid] = acc[r * TB + t]; }
+        workgroupBarrier();
+        for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+            if (sl < s) {
+                for (var t = 0u; t < TB; t++) { red[t * 256u + lid] += red[t * 256u + lid + s]; }
+            }
+            workgroupBarrier();
+        }
+        if (sl == 0u) {
+            for (var t = 0u; t < TB; t++) { res[t * ROWS + seg * RPT + r] = red[t * 256u + lid]; }
         }
         workgroupBarrier();
-    }
-    if (sl == 0u && out_ok) {
-        for (var t = 0u; t < ntb; t++) { PUT(red[t * 256u + lid]); }
     }";
+    // Subgroup sums at red[(r * TB + t) * nsg + subgroup]: RPT * TB * nsg <= 256 * TB
+    // since RPT <= 8 <= the subgroup size.
     let reduce_sg = "\
-    for (var t = 0u; t < TB; t++) {
-        let s = subgroupAdd(acc[t]);
-        if (sg_lane == 0u) { red[t * 256u + lid / sg_size] = s; }
+    let nsg = 256u / sg_size;
+    let g = lid / sg_size;
+    for (var i = 0u; i < RPT * TB; i++) {
+        let s = subgroupAdd(acc[i]);
+        if (sg_lane == 0u) { red[i * nsg + g] = s; }
     }
     workgroupBarrier();
-    if (sl == 0u && out_ok) {
-        let per_row = TPR / sg_size;
-        let first = lid / sg_size;
-        for (var t = 0u; t < ntb; t++) {
-            var s = 0.0;
-            for (var i = 0u; i < per_row; i++) { s += red[t * 256u + first + i]; }
-            PUT(s);
-        }
+    if (sl < RPT * TB) {
+        let r = sl / TB;
+        let t = sl % TB;
+        let per_seg = TPR / sg_size;
+        let first = seg * per_seg;
+        var s = 0.0;
+        for (var i = 0u; i < per_seg; i++) { s += red[(r * TB + t) * nsg + first + i]; }
+        res[t * ROWS + seg * RPT + r] = s;
     }";
-    let (args, reduce_any) = if subgroups {
+    let (args, reduce) = if subgroups {
         (
             // naga 30 enables subgroup builtins with the device feature, not `enable`.
             "@builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_size) sg_size: u32,",
@@ -215,23 +233,27 @@ pub fn matmul_wg_source(
     } else {
         ("", reduce_tree)
     };
-    let (decl, reduce) = match glu {
-        None => (
-            String::new(),
-            reduce_any.replace("PUT(", "dst[(t0 + t) * p.out_stride + o] = ("),
-        ),
-        Some(act) => (
-            "var<workgroup> res: array<f32, ROWS * TB>;".to_string(),
-            reduce_any.replace("PUT(", "res[t * ROWS + seg] = (")
-                + &format!(
-                    "
-    workgroupBarrier();
-    if (sl == 0u && seg % 2u == 0u && row + 1u < p.n_rows) {{
-        for (var t = 0u; t < ntb; t++) {{
-            dst[(t0 + t) * p.out_stride + o / 2u] = {act}(res[t * ROWS + seg]) * res[t * ROWS + seg + 1u];
+    let store = match glu {
+        None => "\
+    if (lid < ROWS * ntb) {
+        let r = lid % ROWS;
+        let t = lid / ROWS;
+        if (row_wg + r < p.n_rows) {
+            dst[(t0 + t) * p.out_stride + p.out_row_offset + row_wg + r] = res[t * ROWS + r];
+        }
+    }"
+        .to_string(),
+        Some(act) => format!(
+            "\
+    let half = ROWS / 2u;
+    if (lid < half * ntb) {{
+        let j = lid % half;
+        let t = lid / half;
+        if (row_wg + 2u * j + 1u < p.n_rows) {{
+            let o = p.out_row_offset + row_wg + 2u * j;
+            dst[(t0 + t) * p.out_stride + o / 2u] = {act}(res[t * ROWS + 2u * j]) * res[t * ROWS + 2u * j + 1u];
         }}
     }}"
-                ),
         ),
     };
     let parts: &[&str] = if glu.is_some() {
@@ -242,11 +264,12 @@ pub fn matmul_wg_source(
     compose(
         parts,
         &[
-            ("DECL", decl),
             ("TB", tb.to_string()),
             ("ROWS", rows.to_string()),
+            ("RPT", rpt.to_string()),
             ("SG_ARGS", args.to_string()),
             ("REDUCE", reduce.to_string()),
+            ("STORE", store),
         ],
     )
 }
