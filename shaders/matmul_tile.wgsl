@@ -1,7 +1,7 @@
 // dst[t][row] = dot(W[row], x[t]) for prompts on GPUs: one workgroup of 256 computes a
 // tile of BM weight rows x BN tokens. Per weight block (a K-slice of 32), the workgroup
-// dequantizes the BM rows' blocks into workgroup memory (one quarter block per invocation,
-// read straight from the quantized buffer) and stages the BN tokens' activations beside
+// dequantizes the BM rows' blocks into workgroup memory (NQ quarter blocks per invocation,
+// read straight from the quantized buffer, one block ahead) and stages the BN tokens' activations beside
 // them; each invocation then owns a TM x TN micro-tile of accumulators (rows tx + 16 i,
 // tokens ty + 16 j), which the host writes out unrolled (the DECL, BODY and STORE template slots).
 // Workgroup memory is 8 vec4 x (BM + BN): 16 KiB for 64x64, 24 KiB for 128x64.
@@ -9,6 +9,10 @@
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
 const WB_SLOTS: u32 = 1u;
+// Quarter blocks and activation vec4s each invocation fetches per block (BM a multiple of
+// 64, BN of 32).
+const NQ: u32 = BM * 4u / 256u;
+const NX: u32 = BN * 8u / 256u;
 
 // `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
@@ -29,22 +33,44 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let k4 = p.k / 4u;
     let nb = p.k / QK;
 {{DECL}}
+    // Block b + 1's quarters and activations are fetched into registers while block b is
+    // multiplied out of workgroup memory, so the loads' latency hides behind the math.
+    var qv: array<Quarter, NQ>;
+    var xv: array<vec4<f32>, NX>;
+    for (var j = 0u; j < NQ; j++) {
+        let e = lid + j * 256u;
+        // Rows past the end re-read the last row; their results are not stored.
+        let row = min(row0 + e / 4u, p.n_rows - 1u);
+        qv[j] = load_quarter(blk(row * p.row_words, nb, 0u), e % 4u);
+    }
+    for (var j = 0u; j < NX; j++) {
+        let e = lid + j * 256u;
+        let tok = min(t0 + e / 8u, p.n_tok - 1u);
+        xv[j] = x[tok * k4 + e % 8u];
+    }
     for (var b = 0u; b < nb; b++) {
-        for (var e = lid; e < BM * 4u; e += 256u) {
-            // Rows past the end re-read the last row; their results are not stored.
-            let r = e / 4u;
-            let row = min(row0 + r, p.n_rows - 1u);
-            let v = load_quarter(blk(row * p.row_words, nb, b), e % 4u);
-            ws[v.ia * BM + r] = v.a;
-            ws[v.ib * BM + r] = v.b;
+        for (var j = 0u; j < NQ; j++) {
+            let r = (lid + j * 256u) / 4u;
+            ws[qv[j].ia * BM + r] = qv[j].a;
+            ws[qv[j].ib * BM + r] = qv[j].b;
         }
-        for (var e = lid; e < BN * 8u; e += 256u) {
-            let t = e / 8u;
-            let i = e % 8u;
-            let tok = min(t0 + t, p.n_tok - 1u);
-            xs[i * BN + t] = x[tok * k4 + b * 8u + i];
+        for (var j = 0u; j < NX; j++) {
+            let e = lid + j * 256u;
+            xs[(e % 8u) * BN + e / 8u] = xv[j];
         }
         workgroupBarrier();
+        if (b + 1u < nb) {
+            for (var j = 0u; j < NQ; j++) {
+                let e = lid + j * 256u;
+                let row = min(row0 + e / 4u, p.n_rows - 1u);
+                qv[j] = load_quarter(blk(row * p.row_words, nb, b + 1u), e % 4u);
+            }
+            for (var j = 0u; j < NX; j++) {
+                let e = lid + j * 256u;
+                let tok = min(t0 + e / 8u, p.n_tok - 1u);
+                xv[j] = x[tok * k4 + (b + 1u) * 8u + e % 8u];
+            }
+        }
         for (var i = 0u; i < 8u; i++) {
             let wo = i * BM + tx;
             let xo = i * BN + ty;

@@ -332,7 +332,7 @@ fn tune_measures_caches_and_is_reused() {
     assert_eq!(code, 0, "{err}");
     for row in [
         "| vulkan | cpu | decode 2x1 |",
-        "| vulkan | gpu | prompt tile 64x64 |",
+        "| vulkan | gpu | prompt tiles by size |",
     ] {
         assert!(out.contains(row), "{row} missing: {out}");
     }
