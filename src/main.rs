@@ -17,6 +17,7 @@ use cli::{Cli, Command};
 
 #[cfg(not(target_arch = "wasm32"))]
 fn main() {
+    cli::runtime_dir::ensure();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,wgllm=info"))
         .format_timestamp(None)
         .init();

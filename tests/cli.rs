@@ -394,3 +394,26 @@ fn tune_measures_caches_and_is_reused() {
     assert!(err.contains("leave --kernels auto"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--version` names the commit the binary was built from, as llama.cpp's `--version`
+/// prints its build.
+#[test]
+fn version_names_the_build_commit() {
+    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    let want = format!(
+        "wgllm {} ({})",
+        env!("CARGO_PKG_VERSION"),
+        env!("WGLLM_BUILD_COMMIT")
+    );
+    assert_eq!(v.trim(), want);
+    assert_ne!(
+        env!("WGLLM_BUILD_COMMIT"),
+        "unknown",
+        "built inside the git checkout"
+    );
+}

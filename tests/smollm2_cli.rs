@@ -215,3 +215,33 @@ fn chat_over_stdin_answers_as_llama_cpp() {
     );
     assert!(stderr.contains("eval time"), "no timings: {stderr}");
 }
+
+/// A successful run says nothing alarming: no line of its stderr names an error or a
+/// warning, also where `XDG_RUNTIME_DIR` is unset (Mesa's EGL, probed for GL adapters,
+/// complained into every run there).
+#[test]
+fn a_successful_run_prints_no_error_or_warning() {
+    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args([
+            "run",
+            "-m",
+            &model(),
+            "-p",
+            "The capital of France is",
+            "-n",
+            "4",
+        ])
+        .args(["--temp", "0"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for line in err.lines() {
+        let l = line.to_lowercase();
+        assert!(
+            !l.contains("error") && !l.contains("warn"),
+            "{line:?} in:\n{err}"
+        );
+    }
+}

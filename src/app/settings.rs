@@ -138,11 +138,24 @@ impl AppSettings {
             ui.label("repeat penalty");
             ui.add(egui::Slider::new(&mut s.repeat_penalty, 1.0..=2.0));
             ui.end_row();
-            ui.label("seed").on_hover_text(format!(
-                "{}: a new random seed each chat",
-                SamplerParams::RANDOM_SEED
-            ));
-            ui.add(egui::DragValue::new(&mut s.seed));
+            ui.label("seed")
+                .on_hover_text("random: the system draws the seed, as llama.cpp's -s -1 does");
+            ui.horizontal(|ui| {
+                // The unset seed is llama.cpp's LLAMA_DEFAULT_SEED (u32::MAX): shown as a
+                // choice, not as the number.
+                let mut random = s.seed == SamplerParams::RANDOM_SEED;
+                if ui.checkbox(&mut random, "random").changed() {
+                    s.seed = if random {
+                        SamplerParams::RANDOM_SEED
+                    } else {
+                        0
+                    };
+                }
+                if !random {
+                    let fixed = 0..=SamplerParams::RANDOM_SEED - 1;
+                    ui.add(egui::DragValue::new(&mut s.seed).range(fixed));
+                }
+            });
             ui.end_row();
             ui.label("max tokens (-n)");
             ui.add(egui::DragValue::new(&mut self.n_predict).range(-1..=65536));

@@ -10,6 +10,7 @@ pub mod habits;
 pub mod info;
 pub mod perplexity;
 pub mod run;
+pub mod runtime_dir;
 pub mod sampling;
 #[cfg(feature = "server")]
 pub mod serve;
@@ -27,7 +28,7 @@ use wgllm::tune::{TuneMode, TuneOptions};
 #[derive(Parser)]
 #[command(
     name = "wgllm",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("WGLLM_BUILD_COMMIT"), ")"),
     about = "Run GGUF language models on any GPU wgpu reaches (Vulkan, Metal, DX12, GL)"
 )]
 pub struct Cli {

@@ -27,6 +27,20 @@ impl TensorInfo {
     }
 }
 
+/// The longest metadata key or tensor name read (GGUF's limit for keys).
+const MAX_NAME_BYTES: u64 = 65535;
+
+/// How errors quote a key or name read from a file: whole (escaped) when short, else its
+/// first 48 characters and its length, so that damaged input cannot make a long message.
+pub(crate) fn brief(s: &str) -> String {
+    const MAX_CHARS: usize = 48;
+    if s.chars().count() <= MAX_CHARS {
+        return s.escape_debug().to_string();
+    }
+    let head: String = s.chars().take(MAX_CHARS).collect();
+    format!("{}… ({} bytes)", head.escape_debug(), s.len())
+}
+
 /// Where a file's bytes are: a memory map of a file on disk, or bytes the caller read
 /// (a browser page has no files to map: it reads a picked file or a download into one
 /// buffer, the only copy it keeps while the tensors are uploaded).
@@ -116,6 +130,20 @@ impl<'a> Cursor<'a> {
         let n = self.u64(what)?;
         let bytes = self.take(n, what)?;
         Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+    /// A metadata key or tensor name: GGUF keys are at most 65535 bytes, so a longer
+    /// one is a corrupt length (a flipped byte), refused before it is read or quoted.
+    fn name(&mut self, what: &str) -> Result<String, GgufError> {
+        let at = self.pos;
+        let n = self.u64(what)?;
+        if n > MAX_NAME_BYTES {
+            return Err(self.corrupt(format!(
+                "{what} at byte {at} claims {n} bytes (at most {MAX_NAME_BYTES}): the file is \
+                 damaged; download or convert it again"
+            )));
+        }
+        self.pos = at;
+        self.string(what)
     }
     fn corrupt(&self, msg: String) -> GgufError {
         GgufError::Corrupt {
@@ -224,9 +252,10 @@ impl GgufFile {
         }
         let mut metadata = BTreeMap::new();
         for i in 0..n_kv {
-            let key = c.string(&format!("metadata key #{i}"))?;
-            let ty = c.u32(&format!("type of `{key}`"))?;
-            let v = c.value(ty, &format!("value of `{key}`"), 0)?;
+            let key = c.name(&format!("metadata key #{i}"))?;
+            let k = brief(&key);
+            let ty = c.u32(&format!("type of `{k}`"))?;
+            let v = c.value(ty, &format!("value of `{k}`"), 0)?;
             metadata.insert(key, v);
         }
         let alignment = match metadata.get("general.alignment") {
@@ -242,49 +271,49 @@ impl GgufFile {
         };
         let mut raw = Vec::with_capacity(n_tensors as usize);
         for i in 0..n_tensors {
-            let name = c.string(&format!("name of tensor #{i}"))?;
-            let n_dims = c.u32(&format!("dimension count of `{name}`"))?;
+            let name = c.name(&format!("name of tensor #{i}"))?;
+            let nm = brief(&name);
+            let n_dims = c.u32(&format!("dimension count of `{nm}`"))?;
             if n_dims == 0 || n_dims > MAX_DIMS {
                 return Err(c.corrupt(format!(
-                    "tensor `{name}` has {n_dims} dimensions (1..=4 allowed)"
+                    "tensor `{nm}` has {n_dims} dimensions (1..=4 allowed)"
                 )));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
-                dims.push(c.u64(&format!("dimensions of `{name}`"))?);
+                dims.push(c.u64(&format!("dimensions of `{nm}`"))?);
             }
-            let ty = GgmlType::from_id(c.u32(&format!("type of `{name}`"))?);
-            let rel = c.u64(&format!("offset of `{name}`"))?;
+            let ty = GgmlType::from_id(c.u32(&format!("type of `{nm}`"))?);
+            let rel = c.u64(&format!("offset of `{nm}`"))?;
             raw.push((name, dims, ty, rel));
         }
         let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
         let file_len = map.len() as u64;
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, dims, ty, rel) in raw {
+            let nm = brief(&name);
             let n_elems = dims
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| {
-                    c.corrupt(format!("tensor `{name}`: dimensions {dims:?} overflow"))
-                })?;
+                .ok_or_else(|| c.corrupt(format!("tensor `{nm}`: dimensions {dims:?} overflow")))?;
             let n_bytes = match ty.block_layout() {
                 None => 0, // unknown type: kept so the loader can name it in its error
                 Some(_) => {
                     let per_row = ty.row_bytes(dims[0]).ok_or_else(|| {
                         c.corrupt(format!(
-                            "tensor `{name}`: row length {} is not a multiple of the {ty} block size {}",
+                            "tensor `{nm}`: row length {} is not a multiple of the {ty} block size {}",
                             dims[0],
                             ty.block_size()
                         ))
                     })?;
                     per_row
                         .checked_mul(n_elems / dims[0].max(1))
-                        .ok_or_else(|| c.corrupt(format!("tensor `{name}`: size overflows")))?
+                        .ok_or_else(|| c.corrupt(format!("tensor `{nm}`: size overflows")))?
                 }
             };
             if rel % alignment != 0 {
                 return Err(c.corrupt(format!(
-                    "tensor `{name}`: data offset {rel} is not aligned to {alignment}"
+                    "tensor `{nm}`: data offset {rel} is not aligned to {alignment}"
                 )));
             }
             let file_offset = data_offset
@@ -292,7 +321,7 @@ impl GgufFile {
                 .filter(|o| o.checked_add(n_bytes).is_some_and(|end| end <= file_len))
                 .ok_or_else(|| GgufError::Truncated {
                     path: path.clone(),
-                    what: format!("data of tensor `{name}` ({n_bytes} bytes)"),
+                    what: format!("data of tensor `{nm}` ({n_bytes} bytes)"),
                     offset: data_offset.saturating_add(rel),
                     len: file_len,
                 })?;

@@ -125,3 +125,36 @@ fn bytes_in_memory_read_as_the_mapped_file() {
         assert!(GgufFile::from_bytes("cut.gguf", bytes[..cut].to_vec()).is_err());
     }
 }
+
+#[test]
+fn a_damaged_key_length_is_refused_briefly() {
+    // The first key's length (at byte 24) gains 0x12 in its third byte: a 1.2 MB "key",
+    // which the padding after the file would let a reader take whole.
+    let mut b = sample();
+    b[26] = 0x12;
+    b.extend(std::iter::repeat_n(b'k', 2 << 20));
+    let e = open_bytes(&b).unwrap_err().to_string();
+    assert!(
+        e.len() < 300,
+        "{} bytes: {}",
+        e.len(),
+        &e[..300.min(e.len())]
+    );
+    assert!(e.contains("metadata key #0") && e.contains("65535"), "{e}");
+}
+
+#[test]
+fn long_names_are_quoted_briefly() {
+    assert_eq!(
+        super::reader::brief("blk.0.attn_q.weight"),
+        "blk.0.attn_q.weight"
+    );
+    assert_eq!(super::reader::brief("a\nb"), "a\\nb");
+    let long = "x".repeat(1000);
+    let q = super::reader::brief(&long);
+    assert!(
+        q.starts_with(&"x".repeat(48)) && q.ends_with("(1000 bytes)"),
+        "{q}"
+    );
+    assert!(q.len() < 70, "{q}");
+}
