@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# The project's test command: fetches the test model if missing, checks that the library
+# The project's test command: installs the test devices if missing
+# (scripts/setup-test-machine.sh), fetches the test model if missing, checks that the library
 # builds for the other targets wgpu serves, then runs every test (op tests run on Vulkan
 # and GL; see WGLLM_TEST_BACKENDS in tests/common/mod.rs). Arguments go to `cargo test`
 # (with arguments, the cross-target checks are skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v cargo >/dev/null; then
+  echo "error: no Rust toolchain (cargo); install one with rustup (https://rustup.rs), then rerun $0" >&2
+  exit 1
+fi
+# The devices and programs the tests run on (lavapipe, llvmpipe, Xvfb, Chromium, Python's
+# venv): installed here when missing, or the command to install them is printed.
+scripts/setup-test-machine.sh
 # SmolLM2 for the model tests; Gemma-3 for the SPM tokenizer tests.
 scripts/fetch-models.sh --gemma >/dev/null
 # llama.cpp's tokenizer test vocabularies and chat templates, for the tests that compare
