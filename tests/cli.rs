@@ -340,6 +340,32 @@ fn tune_measures_caches_and_is_reused() {
         out.contains("chosen: ") && out.contains("on vulkan"),
         "{out}"
     );
+    // A shape's other decode candidates are skipped once its first one is 3x the best
+    // decode so far (measured before it: the adapter type's own shape goes first).
+    let times = |prefix: &str| -> Vec<f64> {
+        out.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| {
+                l.trim_end_matches('|')
+                    .rsplit('|')
+                    .next()?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    };
+    let (cpu, gpu) = (
+        times("| vulkan | cpu | decode"),
+        times("| vulkan | gpu | decode"),
+    );
+    assert!(!cpu.is_empty() && !gpu.is_empty(), "{out}");
+    let best_cpu = cpu.iter().cloned().fold(f64::MAX, f64::min);
+    if gpu[0] > 3.0 * best_cpu {
+        assert_eq!(gpu.len(), 1, "pruned after its first: {out}");
+    } else {
+        assert_eq!(gpu.len(), 5, "every rows value: {out}");
+    }
     let cache: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("tune.json")).unwrap()).unwrap();
     let entries = cache["entries"].as_array().unwrap();

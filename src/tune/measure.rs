@@ -109,6 +109,10 @@ impl LayerRun {
     }
 }
 
+/// How many times slower than the best so far a shape's first candidate of a kind must be
+/// for the shape's other candidates of that kind to be skipped.
+const PRUNE: f64 = 3.0;
+
 /// Seconds one run of `reps` repetitions takes.
 fn run_secs(gpu: &Gpu, d: &[Dispatch], reps: u32) -> Result<f64, GpuError> {
     let start = Instant::now();
@@ -174,12 +178,14 @@ fn candidates(kernels: KernelShape) -> Vec<(bool, String, KernelTuning)> {
     v
 }
 
-/// Times every candidate of both kernel shapes on `gpu` with layer 0 of the model in
-/// `f`; `report` sees each time as it is measured. Returns the best of each shape.
+/// Times the candidates of both kernel shapes (or of shape `only`) on `gpu` with layer 0
+/// of the model in `f`; `report` sees each time as it is measured. Returns the best of
+/// each shape measured.
 pub fn measure(
     gpu: &Arc<Gpu>,
     f: &GgufFile,
     hp: &Hparams,
+    only: Option<KernelShape>,
     report: &mut dyn FnMut(&CandidateTime),
 ) -> Result<Vec<ShapeChoice>, GpuError> {
     let layer = LayerRun::new(gpu, f, hp)?;
@@ -192,14 +198,23 @@ pub fn measure(
     } else {
         [KernelShape::Gpu, KernelShape::Cpu]
     };
-    for kernels in shapes {
+    for kernels in shapes.into_iter().filter(|&k| only.is_none_or(|o| o == k)) {
         let mut best = ShapeChoice {
             kernels,
             tuning: KernelTuning::default(),
             decode_us: f64::MAX,
             prompt_us: f64::MAX,
         };
+        // A shape whose first candidate of a kind is PRUNE times slower than the best of
+        // that kind so far skips its other candidates of that kind (each costs a shader
+        // compile and runs): on lavapipe the GPU shape's first decode candidate is 4-5x
+        // the CPU shape's best, and pruning there halves a first-use tune on 2 cores.
+        let (mut first_decode, mut first_prompt) = (true, true);
+        let (mut skip_decode, mut skip_prompt) = (false, false);
         for (decode, name, tuning) in candidates(kernels) {
+            if (decode && skip_decode) || (!decode && skip_prompt) {
+                continue;
+            }
             let g = gpu.retuned(kernels, tuning.clone());
             let n_tok = if decode { 1 } else { PROMPT_TOKENS };
             let d = layer.dispatches(&g, n_tok)?;
@@ -210,6 +225,18 @@ pub fn measure(
             };
             let secs = time_dispatches(&g, &d, so_far * 1e-6 * n_tok as f64)?;
             let us = secs * 1e6 / n_tok as f64;
+            let first = if decode {
+                std::mem::replace(&mut first_decode, false)
+            } else {
+                std::mem::replace(&mut first_prompt, false)
+            };
+            if first && us > PRUNE * so_far {
+                if decode {
+                    skip_decode = true;
+                } else {
+                    skip_prompt = true;
+                }
+            }
             if decode {
                 fastest_decode = fastest_decode.min(us);
             } else {

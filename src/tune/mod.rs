@@ -217,10 +217,12 @@ impl<'a> Tuner<'a> {
         })
     }
 
-    /// The cached entry for an adapter, or one measured on the device `open` gives.
+    /// The cached entry for an adapter, or one measured on the device `open` gives (on
+    /// kernel shape `only` where given, else on both).
     fn entry(
         &mut self,
         c: &Candidate,
+        only: Option<KernelShape>,
         open: impl FnOnce() -> Result<Arc<Gpu>, GpuError>,
         report: &mut dyn FnMut(&str, &CandidateTime),
     ) -> Result<TuneEntry, GpuError> {
@@ -238,11 +240,11 @@ impl<'a> Tuner<'a> {
         );
         let gpu = open()?;
         let backend = c.backend.to_string();
-        let shapes = measure::measure(&gpu, self.f, &self.hp, &mut |t| report(&backend, t))?;
+        let shapes = measure::measure(&gpu, self.f, &self.hp, only, &mut |t| report(&backend, t))?;
         let best = shapes
             .iter()
             .min_by(|a, b| a.score().total_cmp(&b.score()))
-            .expect("two shapes measured");
+            .expect("a shape measured");
         let e = entry_for(c, &self.model, best);
         self.cache.put(e.clone());
         self.measured = true;
@@ -308,7 +310,13 @@ pub fn resolve(
         plain.backend = c.backend;
         plain.adapter_index = Some(c.index);
         plain.tuning = KernelTuning::default();
-        entries.push(tuner.entry(c, || Gpu::new(&plain), report)?);
+        // Another backend's view of the device is timed on the kernel shape the first
+        // one chose (lavapipe's GL and Vulkan agree on the shape; the other's candidates
+        // would double a first-use tune).
+        let shape = entries
+            .first()
+            .and_then(|e: &TuneEntry| e.kernels.parse().ok());
+        entries.push(tuner.entry(c, shape, || Gpu::new(&plain), report)?);
     }
     tuner.save();
     let chosen = choose(&entries);
@@ -363,7 +371,7 @@ pub fn retune_device(
         info: gpu.info.clone(),
     };
     let mut tuner = Tuner::new(f, topts)?;
-    let e = tuner.entry(&c, || Ok(gpu.clone()), &mut |_, _| {})?;
+    let e = tuner.entry(&c, None, || Ok(gpu.clone()), &mut |_, _| {})?;
     tuner.save();
     let (kernels, tuning) = entry_kernels(&e, &gpu.tuning)?;
     Ok(Retuned {
