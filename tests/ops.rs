@@ -775,6 +775,89 @@ fn attention_over_a_binding_runs_in_passes() {
     }
 }
 
+/// A GPU-shaped device that takes the flash attention kernel, with bindings of `binding`
+/// bytes where given.
+fn flash_gpu(binding: Option<u64>) -> std::sync::Arc<Gpu> {
+    Gpu::new(&GpuOptions {
+        backend: Backend::Vulkan,
+        kernels: KernelShape::Gpu,
+        max_binding_override: binding,
+        tuning: KernelTuning {
+            attn_flash: Some(true),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// The flash kernel against the reference: heads of 16, 8 and 20 vec4s (GQA 3:1, 1:1,
+/// 2:1), f32 and f16 caches, with and without ALiBi, 1 to 56 tokens (partial tiles of
+/// 16 tokens and 16 cells), over random causal masks with holes.
+#[test]
+fn flash_attention_matches_reference() {
+    let gpu = flash_gpu(None);
+    let mut rng = Rng(42);
+    for (head_dim, n_head, n_head_kv) in [(64u32, 9u32, 3u32), (32, 4, 4), (80, 4, 2)] {
+        for kv_f16 in kv_types(&gpu) {
+            for n_tok in [1u32, 5, 16, 17 + rng.below(40)] {
+                let n_kv = n_tok + rng.below(600);
+                let s = AttnShape {
+                    head_dim,
+                    n_head,
+                    n_head_kv,
+                    n_tok,
+                    n_kv,
+                    kv_f16,
+                };
+                let sp = SoftmaxParams {
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    max_bias: [0.0, 8.0][rng.below(2) as usize],
+                    n_head,
+                };
+                let (n, want, got) = attention_case(&gpu, &mut rng, &s, &sp, n_kv as usize + 5);
+                assert_eq!(n, 1, "one flash dispatch: {s:?}");
+                check(&format!("flash attention {s:?} {sp:?}"), &want, &got, 1e-10);
+            }
+        }
+    }
+}
+
+/// The flash kernel keeps each pass's mask within a binding: 64 KiB bindings and 1024
+/// cells (4 KiB of mask per token) take 16 tokens a pass, so 40 tokens take three
+/// dispatches, and the result is the reference's, on either cache type.
+#[test]
+fn flash_attention_runs_in_passes_when_the_mask_exceeds_a_binding() {
+    let gpu = flash_gpu(Some(65536));
+    let mut rng = Rng(43);
+    for kv_f16 in kv_types(&gpu) {
+        // The cache, 1024 cells of one 16-value head, fills one binding in f32.
+        let s = AttnShape {
+            head_dim: 16,
+            n_head: 2,
+            n_head_kv: 1,
+            n_tok: 40,
+            n_kv: 1024,
+            kv_f16,
+        };
+        let sp = SoftmaxParams {
+            scale: 0.125,
+            max_bias: 0.0,
+            n_head: s.n_head,
+        };
+        // The split path's scores (8 KiB a token) would take 8 tokens a pass.
+        assert_eq!(s.tokens_per_pass(&gpu).unwrap(), 8);
+        let (n_dispatches, want, got) = attention_case(&gpu, &mut rng, &s, &sp, 1024);
+        assert_eq!(n_dispatches, 3, "flash in passes of 16 tokens");
+        check(
+            &format!("flash attention in passes f16={kv_f16}"),
+            &want,
+            &got,
+            1e-10,
+        );
+    }
+}
+
 /// GPU-shaped kernels split the attention output over chunks of cells; where the partial
 /// sums of every chunk would not fit (64 KiB bindings here: 20 tokens × 8 heads × 16 dims
 /// and a (max, sum) pair per chunk allow 5 chunks, 1024 cells want 8), the chunks grow

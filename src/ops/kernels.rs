@@ -30,6 +30,8 @@ pub const ATTN_TB: &[u32] = &[1, 2, 4, 8];
 pub const SOFTMAX_WG: &[u32] = &[64, 256];
 /// Largest head size the split attention output kernel has a variant for.
 pub const MAX_SPLIT_HEAD_DIM: u32 = 2048;
+/// Largest head the flash attention kernel holds (its D4 vec4s per row of workgroup memory).
+pub const MAX_FLASH_HEAD_DIM: u32 = 128;
 
 /// A kernel variant: the shader and every constant baked into its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,6 +77,11 @@ pub enum KernelKey {
     },
     /// The split kernel's partial outputs, rescaled to one maximum and normalised.
     AttnKqvSum,
+    /// Prompt attention in one pass over tiles of cells with an online softmax
+    /// (`attn_flash.wgsl`, heads up to [`MAX_FLASH_HEAD_DIM`]).
+    AttnFlash {
+        f16: bool,
+    },
     GetRows {
         ty: GgmlType,
     },
@@ -156,6 +163,7 @@ impl KernelKey {
             for (lanes, nv) in split_shapes() {
                 v.push(AttnKqvSplit { f16, lanes, nv });
             }
+            v.push(AttnFlash { f16 });
         }
         for ty in shaders::weight_types() {
             v.push(GetRows { ty });
@@ -215,6 +223,7 @@ impl KernelKey {
             | AttnKq { f16, .. }
             | AttnKqv { f16, .. }
             | AttnKqvSplit { f16, .. }
+            | AttnFlash { f16 }
                 if f16 =>
             {
                 wgpu::Features::SHADER_F16
@@ -256,6 +265,7 @@ impl KernelKey {
             | AttnKq { .. }
             | AttnKqv { .. }
             | AttnKqvSplit { .. }
+            | AttnFlash { .. }
             | AttnKqvSum
             | GetRows { .. }
             | Matmul { .. } => 64,
@@ -293,7 +303,7 @@ impl KernelKey {
             RopeStore { .. } => RopeStoreUniform::WGSL,
             Softmax { .. } => SoftmaxUniform::WGSL,
             AttnKq { .. } | AttnKqv { .. } => AttnUniform::WGSL,
-            AttnKqvSplit { .. } => AttnSplitUniform::WGSL,
+            AttnKqvSplit { .. } | AttnFlash { .. } => AttnSplitUniform::WGSL,
             AttnKqvSum => AttnSumUniform::WGSL,
             GetRows { .. } => GetRowsUniform::WGSL,
             Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
@@ -339,6 +349,10 @@ impl KernelKey {
                 ],
             ),
             AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
+            AttnFlash { f16 } => compose(
+                &[shaders::SOFTMAX_COMMON, shaders::ATTN_FLASH],
+                &[("KV_T", kv_type(f16))],
+            ),
             GetRows { ty } => compose(&[&quant(ty)?, shaders::QUANT_READ, shaders::GET_ROWS], &[]),
             Matmul {
                 ty,
@@ -405,6 +419,7 @@ impl fmt::Display for KernelKey {
                 write!(f, "attn_kqv_split_{}_{lanes}x{nv}", kv(f16))
             }
             AttnKqvSum => write!(f, "attn_kqv_sum"),
+            AttnFlash { f16 } => write!(f, "attn_flash_{}", kv(f16)),
             GetRows { ty } => write!(f, "get_rows_{ty}"),
             Matmul {
                 ty,
@@ -538,8 +553,8 @@ mod tests {
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
         assert_eq!(per_type, 63 + 2 * (27 + 20));
         let shared = 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len();
-        // Per cache type: rope, set_rows, two rope_stores, the attention kernels.
-        let kv = 2 * (4 + 2 * ATTN_TB.len() + splits);
+        // Per cache type: rope, set_rows, two rope_stores, flash, the attention kernels.
+        let kv = 2 * (5 + 2 * ATTN_TB.len() + splits);
         assert_eq!(all.len(), shared + kv + types.len() * per_type);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.

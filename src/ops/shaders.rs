@@ -22,6 +22,7 @@ pub const ATTN_KQ: &str = include_str!("../../shaders/attn_kq.wgsl");
 pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
 pub const ATTN_KQV_SPLIT: &str = include_str!("../../shaders/attn_kqv_split.wgsl");
 pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
+pub const ATTN_FLASH: &str = include_str!("../../shaders/attn_flash.wgsl");
 
 /// What every weight snippet shares: the row layout (`Blk`, `blk`: where a block's head
 /// and body are) and the `Quarter` that `load_quarter` returns.
@@ -55,6 +56,7 @@ pub fn fingerprint() -> u64 {
         ATTN_KQV,
         ATTN_KQV_SPLIT,
         ATTN_KQV_SUM,
+        ATTN_FLASH,
         QUANT_COMMON,
         QUANT_READ,
     ];

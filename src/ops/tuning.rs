@@ -25,6 +25,9 @@ pub struct KernelTuning {
     /// `WGLLM_ATTN_SPLIT`: most tokens for which GPU-shaped kernels split the attention
     /// output over cells.
     pub attn_split_max_tok: Option<u32>,
+    /// `WGLLM_ATTN_FLASH=0|1`: GPU-shaped kernels take the flash attention kernel (for
+    /// every batch, where the head fits it) or not (the default; see `ops::attention`).
+    pub attn_flash: Option<bool>,
     /// (rows, tokens) per invocation of the CPU-shaped matmul for one token and for 8+
     /// tokens: what the tuner (`crate::tune`) measured best on an adapter, below
     /// `matmul_tile`, which overrides every size.
@@ -89,8 +92,15 @@ impl KernelTuning {
             Some("1") => true,
             Some(v) => return Err(bad("WGLLM_PROFILE", v, "expected 0 or 1")),
         };
+        let attn_flash = match get("WGLLM_ATTN_FLASH").as_deref().map(str::trim) {
+            None => None,
+            Some("0") => Some(false),
+            Some("1") => Some(true),
+            Some(v) => return Err(bad("WGLLM_ATTN_FLASH", v, "expected 0 or 1")),
+        };
         let t = KernelTuning {
             matmul_tile: pair("WGLLM_MATMUL_TILE")?,
+            attn_flash,
             gpu_tile: pair("WGLLM_GPU_TILE")?,
             gpu_vec_rows: num("WGLLM_GPU_VEC")?,
             tile_min: num("WGLLM_TILE_MIN")?,
@@ -113,6 +123,7 @@ impl KernelTuning {
             tile_min: self.tile_min.or(base.tile_min),
             attn_tb: self.attn_tb.or(base.attn_tb),
             attn_split_max_tok: self.attn_split_max_tok.or(base.attn_split_max_tok),
+            attn_flash: self.attn_flash.or(base.attn_flash),
             cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),
             cpu_prompt_tile: self.cpu_prompt_tile.or(base.cpu_prompt_tile),
             profile: self.profile || base.profile,
@@ -202,6 +213,7 @@ mod tests {
             ("WGLLM_TILE_MIN", "16"),
             ("WGLLM_ATTN_TB", "1"),
             ("WGLLM_ATTN_SPLIT", "8"),
+            ("WGLLM_ATTN_FLASH", "1"),
             ("WGLLM_PROFILE", "1"),
         ])
         .unwrap();
@@ -214,6 +226,7 @@ mod tests {
                 tile_min: Some(16),
                 attn_tb: Some(1),
                 attn_split_max_tok: Some(8),
+                attn_flash: Some(true),
                 profile: true,
                 ..Default::default()
             }
@@ -232,6 +245,7 @@ mod tests {
             ("WGLLM_TILE_MIN", "many"),
             ("WGLLM_ATTN_TB", "3"),
             ("WGLLM_ATTN_SPLIT", "-1"),
+            ("WGLLM_ATTN_FLASH", "on"),
             ("WGLLM_PROFILE", "yes"),
         ] {
             let e = from(&[(var, value)]).unwrap_err();
