@@ -14,6 +14,12 @@
 
 var<workgroup> partial: array<f32, 256>;
 
+// The row read again where it outgrows one step (each invocation reads back only the
+// elements it wrote itself).
+fn row_value(j: u32) -> f32 {
+    return sum[j];
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let base = (wid.y * 65535u + wid.x) * p.n;
@@ -34,17 +40,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     let scale = inverseSqrt(norm_sum(s, lid) / f32(p.n) + p.eps);
-    if (p.n <= STEP) {
-        for (var u = 0u; u < U; u++) {
-            let i = u * 256u + lid;
-            if (i < p.n) {
-                dst[base + i] = v[u] * scale * w[i];
-            }
-        }
-        return;
-    }
-    for (var i = lid; i < p.n; i += 256u) {
-        // Each invocation reads back only the elements it wrote itself.
-        dst[base + i] = sum[base + i] * scale * w[i];
-    }
+    write_normed(base, lid, v, scale);
 }

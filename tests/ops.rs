@@ -691,6 +691,31 @@ fn attention_case(
     (d.len(), want, read(gpu, &dst, q.len()))
 }
 
+/// An attention shape for `n_tok` tokens over up to 600 more cells, with a head of
+/// (head_dim, n_head, n_head_kv), and softmax parameters with ALiBi slopes every other
+/// time (the split and flash kernels apply them themselves).
+fn random_attention(
+    rng: &mut Rng,
+    (head_dim, n_head, n_head_kv): (u32, u32, u32),
+    kv_f16: bool,
+    n_tok: u32,
+) -> (AttnShape, SoftmaxParams) {
+    let s = AttnShape {
+        head_dim,
+        n_head,
+        n_head_kv,
+        n_tok,
+        n_kv: n_tok + rng.below(600),
+        kv_f16,
+    };
+    let sp = SoftmaxParams {
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        max_bias: [0.0, 8.0][rng.below(2) as usize],
+        n_head,
+    };
+    (s, sp)
+}
+
 #[test]
 fn attention_matches_reference() {
     let mut rng = Rng(9);
@@ -708,23 +733,9 @@ fn attention_matches_reference() {
             // cells, up to 5 chunks here), then 1..=20: both the one-token kernels and the
             // 4-token ones with a partial last group.
             let n_tok = if n_tok == 0 { 1 + rng.below(20) } else { n_tok };
-            let n_kv = n_tok + rng.below(600);
-            let s = AttnShape {
-                head_dim,
-                n_head,
-                n_head_kv,
-                n_tok,
-                n_kv,
-                kv_f16,
-            };
-            // Every other case with ALiBi slopes (the split kernel applies them itself).
-            let sp = SoftmaxParams {
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                max_bias: [0.0, 8.0][rng.below(2) as usize],
-                n_head,
-            };
+            let (s, sp) = random_attention(&mut rng, (head_dim, n_head, n_head_kv), kv_f16, n_tok);
             // The cache is larger than the part read.
-            let (_, want, got) = attention_case(gpu, &mut rng, &s, &sp, n_kv as usize + 5);
+            let (_, want, got) = attention_case(gpu, &mut rng, &s, &sp, s.n_kv as usize + 5);
             check(&format!("{name} attention {s:?}"), &want, &got, 1e-10);
         }
     }
@@ -801,21 +812,9 @@ fn flash_attention_matches_reference() {
     for (head_dim, n_head, n_head_kv) in [(64u32, 9u32, 3u32), (32, 4, 4), (80, 4, 2)] {
         for kv_f16 in kv_types(&gpu) {
             for n_tok in [1u32, 5, 16, 17 + rng.below(40)] {
-                let n_kv = n_tok + rng.below(600);
-                let s = AttnShape {
-                    head_dim,
-                    n_head,
-                    n_head_kv,
-                    n_tok,
-                    n_kv,
-                    kv_f16,
-                };
-                let sp = SoftmaxParams {
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    max_bias: [0.0, 8.0][rng.below(2) as usize],
-                    n_head,
-                };
-                let (n, want, got) = attention_case(&gpu, &mut rng, &s, &sp, n_kv as usize + 5);
+                let head = (head_dim, n_head, n_head_kv);
+                let (s, sp) = random_attention(&mut rng, head, kv_f16, n_tok);
+                let (n, want, got) = attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize + 5);
                 assert_eq!(n, 1, "one flash dispatch: {s:?}");
                 check(&format!("flash attention {s:?} {sp:?}"), &want, &got, 1e-10);
             }

@@ -35,6 +35,26 @@ impl AttnShape {
             ..Default::default()
         }
     }
+    /// The uniform block of the split output and flash kernels: the shape, the softmax's
+    /// scale and ALiBi parameters, and the split's `chunk` of cells (0 for flash).
+    fn split_uniform(&self, sm: &SoftmaxParams, chunk: u32) -> AttnSplitUniform {
+        let (n_head_log2, m0, m1) = sm.alibi();
+        AttnSplitUniform {
+            head_dim: self.head_dim,
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            n_tok: self.n_tok,
+            n_kv: self.n_kv,
+            chunk,
+            has_mask: 1,
+            n_head_log2,
+            scale: sm.scale,
+            max_bias: sm.max_bias,
+            m0,
+            m1,
+        }
+    }
+
     /// Tokens one pass of the three kernels takes. The scores of a pass (heads × tokens ×
     /// cells, f32) must fit one storage binding: at long contexts a big ubatch does not
     /// (SmolLM2 at -c 8192 -ub 512: 151 MB against lavapipe's 128 MiB), so it is cut into
@@ -179,21 +199,7 @@ fn kqv_split(
         nv,
     })?;
     let sum = gpu.pipeline(KernelKey::AttnKqvSum)?;
-    let (n_head_log2, m0, m1) = sm.alibi();
-    let params = AttnSplitUniform {
-        head_dim: s.head_dim,
-        n_head: s.n_head,
-        n_head_kv: s.n_head_kv,
-        n_tok: s.n_tok,
-        n_kv: s.n_kv,
-        chunk: sp.chunk,
-        has_mask: 1,
-        n_head_log2,
-        scale: sm.scale,
-        max_bias: sm.max_bias,
-        m0,
-        m1,
-    };
+    let params = s.split_uniform(sm, sp.chunk);
     let n_split = sp.n_split;
     let part = sub_view(partials, 0, s.partials_bytes(n_split));
     let stats = sub_view(
@@ -237,21 +243,7 @@ fn flash(
     dst: &View,
 ) -> Result<Dispatch, GpuError> {
     let pipeline = gpu.pipeline(KernelKey::AttnFlash { f16: s.kv_f16 })?;
-    let (n_head_log2, m0, m1) = sm.alibi();
-    let params = AttnSplitUniform {
-        head_dim: s.head_dim,
-        n_head: s.n_head,
-        n_head_kv: s.n_head_kv,
-        n_tok: s.n_tok,
-        n_kv: s.n_kv,
-        chunk: 0,
-        has_mask: 1,
-        n_head_log2,
-        scale: sm.scale,
-        max_bias: sm.max_bias,
-        m0,
-        m1,
-    };
+    let params = s.split_uniform(sm, 0);
     record(
         gpu,
         "attn_flash",
