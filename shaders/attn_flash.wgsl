@@ -5,7 +5,9 @@
 // exp(m_old - m) whenever m grows (online softmax). The scores never reach memory, and a
 // tile the mask hides from every token of the workgroup (the causal half of a prompt)
 // is skipped whole. Scores are scaled, then masked with the head's ALiBi slope, as
-// softmax.wgsl does. Heads of up to 4 * D4 values (128). softmax_common.wgsl is
+// softmax.wgsl does. Where the cells are split into chunks (p.chunk > 0: workgroups over
+// z take a chunk each, flash-decoding's split), each writes its chunk's unnormalised
+// output and (m, l) in attn_kqv_split.wgsl's layout, and attn_kqv_sum.wgsl joins them. Heads of up to 4 * D4 values (128). softmax_common.wgsl is
 // prepended. Workgroup memory: (BQ + 2 BK) * D4 vec4 + BQ * BK + 128 floats, 25 KiB.
 //
 // Invocation lid owns token row qi = lid / 4 of the tile: scores (qi, 4 j + lid % 4)
@@ -24,7 +26,7 @@ const OI: u32 = D4 / 4u;
 @group(0) @binding(3) var<storage, read> v: array<vec4<{{KV_T}}>>;
 // [n_kv, n_tok]: MASKED (or less) where a token may not see a cell, else ALiBi's bias.
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
-@group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;
+{{OUT_DECL}}
 
 var<workgroup> qs: array<vec4<f32>, BQ * D4>;
 var<workgroup> ks: array<vec4<f32>, BK * D4>;
@@ -57,14 +59,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var l = 0.0;
     var o: array<vec4<f32>, OI>;
 
-    for (var c0 = 0u; c0 < p.n_kv; c0 += BK) {
+{{RANGE}}
+    for (var c0 = c_begin; c0 < c_end; c0 += BK) {
         // This invocation's scores of the tile, scaled and masked (MASKED if hidden).
         var s: array<f32, SJ>;
         var any = false;
         for (var j = 0u; j < SJ; j++) {
             let c = c0 + 4u * j + sub;
             var bias = 0.0;
-            if (c >= p.n_kv) {
+            if (c >= c_end) {
                 bias = MASKED;
             } else if (p.has_mask != 0u) {
                 bias = mask[tq * p.n_kv + c];
@@ -87,7 +90,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var e = lid; e < BK * D4; e += 64u) {
             let r = e / D4;
             let d = e % D4;
-            let c = min(c0 + r, p.n_kv - 1u);
+            let c = min(c0 + r, c_end - 1u);
             if (d < d4) {
                 let o_kv = (c * p.n_head_kv + hk) * d4 + d;
                 ks[e] = vec4<f32>(k[o_kv]);
@@ -137,13 +140,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
     if (t0 + qi < p.n_tok) {
-        // A token that sees no cell gets 0, as the softmax gives it.
-        let inv = select(0.0, 1.0 / l, l > 0.0);
-        for (var i = 0u; i < OI; i++) {
-            let d = sub + 4u * i;
-            if (d < d4) {
-                dst[(tq * p.n_head + h) * d4 + d] = o[i] * inv;
-            }
-        }
+{{STORE}}
     }
 }

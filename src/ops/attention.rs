@@ -122,11 +122,11 @@ impl AttnShape {
 
     /// Whether the flash kernel takes this attention: only where asked for
     /// (`tuning.attn_flash`, `WGLLM_ATTN_FLASH=1`) on GPU-shaped kernels, for heads it
-    /// holds. Not by default: on an H100 this first version ran 7B pp512 at depth 4096 at
-    /// 567 t/s against 1054 with the split path (attention 630 against 214 ms a step),
-    /// and the 135M shape (9 heads: 288 workgroups of 64) at 3.1k against 10.8k. Each
-    /// invocation loads a vec4 of workgroup memory per vec4 multiply-add and a workgroup
-    /// walks every cell alone; register tiles and a split over cells are the next steps.
+    /// holds. Not by default: on an H100 it ran 7B pp512 at depth 4096 at 592 t/s against
+    /// 1022 with the split path, and the 135M shape at 4.0k against 10.5k (split over
+    /// chunks of cells; 567 and 3.1k over all cells per workgroup). Each invocation loads a
+    /// vec4 of workgroup memory per vec4 multiply-add, and a tile takes five barriers:
+    /// register tiles (several rows and columns per invocation) are the next step.
     fn flash(&self, gpu: &Gpu) -> bool {
         gpu.kernels == KernelShape::Gpu
             && self.head_dim <= MAX_FLASH_HEAD_DIM
@@ -147,6 +147,13 @@ impl AttnShape {
     fn stats_offset(&self, gpu: &Gpu, n_split: u32) -> u64 {
         let align = gpu.device.limits().min_storage_buffer_offset_alignment as u64;
         self.partials_bytes(n_split).div_ceil(align) * align
+    }
+
+    /// The partial outputs and their stats, for `n_split` chunks, in `partials`.
+    fn split_views(&self, gpu: &Gpu, n_split: u32, partials: &View) -> (View, View) {
+        let part = sub_view(partials, 0, self.partials_bytes(n_split));
+        let offset = self.stats_offset(gpu, n_split);
+        (part, sub_view(partials, offset, self.stats_bytes(n_split)))
     }
 
     /// f32 elements of the scratch buffer of the split kernel: partial outputs, then
@@ -198,17 +205,8 @@ fn kqv_split(
         lanes,
         nv,
     })?;
-    let sum = gpu.pipeline(KernelKey::AttnKqvSum)?;
     let params = s.split_uniform(sm, sp.chunk);
-    let n_split = sp.n_split;
-    let part = sub_view(partials, 0, s.partials_bytes(n_split));
-    let stats = sub_view(
-        partials,
-        s.stats_offset(gpu, n_split),
-        s.stats_bytes(n_split),
-    );
-    let n = d4 * s.n_head * s.n_tok;
-    let (gx, gy) = split_groups(n.div_ceil(64));
+    let (part, stats) = s.split_views(gpu, sp.n_split, partials);
     Ok(vec![
         record(
             gpu,
@@ -216,42 +214,83 @@ fn kqv_split(
             split,
             bytemuck::bytes_of(&params),
             &[scores, mask, v, &part, &stats],
-            [n_split, s.n_tok, s.n_head],
+            [sp.n_split, s.n_tok, s.n_head],
         )?,
-        record(
-            gpu,
-            "attn_kqv_sum",
-            sum,
-            bytemuck::bytes_of(&AttnSumUniform {
-                n,
-                n_split,
-                d4,
-                ..Default::default()
-            }),
-            &[&part, &stats, dst],
-            [gx, gy, 1],
-        )?,
+        join_splits(gpu, s, sp.n_split, [&part, &stats], dst)?,
     ])
 }
 
-/// The flash kernel's one dispatch: a workgroup per 16 tokens and head (attn_flash.wgsl).
+/// The chunks' partial outputs and (max, sum) stats joined into the output
+/// (attn_kqv_sum.wgsl).
+fn join_splits(
+    gpu: &Gpu,
+    s: &AttnShape,
+    n_split: u32,
+    [part, stats]: [&View; 2],
+    dst: &View,
+) -> Result<Dispatch, GpuError> {
+    let d4 = s.head_dim / 4;
+    let n = d4 * s.n_head * s.n_tok;
+    let (gx, gy) = split_groups(n.div_ceil(64));
+    record(
+        gpu,
+        "attn_kqv_sum",
+        gpu.pipeline(KernelKey::AttnKqvSum)?,
+        bytemuck::bytes_of(&AttnSumUniform {
+            n,
+            n_split,
+            d4,
+            ..Default::default()
+        }),
+        &[part, stats, dst],
+        [gx, gy, 1],
+    )
+}
+
+/// The flash kernel: a workgroup per 16 tokens and head (attn_flash.wgsl), over every
+/// cell, or with `split` (the whole batch's, which `partials` was sized for) one
+/// workgroup per chunk of cells too, joined after.
 fn flash(
     gpu: &Gpu,
     s: &AttnShape,
     sm: &SoftmaxParams,
+    split: Option<Split>,
     [q, k, v, mask]: [&View; 4],
+    partials: &View,
     dst: &View,
-) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline(KernelKey::AttnFlash { f16: s.kv_f16 })?;
-    let params = s.split_uniform(sm, 0);
-    record(
-        gpu,
-        "attn_flash",
-        pipeline,
-        bytemuck::bytes_of(&params),
-        &[q, k, v, mask, dst],
-        [s.n_tok.div_ceil(16), s.n_head, 1],
-    )
+) -> Result<Vec<Dispatch>, GpuError> {
+    let pipeline = gpu.pipeline(KernelKey::AttnFlash {
+        f16: s.kv_f16,
+        split: split.is_some(),
+    })?;
+    let groups = |n_split| [s.n_tok.div_ceil(16), s.n_head, n_split];
+    let Some(sp) = split else {
+        let params = s.split_uniform(sm, 0);
+        let io = [q, k, v, mask, dst];
+        let d = record(
+            gpu,
+            "attn_flash",
+            pipeline,
+            bytemuck::bytes_of(&params),
+            &io,
+            groups(1),
+        )?;
+        return Ok(vec![d]);
+    };
+    let params = s.split_uniform(sm, sp.chunk);
+    let (part, stats) = s.split_views(gpu, sp.n_split, partials);
+    let io = [q, k, v, mask, &part, &stats];
+    Ok(vec![
+        record(
+            gpu,
+            "attn_flash",
+            pipeline,
+            bytemuck::bytes_of(&params),
+            &io,
+            groups(sp.n_split),
+        )?,
+        join_splits(gpu, s, sp.n_split, [&part, &stats], dst)?,
+    ])
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -347,7 +386,8 @@ pub fn attention(
         let dst = sub_view(dst, t0 * q_row, nt * q_row);
         let mask = sub_view(mask, t0 * mask_row, nt * mask_row);
         if flash_on {
-            out.push(flash(gpu, &pass, sp, [&q, k, v, &mask], &dst)?);
+            let io = [&q, k, v, &mask];
+            out.extend(flash(gpu, &pass, sp, s.split(gpu), io, partials, &dst)?);
             continue;
         }
         let kq = gpu.pipeline(KernelKey::AttnKq { f16, tb })?;

@@ -79,8 +79,11 @@ pub enum KernelKey {
     AttnKqvSum,
     /// Prompt attention in one pass over tiles of cells with an online softmax
     /// (`attn_flash.wgsl`, heads up to [`MAX_FLASH_HEAD_DIM`]).
+    /// With `split`, over one chunk of cells per workgroup z, into the split kernel's
+    /// partials (joined by [`KernelKey::AttnKqvSum`]).
     AttnFlash {
         f16: bool,
+        split: bool,
     },
     GetRows {
         ty: GgmlType,
@@ -163,7 +166,9 @@ impl KernelKey {
             for (lanes, nv) in split_shapes() {
                 v.push(AttnKqvSplit { f16, lanes, nv });
             }
-            v.push(AttnFlash { f16 });
+            for split in [false, true] {
+                v.push(AttnFlash { f16, split });
+            }
         }
         for ty in shaders::weight_types() {
             v.push(GetRows { ty });
@@ -223,7 +228,7 @@ impl KernelKey {
             | AttnKq { f16, .. }
             | AttnKqv { f16, .. }
             | AttnKqvSplit { f16, .. }
-            | AttnFlash { f16 }
+            | AttnFlash { f16, .. }
                 if f16 =>
             {
                 wgpu::Features::SHADER_F16
@@ -349,10 +354,7 @@ impl KernelKey {
                 ],
             ),
             AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
-            AttnFlash { f16 } => compose(
-                &[shaders::SOFTMAX_COMMON, shaders::ATTN_FLASH],
-                &[("KV_T", kv_type(f16))],
-            ),
+            AttnFlash { f16, split } => shaders::attn_flash_source(&kv_type(f16), split),
             GetRows { ty } => compose(&[&quant(ty)?, shaders::QUANT_READ, shaders::GET_ROWS], &[]),
             Matmul {
                 ty,
@@ -419,7 +421,12 @@ impl fmt::Display for KernelKey {
                 write!(f, "attn_kqv_split_{}_{lanes}x{nv}", kv(f16))
             }
             AttnKqvSum => write!(f, "attn_kqv_sum"),
-            AttnFlash { f16 } => write!(f, "attn_flash_{}", kv(f16)),
+            AttnFlash { f16, split } => write!(
+                f,
+                "attn_flash_{}{}",
+                kv(f16),
+                if split { "_split" } else { "" }
+            ),
             GetRows { ty } => write!(f, "get_rows_{ty}"),
             Matmul {
                 ty,
@@ -553,8 +560,8 @@ mod tests {
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
         assert_eq!(per_type, 63 + 2 * (27 + 20));
         let shared = 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len();
-        // Per cache type: rope, set_rows, two rope_stores, flash, the attention kernels.
-        let kv = 2 * (5 + 2 * ATTN_TB.len() + splits);
+        // Per cache type: rope, set_rows, two rope_stores, two flash, the attention kernels.
+        let kv = 2 * (6 + 2 * ATTN_TB.len() + splits);
         assert_eq!(all.len(), shared + kv + types.len() * per_type);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.

@@ -325,6 +325,53 @@ pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32) -> String {
     )
 }
 
+/// The flash attention kernel for a cache of `kv_t` (f16 or f32): over every cell into
+/// the normalised output, or with `split` over one chunk of cells per workgroup z into
+/// the split kernel's partials and (max, sum) stats.
+pub fn attn_flash_source(kv_t: &str, split: bool) -> String {
+    let (decl, range, store) = if split {
+        (
+            "@group(0) @binding(5) var<storage, read_write> part: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> stats: array<vec2<f32>>;",
+            "    let c_begin = wid.z * p.chunk;
+    let c_end = min(c_begin + p.chunk, p.n_kv);",
+            "        let row = (wid.z * p.n_tok + tq) * p.n_head + h;
+        for (var i = 0u; i < OI; i++) {
+            let d = sub + 4u * i;
+            if (d < d4) {
+                part[row * d4 + d] = o[i];
+            }
+        }
+        if (sub == 0u) {
+            stats[row] = vec2<f32>(m, l);
+        }",
+        )
+    } else {
+        (
+            "@group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;",
+            "    let c_begin = 0u;
+    let c_end = p.n_kv;",
+            "        // A token that sees no cell gets 0, as the softmax gives it.
+        let inv = select(0.0, 1.0 / l, l > 0.0);
+        for (var i = 0u; i < OI; i++) {
+            let d = sub + 4u * i;
+            if (d < d4) {
+                dst[(tq * p.n_head + h) * d4 + d] = o[i] * inv;
+            }
+        }",
+        )
+    };
+    compose(
+        &[SOFTMAX_COMMON, ATTN_FLASH],
+        &[
+            ("KV_T", kv_t.to_string()),
+            ("OUT_DECL", decl.to_string()),
+            ("RANGE", range.to_string()),
+            ("STORE", store.to_string()),
+        ],
+    )
+}
+
 /// rope_store for an f16 or f32 cache, with the per-head norm weights bound when `norm`.
 pub fn rope_store_source(kv_t: &str, norm: bool) -> String {
     let bindings = if norm {
