@@ -43,6 +43,7 @@ fn main() {
         Command::Synth(a) => cli::synth::synth(a),
         Command::Tune(a) => cli::tune::tune(a),
         Command::Tokenize(a) => cli::tokenize::tokenize(a),
+        Command::Completions(a) => cli::completions(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

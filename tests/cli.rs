@@ -443,3 +443,45 @@ fn version_names_the_build_commit() {
         "built inside the git checkout"
     );
 }
+
+/// `wgllm completions SHELL` prints a script naming the commands and their flags (bash's
+/// parses), and an unknown shell is refused.
+#[test]
+fn completions_cover_the_commands() {
+    let run = |shell: &str| {
+        Command::new(env!("CARGO_BIN_EXE_wgllm"))
+            .args(["completions", shell])
+            .output()
+            .unwrap()
+    };
+    let out = run("bash");
+    assert!(out.status.success());
+    let script = String::from_utf8_lossy(&out.stdout).into_owned();
+    for word in [
+        "run",
+        "serve",
+        "bench",
+        "--n-prompt",
+        "--ctx-size",
+        "--temp",
+    ] {
+        assert!(
+            script.contains(word),
+            "{word} missing from the bash completions"
+        );
+    }
+    let path = std::env::temp_dir().join(format!("wgllm-completions-{}.bash", std::process::id()));
+    std::fs::write(&path, &script).unwrap();
+    let parsed = Command::new("bash").arg("-n").arg(&path).status().unwrap();
+    std::fs::remove_file(&path).ok();
+    assert!(parsed.success(), "bash -n refused the script");
+    for shell in ["zsh", "fish"] {
+        assert!(
+            run(shell).status.success() && !run(shell).stdout.is_empty(),
+            "{shell}"
+        );
+    }
+    let bad = run("tcsh");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("possible values"));
+}

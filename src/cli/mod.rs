@@ -62,6 +62,22 @@ pub enum Command {
     Tune(tune::TuneArgs),
     /// Text to token ids with a model's tokenizer, as llama-tokenize prints them.
     Tokenize(tokenize::TokenizeArgs),
+    /// Print a shell completion script (e.g. `wgllm completions bash > /etc/bash_completion.d/wgllm`).
+    Completions(CompletionsArgs),
+}
+
+#[derive(Args)]
+pub struct CompletionsArgs {
+    /// The shell: bash, zsh, fish, powershell or elvish.
+    pub shell: clap_complete::Shell,
+}
+
+/// Writes the completion script of every command and flag for `a.shell` to stdout.
+pub fn completions(a: &CompletionsArgs) -> Result<()> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    clap_complete::generate(a.shell, &mut cmd, "wgllm", &mut std::io::stdout());
+    Ok(())
 }
 
 /// GPU selection, shared by every command that runs a model.
