@@ -178,14 +178,38 @@ fn candidates(kernels: KernelShape) -> Vec<(bool, String, KernelTuning)> {
     v
 }
 
-/// Times the candidates of both kernel shapes (or of shape `only`) on `gpu` with layer 0
-/// of the model in `f`; `report` sees each time as it is measured. Returns the best of
-/// each shape measured.
+/// Which candidates another backend's view of a device is timed on: the kernel shape the
+/// first backend chose, and at first use only that backend's chosen decode and prompt
+/// shapes (`tiles`), so that a first run measures 2 candidates there instead of 10.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Restrict {
+    pub shape: KernelShape,
+    pub tiles: Option<KernelTuning>,
+}
+
+impl Restrict {
+    /// Whether the candidate `(decode, tuning)` of shape `kernels` is timed.
+    fn admits(&self, kernels: KernelShape, decode: bool, tuning: &KernelTuning) -> bool {
+        kernels == self.shape
+            && self.tiles.as_ref().is_none_or(|t| {
+                if decode {
+                    t.cpu_decode_tile == tuning.cpu_decode_tile
+                        && t.gpu_vec_rows == tuning.gpu_vec_rows
+                } else {
+                    t.cpu_prompt_tile == tuning.cpu_prompt_tile && t.gpu_tile == tuning.gpu_tile
+                }
+            })
+    }
+}
+
+/// Times the candidates of both kernel shapes (or those `only` admits) on `gpu` with
+/// layer 0 of the model in `f`; `report` sees each time as it is measured. Returns the
+/// best of each shape measured.
 pub fn measure(
     gpu: &Arc<Gpu>,
     f: &GgufFile,
     hp: &Hparams,
-    only: Option<KernelShape>,
+    only: Option<&Restrict>,
     report: &mut dyn FnMut(&CandidateTime),
 ) -> Result<Vec<ShapeChoice>, GpuError> {
     let layer = LayerRun::new(gpu, f, hp)?;
@@ -198,7 +222,10 @@ pub fn measure(
     } else {
         [KernelShape::Gpu, KernelShape::Cpu]
     };
-    for kernels in shapes.into_iter().filter(|&k| only.is_none_or(|o| o == k)) {
+    for kernels in shapes
+        .into_iter()
+        .filter(|&k| only.is_none_or(|o| o.shape == k))
+    {
         let mut best = ShapeChoice {
             kernels,
             tuning: KernelTuning::default(),
@@ -213,6 +240,9 @@ pub fn measure(
         let (mut skip_decode, mut skip_prompt) = (false, false);
         for (decode, name, tuning) in candidates(kernels) {
             if (decode && skip_decode) || (!decode && skip_prompt) {
+                continue;
+            }
+            if only.is_some_and(|o| !o.admits(kernels, decode, &tuning)) {
                 continue;
             }
             let g = gpu.retuned(kernels, tuning.clone());
@@ -262,4 +292,42 @@ pub fn measure(
     }
     gpu.check()?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Another backend at first use: only the first one's shape and its chosen decode and
+    /// prompt tiles; with `wgllm tune` (no tiles) every candidate of that shape.
+    #[test]
+    fn a_restriction_admits_the_chosen_shape_and_tiles() {
+        let chosen = KernelTuning {
+            cpu_decode_tile: Some((2, 1)),
+            cpu_prompt_tile: Some((4, 8)),
+            ..KernelTuning::default()
+        };
+        let first_use = Restrict {
+            shape: KernelShape::Cpu,
+            tiles: Some(chosen),
+        };
+        let admitted: Vec<String> = candidates(KernelShape::Cpu)
+            .into_iter()
+            .filter(|(d, _, t)| first_use.admits(KernelShape::Cpu, *d, t))
+            .map(|c| c.1)
+            .collect();
+        assert_eq!(admitted, ["decode 2x1", "prompt 4x8"]);
+        assert!(candidates(KernelShape::Gpu)
+            .iter()
+            .all(|(d, _, t)| !first_use.admits(KernelShape::Gpu, *d, t)));
+        let redo = Restrict {
+            shape: KernelShape::Cpu,
+            tiles: None,
+        };
+        let all = candidates(KernelShape::Cpu);
+        assert!(all
+            .iter()
+            .all(|(d, _, t)| redo.admits(KernelShape::Cpu, *d, t)));
+        assert_eq!(all.len(), 10);
+    }
 }

@@ -218,11 +218,11 @@ impl<'a> Tuner<'a> {
     }
 
     /// The cached entry for an adapter, or one measured on the device `open` gives (on
-    /// kernel shape `only` where given, else on both).
+    /// the candidates `only` admits where given, else on both kernel shapes).
     fn entry(
         &mut self,
         c: &Candidate,
-        only: Option<KernelShape>,
+        only: Option<&measure::Restrict>,
         open: impl FnOnce() -> Result<Arc<Gpu>, GpuError>,
         report: &mut dyn FnMut(&str, &CandidateTime),
     ) -> Result<TuneEntry, GpuError> {
@@ -312,11 +312,21 @@ pub fn resolve(
         plain.tuning = KernelTuning::default();
         // Another backend's view of the device is timed on the kernel shape the first
         // one chose (lavapipe's GL and Vulkan agree on the shape; the other's candidates
-        // would double a first-use tune).
-        let shape = entries
-            .first()
-            .and_then(|e: &TuneEntry| e.kernels.parse().ok());
-        entries.push(tuner.entry(c, shape, || Gpu::new(&plain), report)?);
+        // would double a first-use tune), and at first use on its chosen tiles alone
+        // (`wgllm tune` times the shape's every candidate there).
+        let restrict = entries.first().and_then(|e: &TuneEntry| {
+            Some(measure::Restrict {
+                shape: e.kernels.parse().ok()?,
+                tiles: (topts.mode == TuneMode::Cached).then(|| KernelTuning {
+                    cpu_decode_tile: e.cpu_decode_tile,
+                    cpu_prompt_tile: e.cpu_prompt_tile,
+                    gpu_vec_rows: e.gpu_vec_rows,
+                    gpu_tile: e.gpu_tile,
+                    ..KernelTuning::default()
+                }),
+            })
+        });
+        entries.push(tuner.entry(c, restrict.as_ref(), || Gpu::new(&plain), report)?);
     }
     tuner.save();
     let chosen = choose(&entries);
