@@ -60,7 +60,8 @@ impl Graph {
     }
 
     /// Records the dispatches (in chunks, each submitted as it is recorded, on GPUs), then
-    /// (optionally) copies `read` to a mappable buffer in the last submit; returns the bytes read once the GPU is done.
+    /// (optionally) copies `read` to a mappable buffer in the last submit; returns the
+    /// bytes read once the GPU is done.
     pub async fn run(
         &self,
         gpu: &Gpu,

@@ -314,17 +314,12 @@ pub fn resolve(
         // one chose (lavapipe's GL and Vulkan agree on the shape; the other's candidates
         // would double a first-use tune), and at first use on its chosen tiles alone
         // (`wgllm tune` times the shape's every candidate there).
-        let restrict = entries.first().and_then(|e: &TuneEntry| {
-            Some(measure::Restrict {
-                shape: e.kernels.parse().ok()?,
-                tiles: (topts.mode == TuneMode::Cached).then(|| KernelTuning {
-                    cpu_decode_tile: e.cpu_decode_tile,
-                    cpu_prompt_tile: e.cpu_prompt_tile,
-                    gpu_vec_rows: e.gpu_vec_rows,
-                    gpu_tile: e.gpu_tile,
-                    ..KernelTuning::default()
-                }),
-            })
+        let first = entries
+            .first()
+            .and_then(|e| entry_kernels(e, &KernelTuning::default()).ok());
+        let restrict = first.map(|(shape, tiles)| measure::Restrict {
+            shape,
+            tiles: (topts.mode == TuneMode::Cached).then_some(tiles),
         });
         entries.push(tuner.entry(c, restrict.as_ref(), || Gpu::new(&plain), report)?);
     }
