@@ -6,6 +6,7 @@ pub mod context;
 pub mod engine;
 pub mod gguf;
 pub mod gpu;
+pub mod grammar;
 pub mod graph;
 pub mod kv;
 pub mod model;

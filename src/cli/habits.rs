@@ -8,10 +8,10 @@ use clap::Args;
 /// llama.cpp spells some flags with one dash and several letters (`-np 4`, `-ngl 99`);
 /// clap would read `-np` as `-n p`. Those spellings become their `--` forms.
 pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
-    const MULTI_LETTER: [&str; 30] = [
+    const MULTI_LETTER: [&str; 31] = [
         "-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys", "-ngl", "-fa", "-tb", "-cnv",
         "-no-cnv", "-ngld", "-ctk", "-ctv", "-sm", "-ts", "-mg", "-md", "-hf", "-mu", "-ot",
-        "-nkvo", "-lv", "-pg", "-mmp", "-to", "-cb", "-nocb", "-kvu",
+        "-nkvo", "-lv", "-pg", "-mmp", "-to", "-cb", "-nocb", "-kvu", "-jf",
     ];
     match arg.to_str() {
         Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),
@@ -31,7 +31,6 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--hf-repo", "--hf", "--hf-file", "--model-url", "--mu"], "wgllm runs local GGUF files only: download the file and pass it with -m"),
     (&["--conversation", "--cnv", "--interactive", "-i", "--interactive-first", "-if"], "conversations are the `wgllm chat` command"),
     (&["--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast"], "RoPE overrides are not supported: the model's own RoPE settings are used"),
-    (&["--grammar", "--grammar-file", "--json-schema", "-j"], "grammar-constrained sampling is not built"),
 ];
 
 /// The error for an argument llama.cpp accepts but wgllm cannot honour, if `args` holds

@@ -63,9 +63,55 @@ pub struct SamplingArgs {
     /// Never end generation: end-of-generation tokens are not sampled.
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
+    /// A GBNF grammar the generated text must follow (llama.cpp's grammar language).
+    #[arg(long, value_name = "GRAMMAR")]
+    pub grammar: Option<String>,
+    /// Read the GBNF grammar from a file.
+    #[arg(long = "grammar-file", value_name = "FILE")]
+    pub grammar_file: Option<std::path::PathBuf>,
+    /// A JSON schema the output must follow, e.g. '{"type": "object"}' for any object.
+    #[arg(short = 'j', long = "json-schema", value_name = "SCHEMA")]
+    pub json_schema: Option<String>,
+    /// Read the JSON schema from a file.
+    #[arg(long = "json-schema-file", value_name = "FILE")]
+    pub json_schema_file: Option<std::path::PathBuf>,
 }
 
 impl SamplingArgs {
+    /// The grammar from whichever of --grammar, --grammar-file, -j, -jf was given (a JSON
+    /// schema converted); its syntax is checked when a session opens with it.
+    fn grammar(&self) -> Result<Option<String>> {
+        let read = |p: &std::path::Path, what: &str| {
+            std::fs::read_to_string(p)
+                .map_err(|e| anyhow::anyhow!("cannot read the {what} file {}: {e}", p.display()))
+        };
+        let given = [
+            self.grammar.is_some(),
+            self.grammar_file.is_some(),
+            self.json_schema.is_some(),
+            self.json_schema_file.is_some(),
+        ];
+        if given.iter().filter(|&&g| g).count() > 1 {
+            bail!("give one of --grammar, --grammar-file, --json-schema (-j) and --json-schema-file (-jf), not several");
+        }
+        let schema = |text: &str, from: &str| -> Result<String> {
+            let v: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| anyhow::anyhow!("{from} is not valid JSON: {e}"))?;
+            Ok(wgllm::grammar::json_schema::to_grammar(&v)?)
+        };
+        Ok(if let Some(g) = &self.grammar {
+            Some(g.clone())
+        } else if let Some(p) = &self.grammar_file {
+            Some(read(p, "grammar")?)
+        } else if let Some(s) = &self.json_schema {
+            Some(schema(s, "--json-schema")?)
+        } else if let Some(p) = &self.json_schema_file {
+            Some(schema(&read(p, "JSON schema")?, &p.display().to_string())?)
+        } else {
+            None
+        })
+    }
+
     pub fn params(&self, engine: &Engine) -> Result<SamplerParams> {
         let mut p = self.checked()?;
         if self.ignore_eos {
@@ -109,6 +155,7 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             dry_multiplier: self.dry_multiplier,
             seed,
+            grammar: self.grammar()?,
             ..SamplerParams::default()
         };
         p.validate()

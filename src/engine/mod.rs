@@ -79,6 +79,8 @@ pub enum EngineError {
     },
     #[error("{0}")]
     PromptCache(String),
+    #[error(transparent)]
+    Grammar(#[from] crate::grammar::GrammarError),
 }
 
 /// A loaded model with one context and the sessions using it.
@@ -96,6 +98,8 @@ pub struct Engine {
     pub last_batch: (usize, usize),
     /// Sessions share the whole cache instead of an equal part each.
     kv_unified: bool,
+    /// Every token's text for grammars, decoded when the first grammar arrives.
+    token_pieces: Option<Arc<crate::grammar::TokenPieces>>,
 }
 
 /// One log line for the kernels the tuner chose.
@@ -291,6 +295,7 @@ impl Engine {
             n_steps: 0,
             last_batch: (0, 0),
             kv_unified: opts.kv_unified,
+            token_pieces: None,
         })
     }
 
@@ -327,8 +332,34 @@ impl Engine {
         params.validate()?;
         let id = seq as SessionId;
         self.ctx.seq_rm(Some(id), -1, -1)?;
-        self.sessions[seq] = Some(Session::new(id, params, self.tokenizer.n_vocab())?);
+        let sampler = self.sampler_for(&params.sampling)?;
+        self.sessions[seq] = Some(Session::new(id, params, sampler)?);
         Ok(id)
+    }
+
+    /// A sampler for `params`, its grammar (if any) parsed against this vocabulary.
+    pub(super) fn sampler_for(
+        &mut self,
+        params: &crate::sample::SamplerParams,
+    ) -> Result<crate::sample::Sampler, EngineError> {
+        use crate::grammar::{Grammar, GrammarState, TokenPieces};
+        let grammar = match &params.grammar {
+            None => None,
+            Some(text) => {
+                let g = Grammar::parse(text, Some(&self.tokenizer))?;
+                let tok = &self.tokenizer;
+                let pieces = (self.token_pieces)
+                    .get_or_insert_with(|| Arc::new(TokenPieces::new(tok)))
+                    .clone();
+                Some(GrammarState::new(Arc::new(g), pieces))
+            }
+        };
+        let n_vocab = self.tokenizer.n_vocab();
+        Ok(crate::sample::Sampler::with_grammar(
+            params.clone(),
+            n_vocab,
+            grammar,
+        ))
     }
 
     /// A new session continuing from everything `src` has decoded (its cells are shared,
@@ -474,15 +505,20 @@ impl Engine {
         sampling: crate::sample::SamplerParams,
         n_predict: i32,
     ) -> Result<(), EngineError> {
-        let n_vocab = self.tokenizer.n_vocab();
-        let s = self.session_mut(id)?;
-        if s.phase != Phase::Idle {
+        if self.session(id)?.phase != Phase::Idle {
             return Err(EngineError::Busy(id));
         }
+        let changed = self.session(id)?.params.sampling != sampling;
+        let sampler = if changed {
+            Some(self.sampler_for(&sampling)?)
+        } else {
+            None
+        };
+        let s = self.session_mut(id)?;
         s.params.n_predict = n_predict;
-        if s.params.sampling != sampling {
-            s.params.sampling = sampling.clone();
-            s.sampler = crate::sample::Sampler::new(sampling, n_vocab);
+        if let Some(sampler) = sampler {
+            s.params.sampling = sampling;
+            s.sampler = sampler;
             s.refill_penalty_history();
         }
         Ok(())
@@ -530,7 +566,7 @@ impl Engine {
         tokens: &[u32],
         cache_prompt: bool,
     ) -> Result<usize, EngineError> {
-        let n_vocab = self.tokenizer.n_vocab();
+        let sampler = self.sampler_for(&params.sampling)?;
         let s = self.session(id)?;
         if s.phase != Phase::Idle {
             return Err(EngineError::Busy(id));
@@ -544,7 +580,7 @@ impl Engine {
         } else {
             Vec::new()
         };
-        self.sessions[id as usize] = Some(Session::new(id, params, n_vocab)?);
+        self.sessions[id as usize] = Some(Session::new(id, params, sampler)?);
         self.input_reusing(id, tokens, true, Some(&kept))?;
         Ok(self.session(id)?.history.len())
     }
@@ -729,6 +765,13 @@ impl Engine {
                 record_reply(tok, s);
                 continue;
             }
+            // A grammar that allows nothing more ends the generation, as its
+            // end-of-generation token would (also where --ignore-eos bans that token).
+            if s.sampler.grammar_complete() {
+                events.push(s.finish(Stop::EndOfGeneration));
+                record_reply(tok, s);
+                continue;
+            }
             let Some(logits) = s.logits.as_deref() else {
                 continue;
             };
@@ -742,7 +785,10 @@ impl Engine {
                 let p = TokenProbs::from_logits(logits, t, s.params.n_probs);
                 (t, Some(Box::new(p)))
             };
-            s.sampler.accept(t);
+            if let Err(e) = s.sampler.accept_generated(t) {
+                // Sampling only picks tokens the grammar allows; this is a bug if seen.
+                log::error!("session {}: {e}", s.id);
+            }
             if tok.is_eog(t) {
                 events.push(s.finish(Stop::EndOfGeneration));
                 record_reply(tok, s);

@@ -210,9 +210,8 @@ impl Session {
     pub(super) fn new(
         id: SessionId,
         params: SessionParams,
-        n_vocab: usize,
+        sampler: Sampler,
     ) -> Result<Self, EngineError> {
-        let sampler = Sampler::new(params.sampling.clone(), n_vocab);
         let shift = SeqShift::new(params.shift)?;
         Ok(Session {
             id,

@@ -20,7 +20,8 @@ impl Engine {
     pub fn restore_session(&mut self, id: SessionId, path: &Path) -> Result<usize, EngineError> {
         let params = self.idle(id)?.params.clone();
         let saved = self.context_mut().state_load(path, Some(id))?;
-        let mut s = Session::new(id, params, self.tokenizer.n_vocab())?;
+        let sampler = self.sampler_for(&params.sampling)?;
+        let mut s = Session::new(id, params, sampler)?;
         s.shift.n_past = saved.tokens.len() as i32;
         s.history = saved.tokens;
         let n = s.history.len();
@@ -33,7 +34,8 @@ impl Engine {
         let s = self.idle(id)?;
         let (n, params) = (s.history.len(), s.params.clone());
         self.context_mut().seq_rm(Some(id), -1, -1)?;
-        self.sessions[id as usize] = Some(Session::new(id, params, self.tokenizer.n_vocab())?);
+        let sampler = self.sampler_for(&params.sampling)?;
+        self.sessions[id as usize] = Some(Session::new(id, params, sampler)?);
         Ok(n)
     }
 

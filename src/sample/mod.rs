@@ -18,7 +18,11 @@
 //! - Precision: logits, temperatures and the truncation samplers' probabilities are
 //!   `f32`; the draw exponentiates in `f32` and accumulates in `f64`. `exp`/`ln`/`powf`
 //!   are the platform's libm, as in llama.cpp (on Linux both use glibc's).
-//! - DRY, mirostat, adaptive-p, grammars and custom sampler orders are not implemented.
+//! - A grammar ([`crate::grammar`]) constrains the pick as llama.cpp's common sampler
+//!   does: the chain runs on the raw logits first; if its token does not fit the
+//!   grammar, the chain runs again on logits with every token the grammar rejects set
+//!   to -inf, drawing a second random number. Only generated tokens advance the grammar.
+//! - DRY, mirostat, adaptive-p and custom sampler orders are not implemented.
 //!
 //! Tested against llama.cpp itself: `reference_tests.rs` replays tests/data/sampler,
 //! recorded by scripts/record-sampler-ref.sh.
@@ -35,6 +39,7 @@ mod stdsort;
 #[cfg(test)]
 mod tests;
 
+use crate::grammar::{GrammarError, GrammarState};
 use rng::Mt19937;
 
 /// Sampling settings; the defaults are llama.cpp's (`common_params_sampling`).
@@ -83,6 +88,9 @@ pub struct SamplerParams {
     /// Tokens never sampled: a logit bias of -inf after `logit_bias` (what llama.cpp's
     /// --ignore-eos adds for the end-of-generation tokens).
     pub banned: Vec<u32>,
+    /// A GBNF grammar the generated text must follow (llama.cpp's `--grammar`; JSON
+    /// schemas arrive converted by [`crate::grammar::json_schema`]).
+    pub grammar: Option<String>,
 }
 
 impl SamplerParams {
@@ -181,6 +189,7 @@ impl Default for SamplerParams {
             logit_bias: Vec::new(),
             seed: Self::RANDOM_SEED,
             banned: Vec::new(),
+            grammar: None,
         }
     }
 }
@@ -251,12 +260,33 @@ pub struct Sampler {
     history: VecDeque<u32>,
     cur: Cands,
     scratch: Vec<Cand>,
+    /// The grammar's progress through this generation, if the params have one.
+    grammar: Option<GrammarState>,
+    /// Which candidates the grammar allows (scratch).
+    allowed: Vec<bool>,
 }
 
 impl Sampler {
+    /// A sampler without a grammar (`params.grammar` must be `None`; see
+    /// [`Sampler::with_grammar`]).
     pub fn new(params: SamplerParams, n_vocab: usize) -> Self {
+        debug_assert!(
+            params.grammar.is_none(),
+            "a grammar needs Sampler::with_grammar"
+        );
+        Self::with_grammar(params, n_vocab, None)
+    }
+
+    /// A sampler constrained by `grammar` (the parsed form of `params.grammar`).
+    pub fn with_grammar(
+        params: SamplerParams,
+        n_vocab: usize,
+        grammar: Option<GrammarState>,
+    ) -> Self {
         let seed = params.seed_u32().unwrap_or_else(fresh_seed);
         Self {
+            grammar,
+            allowed: Vec::new(),
             rng: Mt19937::new(seed),
             xtc_rng: Mt19937::new(seed),
             history: VecDeque::with_capacity(params.repeat_last_n.min(4096)),
@@ -278,6 +308,22 @@ impl Sampler {
         &self.params
     }
 
+    /// Accepts a generated token: the grammar advances past it, and the penalties
+    /// record it. An error means the grammar does not allow the token (it cannot come
+    /// from [`Sampler::sample`]); the penalties record it anyway.
+    pub fn accept_generated(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.accept(token);
+        match &mut self.grammar {
+            Some(g) => g.accept(token),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the grammar allows nothing but the end of generation here.
+    pub fn grammar_complete(&self) -> bool {
+        self.grammar.as_ref().is_some_and(|g| g.must_end())
+    }
+
     /// Records a token for the penalties (prompt tokens too, if wanted). `sample` does not
     /// call this: the caller accepts what it keeps. Accepting draws no random numbers.
     pub fn accept(&mut self, token: u32) {
@@ -294,6 +340,9 @@ impl Sampler {
     /// llama.cpp's `llama_sampler_reset`, which also reseeds them (see [`Sampler::reseed`]).
     pub fn reset(&mut self) {
         self.history.clear();
+        if let Some(g) = &mut self.grammar {
+            g.reset();
+        }
     }
 
     /// Restarts the random streams from the seed (a fresh one if the params asked for a
@@ -324,8 +373,38 @@ impl Sampler {
         (pick.token, chosen, top)
     }
 
-    /// Runs the chain; `keep` also returns the final candidates.
+    /// Runs the chain, again on the grammar's tokens alone if its first pick does not fit
+    /// the grammar; `keep` also returns the final candidates.
     pub(crate) fn run(&mut self, logits: &[f32], keep: bool) -> Pick {
+        let pick = self.run_chain(logits, keep, false);
+        match &self.grammar {
+            Some(g) if !g.allows(pick.token) => self.run_chain(logits, keep, true),
+            _ => pick,
+        }
+    }
+
+    /// Sets the logits of the candidates (still in id order) that the grammar rejects to
+    /// -inf; false if it rejects them all.
+    fn mask_by_grammar(&mut self, cur: &mut Cands) -> bool {
+        let Some(g) = &self.grammar else {
+            return true;
+        };
+        let ids: Vec<u32> = cur.data.iter().map(|c| c.id).collect();
+        self.allowed.clear();
+        self.allowed.resize(ids.len(), true);
+        g.check(&ids, &mut self.allowed);
+        let mut any = false;
+        for (c, &ok) in cur.data.iter_mut().zip(&self.allowed) {
+            if !ok {
+                c.logit = f32::NEG_INFINITY;
+            }
+            any |= ok && c.logit > f32::NEG_INFINITY;
+        }
+        any
+    }
+
+    /// One pass of the chain (`masked`: on the grammar's tokens alone).
+    fn run_chain(&mut self, logits: &[f32], keep: bool, masked: bool) -> Pick {
         let n = logits.len().min(self.n_vocab.max(1));
         debug_assert!(
             logits.len() >= self.n_vocab,
@@ -349,8 +428,21 @@ impl Sampler {
                 rnd: 0.0,
             };
         }
-        let p = &self.params;
         // The candidates are still indexed by id until the first sort.
+        if masked && !self.mask_by_grammar(&mut cur) {
+            // Nothing the grammar allows is left (end of generation banned where the
+            // grammar must end, or no token spells what it needs): end the generation.
+            let token = self.grammar.as_ref().and_then(|g| g.eog_token());
+            log::warn!("no token fits the grammar here; ending the generation");
+            self.cur = cur;
+            return Pick {
+                token: token.unwrap_or(0),
+                cands: Vec::new(),
+                selected: 0,
+                rnd: 0.0,
+            };
+        }
+        let p = &self.params;
         logit_bias(&mut cur, p);
         if p.penalties_on() {
             penalize(&mut cur, &self.history, p);

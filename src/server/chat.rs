@@ -1,7 +1,8 @@
 //! A chat request read as llama-server reads it: OpenAI's `messages` (text content or
 //! text parts), an assistant message last continues that message (prefill, or
-//! `continue_final_message`), and what wgllm cannot honour — tool calls, images,
-//! grammar-constrained output — is refused with the reason rather than ignored.
+//! `continue_final_message`), and what wgllm cannot honour — tool calls, images — is
+//! refused with the reason rather than ignored. Grammars and `response_format` are read
+//! with the other generation settings (`params.rs`).
 
 use super::error::{ApiError, ApiResult};
 use super::params::Fields;
@@ -78,27 +79,6 @@ fn refuse_unbuilt(f: &Fields) -> ApiResult<()> {
         return Err(ApiError::invalid(
             "\"tools\" are not supported: wgllm does not parse tool calls out of the model's output",
         ));
-    }
-    if f.value("grammar").is_some() || f.value("json_schema").is_some() {
-        return Err(ApiError::invalid(
-            "grammar-constrained sampling (\"grammar\", \"json_schema\") is not built in wgllm",
-        ));
-    }
-    if let Some(rf) = f.value("response_format") {
-        match rf.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some("json_object" | "json_schema") => {
-                return Err(ApiError::invalid(
-                    "response_format json_object/json_schema needs grammar-constrained sampling, which wgllm does not build",
-                ))
-            }
-            Some(t) => {
-                return Err(ApiError::invalid(format!(
-                    "response_format type must be one of \"text\" or \"json_object\", but got: {t}"
-                )))
-            }
-            None => return Err(ApiError::invalid("response_format needs a \"type\"")),
-        }
     }
     Ok(())
 }

@@ -83,6 +83,58 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// The grammar a request constrains its output with: `grammar` (GBNF text), or
+/// `json_schema` / OpenAI's `response_format` converted to a grammar, as llama-server
+/// reads them (an empty schema means any object). Checked against the vocabulary here,
+/// so that a bad one is a 400 before any work.
+fn grammar(f: &Fields, tok: &Tokenizer) -> ApiResult<Option<String>> {
+    let text = f.str("grammar")?.filter(|g| !g.is_empty());
+    let mut schema = f.value("json_schema").cloned();
+    if schema.is_some() && text.is_some() {
+        return Err(ApiError::invalid("Cannot use both json_schema and grammar"));
+    }
+    if let Some(rf) = f.value("response_format") {
+        let rf = Fields::of(rf).map_err(|_| wrong("response_format", "an object"))?;
+        match rf.str("type")?.unwrap_or("") {
+            "" | "text" => {}
+            "json_object" => {
+                if rf.value("schema").is_some() || schema.is_none() {
+                    schema = Some(
+                        rf.value("schema")
+                            .cloned()
+                            .unwrap_or_else(|| serde_json::json!({})),
+                    );
+                }
+            }
+            "json_schema" => {
+                let wrapper = rf.value("json_schema").and_then(|w| w.get("schema"));
+                schema = Some(wrapper.cloned().unwrap_or_else(|| serde_json::json!({})));
+            }
+            t => {
+                return Err(ApiError::invalid(format!(
+                    "response_format type must be one of \"text\" or \"json_object\", but got: {t}"
+                )))
+            }
+        }
+    }
+    let text = match schema {
+        Some(mut s) => {
+            if s.as_object().is_some_and(|o| o.is_empty()) {
+                s = serde_json::json!({"type": "object"});
+            }
+            crate::grammar::json_schema::to_grammar(&s)
+                .map_err(|e| ApiError::invalid(format!("\"json_schema\": {e}")))?
+        }
+        None => match text {
+            Some(t) => t.to_string(),
+            None => return Ok(None),
+        },
+    };
+    crate::grammar::Grammar::parse(&text, Some(tok))
+        .map_err(|e| ApiError::invalid(format!("failed to parse grammar: {e}")))?;
+    Ok(Some(text))
+}
+
 fn wrong(k: &str, what: &str) -> ApiError {
     ApiError::invalid(format!("\"{k}\" must be {what}"))
 }
@@ -126,6 +178,7 @@ pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenP
     if let Some(lb) = f.value("logit_bias") {
         s.logit_bias = logit_bias(lb, tok)?;
     }
+    s.grammar = grammar(&f, tok)?;
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(d.ignore_eos);
     if ignore_eos {
         s.banned.extend(tok.eog_tokens());

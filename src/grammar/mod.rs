@@ -1,0 +1,363 @@
+//! Grammar-constrained sampling, as llama.cpp's GBNF grammars constrain it: a grammar
+//! ([`Grammar`], parsed once) and its state in one generation ([`GrammarState`]), which
+//! masks the tokens that cannot continue the text and advances with each accepted
+//! token. JSON schemas become grammars in [`json_schema`].
+//!
+//! Token pieces are matched as text (control tokens by their written form), character by
+//! character, including a UTF-8 character split across tokens; an end-of-generation
+//! token is allowed only where the grammar may end. Left-recursive grammars are refused,
+//! as in llama.cpp.
+
+mod gbnf;
+pub mod json_schema;
+mod stacks;
+#[cfg(test)]
+mod tests;
+
+use crate::tokenizer::Tokenizer;
+use gbnf::Elem;
+use stacks::{Cand, Partial, Pos, Rules, Stack};
+use std::sync::Arc;
+
+/// What went wrong with a grammar or a JSON schema.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GrammarError {
+    #[error("grammar: {0}")]
+    Parse(String),
+    #[error("grammar: {0}")]
+    Invalid(String),
+    #[error("JSON schema: {0}")]
+    Schema(String),
+    #[error(
+        "grammar: the token {token} ({piece:?}) does not continue the text the grammar allows"
+    )]
+    Rejected { token: u32, piece: String },
+}
+
+/// A parsed grammar with its start symbol `root`.
+pub struct Grammar {
+    rules: Rules,
+    /// The stacks before any text.
+    start: Vec<Stack>,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar")
+            .field("rules", &self.rules.0.len())
+            .finish()
+    }
+}
+
+impl Grammar {
+    /// Parses GBNF text. `<text>` token references need the model's tokenizer;
+    /// `<[id]>` works without.
+    pub fn parse(src: &str, tok: Option<&Tokenizer>) -> Result<Grammar, GrammarError> {
+        let lookup = |text: &str| -> Option<u32> {
+            let t = tok?.encode(text, false, true);
+            (t.len() == 1).then(|| t[0])
+        };
+        let parsed = gbnf::parse(src, tok.is_some().then_some(&lookup as gbnf::TokenLookup))?;
+        if parsed.rules.is_empty() {
+            return Err(GrammarError::Invalid("the grammar has no rules".into()));
+        }
+        let Some(&root) = parsed.symbols.get("root") else {
+            return Err(GrammarError::Invalid(
+                "the grammar has no 'root' rule (generation starts there)".into(),
+            ));
+        };
+        let rules = Rules(parsed.rules);
+        if let Some(i) = left_recursive(&rules) {
+            let name = (parsed.symbols.iter())
+                .find(|(_, &v)| v as usize == i)
+                .map_or("?", |(k, _)| k.as_str());
+            return Err(GrammarError::Invalid(format!(
+                "left recursion in rule '{name}' is not supported; rewrite it with repetition (* or +)"
+            )));
+        }
+        let mut start = Vec::new();
+        let mut alt = Pos { rule: root, at: 0 };
+        loop {
+            let mut stack = Vec::new();
+            if !rules.at(alt).ends_sequence() {
+                stack.push(alt);
+            }
+            rules.advance(stack, &mut start);
+            while !rules.at(alt).ends_sequence() {
+                alt.at += 1;
+            }
+            if rules.at(alt) == Elem::Alt {
+                alt.at += 1;
+            } else {
+                break;
+            }
+        }
+        Ok(Grammar { rules, start })
+    }
+}
+
+/// Whether some rule can reach itself without consuming a character (the index of the
+/// first one found).
+fn left_recursive(rules: &Rules) -> Option<usize> {
+    let n = rules.0.len();
+    let mut visited = vec![false; n];
+    let mut in_progress = vec![false; n];
+    let mut may_be_empty = vec![false; n];
+    fn visit(
+        rules: &Rules,
+        i: usize,
+        visited: &mut [bool],
+        in_progress: &mut [bool],
+        may_be_empty: &mut [bool],
+    ) -> bool {
+        if in_progress[i] {
+            return true;
+        }
+        in_progress[i] = true;
+        let rule = &rules.0[i];
+        let mut at_start = true;
+        for e in rule {
+            if e.ends_sequence() {
+                if at_start {
+                    may_be_empty[i] = true;
+                    break;
+                }
+                at_start = true;
+            } else {
+                at_start = false;
+            }
+        }
+        let mut leftmost = true;
+        for e in rule {
+            match *e {
+                Elem::RuleRef(r) if leftmost => {
+                    if visit(rules, r as usize, visited, in_progress, may_be_empty) {
+                        return true;
+                    }
+                    if !may_be_empty[r as usize] {
+                        leftmost = false;
+                    }
+                }
+                e if e.ends_sequence() => leftmost = true,
+                _ => leftmost = false,
+            }
+        }
+        in_progress[i] = false;
+        visited[i] = true;
+        false
+    }
+    (0..n).find(|&i| {
+        !visited[i] && visit(rules, i, &mut visited, &mut in_progress, &mut may_be_empty)
+    })
+}
+
+/// Every token's text as the grammar sees it, decoded once per vocabulary.
+pub struct TokenPieces {
+    bytes: Vec<Vec<u8>>,
+    eog: Vec<bool>,
+    /// Code points of every piece (decoded from a clean start), concatenated.
+    text: Vec<u32>,
+    /// Where each piece's code points start in `text` (one more entry than pieces).
+    offsets: Vec<u32>,
+    /// The incomplete character each piece ends with.
+    tails: Vec<Partial>,
+}
+
+impl std::fmt::Debug for TokenPieces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TokenPieces({} tokens)", self.bytes.len())
+    }
+}
+
+impl TokenPieces {
+    pub fn new(tok: &Tokenizer) -> TokenPieces {
+        let n = tok.n_vocab() as u32;
+        Self::from_pieces(
+            (0..n).map(|t| tok.token_to_piece(t, true)).collect(),
+            (0..n).map(|t| tok.is_eog(t)).collect(),
+        )
+    }
+
+    /// Pieces given directly (each token's bytes, and whether it ends generation).
+    pub fn from_pieces(bytes: Vec<Vec<u8>>, eog: Vec<bool>) -> TokenPieces {
+        let n = bytes.len();
+        let mut text = Vec::new();
+        let mut offsets = Vec::with_capacity(n + 1);
+        let mut tails = Vec::with_capacity(n);
+        for b in &bytes {
+            offsets.push(text.len() as u32);
+            let (cps, tail) = stacks::decode(b, Partial::default());
+            text.extend_from_slice(&cps);
+            tails.push(tail);
+        }
+        offsets.push(text.len() as u32);
+        TokenPieces {
+            bytes,
+            eog,
+            text,
+            offsets,
+            tails,
+        }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// A grammar's progress through one generation.
+#[derive(Clone)]
+pub struct GrammarState {
+    grammar: Arc<Grammar>,
+    pieces: Arc<TokenPieces>,
+    stacks: Vec<Stack>,
+    partial: Partial,
+}
+
+impl std::fmt::Debug for GrammarState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarState")
+            .field("stacks", &self.stacks.len())
+            .finish()
+    }
+}
+
+impl GrammarState {
+    pub fn new(grammar: Arc<Grammar>, pieces: Arc<TokenPieces>) -> GrammarState {
+        GrammarState {
+            stacks: grammar.start.clone(),
+            grammar,
+            pieces,
+            partial: Partial::default(),
+        }
+    }
+
+    /// Back to the start (a new generation).
+    pub fn reset(&mut self) {
+        self.stacks = self.grammar.start.clone();
+        self.partial = Partial::default();
+    }
+
+    /// Whether the text so far is a complete sentence of the grammar.
+    pub fn may_end(&self) -> bool {
+        self.stacks.iter().any(|s| s.is_empty())
+    }
+
+    /// Whether nothing but the end may follow.
+    pub fn must_end(&self) -> bool {
+        self.stacks.iter().all(|s| s.is_empty()) && self.partial.n_remain == 0
+    }
+
+    /// The first end-of-generation token of the vocabulary, if any.
+    pub fn eog_token(&self) -> Option<u32> {
+        self.pieces.eog.iter().position(|&e| e).map(|i| i as u32)
+    }
+
+    /// Whether `token` may come next.
+    pub fn allows(&self, token: u32) -> bool {
+        let mut ok = [true];
+        self.check(&[token], &mut ok);
+        ok[0]
+    }
+
+    /// Clears `allowed[i]` for each `tokens[i]` that cannot come next.
+    pub fn check(&self, tokens: &[u32], allowed: &mut [bool]) {
+        let p = &*self.pieces;
+        let may_end = self.may_end();
+        let mut cands = Vec::with_capacity(tokens.len());
+        // Pieces continuing an incomplete character are decoded here; the rest come
+        // decoded from `pieces`.
+        let mut own_text: Vec<u32> = Vec::new();
+        let continuing = self.partial.n_remain > 0;
+        for (i, &t) in tokens.iter().enumerate() {
+            let Some(bytes) = p.bytes.get(t as usize) else {
+                allowed[i] = false;
+                continue;
+            };
+            if p.eog[t as usize] {
+                allowed[i] &= may_end;
+                continue;
+            }
+            if bytes.first().is_none_or(|&b| b == 0) {
+                allowed[i] = false;
+                continue;
+            }
+            let (pos, end, partial) = if continuing {
+                let (cps, partial) = stacks::decode(bytes, self.partial);
+                let pos = own_text.len() as u32;
+                own_text.extend_from_slice(&cps);
+                (pos, own_text.len() as u32, partial)
+            } else {
+                let (a, b) = (p.offsets[t as usize], p.offsets[t as usize + 1]);
+                (a, b, p.tails[t as usize])
+            };
+            cands.push(Cand {
+                index: i as u32,
+                id: t,
+                pos,
+                end,
+                partial,
+            });
+        }
+        let text = if continuing { &own_text } else { &p.text };
+        for r in self.grammar.rules.reject(&self.stacks, cands, text) {
+            allowed[r.index as usize] = false;
+        }
+    }
+
+    /// Advances past `token`. An end-of-generation token is accepted where the grammar
+    /// may end; a token the grammar does not allow is an error (and leaves the state as
+    /// it was).
+    pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        let p = &*self.pieces;
+        let Some(bytes) = p.bytes.get(token as usize) else {
+            return Err(self.rejected(token));
+        };
+        if p.eog[token as usize] {
+            return if self.may_end() {
+                Ok(())
+            } else {
+                Err(self.rejected(token))
+            };
+        }
+        let (cps, partial) = stacks::decode(bytes, self.partial);
+        let rules = &self.grammar.rules;
+        let mut next: Vec<Stack> = Vec::with_capacity(self.stacks.len());
+        for stack in &self.stacks {
+            let Some(&top) = stack.last() else {
+                continue;
+            };
+            if matches!(rules.at(top), Elem::Token(_) | Elem::TokenNot(_)) {
+                rules.accept_token_elem(stack, token, &mut next);
+                continue;
+            }
+            let mut cur = vec![stack.clone()];
+            for &c in &cps {
+                let mut after = Vec::new();
+                for s in &cur {
+                    rules.accept_char(s, c, &mut after);
+                }
+                cur = after;
+                if cur.is_empty() {
+                    break;
+                }
+            }
+            for s in cur {
+                stacks::push_unique(&mut next, s);
+            }
+        }
+        if next.is_empty() {
+            return Err(self.rejected(token));
+        }
+        self.stacks = next;
+        self.partial = partial;
+        Ok(())
+    }
+
+    fn rejected(&self, token: u32) -> GrammarError {
+        let piece = (self.pieces.bytes.get(token as usize))
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default();
+        GrammarError::Rejected { token, piece }
+    }
+}

@@ -1,0 +1,369 @@
+//! The pushdown matcher: a grammar's state is a set of stacks of rule positions, each
+//! with a terminal (a character set or a token) on top. Accepting a character replaces
+//! every stack by the stacks its matching successors expand to; a token is allowed when
+//! some stack can take all of its characters (or could, once an incomplete UTF-8
+//! character at its end is completed).
+
+use super::gbnf::Elem;
+use std::collections::HashSet;
+
+/// A place in a rule: rule id and element index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Pos {
+    pub(crate) rule: u32,
+    pub(crate) at: u32,
+}
+
+pub(crate) type Stack = Vec<Pos>;
+
+/// The bytes of an incomplete UTF-8 character at the end of a piece: the bits so far and
+/// how many continuation bytes are missing (-1: the bytes were not UTF-8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Partial {
+    pub(crate) value: u32,
+    pub(crate) n_remain: i32,
+}
+
+/// A piece of text as code points, continuing `start`; the piece stops at a NUL byte,
+/// and bytes that are not UTF-8 give no code points and `n_remain` -1 (as llama.cpp
+/// decodes token pieces for its grammar).
+pub(crate) fn decode(bytes: &[u8], start: Partial) -> (Vec<u32>, Partial) {
+    let bytes = match bytes.iter().position(|&b| b == 0) {
+        Some(n) => &bytes[..n],
+        None => bytes,
+    };
+    let mut cps = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    let mut value = start.value;
+    let mut n_remain = start.n_remain;
+    while i < bytes.len() && n_remain > 0 {
+        let b = bytes[i];
+        if b >> 6 != 2 {
+            return (
+                Vec::new(),
+                Partial {
+                    value: 0,
+                    n_remain: -1,
+                },
+            );
+        }
+        value = (value << 6) | (b & 0x3F) as u32;
+        i += 1;
+        n_remain -= 1;
+    }
+    if start.n_remain > 0 && n_remain == 0 {
+        cps.push(value);
+    }
+    while i < bytes.len() {
+        let first = bytes[i];
+        n_remain = match first >> 4 {
+            0..=7 => 0,
+            8..=11 => -1,
+            12 | 13 => 1,
+            14 => 2,
+            _ => 3,
+        };
+        if n_remain < 0 {
+            return (
+                Vec::new(),
+                Partial {
+                    value: 0,
+                    n_remain: -1,
+                },
+            );
+        }
+        value = first as u32 & ((1u32 << (7 - n_remain)) - 1);
+        i += 1;
+        while i < bytes.len() && n_remain > 0 {
+            value = (value << 6) | (bytes[i] & 0x3F) as u32;
+            i += 1;
+            n_remain -= 1;
+        }
+        if n_remain == 0 {
+            cps.push(value);
+        }
+    }
+    (cps, Partial { value, n_remain })
+}
+
+/// Rule storage with position helpers.
+pub(crate) struct Rules(pub(crate) Vec<Vec<Elem>>);
+
+impl Rules {
+    pub(crate) fn at(&self, p: Pos) -> Elem {
+        self.0[p.rule as usize][p.at as usize]
+    }
+    fn next(p: Pos) -> Pos {
+        Pos {
+            rule: p.rule,
+            at: p.at + 1,
+        }
+    }
+
+    /// Whether `c` is in the character set at `p`, and the position after the set.
+    pub(crate) fn match_char(&self, p: Pos, c: u32) -> (bool, Pos) {
+        let first = self.at(p);
+        let positive = matches!(first, Elem::Char(_) | Elem::CharAny);
+        let mut found = false;
+        let mut q = p;
+        loop {
+            let e = self.at(q);
+            let v = char_value(e);
+            if let Elem::CharRngUpper(hi) = self.at(Self::next(q)) {
+                found |= v <= c && c <= hi;
+                q.at += 2;
+            } else if e == Elem::CharAny {
+                found = true;
+                q.at += 1;
+            } else {
+                found |= v == c;
+                q.at += 1;
+            }
+            if !matches!(self.at(q), Elem::CharAlt(_)) {
+                break;
+            }
+        }
+        (found == positive, q)
+    }
+
+    /// Whether some completion of the incomplete character `partial` could be in the set
+    /// at `p`.
+    pub(crate) fn match_partial(&self, p: Pos, partial: Partial) -> bool {
+        let positive = matches!(self.at(p), Elem::Char(_) | Elem::CharAny);
+        let n = partial.n_remain;
+        if n < 0 || (n == 1 && partial.value < 2) {
+            return false;
+        }
+        let mut low = partial.value << (n * 6);
+        let high = low | ((1u32 << (n * 6)) - 1);
+        if low == 0 {
+            if n == 2 {
+                low = 1 << 11;
+            } else if n == 3 {
+                low = 1 << 16;
+            }
+        }
+        let mut q = p;
+        loop {
+            let e = self.at(q);
+            let v = char_value(e);
+            if let Elem::CharRngUpper(hi) = self.at(Self::next(q)) {
+                if v <= high && low <= hi {
+                    return positive;
+                }
+                q.at += 2;
+            } else if e == Elem::CharAny {
+                return true;
+            } else {
+                if low <= v && v <= high {
+                    return positive;
+                }
+                q.at += 1;
+            }
+            if !matches!(self.at(q), Elem::CharAlt(_)) {
+                return !positive;
+            }
+        }
+    }
+
+    /// Expands `stack` until every resulting stack has a terminal on top (or is empty),
+    /// adding those not already in `out`.
+    pub(crate) fn advance(&self, stack: Stack, out: &mut Vec<Stack>) {
+        let mut todo = vec![stack];
+        let mut seen: HashSet<Stack> = HashSet::new();
+        while let Some(cur) = todo.pop() {
+            if !seen.insert(cur.clone()) {
+                continue;
+            }
+            let Some(&top) = cur.last() else {
+                push_unique(out, cur);
+                continue;
+            };
+            match self.at(top) {
+                Elem::RuleRef(id) => {
+                    let after = Self::next(top);
+                    let mut alt = Pos { rule: id, at: 0 };
+                    loop {
+                        let mut next = cur[..cur.len() - 1].to_vec();
+                        if !self.at(after).ends_sequence() {
+                            next.push(after);
+                        }
+                        if !self.at(alt).ends_sequence() {
+                            next.push(alt);
+                        }
+                        todo.push(next);
+                        while !self.at(alt).ends_sequence() {
+                            alt.at += 1;
+                        }
+                        if self.at(alt) == Elem::Alt {
+                            alt.at += 1;
+                        } else {
+                            break;
+                        }
+                    }
+                }
+                Elem::Char(_)
+                | Elem::CharNot(_)
+                | Elem::CharAny
+                | Elem::Token(_)
+                | Elem::TokenNot(_) => push_unique(out, cur),
+                // The parser never leaves a stack on the end of an alternative or inside a
+                // set; such a stack matches nothing.
+                Elem::End | Elem::Alt | Elem::CharAlt(_) | Elem::CharRngUpper(_) => {}
+            }
+        }
+    }
+
+    /// The stacks after `stack` takes character `c` (none if it cannot).
+    pub(crate) fn accept_char(&self, stack: &Stack, c: u32, out: &mut Vec<Stack>) {
+        let Some(&top) = stack.last() else {
+            return;
+        };
+        if matches!(self.at(top), Elem::Token(_) | Elem::TokenNot(_)) {
+            return;
+        }
+        let (ok, after) = self.match_char(top, c);
+        if ok {
+            let mut next = stack[..stack.len() - 1].to_vec();
+            if !self.at(after).ends_sequence() {
+                next.push(after);
+            }
+            self.advance(next, out);
+        }
+    }
+
+    /// The stacks after `stack` takes a token whose id is matched against a token
+    /// element on top.
+    pub(crate) fn accept_token_elem(&self, stack: &Stack, token: u32, out: &mut Vec<Stack>) {
+        let Some(&top) = stack.last() else {
+            return;
+        };
+        if token_matches(self.at(top), token) {
+            let mut next = stack[..stack.len() - 1].to_vec();
+            let after = Self::next(top);
+            if !self.at(after).ends_sequence() {
+                next.push(after);
+            }
+            self.advance(next, out);
+        }
+    }
+
+    /// The candidates no stack accepts (llama.cpp's rejection walk: candidates are
+    /// filtered by their next code point against each stack's terminal, and the survivors
+    /// go on against the stacks that follow).
+    pub(crate) fn reject(&self, stacks: &[Stack], cands: Vec<Cand>, text: &[u32]) -> Vec<Cand> {
+        if cands.is_empty() {
+            return cands;
+        }
+        let Some((first, rest)) = stacks.split_first() else {
+            return cands;
+        };
+        let mut rejects = self.reject_for_stack(first, cands, text);
+        for s in rest {
+            if rejects.is_empty() {
+                break;
+            }
+            rejects = self.reject_for_stack(s, rejects, text);
+        }
+        rejects
+    }
+
+    fn reject_for_stack(&self, stack: &Stack, cands: Vec<Cand>, text: &[u32]) -> Vec<Cand> {
+        let mut rejects = Vec::with_capacity(cands.len());
+        let Some(&top) = stack.last() else {
+            for c in cands {
+                if !c.at_end() || c.partial.n_remain != 0 {
+                    rejects.push(c);
+                }
+            }
+            return rejects;
+        };
+        let top_elem = self.at(top);
+        if matches!(top_elem, Elem::Token(_) | Elem::TokenNot(_)) {
+            for c in cands {
+                let keep = if c.at_end() {
+                    c.partial.n_remain == 0
+                } else {
+                    token_matches(top_elem, c.id)
+                };
+                if !keep {
+                    rejects.push(c);
+                }
+            }
+            return rejects;
+        }
+        let mut next = Vec::new();
+        for c in cands {
+            if c.at_end() {
+                if c.partial.n_remain != 0 && !self.match_partial(top, c.partial) {
+                    rejects.push(c);
+                }
+            } else if self.match_char(top, text[c.pos as usize]).0 {
+                next.push(Cand {
+                    pos: c.pos + 1,
+                    ..c
+                });
+            } else {
+                rejects.push(c);
+            }
+        }
+        if next.is_empty() {
+            return rejects;
+        }
+        let after = self.match_char(top, 0).1;
+        let mut rest = stack[..stack.len() - 1].to_vec();
+        if !self.at(after).ends_sequence() {
+            rest.push(after);
+        }
+        let mut next_stacks = Vec::new();
+        self.advance(rest, &mut next_stacks);
+        // Rejected further on: back to where this stack started reading them, for the
+        // caller's other stacks.
+        for c in self.reject(&next_stacks, next, text) {
+            rejects.push(Cand {
+                pos: c.pos - 1,
+                ..c
+            });
+        }
+        rejects
+    }
+}
+
+/// A token being checked: where its code points are (in a shared array) and how far the
+/// walk has read them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cand {
+    /// The candidate's index in the caller's list.
+    pub(crate) index: u32,
+    pub(crate) id: u32,
+    pub(crate) pos: u32,
+    pub(crate) end: u32,
+    pub(crate) partial: Partial,
+}
+
+impl Cand {
+    fn at_end(&self) -> bool {
+        self.pos >= self.end
+    }
+}
+
+fn char_value(e: Elem) -> u32 {
+    match e {
+        Elem::Char(v) | Elem::CharNot(v) | Elem::CharAlt(v) | Elem::CharRngUpper(v) => v,
+        _ => 0,
+    }
+}
+
+fn token_matches(e: Elem, token: u32) -> bool {
+    match e {
+        Elem::Token(t) => t == token,
+        Elem::TokenNot(t) => t != token,
+        _ => false,
+    }
+}
+
+pub(crate) fn push_unique(out: &mut Vec<Stack>, s: Stack) {
+    if !out.contains(&s) {
+        out.push(s);
+    }
+}
