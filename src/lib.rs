@@ -8,6 +8,10 @@ pub mod gguf;
 pub mod gpu;
 pub mod grammar;
 pub mod graph;
+/// `-hf`: models from the Hugging Face Hub into the cache llama.cpp shares (cargo
+/// feature `hub`, native targets).
+#[cfg(all(feature = "hub", not(target_arch = "wasm32")))]
+pub mod hub;
 pub mod kv;
 pub mod model;
 pub mod ops;

@@ -294,7 +294,10 @@ fn meaningless_llama_cpp_flags_are_refused() {
         (&["--mlock"][..], "keeps every weight on the GPU"),
         (&["-sm", "layer"][..], "runs on one adapter"),
         (&["-ctk", "q8_0"][..], "quantized caches are not built"),
-        (&["-hf", "org/repo"][..], "local GGUF files only"),
+        (
+            &["-mu", "https://x/y.gguf"][..],
+            "Hugging Face repositories (-hf",
+        ),
         (&["--lora", "x.gguf"][..], "LoRA"),
         (&["-i"][..], "wgllm chat"),
     ] {
@@ -484,4 +487,34 @@ fn completions_cover_the_commands() {
     let bad = run("tcsh");
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("possible values"));
+}
+
+/// Every command's flags are consistent: clap checks a command's definition when it
+/// parses it (a flag name defined twice fails every use of the command with a usage
+/// error, exit code 2), so each command is parsed once with a model that does not exist.
+#[test]
+fn every_command_parses_its_flags() {
+    let missing = "/nonexistent/model.gguf";
+    for args in [
+        &["run", "-m", missing, "-p", "x"][..],
+        &["chat", "-m", missing],
+        &["app", "-m", missing],
+        &["serve", "-m", missing, "--port", "1"],
+        &["perplexity", "-m", missing, "-f", missing],
+        &["bench", "-m", missing],
+        &[
+            "synth",
+            "--vocab-from",
+            missing,
+            "-o",
+            "/nonexistent/out.gguf",
+        ],
+        &["tokenize", "-m", missing, "-p", "x"],
+        &["inspect", missing],
+        &["tune", "-m", missing],
+    ] {
+        let (code, _, err) = common::wgllm(args);
+        assert!(code != 0 && code != 2, "{args:?}: exit {code}: {err}");
+        assert!(!err.contains("Usage:"), "{args:?}: {err}");
+    }
 }

@@ -93,7 +93,8 @@ pub struct App {
     picked_file: Option<web_sys::File>,
 }
 
-/// `.gguf` files in `dirs` (not recursive), sorted.
+/// `.gguf` files in `dirs` (not recursive), sorted, then the models `-hf` downloaded
+/// into the Hugging Face cache (llama.cpp's downloads too).
 #[cfg(not(target_arch = "wasm32"))]
 fn find_models(dirs: &[PathBuf]) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = dirs
@@ -106,6 +107,10 @@ fn find_models(dirs: &[PathBuf]) -> Vec<PathBuf> {
         })
         .collect();
     found.sort();
+    #[cfg(feature = "hub")]
+    if let Some(hub) = crate::hub::cache::hub_dir() {
+        found.extend(crate::hub::cache::cached_models(&hub));
+    }
     found
 }
 

@@ -12,8 +12,10 @@ use wgllm::app::{AppOptions, AppSettings};
 #[derive(Args)]
 pub struct AppArgs {
     /// Model to load at start (else pick one in the window).
-    #[arg(short = 'm', long = "model")]
+    #[arg(short = 'm', long = "model", conflicts_with = "hf_repo")]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub hub: super::hub::HubArgs,
     /// Context size in tokens: small sizes show a context shift in a short chat.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 1024)]
     pub ctx_size: u32,
@@ -98,10 +100,14 @@ pub fn app(a: &AppArgs) -> Result<()> {
     if a.sampling.ignore_eos {
         bail!("--ignore-eos is not offered in the app: replies end where the model ends them (set max tokens instead)");
     }
-    if a.screenshot.is_some() && (a.model.is_none() || a.prompt.is_none()) {
+    let model = match &a.model {
+        Some(m) => Some(m.clone()),
+        None => a.hub.resolve()?,
+    };
+    if a.screenshot.is_some() && (model.is_none() || a.prompt.is_none()) {
         bail!("--screenshot drives the app headless: it needs a model (-m) and a message (-p)");
     }
-    if let Some(m) = &a.model {
+    if let Some(m) = &model {
         if !m.exists() {
             bail!(
                 "model file {} does not exist (scripts/fetch-models.sh downloads the test models)",
@@ -121,7 +127,7 @@ pub fn app(a: &AppArgs) -> Result<()> {
         n_predict: a.n_predict,
     };
     let opts = AppOptions {
-        model: a.model.clone(),
+        model,
         model_dirs: if a.models_dir.is_empty() {
             default_model_dirs()
         } else {

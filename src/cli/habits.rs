@@ -8,10 +8,11 @@ use clap::Args;
 /// llama.cpp spells some flags with one dash and several letters (`-np 4`, `-ngl 99`);
 /// clap would read `-np` as `-n p`. Those spellings become their `--` forms.
 pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
-    const MULTI_LETTER: [&str; 31] = [
+    const MULTI_LETTER: [&str; 34] = [
         "-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys", "-ngl", "-fa", "-tb", "-cnv",
         "-no-cnv", "-ngld", "-ctk", "-ctv", "-sm", "-ts", "-mg", "-md", "-hf", "-mu", "-ot",
-        "-nkvo", "-lv", "-pg", "-mmp", "-to", "-cb", "-nocb", "-kvu", "-jf",
+        "-nkvo", "-lv", "-pg", "-mmp", "-to", "-cb", "-nocb", "-kvu", "-jf", "-hff", "-hfr",
+        "-hft",
     ];
     match arg.to_str() {
         Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),
@@ -28,7 +29,7 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--model-draft", "--md", "--n-gpu-layers-draft", "--ngld", "--draft", "--draft-max", "--draft-min"], "speculative decoding is not built"),
     (&["--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled"], "LoRA adapters and control vectors are not supported"),
     (&["--mmproj", "--image"], "multimodal models are not supported"),
-    (&["--hf-repo", "--hf", "--hf-file", "--model-url", "--mu"], "wgllm runs local GGUF files only: download the file and pass it with -m"),
+    (&["--model-url", "--mu"], "wgllm takes local GGUF files (-m) and Hugging Face repositories (-hf ORG/NAME[:QUANT]); download the file and pass it with -m"),
     (&["--conversation", "--cnv", "--interactive", "-i", "--interactive-first", "-if"], "conversations are the `wgllm chat` command"),
     (&["--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast"], "RoPE overrides are not supported: the model's own RoPE settings are used"),
 ];

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod chat;
 pub mod escapes;
 pub mod habits;
+pub mod hub;
 pub mod info;
 pub mod perplexity;
 pub mod run;
@@ -146,9 +147,16 @@ impl GpuArgs {
 /// Model and context flags shared by run, chat, perplexity.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Path to a GGUF model.
-    #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    /// Path to a GGUF model (or -hf ORG/NAME[:QUANT]).
+    #[arg(
+        short = 'm',
+        long = "model",
+        required_unless_present = "hf_repo",
+        conflicts_with = "hf_repo"
+    )]
+    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub hub: hub::HubArgs,
     /// Context size in tokens (0: the model's training context, capped at 4096).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx_size: u32,
@@ -176,6 +184,16 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// The model file: -m, or the -hf model (downloaded into the cache if needed).
+    pub fn path(&self) -> Result<PathBuf> {
+        match &self.model {
+            Some(m) => Ok(m.clone()),
+            None => self.hub.resolve()?.ok_or_else(|| {
+                anyhow::anyhow!("a model is needed: -m FILE or -hf ORG/NAME[:QUANT]")
+            }),
+        }
+    }
+
     pub fn options(&self) -> Result<EngineOptions> {
         Ok(EngineOptions {
             n_ctx: self.ctx_size,
@@ -195,6 +213,7 @@ impl ModelArgs {
 /// Loads the model for `args` into an engine, with a progress bar on stderr.
 pub fn load_engine(args: &ModelArgs, opts: &EngineOptions) -> Result<Engine> {
     args.habits.log();
+    let model = args.path()?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -204,12 +223,12 @@ pub fn load_engine(args: &ModelArgs, opts: &EngineOptions) -> Result<Engine> {
         .progress_chars("=> "),
     );
     bar.set_message(
-        args.model
+        model
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default(),
     );
-    let engine = Engine::load(&args.model, opts, &mut |done, total| {
+    let engine = Engine::load(&model, opts, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });

@@ -91,9 +91,6 @@ pub struct ServeArgs {
     /// Accepted for compatibility: reasoning text is returned as the model writes it.
     #[arg(long = "reasoning-format")]
     pub reasoning_format: Option<String>,
-    /// Accepted for compatibility: models are local files.
-    #[arg(long)]
-    pub offline: bool,
     /// Chat replies carry `__verbose` with the rendered prompt (logs: RUST_LOG=debug).
     #[arg(long = "verbose", visible_alias = "v")]
     pub verbose: bool,
@@ -170,12 +167,14 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the slot directory {}", dir.display()))?;
     }
+    // An -hf model is downloaded before the server binds, as llama-server does.
+    let model_path = a.model.path()?;
     let opts = ServerOptions {
         host: a.host.clone(),
         port: a.port,
         aliases: list(a.alias.as_deref()),
         tags: list(a.tags.as_deref()),
-        model_path: a.model.model.clone(),
+        model_path: model_path.clone(),
         api_keys: keys,
         metrics: a.metrics,
         slots: !a.no_slots,
@@ -196,7 +195,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         threads_http: a.threads_http.max(0) as usize,
         verbose: a.verbose,
     };
-    let model = a.model.clone();
+    let mut model = a.model.clone();
+    model.model = Some(model_path);
     let mut eopts = model.options()?;
     eopts.swa_keep = shift.swa_keep();
     eopts.kv_unified = a.kv_unified;
