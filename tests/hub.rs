@@ -313,12 +313,17 @@ fn picks_llama_cpp_s_quant_and_caches_it_in_the_hf_layout() {
             q8.clone()
         ]
     );
-    // A missing quant lists what there is; a split model is refused with what to do.
+    // A missing quant lists what there is; a split model comes whole, named by its first
+    // part.
     let e = fetch("org/model-GGUF:Q5_K_M", None, &o, &mut Seen::default()).unwrap_err();
     assert!(matches!(e, HubError::NoMatch { .. }), "{e}");
     assert!(e.to_string().contains("model-Q8_0.gguf"), "{e}");
-    let e = fetch("org/model-GGUF:Q2_K", None, &o, &mut Seen::default()).unwrap_err();
-    assert!(e.to_string().contains("llama-gguf-split --merge"), "{e}");
+    let split = fetch("org/model-GGUF:Q2_K", None, &o, &mut Seen::default()).unwrap();
+    assert!(split.ends_with("split-Q2_K-00001-of-00002.gguf"));
+    assert_eq!(
+        std::fs::read(split.with_file_name("split-Q2_K-00002-of-00002.gguf")).unwrap(),
+        *bytes(6, 1000)
+    );
     // Offline, from the cache alone (the Hub is not asked).
     let before = server.hub.lock().unwrap().log.len();
     let off = HubOptions {

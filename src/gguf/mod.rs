@@ -10,7 +10,7 @@ mod writer;
 
 pub use reader::{GgufFile, TensorInfo};
 pub use types::GgmlType;
-pub use writer::GgufWriter;
+pub use writer::{write_split, GgufWriter};
 
 use std::fmt;
 

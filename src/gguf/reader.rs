@@ -12,9 +12,11 @@ pub struct TensorInfo {
     /// Dimensions, ne[0] first (the contiguous one).
     pub dims: Vec<u64>,
     pub ty: GgmlType,
-    /// Byte offset of the data from the start of the file.
+    /// Byte offset of the data from the start of its file.
     pub file_offset: u64,
     pub n_bytes: u64,
+    /// Which file of a split model holds the data (0: the first, the one opened).
+    pub part: u16,
 }
 
 impl TensorInfo {
@@ -69,6 +71,8 @@ pub struct GgufFile {
     pub data_offset: u64,
     pub alignment: u64,
     map: FileBytes,
+    /// The other files of a split model (part 2 onwards).
+    parts: Vec<FileBytes>,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -198,9 +202,15 @@ impl<'a> Cursor<'a> {
 }
 
 impl GgufFile {
-    /// Opens and parses `path`. The tensor data is checked to lie inside the file.
+    /// Opens and parses `path`. The tensor data is checked to lie inside the file. The
+    /// first file of a split model brings the others in: one model, whatever the files.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
-        let path_ref = path.as_ref();
+        let mut f = Self::open_one(path.as_ref())?;
+        f.join_parts(path.as_ref())?;
+        Ok(f)
+    }
+
+    fn open_one(path_ref: &Path) -> Result<Self, GgufError> {
         let path = path_ref.display().to_string();
         let io_err = |source| GgufError::Io {
             path: path.clone(),
@@ -217,8 +227,16 @@ impl GgufFile {
     }
 
     /// Parses a file already read into memory; `name` stands for its path in messages.
+    /// A split model's first file alone is refused (its other files cannot be reached).
     pub fn from_bytes(name: impl Into<String>, bytes: Vec<u8>) -> Result<Self, GgufError> {
-        Self::parse(name.into(), FileBytes::Owned(bytes))
+        let f = Self::parse(name.into(), FileBytes::Owned(bytes))?;
+        if let Some((_, n)) = f.split_index()? {
+            return Err(GgufError::Corrupt {
+                path: f.path.clone(),
+                msg: format!("one file of a model split into {n}; merge them first (llama-gguf-split --merge)"),
+            });
+        }
+        Ok(f)
     }
 
     fn parse(path: String, map: FileBytes) -> Result<Self, GgufError> {
@@ -331,6 +349,7 @@ impl GgufFile {
                 ty,
                 file_offset,
                 n_bytes,
+                part: 0,
             });
         }
         Ok(Self {
@@ -341,7 +360,98 @@ impl GgufFile {
             data_offset,
             alignment,
             map,
+            parts: Vec::new(),
         })
+    }
+
+    /// `split.no` and `split.count` (llama.cpp's split models): None for a whole file.
+    fn split_index(&self) -> Result<Option<(u64, u64)>, GgufError> {
+        if self.get("split.count").is_none() {
+            return Ok(None);
+        }
+        let n = self.get_u64("split.count")?;
+        let k = self.get_u64("split.no")?;
+        if n <= 1 {
+            return Ok(None);
+        }
+        if k >= n {
+            return Err(GgufError::Metadata {
+                path: self.path.clone(),
+                key: "split.no".into(),
+                problem: format!("is {k}, past split.count {n}"),
+            });
+        }
+        Ok(Some((k, n)))
+    }
+
+    /// Opens the other files of a split model whose first file this is
+    /// (`NAME-00001-of-0000N.gguf`, the rest beside it as llama-gguf-split names them)
+    /// and takes their tensors in.
+    fn join_parts(&mut self, first: &Path) -> Result<(), GgufError> {
+        let Some((k, n)) = self.split_index()? else {
+            return Ok(());
+        };
+        let corrupt = |msg: String| GgufError::Corrupt {
+            path: self.path.clone(),
+            msg,
+        };
+        let name = first
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let suffix = format!("-{:05}-of-{n:05}.gguf", k + 1);
+        if k != 0 {
+            return Err(corrupt(format!(
+                "this is part {} of a model split into {n} files; open the first part (…-00001-of-{n:05}.gguf)",
+                k + 1
+            )));
+        }
+        let Some(prefix) = name.strip_suffix(&suffix) else {
+            return Err(corrupt(format!(
+                "the first part of a model split into {n} files must be named NAME{suffix} (llama-gguf-split's names) so that the others can be found"
+            )));
+        };
+        for part in 1..n {
+            let path = first.with_file_name(format!("{prefix}-{:05}-of-{n:05}.gguf", part + 1));
+            if !path.exists() {
+                return Err(GgufError::Io {
+                    path: path.display().to_string(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("part {} of this split model is missing (all {n} files must lie together)", part + 1),
+                    ),
+                });
+            }
+            let other = GgufFile::open_one(&path)?;
+            if other.split_index()? != Some((part, n)) {
+                return Err(GgufError::Metadata {
+                    path: other.path.clone(),
+                    key: "split.no".into(),
+                    problem: format!("does not say part {} of {n}", part + 1),
+                });
+            }
+            let idx = self.parts.len() as u16 + 1;
+            for mut t in other.tensors {
+                if self.tensor(&t.name).is_some() {
+                    return Err(corrupt(format!(
+                        "tensor `{}` is in two parts",
+                        brief(&t.name)
+                    )));
+                }
+                t.part = idx;
+                self.tensors.push(t);
+            }
+            self.parts.push(other.map);
+        }
+        if let Some(total) = self.get("split.tensors.count").and_then(|v| v.as_i64()) {
+            if total as usize != self.tensors.len() {
+                return Err(corrupt(format!(
+                    "split.tensors.count says {total} tensors, the {n} files hold {}",
+                    self.tensors.len()
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
@@ -350,11 +460,16 @@ impl GgufFile {
 
     /// The raw bytes of a tensor, as stored in the file.
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        &self.map[t.file_offset as usize..(t.file_offset + t.n_bytes) as usize]
+        let map = match t.part {
+            0 => &self.map,
+            k => &self.parts[k as usize - 1],
+        };
+        &map[t.file_offset as usize..(t.file_offset + t.n_bytes) as usize]
     }
 
+    /// Bytes of every file of the model.
     pub fn file_size(&self) -> u64 {
-        self.map.len() as u64
+        self.map.len() as u64 + self.parts.iter().map(|p| p.len() as u64).sum::<u64>()
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {

@@ -127,3 +127,46 @@ impl GgufWriter {
         self.write_to(&mut f)
     }
 }
+
+/// Writes the model `f` as llama-gguf-split lays out a split model: `n` files
+/// `PREFIX-0000K-of-0000N.gguf` holding the tensors in order, about equal in count; the
+/// first carries the metadata, each carries `split.no`, `split.count` and
+/// `split.tensors.count`. Returns the files' paths.
+pub fn write_split(
+    f: &super::GgufFile,
+    prefix: &std::path::Path,
+    n: usize,
+) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let n = n.clamp(1, f.tensors.len().max(1));
+    let per = f.tensors.len().div_ceil(n);
+    let mut paths = Vec::with_capacity(n);
+    for (k, chunk) in f.tensors.chunks(per.max(1)).enumerate() {
+        let mut w = GgufWriter::new();
+        if k == 0 {
+            for (key, v) in &f.metadata {
+                // The writer aligns to 32 bytes and says nothing else.
+                if key != "general.alignment" && !key.starts_with("split.") {
+                    w.meta(key, v.clone());
+                }
+            }
+        }
+        w.meta("split.no", Value::U16(k as u16));
+        w.meta("split.count", Value::U16(n as u16));
+        w.meta("split.tensors.count", Value::I32(f.tensors.len() as i32));
+        for t in chunk {
+            w.tensor(&t.name, &t.dims, t.ty, f.tensor_data(t).to_vec());
+        }
+        let name = format!(
+            "{}-{:05}-of-{n:05}.gguf",
+            prefix
+                .file_name()
+                .map(|p| p.to_string_lossy())
+                .unwrap_or_default(),
+            k + 1
+        );
+        let path = prefix.with_file_name(name);
+        w.write(&path)?;
+        paths.push(path);
+    }
+    Ok(paths)
+}

@@ -79,12 +79,6 @@ pub enum HubError {
         wanted: String,
         available: String,
     },
-    #[error("{first} is split into {n} files ({files}); split GGUFs cannot be loaded yet: merge them with llama-gguf-split --merge and pass the result with -m")]
-    Split {
-        first: String,
-        n: usize,
-        files: String,
-    },
     #[error("{path}: the download's {what} is {got}, the Hub says {want}; the file was deleted, run again to download it anew")]
     Mismatch {
         path: String,
@@ -194,31 +188,34 @@ pub fn fetch(
             },
         });
     };
+    // A split model: every part, each beside the others in the snapshot (the loader
+    // finds them by name from the first).
     let parts = select::parts_of(&paths, chosen);
-    if parts.len() > 1 {
-        return Err(HubError::Split {
-            first: chosen.to_string(),
-            n: parts.len(),
-            files: parts.join(", "),
-        });
-    }
     let local = dir.snapshot(&commit, chosen);
-    if local.exists() {
+    if parts.iter().all(|p| dir.snapshot(&commit, p).exists()) {
         progress.note(&format!("{}: {chosen} (cached)", spec.repo));
         return Ok(local);
     }
-    let remote = files
-        .iter()
-        .find(|f| f.path == chosen)
-        .expect("the chosen file is listed");
-    progress.note(&format!(
-        "{}: downloading {chosen} from {}",
-        spec.repo, opts.endpoint
-    ));
-    let blob = client.download(&spec.repo, &commit, remote, &dir, progress)?;
-    let local = dir
-        .link(&commit, chosen, &blob)
-        .map_err(|e| HubError::io("linking", &local, e))?;
+    for part in &parts {
+        let target = dir.snapshot(&commit, part);
+        if target.exists() {
+            continue;
+        }
+        let remote = files
+            .iter()
+            .find(|f| f.path == *part)
+            .ok_or_else(|| HubError::NotCached {
+                repo: spec.repo.clone(),
+                cache: opts.cache.display().to_string(),
+            })?;
+        progress.note(&format!(
+            "{}: downloading {part} from {}",
+            spec.repo, opts.endpoint
+        ));
+        let blob = client.download(&spec.repo, &commit, remote, &dir, progress)?;
+        dir.link(&commit, part, &blob)
+            .map_err(|e| HubError::io("linking", &target, e))?;
+    }
     dir.set_ref("main", &commit)
         .map_err(|e| HubError::io("writing the ref of", &dir.0, e))?;
     Ok(local)
