@@ -518,3 +518,29 @@ fn every_command_parses_its_flags() {
         assert!(!err.contains("Usage:"), "{args:?}: {err}");
     }
 }
+
+/// A first run as on a fresh machine (empty tuning and Mesa shader caches, no runtime
+/// dir): it answers, measures the kernels, and prints no error or warning line. (Its
+/// load time against the next run's is in README, measured by hand: speed is not
+/// asserted.)
+#[test]
+fn a_first_run_is_quiet() {
+    let model = common::smollm2();
+    let dir = std::env::temp_dir().join(format!("wgllm-first-run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(["run", "-m", &model, "-p", "Hi", "-n", "4"])
+        .env("WGLLM_CACHE_DIR", dir.join("wgllm"))
+        .env("MESA_SHADER_CACHE_DIR", dir.join("mesa"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("measured now"), "{err}");
+    for line in err.lines() {
+        let l = line.to_lowercase();
+        assert!(!l.contains("error") && !l.contains("warn"), "{line}\n{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -120,18 +120,44 @@ fn run_secs(gpu: &Gpu, d: &[Dispatch], reps: u32) -> Result<f64, GpuError> {
     Ok(start.elapsed().as_secs_f64())
 }
 
+/// How long a measurement runs: `wgllm tune`'s, or a first use's (a model's first load
+/// waits for it, so it is shorter and noisier; `wgllm tune` measures again).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Effort {
+    /// Seconds of repetitions per timed run.
+    pub run_secs: f64,
+    /// Timed runs, the fastest kept.
+    pub runs: u32,
+    /// Time a spread of each kind's candidates, not all (each costs shader compiles,
+    /// which dominate a first use on a fresh machine).
+    pub sparse: bool,
+}
+
+impl Effort {
+    pub const FULL: Effort = Effort {
+        run_secs: 0.02,
+        runs: 3,
+        sparse: false,
+    };
+    pub const FIRST_USE: Effort = Effort {
+        run_secs: 0.004,
+        runs: 2,
+        sparse: true,
+    };
+}
+
 /// The time of one run of `d`: a warm-up (which compiles the pipelines), then runs of
-/// enough repetitions to last ~20 ms, the fastest of three. A candidate 3x slower than
-/// `best` (seconds per run) stops after one run: it cannot win.
-fn time_dispatches(gpu: &Gpu, d: &[Dispatch], best: f64) -> Result<f64, GpuError> {
+/// enough repetitions to last `effort.run_secs`, the fastest of `effort.runs`. A
+/// candidate 3x slower than `best` (seconds per run) stops after one run: it cannot win.
+fn time_dispatches(gpu: &Gpu, d: &[Dispatch], best: f64, effort: Effort) -> Result<f64, GpuError> {
     run_secs(gpu, d, 1)?;
     let once = run_secs(gpu, d, 1)?.max(1e-7);
     if once > 3.0 * best {
         return Ok(once);
     }
-    let reps = ((0.02 / once).ceil() as u32).clamp(1, 200);
-    let mut fastest = f64::MAX;
-    for _ in 0..3 {
+    let reps = ((effort.run_secs / once).ceil() as u32).clamp(1, 200);
+    let mut fastest = once;
+    for _ in 0..effort.runs {
         fastest = fastest.min(run_secs(gpu, d, reps)? / reps as f64);
         if fastest > 3.0 * best || once > 0.5 {
             break;
@@ -140,13 +166,25 @@ fn time_dispatches(gpu: &Gpu, d: &[Dispatch], best: f64) -> Result<f64, GpuError
     Ok(fastest)
 }
 
-/// The candidates of one shape: (decode?, name, tuning).
-fn candidates(kernels: KernelShape) -> Vec<(bool, String, KernelTuning)> {
+/// The candidates of one shape: (decode?, name, tuning); `sparse`: the smallest, the
+/// largest and a middle one of each kind (`wgllm tune` times them all).
+fn candidates(kernels: KernelShape, sparse: bool) -> Vec<(bool, String, KernelTuning)> {
     let mut v = Vec::new();
     let t = KernelTuning::default;
+    let gpu_rows: &[u32] = if sparse {
+        &[4, 8, 16]
+    } else {
+        &[2, 4, 8, 16, 32]
+    };
+    let cpu_decode: &[u32] = if sparse { &[2, 8] } else { &[1, 2, 4, 8] };
+    let cpu_prompt: &[(u32, u32)] = if sparse {
+        &[(2, 8), (8, 8), (4, 16)]
+    } else {
+        &[(2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (4, 16)]
+    };
     match kernels {
         KernelShape::Gpu => {
-            for rows in [2, 4, 8, 16, 32] {
+            for &rows in gpu_rows {
                 let tuning = KernelTuning {
                     gpu_vec_rows: Some(rows),
                     ..t()
@@ -159,14 +197,14 @@ fn candidates(kernels: KernelShape) -> Vec<(bool, String, KernelTuning)> {
             v.push((false, "prompt tiles by size".to_string(), t()));
         }
         _ => {
-            for r in [1, 2, 4, 8] {
+            for &r in cpu_decode {
                 let tuning = KernelTuning {
                     cpu_decode_tile: Some((r, 1)),
                     ..t()
                 };
                 v.push((true, format!("decode {r}x1"), tuning));
             }
-            for (r, tb) in [(2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (4, 16)] {
+            for &(r, tb) in cpu_prompt {
                 let tuning = KernelTuning {
                     cpu_prompt_tile: Some((r, tb)),
                     ..t()
@@ -178,28 +216,11 @@ fn candidates(kernels: KernelShape) -> Vec<(bool, String, KernelTuning)> {
     v
 }
 
-/// Which candidates another backend's view of a device is timed on: the kernel shape the
-/// first backend chose, and at first use only that backend's chosen decode and prompt
-/// shapes (`tiles`), so that a first run measures 2 candidates there instead of 10.
+/// Which candidates another backend's view of a device is timed on (`wgllm tune`): the
+/// kernel shape the first backend chose.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Restrict {
     pub shape: KernelShape,
-    pub tiles: Option<KernelTuning>,
-}
-
-impl Restrict {
-    /// Whether the candidate `(decode, tuning)` of shape `kernels` is timed.
-    fn admits(&self, kernels: KernelShape, decode: bool, tuning: &KernelTuning) -> bool {
-        kernels == self.shape
-            && self.tiles.as_ref().is_none_or(|t| {
-                if decode {
-                    t.cpu_decode_tile == tuning.cpu_decode_tile
-                        && t.gpu_vec_rows == tuning.gpu_vec_rows
-                } else {
-                    t.cpu_prompt_tile == tuning.cpu_prompt_tile && t.gpu_tile == tuning.gpu_tile
-                }
-            })
-    }
 }
 
 /// Times the candidates of both kernel shapes (or those `only` admits) on `gpu` with
@@ -210,6 +231,7 @@ pub fn measure(
     f: &GgufFile,
     hp: &Hparams,
     only: Option<&Restrict>,
+    effort: Effort,
     report: &mut dyn FnMut(&CandidateTime),
 ) -> Result<Vec<ShapeChoice>, GpuError> {
     let layer = LayerRun::new(gpu, f, hp)?;
@@ -222,10 +244,16 @@ pub fn measure(
     } else {
         [KernelShape::Gpu, KernelShape::Cpu]
     };
-    for kernels in shapes
-        .into_iter()
-        .filter(|&k| only.is_none_or(|o| o.shape == k))
-    {
+    // A sparse (first-use) measurement times only the shape the adapter type suggests,
+    // unless told which: the other has not won on that type of adapter (lavapipe's GPU
+    // shape decodes 4-5x slower; an H100's CPU shape several times slower), and its
+    // compiles would be most of a first load.
+    let n_shapes = if effort.sparse { 1 } else { 2 };
+    let chosen: Vec<KernelShape> = match only {
+        Some(o) => vec![o.shape],
+        None => shapes.into_iter().take(n_shapes).collect(),
+    };
+    for kernels in chosen {
         let mut best = ShapeChoice {
             kernels,
             tuning: KernelTuning::default(),
@@ -238,11 +266,8 @@ pub fn measure(
         // the CPU shape's best, and pruning there halves a first-use tune on 2 cores.
         let (mut first_decode, mut first_prompt) = (true, true);
         let (mut skip_decode, mut skip_prompt) = (false, false);
-        for (decode, name, tuning) in candidates(kernels) {
+        for (decode, name, tuning) in candidates(kernels, effort.sparse) {
             if (decode && skip_decode) || (!decode && skip_prompt) {
-                continue;
-            }
-            if only.is_some_and(|o| !o.admits(kernels, decode, &tuning)) {
                 continue;
             }
             let g = gpu.retuned(kernels, tuning.clone());
@@ -253,7 +278,7 @@ pub fn measure(
             } else {
                 fastest_prompt
             };
-            let secs = time_dispatches(&g, &d, so_far * 1e-6 * n_tok as f64)?;
+            let secs = time_dispatches(&g, &d, so_far * 1e-6 * n_tok as f64, effort)?;
             let us = secs * 1e6 / n_tok as f64;
             let first = if decode {
                 std::mem::replace(&mut first_decode, false)
@@ -298,36 +323,27 @@ pub fn measure(
 mod tests {
     use super::*;
 
-    /// Another backend at first use: only the first one's shape and its chosen decode and
-    /// prompt tiles; with `wgllm tune` (no tiles) every candidate of that shape.
+    /// A first use times a spread of each kind on the suggested shape; `wgllm tune` all.
     #[test]
-    fn a_restriction_admits_the_chosen_shape_and_tiles() {
-        let chosen = KernelTuning {
-            cpu_decode_tile: Some((2, 1)),
-            cpu_prompt_tile: Some((4, 8)),
-            ..KernelTuning::default()
-        };
-        let first_use = Restrict {
-            shape: KernelShape::Cpu,
-            tiles: Some(chosen),
-        };
-        let admitted: Vec<String> = candidates(KernelShape::Cpu)
-            .into_iter()
-            .filter(|(d, _, t)| first_use.admits(KernelShape::Cpu, *d, t))
-            .map(|c| c.1)
-            .collect();
-        assert_eq!(admitted, ["decode 2x1", "prompt 4x8"]);
-        assert!(candidates(KernelShape::Gpu)
-            .iter()
-            .all(|(d, _, t)| !first_use.admits(KernelShape::Gpu, *d, t)));
-        let redo = Restrict {
-            shape: KernelShape::Cpu,
-            tiles: None,
-        };
-        let all = candidates(KernelShape::Cpu);
-        assert!(all
-            .iter()
-            .all(|(d, _, t)| redo.admits(KernelShape::Cpu, *d, t)));
-        assert_eq!(all.len(), 10);
+    fn first_use_times_a_spread_of_the_candidates() {
+        let names =
+            |k, sparse| -> Vec<String> { candidates(k, sparse).into_iter().map(|c| c.1).collect() };
+        assert_eq!(
+            names(KernelShape::Cpu, true),
+            [
+                "decode 2x1",
+                "decode 8x1",
+                "prompt 2x8",
+                "prompt 8x8",
+                "prompt 4x16"
+            ]
+        );
+        assert_eq!(names(KernelShape::Cpu, false).len(), 10);
+        assert_eq!(names(KernelShape::Gpu, true).len(), 4);
+        assert_eq!(names(KernelShape::Gpu, false).len(), 6);
+        for k in [KernelShape::Cpu, KernelShape::Gpu] {
+            let all = names(k, false);
+            assert!(names(k, true).iter().all(|n| all.contains(n)));
+        }
     }
 }

@@ -2,9 +2,10 @@
 //! per-vendor tables; wgpu reaches devices no table lists (a software rasterizer, a
 //! phone, a browser) through several backends each. So at first use of an adapter with
 //! a model shape, `--kernels auto` times the candidate kernel shapes on one layer of the
-//! model itself ([`measure`]), and `--backend auto` does so on every backend that reaches
-//! the same device (lavapipe's Vulkan and llvmpipe's GL are one CPU), keeping the
-//! fastest. The choice is cached on disk ([`cache`]) per adapter, driver, wgllm version
+//! model itself ([`measure`]; at first use briefly, on a spread of the candidates of the
+//! shape the adapter type suggests, on the first backend only), and `wgllm tune` times
+//! every candidate on every backend that reaches the same device (lavapipe's Vulkan and
+//! llvmpipe's GL are one CPU), keeping the fastest. The choice is cached on disk ([`cache`]) per adapter, driver, wgllm version
 //! and model shape; `wgllm tune` measures again, `wgllm devices` lists what was chosen.
 //! `WGLLM_*` kernel overrides still win over measured choices.
 
@@ -217,6 +218,12 @@ impl<'a> Tuner<'a> {
         })
     }
 
+    /// The cached entry for an adapter (in `Cached` mode).
+    fn cached(&self, c: &Candidate) -> Option<TuneEntry> {
+        let key = entry_for(c, &self.model, &ShapeChoice::placeholder());
+        self.cache.find(&key).cloned()
+    }
+
     /// The cached entry for an adapter, or one measured on the device `open` gives (on
     /// the candidates `only` admits where given, else on both kernel shapes).
     fn entry(
@@ -240,7 +247,13 @@ impl<'a> Tuner<'a> {
         );
         let gpu = open()?;
         let backend = c.backend.to_string();
-        let shapes = measure::measure(&gpu, self.f, &self.hp, only, &mut |t| report(&backend, t))?;
+        let effort = match self.mode {
+            TuneMode::Cached => measure::Effort::FIRST_USE,
+            _ => measure::Effort::FULL,
+        };
+        let shapes = measure::measure(&gpu, self.f, &self.hp, only, effort, &mut |t| {
+            report(&backend, t)
+        })?;
         let best = shapes
             .iter()
             .min_by(|a, b| a.score().total_cmp(&b.score()))
@@ -305,28 +318,49 @@ pub fn resolve(
     let mut tuner = Tuner::new(f, topts)?;
     let adapters = candidates(opts)?;
     let mut entries = Vec::new();
-    for c in &adapters {
+    // Which adapter each entry is for.
+    let mut of_adapter = Vec::new();
+    let mut not_compared = Vec::new();
+    for (i, c) in adapters.iter().enumerate() {
         let mut plain = opts.clone();
         plain.backend = c.backend;
         plain.adapter_index = Some(c.index);
         plain.tuning = KernelTuning::default();
-        // Another backend's view of the device is timed on the kernel shape the first
-        // one chose (lavapipe's GL and Vulkan agree on the shape; the other's candidates
-        // would double a first-use tune), and at first use on its chosen tiles alone
-        // (`wgllm tune` times the shape's every candidate there).
+        // At first use only the first backend is timed (on a fresh machine its shader
+        // compiles are most of the load); another backend reaching the same device
+        // competes once `wgllm tune` has measured it.
+        if i > 0 && topts.mode == TuneMode::Cached {
+            match tuner.cached(c) {
+                Some(e) => {
+                    entries.push(e);
+                    of_adapter.push(i);
+                }
+                None => not_compared.push(c.backend.to_string()),
+            }
+            continue;
+        }
+        // Another backend's view of the device (`wgllm tune`) is timed on the kernel
+        // shape the first one chose: lavapipe's GL and Vulkan agree on the shape, and
+        // the other's candidates would double the measurement.
         let first = entries
             .first()
             .and_then(|e| entry_kernels(e, &KernelTuning::default()).ok());
-        let restrict = first.map(|(shape, tiles)| measure::Restrict {
-            shape,
-            tiles: (topts.mode == TuneMode::Cached).then_some(tiles),
-        });
+        let restrict = first.map(|(shape, _)| measure::Restrict { shape });
         entries.push(tuner.entry(c, restrict.as_ref(), || Gpu::new(&plain), report)?);
+        of_adapter.push(i);
+    }
+    if tuner.measured && !not_compared.is_empty() {
+        log::info!(
+            "kernels measured on {} only at first use; `wgllm tune -m MODEL` also times {} on this device",
+            adapters[0].backend,
+            not_compared.join(", ")
+        );
     }
     tuner.save();
     let chosen = choose(&entries);
     let (kernels, tuning) = entry_kernels(&entries[chosen], &opts.tuning)?;
     entries.swap(0, chosen);
+    let chosen = of_adapter[chosen];
     let mut gpu = opts.clone();
     gpu.backend = adapters[chosen].backend;
     gpu.adapter_index = Some(adapters[chosen].index);
