@@ -219,13 +219,6 @@ fn bytes(seed: u8, n: usize) -> Arc<Vec<u8>> {
     )
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wgllm-hub-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn opts(server: &Server, cache: &Path) -> HubOptions {
     HubOptions {
         endpoint: server.endpoint(),
@@ -268,7 +261,7 @@ fn picks_llama_cpp_s_quant_and_caches_it_in_the_hf_layout() {
     let mut hub = Hub::default();
     hub.repos.insert("org/model-GGUF".into(), quant_repo());
     let server = Server::start(hub);
-    let cache = scratch("layout");
+    let cache = common::scratch_dir("layout");
     let o = opts(&server, &cache);
     let mut seen = Seen::default();
     let p = fetch("org/model-GGUF", None, &o, &mut seen).unwrap();
@@ -345,7 +338,7 @@ fn a_cut_download_resumes_in_the_same_run_and_in_the_next() {
     hub.repos.insert("org/m".into(), quant_repo());
     hub.cuts = 1;
     let server = Server::start(hub);
-    let cache = scratch("resume");
+    let cache = common::scratch_dir("resume");
     let o = opts(&server, &cache);
     let p = fetch("org/m", None, &o, &mut Seen::default()).unwrap();
     assert_eq!(std::fs::read(&p).unwrap(), *bytes(4, 200_000));
@@ -391,7 +384,7 @@ fn wrong_checksums_404s_and_gated_repositories_are_clear_errors() {
         },
     );
     let server = Server::start(hub);
-    let cache = scratch("errors");
+    let cache = common::scratch_dir("errors");
     let o = opts(&server, &cache);
     let e = fetch("org/bad", None, &o, &mut Seen::default()).unwrap_err();
     assert!(
@@ -438,7 +431,7 @@ fn wrong_checksums_404s_and_gated_repositories_are_clear_errors() {
 /// where links fail) is used as it is, with the Hub down or up.
 #[test]
 fn files_llama_cpp_downloaded_are_used_without_a_download() {
-    let cache = scratch("shared");
+    let cache = common::scratch_dir("shared");
     let repo_dir = cache.join("models--ggml-org--tiny-GGUF");
     std::fs::create_dir_all(repo_dir.join(format!("snapshots/{COMMIT}"))).unwrap();
     std::fs::create_dir_all(repo_dir.join("refs")).unwrap();
@@ -505,7 +498,7 @@ fn run_with_hf_answers_like_the_local_file() {
         },
     );
     let server = Server::start(hub);
-    let home = scratch("cli");
+    let home = common::scratch_dir("cli");
     let run = |extra: &[&str]| {
         let mut args = vec![
             "run",

@@ -3,21 +3,13 @@
 
 mod common;
 
-use std::path::PathBuf;
 use wgllm::gguf::{write_split, GgufFile};
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wgllm-split-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 #[test]
 fn a_split_model_answers_like_the_whole_file() {
     let model = common::smollm2();
     let whole = GgufFile::open(&model).unwrap();
-    let dir = scratch("smol");
+    let dir = common::scratch_dir("smol");
     let parts = write_split(&whole, &dir.join("smol"), 3).unwrap();
     assert_eq!(parts.len(), 3);
     assert!(parts[0].ends_with("smol-00001-of-00003.gguf"));

@@ -16,7 +16,7 @@ mod tests;
 
 use crate::tokenizer::Tokenizer;
 use gbnf::Elem;
-use stacks::{Cand, Partial, Pos, Rules, Stack};
+use stacks::{Cand, Partial, Rules, Stack};
 use std::sync::Arc;
 
 /// What went wrong with a grammar or a JSON schema.
@@ -76,21 +76,12 @@ impl Grammar {
             )));
         }
         let mut start = Vec::new();
-        let mut alt = Pos { rule: root, at: 0 };
-        loop {
+        for alt in rules.alternatives(root) {
             let mut stack = Vec::new();
             if !rules.at(alt).ends_sequence() {
                 stack.push(alt);
             }
             rules.advance(stack, &mut start);
-            while !rules.at(alt).ends_sequence() {
-                alt.at += 1;
-            }
-            if rules.at(alt) == Elem::Alt {
-                alt.at += 1;
-            } else {
-                break;
-            }
         }
         Ok(Grammar { rules, start })
     }

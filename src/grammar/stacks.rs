@@ -100,6 +100,20 @@ impl Rules {
         }
     }
 
+    /// Where each alternative of rule `id` starts (an empty one starts on its end).
+    pub(crate) fn alternatives(&self, id: u32) -> Vec<Pos> {
+        let mut out = vec![Pos { rule: id, at: 0 }];
+        for (i, e) in self.0[id as usize].iter().enumerate() {
+            if *e == Elem::Alt {
+                out.push(Pos {
+                    rule: id,
+                    at: i as u32 + 1,
+                });
+            }
+        }
+        out
+    }
+
     /// Whether `c` is in the character set at `p`, and the position after the set.
     pub(crate) fn match_char(&self, p: Pos, c: u32) -> (bool, Pos) {
         let first = self.at(p);
@@ -182,8 +196,7 @@ impl Rules {
             match self.at(top) {
                 Elem::RuleRef(id) => {
                     let after = Self::next(top);
-                    let mut alt = Pos { rule: id, at: 0 };
-                    loop {
+                    for alt in self.alternatives(id) {
                         let mut next = cur[..cur.len() - 1].to_vec();
                         if !self.at(after).ends_sequence() {
                             next.push(after);
@@ -192,14 +205,6 @@ impl Rules {
                             next.push(alt);
                         }
                         todo.push(next);
-                        while !self.at(alt).ends_sequence() {
-                            alt.at += 1;
-                        }
-                        if self.at(alt) == Elem::Alt {
-                            alt.at += 1;
-                        } else {
-                            break;
-                        }
                     }
                 }
                 Elem::Char(_)

@@ -427,3 +427,11 @@ pub fn reliable_prefix(file: &str) -> String {
     );
     expected
 }
+
+/// An empty folder of this test process's own under the system's temporary directory.
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("wgllm-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
