@@ -482,7 +482,8 @@ fn files_llama_cpp_downloaded_are_used_without_a_download() {
 }
 
 /// `wgllm run -hf` through HF_ENDPOINT and HF_HOME: SmolLM2 served by the stand-in,
-/// downloaded with a progress bar, answering as `-m` does, then again `--offline`.
+/// downloaded with a progress bar, answering as `-m` does, then again `--offline`; and
+/// SmolLM2 split into two files, downloaded whole and answering the same.
 #[test]
 fn run_with_hf_answers_like_the_local_file() {
     let model = common::smollm2();
@@ -494,6 +495,21 @@ fn run_with_hf_answers_like_the_local_file() {
                 "smollm2-135m-instruct-q4_1.gguf".into(),
                 Arc::new(std::fs::read(&model).unwrap()),
             )],
+            ..Repo::default()
+        },
+    );
+    let split_dir = common::scratch_dir("hub-split");
+    let whole = wgllm::gguf::GgufFile::open(&model).unwrap();
+    let parts = wgllm::gguf::write_split(&whole, &split_dir.join("smol-Q4_1"), 2).unwrap();
+    hub.repos.insert(
+        "org/split-GGUF".into(),
+        Repo {
+            files: (parts.iter())
+                .map(|p| {
+                    let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                    (format!("Q4_1/{name}"), Arc::new(std::fs::read(p).unwrap()))
+                })
+                .collect(),
             ..Repo::default()
         },
     );
@@ -539,4 +555,8 @@ fn run_with_hf_answers_like_the_local_file() {
     ]);
     assert_eq!(off, local);
     assert_eq!(server.downloads().len(), 1);
+    let (split, _) = run(&["-hf", "org/split-GGUF:Q4_1"]);
+    assert_eq!(split, local);
+    assert_eq!(server.downloads().len(), 3, "both parts");
+    let _ = std::fs::remove_dir_all(&split_dir);
 }
