@@ -566,7 +566,6 @@ impl Engine {
         tokens: &[u32],
         cache_prompt: bool,
     ) -> Result<usize, EngineError> {
-        let sampler = self.sampler_for(&params.sampling)?;
         let s = self.session(id)?;
         if s.phase != Phase::Idle {
             return Err(EngineError::Busy(id));
@@ -580,6 +579,7 @@ impl Engine {
         } else {
             Vec::new()
         };
+        let sampler = self.sampler_for(&params.sampling)?;
         self.sessions[id as usize] = Some(Session::new(id, params, sampler)?);
         self.input_reusing(id, tokens, true, Some(&kept))?;
         Ok(self.session(id)?.history.len())

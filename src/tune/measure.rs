@@ -216,21 +216,14 @@ fn candidates(kernels: KernelShape, sparse: bool) -> Vec<(bool, String, KernelTu
     v
 }
 
-/// Which candidates another backend's view of a device is timed on (`wgllm tune`): the
-/// kernel shape the first backend chose.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Restrict {
-    pub shape: KernelShape,
-}
-
-/// Times the candidates of both kernel shapes (or those `only` admits) on `gpu` with
+/// Times the candidates of both kernel shapes (or of shape `only`) on `gpu` with
 /// layer 0 of the model in `f`; `report` sees each time as it is measured. Returns the
 /// best of each shape measured.
 pub fn measure(
     gpu: &Arc<Gpu>,
     f: &GgufFile,
     hp: &Hparams,
-    only: Option<&Restrict>,
+    only: Option<KernelShape>,
     effort: Effort,
     report: &mut dyn FnMut(&CandidateTime),
 ) -> Result<Vec<ShapeChoice>, GpuError> {
@@ -250,7 +243,7 @@ pub fn measure(
     // compiles would be most of a first load.
     let n_shapes = if effort.sparse { 1 } else { 2 };
     let chosen: Vec<KernelShape> = match only {
-        Some(o) => vec![o.shape],
+        Some(shape) => vec![shape],
         None => shapes.into_iter().take(n_shapes).collect(),
     };
     for kernels in chosen {

@@ -225,18 +225,17 @@ impl<'a> Tuner<'a> {
     }
 
     /// The cached entry for an adapter, or one measured on the device `open` gives (on
-    /// the candidates `only` admits where given, else on both kernel shapes).
+    /// kernel shape `only` where given, else on both).
     fn entry(
         &mut self,
         c: &Candidate,
-        only: Option<&measure::Restrict>,
+        only: Option<KernelShape>,
         open: impl FnOnce() -> Result<Arc<Gpu>, GpuError>,
         report: &mut dyn FnMut(&str, &CandidateTime),
     ) -> Result<TuneEntry, GpuError> {
-        let key = entry_for(c, &self.model, &ShapeChoice::placeholder());
         if self.mode == TuneMode::Cached {
-            if let Some(e) = self.cache.find(&key) {
-                return Ok(e.clone());
+            if let Some(e) = self.cached(c) {
+                return Ok(e);
             }
         }
         log::info!(
@@ -342,11 +341,11 @@ pub fn resolve(
         // Another backend's view of the device (`wgllm tune`) is timed on the kernel
         // shape the first one chose: lavapipe's GL and Vulkan agree on the shape, and
         // the other's candidates would double the measurement.
-        let first = entries
+        let first_shape = entries
             .first()
-            .and_then(|e| entry_kernels(e, &KernelTuning::default()).ok());
-        let restrict = first.map(|(shape, _)| measure::Restrict { shape });
-        entries.push(tuner.entry(c, restrict.as_ref(), || Gpu::new(&plain), report)?);
+            .and_then(|e| entry_kernels(e, &KernelTuning::default()).ok())
+            .map(|(shape, _)| shape);
+        entries.push(tuner.entry(c, first_shape, || Gpu::new(&plain), report)?);
         of_adapter.push(i);
     }
     if tuner.measured && !not_compared.is_empty() {
