@@ -741,6 +741,37 @@ fn attention_matches_reference() {
     }
 }
 
+/// GPU-shaped kernels take prompts of 32 tokens or more through the tiled kernels: scores
+/// by tiles of 64 cells x 64 tokens (tiles the mask hides whole are skipped), the softmax,
+/// and the output by tiles of tokens and chunks of up to 256 cells, added up where there
+/// are several. Heads of 16, 8, 32 and 20 vec4s (GQA 3:1, 1:1, 4:1, 2:1; the last not a
+/// multiple of the score kernel's slices nor of its output lanes), f32 and f16 caches,
+/// with and without ALiBi, over random causal masks with holes.
+#[test]
+fn tiled_attention_matches_reference() {
+    let gpu = small_binding_gpu_with(128 << 20, KernelShape::Gpu);
+    let mut rng = Rng(44);
+    for (head_dim, n_head, n_head_kv) in [(64u32, 9u32, 3u32), (32, 4, 4), (128, 4, 1), (80, 4, 2)]
+    {
+        for kv_f16 in kv_types(&gpu) {
+            // One chunk (no join), then tokens past one and two tiles over several chunks.
+            for (n_tok, extra) in [
+                (32u32, rng.below(200)),
+                (65 + rng.below(60), 300),
+                (130, 500),
+            ] {
+                let (mut s, sp) =
+                    random_attention(&mut rng, (head_dim, n_head, n_head_kv), kv_f16, n_tok);
+                s.n_kv = n_tok + extra;
+                let (n, want, got) = attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize + 5);
+                let want_n = if s.n_kv > 256 { 4 } else { 3 };
+                assert_eq!(n, want_n, "tiled dispatches: {s:?}");
+                check(&format!("tiled attention {s:?} {sp:?}"), &want, &got, 1e-10);
+            }
+        }
+    }
+}
+
 /// Attention whose scores (heads × tokens × cells) exceed a storage binding runs in passes
 /// of fewer tokens: 64 KiB bindings, 4 heads × 256 cells = 4 KiB of scores per token, so
 /// 40 tokens take three passes. A shape where one token's scores do not fit is an error.

@@ -1,11 +1,13 @@
 //! Attention over the KV cache: scores (KQ), masked softmax, weighted sum of V (KQV).
 //!
 //! Three dispatches, each parallel over a different axis (cells, rows, head dims), so a
-//! single decoded token still spreads its work across the adapter. On GPUs a flash
-//! attention kernel (`attn_flash.wgsl`, one dispatch that never writes the scores) can
-//! take its place when asked for (`WGLLM_ATTN_FLASH=1`; slower than the split path so far).
+//! single decoded token still spreads its work across the adapter. On GPUs, prompts take
+//! tiled kernels instead (scores and output as matrix products staged through workgroup
+//! memory, the softmax between them), and a flash attention kernel (`attn_flash.wgsl`,
+//! one dispatch that never writes the scores) can take their place when asked for
+//! (`WGLLM_ATTN_FLASH=1`; slower so far).
 
-use super::kernels::{split_shape, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM};
+use super::kernels::{split_shape, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM, MAX_TILE_HEAD_DIM};
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
 use super::uniforms::{AttnSplitUniform, AttnSumUniform, AttnUniform};
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View};
@@ -133,6 +135,29 @@ impl AttnShape {
             && gpu.tuning.attn_flash == Some(true)
     }
 
+    /// Whether the tiled prompt kernels take this attention: GPU-shaped kernels, heads they
+    /// hold, and at least [`tile_min_tok`] tokens (unless the flash kernel was asked for).
+    fn tiled(&self, gpu: &Gpu) -> bool {
+        gpu.kernels == KernelShape::Gpu
+            && self.head_dim <= MAX_TILE_HEAD_DIM
+            && self.n_tok >= tile_min_tok(&gpu.tuning)
+            && !self.flash(gpu)
+    }
+
+    /// Chunks of cells of the tiled output kernel: [`TILE_CHUNK`] cells each, or fewer,
+    /// longer chunks where every chunk's partial outputs would not fit SPLIT_MAX_BYTES;
+    /// one chunk (no partials) over at most TILE_CHUNK cells.
+    fn tile_split(&self, gpu: &Gpu) -> Split {
+        let room = gpu.max_binding.min(SPLIT_MAX_BYTES);
+        let max_splits = (room / self.partials_bytes(1).max(1)).clamp(1, u32::MAX as u64) as u32;
+        let target = self.n_kv.div_ceil(TILE_CHUNK).clamp(1, max_splits);
+        let chunk = self.n_kv.div_ceil(target).div_ceil(TILE_SLICE) * TILE_SLICE;
+        Split {
+            n_split: self.n_kv.div_ceil(chunk.max(1)).max(1),
+            chunk: chunk.max(TILE_SLICE),
+        }
+    }
+
     fn partials_bytes(&self, n_split: u32) -> u64 {
         n_split as u64 * self.n_tok as u64 * self.n_head as u64 * self.head_dim as u64 * 4
     }
@@ -159,6 +184,14 @@ impl AttnShape {
     /// f32 elements of the scratch buffer of the split kernel: partial outputs, then
     /// their stats (1 if unused).
     pub fn partials_len(&self, gpu: &Gpu) -> u64 {
+        if self.tiled(gpu) {
+            let sp = self.tile_split(gpu);
+            return if sp.n_split > 1 {
+                self.partials_bytes(sp.n_split) / 4
+            } else {
+                1
+            };
+        }
         self.split(gpu).map_or(1, |sp| {
             (self.stats_offset(gpu, sp.n_split) + self.stats_bytes(sp.n_split)) / 4
         })
@@ -172,6 +205,21 @@ impl AttnShape {
 fn split_max_tok(tuning: &KernelTuning) -> u32 {
     tuning.attn_split_max_tok.unwrap_or(u32::MAX)
 }
+
+/// Fewest tokens for which GPU-shaped kernels take the tiled prompt attention: 32 by
+/// default (`tuning.attn_tile_min`, `WGLLM_ATTN_TILE_MIN=N`, for measuring). Below it a
+/// tile of 64 tokens would be mostly empty, and the split path spreads a few tokens over
+/// the device better.
+fn tile_min_tok(tuning: &KernelTuning) -> u32 {
+    tuning.attn_tile_min.unwrap_or(32)
+}
+
+/// Cells per chunk (workgroup z) of the tiled output kernel, at least: 4096 cells make 16
+/// chunks, so a 7B's 512-token ubatch runs 16 x 32 heads x 4 token tiles.
+const TILE_CHUNK: u32 = 256;
+/// Cells per slice of the tiled output kernel (SC in attn_kqv_tile.wgsl): chunks are
+/// multiples of it.
+const TILE_SLICE: u32 = 16;
 
 /// Largest partial-output scratch the split takes: beyond it, chunks grow past SPLIT_CHUNK
 /// cells (7B, 512 tokens: 256 MiB holds 32 chunks).
@@ -293,6 +341,73 @@ fn flash(
     ])
 }
 
+/// The tiled prompt kernels (one pass): scores 64 cells x 64 tokens per workgroup
+/// (attn_kq_tile.wgsl), the softmax in place, then the output per tile of tokens and
+/// chunk of cells (attn_kqv_tile.wgsl), the chunks added up where there are several.
+#[allow(clippy::too_many_arguments)]
+fn tiled(
+    gpu: &Gpu,
+    s: &AttnShape,
+    sm: &SoftmaxParams,
+    sp: Split,
+    [q, k, v, mask]: [&View; 4],
+    scores: &View,
+    partials: &View,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    // 16 KiB of keys and queries per slice of 8 vec4s, plus two flags.
+    let dk = if gpu.info.max_workgroup_storage >= 16 * 1024 + 16 {
+        8
+    } else {
+        4
+    };
+    let d4 = s.head_dim / 4;
+    let ni = d4.div_ceil(16);
+    let tokens = 16 * (8 / ni);
+    let mut out = vec![
+        record(
+            gpu,
+            "attn_kq",
+            gpu.pipeline(KernelKey::AttnKqTile { f16: s.kv_f16, dk })?,
+            bytemuck::bytes_of(&s.uniform()),
+            &[q, k, scores, mask],
+            [s.n_kv.div_ceil(64), s.n_tok.div_ceil(64), s.n_head],
+        )?,
+        softmax(gpu, sm, Some(mask), scores, s.n_kv, s.n_tok)?,
+    ];
+    let part = if sp.n_split > 1 {
+        sub_view(partials, 0, s.partials_bytes(sp.n_split))
+    } else {
+        dst.clone()
+    };
+    out.push(record(
+        gpu,
+        "attn_kqv",
+        gpu.pipeline(KernelKey::AttnKqvTile { f16: s.kv_f16, ni })?,
+        bytemuck::bytes_of(&s.split_uniform(sm, sp.chunk)),
+        &[scores, v, &part],
+        [s.n_tok.div_ceil(tokens), s.n_head, sp.n_split],
+    )?);
+    if sp.n_split > 1 {
+        let n = d4 * s.n_head * s.n_tok;
+        let (gx, gy) = split_groups(n.div_ceil(64));
+        out.push(record(
+            gpu,
+            "attn_kqv_join",
+            gpu.pipeline(KernelKey::AttnKqvJoin)?,
+            bytemuck::bytes_of(&AttnSumUniform {
+                n,
+                n_split: sp.n_split,
+                d4,
+                ..Default::default()
+            }),
+            &[&part, dst],
+            [gx, gy, 1],
+        )?);
+    }
+    Ok(out)
+}
+
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 {
         a
@@ -371,6 +486,8 @@ pub fn attention(
     // The flash kernel writes no scores: its passes only keep the mask and query rows
     // within a binding.
     let flash_on = s.flash(gpu);
+    // Decided on the whole batch, whose partials the scratch was sized for.
+    let tile_split = s.tiled(gpu).then(|| s.tile_split(gpu));
     let per_pass = if flash_on {
         s.tokens_fitting(gpu, mask_row.max(q_row))?
     } else {
@@ -390,9 +507,14 @@ pub fn attention(
             out.extend(flash(gpu, &pass, sp, s.split(gpu), io, partials, &dst)?);
             continue;
         }
+        let scores = sub_view(scores, 0, pass.n_head as u64 * nt * mask_row);
+        if let Some(split) = tile_split {
+            let io = [&q, k, v, &mask];
+            out.extend(tiled(gpu, &pass, sp, split, io, &scores, partials, &dst)?);
+            continue;
+        }
         let kq = gpu.pipeline(KernelKey::AttnKq { f16, tb })?;
         let kqv = gpu.pipeline(KernelKey::AttnKqv { f16, tb })?;
-        let scores = sub_view(scores, 0, pass.n_head as u64 * nt * mask_row);
         out.push(record(
             gpu,
             "attn_kq",

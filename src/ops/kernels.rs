@@ -32,6 +32,14 @@ pub const SOFTMAX_WG: &[u32] = &[64, 256];
 pub const MAX_SPLIT_HEAD_DIM: u32 = 2048;
 /// Largest head the flash attention kernel holds (its D4 vec4s per row of workgroup memory).
 pub const MAX_FLASH_HEAD_DIM: u32 = 128;
+/// vec4s of the head per slice of the tiled prompt score kernel: 8 (16 KiB of keys and
+/// queries in workgroup memory), or 4 where the adapter has no more than 16 KiB.
+pub const ATTN_TILE_DK: &[u32] = &[4, 8];
+/// vec4s of the head per invocation of the tiled prompt output kernel (heads of up to
+/// 64 and up to 128 values).
+pub const ATTN_TILE_NI: &[u32] = &[1, 2];
+/// Largest head the tiled prompt attention kernels hold.
+pub const MAX_TILE_HEAD_DIM: u32 = 128;
 
 /// A kernel variant: the shader and every constant baked into its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,6 +85,21 @@ pub enum KernelKey {
     },
     /// The split kernel's partial outputs, rescaled to one maximum and normalised.
     AttnKqvSum,
+    /// Prompt attention scores as a tiled product: 64 cells x 64 tokens per workgroup,
+    /// the head in slices of `dk` vec4s.
+    AttnKqTile {
+        f16: bool,
+        dk: u32,
+    },
+    /// Prompt attention output as a tiled product over the softmax's probabilities:
+    /// `ni` vec4s of the head and 8 / `ni` tokens per invocation, one chunk of cells
+    /// per workgroup z.
+    AttnKqvTile {
+        f16: bool,
+        ni: u32,
+    },
+    /// The tiled output kernel's chunks added up.
+    AttnKqvJoin,
     /// Prompt attention in one pass over tiles of cells with an online softmax
     /// (`attn_flash.wgsl`, heads up to [`MAX_FLASH_HEAD_DIM`]).
     /// With `split`, over one chunk of cells per workgroup z, into the split kernel's
@@ -149,7 +172,7 @@ impl KernelKey {
     /// `Gpu::pipeline` accepts.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey::*;
-        let mut v = vec![RmsNorm, AddRmsNorm, AttnKqvSum];
+        let mut v = vec![RmsNorm, AddRmsNorm, AttnKqvSum, AttnKqvJoin];
         v.extend(BinaryOp::ALL.iter().map(|&op| Binary(op)));
         v.extend(Activation::ALL.iter().map(|&act| Glu(act)));
         v.extend(SOFTMAX_WG.iter().map(|&wg| Softmax { wg }));
@@ -169,6 +192,8 @@ impl KernelKey {
             for split in [false, true] {
                 v.push(AttnFlash { f16, split });
             }
+            v.extend(ATTN_TILE_DK.iter().map(|&dk| AttnKqTile { f16, dk }));
+            v.extend(ATTN_TILE_NI.iter().map(|&ni| AttnKqvTile { f16, ni }));
         }
         for ty in shaders::weight_types() {
             v.push(GetRows { ty });
@@ -229,6 +254,8 @@ impl KernelKey {
             | AttnKqv { f16, .. }
             | AttnKqvSplit { f16, .. }
             | AttnFlash { f16, .. }
+            | AttnKqTile { f16, .. }
+            | AttnKqvTile { f16, .. }
                 if f16 =>
             {
                 wgpu::Features::SHADER_F16
@@ -262,7 +289,14 @@ impl KernelKey {
     pub fn workgroup_size(&self) -> u32 {
         use KernelKey::*;
         match *self {
-            Binary(_) | Glu(_) | MatmulWg { .. } | MatmulTile { .. } | RmsNorm | AddRmsNorm => 256,
+            Binary(_)
+            | Glu(_)
+            | MatmulWg { .. }
+            | MatmulTile { .. }
+            | RmsNorm
+            | AddRmsNorm
+            | AttnKqTile { .. }
+            | AttnKqvTile { .. } => 256,
             Softmax { wg } => wg,
             Rope { .. }
             | RopeStore { .. }
@@ -272,6 +306,7 @@ impl KernelKey {
             | AttnKqvSplit { .. }
             | AttnFlash { .. }
             | AttnKqvSum
+            | AttnKqvJoin
             | GetRows { .. }
             | Matmul { .. } => 64,
         }
@@ -307,9 +342,9 @@ impl KernelKey {
             SetRows { .. } => SetRowsUniform::WGSL,
             RopeStore { .. } => RopeStoreUniform::WGSL,
             Softmax { .. } => SoftmaxUniform::WGSL,
-            AttnKq { .. } | AttnKqv { .. } => AttnUniform::WGSL,
-            AttnKqvSplit { .. } | AttnFlash { .. } => AttnSplitUniform::WGSL,
-            AttnKqvSum => AttnSumUniform::WGSL,
+            AttnKq { .. } | AttnKqv { .. } | AttnKqTile { .. } => AttnUniform::WGSL,
+            AttnKqvSplit { .. } | AttnFlash { .. } | AttnKqvTile { .. } => AttnSplitUniform::WGSL,
+            AttnKqvSum | AttnKqvJoin => AttnSumUniform::WGSL,
             GetRows { .. } => GetRowsUniform::WGSL,
             Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
         }
@@ -354,6 +389,19 @@ impl KernelKey {
                 ],
             ),
             AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
+            AttnKqTile { f16, dk } => compose(
+                &[shaders::ATTN_KQ_TILE],
+                &[("KV_T", kv_type(f16)), ("DK", dk.to_string())],
+            ),
+            AttnKqvTile { f16, ni } => compose(
+                &[shaders::ATTN_KQV_TILE],
+                &[
+                    ("KV_T", kv_type(f16)),
+                    ("NI", ni.to_string()),
+                    ("TM", (8 / ni).to_string()),
+                ],
+            ),
+            AttnKqvJoin => shaders::ATTN_KQV_JOIN.to_string(),
             AttnFlash { f16, split } => shaders::attn_flash_source(&kv_type(f16), split),
             GetRows { ty } => compose(&[&quant(ty)?, shaders::QUANT_READ, shaders::GET_ROWS], &[]),
             Matmul {
@@ -421,6 +469,9 @@ impl fmt::Display for KernelKey {
                 write!(f, "attn_kqv_split_{}_{lanes}x{nv}", kv(f16))
             }
             AttnKqvSum => write!(f, "attn_kqv_sum"),
+            AttnKqTile { f16, dk } => write!(f, "attn_kq_tile_{}_dk{dk}", kv(f16)),
+            AttnKqvTile { f16, ni } => write!(f, "attn_kqv_tile_{}_ni{ni}", kv(f16)),
+            AttnKqvJoin => write!(f, "attn_kqv_join"),
             AttnFlash { f16, split } => write!(
                 f,
                 "attn_flash_{}{}",
@@ -559,9 +610,10 @@ mod tests {
                 * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
         assert_eq!(per_type, 63 + 2 * (27 + 20));
-        let shared = 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len();
+        let shared = 2 + 2 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len();
         // Per cache type: rope, set_rows, two rope_stores, two flash, the attention kernels.
-        let kv = 2 * (6 + 2 * ATTN_TB.len() + splits);
+        let tiles = ATTN_TILE_DK.len() + ATTN_TILE_NI.len();
+        let kv = 2 * (6 + 2 * ATTN_TB.len() + splits + tiles);
         assert_eq!(all.len(), shared + kv + types.len() * per_type);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.

@@ -25,6 +25,9 @@ pub struct KernelTuning {
     /// `WGLLM_ATTN_SPLIT`: most tokens for which GPU-shaped kernels split the attention
     /// output over cells.
     pub attn_split_max_tok: Option<u32>,
+    /// `WGLLM_ATTN_TILE_MIN`: fewest tokens for which GPU-shaped kernels take the tiled
+    /// prompt attention (`ops::attention`); a number above the ubatch turns it off.
+    pub attn_tile_min: Option<u32>,
     /// `WGLLM_ATTN_FLASH=0|1`: GPU-shaped kernels take the flash attention kernel (for
     /// every batch, where the head fits it) or not (the default; see `ops::attention`).
     pub attn_flash: Option<bool>,
@@ -106,6 +109,7 @@ impl KernelTuning {
             tile_min: num("WGLLM_TILE_MIN")?,
             attn_tb: num("WGLLM_ATTN_TB")?,
             attn_split_max_tok: num("WGLLM_ATTN_SPLIT")?,
+            attn_tile_min: num("WGLLM_ATTN_TILE_MIN")?,
             profile,
             ..Default::default()
         };
@@ -123,6 +127,7 @@ impl KernelTuning {
             tile_min: self.tile_min.or(base.tile_min),
             attn_tb: self.attn_tb.or(base.attn_tb),
             attn_split_max_tok: self.attn_split_max_tok.or(base.attn_split_max_tok),
+            attn_tile_min: self.attn_tile_min.or(base.attn_tile_min),
             attn_flash: self.attn_flash.or(base.attn_flash),
             cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),
             cpu_prompt_tile: self.cpu_prompt_tile.or(base.cpu_prompt_tile),
@@ -174,6 +179,13 @@ impl KernelTuning {
         if self.tile_min == Some(0) {
             return bad("WGLLM_TILE_MIN", "0".into(), "expected at least 1".into());
         }
+        if self.attn_tile_min == Some(0) {
+            return bad(
+                "WGLLM_ATTN_TILE_MIN",
+                "0".into(),
+                "expected at least 1".into(),
+            );
+        }
         if let Some(tb) = self.attn_tb {
             if !kernels::ATTN_TB.contains(&tb) {
                 return bad(
@@ -214,6 +226,7 @@ mod tests {
             ("WGLLM_ATTN_TB", "1"),
             ("WGLLM_ATTN_SPLIT", "8"),
             ("WGLLM_ATTN_FLASH", "1"),
+            ("WGLLM_ATTN_TILE_MIN", "64"),
             ("WGLLM_PROFILE", "1"),
         ])
         .unwrap();
@@ -227,6 +240,7 @@ mod tests {
                 attn_tb: Some(1),
                 attn_split_max_tok: Some(8),
                 attn_flash: Some(true),
+                attn_tile_min: Some(64),
                 profile: true,
                 ..Default::default()
             }
@@ -246,6 +260,7 @@ mod tests {
             ("WGLLM_ATTN_TB", "3"),
             ("WGLLM_ATTN_SPLIT", "-1"),
             ("WGLLM_ATTN_FLASH", "on"),
+            ("WGLLM_ATTN_TILE_MIN", "0"),
             ("WGLLM_PROFILE", "yes"),
         ] {
             let e = from(&[(var, value)]).unwrap_err();
