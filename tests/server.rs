@@ -321,3 +321,121 @@ fn api_keys_streams_and_disconnects() {
     // Queued behind the endless stream, it would never have been answered.
     assert!(t0.elapsed() < Duration::from_secs(120));
 }
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a location",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}},
+                       "required": ["location"]}}})
+}
+
+/// The arguments of a call, which must be a JSON object with a string `location`.
+fn assert_weather_args(args: &Value) {
+    assert!(args["location"].is_string(), "{args}");
+}
+
+/// Tools on the chat and Messages endpoints: a required call comes back as OpenAI's
+/// `tool_calls` (whole, or streamed as one delta before `finish_reason: "tool_calls"`) and
+/// as an Anthropic `tool_use` block, whatever SmolLM2 would have written without the
+/// grammar; earlier calls and results in the history render; what cannot be honoured is a
+/// 400.
+#[test]
+fn tool_calls_come_back_as_calls() {
+    let s = start(&["-np", "1"]);
+    let ask = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
+    let (st, b) = s.json(
+        "POST",
+        "/v1/chat/completions",
+        json!({"messages": ask, "tools": [weather_tool()], "tool_choice": "required", "max_tokens": 60}),
+    );
+    assert_eq!(st, 200, "{b}");
+    let choice = &b["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{b}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert!(call["id"].as_str().is_some_and(|id| !id.is_empty()));
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_weather_args(&args);
+
+    let stream = json!({"messages": ask, "tools": [weather_tool()], "tool_choice": "required",
+                        "max_tokens": 60, "stream": true});
+    let (st, b) = s.request("POST", "/v1/chat/completions", &stream.to_string());
+    assert_eq!(st, 200, "{b}");
+    let events: Vec<&str> = b.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{b}");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let call = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0))
+        .unwrap_or_else(|| panic!("no tool_calls delta in {b}"));
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(call["index"], 0);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+
+    let anthropic = json!({"model": "m", "max_tokens": 60, "messages": ask,
+        "tool_choice": {"type": "any"},
+        "tools": [{"name": "get_weather", "description": "Weather",
+                   "input_schema": weather_tool()["function"]["parameters"]}]});
+    let (st, b) = s.json("POST", "/v1/messages", anthropic);
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["stop_reason"], "tool_use", "{b}");
+    let block = &b["content"][0];
+    assert_eq!(block["type"], "tool_use", "{b}");
+    assert_eq!(block["name"], "get_weather");
+    assert_weather_args(&block["input"]);
+
+    // History with a call and its result (OpenAI's and Anthropic's forms) renders.
+    let history = json!([
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"location\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 25 C"},
+    ]);
+    let (st, b) = s.json(
+        "POST",
+        "/v1/chat/completions",
+        json!({"messages": history, "max_tokens": 4}),
+    );
+    assert_eq!(st, 200, "{b}");
+    assert!(b["choices"][0]["message"]["content"].is_string(), "{b}");
+    let (st, b) = s.json("POST", "/v1/messages", json!({"model": "m", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                           "input": {"location": "Paris"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "Results:"},
+                                     {"type": "tool_result", "tool_use_id": "t1", "content": "Sunny"}]},
+    ]}));
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["content"][0]["type"], "text", "{b}");
+
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": ask, "tools": [weather_tool()], "grammar": "root ::= \"a\""}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": ask, "tools": {"get_weather": {}}}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": ask, "tools": [weather_tool()], "tool_choice": "sometimes"}),
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "Weather?", "tools": [{"type": "function", "name": "get_weather"}]}),
+        ),
+    ] {
+        let (st, b) = s.json("POST", path, body);
+        assert_error(st, &b, 400, "invalid_request_error");
+    }
+    assert_eq!(s.request("GET", "/health", "").0, 200);
+}

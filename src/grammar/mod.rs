@@ -194,6 +194,27 @@ impl TokenPieces {
     pub fn n_vocab(&self) -> usize {
         self.bytes.len()
     }
+
+    /// A vocabulary of the 256 bytes (tokens 0..=255) and an end of generation (token
+    /// 256): for checking texts against a grammar without a model.
+    pub fn bytes() -> TokenPieces {
+        let mut pieces: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        pieces.push(b"</s>".to_vec());
+        let mut eog = vec![false; 256];
+        eog.push(true);
+        Self::from_pieces(pieces, eog)
+    }
+}
+
+/// Whether `grammar` accepts all of `text` and may end after it, read byte by byte.
+pub fn accepts_text(grammar: Arc<Grammar>, text: &str) -> bool {
+    let mut s = GrammarState::new(grammar, Arc::new(TokenPieces::bytes()));
+    for &b in text.as_bytes() {
+        if !s.allows(b as u32) || s.accept(b as u32).is_err() {
+            return false;
+        }
+    }
+    s.allows(256)
 }
 
 /// A grammar's progress through one generation.

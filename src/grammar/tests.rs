@@ -3,11 +3,7 @@ use serde_json::json;
 
 /// Token 0..=255: that byte; 256: end of generation.
 fn byte_vocab() -> Arc<TokenPieces> {
-    let mut pieces: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
-    pieces.push(b"</s>".to_vec());
-    let mut eog = vec![false; 256];
-    eog.push(true);
-    Arc::new(TokenPieces::from_pieces(pieces, eog))
+    Arc::new(TokenPieces::bytes())
 }
 const EOG: u32 = 256;
 
@@ -18,15 +14,8 @@ fn state(g: &str, v: &Arc<TokenPieces>) -> GrammarState {
 
 /// Whether the grammar accepts all of `text`, byte by byte, and may end after it.
 fn accepts(g: &str, text: &str) -> bool {
-    let v = byte_vocab();
-    let mut s = state(g, &v);
-    for &b in text.as_bytes() {
-        if !s.allows(b as u32) {
-            return false;
-        }
-        s.accept(b as u32).expect("an allowed byte is accepted");
-    }
-    s.allows(EOG)
+    let g = Grammar::parse(g, None).unwrap_or_else(|e| panic!("{e}\n{g}"));
+    accepts_text(Arc::new(g), text)
 }
 
 #[test]

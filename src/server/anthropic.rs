@@ -1,12 +1,16 @@
 //! Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`) as llama-server
 //! serves it: the request is read as a chat completion (its `system` first, content
-//! blocks of text, `stop_sequences`), the reply written as a message with text blocks.
+//! blocks of text, `tool_use` blocks as the assistant's calls, `tool_result` blocks as
+//! tool messages after the rest of their message, `tools` and `tool_choice`,
+//! `stop_sequences`), the reply written as a message with text and `tool_use` blocks.
 
+use super::chat::ChatRequest;
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item};
 use super::native::body_json;
 use super::openai::{chat_prompt, reply_id};
 use super::params::{self, Fields};
+use super::tools::Reply;
 use super::AppState;
 use crate::engine::service::{Finished, StopReason};
 use axum::body::Bytes;
@@ -38,7 +42,11 @@ fn as_chat(body: &Value) -> ApiResult<Value> {
         messages.push(json!({"role": "system", "content": text}));
     }
     match f.value("messages") {
-        Some(Value::Array(m)) => messages.extend(m.iter().cloned()),
+        Some(Value::Array(m)) => {
+            for msg in m {
+                messages.extend(message(msg));
+            }
+        }
         // llama-server answers this one as a server error.
         None => return Err(ApiError::server("'messages' is required")),
         Some(_) => return Err(ApiError::invalid("Expected 'messages' to be an array")),
@@ -48,11 +56,132 @@ fn as_chat(body: &Value) -> ApiResult<Value> {
     if let Some(s) = f.value("stop_sequences") {
         chat["stop"] = s.clone();
     }
+    if let Some(Value::Array(tools)) = f.value("tools") {
+        let tools: Vec<Value> = tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.get("name").cloned().unwrap_or(Value::Null),
+                    "description": t.get("description").cloned().unwrap_or(json!("")),
+                    "parameters": t.get("input_schema").cloned().unwrap_or(json!({})),
+                }})
+            })
+            .collect();
+        chat["tools"] = Value::Array(tools);
+    }
+    if let Some(tc) = f.value("tool_choice") {
+        chat["tool_choice"] = match tc.get("type").and_then(Value::as_str) {
+            Some("auto") | None => json!("auto"),
+            Some("any") => json!("required"),
+            Some("none") => json!("none"),
+            Some("tool") => json!({"type": "function", "function": {"name": tc.get("name")}}),
+            Some(t) => {
+                return Err(ApiError::invalid(format!(
+                    "tool_choice type must be auto, any, tool or none, got {t:?}"
+                )))
+            }
+        };
+    }
     if let Some(obj) = chat.as_object_mut() {
         obj.remove("system");
         obj.remove("stop_sequences");
     }
     Ok(chat)
+}
+
+/// One Anthropic message as OpenAI messages: its text and image blocks (images as
+/// `image_url` parts, which text-only models refuse), its `tool_use` blocks as
+/// `tool_calls`, then each `tool_result` block as a tool message.
+fn message(msg: &Value) -> Vec<Value> {
+    let role = msg.get("role").and_then(Value::as_str).unwrap_or("");
+    let Some(Value::Array(blocks)) = msg.get("content") else {
+        // Text content, or none (an assistant message without content is dropped).
+        return if msg.get("content").is_none() && role == "assistant" {
+            Vec::new()
+        } else {
+            vec![msg.clone()]
+        };
+    };
+    let mut parts = Vec::new();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    for b in blocks {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => parts.push(b.clone()),
+            Some("image") => parts.push(image_part(b)),
+            Some("tool_use") => calls.push(json!({
+                "id": b.get("id").cloned().unwrap_or(json!("")),
+                "type": "function",
+                "function": {
+                    "name": b.get("name").cloned().unwrap_or(json!("")),
+                    "arguments": b.get("input").cloned().unwrap_or(json!({})).to_string(),
+                },
+            })),
+            Some("tool_result") => {
+                let content = match b.get("content") {
+                    Some(Value::String(s)) => json!(s),
+                    Some(Value::Array(items)) => {
+                        let mut text = String::new();
+                        let mut parts = Vec::new();
+                        for c in items {
+                            match c.get("type").and_then(Value::as_str) {
+                                Some("text") => {
+                                    let t = c.get("text").and_then(Value::as_str).unwrap_or("");
+                                    text.push_str(t);
+                                    parts.push(json!({"type": "text", "text": t}));
+                                }
+                                Some("image") => parts.push(image_part(c)),
+                                _ => {}
+                            }
+                        }
+                        if parts.iter().any(|p| p["type"] == "image_url") {
+                            Value::Array(parts)
+                        } else {
+                            json!(text)
+                        }
+                    }
+                    _ => json!(""),
+                };
+                results.push(json!({
+                    "role": "tool",
+                    "tool_call_id": b.get("tool_use_id").cloned().unwrap_or(json!("")),
+                    "content": content,
+                }));
+            }
+            // Thinking blocks of earlier turns are not shown to the model again.
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if !parts.is_empty() || !calls.is_empty() {
+        let mut m = json!({"role": role, "content": if parts.is_empty() { json!("") } else { Value::Array(parts) }});
+        if !calls.is_empty() {
+            m["tool_calls"] = Value::Array(calls);
+        }
+        out.push(m);
+    }
+    out.extend(results);
+    out
+}
+
+/// An Anthropic image block as an OpenAI `image_url` part.
+fn image_part(b: &Value) -> Value {
+    let src = b.get("source").cloned().unwrap_or(json!({}));
+    let url = match src.get("type").and_then(Value::as_str) {
+        Some("url") => src
+            .get("url")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        _ => format!(
+            "data:{};base64,{}",
+            src.get("media_type")
+                .and_then(Value::as_str)
+                .unwrap_or("image/jpeg"),
+            src.get("data").and_then(Value::as_str).unwrap_or("")
+        ),
+    };
+    json!({"type": "image_url", "image_url": {"url": url}})
 }
 
 fn stop_reason(end: &Finished) -> (&'static str, Value) {
@@ -73,7 +202,9 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
     let tok = service.tokenizer();
     let p = params::gen_params(&body, &s.opts.defaults, tok)?;
     let mut req = p.request.clone();
-    req.prompt = chat_prompt(&body, tok)?;
+    let chat = ChatRequest::read(&body)?;
+    chat.tools_grammar(&mut req.params.sampling.grammar)?;
+    req.prompt = chat.tokens(tok)?;
     let n_prompt = req.prompt.len();
     let model = s.model_name();
     let id = reply_id("msg-");
@@ -81,6 +212,8 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
         let start = gen::start_stream(service, req).await?;
         let mut first = true;
         let mut n_out = 0usize;
+        // With tools the reply is one JSON object, read back whole at the end.
+        let mut held = chat.tools.is_some().then(String::new);
         return Ok(gen::sse(
             start,
             move |item| {
@@ -94,13 +227,9 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
                             "usage": {"cache_read_input_tokens": 0, "input_tokens": n_prompt, "output_tokens": 0},
                         },
                     })));
-                    out.push_str(&event(
-                        "content_block_start",
-                        json!({
-                            "type": "content_block_start", "index": 0,
-                            "content_block": {"type": "text", "text": ""},
-                        }),
-                    ));
+                    if held.is_none() {
+                        out.push_str(&text_start(0));
+                    }
                 }
                 match item {
                     Item::Progress(_) => {}
@@ -108,7 +237,9 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
                         if pc.token.is_some() {
                             n_out += 1;
                         }
-                        if !pc.text.is_empty() {
+                        if let Some(h) = held.as_mut() {
+                            h.push_str(&pc.text);
+                        } else if !pc.text.is_empty() {
                             out.push_str(&event(
                                 "content_block_delta",
                                 json!({
@@ -119,11 +250,22 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
                         }
                     }
                     Item::End(end) => {
-                        let (reason, seq) = stop_reason(end);
-                        out.push_str(&event(
-                            "content_block_stop",
-                            json!({"type": "content_block_stop", "index": 0}),
-                        ));
+                        let (mut reason, seq) = stop_reason(end);
+                        match held.take() {
+                            Some(text) => {
+                                let blocks = content_blocks(&chat.reply(&text));
+                                if blocks.iter().any(|b| b["type"] == "tool_use") {
+                                    reason = "tool_use";
+                                }
+                                for (i, b) in blocks.into_iter().enumerate() {
+                                    out.push_str(&block_events(i, b));
+                                }
+                            }
+                            None => out.push_str(&event(
+                                "content_block_stop",
+                                json!({"type": "content_block_stop", "index": 0}),
+                            )),
+                        }
                         out.push_str(&event(
                             "message_delta",
                             json!({
@@ -148,12 +290,16 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
         ));
     }
     let c = gen::complete(service, req).await?;
-    let (reason, seq) = stop_reason(&c.end);
+    let (mut reason, seq) = stop_reason(&c.end);
+    let blocks = content_blocks(&chat.reply(&c.text));
+    if blocks.iter().any(|b| b["type"] == "tool_use") {
+        reason = "tool_use";
+    }
     Ok(Json(json!({
         "id": id,
         "type": "message",
         "role": "assistant",
-        "content": [{"type": "text", "text": c.text}],
+        "content": blocks,
         "model": model,
         "stop_reason": reason,
         "stop_sequence": seq,
@@ -164,6 +310,61 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
         },
     }))
     .into_response())
+}
+
+/// A reply's content blocks: its text (also when empty and there are no calls), then a
+/// `tool_use` block per call.
+fn content_blocks(r: &Reply) -> Vec<Value> {
+    let mut blocks = Vec::new();
+    if !r.content.is_empty() || r.calls.is_empty() {
+        blocks.push(json!({"type": "text", "text": r.content}));
+    }
+    for c in &r.calls {
+        blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}));
+    }
+    blocks
+}
+
+fn text_start(index: usize) -> String {
+    event(
+        "content_block_start",
+        json!({
+            "type": "content_block_start", "index": index,
+            "content_block": {"type": "text", "text": ""},
+        }),
+    )
+}
+
+/// A whole content block as stream events: its start, its content as one delta (the
+/// arguments of a call as `input_json_delta`), its stop.
+fn block_events(index: usize, b: Value) -> String {
+    let (start, delta) = if b["type"] == "tool_use" {
+        let args = b["input"].to_string();
+        let mut start = b.clone();
+        start["input"] = json!({});
+        (
+            event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": index, "content_block": start}),
+            ),
+            json!({"type": "input_json_delta", "partial_json": args}),
+        )
+    } else {
+        (
+            text_start(index),
+            json!({"type": "text_delta", "text": b["text"]}),
+        )
+    };
+    let mut out = start;
+    out.push_str(&event(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": index, "delta": delta}),
+    ));
+    out.push_str(&event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": index}),
+    ));
+    out
 }
 
 pub async fn count_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {

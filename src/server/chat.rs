@@ -1,11 +1,13 @@
 //! A chat request read as llama-server reads it: OpenAI's `messages` (text content or
 //! text parts), an assistant message last continues that message (prefill, or
-//! `continue_final_message`), and what wgllm cannot honour — tool calls, images — is
-//! refused with the reason rather than ignored. Grammars and `response_format` are read
-//! with the other generation settings (`params.rs`).
+//! `continue_final_message`), `tools` offered to the model and earlier calls and results
+//! in the history (`tools.rs`), and what wgllm cannot honour — images — refused with the
+//! reason rather than ignored. Grammars and `response_format` are read with the other
+//! generation settings (`params.rs`).
 
 use super::error::{ApiError, ApiResult};
 use super::params::Fields;
+use super::tools::{self, Tools};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 use serde_json::Value;
 
@@ -13,13 +15,23 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     /// Continue the last (assistant) message instead of opening a new turn.
     pub continue_last: bool,
+    /// The tools offered, unless none are (or `tool_choice` is "none").
+    pub tools: Option<Tools>,
 }
 
 impl ChatRequest {
     pub fn read(body: &Value) -> ApiResult<ChatRequest> {
         let f = Fields::of(body)?;
-        refuse_unbuilt(&f)?;
-        let messages = messages(f.value("messages"))?;
+        let tools = Tools::read(&f)?;
+        let mut messages = messages(f.value("messages"))?;
+        if let Some(t) = &tools {
+            // The tools go at the end of the system message (one is opened if none).
+            let text = t.system_text();
+            match messages.first_mut().filter(|m| m.role == "system") {
+                Some(sys) => sys.content = format!("{}\n\n{text}", sys.content),
+                None => messages.insert(0, ChatMessage::new("system", text)),
+            }
+        }
         let trailing = messages
             .iter()
             .rev()
@@ -40,6 +52,7 @@ impl ChatRequest {
         Ok(ChatRequest {
             continue_last: trailing == 1 && cont != Some(false) && add_gen != Some(true),
             messages,
+            tools,
         })
     }
 
@@ -64,23 +77,35 @@ impl ChatRequest {
         }
     }
 
+    /// The tools' grammar as the request's (a request with tools may set none of its own).
+    pub fn tools_grammar(&self, grammar: &mut Option<String>) -> ApiResult<()> {
+        let Some(t) = &self.tools else {
+            return Ok(());
+        };
+        if grammar.is_some() {
+            return Err(ApiError::invalid(
+                "Cannot use custom grammar constraints with tools.",
+            ));
+        }
+        *grammar = Some(t.grammar()?);
+        Ok(())
+    }
+
+    /// The reply read back: with tools, its calls and text; without, the text as it is.
+    pub fn reply(&self, text: &str) -> tools::Reply {
+        match &self.tools {
+            Some(t) => t.parse(text, || super::openai::reply_id("call_")),
+            None => tools::Reply {
+                content: text.to_string(),
+                calls: Vec::new(),
+            },
+        }
+    }
+
     /// The prompt's tokens.
     pub fn tokens(&self, tok: &Tokenizer) -> ApiResult<Vec<u32>> {
         Ok(tok.encode(&self.render(tok)?, true, true))
     }
-}
-
-/// Requests wgllm cannot serve faithfully, refused with the reason.
-fn refuse_unbuilt(f: &Fields) -> ApiResult<()> {
-    if f.value("tools")
-        .and_then(Value::as_array)
-        .is_some_and(|t| !t.is_empty())
-    {
-        return Err(ApiError::invalid(
-            "\"tools\" are not supported: wgllm does not parse tool calls out of the model's output",
-        ));
-    }
-    Ok(())
 }
 
 /// Chat messages from an OpenAI-style `messages` array (text parts of a content array
@@ -94,12 +119,35 @@ pub fn messages(v: Option<&Value>) -> ApiResult<Vec<ChatMessage>> {
     items.iter().map(message).collect()
 }
 
+/// One message; an assistant's `tool_calls` and a tool's result are written as the JSON
+/// the model is asked to write and to read (see `tools.rs`).
 fn message(m: &Value) -> ApiResult<ChatMessage> {
     let no_content = || ApiError::invalid("All non-assistant messages must contain 'content'");
     let f = Fields::of(m).map_err(|_| no_content())?;
     let role = f.str("role")?.unwrap_or("");
+    let text = text_content(&f, role, no_content)?;
+    if role == "tool" {
+        let id = f.str("tool_call_id")?;
+        return Ok(ChatMessage::new("user", tools::response_text(id, &text)));
+    }
+    match f.value("tool_calls") {
+        Some(Value::Array(calls)) if role == "assistant" && !calls.is_empty() => {
+            let calls = tools::calls_text(calls);
+            let content = if text.is_empty() {
+                calls
+            } else {
+                format!("{text}\n{calls}")
+            };
+            Ok(ChatMessage::new(role, content))
+        }
+        _ => Ok(ChatMessage::new(role, text)),
+    }
+}
+
+/// A message's text: its string content, or its text parts joined with newlines.
+fn text_content(f: &Fields, role: &str, no_content: impl Fn() -> ApiError) -> ApiResult<String> {
     let content = match f.value("content") {
-        None if role == "assistant" => String::new(),
+        None | Some(Value::Null) if role == "assistant" => String::new(),
         None => return Err(no_content()),
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
@@ -113,7 +161,7 @@ fn message(m: &Value) -> ApiResult<ChatMessage> {
             ))
         }
     };
-    Ok(ChatMessage::new(role, content))
+    Ok(content)
 }
 
 fn part(p: &Value) -> ApiResult<String> {

@@ -18,6 +18,7 @@ mod native;
 mod openai;
 mod params;
 mod responses;
+mod tools;
 
 pub use error::ApiError;
 pub use params::Defaults;

@@ -6,6 +6,7 @@ use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item, Piece};
 use super::native::{body_json, futures_join, timings_json, token_json};
 use super::params::{self, Fields, GenParams};
+use super::tools;
 use super::AppState;
 use crate::engine::service::Finished;
 use crate::tokenizer::Tokenizer;
@@ -288,6 +289,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
     let chat = ChatRequest::read(&body)?;
     let rendered = chat.render(tok)?;
     let mut req = p.request.clone();
+    chat.tools_grammar(&mut req.params.sampling.grammar)?;
     req.prompt = tok.encode(&rendered, true, true);
     let model = s.model_name();
     let id = reply_id("chatcmpl-");
@@ -296,6 +298,8 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
         let start = gen::start_stream(service, req).await?;
         let tok = tok.clone();
         let mut first = true;
+        // With tools the reply is one JSON object, read back whole at the end.
+        let mut held = chat.tools.is_some().then(String::new);
         return Ok(gen::sse(
             start,
             move |item| {
@@ -321,6 +325,9 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
                         }
                     }
                     Item::Piece(pc) if pc.text.is_empty() && pc.probs.is_none() => {}
+                    Item::Piece(pc) if held.is_some() => {
+                        held.get_or_insert_default().push_str(&pc.text);
+                    }
                     Item::Piece(pc) => {
                         let mut choice = json!({
                             "finish_reason": Value::Null,
@@ -333,8 +340,28 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
                         out.push_str(&gen::data(&chunk(json!([choice]))));
                     }
                     Item::End(end) => {
+                        let mut reason = gen::finish_reason(&end.stop);
+                        if let Some(text) = held.take() {
+                            let r = chat.reply(&text);
+                            let delta = if r.calls.is_empty() {
+                                json!({"content": r.content})
+                            } else {
+                                reason = "tool_calls";
+                                let mut calls = tools::openai_calls(&r.calls);
+                                for (i, c) in calls.as_array_mut().into_iter().flatten().enumerate()
+                                {
+                                    c["index"] = json!(i);
+                                }
+                                json!({"tool_calls": calls})
+                            };
+                            out.push_str(&gen::data(&chunk(json!([{
+                                "finish_reason": Value::Null,
+                                "index": 0,
+                                "delta": delta,
+                            }]))));
+                        }
                         let mut c = chunk(json!([{
-                            "finish_reason": gen::finish_reason(&end.stop),
+                            "finish_reason": reason,
                             "index": 0,
                             "delta": {},
                         }]));
@@ -372,10 +399,20 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
     let (mut n_prompt, mut n_gen, mut n_cached) = (0, 0, 0);
     for (i, r) in futures_join(runs).await.into_iter().enumerate() {
         let c = r?;
+        let reply = chat.reply(&c.text);
+        let mut message = json!({"role": "assistant", "content": reply.content});
+        let mut reason = gen::finish_reason(&c.end.stop);
+        if !reply.calls.is_empty() {
+            reason = "tool_calls";
+            if reply.content.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = tools::openai_calls(&reply.calls);
+        }
         let mut choice = json!({
-            "finish_reason": gen::finish_reason(&c.end.stop),
+            "finish_reason": reason,
             "index": i,
-            "message": {"role": "assistant", "content": c.text},
+            "message": message,
         });
         if p.n_probs > 0 {
             choice["logprobs"] = logprobs_json(tok, &c.pieces, &p);

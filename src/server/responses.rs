@@ -127,18 +127,17 @@ fn as_chat(body: &Value) -> ApiResult<Value> {
     if let Some(n) = f.value("max_output_tokens") {
         chat.insert("max_tokens".into(), n.clone());
     }
-    // Only function tools have a chat equivalent; the chat reader refuses any.
-    if let Some(tools) = f.value("tools") {
-        let tools = tools
-            .as_array()
-            .ok_or_else(|| ApiError::invalid("'tools' must be an array of objects"))?;
-        let functions: Vec<Value> = tools
-            .iter()
-            .filter(|t| t.get("type").and_then(Value::as_str) == Some("function"))
-            .cloned()
-            .collect();
-        chat.insert("tools".into(), Value::Array(functions));
+    // Function calls are read back on the chat and Messages endpoints only; here they
+    // would come out as text.
+    if f.value("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty())
+    {
+        return Err(ApiError::invalid(
+            "\"tools\" are not supported on /v1/responses: wgllm reads tool calls back on /v1/chat/completions and /v1/messages",
+        ));
     }
+    chat.remove("tools");
     Ok(Value::Object(chat))
 }
 
