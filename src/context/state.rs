@@ -134,6 +134,27 @@ impl Context {
         tokens: &[u32],
         seq: Option<SeqId>,
     ) -> Result<(), ContextError> {
+        let (out, n_saved) = self.state_bytes(tokens, seq)?;
+        std::fs::write(path, out).map_err(|source| StateError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        log::info!(
+            "saved {n_saved} cells and {} tokens to {}",
+            tokens.len(),
+            path.display()
+        );
+        Ok(())
+    }
+
+    /// The state format's bytes of the cache (or only `seq`'s cells) and `tokens`, and
+    /// how many cells they hold (native targets: it waits for the K/V readback).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn state_bytes(
+        &mut self,
+        tokens: &[u32],
+        seq: Option<SeqId>,
+    ) -> Result<(Vec<u8>, usize), ContextError> {
         if let Some(s) = seq {
             self.check_seq(s)?;
         }
@@ -182,16 +203,7 @@ impl Context {
                 }
             }
         }
-        std::fs::write(path, out).map_err(|source| StateError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        log::info!(
-            "saved {n_saved} cells and {} tokens to {}",
-            tokens.len(),
-            path.display()
-        );
-        Ok(())
+        Ok((out, n_saved))
     }
 
     /// Loads a state file: the whole cache (replacing it) or, with `dst`, one saved
@@ -206,8 +218,19 @@ impl Context {
             path: p.clone(),
             source,
         })?;
+        self.state_from_bytes(&data, &p, dst)
+    }
+
+    /// [`Self::state_load`] from the format's bytes; `p` names them in errors and logs.
+    pub fn state_from_bytes(
+        &mut self,
+        data: &[u8],
+        p: &str,
+        dst: Option<SeqId>,
+    ) -> Result<SavedState, ContextError> {
+        let p = p.to_string();
         let mut r = Reader {
-            data: &data,
+            data,
             at: 0,
             path: &p,
         };

@@ -13,6 +13,7 @@
 pub mod bench;
 mod cache_map;
 mod chat;
+mod host_cache;
 mod options;
 #[cfg(target_arch = "wasm32")]
 pub mod pause;
@@ -28,9 +29,11 @@ mod stream;
 
 pub use cache_map::{CacheMap, StoreMap};
 pub use chat::Conversation;
+pub use host_cache::HostCache;
 pub use options::EngineOptions;
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};
 pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};
+pub use slots::Snapshot;
 pub use stream::{StopStrings, Timings, Utf8Stream};
 
 use crate::context::{Batch, Context, ContextError};

@@ -9,13 +9,19 @@
 //!
 //! A request takes the idle slot whose cached tokens share the longest prefix with its
 //! prompt (`cache_prompt`), else the one used least recently, as llama-server picks.
+//! With a host prompt cache ([`ServiceOptions::cache_ram`], llama-server's `--cache-ram`),
+//! a slot that shares less than a tenth of the prompt is first saved to the cache and
+//! given the cached prompt sharing the most, and when a request starts, the idle slots
+//! are saved (`--cache-idle-slots`; with a unified cache they are then cleared, freeing
+//! their cells for the others).
 //!
 //! The loop is async: natively it runs on a thread of its own (blocking on the GPU there
 //! is harmless), in a browser page as a task on the page's event loop that awaits each
 //! step's readback and lets the page draw between steps.
 
 use super::{
-    CacheMap, Engine, EngineError, Event, SessionParams, StopStrings, Timings, TokenProbs,
+    CacheMap, Engine, EngineError, Event, HostCache, SessionParams, StopStrings, Timings,
+    TokenProbs,
 };
 use crate::context::FullReason;
 use crate::engine::Stop;
@@ -26,6 +32,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc as amp, oneshot};
 use web_time::Instant;
+
+/// How the service keeps prompts beyond its slots.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceOptions {
+    /// A host prompt cache of at most this many bytes (`Some(None)`: no limit); `None`:
+    /// no cache (llama-server's `--cache-ram N` in MiB, -1 no limit, 0 off).
+    pub cache_ram: Option<Option<usize>>,
+    /// Save the idle slots to the cache whenever a request starts, and with
+    /// `kv_unified` clear them (`--cache-idle-slots`).
+    pub cache_idle_slots: bool,
+    /// Every slot draws on one shared cache (`--kv-unified`).
+    pub kv_unified: bool,
+}
 
 /// A request's key: unique for the service's lifetime (slots are reused, keys never).
 pub type RequestKey = u64;
@@ -267,7 +286,27 @@ impl EngineService {
     /// serves (native targets).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn spawn(engine: Engine) -> Result<EngineService, EngineError> {
-        let (service, worker, rx) = Self::build(engine)?;
+        Self::spawn_with(engine, ServiceOptions::default())
+    }
+
+    /// [`Self::spawn`] with a host prompt cache and its policy.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn spawn_with(engine: Engine, opts: ServiceOptions) -> Result<EngineService, EngineError> {
+        let (service, mut worker, rx) = Self::build(engine)?;
+        if let Some(limit) = opts.cache_ram {
+            match limit {
+                Some(b) => log::info!("prompt cache: up to {} MiB of host memory", b >> 20),
+                None => log::info!("prompt cache: host memory without a limit"),
+            }
+            worker.cache = Some(HostCache::new(limit));
+            if opts.cache_idle_slots {
+                log::debug!(
+                    "idle slots are saved to the prompt cache when a request starts{} (__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__)",
+                    if opts.kv_unified { " and then cleared" } else { "" }
+                );
+            }
+        }
+        worker.opts = opts;
         std::thread::Builder::new()
             .name("wgllm-engine".into())
             .spawn(move || pollster::block_on(worker.run(rx)))
@@ -422,6 +461,11 @@ struct Slot {
 
 struct Worker {
     engine: Engine,
+    /// The host prompt cache, where `opts` asks for one (native targets: a snapshot
+    /// waits on the GPU).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    cache: Option<HostCache>,
+    opts: ServiceOptions,
     shared: Arc<Shared>,
     slots: Vec<Slot>,
     queue: VecDeque<Box<Queued>>,
@@ -438,6 +482,8 @@ impl Worker {
         let n = shared.info.n_slots as usize;
         Worker {
             engine,
+            cache: None,
+            opts: ServiceOptions::default(),
             shared,
             slots: (0..n)
                 .map(|_| Slot {
@@ -598,9 +644,7 @@ impl Worker {
     }
 
     fn pick_slot(&self, req: &Request) -> Option<u32> {
-        let idle = |i: usize| {
-            self.slots[i].active.is_none() && !self.pending.iter().any(|p| p.0 as usize == i)
-        };
+        let idle = |i: usize| self.is_idle(i);
         if let Some(s) = req.slot {
             return (s as usize)
                 .lt(&self.slots.len())
@@ -659,6 +703,9 @@ impl Worker {
                 limit_is_context = true;
             }
         }
+        if req.cache_prompt && req.slot.is_none() {
+            self.refill_from_cache(slot, &req.prompt);
+        }
         let started = self
             .engine
             .start_request(slot, req.params, &req.prompt, req.cache_prompt);
@@ -693,7 +740,100 @@ impl Worker {
             dropped,
         });
         self.shared.stats.lock().unwrap().requests_total += 1;
+        if self.opts.cache_idle_slots {
+            self.save_idle_slots();
+        }
     }
+
+    fn is_idle(&self, i: usize) -> bool {
+        self.slots[i].active.is_none() && !self.pending.iter().any(|p| p.0 as usize == i)
+    }
+
+    /// Saves slot `i`'s tokens and cells to the host cache unless it holds them already;
+    /// true when they were added.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn save_to_cache(&mut self, i: u32) -> bool {
+        let Some(cache) = self.cache.as_mut() else {
+            return false;
+        };
+        let covered = (self.engine.session(i)).map_or(true, |s| {
+            s.history().is_empty() || cache.covers(s.history())
+        });
+        if covered {
+            return false;
+        }
+        match self.engine.snapshot_session(i) {
+            Ok(Some(snap)) => cache.insert(snap),
+            Ok(None) => false,
+            Err(e) => {
+                log::warn!("slot {i} was not saved to the prompt cache: {e}");
+                false
+            }
+        }
+    }
+
+    /// A slot about to take `prompt` while sharing little of it (under a tenth, as
+    /// llama-server's slot similarity) keeps its own prompt in the host cache and takes
+    /// the cached prompt sharing the most, where one shares more than it does.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn refill_from_cache(&mut self, slot: u32, prompt: &[u32]) {
+        if self.cache.is_none() {
+            return;
+        }
+        let shared = self.engine.session(slot).map_or(0, |s| {
+            (s.history().iter().zip(prompt))
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        if shared * 10 >= prompt.len() {
+            return;
+        }
+        log::debug!(
+            "updating prompt cache: slot {slot} shares {shared} of the prompt's {} tokens",
+            prompt.len()
+        );
+        self.save_to_cache(slot);
+        let cache = self.cache.as_mut().expect("checked above");
+        let Some((snap, n)) = cache.best(prompt, shared) else {
+            return;
+        };
+        match self.engine.restore_snapshot(slot, snap) {
+            Ok(_) => log::debug!("slot {slot}: {n} prompt tokens restored from the prompt cache"),
+            Err(e) => log::warn!("slot {slot}: the prompt cache's entry was not restored: {e}"),
+        }
+    }
+
+    /// Saves every idle slot to the host cache; with a unified cache, clears it too.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn save_idle_slots(&mut self) {
+        if self.cache.is_none() {
+            return;
+        }
+        for i in 0..self.slots.len() {
+            if !self.is_idle(i) {
+                continue;
+            }
+            let id = i as u32;
+            if self.save_to_cache(id) {
+                log::debug!("slot {i}: saved to the prompt cache (__TEST_TAG_CACHE_IDLE_SLOT__)");
+            }
+            let holds = self
+                .engine
+                .session(id)
+                .is_ok_and(|s| !s.history().is_empty());
+            if self.opts.kv_unified && holds {
+                if let Err(e) = self.engine.erase_session(id) {
+                    log::warn!("slot {i} was not cleared: {e}");
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn refill_from_cache(&mut self, _slot: u32, _prompt: &[u32]) {}
+
+    #[cfg(target_arch = "wasm32")]
+    fn save_idle_slots(&mut self) {}
 
     async fn step(&mut self) {
         let n_busy = self.slots.iter().filter(|s| s.active.is_some()).count() as u64;

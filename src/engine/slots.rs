@@ -5,6 +5,13 @@
 use super::{Engine, EngineError, Phase, Session, SessionId};
 use std::path::Path;
 
+/// A session's tokens and its cells in the state format, held in memory.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub tokens: Vec<u32>,
+    pub state: Vec<u8>,
+}
+
 impl Engine {
     /// Writes idle session `id`'s cells and tokens to `path`; returns the tokens saved.
     #[cfg(not(target_arch = "wasm32"))]
@@ -20,6 +27,43 @@ impl Engine {
     pub fn restore_session(&mut self, id: SessionId, path: &Path) -> Result<usize, EngineError> {
         let params = self.idle(id)?.params.clone();
         let saved = self.context_mut().state_load(path, Some(id))?;
+        self.resume_from(id, params, saved)
+    }
+
+    /// Idle session `id`'s tokens and cells in the state format, held in memory (the
+    /// server's prompt cache); `None` when it holds no tokens.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn snapshot_session(&mut self, id: SessionId) -> Result<Option<Snapshot>, EngineError> {
+        let history = self.idle(id)?.history.clone();
+        if history.is_empty() {
+            return Ok(None);
+        }
+        let (state, _) = self.context_mut().state_bytes(&history, Some(id))?;
+        Ok(Some(Snapshot {
+            tokens: history,
+            state,
+        }))
+    }
+
+    /// Replaces idle session `id`'s cells with a [`Snapshot`]'s; returns its tokens.
+    pub fn restore_snapshot(
+        &mut self,
+        id: SessionId,
+        snap: &Snapshot,
+    ) -> Result<usize, EngineError> {
+        let params = self.idle(id)?.params.clone();
+        let saved =
+            (self.context_mut()).state_from_bytes(&snap.state, "the prompt cache", Some(id))?;
+        self.resume_from(id, params, saved)
+    }
+
+    /// A fresh idle session `id` that continues from restored cells and tokens.
+    fn resume_from(
+        &mut self,
+        id: SessionId,
+        params: super::SessionParams,
+        saved: crate::context::state::SavedState,
+    ) -> Result<usize, EngineError> {
         let sampler = self.sampler_for(&params.sampling)?;
         let mut s = Session::new(id, params, sampler)?;
         s.shift.n_past = saved.tokens.len() as i32;

@@ -8,7 +8,7 @@ mod planner;
 mod profile;
 
 pub use builder::{AttnBlock, GraphBuilder, Node, Op, OpCost, TensorId};
-pub use profile::{OpProfile, StepProfile, TimingSource};
+pub use profile::{KernelTime, OpProfile, StepProfile, TimingSource};
 
 use crate::gpu::{Gpu, GpuError};
 use crate::ops::{Dispatch, View};

@@ -61,6 +61,15 @@ impl OpProfile {
     }
 }
 
+/// One kernel's share of a step (dispatches by their label: an op of several kernels,
+/// such as attention's scores, softmax, output and join, shows each).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    pub label: &'static str,
+    pub dispatches: usize,
+    pub ns: f64,
+}
+
 /// One step's profile: op kinds sorted by time, slowest first.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepProfile {
@@ -69,6 +78,8 @@ pub struct StepProfile {
     pub n_tok: u32,
     pub n_kv: u32,
     pub ops: Vec<OpProfile>,
+    /// The same time by kernel, slowest first.
+    pub kernels: Vec<KernelTime>,
 }
 
 impl StepProfile {
@@ -101,8 +112,21 @@ impl Graph {
             (TimingSource::Host, self.time_host(gpu)?)
         };
         let mut ops: Vec<OpProfile> = Vec::new();
+        let mut kernels: Vec<KernelTime> = Vec::new();
         let mut last_node = u32::MAX;
         for (i, &t) in ns.iter().enumerate() {
+            let label = self.dispatches[i].label;
+            match kernels.iter_mut().find(|k| k.label == label) {
+                Some(k) => {
+                    k.dispatches += 1;
+                    k.ns += t;
+                }
+                None => kernels.push(KernelTime {
+                    label,
+                    dispatches: 1,
+                    ns: t,
+                }),
+            }
             let node = self.node_of[i];
             let (kind, cost) = &self.costs[node as usize];
             let idx = match ops.iter().position(|o| &o.kind == kind) {
@@ -130,11 +154,13 @@ impl Graph {
             }
         }
         ops.sort_by(|a, b| b.ns.total_cmp(&a.ns));
+        kernels.sort_by(|a, b| b.ns.total_cmp(&a.ns));
         Ok(StepProfile {
             source,
             n_tok: 0,
             n_kv: 0,
             ops,
+            kernels,
         })
     }
 

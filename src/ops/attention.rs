@@ -258,7 +258,7 @@ fn kqv_split(
     Ok(vec![
         record(
             gpu,
-            "attn_kqv",
+            "attn_kqv_split",
             split,
             bytemuck::bytes_of(&params),
             &[scores, mask, v, &part, &stats],
@@ -367,7 +367,7 @@ fn tiled(
     let mut out = vec![
         record(
             gpu,
-            "attn_kq",
+            "attn_kq_tile",
             gpu.pipeline(KernelKey::AttnKqTile { f16: s.kv_f16, dk })?,
             bytemuck::bytes_of(&s.uniform()),
             &[q, k, scores, mask],
@@ -382,7 +382,7 @@ fn tiled(
     };
     out.push(record(
         gpu,
-        "attn_kqv",
+        "attn_kqv_tile",
         gpu.pipeline(KernelKey::AttnKqvTile { f16: s.kv_f16, ni })?,
         bytemuck::bytes_of(&s.split_uniform(sm, sp.chunk)),
         &[scores, v, &part],

@@ -57,6 +57,8 @@ pub struct ServerOptions {
     /// Every chat reply carries `__verbose` (the rendered prompt), as with llama-server's
     /// `--verbose`; else only where a request asks (`"verbose": true`).
     pub verbose: bool,
+    /// The engine service's prompt cache (`--cache-ram`, `--cache-idle-slots`).
+    pub service: crate::engine::service::ServiceOptions,
 }
 
 /// What every handler sees.
@@ -145,9 +147,11 @@ async fn run(
         ));
     }
     // The model loads on a thread of its own (it blocks on the GPU and the disk).
-    let loaded =
-        tokio::task::spawn_blocking(move || load().and_then(|e| Ok(EngineService::spawn(e)?)))
-            .await?;
+    let service_opts = opts.service.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        load().and_then(|e| Ok(EngineService::spawn_with(e, service_opts)?))
+    })
+    .await?;
     match loaded {
         Ok(service) => {
             let _ = state.service.set(service);

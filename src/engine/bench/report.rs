@@ -252,13 +252,24 @@ pub fn profile_json(p: &StepProfile) -> String {
             )
         })
         .collect();
+    let kernels: Vec<String> = (p.kernels.iter())
+        .map(|k| {
+            format!(
+                "{{\"kernel\": {}, \"dispatches\": {}, \"time_ns\": {}}}",
+                serde_json::Value::from(k.label),
+                k.dispatches,
+                k.ns.round() as u64
+            )
+        })
+        .collect();
     format!(
-        "{{\"timing\": {}, \"n_tokens\": {}, \"n_kv\": {}, \"total_ns\": {}, \"ops\": [{}]}}",
+        "{{\"timing\": {}, \"n_tokens\": {}, \"n_kv\": {}, \"total_ns\": {}, \"ops\": [{}], \"kernels\": [{}]}}",
         serde_json::Value::from(p.source.note()),
         p.n_tok,
         p.n_kv,
         p.total_ns().round() as u64,
-        ops.join(", ")
+        ops.join(", "),
+        kernels.join(", ")
     )
 }
 
@@ -410,6 +421,17 @@ pub fn profile_md(title: &str, p: &StepProfile) -> String {
             100.0 * p.share(o),
             o.gb_per_s(),
             o.gflop_per_s()
+        ));
+    }
+    s.push_str("\n| kernel | dispatches | time ms | share |\n| --- | ---: | ---: | ---: |\n");
+    let total = p.total_ns().max(1.0);
+    for k in &p.kernels {
+        s.push_str(&format!(
+            "| {} | {} | {:.3} | {:.1} % |\n",
+            k.label,
+            k.dispatches,
+            k.ns / 1e6,
+            100.0 * k.ns / total
         ));
     }
     s
