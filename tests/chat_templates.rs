@@ -106,6 +106,7 @@ fn llama_cpp_templates_render_as_jinja2() {
         bos_token: &record.bos_token,
         eos_token: &record.eos_token,
         now: Some(now),
+        tools: None,
     };
 
     let dir = common::llamacpp_tests_dir().join("templates");

@@ -439,3 +439,52 @@ fn tool_calls_come_back_as_calls() {
     }
     assert_eq!(s.request("GET", "/health", "").0, 200);
 }
+
+/// A template that renders tools itself (Qwen 2.5's) gets the tool list and the history's
+/// calls and results as fields, and a required call comes back from its own
+/// `<tool_call>` syntax, which the grammar holds SmolLM2 to.
+#[test]
+fn a_template_that_knows_tools_renders_them_and_its_calls_are_read_back() {
+    let tpl = common::llamacpp_tests_dir().join("templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+    let s = start(&["-np", "1", "--chat-template-file", tpl.to_str().unwrap()]);
+    let history = json!([
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"location\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 25 C"},
+    ]);
+    let (st, b) = s.json(
+        "POST",
+        "/apply-template",
+        json!({"messages": history, "tools": [weather_tool()]}),
+    );
+    assert_eq!(st, 200, "{b}");
+    let prompt = b["prompt"].as_str().unwrap();
+    assert!(
+        prompt.contains("<tools>") && prompt.contains("\"get_weather\""),
+        "{prompt}"
+    );
+    assert!(
+        prompt.contains(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}"
+        ),
+        "{prompt}"
+    );
+    assert!(
+        prompt.contains("<tool_response>\nSunny, 25 C\n</tool_response>"),
+        "{prompt}"
+    );
+
+    let ask = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
+    let (st, b) = s.json(
+        "POST",
+        "/v1/chat/completions",
+        json!({"messages": ask, "tools": [weather_tool()], "tool_choice": "required", "max_tokens": 60}),
+    );
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["choices"][0]["finish_reason"], "tool_calls", "{b}");
+    let call = &b["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_weather_args(&args);
+}

@@ -105,6 +105,7 @@ fn message(msg: &Value) -> Vec<Value> {
     let mut parts = Vec::new();
     let mut calls = Vec::new();
     let mut results = Vec::new();
+    let mut reasoning = String::new();
     for b in blocks {
         match b.get("type").and_then(Value::as_str) {
             Some("text") => parts.push(b.clone()),
@@ -148,15 +149,21 @@ fn message(msg: &Value) -> Vec<Value> {
                     "content": content,
                 }));
             }
-            // Thinking blocks of earlier turns are not shown to the model again.
+            // Earlier turns' thinking, for templates that render `reasoning_content`.
+            Some("thinking") => {
+                reasoning.push_str(b.get("thinking").and_then(Value::as_str).unwrap_or(""));
+            }
             _ => {}
         }
     }
     let mut out = Vec::new();
-    if !parts.is_empty() || !calls.is_empty() {
+    if !parts.is_empty() || !calls.is_empty() || !reasoning.is_empty() {
         let mut m = json!({"role": role, "content": if parts.is_empty() { json!("") } else { Value::Array(parts) }});
         if !calls.is_empty() {
             m["tool_calls"] = Value::Array(calls);
+        }
+        if !reasoning.is_empty() {
+            m["reasoning_content"] = json!(reasoning);
         }
         out.push(m);
     }
@@ -202,7 +209,7 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
     let tok = service.tokenizer();
     let p = params::gen_params(&body, &s.opts.defaults, tok)?;
     let mut req = p.request.clone();
-    let chat = ChatRequest::read(&body)?;
+    let chat = ChatRequest::read(&body, tok)?;
     chat.tools_grammar(&mut req.params.sampling.grammar)?;
     req.prompt = chat.tokens(tok)?;
     let n_prompt = req.prompt.len();

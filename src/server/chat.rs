@@ -7,9 +7,9 @@
 
 use super::error::{ApiError, ApiResult};
 use super::params::Fields;
-use super::tools::{self, Tools};
-use crate::tokenizer::{ChatMessage, Tokenizer};
-use serde_json::Value;
+use super::tools::{self, ToolFormat, Tools};
+use crate::tokenizer::{knows_tools, ChatMessage, Tokenizer};
+use serde_json::{json, Value};
 
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
@@ -17,19 +17,31 @@ pub struct ChatRequest {
     pub continue_last: bool,
     /// The tools offered, unless none are (or `tool_choice` is "none").
     pub tools: Option<Tools>,
+    /// How tools reach the model and its calls come back, by the template.
+    pub format: ToolFormat,
 }
 
 impl ChatRequest {
-    pub fn read(body: &Value) -> ApiResult<ChatRequest> {
+    /// The request as `tok`'s chat template will render it.
+    pub fn read(body: &Value, tok: &Tokenizer) -> ApiResult<ChatRequest> {
         let f = Fields::of(body)?;
         let tools = Tools::read(&f)?;
         let mut messages = messages(f.value("messages"))?;
-        if let Some(t) = &tools {
-            // The tools go at the end of the system message (one is opened if none).
-            let text = t.system_text();
-            match messages.first_mut().filter(|m| m.role == "system") {
-                Some(sys) => sys.content = format!("{}\n\n{text}", sys.content),
-                None => messages.insert(0, ChatMessage::new("system", text)),
+        let template = tok.chat_template_or_chatml();
+        let format = match (knows_tools(template), template.contains("<tool_call>")) {
+            (false, _) => ToolFormat::Json,
+            (true, true) => ToolFormat::Hermes,
+            (true, false) => ToolFormat::Bare,
+        };
+        if format == ToolFormat::Json {
+            messages = messages.into_iter().map(in_json_format).collect();
+            if let Some(t) = &tools {
+                // The tools go at the end of the system message (one is opened if none).
+                let text = t.system_text();
+                match messages.first_mut().filter(|m| m.role == "system") {
+                    Some(sys) => sys.content = format!("{}\n\n{text}", sys.content),
+                    None => messages.insert(0, ChatMessage::new("system", text)),
+                }
             }
         }
         let trailing = messages
@@ -53,6 +65,7 @@ impl ChatRequest {
             continue_last: trailing == 1 && cont != Some(false) && add_gen != Some(true),
             messages,
             tools,
+            format,
         })
     }
 
@@ -60,13 +73,16 @@ impl ChatRequest {
     /// when it is continued.
     pub fn render(&self, tok: &Tokenizer) -> ApiResult<String> {
         let wrap = |e: crate::tokenizer::TemplateError| ApiError::invalid(e.to_string());
+        // Templates that render tools themselves get the list.
+        let list = (self.tools.as_ref())
+            .filter(|_| self.format != ToolFormat::Json)
+            .map(|t| &t.list);
+        let apply = |add_gen| tok.apply_chat_template_with(&self.messages, add_gen, list);
         if !self.continue_last {
-            return tok.apply_chat_template(&self.messages, true).map_err(wrap);
+            return apply(true).map_err(wrap);
         }
         let last = self.messages.last().map_or("", |m| m.content.as_str());
-        let full = tok
-            .apply_chat_template(&self.messages, false)
-            .map_err(wrap)?;
+        let full = apply(false).map_err(wrap)?;
         // The assistant's text as rendered ends the prompt; what the template puts after
         // it (its end-of-turn) is dropped so that the model continues the text.
         match full.rfind(last).filter(|_| !last.is_empty()) {
@@ -87,14 +103,16 @@ impl ChatRequest {
                 "Cannot use custom grammar constraints with tools.",
             ));
         }
-        *grammar = Some(t.grammar()?);
+        if let Some(g) = t.grammar_as(self.format)? {
+            *grammar = Some(g);
+        }
         Ok(())
     }
 
     /// The reply read back: with tools, its calls and text; without, the text as it is.
     pub fn reply(&self, text: &str) -> tools::Reply {
         match &self.tools {
-            Some(t) => t.parse(text, || super::openai::reply_id("call_")),
+            Some(t) => t.parse_as(self.format, text, || super::openai::reply_id("call_")),
             None => tools::Reply {
                 content: text.to_string(),
                 calls: Vec::new(),
@@ -119,29 +137,60 @@ pub fn messages(v: Option<&Value>) -> ApiResult<Vec<ChatMessage>> {
     items.iter().map(message).collect()
 }
 
-/// One message; an assistant's `tool_calls` and a tool's result are written as the JSON
-/// the model is asked to write and to read (see `tools.rs`).
+/// One message, with the fields templates that know tools read: an assistant's
+/// `tool_calls` (arguments as objects) and `reasoning_content`, a tool result's
+/// `tool_call_id` and `name`.
 fn message(m: &Value) -> ApiResult<ChatMessage> {
     let no_content = || ApiError::invalid("All non-assistant messages must contain 'content'");
     let f = Fields::of(m).map_err(|_| no_content())?;
     let role = f.str("role")?.unwrap_or("");
-    let text = text_content(&f, role, no_content)?;
+    let mut msg = ChatMessage::new(role, text_content(&f, role, no_content)?);
     if role == "tool" {
-        let id = f.str("tool_call_id")?;
-        return Ok(ChatMessage::new("user", tools::response_text(id, &text)));
+        for k in ["tool_call_id", "name"] {
+            if let Some(v) = f.str(k)? {
+                msg.extra.insert(k.into(), json!(v));
+            }
+        }
+    }
+    if let Some(r) = f.str("reasoning_content")?.filter(|r| !r.is_empty()) {
+        msg.extra.insert("reasoning_content".into(), json!(r));
     }
     match f.value("tool_calls") {
         Some(Value::Array(calls)) if role == "assistant" && !calls.is_empty() => {
-            let calls = tools::calls_text(calls);
-            let content = if text.is_empty() {
-                calls
-            } else {
-                format!("{text}\n{calls}")
-            };
-            Ok(ChatMessage::new(role, content))
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(tools::call_with_object_arguments)
+                .collect();
+            msg.extra.insert("tool_calls".into(), Value::Array(calls));
         }
-        _ => Ok(ChatMessage::new(role, text)),
+        _ => {}
     }
+    Ok(msg)
+}
+
+/// A message as templates that know nothing of tools take it: a tool's result as a user
+/// message holding it, an assistant's calls as the JSON the model is asked to write
+/// (see `tools.rs`).
+fn in_json_format(mut m: ChatMessage) -> ChatMessage {
+    if m.role == "tool" {
+        let id = m.extra.remove("tool_call_id");
+        m.extra.remove("name");
+        let text = tools::response_text(id.as_ref().and_then(Value::as_str), &m.content);
+        return ChatMessage {
+            role: "user".into(),
+            content: text,
+            extra: m.extra,
+        };
+    }
+    if let Some(Value::Array(calls)) = m.extra.remove("tool_calls") {
+        let calls = tools::calls_text(&calls);
+        m.content = if m.content.is_empty() {
+            calls
+        } else {
+            format!("{}\n{calls}", m.content)
+        };
+    }
+    m
 }
 
 /// A message's text: its string content, or its text parts joined with newlines.

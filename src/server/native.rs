@@ -415,7 +415,7 @@ pub async fn detokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
 pub async fn apply_template(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
     let body = body_json(&body)?;
-    let chat = super::chat::ChatRequest::read(&body)?;
+    let chat = super::chat::ChatRequest::read(&body, service.tokenizer())?;
     let prompt = chat.render(service.tokenizer())?;
     Ok(Json(json!({ "prompt": prompt })))
 }

@@ -255,7 +255,7 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
 
 /// A chat request's prompt tokens (template rendered on the caller's side).
 pub fn chat_prompt(body: &Value, tok: &Tokenizer) -> ApiResult<Vec<u32>> {
-    ChatRequest::read(body)?.tokens(tok)
+    ChatRequest::read(body, tok)?.tokens(tok)
 }
 
 /// `/chat/completions/input_tokens`: the prompt's token count, nothing generated.
@@ -286,7 +286,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
     }
     let verbose = f.bool("verbose")?.unwrap_or(s.opts.verbose);
     let return_progress = f.bool("return_progress")?.unwrap_or(false);
-    let chat = ChatRequest::read(&body)?;
+    let chat = ChatRequest::read(&body, tok)?;
     let rendered = chat.render(tok)?;
     let mut req = p.request.clone();
     chat.tools_grammar(&mut req.params.sampling.grammar)?;

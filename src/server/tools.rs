@@ -7,8 +7,10 @@
 //! content, a tool's result as a user message holding `{"tool_response": ...}`, so that
 //! templates which know nothing of tools (SmolLM2's, Gemma's) render every turn.
 //!
-//! llama.cpp writes tools in each template's own syntax where it recognises one (Hermes'
-//! `<tool_call>`, Llama 3.x's JSON, ...); wgllm uses this one format for every template.
+//! Templates that render tools themselves (they read `tool_calls`) get the list and the
+//! history's calls and results as fields instead, and the model's own syntax is read
+//! back: Hermes' `<tool_call>{...}</tool_call>` blocks (Qwen 2.5 and 3, Hermes), else a
+//! bare JSON call (Llama 3.x); a grammar holds the reply only where a call is required.
 
 use super::error::{ApiError, ApiResult};
 use super::params::Fields;
@@ -31,10 +33,23 @@ pub enum Choice {
     Named(String),
 }
 
+/// How tools reach the model and its calls come back, by what the template knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// The template knows nothing of tools: wgllm's JSON, written into the messages.
+    Json,
+    /// The template renders tools; the model writes `<tool_call>` blocks of JSON.
+    Hermes,
+    /// The template renders tools; the model writes a call as a bare JSON object.
+    Bare,
+}
+
 /// The tools a chat request offers the model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tools {
     pub tools: Vec<Tool>,
+    /// The request's `tools` as given (OpenAI's form), for templates that render them.
+    pub list: Value,
     pub choice: Choice,
     /// Several calls in one reply (`parallel_tool_calls`).
     pub parallel: bool,
@@ -101,6 +116,7 @@ impl Tools {
         let parallel = f.bool("parallel_tool_calls")?.unwrap_or(false);
         Ok(Some(Tools {
             tools,
+            list: Value::Array(list.clone()),
             choice,
             parallel,
         }))
@@ -139,20 +155,9 @@ impl Tools {
 
     /// The JSON schema the reply must match.
     pub fn schema(&self) -> Value {
-        let call = |t: &Tool| {
-            let params = match &t.parameters {
-                Value::Object(o) if !o.is_empty() => t.parameters.clone(),
-                _ => json!({"type": "object"}),
-            };
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": t.name}, "arguments": params},
-                "required": ["name", "arguments"],
-            })
-        };
         let mut calls = json!({
             "type": "array",
-            "items": {"anyOf": self.offered().map(call).collect::<Vec<_>>()},
+            "items": self.call_schema(),
             "minItems": 1,
         });
         if !self.parallel {
@@ -174,8 +179,72 @@ impl Tools {
 
     /// The grammar (GBNF) of [`Self::schema`].
     pub fn grammar(&self) -> ApiResult<String> {
-        crate::grammar::json_schema::to_grammar(&self.schema())
-            .map_err(|e| ApiError::invalid(format!("\"tools\": {e}")))
+        to_grammar(&self.schema())
+    }
+
+    /// One call's JSON schema: a `name` of the offered tools and its `arguments`.
+    fn call_schema(&self) -> Value {
+        let call = |t: &Tool| {
+            let params = match &t.parameters {
+                Value::Object(o) if !o.is_empty() => t.parameters.clone(),
+                _ => json!({"type": "object"}),
+            };
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": params},
+                "required": ["name", "arguments"],
+            })
+        };
+        json!({"anyOf": self.offered().map(call).collect::<Vec<_>>()})
+    }
+
+    /// The grammar the reply is held to in `format`: always in wgllm's JSON; in a
+    /// template's own syntax only where a call is required (one `<tool_call>` block, or
+    /// one bare call), the model otherwise free to answer in text.
+    pub fn grammar_as(&self, format: ToolFormat) -> ApiResult<Option<String>> {
+        if format == ToolFormat::Json {
+            return self.grammar().map(Some);
+        }
+        if self.choice == Choice::Auto {
+            return Ok(None);
+        }
+        let call = to_grammar(&self.call_schema())?;
+        if format == ToolFormat::Bare {
+            return Ok(Some(call));
+        }
+        // The call's rules under another root, inside the block.
+        let renamed: Vec<String> = call
+            .lines()
+            .map(|l| match l.strip_prefix("root ::=") {
+                Some(rest) => format!("wgllm-call ::={rest}"),
+                None => l.to_string(),
+            })
+            .collect();
+        Ok(Some(format!(
+            "root ::= \"<tool_call>\\n\" wgllm-call \"\\n</tool_call>\"\n{}",
+            renamed.join("\n")
+        )))
+    }
+
+    /// [`Self::parse`] for the reply of `format`.
+    pub fn parse_as(&self, format: ToolFormat, text: &str, new_id: impl Fn() -> String) -> Reply {
+        match format {
+            ToolFormat::Json => self.parse(text, new_id),
+            ToolFormat::Hermes => parse_hermes(text, new_id),
+            ToolFormat::Bare => match serde_json::from_str::<Value>(text.trim())
+                .ok()
+                .and_then(|v| read_call(&v, &new_id))
+            {
+                Some(call) => Reply {
+                    content: String::new(),
+                    calls: vec![call],
+                },
+                None => Reply {
+                    content: text.to_string(),
+                    calls: Vec::new(),
+                },
+            },
+        }
     }
 
     /// The model's reply read back. Text that is not the JSON asked for (a reply cut by
@@ -210,6 +279,71 @@ impl Tools {
         };
         Reply { content, calls }
     }
+}
+
+fn to_grammar(schema: &Value) -> ApiResult<String> {
+    crate::grammar::json_schema::to_grammar(schema)
+        .map_err(|e| ApiError::invalid(format!("\"tools\": {e}")))
+}
+
+/// A call object as models write it: `name`, and `arguments` (or Llama's `parameters`).
+fn read_call(v: &Value, new_id: &impl Fn() -> String) -> Option<ToolCall> {
+    let name = v.get("name")?.as_str()?.to_string();
+    let arguments = v.get("arguments").or_else(|| v.get("parameters"))?.clone();
+    // Some models write the arguments as a JSON string.
+    let arguments = match arguments {
+        Value::String(s) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+        a => a,
+    };
+    Some(ToolCall {
+        id: new_id(),
+        name,
+        arguments,
+    })
+}
+
+/// Hermes' syntax read back: each `<tool_call>` block's JSON call (a block the token
+/// limit cut short is kept as text), the text around them as content.
+fn parse_hermes(text: &str, new_id: impl Fn() -> String) -> Reply {
+    const OPEN: &str = "<tool_call>";
+    const CLOSE: &str = "</tool_call>";
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(OPEN) {
+        let body = &rest[at + OPEN.len()..];
+        let Some(end) = body.find(CLOSE) else {
+            break;
+        };
+        match serde_json::from_str::<Value>(body[..end].trim())
+            .ok()
+            .and_then(|v| read_call(&v, &new_id))
+        {
+            Some(call) => {
+                content.push_str(&rest[..at]);
+                calls.push(call);
+            }
+            None => content.push_str(&rest[..at + OPEN.len() + end + CLOSE.len()]),
+        }
+        rest = &body[end + CLOSE.len()..];
+    }
+    content.push_str(rest);
+    Reply {
+        content: content.trim().to_string(),
+        calls,
+    }
+}
+
+/// An OpenAI call with its `arguments` as an object where the string parses (templates
+/// write them with `tojson`).
+pub fn call_with_object_arguments(c: &Value) -> Value {
+    let mut c = c.clone();
+    if let Some(Value::String(s)) = c.get("function").and_then(|f| f.get("arguments")) {
+        if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(s) {
+            c["function"]["arguments"] = v;
+        }
+    }
+    c
 }
 
 /// One entry of OpenAI's `tools`: `{"type": "function", "function": {"name", "description",
@@ -360,6 +494,38 @@ mod tests {
         let r = t.parse(r#"{"tool_calls": [{"name": "get_we"#, id);
         assert_eq!(r.content, r#"{"tool_calls": [{"name": "get_we"#);
         assert!(r.calls.is_empty());
+    }
+
+    #[test]
+    fn a_templates_own_syntax_is_read_back() {
+        let t = tools(json!({}));
+        let id = || "c".to_string();
+        let r = t.parse_as(
+            ToolFormat::Hermes,
+            "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}\n</tool_call>",
+            id,
+        );
+        assert_eq!(r.content, "Let me look.");
+        assert_eq!(r.calls.len(), 1);
+        assert_eq!(r.calls[0].arguments, json!({"location": "Paris"}));
+        // A block cut short stays text.
+        let r = t.parse_as(ToolFormat::Hermes, "<tool_call>\n{\"name\": \"get", id);
+        assert!(r.calls.is_empty() && r.content.starts_with("<tool_call>"));
+        let r = t.parse_as(
+            ToolFormat::Bare,
+            r#"{"name": "get_weather", "parameters": {"location": "Paris"}}"#,
+            id,
+        );
+        assert_eq!(r.calls[0].name, "get_weather");
+        assert_eq!(t.parse_as(ToolFormat::Bare, "Hello", id).content, "Hello");
+        // Held by a grammar only where a call is required.
+        assert!(t.grammar_as(ToolFormat::Hermes).unwrap().is_none());
+        let required = tools(json!({"tool_choice": "required"}));
+        let g = required.grammar_as(ToolFormat::Hermes).unwrap().unwrap();
+        let g = Arc::new(Grammar::parse(&g, None).unwrap());
+        let block = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+        assert!(accepts_text(g.clone(), block));
+        assert!(!accepts_text(g, "Hello"));
     }
 
     #[test]

@@ -25,8 +25,8 @@ use crate::gguf::GgufFile;
 
 use special::Fragment;
 pub use template::{
-    apply_chat_template, builtin_template, render_chat_template, ChatMessage, TemplateError,
-    TemplateOptions, BUILTIN_TEMPLATES, CHATML, GEMMA,
+    apply_chat_template, builtin_template, knows_tools, render_chat_template, ChatMessage,
+    TemplateError, TemplateOptions, BUILTIN_TEMPLATES, CHATML, GEMMA,
 };
 
 /// Why a model's tokenizer could not be built.
@@ -373,15 +373,33 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        let tpl = self.chat_template.as_deref().unwrap_or(template::CHATML);
+        self.apply_chat_template_with(messages, add_generation_prompt, None)
+    }
+
+    /// [`Self::apply_chat_template`] with a `tools` list for templates that render one.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, TemplateError> {
         let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
-        apply_chat_template(
-            tpl,
+        render_chat_template(
+            self.chat_template_or_chatml(),
             messages,
-            add_generation_prompt,
-            text(self.bos),
-            text(self.eos),
+            &TemplateOptions {
+                add_generation_prompt,
+                bos_token: text(self.bos),
+                eos_token: text(self.eos),
+                now: None,
+                tools,
+            },
         )
+    }
+
+    /// The template messages are rendered with: the model's, else ChatML.
+    pub fn chat_template_or_chatml(&self) -> &str {
+        self.chat_template.as_deref().unwrap_or(template::CHATML)
     }
 
     /// The token for a raw byte: `<0xNN>`, else the byte itself as a one-byte text.

@@ -9,11 +9,14 @@ use minijinja::{Environment, Error, ErrorKind, UndefinedBehavior, Value};
 use super::pyjinja;
 
 /// One turn of a conversation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatMessage {
     /// "system", "user" or "assistant" (whatever the template understands).
     pub role: String,
     pub content: String,
+    /// Further fields templates may read, after `role` and `content`: an assistant's
+    /// `tool_calls` and `reasoning_content`, a tool result's `tool_call_id`.
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ChatMessage {
@@ -21,8 +24,15 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            extra: Default::default(),
         }
     }
+}
+
+/// Whether a template renders tool calls and tools itself (it reads `tool_calls`), so
+/// that they are given to it as fields rather than written into the messages' text.
+pub fn knows_tools(template: &str) -> bool {
+    template.contains("tool_calls")
 }
 
 /// ChatML, the fallback for models without a template (llama.cpp uses it too).
@@ -134,6 +144,8 @@ pub struct TemplateOptions<'a> {
     /// The time `strftime_now` formats. `None` is the local time at the call, as Hugging
     /// Face's renderer gives; tests fix it so that renders are reproducible.
     pub now: Option<chrono::NaiveDateTime>,
+    /// The `tools` list (OpenAI's form) for templates that render it; `None` otherwise.
+    pub tools: Option<&'a serde_json::Value>,
 }
 
 /// Renders `template` for `messages`; `add_generation_prompt` appends the opening of an
@@ -153,6 +165,7 @@ pub fn apply_chat_template(
             bos_token,
             eos_token,
             now: None,
+            tools: None,
         },
     )
 }
@@ -177,15 +190,20 @@ pub fn render_chat_template(
     let msgs: Vec<Value> = messages
         .iter()
         .map(|m| {
-            Value::from_pairs([
-                ("role", Value::from(m.role.as_str())),
-                ("content", Value::from(m.content.as_str())),
-            ])
+            let mut pairs = vec![
+                ("role".to_string(), Value::from(m.role.as_str())),
+                ("content".to_string(), Value::from(m.content.as_str())),
+            ];
+            for (k, v) in &m.extra {
+                pairs.push((k.clone(), json_value(v)));
+            }
+            Value::from_pairs(pairs)
         })
         .collect();
+    let tools = opts.tools.map_or(Value::from(()), json_value);
     let ctx = Value::from_pairs([
         ("messages", Value::from(msgs)),
-        ("tools", Value::from(())),
+        ("tools", tools),
         ("documents", Value::from(())),
         (
             "add_generation_prompt",
@@ -197,6 +215,23 @@ pub fn render_chat_template(
     let out = env.get_template("chat")?.render(ctx)?;
     log::debug!("chat template rendered {} bytes", out.len());
     Ok(out)
+}
+
+/// A JSON value as the template sees it (objects keep their key order, as Python dicts do).
+fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
+    }
 }
 
 /// The minijinja environment set up as transformers sets up Jinja2 for chat templates.

@@ -576,6 +576,7 @@ fn template_python_compat() {
         bos_token: "<s>",
         eos_token: "</s>",
         now: chrono::NaiveDate::from_ymd_opt(2026, 1, 15).and_then(|d| d.and_hms_opt(10, 30, 0)),
+        tools: None,
     };
     let render = |tpl: &str| render_chat_template(tpl, &msgs, &opts);
     assert_eq!(
