@@ -961,6 +961,15 @@ fn tuned_kernels_match_reference() {
                 ..Default::default()
             },
         ),
+        // 8x8 accumulators per invocation, over partial rows and tokens.
+        (
+            KernelShape::Gpu,
+            KernelTuning {
+                tile_min: Some(16),
+                gpu_tile: Some((128, 128)),
+                ..Default::default()
+            },
+        ),
     ];
     for (kernels, tuning) in cases {
         let gpu = Gpu::new(&GpuOptions {

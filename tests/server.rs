@@ -334,6 +334,28 @@ fn assert_weather_args(args: &Value) {
     assert!(args["location"].is_string(), "{args}");
 }
 
+/// Asks for the weather with a required call; checks the reply is one `get_weather`
+/// call with a location and returns it.
+fn required_weather_call(s: &Server) -> Value {
+    let ask = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
+    let (st, b) = s.json(
+        "POST",
+        "/v1/chat/completions",
+        json!({"messages": ask, "tools": [weather_tool()], "tool_choice": "required", "max_tokens": 60}),
+    );
+    assert_eq!(st, 200, "{b}");
+    let choice = &b["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{b}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert!(call["id"].as_str().is_some_and(|id| !id.is_empty()));
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_weather_args(&args);
+    call.clone()
+}
+
 /// Tools on the chat and Messages endpoints: a required call comes back as OpenAI's
 /// `tool_calls` (whole, or streamed as one delta before `finish_reason: "tool_calls"`) and
 /// as an Anthropic `tool_use` block, whatever SmolLM2 would have written without the
@@ -475,16 +497,5 @@ fn a_template_that_knows_tools_renders_them_and_its_calls_are_read_back() {
         "{prompt}"
     );
 
-    let ask = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
-    let (st, b) = s.json(
-        "POST",
-        "/v1/chat/completions",
-        json!({"messages": ask, "tools": [weather_tool()], "tool_choice": "required", "max_tokens": 60}),
-    );
-    assert_eq!(st, 200, "{b}");
-    assert_eq!(b["choices"][0]["finish_reason"], "tool_calls", "{b}");
-    let call = &b["choices"][0]["message"]["tool_calls"][0]["function"];
-    assert_eq!(call["name"], "get_weather");
-    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
-    assert_weather_args(&args);
+    required_weather_call(&s);
 }

@@ -23,7 +23,9 @@ pub const GPU_VEC_ROWS: &[u32] = &[1, 2, 4, 8, 16, 32];
 /// Tokens per workgroup of `matmul_wg.wgsl`: 1 for decode, 4 for small batches.
 pub const GPU_VEC_TOKENS: &[u32] = &[1, 4];
 /// (weight rows, tokens) per workgroup of the tiled prompt matmul (`matmul_tile.wgsl`).
-pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64)];
+/// 128x128 (8x8 accumulators per invocation, 32 KiB of workgroup memory) only where asked
+/// for (`WGLLM_GPU_TILE`), for measuring.
+pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64), (128, 128)];
 /// Tokens per invocation of the attention score and output kernels.
 pub const ATTN_TB: &[u32] = &[1, 2, 4, 8];
 /// Invocations per row of the softmax: 64 for CPU-like adapters, 256 for GPUs.
@@ -609,7 +611,7 @@ mod tests {
             + Activation::ALL.len()
                 * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
-        assert_eq!(per_type, 63 + 2 * (27 + 20));
+        assert_eq!(per_type, 64 + 2 * (27 + 20));
         let shared = 2 + 2 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len();
         // Per cache type: rope, set_rows, two rope_stores, two flash, the attention kernels.
         let tiles = ATTN_TILE_DK.len() + ATTN_TILE_NI.len();

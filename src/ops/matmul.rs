@@ -42,24 +42,26 @@ pub fn gpu_vec_rows(tuning: &KernelTuning) -> u32 {
 }
 
 /// (weight rows, tokens) per workgroup of the tiled prompt matmul for `n_rows` rows and
-/// `n_tok` tokens: 128x64 where the adapter has the 24 KiB of workgroup memory it takes
-/// and the matrix still makes 256 or more such tiles, else 64x64 (16 KiB). A 128-row tile
-/// reuses each staged activation over twice the rows but makes half the workgroups: on
-/// an H100, 7B pp512 (every matrix 256+ tiles) 1811 t/s against 1544 with 64x64, while
-/// the 135M shape's matrices (at most 192 tiles) ran 35.0k against 31.2k with 64x64.
-/// `tuning.gpu_tile` (`WGLLM_GPU_TILE=64x64|128x64`) overrides it where it fits.
+/// `n_tok` tokens: the largest tile the adapter's workgroup memory holds (128x128 takes
+/// 32 KiB, 128x64 24 KiB, 64x64 16 KiB) while the matrix still makes enough of them
+/// (128 of 128x128, 256 of 128x64). A bigger tile reuses each staged value over more rows
+/// or tokens but makes fewer workgroups. On an H100, 7B pp512 (every matrix 256+ tiles of
+/// 128x64) ran 1811 t/s against 1544 with 64x64, while the 135M shape's matrices (at most
+/// 192 tiles) ran 35.0k against 31.2k with 64x64. On an H200, 128x128 everywhere ran 7B
+/// pp512 at 1970 t/s against 1873 with 128x64 (its smallest matrices make 128 such tiles;
+/// 128x128 only from 256 tiles ran 1919), and the 135M shape at 25.3k against 37.3k.
+/// `tuning.gpu_tile` (`WGLLM_GPU_TILE=64x64|128x64|128x128`) overrides it where it fits.
 pub fn gpu_tile(gpu: &Gpu, n_rows: u32, n_tok: u32) -> (u32, u32) {
-    let fits = gpu.info.max_workgroup_storage >= 24 * 1024;
-    match gpu.tuning.gpu_tile {
-        Some((64, 64)) => return (64, 64),
-        Some((128, 64)) if fits => return (128, 64),
-        _ => {}
+    let room = gpu.info.max_workgroup_storage;
+    let fits = |(bm, bn): (u32, u32)| room >= 8 * 16 * (bm + bn);
+    if let Some(t) = gpu.tuning.gpu_tile.filter(|&t| fits(t)) {
+        return t;
     }
-    if fits && n_rows.div_ceil(128) * n_tok.div_ceil(64) >= 256 {
-        (128, 64)
-    } else {
-        (64, 64)
-    }
+    let tiles = |(bm, bn): (u32, u32)| n_rows.div_ceil(bm) * n_tok.div_ceil(bn);
+    [((128, 128), 128), ((128, 64), 256)]
+        .into_iter()
+        .find(|&(t, enough)| fits(t) && tiles(t) >= enough)
+        .map_or((64, 64), |(t, _)| t)
 }
 
 /// The matmul variant for `n_tok` tokens through a `ty` matrix of `n_rows` rows on `gpu`.

@@ -12,9 +12,9 @@ use super::kernels;
 pub struct KernelTuning {
     /// `WGLLM_MATMUL_TILE=RxT`: (rows, tokens) per invocation of the CPU-shaped matmul.
     pub matmul_tile: Option<(u32, u32)>,
-    /// `WGLLM_GPU_TILE=64x64|128x64`: (weight rows, tokens) per workgroup of the tiled
-    /// prompt matmul. 128x64 falls back to the default choice where the adapter lacks the
-    /// 24 KiB of workgroup memory it takes.
+    /// `WGLLM_GPU_TILE=64x64|128x64|128x128`: (weight rows, tokens) per workgroup of the
+    /// tiled prompt matmul. 128x64 and 128x128 fall back to the default choice where the
+    /// adapter lacks the 24 or 32 KiB of workgroup memory they take.
     pub gpu_tile: Option<(u32, u32)>,
     /// `WGLLM_GPU_VEC`: weight rows per workgroup of the GPU matrix-vector matmul.
     pub gpu_vec_rows: Option<u32>,
@@ -163,7 +163,7 @@ impl KernelTuning {
                 return bad(
                     "WGLLM_GPU_TILE",
                     format!("{m}x{n}"),
-                    "expected 64x64 or 128x64".into(),
+                    "expected 64x64, 128x64 or 128x128".into(),
                 );
             }
         }
