@@ -455,6 +455,11 @@ fn tool_calls_come_back_as_calls() {
             "/v1/responses",
             json!({"input": "Weather?", "tools": [{"type": "function", "name": "get_weather"}]}),
         ),
+        // A call cannot be continued as a prefill.
+        (
+            "/v1/chat/completions",
+            json!({"messages": [ask[0].clone(), history[1].clone()]}),
+        ),
     ] {
         let (st, b) = s.json("POST", path, body);
         assert_error(st, &b, 400, "invalid_request_error");

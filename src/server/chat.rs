@@ -27,6 +27,9 @@ impl ChatRequest {
         let f = Fields::of(body)?;
         let tools = Tools::read(&f)?;
         let mut messages = messages(f.value("messages"))?;
+        let ends_with_calls = messages
+            .last()
+            .is_some_and(|m| m.extra.contains_key("tool_calls"));
         let template = tok.chat_template_or_chatml();
         let format = match (knows_tools(template), template.contains("<tool_call>")) {
             (false, _) => ToolFormat::Json,
@@ -61,8 +64,14 @@ impl ChatRequest {
                 "Cannot set both add_generation_prompt and continue_final_message to true.",
             ));
         }
+        let continue_last = trailing == 1 && cont != Some(false) && add_gen != Some(true);
+        if continue_last && ends_with_calls {
+            return Err(ApiError::invalid(
+                "Cannot continue an assistant message that contains tool calls.",
+            ));
+        }
         Ok(ChatRequest {
-            continue_last: trailing == 1 && cont != Some(false) && add_gen != Some(true),
+            continue_last,
             messages,
             tools,
             format,
