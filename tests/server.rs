@@ -365,21 +365,7 @@ fn required_weather_call(s: &Server) -> Value {
 fn tool_calls_come_back_as_calls() {
     let s = start(&["-np", "1"]);
     let ask = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
-    let (st, b) = s.json(
-        "POST",
-        "/v1/chat/completions",
-        json!({"messages": ask, "tools": [weather_tool()], "tool_choice": "required", "max_tokens": 60}),
-    );
-    assert_eq!(st, 200, "{b}");
-    let choice = &b["choices"][0];
-    assert_eq!(choice["finish_reason"], "tool_calls", "{b}");
-    let call = &choice["message"]["tool_calls"][0];
-    assert_eq!(call["type"], "function");
-    assert_eq!(call["function"]["name"], "get_weather");
-    assert!(call["id"].as_str().is_some_and(|id| !id.is_empty()));
-    let args: Value =
-        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-    assert_weather_args(&args);
+    required_weather_call(&s);
 
     let stream = json!({"messages": ask, "tools": [weather_tool()], "tool_choice": "required",
                         "max_tokens": 60, "stream": true});

@@ -20,7 +20,8 @@ struct Entry {
     used: u64,
 }
 
-fn shared_prefix(a: &[u32], b: &[u32]) -> usize {
+/// How many tokens `a` and `b` share at their start.
+pub(super) fn shared_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

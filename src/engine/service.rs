@@ -19,6 +19,7 @@
 //! is harmless), in a browser page as a task on the page's event loop that awaits each
 //! step's readback and lets the page draw between steps.
 
+use super::host_cache::shared_prefix;
 use super::{
     CacheMap, Engine, EngineError, Event, HostCache, SessionParams, StopStrings, Timings,
     TokenProbs,
@@ -651,13 +652,7 @@ impl Worker {
                 .then_some(s)
                 .filter(|&s| idle(s as usize));
         }
-        let lcp = |i: usize| {
-            self.engine.session(i as u32).map_or(0, |s| {
-                (s.history().iter().zip(&req.prompt))
-                    .take_while(|(a, b)| a == b)
-                    .count()
-            })
-        };
+        let lcp = |i: usize| self.shared_prefix(i as u32, &req.prompt);
         (0..self.slots.len())
             .filter(|&i| idle(i))
             .max_by_key(|&i| {
@@ -745,6 +740,11 @@ impl Worker {
         }
     }
 
+    /// Tokens slot `slot` already holds at the start of `prompt`.
+    fn shared_prefix(&self, slot: u32, prompt: &[u32]) -> usize {
+        (self.engine.session(slot)).map_or(0, |s| shared_prefix(s.history(), prompt))
+    }
+
     fn is_idle(&self, i: usize) -> bool {
         self.slots[i].active.is_none() && !self.pending.iter().any(|p| p.0 as usize == i)
     }
@@ -780,11 +780,7 @@ impl Worker {
         if self.cache.is_none() {
             return;
         }
-        let shared = self.engine.session(slot).map_or(0, |s| {
-            (s.history().iter().zip(prompt))
-                .take_while(|(a, b)| a == b)
-                .count()
-        });
+        let shared = self.shared_prefix(slot, prompt);
         if shared * 10 >= prompt.len() {
             return;
         }
