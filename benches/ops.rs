@@ -10,6 +10,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Thro
 use std::sync::Arc;
 use wgllm::gguf::{quant, GgmlType};
 use wgllm::gpu::{Gpu, GpuOptions, KernelTuning};
+use wgllm::kv::KvType;
 use wgllm::ops::attention::{attention, AttnShape, AttnViews};
 use wgllm::ops::matmul::matmul;
 use wgllm::ops::rope::{rope, RopeParams};
@@ -107,23 +108,34 @@ fn bench_prompt_matmul(c: &mut Criterion) {
     group.finish();
 }
 
-/// Attention of one decoded token and of a 16-token ubatch over growing caches: bytes
-/// of K and V read.
+/// Attention of one decoded token and of a 16-token ubatch over growing caches, with the
+/// adapter's plain cache and a q8_0 one: bytes of K and V read.
 fn bench_attention(c: &mut Criterion) {
     let gpu = open_gpu();
     let mut group = c.benchmark_group(format!("attention/{}", gpu.info.name));
     group.sample_size(10);
-    let kv_f16 = gpu.has_f16;
-    let elem = if kv_f16 { 2 } else { 4 };
-    for n_tok in [1u32, 16] {
-        for n_kv in [256u32, 1024, 4096] {
+    let plain = if gpu.has_f16 {
+        KvType::F16
+    } else {
+        KvType::F32
+    };
+    for (ty, n_tok, n_kv) in [plain, KvType::Q8_0]
+        .into_iter()
+        .flat_map(|ty| [1u32, 16].map(move |t| (ty, t)))
+        .flat_map(|(ty, t)| [256u32, 1024, 4096].map(move |n| (ty, t, n)))
+    {
+        {
             let s = AttnShape {
                 head_dim: HEAD_DIM,
                 n_head: N_HEAD,
                 n_head_kv: N_HEAD_KV,
                 n_tok,
                 n_kv,
-                kv_f16,
+                k_type: ty,
+                v_type: ty,
+                flash: false,
+                rot_k: 0,
+                rot_v: 0,
             };
             let sp = SoftmaxParams {
                 scale: 1.0 / (HEAD_DIM as f32).sqrt(),
@@ -131,7 +143,7 @@ fn bench_attention(c: &mut Criterion) {
                 n_head: N_HEAD,
             };
             let row = (HEAD_DIM * N_HEAD_KV) as usize;
-            let kv_bytes = (row * n_kv as usize * elem) as u64;
+            let kv_bytes = ty.row_bytes(row as u64) * n_kv as u64;
             let kv = View::whole(&gpu.storage("k", kv_bytes).unwrap());
             let vv = View::whole(&gpu.storage("v", kv_bytes).unwrap());
             let q = f32_buf(&gpu, &values((HEAD_DIM * N_HEAD * n_tok) as usize));
@@ -150,7 +162,7 @@ fn bench_attention(c: &mut Criterion) {
             };
             let d = attention(&gpu, &s, &sp, &io).unwrap();
             group.throughput(Throughput::Bytes(2 * kv_bytes));
-            time(&mut group, &gpu, format!("T={n_tok} n_kv={n_kv}"), &d);
+            time(&mut group, &gpu, format!("{ty} T={n_tok} n_kv={n_kv}"), &d);
         }
     }
     group.finish();

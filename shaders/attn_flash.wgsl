@@ -22,11 +22,15 @@ const OI: u32 = D4 / 4u;
 // `Params` is `AttnSplitUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k: array<vec4<{{KV_T}}>>;
-@group(0) @binding(3) var<storage, read> v: array<vec4<{{KV_T}}>>;
+@group(0) @binding(2) var<storage, read> k: array<{{K_ELEM}}>;
+@group(0) @binding(3) var<storage, read> v: array<{{V_ELEM}}>;
 // [n_kv, n_tok]: MASKED (or less) where a token may not see a cell, else ALiBi's bias.
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
 {{OUT_DECL}}
+
+{{K_LOAD}}
+
+{{V_LOAD}}
 
 var<workgroup> qs: array<vec4<f32>, BQ * D4>;
 var<workgroup> ks: array<vec4<f32>, BK * D4>;
@@ -93,8 +97,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let c = min(c0 + r, c_end - 1u);
             if (d < d4) {
                 let o_kv = (c * p.n_head_kv + hk) * d4 + d;
-                ks[e] = vec4<f32>(k[o_kv]);
-                vs[e] = vec4<f32>(v[o_kv]);
+                ks[e] = k_load4(o_kv);
+                vs[e] = v_load4(o_kv);
             }
         }
         workgroupBarrier();

@@ -15,10 +15,12 @@ const NL: u32 = DK / 4u;
 // `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k: array<vec4<{{KV_T}}>>;
+@group(0) @binding(2) var<storage, read> k: array<{{K_ELEM}}>;
 @group(0) @binding(3) var<storage, read_write> kq: array<f32>;
 // [n_kv, n_tok]: -1e30 (or less) where a token may not see a cell.
 @group(0) @binding(4) var<storage, read> mask: array<f32>;
+
+{{K_LOAD}}
 
 // [k4][cell] and [k4][token]: invocations with consecutive tx (ty) read consecutive vec4s.
 var<workgroup> ks: array<vec4<f32>, 64u * DK>;
@@ -127,7 +129,7 @@ fn key(c0: u32, hk: u32, d4: u32, e: u32, s: u32) -> vec4<f32> {
     if (d >= d4 || c >= p.n_kv) {
         return vec4<f32>(0.0);
     }
-    return vec4<f32>(k[(c * p.n_head_kv + hk) * d4 + d]);
+    return k_load4((c * p.n_head_kv + hk) * d4 + d);
 }
 
 // The same element of the tile's queries, of token t0 + e / DK.

@@ -10,8 +10,10 @@ const TB: u32 = {{TB}}u;
 // `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> probs: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<vec4<{{KV_T}}>>;
+@group(0) @binding(2) var<storage, read> v: array<{{V_ELEM}}>;
 @group(0) @binding(3) var<storage, read_write> dst: array<vec4<f32>>;
+
+{{V_LOAD}}
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -45,7 +47,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             any = any || pr[j] != 0.0;
         }
         if (any) {
-            let x = vec4<f32>(v[vo]);
+            let x = v_load4(vo);
             for (var j = 0u; j < TB; j++) {
                 s[j] += pr[j] * x;
             }

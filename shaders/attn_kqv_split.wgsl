@@ -17,10 +17,12 @@ const GROUPS: u32 = 64u / LANES;
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
 @group(0) @binding(2) var<storage, read> mask: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<vec4<{{KV_T}}>>;
+@group(0) @binding(3) var<storage, read> v: array<{{V_ELEM}}>;
 @group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>;
 // (m, l) per (chunk, token, head).
 @group(0) @binding(5) var<storage, read_write> stats: array<vec2<f32>>;
+
+{{V_LOAD}}
 
 var<workgroup> red: array<vec4<f32>, 64 * NV>;
 var<workgroup> red1: array<f32, 64>;
@@ -80,7 +82,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var i = 0u; i < NV; i++) {
                 let d = lane + i * LANES;
                 if (d < d4) {
-                    acc[i] += w * vec4<f32>(v[vo + d]);
+                    acc[i] += w * v_load4(vo + d);
                 }
             }
         }

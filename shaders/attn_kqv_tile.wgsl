@@ -18,8 +18,10 @@ const SC: u32 = 16u;
 // `Params` is `AttnSplitUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> probs: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<vec4<{{KV_T}}>>;
+@group(0) @binding(2) var<storage, read> v: array<{{V_ELEM}}>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
+
+{{V_LOAD}}
 
 // [cell][token] and [cell][vec4 of the head].
 var<workgroup> ps: array<f32, SC * BT>;
@@ -70,7 +72,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let d = e % BD;
                 var x = vec4<f32>(0.0);
                 if (c < c_end && d < d4) {
-                    x = vec4<f32>(v[(c * p.n_head_kv + hk) * d4 + d]);
+                    x = v_load4((c * p.n_head_kv + hk) * d4 + d);
                 }
                 vs[e] = x;
             }

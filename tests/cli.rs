@@ -293,7 +293,10 @@ fn meaningless_llama_cpp_flags_are_refused() {
     for (flag, why) in [
         (&["--mlock"][..], "keeps every weight on the GPU"),
         (&["-sm", "layer"][..], "runs on one adapter"),
-        (&["-ctk", "q8_0"][..], "quantized caches are not built"),
+        (
+            &["-nkvo"][..],
+            "keeps the cache and every weight on the GPU",
+        ),
         (
             &["-mu", "https://x/y.gguf"][..],
             "Hugging Face repositories (-hf",

@@ -2,13 +2,13 @@
 //! against recomputation, defragmentation, state save/load, and batch errors.
 mod common;
 
-use common::{nmse, tiny_model, Rng};
+use common::{nmse, tiny_model, wide_model, Rng};
 use std::sync::Arc;
 use wgllm::context::{Batch, Context, ContextError, ContextParams, FullReason};
 use wgllm::engine::{Engine, EngineError, EngineOptions, SessionParams, ShiftPolicy};
 use wgllm::gguf::GgmlType;
 use wgllm::gpu::{Gpu, GpuOptions};
-use wgllm::kv::KvError;
+use wgllm::kv::{FlashAttn, KvConfig, KvError, KvType};
 use wgllm::model::Model;
 
 /// f32 K/V cache (no shader-f16), so that recomputation agrees to float rounding.
@@ -486,8 +486,8 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
     assert_eq!(ctx.cells().seq_pos_max(1), 9);
     assert_eq!(probe_logits(&mut ctx, 1, 9), before, "sequence 1 is intact");
 
-    // Cell 0 of a file without tokens (one K/V store): position at byte 40, sequence set
-    // at byte 44.
+    // Cell 0 of a file without tokens (one K/V store): position at byte 44, sequence set
+    // at byte 48.
     src.state_save(&path, &[], None).unwrap();
     let good = std::fs::read(&path).unwrap();
     let patched = |at: usize, bytes: &[u8]| {
@@ -496,10 +496,10 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
         std::fs::write(&path, f).unwrap();
     };
     let cases: [(usize, Vec<u8>, &str); 4] = [
-        (40, (-3i32).to_le_bytes().to_vec(), "negative position -3"),
-        (44, 0u64.to_le_bytes().to_vec(), "belongs to no sequence"),
-        (44, (1u64 << 5).to_le_bytes().to_vec(), "sequence 5"),
-        (44, (1u64 << 63).to_le_bytes().to_vec(), "sequence 63"),
+        (44, (-3i32).to_le_bytes().to_vec(), "negative position -3"),
+        (48, 0u64.to_le_bytes().to_vec(), "belongs to no sequence"),
+        (48, (1u64 << 5).to_le_bytes().to_vec(), "sequence 5"),
+        (48, (1u64 << 63).to_le_bytes().to_vec(), "sequence 63"),
     ];
     for (at, bytes, needle) in cases {
         patched(at, &bytes);
@@ -510,7 +510,7 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
         }
     }
     // The same id is fine where -np allows it.
-    patched(44, &(1u64 << 63).to_le_bytes());
+    patched(48, &(1u64 << 63).to_le_bytes());
     let mut np64 = context(&model, 64, 64);
     np64.state_load(&path, None).unwrap();
     assert_eq!(np64.cells().seq_pos_max(63), 0);
@@ -638,4 +638,159 @@ fn attention_in_passes_gives_the_same_logits() {
     assert_eq!(a.len(), 56 * 256);
     let e = nmse(&a, &b);
     assert!(e < 1e-12, "nmse {e:e}");
+}
+
+/// A context of `wide_model` with K and V caches of types `k` and `v`.
+fn typed_context(model: &Arc<Model>, k: KvType, v: KvType) -> Context {
+    let mut p = ContextParams::new(128, 64, 64);
+    p.kv = KvConfig {
+        type_k: Some(k),
+        type_v: Some(v),
+        flash_attn: FlashAttn::Auto,
+    };
+    Context::new(model.clone(), p).unwrap()
+}
+
+/// Quantized caches through everything that moves cache rows: after a context shift
+/// (cells removed, then the K-shift, which rotates packed keys by dequantizing, rotating
+/// and requantizing), the logits are as close to an f32 cache's after the same shift as
+/// the quantized cache is to f32 when the shifted prompt is computed afresh (a missing
+/// or wrong rotation is 100x off); defragmentation moves K and V rows of different sizes
+/// without changing the logits; a state file loads back into the same types and is
+/// refused by other types with the reason.
+#[test]
+fn quantized_caches_shift_defragment_and_save() {
+    use KvType::*;
+    let model = wide_model(
+        Gpu::new(&GpuOptions {
+            no_f16: true,
+            ..Default::default()
+        })
+        .unwrap(),
+        GgmlType::Q8_0,
+    );
+    let mut rng = Rng(61);
+    let toks: Vec<u32> = (0..40).map(|_| rng.below(256)).collect();
+    let cut: Vec<u32> = toks[..4].iter().chain(&toks[12..]).copied().collect();
+    let path = std::env::temp_dir().join(format!("wgllm-qkv-{}.bin", std::process::id()));
+    let shifted = |ctx: &mut Context| {
+        ctx.decode(&seq_batch(&toks, 0, 0)).unwrap();
+        ctx.seq_rm(Some(0), 4, 12).unwrap();
+        ctx.seq_add(0, 12, -1, -8).unwrap();
+        probe_logits(ctx, 0, 7)
+    };
+    let afresh = |ctx: &mut Context| {
+        ctx.decode(&seq_batch(&cut, 0, 0)).unwrap();
+        probe_logits(ctx, 0, 7)
+    };
+    let want = shifted(&mut typed_context(&model, F32, F32));
+    let want_afresh = afresh(&mut typed_context(&model, F32, F32));
+    for (k, v) in [(Q8_0, Q8_0), (Bf16, Q5_0), (Q8_0, Q4_1)] {
+        let mut ctx = typed_context(&model, k, v);
+        let e = nmse(&shifted(&mut ctx), &want);
+        let base = nmse(&afresh(&mut typed_context(&model, k, v)), &want_afresh);
+        assert!(
+            e < 2.0 * base.max(1e-6),
+            "K {k} V {v}: nmse {e:e} against the f32 cache after a shift, {base:e} computed afresh"
+        );
+        let before = probe_logits(&mut ctx, 0, 9);
+        assert!(ctx.defrag().unwrap() > 0, "the removed cells left holes");
+        let e = nmse(&probe_logits(&mut ctx, 0, 9), &before);
+        assert!(
+            e < 1e-10,
+            "K {k} V {v}: defrag changed the logits: nmse {e:e}"
+        );
+        ctx.state_save(&path, &toks, None).unwrap();
+        let mut back = typed_context(&model, k, v);
+        back.state_load(&path, None).unwrap();
+        let e = nmse(&probe_logits(&mut back, 0, 9), &before);
+        assert!(
+            e < 1e-10,
+            "K {k} V {v}: the state file's logits: nmse {e:e}"
+        );
+        let e = typed_context(&model, F32, F32)
+            .state_load(&path, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("saved with K {k} and V {v}")) && e.contains("-ctk"),
+            "{e}"
+        );
+    }
+    std::fs::remove_file(&path).ok();
+}
+
+/// Layer 0's K rows of the cells a state file holds (one store, no tokens saved), as the
+/// cache's words.
+fn layer0_keys(ctx: &mut Context, ty: KvType) -> Vec<u32> {
+    let (bytes, n) = ctx.state_bytes(&[], None).unwrap();
+    // Magic, version, shape (3), K and V types, no tokens, one store, its cell count.
+    let at = 8 + 4 + 12 + 8 + 4 + 4 + 4 + 12 * n;
+    let row = ty.row_bytes(ctx.model.hp.n_embd_kv() as u64) as usize;
+    bytemuck::pod_collect_to_vec(&bytes[at..at + n * row])
+}
+
+/// The K-shift of a packed K cache, cell by cell: each cached key, as the cache held it,
+/// rotated by its cell's delta on the CPU (between the Hadamard rotations that quantized
+/// keys are stored in) and encoded again, is what the cache holds after the shift (nearly
+/// every word equal, the values close) for every packed type.
+#[test]
+fn k_shift_requantizes_packed_keys_as_the_cpu_does() {
+    use wgllm::ops::hadamard::hadamard_ref;
+    use wgllm::ops::rope::rope_ref;
+    let model = wide_model(
+        Gpu::new(&GpuOptions {
+            no_f16: true,
+            ..Default::default()
+        })
+        .unwrap(),
+        GgmlType::Q8_0,
+    );
+    let hp = model.hp.clone();
+    let mut rng = Rng(62);
+    let toks: Vec<u32> = (0..24).map(|_| rng.below(256)).collect();
+    for k in [
+        KvType::Q8_0,
+        KvType::Q4_0,
+        KvType::Q4_1,
+        KvType::Iq4Nl,
+        KvType::Q5_0,
+        KvType::Q5_1,
+        KvType::Bf16,
+    ] {
+        let mut ctx = typed_context(&model, k, KvType::F32);
+        ctx.decode(&seq_batch(&toks, 0, 0)).unwrap();
+        let before = layer0_keys(&mut ctx, k);
+        // Cells 10.. move back by 7 (as a context shift does), cells 0..10 stay.
+        ctx.seq_add(0, 10, -1, -7).unwrap();
+        let after = layer0_keys(&mut ctx, k);
+        let n_embd = hp.n_embd_kv() as usize;
+        let words = k.row_bytes(n_embd as u64) as usize / 4;
+        let rp = hp.layer_rope(0);
+        let mut same = 0;
+        for c in 0..toks.len() {
+            let delta = if c >= 10 { -7.0 } else { 0.0 };
+            let mut x = k.decode(&before[c * words..(c + 1) * words]);
+            let rot = (KvConfig {
+                type_k: Some(k),
+                ..KvConfig::default()
+            })
+            .resolve(true, hp.head_dim, n_embd as u32)
+            .unwrap()
+            .rot_k as usize;
+            hadamard_ref(&mut x, rot);
+            let mut y = rope_ref(&rp, &x, hp.n_head_kv as usize, &[delta]);
+            hadamard_ref(&mut y, rot);
+            let want = k.encode(&y);
+            let got = &after[c * words..(c + 1) * words];
+            same += want.iter().zip(got).filter(|(a, b)| a == b).count();
+            let e = nmse(&k.decode(got), &k.decode(&want));
+            assert!(e < 1e-4, "{k}: cell {c} (delta {delta}): nmse {e:e}");
+        }
+        let total = toks.len() * words;
+        assert!(
+            same * 100 >= total * 95,
+            "{k}: {same} of {total} words as the CPU's"
+        );
+    }
 }

@@ -6,11 +6,13 @@ mod common;
 use common::{gpus, small_binding_gpu, small_binding_gpu_with, Rng};
 use wgllm::gguf::{quant, GgmlType};
 use wgllm::gpu::{Backend, Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
+use wgllm::kv::KvType;
 use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
 use wgllm::ops::attention::{attention, attention_ref, AttnShape, AttnViews};
 use wgllm::ops::binary::{binary, binary_ref, BinaryOp};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::glu::{glu, glu_ref, Activation};
+use wgllm::ops::hadamard::{hadamard, hadamard_ref};
 use wgllm::ops::matmul::{matmul, matmul_at, matmul_glu, matmul_ref, MatmulOut};
 use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
@@ -548,6 +550,15 @@ fn f16_round(v: &[f32]) -> (Vec<f32>, Vec<u8>) {
 }
 
 /// The KV element types a device supports: f32 always, f16 with shader-f16.
+/// The plain cache type: f16 or f32.
+fn kv(f16: bool) -> KvType {
+    if f16 {
+        KvType::F16
+    } else {
+        KvType::F32
+    }
+}
+
 fn kv_types(gpu: &Gpu) -> Vec<bool> {
     if gpu.has_f16 {
         vec![false, true]
@@ -558,12 +569,21 @@ fn kv_types(gpu: &Gpu) -> Vec<bool> {
 
 /// Uploads cache contents as f32, or as f16 (returning the values it then holds).
 fn up_kv(gpu: &Gpu, v: &[f32], f16: bool) -> (View, Vec<f32>) {
-    if f16 {
-        let (vals, bytes) = f16_round(v);
-        (View::whole(&gpu.upload("kv", &bytes).unwrap()), vals)
-    } else {
-        (up_f32(gpu, v), v.to_vec())
-    }
+    up_cache(gpu, v, kv(f16))
+}
+
+/// Uploads cache contents in type `ty` (the CPU reference's encoding), returning the
+/// values it then holds.
+fn up_cache(gpu: &Gpu, v: &[f32], ty: KvType) -> (View, Vec<f32>) {
+    let words = ty.encode(v);
+    let buf = gpu.upload("kv", bytemuck::cast_slice(&words)).unwrap();
+    (View::whole(&buf), ty.decode(&words))
+}
+
+/// The words of the first `n` values of a cache of type `ty`.
+fn read_cache_words(gpu: &Gpu, v: &View, n: usize, ty: KvType) -> Vec<u32> {
+    let bytes = gpu.read_bytes(&v.buf, 0, ty.row_bytes(n as u64)).unwrap();
+    bytemuck::pod_collect_to_vec(&bytes)
 }
 
 #[test]
@@ -582,7 +602,7 @@ fn set_rows_matches_reference() {
                 &dst,
                 row_len as u32,
                 idx.len() as u32,
-                f16,
+                kv(f16),
             )
             .unwrap();
             run_now(gpu, &[d]).unwrap();
@@ -672,8 +692,8 @@ fn attention_case(
 ) -> (usize, Vec<f32>, Vec<f32>) {
     let q = rng.vec((s.head_dim * s.n_head * s.n_tok) as usize);
     let kv_len = (s.head_dim * s.n_head_kv) as usize * cells;
-    let (k_gpu, k) = up_kv(gpu, &rng.vec(kv_len), s.kv_f16);
-    let (v_gpu, v) = up_kv(gpu, &rng.vec(kv_len), s.kv_f16);
+    let (k_gpu, k) = up_cache(gpu, &rng.vec(kv_len), s.k_type);
+    let (v_gpu, v) = up_cache(gpu, &rng.vec(kv_len), s.v_type);
     let mask = random_mask(rng, s.n_kv as usize, s.n_tok as usize);
     let dst = out_f32(gpu, q.len());
     let io = AttnViews {
@@ -706,7 +726,11 @@ fn random_attention(
         n_head_kv,
         n_tok,
         n_kv: n_tok + rng.below(600),
-        kv_f16,
+        k_type: kv(kv_f16),
+        v_type: kv(kv_f16),
+        flash: false,
+        rot_k: 0,
+        rot_v: 0,
     };
     let sp = SoftmaxParams {
         scale: 1.0 / (head_dim as f32).sqrt(),
@@ -786,7 +810,11 @@ fn attention_over_a_binding_runs_in_passes() {
             n_head_kv: 1,
             n_tok: 40,
             n_kv: 256,
-            kv_f16: false,
+            k_type: kv(false),
+            v_type: kv(false),
+            flash: false,
+            rot_k: 0,
+            rot_v: 0,
         };
         assert_eq!(
             s.tokens_per_pass(&gpu).unwrap(),
@@ -872,7 +900,11 @@ fn flash_attention_runs_in_passes_when_the_mask_exceeds_a_binding() {
             n_head_kv: 1,
             n_tok: 40,
             n_kv: 1024,
-            kv_f16,
+            k_type: kv(kv_f16),
+            v_type: kv(kv_f16),
+            flash: false,
+            rot_k: 0,
+            rot_v: 0,
         };
         let sp = SoftmaxParams {
             scale: 0.125,
@@ -907,7 +939,11 @@ fn split_attention_chunks_grow_to_fit_the_partials() {
         n_head_kv: 1,
         n_tok: 20,
         n_kv: 1024,
-        kv_f16: false,
+        k_type: kv(false),
+        v_type: kv(false),
+        flash: false,
+        rot_k: 0,
+        rot_v: 0,
     };
     let sp = SoftmaxParams {
         scale: 0.25,
@@ -1005,7 +1041,11 @@ fn tuned_kernels_match_reference() {
                 n_head_kv: 2,
                 n_tok,
                 n_kv: n_tok + 300,
-                kv_f16: gpu.has_f16,
+                k_type: kv(gpu.has_f16),
+                v_type: kv(gpu.has_f16),
+                flash: false,
+                rot_k: 0,
+                rot_v: 0,
             };
             let sp = SoftmaxParams {
                 scale: 0.125,
@@ -1076,7 +1116,11 @@ fn attention_with_heads_beyond_the_split_variants() {
             n_head_kv: 1,
             n_tok: 1,
             n_kv: 300,
-            kv_f16: false,
+            k_type: kv(false),
+            v_type: kv(false),
+            flash: false,
+            rot_k: 0,
+            rot_v: 0,
         };
         let sp = SoftmaxParams {
             scale: 0.02,
@@ -1091,13 +1135,7 @@ fn attention_with_heads_beyond_the_split_variants() {
 
 /// Reads an f16 or f32 cache back as f32.
 fn read_kv(gpu: &Gpu, v: &View, n: usize, f16: bool) -> Vec<f32> {
-    if f16 {
-        let bytes = gpu.read_bytes(&v.buf, 0, n as u64 * 2).unwrap();
-        let h: Vec<half::f16> = bytemuck::pod_collect_to_vec(&bytes);
-        h.iter().map(|x| x.to_f32()).collect()
-    } else {
-        read(gpu, v, n)
-    }
+    kv(f16).decode(&read_cache_words(gpu, v, n, kv(f16)))
 }
 
 /// The fused rope_store (per-head norms, RoPE of Q and K, K and V rows into their cells)
@@ -1122,7 +1160,10 @@ fn rope_store_matches_unfused_reference() {
                     n_head,
                     n_head_kv,
                     n_tok,
-                    kv_f16: f16,
+                    k_type: kv(f16),
+                    v_type: kv(f16),
+                    rot_k: 0,
+                    rot_v: 0,
                 };
                 let cells = 12usize;
                 let kv_row = (n_head_kv * head_dim) as usize;
@@ -1303,5 +1344,234 @@ fn fused_projections_case(name: &str, gpu: &Gpu, rng: &mut Rng) {
             let what = format!("{what} gate/up {act:?} ({} chunks)", w.chunks.len());
             check(&what, &want, &read(gpu, &dst, want.len()), 1e-9);
         }
+    }
+}
+
+/// The packed cache types: bf16 and the block types (`-ctk`/`-ctv`).
+const PACKED: [KvType; 7] = [
+    KvType::Bf16,
+    KvType::Q8_0,
+    KvType::Q4_0,
+    KvType::Q4_1,
+    KvType::Iq4Nl,
+    KvType::Q5_0,
+    KvType::Q5_1,
+];
+
+/// Cache words written on the GPU against the CPU encoder's words for the same values:
+/// for packed types nearly all equal (an f32 rounding tie may move a code), and the
+/// values they hold close.
+fn check_cache_words(what: &str, ty: KvType, want: &[u32], got: &[u32]) {
+    assert_eq!(want.len(), got.len(), "{what}");
+    if !ty.is_packed() {
+        check(what, &ty.decode(want), &ty.decode(got), 1e-10);
+        return;
+    }
+    let same = want.iter().zip(got).filter(|(a, b)| a == b).count();
+    assert!(
+        same * 100 >= want.len() * 95,
+        "{what}: {same} of {} words as the CPU encoder's",
+        want.len()
+    );
+    check(what, &ty.decode(want), &ty.decode(got), 1e-4);
+}
+
+/// set_rows into a packed cache quantizes each written row as the CPU reference encoder
+/// (`KvType::encode`: the registry's quantizers re-laid out, llama.cpp's Vulkan
+/// quantizer for iq4_nl) and leaves every other cell's words as they were.
+#[test]
+fn set_rows_quantizes_as_the_cpu_reference() {
+    let mut rng = Rng(51);
+    for (name, gpu, _serial) in gpus() {
+        for ty in PACKED {
+            let (row_len, cells) = (64 * (1 + rng.below(4) as usize), 10usize);
+            let idx = [3u32, 7, 0, 9];
+            let src = rng.vec(row_len * idx.len());
+            let init = rng.vec(row_len * cells);
+            let (dst, _) = up_cache(gpu, &init, ty);
+            let (sv, iv) = (up_f32(gpu, &src), up_u32(gpu, &idx));
+            let n_rows = idx.len() as u32;
+            let d = set_rows(gpu, &sv, &iv, &dst, row_len as u32, n_rows, ty).unwrap();
+            run_now(gpu, &[d]).unwrap();
+            let got = read_cache_words(gpu, &dst, row_len * cells, ty);
+            let init_words = ty.encode(&init);
+            let w = ty.row_bytes(row_len as u64) as usize / 4;
+            for c in 0..cells {
+                let (g, was) = (&got[c * w..(c + 1) * w], &init_words[c * w..(c + 1) * w]);
+                match idx.iter().position(|&i| i as usize == c) {
+                    None => assert_eq!(g, was, "{name} {ty}: cell {c} was not written"),
+                    Some(r) => {
+                        let want = ty.encode(&src[r * row_len..(r + 1) * row_len]);
+                        check_cache_words(&format!("{name} set_rows {ty} cell {c}"), ty, &want, g);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// rope_store writes rotated K heads and V heads into packed caches (K and V of different
+/// types, heads of 32 to 128 values, two blocks' shared scale word written by two heads'
+/// workgroups where a head is one block) as the CPU encoder would encode the unfused
+/// reference's rows.
+#[test]
+fn rope_store_writes_packed_caches() {
+    use KvType::*;
+    let mut rng = Rng(52);
+    for (name, gpu, _serial) in gpus() {
+        let plain = kv(gpu.has_f16);
+        for (k_ty, v_ty) in [
+            (Q8_0, Q4_0),
+            (Q4_1, Q5_0),
+            (Q5_1, Iq4Nl),
+            (Bf16, Q8_0),
+            (plain, Q4_1),
+        ] {
+            let head_dim = 32 * (1 + rng.below(4));
+            let rp = RopeParams::new(head_dim, head_dim, rng.below(2) == 0, 10000.0, 1.0);
+            let (n_head_kv, n_tok) = (2u32, 3u32);
+            let shape = RopeStoreShape {
+                n_head: 4,
+                n_head_kv,
+                n_tok,
+                k_type: k_ty,
+                v_type: v_ty,
+                // llama.cpp's Hadamard rotation where a quantized head allows it.
+                rot_k: if k_ty.is_quantized() && head_dim.is_multiple_of(64) {
+                    head_dim.min(128)
+                } else {
+                    0
+                },
+                rot_v: if v_ty.is_quantized() && head_dim.is_multiple_of(64) {
+                    64
+                } else {
+                    0
+                },
+            };
+            let cells = 6usize;
+            let kv_row = (n_head_kv * head_dim) as usize;
+            let slots = [4u32, 1, 5];
+            let positions: Vec<f64> = (0..n_tok).map(|_| rng.below(3000) as f64).collect();
+            let qkv = rng.vec(shape.row_len(head_dim) as usize * n_tok as usize);
+            let (kc, _) = up_cache(gpu, &rng.vec(kv_row * cells), k_ty);
+            let (vc, _) = up_cache(gpu, &rng.vec(kv_row * cells), v_ty);
+            let q = out_f32(gpu, (4 * head_dim * n_tok) as usize);
+            let table = up_f32(gpu, bytemuck::cast_slice(&rp.table(&positions)));
+            let io = RopeStoreViews {
+                table: &table,
+                qkv: &up_f32(gpu, &qkv),
+                slots: &up_u32(gpu, &slots),
+                q: &q,
+                k_cache: &kc,
+                v_cache: &vc,
+                norm: None,
+            };
+            run_now(gpu, &[rope_store(gpu, &rp, &shape, &io).unwrap()]).unwrap();
+            let (mut k_want, mut v_want) = (vec![0f32; kv_row * cells], vec![0f32; kv_row * cells]);
+            let q_want = rope_store_ref(
+                &rp,
+                &shape,
+                &qkv,
+                &positions,
+                &slots,
+                None,
+                &mut k_want,
+                &mut v_want,
+            );
+            let what = format!("{name} rope_store K {k_ty} V {v_ty} head {head_dim}");
+            check(&what, &q_want, &read(gpu, &q, q_want.len()), 1e-10);
+            for (ty, cache, want) in [(k_ty, &kc, &k_want), (v_ty, &vc, &v_want)] {
+                let got = read_cache_words(gpu, cache, kv_row * cells, ty);
+                let w = ty.row_bytes(kv_row as u64) as usize / 4;
+                for &c in &slots {
+                    let c = c as usize;
+                    let row = ty.encode(&want[c * kv_row..(c + 1) * kv_row]);
+                    check_cache_words(
+                        &format!("{what} {ty} cell {c}"),
+                        ty,
+                        &row,
+                        &got[c * w..(c + 1) * w],
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Every attention path reads packed caches: the one-pass kernels (CPU-shaped), the
+/// split output (one token on GPU-shaped kernels), the tiled prompt kernels (40 tokens)
+/// and flash attention, each against the reference over the values the cache holds.
+#[test]
+fn attention_reads_packed_caches() {
+    use KvType::*;
+    let mut rng = Rng(53);
+    let gpu_shaped = small_binding_gpu_with(128 << 20, KernelShape::Gpu);
+    let pairs = [
+        (Q8_0, Q8_0),
+        (Q4_0, Q4_1),
+        (Iq4Nl, Q5_0),
+        (Q5_1, Bf16),
+        (Bf16, Q4_0),
+    ];
+    for (k_type, v_type) in pairs {
+        let mut run = |gpu: &Gpu, n_tok: u32, flash: bool| {
+            let s = AttnShape {
+                head_dim: 64,
+                n_head: 4,
+                n_head_kv: 2,
+                n_tok,
+                n_kv: n_tok + 100 + rng.below(200),
+                k_type,
+                v_type,
+                flash,
+                rot_k: 0,
+                // llama.cpp's rotation of a quantized V, undone on the output.
+                rot_v: if v_type.is_quantized() { 64 } else { 0 },
+            };
+            let sp = SoftmaxParams {
+                scale: 0.125,
+                max_bias: 0.0,
+                n_head: 4,
+            };
+            let (_, want, got) = attention_case(gpu, &mut rng, &s, &sp, s.n_kv as usize + 3);
+            check(&format!("attention {s:?}"), &want, &got, 1e-9);
+        };
+        for (_, gpu, _) in gpus() {
+            run(gpu, 3, false);
+        }
+        run(&gpu_shaped, 1, false);
+        run(&gpu_shaped, 40, false);
+        run(&gpu_shaped, 20, true);
+    }
+}
+
+/// The Walsh-Hadamard rotation against the matrix written out, for chunks of 2 to 256,
+/// and applied twice it is the identity (the matrix is its own inverse).
+#[test]
+fn hadamard_matches_the_matrix_and_undoes_itself() {
+    let mut rng = Rng(54);
+    for (name, gpu, _serial) in gpus() {
+        for n in [2u32, 64, 128, 256] {
+            let count = 1 + rng.below(5);
+            let x = rng.vec((n * count) as usize);
+            let xv = up_f32(gpu, &x);
+            run_now(gpu, &[hadamard(gpu, &xv, n, count).unwrap()]).unwrap();
+            let mut want = x.clone();
+            hadamard_ref(&mut want, n as usize);
+            check(
+                &format!("{name} hadamard {n}"),
+                &want,
+                &read(gpu, &xv, x.len()),
+                1e-10,
+            );
+            run_now(gpu, &[hadamard(gpu, &xv, n, count).unwrap()]).unwrap();
+            check(
+                &format!("{name} hadamard twice {n}"),
+                &x,
+                &read(gpu, &xv, x.len()),
+                1e-10,
+            );
+        }
+        assert!(hadamard(gpu, &up_f32(gpu, &[0.0; 96]), 96, 1).is_err());
     }
 }

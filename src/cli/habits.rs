@@ -24,8 +24,7 @@ pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
 const REFUSED: &[(&[&str], &str)] = &[
     (&["--mlock", "--no-mmap", "--mmap", "--numa"], "it places the model in host memory, and wgllm keeps every weight on the GPU"),
     (&["--split-mode", "--tensor-split", "--main-gpu", "--sm", "--ts", "--mg"], "it splits a model over several GPUs, and wgllm runs on one adapter (choose it with --device, see `wgllm devices`)"),
-    (&["--cache-type-k", "--cache-type-v", "--ctk", "--ctv"], "the KV cache is f16 where the adapter has shader-f16 and f32 otherwise (--no-f16 forces f32); quantized caches are not built"),
-    (&["--no-kv-offload", "--nkvo", "--cpu-moe", "--n-cpu-moe", "--override-tensor", "--ot"], "it keeps tensors on the CPU, and wgllm computes everything on the GPU"),
+    (&["--no-kv-offload", "--nkvo", "--cpu-moe", "--n-cpu-moe", "--override-tensor", "--ot"], "it keeps tensors (or the KV cache) in host memory, and wgllm keeps the cache and every weight on the GPU; to fit a longer context, quantize the cache (-ctk q8_0 -ctv q8_0)"),
     (&["--model-draft", "--md", "--n-gpu-layers-draft", "--ngld", "--draft", "--draft-max", "--draft-min"], "speculative decoding is not built"),
     (&["--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled"], "LoRA adapters and control vectors are not supported"),
     (&["--mmproj", "--image"], "multimodal models are not supported"),
@@ -77,9 +76,6 @@ pub struct LlamaHabits {
         hide_short_help = true
     )]
     pub threads_batch: Option<i64>,
-    /// Accepted for compatibility: attention always runs fused on the GPU; on/off/auto/1/0.
-    #[arg(long = "flash-attn", visible_alias = "fa", num_args = 0..=1, default_missing_value = "on", hide_short_help = true)]
-    pub flash_attn: Option<String>,
     /// Accepted for compatibility: escapes in -p (\n, \t, ...) are processed by default
     /// (--no-escape turns that off).
     #[arg(short = 'e', long = "escape", hide_short_help = true)]
@@ -100,11 +96,6 @@ impl LlamaHabits {
         }
         if let Some(t) = self.threads.or(self.threads_batch) {
             log::debug!("-t {t}: wgllm has no CPU compute threads; ignored");
-        }
-        if let Some(fa) = &self.flash_attn {
-            log::debug!(
-                "-fa {fa}: attention is always computed on the GPU in wgllm's own kernels; ignored"
-            );
         }
         if self.escape {
             log::debug!("-e: escapes are processed by default");

@@ -24,6 +24,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use wgllm::engine::{Engine, EngineOptions};
 use wgllm::gpu::{Backend, GpuOptions, KernelShape};
+use wgllm::kv::{FlashAttn, KvConfig, KvType};
 use wgllm::tune::{TuneMode, TuneOptions};
 
 #[derive(Parser)]
@@ -177,6 +178,16 @@ pub struct ModelArgs {
     /// window (needed only for Self-Extend, or to cut a sequence back past the buffer).
     #[arg(long = "swa-full")]
     pub swa_full: bool,
+    /// K cache type: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (default: f16,
+    /// or f32 on adapters without shader-f16).
+    #[arg(long = "cache-type-k", visible_alias = "ctk", value_parser = KvType::parse)]
+    pub cache_type_k: Option<KvType>,
+    /// V cache type, as -ctk; a quantized V needs flash attention (-fa on or auto).
+    #[arg(long = "cache-type-v", visible_alias = "ctv", value_parser = KvType::parse)]
+    pub cache_type_v: Option<KvType>,
+    /// Flash attention: on, off or auto (auto: on where a quantized V cache needs it).
+    #[arg(long = "flash-attn", visible_alias = "fa", num_args = 0..=1, default_missing_value = "on", value_parser = FlashAttn::parse, default_value = "auto")]
+    pub flash_attn: FlashAttn,
     #[command(flatten)]
     pub gpu: GpuArgs,
     #[command(flatten)]
@@ -194,6 +205,15 @@ impl ModelArgs {
         }
     }
 
+    /// -ctk, -ctv and -fa.
+    pub fn kv_config(&self) -> KvConfig {
+        KvConfig {
+            type_k: self.cache_type_k,
+            type_v: self.cache_type_v,
+            flash_attn: self.flash_attn,
+        }
+    }
+
     pub fn options(&self) -> Result<EngineOptions> {
         Ok(EngineOptions {
             n_ctx: self.ctx_size,
@@ -204,6 +224,7 @@ impl ModelArgs {
             swa_full: self.swa_full,
             swa_keep: 0,
             kv_unified: false,
+            kv: self.kv_config(),
             gpu: self.gpu.options()?,
             tune: tune_options(self.gpu.no_tune, false),
         })

@@ -2,12 +2,12 @@
 //! to every layer's K and V rows with buffer copies.
 
 use super::{Context, ContextError};
-use crate::kv::CacheKind;
+use crate::kv::{CacheKind, KvType};
 
 impl Context {
-    /// Bytes of one cell's K (or V) row in one layer.
-    pub(super) fn kv_row_bytes(&self) -> u64 {
-        self.model.hp.n_embd_kv() as u64 * if self.kv.f16 { 2 } else { 4 }
+    /// Bytes of one cell's row in one layer of a cache of type `ty` (K or V).
+    pub(super) fn kv_row_bytes(&self, ty: KvType) -> u64 {
+        ty.row_bytes(self.model.hp.n_embd_kv() as u64)
     }
 
     /// Defragments when the share of holes exceeds `--defrag-thold`.
@@ -28,15 +28,17 @@ impl Context {
             return Ok(0);
         };
         let gpu = self.model.gpu.clone();
-        let row = self.kv_row_bytes();
+        let (tk, tv) = (self.kv.type_k, self.kv.type_v);
+        let max_row = self.kv_row_bytes(tk).max(self.kv_row_bytes(tv));
         // wgpu forbids copies within one buffer: stage each layer's rows in a scratch buffer.
-        let tmp = gpu.storage("defrag rows", end as u64 * row)?;
+        let tmp = gpu.storage("defrag rows", end as u64 * max_row)?;
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         // Only the full store's layers: a rolling buffer is small and never compacted.
         let full = (self.kv.k.iter().zip(&self.kv.v).enumerate())
             .filter(|(il, _)| self.layer_kind[*il] == CacheKind::Full)
-            .flat_map(|(_, (k, v))| [k, v]);
-        for t in full {
+            .flat_map(|(_, (k, v))| [(k, tk), (v, tv)]);
+        for (t, ty) in full {
+            let row = self.kv_row_bytes(ty);
             enc.copy_buffer_to_buffer(&t.buf, t.offset, &tmp, 0, end as u64 * row);
             for m in &moves {
                 enc.copy_buffer_to_buffer(

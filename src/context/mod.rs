@@ -6,9 +6,15 @@ pub mod state;
 
 use crate::gpu::GpuError;
 use crate::graph::{Graph, StepProfile};
-use crate::kv::{seqs_below, CacheKind, KvCells, KvError, SeqId, WindowCells, MAX_SEQ, N_KV_PAD};
+use crate::kv::{
+    seqs_below, CacheKind, KvCells, KvConfig, KvError, KvType, SeqId, WindowCells, MAX_SEQ,
+    N_KV_PAD,
+};
 use crate::model::{CacheState, GraphInput, GraphIo, KvBuffers, Model, UbatchView};
+use crate::ops::hadamard::hadamard;
 use crate::ops::rope::rope;
+use crate::ops::set_rows::{kv_read, set_rows};
+use crate::ops::MAX_GROUPS;
 use crate::ops::{run_now, View};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,6 +29,9 @@ pub enum ContextError {
     BadBatch(String),
     #[error("{0}")]
     TooLarge(String),
+    /// A cache type or flash attention setting this model or adapter cannot serve.
+    #[error("{0}")]
+    Cache(String),
     #[error("invalid sequence id {seq}: this context has {n_seq_max} sequence(s), ids 0..{n_seq_max} (raise it with -np)")]
     BadSeq { seq: u32, n_seq_max: u32 },
     #[error("invalid batch: sequence {seq} ends at position {last} in the cache, so the batch must continue it at {} (it starts at {first}); positions of a sequence stay consecutive", last + 1)]
@@ -77,6 +86,8 @@ pub struct ContextParams {
     /// Positions below this stay in the rolling buffer (a context shift's kept prefix,
     /// --keep plus BOS), since a shift brings them back inside the window.
     pub swa_keep: u32,
+    /// What the cache holds and whether attention is flash attention (-ctk, -ctv, -fa).
+    pub kv: KvConfig,
 }
 
 impl ContextParams {
@@ -90,6 +101,7 @@ impl ContextParams {
             defrag_thold: -1.0,
             swa_full: false,
             swa_keep: 0,
+            kv: KvConfig::default(),
         }
     }
 }
@@ -126,6 +138,9 @@ struct StepBuffers {
 /// What a graph is built for: (tokens, cells read in the full store, cells read in the
 /// window store, logit rows).
 type GraphKey = (u32, u32, u32, u32);
+
+/// Most bytes of f32 rows a packed K cache's shift reads back at a time.
+const SHIFT_CHUNK_BYTES: u64 = 64 << 20;
 
 /// Graphs kept for reuse (decode steps replay one graph until n_kv crosses a pad boundary).
 const GRAPH_CACHE: usize = 3;
@@ -190,8 +205,12 @@ impl Context {
         }
         let ub = params.n_ubatch.min(params.n_batch) as u64;
         let n_ctx = params.n_ctx as u64;
-        let kv_f16 = gpu.has_f16;
-        let row_bytes = hp.n_embd_kv() as u64 * if kv_f16 { 2 } else { 4 };
+        let choice = (params.kv)
+            .resolve(gpu.has_f16, hp.head_dim, hp.n_embd_kv())
+            .map_err(ContextError::Cache)?;
+        let row_k = choice.type_k.row_bytes(hp.n_embd_kv() as u64);
+        let row_v = choice.type_v.row_bytes(hp.n_embd_kv() as u64);
+        let row_bytes = row_k.max(row_v);
         // Sliding-window layers get a rolling buffer of their window unless --swa-full.
         let window = match hp.swa {
             Some(swa) if !params.swa_full => {
@@ -221,7 +240,7 @@ impl Context {
         if kv_bytes > gpu.max_binding && layer_kind.contains(&CacheKind::Full) {
             let max_ctx = gpu.max_binding / row_bytes;
             return Err(ContextError::TooLarge(format!(
-                "-c {n_ctx}: one layer's K cache would be {} MiB, over this adapter's storage binding limit of {} MiB; use -c {max_ctx} or less",
+                "-c {n_ctx}: one layer's K or V cache would be {} MiB, over this adapter's storage binding limit of {} MiB; use -c {max_ctx} or less (or a smaller cache type, -ctk/-ctv)",
                 kv_bytes >> 20,
                 gpu.max_binding >> 20
             )));
@@ -230,13 +249,26 @@ impl Context {
         let mut v = Vec::new();
         let mut bytes_of = [0u64; 2];
         for (il, &kind) in layer_kind.iter().enumerate() {
-            let bytes = row_bytes * cells_of(kind);
-            bytes_of[kind as usize] += 2 * bytes;
-            k.push(View::whole(&gpu.storage(&format!("k_cache{il}"), bytes)?));
-            v.push(View::whole(&gpu.storage(&format!("v_cache{il}"), bytes)?));
+            let cells = cells_of(kind);
+            bytes_of[kind as usize] += (row_k + row_v) * cells;
+            k.push(View::whole(
+                &gpu.storage(&format!("k_cache{il}"), row_k * cells)?,
+            ));
+            v.push(View::whole(
+                &gpu.storage(&format!("v_cache{il}"), row_v * cells)?,
+            ));
         }
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
-        let elem = if kv_f16 { "f16" } else { "f32" };
+        let elem = format!(
+            "K {}, V {}{}",
+            choice.type_k,
+            choice.type_v,
+            if choice.flash {
+                ", flash attention"
+            } else {
+                ""
+            }
+        );
         match &window {
             Some(w) => log::info!(
                 "context: {n_ctx} cells, KV cache {:.1} MiB ({elem}): global layers {:.1} MiB over {n_ctx} cells, sliding-window layers {:.1} MiB in a rolling buffer of {} cells (window {}, kept prefix {}); ubatch {ub}",
@@ -269,7 +301,15 @@ impl Context {
             cells: KvCells::new(n_ctx as usize),
             window,
             layer_kind,
-            kv: KvBuffers { k, v, f16: kv_f16 },
+            kv: KvBuffers {
+                k,
+                v,
+                type_k: choice.type_k,
+                type_v: choice.type_v,
+                flash: choice.flash,
+                rot_k: choice.rot_k,
+                rot_v: choice.rot_v,
+            },
             step,
             n_out_max,
             graphs: VecDeque::new(),
@@ -461,38 +501,78 @@ impl Context {
         Ok(())
     }
 
-    /// Re-rotates the keys of the layers in store `kind` by each cell's delta.
+    /// Re-rotates the keys of the layers in store `kind` by each cell's delta. f32 and f16
+    /// keys rotate in place; packed ones (bf16, the block types) are read back as f32,
+    /// rotated and written again, as llama.cpp's shift graph dequantizes, rotates and
+    /// requantizes (undoing and redoing the Hadamard rotation around RoPE where keys are
+    /// stored rotated), in chunks of cells whose f32 rows fit [`SHIFT_CHUNK_BYTES`].
     fn shift_layers(&self, kind: CacheKind, deltas: &[i32]) -> Result<(), ContextError> {
         let gpu = self.model.gpu.clone();
         let hp = &self.model.hp;
-        let positions: Vec<f64> = deltas.iter().map(|&d| d as f64).collect();
-        // Each layer re-rotates with its own RoPE (Gemma's local and global layers differ);
-        // one table per distinct parameter set.
-        let mut tables: Vec<(crate::ops::rope::RopeParams, View)> = Vec::new();
-        let mut dispatches = Vec::with_capacity(self.kv.k.len());
-        for (il, k) in self.kv.k.iter().enumerate() {
-            if self.layer_kind[il] != kind {
-                continue;
-            }
-            let rp = hp.layer_rope(il);
-            let table = match tables.iter().find(|(p, _)| *p == rp) {
-                Some((_, t)) => t.clone(),
-                None => {
-                    let buf =
-                        gpu.upload("k_shift_table", bytemuck::cast_slice(&rp.table(&positions)))?;
-                    tables.push((rp, View::whole(&buf)));
-                    View::whole(&buf)
+        let ty = self.kv.type_k;
+        let n_embd = hp.n_embd_kv();
+        let n_cells = deltas.len() as u32;
+        let chunk = if ty.is_packed() {
+            let row = n_embd as u64 * 4;
+            (gpu.max_binding.min(SHIFT_CHUNK_BYTES) / row).clamp(1, MAX_GROUPS as u64) as u32
+        } else {
+            n_cells
+        };
+        let tmp = match ty.is_packed() {
+            true => Some(gpu.storage(
+                "k_shift_rows",
+                chunk.min(n_cells) as u64 * n_embd as u64 * 4,
+            )?),
+            false => None,
+        };
+        let mut dispatches = Vec::new();
+        for c0 in (0..n_cells).step_by(chunk.max(1) as usize) {
+            let n = chunk.min(n_cells - c0);
+            let positions: Vec<f64> = deltas[c0 as usize..(c0 + n) as usize]
+                .iter()
+                .map(|&d| d as f64)
+                .collect();
+            let idx: Vec<u32> = (c0..c0 + n).collect();
+            let idx = View::whole(&gpu.upload("k_shift_cells", bytemuck::cast_slice(&idx))?);
+            // Each layer re-rotates with its own RoPE (Gemma's local and global layers
+            // differ); one table per distinct parameter set.
+            let mut tables: Vec<(crate::ops::rope::RopeParams, View)> = Vec::new();
+            for (il, k) in self.kv.k.iter().enumerate() {
+                if self.layer_kind[il] != kind {
+                    continue;
                 }
-            };
-            dispatches.push(rope(
-                &gpu,
-                &rp,
-                &table,
-                k,
-                hp.n_head_kv,
-                deltas.len() as u32,
-                self.kv.f16,
-            )?);
+                let rp = hp.layer_rope(il);
+                let table = match tables.iter().find(|(p, _)| *p == rp) {
+                    Some((_, t)) => t.clone(),
+                    None => {
+                        let t = bytemuck::cast_slice(&rp.table(&positions)).to_vec();
+                        let t = View::whole(&gpu.upload("k_shift_table", &t)?);
+                        tables.push((rp, t.clone()));
+                        t
+                    }
+                };
+                let Some(tmp) = &tmp else {
+                    let f16 = ty == KvType::F16;
+                    dispatches.push(rope(&gpu, &rp, &table, k, hp.n_head_kv, n, f16)?);
+                    continue;
+                };
+                let rows = View::whole(tmp);
+                let (first, count) = (c0 * n_embd / 4, n * n_embd / 4);
+                dispatches.push(kv_read(&gpu, k, &rows, first, count, ty)?);
+                // Keys stored rotated (llama.cpp's attention rotation) are rotated back for
+                // RoPE and again after, as llama.cpp's shift graph does.
+                let rot = self.kv.rot_k;
+                let unrotate =
+                    |gpu: &crate::gpu::Gpu| hadamard(gpu, &rows, rot, n * n_embd / rot.max(1));
+                if rot > 0 {
+                    dispatches.push(unrotate(&gpu)?);
+                }
+                dispatches.push(rope(&gpu, &rp, &table, &rows, hp.n_head_kv, n, false)?);
+                if rot > 0 {
+                    dispatches.push(unrotate(&gpu)?);
+                }
+                dispatches.push(set_rows(&gpu, &rows, &idx, k, n_embd, n, ty)?);
+            }
         }
         run_now(&gpu, &dispatches)?;
         log::debug!(

@@ -3,17 +3,19 @@
 //! `--prompt-cache` needs to reuse a prompt's prefix).
 //!
 //! File layout (little endian): magic, version, model shape (layers, K/V width, vocab),
-//! K/V element size, tokens, the number of K/V stores (1, or 2 where sliding-window layers
+//! the K and V cache types (ggml type ids; version 2 had one element size, 2 or 4, for
+//! both), tokens, the number of K/V stores (1, or 2 where sliding-window layers
 //! keep a rolling buffer), then per store: its cells (pos i32, sequence set u64), then per
-//! layer of that store the K rows and the V rows of those cells, in cell order.
+//! layer of that store the K rows and the V rows of those cells, in cell order, as the
+//! cache holds them (`crate::kv::KvType`'s layout).
 
 use super::{Context, ContextError};
-use crate::kv::{seqs_below, CacheKind, KvCells, SeqId};
+use crate::kv::{seqs_below, CacheKind, KvCells, KvType, SeqId};
 use half::f16;
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"WGLLMKV\0";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -30,6 +32,14 @@ pub enum StateError {
     OtherModel { path: String, what: String },
     #[error("{path}: the cache was saved {saved} a separate sliding-window buffer and this context has {}; load it with the same --swa-full setting", if *saved == "with" { "none" } else { "one" })]
     OtherLayout { path: String, saved: &'static str },
+    #[error("{path}: the cache was saved with K {saved_k} and V {saved_v}, and this context holds K {k} and V {v}; load it with the same -ctk/-ctv (only f16 and f32 convert into each other)")]
+    OtherTypes {
+        path: String,
+        saved_k: KvType,
+        saved_v: KvType,
+        k: KvType,
+        v: KvType,
+    },
     #[error("{path}: the saved cache has {cells} cells, more than fit in this context ({free} free); use a larger -c")]
     TooBig {
         path: String,
@@ -72,19 +82,21 @@ impl Reader<'_> {
     }
 }
 
-/// Converts K/V rows between f16 and f32 storage.
-fn convert(rows: &[u8], from_f16: bool, to_f16: bool) -> Vec<u8> {
-    match (from_f16, to_f16) {
-        (true, false) => rows
+/// K/V rows saved as `from` for a cache of `to`: the same bytes, or f16 and f32 converted
+/// into each other; None for any other pair.
+fn convert(rows: &[u8], from: KvType, to: KvType) -> Option<Vec<u8>> {
+    Some(match (from, to) {
+        (KvType::F16, KvType::F32) => rows
             .chunks_exact(2)
             .flat_map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32().to_le_bytes())
             .collect(),
-        (false, true) => rows
+        (KvType::F32, KvType::F16) => rows
             .chunks_exact(4)
             .flat_map(|b| f16::from_f32(f32::from_le_bytes(b.try_into().unwrap())).to_le_bytes())
             .collect(),
-        _ => rows.to_vec(),
-    }
+        _ if from == to => rows.to_vec(),
+        _ => return None,
+    })
 }
 
 /// One store's part of a file, read and checked before anything changes.
@@ -117,11 +129,13 @@ impl Context {
         }
     }
 
-    /// The K and V views of the layers in store `kind`, K then V per layer.
-    fn store_layers(&self, kind: CacheKind) -> Vec<&crate::ops::View> {
+    /// The K and V views of the layers in store `kind`, K then V per layer, with their
+    /// cache types.
+    fn store_layers(&self, kind: CacheKind) -> Vec<(&crate::ops::View, KvType)> {
+        let (tk, tv) = (self.kv.type_k, self.kv.type_v);
         (self.kv.k.iter().zip(&self.kv.v).enumerate())
             .filter(|(il, _)| self.layer_kind[*il] == kind)
-            .flat_map(|(_, (k, v))| [k, v])
+            .flat_map(|(_, (k, v))| [(k, tk), (v, tv)])
             .collect()
     }
 
@@ -165,12 +179,12 @@ impl Context {
         self.model_shape()
             .iter()
             .for_each(|v| out.extend(v.to_le_bytes()));
-        out.extend((if self.kv.f16 { 2u32 } else { 4 }).to_le_bytes());
+        out.extend(self.kv.type_k.ggml_id().to_le_bytes());
+        out.extend(self.kv.type_v.ggml_id().to_le_bytes());
         out.extend((tokens.len() as u32).to_le_bytes());
         tokens.iter().for_each(|t| out.extend(t.to_le_bytes()));
         let kinds = self.store_kinds();
         out.extend((kinds.len() as u32).to_le_bytes());
-        let row = self.kv_row_bytes() as usize;
         let gpu = self.model.gpu.clone();
         let mut n_saved = 0;
         for kind in kinds {
@@ -196,7 +210,8 @@ impl Context {
             if end == 0 {
                 continue;
             }
-            for t in self.store_layers(kind) {
+            for (t, ty) in self.store_layers(kind) {
+                let row = self.kv_row_bytes(ty) as usize;
                 let rows = gpu.read_bytes(&t.buf, t.offset, (end * row) as u64)?;
                 for &i in &picked {
                     out.extend(&rows[i * row..(i + 1) * row]);
@@ -242,7 +257,7 @@ impl Context {
             return Err(format("bad magic").into());
         }
         let version = r.u32()?;
-        if version != VERSION {
+        if version != VERSION && version != 2 {
             return Err(format(&format!("version {version}, expected {VERSION}")).into());
         }
         let shape = [r.u32()?, r.u32()?, r.u32()?];
@@ -257,9 +272,29 @@ impl Context {
             }
             .into());
         }
-        let elem = r.u32()?;
-        if elem != 2 && elem != 4 {
-            return Err(format(&format!("K/V element size {elem}")).into());
+        let (saved_k, saved_v) = if version == 2 {
+            match r.u32()? {
+                2 => (KvType::F16, KvType::F16),
+                4 => (KvType::F32, KvType::F32),
+                elem => return Err(format(&format!("K/V element size {elem}")).into()),
+            }
+        } else {
+            let mut ty = || -> Result<KvType, StateError> {
+                let id = r.u32()?;
+                KvType::from_ggml_id(id).ok_or_else(|| format(&format!("cache type id {id}")))
+            };
+            (ty()?, ty()?)
+        };
+        let (k, v) = (self.kv.type_k, self.kv.type_v);
+        if convert(&[], saved_k, k).is_none() || convert(&[], saved_v, v).is_none() {
+            return Err(StateError::OtherTypes {
+                path: p.clone(),
+                saved_k,
+                saved_v,
+                k,
+                v,
+            }
+            .into());
         }
         let n_tok = r.u32()? as usize;
         let tokens: Vec<u32> = (0..n_tok).map(|_| r.u32()).collect::<Result<_, _>>()?;
@@ -276,7 +311,6 @@ impl Context {
             }
             .into());
         }
-        let saved_row = self.model.hp.n_embd_kv() as usize * elem as usize;
         let n_seq = self.params.n_seq_max;
         // Read (and check) everything before touching the cache.
         let mut stores = Vec::with_capacity(kinds.len());
@@ -307,14 +341,13 @@ impl Context {
                 }
                 sets.push(set);
             }
-            let n_layers = self.store_layers(kind).len();
-            let mut layers = Vec::with_capacity(n_layers);
-            for _ in 0..n_layers {
-                layers.push(convert(
-                    r.take(n_cells * saved_row)?,
-                    elem == 2,
-                    self.kv.f16,
-                ));
+            let store = self.store_layers(kind);
+            let mut layers = Vec::with_capacity(store.len());
+            for (i, &(_, ty)) in store.iter().enumerate() {
+                let saved = if i % 2 == 0 { saved_k } else { saved_v };
+                let saved_row = self.kv_row_bytes(saved) as usize;
+                let rows = r.take(n_cells * saved_row)?;
+                layers.push(convert(rows, saved, ty).expect("checked above"));
             }
             stores.push(StoreData { pos, sets, layers });
         }
@@ -350,10 +383,10 @@ impl Context {
             cells.store(&slots, &st.pos, &st.sets)?;
             placed.push((cells, slots));
         }
-        let row = self.kv_row_bytes();
         let gpu = self.model.gpu.clone();
         for ((&kind, st), (cells, slots)) in kinds.iter().zip(&stores).zip(placed) {
-            for (t, rows) in self.store_layers(kind).into_iter().zip(&st.layers) {
+            for ((t, ty), rows) in self.store_layers(kind).into_iter().zip(&st.layers) {
+                let row = self.kv_row_bytes(ty);
                 // One write per run of consecutive cells (the slots may be scattered).
                 let mut a = 0;
                 while a < slots.len() {

@@ -30,6 +30,8 @@ pub struct EngineOptions {
     /// Every session may use the whole cache (llama.cpp's `--kv-unified`) instead of an
     /// equal share; when the cells run out, the step fails for every session in it.
     pub kv_unified: bool,
+    /// Cache types and flash attention (-ctk, -ctv, -fa).
+    pub kv: crate::kv::KvConfig,
     /// Backend, adapter, f16/subgroups, kernel shapes and tuning.
     pub gpu: GpuOptions,
     /// Whether `--kernels auto` / `--backend auto` are decided by measurement (cached),
@@ -48,6 +50,7 @@ impl Default for EngineOptions {
             swa_full: false,
             swa_keep: 0,
             kv_unified: false,
+            kv: Default::default(),
             gpu: GpuOptions::default(),
             tune: TuneOptions::default(),
         }
@@ -83,6 +86,7 @@ impl EngineOptions {
             defrag_thold: self.defrag_thold,
             swa_full: self.swa_full,
             swa_keep: self.swa_keep.min(n_ctx),
+            kv: self.kv,
         })
     }
 }

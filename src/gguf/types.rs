@@ -78,11 +78,14 @@ impl GgmlType {
         self.block_layout().map_or(1, |l| l.0)
     }
 
-    /// Bytes of a row of `n` elements; None when `n` is not a whole number of blocks.
+    /// Bytes of a row of `n` elements; None when `n` is not a whole number of blocks (or
+    /// the count overflows, as a damaged file's may).
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let (bs, bb) = self.block_layout()?;
-        n.is_multiple_of(bs as u64)
-            .then(|| n / bs as u64 * bb as u64)
+        if !n.is_multiple_of(bs as u64) {
+            return None;
+        }
+        (n / bs as u64).checked_mul(bb as u64)
     }
 
     /// Types whose matmul/get_rows kernels exist in this build: those with a

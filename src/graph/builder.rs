@@ -129,13 +129,14 @@ impl Op {
                 let row = s.row_len(p.head_dim) as u64;
                 let kv = 2 * s.n_head_kv as u64 * p.head_dim as u64;
                 let q = row - kv;
-                let elem = if s.kv_f16 { 2 } else { F };
+                let hd = p.head_dim as u64 * s.n_head_kv as u64;
+                let kv_bytes = (s.k_type.row_bytes(hd) + s.v_type.row_bytes(hd)) * t;
                 let table = t * p.n_dims as u64 / 2 * 2 * F;
                 // The projection row in, Q out, K and V into the cache; the rotations
                 // of Q and K heads as in RoPE.
                 let heads = (s.n_head + s.n_head_kv) as u64;
                 c(
-                    row * t * F + q * t * F + kv * t * elem + table + t * F,
+                    row * t * F + q * t * F + kv_bytes + table + t * F,
                     3 * p.n_dims as u64 / 2 * 2 * heads * t,
                 )
             }
@@ -157,8 +158,8 @@ impl Op {
                     s.n_kv as u64,
                     s.n_tok as u64,
                 );
-                let elem = if s.kv_f16 { 2 } else { F };
-                let kv = 2 * nkv * s.n_head_kv as u64 * hd * elem;
+                let row = s.n_head_kv as u64 * hd;
+                let kv = nkv * (s.k_type.row_bytes(row) + s.v_type.row_bytes(row));
                 let scores = nh * nt * nkv;
                 // K and V once, Q in and the output out, the mask, and the scores written
                 // by the first kernel, normalised in place and read by the last.
@@ -456,7 +457,10 @@ impl GraphBuilder {
             n_head: a.shape.n_head,
             n_head_kv: a.shape.n_head_kv,
             n_tok,
-            kv_f16: a.shape.kv_f16,
+            k_type: a.shape.k_type,
+            v_type: a.shape.v_type,
+            rot_k: a.shape.rot_k,
+            rot_v: a.shape.rot_v,
         };
         let row = shape.row_len(a.shape.head_dim);
         let stacked: u32 = a.qkv.iter().map(|w| w.n_rows).sum();
@@ -634,7 +638,11 @@ mod tests {
             n_head_kv: 3,
             n_tok: 4,
             n_kv: 256,
-            kv_f16: true,
+            k_type: crate::kv::KvType::F16,
+            v_type: crate::kv::KvType::F16,
+            flash: false,
+            rot_k: 0,
+            rot_v: 0,
         };
         let sp = SoftmaxParams {
             scale: 0.125,

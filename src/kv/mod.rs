@@ -6,6 +6,7 @@
 
 mod cells;
 mod defrag;
+mod kv_type;
 mod mask;
 mod seq;
 mod view;
@@ -13,6 +14,7 @@ mod window;
 
 pub use cells::{seqs_below, Cell, KvCells, KvError, SeqId, MAX_SEQ};
 pub use defrag::Move;
+pub use kv_type::{bf16_bits, FlashAttn, KvChoice, KvConfig, KvType, GROUP as KV_GROUP};
 pub use mask::{build_mask, MaskKind, MASKED};
 pub use window::WindowCells;
 

@@ -39,7 +39,11 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         n_head_kv: hp.n_head_kv,
         n_tok: t,
         n_kv: io.n_kv,
-        kv_f16: kv.f16,
+        k_type: kv.type_k,
+        v_type: kv.type_v,
+        flash: kv.flash,
+        rot_k: kv.rot_k,
+        rot_v: kv.rot_v,
     };
     let sp = SoftmaxParams {
         scale: hp.attn_scale,

@@ -7,11 +7,13 @@
 //! one dispatch that never writes the scores) can take their place when asked for
 //! (`WGLLM_ATTN_FLASH=1`; slower so far).
 
+use super::hadamard::{hadamard, hadamard_ref};
 use super::kernels::{split_shape, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM, MAX_TILE_HEAD_DIM};
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
 use super::uniforms::{AttnSplitUniform, AttnSumUniform, AttnUniform};
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
+use crate::kv::KvType;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnShape {
@@ -21,8 +23,17 @@ pub struct AttnShape {
     pub n_tok: u32,
     /// Cells read from the cache (the padded bound, not the cache size).
     pub n_kv: u32,
-    /// The cache holds f16 (adapters with shader-f16) rather than f32.
-    pub kv_f16: bool,
+    /// What the K and V caches hold (`-ctk`, `-ctv`); every kernel reads every type.
+    pub k_type: KvType,
+    pub v_type: KvType,
+    /// Flash attention was asked for (`-fa on`): the flash kernel takes the attention
+    /// wherever it applies (GPU-shaped kernels, heads it holds).
+    pub flash: bool,
+    /// llama.cpp's attention rotation of a quantized cache (`crate::kv::KvChoice`): the
+    /// size of the Walsh-Hadamard chunks rope_store rotated Q and K heads by (unused
+    /// here), and V heads by; attention rotates its output back by the latter. 0: none.
+    pub rot_k: u32,
+    pub rot_v: u32,
 }
 
 impl AttnShape {
@@ -132,7 +143,7 @@ impl AttnShape {
     fn flash(&self, gpu: &Gpu) -> bool {
         gpu.kernels == KernelShape::Gpu
             && self.head_dim <= MAX_FLASH_HEAD_DIM
-            && gpu.tuning.attn_flash == Some(true)
+            && (self.flash || gpu.tuning.attn_flash == Some(true))
     }
 
     /// Whether the tiled prompt kernels take this attention: GPU-shaped kernels, heads they
@@ -249,7 +260,7 @@ fn kqv_split(
     let d4 = s.head_dim / 4;
     let (lanes, nv) = split_shape(d4);
     let split = gpu.pipeline(KernelKey::AttnKqvSplit {
-        f16: s.kv_f16,
+        v: s.v_type,
         lanes,
         nv,
     })?;
@@ -308,7 +319,8 @@ fn flash(
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let pipeline = gpu.pipeline(KernelKey::AttnFlash {
-        f16: s.kv_f16,
+        k: s.k_type,
+        v: s.v_type,
         split: split.is_some(),
     })?;
     let groups = |n_split| [s.n_tok.div_ceil(16), s.n_head, n_split];
@@ -368,7 +380,7 @@ fn tiled(
         record(
             gpu,
             "attn_kq_tile",
-            gpu.pipeline(KernelKey::AttnKqTile { f16: s.kv_f16, dk })?,
+            gpu.pipeline(KernelKey::AttnKqTile { k: s.k_type, dk })?,
             bytemuck::bytes_of(&s.uniform()),
             &[q, k, scores, mask],
             [s.n_kv.div_ceil(64), s.n_tok.div_ceil(64), s.n_head],
@@ -383,7 +395,7 @@ fn tiled(
     out.push(record(
         gpu,
         "attn_kqv_tile",
-        gpu.pipeline(KernelKey::AttnKqvTile { f16: s.kv_f16, ni })?,
+        gpu.pipeline(KernelKey::AttnKqvTile { v: s.v_type, ni })?,
         bytemuck::bytes_of(&s.split_uniform(sm, sp.chunk)),
         &[scores, v, &part],
         [s.n_tok.div_ceil(tokens), s.n_head, sp.n_split],
@@ -479,7 +491,6 @@ pub fn attention(
             s.head_dim, s.n_head, s.n_head_kv
         )));
     }
-    let f16 = s.kv_f16;
     let tb = tokens_per_invocation(&gpu.tuning, s.n_tok);
     let q_row = s.head_dim as u64 * s.n_head as u64 * 4;
     let mask_row = s.n_kv as u64 * 4;
@@ -513,8 +524,8 @@ pub fn attention(
             out.extend(tiled(gpu, &pass, sp, split, io, &scores, partials, &dst)?);
             continue;
         }
-        let kq = gpu.pipeline(KernelKey::AttnKq { f16, tb })?;
-        let kqv = gpu.pipeline(KernelKey::AttnKqv { f16, tb })?;
+        let kq = gpu.pipeline(KernelKey::AttnKq { k: s.k_type, tb })?;
+        let kqv = gpu.pipeline(KernelKey::AttnKqv { v: s.v_type, tb })?;
         out.push(record(
             gpu,
             "attn_kq",
@@ -543,6 +554,10 @@ pub fn attention(
                 s.n_head,
             ],
         )?);
+    }
+    // V was stored rotated (llama.cpp's attention rotation): rotate the output back.
+    if let Some(chunks) = (s.n_tok * s.n_head * s.head_dim).checked_div(s.rot_v) {
+        out.push(hadamard(gpu, io.dst, s.rot_v, chunks)?);
     }
     Ok(out)
 }
@@ -589,5 +604,6 @@ pub fn attention_ref(
             }
         }
     }
+    hadamard_ref(&mut out, s.rot_v as usize);
     out
 }

@@ -10,6 +10,7 @@ use super::glu::Activation;
 use super::shaders::{self, compose};
 use super::uniforms::*;
 use crate::gguf::GgmlType;
+use crate::kv::KvType;
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::OnceLock;
@@ -54,34 +55,43 @@ pub enum KernelKey {
     Rope {
         f16: bool,
     },
-    /// A Q/K/V projection's heads to a rotated Q and the f16 or f32 cache, with per-head
-    /// RMS norms of Q and K when `norm`.
+    /// A Q/K/V projection's heads to a rotated Q and the K and V caches of types `k` and
+    /// `v`, with per-head RMS norms of Q and K when `norm`.
     RopeStore {
-        f16: bool,
+        k: KvType,
+        v: KvType,
         norm: bool,
     },
-    /// Copy of new rows into an f16 or f32 KV cache.
+    /// Copy of f32 rows into cache rows of type `ty` (quantizing a block at a time for
+    /// the packed types).
     SetRows {
-        f16: bool,
+        ty: KvType,
     },
+    /// Cache rows of type `ty` read back as f32 (the K-shift of a packed K cache).
+    KvRead {
+        ty: KvType,
+    },
+    /// Chunks of values times the Walsh-Hadamard matrix, in place (llama.cpp's attention
+    /// rotation of a quantized cache).
+    Hadamard,
     /// Masked softmax with `wg` invocations per row.
     Softmax {
         wg: u32,
     },
-    /// Attention scores over an f16 or f32 cache, `tb` tokens per invocation.
+    /// Attention scores over a K cache of type `k`, `tb` tokens per invocation.
     AttnKq {
-        f16: bool,
+        k: KvType,
         tb: u32,
     },
-    /// One-pass attention output, `tb` tokens per invocation.
+    /// One-pass attention output over a V cache of type `v`, `tb` tokens per invocation.
     AttnKqv {
-        f16: bool,
+        v: KvType,
         tb: u32,
     },
     /// Attention softmax and output split over chunks of cells (flash-decoding):
     /// `lanes` invocations across a value row, `nv` vec4s each (see [`split_shape`]).
     AttnKqvSplit {
-        f16: bool,
+        v: KvType,
         lanes: u32,
         nv: u32,
     },
@@ -90,14 +100,14 @@ pub enum KernelKey {
     /// Prompt attention scores as a tiled product: 64 cells x 64 tokens per workgroup,
     /// the head in slices of `dk` vec4s.
     AttnKqTile {
-        f16: bool,
+        k: KvType,
         dk: u32,
     },
     /// Prompt attention output as a tiled product over the softmax's probabilities:
     /// `ni` vec4s of the head and 8 / `ni` tokens per invocation, one chunk of cells
     /// per workgroup z.
     AttnKqvTile {
-        f16: bool,
+        v: KvType,
         ni: u32,
     },
     /// The tiled output kernel's chunks added up.
@@ -107,7 +117,8 @@ pub enum KernelKey {
     /// With `split`, over one chunk of cells per workgroup z, into the split kernel's
     /// partials (joined by [`KernelKey::AttnKqvSum`]).
     AttnFlash {
-        f16: bool,
+        k: KvType,
+        v: KvType,
         split: bool,
     },
     GetRows {
@@ -174,28 +185,33 @@ impl KernelKey {
     /// `Gpu::pipeline` accepts.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey::*;
-        let mut v = vec![RmsNorm, AddRmsNorm, AttnKqvSum, AttnKqvJoin];
+        let mut v = vec![RmsNorm, AddRmsNorm, AttnKqvSum, AttnKqvJoin, Hadamard];
         v.extend(BinaryOp::ALL.iter().map(|&op| Binary(op)));
         v.extend(Activation::ALL.iter().map(|&act| Glu(act)));
         v.extend(SOFTMAX_WG.iter().map(|&wg| Softmax { wg }));
-        for f16 in [false, true] {
-            v.push(Rope { f16 });
-            v.push(SetRows { f16 });
-            for norm in [false, true] {
-                v.push(RopeStore { f16, norm });
-            }
+        v.extend([false, true].map(|f16| Rope { f16 }));
+        for ty in KvType::ALL {
+            let (k, kv) = (ty, ty);
+            v.push(SetRows { ty });
+            v.push(KvRead { ty });
             for &tb in ATTN_TB {
-                v.push(AttnKq { f16, tb });
-                v.push(AttnKqv { f16, tb });
+                v.push(AttnKq { k, tb });
+                v.push(AttnKqv { v: kv, tb });
             }
             for (lanes, nv) in split_shapes() {
-                v.push(AttnKqvSplit { f16, lanes, nv });
+                v.push(AttnKqvSplit { v: kv, lanes, nv });
             }
-            for split in [false, true] {
-                v.push(AttnFlash { f16, split });
+            v.extend(ATTN_TILE_DK.iter().map(|&dk| AttnKqTile { k, dk }));
+            v.extend(ATTN_TILE_NI.iter().map(|&ni| AttnKqvTile { v: kv, ni }));
+            // K and V types combine freely, as llama.cpp's -ctk and -ctv.
+            for vt in KvType::ALL {
+                for norm in [false, true] {
+                    v.push(RopeStore { k, v: vt, norm });
+                }
+                for split in [false, true] {
+                    v.push(AttnFlash { k, v: vt, split });
+                }
             }
-            v.extend(ATTN_TILE_DK.iter().map(|&dk| AttnKqTile { f16, dk }));
-            v.extend(ATTN_TILE_NI.iter().map(|&ni| AttnKqvTile { f16, ni }));
         }
         for ty in shaders::weight_types() {
             v.push(GetRows { ty });
@@ -248,18 +264,21 @@ impl KernelKey {
     /// for the subgroupAdd reduction.
     pub fn features(&self) -> wgpu::Features {
         use KernelKey::*;
+        let f16 = |t: KvType| t == KvType::F16;
         match *self {
-            Rope { f16 }
-            | SetRows { f16 }
-            | RopeStore { f16, .. }
-            | AttnKq { f16, .. }
-            | AttnKqv { f16, .. }
-            | AttnKqvSplit { f16, .. }
-            | AttnFlash { f16, .. }
-            | AttnKqTile { f16, .. }
-            | AttnKqvTile { f16, .. }
-                if f16 =>
+            Rope { f16: true } => wgpu::Features::SHADER_F16,
+            SetRows { ty: t }
+            | KvRead { ty: t }
+            | AttnKq { k: t, .. }
+            | AttnKqv { v: t, .. }
+            | AttnKqvSplit { v: t, .. }
+            | AttnKqTile { k: t, .. }
+            | AttnKqvTile { v: t, .. }
+                if f16(t) =>
             {
+                wgpu::Features::SHADER_F16
+            }
+            RopeStore { k, v, .. } | AttnFlash { k, v, .. } if f16(k) || f16(v) => {
                 wgpu::Features::SHADER_F16
             }
             MatmulWg {
@@ -303,6 +322,8 @@ impl KernelKey {
             Rope { .. }
             | RopeStore { .. }
             | SetRows { .. }
+            | KvRead { .. }
+            | Hadamard
             | AttnKq { .. }
             | AttnKqv { .. }
             | AttnKqvSplit { .. }
@@ -341,7 +362,7 @@ impl KernelKey {
             Binary(_) => BinaryUniform::WGSL,
             Glu(_) => GluUniform::WGSL,
             Rope { .. } => RopeUniform::WGSL,
-            SetRows { .. } => SetRowsUniform::WGSL,
+            SetRows { .. } | KvRead { .. } | Hadamard => SetRowsUniform::WGSL,
             RopeStore { .. } => RopeStoreUniform::WGSL,
             Softmax { .. } => SoftmaxUniform::WGSL,
             AttnKq { .. } | AttnKqv { .. } | AttnKqTile { .. } => AttnUniform::WGSL,
@@ -368,43 +389,41 @@ impl KernelKey {
                 &[("ACT", act.wgsl().to_string())],
             ),
             Rope { f16 } => compose(&[shaders::ROPE], &[("KV_T", kv_type(f16))]),
-            SetRows { f16 } => compose(&[shaders::SET_ROWS], &[("KV_T", kv_type(f16))]),
-            RopeStore { f16, norm } => shaders::rope_store_source(&kv_type(f16), norm),
+            SetRows { ty } => shaders::set_rows_source(ty),
+            KvRead { ty } => shaders::kv_reading(shaders::KV_READ, Some(ty), None, &[]),
+            RopeStore { k, v, norm } => shaders::rope_store_source(k, v, norm),
+            Hadamard => shaders::HADAMARD.to_string(),
             Softmax { wg } => compose(
                 &[shaders::SOFTMAX_COMMON, shaders::SOFTMAX],
                 &[("WG", wg.to_string())],
             ),
-            AttnKq { f16, tb } => compose(
-                &[shaders::ATTN_KQ],
-                &[("KV_T", kv_type(f16)), ("TB", tb.to_string())],
-            ),
-            AttnKqv { f16, tb } => compose(
-                &[shaders::ATTN_KQV],
-                &[("KV_T", kv_type(f16)), ("TB", tb.to_string())],
-            ),
-            AttnKqvSplit { f16, lanes, nv } => compose(
-                &[shaders::SOFTMAX_COMMON, shaders::ATTN_KQV_SPLIT],
-                &[
-                    ("KV_T", kv_type(f16)),
-                    ("LANES", lanes.to_string()),
-                    ("NV", nv.to_string()),
-                ],
+            AttnKq { k, tb } => {
+                shaders::kv_reading(shaders::ATTN_KQ, Some(k), None, &[("TB", tb.to_string())])
+            }
+            AttnKqv { v, tb } => {
+                shaders::kv_reading(shaders::ATTN_KQV, None, Some(v), &[("TB", tb.to_string())])
+            }
+            AttnKqvSplit { v, lanes, nv } => shaders::kv_reading(
+                &compose(&[shaders::SOFTMAX_COMMON, shaders::ATTN_KQV_SPLIT], &[]),
+                None,
+                Some(v),
+                &[("LANES", lanes.to_string()), ("NV", nv.to_string())],
             ),
             AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
-            AttnKqTile { f16, dk } => compose(
-                &[shaders::ATTN_KQ_TILE],
-                &[("KV_T", kv_type(f16)), ("DK", dk.to_string())],
+            AttnKqTile { k, dk } => shaders::kv_reading(
+                shaders::ATTN_KQ_TILE,
+                Some(k),
+                None,
+                &[("DK", dk.to_string())],
             ),
-            AttnKqvTile { f16, ni } => compose(
-                &[shaders::ATTN_KQV_TILE],
-                &[
-                    ("KV_T", kv_type(f16)),
-                    ("NI", ni.to_string()),
-                    ("TM", (8 / ni).to_string()),
-                ],
+            AttnKqvTile { v, ni } => shaders::kv_reading(
+                shaders::ATTN_KQV_TILE,
+                None,
+                Some(v),
+                &[("NI", ni.to_string()), ("TM", (8 / ni).to_string())],
             ),
             AttnKqvJoin => shaders::ATTN_KQV_JOIN.to_string(),
-            AttnFlash { f16, split } => shaders::attn_flash_source(&kv_type(f16), split),
+            AttnFlash { k, v, split } => shaders::attn_flash_source(k, v, split),
             GetRows { ty } => compose(&[&quant(ty)?, shaders::QUANT_READ, shaders::GET_ROWS], &[]),
             Matmul {
                 ty,
@@ -455,31 +474,23 @@ impl fmt::Display for KernelKey {
             Binary(op) => write!(f, "binary_{op:?}"),
             Glu(act) => write!(f, "glu_{act:?}"),
             Rope { f16 } => write!(f, "rope_{}", kv(f16)),
-            SetRows { f16 } => write!(f, "set_rows_{}", kv(f16)),
-            RopeStore { f16, norm } => {
-                write!(
-                    f,
-                    "rope_store_{}{}",
-                    kv(f16),
-                    if norm { "_norm" } else { "" }
-                )
+            SetRows { ty } => write!(f, "set_rows_{ty}"),
+            KvRead { ty } => write!(f, "kv_read_{ty}"),
+            Hadamard => write!(f, "hadamard"),
+            RopeStore { k, v, norm } => {
+                write!(f, "rope_store_{k}_{v}{}", if norm { "_norm" } else { "" })
             }
             Softmax { wg } => write!(f, "softmax_{wg}"),
-            AttnKq { f16, tb } => write!(f, "attn_kq_{}_tb{tb}", kv(f16)),
-            AttnKqv { f16, tb } => write!(f, "attn_kqv_{}_tb{tb}", kv(f16)),
-            AttnKqvSplit { f16, lanes, nv } => {
-                write!(f, "attn_kqv_split_{}_{lanes}x{nv}", kv(f16))
-            }
+            AttnKq { k, tb } => write!(f, "attn_kq_{k}_tb{tb}"),
+            AttnKqv { v, tb } => write!(f, "attn_kqv_{v}_tb{tb}"),
+            AttnKqvSplit { v, lanes, nv } => write!(f, "attn_kqv_split_{v}_{lanes}x{nv}"),
             AttnKqvSum => write!(f, "attn_kqv_sum"),
-            AttnKqTile { f16, dk } => write!(f, "attn_kq_tile_{}_dk{dk}", kv(f16)),
-            AttnKqvTile { f16, ni } => write!(f, "attn_kqv_tile_{}_ni{ni}", kv(f16)),
+            AttnKqTile { k, dk } => write!(f, "attn_kq_tile_{k}_dk{dk}"),
+            AttnKqvTile { v, ni } => write!(f, "attn_kqv_tile_{v}_ni{ni}"),
             AttnKqvJoin => write!(f, "attn_kqv_join"),
-            AttnFlash { f16, split } => write!(
-                f,
-                "attn_flash_{}{}",
-                kv(f16),
-                if split { "_split" } else { "" }
-            ),
+            AttnFlash { k, v, split } => {
+                write!(f, "attn_flash_{k}_{v}{}", if split { "_split" } else { "" })
+            }
             GetRows { ty } => write!(f, "get_rows_{ty}"),
             Matmul {
                 ty,
@@ -612,10 +623,13 @@ mod tests {
                 * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
         assert_eq!(per_type, 64 + 2 * (27 + 20));
-        let shared = 2 + 2 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len();
-        // Per cache type: rope, set_rows, two rope_stores, two flash, the attention kernels.
+        // Norms, the two joins, hadamard, binary ops, GLUs, softmaxes, rope in f32 and f16.
+        let shared = 2 + 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len() + 2;
+        // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
+        // two rope_stores and two flash kernels.
         let tiles = ATTN_TILE_DK.len() + ATTN_TILE_NI.len();
-        let kv = 2 * (6 + 2 * ATTN_TB.len() + splits + tiles);
+        let n_kv = KvType::ALL.len();
+        let kv = n_kv * (2 + 2 * ATTN_TB.len() + splits + tiles + 4 * n_kv);
         assert_eq!(all.len(), shared + kv + types.len() * per_type);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.
@@ -637,13 +651,20 @@ mod tests {
                 }
             }
         }
-        assert!(set.contains(&KernelKey::AttnKq { f16: false, tb: 4 }));
-        assert!(set.contains(&KernelKey::AttnKqv { f16: false, tb: 4 }));
+        for ty in KvType::ALL {
+            assert!(set.contains(&KernelKey::AttnKq { k: ty, tb: 4 }));
+            assert!(set.contains(&KernelKey::AttnKqv { v: ty, tb: 4 }));
+            assert!(set.contains(&KernelKey::AttnFlash {
+                k: ty,
+                v: KvType::Q4_0,
+                split: true
+            }));
+        }
         // Every split shape attention can pick for head sizes up to the limit.
         for head_dim in (4..=MAX_SPLIT_HEAD_DIM).step_by(4) {
             let (lanes, nv) = split_shape(head_dim / 4);
             assert!(set.contains(&KernelKey::AttnKqvSplit {
-                f16: true,
+                v: KvType::F16,
                 lanes,
                 nv
             }));

@@ -10,6 +10,7 @@ pub mod attention;
 pub mod binary;
 pub mod get_rows;
 pub mod glu;
+pub mod hadamard;
 pub mod kernels;
 pub mod matmul;
 pub mod rms_norm;

@@ -5,12 +5,14 @@
 //! graph had two RoPEs, two set_rows and (Gemma) two per-head norms: a decoded token's
 //! dispatch count, not its bandwidth, bounds small-model decode on discrete GPUs.
 
+use super::hadamard::hadamard_ref;
 use super::rms_norm::rms_norm_ref;
 use super::rope::{rope_ref, RopeParams};
 use super::set_rows::set_rows_ref;
 use super::uniforms::RopeStoreUniform;
 use super::{record, Dispatch, KernelKey, View, MAX_GROUPS};
 use crate::gpu::{Gpu, GpuError};
+use crate::kv::KvType;
 
 /// The heads of one projection row and where its K/V go.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -18,8 +20,13 @@ pub struct RopeStoreShape {
     pub n_head: u32,
     pub n_head_kv: u32,
     pub n_tok: u32,
-    /// The cache holds f16 (else f32).
-    pub kv_f16: bool,
+    /// What the K and V caches hold.
+    pub k_type: KvType,
+    pub v_type: KvType,
+    /// Walsh-Hadamard rotation of Q and K heads, and of V heads, in chunks of this many
+    /// values (llama.cpp's attention rotation of a quantized cache; 0: none).
+    pub rot_k: u32,
+    pub rot_v: u32,
 }
 
 impl RopeStoreShape {
@@ -64,8 +71,22 @@ pub fn rope_store(
             rp.n_dims, rp.head_dim
         )));
     }
+    for n in [s.rot_k, s.rot_v].into_iter().filter(|&n| n > 0) {
+        if !n.is_power_of_two() || !rp.head_dim.is_multiple_of(n) || rp.head_dim > 256 {
+            return Err(GpuError::Validation(format!(
+                "rope_store: a rotation in chunks of {n} needs a power of two dividing the head ({}, at most 256)",
+                rp.head_dim
+            )));
+        }
+    }
+    for ty in [s.k_type, s.v_type] {
+        let n_embd = rp.head_dim * s.n_head_kv;
+        ty.check_shape(rp.head_dim, n_embd)
+            .map_err(|e| GpuError::Validation(format!("rope_store: {e}")))?;
+    }
     let key = KernelKey::RopeStore {
-        f16: s.kv_f16,
+        k: s.k_type,
+        v: s.v_type,
         norm: io.norm.is_some(),
     };
     let params = RopeStoreUniform {
@@ -75,7 +96,8 @@ pub fn rope_store(
         n_dims: rp.n_dims,
         neox: rp.neox as u32,
         eps: io.norm.map_or(0.0, |n| n.2),
-        ..Default::default()
+        rot_k: s.rot_k,
+        rot_v: s.rot_v,
     };
     let mut views = vec![io.table, io.qkv, io.slots, io.q, io.k_cache, io.v_cache];
     if let Some((qn, kn, _)) = io.norm {
@@ -120,8 +142,11 @@ pub fn rope_store_ref(
         q = rms_norm_ref(&q, qn, hd, eps);
         k = rms_norm_ref(&k, kn, hd, eps);
     }
-    let q = rope_ref(rp, &q, s.n_head as usize, positions);
-    let k = rope_ref(rp, &k, s.n_head_kv as usize, positions);
+    let mut q = rope_ref(rp, &q, s.n_head as usize, positions);
+    let mut k = rope_ref(rp, &k, s.n_head_kv as usize, positions);
+    hadamard_ref(&mut q, s.rot_k as usize);
+    hadamard_ref(&mut k, s.rot_k as usize);
+    hadamard_ref(&mut v, s.rot_v as usize);
     set_rows_ref(k_cache, &k, slots, nkv);
     set_rows_ref(v_cache, &v, slots, nkv);
     q

@@ -2,6 +2,7 @@
 //! [`super::kernels::KernelKey::source`] puts the pieces together for each variant.
 
 use crate::gguf::GgmlType;
+use crate::kv::KvType;
 
 pub const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
 pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
@@ -26,6 +27,141 @@ pub const ATTN_FLASH: &str = include_str!("../../shaders/attn_flash.wgsl");
 pub const ATTN_KQ_TILE: &str = include_str!("../../shaders/attn_kq_tile.wgsl");
 pub const ATTN_KQV_TILE: &str = include_str!("../../shaders/attn_kqv_tile.wgsl");
 pub const ATTN_KQV_JOIN: &str = include_str!("../../shaders/attn_kqv_join.wgsl");
+pub const KV_READ: &str = include_str!("../../shaders/kv_read.wgsl");
+pub const HADAMARD: &str = include_str!("../../shaders/hadamard.wgsl");
+pub const SET_ROWS_BLOCKS: &str = include_str!("../../shaders/set_rows_blocks.wgsl");
+
+/// Helpers of the packed K/V cache types' snippets (see [`kv_snippet`]).
+pub const KV_COMMON: &str = include_str!("../../shaders/kv_common.wgsl");
+const KV_BF16: &str = include_str!("../../shaders/kv_bf16.wgsl");
+const KV_Q8_0: &str = include_str!("../../shaders/kv_q8_0.wgsl");
+const KV_Q4_0: &str = include_str!("../../shaders/kv_q4_0.wgsl");
+const KV_Q4_1: &str = include_str!("../../shaders/kv_q4_1.wgsl");
+const KV_IQ4_NL: &str = include_str!("../../shaders/kv_iq4_nl.wgsl");
+const KV_Q5_0: &str = include_str!("../../shaders/kv_q5_0.wgsl");
+const KV_Q5_1: &str = include_str!("../../shaders/kv_q5_1.wgsl");
+
+/// A packed cache type's snippet (load part, `// @store`, store part); None for f32 and
+/// f16, which kernels read and write as plain arrays.
+fn kv_snippet(ty: KvType) -> Option<&'static str> {
+    Some(match ty {
+        KvType::F32 | KvType::F16 => return None,
+        KvType::Bf16 => KV_BF16,
+        KvType::Q8_0 => KV_Q8_0,
+        KvType::Q4_0 => KV_Q4_0,
+        KvType::Q4_1 => KV_Q4_1,
+        KvType::Iq4Nl => KV_IQ4_NL,
+        KvType::Q5_0 => KV_Q5_0,
+        KvType::Q5_1 => KV_Q5_1,
+    })
+}
+
+/// The load or store part of a packed type's snippet for prefix `p` and binding `b`.
+fn kv_part(ty: KvType, store: bool, p: &str, b: &str) -> String {
+    let src = kv_snippet(ty).expect("packed cache type");
+    let (load, st) = src
+        .split_once("// @store\n")
+        .expect("kv snippets have a `// @store` line");
+    (if store { st } else { load })
+        .replace("{{P}}", p)
+        .replace("{{B}}", b)
+}
+
+/// (array element type, `{p}_load4(i) -> vec4<f32>`) for reading cache binding `p`
+/// (`k` or `v`) of type `ty`: logical vec4 i of [head_dim, n_head_kv, cells].
+fn kv_load(p: &str, ty: KvType) -> (String, String) {
+    match ty {
+        KvType::F32 => (
+            "vec4<f32>".into(),
+            format!("fn {p}_load4(i: u32) -> vec4<f32> {{\n    return {p}[i];\n}}"),
+        ),
+        KvType::F16 => (
+            "vec4<f16>".into(),
+            format!("fn {p}_load4(i: u32) -> vec4<f32> {{\n    return vec4<f32>({p}[i]);\n}}"),
+        ),
+        _ => ("u32".into(), kv_part(ty, false, p, p)),
+    }
+}
+
+/// (array element type, functions) for writing cache binding `b` of type `ty` under
+/// prefix `p`: `{p}_put(e0, i, x)` stores value i of the row starting at element e0
+/// (plain types at once; packed types into the workgroup's `stage`), and
+/// `{p}_flush(e0, n, lid)` writes the staged n values (packed types, a block per
+/// invocation; nothing for plain ones). Callers put, barrier, then flush.
+fn kv_store(p: &str, b: &str, ty: KvType) -> (String, String) {
+    let plain = |t: &str| {
+        (
+            t.to_string(),
+            format!(
+                "fn {p}_put(e0: u32, i: u32, x: f32) {{\n    {b}[e0 + i] = {t}(x);\n}}
+fn {p}_flush(e0: u32, n: u32, lid: u32) {{}}"
+            ),
+        )
+    };
+    match ty {
+        KvType::F32 => plain("f32"),
+        KvType::F16 => plain("f16"),
+        _ => (
+            "atomic<u32>".into(),
+            format!(
+                "{}
+fn {p}_put(e0: u32, i: u32, x: f32) {{
+    stage[i] = x;
+}}
+fn {p}_flush(e0: u32, n: u32, lid: u32) {{
+    for (var b = lid; b < n / 32u; b += 64u) {{
+        var x: array<f32, 32>;
+        for (var j = 0u; j < 32u; j++) {{
+            x[j] = stage[32u * b + j];
+        }}
+        {p}_store_block(e0 / 32u + b, x);
+    }}
+}}",
+                kv_part(ty, true, p, b)
+            ),
+        ),
+    }
+}
+
+/// The packed types' helpers, where any of `types` needs them.
+fn kv_common(types: &[KvType]) -> &'static str {
+    if types.iter().any(|t| t.is_packed()) {
+        KV_COMMON
+    } else {
+        ""
+    }
+}
+
+/// `src` with its cache reads filled in: `{{K_ELEM}}` / `{{K_LOAD}}` for a K cache of
+/// type `k`, `{{V_ELEM}}` / `{{V_LOAD}}` for a V cache of type `v`, and `subs`.
+pub fn kv_reading(
+    src: &str,
+    k: Option<KvType>,
+    v: Option<KvType>,
+    subs: &[(&str, String)],
+) -> String {
+    let mut all: Vec<(&str, String)> = subs.to_vec();
+    for (p, ty, elem, load) in [("k", k, "K_ELEM", "K_LOAD"), ("v", v, "V_ELEM", "V_LOAD")] {
+        if let Some(ty) = ty {
+            let (e, l) = kv_load(p, ty);
+            all.extend([(elem, e), (load, l)]);
+        }
+    }
+    let types: Vec<KvType> = [k, v].into_iter().flatten().collect();
+    compose(&[kv_common(&types), src], &all)
+}
+
+/// set_rows into a cache of type `ty`: a value per invocation for plain types, a block
+/// per invocation (quantized on the way) for packed ones.
+pub fn set_rows_source(ty: KvType) -> String {
+    match ty {
+        KvType::F32 | KvType::F16 => compose(&[SET_ROWS], &[("KV_T", ty.name().into())]),
+        _ => compose(
+            &[KV_COMMON, SET_ROWS_BLOCKS],
+            &[("STORE", kv_part(ty, true, "dst", "dst"))],
+        ),
+    }
+}
 
 /// What every weight snippet shares: the row layout (`Blk`, `blk`: where a block's head
 /// and body are) and the `Quarter` that `load_quarter` returns.
@@ -63,6 +199,17 @@ pub fn fingerprint() -> u64 {
         ATTN_KQ_TILE,
         ATTN_KQV_TILE,
         ATTN_KQV_JOIN,
+        KV_READ,
+        HADAMARD,
+        SET_ROWS_BLOCKS,
+        KV_COMMON,
+        KV_BF16,
+        KV_Q8_0,
+        KV_Q4_0,
+        KV_Q4_1,
+        KV_IQ4_NL,
+        KV_Q5_0,
+        KV_Q5_1,
         QUANT_COMMON,
         QUANT_READ,
     ];
@@ -331,10 +478,10 @@ pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32) -> String {
     )
 }
 
-/// The flash attention kernel for a cache of `kv_t` (f16 or f32): over every cell into
+/// The flash attention kernel for K and V caches of types `k` and `v`: over every cell into
 /// the normalised output, or with `split` over one chunk of cells per workgroup z into
 /// the split kernel's partials and (max, sum) stats.
-pub fn attn_flash_source(kv_t: &str, split: bool) -> String {
+pub fn attn_flash_source(k: KvType, v: KvType, split: bool) -> String {
     let (decl, range, store) = if split {
         (
             "@group(0) @binding(5) var<storage, read_write> part: array<vec4<f32>>;
@@ -367,10 +514,11 @@ pub fn attn_flash_source(kv_t: &str, split: bool) -> String {
         }",
         )
     };
-    compose(
-        &[SOFTMAX_COMMON, ATTN_FLASH],
+    kv_reading(
+        &compose(&[SOFTMAX_COMMON, ATTN_FLASH], &[]),
+        Some(k),
+        Some(v),
         &[
-            ("KV_T", kv_t.to_string()),
             ("OUT_DECL", decl.to_string()),
             ("RANGE", range.to_string()),
             ("STORE", store.to_string()),
@@ -378,8 +526,9 @@ pub fn attn_flash_source(kv_t: &str, split: bool) -> String {
     )
 }
 
-/// rope_store for an f16 or f32 cache, with the per-head norm weights bound when `norm`.
-pub fn rope_store_source(kv_t: &str, norm: bool) -> String {
+/// rope_store into K and V caches of types `k` and `v`, with the per-head norm weights
+/// bound when `norm`.
+pub fn rope_store_source(k: KvType, v: KvType, norm: bool) -> String {
     let bindings = if norm {
         "@group(0) @binding(7) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> k_norm: array<f32>;
@@ -387,10 +536,14 @@ fn norm_weight(e: u32, is_q: bool) -> f32 { return select(k_norm[e], q_norm[e], 
     } else {
         "fn norm_weight(e: u32, is_q: bool) -> f32 { return 1.0; }"
     };
+    let (k_elem, k_fns) = kv_store("k", "k_cache", k);
+    let (v_elem, v_fns) = kv_store("v", "v_cache", v);
     compose(
-        &[ROPE_STORE],
+        &[kv_common(&[k, v]), ROPE_STORE],
         &[
-            ("KV_T", kv_t.to_string()),
+            ("K_ELEM", k_elem),
+            ("V_ELEM", v_elem),
+            ("KV_STORE", format!("{k_fns}\n{v_fns}")),
             ("NORM", norm.to_string()),
             ("NORM_BINDINGS", bindings.to_string()),
         ],

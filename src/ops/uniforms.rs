@@ -94,8 +94,10 @@ uniform_struct! {
         neox: u32,
         /// Epsilon of the per-head RMS norm (the norm variant only).
         eps: f32,
-        _pad0: u32,
-        _pad1: u32,
+        /// Walsh-Hadamard rotation of Q and K heads (chunks of rot_k values) and of V heads
+        /// (rot_v), llama.cpp's attention rotation of a quantized cache; 0: none.
+        rot_k: u32,
+        rot_v: u32,
     }
 }
 

@@ -174,6 +174,17 @@ pub fn tiny_parts(
     load_synth(gpu, w)
 }
 
+/// A random llama whose heads (64 values, 2 KV heads) the packed cache types hold.
+pub fn wide_model(gpu: Arc<Gpu>, ty: wgllm::gguf::GgmlType) -> Arc<wgllm::model::Model> {
+    use wgllm::model::synth::{synth_llama, SynthShape};
+    let shape = SynthShape {
+        n_embd: 256,
+        n_head: 4,
+        ..TINY
+    };
+    load_synth(gpu, synth_llama(shape, ty, tiny_vocab(), 256, 0.5, false)).0
+}
+
 /// The tiny model's dimensions: 2 layers (6 for the gemma3 one), 64 wide, 4 heads.
 const TINY: wgllm::model::synth::SynthShape = wgllm::model::synth::SynthShape {
     n_embd: 64,

@@ -74,6 +74,9 @@ mod tests;
 
 use super::GgmlType;
 
+/// The 16 levels of IQ4_NL's codes (the K/V cache's iq4_nl quantizes to them too).
+pub(crate) use iq4::LEVELS as IQ4_LEVELS;
+
 /// Elements per GPU block: the unit every kernel dequantizes (see the module docs).
 pub const GPU_BLOCK: usize = 32;
 

@@ -1,0 +1,35 @@
+// q4_1 cache: groups of 10 words, [codes 0: 4][codes 1: 4][d0 | m0][d1 | m1]; x = q d + m.
+fn {{P}}_load4(i: u32) -> vec4<f32> {
+    let e = 4u * i;
+    let g = (e >> 6u) * 10u;
+    let s = (e >> 5u) & 1u;
+    let j = e & 31u;
+    let q = kv_nib4({{B}}[g + 4u * s + ((j & 15u) >> 2u)], select(0u, 4u, j >= 16u));
+    let dm = unpack2x16float({{B}}[g + 8u + s]);
+    return vec4<f32>(q) * dm.x + dm.y;
+}
+// @store
+fn {{P}}_store_block(b: u32, x: array<f32, 32>) {
+    var xs = x;
+    var vmin = xs[0];
+    var vmax = xs[0];
+    for (var j = 1u; j < 32u; j++) {
+        vmin = min(vmin, xs[j]);
+        vmax = max(vmax, xs[j]);
+    }
+    let d = (vmax - vmin) / 15.0;
+    let id = select(0.0, 1.0 / d, d != 0.0);
+    let g = (b >> 1u) * 10u;
+    let s = b & 1u;
+    for (var w = 0u; w < 4u; w++) {
+        var word = 0u;
+        for (var k = 0u; k < 4u; k++) {
+            let j = 4u * w + k;
+            let lo = u32(clamp(i32((xs[j] - vmin) * id + 0.5), 0, 15));
+            let hi = u32(clamp(i32((xs[j + 16u] - vmin) * id + 0.5), 0, 15));
+            word |= (lo | (hi << 4u)) << (8u * k);
+        }
+        atomicStore(&{{B}}[g + 4u * s + w], word);
+    }
+    atomicStore(&{{B}}[g + 8u + s], pack2x16float(vec2<f32>(d, vmin)));
+}

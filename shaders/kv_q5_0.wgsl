@@ -1,0 +1,33 @@
+// q5_0 cache: groups of 11 words, [codes 0: 4][codes 1: 4][high bits 0][high bits 1]
+// [d0 | d1]; bit j of a block's high-bit word is value j's fifth bit; x = (q - 16) d.
+fn {{P}}_load4(i: u32) -> vec4<f32> {
+    let e = 4u * i;
+    let g = (e >> 6u) * 11u;
+    let s = (e >> 5u) & 1u;
+    let j = e & 31u;
+    let q = kv_nib4({{B}}[g + 4u * s + ((j & 15u) >> 2u)], select(0u, 4u, j >= 16u)) | kv_hi4({{B}}[g + 8u + s], j);
+    return (vec4<f32>(q) - 16.0) * unpack2x16float({{B}}[g + 10u])[s];
+}
+// @store
+fn {{P}}_store_block(b: u32, x: array<f32, 32>) {
+    var xs = x;
+    let d = kv_signed_absmax(x) / -16.0;
+    let id = select(0.0, 1.0 / d, d != 0.0);
+    let g = (b >> 1u) * 11u;
+    let s = b & 1u;
+    var qh = 0u;
+    for (var w = 0u; w < 4u; w++) {
+        var word = 0u;
+        for (var k = 0u; k < 4u; k++) {
+            let j = 4u * w + k;
+            let lo = u32(clamp(i32(xs[j] * id + 16.5), 0, 31));
+            let hi = u32(clamp(i32(xs[j + 16u] * id + 16.5), 0, 31));
+            word |= ((lo & 15u) | ((hi & 15u) << 4u)) << (8u * k);
+            qh |= ((lo >> 4u) << j) | ((hi >> 4u) << (j + 16u));
+        }
+        atomicStore(&{{B}}[g + 4u * s + w], word);
+    }
+    atomicStore(&{{B}}[g + 8u + s], qh);
+    atomicAnd(&{{B}}[g + 10u], select(0xFFFF0000u, 0x0000FFFFu, s == 1u));
+    atomicOr(&{{B}}[g + 10u], kv_f16(d) << (16u * s));
+}

@@ -1,0 +1,52 @@
+//! hadamard: every chunk of n values times the orthonormal Walsh-Hadamard matrix, in
+//! place. llama.cpp rotates Q, K and V heads this way when the cache is quantized (an
+//! outlier spreads over the block instead of setting its scale); the matrix is its own
+//! inverse, so the same op rotates attention's output back and brackets the K-shift's
+//! RoPE. rope_store applies it to heads itself (`rot_k`, `rot_v`).
+
+use super::uniforms::SetRowsUniform;
+use super::{record, split_groups, Dispatch, KernelKey, View};
+use crate::gpu::{Gpu, GpuError};
+
+/// Largest chunk the kernel holds (its private array).
+pub const MAX_HADAMARD: u32 = 256;
+
+/// Rotates `count` chunks of `n` f32 values of `x` (n a power of two, 2..=256).
+pub fn hadamard(gpu: &Gpu, x: &View, n: u32, count: u32) -> Result<Dispatch, GpuError> {
+    if !n.is_power_of_two() || !(2..=MAX_HADAMARD).contains(&n) {
+        return Err(GpuError::Validation(format!(
+            "hadamard: chunks of {n} values (a power of two up to {MAX_HADAMARD})"
+        )));
+    }
+    let params = SetRowsUniform {
+        row_len: n,
+        n_rows: count,
+        ..Default::default()
+    };
+    let (gx, gy) = split_groups(count.div_ceil(64));
+    record(
+        gpu,
+        "hadamard",
+        gpu.pipeline(KernelKey::Hadamard)?,
+        bytemuck::bytes_of(&params),
+        &[x],
+        [gx, gy, 1],
+    )
+}
+
+/// CPU reference: every whole chunk of `n` values of `x` times H_n / sqrt(n), with the
+/// matrix written out as llama.cpp builds it (entries ±1/sqrt(n)).
+pub fn hadamard_ref(x: &mut [f32], n: usize) {
+    if n == 0 {
+        return;
+    }
+    let h = 1.0 / (n as f32).sqrt();
+    for chunk in x.chunks_exact_mut(n) {
+        let src = chunk.to_vec();
+        for (i, out) in chunk.iter_mut().enumerate() {
+            *out = (0..n)
+                .map(|j| if (i & j).count_ones() % 2 == 0 { h } else { -h } * src[j])
+                .sum();
+        }
+    }
+}
