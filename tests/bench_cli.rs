@@ -214,8 +214,9 @@ fn bad_input_fails_with_a_message() {
         (vec!["-p", "0", "-n", "0"], "no tests"),
         (vec!["-t", "1,2"], "no CPU threads"),
         (vec!["-ngl", "0"], "CPU-only"),
-        (vec!["-fa", "0,1"], "one attention path"),
-        (vec!["-ctk", "q8_0"], "quantized caches are not built"),
+        (vec!["-fa", "0,maybe"], "on, off or auto"),
+        (vec!["-ctk", "q4_k"], "q8_0, q4_0"),
+        (vec!["-ctv", "q8_0", "-fa", "0"], "needs flash attention"),
     ] {
         let mut a = vec!["bench", "-m", m.as_str()];
         a.extend(args.iter().copied());
@@ -239,4 +240,41 @@ fn bad_input_fails_with_a_message() {
     ]);
     assert_eq!(code, 1);
     assert!(err.contains("does not exist"), "{err}");
+}
+
+/// `-ctk`, `-ctv` and `-fa` lists: one load per combination, each row naming the cache
+/// types and flash attention it ran with (llama-bench's `type_k`, `type_v`, `flash_attn`).
+#[test]
+fn cache_type_lists_run_one_load_each() {
+    let m = common::smollm2();
+    let args = ["bench", "-m", m.as_str(), "-p", "16", "-n", "0", "-r", "1"];
+    let mut a = args.to_vec();
+    a.extend([
+        "-ctk",
+        "bf16,q8_0",
+        "-ctv",
+        "q4_0",
+        "-fa",
+        "1,auto",
+        "-o",
+        "jsonl",
+    ]);
+    let (code, out, err) = wgllm(&a);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let got: Vec<(String, String, u64)> = rows
+        .iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap().to_string();
+            (s("type_k"), s("type_v"), r["flash_attn"].as_u64().unwrap())
+        })
+        .collect();
+    let want = [("bf16", 1), ("bf16", 1), ("q8_0", 1), ("q8_0", 1)];
+    assert_eq!(got.len(), 4, "{out}");
+    for ((k, v, fa), (wk, wfa)) in got.iter().zip(want) {
+        assert_eq!((k.as_str(), v.as_str(), *fa), (wk, "q4_0", wfa));
+    }
 }

@@ -46,16 +46,19 @@ fn seqs(mask: u64) -> String {
 
 /// Draws every store of the cache, each with its counts.
 pub fn show(ui: &mut egui::Ui, map: &CacheMap) {
+    let t = &map.types;
+    let fa = if t.flash { ", flash attention" } else { "" };
+    let types = format!("K {}, V {}{fa}", t.type_k, t.type_v);
     for store in &map.stores {
-        store_ui(ui, store);
+        store_ui(ui, store, &types);
         ui.add_space(6.0);
     }
 }
 
-fn store_ui(ui: &mut egui::Ui, st: &StoreMap) {
+fn store_ui(ui: &mut egui::Ui, st: &StoreMap, types: &str) {
     let n = st.cells.len();
     ui.label(format!(
-        "{}: {} / {} cells used, n_kv {}, {} moved, {:.1} MiB",
+        "{}: {} / {} cells used, n_kv {}, {} moved, {:.1} MiB ({types})",
         st.name,
         st.used,
         n,

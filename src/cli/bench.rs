@@ -9,6 +9,7 @@ use wgllm::engine::bench::{
     self, list, plot, report, BenchEvent, BenchPlan, MdColumns, OutputFormat, Stage, Writer,
 };
 use wgllm::gpu::{Backend, GpuOptions, KernelShape};
+use wgllm::kv::{FlashAttn, KvConfig, KvType};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -78,9 +79,15 @@ pub struct BenchArgs {
     /// llama-bench's GPU layers: one value accepted (every layer always runs on the GPU).
     #[arg(long = "n-gpu-layers", visible_alias = "ngl", hide_short_help = true)]
     pub n_gpu_layers: Vec<String>,
-    /// llama-bench's flash attention: one value accepted (one attention path here).
-    #[arg(long = "flash-attn", visible_alias = "fa", hide_short_help = true)]
+    /// Flash attention: a list of on, off, auto (or 1, 0), one load each.
+    #[arg(long = "flash-attn", visible_alias = "fa")]
     pub flash_attn: Vec<String>,
+    /// K cache types, a list (`f16,q8_0,q4_0`), one load each.
+    #[arg(long = "cache-type-k", visible_alias = "ctk")]
+    pub cache_type_k: Vec<String>,
+    /// V cache types, a list; a quantized V needs flash attention.
+    #[arg(long = "cache-type-v", visible_alias = "ctv")]
+    pub cache_type_v: Vec<String>,
     /// llama-bench's mmap switch: one value accepted (weights are copied to the GPU).
     #[arg(long = "mmap", visible_alias = "mmp", hide_short_help = true)]
     pub mmap: Vec<String>,
@@ -89,7 +96,7 @@ pub struct BenchArgs {
 /// llama-bench flags that vary something wgllm has no choice of: one value is accepted
 /// (and changes nothing), a list would only repeat the same test, so it is refused.
 fn check_habits(a: &BenchArgs) -> Result<()> {
-    let habits: [(&str, &[String], &str); 4] = [
+    let habits: [(&str, &[String], &str); 3] = [
         (
             "-t",
             &a.threads,
@@ -99,11 +106,6 @@ fn check_habits(a: &BenchArgs) -> Result<()> {
             "-ngl",
             &a.n_gpu_layers,
             "every layer always runs on the GPU",
-        ),
-        (
-            "-fa",
-            &a.flash_attn,
-            "wgllm has one attention path (scores, softmax, weighted sum on the GPU)",
         ),
         (
             "-mmp",
@@ -124,6 +126,49 @@ fn check_habits(a: &BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Every combination of the -ctk, -ctv and -fa lists (a missing list: the default).
+fn cache_configs(
+    a: &BenchArgs,
+    words: &dyn Fn(&[String]) -> Result<Vec<String>>,
+) -> Result<Vec<KvConfig>> {
+    let types = |flag: &str, v: &[String]| -> Result<Vec<Option<KvType>>> {
+        let w = words(v).context(flag.to_string())?;
+        if w.is_empty() {
+            return Ok(vec![None]);
+        }
+        (w.iter())
+            .map(|t| KvType::parse(t).map(Some).map_err(anyhow::Error::msg))
+            .collect::<Result<_>>()
+            .context(flag.to_string())
+    };
+    let ks = types("-ctk", &a.cache_type_k)?;
+    let vs = types("-ctv", &a.cache_type_v)?;
+    let fas: Vec<FlashAttn> = match words(&a.flash_attn).context("-fa")? {
+        w if w.is_empty() => vec![FlashAttn::Auto],
+        w => (w.iter())
+            .map(|f| FlashAttn::parse(f).map_err(anyhow::Error::msg))
+            .collect::<Result<_>>()?,
+    };
+    let mut out = Vec::new();
+    for &type_k in &ks {
+        for &type_v in &vs {
+            for &flash_attn in &fas {
+                if let (Some(v), FlashAttn::Off) = (type_v, flash_attn) {
+                    if v.is_quantized() {
+                        bail!("-ctv {v} with -fa off: a quantized V cache needs flash attention, as in llama.cpp; add -fa 1 or auto to the list, or drop {v} from -ctv");
+                    }
+                }
+                out.push(KvConfig {
+                    type_k,
+                    type_v,
+                    flash_attn,
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn plan(a: &BenchArgs) -> Result<BenchPlan> {
@@ -158,6 +203,7 @@ fn plan(a: &BenchArgs) -> Result<BenchPlan> {
         n_depth: nums("-d", &a.depth)?,
         reps: nums("-r", &a.reps)?,
         profile: a.profile,
+        cache: cache_configs(a, &words)?,
         ..BenchPlan::default()
     };
     p.base.n_ctx = a.ctx_size;
@@ -209,6 +255,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     let md = MdColumns {
         n_batch: plan.n_batch.len() > 1,
         n_ubatch: plan.n_ubatch.len() > 1,
+        cache: plan.cache.len() > 1,
     };
     let mut w = Writer::new(format, md);
     let mut out = std::io::stdout().lock();

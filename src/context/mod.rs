@@ -336,6 +336,17 @@ impl Context {
         &self.cells
     }
 
+    /// What the cache holds and how attention reads it (`-ctk`, `-ctv`, `-fa` decided).
+    pub fn kv_choice(&self) -> crate::kv::KvChoice {
+        crate::kv::KvChoice {
+            type_k: self.kv.type_k,
+            type_v: self.kv.type_v,
+            flash: self.kv.flash,
+            rot_k: self.kv.rot_k,
+            rot_v: self.kv.rot_v,
+        }
+    }
+
     /// K and V bytes of the store `kind` over all its layers (0 for a store not in use).
     pub fn kv_bytes(&self, kind: CacheKind) -> u64 {
         self.kv_bytes[kind as usize]

@@ -47,6 +47,8 @@ pub struct CacheMap {
     pub stores: Vec<StoreMap>,
     /// Sequences the cache serves (`-np`).
     pub n_seq: u32,
+    /// What K and V hold, and whether attention is flash attention (`-ctk/-ctv/-fa`).
+    pub types: crate::kv::KvChoice,
 }
 
 impl Engine {
@@ -68,6 +70,7 @@ impl Engine {
         CacheMap {
             stores,
             n_seq: ctx.params.n_seq_max,
+            types: ctx.kv_choice(),
         }
     }
 }

@@ -16,6 +16,7 @@ use super::{Engine, EngineError, EngineOptions};
 use crate::context::{Batch, Context};
 use crate::gguf::GgufFile;
 use crate::gpu::Backend;
+use crate::kv::KvConfig;
 use std::path::PathBuf;
 use web_time::Instant;
 
@@ -47,6 +48,8 @@ pub struct BenchPlan {
     pub backends: Vec<Backend>,
     pub n_batch: Vec<u32>,
     pub n_ubatch: Vec<u32>,
+    /// Cache types and flash attention (`-ctk`, `-ctv`, `-fa`): one load each.
+    pub cache: Vec<KvConfig>,
     /// pp tests (0 skips), tg tests (0 skips), pg pairs.
     pub n_prompt: Vec<u32>,
     pub n_gen: Vec<u32>,
@@ -68,6 +71,7 @@ impl Default for BenchPlan {
             backends: vec![Backend::Auto],
             n_batch: vec![2048],
             n_ubatch: vec![512],
+            cache: vec![KvConfig::default()],
             n_prompt: vec![512],
             n_gen: vec![128],
             pg: Vec::new(),
@@ -89,6 +93,7 @@ pub struct Instance {
     pub backend: Backend,
     pub n_batch: u32,
     pub n_ubatch: u32,
+    pub cache: KvConfig,
     pub tests: Vec<TestSpec>,
 }
 
@@ -118,7 +123,7 @@ impl BenchPlan {
         out
     }
 
-    /// Every load with its tests: models × backends × batch × ubatch.
+    /// Every load with its tests: models × backends × batch × ubatch × cache.
     pub fn instances(&self) -> Vec<Instance> {
         let tests = self.tests();
         let mut out = Vec::new();
@@ -126,13 +131,16 @@ impl BenchPlan {
             for &backend in &self.backends {
                 for &n_batch in &self.n_batch {
                     for &n_ubatch in &self.n_ubatch {
-                        out.push(Instance {
-                            model: m.clone(),
-                            backend,
-                            n_batch,
-                            n_ubatch,
-                            tests: tests.clone(),
-                        });
+                        for &cache in &self.cache {
+                            out.push(Instance {
+                                model: m.clone(),
+                                backend,
+                                n_batch,
+                                n_ubatch,
+                                cache,
+                                tests: tests.clone(),
+                            });
+                        }
                     }
                 }
             }
@@ -153,6 +161,7 @@ impl BenchPlan {
         empty("--backend", self.backends.len())?;
         empty("-b", self.n_batch.len())?;
         empty("-ub", self.n_ubatch.len())?;
+        empty("-ctk/-ctv/-fa", self.cache.len())?;
         empty("-d", self.n_depth.len())?;
         empty("-r", self.reps.len())?;
         if self.n_batch.contains(&0) || self.n_ubatch.contains(&0) {
@@ -275,6 +284,7 @@ pub fn run_plan(
         opts.gpu.backend = inst.backend;
         opts.n_batch = inst.n_batch;
         opts.n_ubatch = inst.n_ubatch;
+        opts.kv = inst.cache;
         let need = inst.tests.iter().map(|t| t.n_ctx()).max().unwrap_or(1);
         opts.n_ctx = opts.n_ctx.max(need).max(1);
         let mut engine = Engine::load(&inst.model, &opts, &mut |done, total| {
@@ -290,7 +300,7 @@ pub fn run_plan(
         let (dispatches_per_token, record_us) = bench.probe_decode()?;
         let gpu = bench.engine.model.gpu.clone();
         // The cache holds f16 where the device has shader-f16 (see `Context::new`).
-        let kv = if gpu.has_f16 { "f16" } else { "f32" };
+        let kv = bench.ctx().kv_choice();
         // `auto` is decided by the tuner: name what it chose.
         let backend = match inst.backend {
             Backend::Auto => format!("auto: {}", gpu.info.backend.to_lowercase()),
@@ -353,8 +363,9 @@ pub fn run_plan(
                 model_n_params: mf.n_params,
                 n_batch: inst.n_batch,
                 n_ubatch: inst.n_ubatch,
-                type_k: kv.into(),
-                type_v: kv.into(),
+                type_k: kv.type_k.to_string(),
+                type_v: kv.type_v.to_string(),
+                flash_attn: kv.flash,
                 n_prompt: t.n_prompt,
                 n_gen: t.n_gen,
                 n_depth: t.n_depth,

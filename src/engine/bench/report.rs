@@ -65,6 +65,8 @@ pub struct BenchRow {
     pub n_ubatch: u32,
     pub type_k: String,
     pub type_v: String,
+    /// Whether flash attention was on (llama-bench's `flash_attn`, 0 or 1).
+    pub flash_attn: bool,
     pub n_prompt: u32,
     pub n_gen: u32,
     pub n_depth: u32,
@@ -145,6 +147,7 @@ impl BenchRow {
             ("n_ubatch", Int(self.n_ubatch as u64)),
             ("type_k", Str(self.type_k.clone())),
             ("type_v", Str(self.type_v.clone())),
+            ("flash_attn", Int(self.flash_attn as u64)),
             ("n_prompt", Int(self.n_prompt as u64)),
             ("n_gen", Int(self.n_gen as u64)),
             ("n_depth", Int(self.n_depth as u64)),
@@ -278,6 +281,8 @@ pub fn profile_json(p: &StepProfile) -> String {
 pub struct MdColumns {
     pub n_batch: bool,
     pub n_ubatch: bool,
+    /// Cache types and flash attention (`-ctk`, `-ctv`, `-fa` lists).
+    pub cache: bool,
 }
 
 /// Writes rows in one format: `begin` before the first row, `row` for each (as it
@@ -310,6 +315,10 @@ impl Writer {
                     h.push("n_ubatch");
                     a.push("---:");
                 }
+                if self.md.cache {
+                    h.extend(["type_k", "type_v", "fa"]);
+                    a.extend(["---", "---", "---:"]);
+                }
                 h.extend(["test", "t/s"]);
                 a.extend(["---:", "---:"]);
                 format!("| {} |\n| {} |\n", h.join(" | "), a.join(" | "))
@@ -341,6 +350,10 @@ impl Writer {
                 }
                 if self.md.n_ubatch {
                     cells.push(r.n_ubatch.to_string());
+                }
+                if self.md.cache {
+                    cells.extend([r.type_k.clone(), r.type_v.clone()]);
+                    cells.push((r.flash_attn as u8).to_string());
                 }
                 cells.push(r.test_name());
                 cells.push(format!("{ts:.2} ± {sd:.2}"));
@@ -380,6 +393,7 @@ impl BenchRow {
             n_batch: 0,
             n_ubatch: 0,
             type_k: String::new(),
+            flash_attn: false,
             type_v: String::new(),
             n_prompt: 0,
             n_gen: 0,
