@@ -20,6 +20,27 @@ fn kv_hi4(qh: u32, e: u32) -> vec4<u32> {
     return ((vec4<u32>(qh) >> (vec4<u32>(e) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u)) << vec4<u32>(4u);
 }
 
+// The word of a 4-bit block's codes holding values j..j+3 of block s of the group at g
+// (codes first, 4 words a block; byte j & 15 holds value j in its low nibble, j + 16 in
+// its high one), and the shift to those nibbles.
+fn kv_nib_word(g: u32, s: u32, j: u32) -> u32 {
+    return g + 4u * s + ((j & 15u) >> 2u);
+}
+
+fn kv_nib_shift(j: u32) -> u32 {
+    return select(0u, 4u, j >= 16u);
+}
+
+// (min, max) of a block, for the types with an offset (q4_1, q5_1).
+fn kv_min_max(x: array<f32, 32>) -> vec2<f32> {
+    var xs = x;
+    var r = vec2<f32>(xs[0], xs[0]);
+    for (var j = 1u; j < 32u; j++) {
+        r = vec2<f32>(min(r.x, xs[j]), max(r.y, xs[j]));
+    }
+    return r;
+}
+
 // C's roundf: halves away from zero.
 fn kv_round(x: f32) -> f32 {
     return sign(x) * floor(abs(x) + 0.5);

@@ -4,7 +4,7 @@ fn {{P}}_load4(i: u32) -> vec4<f32> {
     let g = (e >> 6u) * 9u;
     let s = (e >> 5u) & 1u;
     let j = e & 31u;
-    let q = kv_nib4({{B}}[g + 4u * s + ((j & 15u) >> 2u)], select(0u, 4u, j >= 16u));
+    let q = kv_nib4({{B}}[kv_nib_word(g, s, j)], kv_nib_shift(j));
     let l = vec4<f32>(kv_iq4_level(q.x), kv_iq4_level(q.y), kv_iq4_level(q.z), kv_iq4_level(q.w));
     return l * unpack2x16float({{B}}[g + 8u])[s];
 }

@@ -5,7 +5,7 @@ fn {{P}}_load4(i: u32) -> vec4<f32> {
     let g = (e >> 6u) * 9u;
     let s = (e >> 5u) & 1u;
     let j = e & 31u;
-    let q = kv_nib4({{B}}[g + 4u * s + ((j & 15u) >> 2u)], select(0u, 4u, j >= 16u));
+    let q = kv_nib4({{B}}[kv_nib_word(g, s, j)], kv_nib_shift(j));
     return (vec4<f32>(q) - 8.0) * unpack2x16float({{B}}[g + 8u])[s];
 }
 // @store

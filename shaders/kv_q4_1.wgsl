@@ -4,19 +4,16 @@ fn {{P}}_load4(i: u32) -> vec4<f32> {
     let g = (e >> 6u) * 10u;
     let s = (e >> 5u) & 1u;
     let j = e & 31u;
-    let q = kv_nib4({{B}}[g + 4u * s + ((j & 15u) >> 2u)], select(0u, 4u, j >= 16u));
+    let q = kv_nib4({{B}}[kv_nib_word(g, s, j)], kv_nib_shift(j));
     let dm = unpack2x16float({{B}}[g + 8u + s]);
     return vec4<f32>(q) * dm.x + dm.y;
 }
 // @store
 fn {{P}}_store_block(b: u32, x: array<f32, 32>) {
     var xs = x;
-    var vmin = xs[0];
-    var vmax = xs[0];
-    for (var j = 1u; j < 32u; j++) {
-        vmin = min(vmin, xs[j]);
-        vmax = max(vmax, xs[j]);
-    }
+    let mm = kv_min_max(x);
+    let vmin = mm.x;
+    let vmax = mm.y;
     let d = (vmax - vmin) / 15.0;
     let id = select(0.0, 1.0 / d, d != 0.0);
     let g = (b >> 1u) * 10u;

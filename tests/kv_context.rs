@@ -640,6 +640,15 @@ fn attention_in_passes_gives_the_same_logits() {
     assert!(e < 1e-12, "nmse {e:e}");
 }
 
+/// `wide_model` (heads of 64) on an adapter without shader-f16 (f32 is the plain cache).
+fn wide_f32_model() -> Arc<Model> {
+    let gpu = Gpu::new(&GpuOptions {
+        no_f16: true,
+        ..Default::default()
+    });
+    wide_model(gpu.unwrap(), GgmlType::Q8_0)
+}
+
 /// A context of `wide_model` with K and V caches of types `k` and `v`.
 fn typed_context(model: &Arc<Model>, k: KvType, v: KvType) -> Context {
     let mut p = ContextParams::new(128, 64, 64);
@@ -661,14 +670,7 @@ fn typed_context(model: &Arc<Model>, k: KvType, v: KvType) -> Context {
 #[test]
 fn quantized_caches_shift_defragment_and_save() {
     use KvType::*;
-    let model = wide_model(
-        Gpu::new(&GpuOptions {
-            no_f16: true,
-            ..Default::default()
-        })
-        .unwrap(),
-        GgmlType::Q8_0,
-    );
+    let model = wide_f32_model();
     let mut rng = Rng(61);
     let toks: Vec<u32> = (0..40).map(|_| rng.below(256)).collect();
     let cut: Vec<u32> = toks[..4].iter().chain(&toks[12..]).copied().collect();
@@ -738,26 +740,11 @@ fn layer0_keys(ctx: &mut Context, ty: KvType) -> Vec<u32> {
 fn k_shift_requantizes_packed_keys_as_the_cpu_does() {
     use wgllm::ops::hadamard::hadamard_ref;
     use wgllm::ops::rope::rope_ref;
-    let model = wide_model(
-        Gpu::new(&GpuOptions {
-            no_f16: true,
-            ..Default::default()
-        })
-        .unwrap(),
-        GgmlType::Q8_0,
-    );
+    let model = wide_f32_model();
     let hp = model.hp.clone();
     let mut rng = Rng(62);
     let toks: Vec<u32> = (0..24).map(|_| rng.below(256)).collect();
-    for k in [
-        KvType::Q8_0,
-        KvType::Q4_0,
-        KvType::Q4_1,
-        KvType::Iq4Nl,
-        KvType::Q5_0,
-        KvType::Q5_1,
-        KvType::Bf16,
-    ] {
+    for k in KvType::ALL.into_iter().filter(|t| t.is_packed()) {
         let mut ctx = typed_context(&model, k, KvType::F32);
         ctx.decode(&seq_batch(&toks, 0, 0)).unwrap();
         let before = layer0_keys(&mut ctx, k);

@@ -1348,15 +1348,9 @@ fn fused_projections_case(name: &str, gpu: &Gpu, rng: &mut Rng) {
 }
 
 /// The packed cache types: bf16 and the block types (`-ctk`/`-ctv`).
-const PACKED: [KvType; 7] = [
-    KvType::Bf16,
-    KvType::Q8_0,
-    KvType::Q4_0,
-    KvType::Q4_1,
-    KvType::Iq4Nl,
-    KvType::Q5_0,
-    KvType::Q5_1,
-];
+fn packed() -> impl Iterator<Item = KvType> {
+    KvType::ALL.into_iter().filter(|t| t.is_packed())
+}
 
 /// Cache words written on the GPU against the CPU encoder's words for the same values:
 /// for packed types nearly all equal (an f32 rounding tie may move a code), and the
@@ -1383,7 +1377,7 @@ fn check_cache_words(what: &str, ty: KvType, want: &[u32], got: &[u32]) {
 fn set_rows_quantizes_as_the_cpu_reference() {
     let mut rng = Rng(51);
     for (name, gpu, _serial) in gpus() {
-        for ty in PACKED {
+        for ty in packed() {
             let (row_len, cells) = (64 * (1 + rng.below(4) as usize), 10usize);
             let idx = [3u32, 7, 0, 9];
             let src = rng.vec(row_len * idx.len());
