@@ -28,7 +28,7 @@ impl Context {
             return Ok(0);
         };
         let gpu = self.model.gpu.clone();
-        let (tk, tv) = (self.kv.type_k, self.kv.type_v);
+        let (tk, tv) = (self.kv.cache.type_k, self.kv.cache.type_v);
         let max_row = self.kv_row_bytes(tk).max(self.kv_row_bytes(tv));
         // wgpu forbids copies within one buffer: stage each layer's rows in a scratch buffer.
         let tmp = gpu.storage("defrag rows", end as u64 * max_row)?;

@@ -304,11 +304,7 @@ impl Context {
             kv: KvBuffers {
                 k,
                 v,
-                type_k: choice.type_k,
-                type_v: choice.type_v,
-                flash: choice.flash,
-                rot_k: choice.rot_k,
-                rot_v: choice.rot_v,
+                cache: choice,
             },
             step,
             n_out_max,
@@ -338,13 +334,7 @@ impl Context {
 
     /// What the cache holds and how attention reads it (`-ctk`, `-ctv`, `-fa` decided).
     pub fn kv_choice(&self) -> crate::kv::KvChoice {
-        crate::kv::KvChoice {
-            type_k: self.kv.type_k,
-            type_v: self.kv.type_v,
-            flash: self.kv.flash,
-            rot_k: self.kv.rot_k,
-            rot_v: self.kv.rot_v,
-        }
+        self.kv.cache
     }
 
     /// K and V bytes of the store `kind` over all its layers (0 for a store not in use).
@@ -520,7 +510,7 @@ impl Context {
     fn shift_layers(&self, kind: CacheKind, deltas: &[i32]) -> Result<(), ContextError> {
         let gpu = self.model.gpu.clone();
         let hp = &self.model.hp;
-        let ty = self.kv.type_k;
+        let ty = self.kv.cache.type_k;
         let n_embd = hp.n_embd_kv();
         let n_cells = deltas.len() as u32;
         let chunk = if ty.is_packed() {
@@ -543,8 +533,16 @@ impl Context {
                 .iter()
                 .map(|&d| d as f64)
                 .collect();
-            let idx: Vec<u32> = (c0..c0 + n).collect();
-            let idx = View::whole(&gpu.upload("k_shift_cells", bytemuck::cast_slice(&idx))?);
+            // The cells set_rows writes back (packed keys only).
+            let idx = match &tmp {
+                Some(_) => {
+                    let idx: Vec<u32> = (c0..c0 + n).collect();
+                    Some(View::whole(
+                        &gpu.upload("k_shift_cells", bytemuck::cast_slice(&idx))?,
+                    ))
+                }
+                None => None,
+            };
             // Each layer re-rotates with its own RoPE (Gemma's local and global layers
             // differ); one table per distinct parameter set.
             let mut tables: Vec<(crate::ops::rope::RopeParams, View)> = Vec::new();
@@ -562,7 +560,7 @@ impl Context {
                         t
                     }
                 };
-                let Some(tmp) = &tmp else {
+                let (Some(tmp), Some(idx)) = (&tmp, &idx) else {
                     let f16 = ty == KvType::F16;
                     dispatches.push(rope(&gpu, &rp, &table, k, hp.n_head_kv, n, f16)?);
                     continue;
@@ -572,7 +570,7 @@ impl Context {
                 dispatches.push(kv_read(&gpu, k, &rows, first, count, ty)?);
                 // Keys stored rotated (llama.cpp's attention rotation) are rotated back for
                 // RoPE and again after, as llama.cpp's shift graph does.
-                let rot = self.kv.rot_k;
+                let rot = self.kv.cache.rot_k;
                 let unrotate =
                     |gpu: &crate::gpu::Gpu| hadamard(gpu, &rows, rot, n * n_embd / rot.max(1));
                 if rot > 0 {
@@ -582,7 +580,7 @@ impl Context {
                 if rot > 0 {
                     dispatches.push(unrotate(&gpu)?);
                 }
-                dispatches.push(set_rows(&gpu, &rows, &idx, k, n_embd, n, ty)?);
+                dispatches.push(set_rows(&gpu, &rows, idx, k, n_embd, n, ty)?);
             }
         }
         run_now(&gpu, &dispatches)?;

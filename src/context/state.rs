@@ -132,7 +132,7 @@ impl Context {
     /// The K and V views of the layers in store `kind`, K then V per layer, with their
     /// cache types.
     fn store_layers(&self, kind: CacheKind) -> Vec<(&crate::ops::View, KvType)> {
-        let (tk, tv) = (self.kv.type_k, self.kv.type_v);
+        let (tk, tv) = (self.kv.cache.type_k, self.kv.cache.type_v);
         (self.kv.k.iter().zip(&self.kv.v).enumerate())
             .filter(|(il, _)| self.layer_kind[*il] == kind)
             .flat_map(|(_, (k, v))| [(k, tk), (v, tv)])
@@ -179,8 +179,8 @@ impl Context {
         self.model_shape()
             .iter()
             .for_each(|v| out.extend(v.to_le_bytes()));
-        out.extend(self.kv.type_k.ggml_id().to_le_bytes());
-        out.extend(self.kv.type_v.ggml_id().to_le_bytes());
+        out.extend(self.kv.cache.type_k.ggml_id().to_le_bytes());
+        out.extend(self.kv.cache.type_v.ggml_id().to_le_bytes());
         out.extend((tokens.len() as u32).to_le_bytes());
         tokens.iter().for_each(|t| out.extend(t.to_le_bytes()));
         let kinds = self.store_kinds();
@@ -285,7 +285,7 @@ impl Context {
             };
             (ty()?, ty()?)
         };
-        let (k, v) = (self.kv.type_k, self.kv.type_v);
+        let (k, v) = (self.kv.cache.type_k, self.kv.cache.type_v);
         if convert(&[], saved_k, k).is_none() || convert(&[], saved_v, v).is_none() {
             return Err(StateError::OtherTypes {
                 path: p.clone(),

@@ -39,11 +39,11 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
         n_head_kv: hp.n_head_kv,
         n_tok: t,
         n_kv: io.n_kv,
-        k_type: kv.type_k,
-        v_type: kv.type_v,
-        flash: kv.flash,
-        rot_k: kv.rot_k,
-        rot_v: kv.rot_v,
+        k_type: kv.cache.type_k,
+        v_type: kv.cache.type_v,
+        flash: kv.cache.flash,
+        rot_k: kv.cache.rot_k,
+        rot_v: kv.cache.rot_v,
     };
     let sp = SoftmaxParams {
         scale: hp.attn_scale,

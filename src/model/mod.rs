@@ -130,12 +130,7 @@ fn output_head(
 pub struct KvBuffers {
     pub k: Vec<crate::ops::View>,
     pub v: Vec<crate::ops::View>,
-    /// What the K and V caches hold (`-ctk`, `-ctv`).
-    pub type_k: crate::kv::KvType,
-    pub type_v: crate::kv::KvType,
-    /// Flash attention is on (`-fa`).
-    pub flash: bool,
-    /// Hadamard rotation sizes of K and V (see `crate::kv::KvChoice`).
-    pub rot_k: u32,
-    pub rot_v: u32,
+    /// What the K and V caches hold, flash attention, and the Hadamard rotation sizes
+    /// (`-ctk`, `-ctv`, `-fa` decided for this model and adapter).
+    pub cache: crate::kv::KvChoice,
 }
