@@ -13,6 +13,7 @@ pub mod graph;
 #[cfg(all(feature = "hub", not(target_arch = "wasm32")))]
 pub mod hub;
 pub mod kv;
+pub mod memory;
 pub mod model;
 pub mod ops;
 pub mod sample;

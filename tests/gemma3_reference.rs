@@ -77,7 +77,7 @@ fn context_shifts_through_the_rolling_buffer_match_llama_cpp() {
         },
     )
     .unwrap();
-    let window = ctx.window_cells().expect("a rolling buffer").cells.size();
+    let window = ctx.memory().maps()[1].cells.len();
     assert!(window < n_ctx as usize, "buffer of {window} cells");
     let mut ops = r["cache_ops"].as_array().unwrap().iter();
 

@@ -266,6 +266,21 @@ fn state_round_trip_equals_never_stopping() {
         "loading then continuing must equal never stopping"
     );
 
+    // A version-3 file (the K/V types before the tokens) still loads: the same cells.
+    let v4 = std::fs::read(&path).unwrap();
+    assert_eq!(v4[8..12], 4u32.to_le_bytes());
+    let (head, tok_end) = (24, 24 + 4 + 4 * a.len());
+    let mut v3 = v4[..head].to_vec();
+    v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+    v3.extend(&v4[tok_end..tok_end + 8]); // K and V type ids
+    v3.extend(&v4[head..tok_end]); // tokens
+    v3.extend(&v4[tok_end + 8..]);
+    let mut old = context(&model, 96, 2);
+    let saved = old.state_from_bytes(&v3, "a version-3 file", None).unwrap();
+    assert_eq!((saved.tokens, saved.n_cells), (a.clone(), 47));
+    assert_eq!(old.cells().seq_pos_max(0), 42);
+    assert_eq!(old.decode(&seq_batch(&b, 43, 0)).unwrap(), want);
+
     // One sequence (1) into sequence 2 of a context that already holds other cells.
     whole.state_save(&path, &a[..7], Some(1)).unwrap();
     let mut other = context(&model, 96, 3);

@@ -62,12 +62,12 @@ fn chunked_prefill_and_decoding_equal_the_full_cache() {
     let want = feed(&mut full, &toks, 0, 0, 64);
     // Chunks of 4 (the ubatch) then single tokens: the buffer holds window - 1 + 4 cells.
     let mut roll = ctx(&m, false, 4, 1, 0);
-    let w = roll.window_cells().expect("a rolling buffer").cells.size();
+    let w = roll.memory().maps()[1].cells.len();
     assert_eq!(w, (WINDOW - 1 + 4) as usize);
     let mut got = feed(&mut roll, &toks[..40], 0, 0, 4);
     got.extend(feed(&mut roll, &toks[40..], 40, 0, 1));
     assert_close(&got, &want, "60 tokens");
-    assert!(roll.window_cells().unwrap().cells.used() <= w);
+    assert!(roll.memory().maps()[1].used <= w);
 }
 
 /// llama-completion's context shift with --keep 3 (positions [0, 3) pinned): after it
@@ -126,7 +126,7 @@ fn sequences_keep_their_own_windows() {
     let mut roll = ctx(&m, false, 9, 3, 0);
     let got = run(&mut roll);
     assert_close(&got, &want, "three sequences");
-    let size = roll.window_cells().unwrap().cells.size();
+    let size = roll.memory().maps()[1].cells.len();
     assert_eq!(size, 3 * (WINDOW as usize - 1) + 9);
 }
 

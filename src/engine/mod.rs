@@ -895,7 +895,7 @@ impl Engine {
             let s = self.sessions[id as usize].as_ref().unwrap();
             // Positions continue from the sequence's largest one, as llama.cpp assigns
             // them to a batch without positions (after Self-Extend, below n_past).
-            let pos0 = self.ctx.cells().seq_pos_max(id) + 1;
+            let pos0 = self.ctx.memory().seq_pos_max(id) + 1;
             let last_of_input = generating || tokens.len() == s.pending.len();
             let every_row = !generating && s.fed_logits.is_some();
             for (i, &t) in tokens.iter().enumerate() {
@@ -974,7 +974,7 @@ impl Engine {
                 let history = s.history.clone();
                 self.save_prompt_cache(p.id, &path, &history)?;
             }
-            let pos = self.ctx.cells().seq_pos_max(p.id) + 1;
+            let pos = self.ctx.memory().seq_pos_max(p.id) + 1;
             let s = self.sessions[p.id as usize].as_mut().unwrap();
             if s.then_generate {
                 s.reply_mark = Some(rewind::ReplyMark::take(s, pos));

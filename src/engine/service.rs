@@ -1000,7 +1000,7 @@ impl Worker {
     }
 
     fn publish_gauges(&self) {
-        let cells = self.engine.cells();
+        let used = self.engine.context().memory().used();
         let max = (0..self.slots.len() as u32)
             .filter_map(|i| self.engine.session(i).ok())
             .map(|s| s.history().len() as u64)
@@ -1009,7 +1009,7 @@ impl Worker {
         let mut st = self.shared.stats.lock().unwrap();
         st.requests_processing = self.slots.iter().filter(|s| s.active.is_some()).count() as u64;
         st.requests_deferred = self.queue.len() as u64;
-        st.kv_cells_used = cells.used() as u64;
+        st.kv_cells_used = used as u64;
         st.n_tokens_max = st.n_tokens_max.max(max);
     }
 }

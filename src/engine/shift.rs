@@ -172,7 +172,7 @@ impl SeqShift {
             extended = true;
         }
         // Grouping lowers n_past but frees no cell: the cells in use fill up first.
-        let used = ctx.cells().used() as i32;
+        let used = ctx.memory().used() as i32;
         let total = ctx.n_ctx() as i32;
         if self.n_past + n > n_ctx || used + n > total {
             return Err(ContextError::ContextFull {

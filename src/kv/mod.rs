@@ -16,7 +16,7 @@ pub use cells::{seqs_below, Cell, KvCells, KvError, SeqId, MAX_SEQ};
 pub use defrag::Move;
 pub use kv_type::{bf16_bits, FlashAttn, KvChoice, KvConfig, KvType, GROUP as KV_GROUP};
 pub use mask::{build_mask, MaskKind, MASKED};
-pub use window::WindowCells;
+pub use window::RollingWindow;
 
 /// Attention reads cells [0, n_kv) with n_kv a multiple of this (as llama.cpp pads it),
 /// so the graph keeps one shape over many steps and can be replayed.

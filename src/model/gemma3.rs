@@ -3,11 +3,11 @@
 //! a GELU-gated feed-forward; the output tied to the embeddings. Five of every six layers
 //! attend over a sliding window with their own RoPE base, the sixth over everything.
 
-use super::{output_head, CacheKind, GraphInput, GraphIo, Hparams, KvBuffers, Model};
+use super::{attn_shape, kv_layer, output_head, CacheKind, GraphInput, GraphIo, Hparams, Model};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
 use crate::kv::MaskKind;
-use crate::ops::attention::AttnShape;
+use crate::memory::Memory;
 use crate::ops::glu::Activation;
 use crate::ops::softmax::SoftmaxParams;
 
@@ -40,7 +40,7 @@ fn need<'a>(v: &'a Option<crate::ops::View>, what: &str) -> Result<&'a crate::op
         .ok_or_else(|| GpuError::Validation(format!("gemma3 layer without its {what}")))
 }
 
-pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError> {
+pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
     let (t, eps) = (io.n_tok, hp.eps);
     let mut g = GraphBuilder::new();
@@ -51,34 +51,14 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
     let local_mask = g.input(io.mask(window_mask(hp))?, [io.n_kv_window, t]);
     let global_rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
     let local_rope = g.input(io.rope(hp.rope_swa)?, [hp.rope_swa.n_dims, t]);
-    let global_shape = AttnShape {
-        head_dim: hp.head_dim,
-        n_head: hp.n_head,
-        n_head_kv: hp.n_head_kv,
-        n_tok: t,
-        n_kv: io.n_kv,
-        k_type: kv.cache.type_k,
-        v_type: kv.cache.type_v,
-        flash: kv.cache.flash,
-        rot_k: kv.cache.rot_k,
-        rot_v: kv.cache.rot_v,
-    };
-    let local_shape = AttnShape {
-        n_kv: io.n_kv_window,
-        ..global_shape
-    };
+    let global_shape = attn_shape(hp, mem, t, io.n_kv);
+    let local_shape = attn_shape(hp, mem, t, io.n_kv_window);
     // Gemma scales Q before the product; scaling the scores instead is the same.
     let sp = SoftmaxParams {
         scale: hp.attn_scale,
         max_bias: 0.0,
         n_head: hp.n_head,
     };
-    if kv.k.len() != w.layers.len() || kv.v.len() != w.layers.len() {
-        return Err(GpuError::Validation(
-            "the K/V cache has a different layer count".into(),
-        ));
-    }
-
     let mut x = g.get_rows(&w.tok_embd, tokens);
     if let Some(s) = &w.embd_scale {
         let s = g.input(s.clone(), [1, 1]);
@@ -87,24 +67,28 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
     // The attention norm of layer il > 0 comes out of the previous layer's fused
     // residual add; layer 0 norms the scaled embeddings on its own.
     let mut normed = None;
-    let caches = kv.k.iter().zip(&kv.v);
-    for (il, (lw, (k_cache, v_cache))) in w.layers.iter().zip(caches).enumerate() {
+    for (il, lw) in w.layers.iter().enumerate() {
+        let kv = kv_layer(mem, il)?;
         let cur = match normed.take() {
             Some(cur) => cur,
             None => g.rms_norm(x, &lw.attn_norm, eps),
         };
-        // A sliding-window layer's K/V rows are in the window store (its own cells).
-        let (slots, mask, rope, shape) = if hp.is_swa(il) {
-            (local_slots, local_mask, local_rope, local_shape)
-        } else {
-            (global_slots, global_mask, global_rope, global_shape)
+        // The memory says which store holds the layer's rows (the rolling buffer, or the
+        // full store with --swa-full); the model says what the layer sees.
+        let (slots, shape) = match kv.store {
+            CacheKind::Full => (global_slots, global_shape),
+            CacheKind::Window => (local_slots, local_shape),
+        };
+        let (mask, rope) = match hp.is_swa(il) {
+            true => (local_mask, local_rope),
+            false => (global_mask, global_rope),
         };
         let attn = AttnBlock {
             qkv: &lw.qkv,
             qkv_bias: lw.qkv_bias.as_ref(),
             wo: &lw.wo,
-            k_cache,
-            v_cache,
+            k_cache: kv.k,
+            v_cache: kv.v,
             slots,
             mask,
             rope,

@@ -8,6 +8,7 @@
 use crate::gpu::GpuError;
 pub use crate::kv::CacheKind;
 use crate::kv::{build_mask, KvCells, MaskKind};
+use crate::memory::Memory;
 use crate::ops::rope::RopeParams;
 use crate::ops::View;
 
@@ -18,6 +19,27 @@ pub struct CacheState<'a> {
     pub cells: &'a KvCells,
     pub slots: &'a [usize],
     pub n_kv: usize,
+}
+
+impl CacheState<'_> {
+    /// The slot and mask inputs over this store (None for other inputs). A store serves
+    /// whichever kind it is asked for: a lone store fills the sliding-window layers'
+    /// inputs too.
+    pub fn fill(&self, input: &GraphInput, ub: &UbatchView) -> Option<InputData> {
+        match input {
+            GraphInput::KvSlots(_) => Some(InputData::U32(
+                self.slots.iter().map(|&c| c as u32).collect(),
+            )),
+            GraphInput::KqMask(kind) => Some(InputData::F32(build_mask(
+                self.cells.cells(),
+                self.n_kv,
+                ub.pos,
+                ub.seq,
+                *kind,
+            ))),
+            _ => None,
+        }
+    }
 }
 
 /// One per-ubatch input of the forward graph.
@@ -82,32 +104,34 @@ impl GraphInput {
         }
     }
 
-    /// The input's contents for a ubatch already stored in the K/V stores `full` and
-    /// `window` (the same store twice when the context has no separate window buffer).
-    pub fn fill(&self, ub: &UbatchView, full: CacheState, window: CacheState) -> InputData {
-        let store = |kind: CacheKind| match kind {
-            CacheKind::Full => full,
-            CacheKind::Window => window,
-        };
-        match self {
+    /// The input's contents for a ubatch the memory has just placed: the memory fills
+    /// what depends on its cells (slots, masks), the ubatch the rest.
+    pub fn fill(&self, ub: &UbatchView, mem: &dyn Memory) -> Result<InputData, GpuError> {
+        match self.fill_from_ubatch(ub) {
+            Some(data) => Ok(data),
+            None => mem.fill(self, ub).ok_or_else(|| {
+                GpuError::Validation(format!(
+                    "the model's graph reads input {self:?}, which its memory does not provide"
+                ))
+            }),
+        }
+    }
+
+    /// The contents of an input that depends on the ubatch alone (None for the others).
+    pub fn fill_from_ubatch(&self, ub: &UbatchView) -> Option<InputData> {
+        Some(match self {
             GraphInput::Tokens => InputData::U32(ub.tokens.to_vec()),
-            GraphInput::KvSlots(kind) => {
-                InputData::U32(store(*kind).slots.iter().map(|&c| c as u32).collect())
-            }
             GraphInput::OutIds => InputData::U32(
                 (0..ub.logits.len() as u32)
                     .filter(|&j| ub.logits[j as usize])
                     .collect(),
             ),
-            GraphInput::KqMask(kind) => {
-                let c = store(kind.cache());
-                InputData::F32(build_mask(c.cells.cells(), c.n_kv, ub.pos, ub.seq, *kind))
-            }
             GraphInput::Rope(p) => {
                 let positions: Vec<f64> = ub.pos.iter().map(|&p| p as f64).collect();
                 InputData::F32(bytemuck::cast_slice(&p.table(&positions)).to_vec())
             }
-        }
+            GraphInput::KvSlots(_) | GraphInput::KqMask(_) => return None,
+        })
     }
 
     /// A buffer label that tells inputs of the same kind apart in GPU captures.
@@ -255,7 +279,11 @@ mod tests {
             slots: &slots,
             n_kv,
         };
-        let fill = |i: GraphInput| i.fill(&ub, store, store);
+        let fill = |i: GraphInput| {
+            (i.fill_from_ubatch(&ub))
+                .or_else(|| store.fill(&i, &ub))
+                .unwrap()
+        };
 
         assert_eq!(fill(GraphInput::Tokens), InputData::U32(vec![7, 8, 9]));
         assert_eq!(

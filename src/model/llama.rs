@@ -6,11 +6,11 @@
 //! norms (Qwen3), NeoX-style rotation (all three), fused QKV and gate/up tensors (Phi-3,
 //! re-laid out at load), Llama 3's RoPE frequency factors (in the RoPE table).
 
-use super::{output_head, CacheKind, GraphInput, GraphIo, Hparams, KvBuffers, Model};
+use super::{attn_shape, kv_layer, output_head, CacheKind, GraphInput, GraphIo, Hparams, Model};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
 use crate::kv::MaskKind;
-use crate::ops::attention::AttnShape;
+use crate::memory::Memory;
 use crate::ops::glu::Activation;
 use crate::ops::softmax::SoftmaxParams;
 
@@ -25,7 +25,7 @@ pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
     ]
 }
 
-pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError> {
+pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
     let (t, eps) = (io.n_tok, hp.eps);
     let mut g = GraphBuilder::new();
@@ -33,35 +33,19 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
     let slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
     let mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
-    let shape = AttnShape {
-        head_dim: hp.head_dim,
-        n_head: hp.n_head,
-        n_head_kv: hp.n_head_kv,
-        n_tok: t,
-        n_kv: io.n_kv,
-        k_type: kv.cache.type_k,
-        v_type: kv.cache.type_v,
-        flash: kv.cache.flash,
-        rot_k: kv.cache.rot_k,
-        rot_v: kv.cache.rot_v,
-    };
+    let shape = attn_shape(hp, mem, t, io.n_kv);
     let sp = SoftmaxParams {
         scale: hp.attn_scale,
         max_bias: 0.0,
         n_head: hp.n_head,
     };
 
-    if kv.k.len() != w.layers.len() || kv.v.len() != w.layers.len() {
-        return Err(GpuError::Validation(
-            "the K/V cache has a different layer count".into(),
-        ));
-    }
     let mut x = g.get_rows(&w.tok_embd, tokens);
     // The attention norm of layer il > 0 comes out of the previous layer's fused
     // residual add (AddRmsNorm); layer 0 norms the embeddings on its own.
     let mut normed = None;
-    let caches = kv.k.iter().zip(&kv.v);
-    for (il, (lw, (k_cache, v_cache))) in w.layers.iter().zip(caches).enumerate() {
+    for (il, lw) in w.layers.iter().enumerate() {
+        let kv = kv_layer(mem, il)?;
         let cur = match normed.take() {
             Some(cur) => cur,
             None => g.rms_norm(x, &lw.attn_norm, eps),
@@ -74,8 +58,8 @@ pub fn build(m: &Model, io: &GraphIo, kv: &KvBuffers) -> Result<Graph, GpuError>
             qkv: &lw.qkv,
             qkv_bias: lw.qkv_bias.as_ref(),
             wo: &lw.wo,
-            k_cache,
-            v_cache,
+            k_cache: kv.k,
+            v_cache: kv.v,
             slots,
             mask,
             rope,

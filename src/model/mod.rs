@@ -14,6 +14,8 @@ pub use weights::{GateUp, LayerWeights, ModelWeights};
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
 use crate::gpu::{Gpu, GpuError};
+use crate::memory::{KvLayer, Memory};
+use crate::ops::attention::AttnShape;
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -88,15 +90,16 @@ impl Model {
         })
     }
 
-    /// Builds the forward graph for one ubatch over the buffers of [`Self::inputs`].
+    /// Builds the forward graph for one ubatch over the buffers of [`Self::inputs`] and
+    /// the layers of `mem`.
     pub fn build_graph(
         &self,
         io: &GraphIo,
-        kv: &KvBuffers,
+        mem: &dyn Memory,
     ) -> Result<crate::graph::Graph, GpuError> {
         match self.hp.arch {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::build(self, io, kv),
-            Arch::Gemma3 => gemma3::build(self, io, kv),
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::build(self, io, mem),
+            Arch::Gemma3 => gemma3::build(self, io, mem),
         }
     }
 }
@@ -125,12 +128,28 @@ fn output_head(
     g.build(gpu)
 }
 
-/// The per-layer K and V cache buffers ([n_embd_kv, cells] each), f16 on adapters with
-/// shader-f16 (as llama.cpp's default cache type), else f32.
-pub struct KvBuffers {
-    pub k: Vec<crate::ops::View>,
-    pub v: Vec<crate::ops::View>,
-    /// What the K and V caches hold, flash attention, and the Hadamard rotation sizes
-    /// (`-ctk`, `-ctv`, `-fa` decided for this model and adapter).
-    pub cache: crate::kv::KvChoice,
+/// Layer `il`'s K/V handle; a memory without it is a wiring bug, reported.
+fn kv_layer(mem: &dyn Memory, il: usize) -> Result<KvLayer<'_>, GpuError> {
+    mem.layer(il).ok_or_else(|| {
+        GpuError::Validation(format!(
+            "the model's memory holds no K/V cache for layer {il}"
+        ))
+    })
+}
+
+/// The attention shape of a ubatch of `n_tok` tokens over `n_kv` cells of `mem`'s cache.
+fn attn_shape(hp: &Hparams, mem: &dyn Memory, n_tok: u32, n_kv: u32) -> AttnShape {
+    let c = mem.choice();
+    AttnShape {
+        head_dim: hp.head_dim,
+        n_head: hp.n_head,
+        n_head_kv: hp.n_head_kv,
+        n_tok,
+        n_kv,
+        k_type: c.type_k,
+        v_type: c.type_v,
+        flash: c.flash,
+        rot_k: c.rot_k,
+        rot_v: c.rot_v,
+    }
 }

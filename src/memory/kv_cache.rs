@@ -1,0 +1,224 @@
+//! One K/V store: its cells on the host, and the K and V rows of the layers it holds in
+//! GPU buffers (one per layer each, `[row bytes, cells]`, bound whole by attention).
+
+use super::{Checkpoint, KvLayer, Memory, StoreMap};
+use crate::context::ContextError;
+use crate::kv::{CacheKind, KvCells, KvChoice, KvType, SeqId, N_KV_PAD};
+use crate::model::{CacheState, GraphInput, InputData, Model, UbatchView};
+use crate::ops::View;
+use std::sync::Arc;
+
+pub struct KvCache {
+    pub(super) model: Arc<Model>,
+    pub(super) cells: KvCells,
+    /// The store this is: its display name and the slots/mask inputs it fills.
+    pub(super) kind: CacheKind,
+    /// The model layer of each K/V pair held, and the pair of each model layer.
+    pub(super) layers: Vec<usize>,
+    index: Vec<Option<usize>>,
+    pub(super) k: Vec<View>,
+    pub(super) v: Vec<View>,
+    pub(super) choice: KvChoice,
+    /// The cells of the last ubatch placed, one per token.
+    slots: Vec<usize>,
+    defrag_thold: f32,
+}
+
+impl KvCache {
+    /// A store of `n_cells` cells for the model layers `layers`, holding `choice`'s types.
+    pub fn new(
+        model: &Arc<Model>,
+        choice: KvChoice,
+        layers: Vec<usize>,
+        n_cells: usize,
+        kind: CacheKind,
+        defrag_thold: f32,
+    ) -> Result<KvCache, ContextError> {
+        let gpu = &model.gpu;
+        let n_embd = model.hp.n_embd_kv() as u64;
+        let (row_k, row_v) = (
+            choice.type_k.row_bytes(n_embd),
+            choice.type_v.row_bytes(n_embd),
+        );
+        let row = row_k.max(row_v);
+        if !layers.is_empty() && row * n_cells as u64 > gpu.max_binding {
+            let max_ctx = gpu.max_binding / row;
+            return Err(ContextError::TooLarge(format!(
+                "-c {n_cells}: one layer's K or V cache would be {} MiB, over this adapter's storage binding limit of {} MiB; use -c {max_ctx} or less (or a smaller cache type, -ctk/-ctv)",
+                (row * n_cells as u64) >> 20,
+                gpu.max_binding >> 20
+            )));
+        }
+        let mut index = vec![None; model.hp.n_layer as usize];
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for (i, &il) in layers.iter().enumerate() {
+            index[il] = Some(i);
+            k.push(View::whole(
+                &gpu.storage(&format!("k_cache{il}"), row_k * n_cells as u64)?,
+            ));
+            v.push(View::whole(
+                &gpu.storage(&format!("v_cache{il}"), row_v * n_cells as u64)?,
+            ));
+        }
+        Ok(KvCache {
+            model: model.clone(),
+            cells: KvCells::new(n_cells),
+            kind,
+            layers,
+            index,
+            k,
+            v,
+            choice,
+            slots: Vec::new(),
+            defrag_thold,
+        })
+    }
+
+    /// Bytes of one cell's row in one layer, for a cache of type `ty` (K or V).
+    pub(super) fn row_bytes(&self, ty: KvType) -> u64 {
+        ty.row_bytes(self.model.hp.n_embd_kv() as u64)
+    }
+
+    /// K and V bytes over all the layers held.
+    pub fn bytes(&self) -> u64 {
+        let cells = self.cells.size() as u64;
+        let per_layer = self.row_bytes(self.choice.type_k) + self.row_bytes(self.choice.type_v);
+        per_layer * cells * self.layers.len() as u64
+    }
+
+    /// The K and V views of every layer held, K then V per layer, with their types.
+    pub(super) fn tensors(&self) -> Vec<(&View, KvType)> {
+        let (tk, tv) = (self.choice.type_k, self.choice.type_v);
+        (self.k.iter().zip(&self.v))
+            .flat_map(|(k, v)| [(k, tk), (v, tv)])
+            .collect()
+    }
+
+    pub(super) fn map(&self) -> StoreMap {
+        let name = match self.kind {
+            CacheKind::Full => "full cache",
+            CacheKind::Window => "sliding-window buffer",
+        };
+        StoreMap::of(name, &self.cells, self.bytes())
+    }
+
+    pub(super) fn n_kv_padded(&self) -> u32 {
+        self.cells.n_kv(N_KV_PAD) as u32
+    }
+
+    /// Stores a ubatch in free cells and keeps them as the slots its rows go to.
+    pub(super) fn place_tokens(&mut self, ub: &UbatchView) -> Result<(), ContextError> {
+        let slots = self.cells.find_slot(ub.tokens.len())?;
+        self.cells.store(&slots, ub.pos, ub.seq)?;
+        self.slots = slots;
+        Ok(())
+    }
+
+    /// The slot and mask inputs over this store's cells (any kind: a lone store serves
+    /// the sliding-window layers' inputs too).
+    pub(super) fn fill_kv(&self, input: &GraphInput, ub: &UbatchView) -> Option<InputData> {
+        let state = CacheState {
+            cells: &self.cells,
+            slots: &self.slots,
+            n_kv: self.cells.n_kv(N_KV_PAD),
+        };
+        state.fill(input, ub)
+    }
+
+    pub(super) fn layer_of(&self, il: usize) -> Option<KvLayer<'_>> {
+        let i = (*self.index.get(il)?)?;
+        Some(KvLayer {
+            k: &self.k[i],
+            v: &self.v[i],
+            store: self.kind,
+        })
+    }
+
+    /// Re-rotates the keys of cells a sequence operation moved, if any.
+    pub(super) fn apply_shifts(&mut self) -> Result<(), ContextError> {
+        if let Some(deltas) = self.cells.take_shifts() {
+            self.shift_keys(&deltas)?;
+        }
+        Ok(())
+    }
+}
+
+impl Memory for KvCache {
+    fn cells(&self) -> &KvCells {
+        &self.cells
+    }
+    fn choice(&self) -> KvChoice {
+        self.choice
+    }
+    fn maps(&self) -> Vec<StoreMap> {
+        vec![self.map()]
+    }
+    fn can_shift(&self) -> bool {
+        true
+    }
+    fn can_resume(&self, _seq: SeqId, _p: i32) -> bool {
+        true
+    }
+    fn clear(&mut self) {
+        self.cells.clear();
+    }
+    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), ContextError> {
+        Ok(self.cells.seq_rm(seq, p0, p1)?)
+    }
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError> {
+        Ok(self.cells.seq_cp(src, dst, p0, p1)?)
+    }
+    fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError> {
+        Ok(self.cells.seq_keep(seq)?)
+    }
+    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), ContextError> {
+        Ok(self.cells.seq_add(seq, p0, p1, delta)?)
+    }
+    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
+        Ok(self.cells.seq_div(seq, p0, p1, d)?)
+    }
+    fn checkpoint(&self) -> Checkpoint {
+        Checkpoint(vec![self.cells.clone()])
+    }
+    fn rollback(&mut self, c: Checkpoint) {
+        if let Some(cells) = c.0.into_iter().next() {
+            self.cells = cells;
+        }
+    }
+    fn place(&mut self, ub: &UbatchView) -> Result<(), ContextError> {
+        self.place_tokens(ub)
+    }
+    fn fill(&self, input: &GraphInput, ub: &UbatchView) -> Option<InputData> {
+        self.fill_kv(input, ub)
+    }
+    fn n_kv(&self, _kind: CacheKind) -> u32 {
+        self.n_kv_padded()
+    }
+    fn layer(&self, il: usize) -> Option<KvLayer<'_>> {
+        self.layer_of(il)
+    }
+    fn update(&mut self, defrag: bool) -> Result<(), ContextError> {
+        self.apply_shifts()?;
+        if defrag && self.defrag_thold > 0.0 && self.cells.fragmentation() > self.defrag_thold {
+            let moved = self.compact()?;
+            log::debug!("defragmented the KV cache: {moved} cells moved");
+        }
+        Ok(())
+    }
+    fn defrag(&mut self) -> Result<usize, ContextError> {
+        self.compact()
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError> {
+        super::kv_state::write(out, &[self], seq)
+    }
+    fn state_read(
+        &mut self,
+        r: &mut crate::context::state::Reader,
+        dst: Option<SeqId>,
+        types: Option<(KvType, KvType)>,
+        n_seq_max: u32,
+    ) -> Result<usize, ContextError> {
+        super::kv_state::read(r, &mut [self], dst, types, n_seq_max)
+    }
+}

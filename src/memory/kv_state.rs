@@ -1,0 +1,201 @@
+//! The K/V stores' part of a state file (`crate::context::state` writes the header and
+//! the tokens): the K and V cache types (ggml type ids), the number of stores (1, or 2
+//! where sliding-window layers keep a rolling buffer), then per store its cells (pos i32,
+//! sequence set u64) and, per layer of that store, the K rows and the V rows of those
+//! cells in cell order, as the cache holds them (`crate::kv::KvType`'s layout).
+
+use super::KvCache;
+use crate::context::state::{convert, Reader, StateError};
+use crate::context::ContextError;
+use crate::kv::{seqs_below, KvCells, KvType, SeqId};
+
+/// Writes `stores` (the main one first); returns the cells saved from the first.
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) fn write(
+    out: &mut Vec<u8>,
+    stores: &[&KvCache],
+    seq: Option<SeqId>,
+) -> Result<usize, ContextError> {
+    let Some(first) = stores.first() else {
+        return Ok(0);
+    };
+    out.extend(first.choice.type_k.ggml_id().to_le_bytes());
+    out.extend(first.choice.type_v.ggml_id().to_le_bytes());
+    out.extend((stores.len() as u32).to_le_bytes());
+    let mut n_saved = 0;
+    for (i, store) in stores.iter().enumerate() {
+        let cells = &store.cells;
+        let picked: Vec<usize> = (0..cells.size())
+            .filter(|&i| {
+                let c = cells.cells()[i];
+                seq.map_or(!c.is_empty(), |s| c.has_seq(s))
+            })
+            .collect();
+        if i == 0 {
+            n_saved = picked.len();
+        }
+        out.extend((picked.len() as u32).to_le_bytes());
+        for &i in &picked {
+            let c = cells.cells()[i];
+            out.extend(c.pos.to_le_bytes());
+            // One sequence is saved as sequence 0, to be loaded into any other.
+            let set = if seq.is_some() { 1u64 } else { c.seq };
+            out.extend(set.to_le_bytes());
+        }
+        let end = picked.last().map_or(0, |&i| i + 1);
+        if end == 0 {
+            continue;
+        }
+        let gpu = &store.model.gpu;
+        for (t, ty) in store.tensors() {
+            let row = store.row_bytes(ty) as usize;
+            let rows = gpu.read_bytes(&t.buf, t.offset, (end * row) as u64)?;
+            for &i in &picked {
+                out.extend(&rows[i * row..(i + 1) * row]);
+            }
+        }
+    }
+    Ok(n_saved)
+}
+
+/// One store's part of a file, read and checked before anything changes.
+struct StoreData {
+    pos: Vec<i32>,
+    sets: Vec<u64>,
+    /// K then V rows of each layer of the store, converted to this cache's types.
+    layers: Vec<Vec<u8>>,
+}
+
+/// Reads what [`write`] wrote into `stores`: the whole memory, or one saved sequence into
+/// sequence `dst` (replacing that sequence). `types`: the K/V types where an older format
+/// put them before the tokens. Returns the cells loaded into the first store.
+pub(super) fn read(
+    r: &mut Reader,
+    stores: &mut [&mut KvCache],
+    dst: Option<SeqId>,
+    types: Option<(KvType, KvType)>,
+    n_seq: u32,
+) -> Result<usize, ContextError> {
+    let p = r.path.to_string();
+    let format = |what: &str| StateError::Format {
+        path: p.clone(),
+        what: what.into(),
+    };
+    let Some(first) = stores.first() else {
+        return Ok(0);
+    };
+    let (saved_k, saved_v) = match types {
+        Some(t) => t,
+        None => {
+            let mut ty = || -> Result<KvType, StateError> {
+                let id = r.u32()?;
+                KvType::from_ggml_id(id).ok_or_else(|| format(&format!("cache type id {id}")))
+            };
+            (ty()?, ty()?)
+        }
+    };
+    let (k, v) = (first.choice.type_k, first.choice.type_v);
+    if convert(&[], saved_k, k).is_none() || convert(&[], saved_v, v).is_none() {
+        return Err(StateError::OtherTypes {
+            path: p.clone(),
+            saved_k,
+            saved_v,
+            k,
+            v,
+        }
+        .into());
+    }
+    let n_stores = r.u32()? as usize;
+    if n_stores != stores.len() {
+        if n_stores != 1 && n_stores != 2 {
+            return Err(format(&format!("{n_stores} K/V stores")).into());
+        }
+        let saved = if n_stores == 2 { "with" } else { "without" };
+        return Err(StateError::OtherLayout { path: p, saved }.into());
+    }
+    // Read (and check) everything before touching the cache.
+    let mut data = Vec::with_capacity(stores.len());
+    for store in stores.iter() {
+        let n_cells = r.u32()? as usize;
+        // 12 bytes per cell: a damaged count fails here, not in an allocation.
+        if n_cells.saturating_mul(12) > r.left() {
+            return Err(format(&format!("{n_cells} cells do not fit in the file")).into());
+        }
+        let mut pos = Vec::with_capacity(n_cells);
+        let mut sets = Vec::with_capacity(n_cells);
+        for i in 0..n_cells {
+            let p = r.u32()? as i32;
+            if p < 0 {
+                return Err(format(&format!("cell {i} has the negative position {p}")).into());
+            }
+            pos.push(p);
+            let set = r.u64()?;
+            if set == 0 {
+                return Err(format(&format!("cell {i} belongs to no sequence")).into());
+            }
+            if set & !seqs_below(n_seq) != 0 {
+                let bad = 63 - (set & !seqs_below(n_seq)).leading_zeros();
+                return Err(format(&format!(
+                    "cell {i} belongs to sequence {bad}, beyond this context's ids 0..{n_seq} (-np {n_seq})"
+                ))
+                .into());
+            }
+            sets.push(set);
+        }
+        let mut layers = Vec::new();
+        for (i, (_, ty)) in store.tensors().into_iter().enumerate() {
+            let saved = if i % 2 == 0 { saved_k } else { saved_v };
+            let rows = r.take(n_cells * store.row_bytes(saved) as usize)?;
+            layers.push(convert(rows, saved, ty).expect("checked above"));
+        }
+        data.push(StoreData { pos, sets, layers });
+    }
+    if r.left() != 0 {
+        return Err(format("trailing bytes").into());
+    }
+    // The new cells are laid out on copies, which replace the stores only once they all
+    // fit: a file that does not fit leaves the cache (and `dst`) as it was.
+    let mut placed = Vec::with_capacity(stores.len());
+    for (store, st) in stores.iter().zip(&mut data) {
+        let mut cells = store.cells.clone();
+        match dst {
+            None => cells.clear(),
+            Some(s) => {
+                cells.seq_rm(Some(s), -1, -1)?;
+                let bit = KvCells::seq_bit(s)?;
+                st.sets.iter_mut().for_each(|v| *v = bit);
+            }
+        }
+        let n_cells = st.pos.len();
+        let slots = if n_cells == 0 {
+            Vec::new()
+        } else {
+            cells.find_slot(n_cells).map_err(|_| StateError::TooBig {
+                path: p.clone(),
+                cells: n_cells,
+                free: cells.size() - cells.used(),
+            })?
+        };
+        cells.store(&slots, &st.pos, &st.sets)?;
+        placed.push((cells, slots));
+    }
+    for ((store, st), (cells, slots)) in stores.iter_mut().zip(&data).zip(placed) {
+        let gpu = store.model.gpu.clone();
+        for ((t, ty), rows) in store.tensors().into_iter().zip(&st.layers) {
+            let row = store.row_bytes(ty) as usize;
+            // One write per run of consecutive cells (the slots may be scattered).
+            let mut a = 0;
+            while a < slots.len() {
+                let mut b = a + 1;
+                while b < slots.len() && slots[b] == slots[b - 1] + 1 {
+                    b += 1;
+                }
+                let at = t.offset + (slots[a] * row) as u64;
+                gpu.write(&t.buf, at, &rows[a * row..b * row]);
+                a = b;
+            }
+        }
+        store.cells = cells;
+    }
+    Ok(data[0].pos.len())
+}

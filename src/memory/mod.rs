@@ -1,0 +1,255 @@
+//! The model's memory of past tokens, behind one interface (llama.cpp's `llama_memory_i`).
+//!
+//! A [`Context`](crate::context::Context) keeps the batch checks, the ubatch loop and the
+//! graph cache; everything about *where* past tokens live goes through [`Memory`]: the
+//! sequence operations, placing each ubatch, the pending K-shift and defragmentation, the
+//! graph inputs that depend on the stored cells (slots, masks), the part of the graph key
+//! that changes with them, the per-layer handles architecture files read and write, state
+//! files and the maps displays draw.
+//!
+//! Two memories implement it today: [`KvCache`], one store of cells with every layer's K
+//! and V rows (also what sliding-window layers use with `--swa-full`), and [`SwaKvCache`],
+//! the pair of a full store for the global layers and a rolling buffer for the
+//! sliding-window layers (llama.cpp's iSWA cache). Recurrent and hybrid memories take the
+//! same interface.
+//!
+//! The host-only bookkeeping (cells, masks, the window policy) stays in [`crate::kv`];
+//! this module joins it to the GPU buffers.
+
+mod kv_cache;
+mod kv_shift;
+mod kv_state;
+mod swa;
+
+pub use kv_cache::KvCache;
+pub use swa::SwaKvCache;
+
+use crate::context::{Batch, ContextError, ContextParams};
+use crate::kv::{CacheKind, Cell, KvCells, KvChoice, KvType, SeqId, N_KV_PAD};
+use crate::model::{GraphInput, InputData, Model, UbatchView};
+use crate::ops::View;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Where one layer's K and V rows live: the views attention reads and rope_store writes,
+/// and the store (whose slots, mask and `n_kv` the layer uses).
+#[derive(Clone, Copy, Debug)]
+pub struct KvLayer<'a> {
+    pub k: &'a View,
+    pub v: &'a View,
+    pub store: CacheKind,
+}
+
+/// The cells of every store, taken before a batch so a failed one leaves the memory as
+/// it was (as llama.cpp restores its cells).
+pub struct Checkpoint(Vec<KvCells>);
+
+/// The model's memory of past tokens (see the module docs). Sequence ids are checked by
+/// the context against its `-np` before they get here.
+pub trait Memory: Send + Sync {
+    /// The cells of the main store (the one every sequence operation and batch check
+    /// reads positions from).
+    fn cells(&self) -> &KvCells;
+    /// What the cache holds and how attention reads it (`-ctk`, `-ctv`, `-fa` decided).
+    fn choice(&self) -> KvChoice;
+    /// Every store as displays show it, the main one first.
+    fn maps(&self) -> Vec<StoreMap>;
+    /// Whether positions can be moved (context shift, Self-Extend) by re-rotating keys.
+    fn can_shift(&self) -> bool;
+    /// Whether `seq` can be decoded on from position `p` (after cutting it back there).
+    fn can_resume(&self, seq: SeqId, p: i32) -> bool;
+
+    /// Empties every store.
+    fn clear(&mut self);
+    /// Removes `seq` (None: all sequences) from positions [p0, p1) (negative: open).
+    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), ContextError>;
+    /// Makes `dst` share the cells of `src` in [p0, p1) (no K/V copy).
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError>;
+    /// Drops every sequence but `seq`.
+    fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError>;
+    /// Adds `delta` to the positions of `seq` in [p0, p1); the K-shift follows.
+    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), ContextError>;
+    /// Divides the positions of `seq` in [p0, p1) by `d`; the K-shift follows.
+    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError>;
+    /// The lowest position of `seq` held (-1: none).
+    fn seq_pos_min(&self, seq: SeqId) -> i32 {
+        self.cells().seq_pos_min(seq)
+    }
+    /// The highest position of `seq` held (-1: none).
+    fn seq_pos_max(&self, seq: SeqId) -> i32 {
+        self.cells().seq_pos_max(seq)
+    }
+    /// Cells in use in the main store.
+    fn used(&self) -> usize {
+        self.cells().used()
+    }
+
+    /// How a checked batch is cut into ubatches: consecutive runs of at most `n_ubatch`
+    /// tokens and `n_out_max` logit rows (llama.cpp's simple split, which a KV cache can
+    /// take in any order). A memory that must see each sequence's tokens together (the
+    /// recurrent one) splits otherwise.
+    fn split(&self, batch: &Batch, n_ubatch: usize, n_out_max: usize) -> Vec<Range<usize>> {
+        split_simple(&batch.logits, n_ubatch, n_out_max)
+    }
+    /// The cells of every store, to give back to [`Memory::rollback`].
+    fn checkpoint(&self) -> Checkpoint;
+    /// Restores the cells taken by [`Memory::checkpoint`]. K/V rows written since may
+    /// stay, harmlessly, in cells that are empty again.
+    fn rollback(&mut self, c: Checkpoint);
+    /// Finds cells for a ubatch and stores its tokens' positions and sequences there; the
+    /// graph then writes their K/V rows to the slots [`Memory::fill`] gives.
+    fn place(&mut self, ub: &UbatchView) -> Result<(), ContextError>;
+    /// The contents of a graph input that depends on the stored cells (slots, masks) for
+    /// the ubatch just placed; None for an input this memory does not provide.
+    fn fill(&self, input: &GraphInput, ub: &UbatchView) -> Option<InputData>;
+    /// Cells attention reads in store `kind` (a multiple of [`N_KV_PAD`]), for the graph
+    /// shape and key: a graph is replayed while these stay the same.
+    fn n_kv(&self, kind: CacheKind) -> u32;
+    /// Layer `il`'s K/V views, if this memory holds that layer.
+    fn layer(&self, il: usize) -> Option<KvLayer<'_>>;
+
+    /// Applies pending K-shifts (from seq_add / seq_div) and, with `defrag`, compacts
+    /// the cache when its holes pass `--defrag-thold`.
+    fn update(&mut self, defrag: bool) -> Result<(), ContextError>;
+    /// Moves every used cell of the main store to the front (K/V rows with it); returns
+    /// the number of cells moved.
+    fn defrag(&mut self) -> Result<usize, ContextError>;
+
+    /// Appends this memory's part of a state file: the K/V types, the stores, and per
+    /// store its cells (or only `seq`'s, saved as sequence 0) and their K/V rows. Returns
+    /// the cells saved from the main store. Pending shifts must have been applied.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError>;
+    /// Reads what [`Memory::state_write`] wrote (`types`: K/V types an older format put
+    /// before the tokens, already read) into the whole memory or, with `dst`, into
+    /// sequence `dst`; checks all of it before changing anything. Returns the cells
+    /// loaded into the main store.
+    fn state_read(
+        &mut self,
+        r: &mut crate::context::state::Reader,
+        dst: Option<SeqId>,
+        types: Option<(KvType, KvType)>,
+        n_seq_max: u32,
+    ) -> Result<usize, ContextError>;
+}
+
+/// Consecutive runs of at most `n_ubatch` tokens, each ending early where its logit rows
+/// would pass `n_out_max`.
+pub fn split_simple(logits: &[bool], n_ubatch: usize, n_out_max: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < logits.len() {
+        let (mut end, mut n_out) = (i, 0);
+        while end < logits.len() && end - i < n_ubatch {
+            if logits[end] {
+                if n_out == n_out_max {
+                    break;
+                }
+                n_out += 1;
+            }
+            end += 1;
+        }
+        out.push(i..end);
+        i = end;
+    }
+    out
+}
+
+/// The memory a model needs for these parameters: a rolling buffer beside the full store
+/// where it has sliding-window layers (unless `--swa-full`), else one store for all.
+pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memory>, ContextError> {
+    let hp = &model.hp;
+    let choice = (params.kv)
+        .resolve(model.gpu.has_f16, hp.head_dim, hp.n_embd_kv())
+        .map_err(ContextError::Cache)?;
+    let ub = params.n_ubatch.min(params.n_batch);
+    let mem: Box<dyn Memory> = match hp.swa {
+        Some(swa) if !params.swa_full => {
+            Box::new(SwaKvCache::new(model, params, choice, swa.window, ub)?)
+        }
+        _ => {
+            let all: Vec<usize> = (0..hp.n_layer as usize).collect();
+            let c = KvCache::new(
+                model,
+                choice,
+                all,
+                params.n_ctx as usize,
+                CacheKind::Full,
+                params.defrag_thold,
+            )?;
+            log::info!(
+                "context: {} cells, KV cache {:.1} MiB ({}){}, ubatch {ub}",
+                params.n_ctx,
+                mib(c.bytes()),
+                describe(choice),
+                if hp.swa.is_some() {
+                    ", full size for the sliding-window layers too (--swa-full)"
+                } else {
+                    ""
+                }
+            );
+            Box::new(c)
+        }
+    };
+    Ok(mem)
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+/// "K q8_0, V q8_0, flash attention", for logs.
+fn describe(c: KvChoice) -> String {
+    let flash = if c.flash { ", flash attention" } else { "" };
+    format!("K {}, V {}{flash}", c.type_k, c.type_v)
+}
+
+/// One store as a display sees it (the desktop app's cell map, a server's status page):
+/// a copy of its cells, never K or V.
+#[derive(Clone, Debug)]
+pub struct StoreMap {
+    /// "full cache" or "sliding-window buffer".
+    pub name: &'static str,
+    pub cells: Vec<Cell>,
+    /// Cells the next decode's attention reads (the used bound padded as llama.cpp pads
+    /// it), so a display can draw where the work stops.
+    pub n_kv: usize,
+    pub used: usize,
+    /// K and V bytes of this store over all the layers that use it.
+    pub bytes: u64,
+}
+
+impl StoreMap {
+    pub(crate) fn of(name: &'static str, cells: &KvCells, bytes: u64) -> Self {
+        StoreMap {
+            name,
+            cells: cells.cells().to_vec(),
+            n_kv: cells.n_kv(N_KV_PAD),
+            used: cells.used(),
+            bytes,
+        }
+    }
+
+    /// Cells a context shift or Self-Extend moved to a new position.
+    pub fn moved(&self) -> usize {
+        self.cells
+            .iter()
+            .filter(|c| !c.is_empty() && c.moved)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_simple;
+
+    #[test]
+    fn the_simple_split_bounds_tokens_and_logit_rows() {
+        let all = vec![true; 10];
+        assert_eq!(split_simple(&all, 4, 8), vec![0..4, 4..8, 8..10]);
+        assert_eq!(split_simple(&all, 8, 3), vec![0..3, 3..6, 6..9, 9..10]);
+        let last = (0..10).map(|i| i == 9).collect::<Vec<_>>();
+        assert_eq!(split_simple(&last, 16, 1), vec![0..10]);
+        assert!(split_simple(&[], 4, 4).is_empty());
+    }
+}
