@@ -228,8 +228,12 @@ impl Context {
         if let Some(s) = dst {
             self.check_seq(s)?;
         }
-        let n_seq = self.params.n_seq_max;
-        let n_cells = self.memory.state_read(&mut r, dst, types, n_seq)?;
+        let load = crate::memory::StateLoad {
+            dst,
+            types,
+            n_seq_max: self.params.n_seq_max,
+        };
+        let n_cells = self.memory.state_read(&mut r, &load)?;
         log::info!("loaded {n_cells} cells and {n_tok} tokens from {p}");
         Ok(SavedState { tokens, n_cells })
     }

@@ -1,7 +1,8 @@
 //! One K/V store: its cells on the host, and the K and V rows of the layers it holds in
 //! GPU buffers (one per layer each, `[row bytes, cells]`, bound whole by attention).
 
-use super::{Checkpoint, KvLayer, Memory, StoreMap};
+use super::{Checkpoint, KvLayer, Memory, StateLoad, StoreMap};
+use crate::context::state::Reader;
 use crate::context::ContextError;
 use crate::kv::{CacheKind, KvCells, KvChoice, KvType, SeqId, N_KV_PAD};
 use crate::model::{CacheState, GraphInput, InputData, Model, UbatchView};
@@ -212,13 +213,7 @@ impl Memory for KvCache {
     fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError> {
         super::kv_state::write(out, &[self], seq)
     }
-    fn state_read(
-        &mut self,
-        r: &mut crate::context::state::Reader,
-        dst: Option<SeqId>,
-        types: Option<(KvType, KvType)>,
-        n_seq_max: u32,
-    ) -> Result<usize, ContextError> {
-        super::kv_state::read(r, &mut [self], dst, types, n_seq_max)
+    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
+        super::kv_state::read(r, &mut [self], load)
     }
 }

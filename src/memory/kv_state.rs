@@ -4,7 +4,7 @@
 //! sequence set u64) and, per layer of that store, the K rows and the V rows of those
 //! cells in cell order, as the cache holds them (`crate::kv::KvType`'s layout).
 
-use super::KvCache;
+use super::{KvCache, StateLoad};
 use crate::context::state::{convert, Reader, StateError};
 use crate::context::ContextError;
 use crate::kv::{seqs_below, KvCells, KvType, SeqId};
@@ -67,15 +67,14 @@ struct StoreData {
 }
 
 /// Reads what [`write`] wrote into `stores`: the whole memory, or one saved sequence into
-/// sequence `dst` (replacing that sequence). `types`: the K/V types where an older format
-/// put them before the tokens. Returns the cells loaded into the first store.
+/// sequence `load.dst` (replacing that sequence). Returns the cells loaded into the first
+/// store.
 pub(super) fn read(
     r: &mut Reader,
     stores: &mut [&mut KvCache],
-    dst: Option<SeqId>,
-    types: Option<(KvType, KvType)>,
-    n_seq: u32,
+    load: &StateLoad,
 ) -> Result<usize, ContextError> {
+    let (dst, n_seq) = (load.dst, load.n_seq_max);
     let p = r.path.to_string();
     let format = |what: &str| StateError::Format {
         path: p.clone(),
@@ -84,7 +83,7 @@ pub(super) fn read(
     let Some(first) = stores.first() else {
         return Ok(0);
     };
-    let (saved_k, saved_v) = match types {
+    let (saved_k, saved_v) = match load.types {
         Some(t) => t,
         None => {
             let mut ty = || -> Result<KvType, StateError> {

@@ -24,6 +24,7 @@ mod swa;
 pub use kv_cache::KvCache;
 pub use swa::SwaKvCache;
 
+use crate::context::state::Reader;
 use crate::context::{Batch, ContextError, ContextParams};
 use crate::kv::{CacheKind, Cell, KvCells, KvChoice, KvType, SeqId, N_KV_PAD};
 use crate::model::{GraphInput, InputData, Model, UbatchView};
@@ -120,17 +121,20 @@ pub trait Memory: Send + Sync {
     /// the cells saved from the main store. Pending shifts must have been applied.
     #[cfg(not(target_arch = "wasm32"))]
     fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError>;
-    /// Reads what [`Memory::state_write`] wrote (`types`: K/V types an older format put
-    /// before the tokens, already read) into the whole memory or, with `dst`, into
-    /// sequence `dst`; checks all of it before changing anything. Returns the cells
-    /// loaded into the main store.
-    fn state_read(
-        &mut self,
-        r: &mut crate::context::state::Reader,
-        dst: Option<SeqId>,
-        types: Option<(KvType, KvType)>,
-        n_seq_max: u32,
-    ) -> Result<usize, ContextError>;
+    /// Reads what [`Memory::state_write`] wrote, as `load` says; checks all of it before
+    /// changing anything. Returns the cells loaded into the main store.
+    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError>;
+}
+
+/// How a state file's memory part is loaded.
+#[derive(Clone, Copy, Debug)]
+pub struct StateLoad {
+    /// None: the whole memory, replaced; Some(s): the saved sequence into sequence s.
+    pub dst: Option<SeqId>,
+    /// The K/V types where an older format put them before the tokens (already read).
+    pub types: Option<(KvType, KvType)>,
+    /// The context's `-np`: saved cells of other sequences are refused.
+    pub n_seq_max: u32,
 }
 
 /// Consecutive runs of at most `n_ubatch` tokens, each ending early where its logit rows

@@ -3,9 +3,10 @@
 //! operation applies to both; the buffer evicts what no window can see again
 //! ([`RollingWindow`]) and refuses what it cannot rebuild.
 
-use super::{describe, mib, Checkpoint, KvCache, KvLayer, Memory, StoreMap};
+use super::{describe, mib, Checkpoint, KvCache, KvLayer, Memory, StateLoad, StoreMap};
+use crate::context::state::Reader;
 use crate::context::{ContextError, ContextParams};
-use crate::kv::{CacheKind, KvCells, KvChoice, KvType, RollingWindow, SeqId, MAX_SEQ};
+use crate::kv::{CacheKind, KvCells, KvChoice, RollingWindow, SeqId, MAX_SEQ};
 use crate::model::{GraphInput, InputData, Model, UbatchView};
 use std::sync::Arc;
 
@@ -173,14 +174,7 @@ impl Memory for SwaKvCache {
     fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError> {
         super::kv_state::write(out, &[&self.full, &self.swa], seq)
     }
-    fn state_read(
-        &mut self,
-        r: &mut crate::context::state::Reader,
-        dst: Option<SeqId>,
-        types: Option<(KvType, KvType)>,
-        n_seq_max: u32,
-    ) -> Result<usize, ContextError> {
-        let stores = &mut [&mut self.full, &mut self.swa];
-        super::kv_state::read(r, stores, dst, types, n_seq_max)
+    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
+        super::kv_state::read(r, &mut [&mut self.full, &mut self.swa], load)
     }
 }
