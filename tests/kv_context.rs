@@ -777,7 +777,7 @@ fn k_shift_requantizes_packed_keys_as_the_cpu_does() {
                 type_k: Some(k),
                 ..KvConfig::default()
             })
-            .resolve(true, hp.head_dim, n_embd as u32)
+            .resolve(true, hp.head_dim, n_embd as u32, false)
             .unwrap()
             .rot_k as usize;
             hadamard_ref(&mut x, rot);

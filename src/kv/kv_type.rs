@@ -278,8 +278,10 @@ impl fmt::Display for KvType {
 pub enum FlashAttn {
     On,
     Off,
-    /// On where the cache needs it (a quantized V), else off: the flash kernel is not
-    /// yet faster than the tiled and split paths (ARCHITECTURE.md).
+    /// On where the cache needs it (a quantized V) or where this adapter's flash kernel
+    /// is the faster path (CPU-shaped kernels: lavapipe, llvmpipe), else off (GPU-shaped
+    /// kernels, whose flash kernel is still slower than the tiled and split paths;
+    /// ARCHITECTURE.md).
     #[default]
     Auto,
 }
@@ -321,8 +323,15 @@ pub struct KvChoice {
 
 impl KvConfig {
     /// The types and flash attention for heads of `head_dim` in K/V rows of `n_embd` on an
-    /// adapter with (or without) shader-f16, or why this configuration cannot be served.
-    pub fn resolve(&self, has_f16: bool, head_dim: u32, n_embd: u32) -> Result<KvChoice, String> {
+    /// adapter with (or without) shader-f16 and whose flash kernel is (or is not) faster
+    /// than the unfused path, or why this configuration cannot be served.
+    pub fn resolve(
+        &self,
+        has_f16: bool,
+        head_dim: u32,
+        n_embd: u32,
+        flash_faster: bool,
+    ) -> Result<KvChoice, String> {
         let default = if has_f16 { KvType::F16 } else { KvType::F32 };
         let type_k = self.type_k.unwrap_or(default);
         let type_v = self.type_v.unwrap_or(default);
@@ -338,7 +347,7 @@ impl KvConfig {
         let flash = match self.flash_attn {
             FlashAttn::On => true,
             FlashAttn::Off => false,
-            FlashAttn::Auto => type_v.is_quantized(),
+            FlashAttn::Auto => type_v.is_quantized() || flash_faster,
         };
         if type_v.is_quantized() && !flash {
             return Err(format!(
@@ -484,39 +493,46 @@ mod tests {
     #[test]
     fn config_defaults_and_refusals() {
         let auto = KvConfig::default();
-        let c = auto.resolve(true, 64, 192).unwrap();
+        let c = auto.resolve(true, 64, 192, false).unwrap();
         assert_eq!(
             (c.type_k, c.type_v, c.flash),
             (KvType::F16, KvType::F16, false)
         );
-        let c = auto.resolve(false, 64, 192).unwrap();
+        let c = auto.resolve(false, 64, 192, false).unwrap();
         assert_eq!((c.type_k, c.type_v), (KvType::F32, KvType::F32));
+        // Auto takes flash attention where the adapter's flash kernel is the faster path.
+        assert!(auto.resolve(true, 64, 192, true).unwrap().flash);
+        let off = KvConfig {
+            flash_attn: FlashAttn::Off,
+            ..auto
+        };
+        assert!(!off.resolve(true, 64, 192, true).unwrap().flash);
         let q = |k, v, fa| KvConfig {
             type_k: Some(k),
             type_v: Some(v),
             flash_attn: fa,
         };
         // A quantized V turns auto on and is refused with -fa off.
-        let c = q(KvType::Q8_0, KvType::Q4_0, FlashAttn::Auto).resolve(true, 64, 192);
+        let c = q(KvType::Q8_0, KvType::Q4_0, FlashAttn::Auto).resolve(true, 64, 192, false);
         assert!(c.unwrap().flash);
-        let e = q(KvType::F16, KvType::Q8_0, FlashAttn::Off).resolve(true, 64, 192);
+        let e = q(KvType::F16, KvType::Q8_0, FlashAttn::Off).resolve(true, 64, 192, false);
         assert!(e.unwrap_err().contains("needs flash attention"));
         // A quantized K alone does not need it.
-        let c = q(KvType::Q8_0, KvType::F16, FlashAttn::Off).resolve(true, 64, 192);
+        let c = q(KvType::Q8_0, KvType::F16, FlashAttn::Off).resolve(true, 64, 192, false);
         let c = c.unwrap();
         assert!(!c.flash);
         // llama.cpp's rotation sizes: quantized types only, K by the head's largest
         // power-of-two multiple of 64, V by 64.
         assert_eq!((c.rot_k, c.rot_v), (64, 0));
         let c = q(KvType::Q4_0, KvType::Q4_0, FlashAttn::On)
-            .resolve(true, 256, 256)
+            .resolve(true, 256, 256, false)
             .unwrap();
         assert_eq!((c.rot_k, c.rot_v), (256, 64));
         let c = q(KvType::Q4_0, KvType::Bf16, FlashAttn::On)
-            .resolve(true, 96, 192)
+            .resolve(true, 96, 192, false)
             .unwrap();
         assert_eq!((c.rot_k, c.rot_v), (0, 0));
-        let e = q(KvType::F16, KvType::F16, FlashAttn::Auto).resolve(false, 64, 192);
+        let e = q(KvType::F16, KvType::F16, FlashAttn::Auto).resolve(false, 64, 192, false);
         assert!(e.unwrap_err().contains("shader-f16"));
         assert_eq!(FlashAttn::parse("ON"), Ok(FlashAttn::On));
         assert!(FlashAttn::parse("maybe").is_err());

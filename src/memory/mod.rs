@@ -164,7 +164,12 @@ pub fn split_simple(logits: &[bool], n_ubatch: usize, n_out_max: usize) -> Vec<R
 pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memory>, ContextError> {
     let hp = &model.hp;
     let choice = (params.kv)
-        .resolve(model.gpu.has_f16, hp.head_dim, hp.n_embd_kv())
+        .resolve(
+            model.gpu.has_f16,
+            hp.head_dim,
+            hp.n_embd_kv(),
+            flash_faster(model),
+        )
         .map_err(ContextError::Cache)?;
     let ub = params.n_ubatch.min(params.n_batch);
     let mem: Box<dyn Memory> = match hp.swa {
@@ -196,6 +201,19 @@ pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memo
         }
     };
     Ok(mem)
+}
+
+/// Whether `-fa auto` takes flash attention for this model on its adapter: where the
+/// CPU-shaped flash kernel holds its heads (lavapipe, SmolLM2, pp512: 89 t/s against 73
+/// unfused at depth 0; README has the table at depth 4096). GPU-shaped kernels keep the
+/// unfused path, faster on an H100 (`AttnShape::flash`).
+fn flash_faster(model: &Model) -> bool {
+    model.gpu.kernels != crate::gpu::KernelShape::Gpu
+        && model.hp.head_dim
+            <= 4 * crate::ops::kernels::FLASH_ROWS_D4
+                .iter()
+                .max()
+                .unwrap_or(&0)
 }
 
 fn mib(b: u64) -> f64 {

@@ -8,7 +8,9 @@
 //! (`WGLLM_ATTN_FLASH=1`; slower so far).
 
 use super::hadamard::{hadamard, hadamard_ref};
-use super::kernels::{split_shape, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM, MAX_TILE_HEAD_DIM};
+use super::kernels::{
+    split_shape, FLASH_ROWS_D4, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM, MAX_TILE_HEAD_DIM,
+};
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
 use super::uniforms::{AttnSplitUniform, AttnSumUniform, AttnUniform};
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View};
@@ -101,8 +103,12 @@ impl AttnShape {
         Ok(tc as u32)
     }
 
-    /// f32 elements of the scores scratch buffer (one pass of [`Self::tokens_per_pass`]).
+    /// f32 elements of the scores scratch buffer (one pass of [`Self::tokens_per_pass`];
+    /// 1 where a flash kernel takes the attention: it writes no scores).
     pub fn scores_len(&self, gpu: &Gpu) -> Result<u64, GpuError> {
+        if self.flash(gpu) || self.flash_rows(gpu).is_some() {
+            return Ok(1);
+        }
         Ok(self.n_head as u64 * self.tokens_per_pass(gpu)? as u64 * self.n_kv as u64)
     }
 
@@ -144,6 +150,60 @@ impl AttnShape {
         gpu.kernels == KernelShape::Gpu
             && self.head_dim <= MAX_FLASH_HEAD_DIM
             && (self.flash || gpu.tuning.attn_flash == Some(true))
+    }
+
+    /// The CPU-shaped flash kernel's variant and split, where it takes this attention:
+    /// flash attention asked for (`-fa on`, or `auto` for a quantized V) on CPU-shaped
+    /// kernels, heads up to 4 * the largest of [`FLASH_ROWS_D4`]. Decided on the whole
+    /// batch (the partials scratch is sized for it); a pass keeps its split.
+    fn flash_rows(&self, gpu: &Gpu) -> Option<FlashRows> {
+        let d4 = self.head_dim / 4;
+        let bucket = *FLASH_ROWS_D4.iter().find(|&&b| b >= d4)?;
+        if gpu.kernels == KernelShape::Gpu || !self.flash {
+            return None;
+        }
+        // Tokens per invocation: each keeps TB x D4 vec4s of queries and outputs, which
+        // spill out of a CPU's vector registers as they grow. lavapipe, SmolLM2 pp64 at
+        // depth 1024, the kernel alone: TB 1 1086 ms, 2 620, 4 1190 (unfused: 931).
+        let tb = if self.n_tok >= 2 {
+            (32 / bucket).max(1)
+        } else {
+            1
+        };
+        // Chunks of cells until every lane of a CPU's threads has an invocation, each of
+        // at least ROWS_MIN_CHUNK cells, their partials within SPLIT_MAX_BYTES. lavapipe
+        // and llvmpipe (Mesa 22.3) end an invocation's loops after 65535 iterations in
+        // all, silently: heads of 256 went wrong past ~480 cells an invocation. So a
+        // chunk also keeps the kernel's loop trips (per cell at most: the head's vec4s
+        // for the keys, the values and a rescale, each with TB tokens inside, and two
+        // loops over the tokens) within ROWS_LOOP_BUDGET; where the partials cannot hold
+        // that many chunks, the unfused kernels take the attention.
+        let per_cell = bucket * (2 + 3 * tb) + 2 * tb;
+        let max_chunk = (ROWS_LOOP_BUDGET / per_cell).max(1);
+        let groups = self.n_tok.div_ceil(tb) * self.n_head;
+        let room = gpu.max_binding.min(SPLIT_MAX_BYTES);
+        let per_split = self.partials_bytes(1) + self.stats_bytes(1);
+        let max_splits = (room / per_split.max(1)).min(u32::MAX as u64) as u32;
+        let need = self.n_kv.div_ceil(max_chunk);
+        if need > max_splits {
+            return None;
+        }
+        let target = ROWS_MIN_INVOCATIONS
+            .div_ceil(groups)
+            .min(self.n_kv / ROWS_MIN_CHUNK)
+            .max(need)
+            .min(max_splits)
+            .max(1);
+        let chunk = self.n_kv.div_ceil(target).max(1);
+        let split = Split {
+            n_split: self.n_kv.div_ceil(chunk).max(1),
+            chunk,
+        };
+        Some(FlashRows {
+            d4: bucket,
+            tb,
+            split,
+        })
     }
 
     /// Whether the tiled prompt kernels take this attention: GPU-shaped kernels, heads they
@@ -195,6 +255,10 @@ impl AttnShape {
     /// f32 elements of the scratch buffer of the split kernel: partial outputs, then
     /// their stats (1 if unused).
     pub fn partials_len(&self, gpu: &Gpu) -> u64 {
+        if let Some(fr) = self.flash_rows(gpu) {
+            let n = fr.split.n_split;
+            return (self.stats_offset(gpu, n) + self.stats_bytes(n)) / 4;
+        }
         if self.tiled(gpu) {
             let sp = self.tile_split(gpu);
             return if sp.n_split > 1 {
@@ -238,6 +302,23 @@ const SPLIT_MAX_BYTES: u64 = 256 << 20;
 /// Cells per workgroup of the split output kernel (at least; a multiple of it).
 const SPLIT_CHUNK: u32 = 128;
 
+/// Invocations the CPU-shaped flash kernel aims for: lanes for 128 threads of 8 (a
+/// decoded token's few heads are split over chunks of cells until they fill them).
+const ROWS_MIN_INVOCATIONS: u32 = 1024;
+/// Fewest cells per chunk of the CPU-shaped flash kernel.
+const ROWS_MIN_CHUNK: u32 = 32;
+/// Loop iterations one invocation of the CPU-shaped flash kernel may take: 3/4 of the
+/// 65535 after which lavapipe's loop limiter stops it.
+const ROWS_LOOP_BUDGET: u32 = 49152;
+
+/// The CPU-shaped flash kernel's choice: head bucket, tokens per invocation, split.
+#[derive(Clone, Copy, Debug)]
+struct FlashRows {
+    d4: u32,
+    tb: u32,
+    split: Split,
+}
+
 /// How the output is split: `n_split` chunks of `chunk` cells (the last one shorter).
 #[derive(Clone, Copy, Debug)]
 struct Split {
@@ -264,17 +345,34 @@ fn kqv_split(
         lanes,
         nv,
     })?;
+    let kernel = ("attn_kqv_split", split, [sp.n_split, s.n_tok, s.n_head]);
+    chunked_then_joined(gpu, s, sm, kernel, &[scores, mask, v], sp, partials, dst)
+}
+
+/// A kernel (label, pipeline, workgroups) that reads `inputs` and writes each chunk's
+/// partial outputs and (max, sum) stats (bound after the inputs, in `partials`), then
+/// the chunks joined into `dst`: the split output kernel and both flash kernels.
+#[allow(clippy::too_many_arguments)]
+fn chunked_then_joined(
+    gpu: &Gpu,
+    s: &AttnShape,
+    sm: &SoftmaxParams,
+    (label, pipeline, groups): (
+        &'static str,
+        std::sync::Arc<wgpu::ComputePipeline>,
+        [u32; 3],
+    ),
+    inputs: &[&View],
+    sp: Split,
+    partials: &View,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
     let params = s.split_uniform(sm, sp.chunk);
     let (part, stats) = s.split_views(gpu, sp.n_split, partials);
+    let io: Vec<&View> = inputs.iter().copied().chain([&part, &stats]).collect();
+    let params = bytemuck::bytes_of(&params);
     Ok(vec![
-        record(
-            gpu,
-            "attn_kqv_split",
-            split,
-            bytemuck::bytes_of(&params),
-            &[scores, mask, v, &part, &stats],
-            [sp.n_split, s.n_tok, s.n_head],
-        )?,
+        record(gpu, label, pipeline, params, &io, groups)?,
         join_splits(gpu, s, sp.n_split, [&part, &stats], dst)?,
     ])
 }
@@ -337,20 +435,37 @@ fn flash(
         )?;
         return Ok(vec![d]);
     };
-    let params = s.split_uniform(sm, sp.chunk);
-    let (part, stats) = s.split_views(gpu, sp.n_split, partials);
-    let io = [q, k, v, mask, &part, &stats];
-    Ok(vec![
-        record(
-            gpu,
-            "attn_flash",
-            pipeline,
-            bytemuck::bytes_of(&params),
-            &io,
-            groups(sp.n_split),
-        )?,
-        join_splits(gpu, s, sp.n_split, [&part, &stats], dst)?,
-    ])
+    let kernel = ("attn_flash", pipeline, groups(sp.n_split));
+    chunked_then_joined(gpu, s, sm, kernel, &[q, k, v, mask], sp, partials, dst)
+}
+
+/// The CPU-shaped flash kernel (attn_flash_rows.wgsl) over `fr`'s chunks of cells, then
+/// the chunks joined (which also divides by the softmax's sum).
+fn flash_rows(
+    gpu: &Gpu,
+    s: &AttnShape,
+    sm: &SoftmaxParams,
+    fr: FlashRows,
+    [q, k, v, mask]: [&View; 4],
+    partials: &View,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let tb = if s.n_tok >= fr.tb { fr.tb } else { 1 };
+    let pipeline = gpu.pipeline(KernelKey::AttnFlashRows {
+        k: s.k_type,
+        v: s.v_type,
+        d4: fr.d4,
+        tb,
+    })?;
+    let sp = fr.split;
+    // Invocations over (chunk, token group) pairs, token groups fastest.
+    let groups = [
+        (s.n_tok.div_ceil(tb) * sp.n_split).div_ceil(64),
+        s.n_head,
+        1,
+    ];
+    let kernel = ("attn_flash_rows", pipeline, groups);
+    chunked_then_joined(gpu, s, sm, kernel, &[q, k, v, mask], sp, partials, dst)
 }
 
 /// The tiled prompt kernels (one pass): scores 64 cells x 64 tokens per workgroup
@@ -499,7 +614,8 @@ pub fn attention(
     let flash_on = s.flash(gpu);
     // Decided on the whole batch, whose partials the scratch was sized for.
     let tile_split = s.tiled(gpu).then(|| s.tile_split(gpu));
-    let per_pass = if flash_on {
+    let rows = s.flash_rows(gpu);
+    let per_pass = if flash_on || rows.is_some() {
         s.tokens_fitting(gpu, mask_row.max(q_row))?
     } else {
         s.tokens_per_pass(gpu)?
@@ -516,6 +632,11 @@ pub fn attention(
         if flash_on {
             let io = [&q, k, v, &mask];
             out.extend(flash(gpu, &pass, sp, s.split(gpu), io, partials, &dst)?);
+            continue;
+        }
+        if let Some(fr) = rows {
+            let io = [&q, k, v, &mask];
+            out.extend(flash_rows(gpu, &pass, sp, fr, io, partials, &dst)?);
             continue;
         }
         let scores = sub_view(scores, 0, pass.n_head as u64 * nt * mask_row);

@@ -35,6 +35,13 @@ pub const SOFTMAX_WG: &[u32] = &[64, 256];
 pub const MAX_SPLIT_HEAD_DIM: u32 = 2048;
 /// Largest head the flash attention kernel holds (its D4 vec4s per row of workgroup memory).
 pub const MAX_FLASH_HEAD_DIM: u32 = 128;
+/// Heads (in vec4s) the CPU-shaped flash kernel's variants hold: a head takes the
+/// smallest that fits (`attn_flash_rows.wgsl` keeps D4 vec4s per token in each
+/// invocation's own arrays).
+pub const FLASH_ROWS_D4: &[u32] = &[16, 32, 64];
+/// Tokens per invocation of the CPU-shaped flash kernel: 1 for decode and large heads,
+/// 2 for prompts with heads of up to 64 values.
+pub const FLASH_ROWS_TB: &[u32] = &[1, 2];
 /// vec4s of the head per slice of the tiled prompt score kernel: 8 (16 KiB of keys and
 /// queries in workgroup memory), or 4 where the adapter has no more than 16 KiB.
 pub const ATTN_TILE_DK: &[u32] = &[4, 8];
@@ -120,6 +127,15 @@ pub enum KernelKey {
         k: KvType,
         v: KvType,
         split: bool,
+    },
+    /// Flash attention on CPU-shaped adapters (`attn_flash_rows.wgsl`): `tb` tokens of a
+    /// head per invocation over one chunk of cells, heads up to 4 * `d4` values, into the
+    /// split kernel's partials (joined by [`KernelKey::AttnKqvSum`]).
+    AttnFlashRows {
+        k: KvType,
+        v: KvType,
+        d4: u32,
+        tb: u32,
     },
     GetRows {
         ty: GgmlType,
@@ -211,6 +227,11 @@ impl KernelKey {
                 for split in [false, true] {
                     v.push(AttnFlash { k, v: vt, split });
                 }
+                for &d4 in FLASH_ROWS_D4 {
+                    for &tb in FLASH_ROWS_TB {
+                        v.push(AttnFlashRows { k, v: vt, d4, tb });
+                    }
+                }
             }
         }
         for ty in shaders::weight_types() {
@@ -278,7 +299,9 @@ impl KernelKey {
             {
                 wgpu::Features::SHADER_F16
             }
-            RopeStore { k, v, .. } | AttnFlash { k, v, .. } if f16(k) || f16(v) => {
+            RopeStore { k, v, .. } | AttnFlash { k, v, .. } | AttnFlashRows { k, v, .. }
+                if f16(k) || f16(v) =>
+            {
                 wgpu::Features::SHADER_F16
             }
             MatmulWg {
@@ -328,6 +351,7 @@ impl KernelKey {
             | AttnKqv { .. }
             | AttnKqvSplit { .. }
             | AttnFlash { .. }
+            | AttnFlashRows { .. }
             | AttnKqvSum
             | AttnKqvJoin
             | GetRows { .. }
@@ -366,7 +390,9 @@ impl KernelKey {
             RopeStore { .. } => RopeStoreUniform::WGSL,
             Softmax { .. } => SoftmaxUniform::WGSL,
             AttnKq { .. } | AttnKqv { .. } | AttnKqTile { .. } => AttnUniform::WGSL,
-            AttnKqvSplit { .. } | AttnFlash { .. } | AttnKqvTile { .. } => AttnSplitUniform::WGSL,
+            AttnKqvSplit { .. } | AttnFlash { .. } | AttnFlashRows { .. } | AttnKqvTile { .. } => {
+                AttnSplitUniform::WGSL
+            }
             AttnKqvSum | AttnKqvJoin => AttnSumUniform::WGSL,
             GetRows { .. } => GetRowsUniform::WGSL,
             Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
@@ -424,6 +450,12 @@ impl KernelKey {
             ),
             AttnKqvJoin => shaders::ATTN_KQV_JOIN.to_string(),
             AttnFlash { k, v, split } => shaders::attn_flash_source(k, v, split),
+            AttnFlashRows { k, v, d4, tb } => shaders::kv_reading(
+                &compose(&[shaders::SOFTMAX_COMMON, shaders::ATTN_FLASH_ROWS], &[]),
+                Some(k),
+                Some(v),
+                &[("D4", d4.to_string()), ("TB", tb.to_string())],
+            ),
             GetRows { ty } => compose(&[&quant(ty)?, shaders::QUANT_READ, shaders::GET_ROWS], &[]),
             Matmul {
                 ty,
@@ -491,6 +523,7 @@ impl fmt::Display for KernelKey {
             AttnFlash { k, v, split } => {
                 write!(f, "attn_flash_{k}_{v}{}", if split { "_split" } else { "" })
             }
+            AttnFlashRows { k, v, d4, tb } => write!(f, "attn_flash_rows_{k}_{v}_d{d4}_tb{tb}"),
             GetRows { ty } => write!(f, "get_rows_{ty}"),
             Matmul {
                 ty,
@@ -626,10 +659,11 @@ mod tests {
         // Norms, the two joins, hadamard, binary ops, GLUs, softmaxes, rope in f32 and f16.
         let shared = 2 + 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len() + 2;
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
-        // two rope_stores and two flash kernels.
+        // two rope_stores, two GPU flash kernels and the CPU ones (head buckets x tokens).
         let tiles = ATTN_TILE_DK.len() + ATTN_TILE_NI.len();
         let n_kv = KvType::ALL.len();
-        let kv = n_kv * (2 + 2 * ATTN_TB.len() + splits + tiles + 4 * n_kv);
+        let per_pair = 4 + FLASH_ROWS_D4.len() * FLASH_ROWS_TB.len();
+        let kv = n_kv * (2 + 2 * ATTN_TB.len() + splits + tiles + per_pair * n_kv);
         assert_eq!(all.len(), shared + kv + types.len() * per_type);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.

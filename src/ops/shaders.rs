@@ -24,6 +24,7 @@ pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
 pub const ATTN_KQV_SPLIT: &str = include_str!("../../shaders/attn_kqv_split.wgsl");
 pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
 pub const ATTN_FLASH: &str = include_str!("../../shaders/attn_flash.wgsl");
+pub const ATTN_FLASH_ROWS: &str = include_str!("../../shaders/attn_flash_rows.wgsl");
 pub const ATTN_KQ_TILE: &str = include_str!("../../shaders/attn_kq_tile.wgsl");
 pub const ATTN_KQV_TILE: &str = include_str!("../../shaders/attn_kqv_tile.wgsl");
 pub const ATTN_KQV_JOIN: &str = include_str!("../../shaders/attn_kqv_join.wgsl");
@@ -196,6 +197,7 @@ pub fn fingerprint() -> u64 {
         ATTN_KQV_SPLIT,
         ATTN_KQV_SUM,
         ATTN_FLASH,
+        ATTN_FLASH_ROWS,
         ATTN_KQ_TILE,
         ATTN_KQV_TILE,
         ATTN_KQV_JOIN,
