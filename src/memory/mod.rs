@@ -208,7 +208,7 @@ pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memo
 /// unfused at depth 0; README has the table at depth 4096). GPU-shaped kernels keep the
 /// unfused path, faster on an H100 (`AttnShape::flash`).
 fn flash_faster(model: &Model) -> bool {
-    model.gpu.kernels != crate::gpu::KernelShape::Gpu
+    crate::ops::attention::cpu_flash_kernel(&model.gpu)
         && model.hp.head_dim
             <= 4 * crate::ops::kernels::FLASH_ROWS_D4
                 .iter()

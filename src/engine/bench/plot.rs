@@ -49,6 +49,10 @@ pub fn bench_chart(rows: &[BenchRow]) -> Chart {
         XAxis::Size
     };
     let batches = distinct(rows, |r| r.n_batch) > 1 || distinct(rows, |r| r.n_ubatch) > 1;
+    // Cache types and flash attention (-ctk/-ctv/-fa lists) name the line where they vary.
+    let cache_of =
+        |r: &BenchRow| format!(" K {} V {} fa {}", r.type_k, r.type_v, r.flash_attn as u8);
+    let caches = rows.iter().any(|r| cache_of(r) != cache_of(&rows[0]));
     let mut series: Vec<Series> = Vec::new();
     for r in rows {
         let kind = match (r.n_prompt, r.n_gen) {
@@ -67,7 +71,8 @@ pub fn bench_chart(rows: &[BenchRow]) -> Chart {
             XAxis::Size if batches => format!(" b{}/ub{}", r.n_batch, r.n_ubatch),
             _ => String::new(),
         };
-        let label = format!("{} {} {test}{batch}", r.model_type, r.backend);
+        let cache = if caches { cache_of(r) } else { String::new() };
+        let label = format!("{} {} {test}{batch}{cache}", r.model_type, r.backend);
         let xv = match x {
             XAxis::Depth => r.n_depth,
             XAxis::Ubatch => r.n_ubatch,
@@ -272,6 +277,32 @@ mod tests {
             [16.0, 18.0, 20.0, 22.0, 24.0, 26.0, 28.0, 30.0, 32.0]
         );
         assert_eq!(ticks(0.0, 4096.0, 4), [0.0, 2000.0, 4000.0]);
+    }
+
+    /// `-fa 0,1` over two depths: a line per test and flash setting, named by it.
+    #[test]
+    fn flash_settings_get_their_own_lines() {
+        let mut rows = Vec::new();
+        for flash_attn in [false, true] {
+            for n_depth in [0, 4096] {
+                let mut r = BenchRow::empty();
+                (r.type_k, r.type_v, r.flash_attn) = ("f16".into(), "f16".into(), flash_attn);
+                (r.n_prompt, r.n_depth, r.samples_ns) = (512, n_depth, vec![1_000_000_000]);
+                rows.push(r);
+            }
+        }
+        let c = bench_chart(&rows);
+        let labels: Vec<&str> = c.series.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(labels.len(), 2, "{labels:?}");
+        assert!(labels[0].ends_with("K f16 V f16 fa 0") && labels[1].ends_with("fa 1"));
+        assert!(c.series.iter().all(|s| s.points.len() == 2));
+        // One setting only: the label stays short.
+        let one = bench_chart(&rows[..2]);
+        assert!(
+            !one.series[0].label.contains("fa"),
+            "{}",
+            one.series[0].label
+        );
     }
 
     #[test]

@@ -381,7 +381,7 @@ impl Writer {
 }
 
 impl BenchRow {
-    fn empty() -> BenchRow {
+    pub(super) fn empty() -> BenchRow {
         BenchRow {
             build_commit: String::new(),
             gpu_info: String::new(),
