@@ -121,7 +121,7 @@ impl KvCache {
         let state = CacheState {
             cells: &self.cells,
             slots: &self.slots,
-            n_kv: self.cells.n_kv(N_KV_PAD),
+            n_kv: self.n_kv_padded() as usize,
         };
         state.fill(input, ub)
     }

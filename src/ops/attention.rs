@@ -153,8 +153,8 @@ impl AttnShape {
     }
 
     /// The CPU-shaped flash kernel's variant and split, where it takes this attention:
-    /// flash attention asked for (`-fa on`, or `auto` for a quantized V) on CPU-shaped
-    /// kernels, heads up to 4 * the largest of [`FLASH_ROWS_D4`]. Decided on the whole
+    /// flash attention asked for (`-fa on`, or `auto`: on for CPU-shaped kernels) where
+    /// [`cpu_flash_kernel`] holds, heads up to 4 * the largest of [`FLASH_ROWS_D4`]. Decided on the whole
     /// batch (the partials scratch is sized for it); a pass keeps its split.
     fn flash_rows(&self, gpu: &Gpu) -> Option<FlashRows> {
         let d4 = self.head_dim / 4;
