@@ -1621,3 +1621,142 @@ fn hadamard_matches_the_matrix_and_undoes_itself() {
         assert!(hadamard(gpu, &up_f32(gpu, &[0.0; 96]), 96, 1).is_err());
     }
 }
+
+/// The recurrent layers' convolution against its reference: several sequences in one
+/// ubatch, x a slice of a wider projection, with and without bias and SiLU, then a
+/// second ubatch carrying on from the first's states.
+#[test]
+fn ssm_conv_matches_reference() {
+    use wgllm::ops::ssm::{ssm_conv, ssm_conv_ref, ConvShape};
+    let mut rng = Rng(31);
+    for (name, gpu, _serial) in gpus() {
+        for (i, &(ch, k, n_t, n_s)) in [(48, 4, 5, 3), (130, 3, 1, 4), (64, 4, 17, 1)]
+            .iter()
+            .enumerate()
+        {
+            let s = ConvShape {
+                ch,
+                k,
+                n_t,
+                n_s,
+                x_stride: ch + 7 * (i as u32 % 2),
+                silu: i != 1,
+            };
+            let w = rng.vec((k * ch) as usize);
+            let b = rng.vec(ch as usize);
+            let bias = (i != 1).then_some(b.as_slice());
+            let mut state = rng.vec((s.state_len() * n_s) as usize);
+            for step in 0..2 {
+                let x = rng.vec((s.x_stride * n_t * n_s) as usize);
+                let (want_y, want_state) = ssm_conv_ref(&s, &state, &x, &w, bias);
+                let y = out_f32(gpu, want_y.len());
+                let new_state = out_f32(gpu, want_state.len());
+                let b_view = up_f32(gpu, &b);
+                let d = ssm_conv(
+                    gpu,
+                    &s,
+                    &up_f32(gpu, &state),
+                    &up_f32(gpu, &x),
+                    &up_f32(gpu, &w),
+                    bias.map(|_| &b_view),
+                    &y,
+                    &new_state,
+                )
+                .unwrap();
+                run_now(gpu, &[d]).unwrap();
+                let what = format!("{name} ssm_conv {s:?} ubatch {step}");
+                check(&what, &want_y, &read(gpu, &y, want_y.len()), 1e-12);
+                let got_state = read(gpu, &new_state, want_state.len());
+                assert_eq!(got_state, want_state, "{what}: states");
+                state = got_state;
+            }
+        }
+    }
+}
+
+/// Both shapes of the selective scan against the reference: Mamba's (a channel per head,
+/// A per state value, B and C in the dt projection's output) and Mamba-2's (heads of 16
+/// channels, A per head, B and C in groups inside the convolution's output), states
+/// carried over two ubatches, several sequences, state sizes between the variants.
+#[test]
+fn ssm_scan_matches_reference() {
+    use wgllm::ops::ssm::{ssm_scan, ssm_scan_ref, ScanShape, ScanViews};
+    let mut rng = Rng(32);
+    for (name, gpu, _serial) in gpus() {
+        for case in 0..4 {
+            let mamba2 = case % 2 == 1;
+            let (d_state, head_dim, n_head, n_group) = match case {
+                0 => (16, 1, 40, 1),
+                1 => (64, 16, 6, 2),
+                2 => (24, 1, 72, 1),
+                _ => (128, 8, 4, 4),
+            };
+            let (n_t, n_s) = [(6, 2), (1, 4), (9, 1), (3, 3)][case];
+            let d_inner = head_dim * n_head;
+            let bc_len = 2 * n_group * d_state;
+            // Mamba: x alone, B and C after a dt_rank of 5 in their own tensor; Mamba-2:
+            // x, B, C one row of the convolution's output.
+            let (x_stride, bc_stride, b_off) = if mamba2 {
+                (d_inner + bc_len, d_inner + bc_len, d_inner)
+            } else {
+                (d_inner, 5 + bc_len, 5)
+            };
+            let a_len = if mamba2 { n_head } else { n_head * d_state };
+            let s = ScanShape {
+                d_state,
+                head_dim,
+                n_head,
+                n_group,
+                n_t,
+                n_s,
+                x_stride,
+                dt_stride: n_head,
+                bc_stride,
+                b_off,
+                c_off: b_off + n_group * d_state,
+                z_stride: d_inner + 3,
+                a_per_state: !mamba2,
+                a_off: 0,
+                d_off: a_len,
+                dtb_off: a_len + n_head,
+            };
+            // A negative (a decay), dt around the softplus knee, some above 20.
+            let mut consts: Vec<f32> = (0..a_len).map(|_| -0.2 - rng.f32().abs() * 2.0).collect();
+            consts.extend(rng.vec(n_head as usize));
+            consts.extend(rng.vec(n_head as usize));
+            let mut state = rng.vec((s.state_len() * n_s) as usize);
+            for step in 0..2 {
+                let nt = (n_t * n_s) as usize;
+                let x = if mamba2 {
+                    rng.vec(x_stride as usize * nt)
+                } else {
+                    rng.vec(d_inner as usize * nt)
+                };
+                let mut dt: Vec<f32> = rng.vec(n_head as usize * nt).iter().map(|v| v * 4.0).collect();
+                dt[0] = 25.0;
+                let bc = if mamba2 { x.clone() } else { rng.vec(bc_stride as usize * nt) };
+                let z = rng.vec(s.z_stride as usize * nt);
+                let (want_y, want_state) = ssm_scan_ref(&s, &state, &x, &dt, &consts, &bc, &z);
+                let st = up_f32(gpu, &state);
+                let y = out_f32(gpu, want_y.len());
+                let xv = up_f32(gpu, &x);
+                let bcv = if mamba2 { xv.clone() } else { up_f32(gpu, &bc) };
+                let views = ScanViews {
+                    state: &st,
+                    x: &xv,
+                    dt: &up_f32(gpu, &dt),
+                    consts: &up_f32(gpu, &consts),
+                    bc: &bcv,
+                    z: &up_f32(gpu, &z),
+                    y: &y,
+                };
+                run_now(gpu, &[ssm_scan(gpu, &s, &views).unwrap()]).unwrap();
+                let what = format!("{name} ssm_scan case {case} ubatch {step}");
+                check(&what, &want_y, &read(gpu, &y, want_y.len()), 1e-10);
+                let got = read(gpu, &st, want_state.len());
+                check(&format!("{what} states"), &want_state, &got, 1e-10);
+                state = got;
+            }
+        }
+    }
+}

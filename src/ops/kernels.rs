@@ -50,6 +50,8 @@ pub const ATTN_TILE_DK: &[u32] = &[4, 8];
 pub const ATTN_TILE_NI: &[u32] = &[1, 2];
 /// Largest head the tiled prompt attention kernels hold.
 pub const MAX_TILE_HEAD_DIM: u32 = 128;
+/// State sizes (d_state, rounded up to one of these) the selective scan has variants for.
+pub const SSM_DS: &[u32] = &[16, 32, 64, 128, 256];
 
 /// A kernel variant: the shader and every constant baked into its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -165,6 +167,14 @@ pub enum KernelKey {
         bm: u32,
         bn: u32,
     },
+    /// The short causal convolution of recurrent layers (Mamba, LFM2).
+    SsmConv,
+    /// The selective scan with states of up to `ds` values: an invocation per channel
+    /// (`wg` false, CPU-shaped) or a workgroup per 256 / `ds` channels (GPUs).
+    SsmScan {
+        ds: u32,
+        wg: bool,
+    },
 }
 
 /// (lanes, vec4s per lane) of the split attention output kernel for rows of `d4` vec4s:
@@ -201,7 +211,10 @@ impl KernelKey {
     /// `Gpu::pipeline` accepts.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey::*;
-        let mut v = vec![RmsNorm, AddRmsNorm, AttnKqvSum, AttnKqvJoin, Hadamard];
+        let mut v = vec![RmsNorm, AddRmsNorm, AttnKqvSum, AttnKqvJoin, Hadamard, SsmConv];
+        for &ds in SSM_DS {
+            v.extend([false, true].map(|wg| SsmScan { ds, wg }));
+        }
         v.extend(BinaryOp::ALL.iter().map(|&op| Binary(op)));
         v.extend(Activation::ALL.iter().map(|&act| Glu(act)));
         v.extend(SOFTMAX_WG.iter().map(|&wg| Softmax { wg }));
@@ -340,7 +353,8 @@ impl KernelKey {
             | RmsNorm
             | AddRmsNorm
             | AttnKqTile { .. }
-            | AttnKqvTile { .. } => 256,
+            | AttnKqvTile { .. }
+            | SsmScan { wg: true, .. } => 256,
             Softmax { wg } => wg,
             Rope { .. }
             | RopeStore { .. }
@@ -355,7 +369,9 @@ impl KernelKey {
             | AttnKqvSum
             | AttnKqvJoin
             | GetRows { .. }
-            | Matmul { .. } => 64,
+            | Matmul { .. }
+            | SsmConv
+            | SsmScan { wg: false, .. } => 64,
         }
     }
 
@@ -396,6 +412,8 @@ impl KernelKey {
             AttnKqvSum | AttnKqvJoin => AttnSumUniform::WGSL,
             GetRows { .. } => GetRowsUniform::WGSL,
             Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
+            SsmConv => SsmConvUniform::WGSL,
+            SsmScan { .. } => SsmScanUniform::WGSL,
         }
     }
 
@@ -480,6 +498,20 @@ impl KernelKey {
                 glu.map(Activation::wgsl),
             ),
             MatmulTile { ty, bm, bn } => shaders::matmul_tile_source(&quant(ty)?, bm, bn),
+            SsmConv => compose(&[shaders::ACT, shaders::SSM_CONV], &[]),
+            SsmScan { ds, wg } => compose(
+                &[
+                    &format!("const DS: u32 = {ds}u;"),
+                    shaders::ACT,
+                    shaders::SSM_SCAN_COMMON,
+                    if wg {
+                        shaders::SSM_SCAN_WG
+                    } else {
+                        shaders::SSM_SCAN
+                    },
+                ],
+                &[],
+            ),
         };
         // `enable` directives must precede every declaration.
         let enable = if self.features().contains(wgpu::Features::SHADER_F16) {
@@ -550,6 +582,8 @@ impl fmt::Display for KernelKey {
                 glu_suffix(glu)
             ),
             MatmulTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
+            SsmConv => write!(f, "ssm_conv"),
+            SsmScan { ds, wg } => write!(f, "ssm_scan_ds{ds}{}", if wg { "_wg" } else { "" }),
         }
     }
 }
@@ -657,7 +691,10 @@ mod tests {
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
         assert_eq!(per_type, 64 + 2 * (27 + 20));
         // Norms, the two joins, hadamard, binary ops, GLUs, softmaxes, rope in f32 and f16.
-        let shared = 2 + 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len() + 2;
+        // The recurrent layers' convolution and both shapes of the scan per state size.
+        let shared = 2 + 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len() + 2
+            + 1
+            + 2 * SSM_DS.len();
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
         // two rope_stores, two GPU flash kernels and the CPU ones (head buckets x tokens).
         let tiles = ATTN_TILE_DK.len() + ATTN_TILE_NI.len();

@@ -19,6 +19,7 @@ pub mod rope_store;
 pub mod set_rows;
 pub mod shaders;
 pub mod softmax;
+pub mod ssm;
 pub mod tuning;
 pub mod uniforms;
 pub mod weight;

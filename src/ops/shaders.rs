@@ -30,6 +30,10 @@ pub const ATTN_KQV_TILE: &str = include_str!("../../shaders/attn_kqv_tile.wgsl")
 pub const ATTN_KQV_JOIN: &str = include_str!("../../shaders/attn_kqv_join.wgsl");
 pub const KV_READ: &str = include_str!("../../shaders/kv_read.wgsl");
 pub const HADAMARD: &str = include_str!("../../shaders/hadamard.wgsl");
+pub const SSM_CONV: &str = include_str!("../../shaders/ssm_conv.wgsl");
+pub const SSM_SCAN_COMMON: &str = include_str!("../../shaders/ssm_scan_common.wgsl");
+pub const SSM_SCAN: &str = include_str!("../../shaders/ssm_scan.wgsl");
+pub const SSM_SCAN_WG: &str = include_str!("../../shaders/ssm_scan_wg.wgsl");
 pub const SET_ROWS_BLOCKS: &str = include_str!("../../shaders/set_rows_blocks.wgsl");
 
 /// Helpers of the packed K/V cache types' snippets (see [`kv_snippet`]).

@@ -204,6 +204,49 @@ uniform_struct! {
     }
 }
 
+uniform_struct! {
+    /// ssm_conv: a causal depthwise convolution of width `k` over `ch` channels, for
+    /// `n_s` sequences of `n_t` tokens each; x rows are `x_stride` values apart.
+    SsmConvUniform {
+        ch: u32,
+        k: u32,
+        n_t: u32,
+        n_s: u32,
+        x_stride: u32,
+        /// 1: add the bias (binding 4) before the activation.
+        bias: u32,
+        /// 1: SiLU on the output.
+        silu: u32,
+        _pad0: u32,
+    }
+}
+
+uniform_struct! {
+    /// ssm_scan: the selective scan over `n_s` sequences of `n_t` tokens, `n_head` heads
+    /// of `head_dim` channels, states of `d_state` values; B and C in `n_group` groups.
+    /// Row strides and offsets (in f32) say where x, dt, B, C and z sit in their tensors;
+    /// A (`a_per_state`: one per state value, Mamba; else one per head, Mamba-2), D and
+    /// the dt bias sit in one constants buffer at `a_off`, `d_off`, `dtb_off`.
+    SsmScanUniform {
+        d_state: u32,
+        head_dim: u32,
+        n_head: u32,
+        n_group: u32,
+        n_t: u32,
+        n_s: u32,
+        x_stride: u32,
+        dt_stride: u32,
+        bc_stride: u32,
+        b_off: u32,
+        c_off: u32,
+        z_stride: u32,
+        a_per_state: u32,
+        a_off: u32,
+        d_off: u32,
+        dtb_off: u32,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
