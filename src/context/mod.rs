@@ -130,8 +130,8 @@ struct StepBuffers {
 }
 
 /// What a graph is built for: (tokens, cells read in the full store, cells read in the
-/// window store, logit rows).
-type GraphKey = (u32, u32, u32, u32);
+/// window store, sequence sets of a recurrent memory's ubatch, logit rows).
+type GraphKey = (u32, u32, u32, u32, u32);
 
 /// Graphs kept for reuse (decode steps replay one graph until n_kv crosses a pad boundary).
 const GRAPH_CACHE: usize = 3;
@@ -411,27 +411,38 @@ impl Context {
         out
     }
 
-    /// Splits a checked batch into ubatches as the memory asks and decodes them in order.
+    /// Splits a checked batch into ubatches as the memory asks and decodes them in order;
+    /// the logit rows come back in batch order whatever order the split took.
     async fn decode_ubatches(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
-        let mut out = Vec::new();
-        for r in self.memory.split(batch, ub, self.n_out_max as usize) {
-            out.extend(self.decode_ubatch(batch, r).await?);
+        let n_vocab = self.model.hp.n_vocab as usize;
+        let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
+        for idx in self.memory.split(batch, ub, self.n_out_max as usize)? {
+            let pick = |v: &[bool]| idx.iter().map(|&i| v[i]).collect::<Vec<_>>();
+            let logits = pick(&batch.logits);
+            let u = Batch {
+                tokens: idx.iter().map(|&i| batch.tokens[i]).collect(),
+                pos: idx.iter().map(|&i| batch.pos[i]).collect(),
+                seq: idx.iter().map(|&i| batch.seq[i]).collect(),
+                logits,
+            };
+            let out = self.decode_ubatch(&u).await?;
+            let wanted = idx.iter().zip(&u.logits).filter(|(_, &l)| l).map(|(&i, _)| i);
+            for (i, row) in wanted.zip(out.chunks(n_vocab.max(1))) {
+                rows.push((i, row.to_vec()));
+            }
         }
-        Ok(out)
+        rows.sort_by_key(|(i, _)| *i);
+        Ok(rows.into_iter().flat_map(|(_, r)| r).collect())
     }
 
-    async fn decode_ubatch(
-        &mut self,
-        b: &Batch,
-        r: std::ops::Range<usize>,
-    ) -> Result<Vec<f32>, ContextError> {
+    async fn decode_ubatch(&mut self, u: &Batch) -> Result<Vec<f32>, ContextError> {
         let gpu = self.model.gpu.clone();
         let ubv = UbatchView {
-            tokens: &b.tokens[r.clone()],
-            pos: &b.pos[r.clone()],
-            seq: &b.seq[r.clone()],
-            logits: &b.logits[r.clone()],
+            tokens: &u.tokens,
+            pos: &u.pos,
+            seq: &u.seq,
+            logits: &u.logits,
         };
         self.memory.place(&ubv)?;
         // Every declared input fills itself from the ubatch and the memory it went to.
@@ -446,7 +457,7 @@ impl Context {
             self.memory.n_kv(CacheKind::Full),
             self.memory.n_kv(CacheKind::Window),
         );
-        let key = (r.len() as u32, n_kv, n_kv_window, n_out);
+        let key = (u.tokens.len() as u32, n_kv, n_kv_window, self.memory.n_rs(), n_out);
         let idx = match self.graphs.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
             None => {
@@ -454,6 +465,7 @@ impl Context {
                     n_tok: key.0,
                     n_kv: key.1,
                     n_kv_window: key.2,
+                    n_rs: key.3,
                     n_out,
                     inputs: (self.step.inputs.iter())
                         .map(|(i, buf)| (*i, View::whole(buf)))

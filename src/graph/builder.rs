@@ -9,7 +9,9 @@ use crate::ops::binary::{binary, BinaryOp};
 use crate::ops::get_rows::{get_rows, select_rows};
 use crate::ops::glu::{glu, Activation};
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
-use crate::ops::rms_norm::rms_norm;
+use crate::ops::rms_norm::rms_norm_rows;
+use crate::ops::set_rows::set_rows;
+use crate::ops::ssm::{ssm_conv, ssm_scan, ConvShape, ScanShape, ScanViews};
 use crate::ops::rope::RopeParams;
 use crate::ops::rope_store::{rope_store, RopeStoreShape, RopeStoreViews};
 use crate::ops::softmax::SoftmaxParams;
@@ -49,8 +51,13 @@ pub enum Op {
         n_tok: u32,
         act: Activation,
     },
-    /// reads [x, weight], writes [dst]
-    RmsNorm { n: u32, rows: u32, eps: f32 },
+    /// reads [x, weight], writes [dst]; row r of x takes weight row r % w_rows
+    RmsNorm {
+        n: u32,
+        rows: u32,
+        w_rows: u32,
+        eps: f32,
+    },
     /// reads [a, b, weight], writes [sum, dst]: sum = a + b, dst = rms_norm(sum) * weight
     AddRmsNorm { n: u32, rows: u32, eps: f32 },
     /// reads [a, b], writes [dst]
@@ -66,6 +73,12 @@ pub enum Op {
     },
     /// reads [q, k, v, mask], writes [scores, dst, partials]
     Attention { shape: AttnShape, sp: SoftmaxParams },
+    /// reads [state, x, w(, bias)], writes [y, new_state]
+    SsmConv { shape: ConvShape, bias: bool },
+    /// reads [x, dt, consts, bc, z], writes [state, y] (the state is read too)
+    SsmScan { shape: ScanShape },
+    /// reads [src, idx], writes [dst]: f32 rows of src to rows idx of dst
+    StoreRows { row_len: u32, n_rows: u32 },
 }
 
 /// What one node costs at the least: bytes it must move through memory (weights, K/V
@@ -93,6 +106,9 @@ impl Op {
             Op::Binary { op, .. } => format!("{op:?}").to_lowercase(),
             Op::Glu { .. } => "glu".into(),
             Op::Attention { .. } => "attention".into(),
+            Op::SsmConv { .. } => "ssm_conv".into(),
+            Op::SsmScan { .. } => "ssm_scan".into(),
+            Op::StoreRows { .. } => "store_rows".into(),
         }
     }
 
@@ -167,6 +183,24 @@ impl Op {
                 // QK^T and the weighted sum of V (2 flops per multiply-add each), plus a
                 // few per score for the masked softmax.
                 c(bytes, 4 * nh * hd * nkv * nt + 5 * scores)
+            }
+            Op::SsmConv { shape: s, .. } => {
+                let n = s.ch as u64 * s.n_t as u64 * s.n_s as u64;
+                let state = 2 * s.state_len() as u64 * s.n_s as u64;
+                c((2 * n + state + s.ch as u64 * s.k as u64) * F, 2 * n * s.k as u64)
+            }
+            Op::SsmScan { shape: s } => {
+                let tok = s.n_t as u64 * s.n_s as u64;
+                let d = s.d_inner() as u64;
+                let state = 2 * s.state_len() as u64 * s.n_s as u64;
+                let bc = 2 * (s.n_group * s.d_state) as u64;
+                // x, z in and y out per channel, dt per head, B and C per token; per
+                // state value an exp, the update and the dot product.
+                let bytes = (state + tok * (3 * d + s.n_head as u64 + bc)) * F;
+                c(bytes, tok * d * s.d_state as u64 * 6)
+            }
+            Op::StoreRows { row_len, n_rows } => {
+                c(2 * *row_len as u64 * *n_rows as u64 * F, 0)
             }
         }
     }
@@ -344,8 +378,78 @@ impl GraphBuilder {
         let [n, rows] = self.ne(x);
         let w = self.external(w.clone());
         let dst = self.tensor([n, rows]);
-        self.node(Op::RmsNorm { n, rows, eps }, &[x, w], &[dst]);
+        let op = Op::RmsNorm {
+            n,
+            rows,
+            w_rows: 1,
+            eps,
+        };
+        self.node(op, &[x, w], &[dst]);
         dst
+    }
+
+    /// Each row of x [n_group * g, n_tok] RMS-normed in `n_group` groups of g values,
+    /// group i scaled by values [i * g, (i + 1) * g) of `w` (Mamba-2's gated norm).
+    pub fn rms_norm_groups(&mut self, x: TensorId, w: &View, n_group: u32, eps: f32) -> TensorId {
+        let [n, rows] = self.ne(x);
+        let w = self.external(w.clone());
+        let dst = self.tensor([n, rows]);
+        let op = Op::RmsNorm {
+            n: n / n_group,
+            rows: rows * n_group,
+            w_rows: n_group,
+            eps,
+        };
+        self.node(op, &[x, w], &[dst]);
+        dst
+    }
+
+    /// The short convolution of a recurrent layer over x ([x_stride, n_tok], its first
+    /// `shape.ch` values per token), starting from `state` ([state_len, n_s], the
+    /// ubatch's gathered states): (y [ch, n_tok], the new states [state_len, n_s]).
+    pub fn ssm_conv(
+        &mut self,
+        state: TensorId,
+        x: TensorId,
+        w: &View,
+        bias: Option<&View>,
+        shape: ConvShape,
+    ) -> (TensorId, TensorId) {
+        let n_tok = shape.n_t * shape.n_s;
+        let w = self.external(w.clone());
+        let mut reads = vec![state, x, w];
+        if let Some(b) = bias {
+            reads.push(self.external(b.clone()));
+        }
+        let y = self.tensor([shape.ch, n_tok]);
+        let new_state = self.tensor([shape.state_len(), shape.n_s]);
+        let op = Op::SsmConv {
+            shape,
+            bias: bias.is_some(),
+        };
+        self.node(op, &reads, &[y, new_state]);
+        (y, new_state)
+    }
+
+    /// The selective scan from the gathered states `state` ([state_len, n_s], left
+    /// holding the final states): y [d_inner, n_tok].
+    pub fn ssm_scan(
+        &mut self,
+        state: TensorId,
+        [x, dt, bc, z]: [TensorId; 4],
+        consts: &View,
+        shape: ScanShape,
+    ) -> TensorId {
+        let consts = self.external(consts.clone());
+        let y = self.tensor([shape.d_inner(), shape.n_t * shape.n_s]);
+        self.node(Op::SsmScan { shape }, &[x, dt, consts, bc, z, state], &[state, y]);
+        y
+    }
+
+    /// Rows of src ([row_len, n_rows]) into rows `idx` ([n_rows] u32) of dst.
+    pub fn store_rows(&mut self, src: TensorId, idx: TensorId, dst: TensorId) {
+        let [row_len, n_rows] = self.ne(src);
+        self.node(Op::StoreRows { row_len, n_rows }, &[src, idx], &[dst]);
     }
 
     /// The residual add fused with the next RMS norm: (a + b, rms_norm(a + b) * w).
@@ -568,9 +672,19 @@ impl GraphBuilder {
                     };
                     dispatches.push(rope_store(gpu, p, shape, &io)?)
                 }
-                Op::RmsNorm { n, rows, eps } => {
-                    dispatches.push(rms_norm(gpu, &r[0], &r[1], &w[0], *n, *rows, *eps)?)
-                }
+                Op::RmsNorm {
+                    n,
+                    rows,
+                    w_rows,
+                    eps,
+                } => dispatches.push(rms_norm_rows(
+                    gpu,
+                    &r[0],
+                    &r[1],
+                    &w[0],
+                    [*n, *rows, *w_rows],
+                    *eps,
+                )?),
                 Op::AddRmsNorm { n, rows, eps } => dispatches.push(add_rms_norm(
                     gpu, &r[0], &r[1], &r[2], &w[0], &w[1], *n, *rows, *eps,
                 )?),
@@ -590,6 +704,37 @@ impl GraphBuilder {
                     };
                     dispatches.extend(attention(gpu, shape, sp, &io)?)
                 }
+                Op::SsmConv { shape, bias } => dispatches.push(ssm_conv(
+                    gpu,
+                    shape,
+                    &r[0],
+                    &r[1],
+                    &r[2],
+                    bias.then(|| &r[3]),
+                    &w[0],
+                    &w[1],
+                )?),
+                Op::SsmScan { shape } => {
+                    let v = ScanViews {
+                        x: &r[0],
+                        dt: &r[1],
+                        consts: &r[2],
+                        bc: &r[3],
+                        z: &r[4],
+                        state: &w[0],
+                        y: &w[1],
+                    };
+                    dispatches.push(ssm_scan(gpu, shape, &v)?)
+                }
+                Op::StoreRows { row_len, n_rows } => dispatches.push(set_rows(
+                    gpu,
+                    &r[0],
+                    &r[1],
+                    &w[0],
+                    *row_len,
+                    *n_rows,
+                    crate::kv::KvType::F32,
+                )?),
             }
             // Every dispatch this node recorded belongs to it.
             node_of.resize(dispatches.len(), i as u32);
@@ -628,6 +773,7 @@ mod tests {
         let c = Op::RmsNorm {
             n: 576,
             rows: 2,
+            w_rows: 1,
             eps: 1e-5,
         }
         .cost();

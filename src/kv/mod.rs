@@ -8,6 +8,7 @@ mod cells;
 mod defrag;
 mod kv_type;
 mod mask;
+mod rs_cells;
 mod seq;
 mod view;
 mod window;
@@ -16,6 +17,7 @@ pub use cells::{seqs_below, Cell, KvCells, KvError, SeqId, MAX_SEQ};
 pub use defrag::Move;
 pub use kv_type::{bf16_bits, FlashAttn, KvChoice, KvConfig, KvType, GROUP as KV_GROUP};
 pub use mask::{build_mask, MaskKind, MASKED};
+pub use rs_cells::{RsCells, RsSlot, PARTIAL_RM};
 pub use window::RollingWindow;
 
 /// Attention reads cells [0, n_kv) with n_kv a multiple of this (as llama.cpp pads it),

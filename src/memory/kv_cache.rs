@@ -179,10 +179,13 @@ impl Memory for KvCache {
         Ok(self.cells.seq_div(seq, p0, p1, d)?)
     }
     fn checkpoint(&self) -> Checkpoint {
-        Checkpoint(vec![self.cells.clone()])
+        Checkpoint {
+            kv: vec![self.cells.clone()],
+            rs: None,
+        }
     }
     fn rollback(&mut self, c: Checkpoint) {
-        if let Some(cells) = c.0.into_iter().next() {
+        if let Some(cells) = c.kv.into_iter().next() {
             self.cells = cells;
         }
     }

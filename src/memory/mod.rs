@@ -19,14 +19,16 @@
 mod kv_cache;
 mod kv_shift;
 mod kv_state;
+mod recurrent;
 mod swa;
 
 pub use kv_cache::KvCache;
+pub use recurrent::{split_equal, RecurrentMemory};
 pub use swa::SwaKvCache;
 
 use crate::context::state::Reader;
 use crate::context::{Batch, ContextError, ContextParams};
-use crate::kv::{CacheKind, Cell, KvCells, KvChoice, KvType, SeqId, N_KV_PAD};
+use crate::kv::{CacheKind, Cell, KvCells, KvChoice, KvType, RsCells, SeqId, N_KV_PAD};
 use crate::model::{GraphInput, InputData, Model, UbatchView};
 use crate::ops::View;
 use std::ops::Range;
@@ -41,9 +43,22 @@ pub struct KvLayer<'a> {
     pub store: CacheKind,
 }
 
+/// Where one recurrent layer's states live: the conv and (Mamba) SSM state buffers,
+/// `[state values, rows]` f32 each, with one row per cell and a last row of zeros that a
+/// new sequence starts from.
+#[derive(Clone, Copy, Debug)]
+pub struct RsLayer<'a> {
+    pub conv: &'a View,
+    pub ssm: Option<&'a View>,
+    pub rows: u32,
+}
+
 /// The cells of every store, taken before a batch so a failed one leaves the memory as
 /// it was (as llama.cpp restores its cells).
-pub struct Checkpoint(Vec<KvCells>);
+pub struct Checkpoint {
+    kv: Vec<KvCells>,
+    rs: Option<RsCells>,
+}
 
 /// The model's memory of past tokens (see the module docs). Sequence ids are checked by
 /// the context against its `-np` before they get here.
@@ -85,12 +100,20 @@ pub trait Memory: Send + Sync {
         self.cells().used()
     }
 
-    /// How a checked batch is cut into ubatches: consecutive runs of at most `n_ubatch`
-    /// tokens and `n_out_max` logit rows (llama.cpp's simple split, which a KV cache can
-    /// take in any order). A memory that must see each sequence's tokens together (the
-    /// recurrent one) splits otherwise.
-    fn split(&self, batch: &Batch, n_ubatch: usize, n_out_max: usize) -> Vec<Range<usize>> {
-        split_simple(&batch.logits, n_ubatch, n_out_max)
+    /// How a checked batch is cut into ubatches, as the batch indices of each ubatch's
+    /// tokens: consecutive runs of at most `n_ubatch` tokens and `n_out_max` logit rows
+    /// (llama.cpp's simple split, which a KV cache can take in any order). A memory that
+    /// must see each sequence's tokens together (the recurrent one) splits otherwise.
+    fn split(
+        &self,
+        batch: &Batch,
+        n_ubatch: usize,
+        n_out_max: usize,
+    ) -> Result<Vec<Vec<usize>>, ContextError> {
+        Ok(split_simple(&batch.logits, n_ubatch, n_out_max)
+            .into_iter()
+            .map(|r| r.collect())
+            .collect())
     }
     /// The cells of every store, to give back to [`Memory::rollback`].
     fn checkpoint(&self) -> Checkpoint;
@@ -108,6 +131,20 @@ pub trait Memory: Send + Sync {
     fn n_kv(&self, kind: CacheKind) -> u32;
     /// Layer `il`'s K/V views, if this memory holds that layer.
     fn layer(&self, il: usize) -> Option<KvLayer<'_>>;
+    /// Layer `il`'s recurrent state buffers, if this memory holds that layer.
+    fn rs_layer(&self, _il: usize) -> Option<RsLayer<'_>> {
+        None
+    }
+    /// Sequence sets of the ubatch just placed in the recurrent states (0: none), for
+    /// the graph shape and key.
+    fn n_rs(&self) -> u32 {
+        0
+    }
+    /// Whether positions are bounded by cells (attention's context window): false for a
+    /// recurrent memory alone, whose sequences go on without a context shift.
+    fn bounded(&self) -> bool {
+        true
+    }
 
     /// Applies pending K-shifts (from seq_add / seq_div) and, with `defrag`, compacts
     /// the cache when its holes pass `--defrag-thold`.
@@ -163,6 +200,14 @@ pub fn split_simple(logits: &[bool], n_ubatch: usize, n_out_max: usize) -> Vec<R
 /// where it has sliding-window layers (unless `--swa-full`), else one store for all.
 pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memory>, ContextError> {
     let hp = &model.hp;
+    if !hp.has_attention() {
+        if params.kv.type_k.is_some() || params.kv.type_v.is_some() {
+            return Err(ContextError::Cache(
+                "-ctk/-ctv: this model has no attention layers, so no K/V cache to type; its recurrent states are f32".into(),
+            ));
+        }
+        return Ok(Box::new(RecurrentMemory::new(model, params.n_seq_max)?));
+    }
     let choice = (params.kv)
         .resolve(
             model.gpu.has_f16,

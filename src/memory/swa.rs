@@ -126,10 +126,13 @@ impl Memory for SwaKvCache {
         Err(ContextError::SelfExtendNeedsSwaFull)
     }
     fn checkpoint(&self) -> Checkpoint {
-        Checkpoint(vec![self.full.cells.clone(), self.swa.cells.clone()])
+        Checkpoint {
+            kv: vec![self.full.cells.clone(), self.swa.cells.clone()],
+            rs: None,
+        }
     }
     fn rollback(&mut self, c: Checkpoint) {
-        let mut taken = c.0.into_iter();
+        let mut taken = c.kv.into_iter();
         if let (Some(full), Some(swa)) = (taken.next(), taken.next()) {
             (self.full.cells, self.swa.cells) = (full, swa);
         }

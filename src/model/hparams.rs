@@ -15,10 +15,45 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Phi3,
+    /// State-space models: every layer a recurrent block (Mamba's selective scan, or
+    /// Mamba-2's with grouped heads), no attention.
+    Mamba,
+    Mamba2,
 }
 
 pub const SUPPORTED_ARCHS: &str =
-    "llama (Llama 1-3, Mistral, SmolLM...), qwen2, qwen3, phi3, gemma3";
+    "llama (Llama 1-3, Mistral, SmolLM...), qwen2, qwen3, phi3, gemma3, mamba, mamba2";
+
+/// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
+const UNSUPPORTED_RECURRENT: &[&str] = &[
+    "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1", "granitehybrid",
+    "plamo2", "nemotron_h", "qwen3next", "lfm2moe",
+];
+
+/// A state-space layer's sizes (llama.cpp's `ssm_*` hyperparameters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ssm {
+    /// Width of the short convolution.
+    pub d_conv: u32,
+    /// Channels of the scan (2 x n_embd for Mamba).
+    pub d_inner: u32,
+    /// State values per channel.
+    pub d_state: u32,
+    /// Mamba: the rank of dt's projection; Mamba-2: the number of heads.
+    pub dt_rank: u32,
+    /// Mamba-2: groups of heads sharing B and C (1 for Mamba).
+    pub n_group: u32,
+}
+
+impl Ssm {
+    /// Channels of the convolution: x, and for Mamba-2 B and C too.
+    pub fn conv_channels(&self, arch: Arch) -> u32 {
+        match arch {
+            Arch::Mamba2 => self.d_inner + 2 * self.n_group * self.d_state,
+            _ => self.d_inner,
+        }
+    }
+}
 
 /// Phi-3's long-context RoPE: two sets of frequency factors, the long one for contexts
 /// (per sequence) longer than the original training context, as llama.cpp chooses.
@@ -76,6 +111,8 @@ pub struct Hparams {
     pub embd_scale: Option<f32>,
     /// Phi-3's long/short factors; `rope` holds the short ones until [`Self::fit_context`].
     pub long_rope: Option<LongRope>,
+    /// The state-space layers' sizes (Mamba, Mamba-2).
+    pub ssm: Option<Ssm>,
 }
 
 impl Hparams {
@@ -84,6 +121,27 @@ impl Hparams {
     }
     pub fn n_embd_kv(&self) -> u32 {
         self.head_dim * self.n_head_kv
+    }
+
+    /// Whether layer `il` keeps a recurrent state instead of attending.
+    pub fn is_recurrent(&self, _il: usize) -> bool {
+        matches!(self.arch, Arch::Mamba | Arch::Mamba2)
+    }
+
+    /// Whether any layer attends (and so needs a K/V cache).
+    pub fn has_attention(&self) -> bool {
+        (0..self.n_layer as usize).any(|il| !self.is_recurrent(il))
+    }
+
+    /// Values of a recurrent layer's conv state per sequence (llama.cpp's n_embd_r).
+    pub fn n_embd_r(&self) -> u32 {
+        self.ssm
+            .map_or(0, |s| (s.d_conv - 1) * s.conv_channels(self.arch))
+    }
+
+    /// Values of a recurrent layer's SSM state per sequence (llama.cpp's n_embd_s).
+    pub fn n_embd_s(&self) -> u32 {
+        self.ssm.map_or(0, |s| s.d_state * s.d_inner)
     }
 
     /// Whether layer `il` attends over a sliding window (else over the whole context).
@@ -130,6 +188,16 @@ impl Hparams {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
+            "mamba" => Arch::Mamba,
+            "mamba2" => Arch::Mamba2,
+            other if UNSUPPORTED_RECURRENT.contains(&other) => {
+                return Err(ModelError::BadHparams {
+                    path: f.path.clone(),
+                    msg: format!(
+                        "`{other}` is a recurrent or hybrid family wgllm does not run yet (its recurrent models: mamba, mamba2)"
+                    ),
+                })
+            }
             _ => {
                 return Err(ModelError::UnsupportedArch {
                     path: f.path.clone(),
@@ -138,6 +206,9 @@ impl Hparams {
                 })
             }
         };
+        if matches!(arch, Arch::Mamba | Arch::Mamba2) {
+            return ssm_hparams(f, arch);
+        }
         let a = arch_name.as_str();
         let key = |k: &str| format!("{a}.{k}");
         let u = |k: &str| -> Result<u32, ModelError> {
@@ -232,6 +303,7 @@ impl Hparams {
         }
         let (swa, rope_swa, embd_scale) = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => (None, rope, None),
+            Arch::Mamba | Arch::Mamba2 => unreachable!("read by ssm_hparams"),
             Arch::Gemma3 => {
                 // Five of every six layers see a window; they rotate with base 10 000
                 // and no scaling, as llama.cpp fixes for this architecture.
@@ -273,8 +345,87 @@ impl Hparams {
             attn_scale: 1.0 / (query_scale_dim as f32).sqrt(),
             embd_scale,
             long_rope,
+            ssm: None,
         })
     }
+}
+
+/// A state-space model's hyperparameters: no attention (head counts 0), the `ssm.*`
+/// sizes, which the kernels must hold.
+fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
+    let a = f.architecture()?.to_string();
+    let key = |k: &str| format!("{a}.{k}");
+    let bad = |msg: String| ModelError::BadHparams {
+        path: f.path.clone(),
+        msg,
+    };
+    let u = |k: &str| -> Result<u32, ModelError> {
+        let v = f.get_u64(&key(k))?;
+        u32::try_from(v).map_err(|_| bad(format!("{} = {v} is out of range", key(k))))
+    };
+    let n_embd = u("embedding_length")?;
+    let ssm = Ssm {
+        d_conv: u("ssm.conv_kernel")?,
+        d_inner: u("ssm.inner_size")?,
+        d_state: u("ssm.state_size")?,
+        dt_rank: u("ssm.time_step_rank")?,
+        n_group: if arch == Arch::Mamba2 {
+            u("ssm.group_count")?
+        } else {
+            1
+        },
+    };
+    if f.get(&key("ssm.dt_b_c_rms")).and_then(|v| v.as_bool()) == Some(true) {
+        return Err(bad(
+            "RMS norms on dt, B and C (ssm.dt_b_c_rms: FalconMamba) are not supported yet".into(),
+        ));
+    }
+    let max_ds = crate::ops::ssm::max_d_state();
+    let heads_ok = match arch {
+        Arch::Mamba2 => {
+            ssm.dt_rank > 0
+                && ssm.d_inner % ssm.dt_rank == 0
+                && ssm.n_group > 0
+                && ssm.dt_rank % ssm.n_group == 0
+        }
+        _ => ssm.dt_rank > 0 && ssm.d_inner == 2 * n_embd,
+    };
+    if !(2..=8).contains(&ssm.d_conv) || ssm.d_state == 0 || ssm.d_state > max_ds || !heads_ok {
+        return Err(bad(format!(
+            "state-space sizes {ssm:?} are not supported (convolution width 2-8, state size 1-{max_ds}; Mamba: inner size 2 x embedding; Mamba-2: inner size a multiple of the heads, heads of the groups)"
+        )));
+    }
+    let n_vocab = f
+        .tensor("token_embd.weight")
+        .map(|t| t.dims.get(1).copied().unwrap_or(0) as u32)
+        .ok_or_else(|| ModelError::MissingTensor {
+            path: f.path.clone(),
+            tensor: "token_embd.weight".into(),
+        })?;
+    let rope = RopeParams::new(4, 4, false, 10_000.0, 1.0);
+    Ok(Hparams {
+        arch,
+        n_vocab,
+        n_embd,
+        n_layer: u("block_count")?,
+        n_head: 0,
+        n_head_kv: 0,
+        head_dim: 0,
+        n_ff: 0,
+        n_ctx_train: f
+            .get(&key("context_length"))
+            .and_then(|v| v.as_i64())
+            .unwrap_or(1 << 20)
+            .clamp(0, u32::MAX as i64) as u32,
+        eps: f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+        rope,
+        swa: None,
+        rope_swa: rope,
+        attn_scale: 1.0,
+        embd_scale: None,
+        long_rope: None,
+        ssm: Some(ssm),
+    })
 }
 
 /// A RoPE frequency-factor tensor, if the file has it: Llama 3's `rope_freqs.weight`

@@ -58,6 +58,11 @@ pub enum GraphInput {
     /// A (cos, sin) table [n_dims / 2, n_tok] of f32 pairs for these RoPE parameters;
     /// models whose layers rotate with different bases declare one per parameter set.
     Rope(RopeParams),
+    /// Per sequence set of the ubatch (the recurrent memory's equal split), the row of the
+    /// recurrent state buffers its state is gathered from (the zero row for a new one).
+    RsSrc,
+    /// Per sequence set of the ubatch, the row its new state is stored to.
+    RsDst,
 }
 
 /// The ubatch an input fills itself from: the tokens of one graph run and where they go.
@@ -98,7 +103,11 @@ impl GraphInput {
     /// Buffer bytes for the largest ubatch (`n_ubatch` tokens over `n_ctx` cells).
     pub fn bytes(&self, n_ubatch: u64, n_ctx: u64) -> u64 {
         match self {
-            GraphInput::Tokens | GraphInput::KvSlots(_) | GraphInput::OutIds => n_ubatch * 4,
+            GraphInput::Tokens
+            | GraphInput::KvSlots(_)
+            | GraphInput::OutIds
+            | GraphInput::RsSrc
+            | GraphInput::RsDst => n_ubatch * 4,
             GraphInput::KqMask(_) => n_ubatch * n_ctx * 4,
             GraphInput::Rope(p) => n_ubatch * p.n_dims as u64 * 4,
         }
@@ -130,7 +139,10 @@ impl GraphInput {
                 let positions: Vec<f64> = ub.pos.iter().map(|&p| p as f64).collect();
                 InputData::F32(bytemuck::cast_slice(&p.table(&positions)).to_vec())
             }
-            GraphInput::KvSlots(_) | GraphInput::KqMask(_) => return None,
+            GraphInput::KvSlots(_)
+            | GraphInput::KqMask(_)
+            | GraphInput::RsSrc
+            | GraphInput::RsDst => return None,
         })
     }
 
@@ -152,6 +164,8 @@ impl GraphInput {
                 s
             }
             GraphInput::Rope(p) => format!("rope_table_{}", p.freq_base),
+            GraphInput::RsSrc => "rs_src".into(),
+            GraphInput::RsDst => "rs_dst".into(),
         }
     }
 }
@@ -162,6 +176,9 @@ pub struct GraphIo {
     /// Cells attention reads in the full store and in the window store.
     pub n_kv: u32,
     pub n_kv_window: u32,
+    /// Sequence sets in the ubatch (the recurrent memory's equal split: each has
+    /// n_tok / n_rs tokens); 0 without a recurrent memory.
+    pub n_rs: u32,
     pub n_out: u32,
     /// The declared inputs and their buffers, in declaration order.
     pub inputs: Vec<(GraphInput, View)>,

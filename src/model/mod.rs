@@ -5,12 +5,13 @@ mod gemma3;
 mod hparams;
 mod inputs;
 mod llama;
+mod mamba;
 pub mod synth;
 mod weights;
 
-pub use hparams::{Arch, Hparams, LongRope};
+pub use hparams::{Arch, Hparams, LongRope, Ssm};
 pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
-pub use weights::{GateUp, LayerWeights, ModelWeights};
+pub use weights::{GateUp, LayerWeights, ModelWeights, SsmLayer};
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
 use crate::gpu::{Gpu, GpuError};
@@ -87,6 +88,7 @@ impl Model {
         inputs::dedup(match self.hp.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::inputs(&self.hp),
             Arch::Gemma3 => gemma3::inputs(&self.hp),
+            Arch::Mamba | Arch::Mamba2 => mamba::inputs(),
         })
     }
 
@@ -100,6 +102,7 @@ impl Model {
         match self.hp.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::build(self, io, mem),
             Arch::Gemma3 => gemma3::build(self, io, mem),
+            Arch::Mamba | Arch::Mamba2 => mamba::build(self, io, mem),
         }
     }
 }

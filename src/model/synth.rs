@@ -107,6 +107,11 @@ pub enum SynthArch {
     Gemma3 {
         window: u32,
     },
+    /// State-space layers (Mamba: inner size 2 x embedding, states of 16, a convolution
+    /// of 4); no attention, no feed-forward.
+    Mamba,
+    /// Mamba-2: heads of 64 channels in 2 groups, states of 64.
+    Mamba2,
 }
 
 impl SynthArch {
@@ -119,10 +124,13 @@ impl SynthArch {
             "phi3" => Self::Phi3,
             "phi3-long" => Self::Phi3Long,
             "gemma3" => Self::Gemma3 { window: 512 },
+            "mamba" => Self::Mamba,
+            "mamba2" => Self::Mamba2,
             _ => return None,
         })
     }
-    pub const NAMES: &'static str = "llama, llama3, qwen2, qwen3, phi3, phi3-long, gemma3";
+    pub const NAMES: &'static str =
+        "llama, llama3, qwen2, qwen3, phi3, phi3-long, gemma3, mamba, mamba2";
 
     /// `general.architecture`.
     fn gguf_arch(self) -> &'static str {
@@ -132,6 +140,8 @@ impl SynthArch {
             Self::Qwen3 => "qwen3",
             Self::Phi3 | Self::Phi3Long => "phi3",
             Self::Gemma3 { .. } => "gemma3",
+            Self::Mamba => "mamba",
+            Self::Mamba2 => "mamba2",
         }
     }
 }
@@ -228,6 +238,9 @@ pub fn synth(
     scale: WeightScale,
     vocab_only: bool,
 ) -> GgufWriter {
+    if matches!(arch, SynthArch::Mamba | SynthArch::Mamba2) {
+        return synth_ssm(arch, shape, ty, vocab, n_vocab, scale, vocab_only);
+    }
     let SynthShape {
         n_embd,
         n_layer,
@@ -261,6 +274,7 @@ pub fn synth(
         }
         SynthArch::Llama3 | SynthArch::Qwen2 | SynthArch::Qwen3 => 500_000.0,
         SynthArch::Llama | SynthArch::Phi3 | SynthArch::Phi3Long => 10_000.0,
+        SynthArch::Mamba | SynthArch::Mamba2 => unreachable!("written by synth_ssm"),
     };
     w.meta(&key("rope.freq_base"), Value::F32(base));
     let phi3 = matches!(arch, SynthArch::Phi3 | SynthArch::Phi3Long);
@@ -375,6 +389,128 @@ pub fn synth(
             vector(&mut w, &b("post_attention_norm"), e, 1.0, 0.1);
             vector(&mut w, &b("post_ffw_norm"), e, 1.0, 0.1);
         }
+    }
+    w
+}
+
+/// A Mamba or Mamba-2 model, laid out as llama.cpp's converter writes one (A as -exp of
+/// its log, 2-D A and D for Mamba-2); the shape's head counts and feed-forward are unused.
+/// Matrices take `ty` where their rows are whole blocks (dt's low-rank projection stays
+/// f32), the convolution, A, D and the biases are f32.
+fn synth_ssm(
+    arch: SynthArch,
+    shape: SynthShape,
+    ty: GgmlType,
+    vocab: Vec<(String, Value)>,
+    n_vocab: u64,
+    scale: WeightScale,
+    vocab_only: bool,
+) -> GgufWriter {
+    let (e, n_layer) = (shape.n_embd, shape.n_layer);
+    let mamba2 = arch == SynthArch::Mamba2;
+    let name = arch.gguf_arch();
+    let key = |k: &str| format!("{name}.{k}");
+    let (d_conv, d_inner) = (4u32, 2 * e);
+    let d_state = if mamba2 { 64 } else { 16 };
+    let n_group = 2u32;
+    // Mamba: dt's rank ceil(n_embd / 16); Mamba-2: the heads (64 channels each).
+    let dt_rank = if mamba2 { d_inner / 64 } else { e.div_ceil(16) };
+    let u = Value::U32;
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", Value::String(name.into()))
+        .meta(
+            "general.name",
+            Value::String(format!("synthetic {name} {e}x{n_layer} {ty}")),
+        )
+        .meta(&key("context_length"), u(1 << 20))
+        .meta(&key("embedding_length"), u(e))
+        .meta(&key("feed_forward_length"), u(0))
+        .meta(&key("attention.head_count"), u(0))
+        .meta(&key("block_count"), u(n_layer))
+        .meta(&key("ssm.conv_kernel"), u(d_conv))
+        .meta(&key("ssm.inner_size"), u(d_inner))
+        .meta(&key("ssm.state_size"), u(d_state))
+        .meta(&key("ssm.time_step_rank"), u(dt_rank))
+        .meta(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    if mamba2 {
+        w.meta(&key("ssm.group_count"), u(n_group));
+    } else {
+        w.meta(&key("ssm.dt_b_c_rms"), Value::Bool(false));
+    }
+    for (k, v) in vocab {
+        w.meta(&k, v);
+    }
+    if vocab_only {
+        return w;
+    }
+    let f32s = |v: &[f32]| quantize_row(GgmlType::F32, v);
+    let fixed = matches!(scale, WeightScale::Fixed(_));
+    let mut rng = Rng(0x5eed);
+    // Values drawn around `center` with `spread` (FanIn), or `center` alone (Fixed).
+    let mut draw = |n: u64, center: f32, spread: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let r = rng.normalish() * 3f32.sqrt();
+                if fixed {
+                    center
+                } else {
+                    center + spread * r
+                }
+            })
+            .collect()
+    };
+    let mut mseed = 1u64;
+    let mut mat = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64, embedding: bool| {
+        mseed += 1;
+        let std = match scale {
+            WeightScale::Fixed(s) => s,
+            WeightScale::FanIn if embedding => 3f32.sqrt(),
+            WeightScale::FanIn => 3f32.sqrt() / (cols as f32).sqrt(),
+        };
+        let t = if (cols as usize).is_multiple_of(ty.block_size()) {
+            ty
+        } else {
+            GgmlType::F32
+        };
+        let data = random_tensor(t, cols as usize, rows as usize, std, mseed);
+        w.tensor(name, &[cols, rows], t, data);
+    };
+    let (e, di, ds, dr) = (e as u64, d_inner as u64, d_state as u64, dt_rank as u64);
+    mat(&mut w, "token_embd.weight", e, n_vocab, true);
+    w.tensor("output_norm.weight", &[e], GgmlType::F32, f32s(&draw(e, 1.0, 0.1)));
+    mat(&mut w, "output.weight", e, n_vocab, false);
+    let ng = n_group as u64;
+    let ch = if mamba2 { di + 2 * ng * ds } else { di };
+    for i in 0..n_layer {
+        let b = |t: &str| format!("blk.{i}.{t}.weight");
+        let bias = |t: &str| format!("blk.{i}.{t}.bias");
+        let plain = |t: &str| format!("blk.{i}.{t}");
+        w.tensor(&b("attn_norm"), &[e], GgmlType::F32, f32s(&draw(e, 1.0, 0.1)));
+        let in_rows = if mamba2 { 2 * di + 2 * ng * ds + dr } else { 2 * di };
+        mat(&mut w, &b("ssm_in"), e, in_rows, false);
+        let conv = draw(d_conv as u64 * ch, 0.0, 0.5);
+        w.tensor(&b("ssm_conv1d"), &[d_conv as u64, ch], GgmlType::F32, f32s(&conv));
+        w.tensor(&bias("ssm_conv1d"), &[ch], GgmlType::F32, f32s(&draw(ch, 0.0, 0.1)));
+        // dt = softplus(. + bias) between about 0.001 and 0.1, as trained models start.
+        let dt_b: Vec<f32> = draw(if mamba2 { dr } else { di }, -4.0, 1.0);
+        if mamba2 {
+            w.tensor(&bias("ssm_dt"), &[dr], GgmlType::F32, f32s(&dt_b));
+            // A = -exp(A_log), A_log ~ log(uniform 1..16): one per head.
+            let a: Vec<f32> = draw(dr, 0.0, 1.0).iter().map(|v| -(1.0 + 7.5 * (1.0 + v.clamp(-1.0, 1.0)))).collect();
+            w.tensor(&plain("ssm_a"), &[1, dr], GgmlType::F32, f32s(&a));
+            w.tensor(&plain("ssm_d"), &[1, dr], GgmlType::F32, f32s(&draw(dr, 1.0, 0.2)));
+            let g = di / ng;
+            w.tensor(&b("ssm_norm"), &[g, ng], GgmlType::F32, f32s(&draw(di, 1.0, 0.1)));
+        } else {
+            mat(&mut w, &b("ssm_x"), di, dr + 2 * ds, false);
+            mat(&mut w, &b("ssm_dt"), dr, di, false);
+            w.tensor(&bias("ssm_dt"), &[di], GgmlType::F32, f32s(&dt_b));
+            // S4D-real: A[n] = -(n + 1) for every channel.
+            let a: Vec<f32> = (0..di * ds).map(|k| -((k % ds) as f32 + 1.0)).collect();
+            w.tensor(&plain("ssm_a"), &[ds, di], GgmlType::F32, f32s(&a));
+            w.tensor(&plain("ssm_d"), &[di], GgmlType::F32, f32s(&draw(di, 1.0, 0.2)));
+        }
+        mat(&mut w, &b("ssm_out"), di, e, false);
     }
     w
 }

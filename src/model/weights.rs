@@ -36,12 +36,40 @@ pub struct LayerWeights {
     pub ffn_post_norm: Option<View>,
 }
 
+/// A state-space layer (Mamba, Mamba-2). The input projection is uploaded as its parts,
+/// split by rows (x, z and Mamba-2's dt), and so is Mamba's x projection (dt's input, then
+/// B and C), so that every matmul writes a whole tensor the next op reads.
+pub struct SsmLayer {
+    pub norm: View,
+    /// Mamba: x; Mamba-2: x, B and C (the convolution's channels).
+    pub in_x: Arc<Weight>,
+    pub in_z: Arc<Weight>,
+    /// Mamba-2: dt per head.
+    pub in_dt: Option<Arc<Weight>>,
+    /// The convolution's weights [d_conv, channels] and bias.
+    pub conv: View,
+    pub conv_b: View,
+    /// Mamba: the projections of the convolution's output to dt's input and to B and C,
+    /// and dt's own projection.
+    pub x_dt: Option<Arc<Weight>>,
+    pub x_bc: Option<Arc<Weight>>,
+    pub dt: Option<Arc<Weight>>,
+    /// A, D and the dt bias in one buffer (the scan's constants): A first (d_state per
+    /// channel for Mamba, one per head for Mamba-2), then D and the bias (one per head).
+    pub consts: View,
+    /// Mamba-2: the gated output's norm weights, one group after another [d_inner].
+    pub out_norm: Option<View>,
+    pub out: Arc<Weight>,
+}
+
 pub struct ModelWeights {
     pub tok_embd: Arc<Weight>,
     pub output_norm: View,
     /// The output projection; the embedding itself when the model ties them.
     pub output: Arc<Weight>,
     pub layers: Vec<LayerWeights>,
+    /// The state-space layers of a Mamba or Mamba-2 model (empty otherwise).
+    pub ssm: Vec<SsmLayer>,
     /// One f32 the embeddings are multiplied by (Gemma), broadcast by the graph.
     pub embd_scale: Option<View>,
     pub gpu_bytes: u64,
@@ -251,6 +279,159 @@ impl Loader<'_> {
         })
     }
 
+    /// Rows `rows` of a matrix [n_cols, n_rows] as a weight of their own.
+    fn matrix_rows(
+        &mut self,
+        name: &str,
+        n_cols: u32,
+        n_rows: u32,
+        rows: std::ops::Range<u32>,
+    ) -> Result<Arc<Weight>, ModelError> {
+        self.matrix_rows_padded(name, n_cols, n_rows, rows.clone(), rows.len() as u32)
+    }
+
+    /// [`Self::matrix_rows`] with zero rows after them up to `out_rows` (all-zero bytes
+    /// are zeros in every format).
+    fn matrix_rows_padded(
+        &mut self,
+        name: &str,
+        n_cols: u32,
+        n_rows: u32,
+        rows: std::ops::Range<u32>,
+        out_rows: u32,
+    ) -> Result<Arc<Weight>, ModelError> {
+        let t = self.matrix_info(name, n_cols, n_rows)?;
+        let row = t.ty.row_bytes(n_cols as u64).unwrap_or(0) as usize;
+        let mut data =
+            self.f.tensor_data(&t)[rows.start as usize * row..rows.end as usize * row].to_vec();
+        data.resize(out_rows as usize * row, 0);
+        let part = format!("{name}[{}..{}]", rows.start, rows.end);
+        let w = Weight::upload(self.gpu, &part, t.ty, n_cols as usize, out_rows as usize, &data)?;
+        self.gpu_bytes += w.gpu_bytes();
+        if rows.end == n_rows {
+            self.advance(&t);
+        }
+        Ok(Arc::new(w))
+    }
+
+    /// A matrix [n_cols, n_rows] as an f32 weight with zero columns up to `out_cols`
+    /// (any type the loader dequantizes).
+    fn matrix_padded_cols(
+        &mut self,
+        name: &str,
+        n_cols: u32,
+        n_rows: u32,
+        out_cols: u32,
+    ) -> Result<Arc<Weight>, ModelError> {
+        if n_cols == out_cols {
+            return self.matrix(name, n_cols, n_rows);
+        }
+        let v = self.values(name, &[n_cols as u64, n_rows as u64])?;
+        let mut padded = vec![0f32; out_cols as usize * n_rows as usize];
+        for (dst, src) in padded.chunks_mut(out_cols as usize).zip(v.chunks(n_cols as usize)) {
+            dst[..n_cols as usize].copy_from_slice(src);
+        }
+        let data: &[u8] = bytemuck::cast_slice(&padded);
+        let w = Weight::upload(self.gpu, name, GgmlType::F32, out_cols as usize, n_rows as usize, data)?;
+        self.gpu_bytes += w.gpu_bytes();
+        Ok(Arc::new(w))
+    }
+
+    /// A tensor of any shape `dims` as f32 values (counted as loaded).
+    fn values(&mut self, name: &str, dims: &[u64]) -> Result<Vec<f32>, ModelError> {
+        let t = self.info(name, dims)?.clone();
+        if !matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16) {
+            return Err(ModelError::UnsupportedType {
+                path: self.f.path.clone(),
+                tensor: name.into(),
+                ty: t.ty,
+            });
+        }
+        let mut v = vec![0f32; dims.iter().product::<u64>() as usize];
+        quant::dequantize_row(t.ty, self.f.tensor_data(&t), &mut v);
+        self.advance(&t);
+        Ok(v)
+    }
+
+    fn upload_values(&mut self, name: &str, v: &[f32]) -> Result<View, ModelError> {
+        let buf = self.gpu.upload(name, bytemuck::cast_slice(v))?;
+        self.gpu_bytes += buf.size();
+        Ok(View::whole(&buf))
+    }
+
+    /// State-space layer `il` (Mamba or Mamba-2; tensor shapes as llama.cpp loads them).
+    fn ssm_layer(&mut self, hp: &Hparams, il: u32) -> Result<SsmLayer, ModelError> {
+        let s = hp.ssm.expect("a state-space model has its sizes");
+        let (e, di, ds, r) = (hp.n_embd, s.d_inner, s.d_state, s.dt_rank);
+        let ch = s.conv_channels(hp.arch);
+        let (dc, ec) = (s.d_conv as u64, ch as u64);
+        let n = |t: &str| format!("blk.{il}.{t}.weight");
+        let b = |t: &str| format!("blk.{il}.{t}.bias");
+        let norm = self.vector(&n("attn_norm"), e)?;
+        let conv = self.values(&n("ssm_conv1d"), &[dc, ec])?;
+        let conv = self.upload_values(&n("ssm_conv1d"), &conv)?;
+        let conv_b = self.vector(&b("ssm_conv1d"), ch)?;
+        let a_name = format!("blk.{il}.ssm_a");
+        let d_name = format!("blk.{il}.ssm_d");
+        let mamba2 = hp.arch == Arch::Mamba2;
+        let layer = if mamba2 {
+            // z, then x B C, then dt per head.
+            let rows = 2 * di + 2 * s.n_group * ds + r;
+            let name = n("ssm_in");
+            let in_z = self.matrix_rows(&name, e, rows, 0..di)?;
+            let in_x = self.matrix_rows(&name, e, rows, di..di + ch)?;
+            let in_dt = Some(self.matrix_rows(&name, e, rows, di + ch..rows)?);
+            let mut consts = self.values(&a_name, &[1, r as u64])?;
+            consts.extend(self.values(&d_name, &[1, r as u64])?);
+            consts.extend(self.vector_data(&b("ssm_dt"), r)?);
+            let g = di / s.n_group;
+            let on = self.values(&n("ssm_norm"), &[g as u64, s.n_group as u64])?;
+            SsmLayer {
+                norm,
+                in_x,
+                in_z,
+                in_dt,
+                conv,
+                conv_b,
+                x_dt: None,
+                x_bc: None,
+                dt: None,
+                consts: self.upload_values(&a_name, &consts)?,
+                out_norm: Some(self.upload_values(&n("ssm_norm"), &on)?),
+                out: self.matrix(&n("ssm_out"), di, e)?,
+            }
+        } else {
+            let name = n("ssm_in");
+            let in_x = self.matrix_rows(&name, e, 2 * di, 0..di)?;
+            let in_z = self.matrix_rows(&name, e, 2 * di, di..2 * di)?;
+            // dt's rank (ceil(n_embd / 16): 48 for Mamba-130M) is rarely whole blocks of
+            // 32 for the matmul; its input gets zero rows and its projection zero columns
+            // up to the next multiple (adding exact zeros to each dot product).
+            let rp = r.next_multiple_of(32);
+            let xn = n("ssm_x");
+            let x_dt = Some(self.matrix_rows_padded(&xn, di, r + 2 * ds, 0..r, rp)?);
+            let x_bc = Some(self.matrix_rows(&xn, di, r + 2 * ds, r..r + 2 * ds)?);
+            let mut consts = self.values(&a_name, &[ds as u64, di as u64])?;
+            consts.extend(self.vector_data(&d_name, di)?);
+            consts.extend(self.vector_data(&b("ssm_dt"), di)?);
+            SsmLayer {
+                norm,
+                in_x,
+                in_z,
+                in_dt: None,
+                conv,
+                conv_b,
+                x_dt,
+                x_bc,
+                dt: Some(self.matrix_padded_cols(&n("ssm_dt"), r, di, rp)?),
+                consts: self.upload_values(&a_name, &consts)?,
+                out_norm: None,
+                out: self.matrix(&n("ssm_out"), di, e)?,
+            }
+        };
+        Ok(layer)
+    }
+
     /// A vector's values, as f32 (counted as loaded).
     fn vector_data(&mut self, name: &str, n: u32) -> Result<Vec<f32>, ModelError> {
         let t = self.info(name, &[n as u64])?.clone();
@@ -317,8 +498,14 @@ impl ModelWeights {
         } else {
             tok_embd.clone()
         };
+        let ssm_model = matches!(hp.arch, Arch::Mamba | Arch::Mamba2);
         let layers = (0..hp.n_layer)
+            .filter(|_| !ssm_model)
             .map(|il| l.layer(hp, il))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ssm = (0..hp.n_layer)
+            .filter(|_| ssm_model)
+            .map(|il| l.ssm_layer(hp, il))
             .collect::<Result<Vec<_>, _>>()?;
         let embd_scale = match hp.embd_scale {
             Some(s) => Some(View::whole(
@@ -332,6 +519,7 @@ impl ModelWeights {
             output_norm,
             output,
             layers,
+            ssm,
             embd_scale,
             gpu_bytes: l.gpu_bytes,
         })

@@ -14,10 +14,24 @@ pub fn rms_norm(
     n_rows: u32,
     eps: f32,
 ) -> Result<Dispatch, GpuError> {
+    rms_norm_rows(gpu, x, w, dst, [n, n_rows, 1], eps)
+}
+
+/// [`rms_norm`] with a weight of `w_rows` rows of n, row r of x scaled by weight row
+/// r % w_rows (Mamba-2's norm over groups of channels, a weight per group).
+pub fn rms_norm_rows(
+    gpu: &Gpu,
+    x: &View,
+    w: &View,
+    dst: &View,
+    [n, n_rows, w_rows]: [u32; 3],
+    eps: f32,
+) -> Result<Dispatch, GpuError> {
     let pipeline = gpu.pipeline(KernelKey::RmsNorm)?;
     let params = NormUniform {
         n,
         eps,
+        w_rows,
         ..Default::default()
     };
     let (gx, gy) = split_groups(n_rows);
@@ -33,11 +47,15 @@ pub fn rms_norm(
 
 pub fn rms_norm_ref(x: &[f32], w: &[f32], n: usize, eps: f32) -> Vec<f32> {
     x.chunks(n)
-        .flat_map(|row| {
+        .enumerate()
+        .flat_map(|(r, row)| {
             let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
             let scale = 1.0 / (ms + eps as f64).sqrt();
+            // A weight of several rows cycles over the rows of x.
+            let w_rows = (w.len() / n).max(1);
+            let wr = &w[(r % w_rows) * n..];
             row.iter()
-                .zip(w)
+                .zip(wr)
                 .map(move |(&v, &g)| (v as f64 * scale) as f32 * g)
         })
         .collect()
