@@ -4,6 +4,7 @@
 # tokenizer tests), for tests/arch_reference.rs. Needs llama.cpp built by
 # ../shared/tools/llamacpp-ref/build.sh (LLAMACPP_BIN, default ~/.cache/llamacpp-ref/bin).
 #   scripts/record-arch-ppl.sh            all cases below
+#   scripts/record-arch-ppl.sh CASE...    only these (arch:vocabulary:type[:ctx])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${LLAMACPP_BIN:-$HOME/.cache/llamacpp-ref/bin}
@@ -17,7 +18,9 @@ cargo build --release --quiet
 # [:context size, default 128; phi3-long's original context is 256, so 128 takes its short
 # RoPE factors and 512 its long ones]
 cases="llama:llama-spm:q4_0 llama3:llama-bpe:q8_0 qwen2:qwen2:q8_0 qwen2:qwen2:q4_k qwen3:qwen2:q8_0
-  phi3:phi-3:q8_0 phi3:phi-3:f16 phi3-long:phi-3:q8_0 phi3-long:phi-3:q8_0:512"
+  phi3:phi-3:q8_0 phi3:phi-3:f16 phi3-long:phi-3:q8_0 phi3-long:phi-3:q8_0:512
+  mamba:gpt-neox:q8_0 mamba2:gpt-neox:q8_0"
+if [ $# -gt 0 ]; then cases="$*"; fi
 for c in $cases; do
   IFS=: read -r arch voc ty ctx <<<"$c"
   name="$arch-$ty${ctx:+-c$ctx}"

@@ -14,7 +14,7 @@ mod common;
 
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
-use wgllm::gguf::{quant, GgufFile};
+use wgllm::gguf::{quant, GgufFile, GgufWriter};
 use wgllm::model::synth::{synth, vocab_metadata, SynthArch, SynthShape, WeightScale};
 
 struct Recorded {
@@ -59,6 +59,18 @@ fn chunk_estimates(stdout: &str) -> Vec<f64> {
 }
 
 fn check(name: &str) {
+    check_with(name, &[], None);
+}
+
+/// A change to a model file before it is written (the file as first written, the writer).
+type Perturb = dyn Fn(&GgufFile, &mut GgufWriter);
+
+/// The recorded file for case `name`, rebuilt (and checked against llama.cpp's sha256);
+/// `perturb` may change it before it is written.
+fn synth_file(
+    name: &str,
+    perturb: Option<&Perturb>,
+) -> (Recorded, PathBuf) {
     let r = recorded(name);
     let vocab = GgufFile::open(common::llamacpp_tests_dir().join("vocab").join(&r.vocab)).unwrap();
     let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;
@@ -74,17 +86,36 @@ fn check(name: &str) {
         WeightScale::FanIn,
         false,
     );
-    let path = std::env::temp_dir().join(format!("wgllm-arch-{name}-{}.gguf", std::process::id()));
+    let tag = if perturb.is_some() { "-perturbed" } else { "" };
+    let path = std::env::temp_dir().join(format!(
+        "wgllm-arch-{name}{tag}-{}.gguf",
+        std::process::id()
+    ));
     w.write(&path).unwrap();
     let sha = format!("{:x}", Sha256::digest(std::fs::read(&path).unwrap()));
     assert_eq!(
         sha, r.sha256,
         "{name}: the synthetic model is not the file llama.cpp scored"
     );
+    if let Some(change) = perturb {
+        let mut w = w;
+        change(&GgufFile::open(&path).unwrap(), &mut w);
+        w.write(&path).unwrap();
+    }
+    (r, path)
+}
 
+/// `wgllm perplexity` on the case's file with `args` added: the running estimates, and
+/// the worst relative distance from llama.cpp's.
+fn perplexity_vs_llamacpp(
+    name: &str,
+    r: &Recorded,
+    path: &std::path::Path,
+    args: &[&str],
+) -> (Vec<f64>, f64) {
     let text = common::shared_dir().join("reference/ppl-text.txt");
     let ctx_arg = r.ctx.to_string();
-    let (code, out, err) = common::wgllm(&[
+    let mut all = vec![
         "perplexity",
         "-c",
         &ctx_arg,
@@ -93,7 +124,9 @@ fn check(name: &str) {
         path.to_str().unwrap(),
         "-f",
         text.to_str().unwrap(),
-    ]);
+    ];
+    all.extend_from_slice(args);
+    let (code, out, err) = common::wgllm(&all);
     assert_eq!(code, 0, "{name}: {err}");
     let ours = chunk_estimates(&out);
     assert_eq!(
@@ -106,6 +139,15 @@ fn check(name: &str) {
         .zip(&r.chunks)
         .map(|(a, b)| (a / b - 1.0).abs())
         .fold(0.0, f64::max);
+    (ours, worst)
+}
+
+/// [`check`] with `args` added to the perplexity run and the teacher-forced decode in
+/// batches of `n_batch` (default: the context) tokens.
+fn check_with(name: &str, args: &[&str], n_batch: Option<u32>) {
+    let (r, path) = synth_file(name, None);
+
+    let (ours, worst) = perplexity_vs_llamacpp(name, &r, &path, args);
     eprintln!(
         "{name}: {} chunks, worst running estimate {:.3} % from llama.cpp",
         ours.len(),
@@ -137,7 +179,7 @@ fn check(name: &str) {
     model.hp.fit_context(ctx, 1);
     let model = std::sync::Arc::new(model);
     std::fs::remove_file(&path).ok();
-    let (n, _) = common::teacher_forced(&model, &r, ctx, ctx, 0.1);
+    let (n, _) = common::teacher_forced(&model, &r, ctx, n_batch.unwrap_or(ctx), 0.1);
     assert!(n >= 3, "{name}: only {n} generated steps had a clear top-1");
 }
 
@@ -187,4 +229,54 @@ fn phi3_short_rope_q8_0() {
 #[test]
 fn phi3_long_rope_q8_0() {
     check("phi3-long-q8_0-c512");
+}
+
+/// Mamba: the perplexity run in ubatches of 48 and the teacher-forced decode in batches
+/// of 16, so that each sequence's conv and SSM states are carried between graphs.
+#[test]
+fn mamba_q8_0() {
+    check_with("mamba-q8_0", &["-ub", "48"], Some(16));
+}
+
+#[test]
+fn mamba2_q8_0() {
+    check_with("mamba2-q8_0", &["-ub", "48"], Some(16));
+}
+
+/// The comparisons above can fail: with every layer's A halved (the state decays half as fast) in
+/// the file, the perplexity moves by more than 1 % from llama.cpp's or the teacher-forced
+/// logits by more than their tolerance.
+#[test]
+fn a_perturbed_state_update_fails_the_comparison() {
+    for name in ["mamba-q8_0", "mamba2-q8_0"] {
+        let perturb = |f: &GgufFile, w: &mut GgufWriter| {
+            for t in f.tensors.iter().filter(|t| t.name.ends_with(".ssm_a")) {
+                let a: Vec<f32> = bytemuck::pod_collect_to_vec(f.tensor_data(t));
+                let a: Vec<f32> = a.iter().map(|v| v * 0.5).collect();
+                w.remove_tensor(&t.name);
+                w.tensor(&t.name, &t.dims, t.ty, bytemuck::cast_slice(&a).to_vec());
+            }
+        };
+        let (r, path) = synth_file(name, Some(&perturb));
+        let (_, worst) = perplexity_vs_llamacpp(name, &r, &path, &["-ub", "48"]);
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch-ppl");
+        let reference = common::Reference::load(&dir.join(format!("{name}.refdump.json")));
+        let f = GgufFile::open(&path).unwrap();
+        let gpu = wgllm::gpu::Gpu::new(&Default::default()).unwrap();
+        let model =
+            std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
+        std::fs::remove_file(&path).ok();
+        let forced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            common::teacher_forced(&model, &reference, r.ctx, 16, 0.1);
+        }));
+        eprintln!(
+            "{name} with A halved: worst running estimate {:.2} % from llama.cpp, teacher-forced check {}",
+            worst * 100.0,
+            if forced.is_ok() { "passed" } else { "failed" }
+        );
+        assert!(
+            worst > 0.01 || forced.is_err(),
+            "{name}: a perturbed state update went unnoticed"
+        );
+    }
 }

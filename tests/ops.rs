@@ -1732,9 +1732,17 @@ fn ssm_scan_matches_reference() {
                 } else {
                     rng.vec(d_inner as usize * nt)
                 };
-                let mut dt: Vec<f32> = rng.vec(n_head as usize * nt).iter().map(|v| v * 4.0).collect();
+                let mut dt: Vec<f32> = rng
+                    .vec(n_head as usize * nt)
+                    .iter()
+                    .map(|v| v * 4.0)
+                    .collect();
                 dt[0] = 25.0;
-                let bc = if mamba2 { x.clone() } else { rng.vec(bc_stride as usize * nt) };
+                let bc = if mamba2 {
+                    x.clone()
+                } else {
+                    rng.vec(bc_stride as usize * nt)
+                };
                 let z = rng.vec(s.z_stride as usize * nt);
                 let (want_y, want_state) = ssm_scan_ref(&s, &state, &x, &dt, &consts, &bc, &z);
                 let st = up_f32(gpu, &state);

@@ -427,7 +427,11 @@ impl Context {
                 logits,
             };
             let out = self.decode_ubatch(&u).await?;
-            let wanted = idx.iter().zip(&u.logits).filter(|(_, &l)| l).map(|(&i, _)| i);
+            let wanted = idx
+                .iter()
+                .zip(&u.logits)
+                .filter(|(_, &l)| l)
+                .map(|(&i, _)| i);
             for (i, row) in wanted.zip(out.chunks(n_vocab.max(1))) {
                 rows.push((i, row.to_vec()));
             }
@@ -457,7 +461,13 @@ impl Context {
             self.memory.n_kv(CacheKind::Full),
             self.memory.n_kv(CacheKind::Window),
         );
-        let key = (u.tokens.len() as u32, n_kv, n_kv_window, self.memory.n_rs(), n_out);
+        let key = (
+            u.tokens.len() as u32,
+            n_kv,
+            n_kv_window,
+            self.memory.n_rs(),
+            n_out,
+        );
         let idx = match self.graphs.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
             None => {

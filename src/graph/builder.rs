@@ -10,11 +10,11 @@ use crate::ops::get_rows::{get_rows, select_rows};
 use crate::ops::glu::{glu, Activation};
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
 use crate::ops::rms_norm::rms_norm_rows;
-use crate::ops::set_rows::set_rows;
-use crate::ops::ssm::{ssm_conv, ssm_scan, ConvShape, ScanShape, ScanViews};
 use crate::ops::rope::RopeParams;
 use crate::ops::rope_store::{rope_store, RopeStoreShape, RopeStoreViews};
+use crate::ops::set_rows::set_rows;
 use crate::ops::softmax::SoftmaxParams;
+use crate::ops::ssm::{ssm_conv, ssm_scan, ConvShape, ScanShape, ScanViews};
 use crate::ops::{View, Weight};
 use std::sync::Arc;
 
@@ -187,7 +187,10 @@ impl Op {
             Op::SsmConv { shape: s, .. } => {
                 let n = s.ch as u64 * s.n_t as u64 * s.n_s as u64;
                 let state = 2 * s.state_len() as u64 * s.n_s as u64;
-                c((2 * n + state + s.ch as u64 * s.k as u64) * F, 2 * n * s.k as u64)
+                c(
+                    (2 * n + state + s.ch as u64 * s.k as u64) * F,
+                    2 * n * s.k as u64,
+                )
             }
             Op::SsmScan { shape: s } => {
                 let tok = s.n_t as u64 * s.n_s as u64;
@@ -199,9 +202,7 @@ impl Op {
                 let bytes = (state + tok * (3 * d + s.n_head as u64 + bc)) * F;
                 c(bytes, tok * d * s.d_state as u64 * 6)
             }
-            Op::StoreRows { row_len, n_rows } => {
-                c(2 * *row_len as u64 * *n_rows as u64 * F, 0)
-            }
+            Op::StoreRows { row_len, n_rows } => c(2 * *row_len as u64 * *n_rows as u64 * F, 0),
         }
     }
 }
@@ -442,7 +443,11 @@ impl GraphBuilder {
     ) -> TensorId {
         let consts = self.external(consts.clone());
         let y = self.tensor([shape.d_inner(), shape.n_t * shape.n_s]);
-        self.node(Op::SsmScan { shape }, &[x, dt, consts, bc, z, state], &[state, y]);
+        self.node(
+            Op::SsmScan { shape },
+            &[x, dt, consts, bc, z, state],
+            &[state, y],
+        );
         y
     }
 

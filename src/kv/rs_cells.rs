@@ -190,7 +190,13 @@ impl RsCells {
     /// Moves the position of `seq`'s state when it lies in [p0, p1): `f` gives the new one
     /// (a state has no earlier positions to move). Every sequence sharing the state moves
     /// with it, as in llama.cpp.
-    fn move_pos(&mut self, seq: SeqId, p0: i32, p1: i32, f: impl Fn(i32) -> i32) -> Result<(), KvError> {
+    fn move_pos(
+        &mut self,
+        seq: SeqId,
+        p0: i32,
+        p1: i32,
+        f: impl Fn(i32) -> i32,
+    ) -> Result<(), KvError> {
         KvCells::seq_bit(seq)?;
         let p0 = p0.max(0);
         let p1 = if p1 < 0 { i32::MAX } else { p1 };
@@ -246,7 +252,10 @@ impl RsCells {
         }
         for &(set, last_pos) in sets {
             let first = set.trailing_zeros();
-            if set == 0 || first as usize >= self.size() || (64 - set.leading_zeros()) as usize > self.size() {
+            if set == 0
+                || first as usize >= self.size()
+                || (64 - set.leading_zeros()) as usize > self.size()
+            {
                 return Err(KvError::BadStore(format!(
                     "sequence set {set:#x} is outside this recurrent memory's {} sequence(s)",
                     self.size()
@@ -259,7 +268,9 @@ impl RsCells {
                     self.tail[s as usize] = None;
                 }
             }
-            let own = self.tail(first).filter(|&t| self.cell(t).seq == 1u64 << first);
+            let own = self
+                .tail(first)
+                .filter(|&t| self.cell(t).seq == 1u64 << first);
             let slot = match own {
                 Some(t) => RsSlot {
                     src: Some(t),
@@ -304,9 +315,18 @@ mod tests {
         let mut rs = RsCells::new(4);
         let slots = rs.place(&[(bit(0), 9)]).unwrap();
         assert_eq!(slots, vec![RsSlot { src: None, dst: 0 }]);
-        assert_eq!((rs.as_kv().seq_pos_min(0), rs.as_kv().seq_pos_max(0)), (9, 9));
+        assert_eq!(
+            (rs.as_kv().seq_pos_min(0), rs.as_kv().seq_pos_max(0)),
+            (9, 9)
+        );
         let slots = rs.place(&[(bit(0), 10)]).unwrap();
-        assert_eq!(slots, vec![RsSlot { src: Some(0), dst: 0 }]);
+        assert_eq!(
+            slots,
+            vec![RsSlot {
+                src: Some(0),
+                dst: 0
+            }]
+        );
         assert_eq!(rs.used(), 1);
     }
 
@@ -320,14 +340,29 @@ mod tests {
         assert_eq!(rs.as_kv().seq_pos_max(1), 4);
         // Sequence 1 moves on: a new cell starting from the shared state.
         let slots = rs.place(&[(bit(1), 5)]).unwrap();
-        assert_eq!(slots, vec![RsSlot { src: Some(0), dst: 1 }]);
+        assert_eq!(
+            slots,
+            vec![RsSlot {
+                src: Some(0),
+                dst: 1
+            }]
+        );
         assert_eq!(rs.cell(0).seq, bit(0));
         assert_eq!(rs.cell(1).seq, bit(1));
         // Sequence 0 owns its cell again: in place.
         let slots = rs.place(&[(bit(0), 5), (bit(1), 6)]).unwrap();
         assert_eq!(
             slots,
-            vec![RsSlot { src: Some(0), dst: 0 }, RsSlot { src: Some(1), dst: 1 }]
+            vec![
+                RsSlot {
+                    src: Some(0),
+                    dst: 0
+                },
+                RsSlot {
+                    src: Some(1),
+                    dst: 1
+                }
+            ]
         );
         // A copy over a sequence that has a state drops that state.
         rs.seq_cp(0, 1).unwrap();
@@ -367,7 +402,10 @@ mod tests {
         // Sequence 2's own state is dropped; 0 carries the new one from zeros.
         assert_eq!(slots, vec![RsSlot { src: None, dst: 1 }]);
         assert_eq!(rs.used(), 1);
-        assert_eq!((rs.tail(0), rs.tail(1), rs.tail(2)), (Some(1), Some(1), Some(1)));
+        assert_eq!(
+            (rs.tail(0), rs.tail(1), rs.tail(2)),
+            (Some(1), Some(1), Some(1))
+        );
         rs.seq_keep(1).unwrap();
         assert_eq!(rs.cell(1).seq, bit(1));
         assert_eq!((rs.tail(0), rs.tail(2)), (None, None));

@@ -58,7 +58,9 @@ impl RecurrentMemory {
             // Zeroed at creation: the last row is the zero state.
             let conv = View::whole(&gpu.storage(&format!("rs_conv{il}"), r * rows * 4)?);
             let ssm = if s > 0 {
-                Some(View::whole(&gpu.storage(&format!("rs_ssm{il}"), s * rows * 4)?))
+                Some(View::whole(
+                    &gpu.storage(&format!("rs_ssm{il}"), s * rows * 4)?,
+                ))
             } else {
                 None
             };

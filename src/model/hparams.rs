@@ -26,8 +26,17 @@ pub const SUPPORTED_ARCHS: &str =
 
 /// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
 const UNSUPPORTED_RECURRENT: &[&str] = &[
-    "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1", "granitehybrid",
-    "plamo2", "nemotron_h", "qwen3next", "lfm2moe",
+    "rwkv6",
+    "rwkv6qwen2",
+    "rwkv7",
+    "arwkv7",
+    "jamba",
+    "falcon-h1",
+    "granitehybrid",
+    "plamo2",
+    "nemotron_h",
+    "qwen3next",
+    "lfm2moe",
 ];
 
 /// A state-space layer's sizes (llama.cpp's `ssm_*` hyperparameters).
@@ -384,9 +393,9 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
     let heads_ok = match arch {
         Arch::Mamba2 => {
             ssm.dt_rank > 0
-                && ssm.d_inner % ssm.dt_rank == 0
+                && ssm.d_inner.is_multiple_of(ssm.dt_rank)
                 && ssm.n_group > 0
-                && ssm.dt_rank % ssm.n_group == 0
+                && ssm.dt_rank.is_multiple_of(ssm.n_group)
         }
         _ => ssm.dt_rank > 0 && ssm.d_inner == 2 * n_embd,
     };

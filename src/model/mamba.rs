@@ -38,7 +38,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         .ssm
         .ok_or_else(|| GpuError::Validation("a state-space model without ssm sizes".into()))?;
     let t = io.n_tok;
-    if io.n_rs == 0 || t % io.n_rs != 0 {
+    if io.n_rs == 0 || !t.is_multiple_of(io.n_rs) {
         return Err(GpuError::Validation(format!(
             "a recurrent ubatch of {t} tokens in {} sequence sets is not an equal split",
             io.n_rs
@@ -93,7 +93,8 @@ fn mamba_layer(
     s: Ssm,
     cur: TensorId,
 ) -> Result<TensorId, GpuError> {
-    let missing = || GpuError::Validation("a Mamba layer without its dt and B/C projections".into());
+    let missing =
+        || GpuError::Validation("a Mamba layer without its dt and B/C projections".into());
     let ((conv_all, conv), (ssm_all, state)) = gather(g, rs, rows)?;
     let di = s.d_inner;
     let xi = g.matmul(&lw.in_x, cur);
@@ -146,7 +147,8 @@ fn mamba2_layer(
     eps: f32,
     cur: TensorId,
 ) -> Result<TensorId, GpuError> {
-    let missing = || GpuError::Validation("a Mamba-2 layer without its dt projection or norm".into());
+    let missing =
+        || GpuError::Validation("a Mamba-2 layer without its dt projection or norm".into());
     let ((conv_all, conv), (ssm_all, state)) = gather(g, rs, rows)?;
     let (di, ds, nh, ng) = (s.d_inner, s.d_state, s.dt_rank, s.n_group);
     let ch = s.conv_channels(Arch::Mamba2);

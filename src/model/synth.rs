@@ -460,57 +460,104 @@ fn synth_ssm(
             .collect()
     };
     let mut mseed = 1u64;
-    let mut mat = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64, embedding: bool| {
-        mseed += 1;
-        let std = match scale {
-            WeightScale::Fixed(s) => s,
-            WeightScale::FanIn if embedding => 3f32.sqrt(),
-            WeightScale::FanIn => 3f32.sqrt() / (cols as f32).sqrt(),
+    // `gain` scales a matrix past its fan-in (the output projections: the layers must
+    // outweigh the embeddings in the residual stream for the state to show).
+    let mut mat =
+        |w: &mut GgufWriter, name: &str, cols: u64, rows: u64, embedding: bool, gain: f32| {
+            mseed += 1;
+            let std = match scale {
+                WeightScale::Fixed(s) => s,
+                WeightScale::FanIn if embedding => 3f32.sqrt(),
+                WeightScale::FanIn => gain * 3f32.sqrt() / (cols as f32).sqrt(),
+            };
+            let t = if (cols as usize).is_multiple_of(ty.block_size()) {
+                ty
+            } else {
+                GgmlType::F32
+            };
+            let data = random_tensor(t, cols as usize, rows as usize, std, mseed);
+            w.tensor(name, &[cols, rows], t, data);
         };
-        let t = if (cols as usize).is_multiple_of(ty.block_size()) {
-            ty
-        } else {
-            GgmlType::F32
-        };
-        let data = random_tensor(t, cols as usize, rows as usize, std, mseed);
-        w.tensor(name, &[cols, rows], t, data);
-    };
     let (e, di, ds, dr) = (e as u64, d_inner as u64, d_state as u64, dt_rank as u64);
-    mat(&mut w, "token_embd.weight", e, n_vocab, true);
-    w.tensor("output_norm.weight", &[e], GgmlType::F32, f32s(&draw(e, 1.0, 0.1)));
-    mat(&mut w, "output.weight", e, n_vocab, false);
+    mat(&mut w, "token_embd.weight", e, n_vocab, true, 1.0);
+    w.tensor(
+        "output_norm.weight",
+        &[e],
+        GgmlType::F32,
+        f32s(&draw(e, 1.0, 0.1)),
+    );
+    mat(&mut w, "output.weight", e, n_vocab, false, 1.0);
     let ng = n_group as u64;
     let ch = if mamba2 { di + 2 * ng * ds } else { di };
     for i in 0..n_layer {
         let b = |t: &str| format!("blk.{i}.{t}.weight");
         let bias = |t: &str| format!("blk.{i}.{t}.bias");
         let plain = |t: &str| format!("blk.{i}.{t}");
-        w.tensor(&b("attn_norm"), &[e], GgmlType::F32, f32s(&draw(e, 1.0, 0.1)));
-        let in_rows = if mamba2 { 2 * di + 2 * ng * ds + dr } else { 2 * di };
-        mat(&mut w, &b("ssm_in"), e, in_rows, false);
+        w.tensor(
+            &b("attn_norm"),
+            &[e],
+            GgmlType::F32,
+            f32s(&draw(e, 1.0, 0.1)),
+        );
+        let in_rows = if mamba2 {
+            2 * di + 2 * ng * ds + dr
+        } else {
+            2 * di
+        };
+        mat(&mut w, &b("ssm_in"), e, in_rows, false, 1.0);
         let conv = draw(d_conv as u64 * ch, 0.0, 0.5);
-        w.tensor(&b("ssm_conv1d"), &[d_conv as u64, ch], GgmlType::F32, f32s(&conv));
-        w.tensor(&bias("ssm_conv1d"), &[ch], GgmlType::F32, f32s(&draw(ch, 0.0, 0.1)));
-        // dt = softplus(. + bias) between about 0.001 and 0.1, as trained models start.
-        let dt_b: Vec<f32> = draw(if mamba2 { dr } else { di }, -4.0, 1.0);
+        w.tensor(
+            &b("ssm_conv1d"),
+            &[d_conv as u64, ch],
+            GgmlType::F32,
+            f32s(&conv),
+        );
+        w.tensor(
+            &bias("ssm_conv1d"),
+            &[ch],
+            GgmlType::F32,
+            f32s(&draw(ch, 0.0, 0.1)),
+        );
+        // dt = softplus(. + bias) around 0.3 (trained models start between 0.001 and 0.1;
+        // larger steps make the state matter in a two-layer random model, so that a
+        // wrong state update shows in its perplexity).
+        let dt_b: Vec<f32> = draw(if mamba2 { dr } else { di }, -1.0, 0.5);
         if mamba2 {
             w.tensor(&bias("ssm_dt"), &[dr], GgmlType::F32, f32s(&dt_b));
             // A = -exp(A_log), A_log ~ log(uniform 1..16): one per head.
-            let a: Vec<f32> = draw(dr, 0.0, 1.0).iter().map(|v| -(1.0 + 7.5 * (1.0 + v.clamp(-1.0, 1.0)))).collect();
+            let a: Vec<f32> = draw(dr, 0.0, 1.0)
+                .iter()
+                .map(|v| -(1.0 + 7.5 * (1.0 + v.clamp(-1.0, 1.0))))
+                .collect();
             w.tensor(&plain("ssm_a"), &[1, dr], GgmlType::F32, f32s(&a));
-            w.tensor(&plain("ssm_d"), &[1, dr], GgmlType::F32, f32s(&draw(dr, 1.0, 0.2)));
+            w.tensor(
+                &plain("ssm_d"),
+                &[1, dr],
+                GgmlType::F32,
+                f32s(&draw(dr, 0.0, 0.2)),
+            );
             let g = di / ng;
-            w.tensor(&b("ssm_norm"), &[g, ng], GgmlType::F32, f32s(&draw(di, 1.0, 0.1)));
+            w.tensor(
+                &b("ssm_norm"),
+                &[g, ng],
+                GgmlType::F32,
+                f32s(&draw(di, 1.0, 0.1)),
+            );
         } else {
-            mat(&mut w, &b("ssm_x"), di, dr + 2 * ds, false);
-            mat(&mut w, &b("ssm_dt"), dr, di, false);
+            mat(&mut w, &b("ssm_x"), di, dr + 2 * ds, false, 1.0);
+            mat(&mut w, &b("ssm_dt"), dr, di, false, 1.0);
             w.tensor(&bias("ssm_dt"), &[di], GgmlType::F32, f32s(&dt_b));
             // S4D-real: A[n] = -(n + 1) for every channel.
             let a: Vec<f32> = (0..di * ds).map(|k| -((k % ds) as f32 + 1.0)).collect();
             w.tensor(&plain("ssm_a"), &[ds, di], GgmlType::F32, f32s(&a));
-            w.tensor(&plain("ssm_d"), &[di], GgmlType::F32, f32s(&draw(di, 1.0, 0.2)));
+            w.tensor(
+                &plain("ssm_d"),
+                &[di],
+                GgmlType::F32,
+                f32s(&draw(di, 0.0, 0.2)),
+            );
         }
-        mat(&mut w, &b("ssm_out"), di, e, false);
+        mat(&mut w, &b("ssm_out"), di, e, false, 4.0);
     }
     w
 }

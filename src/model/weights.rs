@@ -306,7 +306,14 @@ impl Loader<'_> {
             self.f.tensor_data(&t)[rows.start as usize * row..rows.end as usize * row].to_vec();
         data.resize(out_rows as usize * row, 0);
         let part = format!("{name}[{}..{}]", rows.start, rows.end);
-        let w = Weight::upload(self.gpu, &part, t.ty, n_cols as usize, out_rows as usize, &data)?;
+        let w = Weight::upload(
+            self.gpu,
+            &part,
+            t.ty,
+            n_cols as usize,
+            out_rows as usize,
+            &data,
+        )?;
         self.gpu_bytes += w.gpu_bytes();
         if rows.end == n_rows {
             self.advance(&t);
@@ -328,11 +335,21 @@ impl Loader<'_> {
         }
         let v = self.values(name, &[n_cols as u64, n_rows as u64])?;
         let mut padded = vec![0f32; out_cols as usize * n_rows as usize];
-        for (dst, src) in padded.chunks_mut(out_cols as usize).zip(v.chunks(n_cols as usize)) {
+        for (dst, src) in padded
+            .chunks_mut(out_cols as usize)
+            .zip(v.chunks(n_cols as usize))
+        {
             dst[..n_cols as usize].copy_from_slice(src);
         }
         let data: &[u8] = bytemuck::cast_slice(&padded);
-        let w = Weight::upload(self.gpu, name, GgmlType::F32, out_cols as usize, n_rows as usize, data)?;
+        let w = Weight::upload(
+            self.gpu,
+            name,
+            GgmlType::F32,
+            out_cols as usize,
+            n_rows as usize,
+            data,
+        )?;
         self.gpu_bytes += w.gpu_bytes();
         Ok(Arc::new(w))
     }

@@ -211,7 +211,14 @@ impl KernelKey {
     /// `Gpu::pipeline` accepts.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey::*;
-        let mut v = vec![RmsNorm, AddRmsNorm, AttnKqvSum, AttnKqvJoin, Hadamard, SsmConv];
+        let mut v = vec![
+            RmsNorm,
+            AddRmsNorm,
+            AttnKqvSum,
+            AttnKqvJoin,
+            Hadamard,
+            SsmConv,
+        ];
         for &ds in SSM_DS {
             v.extend([false, true].map(|wg| SsmScan { ds, wg }));
         }
@@ -692,7 +699,13 @@ mod tests {
         assert_eq!(per_type, 64 + 2 * (27 + 20));
         // Norms, the two joins, hadamard, binary ops, GLUs, softmaxes, rope in f32 and f16.
         // The recurrent layers' convolution and both shapes of the scan per state size.
-        let shared = 2 + 2 + 1 + BinaryOp::ALL.len() + Activation::ALL.len() + SOFTMAX_WG.len() + 2
+        let shared = 2
+            + 2
+            + 1
+            + BinaryOp::ALL.len()
+            + Activation::ALL.len()
+            + SOFTMAX_WG.len()
+            + 2
             + 1
             + 2 * SSM_DS.len();
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair

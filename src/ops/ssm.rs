@@ -6,8 +6,8 @@
 //! sequence's state as the graph gathered it from its cell; they leave the new states
 //! for the graph to store back.
 
-use super::uniforms::{SsmConvUniform, SsmScanUniform};
 use super::kernels::SSM_DS;
+use super::uniforms::{SsmConvUniform, SsmScanUniform};
 use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
@@ -191,7 +191,7 @@ pub fn ssm_scan(gpu: &Gpu, s: &ScanShape, v: &ScanViews) -> Result<Dispatch, Gpu
             max_d_state()
         ))
     })?;
-    if s.n_group == 0 || s.n_head % s.n_group != 0 || s.d_state == 0 {
+    if s.n_group == 0 || !s.n_head.is_multiple_of(s.n_group) || s.d_state == 0 {
         return Err(GpuError::Validation(format!(
             "ssm_scan: {} heads do not split into {} groups",
             s.n_head, s.n_group
@@ -265,8 +265,7 @@ pub fn ssm_scan_ref(
                             c(s.a_off + h as u32)
                         };
                         let at = (seq * d_inner + ii) * ds + n;
-                        let v = st[at] * (dsp * a).exp()
-                            + bc[row + s.b_off as usize + n] * x_dt;
+                        let v = st[at] * (dsp * a).exp() + bc[row + s.b_off as usize + n] * x_dt;
                         sum += v * bc[row + s.c_off as usize + n];
                         st[at] = v;
                     }
