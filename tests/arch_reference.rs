@@ -67,10 +67,7 @@ type Perturb = dyn Fn(&GgufFile, &mut GgufWriter);
 
 /// The recorded file for case `name`, rebuilt (and checked against llama.cpp's sha256);
 /// `perturb` may change it before it is written.
-fn synth_file(
-    name: &str,
-    perturb: Option<&Perturb>,
-) -> (Recorded, PathBuf) {
+fn synth_file(name: &str, perturb: Option<&Perturb>) -> (Recorded, PathBuf) {
     let r = recorded(name);
     let vocab = GgufFile::open(common::llamacpp_tests_dir().join("vocab").join(&r.vocab)).unwrap();
     let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;

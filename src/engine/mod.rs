@@ -615,8 +615,10 @@ impl Engine {
         let first = s.history.is_empty();
         let mut reuse = 0;
         if first {
-            // llama-completion refuses a first prompt that leaves fewer than 4 cells.
-            if s.params.shift.ga_n == 1 && tokens.len() > n_ctx_seq.saturating_sub(4) {
+            // llama-completion refuses a first prompt that leaves fewer than 4 cells (a
+            // recurrent model alone has no cells to run out of).
+            let bounded = self.ctx.memory().bounded();
+            if bounded && s.params.shift.ga_n == 1 && tokens.len() > n_ctx_seq.saturating_sub(4) {
                 return Err(EngineError::PromptTooLong {
                     n: tokens.len(),
                     max: n_ctx_seq.saturating_sub(4),
@@ -667,12 +669,11 @@ impl Engine {
     ) -> Result<usize, EngineError> {
         let same = kept.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let mut reuse = same.min(prompt.len() - 1);
-        self.ctx.seq_rm(Some(id), reuse as i32, -1)?;
         if reuse > 0 && !self.ctx.can_resume(id, reuse as i32) {
-            log::debug!("session {id}: the sliding-window buffer no longer holds the window before token {reuse}; reprocessing the prompt");
-            self.ctx.seq_rm(Some(id), -1, -1)?;
+            log::debug!("session {id}: the cache no longer holds the state at token {reuse} (a sliding window dropped its start, or a recurrent state holds only its end); reprocessing the prompt");
             reuse = 0;
         }
+        self.ctx.seq_rm(Some(id), reuse as i32, -1)?;
         Ok(reuse)
     }
 
@@ -700,17 +701,24 @@ impl Engine {
             .take_while(|(a, b)| a == b)
             .count();
         let mut reuse = same.min(prompt.len() - 1);
-        self.ctx.seq_rm(Some(id), reuse as i32, -1)?;
         if !self.ctx.can_resume(id, reuse as i32) {
             // As llama.cpp does without --swa-full, but only when it must: the rolling
-            // buffer no longer has the window before the shared prefix ends.
+            // buffer no longer has the window before the shared prefix ends. A recurrent
+            // state holds only the end of what was saved, so only an exact continuation
+            // reuses it.
+            let why = if self.ctx.memory().bounded() {
+                "the sliding-window buffer no longer holds the window before token {reuse} (--swa-full keeps it)"
+            } else {
+                "a recurrent state holds only the end of the saved tokens, not token {reuse}"
+            };
             log::info!(
-                "prompt cache {}: the sliding-window buffer no longer holds the window before token {reuse}; reprocessing the prompt (--swa-full keeps it)",
-                path.display()
+                "prompt cache {}: {}; reprocessing the prompt",
+                path.display(),
+                why.replace("{reuse}", &reuse.to_string())
             );
-            self.ctx.seq_rm(Some(id), -1, -1)?;
             reuse = 0;
         }
+        self.ctx.seq_rm(Some(id), reuse as i32, -1)?;
         log::info!(
             "prompt cache {}: {reuse} of {} prompt tokens reused",
             path.display(),

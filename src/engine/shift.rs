@@ -128,6 +128,10 @@ impl SeqShift {
         n_ctx: i32,
     ) -> Result<Room, ContextError> {
         let p = self.policy;
+        // A recurrent memory alone has no window: its states go on at any position.
+        if !ctx.memory().bounded() {
+            return Ok(Room::Fits);
+        }
         if p.ga_n == 1 {
             if self.n_past + n < n_ctx {
                 return Ok(Room::Fits);

@@ -200,7 +200,7 @@ impl RsCells {
         KvCells::seq_bit(seq)?;
         let p0 = p0.max(0);
         let p1 = if p1 < 0 { i32::MAX } else { p1 };
-        if let Some(t) = self.tail(seq) {
+        if let Some(t) = self.tail(seq).filter(|_| p0 < p1) {
             let c = self.cell(t);
             if c.has_seq(seq) && p0 <= c.pos && c.pos < p1 {
                 let cell = Cell {
@@ -216,7 +216,7 @@ impl RsCells {
     }
 
     pub fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), KvError> {
-        if delta == 0 || p0 == p1 {
+        if delta == 0 {
             return Ok(());
         }
         self.move_pos(seq, p0, p1, |p| p + delta)
@@ -226,7 +226,7 @@ impl RsCells {
         if d <= 0 {
             return Err(KvError::BadDivisor(d));
         }
-        if d == 1 || p0 == p1 {
+        if d == 1 {
             return Ok(());
         }
         self.move_pos(seq, p0, p1, |p| p / d)

@@ -229,6 +229,26 @@ pub fn tiny_gemma3(gpu: Arc<Gpu>, window: u32) -> Arc<wgllm::model::Model> {
     load_synth(gpu, w).0
 }
 
+/// A tiny Mamba or Mamba-2 (`wgllm synth`'s state-space layout, 2 layers, 64 wide,
+/// weights scaled like a trained model's so that every state value shows in the logits),
+/// with the tiny tokenizer.
+pub fn tiny_ssm_parts(
+    gpu: Arc<Gpu>,
+    arch: wgllm::model::synth::SynthArch,
+) -> (Arc<wgllm::model::Model>, wgllm::tokenizer::Tokenizer) {
+    use wgllm::model::synth::{synth, WeightScale};
+    let w = synth(
+        arch,
+        TINY,
+        wgllm::gguf::GgmlType::Q8_0,
+        tiny_vocab(),
+        256,
+        WeightScale::FanIn,
+        false,
+    );
+    load_synth(gpu, w)
+}
+
 /// Writes a synthetic GGUF to a temporary file and loads model and tokenizer from it.
 fn load_synth(
     gpu: Arc<Gpu>,

@@ -1,0 +1,197 @@
+//! The recurrent memory through a real context on tiny random Mamba and Mamba-2 models:
+//! random sequence operations on four sequences against recomputing each sequence from
+//! scratch, what llama.cpp refuses (cutting a state back from its end), copy on write of
+//! shared states, and the engine's prompt reuse and endless generation on top.
+mod common;
+
+use common::{nmse, tiny_ssm_parts, Rng};
+use std::sync::Arc;
+use wgllm::context::{Batch, Context, ContextError, ContextParams};
+use wgllm::gpu::Gpu;
+use wgllm::kv::KvError;
+use wgllm::model::synth::SynthArch;
+use wgllm::model::Model;
+
+fn model(arch: SynthArch) -> Arc<Model> {
+    tiny_ssm_parts(Gpu::new(&Default::default()).unwrap(), arch).0
+}
+
+fn context(model: &Arc<Model>, n_seq: u32) -> Context {
+    // -c is no bound for a recurrent memory: sequences outgrow it.
+    let mut p = ContextParams::new(64, 1024, 16);
+    p.n_seq_max = n_seq;
+    Context::new(model.clone(), p).unwrap()
+}
+
+fn seq_batch(tokens: &[u32], pos0: i32, seq: u32) -> Batch {
+    let mut b = Batch::simple(tokens, pos0, false);
+    b.seq = vec![1u64 << seq; tokens.len()];
+    b
+}
+
+/// The probe's logits after sequence `s`, through a scratch sequence that shares s's
+/// state (a recurrent state cannot be cut back, so the probe is not decoded on s itself):
+/// the scratch sequence moves on into a cell of its own, s keeps its state.
+fn probe_logits(ctx: &mut Context, s: u32, scratch: u32, probe: u32) -> Vec<f32> {
+    let pos = ctx.cells().seq_pos_max(s) + 1;
+    ctx.seq_cp(s, scratch, -1, -1).unwrap();
+    let logits = ctx.decode(&seq_batch(&[probe], pos, scratch)).unwrap();
+    ctx.seq_rm(Some(scratch), -1, -1).unwrap();
+    logits
+}
+
+fn recomputed_logits(fresh: &mut Context, tokens: &[u32], probe: u32) -> Vec<f32> {
+    fresh.clear();
+    let mut all = tokens.to_vec();
+    all.push(probe);
+    fresh.decode(&seq_batch(&all, 0, 0)).unwrap()
+}
+
+/// Random decodes (sometimes two sequences in one batch: the equal split), removals
+/// (whole sequences, or refused cuts from the end), copies, seq_keep and position moves
+/// on four sequences; after every step each sequence's next-token logits equal those of
+/// recomputing its tokens alone.
+fn random_ops_match_recomputation(arch: SynthArch) {
+    let model = model(arch);
+    let mut ctx = context(&model, 5);
+    let mut fresh = context(&model, 1);
+    let mut rng = Rng(if arch == SynthArch::Mamba {
+        0x5eed
+    } else {
+        0x5eee
+    });
+    // Per sequence: its tokens and its last position (-1: none).
+    let mut seqs: Vec<(Vec<u32>, i32)> = vec![(Vec::new(), -1); 4];
+    let (mut checks, mut refused) = (0, 0);
+    for step in 0..60 {
+        let s = rng.below(4) as usize;
+        let what = rng.below(10);
+        match what {
+            0..=4 => {
+                let n = 1 + rng.below(20) as usize;
+                let toks: Vec<u32> = (0..n).map(|_| rng.below(256)).collect();
+                let mut b = seq_batch(&toks, seqs[s].1 + 1, s as u32);
+                let t = (s + 1) % 4;
+                if rng.below(2) == 0 {
+                    let tok = rng.below(256);
+                    b.tokens.push(tok);
+                    b.pos.push(seqs[t].1 + 1);
+                    b.seq.push(1 << t);
+                    b.logits.push(true);
+                    seqs[t].0.push(tok);
+                    seqs[t].1 += 1;
+                }
+                ctx.decode(&b).unwrap();
+                seqs[s].0.extend(&toks);
+                seqs[s].1 += n as i32;
+            }
+            5 => {
+                // A cut inside the state's range: refused, nothing changes; from 0: all.
+                let last = seqs[s].1;
+                if last > 0 {
+                    let p = 1 + rng.below(last as u32) as i32;
+                    let e = ctx.seq_rm(Some(s as u32), p, -1).unwrap_err();
+                    assert!(
+                        matches!(&e, ContextError::Kv(KvError::BadStore(m)) if m.contains("recurrent state")),
+                        "step {step}: {e}"
+                    );
+                    refused += 1;
+                }
+                if rng.below(2) == 0 {
+                    ctx.seq_rm(Some(s as u32), 0, -1).unwrap();
+                    seqs[s] = (Vec::new(), -1);
+                }
+            }
+            6 | 7 => {
+                // A copy (whatever the range: a state is whole) over another sequence.
+                let d = (s + 1 + rng.below(3) as usize) % 4;
+                ctx.seq_cp(s as u32, d as u32, -1, -1).unwrap();
+                seqs[d] = seqs[s].clone();
+            }
+            8 => {
+                // Positions move (a context shift's seq_add): the state goes on, and a
+                // sequence sharing it moves with it, as in llama.cpp.
+                if seqs[s].1 < 0 {
+                    continue;
+                }
+                let delta = rng.below(9) as i32 - seqs[s].1.min(4);
+                ctx.seq_add(s as u32, -1, -1, delta).unwrap();
+                let (toks, last) = seqs[s].clone();
+                for q in seqs.iter_mut() {
+                    if q.1 == last && q.0 == toks {
+                        q.1 += delta;
+                    }
+                }
+            }
+            _ => {
+                if rng.below(3) != 0 {
+                    continue;
+                }
+                ctx.seq_keep(s as u32).unwrap();
+                for (q, v) in seqs.iter_mut().enumerate() {
+                    if q != s {
+                        *v = (Vec::new(), -1);
+                    }
+                }
+            }
+        }
+        for (q, (toks, last)) in seqs.iter().enumerate() {
+            assert_eq!(
+                ctx.cells().seq_pos_max(q as u32),
+                *last,
+                "step {step} (op {what}): seq {q} position"
+            );
+            if toks.is_empty() {
+                continue;
+            }
+            let probe = rng.below(256);
+            let got = probe_logits(&mut ctx, q as u32, 4, probe);
+            let want = recomputed_logits(&mut fresh, toks, probe);
+            let e = nmse(&got, &want);
+            assert!(e < 1e-8, "step {step} (op {what}): seq {q} nmse {e}");
+            checks += 1;
+        }
+        // One state per sequence at most, shared ones once.
+        assert!(
+            ctx.cells().used() <= 4,
+            "step {step}: {} cells",
+            ctx.cells().used()
+        );
+    }
+    assert!(
+        checks > 60 && refused > 2,
+        "{checks} comparisons, {refused} refusals"
+    );
+}
+
+#[test]
+fn mamba_random_sequence_ops_match_recomputation() {
+    random_ops_match_recomputation(SynthArch::Mamba);
+}
+
+#[test]
+fn mamba2_random_sequence_ops_match_recomputation() {
+    random_ops_match_recomputation(SynthArch::Mamba2);
+}
+
+/// A token given to two sequences makes one state for both; the first to move on takes
+/// a cell of its own starting from it, and the other is unaffected.
+#[test]
+fn a_shared_state_is_copied_on_write() {
+    let model = model(SynthArch::Mamba);
+    let mut ctx = context(&model, 3);
+    let mut fresh = context(&model, 1);
+    let mut b = seq_batch(&[3, 4, 5], 0, 0);
+    b.seq = vec![3; 3];
+    ctx.decode(&b).unwrap();
+    assert_eq!(ctx.cells().used(), 1);
+    ctx.decode(&seq_batch(&[9, 9], 3, 1)).unwrap();
+    assert_eq!(ctx.cells().used(), 2);
+    let a = probe_logits(&mut ctx, 0, 2, 7);
+    let want = recomputed_logits(&mut fresh, &[3, 4, 5], 7);
+    assert!(nmse(&a, &want) < 1e-8);
+    // Whole-memory removal of a range is refused; of everything, done.
+    assert!(ctx.seq_rm(None, 1, 3).is_err());
+    ctx.seq_rm(None, -1, -1).unwrap();
+    assert_eq!(ctx.cells().used(), 0);
+}
