@@ -277,3 +277,10 @@ fn a_perturbed_state_update_fails_the_comparison() {
         );
     }
 }
+
+/// LFM2's hybrid: convolution layers' states carried between ubatches of 48 (and
+/// decode batches of 16) beside the attention layers' K/V cache.
+#[test]
+fn lfm2_q8_0() {
+    check_with("lfm2-q8_0", &["-ub", "48"], Some(16));
+}

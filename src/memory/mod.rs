@@ -18,10 +18,12 @@
 
 mod kv_cache;
 mod kv_shift;
+mod hybrid;
 mod kv_state;
 mod recurrent;
 mod swa;
 
+pub use hybrid::HybridMemory;
 pub use kv_cache::KvCache;
 pub use recurrent::{split_equal, RecurrentMemory};
 pub use swa::SwaKvCache;
@@ -217,6 +219,27 @@ pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memo
         )
         .map_err(ContextError::Cache)?;
     let ub = params.n_ubatch.min(params.n_batch);
+    if hp.has_recurrent() {
+        let attn: Vec<usize> = (0..hp.n_layer as usize)
+            .filter(|&il| !hp.is_recurrent(il))
+            .collect();
+        let kv = KvCache::new(
+            model,
+            choice,
+            attn,
+            params.n_ctx as usize,
+            CacheKind::Full,
+            params.defrag_thold,
+        )?;
+        log::info!(
+            "context: {} cells, KV cache {:.1} MiB ({}) for the attention layers, ubatch {ub}",
+            params.n_ctx,
+            mib(kv.bytes()),
+            describe(choice)
+        );
+        let recr = RecurrentMemory::new(model, params.n_seq_max)?;
+        return Ok(Box::new(HybridMemory::new(kv, recr)));
+    }
     let mem: Box<dyn Memory> = match hp.swa {
         Some(swa) if !params.swa_full => {
             Box::new(SwaKvCache::new(model, params, choice, swa.window, ub)?)

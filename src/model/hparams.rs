@@ -19,10 +19,13 @@ pub enum Arch {
     /// Mamba-2's with grouped heads), no attention.
     Mamba,
     Mamba2,
+    /// LiquidAI's hybrid: gated short convolutions (recurrent) and GQA attention layers
+    /// with Q/K norms, each followed by a SwiGLU feed-forward.
+    Lfm2,
 }
 
 pub const SUPPORTED_ARCHS: &str =
-    "llama (Llama 1-3, Mistral, SmolLM...), qwen2, qwen3, phi3, gemma3, mamba, mamba2";
+    "llama (Llama 1-3, Mistral, SmolLM...), qwen2, qwen3, phi3, gemma3, mamba, mamba2, lfm2";
 
 /// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
 const UNSUPPORTED_RECURRENT: &[&str] = &[
@@ -122,6 +125,11 @@ pub struct Hparams {
     pub long_rope: Option<LongRope>,
     /// The state-space layers' sizes (Mamba, Mamba-2).
     pub ssm: Option<Ssm>,
+    /// Which layers keep a recurrent state instead of attending (all of Mamba's, LFM2's
+    /// convolution layers); empty: none.
+    pub recurrent: Vec<bool>,
+    /// LFM2: the width of the gated short convolution (its state keeps width - 1 inputs).
+    pub shortconv_l_cache: u32,
 }
 
 impl Hparams {
@@ -133,8 +141,13 @@ impl Hparams {
     }
 
     /// Whether layer `il` keeps a recurrent state instead of attending.
-    pub fn is_recurrent(&self, _il: usize) -> bool {
-        matches!(self.arch, Arch::Mamba | Arch::Mamba2)
+    pub fn is_recurrent(&self, il: usize) -> bool {
+        self.recurrent.get(il).copied().unwrap_or(false)
+    }
+
+    /// Whether some layer keeps a recurrent state.
+    pub fn has_recurrent(&self) -> bool {
+        self.recurrent.contains(&true)
     }
 
     /// Whether any layer attends (and so needs a K/V cache).
@@ -144,6 +157,9 @@ impl Hparams {
 
     /// Values of a recurrent layer's conv state per sequence (llama.cpp's n_embd_r).
     pub fn n_embd_r(&self) -> u32 {
+        if self.shortconv_l_cache > 0 {
+            return (self.shortconv_l_cache - 1) * self.n_embd;
+        }
         self.ssm
             .map_or(0, |s| (s.d_conv - 1) * s.conv_channels(self.arch))
     }
@@ -199,6 +215,7 @@ impl Hparams {
             "phi3" => Arch::Phi3,
             "mamba" => Arch::Mamba,
             "mamba2" => Arch::Mamba2,
+            "lfm2" => Arch::Lfm2,
             other if UNSUPPORTED_RECURRENT.contains(&other) => {
                 return Err(ModelError::BadHparams {
                     path: f.path.clone(),
@@ -229,10 +246,30 @@ impl Hparams {
         };
         let n_embd = u("embedding_length")?;
         let n_head = u("attention.head_count")?;
-        let n_head_kv = if f.get(&key("attention.head_count_kv")).is_some() {
-            u("attention.head_count_kv")?
-        } else {
-            n_head
+        // LFM2 gives KV heads per layer, 0 for its convolution layers.
+        let mut recurrent = Vec::new();
+        let n_head_kv = match f.get(&key("attention.head_count_kv")) {
+            Some(v) if v.as_array().is_some() => {
+                let per_layer: Vec<u32> = (v.as_array().unwrap_or(&[]).iter())
+                    .map(|x| x.as_i64().unwrap_or(-1).clamp(-1, u32::MAX as i64) as u32)
+                    .collect();
+                recurrent = per_layer.iter().map(|&n| n == 0).collect();
+                let attn: Vec<u32> = per_layer.iter().copied().filter(|&n| n != 0).collect();
+                match attn.first() {
+                    Some(&n) if attn.iter().all(|&m| m == n) => n,
+                    _ => {
+                        return Err(ModelError::BadHparams {
+                            path: f.path.clone(),
+                            msg: format!(
+                                "{} = {per_layer:?}: attention layers with different KV head counts are not supported",
+                                key("attention.head_count_kv")
+                            ),
+                        })
+                    }
+                }
+            }
+            Some(_) => u("attention.head_count_kv")?,
+            None => n_head,
         };
         let bad = |msg: String| ModelError::BadHparams {
             path: f.path.clone(),
@@ -313,6 +350,14 @@ impl Hparams {
         let (swa, rope_swa, embd_scale) = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => (None, rope, None),
             Arch::Mamba | Arch::Mamba2 => unreachable!("read by ssm_hparams"),
+            Arch::Lfm2 => {
+                if f.get(&key("attention.sliding_window")).is_some() {
+                    return Err(bad(
+                        "LFM2 with sliding-window attention layers is not supported yet".into(),
+                    ));
+                }
+                (None, rope, None)
+            }
             Arch::Gemma3 => {
                 // Five of every six layers see a window; they rotate with base 10 000
                 // and no scaling, as llama.cpp fixes for this architecture.
@@ -332,6 +377,18 @@ impl Hparams {
         // Gemma 3 27B (62 layers) scales queries by n_embd / n_head rather than its head
         // size, as its reference implementation does.
         let n_layer = u("block_count")?;
+        let shortconv_l_cache = if arch == Arch::Lfm2 {
+            let l = u("shortconv.l_cache")?;
+            if !(2..=8).contains(&l) || recurrent.len() != n_layer as usize {
+                return Err(bad(format!(
+                    "LFM2: a convolution of width {l} (2-8 supported) and KV head counts for {} of {n_layer} layers",
+                    recurrent.len()
+                )));
+            }
+            l
+        } else {
+            0
+        };
         let query_scale_dim = if arch == Arch::Gemma3 && n_layer == 62 {
             n_embd / n_head
         } else {
@@ -355,6 +412,8 @@ impl Hparams {
             embd_scale,
             long_rope,
             ssm: None,
+            shortconv_l_cache,
+            recurrent,
         })
     }
 }
@@ -412,11 +471,12 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
             tensor: "token_embd.weight".into(),
         })?;
     let rope = RopeParams::new(4, 4, false, 10_000.0, 1.0);
+    let n_layer = u("block_count")?;
     Ok(Hparams {
         arch,
         n_vocab,
         n_embd,
-        n_layer: u("block_count")?,
+        n_layer,
         n_head: 0,
         n_head_kv: 0,
         head_dim: 0,
@@ -434,6 +494,8 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
         embd_scale: None,
         long_rope: None,
         ssm: Some(ssm),
+        recurrent: vec![true; n_layer as usize],
+        shortconv_l_cache: 0,
     })
 }
 

@@ -4,6 +4,7 @@
 mod gemma3;
 mod hparams;
 mod inputs;
+mod lfm2;
 mod llama;
 mod mamba;
 pub mod synth;
@@ -11,7 +12,7 @@ mod weights;
 
 pub use hparams::{Arch, Hparams, LongRope, Ssm};
 pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
-pub use weights::{GateUp, LayerWeights, ModelWeights, SsmLayer};
+pub use weights::{GateUp, LayerWeights, Lfm2Layer, Lfm2Mixer, ModelWeights, SsmLayer};
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
 use crate::gpu::{Gpu, GpuError};
@@ -89,6 +90,7 @@ impl Model {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::inputs(&self.hp),
             Arch::Gemma3 => gemma3::inputs(&self.hp),
             Arch::Mamba | Arch::Mamba2 => mamba::inputs(),
+            Arch::Lfm2 => lfm2::inputs(&self.hp),
         })
     }
 
@@ -103,6 +105,7 @@ impl Model {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::build(self, io, mem),
             Arch::Gemma3 => gemma3::build(self, io, mem),
             Arch::Mamba | Arch::Mamba2 => mamba::build(self, io, mem),
+            Arch::Lfm2 => lfm2::build(self, io, mem),
         }
     }
 }

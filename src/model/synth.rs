@@ -112,6 +112,9 @@ pub enum SynthArch {
     Mamba,
     /// Mamba-2: heads of 64 channels in 2 groups, states of 64.
     Mamba2,
+    /// LFM2: gated short convolutions (width 3) on even layers, attention with Q/K norms
+    /// on odd ones, SwiGLU feed-forwards, NeoX RoPE.
+    Lfm2,
 }
 
 impl SynthArch {
@@ -126,11 +129,12 @@ impl SynthArch {
             "gemma3" => Self::Gemma3 { window: 512 },
             "mamba" => Self::Mamba,
             "mamba2" => Self::Mamba2,
+            "lfm2" => Self::Lfm2,
             _ => return None,
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen3, phi3, phi3-long, gemma3, mamba, mamba2";
+        "llama, llama3, qwen2, qwen3, phi3, phi3-long, gemma3, mamba, mamba2, lfm2";
 
     /// `general.architecture`.
     fn gguf_arch(self) -> &'static str {
@@ -142,6 +146,7 @@ impl SynthArch {
             Self::Gemma3 { .. } => "gemma3",
             Self::Mamba => "mamba",
             Self::Mamba2 => "mamba2",
+            Self::Lfm2 => "lfm2",
         }
     }
 }
@@ -263,9 +268,20 @@ pub fn synth(
         .meta(&key("block_count"), u(n_layer))
         .meta(&key("feed_forward_length"), u(n_ff))
         .meta(&key("attention.head_count"), u(n_head))
-        .meta(&key("attention.head_count_kv"), u(n_head_kv))
         .meta(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
         .meta(&key("rope.dimension_count"), u(hd));
+    // LFM2: KV heads per layer, 0 for the convolution layers.
+    let lfm2 = arch == SynthArch::Lfm2;
+    let conv_layer = |i: u32| lfm2 && i % 2 == 0;
+    if lfm2 {
+        let per_layer = (0..n_layer)
+            .map(|i| u(if conv_layer(i) { 0 } else { n_head_kv }))
+            .collect();
+        w.meta(&key("attention.head_count_kv"), Value::Array(per_layer))
+            .meta(&key("shortconv.l_cache"), u(3));
+    } else {
+        w.meta(&key("attention.head_count_kv"), u(n_head_kv));
+    }
     let base = match arch {
         // Gemma's global layers rotate with base 1e6 (the local ones with 1e4, fixed).
         SynthArch::Gemma3 { window } => {
@@ -273,6 +289,7 @@ pub fn synth(
             1_000_000.0
         }
         SynthArch::Llama3 | SynthArch::Qwen2 | SynthArch::Qwen3 => 500_000.0,
+        SynthArch::Lfm2 => 1_000_000.0,
         SynthArch::Llama | SynthArch::Phi3 | SynthArch::Phi3Long => 10_000.0,
         SynthArch::Mamba | SynthArch::Mamba2 => unreachable!("written by synth_ssm"),
     };
@@ -324,7 +341,11 @@ pub fn synth(
     };
     let gemma = matches!(arch, SynthArch::Gemma3 { .. });
     mat(&mut w, "token_embd.weight", e, n_vocab, true);
-    vector(&mut w, "output_norm.weight", e, 1.0, 0.1);
+    // LFM2's converter names its final norm `token_embd_norm`.
+    let output_norm = if lfm2 { "token_embd_norm.weight" } else { "output_norm.weight" };
+    vector(&mut w, output_norm, e, 1.0, 0.1);
+    // LFM2 ties its output to the embeddings; the synthetic one keeps its own, scaled to
+    // the fan-in, so that its logits have a trained model's spread.
     if !gemma {
         mat(&mut w, "output.weight", e, n_vocab, false);
     }
@@ -360,7 +381,14 @@ pub fn synth(
         let b = |t: &str| format!("blk.{i}.{t}.weight");
         let bias = |t: &str| format!("blk.{i}.{t}.bias");
         vector(&mut w, &b("attn_norm"), e, 1.0, 0.1);
-        if phi3 {
+        if conv_layer(i) {
+            // The width-3 convolution's weights are f32, as llama.cpp keeps them.
+            let mut rng = Rng((i as u64 + 1).wrapping_mul(0x9e3779b97f4a7c15) ^ 0xc0ffee);
+            let conv: Vec<f32> = (0..3 * e).map(|_| rng.normalish()).collect();
+            w.tensor(&b("shortconv.conv"), &[3, e], GgmlType::F32, f32s(&conv));
+            mat(&mut w, &b("shortconv.in_proj"), e, 3 * e, false);
+            mat(&mut w, &b("shortconv.out_proj"), e, e, false);
+        } else if phi3 {
             mat(&mut w, &b("attn_qkv"), e, e + 2 * kv, false);
         } else {
             mat(&mut w, &b("attn_q"), e, e, false);
@@ -372,7 +400,9 @@ pub fn synth(
             vector(&mut w, &bias("attn_k"), kv, 0.0, 0.5);
             vector(&mut w, &bias("attn_v"), kv, 0.0, 0.5);
         }
-        mat(&mut w, &b("attn_output"), e, e, false);
+        if !conv_layer(i) {
+            mat(&mut w, &b("attn_output"), e, e, false);
+        }
         vector(&mut w, &b("ffn_norm"), e, 1.0, 0.1);
         if phi3 {
             mat(&mut w, &b("ffn_up"), e, 2 * f, false);
@@ -381,7 +411,7 @@ pub fn synth(
             mat(&mut w, &b("ffn_up"), e, f, false);
         }
         mat(&mut w, &b("ffn_down"), f, e, false);
-        if gemma || arch == SynthArch::Qwen3 {
+        if gemma || arch == SynthArch::Qwen3 || (lfm2 && !conv_layer(i)) {
             vector(&mut w, &b("attn_q_norm"), hd as u64, 1.0, 0.1);
             vector(&mut w, &b("attn_k_norm"), hd as u64, 1.0, 0.1);
         }

@@ -62,6 +62,36 @@ pub struct SsmLayer {
     pub out: Arc<Weight>,
 }
 
+/// An LFM2 layer: a norm, its mixer (attention or the gated short convolution), and a
+/// SwiGLU feed-forward after its own norm.
+pub struct Lfm2Layer {
+    pub attn_norm: View,
+    pub mixer: Lfm2Mixer,
+    pub ffn_norm: View,
+    pub gate_up: GateUp,
+    pub down: Arc<Weight>,
+}
+
+pub enum Lfm2Mixer {
+    /// Q, K, V stacked (see `LayerWeights::qkv`), the output projection, and per-head Q
+    /// and K norms.
+    Attention {
+        qkv: Vec<Arc<Weight>>,
+        wo: Arc<Weight>,
+        q_norm: View,
+        k_norm: View,
+    },
+    /// The input projection's three parts (the gate B, the output gate C and x), the
+    /// convolution's weights [width, n_embd] and the output projection.
+    Conv {
+        in_b: Arc<Weight>,
+        in_c: Arc<Weight>,
+        in_x: Arc<Weight>,
+        conv: View,
+        out: Arc<Weight>,
+    },
+}
+
 pub struct ModelWeights {
     pub tok_embd: Arc<Weight>,
     pub output_norm: View,
@@ -70,6 +100,8 @@ pub struct ModelWeights {
     pub layers: Vec<LayerWeights>,
     /// The state-space layers of a Mamba or Mamba-2 model (empty otherwise).
     pub ssm: Vec<SsmLayer>,
+    /// The layers of an LFM2 model (empty otherwise).
+    pub lfm2: Vec<Lfm2Layer>,
     /// One f32 the embeddings are multiplied by (Gemma), broadcast by the graph.
     pub embd_scale: Option<View>,
     pub gpu_bytes: u64,
@@ -449,6 +481,45 @@ impl Loader<'_> {
         Ok(layer)
     }
 
+    /// LFM2 layer `il`: attention where the file gives it KV heads, else the gated short
+    /// convolution.
+    fn lfm2_layer(&mut self, hp: &Hparams, il: u32) -> Result<Lfm2Layer, ModelError> {
+        let (e, q, kv, ff) = (hp.n_embd, hp.n_embd_q(), hp.n_embd_kv(), hp.n_ff);
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        let attn_norm = self.vector(&n("attn_norm"), e)?;
+        let mixer = if hp.is_recurrent(il as usize) {
+            let name = n("shortconv.in_proj");
+            let l = hp.shortconv_l_cache;
+            let conv = self.values(&n("shortconv.conv"), &[l as u64, e as u64])?;
+            Lfm2Mixer::Conv {
+                in_b: self.matrix_rows(&name, e, 3 * e, 0..e)?,
+                in_c: self.matrix_rows(&name, e, 3 * e, e..2 * e)?,
+                in_x: self.matrix_rows(&name, e, 3 * e, 2 * e..3 * e)?,
+                conv: self.upload_values(&n("shortconv.conv"), &conv)?,
+                out: self.matrix(&n("shortconv.out_proj"), e, e)?,
+            }
+        } else {
+            let qkv = if self.f.tensor(&n("attn_qkv")).is_some() {
+                vec![self.matrix(&n("attn_qkv"), e, q + 2 * kv)?]
+            } else {
+                self.stacked(&[(n("attn_q"), q), (n("attn_k"), kv), (n("attn_v"), kv)], e)?
+            };
+            Lfm2Mixer::Attention {
+                qkv,
+                wo: self.matrix(&n("attn_output"), q, e)?,
+                q_norm: self.vector(&n("attn_q_norm"), hp.head_dim)?,
+                k_norm: self.vector(&n("attn_k_norm"), hp.head_dim)?,
+            }
+        };
+        Ok(Lfm2Layer {
+            attn_norm,
+            mixer,
+            ffn_norm: self.vector(&n("ffn_norm"), e)?,
+            gate_up: self.gate_up(&n("ffn_gate"), &n("ffn_up"), e, ff)?,
+            down: self.matrix(&n("ffn_down"), ff, e)?,
+        })
+    }
+
     /// A vector's values, as f32 (counted as loaded).
     fn vector_data(&mut self, name: &str, n: u32) -> Result<Vec<f32>, ModelError> {
         let t = self.info(name, &[n as u64])?.clone();
@@ -509,15 +580,25 @@ impl ModelWeights {
         };
         let e = hp.n_embd;
         let tok_embd = l.matrix("token_embd.weight", e, hp.n_vocab)?;
-        let output_norm = l.vector("output_norm.weight", e)?;
+        // LFM2's converter names the final norm `token_embd_norm`.
+        let output_norm = if hp.arch == Arch::Lfm2 {
+            l.vector("token_embd_norm.weight", e)?
+        } else {
+            l.vector("output_norm.weight", e)?
+        };
         let output = if f.tensor("output.weight").is_some() {
             l.matrix("output.weight", e, hp.n_vocab)?
         } else {
             tok_embd.clone()
         };
         let ssm_model = matches!(hp.arch, Arch::Mamba | Arch::Mamba2);
+        let lfm2_model = hp.arch == Arch::Lfm2;
+        let lfm2 = (0..hp.n_layer)
+            .filter(|_| lfm2_model)
+            .map(|il| l.lfm2_layer(hp, il))
+            .collect::<Result<Vec<_>, _>>()?;
         let layers = (0..hp.n_layer)
-            .filter(|_| !ssm_model)
+            .filter(|_| !ssm_model && !lfm2_model)
             .map(|il| l.layer(hp, il))
             .collect::<Result<Vec<_>, _>>()?;
         let ssm = (0..hp.n_layer)
@@ -537,6 +618,7 @@ impl ModelWeights {
             output,
             layers,
             ssm,
+            lfm2,
             embd_scale,
             gpu_bytes: l.gpu_bytes,
         })

@@ -1,0 +1,118 @@
+//! LFM2 (LiquidAI): pre-norm blocks whose mixer is either grouped-query attention with
+//! per-head Q/K norms and NeoX RoPE, or a gated short convolution over the recurrent
+//! memory; every block ends with a SwiGLU feed-forward. The hybrid memory keeps the
+//! attention layers' K/V and the convolution layers' states.
+//!
+//! The convolution block: B, C and x from the normed input, y = C * conv(B * x) with the
+//! convolution continuing each sequence's state (its last width - 1 gated inputs), then
+//! the output projection.
+
+use super::{attn_shape, kv_layer, output_head, CacheKind, GraphInput, GraphIo, Model};
+use crate::gpu::GpuError;
+use crate::graph::{AttnBlock, Graph, GraphBuilder};
+use crate::kv::MaskKind;
+use crate::memory::Memory;
+use super::Lfm2Mixer;
+use crate::ops::glu::Activation;
+use crate::ops::softmax::SoftmaxParams;
+use crate::ops::ssm::ConvShape;
+
+pub fn inputs(hp: &super::Hparams) -> Vec<GraphInput> {
+    vec![
+        GraphInput::Tokens,
+        GraphInput::KvSlots(CacheKind::Full),
+        GraphInput::OutIds,
+        GraphInput::KqMask(MaskKind::default()),
+        GraphInput::Rope(hp.rope),
+        GraphInput::RsSrc,
+        GraphInput::RsDst,
+    ]
+}
+
+pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
+    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    let (t, eps) = (io.n_tok, hp.eps);
+    if io.n_rs == 0 || !t.is_multiple_of(io.n_rs) {
+        return Err(GpuError::Validation(format!(
+            "a recurrent ubatch of {t} tokens in {} sequence sets is not an equal split",
+            io.n_rs
+        )));
+    }
+    let mut g = GraphBuilder::new();
+    let tokens = g.input(io.tokens()?, [t, 1]);
+    let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
+    let slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
+    let mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
+    let src = g.input(io.input(GraphInput::RsSrc)?, [io.n_rs, 1]);
+    let dst = g.input(io.input(GraphInput::RsDst)?, [io.n_rs, 1]);
+    let shape = attn_shape(hp, mem, t, io.n_kv);
+    let sp = SoftmaxParams {
+        scale: hp.attn_scale,
+        max_bias: 0.0,
+        n_head: hp.n_head,
+    };
+
+    let mut x = g.get_rows(&w.tok_embd, tokens);
+    for (il, lw) in w.lfm2.iter().enumerate() {
+        let cur = g.rms_norm(x, &lw.attn_norm, eps);
+        let mixed = match &lw.mixer {
+            Lfm2Mixer::Attention {
+                qkv,
+                wo,
+                q_norm,
+                k_norm,
+            } => {
+                let kv = kv_layer(mem, il)?;
+                let attn = AttnBlock {
+                    qkv,
+                    qkv_bias: None,
+                    wo,
+                    k_cache: kv.k,
+                    v_cache: kv.v,
+                    slots,
+                    mask,
+                    rope,
+                    rope_p: hp.rope,
+                    shape,
+                    sp,
+                    qk_norm: Some((q_norm, k_norm, eps)),
+                };
+                g.attn_block(gpu, cur, &attn)?
+            }
+            Lfm2Mixer::Conv {
+                in_b,
+                in_c,
+                in_x,
+                conv,
+                out,
+            } => {
+                let rs = mem.rs_layer(il).ok_or_else(|| {
+                    GpuError::Validation(format!("the model's memory holds no state for layer {il}"))
+                })?;
+                let per = (rs.conv.size / 4 / rs.rows as u64) as u32;
+                let conv_all = g.input(rs.conv.clone(), [per, rs.rows]);
+                let b = g.matmul(in_b, cur);
+                let c = g.matmul(in_c, cur);
+                let xi = g.matmul(in_x, cur);
+                let bx = g.mul(b, xi);
+                let state = g.select_rows(conv_all, src);
+                let cs = ConvShape {
+                    ch: hp.n_embd,
+                    k: hp.shortconv_l_cache,
+                    n_t: t / io.n_rs,
+                    n_s: io.n_rs,
+                    x_stride: hp.n_embd,
+                    silu: false,
+                };
+                let (y, new_state) = g.ssm_conv(state, bx, conv, None, cs);
+                g.store_rows(new_state, dst, conv_all);
+                let y = g.mul(c, y);
+                g.matmul(out, y)
+            }
+        };
+        let (x_mid, cur) = g.add_rms_norm(x, mixed, &lw.ffn_norm, eps);
+        let ffn = g.ffn_block(cur, &lw.gate_up, &lw.down, Activation::Silu);
+        x = g.add(x_mid, ffn);
+    }
+    output_head(g, m, io, x)
+}
