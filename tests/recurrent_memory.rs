@@ -17,8 +17,8 @@ fn model(arch: SynthArch) -> Arc<Model> {
 }
 
 fn context(model: &Arc<Model>, n_seq: u32) -> Context {
-    // -c is no bound for a recurrent memory: sequences outgrow it.
-    let mut p = ContextParams::new(64, 1024, 16);
+    // -c bounds the hybrid's attention cells only.
+    let mut p = ContextParams::new(2048, 1024, 16);
     p.n_seq_max = n_seq;
     Context::new(model.clone(), p).unwrap()
 }
@@ -40,11 +40,13 @@ fn probe_logits(ctx: &mut Context, s: u32, scratch: u32, probe: u32) -> Vec<f32>
     logits
 }
 
-fn recomputed_logits(fresh: &mut Context, tokens: &[u32], probe: u32) -> Vec<f32> {
+/// The probe after `tokens` decoded from scratch, ending at position `last`.
+fn recomputed_logits(fresh: &mut Context, tokens: &[u32], last: i32, probe: u32) -> Vec<f32> {
     fresh.clear();
     let mut all = tokens.to_vec();
     all.push(probe);
-    fresh.decode(&seq_batch(&all, 0, 0)).unwrap()
+    let first = last + 1 - tokens.len() as i32;
+    fresh.decode(&seq_batch(&all, first, 0)).unwrap()
 }
 
 /// Random decodes (sometimes two sequences in one batch: the equal split), removals
@@ -52,6 +54,7 @@ fn recomputed_logits(fresh: &mut Context, tokens: &[u32], probe: u32) -> Vec<f32
 /// on four sequences; after every step each sequence's next-token logits equal those of
 /// recomputing its tokens alone.
 fn random_ops_match_recomputation(arch: SynthArch) {
+    let hybrid = arch == SynthArch::Lfm2;
     let model = model(arch);
     let mut ctx = context(&model, 5);
     let mut fresh = context(&model, 1);
@@ -105,6 +108,11 @@ fn random_ops_match_recomputation(arch: SynthArch) {
             6 | 7 => {
                 // A copy (whatever the range: a state is whole) over another sequence.
                 let d = (s + 1 + rng.below(3) as usize) % 4;
+                // A K/V cache's copy adds to what the destination holds, so the hybrid's
+                // destination is emptied first (as llama.cpp's users do).
+                if hybrid {
+                    ctx.seq_rm(Some(d as u32), -1, -1).unwrap();
+                }
                 ctx.seq_cp(s as u32, d as u32, -1, -1).unwrap();
                 seqs[d] = seqs[s].clone();
             }
@@ -114,7 +122,10 @@ fn random_ops_match_recomputation(arch: SynthArch) {
                 if seqs[s].1 < 0 {
                     continue;
                 }
-                let delta = rng.below(9) as i32 - seqs[s].1.min(4);
+                // (The hybrid's attention moves forward only: its cells keep positions
+                // from 0, as a recomputation from scratch does.)
+                let back = if hybrid { 0 } else { seqs[s].1.min(4) };
+                let delta = rng.below(9) as i32 - back;
                 ctx.seq_add(s as u32, -1, -1, delta).unwrap();
                 let (toks, last) = seqs[s].clone();
                 for q in seqs.iter_mut() {
@@ -146,17 +157,16 @@ fn random_ops_match_recomputation(arch: SynthArch) {
             }
             let probe = rng.below(256);
             let got = probe_logits(&mut ctx, q as u32, 4, probe);
-            let want = recomputed_logits(&mut fresh, toks, probe);
+            let want = recomputed_logits(&mut fresh, toks, *last, probe);
             let e = nmse(&got, &want);
-            assert!(e < 1e-8, "step {step} (op {what}): seq {q} nmse {e}");
+            // The hybrid's f16 K/V cells round what attention reads.
+            let tol = if hybrid { 1e-5 } else { 1e-8 };
+            assert!(e < tol, "step {step} (op {what}): seq {q} nmse {e}");
             checks += 1;
         }
         // One state per sequence at most, shared ones once.
-        assert!(
-            ctx.cells().used() <= 4,
-            "step {step}: {} cells",
-            ctx.cells().used()
-        );
+        let states = ctx.memory().maps().last().map_or(0, |m| m.used);
+        assert!(states <= 4, "step {step}: {states} states");
     }
     assert!(
         checks > 60 && refused > 2,
@@ -174,6 +184,13 @@ fn mamba2_random_sequence_ops_match_recomputation() {
     random_ops_match_recomputation(SynthArch::Mamba2);
 }
 
+/// The hybrid memory: one set of operations on the K/V cells and the states (a refused
+/// cut leaves both as they were; a shift moves the keys and the state's position).
+#[test]
+fn lfm2_random_sequence_ops_match_recomputation() {
+    random_ops_match_recomputation(SynthArch::Lfm2);
+}
+
 /// A token given to two sequences makes one state for both; the first to move on takes
 /// a cell of its own starting from it, and the other is unaffected.
 #[test]
@@ -188,7 +205,7 @@ fn a_shared_state_is_copied_on_write() {
     ctx.decode(&seq_batch(&[9, 9], 3, 1)).unwrap();
     assert_eq!(ctx.cells().used(), 2);
     let a = probe_logits(&mut ctx, 0, 2, 7);
-    let want = recomputed_logits(&mut fresh, &[3, 4, 5], 7);
+    let want = recomputed_logits(&mut fresh, &[3, 4, 5], 2, 7);
     assert!(nmse(&a, &want) < 1e-8);
     // Whole-memory removal of a range is refused; of everything, done.
     assert!(ctx.seq_rm(None, 1, 3).is_err());
