@@ -212,3 +212,52 @@ fn a_shared_state_is_copied_on_write() {
     ctx.seq_rm(None, -1, -1).unwrap();
     assert_eq!(ctx.cells().used(), 0);
 }
+
+/// Saving, loading into a fresh context and going on equals never stopping, for the
+/// recurrent memory and the hybrid; one sequence loads into another sequence; a file of
+/// the other model is refused.
+#[test]
+fn state_files_round_trip() {
+    let dir = std::env::temp_dir();
+    for arch in [SynthArch::Mamba2, SynthArch::Lfm2] {
+        let model = model(arch);
+        let path = dir.join(format!("wgllm-rs-state-{}-{arch:?}.bin", std::process::id()));
+        let mut rng = Rng(21);
+        let a: Vec<u32> = (0..30).map(|_| rng.below(256)).collect();
+        let b: Vec<u32> = (0..5).map(|_| rng.below(256)).collect();
+        let mut whole = context(&model, 2);
+        whole.decode(&seq_batch(&a, 0, 0)).unwrap();
+        whole.decode(&seq_batch(&a[..9], 0, 1)).unwrap();
+        whole.state_save(&path, &a, None).unwrap();
+        let want = whole.decode(&seq_batch(&b, 30, 0)).unwrap();
+
+        let mut loaded = context(&model, 2);
+        let saved = loaded.state_load(&path, None).unwrap();
+        assert_eq!(saved.tokens, a);
+        assert_eq!(loaded.cells().seq_pos_max(1), 8);
+        let got = loaded.decode(&seq_batch(&b, 30, 0)).unwrap();
+        assert_eq!(got, want, "{arch:?}: loading then going on must equal never stopping");
+
+        // Sequence 1 alone, into sequence 2 of a context holding other states.
+        whole.state_save(&path, &a[..9], Some(1)).unwrap();
+        let mut other = context(&model, 4);
+        other.decode(&seq_batch(&b, 0, 0)).unwrap();
+        other.state_load(&path, Some(2)).unwrap();
+        assert_eq!(other.cells().seq_pos_max(2), 8);
+        let got = probe_logits(&mut other, 2, 3, 5);
+        let mut fresh = context(&model, 1);
+        let want = recomputed_logits(&mut fresh, &a[..9], 8, 5);
+        assert!(nmse(&got, &want) < 1e-5, "{arch:?}: one sequence moved");
+        std::fs::remove_file(&path).ok();
+    }
+    // Mamba's file in a Mamba-2 context: refused by the recurrent part's sizes.
+    let m1 = model(SynthArch::Mamba);
+    let path = dir.join(format!("wgllm-rs-state-{}-x.bin", std::process::id()));
+    let mut c1 = context(&m1, 1);
+    c1.decode(&seq_batch(&[1, 2, 3], 0, 0)).unwrap();
+    c1.state_save(&path, &[1, 2, 3], None).unwrap();
+    let mut c2 = context(&model(SynthArch::Mamba2), 1);
+    let e = c2.state_load(&path, None).unwrap_err();
+    assert!(e.to_string().contains("another model"), "{e}");
+    std::fs::remove_file(&path).ok();
+}

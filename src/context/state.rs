@@ -4,7 +4,8 @@
 //!
 //! File layout (little endian): magic, version, model shape (layers, K/V width, vocab),
 //! tokens, then the memory's part (`Memory::state_write`; for the K/V caches: the K and V
-//! types, the stores, their cells and rows). Versions 2 and 3 are read too: they put the
+//! types, the stores, their cells and rows; for recurrent states: their sizes, cells and
+//! rows; a hybrid writes both, K/V first). Versions 2 and 3 are read too: they put the
 //! types (version 2: one element size, 2 or 4, for both) before the tokens.
 
 use super::{Context, ContextError};
@@ -232,6 +233,7 @@ impl Context {
             dst,
             types,
             n_seq_max: self.params.n_seq_max,
+            more: false,
         };
         let n_cells = self.memory.state_read(&mut r, &load)?;
         log::info!("loaded {n_cells} cells and {n_tok} tokens from {p}");

@@ -232,6 +232,31 @@ impl RsCells {
         self.move_pos(seq, p0, p1, |p| p / d)
     }
 
+    /// Puts saved states (position, sequence set) into empty cells, as a state file
+    /// loads them; a sequence that already has a state is refused. Returns their cells.
+    pub fn restore(&mut self, saved: &[(i32, u64)]) -> Result<Vec<usize>, KvError> {
+        let mut out = Vec::with_capacity(saved.len());
+        for &(pos, set) in saved {
+            if (0..64u32).any(|s| set & (1u64 << s) != 0 && (s as usize >= self.size() || self.tail(s).is_some())) {
+                return Err(KvError::BadStore(format!(
+                    "saved state of sequence set {set:#x}: a sequence outside this memory, or one that already has a state"
+                )));
+            }
+            let i = self.next_empty(0).ok_or(KvError::NoSlot {
+                needed: 1,
+                used: self.used(),
+                size: self.size(),
+            })?;
+            self.set(i, pos, set);
+            for s in (0..64u32).filter(|&s| set & (1u64 << s) != 0) {
+                self.tail[s as usize] = Some(i);
+            }
+            out.push(i);
+        }
+        self.cells.settle();
+        Ok(out)
+    }
+
     /// The next empty cell from the head, wrapping.
     fn next_empty(&self, from: usize) -> Option<usize> {
         let n = self.size();

@@ -121,9 +121,15 @@ impl Memory for HybridMemory {
         self.recr.state_write(out, seq)?;
         Ok(n)
     }
+    /// The K/V part loads first; if the states after it are refused, the whole memory is
+    /// cleared (the K/V rows it replaced are gone), never left half loaded.
     fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
-        let n = self.attn.state_read(r, load)?;
-        self.recr.state_read(r, load)?;
+        let attn_load = StateLoad { more: true, ..*load };
+        let n = self.attn.state_read(r, &attn_load)?;
+        if let Err(e) = self.recr.state_read(r, load) {
+            self.clear();
+            return Err(e);
+        }
         Ok(n)
     }
 }

@@ -149,7 +149,7 @@ pub(super) fn read(
         }
         data.push(StoreData { pos, sets, layers });
     }
-    if r.left() != 0 {
+    if !load.more && r.left() != 0 {
         return Err(format("trailing bytes").into());
     }
     // The new cells are laid out on copies, which replace the stores only once they all

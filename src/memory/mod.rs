@@ -21,6 +21,7 @@ mod kv_shift;
 mod hybrid;
 mod kv_state;
 mod recurrent;
+mod rs_state;
 mod swa;
 
 pub use hybrid::HybridMemory;
@@ -174,6 +175,9 @@ pub struct StateLoad {
     pub types: Option<(KvType, KvType)>,
     /// The context's `-np`: saved cells of other sequences are refused.
     pub n_seq_max: u32,
+    /// Another memory's part follows this one's (the hybrid's K/V cache before its
+    /// recurrent states), so bytes left over are not an error here.
+    pub more: bool,
 }
 
 /// Consecutive runs of at most `n_ubatch` tokens, each ending early where its logit rows

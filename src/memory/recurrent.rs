@@ -12,7 +12,7 @@
 use super::{Checkpoint, KvLayer, Memory, RsLayer, StateLoad, StoreMap};
 use crate::context::state::Reader;
 use crate::context::{Batch, ContextError};
-use crate::kv::{CacheKind, KvCells, KvChoice, KvError, KvType, RsCells, RsSlot, SeqId};
+use crate::kv::{CacheKind, KvCells, KvChoice, KvType, RsCells, RsSlot, SeqId};
 use crate::model::{GraphInput, InputData, Model, UbatchView};
 use crate::ops::View;
 use std::sync::Arc;
@@ -130,6 +130,21 @@ impl RecurrentMemory {
     /// from nothing.
     pub(super) fn resumable(&self, seq: SeqId, p: i32) -> bool {
         p == 0 || self.cells.as_kv().seq_pos_max(seq) + 1 == p
+    }
+
+    /// Every state buffer (conv then SSM, layer by layer) with its row bytes: the order
+    /// of a state file's rows.
+    pub(super) fn state_buffers(&self) -> Vec<(View, u64)> {
+        let hp = &self.model.hp;
+        let (r, s) = (4 * hp.n_embd_r() as u64, 4 * hp.n_embd_s() as u64);
+        let mut out = Vec::new();
+        for l in self.layers.iter().flatten() {
+            out.push((l.conv.clone(), r));
+            if let Some(ssm) = &l.ssm {
+                out.push((ssm.clone(), s));
+            }
+        }
+        out
     }
 
     pub(super) fn rs_checkpoint(&self) -> RsCells {
@@ -311,18 +326,12 @@ impl Memory for RecurrentMemory {
         Ok(0)
     }
     #[cfg(not(target_arch = "wasm32"))]
-    fn state_write(&self, _out: &mut Vec<u8>, _seq: Option<SeqId>) -> Result<usize, ContextError> {
-        Err(not_yet())
+    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError> {
+        super::rs_state::write(out, self, seq)
     }
-    fn state_read(&mut self, _r: &mut Reader, _load: &StateLoad) -> Result<usize, ContextError> {
-        Err(not_yet())
+    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
+        super::rs_state::read(r, self, load)
     }
-}
-
-fn not_yet() -> ContextError {
-    ContextError::Kv(KvError::BadStore(
-        "state files of recurrent models are not supported yet".into(),
-    ))
 }
 
 /// What a memory without a K/V cache reports as its cache types.

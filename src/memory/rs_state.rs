@@ -1,0 +1,115 @@
+//! The recurrent states' part of a state file (after the K/V part for a hybrid): the
+//! state sizes and the number of recurrent layers (checked on load), the cells (pos i32,
+//! sequence set u64) and, per recurrent layer, the conv rows then the SSM rows of those
+//! cells, f32.
+
+use super::recurrent::RecurrentMemory;
+use super::StateLoad;
+use crate::context::state::{Reader, StateError};
+use crate::context::ContextError;
+use crate::kv::{seqs_below, KvCells, SeqId};
+
+/// Appends `mem`'s part: every state, or only `seq`'s (saved as sequence 0).
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) fn write(
+    out: &mut Vec<u8>,
+    mem: &RecurrentMemory,
+    seq: Option<SeqId>,
+) -> Result<usize, ContextError> {
+    let hp = &mem.model.hp;
+    let cells = &mem.cells;
+    let picked: Vec<usize> = match seq {
+        Some(s) => cells.tail(s).into_iter().collect(),
+        None => (0..cells.size()).filter(|&i| !cells.cell(i).is_empty()).collect(),
+    };
+    let layers = mem.state_buffers();
+    for v in [hp.n_embd_r(), hp.n_embd_s(), layers.len() as u32, picked.len() as u32] {
+        out.extend(v.to_le_bytes());
+    }
+    for &i in &picked {
+        let c = cells.cell(i);
+        out.extend(c.pos.to_le_bytes());
+        out.extend(if seq.is_some() { 1u64 } else { c.seq }.to_le_bytes());
+    }
+    let gpu = &mem.model.gpu;
+    for (buf, row) in layers {
+        for &i in &picked {
+            let at = buf.offset + (i as u64 * row);
+            out.extend(gpu.read_bytes(&buf.buf, at, row)?);
+        }
+    }
+    Ok(picked.len())
+}
+
+/// Reads what [`write`] wrote into `mem` (all of it, or the saved sequence into
+/// `load.dst`), checking everything before a state changes.
+pub(super) fn read(
+    r: &mut Reader,
+    mem: &mut RecurrentMemory,
+    load: &StateLoad,
+) -> Result<usize, ContextError> {
+    let p = r.path.to_string();
+    let format = |what: String| StateError::Format {
+        path: p.clone(),
+        what,
+    };
+    let hp = &mem.model.hp;
+    let layers = mem.state_buffers();
+    let want = [hp.n_embd_r(), hp.n_embd_s(), layers.len() as u32];
+    let got = [r.u32()?, r.u32()?, r.u32()?];
+    if got != want {
+        return Err(StateError::OtherModel {
+            path: p,
+            what: format!("recurrent state sizes and layers {got:?}; this model has {want:?}"),
+        }
+        .into());
+    }
+    let n = r.u32()? as usize;
+    if n > mem.cells.size() {
+        return Err(StateError::TooBig {
+            path: p,
+            cells: n,
+            free: mem.cells.size(),
+        }
+        .into());
+    }
+    let mut saved = Vec::with_capacity(n);
+    for i in 0..n {
+        let pos = r.u32()? as i32;
+        let set = r.u64()?;
+        if set == 0 || set & !seqs_below(load.n_seq_max) != 0 {
+            return Err(format(format!(
+                "recurrent state {i} belongs to sequences {set:#x}, none or outside this context's -np {}",
+                load.n_seq_max
+            ))
+            .into());
+        }
+        saved.push((pos, set));
+    }
+    let mut rows = Vec::with_capacity(layers.len());
+    for (_, row) in &layers {
+        rows.push(r.take(n * *row as usize)?.to_vec());
+    }
+    if !load.more && r.left() != 0 {
+        return Err(format("trailing bytes".into()).into());
+    }
+    let mut cells = mem.cells.clone();
+    match load.dst {
+        None => cells.clear(),
+        Some(s) => {
+            cells.seq_rm(Some(s), -1, -1)?;
+            let bit = KvCells::seq_bit(s)?;
+            saved.iter_mut().for_each(|c| c.1 = bit);
+        }
+    }
+    let placed = cells.restore(&saved)?;
+    let gpu = mem.model.gpu.clone();
+    for ((buf, row), data) in layers.iter().zip(&rows) {
+        for (k, &i) in placed.iter().enumerate() {
+            let r = *row as usize;
+            gpu.write(&buf.buf, buf.offset + i as u64 * row, &data[k * r..(k + 1) * r]);
+        }
+    }
+    mem.cells = cells;
+    Ok(n)
+}
