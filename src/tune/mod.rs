@@ -307,7 +307,7 @@ pub fn resolve(
     f: &GgufFile,
     report: &mut dyn FnMut(&str, &CandidateTime),
 ) -> Result<Resolved, GpuError> {
-    if topts.mode == TuneMode::Off || opts.kernels != KernelShape::Auto {
+    if topts.mode == TuneMode::Off || opts.kernels != KernelShape::Auto || !tunable(f) {
         return Ok(Resolved {
             gpu: opts.clone(),
             entries: Vec::new(),
@@ -397,7 +397,7 @@ pub fn retune_device(
         entry: None,
         measured: false,
     };
-    if topts.mode == TuneMode::Off || opts.kernels != KernelShape::Auto {
+    if topts.mode == TuneMode::Off || opts.kernels != KernelShape::Auto || !tunable(f) {
         return Ok(unchanged());
     }
     let Some(backend) = backend_of(&gpu.info) else {
@@ -417,6 +417,17 @@ pub fn retune_device(
         entry: Some(e),
         measured: tuner.measured,
     })
+}
+
+/// Whether the tuner can time this model: it measures an attention layer with its
+/// feed-forward, which a state-space model (Mamba, Mamba-2) has none of; those keep the
+/// adapter's default kernels.
+fn tunable(f: &GgufFile) -> bool {
+    let ok = Hparams::from_gguf(f).map_or(true, |hp| hp.has_attention());
+    if !ok {
+        log::info!("kernel tuning times an attention layer, which this model has none of: the adapter's default kernels");
+    }
+    ok
 }
 
 /// The entry to use: the first (the default adapter) unless another scores better by
