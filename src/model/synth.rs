@@ -267,20 +267,24 @@ pub fn synth(
         .meta(&key("embedding_length"), u(n_embd))
         .meta(&key("block_count"), u(n_layer))
         .meta(&key("feed_forward_length"), u(n_ff))
-        .meta(&key("attention.head_count"), u(n_head))
-        .meta(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
-        .meta(&key("rope.dimension_count"), u(hd));
+        .meta(&key("attention.head_count"), u(n_head));
     // LFM2: KV heads per layer, 0 for the convolution layers.
     let lfm2 = arch == SynthArch::Lfm2;
     let conv_layer = |i: u32| lfm2 && i % 2 == 0;
-    if lfm2 {
-        let per_layer = (0..n_layer)
-            .map(|i| u(if conv_layer(i) { 0 } else { n_head_kv }))
-            .collect();
-        w.meta(&key("attention.head_count_kv"), Value::Array(per_layer))
-            .meta(&key("shortconv.l_cache"), u(3));
+    let head_count_kv = if lfm2 {
+        Value::Array(
+            (0..n_layer)
+                .map(|i| u(if conv_layer(i) { 0 } else { n_head_kv }))
+                .collect(),
+        )
     } else {
-        w.meta(&key("attention.head_count_kv"), u(n_head_kv));
+        u(n_head_kv)
+    };
+    w.meta(&key("attention.head_count_kv"), head_count_kv)
+        .meta(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
+        .meta(&key("rope.dimension_count"), u(hd));
+    if lfm2 {
+        w.meta(&key("shortconv.l_cache"), u(3));
     }
     let base = match arch {
         // Gemma's global layers rotate with base 1e6 (the local ones with 1e4, fixed).
