@@ -221,7 +221,10 @@ fn state_files_round_trip() {
     let dir = std::env::temp_dir();
     for arch in [SynthArch::Mamba2, SynthArch::Lfm2] {
         let model = model(arch);
-        let path = dir.join(format!("wgllm-rs-state-{}-{arch:?}.bin", std::process::id()));
+        let path = dir.join(format!(
+            "wgllm-rs-state-{}-{arch:?}.bin",
+            std::process::id()
+        ));
         let mut rng = Rng(21);
         let a: Vec<u32> = (0..30).map(|_| rng.below(256)).collect();
         let b: Vec<u32> = (0..5).map(|_| rng.below(256)).collect();
@@ -236,7 +239,10 @@ fn state_files_round_trip() {
         assert_eq!(saved.tokens, a);
         assert_eq!(loaded.cells().seq_pos_max(1), 8);
         let got = loaded.decode(&seq_batch(&b, 30, 0)).unwrap();
-        assert_eq!(got, want, "{arch:?}: loading then going on must equal never stopping");
+        assert_eq!(
+            got, want,
+            "{arch:?}: loading then going on must equal never stopping"
+        );
 
         // Sequence 1 alone, into sequence 2 of a context holding other states.
         whole.state_save(&path, &a[..9], Some(1)).unwrap();
@@ -260,4 +266,38 @@ fn state_files_round_trip() {
     let e = c2.state_load(&path, None).unwrap_err();
     assert!(e.to_string().contains("another model"), "{e}");
     std::fs::remove_file(&path).ok();
+}
+
+/// llama.cpp's context-shift loop on the synthetic LFM2 (tests/data/reference/README.md):
+/// the attention layers' keys shift, the convolution layers' states go on with their
+/// positions moved; the same cache operations and the same top-1 wherever llama.cpp's
+/// margin is at least 0.5, teacher-forced across four shifts.
+#[test]
+fn lfm2_context_shift_matches_llama_cpp() {
+    use wgllm::gguf::{quant, GgufFile};
+    use wgllm::model::synth::{synth, vocab_metadata, SynthShape, WeightScale};
+    let vocab =
+        GgufFile::open(common::llamacpp_tests_dir().join("vocab/ggml-vocab-llama-bpe.gguf"))
+            .unwrap();
+    let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;
+    let w = synth(
+        SynthArch::Lfm2,
+        SynthShape::preset("tiny").unwrap(),
+        quant::format_by_name("q8_0").unwrap().ty(),
+        vocab_metadata(&vocab),
+        n_vocab,
+        WeightScale::FanIn,
+        false,
+    );
+    let path = std::env::temp_dir().join(format!("wgllm-lfm2-shift-{}.gguf", std::process::id()));
+    w.write(&path).unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    let model = Model::load(Gpu::new(&Default::default()).unwrap(), &f, &mut |_, _| {}).unwrap();
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    std::fs::remove_file(&path).ok();
+    let rec = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/reference/lfm2-story.ctxshift.json");
+    let checked =
+        common::replay::replay_recording(&(Arc::new(model), tok), &rec, Default::default(), |_| 20);
+    eprintln!("lfm2 context shift: {checked} steps checked");
 }

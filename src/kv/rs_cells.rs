@@ -237,7 +237,9 @@ impl RsCells {
     pub fn restore(&mut self, saved: &[(i32, u64)]) -> Result<Vec<usize>, KvError> {
         let mut out = Vec::with_capacity(saved.len());
         for &(pos, set) in saved {
-            if (0..64u32).any(|s| set & (1u64 << s) != 0 && (s as usize >= self.size() || self.tail(s).is_some())) {
+            if (0..64u32).any(|s| {
+                set & (1u64 << s) != 0 && (s as usize >= self.size() || self.tail(s).is_some())
+            }) {
                 return Err(KvError::BadStore(format!(
                     "saved state of sequence set {set:#x}: a sequence outside this memory, or one that already has a state"
                 )));

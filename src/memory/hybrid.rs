@@ -124,7 +124,10 @@ impl Memory for HybridMemory {
     /// The K/V part loads first; if the states after it are refused, the whole memory is
     /// cleared (the K/V rows it replaced are gone), never left half loaded.
     fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
-        let attn_load = StateLoad { more: true, ..*load };
+        let attn_load = StateLoad {
+            more: true,
+            ..*load
+        };
         let n = self.attn.state_read(r, &attn_load)?;
         if let Err(e) = self.recr.state_read(r, load) {
             self.clear();

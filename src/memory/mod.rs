@@ -16,9 +16,9 @@
 //! The host-only bookkeeping (cells, masks, the window policy) stays in [`crate::kv`];
 //! this module joins it to the GPU buffers.
 
+mod hybrid;
 mod kv_cache;
 mod kv_shift;
-mod hybrid;
 mod kv_state;
 mod recurrent;
 mod rs_state;

@@ -20,10 +20,17 @@ pub(super) fn write(
     let cells = &mem.cells;
     let picked: Vec<usize> = match seq {
         Some(s) => cells.tail(s).into_iter().collect(),
-        None => (0..cells.size()).filter(|&i| !cells.cell(i).is_empty()).collect(),
+        None => (0..cells.size())
+            .filter(|&i| !cells.cell(i).is_empty())
+            .collect(),
     };
     let layers = mem.state_buffers();
-    for v in [hp.n_embd_r(), hp.n_embd_s(), layers.len() as u32, picked.len() as u32] {
+    for v in [
+        hp.n_embd_r(),
+        hp.n_embd_s(),
+        layers.len() as u32,
+        picked.len() as u32,
+    ] {
         out.extend(v.to_le_bytes());
     }
     for &i in &picked {
@@ -107,7 +114,11 @@ pub(super) fn read(
     for ((buf, row), data) in layers.iter().zip(&rows) {
         for (k, &i) in placed.iter().enumerate() {
             let r = *row as usize;
-            gpu.write(&buf.buf, buf.offset + i as u64 * row, &data[k * r..(k + 1) * r]);
+            gpu.write(
+                &buf.buf,
+                buf.offset + i as u64 * row,
+                &data[k * r..(k + 1) * r],
+            );
         }
     }
     mem.cells = cells;

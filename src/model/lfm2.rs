@@ -7,12 +7,12 @@
 //! convolution continuing each sequence's state (its last width - 1 gated inputs), then
 //! the output projection.
 
+use super::Lfm2Mixer;
 use super::{attn_shape, kv_layer, output_head, CacheKind, GraphInput, GraphIo, Model};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
 use crate::kv::MaskKind;
 use crate::memory::Memory;
-use super::Lfm2Mixer;
 use crate::ops::glu::Activation;
 use crate::ops::softmax::SoftmaxParams;
 use crate::ops::ssm::ConvShape;
@@ -87,7 +87,9 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
                 out,
             } => {
                 let rs = mem.rs_layer(il).ok_or_else(|| {
-                    GpuError::Validation(format!("the model's memory holds no state for layer {il}"))
+                    GpuError::Validation(format!(
+                        "the model's memory holds no state for layer {il}"
+                    ))
                 })?;
                 let per = (rs.conv.size / 4 / rs.rows as u64) as u32;
                 let conv_all = g.input(rs.conv.clone(), [per, rs.rows]);

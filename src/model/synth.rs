@@ -346,7 +346,11 @@ pub fn synth(
     let gemma = matches!(arch, SynthArch::Gemma3 { .. });
     mat(&mut w, "token_embd.weight", e, n_vocab, true);
     // LFM2's converter names its final norm `token_embd_norm`.
-    let output_norm = if lfm2 { "token_embd_norm.weight" } else { "output_norm.weight" };
+    let output_norm = if lfm2 {
+        "token_embd_norm.weight"
+    } else {
+        "output_norm.weight"
+    };
     vector(&mut w, output_norm, e, 1.0, 0.1);
     // LFM2 ties its output to the embeddings; the synthetic one keeps its own, scaled to
     // the fan-in, so that its logits have a trained model's spread.

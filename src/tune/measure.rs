@@ -59,7 +59,9 @@ struct LayerRun {
 impl LayerRun {
     fn new(gpu: &Gpu, f: &GgufFile, hp: &Hparams) -> Result<Self, GpuError> {
         // The first attention layer (a hybrid's convolution layers have none to time).
-        let il = (0..hp.n_layer).find(|&il| !hp.is_recurrent(il as usize)).unwrap_or(0);
+        let il = (0..hp.n_layer)
+            .find(|&il| !hp.is_recurrent(il as usize))
+            .unwrap_or(0);
         let lw = LayerWeights::load(gpu, f, hp, il)
             .map_err(|e| GpuError::Validation(format!("tuning: {e}")))?;
         let t = PROMPT_TOKENS as u64;

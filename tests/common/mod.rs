@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod replay;
+
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use wgllm::gpu::{Backend, Gpu, GpuOptions, KernelShape};
 
