@@ -270,7 +270,7 @@ pub fn synth(
         .meta(&key("attention.head_count"), u(n_head));
     // LFM2: KV heads per layer, 0 for the convolution layers.
     let lfm2 = arch == SynthArch::Lfm2;
-    let conv_layer = |i: u32| lfm2 && i % 2 == 0;
+    let conv_layer = |i: u32| lfm2 && i.is_multiple_of(2);
     let head_count_kv = if lfm2 {
         Value::Array(
             (0..n_layer)
