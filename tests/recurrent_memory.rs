@@ -204,6 +204,18 @@ fn a_shared_state_is_copied_on_write() {
     assert_eq!(ctx.cells().used(), 1);
     ctx.decode(&seq_batch(&[9, 9], 3, 1)).unwrap();
     assert_eq!(ctx.cells().used(), 2);
+    // What displays see (the app's map, -dkvc): sequence 1's state was copied from the
+    // shared one, and each sequence's latest state is its own cell.
+    let map = ctx.memory().maps().pop().unwrap();
+    assert!(map.is_recurrent());
+    let copied = (map.sources.iter().enumerate()).find(|(i, s)| s.is_some_and(|j| j != *i));
+    let (to, from) = copied
+        .map(|(i, s)| (i, s.unwrap()))
+        .expect("a copied state");
+    assert!(map.tails.contains(&(1, to)) && map.tails.contains(&(0, from)));
+    assert!(map
+        .states_view()
+        .contains(&format!("copied from cell {from}")));
     let a = probe_logits(&mut ctx, 0, 2, 7);
     let want = recomputed_logits(&mut fresh, &[3, 4, 5], 2, 7);
     assert!(nmse(&a, &want) < 1e-8);

@@ -1,7 +1,10 @@
 //! The KV cache as a map: one square per cell, coloured by the sequence it belongs to
 //! (white where several share it), dark when empty; a ring marks cells a context shift or
 //! Self-Extend moved; cells past the `n_kv` bound (what attention reads) are dimmed
-//! behind a red line. Hovering a cell shows its position and sequences.
+//! behind a red line. Hovering a cell shows its position and sequences. Recurrent states
+//! (Mamba, a hybrid's convolution layers: one cell per sequence state) draw beside the
+//! K/V map with a line from each state to the one it was copied from (`src`), and hovering
+//! says which sequences' latest state (`tail`) a cell holds.
 
 use crate::engine::{CacheMap, StoreMap};
 use egui::{Color32, Rect, Sense, Stroke, StrokeKind, Vec2};
@@ -50,7 +53,12 @@ pub fn show(ui: &mut egui::Ui, map: &CacheMap) {
     let fa = if t.flash { ", flash attention" } else { "" };
     let types = format!("K {}, V {}{fa}", t.type_k, t.type_v);
     for store in &map.stores {
-        store_ui(ui, store, &types);
+        let types = if store.is_recurrent() {
+            "f32 states"
+        } else {
+            &types
+        };
+        store_ui(ui, store, types);
         ui.add_space(6.0);
     }
 }
@@ -100,6 +108,13 @@ fn store_ui(ui: &mut egui::Ui, st: &StoreMap, types: &str) {
             painter.rect_filled(r.shrink(side / 3.0), 0.0, MOVED);
         }
     }
+    // A copied state: a line from the cell it was copied from.
+    for (i, src) in st.sources.iter().enumerate() {
+        if let Some(j) = src.filter(|&j| j != i && j < n) {
+            let (a, b) = (rect_of(j).center(), rect_of(i).center());
+            painter.line_segment([a, b], Stroke::new(1.5, SHARED));
+        }
+    }
     // The n_kv bound: a red bar before the first cell attention does not read.
     if n_kv < n {
         let r = rect_of(n_kv);
@@ -116,6 +131,22 @@ fn store_ui(ui: &mut egui::Ui, st: &StoreMap, types: &str) {
             let cell = st.cells[i];
             let text = if cell.is_empty() {
                 format!("cell {i}: empty")
+            } else if st.is_recurrent() {
+                let tails: Vec<String> = (st.tails.iter())
+                    .filter(|t| t.1 == i)
+                    .map(|t| t.0.to_string())
+                    .collect();
+                let from = match st.sources.get(i).copied().flatten() {
+                    Some(j) if j != i => format!(", copied from cell {j}"),
+                    Some(_) => String::new(),
+                    None => ", started from zeros".into(),
+                };
+                format!(
+                    "state {i}: last pos {}, sequences {{{}}}, latest state of {{{}}}{from}",
+                    cell.pos,
+                    seqs(cell.seq),
+                    tails.join(", ")
+                )
             } else {
                 format!(
                     "cell {i}: pos {}, sequences {{{}}}{}{}",

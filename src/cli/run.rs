@@ -175,7 +175,13 @@ fn drive(
     loop {
         let events = engine.step()?;
         if dump_cells {
+            let map = engine.cache_map();
+            // The K/V cells (a recurrent model's states stand in for them), then the
+            // states of a hybrid's recurrent layers.
             eprint!("\n{}", engine.cells().view());
+            for st in map.stores.iter().skip(1).filter(|s| s.is_recurrent()) {
+                eprint!("{}", st.states_view());
+            }
         }
         for ev in events {
             match &ev {

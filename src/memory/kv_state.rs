@@ -7,9 +7,9 @@
 use super::{KvCache, StateLoad};
 use crate::context::state::{convert, Reader, StateError};
 use crate::context::ContextError;
-use crate::kv::{seqs_below, KvCells, KvType};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::kv::SeqId;
+use crate::kv::{seqs_below, KvCells, KvType};
 
 /// Writes `stores` (the main one first); returns the cells saved from the first.
 #[cfg(not(target_arch = "wasm32"))]

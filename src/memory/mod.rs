@@ -309,8 +309,15 @@ pub struct StoreMap {
     /// it), so a display can draw where the work stops.
     pub n_kv: usize,
     pub used: usize,
-    /// K and V bytes of this store over all the layers that use it.
+    /// K and V bytes of this store over all the layers that use it (state bytes for
+    /// recurrent states).
     pub bytes: u64,
+    /// Recurrent states only (empty for K/V stores): per cell, the cell its state was
+    /// last carried on from (itself, or the state it was copied from on its first write;
+    /// None: it started from zeros)...
+    pub sources: Vec<Option<usize>>,
+    /// ...and per sequence with a state, the cell holding its latest one (its `tail`).
+    pub tails: Vec<(SeqId, usize)>,
 }
 
 impl StoreMap {
@@ -321,7 +328,42 @@ impl StoreMap {
             n_kv: cells.n_kv(N_KV_PAD),
             used: cells.used(),
             bytes,
+            sources: Vec::new(),
+            tails: Vec::new(),
         }
+    }
+
+    /// Whether this store holds recurrent states (one per sequence, not one per token).
+    pub fn is_recurrent(&self) -> bool {
+        !self.sources.is_empty()
+    }
+
+    /// A recurrent store's states as text (`-dkvc`): per used cell its last position,
+    /// sequences, and where its state came from.
+    pub fn states_view(&self) -> String {
+        let mut out = format!(
+            "recurrent states: {} cells, {} used
+",
+            self.cells.len(),
+            self.used
+        );
+        for (i, c) in self.cells.iter().enumerate().filter(|(_, c)| !c.is_empty()) {
+            let seqs: Vec<String> = (0..64)
+                .filter(|s| c.seq & (1u64 << s) != 0)
+                .map(|s: u32| s.to_string())
+                .collect();
+            let from = match self.sources.get(i).copied().flatten() {
+                Some(j) if j != i => format!(", copied from cell {j}"),
+                Some(_) => String::new(),
+                None => ", from zeros".into(),
+            };
+            out.push_str(&format!(
+                "  state {i}: last pos {}, sequences {{{}}}{from}\n",
+                c.pos,
+                seqs.join(", ")
+            ));
+        }
+        out
     }
 
     /// Cells a context shift or Self-Extend moved to a new position.

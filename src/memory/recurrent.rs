@@ -90,6 +90,10 @@ impl RecurrentMemory {
     pub(super) fn map(&self) -> StoreMap {
         let mut m = StoreMap::of("recurrent states", self.cells.as_kv(), self.bytes());
         m.n_kv = self.cells.size();
+        m.sources = (0..self.cells.size()).map(|i| self.cells.src(i)).collect();
+        m.tails = (0..self.cells.size() as SeqId)
+            .filter_map(|s| Some((s, self.cells.tail(s)?)))
+            .collect();
         m
     }
 

@@ -7,9 +7,9 @@ use super::recurrent::RecurrentMemory;
 use super::StateLoad;
 use crate::context::state::{Reader, StateError};
 use crate::context::ContextError;
-use crate::kv::{seqs_below, KvCells};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::kv::SeqId;
+use crate::kv::{seqs_below, KvCells};
 
 /// Appends `mem`'s part: every state, or only `seq`'s (saved as sequence 0).
 #[cfg(not(target_arch = "wasm32"))]
