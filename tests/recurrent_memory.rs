@@ -313,3 +313,52 @@ fn lfm2_context_shift_matches_llama_cpp() {
         common::replay::replay_recording(&(Arc::new(model), tok), &rec, Default::default(), |_| 20);
     eprintln!("lfm2 context shift: {checked} steps checked");
 }
+
+/// The engine on a recurrent model: a request that continues exactly what the sequence
+/// holds reuses all of it; one that shares only an earlier prefix recomputes (a state
+/// holds only its end) and gives what a fresh engine gives; prompts and replies go on
+/// past `-c`, as a recurrent model has no window to shift.
+#[test]
+fn the_engine_reuses_a_state_only_at_its_end() {
+    use wgllm::engine::SessionParams;
+    let (model, tok) = tiny_ssm_parts(Gpu::new(&Default::default()).unwrap(), SynthArch::Mamba);
+    let greedy = |n| SessionParams {
+        sampling: wgllm::sample::SamplerParams::greedy(),
+        n_predict: n,
+        ..Default::default()
+    };
+    let run = |e: &mut wgllm::engine::Engine, prompt: &[u32], n: i32| -> (usize, Vec<u32>) {
+        let reused = e.start_request(0, greedy(n), prompt, true).unwrap();
+        while e.is_busy() {
+            e.step().unwrap();
+        }
+        (reused, e.session(0).unwrap().generated().to_vec())
+    };
+    let mut e = common::engine(&model, &tok, 32, 32, 1);
+    e.open_session(greedy(4)).unwrap();
+    let a: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 256).collect();
+    run(&mut e, &a, 4);
+    let held = e.session(0).unwrap().history().to_vec();
+    // Exactly what the state holds, and more: all of it reused.
+    let mut longer = held.clone();
+    longer.extend([5, 6]);
+    let (reused, got) = run(&mut e, &longer, 4);
+    assert_eq!(reused, held.len());
+    let mut fresh = common::engine(&model, &tok, 32, 32, 1);
+    fresh.open_session(greedy(4)).unwrap();
+    let (_, want) = run(&mut fresh, &longer, 4);
+    assert_eq!(got, want);
+    // Only a prefix of it: recomputed from nothing, the same reply as a fresh engine.
+    let mut other = a[..10].to_vec();
+    other.extend((0..25).map(|i| (i * 11 + 1) % 256));
+    let (reused, got) = run(&mut e, &other, 40);
+    assert_eq!(
+        reused, 0,
+        "a recurrent state cannot be cut back to a prefix"
+    );
+    let (_, want) = run(&mut fresh, &other, 40);
+    assert_eq!(got, want);
+    // A 35-token prompt and its reply in a context of 32 cells: no shift needed.
+    assert!(!got.is_empty());
+    assert!(e.session(0).unwrap().shift().ops.is_empty());
+}
