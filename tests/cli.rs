@@ -55,12 +55,20 @@ fn truncated_gguf_is_reported() {
 #[test]
 fn unknown_architecture_is_named() {
     let mut w = GgufWriter::new();
-    w.meta("general.architecture", Value::String("mamba".into()));
-    let p = temp_file("mamba.gguf", &w.to_bytes());
+    w.meta("general.architecture", Value::String("starcoder2".into()));
+    let p = temp_file("starcoder2.gguf", &w.to_bytes());
     assert_clean_failure(
         &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
-        "unsupported model architecture `mamba` (wgllm supports: llama (Llama 1-3, Mistral, \
-         SmolLM...), qwen2, qwen3, phi3, gemma3)",
+        "unsupported model architecture `starcoder2` (wgllm supports: llama (Llama 1-3, \
+         Mistral, SmolLM...), qwen2, qwen3, phi3, gemma3, mamba, mamba2, lfm2)",
+    );
+    // A recurrent family llama.cpp runs and wgllm does not is refused by name.
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", Value::String("rwkv7".into()));
+    let p = temp_file("rwkv7.gguf", &w.to_bytes());
+    assert_clean_failure(
+        &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
+        "`rwkv7` is a recurrent or hybrid family wgllm does not run yet (its recurrent and hybrid models: mamba, mamba2, lfm2)",
     );
 }
 

@@ -7,10 +7,10 @@
 //! split as the recurrent memory needs (the equal split), which the K/V cache takes as
 //! any other ubatch.
 
-use super::recurrent::{split_equal, RecurrentMemory};
+use super::recurrent::RecurrentMemory;
 use super::{Checkpoint, KvCache, KvLayer, Memory, RsLayer, StateLoad, StoreMap};
 use crate::context::state::Reader;
-use crate::context::{Batch, ContextError};
+use crate::context::ContextError;
 use crate::kv::{CacheKind, KvCells, KvChoice, SeqId};
 use crate::model::{GraphInput, InputData, UbatchView};
 
@@ -65,13 +65,8 @@ impl Memory for HybridMemory {
         self.recr.seq_div(seq, p0, p1, d)?;
         self.attn.seq_div(seq, p0, p1, d)
     }
-    fn split(
-        &self,
-        batch: &Batch,
-        n_ubatch: usize,
-        n_out_max: usize,
-    ) -> Result<Vec<Vec<usize>>, ContextError> {
-        split_equal(&batch.seq, &batch.logits, n_ubatch, n_out_max)
+    fn equal_split(&self) -> bool {
+        true
     }
     fn checkpoint(&self) -> Checkpoint {
         Checkpoint {

@@ -103,16 +103,24 @@ pub trait Memory: Send + Sync {
         self.cells().used()
     }
 
+    /// Whether ubatches must take equally many tokens from each of their sequence sets
+    /// (a memory with recurrent states: [`split_equal`]).
+    fn equal_split(&self) -> bool {
+        false
+    }
     /// How a checked batch is cut into ubatches, as the batch indices of each ubatch's
     /// tokens: consecutive runs of at most `n_ubatch` tokens and `n_out_max` logit rows
-    /// (llama.cpp's simple split, which a KV cache can take in any order). A memory that
-    /// must see each sequence's tokens together (the recurrent one) splits otherwise.
+    /// (llama.cpp's simple split, which a KV cache can take in any order), or the equal
+    /// split where [`Memory::equal_split`] says so.
     fn split(
         &self,
         batch: &Batch,
         n_ubatch: usize,
         n_out_max: usize,
     ) -> Result<Vec<Vec<usize>>, ContextError> {
+        if self.equal_split() {
+            return split_equal(&batch.seq, &batch.logits, n_ubatch, n_out_max);
+        }
         Ok(split_simple(&batch.logits, n_ubatch, n_out_max)
             .into_iter()
             .map(|r| r.collect())

@@ -11,7 +11,7 @@
 
 use super::{Checkpoint, KvLayer, Memory, RsLayer, StateLoad, StoreMap};
 use crate::context::state::Reader;
-use crate::context::{Batch, ContextError};
+use crate::context::ContextError;
 use crate::kv::{CacheKind, KvCells, KvChoice, KvType, RsCells, RsSlot, SeqId};
 use crate::model::{GraphInput, InputData, Model, UbatchView};
 use crate::ops::View;
@@ -283,13 +283,8 @@ impl Memory for RecurrentMemory {
     fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
         Ok(self.cells.seq_div(seq, p0, p1, d)?)
     }
-    fn split(
-        &self,
-        batch: &Batch,
-        n_ubatch: usize,
-        n_out_max: usize,
-    ) -> Result<Vec<Vec<usize>>, ContextError> {
-        split_equal(&batch.seq, &batch.logits, n_ubatch, n_out_max)
+    fn equal_split(&self) -> bool {
+        true
     }
     fn checkpoint(&self) -> Checkpoint {
         Checkpoint {

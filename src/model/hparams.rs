@@ -220,7 +220,7 @@ impl Hparams {
                 return Err(ModelError::BadHparams {
                     path: f.path.clone(),
                     msg: format!(
-                        "`{other}` is a recurrent or hybrid family wgllm does not run yet (its recurrent models: mamba, mamba2)"
+                        "`{other}` is a recurrent or hybrid family wgllm does not run yet (its recurrent and hybrid models: mamba, mamba2, lfm2)"
                     ),
                 })
             }
@@ -308,13 +308,7 @@ impl Hparams {
             "linear" => 1.0 / f.get_f32(&key("rope.scaling.factor"))?,
             other => return Err(bad(format!("rope scaling `{other}` is not supported yet"))),
         };
-        let n_vocab = f
-            .tensor("token_embd.weight")
-            .map(|t| t.dims.get(1).copied().unwrap_or(0) as u32)
-            .ok_or_else(|| ModelError::MissingTensor {
-                path: f.path.clone(),
-                tensor: "token_embd.weight".into(),
-            })?;
+        let n_vocab = vocab_size(f)?;
         // Llama rotates adjacent pairs; the others the two halves of a head (GPT-NeoX).
         let neox = arch != Arch::Llama;
         let mut rope = RopeParams::new(head_dim, n_rot, neox, freq_base, freq_scale);
@@ -418,6 +412,16 @@ impl Hparams {
     }
 }
 
+/// The vocabulary size: the rows of the token embedding.
+fn vocab_size(f: &GgufFile) -> Result<u32, ModelError> {
+    f.tensor("token_embd.weight")
+        .map(|t| t.dims.get(1).copied().unwrap_or(0) as u32)
+        .ok_or_else(|| ModelError::MissingTensor {
+            path: f.path.clone(),
+            tensor: "token_embd.weight".into(),
+        })
+}
+
 /// A state-space model's hyperparameters: no attention (head counts 0), the `ssm.*`
 /// sizes, which the kernels must hold.
 fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
@@ -463,13 +467,7 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
             "state-space sizes {ssm:?} are not supported (convolution width 2-8, state size 1-{max_ds}; Mamba: inner size 2 x embedding; Mamba-2: inner size a multiple of the heads, heads of the groups)"
         )));
     }
-    let n_vocab = f
-        .tensor("token_embd.weight")
-        .map(|t| t.dims.get(1).copied().unwrap_or(0) as u32)
-        .ok_or_else(|| ModelError::MissingTensor {
-            path: f.path.clone(),
-            tensor: "token_embd.weight".into(),
-        })?;
+    let n_vocab = vocab_size(f)?;
     let rope = RopeParams::new(4, 4, false, 10_000.0, 1.0);
     let n_layer = u("block_count")?;
     Ok(Hparams {

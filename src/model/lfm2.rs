@@ -8,7 +8,7 @@
 //! the output projection.
 
 use super::Lfm2Mixer;
-use super::{attn_shape, kv_layer, output_head, CacheKind, GraphInput, GraphIo, Model};
+use super::{attn_shape, kv_layer, output_head, rs_rows, CacheKind, GraphInput, GraphIo, Model};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
 use crate::kv::MaskKind;
@@ -32,19 +32,12 @@ pub fn inputs(hp: &super::Hparams) -> Vec<GraphInput> {
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
     let (t, eps) = (io.n_tok, hp.eps);
-    if io.n_rs == 0 || !t.is_multiple_of(io.n_rs) {
-        return Err(GpuError::Validation(format!(
-            "a recurrent ubatch of {t} tokens in {} sequence sets is not an equal split",
-            io.n_rs
-        )));
-    }
     let mut g = GraphBuilder::new();
+    let rows = rs_rows(&mut g, io)?;
     let tokens = g.input(io.tokens()?, [t, 1]);
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
     let slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
     let mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
-    let src = g.input(io.input(GraphInput::RsSrc)?, [io.n_rs, 1]);
-    let dst = g.input(io.input(GraphInput::RsDst)?, [io.n_rs, 1]);
     let shape = attn_shape(hp, mem, t, io.n_kv);
     let sp = SoftmaxParams {
         scale: hp.attn_scale,
@@ -97,17 +90,17 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
                 let c = g.matmul(in_c, cur);
                 let xi = g.matmul(in_x, cur);
                 let bx = g.mul(b, xi);
-                let state = g.select_rows(conv_all, src);
+                let state = g.select_rows(conv_all, rows.src);
                 let cs = ConvShape {
                     ch: hp.n_embd,
                     k: hp.shortconv_l_cache,
-                    n_t: t / io.n_rs,
-                    n_s: io.n_rs,
+                    n_t: rows.n_t,
+                    n_s: rows.n_s,
                     x_stride: hp.n_embd,
                     silu: false,
                 };
                 let (y, new_state) = g.ssm_conv(state, bx, conv, None, cs);
-                g.store_rows(new_state, dst, conv_all);
+                g.store_rows(new_state, rows.dst, conv_all);
                 let y = g.mul(c, y);
                 g.matmul(out, y)
             }

@@ -8,7 +8,7 @@
 //! gates with SiLU(z) (Mamba-2 then norms the result per group); and projects back.
 //! The ubatch's states are gathered from their cells first and stored back after.
 
-use super::{output_head, GraphInput, GraphIo, Model, SsmLayer};
+use super::{output_head, rs_rows, GraphInput, GraphIo, Model, RsRows as Rows, SsmLayer};
 use crate::gpu::GpuError;
 use crate::graph::{Graph, GraphBuilder, TensorId};
 use crate::memory::{Memory, RsLayer};
@@ -24,34 +24,14 @@ pub fn inputs() -> Vec<GraphInput> {
     ]
 }
 
-/// The ubatch's layout for the recurrent ops: its sequence sets' state rows.
-struct Rows {
-    src: TensorId,
-    dst: TensorId,
-    n_s: u32,
-    n_t: u32,
-}
-
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w) = (&m.hp, &m.weights);
     let ssm = hp
         .ssm
         .ok_or_else(|| GpuError::Validation("a state-space model without ssm sizes".into()))?;
-    let t = io.n_tok;
-    if io.n_rs == 0 || !t.is_multiple_of(io.n_rs) {
-        return Err(GpuError::Validation(format!(
-            "a recurrent ubatch of {t} tokens in {} sequence sets is not an equal split",
-            io.n_rs
-        )));
-    }
     let mut g = GraphBuilder::new();
-    let tokens = g.input(io.tokens()?, [t, 1]);
-    let rows = Rows {
-        src: g.input(io.input(GraphInput::RsSrc)?, [io.n_rs, 1]),
-        dst: g.input(io.input(GraphInput::RsDst)?, [io.n_rs, 1]),
-        n_s: io.n_rs,
-        n_t: t / io.n_rs,
-    };
+    let rows = rs_rows(&mut g, io)?;
+    let tokens = g.input(io.tokens()?, [io.n_tok, 1]);
     let mut x = g.get_rows(&w.tok_embd, tokens);
     for (il, lw) in w.ssm.iter().enumerate() {
         let rs = mem.rs_layer(il).ok_or_else(|| {
@@ -83,6 +63,30 @@ fn gather(g: &mut GraphBuilder, rs: &RsLayer, rows: &Rows) -> Result<Gathered, G
     Ok(((conv_all, conv), (ssm_all, state)))
 }
 
+/// The convolution (with its bias, through SiLU) of x ([channels, n_tok]) from the
+/// gathered conv states, whose new values are stored back to the ubatch's cells.
+fn conv_silu(
+    g: &mut GraphBuilder,
+    lw: &SsmLayer,
+    (conv_all, conv): (TensorId, TensorId),
+    rows: &Rows,
+    s: Ssm,
+    x: TensorId,
+) -> TensorId {
+    let ch = g.ne(x)[0];
+    let shape = ConvShape {
+        ch,
+        k: s.d_conv,
+        n_t: rows.n_t,
+        n_s: rows.n_s,
+        x_stride: ch,
+        silu: true,
+    };
+    let (y, new_conv) = g.ssm_conv(conv, x, &lw.conv, Some(&lw.conv_b), shape);
+    g.store_rows(new_conv, rows.dst, conv_all);
+    y
+}
+
 /// Mamba: x and z from the input; conv + SiLU; dt's input, B and C from the convolved x;
 /// dt = its projection; the scan with per-state A.
 fn mamba_layer(
@@ -99,16 +103,7 @@ fn mamba_layer(
     let di = s.d_inner;
     let xi = g.matmul(&lw.in_x, cur);
     let z = g.matmul(&lw.in_z, cur);
-    let shape = ConvShape {
-        ch: di,
-        k: s.d_conv,
-        n_t: rows.n_t,
-        n_s: rows.n_s,
-        x_stride: di,
-        silu: true,
-    };
-    let (xc, new_conv) = g.ssm_conv(conv, xi, &lw.conv, Some(&lw.conv_b), shape);
-    g.store_rows(new_conv, rows.dst, conv_all);
+    let xc = conv_silu(g, lw, (conv_all, conv), rows, s, xi);
     let dt_in = g.matmul(lw.x_dt.as_ref().ok_or_else(missing)?, xc);
     let bc = g.matmul(lw.x_bc.as_ref().ok_or_else(missing)?, xc);
     let dt = g.matmul(lw.dt.as_ref().ok_or_else(missing)?, dt_in);
@@ -155,16 +150,7 @@ fn mamba2_layer(
     let z = g.matmul(&lw.in_z, cur);
     let xbc = g.matmul(&lw.in_x, cur);
     let dt = g.matmul(lw.in_dt.as_ref().ok_or_else(missing)?, cur);
-    let shape = ConvShape {
-        ch,
-        k: s.d_conv,
-        n_t: rows.n_t,
-        n_s: rows.n_s,
-        x_stride: ch,
-        silu: true,
-    };
-    let (xc, new_conv) = g.ssm_conv(conv, xbc, &lw.conv, Some(&lw.conv_b), shape);
-    g.store_rows(new_conv, rows.dst, conv_all);
+    let xc = conv_silu(g, lw, (conv_all, conv), rows, s, xbc);
     let scan = ScanShape {
         d_state: ds,
         head_dim: di / nh,

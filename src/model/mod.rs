@@ -134,6 +134,32 @@ fn output_head(
     g.build(gpu)
 }
 
+/// A recurrent ubatch's layout (the recurrent memory's equal split): the rows each
+/// sequence set's states are gathered from and stored to, `n_s` sets of `n_t` tokens.
+struct RsRows {
+    src: crate::graph::TensorId,
+    dst: crate::graph::TensorId,
+    n_s: u32,
+    n_t: u32,
+}
+
+/// The state rows of the ubatch `io` describes, as graph inputs.
+fn rs_rows(g: &mut crate::graph::GraphBuilder, io: &GraphIo) -> Result<RsRows, GpuError> {
+    let t = io.n_tok;
+    if io.n_rs == 0 || !t.is_multiple_of(io.n_rs) {
+        return Err(GpuError::Validation(format!(
+            "a recurrent ubatch of {t} tokens in {} sequence sets is not an equal split",
+            io.n_rs
+        )));
+    }
+    Ok(RsRows {
+        src: g.input(io.input(GraphInput::RsSrc)?, [io.n_rs, 1]),
+        dst: g.input(io.input(GraphInput::RsDst)?, [io.n_rs, 1]),
+        n_s: io.n_rs,
+        n_t: t / io.n_rs,
+    })
+}
+
 /// Layer `il`'s K/V handle; a memory without it is a wiring bug, reported.
 fn kv_layer(mem: &dyn Memory, il: usize) -> Result<KvLayer<'_>, GpuError> {
     mem.layer(il).ok_or_else(|| {
