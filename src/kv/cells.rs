@@ -89,7 +89,7 @@ pub struct KvCells {
 }
 
 /// The ids in a sequence set, lowest first.
-fn seq_ids(mut set: u64) -> impl Iterator<Item = usize> {
+pub(super) fn seq_ids(mut set: u64) -> impl Iterator<Item = usize> {
     std::iter::from_fn(move || {
         (set != 0).then(|| {
             let s = set.trailing_zeros() as usize;

@@ -18,6 +18,7 @@ pub use defrag::Move;
 pub use kv_type::{bf16_bits, FlashAttn, KvChoice, KvConfig, KvType, GROUP as KV_GROUP};
 pub use mask::{build_mask, MaskKind, MASKED};
 pub use rs_cells::{RsCells, RsSlot, PARTIAL_RM};
+pub use view::seq_set_text;
 pub use window::RollingWindow;
 
 /// Attention reads cells [0, n_kv) with n_kv a multiple of this (as llama.cpp pads it),

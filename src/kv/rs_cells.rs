@@ -14,7 +14,7 @@
 //! stores it back by index, so cells never move. Which sequences share which states, the
 //! positions and what is refused are the same.
 
-use super::cells::{Cell, KvCells, KvError, SeqId};
+use super::cells::{seq_ids, Cell, KvCells, KvError, SeqId};
 
 /// Where one sequence set of a ubatch reads its state from and writes it to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,9 +237,7 @@ impl RsCells {
     pub fn restore(&mut self, saved: &[(i32, u64)]) -> Result<Vec<usize>, KvError> {
         let mut out = Vec::with_capacity(saved.len());
         for &(pos, set) in saved {
-            if (0..64u32).any(|s| {
-                set & (1u64 << s) != 0 && (s as usize >= self.size() || self.tail(s).is_some())
-            }) {
+            if seq_ids(set).any(|s| s >= self.size() || self.tail(s as SeqId).is_some()) {
                 return Err(KvError::BadStore(format!(
                     "saved state of sequence set {set:#x}: a sequence outside this memory, or one that already has a state"
                 )));
@@ -250,8 +248,8 @@ impl RsCells {
                 size: self.size(),
             })?;
             self.set(i, pos, set);
-            for s in (0..64u32).filter(|&s| set & (1u64 << s) != 0) {
-                self.tail[s as usize] = Some(i);
+            for s in seq_ids(set) {
+                self.tail[s] = Some(i);
             }
             out.push(i);
         }
@@ -289,10 +287,10 @@ impl RsCells {
                 )));
             }
             // Sequences joining the first one's state give up their own.
-            for s in (0..64u32).filter(|&s| s != first && set & (1u64 << s) != 0) {
-                if let Some(t) = self.tail(s) {
-                    self.drop_seq(t, s);
-                    self.tail[s as usize] = None;
+            for s in seq_ids(set).skip(1) {
+                if let Some(t) = self.tail[s] {
+                    self.drop_seq(t, s as SeqId);
+                    self.tail[s] = None;
                 }
             }
             let own = self
@@ -319,8 +317,8 @@ impl RsCells {
             };
             self.set(slot.dst, last_pos, set);
             self.src[slot.dst] = slot.src;
-            for s in (0..64u32).filter(|&s| set & (1u64 << s) != 0) {
-                self.tail[s as usize] = Some(slot.dst);
+            for s in seq_ids(set) {
+                self.tail[s] = Some(slot.dst);
             }
             out.push(slot);
         }

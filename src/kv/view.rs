@@ -4,7 +4,8 @@
 use super::KvCells;
 use std::fmt::Write;
 
-fn seqs(mask: u64) -> String {
+/// A sequence set as text: `{0,2}`.
+pub fn seq_set_text(mask: u64) -> String {
     let ids: Vec<String> = (0..64)
         .filter(|s| mask & (1u64 << s) != 0)
         .map(|s| s.to_string())
@@ -69,7 +70,7 @@ impl KvCells {
                 j,
                 c.pos,
                 c.pos + (j - i) as i32,
-                seqs(c.seq)
+                seq_set_text(c.seq)
             );
             i = j;
         }

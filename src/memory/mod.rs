@@ -356,19 +356,15 @@ impl StoreMap {
             self.used
         );
         for (i, c) in self.cells.iter().enumerate().filter(|(_, c)| !c.is_empty()) {
-            let seqs: Vec<String> = (0..64)
-                .filter(|s| c.seq & (1u64 << s) != 0)
-                .map(|s: u32| s.to_string())
-                .collect();
             let from = match self.sources.get(i).copied().flatten() {
                 Some(j) if j != i => format!(", copied from cell {j}"),
                 Some(_) => String::new(),
                 None => ", from zeros".into(),
             };
             out.push_str(&format!(
-                "  state {i}: last pos {}, sequences {{{}}}{from}\n",
+                "  state {i}: last pos {}, sequences {}{from}\n",
                 c.pos,
-                seqs.join(", ")
+                crate::kv::seq_set_text(c.seq)
             ));
         }
         out
