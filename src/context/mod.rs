@@ -2,7 +2,10 @@
 //! input buffers, and the graphs built for the shapes seen so far. `decode` checks a
 //! batch, lets the memory place its ubatches and runs one graph per ubatch.
 
+mod sampling;
 pub mod state;
+
+pub use sampling::GpuDraw;
 
 use crate::gpu::GpuError;
 use crate::graph::{Graph, StepProfile};
@@ -152,6 +155,16 @@ pub struct Context {
     /// Set by [`Context::profile_next_ubatch`]; the profile lands in `last_profile`.
     profile_next: bool,
     pub last_profile: Option<StepProfile>,
+    /// Sampling on the GPU: made at the first draw.
+    sampling: Option<sampling::SampleState>,
+}
+
+/// What a decode returns: the logit rows asked for and not drawn on the GPU, and each
+/// draw's (token, probability), in the order the draws were given.
+#[derive(Clone, Debug, Default)]
+pub struct Decoded {
+    pub logits: Vec<f32>,
+    pub picks: Vec<(u32, f32)>,
 }
 
 /// The last ubatch's graph: its dispatches and the host time to record them.
@@ -160,6 +173,8 @@ pub struct StepStats {
     pub n_tok: u32,
     pub dispatches: usize,
     pub record_ns: u64,
+    /// Bytes read back from the GPU (logit rows, drawn tokens).
+    pub read_bytes: u64,
 }
 
 impl Context {
@@ -211,6 +226,7 @@ impl Context {
             last_step: StepStats::default(),
             profile_next: false,
             last_profile: None,
+            sampling: None,
         })
     }
 
@@ -373,6 +389,68 @@ impl Context {
 
     /// [`Context::decode`], awaiting the logits readback instead of blocking on it.
     pub async fn decode_async(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
+        Ok(self.decode_drawing_async(batch, &[]).await?.logits)
+    }
+
+    /// [`Context::decode_drawing_async`], blocking (native targets).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn decode_drawing(
+        &mut self,
+        batch: &Batch,
+        draws: &[GpuDraw],
+    ) -> Result<Decoded, ContextError> {
+        pollster::block_on(self.decode_drawing_async(batch, draws))
+    }
+
+    /// The history stamp slot `slot`'s GPU copy matches ([`Context::sync_sampler`]).
+    pub fn sampler_stamp(&self, slot: SeqId) -> Option<u64> {
+        self.sampling.as_ref().and_then(|s| s.stamp(slot))
+    }
+
+    /// Records that slot `slot`'s GPU copy matches the history stamped `stamp` (the
+    /// engine took the token a draw recorded there).
+    pub fn set_sampler_stamp(&mut self, slot: SeqId, stamp: u64) {
+        if let Some(s) = self.sampling.as_mut() {
+            s.set_stamp(slot, Some(stamp));
+        }
+    }
+
+    /// Copies a session's penalty history and logit bias to the GPU for draws on slot
+    /// `slot` with settings `row`; `Err` says why it cannot draw there.
+    pub fn sync_sampler(
+        &mut self,
+        slot: SeqId,
+        stamp: u64,
+        row: &crate::ops::uniforms::SampleRow,
+        history: &[u32],
+        bias: Option<&[f32]>,
+    ) -> Result<(), String> {
+        self.check_seq(slot).map_err(|e| e.to_string())?;
+        let gpu = self.model.gpu.clone();
+        if self.sampling.is_none() {
+            let st = sampling::SampleState::new(
+                &gpu,
+                self.model.hp.n_vocab,
+                self.params.n_seq_max,
+                self.n_out_max,
+            )
+            .map_err(|e| e.to_string())?;
+            self.sampling = Some(st);
+        }
+        self.sampling
+            .as_mut()
+            .unwrap()
+            .sync(&gpu, slot, stamp, row, history, bias)
+    }
+
+    /// Decodes a batch as [`Context::decode_async`] does, except that the rows of
+    /// `draws` are sampled on the GPU (their slots synced first) and only their tokens
+    /// come back.
+    pub async fn decode_drawing_async(
+        &mut self,
+        batch: &Batch,
+        draws: &[GpuDraw],
+    ) -> Result<Decoded, ContextError> {
         let n = batch.tokens.len();
         if n == 0 {
             return Err(ContextError::BadBatch("the batch is empty".into()));
@@ -403,20 +481,70 @@ impl Context {
         self.memory.update(true)?;
         // A failed batch leaves the cache as it was (as llama.cpp restores its cells):
         // ubatches already stored and the cells of a failing one are dropped.
+        self.check_draws(batch, draws)?;
         let saved = self.memory.checkpoint();
-        let out = self.decode_ubatches(batch).await;
+        let out = self.decode_ubatches(batch, draws).await;
         if out.is_err() {
             self.memory.rollback(saved);
+            if let Some(s) = self.sampling.as_mut() {
+                s.forget_all();
+            }
         }
         out
     }
 
+    /// Each draw names a token that wants logits, once, on a slot synced for sampling.
+    fn check_draws(&self, batch: &Batch, draws: &[GpuDraw]) -> Result<(), ContextError> {
+        if draws.is_empty() {
+            return Ok(());
+        }
+        let Some(st) = self.sampling.as_ref() else {
+            return Err(ContextError::BadBatch(
+                "a draw before any slot was synced for sampling (Context::sync_sampler)".into(),
+            ));
+        };
+        let mut seen = std::collections::HashSet::new();
+        for d in draws {
+            if !batch.logits.get(d.index).copied().unwrap_or(false) {
+                return Err(ContextError::BadBatch(format!(
+                    "a draw names token {} of the batch, which does not ask for logits",
+                    d.index
+                )));
+            }
+            if !seen.insert(d.index) || (d.row.slot as usize) >= self.params.n_seq_max as usize {
+                return Err(ContextError::BadBatch(format!(
+                    "draw for token {}: repeated, or slot {} out of range",
+                    d.index, d.row.slot
+                )));
+            }
+        }
+        if draws.len() > st.n_rows_max() as usize {
+            return Err(ContextError::BadBatch(format!(
+                "{} draws in one batch; at most {} (one per sequence)",
+                draws.len(),
+                st.n_rows_max()
+            )));
+        }
+        Ok(())
+    }
+
     /// Splits a checked batch into ubatches as the memory asks and decodes them in order;
-    /// the logit rows come back in batch order whatever order the split took.
-    async fn decode_ubatches(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
+    /// the logit rows (and draws) come back in batch order whatever order the split took.
+    async fn decode_ubatches(
+        &mut self,
+        batch: &Batch,
+        draws: &[GpuDraw],
+    ) -> Result<Decoded, ContextError> {
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let n_vocab = self.model.hp.n_vocab as usize;
+        let draw_of: std::collections::HashMap<usize, usize> = draws
+            .iter()
+            .enumerate()
+            .map(|(j, d)| (d.index, j))
+            .collect();
         let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
+        let mut picks = vec![(0u32, 0f32); draws.len()];
+        let mut read_bytes = 0;
         for idx in self.memory.split(batch, ub, self.n_out_max as usize)? {
             let pick = |v: &[bool]| idx.iter().map(|&i| v[i]).collect::<Vec<_>>();
             let logits = pick(&batch.logits);
@@ -426,21 +554,45 @@ impl Context {
                 seq: idx.iter().map(|&i| batch.seq[i]).collect(),
                 logits,
             };
-            let out = self.decode_ubatch(&u).await?;
-            let wanted = idx
-                .iter()
-                .zip(&u.logits)
-                .filter(|(_, &l)| l)
-                .map(|(&i, _)| i);
-            for (i, row) in wanted.zip(out.chunks(n_vocab.max(1))) {
-                rows.push((i, row.to_vec()));
+            // Output rows in ubatch order: read back, or drawn on the GPU.
+            let (mut read, mut drawn, mut which) = (Vec::new(), Vec::new(), Vec::new());
+            for (r, &i) in idx.iter().filter(|&&i| batch.logits[i]).enumerate() {
+                match draw_of.get(&i) {
+                    Some(&j) => {
+                        let mut row = draws[j].row;
+                        row.row = r as u32;
+                        drawn.push(row);
+                        which.push(j);
+                    }
+                    None => read.push((i, r as u32)),
+                }
+            }
+            let rs: Vec<u32> = read.iter().map(|x| x.1).collect();
+            let (out, got) = self.decode_ubatch(&u, &rs, &drawn).await?;
+            read_bytes += self.last_step.read_bytes;
+            for ((i, _), row) in read.iter().zip(out.chunks(n_vocab.max(1))) {
+                rows.push((*i, row.to_vec()));
+            }
+            for (j, p) in which.into_iter().zip(got) {
+                picks[j] = p;
             }
         }
+        self.last_step.read_bytes = read_bytes;
         rows.sort_by_key(|(i, _)| *i);
-        Ok(rows.into_iter().flat_map(|(_, r)| r).collect())
+        Ok(Decoded {
+            logits: rows.into_iter().flat_map(|(_, r)| r).collect(),
+            picks,
+        })
     }
 
-    async fn decode_ubatch(&mut self, u: &Batch) -> Result<Vec<f32>, ContextError> {
+    /// Runs one ubatch's graph; returns the logit rows `read` (output row indices, in
+    /// order) and the tokens of the rows `drawn`.
+    async fn decode_ubatch(
+        &mut self,
+        u: &Batch,
+        read: &[u32],
+        drawn: &[crate::ops::uniforms::SampleRow],
+    ) -> Result<(Vec<f32>, Vec<(u32, f32)>), ContextError> {
         let gpu = self.model.gpu.clone();
         let ubv = UbatchView {
             tokens: &u.tokens,
@@ -498,21 +650,49 @@ impl Context {
             }
         };
         let graph = &self.graphs[idx].1;
-        let bytes = n_out as u64 * self.model.hp.n_vocab as u64 * 4;
-        let read = (n_out > 0).then(|| (View::whole(&self.step.logits), bytes));
-        let data = graph.run(&gpu, read.as_ref().map(|(v, b)| (v, *b))).await?;
+        // Logit rows to read, as runs of consecutive rows; then the drawn tokens.
+        let row_bytes = self.model.hp.n_vocab as u64 * 4;
+        let mut regions: Vec<(&wgpu::Buffer, u64, u64)> = Vec::new();
+        for &r in read {
+            match regions.last_mut() {
+                Some(last) if last.1 + last.2 == r as u64 * row_bytes => last.2 += row_bytes,
+                _ => regions.push((&self.step.logits, r as u64 * row_bytes, row_bytes)),
+            }
+        }
+        let logit_bytes: u64 = regions.iter().map(|r| r.2).sum();
+        let extra: &[crate::ops::Dispatch] = if drawn.is_empty() {
+            &[]
+        } else {
+            let st = self
+                .sampling
+                .as_mut()
+                .expect("draws are checked against a synced state");
+            let (d, result) = st.record(&gpu, &self.step.logits, drawn)?;
+            regions.push((result, 0, drawn.len() as u64 * 8));
+            d
+        };
+        let read_bytes: u64 = regions.iter().map(|r| r.2).sum();
+        let data = graph.run(&gpu, extra, &regions).await?;
         self.last_step = StepStats {
             n_tok: key.0,
-            dispatches: graph.n_dispatches(),
+            dispatches: graph.n_dispatches() + extra.len(),
             record_ns: graph.record_ns(),
+            read_bytes,
         };
         if std::mem::take(&mut self.profile_next) {
             let mut p = graph.profile(&gpu).await?;
             (p.n_tok, p.n_kv) = (key.0, key.1);
             self.last_profile = Some(p);
         }
-        Ok(data
-            .map(|d| bytemuck::pod_collect_to_vec(&d))
-            .unwrap_or_default())
+        let data = data.unwrap_or_default();
+        let (logits, tokens) = data.split_at((logit_bytes as usize).min(data.len()));
+        let picks = tokens
+            .chunks_exact(8)
+            .map(|c| {
+                let t = u32::from_le_bytes(c[..4].try_into().unwrap());
+                (t, f32::from_le_bytes(c[4..].try_into().unwrap()))
+            })
+            .collect();
+        Ok((bytemuck::pod_collect_to_vec(logits), picks))
     }
 }

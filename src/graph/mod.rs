@@ -11,7 +11,7 @@ pub use builder::{AttnBlock, GraphBuilder, Node, Op, OpCost, TensorId};
 pub use profile::{KernelTime, OpProfile, StepProfile, TimingSource};
 
 use crate::gpu::{Gpu, GpuError};
-use crate::ops::{Dispatch, View};
+use crate::ops::Dispatch;
 
 /// Dispatches in the first submit of a run on a GPU, and in each one after it.
 const FIRST_SUBMIT: usize = 32;
@@ -59,13 +59,15 @@ impl Graph {
         self.dispatches.len()
     }
 
-    /// Records the dispatches (in chunks, each submitted as it is recorded, on GPUs), then
-    /// (optionally) copies `read` to a mappable buffer in the last submit; returns the
-    /// bytes read once the GPU is done.
+    /// Records the dispatches (in chunks, each submitted as it is recorded, on GPUs) and
+    /// `extra` after them (sampling), then copies each of `reads` (buffer, offset, bytes;
+    /// 4-byte aligned) to one mappable buffer in the last submit; returns those bytes,
+    /// one region after another, once the GPU is done.
     pub async fn run(
         &self,
         gpu: &Gpu,
-        read: Option<(&View, u64)>,
+        extra: &[Dispatch],
+        reads: &[(&wgpu::Buffer, u64, u64)],
     ) -> Result<Option<Vec<u8>>, GpuError> {
         // `gpu.tuning.profile` (`WGLLM_PROFILE=1`): before each run, time every dispatch
         // alone and log the totals per op (slow; for finding where the time goes).
@@ -88,12 +90,12 @@ impl Graph {
         };
         // Records one chunk into a fresh encoder; the host time goes to `record_ns`.
         let mut record_ns = 0u64;
-        let mut encode = |chunk: &[Dispatch]| {
+        let mut encode = |chunk: &[Dispatch], extra: &[Dispatch]| {
             let t0 = web_time::Instant::now();
             let mut enc = gpu.device.create_command_encoder(&Default::default());
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                for d in chunk {
+                for d in chunk.iter().chain(extra) {
                     pass.set_pipeline(&d.pipeline);
                     pass.set_bind_group(0, &d.bind_group, &[]);
                     pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
@@ -104,16 +106,21 @@ impl Graph {
         };
         let (last, before) = chunks.split_last().expect("chunks start with the head");
         for chunk in before {
-            let cmd = encode(chunk).finish();
+            let cmd = encode(chunk, &[]).finish();
             gpu.queue.submit([cmd]);
         }
-        let mut enc = encode(last);
+        let mut enc = encode(last, extra);
         let t0 = web_time::Instant::now();
-        let staging = read.map(|(view, bytes)| {
-            let size = bytes.div_ceil(4) * 4;
-            let staging = gpu.staging("logits readback", size);
-            enc.copy_buffer_to_buffer(&view.buf, view.offset, &staging, 0, size);
-            (staging, bytes)
+        let total: u64 = reads.iter().map(|r| r.2.div_ceil(4) * 4).sum();
+        let staging = (!reads.is_empty()).then(|| {
+            let staging = gpu.staging("readback", total);
+            let mut at = 0;
+            for &(buf, offset, bytes) in reads {
+                let size = bytes.div_ceil(4) * 4;
+                enc.copy_buffer_to_buffer(buf, offset, &staging, at, size);
+                at += size;
+            }
+            (staging, total)
         });
         let cmd = enc.finish();
         self.record_ns.store(

@@ -175,6 +175,10 @@ pub enum KernelKey {
         ds: u32,
         wg: bool,
     },
+    /// Sampling's first pass: bias, penalties and each segment's top-k candidates.
+    SampleTopk,
+    /// Sampling's second pass: the row's top-k, llama.cpp's chain and the draw.
+    SampleChain,
 }
 
 /// (lanes, vec4s per lane) of the split attention output kernel for rows of `d4` vec4s:
@@ -218,6 +222,8 @@ impl KernelKey {
             AttnKqvJoin,
             Hadamard,
             SsmConv,
+            SampleTopk,
+            SampleChain,
         ];
         for &ds in SSM_DS {
             v.extend([false, true].map(|wg| SsmScan { ds, wg }));
@@ -361,7 +367,9 @@ impl KernelKey {
             | AddRmsNorm
             | AttnKqTile { .. }
             | AttnKqvTile { .. }
-            | SsmScan { wg: true, .. } => 256,
+            | SsmScan { wg: true, .. }
+            | SampleTopk
+            | SampleChain => 256,
             Softmax { wg } => wg,
             Rope { .. }
             | RopeStore { .. }
@@ -421,6 +429,7 @@ impl KernelKey {
             Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
             SsmConv => SsmConvUniform::WGSL,
             SsmScan { .. } => SsmScanUniform::WGSL,
+            SampleTopk | SampleChain => SampleUniform::WGSL,
         }
     }
 
@@ -519,6 +528,18 @@ impl KernelKey {
                 ],
                 &[],
             ),
+            SampleTopk | SampleChain => compose(
+                &[
+                    &SampleRow::wgsl(),
+                    shaders::SAMPLE_SELECT,
+                    if *self == SampleTopk {
+                        shaders::SAMPLE_TOPK
+                    } else {
+                        shaders::SAMPLE_CHAIN
+                    },
+                ],
+                &[],
+            ),
         };
         // `enable` directives must precede every declaration.
         let enable = if self.features().contains(wgpu::Features::SHADER_F16) {
@@ -591,6 +612,8 @@ impl fmt::Display for KernelKey {
             MatmulTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
             SsmConv => write!(f, "ssm_conv"),
             SsmScan { ds, wg } => write!(f, "ssm_scan_ds{ds}{}", if wg { "_wg" } else { "" }),
+            SampleTopk => write!(f, "sample_topk"),
+            SampleChain => write!(f, "sample_chain"),
         }
     }
 }
@@ -707,7 +730,8 @@ mod tests {
             + SOFTMAX_WG.len()
             + 2
             + 1
-            + 2 * SSM_DS.len();
+            + 2 * SSM_DS.len()
+            + 2;
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
         // two rope_stores, two GPU flash kernels and the CPU ones (head buckets x tokens).
         let tiles = ATTN_TILE_DK.len() + ATTN_TILE_NI.len();

@@ -16,6 +16,7 @@ pub mod matmul;
 pub mod rms_norm;
 pub mod rope;
 pub mod rope_store;
+pub mod sample;
 pub mod set_rows;
 pub mod shaders;
 pub mod softmax;

@@ -35,6 +35,9 @@ pub const SSM_SCAN_COMMON: &str = include_str!("../../shaders/ssm_scan_common.wg
 pub const SSM_SCAN: &str = include_str!("../../shaders/ssm_scan.wgsl");
 pub const SSM_SCAN_WG: &str = include_str!("../../shaders/ssm_scan_wg.wgsl");
 pub const SET_ROWS_BLOCKS: &str = include_str!("../../shaders/set_rows_blocks.wgsl");
+pub const SAMPLE_SELECT: &str = include_str!("../../shaders/sample_select.wgsl");
+pub const SAMPLE_TOPK: &str = include_str!("../../shaders/sample_topk.wgsl");
+pub const SAMPLE_CHAIN: &str = include_str!("../../shaders/sample_chain.wgsl");
 
 /// Helpers of the packed K/V cache types' snippets (see [`kv_snippet`]).
 pub const KV_COMMON: &str = include_str!("../../shaders/kv_common.wgsl");
@@ -208,6 +211,9 @@ pub fn fingerprint() -> u64 {
         KV_READ,
         HADAMARD,
         SET_ROWS_BLOCKS,
+        SAMPLE_SELECT,
+        SAMPLE_TOPK,
+        SAMPLE_CHAIN,
         KV_COMMON,
         KV_BF16,
         KV_Q8_0,

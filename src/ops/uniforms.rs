@@ -249,6 +249,60 @@ uniform_struct! {
     }
 }
 
+uniform_struct! {
+    /// sample_topk and sample_chain: rows of `n_vocab` logits, the first pass's segments
+    /// and candidate slots, the stride of a slot's penalty ring.
+    SampleUniform {
+        n_vocab: u32,
+        /// Logits per first-pass workgroup.
+        seg_len: u32,
+        n_seg: u32,
+        /// Candidate slots per (row, segment): the largest k of the dispatch's rows.
+        k_stride: u32,
+        /// Entries per slot's ring (the ring buffer holds head, length, entries).
+        ring_max: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+uniform_struct! {
+    /// One row to sample (an element of a storage array, WGSL `SampleRow`): where its
+    /// logits are, whose penalty state it uses, and the chain's settings.
+    SampleRow {
+        /// Logits row in the ubatch's output.
+        row: u32,
+        /// The session's slot (its cache sequence): counts, bias and ring rows.
+        slot: u32,
+        /// Candidates the chain starts from (top-k; 1 for greedy).
+        k: u32,
+        /// 1: add the slot's logit bias; 2: apply the penalties and record the token.
+        flags: u32,
+        top_p: f32,
+        min_p: f32,
+        temp: f32,
+        min_keep: u32,
+        repeat_penalty: f32,
+        freq_penalty: f32,
+        presence_penalty: f32,
+        /// Tokens the penalties look back over (repeat_last_n).
+        ring_cap: u32,
+        /// The draw's uniform number in [0, 1) as a float pair (hi + lo).
+        u_hi: f32,
+        u_lo: f32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+impl SampleRow {
+    /// The WGSL struct under its own name (it is a storage element, not the uniform).
+    pub fn wgsl() -> String {
+        Self::WGSL.replacen("struct Params", "struct SampleRow", 1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,6 +32,7 @@
 
 use std::collections::VecDeque;
 
+mod gpu_plan;
 #[cfg(test)]
 mod reference_tests;
 mod rng;
@@ -40,6 +41,7 @@ mod stdsort;
 mod tests;
 
 use crate::grammar::{GrammarError, GrammarState};
+pub use gpu_plan::{dense_bias, gpu_row, FLAG_BIAS, FLAG_PENALTIES, RING_MAX};
 use rng::Mt19937;
 
 /// Sampling settings; the defaults are llama.cpp's (`common_params_sampling`).
@@ -155,14 +157,14 @@ impl SamplerParams {
         (s != Self::RANDOM_SEED as u32).then_some(s)
     }
 
-    fn penalties_on(&self) -> bool {
+    pub(crate) fn penalties_on(&self) -> bool {
         self.repeat_last_n > 0
             && !(self.repeat_penalty == 1.0
                 && self.frequency_penalty == 0.0
                 && self.presence_penalty == 0.0)
     }
 
-    fn xtc_on(&self) -> bool {
+    pub(crate) fn xtc_on(&self) -> bool {
         !(self.xtc_probability <= 0.0 || self.xtc_threshold > 0.5)
     }
 }
@@ -264,6 +266,16 @@ pub struct Sampler {
     grammar: Option<GrammarState>,
     /// Which candidates the grammar allows (scratch).
     allowed: Vec<bool>,
+    /// Changes whenever `history` does, unique across samplers: a GPU copy of the
+    /// history is current while it remembers the same stamp.
+    stamp: u64,
+}
+
+/// A fresh history stamp.
+fn next_stamp() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Sampler {
@@ -295,6 +307,7 @@ impl Sampler {
             seed,
             cur: Cands::default(),
             scratch: Vec::new(),
+            stamp: next_stamp(),
         }
     }
 
@@ -334,12 +347,39 @@ impl Sampler {
             self.history.pop_front();
         }
         self.history.push_back(token);
+        self.stamp = next_stamp();
+    }
+
+    /// The tokens the penalties look at, oldest first.
+    pub fn penalty_history(&self) -> &VecDeque<u32> {
+        &self.history
+    }
+
+    /// Identifies the current penalty history (see [`Sampler::penalty_history`]).
+    pub fn history_stamp(&self) -> u64 {
+        self.stamp
+    }
+
+    /// The uniform number the next draw will use, without using it up: the GPU chain
+    /// draws with it, and [`Sampler::accept_gpu_pick`] then moves the stream on, so the
+    /// stream is where the CPU chain would have left it.
+    pub fn peek_uniform(&self) -> f64 {
+        self.rng.clone().uniform_f64()
+    }
+
+    /// Takes a token the GPU chain drew with [`Sampler::peek_uniform`]'s number: the
+    /// stream moves past that number and the token is accepted as
+    /// [`Sampler::accept_generated`] accepts it.
+    pub fn accept_gpu_pick(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.rng.uniform_f64();
+        self.accept_generated(token)
     }
 
     /// Forgets the penalty history (new conversation). The random streams go on; unlike
     /// llama.cpp's `llama_sampler_reset`, which also reseeds them (see [`Sampler::reseed`]).
     pub fn reset(&mut self) {
         self.history.clear();
+        self.stamp = next_stamp();
         if let Some(g) = &mut self.grammar {
             g.reset();
         }
@@ -376,11 +416,21 @@ impl Sampler {
     /// Runs the chain, again on the grammar's tokens alone if its first pick does not fit
     /// the grammar; `keep` also returns the final candidates.
     pub(crate) fn run(&mut self, logits: &[f32], keep: bool) -> Pick {
-        let pick = self.run_chain(logits, keep, false);
+        let pick = self.run_chain(logits, keep, false, None);
         match &self.grammar {
-            Some(g) if !g.allows(pick.token) => self.run_chain(logits, keep, true),
+            Some(g) if !g.allows(pick.token) => self.run_chain(logits, keep, true, None),
             _ => pick,
         }
+    }
+
+    /// The chain (no grammar) with the draw's uniform number given instead of drawn:
+    /// the reference the GPU chain is compared with. Returns the token, its probability
+    /// and the final candidates (p normalised), in the chain's order.
+    pub fn pick_with_uniform(&mut self, logits: &[f32], u: f64) -> (u32, f32, Vec<(u32, f32)>) {
+        let pick = self.run_chain(logits, true, false, Some(u));
+        let p = pick.cands.get(pick.selected).map_or(0.0, |c| c.p);
+        let cands = pick.cands.iter().map(|c| (c.id, c.p)).collect();
+        (pick.token, p, cands)
     }
 
     /// Sets the logits of the candidates (still in id order) that the grammar rejects to
@@ -404,7 +454,7 @@ impl Sampler {
     }
 
     /// One pass of the chain (`masked`: on the grammar's tokens alone).
-    fn run_chain(&mut self, logits: &[f32], keep: bool, masked: bool) -> Pick {
+    fn run_chain(&mut self, logits: &[f32], keep: bool, masked: bool, u: Option<f64>) -> Pick {
         let n = logits.len().min(self.n_vocab.max(1));
         debug_assert!(
             logits.len() >= self.n_vocab,
@@ -483,7 +533,7 @@ impl Sampler {
         } else if p.temp != 1.0 {
             scale_by_temp(&mut cur, p.temp);
         }
-        let (selected, rnd) = draw(&mut cur, &mut self.rng);
+        let (selected, rnd) = draw(&mut cur, || u.unwrap_or_else(|| self.rng.uniform_f64()));
         let pick = Pick {
             token: cur.data[selected].id,
             cands: if keep { cur.data.clone() } else { Vec::new() },
@@ -886,9 +936,9 @@ fn dynatemp(cur: &mut Cands, temp: f32, range: f32, exponent: f32, scratch: &mut
 /// The final draw: softmax (float exponentials, double sums), one uniform double `u`,
 /// and the first candidate where the running sum reaches `u` × the total. Returns the
 /// chosen index and `u`. Draws even for a single candidate.
-fn draw(cur: &mut Cands, rng: &mut Mt19937) -> (usize, f64) {
+fn draw(cur: &mut Cands, mut uniform: impl FnMut() -> f64) -> (usize, f64) {
     if cur.data.len() == 1 {
-        let u = rng.uniform_f64();
+        let u = uniform();
         cur.data[0].p = 1.0;
         return (0, u);
     }
@@ -903,7 +953,7 @@ fn draw(cur: &mut Cands, rng: &mut Mt19937) -> (usize, f64) {
         c.p = (c.logit - max).exp();
         total += c.p as f64;
     }
-    let u = rng.uniform_f64();
+    let u = uniform();
     let target = total * u;
     let mut run = 0.0f64;
     let mut selected = None;

@@ -1,0 +1,128 @@
+//! Sampling on the GPU: two dispatches turn rows of logits into tokens.
+//!
+//! `sample_topk.wgsl` splits each row into segments; a workgroup per segment adds the
+//! session's logit bias, applies its repetition penalties (from per-token counts of its
+//! recent tokens, kept on the GPU) and keeps the segment's k largest as (key, id).
+//! `sample_chain.wgsl` takes the row's k largest of those, sorts them (larger logit
+//! first, equal logits by id) and runs llama.cpp's chain on them — top-p, min-p,
+//! temperature and the draw, with the uniform number the host drew from the session's
+//! own random stream — then writes (token, probability) and records the token in the
+//! penalty history. A selection is a radix select over order-preserving keys (four 8-bit
+//! digits), so the pick does not depend on how many workgroups ran.
+//!
+//! The CPU reference of the whole chain is the CPU sampler itself
+//! ([`crate::sample::Sampler`]); [`top_k_ref`] is the reference of the selection.
+
+use super::uniforms::{SampleRow, SampleUniform};
+use super::{record, Dispatch, KernelKey, View};
+use crate::gpu::{Gpu, GpuError};
+
+/// The largest top-k the GPU chain takes (its sort runs in one workgroup).
+pub const MAX_K: u32 = 256;
+/// Logits per first-pass workgroup, at least (a row is split into at most [`MAX_SEG`]).
+pub const SEG_LEN: u32 = 4096;
+pub const MAX_SEG: u32 = 64;
+
+/// (logits per segment, segments) for a vocabulary.
+pub fn segments(n_vocab: u32) -> (u32, u32) {
+    let n_seg = n_vocab.div_ceil(SEG_LEN).clamp(1, MAX_SEG);
+    (n_vocab.div_ceil(n_seg), n_seg)
+}
+
+/// Bytes of the candidate buffer for `n_rows` rows of `n_vocab` logits.
+pub fn cand_bytes(n_vocab: u32, n_rows: u32) -> u64 {
+    n_rows as u64 * segments(n_vocab).1 as u64 * MAX_K as u64 * 8
+}
+
+/// The buffers the two passes bind.
+pub struct SampleBuffers<'a> {
+    /// Rows of `n_vocab` logits.
+    pub logits: &'a View,
+    /// [`SampleRow`]s, one per row to sample.
+    pub rows: &'a View,
+    /// Per slot, per token: occurrences in the slot's penalty history (u32).
+    pub counts: &'a View,
+    /// Per slot, per token: the logit bias (f32).
+    pub bias: &'a View,
+    /// First-pass candidates, [`cand_bytes`].
+    pub cand: &'a View,
+    /// Per slot: head, length, then `ring_max` tokens.
+    pub ring: &'a View,
+    /// Per row: (token, probability bits).
+    pub result: &'a View,
+}
+
+/// Records both passes for `n_rows` rows whose largest k is `k_stride` (<= [`MAX_K`]).
+pub fn sample(
+    gpu: &Gpu,
+    b: &SampleBuffers,
+    n_vocab: u32,
+    n_rows: u32,
+    k_stride: u32,
+    ring_max: u32,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let (seg_len, n_seg) = segments(n_vocab);
+    let params = SampleUniform {
+        n_vocab,
+        seg_len,
+        n_seg,
+        k_stride: k_stride.clamp(1, MAX_K),
+        ring_max,
+        ..Default::default()
+    };
+    let topk = record(
+        gpu,
+        "sample_topk",
+        gpu.pipeline(KernelKey::SampleTopk)?,
+        bytemuck::bytes_of(&params),
+        &[b.logits, b.rows, b.counts, b.bias, b.cand],
+        [n_seg, n_rows, 1],
+    )?;
+    let chain = record(
+        gpu,
+        "sample_chain",
+        gpu.pipeline(KernelKey::SampleChain)?,
+        bytemuck::bytes_of(&params),
+        &[b.rows, b.cand, b.counts, b.ring, b.result],
+        [n_rows, 1, 1],
+    )?;
+    Ok(vec![topk, chain])
+}
+
+/// The GPU's order-preserving key of a float (larger floats, larger keys; 0 only for a
+/// NaN pattern, which the kernels treat as no candidate).
+pub fn f32_key(x: f32) -> u32 {
+    let b = x.to_bits();
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// CPU reference of the selection: the min(k, n) largest values as (id, value), larger
+/// first, equal values by id.
+pub fn top_k_ref(values: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut v: Vec<(u32, f32)> = (values.iter().enumerate())
+        .filter(|(_, &x)| f32_key(x) != 0)
+        .map(|(i, &x)| (i as u32, x))
+        .collect();
+    v.sort_by(|a, b| f32_key(b.1).cmp(&f32_key(a.1)).then(a.0.cmp(&b.0)));
+    v.truncate(k);
+    v
+}
+
+/// A row's settings with the draw's uniform number split into the float pair the
+/// kernel adds back together.
+pub fn split_uniform(u: f64) -> (f32, f32) {
+    let hi = u as f32;
+    (hi, (u - hi as f64) as f32)
+}
+
+impl SampleRow {
+    /// Sets the draw's uniform number.
+    pub fn with_uniform(mut self, u: f64) -> Self {
+        (self.u_hi, self.u_lo) = split_uniform(u);
+        self
+    }
+}
