@@ -4,6 +4,9 @@
 //! on every test device (CPU- and GPU-shaped, the portable one, GL).
 
 mod common;
+#[path = "../src/sample/fixture.rs"]
+#[allow(dead_code)]
+mod fixture;
 
 use common::{gpus, Rng};
 use wgllm::gpu::Gpu;
@@ -294,4 +297,80 @@ fn gpu_chain_picks_the_cpu_samplers_token() {
         eprintln!("{name}: {cases} draws, {near} within rounding of a boundary, {ties} ties");
         assert!(near + ties <= cases / 10, "{name}: too many exempt draws");
     }
+}
+
+/// The logit the chain's truncation sees for token `t`: bias, then penalties over the
+/// sampler's history (llama.cpp's order).
+fn chain_logit(s: &Sampler, logits: &[f32], t: u32) -> f32 {
+    let p = s.params();
+    let mut l = logits[t as usize] + dense_bias(p, logits.len())[t as usize];
+    let count = s.penalty_history().iter().filter(|&&h| h == t).count();
+    if count > 0 && p.repeat_last_n > 0 {
+        l = if l <= 0.0 { l * p.repeat_penalty } else { l / p.repeat_penalty };
+        l -= count as f32 * p.frequency_penalty + p.presence_penalty;
+    }
+    l
+}
+
+/// llama.cpp's own sampler, recorded on the harness's logit rows (tests/data/sampler):
+/// every fixture whose settings the GPU chain runs picks llama.cpp's token on the GPU
+/// too, except where llama.cpp's token ties with the GPU's (equal logits: the GPU orders
+/// ties by id, llama.cpp as libstdc++'s sort leaves them; the fixtures' rows are full of
+/// ties on purpose) or the draw falls within rounding of a boundary. A case stops at its
+/// first difference, since later steps depend on it.
+#[test]
+fn gpu_chain_replays_llama_cpp_sampler_fixtures() {
+    let (name, gpu, _serial) = gpus().next().unwrap();
+    let (mut files, mut cases, mut steps, mut ties, mut near) = (0, 0, 0, 0, 0);
+    let mut failures = Vec::new();
+    let mut logits = Vec::new();
+    for file in fixture::fixtures() {
+        let (params, recorded) = fixture::parse(&std::fs::read_to_string(&file).unwrap());
+        let stem = file.file_stem().unwrap().to_string_lossy().into_owned();
+        let Some(max_vocab) = recorded.iter().map(|c| c.vocab).max() else { continue };
+        if let Err(why) = gpu_row(&params, max_vocab) {
+            eprintln!("{stem}: stays on the CPU ({why})");
+            continue;
+        }
+        files += 1;
+        for c in recorded {
+            cases += 1;
+            let b = Bufs::new(gpu, c.vocab, 1, 1);
+            let mut s = Sampler::new(SamplerParams { seed: c.seed, ..params.clone() }, c.vocab);
+            for &t in &c.prompt {
+                s.accept(t);
+            }
+            b.sync(gpu, c.vocab, 0, &s);
+            for (step, &(tok, _)) in c.expect.iter().enumerate() {
+                fixture::row(&mut logits, c.vocab, c.lseed, step as u64, &c.rows);
+                gpu.write(&b.logits.buf, 0, bytemuck::cast_slice(&logits));
+                let row = gpu_row(s.params(), c.vocab).unwrap().with_uniform(s.peek_uniform());
+                let (got, _) = b.draw(gpu, c.vocab, &[row])[0];
+                steps += 1;
+                if got != tok {
+                    let u = s.peek_uniform();
+                    let (_, _, cands) = s.clone().pick_with_uniform(&logits, u);
+                    let mut cum = 0.0f64;
+                    if chain_logit(&s, &logits, got) == chain_logit(&s, &logits, tok) {
+                        ties += 1;
+                    } else if cands.iter().any(|c| {
+                        cum += c.1 as f64;
+                        (cum - u).abs() < 1e-4
+                    }) {
+                        near += 1;
+                    } else {
+                        failures.push(format!("{stem} {}: step {step}: llama.cpp {tok}, GPU {got}", c.line));
+                    }
+                    break;
+                }
+                s.accept_gpu_pick(tok).unwrap();
+            }
+        }
+    }
+    eprintln!(
+        "{name}: {files} fixture files, {cases} cases, {steps} steps on the GPU chain; \
+         {ties} cases stopped at a tie, {near} at a draw within rounding of a boundary"
+    );
+    assert!(files >= 8, "only {files} fixture files run on the GPU chain");
+    assert!(failures.is_empty(), "{} of {cases} cases differ:\n{}", failures.len(), failures.join("\n"));
 }

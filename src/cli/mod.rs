@@ -22,7 +22,7 @@ pub mod tune;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
-use wgllm::engine::{Engine, EngineOptions};
+use wgllm::engine::{Engine, EngineOptions, SamplingPath};
 use wgllm::gpu::{Backend, GpuOptions, KernelShape};
 use wgllm::kv::{FlashAttn, KvConfig, KvType};
 use wgllm::tune::{TuneMode, TuneOptions};
@@ -109,6 +109,12 @@ pub struct GpuArgs {
     /// by adapter type.
     #[arg(long)]
     pub no_tune: bool,
+    /// Where generated tokens are sampled: `gpu` (only the token is read back), `cpu`
+    /// (the logits are read back), `auto` (the GPU on discrete GPUs). Settings the GPU
+    /// chain lacks (grammars, typical-p, XTC, top-n-sigma, dynamic temperature, top-k 0
+    /// or above 256, token probabilities) sample on the CPU either way.
+    #[arg(long, default_value_t = SamplingPath::Auto)]
+    pub sampling: SamplingPath,
 }
 
 /// The tuning cache directory: `WGLLM_CACHE_DIR`, else the library's default
@@ -227,6 +233,7 @@ impl ModelArgs {
             kv: self.kv_config(),
             gpu: self.gpu.options()?,
             tune: tune_options(self.gpu.no_tune, false),
+            sampling: self.gpu.sampling,
         })
     }
 }

@@ -14,6 +14,7 @@ pub mod bench;
 mod cache_map;
 mod chat;
 mod host_cache;
+mod draw;
 mod options;
 #[cfg(target_arch = "wasm32")]
 pub mod pause;
@@ -30,7 +31,7 @@ mod stream;
 pub use cache_map::{CacheMap, StoreMap};
 pub use chat::Conversation;
 pub use host_cache::HostCache;
-pub use options::EngineOptions;
+pub use options::{EngineOptions, SamplingPath};
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};
 pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};
 pub use slots::Snapshot;
@@ -103,6 +104,9 @@ pub struct Engine {
     kv_unified: bool,
     /// Every token's text for grammars, decoded when the first grammar arrives.
     token_pieces: Option<Arc<crate::grammar::TokenPieces>>,
+    /// Generated tokens are drawn on the GPU where a session's chain allows
+    /// (`--sampling`, resolved for this adapter).
+    gpu_sampling: bool,
 }
 
 /// One log line for the kernels the tuner chose.
@@ -289,6 +293,15 @@ impl Engine {
             .map_err(EngineError::Options)?;
         let ctx = Context::new(model.clone(), params)?;
         let n = params.n_seq_max as usize;
+        let gpu_sampling = match opts.sampling {
+            SamplingPath::Cpu => false,
+            SamplingPath::Gpu => true,
+            SamplingPath::Auto => model.gpu.kernels == crate::gpu::KernelShape::Gpu,
+        };
+        // The GPU chain ranges over the logits row; a vocabulary shorter than the row
+        // (padded output weights) keeps sampling on the host, which stops at its end.
+        let gpu_sampling = gpu_sampling && tokenizer.n_vocab() == model.hp.n_vocab as usize;
+        log::debug!("sampling on the {}", if gpu_sampling { "GPU" } else { "host" });
         Ok(Engine {
             model,
             tokenizer,
@@ -299,6 +312,7 @@ impl Engine {
             last_batch: (0, 0),
             kv_unified: opts.kv_unified,
             token_pieces: None,
+            gpu_sampling,
         })
     }
 
@@ -740,18 +754,19 @@ impl Engine {
     pub async fn step_async(&mut self) -> Result<Vec<Event>, EngineError> {
         let mut events = Vec::new();
         self.sample_all(&mut events);
-        let (batch, parts) = self.plan_batch(&mut events)?;
+        let (batch, mut parts) = self.plan_batch(&mut events)?;
         self.last_batch = (0, 0);
         if batch.tokens.is_empty() {
             return Ok(events);
         }
+        let draws = self.plan_draws(&batch, &mut parts);
         let start = Instant::now();
-        let logits = self.ctx.decode_async(&batch).await?;
+        let out = self.ctx.decode_drawing_async(&batch, &draws).await?;
         let dt = start.elapsed();
         self.n_steps += 1;
         let n_gen = parts.iter().filter(|p| p.generating).count();
         self.last_batch = (batch.tokens.len() - n_gen, n_gen);
-        self.take_results(&batch, &parts, &logits, dt, &mut events)?;
+        self.take_results(&batch, &parts, &out, dt, &mut events)?;
         Ok(events)
     }
 
@@ -783,23 +798,21 @@ impl Engine {
                 record_reply(tok, s);
                 continue;
             }
-            let Some(logits) = s.logits.as_deref() else {
+            let (t, probs) = if let Some((t, _)) = s.drawn.take() {
+                // Drawn on the GPU with the stream's next number; the GPU also recorded
+                // it in its copy of the penalty history.
+                if let Err(e) = s.sampler.accept_gpu_pick(t) {
+                    log::error!("session {}: {e}", s.id);
+                }
+                self.ctx.set_sampler_stamp(s.id, s.sampler.history_stamp());
+                (t, None)
+            } else if let Some(logits) = s.logits.take() {
+                let picked = Self::sample_logits(s, &logits);
+                s.logits = Some(logits);
+                picked
+            } else {
                 continue;
             };
-            let (t, probs) = if s.params.n_probs == 0 {
-                (s.sampler.sample(logits), None)
-            } else if s.params.post_sampling_probs {
-                let (t, prob, top) = s.sampler.sample_with_probs(logits, s.params.n_probs);
-                (t, Some(Box::new(TokenProbs { prob, top })))
-            } else {
-                let t = s.sampler.sample(logits);
-                let p = TokenProbs::from_logits(logits, t, s.params.n_probs);
-                (t, Some(Box::new(p)))
-            };
-            if let Err(e) = s.sampler.accept_generated(t) {
-                // Sampling only picks tokens the grammar allows; this is a bug if seen.
-                log::error!("session {}: {e}", s.id);
-            }
             if tok.is_eog(t) {
                 events.push(s.finish(Stop::EndOfGeneration));
                 record_reply(tok, s);
@@ -816,6 +829,26 @@ impl Engine {
                 probs,
             });
         }
+    }
+
+    /// Samples a token from logits read back to the host (with its probabilities where
+    /// asked for) and accepts it.
+    fn sample_logits(s: &mut Session, logits: &[f32]) -> (u32, Option<Box<TokenProbs>>) {
+        let (t, probs) = if s.params.n_probs == 0 {
+            (s.sampler.sample(logits), None)
+        } else if s.params.post_sampling_probs {
+            let (t, prob, top) = s.sampler.sample_with_probs(logits, s.params.n_probs);
+            (t, Some(Box::new(TokenProbs { prob, top })))
+        } else {
+            let t = s.sampler.sample(logits);
+            let p = TokenProbs::from_logits(logits, t, s.params.n_probs);
+            (t, Some(Box::new(p)))
+        };
+        if let Err(e) = s.sampler.accept_generated(t) {
+            // Sampling only picks tokens the grammar allows; this is a bug if seen.
+            log::error!("session {}: {e}", s.id);
+        }
+        (t, probs)
     }
 
     /// Makes room for each session's share of the batch and lays the batch out.
@@ -917,6 +950,7 @@ impl Engine {
             parts.push(Part {
                 id,
                 len: tokens.len(),
+                drawn: None,
                 generating,
                 logits: last_of_input,
                 rows: if every_row {
@@ -934,12 +968,12 @@ impl Engine {
         &mut self,
         batch: &Batch,
         parts: &[Part],
-        logits: &[f32],
+        out: &crate::context::Decoded,
         dt: Duration,
         events: &mut Vec<Event>,
     ) -> Result<(), EngineError> {
         let n_vocab = self.model.hp.n_vocab as usize;
-        let mut rows = logits.chunks(n_vocab.max(1));
+        let mut rows = out.logits.chunks(n_vocab.max(1));
         let mut at = 0;
         for p in parts {
             let toks = &batch.tokens[at..at + p.len];
@@ -958,6 +992,10 @@ impl Engine {
             s.history.extend_from_slice(toks);
             if let Some(r) = row {
                 s.logits = Some(r.to_vec());
+            }
+            if let Some(j) = p.drawn {
+                s.drawn = Some(out.picks[j]);
+                s.logits = None;
             }
             if p.generating {
                 s.next = None;
@@ -1023,6 +1061,8 @@ impl Engine {
 struct Part {
     id: SessionId,
     len: usize,
+    /// Its last token's row is drawn on the GPU: the index of the draw.
+    drawn: Option<usize>,
     generating: bool,
     /// The slice ends the session's input: its last row becomes the session's logits.
     logits: bool,

@@ -37,6 +37,43 @@ pub struct EngineOptions {
     /// Whether `--kernels auto` / `--backend auto` are decided by measurement (cached),
     /// see [`crate::tune`].
     pub tune: TuneOptions,
+    /// Where generated tokens are sampled (`--sampling`).
+    pub sampling: SamplingPath,
+}
+
+/// Where a generated token is sampled: on the host from the read-back logits, or on the
+/// GPU (`crate::ops::sample`), which reads back only the token. Sessions whose settings
+/// the GPU chain lacks (a grammar, typical-p, XTC, top-n-sigma, dynamic temperature,
+/// top-k off or above 256, token probabilities) sample on the host either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SamplingPath {
+    /// The GPU on GPU-shaped adapters, the host on CPU-shaped ones (lavapipe).
+    #[default]
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+impl std::str::FromStr for SamplingPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "auto" => SamplingPath::Auto,
+            "cpu" => SamplingPath::Cpu,
+            "gpu" => SamplingPath::Gpu,
+            other => return Err(format!("unknown sampling path `{other}` (choose auto, cpu or gpu)")),
+        })
+    }
+}
+
+impl std::fmt::Display for SamplingPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SamplingPath::Auto => "auto",
+            SamplingPath::Cpu => "cpu",
+            SamplingPath::Gpu => "gpu",
+        })
+    }
 }
 
 impl Default for EngineOptions {
@@ -53,6 +90,7 @@ impl Default for EngineOptions {
             kv: Default::default(),
             gpu: GpuOptions::default(),
             tune: TuneOptions::default(),
+            sampling: SamplingPath::Auto,
         }
     }
 }

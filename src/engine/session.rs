@@ -190,6 +190,11 @@ pub struct Session {
     pub(super) logits: Option<Vec<f32>>,
     /// The token sampled this step, to be decoded in the step's batch.
     pub(super) next: Option<u32>,
+    /// The token (and its probability) the GPU drew from the last decoded token's
+    /// logits, taken at the next step instead of sampling on the host.
+    pub(super) drawn: Option<(u32, f32)>,
+    /// Why this session's chain stays on the host, once logged.
+    pub(super) host_reason_logged: bool,
     pub(super) generated: Vec<u32>,
     pub(super) reply: String,
     pub(super) stream: Utf8Stream,
@@ -225,6 +230,8 @@ impl Session {
             then_generate: true,
             logits: None,
             next: None,
+            drawn: None,
+            host_reason_logged: false,
             generated: Vec::new(),
             reply: String::new(),
             stream: Utf8Stream::default(),
@@ -299,6 +306,7 @@ impl Session {
         self.phase = Phase::Idle;
         self.pending.clear();
         self.next = None;
+        self.drawn = None;
         Event::Finished {
             session: self.id,
             stop,

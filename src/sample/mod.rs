@@ -34,6 +34,8 @@ use std::collections::VecDeque;
 
 mod gpu_plan;
 #[cfg(test)]
+mod fixture;
+#[cfg(test)]
 mod reference_tests;
 mod rng;
 mod stdsort;
