@@ -13,6 +13,7 @@ var<workgroup> sel_need: u32;
 var<workgroup> sel_gt: array<u32, 256>;
 var<workgroup> sel_eq: array<u32, 256>;
 var<workgroup> sel_total: u32;
+var<workgroup> sel_floor: u32;
 
 // Larger floats get larger keys; -inf is 0x007fffff, and only a NaN pattern maps to 0.
 fn f32_key(x: f32) -> u32 {
@@ -34,6 +35,31 @@ fn key_f32(k: u32) -> f32 {
 // with the largest keys; among items whose key equals the k-th largest, the first ones.
 // Returns the count (uniform).
 fn select_top(lid: u32, lo: u32, hi: u32, k: u32) -> u32 {
+    // A floor under the k-th largest key: the k-th largest of the invocations' largest
+    // keys (k invocations hold a key at least that large). Keys below it are never
+    // counted, which spares the histogram's atomics nearly every item.
+    var mx = 0u;
+    for (var i = lo; i < hi; i++) {
+        mx = max(mx, item_key(i));
+    }
+    sel_gt[lid] = mx;
+    if (lid == 0u) {
+        sel_floor = 1u;
+    }
+    workgroupBarrier();
+    if (mx != 0u) {
+        var rank = 0u;
+        for (var j = 0u; j < 256u; j++) {
+            let m = sel_gt[j];
+            if (m > mx || (m == mx && j < lid)) {
+                rank++;
+            }
+        }
+        if (rank + 1u == k) {
+            sel_floor = mx;
+        }
+    }
+    let floor = workgroupUniformLoad(&sel_floor);
     var prefix = 0u;
     var mask = 0u;
     var need = k;
@@ -45,7 +71,7 @@ fn select_top(lid: u32, lo: u32, hi: u32, k: u32) -> u32 {
         if (!all) {
             for (var i = lo; i < hi; i++) {
                 let key = item_key(i);
-                if (key != 0u && (key & mask) == prefix) {
+                if (key >= floor && (key & mask) == prefix) {
                     atomicAdd(&sel_hist[(key >> shift) & 255u], 1u);
                 }
             }

@@ -12,9 +12,17 @@
 
 var<private> row: SampleRow;
 var<private> out_base: u32;
+var<private> seg_start: u32;
+
+// The segment's keys, computed once (a segment is at most 4096 logits).
+var<workgroup> seg_keys: array<u32, 4096>;
+
+fn item_key(i: u32) -> u32 {
+    return seg_keys[i - seg_start];
+}
 
 // The logit as the chain sees it after logit bias and penalties (llama.cpp's order).
-fn item_key(i: u32) -> u32 {
+fn logit_key(i: u32) -> u32 {
     var l = logits[row.row * p.n_vocab + i];
     let at = row.slot * p.n_vocab + i;
     if ((row.flags & 1u) != 0u) {
@@ -47,6 +55,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let lo = min(start + lid * per, end);
     let hi = min(lo + per, end);
     out_base = (wid.y * p.n_seg + wid.x) * p.k_stride;
+    seg_start = start;
+    for (var i = lo; i < hi; i++) {
+        seg_keys[i - start] = logit_key(i);
+    }
+    workgroupBarrier();
     let n = select_top(lid, lo, hi, min(row.k, p.k_stride));
     for (var j = n + lid; j < p.k_stride; j += 256u) {
         cand[out_base + j] = vec2<u32>(0u, 0u);

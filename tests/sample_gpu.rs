@@ -306,7 +306,11 @@ fn chain_logit(s: &Sampler, logits: &[f32], t: u32) -> f32 {
     let mut l = logits[t as usize] + dense_bias(p, logits.len())[t as usize];
     let count = s.penalty_history().iter().filter(|&&h| h == t).count();
     if count > 0 && p.repeat_last_n > 0 {
-        l = if l <= 0.0 { l * p.repeat_penalty } else { l / p.repeat_penalty };
+        l = if l <= 0.0 {
+            l * p.repeat_penalty
+        } else {
+            l / p.repeat_penalty
+        };
         l -= count as f32 * p.frequency_penalty + p.presence_penalty;
     }
     l
@@ -327,7 +331,9 @@ fn gpu_chain_replays_llama_cpp_sampler_fixtures() {
     for file in fixture::fixtures() {
         let (params, recorded) = fixture::parse(&std::fs::read_to_string(&file).unwrap());
         let stem = file.file_stem().unwrap().to_string_lossy().into_owned();
-        let Some(max_vocab) = recorded.iter().map(|c| c.vocab).max() else { continue };
+        let Some(max_vocab) = recorded.iter().map(|c| c.vocab).max() else {
+            continue;
+        };
         if let Err(why) = gpu_row(&params, max_vocab) {
             eprintln!("{stem}: stays on the CPU ({why})");
             continue;
@@ -336,7 +342,13 @@ fn gpu_chain_replays_llama_cpp_sampler_fixtures() {
         for c in recorded {
             cases += 1;
             let b = Bufs::new(gpu, c.vocab, 1, 1);
-            let mut s = Sampler::new(SamplerParams { seed: c.seed, ..params.clone() }, c.vocab);
+            let mut s = Sampler::new(
+                SamplerParams {
+                    seed: c.seed,
+                    ..params.clone()
+                },
+                c.vocab,
+            );
             for &t in &c.prompt {
                 s.accept(t);
             }
@@ -344,7 +356,9 @@ fn gpu_chain_replays_llama_cpp_sampler_fixtures() {
             for (step, &(tok, _)) in c.expect.iter().enumerate() {
                 fixture::row(&mut logits, c.vocab, c.lseed, step as u64, &c.rows);
                 gpu.write(&b.logits.buf, 0, bytemuck::cast_slice(&logits));
-                let row = gpu_row(s.params(), c.vocab).unwrap().with_uniform(s.peek_uniform());
+                let row = gpu_row(s.params(), c.vocab)
+                    .unwrap()
+                    .with_uniform(s.peek_uniform());
                 let (got, _) = b.draw(gpu, c.vocab, &[row])[0];
                 steps += 1;
                 if got != tok {
@@ -359,7 +373,10 @@ fn gpu_chain_replays_llama_cpp_sampler_fixtures() {
                     }) {
                         near += 1;
                     } else {
-                        failures.push(format!("{stem} {}: step {step}: llama.cpp {tok}, GPU {got}", c.line));
+                        failures.push(format!(
+                            "{stem} {}: step {step}: llama.cpp {tok}, GPU {got}",
+                            c.line
+                        ));
                     }
                     break;
                 }
@@ -371,6 +388,14 @@ fn gpu_chain_replays_llama_cpp_sampler_fixtures() {
         "{name}: {files} fixture files, {cases} cases, {steps} steps on the GPU chain; \
          {ties} cases stopped at a tie, {near} at a draw within rounding of a boundary"
     );
-    assert!(files >= 8, "only {files} fixture files run on the GPU chain");
-    assert!(failures.is_empty(), "{} of {cases} cases differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        files >= 8,
+        "only {files} fixture files run on the GPU chain"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} cases differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

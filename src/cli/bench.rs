@@ -73,6 +73,11 @@ pub struct BenchArgs {
     /// Do not measure kernel shapes (`wgllm tune`); use the built-in choice.
     #[arg(long)]
     pub no_tune: bool,
+    /// Where tg tests sample each next token (llama.cpp's default chain, fed to the next
+    /// step): `gpu` draws it on the GPU, `cpu` reads the logits back; auto, cpu or gpu
+    /// (see `wgllm run --help`).
+    #[arg(long, default_value_t = wgllm::engine::SamplingPath::Auto)]
+    pub sampling: wgllm::engine::SamplingPath,
     /// llama-bench's thread counts: one value accepted (there are no CPU threads here).
     #[arg(short = 't', long = "threads", hide_short_help = true)]
     pub threads: Vec<String>,
@@ -218,6 +223,7 @@ fn plan(a: &BenchArgs) -> Result<BenchPlan> {
         shader_checks: a.shader_checks,
     };
     p.base.tune = super::tune_options(a.no_tune, false);
+    p.base.sampling = a.sampling;
     p.validate().map_err(anyhow::Error::msg)?;
     Ok(p)
 }

@@ -175,6 +175,9 @@ pub struct StepStats {
     pub record_ns: u64,
     /// Bytes read back from the GPU (logit rows, drawn tokens).
     pub read_bytes: u64,
+    /// Host nanoseconds in submits, and waiting for the GPU and the readback.
+    pub submit_ns: u64,
+    pub wait_ns: u64,
 }
 
 impl Context {
@@ -673,11 +676,14 @@ impl Context {
         };
         let read_bytes: u64 = regions.iter().map(|r| r.2).sum();
         let data = graph.run(&gpu, extra, &regions).await?;
+        let (submit_ns, wait_ns) = graph.submit_wait_ns();
         self.last_step = StepStats {
             n_tok: key.0,
             dispatches: graph.n_dispatches() + extra.len(),
             record_ns: graph.record_ns(),
             read_bytes,
+            submit_ns,
+            wait_ns,
         };
         if std::mem::take(&mut self.profile_next) {
             let mut p = graph.profile(&gpu).await?;

@@ -48,8 +48,12 @@ impl Engine {
             let stamp = s.sampler.history_stamp();
             if self.ctx.sampler_stamp(p.id) != Some(stamp) {
                 let history: Vec<u32> = s.sampler.penalty_history().iter().copied().collect();
-                let bias = (row.flags & FLAG_BIAS != 0).then(|| dense_bias(s.sampler.params(), n_vocab));
-                if let Err(why) = self.ctx.sync_sampler(p.id, stamp, &row, &history, bias.as_deref()) {
+                let bias =
+                    (row.flags & FLAG_BIAS != 0).then(|| dense_bias(s.sampler.params(), n_vocab));
+                if let Err(why) =
+                    self.ctx
+                        .sync_sampler(p.id, stamp, &row, &history, bias.as_deref())
+                {
                     if !std::mem::replace(&mut s.host_reason_logged, true) {
                         log::info!("session {}: sampling on the host: {why}", s.id);
                     }

@@ -13,8 +13,8 @@
 pub mod bench;
 mod cache_map;
 mod chat;
-mod host_cache;
 mod draw;
+mod host_cache;
 mod options;
 #[cfg(target_arch = "wasm32")]
 pub mod pause;
@@ -304,7 +304,10 @@ impl Engine {
         // The GPU chain ranges over the logits row; a vocabulary shorter than the row
         // (padded output weights) keeps sampling on the host, which stops at its end.
         let gpu_sampling = gpu_sampling && tokenizer.n_vocab() == model.hp.n_vocab as usize;
-        log::debug!("sampling on the {}", if gpu_sampling { "GPU" } else { "host" });
+        log::debug!(
+            "sampling on the {}",
+            if gpu_sampling { "GPU" } else { "host" }
+        );
         Ok(Engine {
             model,
             tokenizer,
@@ -319,6 +322,11 @@ impl Engine {
             token_pieces: None,
             gpu_sampling,
         })
+    }
+
+    /// Whether generated tokens are drawn on the GPU where a session's chain allows.
+    pub fn samples_on_gpu(&self) -> bool {
+        self.gpu_sampling
     }
 
     pub fn context(&self) -> &Context {

@@ -61,7 +61,11 @@ impl std::str::FromStr for SamplingPath {
             "auto" => SamplingPath::Auto,
             "cpu" => SamplingPath::Cpu,
             "gpu" => SamplingPath::Gpu,
-            other => return Err(format!("unknown sampling path `{other}` (choose auto, cpu or gpu)")),
+            other => {
+                return Err(format!(
+                    "unknown sampling path `{other}` (choose auto, cpu or gpu)"
+                ))
+            }
         })
     }
 }

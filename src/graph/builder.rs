@@ -765,6 +765,8 @@ impl GraphBuilder {
             scratch,
             scratch_bytes,
             record_ns: Default::default(),
+            submit_ns: Default::default(),
+            wait_ns: Default::default(),
         })
     }
 }

@@ -27,6 +27,10 @@ pub struct Graph {
     /// Nanoseconds the last run spent recording (an atomic: `run` takes
     /// `&self`, and graphs are shared with a future awaiting the readback).
     record_ns: std::sync::atomic::AtomicU64,
+    /// Nanoseconds the last run spent in submits, and waiting for its readback (the
+    /// GPU finishing, then the mapped bytes copied out).
+    submit_ns: std::sync::atomic::AtomicU64,
+    wait_ns: std::sync::atomic::AtomicU64,
     /// Kept alive for the bind groups; their count shows how well buffers are reused.
     pub scratch: Vec<wgpu::Buffer>,
     pub scratch_bytes: u64,
@@ -53,6 +57,13 @@ impl Graph {
     /// buffer (not the submit: on GL, submitting executes the commands on the host).
     pub fn record_ns(&self) -> u64 {
         self.record_ns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Host time the last [`Graph::run`] spent in submits and in waiting for the GPU and
+    /// its readback (or the final flush).
+    pub fn submit_wait_ns(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.submit_ns.load(Relaxed), self.wait_ns.load(Relaxed))
     }
 
     pub fn n_dispatches(&self) -> usize {
@@ -105,9 +116,12 @@ impl Graph {
             enc
         };
         let (last, before) = chunks.split_last().expect("chunks start with the head");
+        let mut submit_ns = 0u64;
         for chunk in before {
             let cmd = encode(chunk, &[]).finish();
+            let t = web_time::Instant::now();
             gpu.queue.submit([cmd]);
+            submit_ns += t.elapsed().as_nanos() as u64;
         }
         let mut enc = encode(last, extra);
         let t0 = web_time::Instant::now();
@@ -127,13 +141,20 @@ impl Graph {
             record_ns + t0.elapsed().as_nanos() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
+        let t = web_time::Instant::now();
         gpu.queue.submit([cmd]);
-        match staging {
-            Some((staging, bytes)) => Ok(Some(gpu.map_read(&staging, bytes).await?)),
+        submit_ns += t.elapsed().as_nanos() as u64;
+        let t = web_time::Instant::now();
+        let out = match staging {
+            Some((staging, bytes)) => Some(gpu.map_read(&staging, bytes).await?),
             None => {
                 gpu.flush()?;
-                Ok(None)
+                None
             }
-        }
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        self.submit_ns.store(submit_ns, Relaxed);
+        self.wait_ns.store(t.elapsed().as_nanos() as u64, Relaxed);
+        Ok(out)
     }
 }

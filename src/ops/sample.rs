@@ -19,9 +19,11 @@ use crate::gpu::{Gpu, GpuError};
 
 /// The largest top-k the GPU chain takes (its sort runs in one workgroup).
 pub const MAX_K: u32 = 256;
-/// Logits per first-pass workgroup, at least (a row is split into at most [`MAX_SEG`]).
+/// Logits per first-pass workgroup, at most (its keys are held in workgroup memory):
+/// a row of up to [`MAX_VOCAB`] is split into at most [`MAX_SEG`] segments.
 pub const SEG_LEN: u32 = 4096;
-pub const MAX_SEG: u32 = 64;
+pub const MAX_SEG: u32 = 256;
+pub const MAX_VOCAB: u32 = SEG_LEN * MAX_SEG;
 
 /// (logits per segment, segments) for a vocabulary.
 pub fn segments(n_vocab: u32) -> (u32, u32) {

@@ -126,7 +126,9 @@ pub struct Case {
 
 /// A fixture file's settings and cases.
 pub fn parse(text: &str) -> (SamplerParams, Vec<Case>) {
-    let mut lines = text.lines().filter(|l| !l.is_empty() && !l.starts_with('#'));
+    let mut lines = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'));
     let params = params_of(
         lines
             .next()

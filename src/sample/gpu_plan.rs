@@ -17,6 +17,12 @@ pub const FLAG_PENALTIES: u32 = 2;
 /// The row settings for `p` (slot, logits row and uniform number still to fill in), or
 /// why this chain stays on the CPU.
 pub fn gpu_row(p: &SamplerParams, n_vocab: usize) -> Result<SampleRow, String> {
+    if n_vocab > crate::ops::sample::MAX_VOCAB as usize {
+        return Err(format!(
+            "the vocabulary has {n_vocab} tokens (the GPU chain takes up to {})",
+            crate::ops::sample::MAX_VOCAB
+        ));
+    }
     if p.grammar.is_some() {
         return Err("a grammar constrains it".into());
     }

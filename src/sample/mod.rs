@@ -32,9 +32,9 @@
 
 use std::collections::VecDeque;
 
-mod gpu_plan;
 #[cfg(test)]
 mod fixture;
+mod gpu_plan;
 #[cfg(test)]
 mod reference_tests;
 mod rng;

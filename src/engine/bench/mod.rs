@@ -376,8 +376,15 @@ pub fn run_plan(
                 driver: gpu.info.driver.clone(),
                 kernels: gpu.kernels.to_string(),
                 gpu_mem_bytes: gpu.allocated_bytes(),
-                dispatches_per_token: m.decode.map_or(dispatches_per_token, |d| d.0),
-                record_us: m.decode.map_or(record_us, |d| d.1),
+                dispatches_per_token: m.decode.map_or(dispatches_per_token, |d| d.dispatches),
+                record_us: m.decode.map_or(record_us, |d| d.record_us),
+                sampling: if bench.engine.samples_on_gpu() {
+                    "gpu"
+                } else {
+                    "cpu"
+                }
+                .to_string(),
+                decode: m.decode,
                 profile,
             };
             on(BenchEvent::Row(&row));
@@ -390,9 +397,25 @@ pub fn run_plan(
 /// One test's measurements.
 struct Measured {
     samples_ns: Vec<u64>,
-    /// For tests that decode single tokens: the last step's dispatches and mean host
-    /// microseconds to record a step (encoding its dispatches, before the submit).
-    decode: Option<(usize, f64)>,
+    /// For tests that decode single tokens: what one cost the host, on average.
+    decode: Option<DecodeCost>,
+}
+
+/// The host's side of one decoded token, averaged over a test's generated tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DecodeCost {
+    /// Dispatches of the step (the graph's, and sampling's on the GPU).
+    pub dispatches: usize,
+    /// Microseconds recording the dispatches, in submits, waiting for the GPU and the
+    /// readback, and sampling on the host.
+    pub record_us: f64,
+    pub submit_us: f64,
+    pub wait_us: f64,
+    pub sample_us: f64,
+    /// Bytes read back per token: a logits row, or the drawn token and its probability.
+    pub read_bytes: u64,
+    /// Steps submitted before the last one's token was read (1: none overlap).
+    pub in_flight: u32,
 }
 
 /// The loops on one engine. Tokens are deterministic pseudo-random ids, as llama-bench
@@ -479,33 +502,112 @@ impl<'e> Bench<'e> {
                 Stage::Rep(rep, t.reps)
             });
             let prompt = self.tokens(t.n_prompt);
-            let gen = self.tokens(t.n_gen);
+            let first = self.tokens(1)[0];
             self.ctx().seq_rm(None, depth, -1)?;
-            let mut record_ns = 0u64;
+            let mut gen = Generator::new(self.engine, first);
+            let mut cost = DecodeCost::default();
             let t0 = Instant::now();
             decode_chunks(self.ctx(), &prompt, depth)?;
             let pos = depth + t.n_prompt as i32;
-            for (i, &tok) in gen.iter().enumerate() {
-                self.ctx()
-                    .decode(&Batch::simple(&[tok], pos + i as i32, true))?;
-                record_ns += self.ctx().last_step.record_ns;
+            for i in 0..t.n_gen {
+                gen.step(self.engine, pos + i as i32, &mut cost)?;
             }
             let ns = t0.elapsed().as_nanos() as u64;
             // Repetition 0 warms up (pipelines, graphs).
             if rep > 0 {
                 samples_ns.push(ns);
                 if t.n_gen > 0 {
-                    let us = record_ns as f64 / 1e3 / t.n_gen as f64;
-                    let (_, acc) = decode.get_or_insert((0, 0.0));
-                    *acc += us / t.reps as f64;
+                    let per = (t.n_gen * t.reps) as f64;
+                    let d = decode.get_or_insert(DecodeCost {
+                        in_flight: 1,
+                        ..Default::default()
+                    });
+                    d.record_us += cost.record_us / per;
+                    d.submit_us += cost.submit_us / per;
+                    d.wait_us += cost.wait_us / per;
+                    d.sample_us += cost.sample_us / per;
+                    d.read_bytes = cost.read_bytes / t.n_gen as u64;
                 }
             }
         }
         if let Some(d) = decode.as_mut() {
-            d.0 = self.ctx().last_step.dispatches;
+            d.dispatches = self.ctx().last_step.dispatches;
         }
         self.ctx().clear();
         Ok(Measured { samples_ns, decode })
+    }
+}
+
+/// The generated tokens of a tg test: each one sampled from the last one's logits with
+/// llama.cpp's default chain (fixed seed), on the engine's sampling path — drawn on the
+/// GPU, or the logits read back and sampled on the host — and fed to the next step.
+struct Generator {
+    sampler: crate::sample::Sampler,
+    /// The GPU chain's settings, when the engine draws on the GPU.
+    row: Option<crate::ops::uniforms::SampleRow>,
+    next: u32,
+}
+
+impl Generator {
+    fn new(engine: &mut Engine, first: u32) -> Self {
+        let n_vocab = engine.model.hp.n_vocab as usize;
+        let params = crate::sample::SamplerParams {
+            seed: 42,
+            ..Default::default()
+        };
+        let sampler = crate::sample::Sampler::new(params, n_vocab);
+        let mut row = None;
+        if engine.samples_on_gpu() {
+            if let Ok(mut r) = crate::sample::gpu_row(sampler.params(), n_vocab) {
+                r.slot = 0;
+                let stamp = sampler.history_stamp();
+                row = (engine.context_mut().sync_sampler(0, stamp, &r, &[], None))
+                    .is_ok()
+                    .then_some(r);
+            }
+        }
+        Generator {
+            sampler,
+            row,
+            next: first,
+        }
+    }
+
+    /// Decodes the next token at `pos` and picks the one after it.
+    fn step(
+        &mut self,
+        engine: &mut Engine,
+        pos: i32,
+        cost: &mut DecodeCost,
+    ) -> Result<(), EngineError> {
+        let batch = Batch::simple(&[self.next], pos, true);
+        let ctx = engine.context_mut();
+        let mut sample_ns = 0;
+        match self.row {
+            Some(row) => {
+                let draw = crate::context::GpuDraw {
+                    index: 0,
+                    row: row.with_uniform(self.sampler.peek_uniform()),
+                };
+                let out = ctx.decode_drawing(&batch, &[draw])?;
+                self.next = out.picks[0].0;
+                let _ = self.sampler.accept_gpu_pick(self.next);
+            }
+            None => {
+                let logits = ctx.decode(&batch)?;
+                let t = Instant::now();
+                self.next = self.sampler.sample(&logits);
+                let _ = self.sampler.accept_generated(self.next);
+                sample_ns = t.elapsed().as_nanos() as u64;
+            }
+        }
+        let s = engine.context().last_step;
+        cost.record_us += s.record_ns as f64 / 1e3;
+        cost.submit_us += s.submit_ns as f64 / 1e3;
+        cost.wait_us += s.wait_ns as f64 / 1e3;
+        cost.sample_us += sample_ns as f64 / 1e3;
+        cost.read_bytes += s.read_bytes;
+        Ok(())
     }
 }
 

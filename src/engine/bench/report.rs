@@ -88,6 +88,10 @@ pub struct BenchRow {
     /// Host microseconds to record one decode step's dispatches into a command buffer
     /// (the submit is left out: on GL it runs the commands on the host).
     pub record_us: f64,
+    /// Where generated tokens were sampled (`cpu` or `gpu`).
+    pub sampling: String,
+    /// For tests that generate: the host's cost of one decoded token.
+    pub decode: Option<super::DecodeCost>,
     /// With `--profile`: a step of this test's kind timed per op.
     pub profile: Option<StepProfile>,
 }
@@ -135,6 +139,7 @@ impl BenchRow {
         use Field::*;
         let (avg_ns, sd_ns) = self.ns_stats();
         let (avg_ts, sd_ts) = self.ts_stats();
+        let d = self.decode.unwrap_or_default();
         vec![
             ("build_commit", Str(self.build_commit.clone())),
             ("gpu_info", Str(self.gpu_info.clone())),
@@ -169,6 +174,12 @@ impl BenchRow {
                 Int(self.dispatches_per_token as u64),
             ),
             ("record_us", Float(self.record_us)),
+            ("sampling", Str(self.sampling.clone())),
+            ("submit_us", Float(d.submit_us)),
+            ("wait_us", Float(d.wait_us)),
+            ("sample_us", Float(d.sample_us)),
+            ("read_bytes_per_token", Int(d.read_bytes)),
+            ("steps_in_flight", Int(d.in_flight as u64)),
         ]
     }
 
@@ -407,6 +418,8 @@ impl BenchRow {
             gpu_mem_bytes: 0,
             dispatches_per_token: 0,
             record_us: 0.0,
+            sampling: String::new(),
+            decode: None,
             profile: None,
         }
     }
