@@ -28,6 +28,26 @@ fn reference(prompt: &str) -> common::Reference {
     common::Reference::load(&path)
 }
 
+/// `wgllm run --temp 0 --sampling gpu` prints llama.cpp's greedy text up to its first
+/// near-tie: Gemma's 262 144 logits per token are drawn from on the GPU (the first pass
+/// in 64 segments) and only the token comes back.
+#[test]
+fn greedy_run_with_gpu_draws_reproduces_llama_cpp_text() {
+    let path = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
+    let prompt = common::shared_dir().join("reference/gemma-capital.txt");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(["run", "-m", path.to_str().unwrap(), "-f", prompt.to_str().unwrap()])
+        .args(["-n", "24", "--temp", "0", "--no-display-prompt", "--sampling", "gpu"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let expected = common::reliable_prefix("gemma-capital.cpu.json");
+    let n = expected.chars().count().min(text.chars().count()).max(20);
+    let want: String = expected.chars().take(n).collect();
+    assert!(text.starts_with(&want), "got {text:?}, want a start of {expected:?}");
+}
+
 #[test]
 fn teacher_forced_top1_matches_llama_cpp() {
     let model = gemma(&GpuOptions::default());

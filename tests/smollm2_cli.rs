@@ -56,7 +56,9 @@ fn check_greedy_run(name: &str, expected: &str, n_predict: usize, args: &[&str])
 }
 
 /// `run --temp 0` prints llama.cpp's greedy text up to its first near-tie, on every
-/// reference prompt (the chat one is already in SmolLM2's template, special tokens and all).
+/// reference prompt (the chat one is already in SmolLM2's template, special tokens and all),
+/// with tokens sampled on the host from the logits (lavapipe's default) and two of them
+/// again with the tokens drawn on the GPU.
 #[test]
 fn greedy_run_reproduces_llama_cpp_text() {
     for name in ["smol-capital", "smol-code", "smol-chat", "smol-story"] {
@@ -65,6 +67,14 @@ fn greedy_run_reproduces_llama_cpp_text() {
             &common::reliable_prefix(&format!("{name}.cpu.json")),
             48,
             &[],
+        );
+    }
+    for name in ["smol-code", "smol-story"] {
+        check_greedy_run(
+            name,
+            &common::reliable_prefix(&format!("{name}.cpu.json")),
+            48,
+            &["--sampling", "gpu"],
         );
     }
 }
