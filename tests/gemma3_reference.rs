@@ -36,16 +36,37 @@ fn greedy_run_with_gpu_draws_reproduces_llama_cpp_text() {
     let path = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
     let prompt = common::shared_dir().join("reference/gemma-capital.txt");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(["run", "-m", path.to_str().unwrap(), "-f", prompt.to_str().unwrap()])
-        .args(["-n", "24", "--temp", "0", "--no-display-prompt", "--sampling", "gpu"])
+        .args([
+            "run",
+            "-m",
+            path.to_str().unwrap(),
+            "-f",
+            prompt.to_str().unwrap(),
+        ])
+        .args([
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "--no-display-prompt",
+            "--sampling",
+            "gpu",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let expected = common::reliable_prefix("gemma-capital.cpu.json");
     let n = expected.chars().count().min(text.chars().count()).max(20);
     let want: String = expected.chars().take(n).collect();
-    assert!(text.starts_with(&want), "got {text:?}, want a start of {expected:?}");
+    assert!(
+        text.starts_with(&want),
+        "got {text:?}, want a start of {expected:?}"
+    );
 }
 
 #[test]
