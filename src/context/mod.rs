@@ -157,6 +157,9 @@ pub struct Context {
     pub last_profile: Option<StepProfile>,
     /// Sampling on the GPU: made at the first draw.
     sampling: Option<sampling::SampleState>,
+    /// Draws of the last step that drew (their tokens stay in the result buffer until
+    /// the next drawing step), for steps fed from them.
+    last_draws: usize,
 }
 
 /// What a decode returns: the logit rows asked for and not drawn on the GPU, and each
@@ -230,6 +233,7 @@ impl Context {
             profile_next: false,
             last_profile: None,
             sampling: None,
+            last_draws: 0,
         })
     }
 
@@ -454,6 +458,25 @@ impl Context {
         batch: &Batch,
         draws: &[GpuDraw],
     ) -> Result<Decoded, ContextError> {
+        self.check_decode(batch)?;
+        self.memory.update(true)?;
+        // A failed batch leaves the cache as it was (as llama.cpp restores its cells):
+        // ubatches already stored and the cells of a failing one are dropped.
+        self.check_draws(batch, draws)?;
+        let saved = self.memory.checkpoint();
+        let out = self.decode_ubatches(batch, draws).await;
+        if out.is_err() {
+            self.memory.rollback(saved);
+            if let Some(s) = self.sampling.as_mut() {
+                s.forget_all();
+            }
+        }
+        out
+    }
+
+    /// The checks every decode makes before touching the cache: sizes, token ids,
+    /// sequences, positions ([`Context::check_batch`]).
+    fn check_decode(&self, batch: &Batch) -> Result<(), ContextError> {
         let n = batch.tokens.len();
         if n == 0 {
             return Err(ContextError::BadBatch("the batch is empty".into()));
@@ -480,20 +503,7 @@ impl Context {
                 "a token belongs to no sequence".into(),
             ));
         }
-        self.check_batch(batch)?;
-        self.memory.update(true)?;
-        // A failed batch leaves the cache as it was (as llama.cpp restores its cells):
-        // ubatches already stored and the cells of a failing one are dropped.
-        self.check_draws(batch, draws)?;
-        let saved = self.memory.checkpoint();
-        let out = self.decode_ubatches(batch, draws).await;
-        if out.is_err() {
-            self.memory.rollback(saved);
-            if let Some(s) = self.sampling.as_mut() {
-                s.forget_all();
-            }
-        }
-        out
+        self.check_batch(batch)
     }
 
     /// Each draw names a token that wants logits, once, on a slot synced for sampling.
@@ -572,6 +582,9 @@ impl Context {
             }
             let rs: Vec<u32> = read.iter().map(|x| x.1).collect();
             let (out, got) = self.decode_ubatch(&u, &rs, &drawn).await?;
+            if !drawn.is_empty() {
+                self.last_draws = drawn.len();
+            }
             read_bytes += self.last_step.read_bytes;
             for ((i, _), row) in read.iter().zip(out.chunks(n_vocab.max(1))) {
                 rows.push((*i, row.to_vec()));
@@ -596,6 +609,31 @@ impl Context {
         read: &[u32],
         drawn: &[crate::ops::uniforms::SampleRow],
     ) -> Result<(Vec<f32>, Vec<(u32, f32)>), ContextError> {
+        let run = self.submit_ubatch(u, read, drawn, &[])?;
+        let key = run.key;
+        let out = self.finish_ubatch(run).await?;
+        if std::mem::take(&mut self.profile_next) {
+            let gpu = self.model.gpu.clone();
+            if let Some((_, graph)) = self.graphs.iter().find(|(k, _)| *k == key) {
+                let mut p = graph.profile(&gpu).await?;
+                (p.n_tok, p.n_kv) = (key.0, key.1);
+                self.last_profile = Some(p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first half of [`Context::decode_ubatch`]: places the ubatch, fills its inputs,
+    /// records and submits its graph (and draws), without waiting. `feed` lists (ubatch
+    /// position, draw) pairs: that token's id is copied on the GPU from the draw of the
+    /// step submitted before.
+    fn submit_ubatch(
+        &mut self,
+        u: &Batch,
+        read: &[u32],
+        drawn: &[crate::ops::uniforms::SampleRow],
+        feed: &[(usize, usize)],
+    ) -> Result<UbatchRun, ContextError> {
         let gpu = self.model.gpu.clone();
         let ubv = UbatchView {
             tokens: &u.tokens,
@@ -663,6 +701,35 @@ impl Context {
             }
         }
         let logit_bytes: u64 = regions.iter().map(|r| r.2).sum();
+        // Tokens drawn by the step before, copied into this step's token input before
+        // the result buffer is drawn into again.
+        let fed_from = if feed.is_empty() {
+            None
+        } else {
+            let tokens_in = (self.step.inputs.iter())
+                .find(|(i, _)| *i == GraphInput::Tokens)
+                .map(|(_, b)| b.clone());
+            match (self.sampling.as_ref(), tokens_in) {
+                (Some(st), Some(t)) => Some((st.result().clone(), t)),
+                _ => {
+                    return Err(ContextError::BadBatch(
+                        "a token fed from a draw, but nothing was drawn".into(),
+                    ))
+                }
+            }
+        };
+        let pre: Vec<crate::graph::CopyRegion> = match &fed_from {
+            None => Vec::new(),
+            Some((result, tokens_in)) => (feed.iter())
+                .map(|&(pos, j)| crate::graph::CopyRegion {
+                    src: result,
+                    src_offset: j as u64 * 8,
+                    dst: tokens_in,
+                    dst_offset: pos as u64 * 4,
+                    bytes: 4,
+                })
+                .collect(),
+        };
         let extra: &[crate::ops::Dispatch] = if drawn.is_empty() {
             &[]
         } else {
@@ -675,23 +742,34 @@ impl Context {
             d
         };
         let read_bytes: u64 = regions.iter().map(|r| r.2).sum();
-        let data = graph.run(&gpu, extra, &regions).await?;
-        let (submit_ns, wait_ns) = graph.submit_wait_ns();
+        let sub = graph.submit(&gpu, &pre, extra, &regions)?;
+        let (submit_ns, _) = graph.submit_wait_ns();
         self.last_step = StepStats {
             n_tok: key.0,
             dispatches: graph.n_dispatches() + extra.len(),
             record_ns: graph.record_ns(),
             read_bytes,
             submit_ns,
-            wait_ns,
+            wait_ns: 0,
         };
-        if std::mem::take(&mut self.profile_next) {
-            let mut p = graph.profile(&gpu).await?;
-            (p.n_tok, p.n_kv) = (key.0, key.1);
-            self.last_profile = Some(p);
-        }
+        Ok(UbatchRun {
+            sub,
+            key,
+            logit_bytes,
+        })
+    }
+
+    /// The second half: waits for the ubatch's readback and splits it into logit rows
+    /// and drawn tokens.
+    async fn finish_ubatch(
+        &mut self,
+        run: UbatchRun,
+    ) -> Result<(Vec<f32>, Vec<(u32, f32)>), ContextError> {
+        let gpu = self.model.gpu.clone();
+        let (data, wait_ns) = run.sub.wait(&gpu).await?;
+        self.last_step.wait_ns = wait_ns;
         let data = data.unwrap_or_default();
-        let (logits, tokens) = data.split_at((logit_bytes as usize).min(data.len()));
+        let (logits, tokens) = data.split_at((run.logit_bytes as usize).min(data.len()));
         let picks = tokens
             .chunks_exact(8)
             .map(|c| {
@@ -701,4 +779,130 @@ impl Context {
             .collect();
         Ok((bytemuck::pod_collect_to_vec(logits), picks))
     }
+
+    /// Submits a decode step without waiting for it: the batch must fit one ubatch, and
+    /// the tokens `feed` names (batch index, index of a draw of the step submitted just
+    /// before) take the token that draw picks, copied on the GPU — their ids in `batch`
+    /// are placeholders. So step N+1 is on its way before token N is read: finish each
+    /// step with [`Context::finish_step`], in the order submitted. The cells of a step
+    /// are placed when it is submitted; cutting one back (a stop found when its token
+    /// arrives) is `seq_rm` after it finishes. A failure while steps are in flight
+    /// leaves the cache holding them.
+    pub fn submit_step(
+        &mut self,
+        batch: &Batch,
+        draws: &[GpuDraw],
+        feed: &[(usize, usize)],
+    ) -> Result<InFlight, ContextError> {
+        self.check_decode(batch)?;
+        self.check_draws(batch, draws)?;
+        if let Some(&(i, j)) = feed
+            .iter()
+            .find(|&&(i, j)| i >= batch.tokens.len() || j >= self.last_draws)
+        {
+            return Err(ContextError::BadBatch(format!(
+                "token {i} fed from draw {j}, but the step before drew {}",
+                self.last_draws
+            )));
+        }
+        self.memory.update(true)?;
+        let saved = self.memory.checkpoint();
+        let out = self.submit_one(batch, draws, feed);
+        if out.is_err() {
+            self.memory.rollback(saved);
+            if let Some(s) = self.sampling.as_mut() {
+                s.forget_all();
+            }
+        }
+        out
+    }
+
+    fn submit_one(
+        &mut self,
+        batch: &Batch,
+        draws: &[GpuDraw],
+        feed: &[(usize, usize)],
+    ) -> Result<InFlight, ContextError> {
+        let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
+        let split = self.memory.split(batch, ub, self.n_out_max as usize)?;
+        let [idx] = &split[..] else {
+            return Err(ContextError::BadBatch(format!(
+                "a step submitted ahead must fit one ubatch; this one takes {}",
+                split.len()
+            )));
+        };
+        let u = Batch {
+            tokens: idx.iter().map(|&i| batch.tokens[i]).collect(),
+            pos: idx.iter().map(|&i| batch.pos[i]).collect(),
+            seq: idx.iter().map(|&i| batch.seq[i]).collect(),
+            logits: idx.iter().map(|&i| batch.logits[i]).collect(),
+        };
+        let draw_of: std::collections::HashMap<usize, usize> = draws
+            .iter()
+            .enumerate()
+            .map(|(j, d)| (d.index, j))
+            .collect();
+        let (mut read_rows, mut drawn, mut which) = (Vec::new(), Vec::new(), Vec::new());
+        for (r, &i) in idx.iter().filter(|&&i| batch.logits[i]).enumerate() {
+            match draw_of.get(&i) {
+                Some(&j) => {
+                    let mut row = draws[j].row;
+                    row.row = r as u32;
+                    drawn.push(row);
+                    which.push(j);
+                }
+                None => read_rows.push((i, r as u32)),
+            }
+        }
+        let pos_of: std::collections::HashMap<usize, usize> =
+            idx.iter().enumerate().map(|(p, &i)| (i, p)).collect();
+        let feed_u: Vec<(usize, usize)> = feed.iter().map(|&(i, j)| (pos_of[&i], j)).collect();
+        let rs: Vec<u32> = read_rows.iter().map(|x| x.1).collect();
+        let run = self.submit_ubatch(&u, &rs, &drawn, &feed_u)?;
+        if !drawn.is_empty() {
+            self.last_draws = drawn.len();
+        }
+        Ok(InFlight { run, which })
+    }
+
+    /// Waits for a step submitted by [`Context::submit_step`] and returns its logit rows
+    /// (in the order of its ubatch: the batch's, for a KV cache) and drawn tokens, as
+    /// [`Context::decode_drawing_async`] does.
+    pub async fn finish_step(&mut self, step: InFlight) -> Result<Decoded, ContextError> {
+        let out = self.finish_ubatch(step.run).await;
+        let (logits, got) = match out {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some(s) = self.sampling.as_mut() {
+                    s.forget_all();
+                }
+                return Err(e);
+            }
+        };
+        let mut picks = vec![(0u32, 0f32); step.which.len()];
+        for (j, p) in step.which.into_iter().zip(got) {
+            picks[j] = p;
+        }
+        Ok(Decoded { logits, picks })
+    }
+
+    /// [`Context::finish_step`], blocking (native targets).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn finish_step_blocking(&mut self, step: InFlight) -> Result<Decoded, ContextError> {
+        pollster::block_on(self.finish_step(step))
+    }
+}
+
+/// One ubatch submitted, its readback still to come.
+struct UbatchRun {
+    sub: crate::graph::Submitted,
+    key: GraphKey,
+    logit_bytes: u64,
+}
+
+/// A step submitted ahead ([`Context::submit_step`]), to finish in order.
+pub struct InFlight {
+    run: UbatchRun,
+    /// The draw each drawn row answers, in row order.
+    which: Vec<usize>,
 }

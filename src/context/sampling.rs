@@ -69,6 +69,11 @@ impl SampleState {
         })
     }
 
+    /// The (token, probability bits) pairs of the last drawing step.
+    pub(super) fn result(&self) -> &wgpu::Buffer {
+        &self.result
+    }
+
     pub(super) fn n_rows_max(&self) -> u32 {
         self.n_rows_max
     }

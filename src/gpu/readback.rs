@@ -50,6 +50,17 @@ impl Gpu {
         staging: &wgpu::Buffer,
         bytes: u64,
     ) -> Result<Vec<u8>, GpuError> {
+        self.map_read_after(staging, bytes, None).await
+    }
+
+    /// [`Gpu::map_read`] of a copy made by submission `after`: natively, only the work up
+    /// to that submission is waited for (later submits keep the device busy meanwhile).
+    pub(crate) async fn map_read_after(
+        &self,
+        staging: &wgpu::Buffer,
+        bytes: u64,
+        after: Option<wgpu::SubmissionIndex>,
+    ) -> Result<Vec<u8>, GpuError> {
         let size = staging.size();
         let slice = staging.slice(..size);
         let slot = Arc::new(Mutex::new(Slot::default()));
@@ -62,7 +73,12 @@ impl Gpu {
             }
         });
         #[cfg(not(target_arch = "wasm32"))]
-        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        let _ = self.device.poll(wgpu::PollType::Wait {
+            submission_index: after,
+            timeout: None,
+        });
+        #[cfg(target_arch = "wasm32")]
+        let _ = after;
         let mapped = MapFuture(slot).await;
         self.check()?;
         if let Err(e) = mapped {

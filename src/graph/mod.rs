@@ -80,6 +80,23 @@ impl Graph {
         extra: &[Dispatch],
         reads: &[(&wgpu::Buffer, u64, u64)],
     ) -> Result<Option<Vec<u8>>, GpuError> {
+        let submitted = self.submit(gpu, &[], extra, reads)?;
+        let (out, wait_ns) = submitted.wait(gpu).await?;
+        self.wait_ns
+            .store(wait_ns, std::sync::atomic::Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// [`Graph::run`] up to the last submit, without waiting: `pre` copies (source,
+    /// offset, destination, offset, bytes) are recorded before the first dispatch (a
+    /// token drawn by the step before, into this step's token input).
+    pub fn submit(
+        &self,
+        gpu: &Gpu,
+        pre: &[CopyRegion],
+        extra: &[Dispatch],
+        reads: &[(&wgpu::Buffer, u64, u64)],
+    ) -> Result<Submitted, GpuError> {
         // `gpu.tuning.profile` (`WGLLM_PROFILE=1`): before each run, time every dispatch
         // alone and log the totals per op (slow; for finding where the time goes).
         #[cfg(not(target_arch = "wasm32"))]
@@ -101,9 +118,12 @@ impl Graph {
         };
         // Records one chunk into a fresh encoder; the host time goes to `record_ns`.
         let mut record_ns = 0u64;
-        let mut encode = |chunk: &[Dispatch], extra: &[Dispatch]| {
+        let mut encode = |chunk: &[Dispatch], pre: &[CopyRegion], extra: &[Dispatch]| {
             let t0 = web_time::Instant::now();
             let mut enc = gpu.device.create_command_encoder(&Default::default());
+            for c in pre {
+                enc.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.bytes);
+            }
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
                 for d in chunk.iter().chain(extra) {
@@ -115,15 +135,16 @@ impl Graph {
             record_ns += t0.elapsed().as_nanos() as u64;
             enc
         };
+        let n_chunks = chunks.len();
         let (last, before) = chunks.split_last().expect("chunks start with the head");
         let mut submit_ns = 0u64;
         for chunk in before {
-            let cmd = encode(chunk, &[]).finish();
+            let cmd = encode(chunk, pre, &[]).finish();
             let t = web_time::Instant::now();
             gpu.queue.submit([cmd]);
             submit_ns += t.elapsed().as_nanos() as u64;
         }
-        let mut enc = encode(last, extra);
+        let mut enc = encode(last, if n_chunks == 1 { pre } else { &[] }, extra);
         let t0 = web_time::Instant::now();
         let total: u64 = reads.iter().map(|r| r.2.div_ceil(4) * 4).sum();
         let staging = (!reads.is_empty()).then(|| {
@@ -142,19 +163,44 @@ impl Graph {
             std::sync::atomic::Ordering::Relaxed,
         );
         let t = web_time::Instant::now();
-        gpu.queue.submit([cmd]);
+        let index = gpu.queue.submit([cmd]);
         submit_ns += t.elapsed().as_nanos() as u64;
+        self.submit_ns
+            .store(submit_ns, std::sync::atomic::Ordering::Relaxed);
+        Ok(Submitted { staging, index })
+    }
+}
+
+/// A buffer copy recorded before a run's dispatches.
+pub struct CopyRegion<'a> {
+    pub src: &'a wgpu::Buffer,
+    pub src_offset: u64,
+    pub dst: &'a wgpu::Buffer,
+    pub dst_offset: u64,
+    pub bytes: u64,
+}
+
+/// A run whose commands are submitted and whose readback is still to come.
+pub struct Submitted {
+    staging: Option<(wgpu::Buffer, u64)>,
+    index: wgpu::SubmissionIndex,
+}
+
+impl Submitted {
+    /// The bytes read back, once this run's last submit is done (later submits may still
+    /// run), and the nanoseconds spent waiting for them.
+    pub async fn wait(self, gpu: &Gpu) -> Result<(Option<Vec<u8>>, u64), GpuError> {
         let t = web_time::Instant::now();
-        let out = match staging {
-            Some((staging, bytes)) => Some(gpu.map_read(&staging, bytes).await?),
+        let out = match self.staging {
+            Some((staging, bytes)) => Some(
+                gpu.map_read_after(&staging, bytes, Some(self.index))
+                    .await?,
+            ),
             None => {
                 gpu.flush()?;
                 None
             }
         };
-        use std::sync::atomic::Ordering::Relaxed;
-        self.submit_ns.store(submit_ns, Relaxed);
-        self.wait_ns.store(t.elapsed().as_nanos() as u64, Relaxed);
-        Ok(out)
+        Ok((out, t.elapsed().as_nanos() as u64))
     }
 }

@@ -369,6 +369,16 @@ impl Sampler {
         self.rng.clone().uniform_f64()
     }
 
+    /// The uniform number `k` draws ahead of the next one (0: [`Sampler::peek_uniform`]),
+    /// for a step submitted while earlier draws are still in flight.
+    pub fn peek_uniform_at(&self, k: usize) -> f64 {
+        let mut rng = self.rng.clone();
+        for _ in 0..k {
+            rng.uniform_f64();
+        }
+        rng.uniform_f64()
+    }
+
     /// Takes a token the GPU chain drew with [`Sampler::peek_uniform`]'s number: the
     /// stream moves past that number and the token is accepted as
     /// [`Sampler::accept_generated`] accepts it.

@@ -509,9 +509,7 @@ impl<'e> Bench<'e> {
             let t0 = Instant::now();
             decode_chunks(self.ctx(), &prompt, depth)?;
             let pos = depth + t.n_prompt as i32;
-            for i in 0..t.n_gen {
-                gen.step(self.engine, pos + i as i32, &mut cost)?;
-            }
+            gen.run(self.engine, pos, t.n_gen, &mut cost)?;
             let ns = t0.elapsed().as_nanos() as u64;
             // Repetition 0 warms up (pipelines, graphs).
             if rep > 0 {
@@ -519,7 +517,7 @@ impl<'e> Bench<'e> {
                 if t.n_gen > 0 {
                     let per = (t.n_gen * t.reps) as f64;
                     let d = decode.get_or_insert(DecodeCost {
-                        in_flight: 1,
+                        in_flight: cost.in_flight,
                         ..Default::default()
                     });
                     d.record_us += cost.record_us / per;
@@ -571,6 +569,67 @@ impl Generator {
             row,
             next: first,
         }
+    }
+
+    /// Decodes `n` tokens from `pos`, each the one picked after the last. Drawn on the
+    /// GPU, each step is submitted before the token it decodes is read (the step before
+    /// draws it into the step's token input), so two steps are in flight; the step
+    /// submitted past the end is cut back. Otherwise one step at a time.
+    fn run(
+        &mut self,
+        engine: &mut Engine,
+        pos: i32,
+        n: u32,
+        cost: &mut DecodeCost,
+    ) -> Result<(), EngineError> {
+        let Some(row) = self.row else {
+            cost.in_flight = 1;
+            for i in 0..n {
+                self.step(engine, pos + i as i32, cost)?;
+            }
+            return Ok(());
+        };
+        cost.in_flight = 2;
+        let ctx = engine.context_mut();
+        let mut flight = std::collections::VecDeque::new();
+        let submit = |ctx: &mut Context,
+                      sampler: &crate::sample::Sampler,
+                      at: i32,
+                      token: Option<u32>,
+                      ahead: usize,
+                      cost: &mut DecodeCost| {
+            let batch = Batch::simple(&[token.unwrap_or(0)], at, true);
+            let draw = crate::context::GpuDraw {
+                index: 0,
+                row: row.with_uniform(sampler.peek_uniform_at(ahead)),
+            };
+            let feed: &[(usize, usize)] = if token.is_none() { &[(0, 0)] } else { &[] };
+            let f = ctx.submit_step(&batch, &[draw], feed)?;
+            let s = ctx.last_step;
+            cost.record_us += s.record_ns as f64 / 1e3;
+            cost.submit_us += s.submit_ns as f64 / 1e3;
+            Ok::<_, EngineError>(f)
+        };
+        flight.push_back(submit(ctx, &self.sampler, pos, Some(self.next), 0, cost)?);
+        for i in 1..=n {
+            if i < n {
+                flight.push_back(submit(
+                    ctx,
+                    &self.sampler,
+                    pos + i as i32,
+                    None,
+                    flight.len(),
+                    cost,
+                )?);
+            }
+            let out =
+                pollster::block_on(ctx.finish_step(flight.pop_front().expect("a step in flight")))?;
+            self.next = out.picks[0].0;
+            let _ = self.sampler.accept_gpu_pick(self.next);
+            cost.wait_us += ctx.last_step.wait_ns as f64 / 1e3;
+            cost.read_bytes += 8;
+        }
+        Ok(())
     }
 
     /// Decodes the next token at `pos` and picks the one after it.
