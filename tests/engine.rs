@@ -27,6 +27,8 @@ struct Outcome {
     tokens: Vec<u32>,
     logits: Vec<Vec<f32>>,
     stop: Option<Stop>,
+    /// The sequence's last cached position when it finished.
+    pos_max: i32,
 }
 
 /// Runs `plans` on one engine, stepping until every session has finished.
@@ -51,7 +53,10 @@ fn run(engine: &mut Engine, plans: &[Plan], params: &SessionParams) -> Vec<Outco
             let i = ids.iter().position(|&id| id == Some(ev.session())).unwrap();
             match ev {
                 Event::Token { token, .. } => out[i].tokens.push(token),
-                Event::Finished { stop, .. } => out[i].stop = Some(stop),
+                Event::Finished { stop, session, .. } => {
+                    out[i].stop = Some(stop);
+                    out[i].pos_max = engine.context().memory().seq_pos_max(session);
+                }
                 Event::Error { error, .. } => panic!("session {i}: {error}"),
                 _ => {}
             }
@@ -499,4 +504,103 @@ fn smollm2_gpu_draws_equal_host_sampling() {
             );
         }
     }
+}
+
+/// Steps decoded ahead (tokens drawn on the GPU, the next step submitted before they are
+/// read) give the replies of steps taken one at a time, and a generation that stops — at
+/// `-n`, or cancelled — leaves the cache holding exactly its prompt and reply: the step
+/// already submitted past the stop is cut back. Three sessions on a tiny random llama,
+/// sampled, one joining late.
+#[test]
+fn stops_cut_back_the_step_decoded_ahead() {
+    let (model, tok) = common::tiny_parts(
+        Gpu::new(&GpuOptions {
+            no_f16: true,
+            ..Default::default()
+        })
+        .unwrap(),
+        GgmlType::Q8_0,
+    );
+    let mut rng = common::Rng(11);
+    let mut prompt = |n: usize| (0..n).map(|_| rng.below(256)).collect::<Vec<u32>>();
+    let plans = vec![
+        Plan {
+            prompt: prompt(4),
+            join_at: 0,
+            cancel_after: None,
+        },
+        Plan {
+            prompt: prompt(6),
+            join_at: 0,
+            cancel_after: Some(5),
+        },
+        Plan {
+            prompt: prompt(3),
+            join_at: 4,
+            cancel_after: None,
+        },
+    ];
+    let params = SessionParams {
+        sampling: SamplerParams {
+            temp: 1.0,
+            seed: 5,
+            repeat_penalty: 1.2,
+            repeat_last_n: 16,
+            banned: tok.eog_tokens().collect(),
+            ..Default::default()
+        },
+        n_predict: 14,
+        ..Default::default()
+    };
+    let mut outs = Vec::new();
+    for (sampling, ahead) in [
+        (SamplingPath::Cpu, false),
+        (SamplingPath::Gpu, false),
+        (SamplingPath::Gpu, true),
+    ] {
+        let opts = EngineOptions {
+            n_ctx: 256,
+            n_batch: 16,
+            n_ubatch: 16,
+            n_seq_max: 3,
+            sampling,
+            decode_ahead: ahead,
+            ..Default::default()
+        };
+        let mut e = Engine::new(model.clone(), tok.clone(), &opts).unwrap();
+        let out = run(&mut e, &plans, &params);
+        assert!(
+            sampling == SamplingPath::Cpu || e.n_gpu_draws > 20,
+            "{sampling}: {} draws",
+            e.n_gpu_draws
+        );
+        assert_eq!(
+            e.n_ahead > 10,
+            ahead,
+            "{sampling}: {} steps ahead",
+            e.n_ahead
+        );
+        outs.push(out);
+    }
+    for (i, plan) in plans.iter().enumerate() {
+        let (cpu, gpu, ahead) = (&outs[0][i], &outs[1][i], &outs[2][i]);
+        assert_eq!(
+            cpu.tokens, gpu.tokens,
+            "session {i}: GPU draws differ from host sampling"
+        );
+        assert_eq!(
+            gpu.tokens, ahead.tokens,
+            "session {i}: steps decoded ahead differ"
+        );
+        assert_eq!(gpu.stop, ahead.stop, "session {i}");
+        // Prompt and reply, every token decoded once: nothing ahead is left over.
+        let n = (plan.prompt.len() + ahead.tokens.len()) as i32;
+        assert_eq!(
+            (cpu.pos_max, ahead.pos_max),
+            (n - 1, n - 1),
+            "session {i}: cells after the stop"
+        );
+    }
+    assert_eq!(outs[2][1].stop, Some(Stop::Cancelled));
+    assert_eq!(outs[2][0].stop, Some(Stop::MaxTokens));
 }

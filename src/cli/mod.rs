@@ -234,6 +234,7 @@ impl ModelArgs {
             gpu: self.gpu.options()?,
             tune: tune_options(self.gpu.no_tune, false),
             sampling: self.gpu.sampling,
+            decode_ahead: true,
         })
     }
 }

@@ -422,6 +422,13 @@ impl Context {
         }
     }
 
+    /// Forgets slot `slot`'s GPU copy of its history (its next draw copies it again).
+    pub fn forget_sampler_stamp(&mut self, slot: SeqId) {
+        if let Some(s) = self.sampling.as_mut() {
+            s.set_stamp(slot, None);
+        }
+    }
+
     /// Copies a session's penalty history and logit bias to the GPU for draws on slot
     /// `slot` with settings `row`; `Err` says why it cannot draw there.
     pub fn sync_sampler(

@@ -9,6 +9,7 @@
 //! the logits readback; `step` blocks on it and exists on native targets only.
 
 // The benchmark and perplexity loops block on the GPU: native front ends only.
+mod ahead;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 mod cache_map;
@@ -101,6 +102,8 @@ pub struct Engine {
     /// Tokens drawn on the GPU, and sampled on the host, since the engine was made.
     pub n_gpu_draws: u64,
     pub n_host_samples: u64,
+    /// Steps submitted before the step before them was read.
+    pub n_ahead: u64,
     /// What the last step decoded: prompt tokens and generated tokens.
     pub last_batch: (usize, usize),
     /// Sessions share the whole cache instead of an equal part each.
@@ -110,6 +113,10 @@ pub struct Engine {
     /// Generated tokens are drawn on the GPU where a session's chain allows
     /// (`--sampling`, resolved for this adapter).
     gpu_sampling: bool,
+    /// Steps are submitted before the last one is read (`ahead.rs`).
+    decode_ahead: bool,
+    /// The step submitted ahead and not read yet.
+    pending: Option<ahead::Ahead>,
 }
 
 /// One log line for the kernels the tuner chose.
@@ -308,6 +315,13 @@ impl Engine {
             "sampling on the {}",
             if gpu_sampling { "GPU" } else { "host" }
         );
+        // A recurrent state cannot be cut back one position, and a unified cache can run
+        // out of cells for a step submitted ahead.
+        let decode_ahead = opts.decode_ahead
+            && gpu_sampling
+            && cfg!(not(target_arch = "wasm32"))
+            && !model.hp.recurrent.iter().any(|&r| r)
+            && !opts.kv_unified;
         Ok(Engine {
             model,
             tokenizer,
@@ -317,10 +331,13 @@ impl Engine {
             n_steps: 0,
             n_gpu_draws: 0,
             n_host_samples: 0,
+            n_ahead: 0,
             last_batch: (0, 0),
             kv_unified: opts.kv_unified,
             token_pieces: None,
             gpu_sampling,
+            decode_ahead,
+            pending: None,
         })
     }
 
@@ -422,6 +439,12 @@ impl Engine {
     /// Closes a session and frees its cells (cells shared with other sessions stay).
     pub fn close_session(&mut self, id: SessionId) -> Result<(), EngineError> {
         self.session(id)?;
+        #[cfg(not(target_arch = "wasm32"))]
+        if self.pending.as_ref().is_some_and(|p| p.has(id)) {
+            // Its cells are still being written: read that step first (its events go:
+            // the session is closing).
+            self.drain()?;
+        }
         self.ctx.seq_rm(Some(id), -1, -1)?;
         self.sessions[id as usize] = None;
         Ok(())
@@ -765,6 +788,9 @@ impl Engine {
     /// waiting prompts in session order — is decoded. Returns what happened; an `Err` is
     /// a failure of the whole step (the GPU), after which the cache is as before it.
     pub async fn step_async(&mut self) -> Result<Vec<Event>, EngineError> {
+        if let Some(p) = self.pending.take() {
+            return self.step_ahead(p).await;
+        }
         let mut events = Vec::new();
         self.sample_all(&mut events);
         let (batch, mut parts) = self.plan_batch(&mut events)?;
@@ -773,6 +799,10 @@ impl Engine {
             return Ok(events);
         }
         let draws = self.plan_draws(&batch, &mut parts);
+        if self.can_go_ahead(&batch, &parts) {
+            self.submit_ahead(batch, parts, &draws)?;
+            return Ok(events);
+        }
         let start = Instant::now();
         let out = self.ctx.decode_drawing_async(&batch, &draws).await?;
         let dt = start.elapsed();
@@ -1073,6 +1103,7 @@ impl Engine {
 }
 
 /// A session's slice of a step's batch.
+#[derive(Clone)]
 struct Part {
     id: SessionId,
     len: usize,

@@ -39,6 +39,9 @@ pub struct EngineOptions {
     pub tune: TuneOptions,
     /// Where generated tokens are sampled (`--sampling`).
     pub sampling: SamplingPath,
+    /// Where tokens are drawn on the GPU, submit each step before the last one's tokens
+    /// are read (see `engine/ahead.rs`); native targets.
+    pub decode_ahead: bool,
 }
 
 /// Where a generated token is sampled: on the host from the read-back logits, or on the
@@ -95,6 +98,7 @@ impl Default for EngineOptions {
             gpu: GpuOptions::default(),
             tune: TuneOptions::default(),
             sampling: SamplingPath::Auto,
+            decode_ahead: true,
         }
     }
 }
