@@ -12,6 +12,7 @@ use crate::graph::{Graph, StepProfile};
 use crate::kv::{seqs_below, CacheKind, KvCells, KvConfig, KvError, SeqId, MAX_SEQ};
 use crate::memory::Memory;
 use crate::model::{GraphInput, GraphIo, Model, UbatchView};
+use crate::ops::uniforms::SampleRow;
 use crate::ops::View;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -557,36 +558,13 @@ impl Context {
     ) -> Result<Decoded, ContextError> {
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let n_vocab = self.model.hp.n_vocab as usize;
-        let draw_of: std::collections::HashMap<usize, usize> = draws
-            .iter()
-            .enumerate()
-            .map(|(j, d)| (d.index, j))
-            .collect();
+        let draw_of = draw_index(draws);
         let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
         let mut picks = vec![(0u32, 0f32); draws.len()];
         let mut read_bytes = 0;
         for idx in self.memory.split(batch, ub, self.n_out_max as usize)? {
-            let pick = |v: &[bool]| idx.iter().map(|&i| v[i]).collect::<Vec<_>>();
-            let logits = pick(&batch.logits);
-            let u = Batch {
-                tokens: idx.iter().map(|&i| batch.tokens[i]).collect(),
-                pos: idx.iter().map(|&i| batch.pos[i]).collect(),
-                seq: idx.iter().map(|&i| batch.seq[i]).collect(),
-                logits,
-            };
-            // Output rows in ubatch order: read back, or drawn on the GPU.
-            let (mut read, mut drawn, mut which) = (Vec::new(), Vec::new(), Vec::new());
-            for (r, &i) in idx.iter().filter(|&&i| batch.logits[i]).enumerate() {
-                match draw_of.get(&i) {
-                    Some(&j) => {
-                        let mut row = draws[j].row;
-                        row.row = r as u32;
-                        drawn.push(row);
-                        which.push(j);
-                    }
-                    None => read.push((i, r as u32)),
-                }
-            }
+            let u = sub_batch(batch, &idx);
+            let (read, drawn, which) = output_rows(batch, &idx, draws, &draw_of);
             let rs: Vec<u32> = read.iter().map(|x| x.1).collect();
             let (out, got) = self.decode_ubatch(&u, &rs, &drawn).await?;
             if !drawn.is_empty() {
@@ -838,29 +816,9 @@ impl Context {
                 split.len()
             )));
         };
-        let u = Batch {
-            tokens: idx.iter().map(|&i| batch.tokens[i]).collect(),
-            pos: idx.iter().map(|&i| batch.pos[i]).collect(),
-            seq: idx.iter().map(|&i| batch.seq[i]).collect(),
-            logits: idx.iter().map(|&i| batch.logits[i]).collect(),
-        };
-        let draw_of: std::collections::HashMap<usize, usize> = draws
-            .iter()
-            .enumerate()
-            .map(|(j, d)| (d.index, j))
-            .collect();
-        let (mut read_rows, mut drawn, mut which) = (Vec::new(), Vec::new(), Vec::new());
-        for (r, &i) in idx.iter().filter(|&&i| batch.logits[i]).enumerate() {
-            match draw_of.get(&i) {
-                Some(&j) => {
-                    let mut row = draws[j].row;
-                    row.row = r as u32;
-                    drawn.push(row);
-                    which.push(j);
-                }
-                None => read_rows.push((i, r as u32)),
-            }
-        }
+        let u = sub_batch(batch, idx);
+        let draw_of = draw_index(draws);
+        let (read_rows, drawn, which) = output_rows(batch, idx, draws, &draw_of);
         let pos_of: std::collections::HashMap<usize, usize> =
             idx.iter().enumerate().map(|(p, &i)| (i, p)).collect();
         let feed_u: Vec<(usize, usize)> = feed.iter().map(|&(i, j)| (pos_of[&i], j)).collect();
@@ -898,6 +856,50 @@ impl Context {
     pub fn finish_step_blocking(&mut self, step: InFlight) -> Result<Decoded, ContextError> {
         pollster::block_on(self.finish_step(step))
     }
+}
+
+/// The tokens `idx` of `batch`, in that order.
+fn sub_batch(batch: &Batch, idx: &[usize]) -> Batch {
+    Batch {
+        tokens: idx.iter().map(|&i| batch.tokens[i]).collect(),
+        pos: idx.iter().map(|&i| batch.pos[i]).collect(),
+        seq: idx.iter().map(|&i| batch.seq[i]).collect(),
+        logits: idx.iter().map(|&i| batch.logits[i]).collect(),
+    }
+}
+
+/// Each draw's position in `draws`, by the batch index it samples.
+fn draw_index(draws: &[GpuDraw]) -> std::collections::HashMap<usize, usize> {
+    draws
+        .iter()
+        .enumerate()
+        .map(|(j, d)| (d.index, j))
+        .collect()
+}
+
+/// The output rows of ubatch `idx` in its order: those read back as (batch index, row),
+/// and those drawn on the GPU (their settings with the row filled in, and which draw).
+type OutputRows = (Vec<(usize, u32)>, Vec<SampleRow>, Vec<usize>);
+
+fn output_rows(
+    batch: &Batch,
+    idx: &[usize],
+    draws: &[GpuDraw],
+    draw_of: &std::collections::HashMap<usize, usize>,
+) -> OutputRows {
+    let (mut read, mut drawn, mut which) = (Vec::new(), Vec::new(), Vec::new());
+    for (r, &i) in idx.iter().filter(|&&i| batch.logits[i]).enumerate() {
+        match draw_of.get(&i) {
+            Some(&j) => {
+                let mut row = draws[j].row;
+                row.row = r as u32;
+                drawn.push(row);
+                which.push(j);
+            }
+            None => read.push((i, r as u32)),
+        }
+    }
+    (read, drawn, which)
 }
 
 /// One ubatch submitted, its readback still to come.
