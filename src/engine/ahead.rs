@@ -147,7 +147,16 @@ impl Engine {
                 feed,
             }) => {
                 let start = Instant::now();
-                let step = self.ctx.submit_step(&batch, &draws, &feed)?;
+                // If it cannot go in, `p` is still read: the step then ends as a step
+                // waited for would (a GPU failure shows again there).
+                let step = match self.ctx.submit_step(&batch, &draws, &feed) {
+                    Ok(step) => step,
+                    Err(e) => {
+                        log::debug!("the step after could not be submitted ahead: {e}");
+                        self.read_ahead(p, &mut events).await?;
+                        return Ok(events);
+                    }
+                };
                 self.n_ahead += 1;
                 let fed: Vec<(usize, SeqId)> =
                     feed.iter().map(|&(i, _)| (i, parts[i].id)).collect();
