@@ -1,4 +1,4 @@
-// Shared by the sampling kernels: order-preserving keys for f32 values, and a
+// The GPU-shaped kernels' selection (sample_select_one.wgsl is the CPU-shaped one): a
 // workgroup's selection of the k largest keys among its items by radix select (four
 // rounds of 8-bit digits over a histogram in workgroup memory), ties at the threshold
 // taken in item order. The including kernel defines
@@ -14,22 +14,6 @@ var<workgroup> sel_gt: array<u32, 256>;
 var<workgroup> sel_eq: array<u32, 256>;
 var<workgroup> sel_total: u32;
 var<workgroup> sel_floor: u32;
-
-// Larger floats get larger keys; -inf is 0x007fffff, and only a NaN pattern maps to 0.
-fn f32_key(x: f32) -> u32 {
-    let b = bitcast<u32>(x);
-    if ((b & 0x80000000u) != 0u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
-
-fn key_f32(k: u32) -> f32 {
-    if ((k & 0x80000000u) != 0u) {
-        return bitcast<f32>(k & 0x7fffffffu);
-    }
-    return bitcast<f32>(~k);
-}
 
 // Emits (through item_out, at positions 0..count in item order) the min(k, items) items
 // with the largest keys; among items whose key equals the k-th largest, the first ones.

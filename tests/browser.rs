@@ -180,7 +180,10 @@ impl Browser {
                 "--disable-component-update",
                 "--disable-sync",
                 "--disable-quic",
-                "--window-size=1280,800",
+                &format!(
+                    "--window-size={}",
+                    std::env::var("WGLLM_PAGE_WINDOW").unwrap_or("1280,800".into())
+                ),
                 "--remote-debugging-port=0",
             ])
             .arg(format!("--user-data-dir={}", profile.display()))
@@ -375,8 +378,15 @@ fn page_runs_smollm2_on_webgpu_as_llama_cpp_does() {
     let prompt =
         std::fs::read_to_string(common::shared_dir().join("reference/smol-chat.txt")).unwrap();
     let expected = common::reliable_prefix("smol-chat.cpu.json");
+    // `WGLLM_PAGE_N` (default 16) and `WGLLM_PAGE_QUERY` (more of the address, such as
+    // `&sampling=cpu`): scripts/page-vs-native.sh measures the page's decode this way.
+    let n: usize = std::env::var("WGLLM_PAGE_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let extra = std::env::var("WGLLM_PAGE_QUERY").unwrap_or_default();
     let url = format!(
-        "http://127.0.0.1:{server}/?model=models/{MODEL}&raw=1&temp=0&n=16&c=256&prompt={}",
+        "http://127.0.0.1:{server}/?model=models/{MODEL}&raw=1&temp=0&n={n}&c=256{extra}&prompt={}",
         percent_encode(&prompt)
     );
     let (_browser, devtools) = Browser::open(&url);

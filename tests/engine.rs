@@ -604,3 +604,89 @@ fn stops_cut_back_the_step_decoded_ahead() {
     assert_eq!(outs[2][1].stop, Some(Stop::Cancelled));
     assert_eq!(outs[2][0].stop, Some(Stop::MaxTokens));
 }
+
+/// A session closed while its next step is in flight (decoded ahead) is dropped without
+/// waiting on the GPU: the other session's reply, and a new session's in the closed one's
+/// slot, equal those of the same schedule with steps waited for, and the cache holds
+/// exactly their prompts and replies.
+#[test]
+fn closing_a_session_mid_flight_needs_no_wait() {
+    let (model, tok) = common::tiny_parts(
+        Gpu::new(&GpuOptions {
+            no_f16: true,
+            ..Default::default()
+        })
+        .unwrap(),
+        GgmlType::Q8_0,
+    );
+    let params = SessionParams {
+        sampling: SamplerParams {
+            temp: 1.0,
+            seed: 9,
+            banned: tok.eog_tokens().collect(),
+            ..Default::default()
+        },
+        n_predict: 12,
+        ..Default::default()
+    };
+    let (pa, pb, pc) = (vec![5u32, 9, 14], vec![7u32, 3, 200, 41], vec![12u32, 90]);
+    let mut outs = Vec::new();
+    for ahead in [false, true] {
+        let opts = EngineOptions {
+            n_ctx: 128,
+            n_seq_max: 2,
+            sampling: SamplingPath::Gpu,
+            decode_ahead: ahead,
+            ..Default::default()
+        };
+        let mut e = Engine::new(model.clone(), tok.clone(), &opts).unwrap();
+        let open = |e: &mut Engine, p: &[u32]| {
+            let id = e.open_session(params.clone()).unwrap();
+            e.prompt_tokens(id, p).unwrap();
+            id
+        };
+        let (a, b) = (open(&mut e, &pa), open(&mut e, &pb));
+        let mut tokens: std::collections::HashMap<SessionId, Vec<u32>> = Default::default();
+        let mut collect = |e: &mut Engine, tokens: &mut std::collections::HashMap<_, _>| {
+            for ev in e.step().unwrap() {
+                if let Event::Token { token, session, .. } = ev {
+                    tokens.entry(session).or_insert_with(Vec::new).push(token);
+                }
+            }
+        };
+        while tokens.get(&a).map_or(0, Vec::len) < 4 {
+            collect(&mut e, &mut tokens);
+        }
+        e.close_session(a).unwrap();
+        let reply_a = tokens.remove(&a).unwrap();
+        // The step in flight is read with its session gone, then B goes on alone.
+        collect(&mut e, &mut tokens);
+        collect(&mut e, &mut tokens);
+        let c = open(&mut e, &pc);
+        assert_eq!(c, a, "the new session takes the closed one's slot");
+        while e.is_busy() {
+            collect(&mut e, &mut tokens);
+        }
+        if ahead {
+            assert!(e.n_ahead > 5, "{} steps ahead", e.n_ahead);
+        }
+        let mem = e.context().memory();
+        let (rb, rc) = (tokens[&b].clone(), tokens[&c].clone());
+        assert_eq!(rb.len(), 12);
+        assert_eq!(
+            (mem.seq_pos_max(b), mem.seq_pos_max(c)),
+            (
+                (pb.len() + rb.len()) as i32 - 1,
+                (pc.len() + rc.len()) as i32 - 1
+            ),
+            "ahead {ahead}: cells"
+        );
+        assert_eq!(
+            e.cells().used(),
+            pb.len() + rb.len() + pc.len() + rc.len(),
+            "ahead {ahead}: cells used"
+        );
+        outs.push((reply_a, rb, rc));
+    }
+    assert_eq!(outs[0], outs[1], "waited for vs decoded ahead");
+}

@@ -2,7 +2,7 @@
 //! context policy (context shift, `--keep`, Self-Extend; applied to a chat when it is
 //! reset) and sampling (applied to the next reply).
 
-use crate::engine::{EngineOptions, SessionParams, ShiftPolicy};
+use crate::engine::{EngineOptions, SamplingPath, SessionParams, ShiftPolicy};
 use crate::gpu::GpuOptions;
 use crate::sample::SamplerParams;
 use crate::tune::TuneOptions;
@@ -19,6 +19,9 @@ pub struct AppSettings {
     pub swa_full: bool,
     pub shift: ShiftPolicy,
     pub sampling: SamplerParams,
+    /// Where tokens are drawn (`--sampling`, `sampling=` on a page; applied when a
+    /// model loads).
+    pub sampling_path: SamplingPath,
     /// Most tokens per reply (-1: until end of generation).
     pub n_predict: i32,
 }
@@ -33,6 +36,7 @@ impl Default for AppSettings {
             swa_full: false,
             shift: ShiftPolicy::default(),
             sampling: SamplerParams::default(),
+            sampling_path: SamplingPath::Auto,
             n_predict: 256,
         }
     }
@@ -54,6 +58,7 @@ impl AppSettings {
             },
             gpu: gpu.clone(),
             tune: tune.clone(),
+            sampling: self.sampling_path,
             ..EngineOptions::default()
         }
     }

@@ -3,8 +3,8 @@
 //!
 //! What the desktop gets from its flags the page gets from its address:
 //! `?model=URL&prompt=TEXT&raw=1&temp=0&n=48&c=1024&np=1&seed=N&no_subgroups=1&no_f16=1`,
-//! `kernels=cpu|gpu` and the `WGLLM_*` tuning variables by name. With a
-//! `prompt`, the page drives itself as `wgllm app --screenshot` does: it loads the
+//! `kernels=cpu|gpu`, `sampling=auto|cpu|gpu` and the `WGLLM_*` tuning variables by
+//! name. With a `prompt`, the page drives itself as `wgllm app --screenshot` does: it loads the
 //! model, sends the prompt, and when the reply has ended writes a JSON report into the
 //! page's `#wgllm-result` element (tests read it there and screenshot the page).
 //!
@@ -143,6 +143,11 @@ fn options_from_address() -> AppOptions {
         }
         None => KernelShape::Auto,
     };
+    match get("sampling").map(|s| s.parse()) {
+        Some(Ok(s)) => settings.sampling_path = s,
+        Some(Err(e)) => bad.push(format!("sampling: {e}")),
+        None => {}
+    }
     let tuning = KernelTuning::from_lookup(|var| get(var)).unwrap_or_else(|e| {
         bad.push(e.to_string());
         KernelTuning::default()

@@ -600,7 +600,22 @@ impl Context {
         if std::mem::take(&mut self.profile_next) {
             let gpu = self.model.gpu.clone();
             if let Some((_, graph)) = self.graphs.iter().find(|(k, _)| *k == key) {
-                let mut p = graph.profile(&gpu).await?;
+                // The draws' dispatches (recorded for these rows) are timed after it.
+                let draws = match (&self.sampling, drawn.is_empty()) {
+                    (Some(s), false) => s.dispatches(),
+                    _ => &[],
+                };
+                let cost = crate::graph::OpCost {
+                    bytes: drawn.len() as u64 * self.model.hp.n_vocab as u64 * 4,
+                    flops: 0,
+                };
+                let mut p = graph.profile(&gpu, ("sampling", draws, cost)).await?;
+                // Replayed draws recorded their tokens again in the penalty history.
+                if let Some(s) = self.sampling.as_mut() {
+                    for r in drawn {
+                        s.set_stamp(r.slot, None);
+                    }
+                }
                 (p.n_tok, p.n_kv) = (key.0, key.1);
                 self.last_profile = Some(p);
             }

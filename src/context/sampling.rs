@@ -172,6 +172,11 @@ impl SampleState {
         Ok(())
     }
 
+    /// The dispatches of the last [`SampleState::record`] (for profiles).
+    pub(super) fn dispatches(&self) -> &[Dispatch] {
+        self.cached.as_ref().map_or(&[], |c| &c.1)
+    }
+
     /// Writes the rows and returns the dispatches drawing them from `logits`, and the
     /// result buffer (a (token, probability bits) pair per row).
     pub(super) fn record(

@@ -11,7 +11,9 @@
 //! sampler — lets the pipeline drain and the step runs as usual. When the token read
 //! turns out to end a session (end of generation, a cancel), the step already submitted
 //! with it is finished at once and its cell cut back, so the cache holds exactly the
-//! prompt and the reply. Native targets only (draining blocks).
+//! prompt and the reply. A session closed while its step is in flight is only marked
+//! (its cells are gone already): nothing waits on the GPU outside a step, so the same
+//! loop runs on a page, where nothing may block.
 
 use super::{Engine, EngineError, Event, Part, Phase};
 use crate::context::{Batch, GpuDraw, InFlight};
@@ -39,14 +41,36 @@ pub(super) struct Ahead {
     parts: Vec<Part>,
     /// (batch index, session) of the tokens fed from the step before.
     fed: Vec<(usize, SeqId)>,
+    /// Parts whose session was closed after the step went in (their cells went with it).
+    closed: Vec<bool>,
+    /// When it was submitted: it runs from then or from the last read, the later.
     start: Instant,
 }
 
 impl Ahead {
-    /// Whether session `id` has a token in this step.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub(super) fn has(&self, id: SeqId) -> bool {
-        self.parts.iter().any(|p| p.id == id)
+    fn new(
+        step: InFlight,
+        batch: Batch,
+        parts: Vec<Part>,
+        fed: Vec<(usize, SeqId)>,
+        start: Instant,
+    ) -> Self {
+        Ahead {
+            step,
+            batch,
+            closed: vec![false; parts.len()],
+            parts,
+            fed,
+            start,
+        }
+    }
+
+    /// Session `id` was closed: its part is dropped when the step is read. The slot may
+    /// hold a new session by then, so the part must not be looked up by id again.
+    pub(super) fn close(&mut self, id: SeqId) {
+        for (part, closed) in self.parts.iter().zip(&mut self.closed) {
+            *closed |= part.id == id;
+        }
     }
 }
 
@@ -69,13 +93,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let start = Instant::now();
         let step = self.ctx.submit_step(&batch, draws, &[])?;
-        self.pending = Some(Ahead {
-            step,
-            batch,
-            parts,
-            fed: Vec::new(),
-            start,
-        });
+        self.pending = Some(Ahead::new(step, batch, parts, Vec::new(), start));
         Ok(())
     }
 
@@ -83,9 +101,10 @@ impl Engine {
     fn plan_after(&mut self, p: &Ahead) -> Option<Planned> {
         // A session waiting with a prompt, or generating outside `p`, joins a normal step.
         let in_p = |id: SeqId| p.parts.iter().any(|q| q.id == id);
-        if self
-            .sessions()
-            .any(|s| s.phase == Phase::Prompt || (s.phase == Phase::Generate && !in_p(s.id)))
+        if p.closed.iter().any(|&c| c)
+            || self
+                .sessions()
+                .any(|s| s.phase == Phase::Prompt || (s.phase == Phase::Generate && !in_p(s.id)))
         {
             return None;
         }
@@ -165,13 +184,7 @@ impl Engine {
                 for &(i, _) in &fed {
                     batch.tokens[i] = UNKNOWN;
                 }
-                Some(Ahead {
-                    step,
-                    batch,
-                    parts,
-                    fed,
-                    start,
-                })
+                Some(Ahead::new(step, batch, parts, fed, start))
             }
             None => None,
         };
@@ -202,12 +215,19 @@ impl Engine {
     /// a part whose session ended before its token was decoded is cut back instead.
     async fn read_ahead(&mut self, p: Ahead, events: &mut Vec<Event>) -> Result<(), EngineError> {
         let out = self.ctx.finish_step(p.step).await?;
-        let dt = p.start.elapsed();
+        // Steps overlap: a step's time starts when the one before it was read, not when
+        // it was queued behind it.
+        let now = Instant::now();
+        let dt = now - self.last_read.map_or(p.start, |r| r.max(p.start));
+        self.last_read = Some(now);
         self.n_steps += 1;
         self.last_batch = (0, p.parts.len());
         let mut live_batch = Batch::default();
         let (mut live, mut picks) = (Vec::new(), Vec::new());
         for (i, part) in p.parts.iter().enumerate() {
+            if p.closed[i] {
+                continue;
+            }
             let s = self.sessions[part.id as usize]
                 .as_ref()
                 .expect("sessions in flight stay open");
@@ -235,15 +255,5 @@ impl Engine {
         self.take_results(&live_batch, &live, &out, dt, events)?;
         self.sample_all(events);
         Ok(())
-    }
-
-    /// Reads a step still in flight (before anything else touches the cache).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub(super) fn drain(&mut self) -> Result<Vec<Event>, EngineError> {
-        let mut events = Vec::new();
-        if let Some(p) = self.pending.take() {
-            pollster::block_on(self.read_ahead(p, &mut events))?;
-        }
-        Ok(events)
     }
 }

@@ -117,6 +117,8 @@ pub struct Engine {
     decode_ahead: bool,
     /// The step submitted ahead and not read yet.
     pending: Option<ahead::Ahead>,
+    /// When the last step submitted ahead was read (its successor's time starts there).
+    last_read: Option<Instant>,
 }
 
 /// One log line for the kernels the tuner chose.
@@ -319,7 +321,6 @@ impl Engine {
         // out of cells for a step submitted ahead.
         let decode_ahead = opts.decode_ahead
             && gpu_sampling
-            && cfg!(not(target_arch = "wasm32"))
             && !model.hp.recurrent.iter().any(|&r| r)
             && !opts.kv_unified;
         Ok(Engine {
@@ -338,6 +339,7 @@ impl Engine {
             gpu_sampling,
             decode_ahead,
             pending: None,
+            last_read: None,
         })
     }
 
@@ -439,11 +441,10 @@ impl Engine {
     /// Closes a session and frees its cells (cells shared with other sessions stay).
     pub fn close_session(&mut self, id: SessionId) -> Result<(), EngineError> {
         self.session(id)?;
-        #[cfg(not(target_arch = "wasm32"))]
-        if self.pending.as_ref().is_some_and(|p| p.has(id)) {
-            // Its cells are still being written: read that step first (its events go:
-            // the session is closing).
-            self.drain()?;
+        // A step in flight may still write its cell: the GPU runs it before anything
+        // submitted later, so the cell is free for whoever takes it next.
+        if let Some(p) = self.pending.as_mut() {
+            p.close(id);
         }
         self.ctx.seq_rm(Some(id), -1, -1)?;
         self.sessions[id as usize] = None;

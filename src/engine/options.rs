@@ -40,7 +40,7 @@ pub struct EngineOptions {
     /// Where generated tokens are sampled (`--sampling`).
     pub sampling: SamplingPath,
     /// Where tokens are drawn on the GPU, submit each step before the last one's tokens
-    /// are read (see `engine/ahead.rs`); native targets.
+    /// are read (see `engine/ahead.rs`).
     pub decode_ahead: bool,
 }
 

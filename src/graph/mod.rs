@@ -40,7 +40,7 @@ impl Graph {
     /// `WGLLM_PROFILE=1`: the time per op kind of this graph, logged.
     #[cfg(not(target_arch = "wasm32"))]
     fn log_profile(&self, gpu: &Gpu) -> Result<(), GpuError> {
-        let p = pollster::block_on(self.profile(gpu))?;
+        let p = pollster::block_on(self.profile(gpu, ("", &[], OpCost::default())))?;
         for op in &p.ops {
             log::info!(
                 "profile: {:<16} {:4} dispatches {:9.2} ms ({:.1} %)",

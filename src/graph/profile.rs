@@ -5,8 +5,9 @@
 //! submitted alone and timed from the host, which adds a submit and a wait to every one
 //! (fine for finding hot spots, not for absolute numbers).
 
-use super::Graph;
+use super::{Graph, OpCost};
 use crate::gpu::{Gpu, GpuError};
+use crate::ops::Dispatch;
 
 /// How the dispatches of a profile were timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,18 +105,26 @@ const QUERY_CHUNK: usize = wgpu::QUERY_SET_MAX_QUERIES as usize / 2;
 impl Graph {
     /// Times every dispatch (GPU timestamps where the device has them, else the host) and
     /// sums the times and costs per op kind. Replays the whole graph in order, so the
-    /// buffers end as a normal run leaves them.
-    pub async fn profile(&self, gpu: &Gpu) -> Result<StepProfile, GpuError> {
+    /// buffers end as a normal run leaves them. `extra` are dispatches recorded after the
+    /// graph in the same step (sampling on the GPU), timed after it as one op of kind
+    /// `extra.0` with cost `extra.1`.
+    pub async fn profile(
+        &self,
+        gpu: &Gpu,
+        extra: (&str, &[Dispatch], OpCost),
+    ) -> Result<StepProfile, GpuError> {
+        let all: Vec<&Dispatch> = self.dispatches.iter().chain(extra.1).collect();
         let (source, ns) = if gpu.has_timestamps {
-            (TimingSource::GpuTimestamps, self.time_gpu(gpu).await?)
+            (TimingSource::GpuTimestamps, time_gpu(gpu, &all).await?)
         } else {
-            (TimingSource::Host, self.time_host(gpu)?)
+            (TimingSource::Host, time_host(gpu, &all)?)
         };
+        let extra_kind = (extra.0.to_string(), extra.2);
         let mut ops: Vec<OpProfile> = Vec::new();
         let mut kernels: Vec<KernelTime> = Vec::new();
         let mut last_node = u32::MAX;
         for (i, &t) in ns.iter().enumerate() {
-            let label = self.dispatches[i].label;
+            let label = all[i].label;
             match kernels.iter_mut().find(|k| k.label == label) {
                 Some(k) => {
                     k.dispatches += 1;
@@ -127,8 +136,11 @@ impl Graph {
                     ns: t,
                 }),
             }
-            let node = self.node_of[i];
-            let (kind, cost) = &self.costs[node as usize];
+            // The extra dispatches count as one more node after the graph's.
+            let (node, (kind, cost)) = match self.node_of.get(i) {
+                Some(&n) => (n, &self.costs[n as usize]),
+                None => (u32::MAX - 1, &extra_kind),
+            };
             let idx = match ops.iter().position(|o| &o.kind == kind) {
                 Some(j) => j,
                 None => {
@@ -163,68 +175,67 @@ impl Graph {
             kernels,
         })
     }
+}
 
-    async fn time_gpu(&self, gpu: &Gpu) -> Result<Vec<f64>, GpuError> {
-        let period = gpu.queue.get_timestamp_period() as f64;
-        let mut out = Vec::with_capacity(self.dispatches.len());
-        for chunk in self.dispatches.chunks(QUERY_CHUNK) {
-            let n = 2 * chunk.len() as u32;
-            let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("profile timestamps"),
-                ty: wgpu::QueryType::Timestamp,
-                count: n,
+async fn time_gpu(gpu: &Gpu, dispatches: &[&Dispatch]) -> Result<Vec<f64>, GpuError> {
+    let period = gpu.queue.get_timestamp_period() as f64;
+    let mut out = Vec::with_capacity(dispatches.len());
+    for chunk in dispatches.chunks(QUERY_CHUNK) {
+        let n = 2 * chunk.len() as u32;
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: n,
+        });
+        let bytes = n as u64 * 8;
+        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("profile resolve"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for (i, d) in chunk.iter().enumerate() {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(d.label),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &set,
+                    beginning_of_pass_write_index: Some(2 * i as u32),
+                    end_of_pass_write_index: Some(2 * i as u32 + 1),
+                }),
             });
-            let bytes = n as u64 * 8;
-            let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("profile resolve"),
-                size: bytes,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            for (i, d) in chunk.iter().enumerate() {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some(d.label),
-                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                        query_set: &set,
-                        beginning_of_pass_write_index: Some(2 * i as u32),
-                        end_of_pass_write_index: Some(2 * i as u32 + 1),
-                    }),
-                });
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, &d.bind_group, &[]);
-                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
-            }
-            enc.resolve_query_set(&set, 0..n, &resolve, 0);
-            let staging = gpu.staging("profile readback", bytes);
-            enc.copy_buffer_to_buffer(&resolve, 0, &staging, 0, bytes);
-            gpu.queue.submit([enc.finish()]);
-            let data = gpu.map_read(&staging, bytes).await?;
-            let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&data);
-            for pair in ticks.chunks_exact(2) {
-                out.push(pair[1].saturating_sub(pair[0]) as f64 * period);
-            }
+            pass.set_pipeline(&d.pipeline);
+            pass.set_bind_group(0, &d.bind_group, &[]);
+            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
         }
-        gpu.check()?;
-        Ok(out)
-    }
-
-    #[cfg(not(target_arch = "wasm32"))]
-    fn time_host(&self, gpu: &Gpu) -> Result<Vec<f64>, GpuError> {
-        let mut out = Vec::with_capacity(self.dispatches.len());
-        for d in &self.dispatches {
-            let t0 = std::time::Instant::now();
-            crate::ops::run_now(gpu, std::slice::from_ref(d))?;
-            out.push(t0.elapsed().as_secs_f64() * 1e9);
+        enc.resolve_query_set(&set, 0..n, &resolve, 0);
+        let staging = gpu.staging("profile readback", bytes);
+        enc.copy_buffer_to_buffer(&resolve, 0, &staging, 0, bytes);
+        gpu.queue.submit([enc.finish()]);
+        let data = gpu.map_read(&staging, bytes).await?;
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&data);
+        for pair in ticks.chunks_exact(2) {
+            out.push(pair[1].saturating_sub(pair[0]) as f64 * period);
         }
-        Ok(out)
     }
+    gpu.check()?;
+    Ok(out)
+}
 
-    #[cfg(target_arch = "wasm32")]
-    fn time_host(&self, _gpu: &Gpu) -> Result<Vec<f64>, GpuError> {
-        Err(GpuError::Validation(
-            "profiling needs timestamp queries in a browser (the host cannot wait on the GPU)"
-                .into(),
-        ))
+#[cfg(not(target_arch = "wasm32"))]
+fn time_host(gpu: &Gpu, dispatches: &[&Dispatch]) -> Result<Vec<f64>, GpuError> {
+    let mut out = Vec::with_capacity(dispatches.len());
+    for &d in dispatches {
+        let t0 = std::time::Instant::now();
+        crate::ops::run_now(gpu, std::slice::from_ref(d))?;
+        out.push(t0.elapsed().as_secs_f64() * 1e9);
     }
+    Ok(out)
+}
+
+#[cfg(target_arch = "wasm32")]
+fn time_host(_gpu: &Gpu, _dispatches: &[&Dispatch]) -> Result<Vec<f64>, GpuError> {
+    Err(GpuError::Validation(
+        "profiling needs timestamp queries in a browser (the host cannot wait on the GPU)".into(),
+    ))
 }

@@ -175,10 +175,16 @@ pub enum KernelKey {
         ds: u32,
         wg: bool,
     },
-    /// Sampling's first pass: bias, penalties and each segment's top-k candidates.
-    SampleTopk,
-    /// Sampling's second pass: the row's top-k, llama.cpp's chain and the draw.
-    SampleChain,
+    /// Sampling's first pass: bias, penalties and each segment's top-k candidates; a
+    /// workgroup per segment (`wg`, GPUs) or one invocation (CPU-shaped, no barriers).
+    SampleTopk {
+        wg: bool,
+    },
+    /// Sampling's second pass: the row's top-k, llama.cpp's chain and the draw; a
+    /// workgroup per row (`wg`) or one invocation.
+    SampleChain {
+        wg: bool,
+    },
 }
 
 /// (lanes, vec4s per lane) of the split attention output kernel for rows of `d4` vec4s:
@@ -222,9 +228,9 @@ impl KernelKey {
             AttnKqvJoin,
             Hadamard,
             SsmConv,
-            SampleTopk,
-            SampleChain,
         ];
+        v.extend([false, true].map(|wg| SampleTopk { wg }));
+        v.extend([false, true].map(|wg| SampleChain { wg }));
         for &ds in SSM_DS {
             v.extend([false, true].map(|wg| SsmScan { ds, wg }));
         }
@@ -368,8 +374,9 @@ impl KernelKey {
             | AttnKqTile { .. }
             | AttnKqvTile { .. }
             | SsmScan { wg: true, .. }
-            | SampleTopk
-            | SampleChain => 256,
+            | SampleTopk { wg: true }
+            | SampleChain { wg: true } => 256,
+            SampleTopk { wg: false } | SampleChain { wg: false } => 1,
             Softmax { wg } => wg,
             Rope { .. }
             | RopeStore { .. }
@@ -429,7 +436,7 @@ impl KernelKey {
             Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
             SsmConv => SsmConvUniform::WGSL,
             SsmScan { .. } => SsmScanUniform::WGSL,
-            SampleTopk | SampleChain => SampleUniform::WGSL,
+            SampleTopk { .. } | SampleChain { .. } => SampleUniform::WGSL,
         }
     }
 
@@ -528,14 +535,30 @@ impl KernelKey {
                 ],
                 &[],
             ),
-            SampleTopk | SampleChain => compose(
+            SampleTopk { wg } => compose(
                 &[
                     &SampleRow::wgsl(),
-                    shaders::SAMPLE_SELECT,
-                    if *self == SampleTopk {
+                    shaders::SAMPLE_KEYS,
+                    shaders::SAMPLE_LOGIT,
+                    if wg { shaders::SAMPLE_SELECT } else { "" },
+                    if wg {
                         shaders::SAMPLE_TOPK
                     } else {
+                        shaders::SAMPLE_TOPK_ONE
+                    },
+                ],
+                &[],
+            ),
+            SampleChain { wg } => compose(
+                &[
+                    &SampleRow::wgsl(),
+                    shaders::SAMPLE_KEYS,
+                    shaders::SAMPLE_DRAW,
+                    if wg { shaders::SAMPLE_SELECT } else { "" },
+                    if wg {
                         shaders::SAMPLE_CHAIN
+                    } else {
+                        shaders::SAMPLE_CHAIN_ONE
                     },
                 ],
                 &[],
@@ -612,8 +635,8 @@ impl fmt::Display for KernelKey {
             MatmulTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
             SsmConv => write!(f, "ssm_conv"),
             SsmScan { ds, wg } => write!(f, "ssm_scan_ds{ds}{}", if wg { "_wg" } else { "" }),
-            SampleTopk => write!(f, "sample_topk"),
-            SampleChain => write!(f, "sample_chain"),
+            SampleTopk { wg } => write!(f, "sample_topk{}", if wg { "_wg" } else { "" }),
+            SampleChain { wg } => write!(f, "sample_chain{}", if wg { "_wg" } else { "" }),
         }
     }
 }
@@ -722,6 +745,7 @@ mod tests {
         assert_eq!(per_type, 64 + 2 * (27 + 20));
         // Norms, the two joins, hadamard, binary ops, GLUs, softmaxes, rope in f32 and f16.
         // The recurrent layers' convolution and both shapes of the scan per state size.
+        // Both shapes of sampling's two passes.
         let shared = 2
             + 2
             + 1
@@ -731,7 +755,7 @@ mod tests {
             + 2
             + 1
             + 2 * SSM_DS.len()
-            + 2;
+            + 2 * 2;
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
         // two rope_stores, two GPU flash kernels and the CPU ones (head buckets x tokens).
         let tiles = ATTN_TILE_DK.len() + ATTN_TILE_NI.len();

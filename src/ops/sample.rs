@@ -7,15 +7,20 @@
 //! first, equal logits by id) and runs llama.cpp's chain on them — top-p, min-p,
 //! temperature and the draw, with the uniform number the host drew from the session's
 //! own random stream — then writes (token, probability) and records the token in the
-//! penalty history. A selection is a radix select over order-preserving keys (four 8-bit
-//! digits), so the pick does not depend on how many workgroups ran.
+//! penalty history. On GPUs a selection is a radix select over order-preserving keys
+//! (four 8-bit digits) by a workgroup; on CPU-shaped adapters (lavapipe, SwiftShader),
+//! where every barrier switches all of a workgroup's invocations, each segment and each
+//! row is one invocation (`sample_*_one.wgsl`): a heap keeps each segment's best, sorted
+//! best first, and the row's pass merges the sorted segments. Both shapes take the same
+//! candidates, ties at the k-th largest key by token id, so the pick does not depend on
+//! the shape.
 //!
 //! The CPU reference of the whole chain is the CPU sampler itself
 //! ([`crate::sample::Sampler`]); [`top_k_ref`] is the reference of the selection.
 
 use super::uniforms::{SampleRow, SampleUniform};
 use super::{record, Dispatch, KernelKey, View};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, KernelShape};
 
 /// The largest top-k the GPU chain takes (its sort runs in one workgroup).
 pub const MAX_K: u32 = 256;
@@ -64,6 +69,7 @@ pub fn sample(
     ring_max: u32,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let (seg_len, n_seg) = segments(n_vocab);
+    let wg = gpu.kernels == KernelShape::Gpu;
     let params = SampleUniform {
         n_vocab,
         seg_len,
@@ -75,7 +81,7 @@ pub fn sample(
     let topk = record(
         gpu,
         "sample_topk",
-        gpu.pipeline(KernelKey::SampleTopk)?,
+        gpu.pipeline(KernelKey::SampleTopk { wg })?,
         bytemuck::bytes_of(&params),
         &[b.logits, b.rows, b.counts, b.bias, b.cand],
         [n_seg, n_rows, 1],
@@ -83,7 +89,7 @@ pub fn sample(
     let chain = record(
         gpu,
         "sample_chain",
-        gpu.pipeline(KernelKey::SampleChain)?,
+        gpu.pipeline(KernelKey::SampleChain { wg })?,
         bytemuck::bytes_of(&params),
         &[b.rows, b.cand, b.counts, b.ring, b.result],
         [n_rows, 1, 1],

@@ -35,9 +35,14 @@ pub const SSM_SCAN_COMMON: &str = include_str!("../../shaders/ssm_scan_common.wg
 pub const SSM_SCAN: &str = include_str!("../../shaders/ssm_scan.wgsl");
 pub const SSM_SCAN_WG: &str = include_str!("../../shaders/ssm_scan_wg.wgsl");
 pub const SET_ROWS_BLOCKS: &str = include_str!("../../shaders/set_rows_blocks.wgsl");
+pub const SAMPLE_KEYS: &str = include_str!("../../shaders/sample_keys.wgsl");
 pub const SAMPLE_SELECT: &str = include_str!("../../shaders/sample_select.wgsl");
+pub const SAMPLE_LOGIT: &str = include_str!("../../shaders/sample_logit.wgsl");
 pub const SAMPLE_TOPK: &str = include_str!("../../shaders/sample_topk.wgsl");
+pub const SAMPLE_TOPK_ONE: &str = include_str!("../../shaders/sample_topk_one.wgsl");
+pub const SAMPLE_DRAW: &str = include_str!("../../shaders/sample_draw.wgsl");
 pub const SAMPLE_CHAIN: &str = include_str!("../../shaders/sample_chain.wgsl");
+pub const SAMPLE_CHAIN_ONE: &str = include_str!("../../shaders/sample_chain_one.wgsl");
 
 /// Helpers of the packed K/V cache types' snippets (see [`kv_snippet`]).
 pub const KV_COMMON: &str = include_str!("../../shaders/kv_common.wgsl");
@@ -211,9 +216,14 @@ pub fn fingerprint() -> u64 {
         KV_READ,
         HADAMARD,
         SET_ROWS_BLOCKS,
+        SAMPLE_KEYS,
         SAMPLE_SELECT,
+        SAMPLE_LOGIT,
         SAMPLE_TOPK,
+        SAMPLE_TOPK_ONE,
+        SAMPLE_DRAW,
         SAMPLE_CHAIN,
+        SAMPLE_CHAIN_ONE,
         KV_COMMON,
         KV_BF16,
         KV_Q8_0,

@@ -462,21 +462,37 @@ impl<'e> Bench<'e> {
     }
 
     /// Profiles the last ubatch of an `n`-token step over `depth` cells already in the
-    /// cache (attention's share grows with the depth).
+    /// cache (attention's share grows with the depth). A decoded token (`n` 1) is drawn
+    /// as the tg tests draw it: on the GPU, the draw's dispatches are timed too.
     fn profile_step(&mut self, n: u32, depth: u32) -> Result<StepProfile, EngineError> {
         self.ctx().clear();
         let n = n.min(self.ctx().params.n_ubatch).max(1);
         let toks = self.tokens(n);
         let depth_toks = self.tokens(depth);
         decode_chunks(self.ctx(), &depth_toks, 0)?;
+        let row = match n {
+            1 => Generator::new(self.engine, toks[0]).row,
+            _ => None,
+        };
         // Once to build the graph and compile its pipelines, once profiled.
         for profiled in [false, true] {
             self.ctx().seq_rm(None, depth as i32, -1)?;
             if profiled {
                 self.ctx().profile_next_ubatch();
             }
-            self.ctx()
-                .decode(&Batch::simple(&toks, depth as i32, false))?;
+            let batch = Batch::simple(&toks, depth as i32, false);
+            match row {
+                Some(row) => {
+                    let draw = crate::context::GpuDraw {
+                        index: 0,
+                        row: row.with_uniform(0.5),
+                    };
+                    self.ctx().decode_drawing(&batch, &[draw])?;
+                }
+                None => {
+                    self.ctx().decode(&batch)?;
+                }
+            }
         }
         let p = self.ctx().last_profile.take();
         self.ctx().clear();
