@@ -647,7 +647,7 @@ fn closing_a_session_mid_flight_needs_no_wait() {
         };
         let (a, b) = (open(&mut e, &pa), open(&mut e, &pb));
         let mut tokens: std::collections::HashMap<SessionId, Vec<u32>> = Default::default();
-        let mut collect = |e: &mut Engine, tokens: &mut std::collections::HashMap<_, _>| {
+        let collect = |e: &mut Engine, tokens: &mut std::collections::HashMap<_, _>| {
             for ev in e.step().unwrap() {
                 if let Event::Token { token, session, .. } = ev {
                     tokens.entry(session).or_insert_with(Vec::new).push(token);

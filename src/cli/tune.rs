@@ -71,8 +71,15 @@ pub fn describe(e: &TuneEntry) -> String {
     if let Some(t) = e.gpu_tile {
         knobs.push(format!("prompt tile {}", pair(t)));
     }
+    let draws = match (e.draw_gpu_us, e.draw_host_us) {
+        (Some(g), Some(h)) => format!(
+            "; a token drawn on the GPU {g:.0} us, read back and sampled {h:.0} us: --sampling auto is {}",
+            if g < h { "gpu" } else { "cpu" }
+        ),
+        _ => String::new(),
+    };
     format!(
-        "{} on {} ({}): {} kernels ({}), {:.0} us per layer and decoded token, {:.1} per prompt token; model {}",
+        "{} on {} ({}): {} kernels ({}), {:.0} us per layer and decoded token, {:.1} per prompt token{draws}; model {}",
         e.adapter,
         e.backend,
         e.driver,

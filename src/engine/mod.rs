@@ -137,6 +137,9 @@ fn log_tuned(e: &crate::tune::TuneEntry, measured: bool, n_backends: usize) {
         e.decode_us.round(),
         e.prompt_us
     );
+    if let (Some(g), Some(h)) = (e.draw_gpu_us, e.draw_host_us) {
+        log::debug!("a token drawn on the GPU: {g:.0} us; read back and sampled: {h:.0} us");
+    }
 }
 
 impl Engine {
@@ -308,7 +311,10 @@ impl Engine {
         let gpu_sampling = match opts.sampling {
             SamplingPath::Cpu => false,
             SamplingPath::Gpu => true,
-            SamplingPath::Auto => model.gpu.kernels == crate::gpu::KernelShape::Gpu,
+            // The tuner's measurement where there is one (not on a page), else the
+            // GPU on GPU-shaped adapters.
+            SamplingPath::Auto => (model.gpu.tuning.gpu_draws)
+                .unwrap_or(model.gpu.kernels == crate::gpu::KernelShape::Gpu),
         };
         // The GPU chain ranges over the logits row; a vocabulary shorter than the row
         // (padded output weights) keeps sampling on the host, which stops at its end.

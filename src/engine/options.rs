@@ -50,7 +50,9 @@ pub struct EngineOptions {
 /// top-k off or above 256, token probabilities) sample on the host either way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SamplingPath {
-    /// The GPU on GPU-shaped adapters, the host on CPU-shaped ones (lavapipe).
+    /// Where the tuner measured a token cheaper picked (`crate::tune`); without a
+    /// measurement (a page, `--no-tune`), the GPU on GPU-shaped adapters and the host on
+    /// CPU-shaped ones (lavapipe).
     #[default]
     Auto,
     Cpu,

@@ -36,6 +36,9 @@ pub struct KernelTuning {
     /// `matmul_tile`, which overrides every size.
     pub cpu_decode_tile: Option<(u32, u32)>,
     pub cpu_prompt_tile: Option<(u32, u32)>,
+    /// Whether the tuner measured a token drawn on the GPU cheaper than one read back and
+    /// sampled on the host: what `--sampling auto` takes (`crate::tune::measure_draws`).
+    pub gpu_draws: Option<bool>,
     /// `WGLLM_PROFILE=1`: time every dispatch alone before each graph run and log the
     /// totals per op (slow; for finding hot spots, not for measuring speed).
     pub profile: bool,
@@ -131,6 +134,7 @@ impl KernelTuning {
             attn_flash: self.attn_flash.or(base.attn_flash),
             cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),
             cpu_prompt_tile: self.cpu_prompt_tile.or(base.cpu_prompt_tile),
+            gpu_draws: self.gpu_draws.or(base.gpu_draws),
             profile: self.profile || base.profile,
         }
     }

@@ -30,6 +30,13 @@ pub struct TuneEntry {
     /// One layer's matmuls, microseconds per token, decoded and in a prompt.
     pub decode_us: f64,
     pub prompt_us: f64,
+    /// A token picked from the model's logits row with llama.cpp's default chain,
+    /// microseconds: drawn on the GPU with the chosen kernels, and read back and sampled
+    /// on the host (absent in caches written before they were measured).
+    #[serde(default)]
+    pub draw_gpu_us: Option<f64>,
+    #[serde(default)]
+    pub draw_host_us: Option<f64>,
 }
 
 impl TuneEntry {
@@ -113,6 +120,8 @@ mod tests {
             gpu_tile: None,
             decode_us,
             prompt_us: 10.0,
+            draw_gpu_us: Some(300.0),
+            draw_host_us: None,
         }
     }
 

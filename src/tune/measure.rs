@@ -344,3 +344,82 @@ mod tests {
         }
     }
 }
+
+/// Microseconds per token of the two ways to pick it from a logits row (the default
+/// chain, llama.cpp's defaults): drawn on the GPU (both passes and an 8-byte readback),
+/// and read back whole and sampled on the host. `--sampling auto` takes the cheaper.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DrawTimes {
+    pub gpu_us: f64,
+    pub host_us: f64,
+}
+
+/// Times [`DrawTimes`] on `gpu` (with its kernel shape) for a vocabulary of `n_vocab`,
+/// the fastest of `effort.runs` runs of a few tokens each.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn measure_draws(gpu: &Gpu, n_vocab: u32, effort: Effort) -> Result<DrawTimes, GpuError> {
+    use crate::ops::sample::{cand_bytes, sample, SampleBuffers};
+    use crate::sample::{gpu_row, Sampler, SamplerParams, RING_MAX};
+    let params = SamplerParams::default();
+    let row = gpu_row(&params, n_vocab as usize)
+        .map_err(GpuError::Validation)?
+        .with_uniform(0.5);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let logits: Vec<f32> = (0..n_vocab)
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 40) as f32 / (1u64 << 24) as f32 * 20.0 - 10.0
+        })
+        .collect();
+    let buf = |name: &str, bytes: u64| -> Result<View, GpuError> {
+        Ok(View::whole(&gpu.storage(name, bytes.max(16))?))
+    };
+    let logits_buf = buf("tune_logits", n_vocab as u64 * 4)?;
+    gpu.write(&logits_buf.buf, 0, bytemuck::cast_slice(&logits));
+    let rows = buf("tune_rows", std::mem::size_of_val(&row) as u64)?;
+    gpu.write(&rows.buf, 0, bytemuck::bytes_of(&row));
+    let (empty, cand, ring, result) = (
+        buf("tune_empty", 16)?,
+        buf("tune_cand", cand_bytes(n_vocab, 1))?,
+        buf("tune_ring", (RING_MAX as u64 + 2) * 4)?,
+        buf("tune_result", 8)?,
+    );
+    let d = sample(
+        gpu,
+        &SampleBuffers {
+            logits: &logits_buf,
+            rows: &rows,
+            counts: &empty,
+            bias: &empty,
+            cand: &cand,
+            ring: &ring,
+            result: &result,
+        },
+        n_vocab,
+        1,
+        row.k,
+        RING_MAX,
+    )?;
+    let mut sampler = Sampler::new(params, n_vocab as usize);
+    let tokens = 4;
+    let (mut gpu_us, mut host_us) = (f64::MAX, f64::MAX);
+    for _ in 0..effort.runs.max(1) + 1 {
+        let start = Instant::now();
+        for _ in 0..tokens {
+            crate::ops::run_now(gpu, &d)?;
+            gpu.read_bytes(&result.buf, 0, 8)?;
+        }
+        gpu_us = gpu_us.min(start.elapsed().as_secs_f64() * 1e6 / tokens as f64);
+        let start = Instant::now();
+        for _ in 0..tokens {
+            let bytes = gpu.read_bytes(&logits_buf.buf, 0, n_vocab as u64 * 4)?;
+            let row: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            std::hint::black_box(sampler.sample(&row));
+        }
+        host_us = host_us.min(start.elapsed().as_secs_f64() * 1e6 / tokens as f64);
+    }
+    gpu.check()?;
+    Ok(DrawTimes { gpu_us, host_us })
+}

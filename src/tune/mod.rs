@@ -174,6 +174,8 @@ fn entry_for(c: &Candidate, model: &str, best: &ShapeChoice) -> TuneEntry {
         gpu_tile: best.tuning.gpu_tile,
         decode_us: best.decode_us,
         prompt_us: best.prompt_us,
+        draw_gpu_us: None,
+        draw_host_us: None,
     }
 }
 
@@ -257,7 +259,17 @@ impl<'a> Tuner<'a> {
             .iter()
             .min_by(|a, b| a.score().total_cmp(&b.score()))
             .expect("a shape measured");
-        let e = entry_for(c, &self.model, best);
+        #[cfg_attr(target_arch = "wasm32", allow(unused_mut))]
+        let mut e = entry_for(c, &self.model, best);
+        // Where a token is cheaper picked, with the kernels just chosen.
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let g = gpu.retuned(best.kernels, best.tuning.clone());
+            match measure::measure_draws(&g, self.hp.n_vocab, effort) {
+                Ok(t) => (e.draw_gpu_us, e.draw_host_us) = (Some(t.gpu_us), Some(t.host_us)),
+                Err(err) => log::debug!("tune: drawing on the GPU not measured: {err}"),
+            }
+        }
         self.cache.put(e.clone());
         self.measured = true;
         Ok(e)
@@ -288,6 +300,10 @@ fn entry_kernels(
         cpu_prompt_tile: e.cpu_prompt_tile,
         gpu_vec_rows: e.gpu_vec_rows,
         gpu_tile: e.gpu_tile,
+        gpu_draws: match (e.draw_gpu_us, e.draw_host_us) {
+            (Some(g), Some(h)) => Some(g < h),
+            _ => None,
+        },
         ..Default::default()
     };
     let tuning = user.over(&tuned);
@@ -484,10 +500,25 @@ mod tests {
             gpu_tile: None,
             decode_us,
             prompt_us: 0.0,
+            draw_gpu_us: None,
+            draw_host_us: None,
         };
         assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 97.0)]), 0);
         assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 90.0)]), 1);
         assert_eq!(choose(&[e("vulkan", 100.0)]), 0);
+        // `--sampling auto` follows the measured draw, unless nothing was measured.
+        let mut m = e("vulkan", 100.0);
+        let draws = |m: &TuneEntry| {
+            entry_kernels(m, &KernelTuning::default())
+                .unwrap()
+                .1
+                .gpu_draws
+        };
+        assert_eq!(draws(&m), None);
+        (m.draw_gpu_us, m.draw_host_us) = (Some(40.0), Some(250.0));
+        assert_eq!(draws(&m), Some(true));
+        (m.draw_gpu_us, m.draw_host_us) = (Some(2600.0), Some(220.0));
+        assert_eq!(draws(&m), Some(false));
     }
 
     #[test]
