@@ -2,8 +2,9 @@
 //! target/web-page (the app compiled for wasm32) is served here on 127.0.0.1 with the SmolLM2
 //! test model, and headless Chromium runs it on SwiftShader's WebGPU (no shader-f16: the
 //! page takes the portable kernels). Driven by its address, the page downloads the model
-//! with progress, uploads it, continues llama.cpp's smol-chat prompt at temperature 0 and
-//! reports the reply, its speeds and the cache's cells in `#wgllm-result`; the reply must
+//! with progress, uploads it, continues llama.cpp's smol-chat prompt at temperature 0 (its
+//! tokens drawn on the GPU, each step queued before the last token is read) and reports
+//! the reply, its speeds and the cache's cells in `#wgllm-result`; the reply must
 //! start with llama.cpp's text up to its first near-tie. The page is then saved as a PNG
 //! (target/browser-page.png) through the DevTools protocol, which also drives the rest.
 #![cfg(feature = "app")]
@@ -378,13 +379,15 @@ fn page_runs_smollm2_on_webgpu_as_llama_cpp_does() {
     let prompt =
         std::fs::read_to_string(common::shared_dir().join("reference/smol-chat.txt")).unwrap();
     let expected = common::reliable_prefix("smol-chat.cpu.json");
-    // `WGLLM_PAGE_N` (default 16) and `WGLLM_PAGE_QUERY` (more of the address, such as
-    // `&sampling=cpu`): scripts/page-vs-native.sh measures the page's decode this way.
+    // Tokens drawn on the GPU and decoded ahead, the page's path that differs from the
+    // host-sampled one native tests cover. `WGLLM_PAGE_N` (default 16), `WGLLM_PAGE_QUERY`
+    // (the address's rest, default `&sampling=gpu`) and `WGLLM_PAGE_WINDOW` (default
+    // 1280,800): scripts/page-vs-native.sh measures the page's decode this way.
     let n: usize = std::env::var("WGLLM_PAGE_N")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
-    let extra = std::env::var("WGLLM_PAGE_QUERY").unwrap_or_default();
+    let extra = std::env::var("WGLLM_PAGE_QUERY").unwrap_or("&sampling=gpu".into());
     let url = format!(
         "http://127.0.0.1:{server}/?model=models/{MODEL}&raw=1&temp=0&n={n}&c=256{extra}&prompt={}",
         percent_encode(&prompt)
