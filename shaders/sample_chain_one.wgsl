@@ -31,51 +31,17 @@ fn head(s: u32) -> vec2<u32> {
     return cand[in_base + s * p.k_stride + next[s]];
 }
 
-// Segment at heap place a has a better next candidate than the one at b.
-fn better(a: u32, b: u32) -> bool {
+// The segment at place a has a better next candidate than the one at b.
+fn heap_above(a: u32, b: u32) -> bool {
     let x = head(segs[a]);
     let y = head(segs[b]);
     return x.x > y.x || (x.x == y.x && x.y < y.y);
 }
 
-fn swap(a: u32, b: u32) {
+fn heap_swap(a: u32, b: u32) {
     let t = segs[a];
     segs[a] = segs[b];
     segs[b] = t;
-}
-
-fn sift_down(n: u32) {
-    var c = 0u;
-    loop {
-        let l = 2u * c + 1u;
-        if (l >= n) {
-            break;
-        }
-        var m = l;
-        if (l + 1u < n && better(l + 1u, l)) {
-            m = l + 1u;
-        }
-        if (!better(m, c)) {
-            break;
-        }
-        swap(c, m);
-        c = m;
-    }
-}
-
-fn sift_up(at: u32) {
-    var c = at;
-    loop {
-        if (c == 0u) {
-            break;
-        }
-        let up = (c - 1u) / 2u;
-        if (!better(c, up)) {
-            break;
-        }
-        swap(c, up);
-        c = up;
-    }
 }
 
 @compute @workgroup_size(1)
@@ -103,7 +69,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>) {
             h--;
             segs[0] = segs[h];
         }
-        sift_down(h);
+        sift_down(0u, h);
     }
     var out = vec2<u32>(0u, 0u);
     if (n > 0u) {

@@ -19,51 +19,18 @@ var<private> row: SampleRow;
 var<private> h_key: array<u32, 256>;
 var<private> h_id: array<u32, 256>;
 
-fn worse(a: u32, b: u32) -> bool {
+// The worst at the root: larger keys, then smaller ids, go down.
+fn heap_above(a: u32, b: u32) -> bool {
     return h_key[a] < h_key[b] || (h_key[a] == h_key[b] && h_id[a] > h_id[b]);
 }
 
-fn swap(a: u32, b: u32) {
+fn heap_swap(a: u32, b: u32) {
     let k = h_key[a];
     let i = h_id[a];
     h_key[a] = h_key[b];
     h_id[a] = h_id[b];
     h_key[b] = k;
     h_id[b] = i;
-}
-
-fn sift_up(at: u32) {
-    var c = at;
-    loop {
-        if (c == 0u) {
-            break;
-        }
-        let up = (c - 1u) / 2u;
-        if (!worse(c, up)) {
-            break;
-        }
-        swap(c, up);
-        c = up;
-    }
-}
-
-fn sift_down(at: u32, n: u32) {
-    var c = at;
-    loop {
-        let l = 2u * c + 1u;
-        if (l >= n) {
-            break;
-        }
-        var m = l;
-        if (l + 1u < n && worse(l + 1u, l)) {
-            m = l + 1u;
-        }
-        if (!worse(m, c)) {
-            break;
-        }
-        swap(c, m);
-        c = m;
-    }
 }
 
 @compute @workgroup_size(1)
@@ -95,7 +62,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>) {
     }
     // Heapsort: the worst goes to the end, so the best ends first.
     for (var m = n; m > 1u; m--) {
-        swap(0u, m - 1u);
+        heap_swap(0u, m - 1u);
         sift_down(0u, m - 1u);
     }
     for (var j = 0u; j < n; j++) {

@@ -535,33 +535,17 @@ impl KernelKey {
                 ],
                 &[],
             ),
-            SampleTopk { wg } => compose(
-                &[
-                    &SampleRow::wgsl(),
-                    shaders::SAMPLE_KEYS,
-                    shaders::SAMPLE_LOGIT,
-                    if wg { shaders::SAMPLE_SELECT } else { "" },
-                    if wg {
-                        shaders::SAMPLE_TOPK
-                    } else {
-                        shaders::SAMPLE_TOPK_ONE
-                    },
-                ],
-                &[],
+            SampleTopk { wg } => sample_source(
+                wg,
+                shaders::SAMPLE_LOGIT,
+                shaders::SAMPLE_TOPK,
+                shaders::SAMPLE_TOPK_ONE,
             ),
-            SampleChain { wg } => compose(
-                &[
-                    &SampleRow::wgsl(),
-                    shaders::SAMPLE_KEYS,
-                    shaders::SAMPLE_DRAW,
-                    if wg { shaders::SAMPLE_SELECT } else { "" },
-                    if wg {
-                        shaders::SAMPLE_CHAIN
-                    } else {
-                        shaders::SAMPLE_CHAIN_ONE
-                    },
-                ],
-                &[],
+            SampleChain { wg } => sample_source(
+                wg,
+                shaders::SAMPLE_DRAW,
+                shaders::SAMPLE_CHAIN,
+                shaders::SAMPLE_CHAIN_ONE,
             ),
         };
         // `enable` directives must precede every declaration.
@@ -572,6 +556,25 @@ impl KernelKey {
         };
         Ok(format!("{enable}{}\n{body}", self.uniform_wgsl()))
     }
+}
+
+/// A sampling pass: its shared part, then the workgroup kernel with the radix select
+/// (`wg`) or the one-invocation kernel with the heap.
+fn sample_source(wg: bool, shared: &str, kernel_wg: &str, kernel_one: &str) -> String {
+    let (select, kernel) = match wg {
+        true => (shaders::SAMPLE_SELECT, kernel_wg),
+        false => (shaders::SAMPLE_HEAP, kernel_one),
+    };
+    compose(
+        &[
+            &SampleRow::wgsl(),
+            shaders::SAMPLE_KEYS,
+            shared,
+            select,
+            kernel,
+        ],
+        &[],
+    )
 }
 
 fn glu_suffix(glu: Option<Activation>) -> String {

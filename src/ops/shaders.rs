@@ -37,6 +37,7 @@ pub const SSM_SCAN_WG: &str = include_str!("../../shaders/ssm_scan_wg.wgsl");
 pub const SET_ROWS_BLOCKS: &str = include_str!("../../shaders/set_rows_blocks.wgsl");
 pub const SAMPLE_KEYS: &str = include_str!("../../shaders/sample_keys.wgsl");
 pub const SAMPLE_SELECT: &str = include_str!("../../shaders/sample_select.wgsl");
+pub const SAMPLE_HEAP: &str = include_str!("../../shaders/sample_heap.wgsl");
 pub const SAMPLE_LOGIT: &str = include_str!("../../shaders/sample_logit.wgsl");
 pub const SAMPLE_TOPK: &str = include_str!("../../shaders/sample_topk.wgsl");
 pub const SAMPLE_TOPK_ONE: &str = include_str!("../../shaders/sample_topk_one.wgsl");
@@ -218,6 +219,7 @@ pub fn fingerprint() -> u64 {
         SET_ROWS_BLOCKS,
         SAMPLE_KEYS,
         SAMPLE_SELECT,
+        SAMPLE_HEAP,
         SAMPLE_LOGIT,
         SAMPLE_TOPK,
         SAMPLE_TOPK_ONE,
