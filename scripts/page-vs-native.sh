@@ -5,6 +5,7 @@
 # SmolLM2 with llama.cpp's smol-chat prompt at temperature 0, one run each.
 #   scripts/page-vs-native.sh [N] [SAMPLING...]   N tokens (default 64); SAMPLING is
 #                                                  auto, cpu or gpu (default: auto gpu cpu)
+# WGLLM_CHROMIUM_FLAGS adds Chromium flags, e.g. --enable-dawn-features=disable_robustness.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-64}

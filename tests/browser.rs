@@ -188,6 +188,12 @@ impl Browser {
                 "--remote-debugging-port=0",
             ])
             .arg(format!("--user-data-dir={}", profile.display()))
+            // More flags for measurements (scripts/page-vs-native.sh), space-separated.
+            .args(
+                std::env::var("WGLLM_CHROMIUM_FLAGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .arg(url)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
