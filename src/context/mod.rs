@@ -611,10 +611,8 @@ impl Context {
                 };
                 let mut p = graph.profile(&gpu, ("sampling", draws, cost)).await?;
                 // Replayed draws recorded their tokens again in the penalty history.
-                if let Some(s) = self.sampling.as_mut() {
-                    for r in drawn {
-                        s.set_stamp(r.slot, None);
-                    }
+                for r in drawn {
+                    self.forget_sampler_stamp(r.slot);
                 }
                 (p.n_tok, p.n_kv) = (key.0, key.1);
                 self.last_profile = Some(p);

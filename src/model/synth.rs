@@ -45,10 +45,11 @@ pub fn vocab_metadata(src: &GgufFile) -> Vec<(String, Value)> {
         .collect()
 }
 
-/// A tiny deterministic generator; weights only need to be plausible, not good.
-struct Rng(u64);
+/// A tiny deterministic generator; weights (and the tuner's logits) only need to be
+/// plausible, not good.
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn normalish(&mut self) -> f32 {
+    pub(crate) fn normalish(&mut self) -> f32 {
         // Sum of four uniforms: close enough to a normal for weights.
         let mut acc = 0.0;
         for _ in 0..4 {

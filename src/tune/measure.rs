@@ -364,15 +364,8 @@ pub fn measure_draws(gpu: &Gpu, n_vocab: u32, effort: Effort) -> Result<DrawTime
     let row = gpu_row(&params, n_vocab as usize)
         .map_err(GpuError::Validation)?
         .with_uniform(0.5);
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let logits: Vec<f32> = (0..n_vocab)
-        .map(|_| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng >> 40) as f32 / (1u64 << 24) as f32 * 20.0 - 10.0
-        })
-        .collect();
+    let mut rng = crate::model::synth::Rng(0x9e37_79b9_7f4a_7c15);
+    let logits: Vec<f32> = (0..n_vocab).map(|_| 5.0 * rng.normalish()).collect();
     let buf = |name: &str, bytes: u64| -> Result<View, GpuError> {
         Ok(View::whole(&gpu.storage(name, bytes.max(16))?))
     };
