@@ -11,6 +11,7 @@
 @group(0) @binding(3) var<storage, read_write> counts: array<u32>;
 @group(0) @binding(4) var<storage, read_write> ring: array<u32>;
 @group(0) @binding(5) var<storage, read_write> result: array<vec2<u32>>;
+@group(0) @binding(6) var<storage, read_write> probs: array<vec2<u32>>;
 
 var<private> o_key: array<u32, 256>;
 var<private> o_id: array<u32, 256>;
@@ -72,11 +73,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>) {
         sift_down(0u, h);
     }
     var out = vec2<u32>(0u, 0u);
+    kept = 0u;
     if (n > 0u) {
         out = chain(n);
         if ((row.flags & 2u) != 0u) {
             accept(out.x);
         }
     }
+    write_probs(wid.x);
     result[wid.x] = out;
 }

@@ -1,6 +1,12 @@
 // Shared by both shapes of sampling's second pass: llama.cpp's chain on a row's sorted
 // candidates (the including kernel holds them in o_key, o_id and o_v, at least 256
-// each) and the penalty history's update. Expects `p: Params` and `row: SampleRow`.
+// each), the final candidates' probabilities, and the penalty history's update. Expects
+// `p: Params`, `row: SampleRow` and the `probs` binding.
+
+// What the chain kept: candidates (best first in o_id, weights in o_v) and the weights'
+// sum, for write_probs.
+var<private> kept: u32;
+var<private> kept_total: f32;
 
 // Float pairs (hi, lo) standing in for the f64 sums of llama.cpp's draw.
 fn two_sum(a: f32, b: f32) -> vec2<f32> {
@@ -62,6 +68,9 @@ fn chain(n_in: u32) -> vec2<u32> {
     // Temperature 0 leaves only the first of the sorted candidates a weight (the others
     // are -inf on the host): the draw takes it whatever the number.
     if (row.temp <= 0.0 || m == 1u) {
+        o_v[0] = 1.0;
+        kept = 1u;
+        kept_total = 1.0;
         return vec2<u32>(o_id[0], bitcast<u32>(1.0));
     }
     for (var i = 0u; i < m; i++) {
@@ -74,6 +83,8 @@ fn chain(n_in: u32) -> vec2<u32> {
         o_v[i] = e;
         total = pair_add(total, e);
     }
+    kept = m;
+    kept_total = total.x + total.y;
     let goal = pair_mul(total, vec2<f32>(row.u_hi, row.u_lo));
     var run = vec2<f32>(0.0, 0.0);
     var sel = m - 1u;
@@ -85,6 +96,19 @@ fn chain(n_in: u32) -> vec2<u32> {
         }
     }
     return vec2<u32>(o_id[sel], bitcast<u32>(o_v[sel] / (total.x + total.y)));
+}
+
+// Row r's first n_probs final candidates with their probabilities (llama-server's
+// post-sampling probabilities); places past what the chain kept get (0, 0.0).
+fn write_probs(r: u32) {
+    let n = min(row.n_probs, p.probs_stride);
+    for (var i = 0u; i < n; i++) {
+        var out = vec2<u32>(0u, 0u);
+        if (i < kept) {
+            out = vec2<u32>(o_id[i], bitcast<u32>(o_v[i] / kept_total));
+        }
+        probs[r * p.probs_stride + i] = out;
+    }
 }
 
 // The token joins the session's last ring_cap tokens; the oldest leaves when full.

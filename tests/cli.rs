@@ -292,6 +292,33 @@ fn llama_cpp_habits_are_accepted() {
     assert!(out.starts_with("Hi"), "{out}");
     let (code, _, err) = wgllm(&["run", "-m", &model, "-fa", "off", "-p", "Hi", "-n", "1"]);
     assert_eq!(code, 0, "stderr: {err}");
+    // llama.cpp reads `_` as `-` in a flag's name; -bs is --sampling gpu.
+    let (code, out, err) = wgllm(&[
+        "run",
+        "-m",
+        &model,
+        "-bs",
+        "--n_predict",
+        "2",
+        "--temp=0",
+        "-p",
+        "Hi",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(out.starts_with("Hi"), "{out}");
+    // A usage error, as clap reports them (exit code 2).
+    let (code, _, err) = wgllm(&[
+        "run",
+        "-m",
+        &model,
+        "--backend_sampling",
+        "--sampling",
+        "cpu",
+        "-p",
+        "Hi",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
 }
 
 /// llama.cpp flags with no meaning here are refused with a sentence saying why.
@@ -311,6 +338,7 @@ fn meaningless_llama_cpp_flags_are_refused() {
         ),
         (&["--lora", "x.gguf"][..], "LoRA"),
         (&["-i"][..], "wgllm chat"),
+        (&["--no_mmap"][..], "keeps every weight on the GPU"),
     ] {
         let mut args = vec!["run", "-m", model.as_str(), "-p", "Hi"];
         args.extend_from_slice(flag);

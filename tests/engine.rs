@@ -29,6 +29,8 @@ struct Outcome {
     stop: Option<Stop>,
     /// The sequence's last cached position when it finished.
     pos_max: i32,
+    /// Each token's probability and top list, where asked for.
+    probs: Vec<(f32, Vec<(u32, f32)>)>,
 }
 
 /// Runs `plans` on one engine, stepping until every session has finished.
@@ -52,7 +54,12 @@ fn run(engine: &mut Engine, plans: &[Plan], params: &SessionParams) -> Vec<Outco
         for ev in events {
             let i = ids.iter().position(|&id| id == Some(ev.session())).unwrap();
             match ev {
-                Event::Token { token, .. } => out[i].tokens.push(token),
+                Event::Token { token, probs, .. } => {
+                    out[i].tokens.push(token);
+                    if let Some(p) = probs {
+                        out[i].probs.push((p.prob, p.top));
+                    }
+                }
                 Event::Finished { stop, session, .. } => {
                     out[i].stop = Some(stop);
                     out[i].pos_max = engine.context().memory().seq_pos_max(session);
@@ -603,6 +610,88 @@ fn stops_cut_back_the_step_decoded_ahead() {
     }
     assert_eq!(outs[2][1].stop, Some(Stop::Cancelled));
     assert_eq!(outs[2][0].stop, Some(Stop::MaxTokens));
+}
+
+/// A session can ask for GPU draws on an engine that samples on the host (llama-server's
+/// per-request `backend_sampling`), and post-sampling probabilities come with the GPU's
+/// token: the same tokens, and the same top lists within float rounding, as host
+/// sampling gives. The model's own probabilities need the logits, so they stay on the host.
+#[test]
+fn post_sampling_probabilities_come_with_gpu_draws() {
+    let (model, tok) = common::tiny_parts(
+        Gpu::new(&GpuOptions {
+            no_f16: true,
+            ..Default::default()
+        })
+        .unwrap(),
+        GgmlType::Q8_0,
+    );
+    let plans: Vec<Plan> = [vec![5u32, 9, 14], vec![7u32, 3, 200, 41]]
+        .into_iter()
+        .map(|prompt| Plan {
+            prompt,
+            join_at: 0,
+            cancel_after: None,
+        })
+        .collect();
+    let params = |gpu_draws: bool, post: bool| SessionParams {
+        sampling: SamplerParams {
+            temp: 0.9,
+            seed: 4242,
+            top_k: 20,
+            min_p: 0.0,
+            banned: tok.eog_tokens().collect(),
+            ..Default::default()
+        },
+        n_predict: 16,
+        n_probs: 8,
+        post_sampling_probs: post,
+        gpu_draws: Some(gpu_draws),
+        ..Default::default()
+    };
+    let mut outs = Vec::new();
+    for (gpu_draws, post) in [(false, true), (true, true), (true, false)] {
+        let opts = EngineOptions {
+            n_ctx: 128,
+            n_seq_max: 2,
+            sampling: SamplingPath::Cpu,
+            ..Default::default()
+        };
+        let mut e = Engine::new(model.clone(), tok.clone(), &opts).unwrap();
+        let out = run(&mut e, &plans, &params(gpu_draws, post));
+        // Each reply's first token comes from the prompt's logits, on the host.
+        let want = if gpu_draws && post { 2 * 15 } else { 0 };
+        assert_eq!(
+            e.n_gpu_draws, want,
+            "gpu_draws {gpu_draws}, post-sampling {post}"
+        );
+        outs.push(out);
+    }
+    for (i, ((host, gpu), model_probs)) in (outs[0].iter().zip(&outs[1])).zip(&outs[2]).enumerate()
+    {
+        assert_eq!(host.tokens, gpu.tokens, "session {i}: tokens");
+        assert_eq!(host.probs.len(), 16, "session {i}");
+        let mut listed = 0;
+        for (step, ((hp, ht), (gp, gt))) in host.probs.iter().zip(&gpu.probs).enumerate() {
+            assert!(
+                (hp - gp).abs() < 1e-4,
+                "session {i} step {step}: p {hp} vs {gp}"
+            );
+            let ids = |t: &[(u32, f32)]| t.iter().map(|x| x.0).collect::<Vec<_>>();
+            assert_eq!(ids(ht), ids(gt), "session {i} step {step}: top ids");
+            for (h, g) in ht.iter().zip(gt) {
+                assert!(
+                    (h.1 - g.1).abs() < 1e-4,
+                    "session {i} step {step}: {h:?} vs {g:?}"
+                );
+            }
+            listed += gt.len();
+        }
+        // A random model is unsure: most steps list several candidates.
+        assert!(listed > 3 * 16, "session {i}: {listed} candidates listed");
+        // The model's own probabilities, taken on the host, rank the whole vocabulary.
+        assert!(model_probs.probs.iter().all(|p| p.1.len() == 8));
+    }
 }
 
 /// A session closed while its next step is in flight (decoded ahead) is dropped without

@@ -63,7 +63,7 @@ fn waited(ctx: &mut Context) -> (Vec<u32>, Sampler) {
     for i in 0..N {
         let d = draw(&s, batch.tokens.len() - 1, 0);
         let got = ctx.decode_drawing(&batch, &[d]).unwrap();
-        let t = got.picks[0].0;
+        let t = got.picks[0].token;
         s.accept_gpu_pick(t).unwrap();
         ctx.set_sampler_stamp(0, s.history_stamp());
         out.push(t);
@@ -97,7 +97,7 @@ fn steps_submitted_ahead_equal_steps_waited_for() {
         );
         pos += 1;
         let done = b.finish_step_blocking(flight.pop_front().unwrap()).unwrap();
-        let t = done.picks[0].0;
+        let t = done.picks[0].token;
         s.accept_gpu_pick(t).unwrap();
         got.push(t);
     }

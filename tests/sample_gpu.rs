@@ -9,6 +9,7 @@ mod common;
 mod fixture;
 
 use common::{gpus, Rng};
+use wgllm::context::Drawn;
 use wgllm::gpu::{Gpu, KernelShape};
 use wgllm::ops::sample::{sample, segments, top_k_ref, SampleBuffers, MAX_K};
 use wgllm::ops::uniforms::SampleRow;
@@ -44,6 +45,7 @@ struct Bufs {
     cand: View,
     ring: View,
     result: View,
+    probs: View,
 }
 
 impl Bufs {
@@ -58,11 +60,20 @@ impl Bufs {
             cand: s("cand", n_rows * n_seg as usize * MAX_K as usize * 8),
             ring: s("ring", n_slots * (RING_MAX as usize + 2) * 4),
             result: s("result", n_rows * 8),
+            probs: s("probs", n_rows * MAX_K as usize * 8),
         }
     }
 
     /// Runs both passes; returns each row's (token, probability).
     fn draw(&self, gpu: &Gpu, n_vocab: usize, rows: &[SampleRow]) -> Vec<(u32, f32)> {
+        self.draw_with_probs(gpu, n_vocab, rows)
+            .into_iter()
+            .map(|d| (d.token, d.prob))
+            .collect()
+    }
+
+    /// [`Bufs::draw`], with each row's first `n_probs` final candidates.
+    fn draw_with_probs(&self, gpu: &Gpu, n_vocab: usize, rows: &[SampleRow]) -> Vec<Drawn> {
         gpu.write(&self.rows.buf, 0, bytemuck::cast_slice(rows));
         let k = rows.iter().map(|r| r.k).max().unwrap();
         let b = SampleBuffers {
@@ -73,6 +84,7 @@ impl Bufs {
             cand: &self.cand,
             ring: &self.ring,
             result: &self.result,
+            probs: &self.probs,
         };
         let d = sample(gpu, &b, n_vocab as u32, rows.len() as u32, k, RING_MAX).unwrap();
         run_now(gpu, &d).unwrap();
@@ -80,9 +92,22 @@ impl Bufs {
             &gpu.read_bytes(&self.result.buf, 0, rows.len() as u64 * 8)
                 .unwrap(),
         );
-        words
-            .chunks(2)
-            .map(|w| (w[0], f32::from_bits(w[1])))
+        let probs: Vec<u32> = bytemuck::pod_collect_to_vec(
+            &gpu.read_bytes(&self.probs.buf, 0, self.probs.buf.size())
+                .unwrap(),
+        );
+        (words.chunks(2).zip(rows).enumerate())
+            .map(|(i, (w, r))| {
+                let at = i * MAX_K as usize * 2;
+                let top = (probs[at..at + r.n_probs as usize * 2].chunks(2))
+                    .map(|c| (c[0], f32::from_bits(c[1])))
+                    .collect();
+                Drawn {
+                    token: w[0],
+                    prob: f32::from_bits(w[1]),
+                    top,
+                }
+            })
             .collect()
     }
 
@@ -249,13 +274,16 @@ fn gpu_chain_picks_the_cpu_samplers_token() {
                         .unwrap()
                         .with_uniform(s.peek_uniform());
                     (row.row, row.slot) = (slot as u32, slot as u32);
+                    // Every final candidate, or a few.
+                    row.n_probs = if slot % 2 == 0 { row.k } else { row.k.min(3) };
                     all.extend_from_slice(&l);
                     rows.push(row);
                     samplers.push((s, l));
                 }
                 gpu.write(&b.logits.buf, 0, bytemuck::cast_slice(&all));
-                let got = b.draw(gpu, n_vocab, &rows);
-                for (slot, ((mut s, l), (tok, prob))) in samplers.into_iter().zip(got).enumerate() {
+                let got = b.draw_with_probs(gpu, n_vocab, &rows);
+                for (slot, ((mut s, l), d)) in samplers.into_iter().zip(got).enumerate() {
+                    let (tok, prob) = (d.token, d.prob);
                     cases += 1;
                     let u = s.peek_uniform();
                     let (want, want_p, cands) = s.pick_with_uniform(&l, u);
@@ -285,6 +313,7 @@ fn gpu_chain_picks_the_cpu_samplers_token() {
                             (prob - want_p).abs() < 1e-3,
                             "{name}: {n_vocab} slot {slot}: p {prob} vs {want_p}"
                         );
+                        check_final_candidates(&d.top, &cands, rows[slot].n_probs as usize);
                         continue;
                     }
                     let mut cum = 0.0f64;
@@ -301,6 +330,36 @@ fn gpu_chain_picks_the_cpu_samplers_token() {
         }
         eprintln!("{name}: {cases} draws, {near} within rounding of a boundary, {ties} ties");
         assert!(near + ties <= cases / 10, "{name}: too many exempt draws");
+    }
+}
+
+/// The GPU's final candidates (post-sampling probabilities) against the CPU chain's:
+/// best first, each probability the CPU's within rounding, and every CPU candidate of
+/// the first `n` that is not vanishingly small listed — except tokens tied with the
+/// last candidate top-k kept, where the two sorts keep different ones of the tie.
+fn check_final_candidates(gpu: &[(u32, f32)], cpu: &[(u32, f32)], n: usize) {
+    let mut want: Vec<(u32, f32)> = cpu.iter().copied().filter(|c| c.1 > 0.0).collect();
+    want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    want.truncate(n);
+    assert_eq!(gpu.len(), n, "one place per candidate asked for");
+    let listed: Vec<(u32, f32)> = gpu.iter().copied().filter(|c| c.1 > 0.0).collect();
+    assert!(
+        listed.windows(2).all(|w| w[0].1 >= w[1].1),
+        "best first: {listed:?}"
+    );
+    let last = cpu.iter().map(|c| c.1).fold(f32::INFINITY, f32::min);
+    let at_the_cut = |p: f32| (p - last).abs() < 1e-6;
+    for &(id, p) in &listed {
+        match cpu.iter().find(|c| c.0 == id) {
+            Some(c) => assert!((p - c.1).abs() < 1e-4, "token {id}: GPU p {p}, CPU {}", c.1),
+            None => assert!(at_the_cut(p), "token {id} (p {p}) is not a CPU candidate"),
+        }
+    }
+    for &(id, q) in want.iter().filter(|c| c.1 > 1e-6 && !at_the_cut(c.1)) {
+        assert!(
+            listed.iter().any(|c| c.0 == id),
+            "token {id} (p {q}) missing from {listed:?}"
+        );
     }
 }
 

@@ -124,7 +124,7 @@ pub fn app(a: &AppArgs) -> Result<()> {
         swa_full: a.swa_full,
         shift,
         sampling: a.sampling.checked()?,
-        sampling_path: a.gpu.sampling,
+        sampling_path: a.gpu.sampling_path(),
         n_predict: a.n_predict,
     };
     let opts = AppOptions {

@@ -6,16 +6,22 @@
 use clap::Args;
 
 /// llama.cpp spells some flags with one dash and several letters (`-np 4`, `-ngl 99`);
-/// clap would read `-np` as `-n p`. Those spellings become their `--` forms.
+/// clap would read `-np` as `-n p`. Those spellings become their `--` forms. llama.cpp
+/// also reads `_` as `-` in a `--` flag's name (`--n_predict`, `--backend_sampling`),
+/// and so does this (the value after `=` is left as it is).
 pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
-    const MULTI_LETTER: [&str; 35] = [
+    const MULTI_LETTER: [&str; 36] = [
         "-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys", "-ngl", "-fa", "-tb", "-cnv",
         "-no-cnv", "-ngld", "-ctk", "-ctv", "-sm", "-ts", "-mg", "-md", "-hf", "-mu", "-ot",
         "-nkvo", "-lv", "-pg", "-mmp", "-to", "-cb", "-nocb", "-kvu", "-jf", "-hff", "-hfr",
-        "-hft", "-cram",
+        "-hft", "-cram", "-bs",
     ];
     match arg.to_str() {
         Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),
+        Some(a) if a.starts_with("--") && a.contains('_') => {
+            let (name, value) = a.split_at(a.find('=').unwrap_or(a.len()));
+            format!("{}{value}", name.replace('_', "-")).into()
+        }
         _ => arg,
     }
 }

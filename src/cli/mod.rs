@@ -112,9 +112,28 @@ pub struct GpuArgs {
     /// Where generated tokens are sampled: `gpu` (only the token is read back), `cpu`
     /// (the logits are read back), `auto` (the GPU on discrete GPUs). Settings the GPU
     /// chain lacks (grammars, typical-p, XTC, top-n-sigma, dynamic temperature, top-k 0
-    /// or above 256, token probabilities) sample on the CPU either way.
+    /// or above 256, the model's own token probabilities) sample on the CPU either way.
     #[arg(long, default_value_t = SamplingPath::Auto)]
     pub sampling: SamplingPath,
+    /// llama.cpp's `-bs`: the same as `--sampling gpu` (a server's request can still
+    /// say `"backend_sampling": false`).
+    #[arg(
+        long = "backend-sampling",
+        visible_alias = "bs",
+        conflicts_with = "sampling"
+    )]
+    pub backend_sampling: bool,
+}
+
+impl GpuArgs {
+    /// `--sampling`, with `-bs` read as `gpu`.
+    pub fn sampling_path(&self) -> SamplingPath {
+        if self.backend_sampling {
+            SamplingPath::Gpu
+        } else {
+            self.sampling
+        }
+    }
 }
 
 /// The tuning cache directory: `WGLLM_CACHE_DIR`, else the library's default
@@ -233,7 +252,7 @@ impl ModelArgs {
             kv: self.kv_config(),
             gpu: self.gpu.options()?,
             tune: tune_options(self.gpu.no_tune, false),
-            sampling: self.gpu.sampling,
+            sampling: self.gpu.sampling_path(),
             decode_ahead: true,
         })
     }

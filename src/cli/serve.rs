@@ -6,6 +6,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::path::PathBuf;
 use wgllm::engine::service::ServiceOptions;
+use wgllm::engine::SamplingPath;
 use wgllm::server::{Defaults, ServerOptions};
 
 #[derive(Args)]
@@ -202,6 +203,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
             n_predict: a.n_predict,
             shift: policy,
             ignore_eos: a.sampling.ignore_eos,
+            backend_sampling: a.model.gpu.sampling_path() == SamplingPath::Gpu,
         },
         cors_origins: a
             .cors_origins

@@ -5,7 +5,7 @@
 mod sampling;
 pub mod state;
 
-pub use sampling::GpuDraw;
+pub use sampling::{Drawn, GpuDraw};
 
 use crate::gpu::GpuError;
 use crate::graph::{Graph, StepProfile};
@@ -164,11 +164,11 @@ pub struct Context {
 }
 
 /// What a decode returns: the logit rows asked for and not drawn on the GPU, and each
-/// draw's (token, probability), in the order the draws were given.
+/// draw's token, in the order the draws were given.
 #[derive(Clone, Debug, Default)]
 pub struct Decoded {
     pub logits: Vec<f32>,
-    pub picks: Vec<(u32, f32)>,
+    pub picks: Vec<Drawn>,
 }
 
 /// The last ubatch's graph: its dispatches and the host time to record them.
@@ -560,7 +560,7 @@ impl Context {
         let n_vocab = self.model.hp.n_vocab as usize;
         let draw_of = draw_index(draws);
         let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
-        let mut picks = vec![(0u32, 0f32); draws.len()];
+        let mut picks = vec![Drawn::default(); draws.len()];
         let mut read_bytes = 0;
         for idx in self.memory.split(batch, ub, self.n_out_max as usize)? {
             let u = sub_batch(batch, &idx);
@@ -593,7 +593,7 @@ impl Context {
         u: &Batch,
         read: &[u32],
         drawn: &[crate::ops::uniforms::SampleRow],
-    ) -> Result<(Vec<f32>, Vec<(u32, f32)>), ContextError> {
+    ) -> Result<(Vec<f32>, Vec<Drawn>), ContextError> {
         let run = self.submit_ubatch(u, read, drawn, &[])?;
         let key = run.key;
         let out = self.finish_ubatch(run).await?;
@@ -735,8 +735,15 @@ impl Context {
                 .sampling
                 .as_mut()
                 .expect("draws are checked against a synced state");
-            let (d, result) = st.record(&gpu, &self.step.logits, drawn)?;
+            let (d, result, probs) = st.record(&gpu, &self.step.logits, drawn)?;
             regions.push((result, 0, drawn.len() as u64 * 8));
+            // Then each row's final candidates, where it asks for them.
+            for (j, r) in drawn.iter().enumerate() {
+                if r.n_probs > 0 {
+                    let at = crate::ops::sample::probs_bytes(j as u32);
+                    regions.push((probs, at, r.n_probs as u64 * 8));
+                }
+            }
             d
         };
         let read_bytes: u64 = regions.iter().map(|r| r.2).sum();
@@ -754,6 +761,7 @@ impl Context {
             sub,
             key,
             logit_bytes,
+            n_probs: drawn.iter().map(|r| r.n_probs as usize).collect(),
         })
     }
 
@@ -762,17 +770,28 @@ impl Context {
     async fn finish_ubatch(
         &mut self,
         run: UbatchRun,
-    ) -> Result<(Vec<f32>, Vec<(u32, f32)>), ContextError> {
+    ) -> Result<(Vec<f32>, Vec<Drawn>), ContextError> {
         let gpu = self.model.gpu.clone();
         let (data, wait_ns) = run.sub.wait(&gpu).await?;
         self.last_step.wait_ns = wait_ns;
         let data = data.unwrap_or_default();
-        let (logits, tokens) = data.split_at((run.logit_bytes as usize).min(data.len()));
-        let picks = tokens
-            .chunks_exact(8)
-            .map(|c| {
-                let t = u32::from_le_bytes(c[..4].try_into().unwrap());
-                (t, f32::from_le_bytes(c[4..].try_into().unwrap()))
+        let (logits, rest) = data.split_at((run.logit_bytes as usize).min(data.len()));
+        let (tokens, mut probs) = rest.split_at((run.n_probs.len() * 8).min(rest.len()));
+        let pair = |c: &[u8]| {
+            let t = u32::from_le_bytes(c[..4].try_into().unwrap());
+            (t, f32::from_le_bytes(c[4..8].try_into().unwrap()))
+        };
+        let picks = (tokens.chunks_exact(8).zip(&run.n_probs))
+            .map(|(c, &n)| {
+                let (token, prob) = pair(c);
+                let (mine, after) = probs.split_at((n * 8).min(probs.len()));
+                probs = after;
+                // Places past the chain's last candidate (and underflowed weights) hold
+                // probability 0, which the host's list leaves out too.
+                let top = (mine.chunks_exact(8).map(pair))
+                    .filter(|&(_, p)| p > 0.0)
+                    .collect();
+                Drawn { token, prob, top }
             })
             .collect();
         Ok((bytemuck::pod_collect_to_vec(logits), picks))
@@ -857,7 +876,7 @@ impl Context {
                 return Err(e);
             }
         };
-        let mut picks = vec![(0u32, 0f32); step.which.len()];
+        let mut picks = vec![Drawn::default(); step.which.len()];
         for (j, p) in step.which.into_iter().zip(got) {
             picks[j] = p;
         }
@@ -920,6 +939,8 @@ struct UbatchRun {
     sub: crate::graph::Submitted,
     key: GraphKey,
     logit_bytes: u64,
+    /// Per drawn row, in row order: the final candidates read back after the tokens.
+    n_probs: Vec<usize>,
 }
 
 /// A step submitted ahead ([`Context::submit_step`]), to finish in order.

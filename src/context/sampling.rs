@@ -23,6 +23,17 @@ pub struct GpuDraw {
     pub row: SampleRow,
 }
 
+/// A token drawn on the GPU.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Drawn {
+    pub token: u32,
+    /// Its probability after the chain.
+    pub prob: f32,
+    /// The row's first `n_probs` final candidates with probability above 0, best first
+    /// (llama-server's post-sampling probabilities).
+    pub top: Vec<(u32, f32)>,
+}
+
 /// The sampling buffers, made at the first draw.
 pub(super) struct SampleState {
     n_vocab: u32,
@@ -32,6 +43,7 @@ pub(super) struct SampleState {
     cand: wgpu::Buffer,
     ring: wgpu::Buffer,
     result: wgpu::Buffer,
+    probs: wgpu::Buffer,
     /// Per slot and token: counts and bias, made when a session first needs them.
     counts: Option<wgpu::Buffer>,
     bias: Option<wgpu::Buffer>,
@@ -61,6 +73,7 @@ impl SampleState {
             cand: gpu.storage("sample candidates", sample::cand_bytes(n_vocab, n_rows_max))?,
             ring: gpu.storage("sample history", n_slots as u64 * (RING_MAX as u64 + 2) * 4)?,
             result: gpu.storage("sample result", n_rows_max as u64 * 8)?,
+            probs: gpu.storage("sample probabilities", sample::probs_bytes(n_rows_max))?,
             counts: None,
             bias: None,
             empty: gpu.storage("sample (unused)", 16)?,
@@ -177,14 +190,15 @@ impl SampleState {
         self.cached.as_ref().map_or(&[], |c| &c.1)
     }
 
-    /// Writes the rows and returns the dispatches drawing them from `logits`, and the
-    /// result buffer (a (token, probability bits) pair per row).
+    /// Writes the rows and returns the dispatches drawing them from `logits`, the result
+    /// buffer (a (token, probability bits) pair per row) and the probabilities buffer
+    /// (the final candidates of rows that ask, [`sample::probs_bytes`] apart).
     pub(super) fn record(
         &mut self,
         gpu: &Gpu,
         logits: &wgpu::Buffer,
         rows: &[SampleRow],
-    ) -> Result<(&[Dispatch], &wgpu::Buffer), GpuError> {
+    ) -> Result<(&[Dispatch], &wgpu::Buffer, &wgpu::Buffer), GpuError> {
         let n = rows.len() as u32;
         let k_stride = rows.iter().map(|r| r.k).max().unwrap_or(1).clamp(1, MAX_K);
         for r in rows {
@@ -206,10 +220,11 @@ impl SampleState {
                 cand: &View::whole(&self.cand),
                 ring: &View::whole(&self.ring),
                 result: &View::whole(&self.result),
+                probs: &View::whole(&self.probs),
             };
             let d = sample::sample(gpu, &b, self.n_vocab, n, k_stride, RING_MAX)?;
             self.cached = Some((key, d));
         }
-        Ok((&self.cached.as_ref().unwrap().1, &self.result))
+        Ok((&self.cached.as_ref().unwrap().1, &self.result, &self.probs))
     }
 }

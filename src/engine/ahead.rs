@@ -18,7 +18,6 @@
 use super::{Engine, EngineError, Event, Part, Phase};
 use crate::context::{Batch, GpuDraw, InFlight};
 use crate::kv::SeqId;
-use crate::sample::gpu_row;
 use web_time::Instant;
 
 /// The step planned after one in flight: its batch (fed tokens as placeholders), parts,
@@ -124,7 +123,7 @@ impl Engine {
             if s.phase != Phase::Generate || s.cancel || !again || !fits {
                 return None;
             }
-            let mut row = gpu_row(s.sampler.params(), n_vocab).ok()?;
+            let mut row = super::draw::draw_row(s, n_vocab).ok()?;
             row.slot = q.id;
             let index = batch.tokens.len();
             batch.tokens.push(0);
@@ -245,7 +244,7 @@ impl Engine {
             live_batch.logits.push(true);
             let mut q = part.clone();
             q.drawn = Some(picks.len());
-            picks.push(out.picks[part.drawn.expect("every part ahead is drawn")]);
+            picks.push(out.picks[part.drawn.expect("every part ahead is drawn")].clone());
             live.push(q);
         }
         let out = crate::context::Decoded {

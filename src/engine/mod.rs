@@ -111,8 +111,10 @@ pub struct Engine {
     /// Every token's text for grammars, decoded when the first grammar arrives.
     token_pieces: Option<Arc<crate::grammar::TokenPieces>>,
     /// Generated tokens are drawn on the GPU where a session's chain allows
-    /// (`--sampling`, resolved for this adapter).
+    /// (`--sampling`, resolved for this adapter), unless the session says otherwise.
     gpu_sampling: bool,
+    /// The GPU chain can sample this model at all (its vocabulary fills the row).
+    can_draw: bool,
     /// Steps are submitted before the last one is read (`ahead.rs`).
     decode_ahead: bool,
     /// The step submitted ahead and not read yet.
@@ -318,7 +320,8 @@ impl Engine {
         };
         // The GPU chain ranges over the logits row; a vocabulary shorter than the row
         // (padded output weights) keeps sampling on the host, which stops at its end.
-        let gpu_sampling = gpu_sampling && tokenizer.n_vocab() == model.hp.n_vocab as usize;
+        let can_draw = tokenizer.n_vocab() == model.hp.n_vocab as usize;
+        let gpu_sampling = gpu_sampling && can_draw;
         log::debug!(
             "sampling on the {}",
             if gpu_sampling { "GPU" } else { "host" }
@@ -326,7 +329,7 @@ impl Engine {
         // A recurrent state cannot be cut back one position, and a unified cache can run
         // out of cells for a step submitted ahead.
         let decode_ahead = opts.decode_ahead
-            && gpu_sampling
+            && can_draw
             && !model.hp.recurrent.iter().any(|&r| r)
             && !opts.kv_unified;
         Ok(Engine {
@@ -343,6 +346,7 @@ impl Engine {
             kv_unified: opts.kv_unified,
             token_pieces: None,
             gpu_sampling,
+            can_draw,
             decode_ahead,
             pending: None,
             last_read: None,
@@ -848,15 +852,22 @@ impl Engine {
                 record_reply(tok, s);
                 continue;
             }
-            let (t, probs) = if let Some((t, _)) = s.drawn.take() {
+            let (t, probs) = if let Some(d) = s.drawn.take() {
                 // Drawn on the GPU with the stream's next number; the GPU also recorded
                 // it in its copy of the penalty history.
-                if let Err(e) = s.sampler.accept_gpu_pick(t) {
+                if let Err(e) = s.sampler.accept_gpu_pick(d.token) {
                     log::error!("session {}: {e}", s.id);
                 }
                 self.ctx.set_sampler_stamp(s.id, s.sampler.history_stamp());
                 self.n_gpu_draws += 1;
-                (t, None)
+                // Only post-sampling probabilities are drawn on the GPU (draw.rs).
+                let probs = (s.params.n_probs > 0).then(|| {
+                    Box::new(TokenProbs {
+                        prob: d.prob,
+                        top: d.top,
+                    })
+                });
+                (d.token, probs)
             } else if let Some(logits) = s.logits.take() {
                 let picked = Self::sample_logits(s, &logits);
                 s.logits = Some(logits);
@@ -1046,7 +1057,7 @@ impl Engine {
                 s.logits = Some(r.to_vec());
             }
             if let Some(j) = p.drawn {
-                s.drawn = Some(out.picks[j]);
+                s.drawn = Some(out.picks[j].clone());
                 s.logits = None;
             }
             if p.generating {

@@ -47,7 +47,8 @@ pub struct EngineOptions {
 /// Where a generated token is sampled: on the host from the read-back logits, or on the
 /// GPU (`crate::ops::sample`), which reads back only the token. Sessions whose settings
 /// the GPU chain lacks (a grammar, typical-p, XTC, top-n-sigma, dynamic temperature,
-/// top-k off or above 256, token probabilities) sample on the host either way.
+/// top-k off or above 256, the model's own token probabilities) sample on the host
+/// either way; post-sampling probabilities come with the GPU's token.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SamplingPath {
     /// Where the tuner measured a token cheaper picked (`crate::tune`); without a

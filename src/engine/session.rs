@@ -38,6 +38,10 @@ pub struct SessionParams {
     /// Report those probabilities after the sampler chain (top-k, top-p, temperature,
     /// ...) instead of the model's own (llama-server's `post_sampling_probs`).
     pub post_sampling_probs: bool,
+    /// Draw this session's tokens on the GPU (true) or sample them on the host (false);
+    /// None: as the engine's `--sampling` says. A chain the GPU lacks samples on the
+    /// host either way (llama-server's per-request `backend_sampling`).
+    pub gpu_draws: Option<bool>,
 }
 
 impl SessionParams {
@@ -190,9 +194,9 @@ pub struct Session {
     pub(super) logits: Option<Vec<f32>>,
     /// The token sampled this step, to be decoded in the step's batch.
     pub(super) next: Option<u32>,
-    /// The token (and its probability) the GPU drew from the last decoded token's
-    /// logits, taken at the next step instead of sampling on the host.
-    pub(super) drawn: Option<(u32, f32)>,
+    /// The token the GPU drew from the last decoded token's logits, taken at the next
+    /// step instead of sampling on the host.
+    pub(super) drawn: Option<crate::context::Drawn>,
     /// Why this session's chain stays on the host, once logged.
     pub(super) host_reason_logged: bool,
     pub(super) generated: Vec<u32>,

@@ -6,11 +6,12 @@
 //! `sample_chain.wgsl` takes the row's k largest of those, sorts them (larger logit
 //! first, equal logits by id) and runs llama.cpp's chain on them — top-p, min-p,
 //! temperature and the draw, with the uniform number the host drew from the session's
-//! own random stream — then writes (token, probability) and records the token in the
-//! penalty history. On GPUs a selection is a radix select over order-preserving keys
-//! (four 8-bit digits) by a workgroup; on CPU-shaped adapters (lavapipe, SwiftShader),
-//! where every barrier switches all of a workgroup's invocations, each segment and each
-//! row is one invocation (`sample_*_one.wgsl`): a heap keeps each segment's best, sorted
+//! own random stream — then writes (token, probability), the final candidates with
+//! their probabilities where the row asks (post-sampling `n_probs`), and records the
+//! token in the penalty history. On GPUs a selection is a radix select over
+//! order-preserving keys (four 8-bit digits) by a workgroup; on CPU-shaped adapters
+//! (lavapipe, SwiftShader), where every barrier switches all of a workgroup's
+//! invocations, each segment and each row is one invocation (`sample_*_one.wgsl`): a heap keeps each segment's best, sorted
 //! best first, and the row's pass merges the sorted segments. Both shapes take the same
 //! candidates, ties at the k-th largest key by token id, so the pick does not depend on
 //! the shape.
@@ -36,6 +37,11 @@ pub fn segments(n_vocab: u32) -> (u32, u32) {
     (n_vocab.div_ceil(n_seg), n_seg)
 }
 
+/// Bytes of the probabilities buffer for `n_rows` rows.
+pub fn probs_bytes(n_rows: u32) -> u64 {
+    n_rows as u64 * MAX_K as u64 * 8
+}
+
 /// Bytes of the candidate buffer for `n_rows` rows of `n_vocab` logits.
 pub fn cand_bytes(n_vocab: u32, n_rows: u32) -> u64 {
     n_rows as u64 * segments(n_vocab).1 as u64 * MAX_K as u64 * 8
@@ -57,6 +63,9 @@ pub struct SampleBuffers<'a> {
     pub ring: &'a View,
     /// Per row: (token, probability bits).
     pub result: &'a View,
+    /// Per row, [`MAX_K`] places: the chain's final candidates asked for by the row's
+    /// `n_probs`, best first, as (token, probability bits).
+    pub probs: &'a View,
 }
 
 /// Records both passes for `n_rows` rows whose largest k is `k_stride` (<= [`MAX_K`]).
@@ -76,6 +85,7 @@ pub fn sample(
         n_seg,
         k_stride: k_stride.clamp(1, MAX_K),
         ring_max,
+        probs_stride: MAX_K,
         ..Default::default()
     };
     let topk = record(
@@ -91,7 +101,7 @@ pub fn sample(
         "sample_chain",
         gpu.pipeline(KernelKey::SampleChain { wg })?,
         bytemuck::bytes_of(&params),
-        &[b.rows, b.cand, b.counts, b.ring, b.result],
+        &[b.rows, b.cand, b.counts, b.ring, b.result, b.probs],
         [n_rows, 1, 1],
     )?;
     Ok(vec![topk, chain])

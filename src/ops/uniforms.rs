@@ -261,7 +261,8 @@ uniform_struct! {
         k_stride: u32,
         /// Entries per slot's ring (the ring buffer holds head, length, entries).
         ring_max: u32,
-        _pad0: u32,
+        /// (token, probability) places per row in the probabilities buffer.
+        probs_stride: u32,
         _pad1: u32,
         _pad2: u32,
     }
@@ -291,7 +292,9 @@ uniform_struct! {
         /// The draw's uniform number in [0, 1) as a float pair (hi + lo).
         u_hi: f32,
         u_lo: f32,
-        _pad0: u32,
+        /// The chain's final candidates to write, best first, with their probabilities
+        /// (llama-server's post-sampling `n_probs`); 0: only the token.
+        n_probs: u32,
         _pad1: u32,
     }
 }

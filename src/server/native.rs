@@ -319,7 +319,8 @@ pub fn settings_json(p: &GenParams, model: &str) -> Value {
         "mirostat": 0,
         "max_tokens": p.request.params.n_predict,
         "n_discard": 0,
-        "post_sampling_probs": false,
+        "post_sampling_probs": p.request.params.post_sampling_probs,
+        "backend_sampling": p.request.params.gpu_draws == Some(true),
         "timings_per_token": false,
         // -inf (a ban) is written as null, as llama-server writes it.
         "logit_bias": (s.logit_bias.iter().copied())

@@ -18,6 +18,9 @@ pub struct Defaults {
     pub shift: ShiftPolicy,
     /// `--ignore-eos`: end-of-generation tokens are never sampled.
     pub ignore_eos: bool,
+    /// `-bs` or `--sampling gpu`: requests draw on the GPU unless they say
+    /// `"backend_sampling": false` (echoed as llama-server's `backend_sampling`).
+    pub backend_sampling: bool,
 }
 
 /// A request's settings besides its prompt.
@@ -180,6 +183,9 @@ pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenP
     }
     s.grammar = grammar(&f, tok)?;
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(d.ignore_eos);
+    // Absent: the server's -bs, else the engine's --sampling decides (auto: the
+    // tuner's measurement).
+    let backend_sampling = (f.bool("backend_sampling")?).or(d.backend_sampling.then_some(true));
     if ignore_eos {
         s.banned.extend(tok.eog_tokens());
     }
@@ -241,6 +247,7 @@ pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenP
                 prompt_cache: None,
                 n_probs,
                 post_sampling_probs: f.bool("post_sampling_probs")?.unwrap_or(false),
+                gpu_draws: backend_sampling,
             },
             cache_prompt: f.bool("cache_prompt")?.unwrap_or(true),
             slot,

@@ -389,6 +389,8 @@ pub fn measure_draws(gpu: &Gpu, n_vocab: u32, effort: Effort) -> Result<DrawTime
             cand: &cand,
             ring: &ring,
             result: &result,
+            // No row asks for probabilities: nothing is written there.
+            probs: &buf("tune_probs", 16)?,
         },
         n_vocab,
         1,

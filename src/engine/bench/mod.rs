@@ -640,7 +640,7 @@ impl Generator {
             }
             let out =
                 pollster::block_on(ctx.finish_step(flight.pop_front().expect("a step in flight")))?;
-            self.next = out.picks[0].0;
+            self.next = out.picks[0].token;
             let _ = self.sampler.accept_gpu_pick(self.next);
             cost.wait_us += ctx.last_step.wait_ns as f64 / 1e3;
             cost.read_bytes += 8;
@@ -665,7 +665,7 @@ impl Generator {
                     row: row.with_uniform(self.sampler.peek_uniform()),
                 };
                 let out = ctx.decode_drawing(&batch, &[draw])?;
-                self.next = out.picks[0].0;
+                self.next = out.picks[0].token;
                 let _ = self.sampler.accept_gpu_pick(self.next);
             }
             None => {
