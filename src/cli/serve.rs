@@ -25,7 +25,8 @@ pub struct ServeArgs {
     /// Tags listed with the model in /v1/models, comma-separated.
     #[arg(long)]
     pub tags: Option<String>,
-    /// Most tokens a request may generate (-1: no cap).
+    /// Most tokens a request generates when it does not say (-1: no limit; a request's
+    /// `n_predict`, `max_tokens` or `max_completion_tokens` wins, as in llama-server).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i32,
     #[command(flatten)]
@@ -150,7 +151,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     }
     if a.n_predict < -1 {
         bail!(
-            "-n must be -1 (no cap) or a token count, got {}",
+            "-n must be -1 (no limit) or a token count, got {}",
             a.n_predict
         );
     }

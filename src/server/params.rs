@@ -13,7 +13,7 @@ use serde_json::Value;
 #[derive(Clone, Debug)]
 pub struct Defaults {
     pub sampling: SamplerParams,
-    /// `-n`: the most tokens a request may generate (-1: no cap).
+    /// `-n`: the most tokens a request generates when it does not say (-1: no limit).
     pub n_predict: i32,
     pub shift: ShiftPolicy,
     /// `--ignore-eos`: end-of-generation tokens are never sampled.
@@ -204,12 +204,9 @@ pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenP
                 "n_predict must be -1 (no limit) or a token count, got {n}"
             )));
         }
-        let n = n.min(i32::MAX as i64) as i32;
-        n_predict = if d.n_predict >= 0 && (n < 0 || n > d.n_predict) {
-            d.n_predict
-        } else {
-            n
-        };
+        // The request's own limit wins, -1 included; the server's -n is only the
+        // default (today's llama-server: an older one capped requests at -n).
+        n_predict = n.min(i32::MAX as i64) as i32;
     }
     let mut shift = d.shift;
     if let Some(k) = f.i64("n_keep")? {
