@@ -387,8 +387,9 @@ fn page_runs_smollm2_on_webgpu_as_llama_cpp_does() {
     let expected = common::reliable_prefix("smol-chat.cpu.json");
     // Tokens drawn on the GPU and decoded ahead, the page's path that differs from the
     // host-sampled one native tests cover. `WGLLM_PAGE_N` (default 16), `WGLLM_PAGE_QUERY`
-    // (the address's rest, default `&sampling=gpu`) and `WGLLM_PAGE_WINDOW` (default
-    // 1280,800): scripts/page-vs-native.sh measures the page's decode this way.
+    // (the address's rest, default `&sampling=gpu`), `WGLLM_PAGE_WINDOW` (default
+    // 1280,800) and `WGLLM_PAGE_CONSOLE` (below): scripts/page-vs-native.sh measures the
+    // page's decode this way.
     let n: usize = std::env::var("WGLLM_PAGE_N")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -436,6 +437,11 @@ fn page_runs_smollm2_on_webgpu_as_llama_cpp_does() {
 
     let r: Value = serde_json::from_str(&result).expect("the page's report is JSON");
     let console = page.console.join("\n");
+    // `WGLLM_PAGE_CONSOLE=FILE` keeps what the page logged (with `WGLLM_PROFILE=1` in
+    // the query: the time per op kind of every step).
+    if let Ok(path) = std::env::var("WGLLM_PAGE_CONSOLE") {
+        std::fs::write(&path, &console).unwrap();
+    }
     assert_eq!(
         r["ok"], true,
         "the page's drive failed: {r}\nconsole:\n{console}"

@@ -597,7 +597,10 @@ impl Context {
         let run = self.submit_ubatch(u, read, drawn, &[])?;
         let key = run.key;
         let out = self.finish_ubatch(run).await?;
-        if std::mem::take(&mut self.profile_next) {
+        // `WGLLM_PROFILE=1` on a page, which cannot block where a native graph run
+        // profiles itself (`Graph::submit`): every step read back is timed and logged.
+        let logged = cfg!(target_arch = "wasm32") && self.model.gpu.tuning.profile;
+        if std::mem::take(&mut self.profile_next) || logged {
             let gpu = self.model.gpu.clone();
             if let Some((_, graph)) = self.graphs.iter().find(|(k, _)| *k == key) {
                 // The draws' dispatches (recorded for these rows) are timed after it.
@@ -615,6 +618,9 @@ impl Context {
                     self.forget_sampler_stamp(r.slot);
                 }
                 (p.n_tok, p.n_kv) = (key.0, key.1);
+                if logged {
+                    crate::graph::log_ops(&p);
+                }
                 self.last_profile = Some(p);
             }
         }

@@ -8,7 +8,7 @@ mod planner;
 mod profile;
 
 pub use builder::{AttnBlock, GraphBuilder, Node, Op, OpCost, TensorId};
-pub use profile::{KernelTime, OpProfile, StepProfile, TimingSource};
+pub use profile::{log_ops, KernelTime, OpProfile, StepProfile, TimingSource};
 
 use crate::gpu::{Gpu, GpuError};
 use crate::ops::Dispatch;
@@ -41,15 +41,7 @@ impl Graph {
     #[cfg(not(target_arch = "wasm32"))]
     fn log_profile(&self, gpu: &Gpu) -> Result<(), GpuError> {
         let p = pollster::block_on(self.profile(gpu, ("", &[], OpCost::default())))?;
-        for op in &p.ops {
-            log::info!(
-                "profile: {:<16} {:4} dispatches {:9.2} ms ({:.1} %)",
-                op.kind,
-                op.dispatches,
-                op.ns / 1e6,
-                100.0 * p.share(op)
-            );
-        }
+        log_ops(&p);
         Ok(())
     }
 

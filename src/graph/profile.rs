@@ -9,6 +9,19 @@ use super::{Graph, OpCost};
 use crate::gpu::{Gpu, GpuError};
 use crate::ops::Dispatch;
 
+/// Logs a profile's time per op kind (`WGLLM_PROFILE=1`), one line each.
+pub fn log_ops(p: &StepProfile) {
+    for op in &p.ops {
+        log::info!(
+            "profile: {:<16} {:4} dispatches {:9.2} ms ({:.1} %)",
+            op.kind,
+            op.dispatches,
+            op.ns / 1e6,
+            100.0 * p.share(op)
+        );
+    }
+}
+
 /// How the dispatches of a profile were timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TimingSource {
