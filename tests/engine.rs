@@ -513,6 +513,21 @@ fn smollm2_gpu_draws_equal_host_sampling() {
     }
 }
 
+/// A tiny random llama (Q8_0) on the portable path (no shader-f16).
+fn tiny_portable() -> (
+    std::sync::Arc<wgllm::model::Model>,
+    wgllm::tokenizer::Tokenizer,
+) {
+    common::tiny_parts(
+        Gpu::new(&GpuOptions {
+            no_f16: true,
+            ..Default::default()
+        })
+        .unwrap(),
+        GgmlType::Q8_0,
+    )
+}
+
 /// Steps decoded ahead (tokens drawn on the GPU, the next step submitted before they are
 /// read) give the replies of steps taken one at a time, and a generation that stops — at
 /// `-n`, or cancelled — leaves the cache holding exactly its prompt and reply: the step
@@ -520,14 +535,7 @@ fn smollm2_gpu_draws_equal_host_sampling() {
 /// sampled, one joining late.
 #[test]
 fn stops_cut_back_the_step_decoded_ahead() {
-    let (model, tok) = common::tiny_parts(
-        Gpu::new(&GpuOptions {
-            no_f16: true,
-            ..Default::default()
-        })
-        .unwrap(),
-        GgmlType::Q8_0,
-    );
+    let (model, tok) = tiny_portable();
     let mut rng = common::Rng(11);
     let mut prompt = |n: usize| (0..n).map(|_| rng.below(256)).collect::<Vec<u32>>();
     let plans = vec![
@@ -618,14 +626,7 @@ fn stops_cut_back_the_step_decoded_ahead() {
 /// sampling gives. The model's own probabilities need the logits, so they stay on the host.
 #[test]
 fn post_sampling_probabilities_come_with_gpu_draws() {
-    let (model, tok) = common::tiny_parts(
-        Gpu::new(&GpuOptions {
-            no_f16: true,
-            ..Default::default()
-        })
-        .unwrap(),
-        GgmlType::Q8_0,
-    );
+    let (model, tok) = tiny_portable();
     let plans: Vec<Plan> = [vec![5u32, 9, 14], vec![7u32, 3, 200, 41]]
         .into_iter()
         .map(|prompt| Plan {
@@ -700,14 +701,7 @@ fn post_sampling_probabilities_come_with_gpu_draws() {
 /// exactly their prompts and replies.
 #[test]
 fn closing_a_session_mid_flight_needs_no_wait() {
-    let (model, tok) = common::tiny_parts(
-        Gpu::new(&GpuOptions {
-            no_f16: true,
-            ..Default::default()
-        })
-        .unwrap(),
-        GgmlType::Q8_0,
-    );
+    let (model, tok) = tiny_portable();
     let params = SessionParams {
         sampling: SamplerParams {
             temp: 1.0,
