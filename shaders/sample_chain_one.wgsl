@@ -72,14 +72,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>) {
         }
         sift_down(0u, h);
     }
-    var out = vec2<u32>(0u, 0u);
-    kept = 0u;
-    if (n > 0u) {
-        out = chain(n);
-        if ((row.flags & 2u) != 0u) {
-            accept(out.x);
-        }
-    }
-    write_probs(wid.x);
-    result[wid.x] = out;
+    finish_row(wid.x, n);
 }

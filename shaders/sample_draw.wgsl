@@ -1,7 +1,7 @@
 // Shared by both shapes of sampling's second pass: llama.cpp's chain on a row's sorted
 // candidates (the including kernel holds them in o_key, o_id and o_v, at least 256
 // each), the final candidates' probabilities, and the penalty history's update. Expects
-// `p: Params`, `row: SampleRow` and the `probs` binding.
+// `p: Params`, `row: SampleRow` and the `result`, `probs`, `counts` and `ring` bindings.
 
 // What the chain kept: candidates (best first in o_id, weights in o_v) and the weights'
 // sum, for write_probs.
@@ -109,6 +109,22 @@ fn write_probs(r: u32) {
         }
         probs[r * p.probs_stride + i] = out;
     }
+}
+
+// Row r's end, once its n sorted candidates are in place: runs the chain, records the
+// token in the penalty history where asked, and writes (token, probability) and the
+// final candidates (nothing kept when n is 0: token 0, probability 0).
+fn finish_row(r: u32, n: u32) {
+    var out = vec2<u32>(0u, 0u);
+    kept = 0u;
+    if (n > 0u) {
+        out = chain(n);
+        if ((row.flags & 2u) != 0u) {
+            accept(out.x);
+        }
+    }
+    write_probs(r);
+    result[r] = out;
 }
 
 // The token joins the session's last ring_cap tokens; the oldest leaves when full.
