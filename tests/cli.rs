@@ -339,6 +339,8 @@ fn meaningless_llama_cpp_flags_are_refused() {
         (&["--lora", "x.gguf"][..], "LoRA"),
         (&["-i"][..], "wgllm chat"),
         (&["--no_mmap"][..], "keeps every weight on the GPU"),
+        (&["--tools", "all"][..], "web UI agent side"),
+        (&["--webui-mcp-proxy"][..], "MCP CORS proxy"),
     ] {
         let mut args = vec!["run", "-m", model.as_str(), "-p", "Hi"];
         args.extend_from_slice(flag);

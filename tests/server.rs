@@ -322,6 +322,101 @@ fn api_keys_streams_and_disconnects() {
     assert!(t0.elapsed() < Duration::from_secs(120));
 }
 
+/// The text of a native stream's events, and whether one of them ended it.
+fn stream_text(sse: &str) -> (String, bool) {
+    let mut text = String::new();
+    let mut ended = false;
+    for e in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let v: Value = serde_json::from_str(e).unwrap();
+        text.push_str(v["content"].as_str().unwrap_or(""));
+        ended |= v["stop"] == true;
+    }
+    (text, ended)
+}
+
+/// Reads a stream's head and its first `n` events, then hangs up.
+fn read_some_then_hang_up(s: &Server, path: &str, headers: &[(&str, &str)], body: &str, n: usize) {
+    let mut c = s.connect().unwrap();
+    s.send(&mut c, "POST", path, headers, body).unwrap();
+    let mut r = BufReader::new(c);
+    let mut line = String::new();
+    let mut n_data = 0;
+    while n_data < n {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+        n_data += line.starts_with("data: ") as usize;
+    }
+}
+
+#[test]
+fn a_stream_with_a_conversation_id_outlives_its_client() {
+    let s = start(&["-np", "1"]);
+    // An id with a model name in it, as llama-server's web UI sends: it travels escaped.
+    let id = [("X-Conversation-Id", "conv-1::org/model:Q8_0")];
+    let q = "conv_id=conv-1%3A%3Aorg%2Fmodel%3AQ8_0";
+    let req = json!({"prompt": "The capital of France is", "n_predict": 24, "temperature": 0, "ignore_eos": true});
+    let (st, alone) = s.json("POST", "/completion", req.clone());
+    assert_eq!(st, 200, "{alone}");
+
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    read_some_then_hang_up(&s, "/completion", &id, &streamed.to_string(), 2);
+    // The generation goes on without its client; the replay follows it to its end.
+    let (st, replay) = s.request("GET", &format!("/v1/stream?{q}&from=0"), "");
+    assert_eq!(st, 200, "{replay}");
+    let (text, ended) = stream_text(&replay);
+    assert!(ended, "{replay}");
+    assert_eq!(text, alone["content"].as_str().unwrap());
+    // From a later offset, the rest.
+    let cut = replay.find("\n\n").unwrap() + 2;
+    let (st, rest) = s.request("GET", &format!("/v1/stream?{q}&from={cut}"), "");
+    assert_eq!(st, 200);
+    assert_eq!(rest, replay[cut..]);
+    let (st, found) = s.json(
+        "POST",
+        "/v1/streams/lookup",
+        json!({"conversation_ids": ["conv-1", "conv-2"]}),
+    );
+    assert_eq!(st, 200, "{found}");
+    assert_eq!(found.as_array().map(Vec::len), Some(1), "{found}");
+    assert_eq!(found[0]["is_done"], true);
+    assert_eq!(found[0]["total_bytes"], replay.len());
+
+    // Stop: 204, then the stream is gone; bad queries are 400s.
+    assert_eq!(s.request("DELETE", &format!("/v1/stream?{q}"), "").0, 204);
+    assert_eq!(
+        s.request("GET", &format!("/v1/stream?{q}&from=0"), "").0,
+        404
+    );
+    assert_eq!(s.request("DELETE", &format!("/v1/stream?{q}"), "").0, 204);
+    assert_eq!(s.request("GET", "/v1/stream?from=0", "").0, 400);
+    assert_eq!(s.request("DELETE", "/v1/stream", "").0, 400);
+
+    // A stop cancels a generation that no client is reading: the only slot is free
+    // again (else the next request would wait for 100 000 tokens).
+    let endless = json!({"messages": [{"role": "user", "content": "Count to a million"}], "max_tokens": 100000, "stream": true, "ignore_eos": true}).to_string();
+    read_some_then_hang_up(&s, "/v1/chat/completions", &id, &endless, 2);
+    let (st, live) = s.json(
+        "POST",
+        "/v1/streams/lookup",
+        json!({"conversation_ids": ["conv-1"]}),
+    );
+    assert_eq!(st, 200);
+    assert_eq!(live[0]["is_done"], false, "{live}");
+    assert_eq!(s.request("DELETE", &format!("/v1/stream?{q}"), "").0, 204);
+    let t0 = Instant::now();
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"prompt": "Hi", "n_predict": 1}),
+    );
+    assert_eq!(st, 200, "{b}");
+    assert!(t0.elapsed() < Duration::from_secs(120));
+}
+
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {
         "name": "get_weather", "description": "Get the current weather in a location",

@@ -70,6 +70,17 @@ impl ChatRequest {
                 "Cannot continue an assistant message that contains tool calls.",
             ));
         }
+        if continue_last {
+            // The continued message's text parts are joined as llama.cpp joins them for
+            // a continuation: with a blank line, not the newline of other messages.
+            let raw = f.value("messages").and_then(Value::as_array);
+            if let (Some(last), Some(m)) = (raw.and_then(|a| a.last()), messages.last_mut()) {
+                let lf = Fields::of(last)?;
+                m.content = text_content(&lf, &m.role, "\n\n", || {
+                    ApiError::invalid("the final message has no content")
+                })?;
+            }
+        }
         Ok(ChatRequest {
             continue_last,
             messages,
@@ -153,7 +164,7 @@ fn message(m: &Value) -> ApiResult<ChatMessage> {
     let no_content = || ApiError::invalid("All non-assistant messages must contain 'content'");
     let f = Fields::of(m).map_err(|_| no_content())?;
     let role = f.str("role")?.unwrap_or("");
-    let mut msg = ChatMessage::new(role, text_content(&f, role, no_content)?);
+    let mut msg = ChatMessage::new(role, text_content(&f, role, "\n", no_content)?);
     if role == "tool" {
         for k in ["tool_call_id", "name"] {
             if let Some(v) = f.str(k)? {
@@ -202,8 +213,13 @@ fn in_json_format(mut m: ChatMessage) -> ChatMessage {
     m
 }
 
-/// A message's text: its string content, or its text parts joined with newlines.
-fn text_content(f: &Fields, role: &str, no_content: impl Fn() -> ApiError) -> ApiResult<String> {
+/// A message's text: its string content, or its text parts joined with `delimiter`.
+fn text_content(
+    f: &Fields,
+    role: &str,
+    delimiter: &str,
+    no_content: impl Fn() -> ApiError,
+) -> ApiResult<String> {
     let content = match f.value("content") {
         None | Some(Value::Null) if role == "assistant" => String::new(),
         None => return Err(no_content()),
@@ -212,7 +228,7 @@ fn text_content(f: &Fields, role: &str, no_content: impl Fn() -> ApiError) -> Ap
             .iter()
             .map(part)
             .collect::<ApiResult<Vec<_>>>()?
-            .join("\n"),
+            .join(delimiter),
         Some(_) => {
             return Err(ApiError::invalid(
                 "Expected 'content' to be a string or an array",

@@ -3,7 +3,7 @@
 //! limit, and JSON errors for unknown paths and methods.
 
 use super::error::ApiError;
-use super::{anthropic, metrics, native, openai, responses, AppState};
+use super::{anthropic, metrics, native, openai, responses, resumable, AppState};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -52,9 +52,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/rerank", post(not_built))
         .route("/reranking", post(not_built))
         .route("/infill", post(not_built))
+        .route("/v1/stream", get(resumable::replay).delete(resumable::stop))
+        .route("/v1/streams/lookup", post(resumable::lookup))
         .fallback(unknown)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            resumable::tee,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), api_key))
         .layer(middleware::from_fn_with_state(state.clone(), cors))
         .with_state(state)

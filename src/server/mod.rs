@@ -5,7 +5,8 @@
 //!
 //! Endpoints by format: `native.rs` (llama-server's `/completion`, `/tokenize`, `/props`,
 //! `/slots`, ...), `openai.rs` (`/v1/models`, `/v1/completions`, `/v1/chat/completions`),
-//! `anthropic.rs` (`/v1/messages`), `metrics.rs` (`/metrics`); `http.rs` holds what every
+//! `anthropic.rs` (`/v1/messages`), `metrics.rs` (`/metrics`), `resumable.rs`
+//! (`/v1/stream`: streams kept under `X-Conversation-Id`); `http.rs` holds what every
 //! request passes through (API key, CORS, body limits, unknown paths).
 
 mod anthropic;
@@ -18,6 +19,7 @@ mod native;
 mod openai;
 mod params;
 mod responses;
+mod resumable;
 mod tools;
 
 pub use error::ApiError;
@@ -69,6 +71,8 @@ pub struct AppState {
     /// Set if loading failed: the reason `/health` gives.
     load_error: OnceLock<String>,
     pub started: std::time::Instant,
+    /// Streamed replies kept for `/v1/stream` (requests with `X-Conversation-Id`).
+    streams: resumable::StreamStore,
 }
 
 impl AppState {
@@ -114,6 +118,7 @@ async fn run(
         service: OnceLock::new(),
         load_error: OnceLock::new(),
         started: std::time::Instant::now(),
+        streams: Default::default(),
     });
     let app = http::router(state.clone());
     let mut listeners = Vec::new();
