@@ -302,19 +302,8 @@ fn api_keys_streams_and_disconnects() {
     );
 
     // A client that goes away mid-stream frees the only slot at once.
-    let mut c = s.connect().unwrap();
     let endless = json!({"prompt": "Once upon a time", "n_predict": 100000, "stream": true, "ignore_eos": true}).to_string();
-    s.send(&mut c, "POST", "/completion", &auth, &endless)
-        .unwrap();
-    let mut r = BufReader::new(c);
-    let mut line = String::new();
-    let mut n_data = 0;
-    while n_data < 3 {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-        n_data += line.starts_with("data: ") as usize;
-    }
-    drop(r);
+    read_some_then_hang_up(&s, "/completion", &auth, &endless, 3);
     let t0 = Instant::now();
     let (st, b) = s.try_request("POST", "/completion", &auth, &body).unwrap();
     assert_eq!(st, 200, "{b}");

@@ -188,6 +188,11 @@ where
             }
         }
     });
+    sse_response(rx)
+}
+
+/// A `text/event-stream` reply whose body is what comes through `rx`.
+pub fn sse_response(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Response {
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")

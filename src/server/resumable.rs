@@ -21,7 +21,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch};
@@ -56,8 +55,8 @@ struct Stream {
     buf: Mutex<Buffer>,
     /// Bumped on every append and at the end: what readers wait on.
     changed: watch::Sender<()>,
-    cancelled: AtomicBool,
-    /// Fires once when the stream is cancelled (the producer stops on it).
+    /// True once the stream is cancelled (the producer stops on it); a cancel also
+    /// ends the stream, so readers only look at the end.
     cancel: watch::Sender<bool>,
 }
 
@@ -93,7 +92,6 @@ impl Stream {
             started_unix: unix_now(),
             buf: Mutex::new(Buffer::default()),
             changed: watch::channel(()).0,
-            cancelled: AtomicBool::new(false),
             cancel: watch::channel(false).0,
         }
     }
@@ -130,7 +128,6 @@ impl Stream {
     }
 
     fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Release);
         self.cancel.send_replace(true);
         self.finish();
     }
@@ -144,7 +141,7 @@ impl Stream {
         if offset < end {
             return Read::Bytes(Bytes::copy_from_slice(&b.bytes[offset - b.dropped..]));
         }
-        if b.ended.is_some() || self.cancelled.load(Ordering::Acquire) {
+        if b.ended.is_some() {
             Read::End
         } else {
             Read::Wait
@@ -331,13 +328,7 @@ pub async fn replay(
             }
         }
     });
-    Ok(Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+    Ok(super::gen::sse_response(rx))
 }
 
 /// `DELETE /v1/stream?conv_id=ID`: stops the generation and drops its stream; 204 whether
@@ -409,8 +400,8 @@ mod tests {
         let store = StreamStore::default();
         let a = store.start("x");
         let b = store.start("x");
-        assert!(a.cancelled.load(Ordering::Acquire));
-        assert!(!b.cancelled.load(Ordering::Acquire));
+        assert!(*a.cancel.borrow());
+        assert!(!*b.cancel.borrow());
         store.forget(&a);
         assert!(store.get("x").is_some_and(|s| Arc::ptr_eq(&s, &b)));
         assert!(store.cancel("x"));
