@@ -2,7 +2,8 @@
 # The README's GPU table in one go, for a machine with a real GPU: writes the two synthetic
 # models (SmolLM2-135M's shape in Q4_1, Llama-2-7B's shape in Q4_0, random weights, SmolLM2's
 # vocabulary), runs scripts/bench-vs-llamacpp.sh on each (pp512 and tg128 at depth 0 and
-# 4096), then `wgllm bench --profile` on each.
+# 4096), wgllm's tg128 with the next token drawn on the CPU and on the GPU (`--sampling`),
+# then `wgllm bench --profile` on each.
 #   scripts/gpu-table.sh [-r N] [--only 135m|7b] [--no-llamacpp] [-- EXTRA wgllm bench flags]
 # Environment: WGLLM (the binary, default target/release/wgllm), LLAMACPP_REF (as
 # bench-vs-llamacpp.sh), VOCAB (a GGUF whose tokenizer the models take; default the test
@@ -39,6 +40,11 @@ for spec in 135m:q4_1 7b:q4_0; do
   else
     "$wgllm" bench -m "$m" -p 512 -n 128 -d 0,4096 -r "$r" "${extra[@]}"
   fi
+  echo
+  echo "## wgllm tg128 by sampling path (cpu: logits read back; gpu: drawn on the device)"
+  for s in cpu gpu; do
+    "$wgllm" bench -m "$m" -p 0 -n 128 -d 0,4096 -r "$r" --sampling "$s" "${extra[@]}"
+  done
   echo
   echo "## wgllm bench --profile ($shape, depth 0 and 4096)"
   for d in 0 4096; do

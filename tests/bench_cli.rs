@@ -278,3 +278,37 @@ fn cache_type_lists_run_one_load_each() {
         assert_eq!((k.as_str(), v.as_str(), *fa), (wk, "q4_0", wfa));
     }
 }
+
+/// A pp test fills its context exactly (depth + prompt); drawing on the GPU, the tg
+/// tests' pipelined loop once submitted a step even for a pp test, which took a cell past
+/// the end ("the KV cache is full") and was timed with the prompt.
+#[test]
+fn prompt_tests_fill_their_context_when_the_gpu_draws() {
+    let m = common::smollm2();
+    let out = ok(&[
+        "bench",
+        "-m",
+        m.as_str(),
+        "-p",
+        "16",
+        "-n",
+        "0",
+        "-d",
+        "0,8",
+        "-r",
+        "1",
+        "--sampling",
+        "gpu",
+        "-o",
+        "jsonl",
+    ]);
+    let rows: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for r in &rows {
+        check_row(r, 1);
+        assert_eq!(r["n_prompt"].as_u64(), Some(16), "{r}");
+    }
+}

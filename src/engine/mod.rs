@@ -139,7 +139,7 @@ fn log_tuned(e: &crate::tune::TuneEntry, measured: bool, n_backends: usize) {
         e.decode_us.round(),
         e.prompt_us
     );
-    if let (Some(g), Some(h)) = (e.draw_gpu_us, e.draw_host_us) {
+    if let (Some(g), Some(h)) = (e.draw_gpu_busy_us, e.draw_host_us) {
         log::debug!("a token drawn on the GPU: {g:.0} us; read back and sampled: {h:.0} us");
     }
 }

@@ -31,10 +31,13 @@ pub struct TuneEntry {
     pub decode_us: f64,
     pub prompt_us: f64,
     /// A token picked from the model's logits row with llama.cpp's default chain,
-    /// microseconds: drawn on the GPU with the chosen kernels, and read back and sampled
-    /// on the host (absent in caches written before they were measured).
+    /// microseconds: the GPU's busy time drawing it with the chosen kernels (its round
+    /// trip left out: decoding ahead hides it), and the host's whole round trip reading the
+    /// row back and sampling it (absent in caches written before they were measured; the
+    /// key was renamed when the GPU's figure stopped counting its round trip, so entries
+    /// holding the older figure count as unmeasured).
     #[serde(default)]
-    pub draw_gpu_us: Option<f64>,
+    pub draw_gpu_busy_us: Option<f64>,
     #[serde(default)]
     pub draw_host_us: Option<f64>,
 }
@@ -120,7 +123,7 @@ mod tests {
             gpu_tile: None,
             decode_us,
             prompt_us: 10.0,
-            draw_gpu_us: Some(300.0),
+            draw_gpu_busy_us: Some(300.0),
             draw_host_us: None,
         }
     }

@@ -346,12 +346,19 @@ mod tests {
 }
 
 /// Microseconds per token of the two ways to pick it from a logits row (the default
-/// chain, llama.cpp's defaults): drawn on the GPU (both passes and an 8-byte readback),
-/// and read back whole and sampled on the host. `--sampling auto` takes the cheaper.
+/// chain, llama.cpp's defaults), as each adds to a decoded token. Drawn on the GPU, the
+/// token is the next step's input and the engine decodes ahead, so the host's wait for
+/// it overlaps the next step: what it adds is the device's busy time, timed over draws
+/// run back to back in one submit (both passes each), less one empty round trip (an
+/// 8-byte readback). Read back whole and sampled on the host, the device idles through
+/// the whole round trip. `--sampling auto` takes the cheaper. (Timing each GPU draw as
+/// its own round trip made `auto` pick the host where decoding ahead is faster.)
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DrawTimes {
     pub gpu_us: f64,
     pub host_us: f64,
+    /// The empty round trip (an 8-byte readback) that `gpu_us` leaves out.
+    pub trip_us: f64,
 }
 
 /// Times [`DrawTimes`] on `gpu` (with its kernel shape) for a vocabulary of `n_vocab`,
@@ -399,14 +406,22 @@ pub fn measure_draws(gpu: &Gpu, n_vocab: u32, effort: Effort) -> Result<DrawTime
     )?;
     let mut sampler = Sampler::new(params, n_vocab as usize);
     let tokens = 4;
-    let (mut gpu_us, mut host_us) = (f64::MAX, f64::MAX);
+    let (mut gpu_us, mut host_us, mut trip_us) = (f64::MAX, f64::MAX, f64::MAX);
+    // The first round warms up (pipelines, clocks); the fastest of the rest counts.
     for _ in 0..effort.runs.max(1) + 1 {
         let start = Instant::now();
         for _ in 0..tokens {
-            crate::ops::run_now(gpu, &d)?;
             gpu.read_bytes(&result.buf, 0, 8)?;
         }
-        gpu_us = gpu_us.min(start.elapsed().as_secs_f64() * 1e6 / tokens as f64);
+        let trip = start.elapsed().as_secs_f64() * 1e6 / tokens as f64;
+        trip_us = trip_us.min(trip);
+        // Back to back in one submit, as a draw runs between decode steps when the
+        // engine decodes ahead: the device's busy time, less the one round trip.
+        let start = Instant::now();
+        crate::ops::run_repeated(gpu, &d, tokens)?;
+        gpu.read_bytes(&result.buf, 0, 8)?;
+        let busy = (start.elapsed().as_secs_f64() * 1e6 - trip).max(0.0) / tokens as f64;
+        gpu_us = gpu_us.min(busy);
         let start = Instant::now();
         for _ in 0..tokens {
             let bytes = gpu.read_bytes(&logits_buf.buf, 0, n_vocab as u64 * 4)?;
@@ -416,5 +431,9 @@ pub fn measure_draws(gpu: &Gpu, n_vocab: u32, effort: Effort) -> Result<DrawTime
         host_us = host_us.min(start.elapsed().as_secs_f64() * 1e6 / tokens as f64);
     }
     gpu.check()?;
-    Ok(DrawTimes { gpu_us, host_us })
+    Ok(DrawTimes {
+        gpu_us,
+        host_us,
+        trip_us,
+    })
 }

@@ -174,7 +174,7 @@ fn entry_for(c: &Candidate, model: &str, best: &ShapeChoice) -> TuneEntry {
         gpu_tile: best.tuning.gpu_tile,
         decode_us: best.decode_us,
         prompt_us: best.prompt_us,
-        draw_gpu_us: None,
+        draw_gpu_busy_us: None,
         draw_host_us: None,
     }
 }
@@ -266,7 +266,15 @@ impl<'a> Tuner<'a> {
         {
             let g = gpu.retuned(best.kernels, best.tuning.clone());
             match measure::measure_draws(&g, self.hp.n_vocab, effort) {
-                Ok(t) => (e.draw_gpu_us, e.draw_host_us) = (Some(t.gpu_us), Some(t.host_us)),
+                Ok(t) => {
+                    log::debug!(
+                        "tune: a draw's empty round trip {:.0} us, GPU busy {:.0} us, host {:.0} us",
+                        t.trip_us,
+                        t.gpu_us,
+                        t.host_us
+                    );
+                    (e.draw_gpu_busy_us, e.draw_host_us) = (Some(t.gpu_us), Some(t.host_us))
+                }
                 Err(err) => log::debug!("tune: drawing on the GPU not measured: {err}"),
             }
         }
@@ -300,7 +308,7 @@ fn entry_kernels(
         cpu_prompt_tile: e.cpu_prompt_tile,
         gpu_vec_rows: e.gpu_vec_rows,
         gpu_tile: e.gpu_tile,
-        gpu_draws: match (e.draw_gpu_us, e.draw_host_us) {
+        gpu_draws: match (e.draw_gpu_busy_us, e.draw_host_us) {
             (Some(g), Some(h)) => Some(g < h),
             _ => None,
         },
@@ -500,7 +508,7 @@ mod tests {
             gpu_tile: None,
             decode_us,
             prompt_us: 0.0,
-            draw_gpu_us: None,
+            draw_gpu_busy_us: None,
             draw_host_us: None,
         };
         assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 97.0)]), 0);
@@ -515,9 +523,9 @@ mod tests {
                 .gpu_draws
         };
         assert_eq!(draws(&m), None);
-        (m.draw_gpu_us, m.draw_host_us) = (Some(40.0), Some(250.0));
+        (m.draw_gpu_busy_us, m.draw_host_us) = (Some(40.0), Some(250.0));
         assert_eq!(draws(&m), Some(true));
-        (m.draw_gpu_us, m.draw_host_us) = (Some(2600.0), Some(220.0));
+        (m.draw_gpu_busy_us, m.draw_host_us) = (Some(2600.0), Some(220.0));
         assert_eq!(draws(&m), Some(false));
     }
 

@@ -598,6 +598,11 @@ impl Generator {
         n: u32,
         cost: &mut DecodeCost,
     ) -> Result<(), EngineError> {
+        // A pp test generates nothing: no step may be submitted (it would take a cell
+        // past the test's context, and its recording would be timed with the prompt).
+        if n == 0 {
+            return Ok(());
+        }
         let Some(row) = self.row else {
             cost.in_flight = 1;
             for i in 0..n {
