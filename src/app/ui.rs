@@ -3,7 +3,7 @@
 
 use super::chart::{self, Sample};
 use super::kv_map;
-use super::worker::{self, Cmd, ModelInfo, ModelSource, Update};
+use super::worker::{self, Cmd, ModelInfo, ModelSource, Update, Wake};
 use super::{AppOptions, AppSettings, DriveReport, Outcome};
 use crate::engine::{CacheMap, Event, SessionId, Stop};
 use crate::gpu::Gpu;
@@ -64,8 +64,40 @@ enum Drive {
     Shooting,
 }
 
+/// How soon the window repaints for progress that streams ([`Wake::Soon`]). Where the
+/// adapter is the host's own cores (SwiftShader in a page, lavapipe), a frame is drawn by
+/// the same cores that run the model and costs a good part of a token, so such updates
+/// are gathered into one frame every [`FramePacing::ON_CPU`]; on a GPU each is drawn at
+/// once. A reply's end, errors and the user's own input still repaint at once.
+#[derive(Clone, Copy, Debug)]
+struct FramePacing(Option<std::time::Duration>);
+
+impl FramePacing {
+    const ON_CPU: std::time::Duration = std::time::Duration::from_secs(4);
+
+    fn for_gpu(gpu: &Gpu) -> FramePacing {
+        FramePacing(gpu.info.runs_on_cpu().then_some(Self::ON_CPU))
+    }
+
+    fn wake(self, ctx: &egui::Context, w: Wake) {
+        match (w, self.0) {
+            // egui keeps the earliest repaint asked for: the first update after a frame
+            // sets the next one.
+            (Wake::Soon, Some(after)) => ctx.request_repaint_after(after),
+            _ => ctx.request_repaint(),
+        }
+    }
+
+    /// How often a drive (`--drive`, the page's test) looks at its timeout while the
+    /// engine works.
+    fn poll(self) -> std::time::Duration {
+        self.0.unwrap_or(std::time::Duration::from_millis(250))
+    }
+}
+
 pub struct App {
     opts: AppOptions,
+    frames: FramePacing,
     settings: AppSettings,
     tx: worker::Commands,
     rx: Receiver<Update>,
@@ -133,7 +165,8 @@ impl App {
         );
         let (up_tx, up_rx) = channel();
         let ctx = cc.egui_ctx.clone();
-        let cmd_tx = worker::spawn(gpu.clone(), up_tx, move || ctx.request_repaint());
+        let frames = FramePacing::for_gpu(&gpu);
+        let cmd_tx = worker::spawn(gpu.clone(), up_tx, move |w| frames.wake(&ctx, w));
         #[cfg(not(target_arch = "wasm32"))]
         let (models, adapters) = (find_models(&opts.model_dirs), list_adapters(Backend::Auto));
         // A page has no folders to list, and one adapter: the browser's.
@@ -147,6 +180,7 @@ impl App {
             .unwrap_or_default();
         let drive = opts.drive.then_some(Drive::WaitLoad);
         let mut app = App {
+            frames,
             settings: opts.settings.clone(),
             tx: cmd_tx,
             rx: up_rx,
@@ -457,7 +491,7 @@ impl App {
             }
             Some(Drive::WaitLoad) | Some(Drive::WaitReply) => {
                 // Keep checking the timeout while the engine works.
-                ctx.request_repaint_after(std::time::Duration::from_millis(250));
+                ctx.request_repaint_after(self.frames.poll());
             }
             _ => {}
         }

@@ -137,9 +137,32 @@ enum Input {
     Service(ServiceUpdate),
 }
 
+/// How soon the window should show what the worker just sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// A change the user waits on: a reply's end, an error, a loaded model, a command's
+    /// effect.
+    Now,
+    /// Progress that streams (a token, prompt or load progress, a step's timing, a cache
+    /// map): the window may gather several into one frame (see `ui::FramePacing`).
+    Soon,
+}
+
+impl Wake {
+    fn of(input: &Input) -> Wake {
+        match input {
+            Input::Service(_) => Wake::Soon,
+            Input::Request(_, RequestEvent::Token { .. } | RequestEvent::Progress { .. }) => {
+                Wake::Soon
+            }
+            _ => Wake::Now,
+        }
+    }
+}
+
 /// Starts the worker on `gpu`; `wake` is called after each update so the window
 /// repaints.
-pub fn spawn(gpu: Arc<Gpu>, tx: Sender<Update>, wake: impl Fn() + Send + 'static) -> Commands {
+pub fn spawn(gpu: Arc<Gpu>, tx: Sender<Update>, wake: impl Fn(Wake) + Send + 'static) -> Commands {
     let (in_tx, in_rx) = amp::unbounded_channel();
     let worker = Worker {
         gpu,
@@ -191,7 +214,7 @@ impl ChatState {
 struct Worker {
     gpu: Arc<Gpu>,
     tx: Sender<Update>,
-    wake: Box<dyn Fn() + Send>,
+    wake: Box<dyn Fn(Wake) + Send>,
     /// For the service's sinks, which feed this worker's own input.
     input: amp::UnboundedSender<Input>,
     service: Option<EngineService>,
@@ -202,12 +225,13 @@ struct Worker {
 impl Worker {
     async fn run(mut self, mut rx: amp::UnboundedReceiver<Input>) {
         while let Some(input) = rx.recv().await {
+            let wake = Wake::of(&input);
             match input {
                 Input::Cmd(c) => self.handle(c).await,
                 Input::Request(chat, ev) => self.request_event(chat, ev),
                 Input::Service(u) => self.service_update(u),
             }
-            (self.wake)();
+            (self.wake)(wake);
         }
     }
 
@@ -455,7 +479,7 @@ impl Worker {
                 };
                 let read = super::web::read_model(&remote, &mut |d, t| {
                     report(verb, d, t);
-                    (self.wake)();
+                    (self.wake)(Wake::Soon);
                 })
                 .await;
                 self.load_bytes(&name, read, opts, &mut report).await

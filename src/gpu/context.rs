@@ -138,6 +138,14 @@ pub struct AdapterSummary {
     pub subgroup_size: (u32, u32),
 }
 
+impl AdapterSummary {
+    /// Whether the adapter is the host's own cores (lavapipe, llvmpipe, SwiftShader): it
+    /// takes CPU-shaped kernels, and whatever else it draws competes with the model.
+    pub fn runs_on_cpu(&self) -> bool {
+        self.device_type == "Cpu" || self.name.contains("llvmpipe")
+    }
+}
+
 fn instance(backend: Backend) -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     desc.backends = backend.backends();
@@ -357,8 +365,7 @@ impl Gpu {
             .unwrap_or(u64::MAX)
             .min(info.max_storage_binding)
             .min(info.max_buffer);
-        let is_cpu = matches!(adapter.get_info().device_type, wgpu::DeviceType::Cpu)
-            || info.name.contains("llvmpipe");
+        let is_cpu = info.runs_on_cpu();
         let kernels = match opts.kernels {
             KernelShape::Auto if is_cpu => KernelShape::Cpu,
             KernelShape::Auto => KernelShape::Gpu,
