@@ -46,6 +46,13 @@ const FIELDS: [&str; 28] = [
     "record_us",
 ];
 
+/// One row per line of `-o jsonl` output.
+fn jsonl_rows(out: &str) -> Vec<Value> {
+    (out.lines())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
 fn check_row(r: &Value, reps: usize) {
     for f in FIELDS {
         assert!(r.get(f).is_some(), "row lacks {f}: {r}");
@@ -144,9 +151,7 @@ fn jsonl_with_profile_and_csv_parse() {
         "jsonl",
         "--profile",
     ]);
-    let rows: Vec<Value> = (out.lines())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
+    let rows = jsonl_rows(&out);
     assert_eq!(rows.len(), 2, "{out}");
     for r in &rows {
         check_row(r, 1);
@@ -261,10 +266,7 @@ fn cache_type_lists_run_one_load_each() {
     ]);
     let (code, out, err) = wgllm(&a);
     assert_eq!(code, 0, "{err}");
-    let rows: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = jsonl_rows(&out);
     let got: Vec<(String, String, u64)> = rows
         .iter()
         .map(|r| {
@@ -302,10 +304,7 @@ fn prompt_tests_fill_their_context_when_the_gpu_draws() {
         "-o",
         "jsonl",
     ]);
-    let rows: Vec<Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = jsonl_rows(&out);
     assert_eq!(rows.len(), 2, "{out}");
     for r in &rows {
         check_row(r, 1);

@@ -71,10 +71,10 @@ pub fn describe(e: &TuneEntry) -> String {
     if let Some(t) = e.gpu_tile {
         knobs.push(format!("prompt tile {}", pair(t)));
     }
-    let draws = match (e.draw_gpu_busy_us, e.draw_host_us) {
-        (Some(g), Some(h)) => format!(
+    let draws = match (e.draw_gpu_busy_us, e.draw_host_us, e.gpu_draws()) {
+        (Some(g), Some(h), Some(gpu)) => format!(
             "; a token drawn on the GPU {g:.0} us, read back and sampled {h:.0} us: --sampling auto is {}",
-            if g < h { "gpu" } else { "cpu" }
+            if gpu { "gpu" } else { "cpu" }
         ),
         _ => String::new(),
     };

@@ -53,6 +53,15 @@ impl TuneEntry {
             && self.wgllm == o.wgllm
     }
 
+    /// What `--sampling auto` takes from this entry: draw on the GPU where that adds less
+    /// to a token than the host's readback and sampling; `None` where neither was measured.
+    pub fn gpu_draws(&self) -> Option<bool> {
+        match (self.draw_gpu_busy_us, self.draw_host_us) {
+            (Some(g), Some(h)) => Some(g < h),
+            _ => None,
+        }
+    }
+
     /// See `ShapeChoice::score`.
     pub fn score(&self) -> f64 {
         self.decode_us + self.prompt_us

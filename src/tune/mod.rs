@@ -308,10 +308,7 @@ fn entry_kernels(
         cpu_prompt_tile: e.cpu_prompt_tile,
         gpu_vec_rows: e.gpu_vec_rows,
         gpu_tile: e.gpu_tile,
-        gpu_draws: match (e.draw_gpu_busy_us, e.draw_host_us) {
-            (Some(g), Some(h)) => Some(g < h),
-            _ => None,
-        },
+        gpu_draws: e.gpu_draws(),
         ..Default::default()
     };
     let tuning = user.over(&tuned);
