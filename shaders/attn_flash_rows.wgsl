@@ -78,7 +78,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             any = any || bias[j] > MASKED;
         }
         if (any) {
-            var s: array<f32, TB>;
+            // Zeroed by an initializer, not by the declaration: Chromium's WebGPU on
+            // SwiftShader kept a loop body's uninitialised `var` from the last iteration
+            // (the page decoded garbage through this kernel until these said `()`).
+            var s = array<f32, TB>();
             for (var d = 0u; d < D4; d++) {
                 if (d < d4) {
                     let kv = k_load4(ko + d);
@@ -87,7 +90,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
                     }
                 }
             }
-            var w: array<f32, TB>;
+            var w = array<f32, TB>();
             for (var j = 0u; j < TB; j++) {
                 if (bias[j] > MASKED) {
                     let x = s[j] + slope * bias[j];

@@ -302,12 +302,10 @@ const SPLIT_MAX_BYTES: u64 = 256 << 20;
 /// Cells per workgroup of the split output kernel (at least; a multiple of it).
 const SPLIT_CHUNK: u32 = 128;
 
-/// Whether `gpu` runs the CPU-shaped flash kernel: CPU-shaped kernels, except on a
-/// browser's WebGPU, where SwiftShader (tests/browser.rs) gave wrong tokens through it
-/// (not yet understood; lavapipe and llvmpipe match the reference), so the page keeps
-/// the unfused kernels for `-fa on` too.
+/// Whether `gpu` runs the CPU-shaped flash kernel: wherever the kernels are CPU-shaped
+/// (lavapipe, llvmpipe, SwiftShader natively and in a browser page).
 pub fn cpu_flash_kernel(gpu: &Gpu) -> bool {
-    gpu.kernels != KernelShape::Gpu && gpu.info.backend != "BrowserWebGpu"
+    gpu.kernels != KernelShape::Gpu
 }
 
 /// Invocations the CPU-shaped flash kernel aims for: lanes for 128 threads of 8 (a
