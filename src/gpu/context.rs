@@ -144,6 +144,16 @@ impl AdapterSummary {
     pub fn runs_on_cpu(&self) -> bool {
         self.device_type == "Cpu" || self.name.contains("llvmpipe")
     }
+
+    /// Whether the adapter's shader compiler keeps a kernel's loops as written, so that
+    /// kernels run faster with their short loops unrolled in the source (`ops::unroll`):
+    /// SwiftShader, as its own Vulkan driver and as the CPU adapter of Chromium's WebGPU
+    /// (which names no device to a page). Mesa's LLVM unrolls by itself, and its
+    /// prompts ran slower unrolled again.
+    pub fn keeps_loops(&self) -> bool {
+        self.name.contains("SwiftShader")
+            || (self.backend == "BrowserWebGpu" && self.device_type == "Cpu")
+    }
 }
 
 fn instance(backend: Backend) -> wgpu::Instance {
@@ -250,6 +260,10 @@ pub struct Gpu {
     pub is_cpu: bool,
     /// Resolved kernel shape (never `Auto`).
     pub kernels: KernelShape,
+    /// Kernels' short constant-bounded loops are written out before compiling (where the
+    /// adapter [keeps loops](AdapterSummary::keeps_loops), or `WGLLM_UNROLL=1`); the same
+    /// for every kernel of the device, so pipelines are cached by key alone.
+    pub unroll: bool,
     /// The kernel overrides the ops apply (a copy of [`GpuOptions::tuning`]).
     pub tuning: KernelTuning,
     /// Kernels are compiled with wgpu's runtime checks ([`GpuOptions::shader_checks`]).
@@ -371,15 +385,17 @@ impl Gpu {
             KernelShape::Auto => KernelShape::Gpu,
             k => k,
         };
+        let unroll = opts.tuning.unroll.unwrap_or_else(|| info.keeps_loops());
         log::info!(
-            "GPU: {} ({}, {}), max binding {} MiB, f16 {}, subgroups {}, {:?}-shaped kernels",
+            "GPU: {} ({}, {}), max binding {} MiB, f16 {}, subgroups {}, {:?}-shaped kernels{}",
             info.name,
             info.backend,
             info.device_type,
             max_binding >> 20,
             has_f16,
             has_subgroups,
-            kernels
+            kernels,
+            if unroll { ", loops unrolled" } else { "" }
         );
         Arc::new(Gpu {
             device,
@@ -390,6 +406,7 @@ impl Gpu {
             has_subgroups,
             is_cpu,
             kernels,
+            unroll,
             tuning: opts.tuning.clone(),
             shader_checks: opts.shader_checks,
             has_timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
@@ -416,6 +433,7 @@ impl Gpu {
             has_subgroups: self.has_subgroups,
             is_cpu: self.is_cpu,
             kernels,
+            unroll: self.unroll,
             tuning,
             shader_checks: self.shader_checks,
             has_timestamps: self.has_timestamps,
@@ -460,7 +478,10 @@ impl Gpu {
                 "needs device features {missing:?}, which this device was opened without"
             )));
         }
-        let src = key.source().map_err(&shader_err)?;
+        let mut src = key.source().map_err(&shader_err)?;
+        if self.unroll {
+            src = crate::ops::unroll::unroll(&src, crate::ops::unroll::MAX_TRIPS);
+        }
         // Validate with naga first, with only the capabilities the key declares: its
         // messages name the line, and a bad shader must not reach the driver.
         let module =

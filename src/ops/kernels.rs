@@ -724,6 +724,44 @@ mod tests {
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     }
 
+    /// What `Gpu::pipeline` compiles where the adapter keeps loops (SwiftShader): each
+    /// variant with its short loops written out still parses and validates, and every
+    /// loop the unroller may take is gone.
+    #[test]
+    fn every_kernel_variant_validates_unrolled() {
+        let failures: Vec<String> = KernelKey::all()
+            .into_iter()
+            .filter_map(|k| {
+                let src =
+                    crate::ops::unroll::unroll(&k.source().ok()?, crate::ops::unroll::MAX_TRIPS);
+                let module = match naga::front::wgsl::parse_str(&src) {
+                    Ok(m) => m,
+                    Err(e) => return Some(format!("{k}: parse: {}", e.emit_to_string(&src))),
+                };
+                naga::valid::Validator::new(
+                    naga::valid::ValidationFlags::all(),
+                    k.naga_capabilities(),
+                )
+                .validate(&module)
+                .err()
+                .map(|e| format!("{k}: validate: {}", e.emit_to_string(&src)))
+            })
+            .collect();
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+        let matmul = KernelKey::Matmul {
+            ty: crate::gguf::GgmlType::Q4_1,
+            rows: 2,
+            tb: 1,
+            subgroups: false,
+            glu: None,
+        };
+        let src = matmul.source().unwrap();
+        let unrolled = crate::ops::unroll::unroll(&src, crate::ops::unroll::MAX_TRIPS);
+        // Only the loops over blocks (`nb`) and stored tokens (`ntb`) are left.
+        assert_eq!(unrolled.matches("for (").count(), 2, "{unrolled}");
+        assert!(src.matches("for (").count() > 8);
+    }
+
     #[test]
     fn all_covers_every_choice_the_ops_make() {
         let all = KernelKey::all();

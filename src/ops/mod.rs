@@ -23,6 +23,7 @@ pub mod softmax;
 pub mod ssm;
 pub mod tuning;
 pub mod uniforms;
+pub mod unroll;
 pub mod weight;
 
 use crate::gpu::{Gpu, GpuError};

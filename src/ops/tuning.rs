@@ -31,6 +31,10 @@ pub struct KernelTuning {
     /// `WGLLM_ATTN_FLASH=0|1`: GPU-shaped kernels take the flash attention kernel (for
     /// every batch, where the head fits it) or not (the default; see `ops::attention`).
     pub attn_flash: Option<bool>,
+    /// `WGLLM_UNROLL=0|1`: kernels' short constant-bounded loops written out before
+    /// compiling (`ops::unroll`), or not; by default where the adapter's compiler keeps
+    /// loops as written ([`crate::gpu::AdapterSummary::keeps_loops`]).
+    pub unroll: Option<bool>,
     /// (rows, tokens) per invocation of the CPU-shaped matmul for one token and for 8+
     /// tokens: what the tuner (`crate::tune`) measured best on an adapter, below
     /// `matmul_tile`, which overrides every size.
@@ -98,15 +102,18 @@ impl KernelTuning {
             Some("1") => true,
             Some(v) => return Err(bad("WGLLM_PROFILE", v, "expected 0 or 1")),
         };
-        let attn_flash = match get("WGLLM_ATTN_FLASH").as_deref().map(str::trim) {
-            None => None,
-            Some("0") => Some(false),
-            Some("1") => Some(true),
-            Some(v) => return Err(bad("WGLLM_ATTN_FLASH", v, "expected 0 or 1")),
+        let switch = |var: &'static str| -> Result<Option<bool>, TuningError> {
+            match get(var).as_deref().map(str::trim) {
+                None => Ok(None),
+                Some("0") => Ok(Some(false)),
+                Some("1") => Ok(Some(true)),
+                Some(v) => Err(bad(var, v, "expected 0 or 1")),
+            }
         };
         let t = KernelTuning {
             matmul_tile: pair("WGLLM_MATMUL_TILE")?,
-            attn_flash,
+            attn_flash: switch("WGLLM_ATTN_FLASH")?,
+            unroll: switch("WGLLM_UNROLL")?,
             gpu_tile: pair("WGLLM_GPU_TILE")?,
             gpu_vec_rows: num("WGLLM_GPU_VEC")?,
             tile_min: num("WGLLM_TILE_MIN")?,
@@ -132,6 +139,7 @@ impl KernelTuning {
             attn_split_max_tok: self.attn_split_max_tok.or(base.attn_split_max_tok),
             attn_tile_min: self.attn_tile_min.or(base.attn_tile_min),
             attn_flash: self.attn_flash.or(base.attn_flash),
+            unroll: self.unroll.or(base.unroll),
             cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),
             cpu_prompt_tile: self.cpu_prompt_tile.or(base.cpu_prompt_tile),
             gpu_draws: self.gpu_draws.or(base.gpu_draws),
@@ -231,6 +239,7 @@ mod tests {
             ("WGLLM_ATTN_SPLIT", "8"),
             ("WGLLM_ATTN_FLASH", "1"),
             ("WGLLM_ATTN_TILE_MIN", "64"),
+            ("WGLLM_UNROLL", "0"),
             ("WGLLM_PROFILE", "1"),
         ])
         .unwrap();
@@ -245,6 +254,7 @@ mod tests {
                 attn_split_max_tok: Some(8),
                 attn_flash: Some(true),
                 attn_tile_min: Some(64),
+                unroll: Some(false),
                 profile: true,
                 ..Default::default()
             }
@@ -265,6 +275,7 @@ mod tests {
             ("WGLLM_ATTN_SPLIT", "-1"),
             ("WGLLM_ATTN_FLASH", "on"),
             ("WGLLM_ATTN_TILE_MIN", "0"),
+            ("WGLLM_UNROLL", "yes"),
             ("WGLLM_PROFILE", "yes"),
         ] {
             let e = from(&[(var, value)]).unwrap_err();
