@@ -37,7 +37,7 @@ fn hw(i: u32) -> u32 {
 }
 
 fn bw(b: u32, i: u32) -> u32 {
-    return bv[i / 4u][i % 4u];
+    return bv[i >> 2u][i & 3u];
 }
 
 @compute @workgroup_size(64)
@@ -62,7 +62,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var r = 0u; r < R; r++) {
             let blk_r = blk(rbase[r], nb, b);
             for (var v = 0u; v < BW / 4u; v++) {
-                bv[v] = wq[blk_r.b / 4u + v];
+                bv[v] = wq[(blk_r.b >> 2u) + v];
             }
             sc[r] = load_block(blk_r, r);
         }

@@ -1026,6 +1026,15 @@ fn tuned_kernels_match_reference() {
                 ..Default::default()
             },
         ),
+        // Loops written out, as on SwiftShader (lavapipe unrolls by itself otherwise),
+        // with the tiles that go with them.
+        (
+            KernelShape::Cpu,
+            KernelTuning {
+                unroll: Some(true),
+                ..Default::default()
+            },
+        ),
         (
             KernelShape::Gpu,
             KernelTuning {
@@ -1063,6 +1072,11 @@ fn tuned_kernels_match_reference() {
         })
         .unwrap();
         assert_eq!(gpu.tuning, tuning);
+        assert_eq!(
+            gpu.unroll,
+            tuning.unroll.unwrap_or(false),
+            "lavapipe keeps no loops"
+        );
         let name = format!("{kernels:?} {tuning:?}");
         for n_tok in [1usize, 5, 12, 20] {
             let ty = GgmlType::Q4_1;
@@ -1081,7 +1095,9 @@ fn tuned_kernels_match_reference() {
                 1e-9,
             );
         }
-        for n_tok in [1u32, 6] {
+        // The CPU-shaped flash kernel too where the loops are written out.
+        let flash = [false, gpu.unroll];
+        for (n_tok, flash) in [1u32, 6].into_iter().flat_map(|t| flash.map(|f| (t, f))) {
             let s = AttnShape {
                 head_dim: 64,
                 n_head: 4,
@@ -1090,7 +1106,7 @@ fn tuned_kernels_match_reference() {
                 n_kv: n_tok + 300,
                 k_type: kv(gpu.has_f16),
                 v_type: kv(gpu.has_f16),
-                flash: false,
+                flash,
                 rot_k: 0,
                 rot_v: 0,
             };

@@ -6,24 +6,31 @@ use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View, Weigh
 use crate::gguf::{quant, GgmlType};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
-/// (rows, tokens) per invocation: matrix-vector for one token, small tiles for batches.
+/// (rows, tokens) per invocation: matrix-vector for one token, small tiles for batches;
+/// `unrolled`: the kernels' loops are written out (`Gpu::unroll`, SwiftShader).
 /// `tuning.matmul_tile` (`WGLLM_MATMUL_TILE=RxT`) overrides it, for benchmarking kernel shapes.
-pub fn tile(tuning: &KernelTuning, n_tok: u32) -> (u32, u32) {
+pub fn tile(tuning: &KernelTuning, n_tok: u32, unrolled: bool) -> (u32, u32) {
     if let Some(rt) = tuning.matmul_tile {
         return rt;
     }
-    // The defaults where nothing was tuned, measured on lavapipe with SmolLM2 (wgllm
-    // bench). Decode: 2x1 beat 1x1/4x1/8x1 on an Intel host and was within 10 % of the
-    // best on an AMD EPYC (Zen 3) host. Prompts: 2x4 won on the Intel host, but on the
-    // EPYC host 4x8 ran pp64 at 5.6 t/s against 3.6 (8x8 5.3, 4x16 5.5, 2x8 4.0); bigger
-    // register tiles keep more loaded weights reused. Hosts differ: `crate::tune`
-    // measures them.
+    // The defaults where nothing was tuned, measured with SmolLM2 (wgllm bench). lavapipe:
+    // decode 2x1 beat 1x1/4x1/8x1 on an Intel host and was within 10 % of the best on an
+    // AMD EPYC (Zen 3) host; prompts 2x4 won on the Intel host, but on the EPYC host 4x8
+    // ran pp64 at 5.6 t/s against 3.6 (8x8 5.3, 4x16 5.5, 2x8 4.0): bigger register tiles
+    // keep more loaded weights reused. SwiftShader, unrolled (the browser page runs no
+    // tuner, so these are its tiles): tg24 2x1 3.35, 4x1 3.82 and 3.66, 8x1 3.41; pp64
+    // 4x8 8.6, 8x8 10.6, 4x16 8.5. Hosts differ: `crate::tune` measures them.
+    let (decode, prompt) = if unrolled {
+        ((4, 1), (8, 8))
+    } else {
+        ((2, 1), (4, 8))
+    };
     if n_tok == 1 {
-        tuning.cpu_decode_tile.unwrap_or((2, 1))
+        tuning.cpu_decode_tile.unwrap_or(decode)
     } else if n_tok < 8 {
         (2, 4)
     } else {
-        tuning.cpu_prompt_tile.unwrap_or((4, 8))
+        tuning.cpu_prompt_tile.unwrap_or(prompt)
     }
 }
 
@@ -77,7 +84,7 @@ pub fn kernel(
 ) -> KernelKey {
     let even = |rows: u32| if glu.is_some() { rows.max(2) } else { rows };
     if gpu.kernels != KernelShape::Gpu {
-        let (rows, tb) = tile(&gpu.tuning, n_tok);
+        let (rows, tb) = tile(&gpu.tuning, n_tok, gpu.unroll);
         let rows = even(rows);
         // Subgroups share x's loads (eight lanes load one vec4 of a block each) for
         // batches: Gemma-3 pp128 on lavapipe 145 t/s against 91 without. Not for one
