@@ -647,20 +647,29 @@ impl fmt::Display for KernelKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::unroll::{unroll, MAX_TRIPS};
     use naga::back::{hlsl, msl};
 
-    /// Parses and validates a key's WGSL with only the capabilities it declares, checks
-    /// its workgroup size, and translates it the way wgpu's Metal and DX12 backends would.
-    fn check(key: KernelKey) -> Result<(), String> {
-        let src = key.source()?;
-        let module = naga::front::wgsl::parse_str(&src)
-            .map_err(|e| format!("parse: {}", e.emit_to_string(&src)))?;
+    /// `src` (a key's WGSL) parsed and validated with only the capabilities `key` declares.
+    fn validated(
+        key: KernelKey,
+        src: &str,
+    ) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
+        let module = naga::front::wgsl::parse_str(src)
+            .map_err(|e| format!("parse: {}", e.emit_to_string(src)))?;
         let info = naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
             key.naga_capabilities(),
         )
         .validate(&module)
-        .map_err(|e| format!("validate: {}", e.emit_to_string(&src)))?;
+        .map_err(|e| format!("validate: {}", e.emit_to_string(src)))?;
+        Ok((module, info))
+    }
+
+    /// Parses and validates a key's WGSL with only the capabilities it declares, checks
+    /// its workgroup size, and translates it the way wgpu's Metal and DX12 backends would.
+    fn check(key: KernelKey) -> Result<(), String> {
+        let (module, info) = validated(key, &key.source()?)?;
         let ep = module
             .entry_points
             .iter()
@@ -732,19 +741,9 @@ mod tests {
         let failures: Vec<String> = KernelKey::all()
             .into_iter()
             .filter_map(|k| {
-                let src =
-                    crate::ops::unroll::unroll(&k.source().ok()?, crate::ops::unroll::MAX_TRIPS);
-                let module = match naga::front::wgsl::parse_str(&src) {
-                    Ok(m) => m,
-                    Err(e) => return Some(format!("{k}: parse: {}", e.emit_to_string(&src))),
-                };
-                naga::valid::Validator::new(
-                    naga::valid::ValidationFlags::all(),
-                    k.naga_capabilities(),
-                )
-                .validate(&module)
-                .err()
-                .map(|e| format!("{k}: validate: {}", e.emit_to_string(&src)))
+                let src = k.source().map(|s| unroll(&s, MAX_TRIPS));
+                let err = src.and_then(|src| validated(k, &src).map(drop)).err()?;
+                Some(format!("{k}: {err}"))
             })
             .collect();
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -756,7 +755,7 @@ mod tests {
             glu: None,
         };
         let src = matmul.source().unwrap();
-        let unrolled = crate::ops::unroll::unroll(&src, crate::ops::unroll::MAX_TRIPS);
+        let unrolled = unroll(&src, MAX_TRIPS);
         // Only the loops over blocks (`nb`) and stored tokens (`ntb`) are left.
         assert_eq!(unrolled.matches("for (").count(), 2, "{unrolled}");
         assert!(src.matches("for (").count() > 8);

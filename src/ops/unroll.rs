@@ -163,7 +163,7 @@ fn is_ident(s: &str) -> bool {
 fn eval(expr: &str, consts: &HashMap<String, u64>) -> Option<u64> {
     let tokens = tokenize(expr)?;
     let mut pos = 0;
-    let v = sum(&tokens, &mut pos, consts)?;
+    let v = chain(&tokens, &mut pos, consts, 0)?;
     (pos == tokens.len()).then_some(v)
 }
 
@@ -190,31 +190,26 @@ fn tokenize(expr: &str) -> Option<Vec<String>> {
     Some(out)
 }
 
-fn sum(t: &[String], pos: &mut usize, consts: &HashMap<String, u64>) -> Option<u64> {
-    let mut v = product(t, pos, consts)?;
-    while let Some(op) = t.get(*pos).filter(|o| *o == "+" || *o == "-") {
-        let add = op == "+";
-        *pos += 1;
-        let r = product(t, pos, consts)?;
-        v = if add {
-            v.checked_add(r)?
+/// A chain of the binary operators of one precedence level: `+ -` (`level` 0) over
+/// chains of `* /` (level 1) over atoms.
+fn chain(t: &[String], pos: &mut usize, consts: &HashMap<String, u64>, level: u8) -> Option<u64> {
+    let operand = |pos: &mut usize| {
+        if level == 0 {
+            chain(t, pos, consts, 1)
         } else {
-            v.checked_sub(r)?
-        };
-    }
-    Some(v)
-}
-
-fn product(t: &[String], pos: &mut usize, consts: &HashMap<String, u64>) -> Option<u64> {
-    let mut v = atom(t, pos, consts)?;
-    while let Some(op) = t.get(*pos).filter(|o| *o == "*" || *o == "/") {
-        let mul = op == "*";
+            atom(t, pos, consts)
+        }
+    };
+    let ops: [&str; 2] = if level == 0 { ["+", "-"] } else { ["*", "/"] };
+    let mut v = operand(pos)?;
+    while let Some(op) = t.get(*pos).filter(|o| ops.contains(&o.as_str())) {
         *pos += 1;
-        let r = atom(t, pos, consts)?;
-        v = if mul {
-            v.checked_mul(r)?
-        } else {
-            v.checked_div(r)?
+        let r = operand(pos)?;
+        v = match op.as_str() {
+            "+" => v.checked_add(r)?,
+            "-" => v.checked_sub(r)?,
+            "*" => v.checked_mul(r)?,
+            _ => v.checked_div(r)?,
         };
     }
     Some(v)
@@ -224,7 +219,7 @@ fn atom(t: &[String], pos: &mut usize, consts: &HashMap<String, u64>) -> Option<
     let tok = t.get(*pos)?;
     *pos += 1;
     if tok == "(" {
-        let v = sum(t, pos, consts)?;
+        let v = chain(t, pos, consts, 0)?;
         (t.get(*pos)? == ")").then_some(())?;
         *pos += 1;
         return Some(v);
