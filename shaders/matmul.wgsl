@@ -7,10 +7,12 @@
 // buffer, as words): lavapipe (Mesa's llvmpipe) runs every storage load as a loop over
 // the SIMD lanes, so the number of loads, not their width, is what a row costs there
 // (Q8_0: 3 loads a block instead of 9; Gemma-3's Q8_0 matmuls took 37 ms a token, not 59).
-// XLOAD reads x's block at `xo` into `xv`: eight vec4 loads per invocation, or, for
-// batches where the adapter has subgroups (of 8 or more), one per lane, shared with
-// subgroupBroadcast: all lanes read the same block, and those loads are per-lane loops
-// too (Gemma-3 pp128 on lavapipe: 145 t/s against 91). EXIT stops invocations past the
+// XLOAD reads x's block at `xo` (in vec4s) into `xv`: as one 128-byte `XBlock` per
+// invocation (x's element type X_ELEM), so a bounds-checked backend (a browser's WebGPU)
+// clamps one index instead of eight; or, for batches where the adapter has subgroups (of 8
+// or more), one vec4 per lane, shared with subgroupBroadcast: all lanes read the same
+// block, and those loads are per-lane loops too (Gemma-3 pp128 on lavapipe: 145 t/s
+// against 91). EXIT stops invocations past the
 // last row, except where the lanes share x's loads and so must all take part.
 // STORE writes the accumulators: plainly, or through the fused GLU epilogue, where the
 // weight's rows are interleaved (gate, up) pairs and act(gate) * up is written (R even).
@@ -19,10 +21,15 @@ const TB: u32 = {{TB}}u;
 const R: u32 = {{R}}u;
 const WB_SLOTS: u32 = R;
 
+// One GPU block (32 values) of x.
+struct XBlock {
+    v: array<vec4<f32>, 8>,
+}
+
 // `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> x: array<{{X_ELEM}}>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 // The weight buffer again, as words, for the block heads (bound only for types with heads:
 // an unused binding would not be in the pipeline's layout).

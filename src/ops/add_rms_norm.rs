@@ -1,7 +1,8 @@
 //! Residual add fused with RMS norm: sum = a + b, dst = rms_norm(sum) * w, one dispatch.
 
+use super::rms_norm::record_norm;
 use super::uniforms::NormUniform;
-use super::{record, split_groups, Dispatch, KernelKey, View};
+use super::{Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
 /// a, b, sum and dst are [n, n_rows]; w has n elements.
@@ -17,20 +18,17 @@ pub fn add_rms_norm(
     n_rows: u32,
     eps: f32,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline(KernelKey::AddRmsNorm)?;
     let params = NormUniform {
         n,
         eps,
-        ..Default::default()
+        w_rows: 0,
+        n_rows,
     };
-    let (gx, gy) = split_groups(n_rows);
-    record(
+    record_norm(
         gpu,
-        "add_rms_norm",
-        pipeline,
-        bytemuck::bytes_of(&params),
+        |rows| KernelKey::AddRmsNorm { rows },
+        &params,
         &[a, b, w, sum, dst],
-        [gx, gy, 1],
     )
 }
 

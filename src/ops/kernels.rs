@@ -56,8 +56,15 @@ pub const SSM_DS: &[u32] = &[16, 32, 64, 128, 256];
 /// A kernel variant: the shader and every constant baked into its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelKey {
-    RmsNorm,
-    AddRmsNorm,
+    /// RMS norm: a workgroup per row (GPU-shaped), or with `rows` one invocation per row
+    /// (CPU-shaped: no barriers).
+    RmsNorm {
+        rows: bool,
+    },
+    /// Residual add and RMS norm, shaped as [`KernelKey::RmsNorm`].
+    AddRmsNorm {
+        rows: bool,
+    },
     Binary(BinaryOp),
     Glu(Activation),
     /// RoPE on f32 activations, or in place on an f16 K cache (the K-shift).
@@ -65,11 +72,13 @@ pub enum KernelKey {
         f16: bool,
     },
     /// A Q/K/V projection's heads to a rotated Q and the K and V caches of types `k` and
-    /// `v`, with per-head RMS norms of Q and K when `norm`.
+    /// `v`, with per-head RMS norms of Q and K when `norm`: a workgroup per head, or with
+    /// `rows` (plain caches, no rotation) one invocation per head (CPU-shaped: no barriers).
     RopeStore {
         k: KvType,
         v: KvType,
         norm: bool,
+        rows: bool,
     },
     /// Copy of f32 rows into cache rows of type `ty` (quantizing a block at a time for
     /// the packed types).
@@ -221,14 +230,9 @@ impl KernelKey {
     /// `Gpu::pipeline` accepts.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey::*;
-        let mut v = vec![
-            RmsNorm,
-            AddRmsNorm,
-            AttnKqvSum,
-            AttnKqvJoin,
-            Hadamard,
-            SsmConv,
-        ];
+        let mut v = vec![AttnKqvSum, AttnKqvJoin, Hadamard, SsmConv];
+        v.extend([false, true].map(|rows| RmsNorm { rows }));
+        v.extend([false, true].map(|rows| AddRmsNorm { rows }));
         v.extend([false, true].map(|wg| SampleTopk { wg }));
         v.extend([false, true].map(|wg| SampleChain { wg }));
         for &ds in SSM_DS {
@@ -254,7 +258,20 @@ impl KernelKey {
             // K and V types combine freely, as llama.cpp's -ctk and -ctv.
             for vt in KvType::ALL {
                 for norm in [false, true] {
-                    v.push(RopeStore { k, v: vt, norm });
+                    v.push(RopeStore {
+                        k,
+                        v: vt,
+                        norm,
+                        rows: false,
+                    });
+                    if !k.is_packed() && !vt.is_packed() {
+                        v.push(RopeStore {
+                            k,
+                            v: vt,
+                            norm,
+                            rows: true,
+                        });
+                    }
                 }
                 for split in [false, true] {
                     v.push(AttnFlash { k, v: vt, split });
@@ -369,8 +386,8 @@ impl KernelKey {
             | Glu(_)
             | MatmulWg { .. }
             | MatmulTile { .. }
-            | RmsNorm
-            | AddRmsNorm
+            | RmsNorm { rows: false }
+            | AddRmsNorm { rows: false }
             | AttnKqTile { .. }
             | AttnKqvTile { .. }
             | SsmScan { wg: true, .. }
@@ -378,7 +395,9 @@ impl KernelKey {
             | SampleChain { wg: true } => 256,
             SampleTopk { wg: false } | SampleChain { wg: false } => 1,
             Softmax { wg } => wg,
-            Rope { .. }
+            RmsNorm { rows: true }
+            | AddRmsNorm { rows: true }
+            | Rope { .. }
             | RopeStore { .. }
             | SetRows { .. }
             | KvRead { .. }
@@ -420,7 +439,7 @@ impl KernelKey {
     pub fn uniform_wgsl(&self) -> &'static str {
         use KernelKey::*;
         match self {
-            RmsNorm | AddRmsNorm => NormUniform::WGSL,
+            RmsNorm { .. } | AddRmsNorm { .. } => NormUniform::WGSL,
             Binary(_) => BinaryUniform::WGSL,
             Glu(_) => GluUniform::WGSL,
             Rope { .. } => RopeUniform::WGSL,
@@ -448,8 +467,8 @@ impl KernelKey {
             shaders::quant_snippet(ty).ok_or_else(|| format!("no GPU kernels for weight type {ty}"))
         };
         let body = match *self {
-            RmsNorm => compose(&[shaders::RMS_NORM, shaders::NORM_SUM], &[]),
-            AddRmsNorm => compose(&[shaders::ADD_RMS_NORM, shaders::NORM_SUM], &[]),
+            RmsNorm { rows } => shaders::norm_source(shaders::RMS_NORM, rows),
+            AddRmsNorm { rows } => shaders::norm_source(shaders::ADD_RMS_NORM, rows),
             Binary(op) => compose(&[shaders::BINARY], &[("OP", op.expr().to_string())]),
             Glu(act) => compose(
                 &[shaders::ACT, shaders::GLU],
@@ -458,7 +477,7 @@ impl KernelKey {
             Rope { f16 } => compose(&[shaders::ROPE], &[("KV_T", kv_type(f16))]),
             SetRows { ty } => shaders::set_rows_source(ty),
             KvRead { ty } => shaders::kv_reading(shaders::KV_READ, Some(ty), None, &[]),
-            RopeStore { k, v, norm } => shaders::rope_store_source(k, v, norm),
+            RopeStore { k, v, norm, rows } => shaders::rope_store_source(k, v, norm, rows),
             Hadamard => shaders::HADAMARD.to_string(),
             Softmax { wg } => compose(
                 &[shaders::SOFTMAX_COMMON, shaders::SOFTMAX],
@@ -587,16 +606,18 @@ impl fmt::Display for KernelKey {
         use KernelKey::*;
         let kv = |f16: bool| if f16 { "f16" } else { "f32" };
         match *self {
-            RmsNorm => write!(f, "rms_norm"),
-            AddRmsNorm => write!(f, "add_rms_norm"),
+            RmsNorm { rows } => write!(f, "rms_norm{}", if rows { "_rows" } else { "" }),
+            AddRmsNorm { rows } => write!(f, "add_rms_norm{}", if rows { "_rows" } else { "" }),
             Binary(op) => write!(f, "binary_{op:?}"),
             Glu(act) => write!(f, "glu_{act:?}"),
             Rope { f16 } => write!(f, "rope_{}", kv(f16)),
             SetRows { ty } => write!(f, "set_rows_{ty}"),
             KvRead { ty } => write!(f, "kv_read_{ty}"),
             Hadamard => write!(f, "hadamard"),
-            RopeStore { k, v, norm } => {
-                write!(f, "rope_store_{k}_{v}{}", if norm { "_norm" } else { "" })
+            RopeStore { k, v, norm, rows } => {
+                let norm = if norm { "_norm" } else { "" };
+                let rows = if rows { "_rows" } else { "" };
+                write!(f, "rope_store_{k}_{v}{norm}{rows}")
             }
             Softmax { wg } => write!(f, "softmax_{wg}"),
             AttnKq { k, tb } => write!(f, "attn_kq_{k}_tb{tb}"),
@@ -783,10 +804,10 @@ mod tests {
                 * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
         assert_eq!(per_type, 64 + 2 * (27 + 20));
-        // Norms, the two joins, hadamard, binary ops, GLUs, softmaxes, rope in f32 and f16.
-        // The recurrent layers' convolution and both shapes of the scan per state size.
-        // Both shapes of sampling's two passes.
-        let shared = 2
+        // Both shapes of the two norms, the two joins, hadamard, binary ops, GLUs,
+        // softmaxes, rope in f32 and f16. The recurrent layers' convolution and both
+        // shapes of the scan per state size. Both shapes of sampling's two passes.
+        let shared = 2 * 2
             + 2
             + 1
             + BinaryOp::ALL.len()
@@ -802,7 +823,10 @@ mod tests {
         let n_kv = KvType::ALL.len();
         let per_pair = 4 + FLASH_ROWS_D4.len() * FLASH_ROWS_TB.len();
         let kv = n_kv * (2 + 2 * ATTN_TB.len() + splits + tiles + per_pair * n_kv);
-        assert_eq!(all.len(), shared + kv + types.len() * per_type);
+        // Plain (K, V) pairs also have the one-invocation-per-head rope_stores.
+        let plain = KvType::ALL.iter().filter(|t| !t.is_packed()).count();
+        let rows = 2 * plain * plain;
+        assert_eq!(all.len(), shared + kv + rows + types.len() * per_type);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.
         for ty in [

@@ -2,7 +2,7 @@
 
 use super::uniforms::NormUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, KernelShape};
 
 /// x and dst are [n, n_rows]; w has n elements.
 pub fn rms_norm(
@@ -27,20 +27,48 @@ pub fn rms_norm_rows(
     [n, n_rows, w_rows]: [u32; 3],
     eps: f32,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline(KernelKey::RmsNorm)?;
     let params = NormUniform {
         n,
         eps,
         w_rows,
-        ..Default::default()
+        n_rows,
     };
-    let (gx, gy) = split_groups(n_rows);
+    record_norm(
+        gpu,
+        |rows| KernelKey::RmsNorm { rows },
+        &params,
+        &[x, w, dst],
+    )
+}
+
+/// Records a norm kernel (`key` of its shape) over `params.n_rows` rows: a workgroup per
+/// row for GPU-shaped kernels, else 64 rows per workgroup, one per invocation.
+pub(super) fn record_norm(
+    gpu: &Gpu,
+    key: impl Fn(bool) -> KernelKey,
+    params: &NormUniform,
+    views: &[&View],
+) -> Result<Dispatch, GpuError> {
+    let rows = gpu.kernels != KernelShape::Gpu;
+    let key = key(rows);
+    let pipeline = gpu.pipeline(key)?;
+    let groups = if rows {
+        params.n_rows.div_ceil(64)
+    } else {
+        params.n_rows
+    };
+    let (gx, gy) = split_groups(groups);
+    let label = if matches!(key, KernelKey::AddRmsNorm { .. }) {
+        "add_rms_norm"
+    } else {
+        "rms_norm"
+    };
     record(
         gpu,
-        "rms_norm",
+        label,
         pipeline,
-        bytemuck::bytes_of(&params),
-        &[x, w, dst],
+        bytemuck::bytes_of(params),
+        views,
         [gx, gy, 1],
     )
 }

@@ -11,7 +11,7 @@ use super::rope::{rope_ref, RopeParams};
 use super::set_rows::set_rows_ref;
 use super::uniforms::RopeStoreUniform;
 use super::{record, Dispatch, KernelKey, View, MAX_GROUPS};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, KernelShape};
 use crate::kv::KvType;
 
 /// The heads of one projection row and where its K/V go.
@@ -84,11 +84,20 @@ pub fn rope_store(
         ty.check_shape(rp.head_dim, n_embd)
             .map_err(|e| GpuError::Validation(format!("rope_store: {e}")))?;
     }
+    // CPU-like adapters take the barrier-free kernel where it applies: an invocation per
+    // head slot, 64 slots a workgroup.
+    let rows = gpu.kernels != KernelShape::Gpu
+        && !s.k_type.is_packed()
+        && !s.v_type.is_packed()
+        && s.rot_k == 0
+        && s.rot_v == 0;
     let key = KernelKey::RopeStore {
         k: s.k_type,
         v: s.v_type,
         norm: io.norm.is_some(),
+        rows,
     };
+    let groups = if rows { slots.div_ceil(64) } else { slots };
     let params = RopeStoreUniform {
         head_dim: rp.head_dim,
         n_head: s.n_head,
@@ -109,7 +118,7 @@ pub fn rope_store(
         gpu.pipeline(key)?,
         bytemuck::bytes_of(&params),
         &views,
-        [slots, s.n_tok, 1],
+        [groups, s.n_tok, 1],
     )
 }
 

@@ -10,13 +10,16 @@ pub const MATMUL_WG: &str = include_str!("../../shaders/matmul_wg.wgsl");
 pub const MATMUL_TILE: &str = include_str!("../../shaders/matmul_tile.wgsl");
 pub const RMS_NORM: &str = include_str!("../../shaders/rms_norm.wgsl");
 pub const ADD_RMS_NORM: &str = include_str!("../../shaders/add_rms_norm.wgsl");
-pub const NORM_SUM: &str = include_str!("../../shaders/norm_sum.wgsl");
+pub const NORM_WG: &str = include_str!("../../shaders/norm_wg.wgsl");
+pub const NORM_ROWS: &str = include_str!("../../shaders/norm_rows.wgsl");
 pub const BINARY: &str = include_str!("../../shaders/binary.wgsl");
 pub const GLU: &str = include_str!("../../shaders/glu.wgsl");
 pub const ACT: &str = include_str!("../../shaders/act.wgsl");
 pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
 pub const SET_ROWS: &str = include_str!("../../shaders/set_rows.wgsl");
 pub const ROPE_STORE: &str = include_str!("../../shaders/rope_store.wgsl");
+pub const ROPE_STORE_WG: &str = include_str!("../../shaders/rope_store_wg.wgsl");
+pub const ROPE_STORE_ROWS: &str = include_str!("../../shaders/rope_store_rows.wgsl");
 pub const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
 pub const SOFTMAX_COMMON: &str = include_str!("../../shaders/softmax_common.wgsl");
 pub const ATTN_KQ: &str = include_str!("../../shaders/attn_kq.wgsl");
@@ -196,13 +199,16 @@ pub fn fingerprint() -> u64 {
         MATMUL_TILE,
         RMS_NORM,
         ADD_RMS_NORM,
-        NORM_SUM,
+        NORM_WG,
+        NORM_ROWS,
         BINARY,
         GLU,
         ACT,
         ROPE,
         SET_ROWS,
         ROPE_STORE,
+        ROPE_STORE_WG,
+        ROPE_STORE_ROWS,
         SOFTMAX,
         SOFTMAX_COMMON,
         ATTN_KQ,
@@ -261,6 +267,12 @@ pub fn quant_snippet(ty: GgmlType) -> Option<String> {
     crate::gguf::quant::format(ty).map(|f| format!("{QUANT_COMMON}\n{}", f.wgsl()))
 }
 
+/// An RMS norm kernel: `io` (rms_norm.wgsl or add_rms_norm.wgsl: the bindings and how a
+/// row is read) with a workgroup per row, or with `rows` one invocation per row.
+pub fn norm_source(io: &str, rows: bool) -> String {
+    compose(&[io, if rows { NORM_ROWS } else { NORM_WG }], &[])
+}
+
 /// Joins `parts` and replaces each `{{KEY}}` with its value.
 pub fn compose(parts: &[&str], subs: &[(&str, String)]) -> String {
     let mut s = parts.join("\n");
@@ -296,16 +308,20 @@ pub fn matmul_source(
     } else {
         "    if (row0 >= p.n_rows) {\n        return;\n    }"
     };
-    let (sg_args, xload) = if subgroups {
+    let (sg_args, x_elem, xload) = if subgroups {
         let mut load = "                let mine = x[xo + (sg_lane & 7u)];\n".to_string();
         for i in 0..8 {
             load += &format!("                xv[{i}] = subgroupBroadcast(mine, {i}u);\n");
         }
         // naga 30 enables subgroup builtins with the device feature, not `enable`.
-        (", @builtin(subgroup_invocation_id) sg_lane: u32", load)
+        (
+            ", @builtin(subgroup_invocation_id) sg_lane: u32",
+            "vec4<f32>",
+            load,
+        )
     } else {
-        let load = "                for (var i = 0u; i < 8u; i++) { xv[i] = x[xo + i]; }";
-        ("", load.to_string())
+        let load = "                let xp = &x[xo >> 3u];\n                for (var i = 0u; i < 8u; i++) { xv[i] = (*xp).v[i]; }";
+        ("", "XBlock", load.to_string())
     };
     let store = match glu {
         None => "\
@@ -341,6 +357,7 @@ pub fn matmul_source(
             ("R", rows.to_string()),
             ("SG_ARGS", sg_args.to_string()),
             ("EXIT", exit.to_string()),
+            ("X_ELEM", x_elem.to_string()),
             ("XLOAD", xload),
             ("STORE", store),
         ],
@@ -552,7 +569,7 @@ pub fn attn_flash_source(k: KvType, v: KvType, split: bool) -> String {
 
 /// rope_store into K and V caches of types `k` and `v`, with the per-head norm weights
 /// bound when `norm`.
-pub fn rope_store_source(k: KvType, v: KvType, norm: bool) -> String {
+pub fn rope_store_source(k: KvType, v: KvType, norm: bool, rows: bool) -> String {
     let bindings = if norm {
         "@group(0) @binding(7) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> k_norm: array<f32>;
@@ -563,7 +580,11 @@ fn norm_weight(e: u32, is_q: bool) -> f32 { return select(k_norm[e], q_norm[e], 
     let (k_elem, k_fns) = kv_store("k", "k_cache", k);
     let (v_elem, v_fns) = kv_store("v", "v_cache", v);
     compose(
-        &[kv_common(&[k, v]), ROPE_STORE],
+        &[
+            kv_common(&[k, v]),
+            ROPE_STORE,
+            if rows { ROPE_STORE_ROWS } else { ROPE_STORE_WG },
+        ],
         &[
             ("K_ELEM", k_elem),
             ("V_ELEM", v_elem),

@@ -44,7 +44,8 @@ uniform_struct! {
         /// Rows of the weight, row r of x taking weight row r % w_rows (0 or 1: one row;
         /// Mamba-2's grouped norm has one per group).
         w_rows: u32,
-        _pad1: u32,
+        /// Rows of x (read by the one-invocation-per-row shape, norm_rows.wgsl).
+        n_rows: u32,
     }
 }
 
@@ -314,7 +315,7 @@ mod tests {
     fn wgsl_struct_matches_rust_fields() {
         assert_eq!(
             NormUniform::WGSL,
-            "struct Params {\n    n: u32,\n    eps: f32,\n    w_rows: u32,\n    _pad1: u32,\n}\n"
+            "struct Params {\n    n: u32,\n    eps: f32,\n    w_rows: u32,\n    n_rows: u32,\n}\n"
         );
         assert_eq!(std::mem::size_of::<SoftmaxUniform>(), 32);
         assert_eq!(std::mem::size_of::<MatmulUniform>(), 32);
