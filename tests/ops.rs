@@ -330,10 +330,29 @@ fn norm_shape(rng: &mut Rng, i: usize) -> (usize, usize) {
     }
 }
 
+/// CPU-shaped kernels with their loops written out, as SwiftShader gets them: the norms
+/// take one invocation per row there.
+fn unrolled_cpu_gpu() -> &'static std::sync::Arc<Gpu> {
+    static GPU: std::sync::OnceLock<std::sync::Arc<Gpu>> = std::sync::OnceLock::new();
+    GPU.get_or_init(|| {
+        Gpu::new(&GpuOptions {
+            backend: Backend::Vulkan,
+            kernels: KernelShape::Cpu,
+            tuning: KernelTuning {
+                unroll: Some(true),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .unwrap()
+    })
+}
+
 #[test]
 fn add_rms_norm_matches_reference() {
     let mut rng = Rng(23);
-    for (name, gpu, _serial) in gpus() {
+    let extra = [("vulkan-unrolled", unrolled_cpu_gpu(), None)];
+    for (name, gpu, _serial) in gpus().chain(extra) {
         for i in 0..4 {
             let (n, rows) = norm_shape(&mut rng, i);
             let a = rng.vec(n * rows);
@@ -374,7 +393,8 @@ fn add_rms_norm_matches_reference() {
 #[test]
 fn rms_norm_matches_reference() {
     let mut rng = Rng(4);
-    for (name, gpu, _serial) in gpus() {
+    let extra = [("vulkan-unrolled", unrolled_cpu_gpu(), None)];
+    for (name, gpu, _serial) in gpus().chain(extra) {
         for i in 0..4 {
             let (n, rows) = norm_shape(&mut rng, i);
             let x = rng.vec(n * rows);

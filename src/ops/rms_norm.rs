@@ -42,14 +42,18 @@ pub fn rms_norm_rows(
 }
 
 /// Records a norm kernel (`key` of its shape) over `params.n_rows` rows: a workgroup per
-/// row for GPU-shaped kernels, else 64 rows per workgroup, one per invocation.
+/// row, or where the kernels are CPU-shaped and written out (SwiftShader, which runs a
+/// kernel with a barrier as coroutines) 64 rows per workgroup, one per invocation.
+/// lavapipe keeps the workgroup tree: the row's running sum rounds differently, and a
+/// q4_0 cache's perplexity, where a code flips on the least rounding, moved 4-7 % off
+/// llama.cpp's with it (tests/kv_types_cli.rs).
 pub(super) fn record_norm(
     gpu: &Gpu,
     key: impl Fn(bool) -> KernelKey,
     params: &NormUniform,
     views: &[&View],
 ) -> Result<Dispatch, GpuError> {
-    let rows = gpu.kernels != KernelShape::Gpu;
+    let rows = gpu.kernels != KernelShape::Gpu && gpu.unroll;
     let key = key(rows);
     let pipeline = gpu.pipeline(key)?;
     let groups = if rows {
