@@ -7,11 +7,16 @@
 // needs no dispatch of its own, and a decoded token over a deep cache spreads over the
 // whole device. Inside a workgroup, LANES invocations cover a value row (vec4 each, NV
 // per invocation, consecutive lanes reading consecutive words) and GROUPS = 64 / LANES of
-// them take interleaved cells of the chunk. softmax_common.wgsl is prepended.
+// them take interleaved cells of the chunk, U cells at a time: a step issues the U cells'
+// score, mask and value loads before it uses any, since a loop that loads a score, then
+// branches on it, then loads the value row pays two memory round trips per cell (a
+// decoded token's workgroups are few, so its time is that latency).
+// softmax_common.wgsl is prepended.
 
 const LANES: u32 = {{LANES}}u;
 const NV: u32 = {{NV}}u;
 const GROUPS: u32 = 64u / LANES;
+const U: u32 = max(8u / NV, 1u);
 
 // `Params` is `AttnSplitUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
@@ -69,21 +74,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
 
     // exp(score - m)-weighted values, and their weights' sum (every lane of a group
-    // adds the same weights; lane 0's count).
+    // adds the same weights; lane 0's count). Cells past the chunk and masked cells
+    // weigh exactly 0 (their clamped loads are discarded, whatever they hold).
     var acc: array<vec4<f32>, NV>;
     var l = 0.0;
-    for (var c = c0 + grp; c < c1; c += GROUPS) {
-        let sc = score(sbase, mbase, c, slope);
-        // Masked cells weigh exactly 0: skip their loads.
-        if (sc > MASKED) {
-            let w = exp(sc - mx);
-            l += w;
+    let last = c1 - 1u;
+    for (var cb = c0 + grp; cb < c1; cb += GROUPS * U) {
+        var sc: array<f32, U>;
+        var vv: array<vec4<f32>, U * NV>;
+        for (var u = 0u; u < U; u++) {
+            let c = min(cb + u * GROUPS, last);
+            sc[u] = select(MASKED, score(sbase, mbase, c, slope), cb + u * GROUPS < c1);
             let vo = (c * p.n_head_kv + hk) * d4;
             for (var i = 0u; i < NV; i++) {
-                let d = lane + i * LANES;
-                if (d < d4) {
-                    acc[i] += w * v_load4(vo + d);
-                }
+                vv[u * NV + i] = v_load4(vo + min(lane + i * LANES, d4 - 1u));
+            }
+        }
+        for (var u = 0u; u < U; u++) {
+            let live = sc[u] > MASKED;
+            let w = select(0.0, exp(sc[u] - mx), live);
+            l += w;
+            for (var i = 0u; i < NV; i++) {
+                acc[i] += select(vec4<f32>(0.0), w * vv[u * NV + i], live);
             }
         }
     }

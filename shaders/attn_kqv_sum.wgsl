@@ -4,6 +4,9 @@
 // i over [head_dim / 4, n_head, n_tok] vec4s; rows with every cell masked give 0, as
 // the softmax does.
 
+// Chunks whose loads one step issues together.
+const U: u32 = 8u;
+
 // `Params` is `AttnSumUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
@@ -18,20 +21,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (i >= p.n) {
         return;
     }
-    // The (token, head) row of vec4 i; stats has one entry per row and chunk.
+    // The (token, head) row of vec4 i; stats has one entry per row and chunk. One pass
+    // with a running maximum (the sums rescaled when it grows), U chunks a step with
+    // their loads issued together: a decoded token's join is a few hundred
+    // invocations, so its time is the number of dependent memory round trips.
     let row = i / p.d4;
     let rows = p.n / p.d4;
+    let last = p.n_split - 1u;
     var mx = -1e30;
-    for (var k = 0u; k < p.n_split; k++) {
-        mx = max(mx, stats[k * rows + row].x);
-    }
     var s = vec4<f32>(0.0);
     var l = 0.0;
-    for (var k = 0u; k < p.n_split; k++) {
-        let st = stats[k * rows + row];
-        let f = exp(st.x - mx);
-        s += f * part[k * p.n + i];
-        l += f * st.y;
+    for (var k0 = 0u; k0 < p.n_split; k0 += U) {
+        var st: array<vec2<f32>, U>;
+        var pt: array<vec4<f32>, U>;
+        for (var u = 0u; u < U; u++) {
+            let k = min(k0 + u, last);
+            st[u] = stats[k * rows + row];
+            pt[u] = part[k * p.n + i];
+        }
+        for (var u = 0u; u < U; u++) {
+            if (k0 + u < p.n_split) {
+                let m = max(mx, st[u].x);
+                let old = exp(mx - m);
+                let f = exp(st[u].x - m);
+                s = s * old + f * pt[u];
+                l = l * old + f * st[u].y;
+                mx = m;
+            }
+        }
     }
     dst[i] = select(vec4<f32>(0.0), s / l, l > 0.0);
 }

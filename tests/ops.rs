@@ -1024,6 +1024,27 @@ fn split_attention_chunks_grow_to_fit_the_partials() {
     check("split attention with grown chunks", &want, &got, 1e-10);
 }
 
+/// A decoded token over a deep cache on GPU-shaped kernels: more chunks than the join
+/// takes a step at a time (8) with a partial last one, and chunks of more cells than a
+/// step of the split kernel covers; heads of 32 (two groups of lanes) and 20 vec4s (two
+/// vec4s per lane), f16 and f32 caches, with and without ALiBi.
+#[test]
+fn split_attention_over_many_chunks() {
+    let gpu = small_binding_gpu_with(128 << 20, KernelShape::Gpu);
+    let mut rng = Rng(47);
+    for (head_dim, n_head, n_head_kv) in [(128u32, 4u32, 2u32), (80, 2, 1)] {
+        for kv_f16 in kv_types(&gpu) {
+            for n_tok in [1u32, 3] {
+                let (mut s, sp) =
+                    random_attention(&mut rng, (head_dim, n_head, n_head_kv), kv_f16, n_tok);
+                s.n_kv = 1100 + rng.below(1000);
+                let (_, want, got) = attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize);
+                check(&format!("split attention {s:?}"), &want, &got, 1e-10);
+            }
+        }
+    }
+}
+
 /// The tuning overrides reach the kernels, and the variants they pick (other matmul tiles
 /// and row counts, other attention tokens per invocation, no split) match the reference.
 #[test]
@@ -1065,11 +1086,13 @@ fn tuned_kernels_match_reference() {
                 ..Default::default()
             },
         ),
+        // One invocation per cell for the scores (attn_kq.wgsl, not the lanes kernel).
         (
             KernelShape::Gpu,
             KernelTuning {
                 gpu_vec_rows: Some(1),
                 attn_tb: Some(1),
+                attn_kq_lanes: Some(false),
                 ..Default::default()
             },
         ),

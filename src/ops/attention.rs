@@ -9,7 +9,8 @@
 
 use super::hadamard::{hadamard, hadamard_ref};
 use super::kernels::{
-    split_shape, FLASH_ROWS_D4, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM, MAX_TILE_HEAD_DIM,
+    kq_lanes_nk, split_shape, FLASH_ROWS_D4, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM,
+    MAX_TILE_HEAD_DIM,
 };
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
 use super::uniforms::{AttnSplitUniform, AttnSumUniform, AttnUniform};
@@ -651,15 +652,15 @@ pub fn attention(
             out.extend(tiled(gpu, &pass, sp, split, io, &scores, partials, &dst)?);
             continue;
         }
-        let kq = gpu.pipeline(KernelKey::AttnKq { k: s.k_type, tb })?;
+        let (kq, cells) = score_kernel(gpu, s, tb);
         let kqv = gpu.pipeline(KernelKey::AttnKqv { v: s.v_type, tb })?;
         out.push(record(
             gpu,
             "attn_kq",
-            kq,
+            gpu.pipeline(kq)?,
             bytemuck::bytes_of(&params),
             &[&q, k, &scores, &mask],
-            [s.n_kv.div_ceil(64), n_tok.div_ceil(tb), s.n_head],
+            [s.n_kv.div_ceil(cells), n_tok.div_ceil(tb), s.n_head],
         )?);
         if let Some(split) = s.split(gpu) {
             // The softmax is inside the split kernel.
@@ -687,6 +688,28 @@ pub fn attention(
         out.push(hadamard(gpu, io.dst, s.rot_v, chunks)?);
     }
     Ok(out)
+}
+
+/// The attention score kernel and the cells each of its workgroups covers: on GPUs 8
+/// invocations per cell (`attn_kq_lanes.wgsl`), whose loads take whole key rows where one
+/// invocation per cell reads words a cache row apart; elsewhere, for heads past 256
+/// values, caches past 8 x 65535 cells, or with `WGLLM_ATTN_KQ_LANES=0`, one invocation
+/// per cell (`attn_kq.wgsl`).
+fn score_kernel(gpu: &Gpu, s: &AttnShape, tb: u32) -> (KernelKey, u32) {
+    let lanes = gpu.kernels == KernelShape::Gpu
+        && gpu.tuning.attn_kq_lanes != Some(false)
+        && s.n_kv.div_ceil(8) <= 65535;
+    match kq_lanes_nk(s.head_dim / 4).filter(|_| lanes) {
+        Some(nk) => (
+            KernelKey::AttnKqLanes {
+                k: s.k_type,
+                tb,
+                nk,
+            },
+            8,
+        ),
+        None => (KernelKey::AttnKq { k: s.k_type, tb }, 64),
+    }
 }
 
 /// CPU reference with the same layouts (k and v as f32 values).

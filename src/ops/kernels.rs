@@ -29,6 +29,9 @@ pub const GPU_VEC_TOKENS: &[u32] = &[1, 4];
 pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64), (128, 128)];
 /// Tokens per invocation of the attention score and output kernels.
 pub const ATTN_TB: &[u32] = &[1, 2, 4, 8];
+/// Key vec4s per invocation of the GPU score kernel (`attn_kq_lanes.wgsl`, 8 invocations
+/// per cell): heads of up to 256 values; larger ones take `attn_kq.wgsl`.
+pub const KQ_LANES_NK: &[u32] = &[1, 2, 4, 8];
 /// Invocations per row of the softmax: 64 for CPU-like adapters, 256 for GPUs.
 pub const SOFTMAX_WG: &[u32] = &[64, 256];
 /// Largest head size the split attention output kernel has a variant for.
@@ -100,6 +103,13 @@ pub enum KernelKey {
     AttnKq {
         k: KvType,
         tb: u32,
+    },
+    /// Attention scores on GPUs over a K cache of type `k`, `tb` tokens per invocation,
+    /// 8 invocations per cell reading `nk` vec4s of its key each (see [`kq_lanes_nk`]).
+    AttnKqLanes {
+        k: KvType,
+        tb: u32,
+        nk: u32,
     },
     /// One-pass attention output over a V cache of type `v`, `tb` tokens per invocation.
     AttnKqv {
@@ -204,6 +214,13 @@ pub fn split_shape(d4: u32) -> (u32, u32) {
     (lanes, d4.div_ceil(lanes))
 }
 
+/// Key vec4s per invocation of the GPU score kernel for heads of `d4` vec4s: the fewest
+/// of [`KQ_LANES_NK`] that 8 lanes cover the head with, None for heads past 256 values.
+pub fn kq_lanes_nk(d4: u32) -> Option<u32> {
+    let nk = d4.div_ceil(8).max(1).next_power_of_two();
+    KQ_LANES_NK.contains(&nk).then_some(nk)
+}
+
 /// Every distinct [`split_shape`] for head sizes up to [`MAX_SPLIT_HEAD_DIM`].
 fn split_shapes() -> Vec<(u32, u32)> {
     let mut out: Vec<(u32, u32)> = Vec::new();
@@ -249,6 +266,7 @@ impl KernelKey {
             for &tb in ATTN_TB {
                 v.push(AttnKq { k, tb });
                 v.push(AttnKqv { v: kv, tb });
+                v.extend(KQ_LANES_NK.iter().map(|&nk| AttnKqLanes { k, tb, nk }));
             }
             for (lanes, nv) in split_shapes() {
                 v.push(AttnKqvSplit { v: kv, lanes, nv });
@@ -340,6 +358,7 @@ impl KernelKey {
             SetRows { ty: t }
             | KvRead { ty: t }
             | AttnKq { k: t, .. }
+            | AttnKqLanes { k: t, .. }
             | AttnKqv { v: t, .. }
             | AttnKqvSplit { v: t, .. }
             | AttnKqTile { k: t, .. }
@@ -403,6 +422,7 @@ impl KernelKey {
             | KvRead { .. }
             | Hadamard
             | AttnKq { .. }
+            | AttnKqLanes { .. }
             | AttnKqv { .. }
             | AttnKqvSplit { .. }
             | AttnFlash { .. }
@@ -446,7 +466,9 @@ impl KernelKey {
             SetRows { .. } | KvRead { .. } | Hadamard => SetRowsUniform::WGSL,
             RopeStore { .. } => RopeStoreUniform::WGSL,
             Softmax { .. } => SoftmaxUniform::WGSL,
-            AttnKq { .. } | AttnKqv { .. } | AttnKqTile { .. } => AttnUniform::WGSL,
+            AttnKq { .. } | AttnKqLanes { .. } | AttnKqv { .. } | AttnKqTile { .. } => {
+                AttnUniform::WGSL
+            }
             AttnKqvSplit { .. } | AttnFlash { .. } | AttnFlashRows { .. } | AttnKqvTile { .. } => {
                 AttnSplitUniform::WGSL
             }
@@ -486,6 +508,12 @@ impl KernelKey {
             AttnKq { k, tb } => {
                 shaders::kv_reading(shaders::ATTN_KQ, Some(k), None, &[("TB", tb.to_string())])
             }
+            AttnKqLanes { k, tb, nk } => shaders::kv_reading(
+                shaders::ATTN_KQ_LANES,
+                Some(k),
+                None,
+                &[("TB", tb.to_string()), ("NK", nk.to_string())],
+            ),
             AttnKqv { v, tb } => {
                 shaders::kv_reading(shaders::ATTN_KQV, None, Some(v), &[("TB", tb.to_string())])
             }
@@ -621,6 +649,7 @@ impl fmt::Display for KernelKey {
             }
             Softmax { wg } => write!(f, "softmax_{wg}"),
             AttnKq { k, tb } => write!(f, "attn_kq_{k}_tb{tb}"),
+            AttnKqLanes { k, tb, nk } => write!(f, "attn_kq_lanes_{k}_tb{tb}_nk{nk}"),
             AttnKqv { v, tb } => write!(f, "attn_kqv_{v}_tb{tb}"),
             AttnKqvSplit { v, lanes, nv } => write!(f, "attn_kqv_split_{v}_{lanes}x{nv}"),
             AttnKqvSum => write!(f, "attn_kqv_sum"),
@@ -822,7 +851,8 @@ mod tests {
         let tiles = ATTN_TILE_DK.len() + ATTN_TILE_NI.len();
         let n_kv = KvType::ALL.len();
         let per_pair = 4 + FLASH_ROWS_D4.len() * FLASH_ROWS_TB.len();
-        let kv = n_kv * (2 + 2 * ATTN_TB.len() + splits + tiles + per_pair * n_kv);
+        let kv =
+            n_kv * (2 + (2 + KQ_LANES_NK.len()) * ATTN_TB.len() + splits + tiles + per_pair * n_kv);
         // Plain (K, V) pairs also have the one-invocation-per-head rope_stores.
         let plain = KvType::ALL.iter().filter(|t| !t.is_packed()).count();
         let rows = 2 * plain * plain;

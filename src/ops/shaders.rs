@@ -23,6 +23,7 @@ pub const ROPE_STORE_ROWS: &str = include_str!("../../shaders/rope_store_rows.wg
 pub const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
 pub const SOFTMAX_COMMON: &str = include_str!("../../shaders/softmax_common.wgsl");
 pub const ATTN_KQ: &str = include_str!("../../shaders/attn_kq.wgsl");
+pub const ATTN_KQ_LANES: &str = include_str!("../../shaders/attn_kq_lanes.wgsl");
 pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
 pub const ATTN_KQV_SPLIT: &str = include_str!("../../shaders/attn_kqv_split.wgsl");
 pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
@@ -212,6 +213,7 @@ pub fn fingerprint() -> u64 {
         SOFTMAX,
         SOFTMAX_COMMON,
         ATTN_KQ,
+        ATTN_KQ_LANES,
         ATTN_KQV,
         ATTN_KQV_SPLIT,
         ATTN_KQV_SUM,

@@ -31,6 +31,9 @@ pub struct KernelTuning {
     /// `WGLLM_ATTN_FLASH=0|1`: GPU-shaped kernels take the flash attention kernel (for
     /// every batch, where the head fits it) or not (the default; see `ops::attention`).
     pub attn_flash: Option<bool>,
+    /// `WGLLM_ATTN_KQ_LANES=0|1`: GPU-shaped kernels compute attention scores with 8
+    /// invocations per cell (`attn_kq_lanes.wgsl`, the default) or one (`attn_kq.wgsl`).
+    pub attn_kq_lanes: Option<bool>,
     /// `WGLLM_UNROLL=0|1`: kernels' short constant-bounded loops written out before
     /// compiling (`ops::unroll`), or not; by default where the adapter's compiler keeps
     /// loops as written ([`crate::gpu::AdapterSummary::keeps_loops`]).
@@ -113,6 +116,7 @@ impl KernelTuning {
         let t = KernelTuning {
             matmul_tile: pair("WGLLM_MATMUL_TILE")?,
             attn_flash: switch("WGLLM_ATTN_FLASH")?,
+            attn_kq_lanes: switch("WGLLM_ATTN_KQ_LANES")?,
             unroll: switch("WGLLM_UNROLL")?,
             gpu_tile: pair("WGLLM_GPU_TILE")?,
             gpu_vec_rows: num("WGLLM_GPU_VEC")?,
@@ -139,6 +143,7 @@ impl KernelTuning {
             attn_split_max_tok: self.attn_split_max_tok.or(base.attn_split_max_tok),
             attn_tile_min: self.attn_tile_min.or(base.attn_tile_min),
             attn_flash: self.attn_flash.or(base.attn_flash),
+            attn_kq_lanes: self.attn_kq_lanes.or(base.attn_kq_lanes),
             unroll: self.unroll.or(base.unroll),
             cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),
             cpu_prompt_tile: self.cpu_prompt_tile.or(base.cpu_prompt_tile),
@@ -238,6 +243,7 @@ mod tests {
             ("WGLLM_ATTN_TB", "1"),
             ("WGLLM_ATTN_SPLIT", "8"),
             ("WGLLM_ATTN_FLASH", "1"),
+            ("WGLLM_ATTN_KQ_LANES", "0"),
             ("WGLLM_ATTN_TILE_MIN", "64"),
             ("WGLLM_UNROLL", "0"),
             ("WGLLM_PROFILE", "1"),
@@ -253,6 +259,7 @@ mod tests {
                 attn_tb: Some(1),
                 attn_split_max_tok: Some(8),
                 attn_flash: Some(true),
+                attn_kq_lanes: Some(false),
                 attn_tile_min: Some(64),
                 unroll: Some(false),
                 profile: true,
@@ -274,6 +281,7 @@ mod tests {
             ("WGLLM_ATTN_TB", "3"),
             ("WGLLM_ATTN_SPLIT", "-1"),
             ("WGLLM_ATTN_FLASH", "on"),
+            ("WGLLM_ATTN_KQ_LANES", "2"),
             ("WGLLM_ATTN_TILE_MIN", "0"),
             ("WGLLM_UNROLL", "yes"),
             ("WGLLM_PROFILE", "yes"),
