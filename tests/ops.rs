@@ -1083,6 +1083,7 @@ fn tuned_kernels_match_reference() {
                 tile_min: Some(16),
                 gpu_tile: Some((64, 64)),
                 attn_split_max_tok: Some(1),
+                attn_split_chunk: Some(48),
                 ..Default::default()
             },
         ),

@@ -126,16 +126,17 @@ impl AttnShape {
         {
             return None;
         }
-        // Chunks of SPLIT_CHUNK cells, or fewer, longer chunks where the partial sums of
-        // many tokens would not fit SPLIT_MAX_BYTES.
+        // Chunks of SPLIT_CHUNK cells (or `WGLLM_ATTN_CHUNK`), or fewer, longer chunks
+        // where the partial sums of many tokens would not fit SPLIT_MAX_BYTES.
+        let unit = gpu.tuning.attn_split_chunk.unwrap_or(SPLIT_CHUNK);
         let room = gpu.max_binding.min(SPLIT_MAX_BYTES);
         let per_split = self.partials_bytes(1) + self.stats_bytes(1);
         let max_splits = (room / per_split).min(u32::MAX as u64) as u32;
-        let target = self.n_kv.div_ceil(SPLIT_CHUNK).min(max_splits);
+        let target = self.n_kv.div_ceil(unit).min(max_splits);
         if target < 2 {
             return None;
         }
-        let chunk = self.n_kv.div_ceil(target).div_ceil(SPLIT_CHUNK) * SPLIT_CHUNK;
+        let chunk = self.n_kv.div_ceil(target).div_ceil(unit) * unit;
         let n_split = self.n_kv.div_ceil(chunk);
         (n_split > 1).then_some(Split { n_split, chunk })
     }

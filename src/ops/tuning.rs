@@ -28,6 +28,9 @@ pub struct KernelTuning {
     /// `WGLLM_ATTN_TILE_MIN`: fewest tokens for which GPU-shaped kernels take the tiled
     /// prompt attention (`ops::attention`); a number above the ubatch turns it off.
     pub attn_tile_min: Option<u32>,
+    /// `WGLLM_ATTN_CHUNK`: cells per workgroup (at least) of the GPU split attention
+    /// output (`ops::attention`, 128 by default).
+    pub attn_split_chunk: Option<u32>,
     /// `WGLLM_ATTN_FLASH=0|1`: GPU-shaped kernels take the flash attention kernel (for
     /// every batch, where the head fits it) or not (the default; see `ops::attention`).
     pub attn_flash: Option<bool>,
@@ -124,6 +127,7 @@ impl KernelTuning {
             attn_tb: num("WGLLM_ATTN_TB")?,
             attn_split_max_tok: num("WGLLM_ATTN_SPLIT")?,
             attn_tile_min: num("WGLLM_ATTN_TILE_MIN")?,
+            attn_split_chunk: num("WGLLM_ATTN_CHUNK")?,
             profile,
             ..Default::default()
         };
@@ -142,6 +146,7 @@ impl KernelTuning {
             attn_tb: self.attn_tb.or(base.attn_tb),
             attn_split_max_tok: self.attn_split_max_tok.or(base.attn_split_max_tok),
             attn_tile_min: self.attn_tile_min.or(base.attn_tile_min),
+            attn_split_chunk: self.attn_split_chunk.or(base.attn_split_chunk),
             attn_flash: self.attn_flash.or(base.attn_flash),
             attn_kq_lanes: self.attn_kq_lanes.or(base.attn_kq_lanes),
             unroll: self.unroll.or(base.unroll),
@@ -196,12 +201,13 @@ impl KernelTuning {
         if self.tile_min == Some(0) {
             return bad("WGLLM_TILE_MIN", "0".into(), "expected at least 1".into());
         }
-        if self.attn_tile_min == Some(0) {
-            return bad(
-                "WGLLM_ATTN_TILE_MIN",
-                "0".into(),
-                "expected at least 1".into(),
-            );
+        for (var, v) in [
+            ("WGLLM_ATTN_TILE_MIN", self.attn_tile_min),
+            ("WGLLM_ATTN_CHUNK", self.attn_split_chunk),
+        ] {
+            if v == Some(0) {
+                return bad(var, "0".into(), "expected at least 1".into());
+            }
         }
         if let Some(tb) = self.attn_tb {
             if !kernels::ATTN_TB.contains(&tb) {
@@ -245,6 +251,7 @@ mod tests {
             ("WGLLM_ATTN_FLASH", "1"),
             ("WGLLM_ATTN_KQ_LANES", "0"),
             ("WGLLM_ATTN_TILE_MIN", "64"),
+            ("WGLLM_ATTN_CHUNK", "64"),
             ("WGLLM_UNROLL", "0"),
             ("WGLLM_PROFILE", "1"),
         ])
@@ -261,6 +268,7 @@ mod tests {
                 attn_flash: Some(true),
                 attn_kq_lanes: Some(false),
                 attn_tile_min: Some(64),
+                attn_split_chunk: Some(64),
                 unroll: Some(false),
                 profile: true,
                 ..Default::default()
@@ -283,6 +291,7 @@ mod tests {
             ("WGLLM_ATTN_FLASH", "on"),
             ("WGLLM_ATTN_KQ_LANES", "2"),
             ("WGLLM_ATTN_TILE_MIN", "0"),
+            ("WGLLM_ATTN_CHUNK", "0"),
             ("WGLLM_UNROLL", "yes"),
             ("WGLLM_PROFILE", "yes"),
         ] {
