@@ -1,22 +1,11 @@
-// Attention scores: kq[h][t][c] = dot(q[t][h], k[c][h / (n_head / n_head_kv)]).
-// q is [head_dim, n_head, n_tok]; k is the cache, [head_dim, n_head_kv, cells], read
-// through k_load4 (any cache type, src/ops/shaders.rs).
+// Attention scores: kq[h][t][c] = dot(q[t][h], k[c][h / (n_head / n_head_kv)]), after
+// attn_kq_io.wgsl (the bindings).
 // One invocation owns one cell and TB tokens: each key is loaded once and used TB times
 // (the queries are the same for all invocations of a workgroup row). A cell the mask
 // hides from all TB tokens (the causal half of a prompt) is not computed: the softmax
 // masks its score whatever it is.
 
 const TB: u32 = {{TB}}u;
-
-// `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k: array<{{K_ELEM}}>;
-@group(0) @binding(3) var<storage, read_write> kq: array<f32>;
-// [n_kv, n_tok]: -1e30 (or less) where a token may not see a cell.
-@group(0) @binding(4) var<storage, read> mask: array<f32>;
-
-{{K_LOAD}}
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

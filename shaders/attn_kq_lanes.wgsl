@@ -4,22 +4,13 @@
 // vec4s of the key, at lane, lane + LANES, ..., so a subgroup's loads cover whole key
 // rows of consecutive words (one invocation per cell reads words a cache row apart, a
 // head's K a cache row of n_head_kv heads), all issued before any is used; the lanes'
-// partial dot products are added through workgroup memory.
+// partial dot products are added through workgroup memory. After attn_kq_io.wgsl (the
+// bindings).
 
 const TB: u32 = {{TB}}u;
 const NK: u32 = {{NK}}u;
 const LANES: u32 = 8u;
 const CELLS: u32 = 64u / LANES;
-
-// `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k: array<{{K_ELEM}}>;
-@group(0) @binding(3) var<storage, read_write> kq: array<f32>;
-// [n_kv, n_tok]: -1e30 (or less) where a token may not see a cell.
-@group(0) @binding(4) var<storage, read> mask: array<f32>;
-
-{{K_LOAD}}
 
 var<workgroup> red: array<f32, 64 * TB>;
 

@@ -6,21 +6,11 @@
 // (cells tx + 16 i, tokens ty + 16 j): 8 vec4 loads of workgroup memory per 16 dot
 // products, where attn_kq.wgsl loads a query vec4 per dot product. A tile the mask hides
 // from all its tokens (the causal half of a prompt's own cells) is skipped whole: the
-// softmax masks its scores whatever they hold.
+// softmax masks its scores whatever they hold. After attn_kq_io.wgsl (the bindings).
 
 const DK: u32 = {{DK}}u;
 // vec4s of keys (and of queries) each invocation fetches per slice.
 const NL: u32 = DK / 4u;
-
-// `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k: array<{{K_ELEM}}>;
-@group(0) @binding(3) var<storage, read_write> kq: array<f32>;
-// [n_kv, n_tok]: -1e30 (or less) where a token may not see a cell.
-@group(0) @binding(4) var<storage, read> mask: array<f32>;
-
-{{K_LOAD}}
 
 // [k4][cell] and [k4][token]: invocations with consecutive tx (ty) read consecutive vec4s.
 var<workgroup> ks: array<vec4<f32>, 64u * DK>;

@@ -506,10 +506,11 @@ impl KernelKey {
                 &[("WG", wg.to_string())],
             ),
             AttnKq { k, tb } => {
-                shaders::kv_reading(shaders::ATTN_KQ, Some(k), None, &[("TB", tb.to_string())])
+                let src = [shaders::ATTN_KQ_IO, shaders::ATTN_KQ].concat();
+                shaders::kv_reading(&src, Some(k), None, &[("TB", tb.to_string())])
             }
             AttnKqLanes { k, tb, nk } => shaders::kv_reading(
-                shaders::ATTN_KQ_LANES,
+                &[shaders::ATTN_KQ_IO, shaders::ATTN_KQ_LANES].concat(),
                 Some(k),
                 None,
                 &[("TB", tb.to_string()), ("NK", nk.to_string())],
@@ -525,7 +526,7 @@ impl KernelKey {
             ),
             AttnKqvSum => shaders::ATTN_KQV_SUM.to_string(),
             AttnKqTile { k, dk } => shaders::kv_reading(
-                shaders::ATTN_KQ_TILE,
+                &[shaders::ATTN_KQ_IO, shaders::ATTN_KQ_TILE].concat(),
                 Some(k),
                 None,
                 &[("DK", dk.to_string())],

@@ -22,6 +22,7 @@ pub const ROPE_STORE_WG: &str = include_str!("../../shaders/rope_store_wg.wgsl")
 pub const ROPE_STORE_ROWS: &str = include_str!("../../shaders/rope_store_rows.wgsl");
 pub const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
 pub const SOFTMAX_COMMON: &str = include_str!("../../shaders/softmax_common.wgsl");
+pub const ATTN_KQ_IO: &str = include_str!("../../shaders/attn_kq_io.wgsl");
 pub const ATTN_KQ: &str = include_str!("../../shaders/attn_kq.wgsl");
 pub const ATTN_KQ_LANES: &str = include_str!("../../shaders/attn_kq_lanes.wgsl");
 pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
@@ -212,6 +213,7 @@ pub fn fingerprint() -> u64 {
         ROPE_STORE_ROWS,
         SOFTMAX,
         SOFTMAX_COMMON,
+        ATTN_KQ_IO,
         ATTN_KQ,
         ATTN_KQ_LANES,
         ATTN_KQV,
