@@ -9,7 +9,7 @@
 
 const TB: u32 = {{TB}}u;
 const NK: u32 = {{NK}}u;
-const LANES: u32 = 8u;
+const LANES: u32 = {{LANES}}u;
 const CELLS: u32 = 64u / LANES;
 
 var<workgroup> red: array<f32, 64 * TB>;

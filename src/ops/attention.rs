@@ -9,7 +9,7 @@
 
 use super::hadamard::{hadamard, hadamard_ref};
 use super::kernels::{
-    kq_lanes_nk, split_shape, FLASH_ROWS_D4, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM,
+    kq_lanes_nk, split_shape, FLASH_ROWS_D4, KQ_LANES, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM,
     MAX_TILE_HEAD_DIM,
 };
 use super::softmax::{softmax, softmax_ref, SoftmaxParams};
@@ -691,15 +691,16 @@ pub fn attention(
     Ok(out)
 }
 
-/// The attention score kernel and the cells each of its workgroups covers: on GPUs 8
-/// invocations per cell (`attn_kq_lanes.wgsl`), whose loads take whole key rows where one
-/// invocation per cell reads words a cache row apart; elsewhere, for heads past 256
-/// values, caches past 8 x 65535 cells, or with `WGLLM_ATTN_KQ_LANES=0`, one invocation
-/// per cell (`attn_kq.wgsl`).
+/// The attention score kernel and the cells each of its workgroups covers: on GPUs
+/// [`KQ_LANES`] invocations per cell (`attn_kq_lanes.wgsl`), whose loads take whole key
+/// rows where one invocation per cell reads words a cache row apart; elsewhere, for heads
+/// past 256 values, caches needing more than 65535 workgroups, or with
+/// `WGLLM_ATTN_KQ_LANES=0`, one invocation per cell (`attn_kq.wgsl`).
 fn score_kernel(gpu: &Gpu, s: &AttnShape, tb: u32) -> (KernelKey, u32) {
+    let cells = 64 / KQ_LANES;
     let lanes = gpu.kernels == KernelShape::Gpu
         && gpu.tuning.attn_kq_lanes != Some(false)
-        && s.n_kv.div_ceil(8) <= 65535;
+        && s.n_kv.div_ceil(cells) <= 65535;
     match kq_lanes_nk(s.head_dim / 4).filter(|_| lanes) {
         Some(nk) => (
             KernelKey::AttnKqLanes {
@@ -707,7 +708,7 @@ fn score_kernel(gpu: &Gpu, s: &AttnShape, tb: u32) -> (KernelKey, u32) {
                 tb,
                 nk,
             },
-            8,
+            cells,
         ),
         None => (KernelKey::AttnKq { k: s.k_type, tb }, 64),
     }

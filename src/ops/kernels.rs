@@ -29,8 +29,11 @@ pub const GPU_VEC_TOKENS: &[u32] = &[1, 4];
 pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64), (128, 128)];
 /// Tokens per invocation of the attention score and output kernels.
 pub const ATTN_TB: &[u32] = &[1, 2, 4, 8];
-/// Key vec4s per invocation of the GPU score kernel (`attn_kq_lanes.wgsl`, 8 invocations
-/// per cell): heads of up to 256 values; larger ones take `attn_kq.wgsl`.
+/// Invocations per cell of the GPU score kernel (`attn_kq_lanes.wgsl`; its workgroups of
+/// 64 cover 64 / KQ_LANES cells).
+pub const KQ_LANES: u32 = 8;
+/// Key vec4s per invocation of the GPU score kernel: heads of up to 256 values; larger
+/// ones take `attn_kq.wgsl`.
 pub const KQ_LANES_NK: &[u32] = &[1, 2, 4, 8];
 /// Invocations per row of the softmax: 64 for CPU-like adapters, 256 for GPUs.
 pub const SOFTMAX_WG: &[u32] = &[64, 256];
@@ -105,7 +108,8 @@ pub enum KernelKey {
         tb: u32,
     },
     /// Attention scores on GPUs over a K cache of type `k`, `tb` tokens per invocation,
-    /// 8 invocations per cell reading `nk` vec4s of its key each (see [`kq_lanes_nk`]).
+    /// [`KQ_LANES`] invocations per cell reading `nk` vec4s of its key each (see
+    /// [`kq_lanes_nk`]).
     AttnKqLanes {
         k: KvType,
         tb: u32,
@@ -215,9 +219,10 @@ pub fn split_shape(d4: u32) -> (u32, u32) {
 }
 
 /// Key vec4s per invocation of the GPU score kernel for heads of `d4` vec4s: the fewest
-/// of [`KQ_LANES_NK`] that 8 lanes cover the head with, None for heads past 256 values.
+/// of [`KQ_LANES_NK`] that [`KQ_LANES`] lanes cover the head with, None for heads past
+/// 256 values.
 pub fn kq_lanes_nk(d4: u32) -> Option<u32> {
-    let nk = d4.div_ceil(8).max(1).next_power_of_two();
+    let nk = d4.div_ceil(KQ_LANES).max(1).next_power_of_two();
     KQ_LANES_NK.contains(&nk).then_some(nk)
 }
 
@@ -505,15 +510,21 @@ impl KernelKey {
                 &[shaders::SOFTMAX_COMMON, shaders::SOFTMAX],
                 &[("WG", wg.to_string())],
             ),
-            AttnKq { k, tb } => {
-                let src = [shaders::ATTN_KQ_IO, shaders::ATTN_KQ].concat();
-                shaders::kv_reading(&src, Some(k), None, &[("TB", tb.to_string())])
-            }
+            AttnKq { k, tb } => shaders::kv_reading(
+                &[shaders::ATTN_KQ_IO, shaders::ATTN_KQ].concat(),
+                Some(k),
+                None,
+                &[("TB", tb.to_string())],
+            ),
             AttnKqLanes { k, tb, nk } => shaders::kv_reading(
                 &[shaders::ATTN_KQ_IO, shaders::ATTN_KQ_LANES].concat(),
                 Some(k),
                 None,
-                &[("TB", tb.to_string()), ("NK", nk.to_string())],
+                &[
+                    ("TB", tb.to_string()),
+                    ("NK", nk.to_string()),
+                    ("LANES", KQ_LANES.to_string()),
+                ],
             ),
             AttnKqv { v, tb } => {
                 shaders::kv_reading(shaders::ATTN_KQV, None, Some(v), &[("TB", tb.to_string())])
