@@ -41,11 +41,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         for (var u = 0u; u < U; u++) {
             if (k0 + u < p.n_split) {
-                let m = max(mx, st[u].x);
+                // Read whole: a component of a variable's element is read through a
+                // pointer in Tint's output, which kept `st` in memory on SwiftShader.
+                let su = st[u];
+                let m = max(mx, su.x);
                 let old = exp(mx - m);
-                let f = exp(st[u].x - m);
+                let f = exp(su.x - m);
                 s = s * old + f * pt[u];
-                l = l * old + f * st[u].y;
+                l = l * old + f * su.y;
                 mx = m;
             }
         }

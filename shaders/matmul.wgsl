@@ -35,17 +35,18 @@ struct XBlock {
 // an unused binding would not be in the pipeline's layout).
 @group(0) @binding(4) var<storage, read> w: array<u32>;
 
-// The body of the block being dequantized, loaded whole; `bw` reads it (the snippet's
-// `deq_elem` and `load_quarter`, which read bodies anywhere, are not used here).
-var<private> bv: array<vec4<u32>, BW / 4u>;
+// The body of the block being dequantized, loaded whole in vec4s and kept as words (the
+// snippet's `deq_elem` and `load_quarter`, which read bodies anywhere, are not used here).
+// Words, not vec4s, read by constant indices: compiled by a browser (Tint, then
+// SwiftShader's optimizer), a word of a vec4 variable stayed a load from memory.
+var<private> bv: array<u32, BW>;
 
 fn hw(i: u32) -> u32 {
     return w[i];
 }
 
-fn bw(b: u32, i: u32) -> u32 {
-    return bv[i >> 2u][i & 3u];
-}
+// The snippet's body reads `bw(b, i)` are written out in place as `bv[i]` when the source
+// is built (`shaders::matmul_source`).
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32{{SG_ARGS}}) {
@@ -69,7 +70,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var r = 0u; r < R; r++) {
             let blk_r = blk(rbase[r], nb, b);
             for (var v = 0u; v < BW / 4u; v++) {
-                bv[v] = wq[(blk_r.b >> 2u) + v];
+                let q = wq[(blk_r.b >> 2u) + v];
+                bv[4u * v] = q.x;
+                bv[4u * v + 1u] = q.y;
+                bv[4u * v + 2u] = q.z;
+                bv[4u * v + 3u] = q.w;
             }
             sc[r] = load_block(blk_r, r);
         }
@@ -78,10 +83,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let xo = (t0 + t) * k4 + b * 8u;
                 var xv: array<vec4<f32>, 8>;
 {{XLOAD}}
-                var xs = vec2<f32>(0.0);
+                var xsum = vec2<f32>(0.0);
                 for (var i = 0u; i < 4u; i++) {
-                    xs += vec2<f32>(dot(xv[i], vec4<f32>(1.0)), dot(xv[i + 4u], vec4<f32>(1.0)));
+                    xsum += vec2<f32>(dot(xv[i], vec4<f32>(1.0)), dot(xv[i + 4u], vec4<f32>(1.0)));
                 }
+                // Read whole: Tint reads `.x` of a variable through a pointer, which
+                // kept it in memory after SwiftShader's optimizer.
+                let xs = xsum;
                 for (var r = 0u; r < R; r++) {
                     var lo = 0.0;
                     var hi = 0.0;

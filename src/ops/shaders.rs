@@ -327,11 +327,14 @@ pub fn matmul_source(
         let load = "                let xp = &x[xo >> 3u];\n                for (var i = 0u; i < 8u; i++) { xv[i] = (*xp).v[i]; }";
         ("", "XBlock", load.to_string())
     };
+    // Over the constant TB (unrolled), so that `acc` is only ever indexed by constants
+    // and stays in registers: with `t < ntb` as the bound, `acc` was indexed at run time
+    // and every block's update went through memory (and, in a browser, a clamp).
     let store = match glu {
         None => "\
-    for (var t = 0u; t < ntb; t++) {
+    for (var t = 0u; t < TB; t++) {
         for (var r = 0u; r < R; r++) {
-            if (row0 + r < p.n_rows) {
+            if (t < ntb && row0 + r < p.n_rows) {
                 dst[(t0 + t) * p.out_stride + p.out_row_offset + row0 + r] = acc[t * R + r];
             }
         }
@@ -339,9 +342,10 @@ pub fn matmul_source(
         .to_string(),
         Some(act) => format!(
             "\
-    for (var t = 0u; t < ntb; t++) {{
-        for (var r = 0u; r < R; r += 2u) {{
-            if (row0 + r + 1u < p.n_rows) {{
+    for (var t = 0u; t < TB; t++) {{
+        for (var h = 0u; h < R / 2u; h++) {{
+            let r = 2u * h;
+            if (t < ntb && row0 + r + 1u < p.n_rows) {{
                 let o = (t0 + t) * p.out_stride + (p.out_row_offset + row0 + r) / 2u;
                 dst[o] = {act}(acc[t * R + r]) * acc[t * R + r + 1u];
             }}
@@ -354,7 +358,7 @@ pub fn matmul_source(
     } else {
         &[quant, MATMUL]
     };
-    compose(
+    let src = compose(
         parts,
         &[
             ("TB", tb.to_string()),
@@ -365,7 +369,86 @@ pub fn matmul_source(
             ("XLOAD", xload),
             ("STORE", store),
         ],
-    )
+    );
+    inline_body_reads(&src)
+}
+
+/// The CPU-shaped matmul's source with every body read `bw(b, i)` of its weight snippet
+/// written out as `bv[i]` (the block's body, loaded whole into the words `bv`). In the
+/// unrolled `load_block` loops `i` is a constant, so a bounds-checked compiler (a
+/// browser's Tint) sees constant indices and adds no clamp; through a function, the clamp
+/// on its parameter kept `bv` in memory after SwiftShader's optimizer had inlined it
+/// (every body word stored and loaded again, per block and row). Comments are left as
+/// they are.
+fn inline_body_reads(src: &str) -> String {
+    src.split_inclusive('\n')
+        .map(|line| match line.find("//") {
+            Some(c) => inline_body_reads_in(&line[..c]) + &line[c..],
+            None => inline_body_reads_in(line),
+        })
+        .collect()
+}
+
+fn inline_body_reads_in(src: &str) -> String {
+    const CALL: &str = "bw(";
+    let mut out = String::with_capacity(src.len());
+    let mut rest = src;
+    while let Some(at) = rest.find(CALL) {
+        let before = &rest[..at];
+        let is_call = !before.ends_with(|c: char| c.is_alphanumeric() || c == '_')
+            && !before.ends_with("fn ");
+        let args_at = at + CALL.len();
+        let close = is_call.then(|| matching_paren(&rest[args_at..])).flatten();
+        let Some(close) = close else {
+            out.push_str(&rest[..args_at]);
+            rest = &rest[args_at..];
+            continue;
+        };
+        let args = &rest[args_at..args_at + close];
+        match top_level_split(args).as_slice() {
+            [_, i] => {
+                out.push_str(before);
+                let i = i.trim();
+                out.push_str(&format!("bv[{i}]"));
+            }
+            _ => out.push_str(&rest[..args_at + close + 1]),
+        }
+        rest = &rest[args_at + close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Where the parenthesis opened just before `s` closes (an index into `s`).
+fn matching_paren(s: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth == 0 => return Some(i),
+            ')' => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `args` split at its commas outside parentheses and brackets.
+fn top_level_split(args: &str) -> Vec<&str> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in args.char_indices() {
+        match c {
+            '(' | '[' => depth += 1,
+            ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&args[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&args[start..]);
+    parts
 }
 
 /// Rows per invocation of the GPU matrix-vector matmul for `rows` rows per workgroup: up
@@ -597,4 +680,25 @@ fn norm_weight(e: u32, is_q: bool) -> f32 { return select(k_norm[e], q_norm[e], 
             ("NORM_BINDINGS", bindings.to_string()),
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inline_body_reads;
+
+    #[test]
+    fn body_reads_are_written_out_outside_comments() {
+        let src = "fn bw(b: u32, i: u32) -> u32 { return 0u; }
+let q = bw(k.b, o + 1u) + hbw(k.b, 2u); // bw(b, i) stays
+let r = bw(row, (e % 16u) / 4u) >> bw(k.b, min(i, 3u));
+";
+        let out = inline_body_reads(src);
+        assert_eq!(
+            out,
+            "fn bw(b: u32, i: u32) -> u32 { return 0u; }
+let q = bv[o + 1u] + hbw(k.b, 2u); // bw(b, i) stays
+let r = bv[(e % 16u) / 4u] >> bv[min(i, 3u)];
+"
+        );
+    }
 }
