@@ -398,39 +398,25 @@ fn inline_body_reads_in(src: &str) -> String {
         let is_call = !before.ends_with(|c: char| c.is_alphanumeric() || c == '_')
             && !before.ends_with("fn ");
         let args_at = at + CALL.len();
-        let close = is_call.then(|| matching_paren(&rest[args_at..])).flatten();
+        let close = is_call
+            .then(|| super::unroll::matching(rest, args_at - 1, ('(', ')')))
+            .flatten();
         let Some(close) = close else {
             out.push_str(&rest[..args_at]);
             rest = &rest[args_at..];
             continue;
         };
-        let args = &rest[args_at..args_at + close];
-        match top_level_split(args).as_slice() {
+        match top_level_split(&rest[args_at..close]).as_slice() {
             [_, i] => {
                 out.push_str(before);
-                let i = i.trim();
-                out.push_str(&format!("bv[{i}]"));
+                out.push_str(&format!("bv[{}]", i.trim()));
             }
-            _ => out.push_str(&rest[..args_at + close + 1]),
+            _ => out.push_str(&rest[..=close]),
         }
-        rest = &rest[args_at + close + 1..];
+        rest = &rest[close + 1..];
     }
     out.push_str(rest);
     out
-}
-
-/// Where the parenthesis opened just before `s` closes (an index into `s`).
-fn matching_paren(s: &str) -> Option<usize> {
-    let mut depth = 0usize;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' if depth == 0 => return Some(i),
-            ')' => depth -= 1,
-            _ => {}
-        }
-    }
-    None
 }
 
 /// `args` split at its commas outside parentheses and brackets.

@@ -62,7 +62,7 @@ fn expand(src: &str, consts: &HashMap<String, u64>, max_trips: u32) -> String {
             out.push_str(tail);
             return out;
         };
-        let Some(body_end) = matching_brace(tail, head_end) else {
+        let Some(body_end) = matching(tail, head_end, ('{', '}')) else {
             out.push_str(tail);
             return out;
         };
@@ -87,19 +87,18 @@ fn expand(src: &str, consts: &HashMap<String, u64>, max_trips: u32) -> String {
     out
 }
 
-/// The byte index of the `}` closing the `{` at `open`.
-fn matching_brace(s: &str, open: usize) -> Option<usize> {
+/// The byte index of the `pair.1` closing the `pair.0` at `open` (braces, parentheses):
+/// shared with the other source rewrites (`shaders::matmul_source`).
+pub(crate) fn matching(s: &str, open: usize, pair: (char, char)) -> Option<usize> {
     let mut depth = 0usize;
     for (i, c) in s[open..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(open + i);
-                }
+        if c == pair.0 {
+            depth += 1;
+        } else if c == pair.1 {
+            depth -= 1;
+            if depth == 0 {
+                return Some(open + i);
             }
-            _ => {}
         }
     }
     None
