@@ -1,6 +1,8 @@
 //! `wgllm serve` on SmolLM2 over real sockets (127.0.0.1 only): bad input gets its
-//! status code and error object and the server keeps answering; API keys; streams end
-//! with `[DONE]`; a client that goes away mid-stream frees its slot.
+//! status code and error object and the server keeps answering; hostile requests (deep
+//! grammars and schemas, sizes that multiply, slots that do not exist, slow bodies) get
+//! a bounded answer; API keys; streams end with `[DONE]`; a client that goes away
+//! mid-stream frees its slot, also while nothing is being written to it.
 //! (llama.cpp's own server suite runs against it in scripts/server-tests.sh.)
 
 mod common;
@@ -205,12 +207,17 @@ fn bad_input_gets_its_status_and_the_server_goes_on() {
     }
     let (st, b) = s.json("POST", "/slots/7?action=erase", json!({}));
     assert_error(st, &b, 400, "invalid_request_error");
-    let (st, _) = s.request(
+    // Over the body limit: a 413 as a JSON error, declared or not.
+    let (st, b) = s.request(
         "POST",
         "/completion",
         &format!("{{\"prompt\": \"{}\"}}", "a".repeat(2 << 20)),
     );
-    assert_eq!(st, 413);
+    let b: Value = serde_json::from_str(&b).unwrap_or_else(|_| panic!("not JSON: {b}"));
+    assert_error(st, &b, 413, "invalid_request_error");
+    // A wrong method's error object carries the status it is sent with.
+    let (st, b) = s.json("GET", "/completion", json!({}));
+    assert_error(st, &b, 405, "invalid_request_error");
     let (st, b) = s.json("GET", "/no/such/endpoint", json!({}));
     assert_error(st, &b, 404, "not_found_error");
     let (st, b) = s.json("POST", "/v1/embeddings", json!({"input": "x"}));
@@ -573,4 +580,182 @@ fn a_template_that_knows_tools_renders_them_and_its_calls_are_read_back() {
     );
 
     required_weather_call(&s);
+}
+
+/// A request that crashed, hung or exhausted the server before: each gets its 400 (or a
+/// bounded answer) and the server answers the next one.
+#[test]
+fn hostile_requests_get_a_bounded_answer_and_the_server_goes_on() {
+    let s = start(&["-c", "2048", "-np", "1", "-to", "3"]);
+    let alive = |s: &Server| {
+        let (st, b) = s.json(
+            "POST",
+            "/completion",
+            json!({"prompt": "Hi", "n_predict": 2, "temperature": 0}),
+        );
+        assert_eq!(st, 200, "{b}");
+        assert_eq!(b["tokens_predicted"], 2, "{b}");
+    };
+    let refused = |s: &Server, path: &str, body: Value, says: &str| {
+        let t0 = Instant::now();
+        let (st, b) = s.json("POST", path, body);
+        assert_error(st, &b, 400, "invalid_request_error");
+        let m = b["error"]["message"].as_str().unwrap();
+        assert!(m.contains(says), "{says:?} not in {m:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "took {:?}",
+            t0.elapsed()
+        );
+    };
+    // A GBNF grammar of groups 100 000 deep overflowed a worker's stack (the process
+    // aborted, every client with it).
+    let deep = format!(
+        "root ::= {}\"a\"{}",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    );
+    refused(
+        &s,
+        "/completion",
+        json!({"prompt": "Hi", "grammar": deep}),
+        "nested more than",
+    );
+    // A chain of rules each starting with the next.
+    let mut chain = String::from("root ::= r0\n");
+    for i in 0..100_000 {
+        chain.push_str(&format!("r{i} ::= r{} \"a\"\n", i + 1));
+    }
+    chain.push_str("r100000 ::= \"x\"\n");
+    refused(
+        &s,
+        "/completion",
+        json!({"prompt": "Hi", "grammar": chain}),
+        "simplify",
+    );
+    // A repeated literal whose length times its count is gigabytes.
+    let big = format!("root ::= ( \"{}\"{{2000}} ){{2000}}", "x".repeat(4000));
+    refused(
+        &s,
+        "/completion",
+        json!({"prompt": "Hi", "grammar": big}),
+        "",
+    );
+    // JSON schemas: a $ref chain 10 000 long, and one that refers to itself through allOf.
+    let mut defs = serde_json::Map::new();
+    for i in 0..10_000 {
+        defs.insert(
+            format!("d{i}"),
+            json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    defs.insert("d10000".into(), json!({"type": "string"}));
+    let schema = json!({"$ref": "#/$defs/d0", "$defs": defs});
+    refused(
+        &s,
+        "/completion",
+        json!({"prompt": "Hi", "json_schema": schema}),
+        "deep",
+    );
+    let cyclic = json!({"allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"$ref": "#/$defs/a"}}});
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"prompt": "Hi", "n_predict": 4, "json_schema": cyclic}),
+    );
+    assert!(st == 200 || st == 400, "{st} {b}");
+    // An object whose properties refer back to it through allOf, without end.
+    let looped = json!({"$ref": "#/$defs/d", "$defs": {"d": {"properties": {"x": {"allOf": [{"$ref": "#/$defs/d"}]}}}}});
+    refused(
+        &s,
+        "/completion",
+        json!({"prompt": "Hi", "json_schema": looped}),
+        "deep",
+    );
+    // Optional properties by the thousand: linear work, not quadratic (nor recursion
+    // that deep).
+    let props: serde_json::Map<String, Value> = (0..3000)
+        .map(|i| (format!("p{i}"), json!({"type": "integer"})))
+        .collect();
+    let wide = json!({"type": "object", "properties": props});
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"prompt": "{", "n_predict": 4, "json_schema": wide}),
+    );
+    assert_eq!(st, 200, "{b}");
+    // An ambiguous grammar whose matcher doubles per character ends the generation.
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"prompt": "a", "n_predict": 64, "temperature": 0,
+               "grammar": "root ::= \"a\" root \"b\" | \"a\" root \"c\" | \"\""}),
+    );
+    assert_eq!(st, 200, "{b}");
+    // Stop strings by the thousand, prompts by the thousand.
+    let stops: Vec<String> = (0..1000).map(|i| format!("stop{i}")).collect();
+    refused(
+        &s,
+        "/completion",
+        json!({"prompt": "Hi", "stop": stops}),
+        "stop",
+    );
+    refused(
+        &s,
+        "/completion",
+        json!({"prompt": "Hi", "stop": ["x".repeat(100_000)]}),
+        "stop string",
+    );
+    let prompts: Vec<String> = (0..5000).map(|i| format!("p{i}")).collect();
+    refused(&s, "/completion", json!({"prompt": prompts}), "prompts");
+    // A slot that does not exist: refused at once, not queued for ever.
+    refused(
+        &s,
+        "/completion",
+        json!({"prompt": "Hi", "id_slot": 5, "n_predict": 1}),
+        "id_slot 5",
+    );
+    // A message without a role, as llama-server.
+    refused(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"content": "hello"}]}),
+        "Missing 'role' in message",
+    );
+    refused(
+        &s,
+        "/v1/messages",
+        json!({"max_tokens": 4, "messages": [{"content": "hello"}]}),
+        "Missing 'role' in message",
+    );
+    alive(&s);
+    // A body that never arrives: a 408 after the timeout (-to 3), not a held connection.
+    let mut c = s.connect().unwrap();
+    c.write_all(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\nContent-Type: application/json\r\n\r\n{\"prompt\"")
+        .unwrap();
+    let t0 = Instant::now();
+    let mut raw = String::new();
+    let _ = c.read_to_string(&mut raw);
+    assert!(raw.starts_with("HTTP/1.1 408"), "{raw}");
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let b: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {raw}"));
+    assert_error(408, &b, 408, "timeout_error");
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    // A streamed chat with tools holds every token back (it may be a call): its client
+    // leaving must still stop it, though nothing is written after the first event.
+    let held = json!({
+        "messages": [{"role": "user", "content": "Tell me a long story"}],
+        "tools": [weather_tool()], "stream": true, "max_tokens": 100000,
+        "ignore_eos": true, "temperature": 0,
+    })
+    .to_string();
+    read_some_then_hang_up(&s, "/v1/chat/completions", &[], &held, 1);
+    let t0 = Instant::now();
+    alive(&s);
+    // Behind ~2000 held tokens on the only slot it would have waited minutes.
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "waited {:?}",
+        t0.elapsed()
+    );
 }

@@ -530,7 +530,18 @@ impl Worker {
 
     fn handle(&mut self, c: Cmd) {
         match c {
-            Cmd::Submit(q) => self.queue.push_back(q),
+            Cmd::Submit(mut q) => {
+                // A slot that does not exist is never free: refuse now, not wait forever.
+                if let Some(slot) = q.req.slot.filter(|&s| s as usize >= self.slots.len()) {
+                    (q.sink)(RequestEvent::Failed(RequestError::Invalid(format!(
+                        "id_slot {slot} does not exist: the server has {} slots (0 to {}); start it with more (-np) or leave id_slot out",
+                        self.slots.len(),
+                        self.slots.len().saturating_sub(1)
+                    ))));
+                    return;
+                }
+                self.queue.push_back(q)
+            }
             Cmd::Watch(mut w) => {
                 if w(ServiceUpdate::Cache(self.engine.cache_map())) {
                     self.watchers.push(w);

@@ -177,15 +177,24 @@ impl<'a> Cursor<'a> {
                 }
                 let elem_ty = self.u32(what)?;
                 let n = self.u64(what)?;
-                // Every element takes at least one byte: reject counts the file cannot hold
-                // before allocating for them.
-                if n > self.remaining() {
+                // Reject counts the file cannot hold before allocating for them (each
+                // element takes at least its type's smallest encoding).
+                let least = match elem_ty {
+                    0 | 1 | 7 => 1,
+                    2 | 3 => 2,
+                    4..=6 => 4,
+                    9 => 12,
+                    _ => 8,
+                };
+                if n.saturating_mul(least) > self.remaining() {
                     return Err(self.corrupt(format!(
                         "{what}: array claims {n} elements but only {} bytes remain",
                         self.remaining()
                     )));
                 }
-                let mut items = Vec::with_capacity(n as usize);
+                // A held value is larger than its encoding: reserve a bounded amount and
+                // let the vector grow as elements really arrive.
+                let mut items = Vec::with_capacity((n as usize).min(1 << 16));
                 for _ in 0..n {
                     items.push(self.value(elem_ty, what, depth + 1)?);
                 }
@@ -287,7 +296,7 @@ impl GgufFile {
                 }
             },
         };
-        let mut raw = Vec::with_capacity(n_tensors as usize);
+        let mut raw = Vec::with_capacity((n_tensors as usize).min(1 << 16));
         for i in 0..n_tensors {
             let name = c.name(&format!("name of tensor #{i}"))?;
             let nm = brief(&name);

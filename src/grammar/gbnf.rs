@@ -45,6 +45,17 @@ impl Elem {
 /// The most repetitions (and repeated rules) llama.cpp allows.
 const MAX_REPETITIONS: u64 = 2000;
 
+/// How deep groups may nest. The parser recurses once per group, on whichever thread
+/// parses (a server's worker with a small stack): a request of `((((...` nested 100 000
+/// deep must get an error, not overflow that stack. Written grammars and those made from
+/// JSON schemas nest a few levels.
+pub(crate) const MAX_NESTING: usize = 256;
+
+/// The most elements the rules may hold in all (8 bytes each). Repetition multiplies an
+/// item (`"...long literal..."{2000}`, many times over), so a short text could otherwise
+/// expand to gigabytes.
+pub(crate) const MAX_ELEMS: usize = 1 << 22;
+
 /// Parsed rules, indexed by symbol id, with the names they were given.
 pub(crate) struct Parsed {
     pub(crate) rules: Vec<Vec<Elem>>,
@@ -61,6 +72,8 @@ pub(crate) fn parse(src: &str, lookup: Option<TokenLookup>) -> Result<Parsed, Gr
         rules: Vec::new(),
         symbols: HashMap::new(),
         lookup,
+        depth: 0,
+        n_elems: 0,
     };
     p.skip_space(true);
     while p.pos < p.src.len() {
@@ -101,6 +114,10 @@ struct Parser<'a> {
     rules: Vec<Vec<Elem>>,
     symbols: HashMap<String, u32>,
     lookup: Option<TokenLookup<'a>>,
+    /// Groups open around the current position.
+    depth: usize,
+    /// Elements in `rules` so far.
+    n_elems: usize,
 }
 
 fn is_word(c: u8) -> bool {
@@ -183,7 +200,19 @@ impl<'a> Parser<'a> {
         id
     }
 
+    /// Refuses a grammar that would hold more than [`MAX_ELEMS`] elements once `more`
+    /// are added.
+    fn budget(&self, more: usize) -> Result<(), GrammarError> {
+        if self.n_elems.saturating_add(more) > MAX_ELEMS {
+            return Err(self.error(&format!(
+                "the grammar expands to more than {MAX_ELEMS} elements; reduce its repetitions or the length of repeated items"
+            )));
+        }
+        Ok(())
+    }
+
     fn add_rule(&mut self, id: u32, rule: Vec<Elem>) {
+        self.n_elems += rule.len();
         let i = id as usize;
         if self.rules.len() <= i {
             self.rules.resize(i + 1, Vec::new());
@@ -374,11 +403,19 @@ impl<'a> Parser<'a> {
                     rule.push(Elem::RuleRef(id));
                 }
                 b'(' => {
+                    if self.depth >= MAX_NESTING {
+                        return Err(self.error(&format!(
+                            "groups nested more than {MAX_NESTING} deep; name the inner groups as rules"
+                        )));
+                    }
                     self.pos += 1;
                     self.skip_space(true);
                     let before = self.symbols.len() as u64;
                     let sub = self.generated_symbol(name);
-                    self.alternates(name, sub, true)?;
+                    self.depth += 1;
+                    let inner = self.alternates(name, sub, true);
+                    self.depth -= 1;
+                    inner?;
                     n_prev_rules = (self.symbols.len() as u64 - before).max(1);
                     last_start = rule.len();
                     rule.push(Elem::RuleRef(sub));
@@ -472,6 +509,14 @@ impl<'a> Parser<'a> {
                 "repeating this makes more than {MAX_REPETITIONS} rules; reduce the repetitions or the rule's complexity"
             )));
         }
+        let n_opt = match hi {
+            None => 1,
+            Some(h) => h.saturating_sub(lo),
+        };
+        // `lo - 1` more copies here, and `n_opt` rules of the item and up to three more.
+        let copies = (lo.saturating_sub(1)).saturating_add(n_opt) as usize;
+        let more = copies.saturating_mul(item.len() + 3);
+        self.budget(rule.len().saturating_add(more))?;
         if lo == 0 {
             rule.truncate(last_start);
         } else {
@@ -479,10 +524,6 @@ impl<'a> Parser<'a> {
                 rule.extend_from_slice(&item);
             }
         }
-        let n_opt = match hi {
-            None => 1,
-            Some(h) => h.saturating_sub(lo),
-        };
         let mut last_rec = 0u32;
         for i in 0..n_opt {
             let id = self.generated_symbol(name);

@@ -17,20 +17,72 @@ use super::GrammarError;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// Bounds on the work one schema may cause (a request's schema is converted on a server
+/// worker, whose stack is small and whose time other requests wait for). Schemas nest
+/// through `$ref` chains as well as JSON, and `allOf`, type lists and optional
+/// properties multiply what a short text describes; real schemas (tool parameters,
+/// response formats) are far inside all of these.
+///
+/// How deep schemas may nest, counting each `$ref` followed.
+pub const MAX_DEPTH: usize = 128;
+/// Most schema nodes built and visited in all.
+pub const MAX_NODES: usize = 100_000;
+/// Longest grammar the conversion may write, in bytes.
+pub const MAX_GRAMMAR_BYTES: usize = 8 << 20;
+/// Longest property name and `pattern`, in bytes.
+pub const MAX_NAME_BYTES: usize = 1024;
+pub const MAX_PATTERN_BYTES: usize = 8192;
+
+/// Counts nesting and nodes against [`MAX_DEPTH`] and [`MAX_NODES`].
+#[derive(Default)]
+struct Budget {
+    depth: usize,
+    nodes: usize,
+}
+
+impl Budget {
+    fn enter(&mut self, path: &str) -> Result<(), GrammarError> {
+        self.nodes += 1;
+        if self.nodes > MAX_NODES {
+            return Err(fail(
+                path,
+                &format!("the schema expands to more than {MAX_NODES} nodes (through allOf, $ref or type lists); simplify it"),
+            ));
+        }
+        if self.depth >= MAX_DEPTH {
+            return Err(fail(
+                path,
+                &format!("schemas nested (or $ref chains) more than {MAX_DEPTH} deep"),
+            ));
+        }
+        self.depth += 1;
+        Ok(())
+    }
+    fn leave(&mut self) {
+        self.depth -= 1;
+    }
+}
+
 /// The GBNF grammar (start rule `root`) accepting the JSON texts `schema` describes.
 pub fn to_grammar(schema: &Value) -> Result<String, GrammarError> {
     let mut b = Builder {
         root: schema,
         refs: HashMap::new(),
+        budget: Budget::default(),
     };
     let node = b.node(schema, "#")?;
     let mut c = Converter {
         rules: BTreeMap::new(),
         refs: &b.refs,
         resolving: HashSet::new(),
+        budget: Budget::default(),
+        bytes: 0,
+        next_suffix: HashMap::new(),
+        suffixed: HashMap::new(),
     };
     c.rules.insert("space".into(), SPACE.into());
     c.visit(&node, "")?;
+    c.check_size()?;
     let mut out = String::new();
     for (name, rule) in &c.rules {
         out.push_str(name);
@@ -157,6 +209,7 @@ struct Builder<'a> {
     root: &'a Value,
     /// Each `$ref`'s target, built once (None while it is being built).
     refs: HashMap<String, Option<Node>>,
+    budget: Budget,
 }
 
 fn fail(path: &str, what: &str) -> GrammarError {
@@ -203,6 +256,23 @@ fn format_of(s: &Value, path: &str) -> Result<Format, GrammarError> {
 
 impl Builder<'_> {
     fn node(&mut self, s: &Value, path: &str) -> Result<Node, GrammarError> {
+        self.node_as(s, s.get("type"), path)
+    }
+
+    /// The node of schema `s` taken as of type `ty` (its own, or one of a type list's).
+    fn node_as(&mut self, s: &Value, ty: Option<&Value>, path: &str) -> Result<Node, GrammarError> {
+        self.budget.enter(path)?;
+        let n = self.node_inner(s, ty, path);
+        self.budget.leave();
+        n
+    }
+
+    fn node_inner(
+        &mut self,
+        s: &Value,
+        ty: Option<&Value>,
+        path: &str,
+    ) -> Result<Node, GrammarError> {
         let Some(obj) = s.as_object() else {
             return Err(fail(path, "a schema must be an object"));
         };
@@ -216,16 +286,13 @@ impl Builder<'_> {
                 ));
             }
         }
-        let ty = obj.get("type");
         if let Some(Value::Array(types)) = ty {
             if types.is_empty() {
                 return Err(fail(path, "type must not be empty"));
             }
             let mut alts = Vec::new();
             for (i, t) in types.iter().enumerate() {
-                let mut alt = s.clone();
-                alt["type"] = t.clone();
-                alts.push(self.node(&alt, &format!("{path}/type/{i}"))?);
+                alts.push(self.node_as(s, Some(t), &format!("{path}/type/{i}"))?);
             }
             return Ok(Node::AnyOf(alts));
         }
@@ -361,6 +428,15 @@ impl Builder<'_> {
                 return Err(fail(path, "properties must be an object"));
             };
             for (name, schema) in p {
+                if name.len() > MAX_NAME_BYTES {
+                    return Err(fail(
+                        path,
+                        &format!(
+                            "a property name is {} bytes long; at most {MAX_NAME_BYTES} are taken",
+                            name.len()
+                        ),
+                    ));
+                }
                 let node = self.node(schema, &format!("{path}/properties/{name}"))?;
                 props.push((name.clone(), node, required.contains(name.as_str())));
             }
@@ -412,10 +488,21 @@ impl Builder<'_> {
             let p = p
                 .as_str()
                 .ok_or_else(|| fail(path, "pattern must be a string"))?;
+            if p.len() > MAX_PATTERN_BYTES {
+                return Err(fail(
+                    path,
+                    &format!(
+                        "the pattern is {} bytes long; at most {MAX_PATTERN_BYTES} are taken",
+                        p.len()
+                    ),
+                ));
+            }
             return match pattern_rule(p) {
                 Ok(body) => Ok(Node::Pattern(body)),
                 Err(PatternError::Unsupported(why)) => {
-                    log::warn!("JSON schema at {path}: pattern {p:?} is not supported ({why}); accepting any string there, as llama.cpp does");
+                    let shown: String = p.chars().take(200).collect();
+                    let more = if shown.len() < p.len() { "..." } else { "" };
+                    log::warn!("JSON schema at {path}: pattern {shown:?}{more} is not supported ({why}); accepting any string there, as llama.cpp does");
                     Ok(Node::String {
                         format: Format::None,
                         min_len: 0,
@@ -512,30 +599,62 @@ struct Converter<'a> {
     rules: BTreeMap<String, String>,
     refs: &'a HashMap<String, Option<Node>>,
     resolving: HashSet<String>,
+    budget: Budget,
+    /// Bytes of rule names and bodies so far.
+    bytes: usize,
+    /// Per rule name taken: the lowest suffix not known to be taken (names are never
+    /// freed, so the search for a free `{name}{i}` resumes here instead of at 0).
+    next_suffix: HashMap<String, usize>,
+    /// (name, body) -> the suffixed name it was added under, so the same rule added
+    /// again is found without a scan.
+    suffixed: HashMap<(String, String), String>,
 }
 
 impl Converter<'_> {
+    /// Adds `rule` under `name`, or under `{name}{i}` with the lowest free `i` where
+    /// another rule holds `name`; a rule equal to one already added keeps that one's name.
     fn add_rule(&mut self, name: &str, rule: String) -> String {
         let name = rule_name(name);
         match self.rules.get(&name) {
             None => {
+                self.bytes += name.len() + rule.len();
                 self.rules.insert(name.clone(), rule);
                 return name;
             }
             Some(r) if *r == rule => return name,
             Some(_) => {}
         }
-        let mut i = 0;
+        let key = (name, rule);
+        if let Some(n) = self.suffixed.get(&key) {
+            return n.clone();
+        }
+        let (name, rule) = key;
+        let mut i = self.next_suffix.get(&name).copied().unwrap_or(0);
         loop {
             let key = format!("{name}{i}");
             match self.rules.get(&key) {
-                Some(r) if *r != rule => i += 1,
-                _ => {
-                    self.rules.insert(key.clone(), rule);
+                Some(r) if *r == rule => return key,
+                Some(_) => i += 1,
+                None => {
+                    self.next_suffix.insert(name.clone(), i + 1);
+                    self.bytes += key.len() + rule.len();
+                    self.rules.insert(key.clone(), rule.clone());
+                    self.suffixed.insert((name, rule), key.clone());
                     return key;
                 }
             }
         }
+    }
+
+    /// Refuses a grammar grown past [`MAX_GRAMMAR_BYTES`].
+    fn check_size(&self) -> Result<(), GrammarError> {
+        if self.bytes > MAX_GRAMMAR_BYTES {
+            return Err(GrammarError::Schema(format!(
+                "the schema's grammar grows past {} MiB; simplify the schema",
+                MAX_GRAMMAR_BYTES >> 20
+            )));
+        }
+        Ok(())
     }
 
     fn add_primitive(&mut self, name: &str, prim: &str) -> String {
@@ -550,6 +669,15 @@ impl Converter<'_> {
     }
 
     fn visit(&mut self, node: &Node, name: &str) -> Result<String, GrammarError> {
+        self.check_size()?;
+        self.budget
+            .enter(if name.is_empty() { "root" } else { name })?;
+        let r = self.visit_inner(node, name);
+        self.budget.leave();
+        r
+    }
+
+    fn visit_inner(&mut self, node: &Node, name: &str) -> Result<String, GrammarError> {
         let rule = if is_reserved(name) {
             format!("{name}-")
         } else if name.is_empty() {
@@ -691,20 +819,24 @@ impl Converter<'_> {
         let mut props: Vec<(&str, &Node, bool)> = Vec::new();
         let mut required: HashSet<&str> = HashSet::new();
         let mut enums: BTreeMap<String, usize> = BTreeMap::new();
+        /// Adds what `c` contributes; a `$ref` is followed (by a loop: a chain of
+        /// references to references may be long, or a cycle, which contributes nothing).
         fn add<'n>(
-            c: &'n Node,
+            mut c: &'n Node,
             req: bool,
             refs: &'n HashMap<String, Option<Node>>,
             props: &mut Vec<(&'n str, &'n Node, bool)>,
             required: &mut HashSet<&'n str>,
             enums: &mut BTreeMap<String, usize>,
         ) {
-            match c {
-                Node::Ref(r) => {
-                    if let Some(Some(t)) = refs.get(r) {
-                        add(t, req, refs, props, required, enums);
-                    }
+            let mut followed: HashSet<&str> = HashSet::new();
+            while let Node::Ref(r) = c {
+                match refs.get(r) {
+                    Some(Some(t)) if followed.insert(r.as_str()) => c = t,
+                    _ => return,
                 }
+            }
+            match c {
                 Node::Object { props: p, .. } => {
                     for (n, s, _) in p {
                         props.push((n, s, false));
@@ -804,10 +936,7 @@ impl Converter<'_> {
             if !required.is_empty() {
                 body.push_str(" \",\" space ( ");
             }
-            let mut alts = Vec::new();
-            for i in 0..optional.len() {
-                alts.push(self.optional_chain(&optional[i..], false, &kv, &prefix));
-            }
+            let alts = self.optional_chains(&optional, &kv, &prefix);
             body.push_str(&alts.join(" | "));
             if !required.is_empty() {
                 body.push_str(" )");
@@ -818,34 +947,48 @@ impl Converter<'_> {
         Ok(body)
     }
 
-    /// The optional properties `keys` in order, the first present unless
-    /// `first_optional`, the rest each optional ("*": additional ones, repeatable).
-    fn optional_chain(
+    /// One alternative per optional property `keys[i]`: it present, then each of the
+    /// ones after it optional, in order ("*": additional ones, repeatable). The rest of
+    /// the chain after `keys[j]` is one rule (`{k}-rest`) that every alternative
+    /// starting at or before `j` shares; the rules are made from the end, once each, so
+    /// n properties cost n rules (and no recursion n deep).
+    fn optional_chains(
         &mut self,
         keys: &[String],
-        first_optional: bool,
         kv: &HashMap<String, String>,
         prefix: &str,
-    ) -> String {
-        let Some((k, rest)) = keys.split_first() else {
-            return String::new();
+    ) -> Vec<String> {
+        let item = |k: &String, optional: bool| {
+            let r = &kv[k];
+            let comma = format!("( \",\" space {r} )");
+            if optional {
+                format!("{comma}{}", if k == "*" { "*" } else { "?" })
+            } else if k == "*" {
+                format!("{r} {comma}*")
+            } else {
+                r.clone()
+            }
         };
-        let r = &kv[k];
-        let comma = format!("( \",\" space {r} )");
-        let mut out = if first_optional {
-            format!("{comma}{}", if k == "*" { "*" } else { "?" })
-        } else if k == "*" {
-            format!("{r} {comma}*")
-        } else {
-            r.clone()
-        };
-        if !rest.is_empty() {
-            let body = self.optional_chain(rest, true, kv, prefix);
-            let n = self.add_rule(&format!("{prefix}{k}-rest"), body);
-            out.push(' ');
-            out.push_str(&n);
+        // rest[j]: the rule for keys[j + 1..], each optional.
+        let mut rest: Vec<Option<String>> = vec![None; keys.len()];
+        for j in (0..keys.len().saturating_sub(1)).rev() {
+            let mut body = item(&keys[j + 1], true);
+            if let Some(after) = &rest[j + 1] {
+                body.push(' ');
+                body.push_str(after);
+            }
+            rest[j] = Some(self.add_rule(&format!("{prefix}{}-rest", keys[j]), body));
         }
-        out
+        (keys.iter().zip(&rest))
+            .map(|(k, after)| {
+                let mut out = item(k, false);
+                if let Some(after) = after {
+                    out.push(' ');
+                    out.push_str(after);
+                }
+                out
+            })
+            .collect()
     }
 
     /// A JSON string that is none of `names`.

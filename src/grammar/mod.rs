@@ -16,7 +16,7 @@ mod tests;
 
 use crate::tokenizer::Tokenizer;
 use gbnf::Elem;
-use stacks::{Cand, Partial, Rules, Stack};
+use stacks::{Cand, Overflow, Partial, Rules, Stack, StackSet};
 use std::sync::Arc;
 
 /// What went wrong with a grammar or a JSON schema.
@@ -32,7 +32,18 @@ pub enum GrammarError {
         "grammar: the token {token} ({piece:?}) does not continue the text the grammar allows"
     )]
     Rejected { token: u32, piece: String },
+    #[error(
+        "grammar: matching the text needs more than {} stacks or a stack deeper than {} (an ambiguous or deeply recursive grammar); the generation ends here",
+        stacks::MAX_STACKS,
+        stacks::MAX_DEPTH
+    )]
+    TooComplex,
 }
+
+/// Longest token piece, in bytes, that a grammar lets through: the check walks a piece
+/// one recursion per character, and a model file's vocabulary can hold pieces of any
+/// length. Real vocabularies' longest pieces are a few hundred bytes.
+const MAX_PIECE_BYTES: usize = 1024;
 
 /// A parsed grammar with its start symbol `root`.
 pub struct Grammar {
@@ -75,71 +86,98 @@ impl Grammar {
                 "left recursion in rule '{name}' is not supported; rewrite it with repetition (* or +)"
             )));
         }
-        let mut start = Vec::new();
+        let mut start = StackSet::default();
         for alt in rules.alternatives(root) {
             let mut stack = Vec::new();
             if !rules.at(alt).ends_sequence() {
                 stack.push(alt);
             }
-            rules.advance(stack, &mut start);
+            rules.advance(stack, &mut start).map_err(|_| {
+                GrammarError::Invalid(format!(
+                    "the start of 'root' expands to more than {} alternatives or nests deeper than {}; simplify the grammar",
+                    stacks::MAX_STACKS,
+                    stacks::MAX_DEPTH
+                ))
+            })?;
         }
-        Ok(Grammar { rules, start })
+        Ok(Grammar {
+            rules,
+            start: start.list,
+        })
     }
 }
 
 /// Whether some rule can reach itself without consuming a character (the index of the
-/// first one found).
+/// first one found, in llama.cpp's search order).
+///
+/// An edge runs from a rule to each rule it refers to at the start of an alternative, or
+/// after rules there that have an empty alternative of their own. A depth-first search
+/// over those edges with an explicit stack: a chain of rules as long as a request cares to
+/// write must not recurse on the parsing thread's stack.
 fn left_recursive(rules: &Rules) -> Option<usize> {
     let n = rules.0.len();
-    let mut visited = vec![false; n];
-    let mut in_progress = vec![false; n];
-    let mut may_be_empty = vec![false; n];
-    fn visit(
-        rules: &Rules,
-        i: usize,
-        visited: &mut [bool],
-        in_progress: &mut [bool],
-        may_be_empty: &mut [bool],
-    ) -> bool {
-        if in_progress[i] {
-            return true;
-        }
-        in_progress[i] = true;
-        let rule = &rules.0[i];
+    let has_empty_alt = |rule: &[Elem]| {
         let mut at_start = true;
         for e in rule {
             if e.ends_sequence() {
                 if at_start {
-                    may_be_empty[i] = true;
-                    break;
+                    return true;
                 }
                 at_start = true;
             } else {
                 at_start = false;
             }
         }
-        let mut leftmost = true;
-        for e in rule {
+        false
+    };
+    let may_be_empty: Vec<bool> = rules.0.iter().map(|r| has_empty_alt(r)).collect();
+    let leftmost = |i: usize| -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut open = true;
+        for e in &rules.0[i] {
             match *e {
-                Elem::RuleRef(r) if leftmost => {
-                    if visit(rules, r as usize, visited, in_progress, may_be_empty) {
-                        return true;
-                    }
-                    if !may_be_empty[r as usize] {
-                        leftmost = false;
-                    }
+                Elem::RuleRef(r) if open => {
+                    out.push(r as usize);
+                    open = may_be_empty.get(r as usize).copied().unwrap_or(false);
                 }
-                e if e.ends_sequence() => leftmost = true,
-                _ => leftmost = false,
+                e if e.ends_sequence() => open = true,
+                _ => open = false,
             }
         }
-        in_progress[i] = false;
-        visited[i] = true;
-        false
+        out
+    };
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        InProgress,
+        Done,
     }
-    (0..n).find(|&i| {
-        !visited[i] && visit(rules, i, &mut visited, &mut in_progress, &mut may_be_empty)
-    })
+    let mut mark = vec![Mark::New; n];
+    for root in 0..n {
+        if mark[root] != Mark::New {
+            continue;
+        }
+        // (rule, its leftmost references, how many of them were followed)
+        let mut path: Vec<(usize, Vec<usize>, usize)> = vec![(root, leftmost(root), 0)];
+        mark[root] = Mark::InProgress;
+        while let Some((i, refs, k)) = path.last_mut() {
+            let Some(&r) = refs.get(*k) else {
+                mark[*i] = Mark::Done;
+                path.pop();
+                continue;
+            };
+            *k += 1;
+            match mark.get(r).copied() {
+                Some(Mark::InProgress) => return Some(root),
+                Some(Mark::New) => {
+                    mark[r] = Mark::InProgress;
+                    path.push((r, leftmost(r), 0));
+                }
+                Some(Mark::Done) | None => {}
+            }
+        }
+    }
+    None
 }
 
 /// Every token's text as the grammar sees it, decoded once per vocabulary.
@@ -294,6 +332,10 @@ impl GrammarState {
                 allowed[i] = false;
                 continue;
             }
+            if bytes.len() > MAX_PIECE_BYTES {
+                allowed[i] = false;
+                continue;
+            }
             let (pos, end, partial) = if continuing {
                 let (cps, partial) = stacks::decode(bytes, self.partial);
                 let pos = own_text.len() as u32;
@@ -333,37 +375,54 @@ impl GrammarState {
             };
         }
         let (cps, partial) = stacks::decode(bytes, self.partial);
-        let rules = &self.grammar.rules;
-        let mut next: Vec<Stack> = Vec::with_capacity(self.stacks.len());
-        for stack in &self.stacks {
-            let Some(&top) = stack.last() else {
-                continue;
-            };
-            if matches!(rules.at(top), Elem::Token(_) | Elem::TokenNot(_)) {
-                rules.accept_token_elem(stack, token, &mut next);
-                continue;
+        let next = match self.advance_stacks(token, &cps) {
+            Ok(next) => next,
+            Err(Overflow) => {
+                // Nothing more can be matched: the state allows only the end from here.
+                self.stacks.clear();
+                self.partial = Partial::default();
+                return Err(GrammarError::TooComplex);
             }
-            let mut cur = vec![stack.clone()];
-            for &c in &cps {
-                let mut after = Vec::new();
-                for s in &cur {
-                    rules.accept_char(s, c, &mut after);
-                }
-                cur = after;
-                if cur.is_empty() {
-                    break;
-                }
-            }
-            for s in cur {
-                stacks::push_unique(&mut next, s);
-            }
-        }
+        };
         if next.is_empty() {
             return Err(self.rejected(token));
         }
         self.stacks = next;
         self.partial = partial;
         Ok(())
+    }
+
+    /// The stacks after `token`, whose text is `cps`.
+    fn advance_stacks(&self, token: u32, cps: &[u32]) -> Result<Vec<Stack>, Overflow> {
+        let rules = &self.grammar.rules;
+        let mut next = StackSet::default();
+        for stack in &self.stacks {
+            let Some(&top) = stack.last() else {
+                continue;
+            };
+            if matches!(rules.at(top), Elem::Token(_) | Elem::TokenNot(_)) {
+                rules.accept_token_elem(stack, token, &mut next)?;
+                continue;
+            }
+            let mut cur = vec![stack.clone()];
+            for &c in cps {
+                let mut after = StackSet::default();
+                for s in &cur {
+                    rules.accept_char(s, c, &mut after)?;
+                }
+                cur = after.list;
+                if cur.is_empty() {
+                    break;
+                }
+            }
+            for s in cur {
+                next.insert(s);
+            }
+            if next.len() > stacks::MAX_STACKS {
+                return Err(Overflow);
+            }
+        }
+        Ok(next.list)
     }
 
     fn rejected(&self, token: u32) -> GrammarError {

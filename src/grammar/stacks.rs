@@ -5,7 +5,8 @@
 //! character at its end is completed).
 
 use super::gbnf::Elem;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 
 /// A place in a rule: rule id and element index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -15,6 +16,26 @@ pub(crate) struct Pos {
 }
 
 pub(crate) type Stack = Vec<Pos>;
+
+/// Most stacks a grammar's state may hold. An ambiguous grammar can double its stacks
+/// with each character (`r ::= "a" r "b" | "a" r "c" | ""`); past this the matcher stops
+/// instead of taking the memory and time of the engine thread that every session shares.
+/// Grammars written for JSON or tool calls hold tens; a JSON schema's object with n
+/// optional properties holds about 3n after a value (each later property may come next,
+/// after any of the spacings), so this admits a few thousand of them.
+pub(crate) const MAX_STACKS: usize = 16384;
+
+/// Deepest a stack may grow (nested, not tail, recursion: one level per open group in
+/// the text, or a long chain of rules each starting with the next).
+pub(crate) const MAX_DEPTH: usize = 4096;
+
+/// Most stacks one expansion may visit on its way to terminals (the leftmost
+/// derivations of a rule can be exponentially many).
+const MAX_EXPANSIONS: usize = 1 << 16;
+
+/// The matcher went past [`MAX_STACKS`], [`MAX_DEPTH`] or [`MAX_EXPANSIONS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Overflow;
 
 /// The bytes of an incomplete UTF-8 character at the end of a piece: the bits so far and
 /// how many continuation bytes are missing (-1: the bytes were not UTF-8).
@@ -181,16 +202,19 @@ impl Rules {
     }
 
     /// Expands `stack` until every resulting stack has a terminal on top (or is empty),
-    /// adding those not already in `out`.
-    pub(crate) fn advance(&self, stack: Stack, out: &mut Vec<Stack>) {
+    /// adding those not already in `out`; stops at the matcher's bounds.
+    pub(crate) fn advance(&self, stack: Stack, out: &mut StackSet) -> Result<(), Overflow> {
         let mut todo = vec![stack];
         let mut seen: HashSet<Stack> = HashSet::new();
         while let Some(cur) = todo.pop() {
+            if cur.len() > MAX_DEPTH || seen.len() >= MAX_EXPANSIONS || out.len() >= MAX_STACKS {
+                return Err(Overflow);
+            }
             if !seen.insert(cur.clone()) {
                 continue;
             }
             let Some(&top) = cur.last() else {
-                push_unique(out, cur);
+                out.insert(cur);
                 continue;
             };
             match self.at(top) {
@@ -211,21 +235,29 @@ impl Rules {
                 | Elem::CharNot(_)
                 | Elem::CharAny
                 | Elem::Token(_)
-                | Elem::TokenNot(_) => push_unique(out, cur),
+                | Elem::TokenNot(_) => {
+                    out.insert(cur);
+                }
                 // The parser never leaves a stack on the end of an alternative or inside a
                 // set; such a stack matches nothing.
                 Elem::End | Elem::Alt | Elem::CharAlt(_) | Elem::CharRngUpper(_) => {}
             }
         }
+        Ok(())
     }
 
     /// The stacks after `stack` takes character `c` (none if it cannot).
-    pub(crate) fn accept_char(&self, stack: &Stack, c: u32, out: &mut Vec<Stack>) {
+    pub(crate) fn accept_char(
+        &self,
+        stack: &Stack,
+        c: u32,
+        out: &mut StackSet,
+    ) -> Result<(), Overflow> {
         let Some(&top) = stack.last() else {
-            return;
+            return Ok(());
         };
         if matches!(self.at(top), Elem::Token(_) | Elem::TokenNot(_)) {
-            return;
+            return Ok(());
         }
         let (ok, after) = self.match_char(top, c);
         if ok {
@@ -233,15 +265,21 @@ impl Rules {
             if !self.at(after).ends_sequence() {
                 next.push(after);
             }
-            self.advance(next, out);
+            self.advance(next, out)?;
         }
+        Ok(())
     }
 
     /// The stacks after `stack` takes a token whose id is matched against a token
     /// element on top.
-    pub(crate) fn accept_token_elem(&self, stack: &Stack, token: u32, out: &mut Vec<Stack>) {
+    pub(crate) fn accept_token_elem(
+        &self,
+        stack: &Stack,
+        token: u32,
+        out: &mut StackSet,
+    ) -> Result<(), Overflow> {
         let Some(&top) = stack.last() else {
-            return;
+            return Ok(());
         };
         if token_matches(self.at(top), token) {
             let mut next = stack[..stack.len() - 1].to_vec();
@@ -249,8 +287,9 @@ impl Rules {
             if !self.at(after).ends_sequence() {
                 next.push(after);
             }
-            self.advance(next, out);
+            self.advance(next, out)?;
         }
+        Ok(())
     }
 
     /// The candidates no stack accepts (llama.cpp's rejection walk: candidates are
@@ -320,11 +359,13 @@ impl Rules {
         if !self.at(after).ends_sequence() {
             rest.push(after);
         }
-        let mut next_stacks = Vec::new();
-        self.advance(rest, &mut next_stacks);
+        let mut next_stacks = StackSet::default();
+        // Past the bounds the walk goes on with the stacks found so far: a token it lets
+        // through is then refused by `accept`, which ends the generation.
+        let _ = self.advance(rest, &mut next_stacks);
         // Rejected further on: back to where this stack started reading them, for the
         // caller's other stacks.
-        for c in self.reject(&next_stacks, next, text) {
+        for c in self.reject(&next_stacks.list, next, text) {
             rejects.push(Cand {
                 pos: c.pos - 1,
                 ..c
@@ -367,8 +408,30 @@ fn token_matches(e: Elem, token: u32) -> bool {
     }
 }
 
-pub(crate) fn push_unique(out: &mut Vec<Stack>, s: Stack) {
-    if !out.contains(&s) {
-        out.push(s);
+/// Stacks in the order first added, each once: a hashed index beside the list, since a
+/// grammar's state may hold thousands of stacks and each character re-adds them all.
+#[derive(Default)]
+pub(crate) struct StackSet {
+    pub(crate) list: Vec<Stack>,
+    by_hash: HashMap<u64, Vec<u32>>,
+}
+
+impl StackSet {
+    /// Adds `s` unless it is already here; whether it was added.
+    pub(crate) fn insert(&mut self, s: Stack) -> bool {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        s.hash(&mut h);
+        let StackSet { list, by_hash } = self;
+        let same = by_hash.entry(h.finish()).or_default();
+        if same.iter().any(|&i| list[i as usize] == s) {
+            return false;
+        }
+        same.push(list.len() as u32);
+        list.push(s);
+        true
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
     }
 }

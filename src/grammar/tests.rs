@@ -409,3 +409,204 @@ fn sampler_resamples_only_rejected_picks() {
         strict.accept_generated(t).unwrap();
     }
 }
+
+// Grammars a request controls: each is refused or stopped with a reason, on the test
+// thread's ordinary stack, in bounded time and memory.
+
+fn parse_err(g: &str) -> String {
+    match Grammar::parse(g, None) {
+        Ok(_) => panic!("accepted: {}", &g[..g.len().min(200)]),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn deeply_nested_groups_are_refused_not_a_stack_overflow() {
+    let deep = format!(
+        "root ::= {}\"a\"{}",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    );
+    let e = parse_err(&deep);
+    assert!(e.contains("nested more than"), "{e}");
+    // Unclosed too: the depth is checked on the way in.
+    let e = parse_err(&format!("root ::= {}", "(".repeat(100_000)));
+    assert!(e.contains("nested more than"), "{e}");
+    // Nesting within the bound works as before.
+    let n = gbnf::MAX_NESTING;
+    let ok = format!("root ::= {}\"a\"{}", "(".repeat(n), ")".repeat(n));
+    assert!(accepts(&ok, "a"));
+    assert!(!accepts(&ok, "aa"));
+}
+
+#[test]
+fn long_rule_chains_are_checked_without_recursion() {
+    // r0 ::= r1, r1 ::= r2, ...: the left-recursion check walks the whole chain (a
+    // recursive walk overflowed the test thread's 2 MiB stack well before this).
+    let n = 50_000;
+    let mut g = String::from("root ::= r0\n");
+    for i in 0..n {
+        g.push_str(&format!("r{i} ::= r{}\n", i + 1));
+    }
+    g.push_str(&format!("r{n} ::= \"x\"\n"));
+    assert!(accepts(&g, "x"));
+    // The same chain closed into a cycle is left-recursive.
+    let cyc = g.replace(&format!("r{n} ::= \"x\""), &format!("r{n} ::= r0 | \"x\""));
+    let e = parse_err(&cyc);
+    assert!(e.contains("left recursion"), "{e}");
+    // Each link leaving a character to match afterwards: the start's stack would be the
+    // chain's length deep.
+    let mut g = String::from("root ::= r0\n");
+    for i in 0..n {
+        g.push_str(&format!("r{i} ::= r{} \"a\"\n", i + 1));
+    }
+    g.push_str(&format!("r{n} ::= \"x\"\n"));
+    let e = parse_err(&g);
+    assert!(e.contains("simplify the grammar"), "{e}");
+}
+
+#[test]
+fn exponential_start_expansions_are_refused() {
+    // Every level doubles the leftmost derivations of root: 2^40 distinct stacks.
+    let mut g = String::from("root ::= r0\n");
+    for i in 0..40 {
+        g.push_str(&format!("r{i} ::= r{0} | r{0} \"x\"\n", i + 1));
+    }
+    g.push_str("r40 ::= \"y\"\n");
+    let e = parse_err(&g);
+    assert!(e.contains("simplify the grammar"), "{e}");
+}
+
+#[test]
+fn repetition_that_multiplies_past_the_budget_is_refused() {
+    let item = "x".repeat(3000);
+    let e = parse_err(&format!("root ::= \"{item}\"{{2000}}"));
+    assert!(e.contains("elements"), "{e}");
+    // Many repetitions each within llama.cpp's limits, together over the budget.
+    let g = format!("root ::= {}", "[a-z]{0,2000} ".repeat(2000));
+    let e = parse_err(&g);
+    assert!(e.contains("elements"), "{e}");
+    // Within the budget the count still holds.
+    assert!(accepts(&format!("root ::= \"{}\"{{3}}", "ab"), "ababab"));
+}
+
+#[test]
+fn ambiguous_grammar_ends_the_generation_instead_of_growing() {
+    // Each 'a' doubles the stacks (a 'b' or a 'c' owed per level).
+    let v = byte_vocab();
+    let mut s = state(r#"root ::= "a" root "b" | "a" root "c" | """#, &v);
+    let mut stopped = None;
+    for i in 0..64 {
+        match s.accept(b'a' as u32) {
+            Ok(()) => assert!(s.stacks.len() <= stacks::MAX_STACKS),
+            Err(e) => {
+                stopped = Some((i, e));
+                break;
+            }
+        }
+    }
+    let (i, e) = stopped.expect("the stacks kept growing");
+    assert!(i > 8, "stopped too early, after {i}");
+    assert_eq!(e, GrammarError::TooComplex);
+    assert!(s.must_end(), "after the stop only the end may follow");
+    let mut allowed = vec![true; 257];
+    let all: Vec<u32> = (0..257).collect();
+    s.check(&all, &mut allowed);
+    assert!(allowed[..256].iter().all(|&a| !a));
+}
+
+#[test]
+fn overlong_token_pieces_are_not_walked() {
+    let mut pieces: Vec<Vec<u8>> = vec![b"a".to_vec(), vec![b'a'; 100_000]];
+    pieces.push(b"</s>".to_vec());
+    let v = Arc::new(TokenPieces::from_pieces(pieces, vec![false, false, true]));
+    let s = state(r#"root ::= "a"*"#, &v);
+    assert!(s.allows(0));
+    assert!(!s.allows(1), "a piece longer than the bound is refused");
+}
+
+// Schemas a request controls: refused with a reason or converted in bounded work.
+
+fn schema_err(schema: &serde_json::Value) -> String {
+    match json_schema::to_grammar(schema) {
+        Ok(g) => panic!("converted ({} bytes)", g.len()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn schema_ref_chains_and_cycles_are_bounded() {
+    let mut defs = serde_json::Map::new();
+    for i in 0..20_000 {
+        defs.insert(
+            format!("d{i}"),
+            json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    defs.insert("d20000".into(), json!({"type": "string"}));
+    let e = schema_err(&json!({"$ref": "#/$defs/d0", "$defs": defs}));
+    assert!(e.contains("deep"), "{e}");
+    // A reference to itself through allOf contributes nothing (it used to recurse for
+    // ever); one through its own properties is nested past the bound.
+    let g = json_schema::to_grammar(
+        &json!({"allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"$ref": "#/$defs/a"}}}),
+    )
+    .unwrap();
+    assert!(Grammar::parse(&g, None).is_ok(), "{g}");
+    let e = schema_err(&json!({"$ref": "#/$defs/d", "$defs": {"d": {
+        "properties": {"x": {"allOf": [{"$ref": "#/$defs/d"}]}}}}}));
+    assert!(e.contains("deep"), "{e}");
+}
+
+#[test]
+fn schema_expansions_that_multiply_are_refused() {
+    // Each level's allOf names the next level twice: 2^40 inlined objects.
+    let mut defs = serde_json::Map::new();
+    for i in 0..40 {
+        let next = format!("#/$defs/d{}", i + 1);
+        defs.insert(
+            format!("d{i}"),
+            json!({"properties": {"x": {"allOf": [{"$ref": next}, {"$ref": next}]}}}),
+        );
+    }
+    defs.insert("d40".into(), json!({"type": "integer"}));
+    let e = schema_err(&json!({"$ref": "#/$defs/d0", "$defs": defs}));
+    assert!(e.contains("nodes") || e.contains("deep"), "{e}");
+    // Type lists nested: each level doubles the alternatives.
+    let mut s = json!({"type": "integer"});
+    for _ in 0..40 {
+        s = json!({"type": ["object", "object"], "properties": {"a": s}});
+    }
+    let e = schema_err(&s);
+    assert!(e.contains("nodes"), "{e}");
+}
+
+#[test]
+fn many_optional_properties_cost_linear_work() {
+    let props: serde_json::Map<String, serde_json::Value> = (0..4000)
+        .map(|i| (format!("p{i}"), json!({"type": "integer"})))
+        .collect();
+    let g = json_schema::to_grammar(&json!({"type": "object", "properties": props})).unwrap();
+    // One kv rule and one rest rule per property, and one alternative each in the object.
+    assert!(g.len() < 4000 * 200, "{} bytes", g.len());
+    let g = Grammar::parse(&g, None).unwrap();
+    let g = Arc::new(g);
+    assert!(accepts_text(g.clone(), r#"{"p3": 1, "p3999": 2}"#));
+    assert!(
+        !accepts_text(g, r#"{"p3999": 2, "p3": 1}"#),
+        "order is kept"
+    );
+}
+
+#[test]
+fn overlong_names_and_patterns_are_refused() {
+    let name = "n".repeat(100_000);
+    let e = schema_err(
+        &json!({"type": "object", "properties": {name: {"type": "string"}},
+                              "additionalProperties": true}),
+    );
+    assert!(e.contains("property name"), "{e}");
+    let pattern = format!("^{}$", "a{1}".repeat(10_000));
+    let e = schema_err(&json!({"type": "string", "pattern": pattern}));
+    assert!(e.contains("pattern"), "{e}");
+}

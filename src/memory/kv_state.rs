@@ -129,6 +129,13 @@ pub(super) fn read(
             if p < 0 {
                 return Err(format(&format!("cell {i} has the negative position {p}")).into());
             }
+            if p > super::MAX_SAVED_POS {
+                return Err(format(&format!(
+                    "cell {i} has the position {p}, past any context (at most {})",
+                    super::MAX_SAVED_POS
+                ))
+                .into());
+            }
             pos.push(p);
             let set = r.u64()?;
             if set == 0 {
@@ -146,7 +153,9 @@ pub(super) fn read(
         let mut layers = Vec::new();
         for (i, (_, ty)) in store.tensors().into_iter().enumerate() {
             let saved = if i % 2 == 0 { saved_k } else { saved_v };
-            let rows = r.take(n_cells * store.row_bytes(saved) as usize)?;
+            let len = (n_cells.checked_mul(store.row_bytes(saved) as usize))
+                .ok_or_else(|| format(&format!("{n_cells} cells' rows overflow a size")))?;
+            let rows = r.take(len)?;
             layers.push(convert(rows, saved, ty).expect("checked above"));
         }
         data.push(StoreData { pos, sets, layers });

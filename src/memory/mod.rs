@@ -29,6 +29,11 @@ pub use kv_cache::KvCache;
 pub use recurrent::{split_equal, RecurrentMemory};
 pub use swa::SwaKvCache;
 
+/// The highest position a state file may give a cell: far past any context, and low
+/// enough that position arithmetic (`pos + 1`, shifts by a context's length) cannot
+/// overflow an `i32`.
+pub(crate) const MAX_SAVED_POS: i32 = 1 << 30;
+
 use crate::context::state::Reader;
 use crate::context::{Batch, ContextError, ContextParams};
 use crate::kv::{CacheKind, Cell, KvCells, KvChoice, KvType, RsCells, SeqId, N_KV_PAD};

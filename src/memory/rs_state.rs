@@ -85,6 +85,13 @@ pub(super) fn read(
     let mut saved = Vec::with_capacity(n);
     for i in 0..n {
         let pos = r.u32()? as i32;
+        if !(0..=super::MAX_SAVED_POS).contains(&pos) {
+            return Err(format(format!(
+                "recurrent state {i} has the position {pos}, outside 0..={}",
+                super::MAX_SAVED_POS
+            ))
+            .into());
+        }
         let set = r.u64()?;
         if set == 0 || set & !seqs_below(load.n_seq_max) != 0 {
             return Err(format(format!(
@@ -97,7 +104,9 @@ pub(super) fn read(
     }
     let mut rows = Vec::with_capacity(layers.len());
     for (_, row) in &layers {
-        rows.push(r.take(n * *row as usize)?.to_vec());
+        let len = (n.checked_mul(*row as usize))
+            .ok_or_else(|| format(format!("{n} states' rows overflow a size")))?;
+        rows.push(r.take(len)?.to_vec());
     }
     if !load.more && r.left() != 0 {
         return Err(format("trailing bytes".into()).into());

@@ -44,6 +44,9 @@ fn as_chat(body: &Value) -> ApiResult<Value> {
     match f.value("messages") {
         Some(Value::Array(m)) => {
             for msg in m {
+                if msg.get("role").and_then(Value::as_str).is_none() {
+                    return Err(ApiError::invalid("Missing 'role' in message"));
+                }
                 messages.extend(message(msg));
             }
         }

@@ -162,8 +162,14 @@ pub fn messages(v: Option<&Value>) -> ApiResult<Vec<ChatMessage>> {
 /// `tool_call_id` and `name`.
 fn message(m: &Value) -> ApiResult<ChatMessage> {
     let no_content = || ApiError::invalid("All non-assistant messages must contain 'content'");
-    let f = Fields::of(m).map_err(|_| no_content())?;
-    let role = f.str("role")?.unwrap_or("");
+    let f = Fields::of(m).map_err(|_| ApiError::invalid("Each message must be an object"))?;
+    // As llama-server: the content check first, then the role's.
+    if f.str("role")? != Some("assistant") && f.value("content").is_none() {
+        return Err(no_content());
+    }
+    let role = f
+        .str("role")?
+        .ok_or_else(|| ApiError::invalid("Missing 'role' in message"))?;
     let mut msg = ChatMessage::new(role, text_content(&f, role, "\n", no_content)?);
     if role == "tool" {
         for k in ["tool_call_id", "name"] {

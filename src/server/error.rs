@@ -24,6 +24,20 @@ impl ApiError {
             extra: None,
         }
     }
+    /// An error with any status, its type named after the status's class (a refusal by
+    /// a layer below the handlers: the body's size or read time, a malformed path).
+    pub fn with_status(status: StatusCode, message: impl Into<String>) -> Self {
+        let kind = match status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::REQUEST_TIMEOUT => "timeout_error",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
+            StatusCode::NOT_IMPLEMENTED => "not_supported_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        };
+        Self::new(status, kind, message)
+    }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
     }

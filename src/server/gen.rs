@@ -151,7 +151,15 @@ where
         if !first.is_empty() && tx.send(Ok(Bytes::from(first))).await.is_err() {
             return;
         }
-        while let Some(ev) = ticket.events.recv().await {
+        loop {
+            // A client that leaves is noticed even while nothing is written (text held
+            // for a tool call or a stop string, a prompt whose progress is not sent):
+            // dropping the ticket cancels the request.
+            let ev = tokio::select! {
+                ev = ticket.events.recv() => ev,
+                _ = tx.closed() => return,
+            };
+            let Some(ev) = ev else { return };
             let out = match ev {
                 RequestEvent::Progress { done, .. } => write(progress(done)),
                 RequestEvent::Token { token, text, probs } => write(Item::Piece(&Piece {

@@ -1,9 +1,11 @@
 //! What every request passes through: the routes, the API key (compared in constant
 //! time; `/health` and the model list are public, as in llama-server), CORS, the body
-//! limit, and JSON errors for unknown paths and methods.
+//! read whole within the size limit and the timeout, and JSON errors for everything
+//! refused, whichever layer refuses it.
 
 use super::error::ApiError;
 use super::{anthropic, metrics, native, openai, responses, resumable, AppState};
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -59,6 +61,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(
             state.clone(),
+            body_and_errors,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
             resumable::tee,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), api_key))
@@ -77,15 +83,93 @@ async fn unknown(req: Request) -> ApiError {
     ApiError::not_found(format!("File Not Found: {}", req.uri().path()))
 }
 
-async fn wrong_method(req: Request) -> Response {
-    let e = ApiError::invalid(format!(
-        "{} does not take {} requests",
-        req.uri().path(),
-        req.method()
-    ));
-    let mut r = e.into_response();
-    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-    r
+async fn wrong_method(req: Request) -> ApiError {
+    ApiError::with_status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{} does not take {} requests",
+            req.uri().path(),
+            req.method()
+        ),
+    )
+}
+
+/// Reads the request's body whole before any handler runs: a body over the limit gets a
+/// 413 once the limit is read (answering before the body is sent would leave a client
+/// that is still writing it with a broken pipe instead of the answer), one that does not
+/// arrive within the server's timeout (`-to`) a 408, so a slow client holds its
+/// connection for a bounded time. Then any refusal below that is not already a JSON error (axum's extractors answer
+/// in plain text) is rewritten as one, with its status.
+async fn body_and_errors(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let max = s.opts.max_body;
+    let too_large = || {
+        ApiError::with_status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is larger than this server takes: at most {max} bytes (--max-body-mib)"
+            ),
+        )
+        .into_response()
+    };
+    let (parts, body) = req.into_parts();
+    let timeout = std::time::Duration::from_secs(s.opts.timeout_s.max(1));
+    let read = async {
+        use tokio_stream::StreamExt;
+        let mut stream = body.into_data_stream();
+        let mut buf = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| Some(e.to_string()))?;
+            if buf.len() + chunk.len() > max {
+                return Err(None::<String>);
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(buf)
+    };
+    let bytes = match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(None)) => return too_large(),
+        Ok(Err(Some(e))) => {
+            return ApiError::invalid(format!("reading the request body: {e}")).into_response()
+        }
+        Err(_) => {
+            return ApiError::with_status(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s (-to/--timeout)",
+                    timeout.as_secs()
+                ),
+            )
+            .into_response()
+        }
+    };
+    let resp = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    as_json_error(resp).await
+}
+
+/// `resp` itself, or for an error reply that is not JSON (nor an event stream), the same
+/// status with its text as our error object.
+async fn as_json_error(resp: Response) -> Response {
+    let status = resp.status();
+    let kind = (resp.headers().get(header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if status.as_u16() < 400
+        || kind.starts_with("application/json")
+        || kind.starts_with("text/event-stream")
+    {
+        return resp;
+    }
+    let text = match axum::body::to_bytes(resp.into_body(), 64 << 10).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).into_owned(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("the request was refused")
+            .to_string(),
+    };
+    ApiError::with_status(status, text).into_response()
 }
 
 /// Paths any client may read without a key.

@@ -143,12 +143,14 @@ async fn run(
     }
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut servers = tokio::task::JoinSet::new();
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     for l in listeners {
         servers.spawn(accept_loop(
             l,
             app.clone(),
             stop_tx.subscribe(),
             std::time::Duration::from_secs(opts.timeout_s.max(1)),
+            open.clone(),
         ));
     }
     // The model loads on a thread of its own (it blocks on the GPU and the disk).
@@ -178,17 +180,34 @@ async fn run(
     Ok(())
 }
 
+/// Most connections served at once (over all listeners). Past it the server stops
+/// accepting until one closes: new clients wait in the kernel's queue, and the open ones
+/// (each two file descriptors) cannot use up the process's descriptors.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Most requests one HTTP/2 connection may have in flight.
+const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+
 /// Serves connections from `l` until `stop` fires; in-flight requests end with the
-/// process (their clients see the connection close).
+/// process (their clients see the connection close). Each connection holds a permit of
+/// `open` while it lives.
 async fn accept_loop(
     l: tokio::net::TcpListener,
     app: axum::Router,
     mut stop: tokio::sync::broadcast::Receiver<()>,
     read_timeout: std::time::Duration,
+    open: Arc<tokio::sync::Semaphore>,
 ) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     loop {
+        let permit = tokio::select! {
+            p = open.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = stop.recv() => return,
+        };
         let (stream, _peer) = tokio::select! {
             a = l.accept() => match a {
                 Ok(a) => a,
@@ -213,11 +232,15 @@ async fn accept_loop(
             }
         };
         tokio::spawn(async move {
+            let _permit = permit;
             let mut b = Builder::new(TokioExecutor::new());
             b.http1()
                 .title_case_headers(true)
                 .timer(TokioTimer::new())
                 .header_read_timeout(read_timeout);
+            b.http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
             tokio::select! {
                 r = b.serve_connection(TokioIo::new(stream), svc) => {
                     if let Err(e) = r {

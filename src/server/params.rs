@@ -9,6 +9,18 @@ use crate::sample::SamplerParams;
 use crate::tokenizer::Tokenizer;
 use serde_json::Value;
 
+/// Most stop strings a request may give, and the longest each may be, in bytes: every
+/// generated token is checked against all of them on the engine's thread, which every
+/// slot shares (OpenAI's API takes 4).
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 512;
+
+/// Most prompts one completion request may carry: each becomes a request of its own,
+/// queued for the slots with a copy of the request's settings.
+pub const MAX_PROMPTS: usize = 256;
+/// Most bytes of settings (grammar, biases) all the prompts' requests may copy in all.
+const MAX_COPIED_SETTINGS: usize = 256 << 20;
+
 /// What the server's flags set for every request.
 #[derive(Clone, Debug)]
 pub struct Defaults {
@@ -230,6 +242,18 @@ pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenP
             .ok_or_else(|| wrong("stop", "a string or an array of strings"))?,
         Some(_) => return Err(wrong("stop", "a string or an array of strings")),
     };
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(format!(
+            "'stop' has {} strings; at most {MAX_STOP_STRINGS} are taken",
+            stop.len()
+        )));
+    }
+    if let Some(w) = stop.iter().find(|w| w.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(format!(
+            "a stop string is {} bytes long; at most {MAX_STOP_BYTES} are taken",
+            w.len()
+        )));
+    }
     let include_usage = match f.value("stream_options") {
         Some(o) => Fields::of(o)?.bool("include_usage")?.unwrap_or(false),
         None => false,
@@ -403,7 +427,26 @@ pub fn completion_requests(
     let prompt = Fields::of(body)?
         .value("prompt")
         .ok_or_else(|| ApiError::invalid("\"prompt\" is required"))?;
-    let reqs = prompts(prompt)
+    let prompts = prompts(prompt);
+    if prompts.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid(format!(
+            "the request has {} prompts; at most {MAX_PROMPTS} are taken in one request",
+            prompts.len()
+        )));
+    }
+    // Each prompt's request carries a copy of the settings: bound what they add up to.
+    let sp = &p.request.params.sampling;
+    let settings_bytes = sp.grammar.as_ref().map_or(0, String::len)
+        + 8 * (sp.logit_bias.len() + sp.banned.len())
+        + 1024;
+    if prompts.len().saturating_mul(settings_bytes) > MAX_COPIED_SETTINGS {
+        return Err(ApiError::invalid(format!(
+            "{} prompts with these settings ({settings_bytes} bytes of grammar and biases each) add up to more than {} MiB; send fewer prompts per request",
+            prompts.len(),
+            MAX_COPIED_SETTINGS >> 20
+        )));
+    }
+    let reqs = prompts
         .into_iter()
         .map(|pr| {
             let mut r = p.request.clone();

@@ -205,8 +205,23 @@ pub(crate) fn tojson(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, 
     let indent = match indent.kind() {
         ValueKind::None | ValueKind::Undefined => None,
         ValueKind::String => Some(indent.as_str().unwrap_or_default().to_string()),
-        _ => Some(" ".repeat(indent.as_i64().unwrap_or(0).max(0) as usize)),
+        _ => {
+            let n = indent.as_i64().unwrap_or(0).max(0) as usize;
+            if n > MAX_INDENT {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: an indent of {n} (at most {MAX_INDENT} is taken)"),
+                ));
+            }
+            Some(" ".repeat(n))
+        }
     };
+    if indent.as_ref().is_some_and(|i| i.len() > MAX_INDENT) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: an indent string over {MAX_INDENT} bytes"),
+        ));
+    }
     let (item_sep, key_sep) = if separators.is_none() || separators.is_undefined() {
         (
             if indent.is_some() { "," } else { ", " }.to_string(),
@@ -232,13 +247,27 @@ pub(crate) fn tojson(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, 
     Ok(Value::from(out))
 }
 
-fn json_newline(out: &mut String, style: &JsonStyle, depth: usize) {
+/// Widest `tojson` indent and `zfill` width a template may ask for, and the longest
+/// text `tojson` may write: a request's tools and messages are what a model's template
+/// dumps, so these bound what one request can make the process allocate.
+const MAX_INDENT: usize = 64;
+const MAX_ZFILL: usize = 1 << 16;
+const MAX_TOJSON_BYTES: usize = 16 << 20;
+
+fn json_newline(out: &mut String, style: &JsonStyle, depth: usize) -> Result<(), Error> {
     if let Some(ind) = &style.indent {
         out.push('\n');
         for _ in 0..depth {
             out.push_str(ind);
         }
+        if out.len() > MAX_TOJSON_BYTES {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: the text grows past {} MiB", MAX_TOJSON_BYTES >> 20),
+            ));
+        }
     }
+    Ok(())
 }
 
 fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> Result<(), Error> {
@@ -265,10 +294,10 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> R
                 if i > 0 {
                     out.push_str(&style.item_sep);
                 }
-                json_newline(out, style, depth + 1);
+                json_newline(out, style, depth + 1)?;
                 write_json(out, item, style, depth + 1)?;
             }
-            json_newline(out, style, depth);
+            json_newline(out, style, depth)?;
             out.push(']');
         }
         ValueKind::Map => {
@@ -285,7 +314,7 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> R
                 if i > 0 {
                     out.push_str(&style.item_sep);
                 }
-                json_newline(out, style, depth + 1);
+                json_newline(out, style, depth + 1)?;
                 // json.dumps turns the keys it accepts into strings.
                 let k = match key.kind() {
                     ValueKind::String => key.as_str().unwrap_or_default().to_string(),
@@ -306,7 +335,7 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> R
                 out.push_str(&style.key_sep);
                 write_json(out, &v.get_item(key)?, style, depth + 1)?;
             }
-            json_newline(out, style, depth);
+            json_newline(out, style, depth)?;
             out.push('}');
         }
         ValueKind::Undefined => {
@@ -437,6 +466,12 @@ fn str_method(s: &str, method: &str, args: &[Value]) -> Result<Option<Value>, Er
         }
         "zfill" => {
             let (width,): (usize,) = from_args(args)?;
+            if width > MAX_ZFILL {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("zfill: a width of {width} (at most {MAX_ZFILL} is taken)"),
+                ));
+            }
             let n = s.chars().count();
             if n >= width {
                 Value::from(s)

@@ -234,9 +234,15 @@ fn json_value(v: &serde_json::Value) -> Value {
     }
 }
 
+/// Instructions one render may run: real templates take a few hundred per message.
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+
 /// The minijinja environment set up as transformers sets up Jinja2 for chat templates.
 fn environment(now: chrono::NaiveDateTime) -> Result<Environment<'static>, TemplateError> {
     let mut env = Environment::new();
+    // A template comes with the model file (`-hf` fetches them from anyone): its
+    // instructions are counted, so a loop without end is an error, not a hung worker.
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_syntax(
         SyntaxConfig::builder()
             .trim_blocks(true)

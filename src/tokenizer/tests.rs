@@ -765,3 +765,25 @@ fn builtin_templates_render_as_llama_cpp() {
     }
     assert!(builtin_template("no-such-template").is_none());
 }
+
+/// Templates come with model files: one that loops without end, or dumps a request's
+/// data with a huge indent, is an error, not a hung or exhausted process.
+#[test]
+fn hostile_templates_are_stopped() {
+    let msgs = vec![ChatMessage::new("user", "hi")];
+    let opts = TemplateOptions::default();
+    let endless =
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let e = render_chat_template(endless, &msgs, &opts).unwrap_err();
+    assert!(e.to_string().to_lowercase().contains("fuel"), "{e}");
+    let wide = "{{ messages | tojson(indent=1000000000) }}";
+    let e = render_chat_template(wide, &msgs, &opts).unwrap_err();
+    assert!(e.to_string().contains("indent"), "{e}");
+    let zeros = "{{ '1'.zfill(10000000000) }}";
+    let e = render_chat_template(zeros, &msgs, &opts).unwrap_err();
+    assert!(e.to_string().contains("zfill"), "{e}");
+    // Ordinary use of both still works.
+    let ok = "{{ messages | tojson(indent=2) }}{{ '7'.zfill(3) }}";
+    let out = render_chat_template(ok, &msgs, &opts).unwrap();
+    assert!(out.ends_with("007"), "{out}");
+}
