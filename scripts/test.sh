@@ -54,4 +54,7 @@ if [ $# -eq 0 ]; then
   # The real `openai` client against `wgllm serve` (the 64-client load test in
   # tests/clients/test_load.py takes minutes on lavapipe: run by hand, README has its numbers).
   scripts/client-tests.sh --ignore=tests/clients/test_load.py
+  # Every fuzz target for a short bounded time from its seeds and past findings (a long
+  # run: scripts/fuzz.sh 3600; README has the figures).
+  scripts/fuzz.sh "${WGLLM_FUZZ_SECONDS:-15}"
 fi

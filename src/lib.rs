@@ -4,6 +4,9 @@
 
 pub mod context;
 pub mod engine;
+/// The fuzz targets' bodies (scripts/fuzz.sh, tests/fuzz_corpus.rs).
+#[doc(hidden)]
+pub mod fuzz;
 pub mod gguf;
 pub mod gpu;
 pub mod grammar;

@@ -182,50 +182,8 @@ impl Context {
             at: 0,
             path: p,
         };
-        let format = |what: &str| StateError::Format {
-            path: p.to_string(),
-            what: what.into(),
-        };
-        if r.take(8)? != MAGIC {
-            return Err(format("bad magic").into());
-        }
-        let version = r.u32()?;
-        if !(2..=VERSION).contains(&version) {
-            return Err(format(&format!("version {version}, expected {VERSION}")).into());
-        }
-        let shape = [r.u32()?, r.u32()?, r.u32()?];
-        if shape != self.model_shape() {
-            return Err(StateError::OtherModel {
-                path: p.to_string(),
-                what: format!(
-                    "layers, K/V width, vocabulary {:?}; this model has {:?}",
-                    shape,
-                    self.model_shape()
-                ),
-            }
-            .into());
-        }
-        // Versions 2 and 3 put the cache types before the tokens.
-        let types = match version {
-            2 => match r.u32()? {
-                2 => Some((KvType::F16, KvType::F16)),
-                4 => Some((KvType::F32, KvType::F32)),
-                elem => return Err(format(&format!("K/V element size {elem}")).into()),
-            },
-            3 => {
-                let mut ty = || -> Result<KvType, StateError> {
-                    let id = r.u32()?;
-                    KvType::from_ggml_id(id).ok_or_else(|| format(&format!("cache type id {id}")))
-                };
-                Some((ty()?, ty()?))
-            }
-            _ => None,
-        };
-        let n_tok = r.u32()? as usize;
-        if n_tok.saturating_mul(4) > r.left() {
-            return Err(format(&format!("{n_tok} tokens do not fit in the file")).into());
-        }
-        let tokens: Vec<u32> = (0..n_tok).map(|_| r.u32()).collect::<Result<_, _>>()?;
+        let (types, tokens) = read_header(&mut r, self.model_shape())?;
+        let n_tok = tokens.len();
         if let Some(s) = dst {
             self.check_seq(s)?;
         }
@@ -239,4 +197,92 @@ impl Context {
         log::info!("loaded {n_cells} cells and {n_tok} tokens from {p}");
         Ok(SavedState { tokens, n_cells })
     }
+}
+
+/// Saved cache types (versions 2 and 3 name them here) and tokens: the header of a state
+/// file, checked against the model's shape [layers, K/V width, vocabulary].
+type Header = (Option<(KvType, KvType)>, Vec<u32>);
+
+fn read_header(r: &mut Reader, model_shape: [u32; 3]) -> Result<Header, ContextError> {
+    let p = r.path.to_string();
+    let format = |what: &str| StateError::Format {
+        path: p.clone(),
+        what: what.into(),
+    };
+    if r.take(8)? != MAGIC {
+        return Err(format("bad magic").into());
+    }
+    let version = r.u32()?;
+    if !(2..=VERSION).contains(&version) {
+        return Err(format(&format!("version {version}, expected {VERSION}")).into());
+    }
+    let shape = [r.u32()?, r.u32()?, r.u32()?];
+    if shape != model_shape {
+        return Err(StateError::OtherModel {
+            path: r.path.to_string(),
+            what: format!(
+                "layers, K/V width, vocabulary {:?}; this model has {:?}",
+                shape, model_shape
+            ),
+        }
+        .into());
+    }
+    // Versions 2 and 3 put the cache types before the tokens.
+    let types = match version {
+        2 => match r.u32()? {
+            2 => Some((KvType::F16, KvType::F16)),
+            4 => Some((KvType::F32, KvType::F32)),
+            elem => return Err(format(&format!("K/V element size {elem}")).into()),
+        },
+        3 => {
+            let mut ty = || -> Result<KvType, StateError> {
+                let id = r.u32()?;
+                KvType::from_ggml_id(id).ok_or_else(|| format(&format!("cache type id {id}")))
+            };
+            Some((ty()?, ty()?))
+        }
+        _ => None,
+    };
+    let n_tok = r.u32()? as usize;
+    if n_tok.saturating_mul(4) > r.left() {
+        return Err(format(&format!("{n_tok} tokens do not fit in the file")).into());
+    }
+    let tokens: Vec<u32> = (0..n_tok).map(|_| r.u32()).collect::<Result<_, _>>()?;
+    if let Some(t) = tokens.iter().find(|&&t| t >= model_shape[2]) {
+        return Err(format(&format!(
+            "token {t} is outside the vocabulary of {}",
+            model_shape[2]
+        ))
+        .into());
+    }
+    Ok((types, tokens))
+}
+
+/// Loads a state file into K/V stores kept in host memory (one, or a sliding-window
+/// model's two) of a model of `model_shape`, as [`Context::state_from_bytes`] loads it
+/// into the GPU's: for reading files without a device (the fuzz target, tests).
+pub fn state_into_host(
+    data: &[u8],
+    model_shape: [u32; 3],
+    stores: &mut [crate::memory::HostKvStore],
+    dst: Option<SeqId>,
+    n_seq_max: u32,
+) -> Result<SavedState, ContextError> {
+    let mut r = Reader {
+        data,
+        at: 0,
+        path: "state",
+    };
+    let (types, tokens) = read_header(&mut r, model_shape)?;
+    let load = crate::memory::StateLoad {
+        dst,
+        types,
+        n_seq_max,
+        more: false,
+    };
+    let mut stores: Vec<&mut dyn crate::memory::KvStore> = (stores.iter_mut())
+        .map(|s| s as &mut dyn crate::memory::KvStore)
+        .collect();
+    let n_cells = crate::memory::read_kv_state(&mut r, &mut stores, &load)?;
+    Ok(SavedState { tokens, n_cells })
 }

@@ -187,6 +187,8 @@ pub struct Stats {
     pub kv_cells_total: u64,
     /// Largest number of tokens a slot has held.
     pub n_tokens_max: u64,
+    /// Bytes of GPU buffers alive on the model's device.
+    pub gpu_buffer_bytes: u64,
 }
 
 /// What a slot file action did.
@@ -1022,5 +1024,6 @@ impl Worker {
         st.requests_deferred = self.queue.len() as u64;
         st.kv_cells_used = used as u64;
         st.n_tokens_max = st.n_tokens_max.max(max);
+        st.gpu_buffer_bytes = self.engine.context().model.gpu.live_buffer_bytes();
     }
 }

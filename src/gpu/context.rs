@@ -449,6 +449,14 @@ impl Gpu {
         self.allocated.load(Ordering::Relaxed)
     }
 
+    /// Bytes of buffers alive on the device now, as wgpu counts them (its `counters`
+    /// feature; 0 on backends that do not count): what a long-running server is watched
+    /// by for leaks.
+    pub fn live_buffer_bytes(&self) -> u64 {
+        let live = self.device.get_internal_counters().hal.buffer_memory.read();
+        live.max(0) as u64
+    }
+
     pub(super) fn count_allocation(&self, bytes: u64) {
         self.allocated.fetch_add(bytes, Ordering::Relaxed);
     }

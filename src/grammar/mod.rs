@@ -374,8 +374,12 @@ impl GrammarState {
                 Err(self.rejected(token))
             };
         }
+        // As `check` sees it: a piece starting with NUL spells nothing.
+        if bytes.first().is_none_or(|&b| b == 0) {
+            return Err(self.rejected(token));
+        }
         let (cps, partial) = stacks::decode(bytes, self.partial);
-        let next = match self.advance_stacks(token, &cps) {
+        let next = match self.advance_stacks(token, &cps, partial) {
             Ok(next) => next,
             Err(Overflow) => {
                 // Nothing more can be matched: the state allows only the end from here.
@@ -392,8 +396,15 @@ impl GrammarState {
         Ok(())
     }
 
-    /// The stacks after `token`, whose text is `cps`.
-    fn advance_stacks(&self, token: u32, cps: &[u32]) -> Result<Vec<Stack>, Overflow> {
+    /// The stacks after `token`, whose text is `cps` and then the incomplete character
+    /// `partial`: only stacks that some completion of it could continue are kept (as
+    /// `check` keeps them), and none if the bytes were not UTF-8.
+    fn advance_stacks(
+        &self,
+        token: u32,
+        cps: &[u32],
+        partial: Partial,
+    ) -> Result<Vec<Stack>, Overflow> {
         let rules = &self.grammar.rules;
         let mut next = StackSet::default();
         for stack in &self.stacks {
@@ -416,7 +427,14 @@ impl GrammarState {
                 }
             }
             for s in cur {
-                next.insert(s);
+                let fits = partial.n_remain == 0
+                    || s.last().is_some_and(|&top| {
+                        !matches!(rules.at(top), Elem::Token(_) | Elem::TokenNot(_))
+                            && rules.match_partial(top, partial)
+                    });
+                if fits {
+                    next.insert(s);
+                }
             }
             if next.len() > stacks::MAX_STACKS {
                 return Err(Overflow);

@@ -217,6 +217,6 @@ impl Memory for KvCache {
         super::kv_state::write(out, &[self], seq)
     }
     fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
-        super::kv_state::read(r, &mut [self], load)
+        super::kv_state::read(r, &mut [self as &mut dyn super::kv_state::KvStore], load)
     }
 }

@@ -10,6 +10,7 @@ use crate::context::ContextError;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::kv::SeqId;
 use crate::kv::{seqs_below, KvCells, KvType};
+use crate::ops::View;
 
 /// Writes `stores` (the main one first); returns the cells saved from the first.
 #[cfg(not(target_arch = "wasm32"))]
@@ -60,6 +61,131 @@ pub(super) fn write(
     Ok(n_saved)
 }
 
+/// What loading a state file needs of a K/V store: its types and cells, and a place for
+/// the loaded rows. [`KvCache`] writes them to its GPU buffers; [`HostKvStore`] keeps them
+/// in memory (the state-file fuzz target loads into two of those, no GPU needed).
+pub(crate) trait KvStore {
+    /// The cache's K and V types (what saved rows are converted to).
+    fn types(&self) -> (KvType, KvType);
+    /// The type of each tensor, per layer K then V.
+    fn tensor_types(&self) -> Vec<KvType>;
+    /// Bytes of one cell's row of a tensor of type `ty`.
+    fn row_bytes(&self, ty: KvType) -> u64;
+    fn cells(&self) -> &KvCells;
+    /// Takes `cells` as the store's cells, with `rows[t]` (tensor `t`'s rows, cell by
+    /// cell) written at the cells `slots`.
+    fn replace(&mut self, cells: KvCells, slots: &[usize], rows: &[Vec<u8>]);
+}
+
+/// Runs of consecutive slots: (index into `slots` where the run starts, where it ends).
+fn runs(slots: &[usize]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut a = 0;
+    while a < slots.len() {
+        let mut b = a + 1;
+        while b < slots.len() && slots[b] == slots[b - 1] + 1 {
+            b += 1;
+        }
+        out.push((a, b));
+        a = b;
+    }
+    out
+}
+
+impl KvStore for KvCache {
+    fn types(&self) -> (KvType, KvType) {
+        (self.choice.type_k, self.choice.type_v)
+    }
+    fn tensor_types(&self) -> Vec<KvType> {
+        self.tensors().into_iter().map(|(_, ty)| ty).collect()
+    }
+    fn row_bytes(&self, ty: KvType) -> u64 {
+        KvCache::row_bytes(self, ty)
+    }
+    fn cells(&self) -> &KvCells {
+        &self.cells
+    }
+    fn replace(&mut self, cells: KvCells, slots: &[usize], rows: &[Vec<u8>]) {
+        let gpu = self.model.gpu.clone();
+        let tensors: Vec<(View, KvType)> = (self.tensors().into_iter())
+            .map(|(t, ty)| (t.clone(), ty))
+            .collect();
+        for ((t, ty), rows) in tensors.iter().zip(rows) {
+            let row = KvCache::row_bytes(self, *ty) as usize;
+            // One write per run of consecutive cells (the slots may be scattered).
+            for (a, b) in runs(slots) {
+                let at = t.offset + (slots[a] * row) as u64;
+                gpu.write(&t.buf, at, &rows[a * row..b * row]);
+            }
+        }
+        self.cells = cells;
+    }
+}
+
+/// A K/V store kept in host memory: cells and each tensor's rows, as a state file loads
+/// them. For loading files without a device (the fuzz target, tests).
+#[derive(Debug, Clone)]
+pub struct HostKvStore {
+    pub cells: KvCells,
+    pub type_k: KvType,
+    pub type_v: KvType,
+    pub n_layer: usize,
+    /// Values per cell in a row (the model's K/V width).
+    pub n_embd_kv: u64,
+    /// Each tensor's rows, cell by cell (per layer K then V).
+    pub rows: Vec<Vec<u8>>,
+}
+
+impl HostKvStore {
+    pub fn new(
+        size: usize,
+        type_k: KvType,
+        type_v: KvType,
+        n_layer: usize,
+        n_embd_kv: u64,
+    ) -> Self {
+        let mut s = HostKvStore {
+            cells: KvCells::new(size),
+            type_k,
+            type_v,
+            n_layer,
+            n_embd_kv,
+            rows: Vec::new(),
+        };
+        s.rows = (s.tensor_types().into_iter())
+            .map(|ty| vec![0; size * s.row_bytes(ty) as usize])
+            .collect();
+        s
+    }
+}
+
+impl KvStore for HostKvStore {
+    fn types(&self) -> (KvType, KvType) {
+        (self.type_k, self.type_v)
+    }
+    fn tensor_types(&self) -> Vec<KvType> {
+        (0..self.n_layer)
+            .flat_map(|_| [self.type_k, self.type_v])
+            .collect()
+    }
+    fn row_bytes(&self, ty: KvType) -> u64 {
+        ty.row_bytes(self.n_embd_kv)
+    }
+    fn cells(&self) -> &KvCells {
+        &self.cells
+    }
+    fn replace(&mut self, cells: KvCells, slots: &[usize], rows: &[Vec<u8>]) {
+        for (t, (held, new)) in self.rows.iter_mut().zip(rows).enumerate() {
+            let ty = if t % 2 == 0 { self.type_k } else { self.type_v };
+            let row = ty.row_bytes(self.n_embd_kv) as usize;
+            for (i, &slot) in slots.iter().enumerate() {
+                held[slot * row..(slot + 1) * row].copy_from_slice(&new[i * row..(i + 1) * row]);
+            }
+        }
+        self.cells = cells;
+    }
+}
+
 /// One store's part of a file, read and checked before anything changes.
 struct StoreData {
     pos: Vec<i32>,
@@ -71,9 +197,9 @@ struct StoreData {
 /// Reads what [`write`] wrote into `stores`: the whole memory, or one saved sequence into
 /// sequence `load.dst` (replacing that sequence). Returns the cells loaded into the first
 /// store.
-pub(super) fn read(
+pub(crate) fn read(
     r: &mut Reader,
-    stores: &mut [&mut KvCache],
+    stores: &mut [&mut dyn KvStore],
     load: &StateLoad,
 ) -> Result<usize, ContextError> {
     let (dst, n_seq) = (load.dst, load.n_seq_max);
@@ -95,7 +221,7 @@ pub(super) fn read(
             (ty()?, ty()?)
         }
     };
-    let (k, v) = (first.choice.type_k, first.choice.type_v);
+    let (k, v) = first.types();
     if convert(&[], saved_k, k).is_none() || convert(&[], saved_v, v).is_none() {
         return Err(StateError::OtherTypes {
             path: p.clone(),
@@ -151,7 +277,7 @@ pub(super) fn read(
             sets.push(set);
         }
         let mut layers = Vec::new();
-        for (i, (_, ty)) in store.tensors().into_iter().enumerate() {
+        for (i, ty) in store.tensor_types().into_iter().enumerate() {
             let saved = if i % 2 == 0 { saved_k } else { saved_v };
             let len = (n_cells.checked_mul(store.row_bytes(saved) as usize))
                 .ok_or_else(|| format(&format!("{n_cells} cells' rows overflow a size")))?;
@@ -167,7 +293,7 @@ pub(super) fn read(
     // fit: a file that does not fit leaves the cache (and `dst`) as it was.
     let mut placed = Vec::with_capacity(stores.len());
     for (store, st) in stores.iter().zip(&mut data) {
-        let mut cells = store.cells.clone();
+        let mut cells = store.cells().clone();
         match dst {
             None => cells.clear(),
             Some(s) => {
@@ -190,22 +316,7 @@ pub(super) fn read(
         placed.push((cells, slots));
     }
     for ((store, st), (cells, slots)) in stores.iter_mut().zip(&data).zip(placed) {
-        let gpu = store.model.gpu.clone();
-        for ((t, ty), rows) in store.tensors().into_iter().zip(&st.layers) {
-            let row = store.row_bytes(ty) as usize;
-            // One write per run of consecutive cells (the slots may be scattered).
-            let mut a = 0;
-            while a < slots.len() {
-                let mut b = a + 1;
-                while b < slots.len() && slots[b] == slots[b - 1] + 1 {
-                    b += 1;
-                }
-                let at = t.offset + (slots[a] * row) as u64;
-                gpu.write(&t.buf, at, &rows[a * row..b * row]);
-                a = b;
-            }
-        }
-        store.cells = cells;
+        store.replace(cells, &slots, &st.layers);
     }
     Ok(data[0].pos.len())
 }

@@ -26,6 +26,8 @@ mod swa;
 
 pub use hybrid::HybridMemory;
 pub use kv_cache::KvCache;
+pub use kv_state::HostKvStore;
+pub(crate) use kv_state::{read as read_kv_state, KvStore};
 pub use recurrent::{split_equal, RecurrentMemory};
 pub use swa::SwaKvCache;
 

@@ -178,6 +178,13 @@ impl Memory for SwaKvCache {
         super::kv_state::write(out, &[&self.full, &self.swa], seq)
     }
     fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
-        super::kv_state::read(r, &mut [&mut self.full, &mut self.swa], load)
+        super::kv_state::read(
+            r,
+            &mut [
+                &mut self.full as &mut dyn super::kv_state::KvStore,
+                &mut self.swa,
+            ],
+            load,
+        )
     }
 }

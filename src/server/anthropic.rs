@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 /// The request as a chat completion body: the system prompt as the first message and
 /// text blocks joined.
-fn as_chat(body: &Value) -> ApiResult<Value> {
+pub(super) fn as_chat(body: &Value) -> ApiResult<Value> {
     let f = Fields::of(body)?;
     let mut messages = Vec::new();
     if let Some(sys) = f.value("system") {
@@ -211,10 +211,7 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
     let body = as_chat(&body_json(&body)?)?;
     let tok = service.tokenizer();
     let p = params::gen_params(&body, &s.opts.defaults, tok)?;
-    let mut req = p.request.clone();
-    let chat = ChatRequest::read(&body, tok)?;
-    chat.tools_grammar(&mut req.params.sampling.grammar)?;
-    req.prompt = chat.tokens(tok)?;
+    let (chat, req) = ChatRequest::request(&body, &p.request, tok)?;
     let n_prompt = req.prompt.len();
     let model = s.model_name();
     let id = reply_id("msg-");

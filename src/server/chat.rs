@@ -8,6 +8,7 @@
 use super::error::{ApiError, ApiResult};
 use super::params::Fields;
 use super::tools::{self, ToolFormat, Tools};
+use crate::engine::service::Request;
 use crate::tokenizer::{knows_tools, ChatMessage, Tokenizer};
 use serde_json::{json, Value};
 
@@ -143,6 +144,16 @@ impl ChatRequest {
     /// The prompt's tokens.
     pub fn tokens(&self, tok: &Tokenizer) -> ApiResult<Vec<u32>> {
         Ok(tok.encode(&self.render(tok)?, true, true))
+    }
+
+    /// A chat body read, and the request it queues: `base` (the body's generation
+    /// settings) with the rendered prompt and the tools' grammar.
+    pub fn request(body: &Value, base: &Request, tok: &Tokenizer) -> ApiResult<(Self, Request)> {
+        let chat = ChatRequest::read(body, tok)?;
+        let mut req = base.clone();
+        chat.tools_grammar(&mut req.params.sampling.grammar)?;
+        req.prompt = chat.tokens(tok)?;
+        Ok((chat, req))
     }
 }
 

@@ -130,6 +130,13 @@ pub async fn metrics(State(s): State<Arc<AppState>>) -> ApiResult<Response> {
                 0.0
             },
         )?;
+        // wgllm's own: the GPU memory its buffers hold now.
+        let g = Gauge::with_opts(Opts::new(
+            "wgllm:gpu_buffer_bytes",
+            "Bytes of GPU buffers alive on the model's device",
+        ))?;
+        g.set(st.gpu_buffer_bytes as f64);
+        r.register(Box::new(g))?;
         Ok(())
     })();
     built.map_err(|e| ApiError::server(format!("building the metrics: {e}")))?;

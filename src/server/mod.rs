@@ -10,6 +10,7 @@
 //! request passes through (API key, CORS, body limits, unknown paths).
 
 mod anthropic;
+pub mod bodies;
 mod chat;
 mod error;
 mod gen;

@@ -115,7 +115,7 @@ fn usage_json(n_prompt: usize, n_gen: usize, n_cached: usize) -> Value {
 
 /// `n_probs` from OpenAI's `logprobs` (a count for completions, `true` + `top_logprobs`
 /// for chat).
-fn oai_n_probs(body: &Value, p: &mut GenParams, chat: bool) -> ApiResult<()> {
+pub(super) fn oai_n_probs(body: &Value, p: &mut GenParams, chat: bool) -> ApiResult<()> {
     let f = Fields::of(body)?;
     let n = if chat {
         if f.bool("logprobs")?.unwrap_or(false) {
@@ -286,11 +286,13 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
     }
     let verbose = f.bool("verbose")?.unwrap_or(s.opts.verbose);
     let return_progress = f.bool("return_progress")?.unwrap_or(false);
-    let chat = ChatRequest::read(&body, tok)?;
-    let rendered = chat.render(tok)?;
-    let mut req = p.request.clone();
-    chat.tools_grammar(&mut req.params.sampling.grammar)?;
-    req.prompt = tok.encode(&rendered, true, true);
+    let (chat, req) = ChatRequest::request(&body, &p.request, tok)?;
+    // `verbose` echoes the prompt as rendered.
+    let rendered = if verbose {
+        chat.render(tok)?
+    } else {
+        String::new()
+    };
     let model = s.model_name();
     let id = reply_id("chatcmpl-");
     let created = now();

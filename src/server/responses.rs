@@ -61,7 +61,7 @@ fn content_parts(item: &Value, output: bool) -> ApiResult<Vec<Value>> {
 
 /// The request as a chat completion body (llama-server's conversion; items wgllm has
 /// no use for, tool calls and reasoning, are refused with the reason).
-fn as_chat(body: &Value) -> ApiResult<Value> {
+pub(super) fn as_chat(body: &Value) -> ApiResult<Value> {
     let f = Fields::of(body)?;
     let input = f
         .value("input")

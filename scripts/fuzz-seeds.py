@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Writes the fuzz targets' seed inputs into fuzz/seeds/<target>/ (small files, checked
+in; rerun after changing this script). Each seed is a valid input of its kind, so the
+fuzzer starts from what real inputs look like: GGUF files with a few hyperparameters,
+a vocabulary and tensors; chat templates with messages; grammars and schemas with a
+text; request bodies for each endpoint."""
+import json
+import os
+import struct
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "seeds")
+
+
+def put(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# GGUF (version 3): typed metadata, then tensor infos, aligned tensor data.
+U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
+
+
+def gstr(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gval(t, v):
+    if t == U32:
+        return struct.pack("<I", v)
+    if t == I32:
+        return struct.pack("<i", v)
+    if t == F32:
+        return struct.pack("<f", v)
+    if t == BOOL:
+        return struct.pack("<B", int(v))
+    if t == STR:
+        return gstr(v)
+    if t == U64:
+        return struct.pack("<Q", v)
+    et, items = v
+    return struct.pack("<IQ", et, len(items)) + b"".join(gval(et, x) for x in items)
+
+
+def gguf(kv, tensors=()):
+    """kv: [(key, type, value)]; tensors: [(name, dims, f32 values)]."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv))
+    for k, t, v in kv:
+        out += gstr(k) + struct.pack("<I", t) + gval(t, v)
+    data = b""
+    for name, dims, _ in tensors:
+        out += gstr(name) + struct.pack("<I", len(dims))
+        out += b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", 0, len(data))  # F32
+        n = 1
+        for d in dims:
+            n *= d
+        data += struct.pack(f"<{n}f", *[((i * 7) % 13 - 6) / 8 for i in range(n)])
+        data += b"\0" * (-len(data) % 32)
+    out += b"\0" * (-len(out) % 32)
+    return out + data
+
+
+def gpt2_vocab():
+    # Byte-level BPE: printable bytes as themselves, a few merges, two control tokens.
+    toks = [chr(c) for c in range(33, 127)] + ["Ġ", "Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_start|>"]
+    types = [1] * (len(toks) - 2) + [3, 3]
+    merges = ["Ġ t", "h e", "Ġt he"]
+    return [
+        ("tokenizer.ggml.model", STR, "gpt2"),
+        ("tokenizer.ggml.pre", STR, "smollm"),
+        ("tokenizer.ggml.tokens", ARR, (STR, toks)),
+        ("tokenizer.ggml.token_type", ARR, (I32, types)),
+        ("tokenizer.ggml.merges", ARR, (STR, merges)),
+        ("tokenizer.ggml.bos_token_id", U32, len(toks) - 2),
+        ("tokenizer.ggml.eos_token_id", U32, len(toks) - 2),
+        ("tokenizer.chat_template", STR, "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\n{% endfor %}"),
+    ]
+
+
+def spm_vocab():
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["▁", "▁the", "he", "llo", "▁he"]
+    types = [2, 3, 3] + [6] * 256 + [1] * 5
+    scores = [0.0] * 259 + [-1.0, -2.0, -3.0, -4.0, -5.0]
+    return [
+        ("tokenizer.ggml.model", STR, "llama"),
+        ("tokenizer.ggml.tokens", ARR, (STR, toks)),
+        ("tokenizer.ggml.scores", ARR, (F32, scores)),
+        ("tokenizer.ggml.token_type", ARR, (I32, types)),
+        ("tokenizer.ggml.add_space_prefix", BOOL, True),
+    ]
+
+
+def wpm_vocab():
+    toks = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "##s", "hello", "world", "##ing", ","]
+    return [
+        ("tokenizer.ggml.model", STR, "bert"),
+        ("tokenizer.ggml.tokens", ARR, (STR, toks)),
+        ("tokenizer.ggml.token_type", ARR, (I32, [3, 2, 3, 3] + [1] * 6)),
+        ("tokenizer.ggml.unknown_token_id", U32, 1),
+        ("tokenizer.ggml.bos_token_id", U32, 2),
+        ("tokenizer.ggml.seperator_token_id", U32, 3),
+    ]
+
+
+def llama_model(vocab, arch="llama", extra=()):
+    toks = next(v for k, t, v in vocab if k == "tokenizer.ggml.tokens")[1]
+    e, ff, n_vocab = 8, 16, len(toks)
+    kv = [
+        ("general.architecture", STR, arch),
+        (f"{arch}.block_count", U32, 1),
+        (f"{arch}.context_length", U32, 64),
+        (f"{arch}.embedding_length", U32, e),
+        (f"{arch}.feed_forward_length", U32, ff),
+        (f"{arch}.attention.head_count", U32, 2),
+        (f"{arch}.attention.head_count_kv", U32, 1),
+        (f"{arch}.attention.layer_norm_rms_epsilon", F32, 1e-5),
+        (f"{arch}.rope.freq_base", F32, 10000.0),
+    ] + list(extra) + vocab
+    kvd = e // 2
+    tensors = [
+        ("token_embd.weight", [e, n_vocab], None),
+        ("output_norm.weight", [e], None),
+        ("blk.0.attn_norm.weight", [e], None),
+        ("blk.0.attn_q.weight", [e, e], None),
+        ("blk.0.attn_k.weight", [e, kvd], None),
+        ("blk.0.attn_v.weight", [e, kvd], None),
+        ("blk.0.attn_output.weight", [e, e], None),
+        ("blk.0.ffn_norm.weight", [e], None),
+        ("blk.0.ffn_gate.weight", [e, ff], None),
+        ("blk.0.ffn_up.weight", [e, ff], None),
+        ("blk.0.ffn_down.weight", [ff, e], None),
+    ]
+    return gguf(kv, tensors)
+
+
+def main():
+    put("gguf", "llama-gpt2", llama_model(gpt2_vocab()))
+    put("gguf", "llama-spm", llama_model(spm_vocab()))
+    put("gguf", "gemma3-spm", llama_model(spm_vocab(), "gemma3", [
+        ("gemma3.attention.sliding_window", U32, 16),
+        ("gemma3.attention.key_length", U32, 4),
+        ("gemma3.attention.value_length", U32, 4),
+    ]))
+    put("gguf", "metadata-only", gguf([("general.architecture", STR, "qwen2"), ("x.arr", ARR, (ARR, [(U32, [1, 2])]))]))
+
+    texts = ["Hello the world, <|endoftext|> héllo\n\t  123", "hello worlds, the thing", "<s>▁the hello</s> ☃"]
+    for name, vocab, text in zip(["gpt2", "spm", "wpm"], [gpt2_vocab(), spm_vocab(), wpm_vocab()], texts):
+        g = gguf(vocab)
+        put("tokenizer", name, struct.pack("<I", len(g)) + g + text.encode())
+
+    msgs = json.dumps([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                       {"role": "assistant", "content": "Hello", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"a": "x"}}}]},
+                       {"role": "tool", "content": "42", "tool_call_id": "c1"}])
+    templates = {
+        "chatml": "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n{% endif %}",
+        "tools": "{% if tools %}{{ tools | tojson(indent=4) }}{% endif %}{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}({{ c.function.arguments | tojson }}){% endfor %}{% else %}[{{ m.role | upper }}] {{ m.content | trim }}{% endif %}{% endfor %}",
+        "python": "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ m.content.split(' ')|join('_') }}{{ (ns.n|string).zfill(3) }}{{ m.role.startswith('u') }}{{ strftime_now('%Y-%m-%d') }}{% endfor %}{{ bos_token }}{{ raise_exception('done') if messages|length > 9 }}",
+    }
+    for name, t in templates.items():
+        put("chat_template", name, t + "\0" + msgs)
+
+    grammars = {
+        "json-ish": ('root ::= "{" ws pair ("," ws pair)* "}"\npair ::= [a-z]+ ":" ws value\nvalue ::= [0-9]+ | "\\"" [^"]* "\\""\nws ::= [ \\t\\n]*', '{a: 1, bc: "x"}'),
+        "repeats": ('root ::= ("ab"{2,3} [0-9]? | "c"+ ) "." .\n# comment', "ababab1.x"),
+        "tokens": ('root ::= <[1]> "x" !<[2]>* [^\\x00-\\x1F]', "x"),
+        "nested": ('root ::= ((("a" | "b")+ ("c" ("d")?)*)? "e")+', "abcde"),
+    }
+    for name, (g, text) in grammars.items():
+        put("grammar", name, g + "\0" + text)
+
+    schemas = {
+        "object": ({"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 5},
+                                                       "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                                       "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+                    "required": ["name"], "additionalProperties": False}, '{"name": "Bo", "age": 7}'),
+        "refs": ({"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {"v": {"type": "number"},
+                 "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}}}}, '{"v": 1, "next": null}'),
+        "strings": ({"oneOf": [{"type": "string", "format": "date"}, {"type": "string", "pattern": "^[a-z]{2,4}(-[0-9]+)?$"},
+                               {"type": "string", "format": "uuid"}, {"const": {"k": [1, True, None]}}]}, '"ab-12"'),
+        "allof": ({"allOf": [{"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]},
+                             {"properties": {"b": {"type": ["integer", "null"]}}}]}, '{"a": true, "b": 3}'),
+    }
+    for name, (s, text) in schemas.items():
+        put("json_schema", name, json.dumps(s) + "\0" + text)
+
+    # State files (wgllm's format, version 4) for the fuzz model: 2 layers of K/V width
+    # 32, vocabulary 64, a sliding-window pair of stores. The first byte: cache types
+    # (bits 0-1: f16, f32, q8_0, q4_0) and whether one sequence is loaded (bit 2, into
+    # sequence bits 3+ mod 4).
+    def state(tokens, stores, seq_bits):
+        out = b"WGLLMKV\0" + struct.pack("<I", 4) + struct.pack("<3I", 2, 32, 64)
+        out += struct.pack("<I", len(tokens)) + b"".join(struct.pack("<I", t) for t in tokens)
+        out += struct.pack("<II", 1, 1)  # K and V as f16 (ggml id 1)
+        out += struct.pack("<I", len(stores))
+        for cells in stores:
+            out += struct.pack("<I", len(cells))
+            for pos, seqs in cells:
+                out += struct.pack("<IQ", pos, seqs)
+            for _ in range(2):  # one layer: K rows, then V rows, 32 f16 each
+                out += b"".join(struct.pack("<32e", *[(p + i) / 64 for i in range(32)]) for p, _ in cells)
+        return bytes([seq_bits]) + out
+    toks = [5, 9, 17, 33, 2]
+    put("state_file", "whole", state(toks, [[(i, 1) for i in range(5)], [(i, 1) for i in range(3, 5)]], 0))
+    put("state_file", "shared-seqs", state(toks[:3], [[(0, 3), (1, 3), (2, 1)], [(1, 3), (2, 1)]], 0))
+    put("state_file", "one-seq", state(toks, [[(i, 1) for i in range(5)], [(i, 1) for i in range(2, 5)]], 4 | (2 << 3)))
+
+    # Request bodies: the first byte picks the endpoint (wgllm::server::bodies::Endpoint::ALL).
+    bodies = [
+        (0, "completion", {"prompt": ["Hello", [1, 2, 3]], "n_predict": 8, "temperature": 0.5, "stop": ["\n"],
+                           "grammar": 'root ::= [a-z]+', "logit_bias": [[1, -1.0], ["Hi", False]], "n_probs": 2, "id_slot": 0}),
+        (1, "oai-completion", {"prompt": "Once", "max_tokens": 4, "logprobs": 3, "response_format": {"type": "json_object"}}),
+        (2, "chat", {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                     "tools": [{"type": "function", "function": {"name": "get", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}],
+                     "tool_choice": "required", "n": 1, "top_logprobs": 2, "logprobs": True}),
+        (2, "chat-schema", {"messages": [{"role": "user", "content": "JSON"}, {"role": "assistant", "content": "{"}],
+                            "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}}),
+        (3, "anthropic", {"max_tokens": 16, "system": [{"type": "text", "text": "S"}], "stop_sequences": ["X"],
+                          "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                                       {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+                                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}],
+                          "tools": [{"name": "f", "input_schema": {"type": "object"}}]}),
+        (4, "responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}], "instructions": "Be kind", "max_output_tokens": 5}),
+    ]
+    for which, name, body in bodies:
+        put("server_request", name, bytes([which]) + json.dumps(body).encode())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""The soak run behind scripts/soak.sh: drives a running `wgllm serve` (-np 4, small
+context, --context-shift, --slot-save-path, --metrics) with four clients, one per slot,
+until TOKENS tokens were generated, sampling the server's RSS and the GPU memory its
+buffers hold (`wgllm:gpu_buffer_bytes`) every INTERVAL seconds. Each client holds a
+streamed chat that grows turn by turn (the slot's cache reused as the prompt's prefix),
+with long answers that run into the slot's context end (shifts), a slot save and
+restore every few turns, and every seventh request cancelled by hanging up mid-stream.
+
+Prints the curve and fails if a request other than a cancelled one failed, or if RSS or
+GPU memory grew after warm-up (the first third of the samples)."""
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+
+port, pid, tokens_wanted, interval = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+lock = threading.Lock()
+state = {"tokens": 0, "requests": 0, "cancelled": 0, "failed": 0, "saves": 0, "shifts": 0}
+failures = []
+stop = threading.Event()
+TOPICS = ["the sea", "a city at night", "an old clock", "winter birds", "a long train ride", "bread"]
+
+
+def request(method, path, body=None, timeout=600):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request(method, path, body=json.dumps(body) if body is not None else None,
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+
+
+def fail(what):
+    with lock:
+        state["failed"] += 1
+        failures.append(what)
+    print("FAILED:", what, file=sys.stderr, flush=True)
+
+
+def chat_turn(slot, history, cancel):
+    body = {"messages": history, "stream": True, "id_slot": slot, "cache_prompt": True,
+            "max_tokens": 300 if len(history) % 4 == 1 else 80, "temperature": 0.8,
+            "seed": len(history), "stream_options": {"include_usage": True}}
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        fail(f"slot {slot}: chat answered {r.status}: {r.read()[:300]!r}")
+        c.close()
+        return None
+    text, n_events, usage = [], 0, None
+    for raw in r:
+        line = raw.decode("utf-8", "replace").strip()
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            break
+        ev = json.loads(line[6:])
+        if "error" in ev:
+            fail(f"slot {slot}: stream error {ev['error']}")
+            break
+        n_events += 1
+        for ch in ev.get("choices", []):
+            text.append(ch.get("delta", {}).get("content") or "")
+        if ev.get("usage"):
+            usage = ev["usage"]
+        if cancel and n_events >= 5:
+            c.close()  # hang up mid-stream: the server cancels the request
+            with lock:
+                state["cancelled"] += 1
+                state["tokens"] += n_events
+            return None
+    c.close()
+    if usage is None:
+        fail(f"slot {slot}: a stream without usage")
+        return None
+    with lock:
+        state["tokens"] += usage["completion_tokens"]
+        state["requests"] += 1
+    return "".join(text)
+
+
+def client(slot):
+    history, turn = [], 0
+    while not stop.is_set():
+        if len(history) > 12:
+            history = []  # a new conversation now and then
+        history.append({"role": "user", "content": f"Tell me about {TOPICS[(slot + turn) % len(TOPICS)]}, at length."})
+        cancel = turn % 7 == 6
+        reply = chat_turn(slot, history, cancel)
+        turn += 1
+        if reply is None:
+            history.pop()
+        else:
+            history.append({"role": "assistant", "content": reply})
+        if turn % 5 == 0 and not stop.is_set():
+            name = f"soak-{slot}.bin"
+            for action in ["save", "restore"]:
+                st, data = request("POST", f"/slots/{slot}?action={action}", {"filename": name})
+                if st != 200:
+                    fail(f"slot {slot}: {action} answered {st}: {data[:300]!r}")
+            with lock:
+                state["saves"] += 1
+        with lock:
+            if state["tokens"] >= tokens_wanted:
+                stop.set()
+
+
+def sample():
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+    gpu = 0
+    st, data = request("GET", "/metrics")
+    for line in data.decode().splitlines():
+        if line.startswith("wgllm:gpu_buffer_bytes"):
+            gpu = float(line.split()[1])
+    return rss, gpu
+
+
+def main():
+    t0 = time.time()
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    curve = []
+    print(f"{'minute':>7} {'tokens':>8} {'requests':>8} {'RSS MiB':>8} {'GPU MiB':>8}", flush=True)
+    while True:
+        done = stop.wait(interval)
+        rss, gpu = sample()
+        with lock:
+            row = (time.time() - t0, state["tokens"], state["requests"], rss, gpu)
+        curve.append(row)
+        print(f"{row[0] / 60:7.1f} {row[1]:8d} {row[2]:8d} {rss / 2**20:8.1f} {gpu / 2**20:8.1f}", flush=True)
+        if done:
+            break
+    for t in threads:
+        t.join(timeout=900)
+    with lock:
+        s = dict(state)
+    print(f"{s['tokens']} tokens, {s['requests']} requests answered, {s['cancelled']} cancelled, "
+          f"{s['saves']} slot save/restore pairs, {s['failed']} failed; "
+          f"{(time.time() - t0) / 60:.1f} minutes", flush=True)
+    ok = s["failed"] == 0
+    warm = curve[len(curve) // 3:] if len(curve) >= 3 else curve
+    base_rss, base_gpu = warm[0][3], warm[0][4]
+    peak_rss = max(r[3] for r in warm)
+    peak_gpu = max(r[4] for r in warm)
+    # Growth allowed after warm-up: the allocator's noise (2 % or 16 MiB) for RSS, none
+    # for the GPU's buffers.
+    if peak_rss > base_rss + max(0.02 * base_rss, 16 * 2**20):
+        print(f"RSS grew after warm-up: {base_rss / 2**20:.1f} -> {peak_rss / 2**20:.1f} MiB")
+        ok = False
+    if peak_gpu > base_gpu:
+        print(f"GPU buffers grew after warm-up: {base_gpu / 2**20:.1f} -> {peak_gpu / 2**20:.1f} MiB")
+        ok = False
+    for f in failures[:10]:
+        print("failure:", f)
+    print("soak: " + ("flat" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+sys.exit(main())

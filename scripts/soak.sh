@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# A long run of `wgllm serve` under a realistic mixed load, watching for leaks:
+# -np 4 and a small context (-c 2048: 512 cells a slot) with context shift, streamed
+# chats that grow turn by turn (prompt-cache reuse) and run into the context's end
+# (shifts), slot save and restore, and cancelled requests (clients that hang up), until
+# TOKENS tokens were generated (default 100000). RSS and the GPU memory wgllm's buffers
+# hold are sampled every INTERVAL seconds (default 60) and printed as a curve; fails if
+# either grows after warm-up or any request other than the cancelled ones fails.
+# Usage: scripts/soak.sh [TOKENS] [INTERVAL]   (model: SmolLM2, or WGLLM_SOAK_MODEL)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tokens=${1:-100000}
+interval=${2:-60}
+model=${WGLLM_SOAK_MODEL:-$(scripts/fetch-models.sh)}
+cargo build --release --quiet
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+dir=$(mktemp -d)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+target/release/wgllm serve -m "$model" --host 127.0.0.1 --port "$port" -np 4 -c 2048 \
+  --context-shift --slot-save-path "$dir" --metrics >"$dir/server.log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 600); do
+  curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+  kill -0 $pid 2>/dev/null || { cat "$dir/server.log"; exit 1; }
+  sleep 1
+done
+python3 scripts/soak.py "$port" "$pid" "$tokens" "$interval"

@@ -1,0 +1,202 @@
+//! The fuzz targets' bodies: `fuzz/fuzz_targets/*.rs` hand each libFuzzer input to one of
+//! these (`scripts/fuzz.sh`), and `tests/fuzz_corpus.rs` replays the checked-in seeds and
+//! every past finding through them in the ordinary test run. Each takes any bytes and
+//! must return without a panic, a hang or an allocation out of proportion to its input;
+//! errors are the expected answer to most inputs and are dropped.
+//!
+//! Inputs that carry two parts (a grammar and a text to match, a template and its
+//! messages) split at their first NUL byte; the tokenizer's input is a little-endian u32
+//! length, that many bytes of GGUF, then the text to encode.
+
+use crate::gguf::GgufFile;
+use crate::grammar::{accepts_text, json_schema, Grammar, GrammarState, TokenPieces};
+use crate::model::Hparams;
+use crate::tokenizer::{render_chat_template, ChatMessage, TemplateOptions, Tokenizer};
+use std::sync::Arc;
+
+/// `data` before and after its first NUL byte (all of it and nothing without one).
+fn split(data: &[u8]) -> (&[u8], &[u8]) {
+    match data.iter().position(|&b| b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[]),
+    }
+}
+
+/// A GGUF file's reader, then what a model load reads from its metadata before any GPU
+/// work: the hyperparameters and the tokenizer.
+pub fn gguf(data: &[u8]) {
+    let Ok(f) = GgufFile::from_bytes("fuzz.gguf", data.to_vec()) else {
+        return;
+    };
+    let _ = Hparams::from_gguf(&f);
+    let _ = Tokenizer::from_gguf(&f);
+}
+
+/// A tokenizer built from GGUF metadata, then arbitrary text encoded (with and without
+/// special tokens) and the tokens decoded again, and every id around the vocabulary's
+/// end turned into its piece.
+pub fn tokenizer(data: &[u8]) {
+    let Some((len, rest)) = data.split_first_chunk::<4>() else {
+        return;
+    };
+    let n = (u32::from_le_bytes(*len) as usize).min(rest.len());
+    let (file, text) = rest.split_at(n);
+    let Ok(f) = GgufFile::from_bytes("fuzz.gguf", file.to_vec()) else {
+        return;
+    };
+    let Ok(tok) = Tokenizer::from_gguf(&f) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(text);
+    for (add, parse) in [(true, true), (false, false)] {
+        let ids = tok.encode(&text, add, parse);
+        let _ = tok.detokenize(&ids, true, true);
+        let _ = tok.decode(&ids);
+    }
+    let n = tok.n_vocab() as u32;
+    for id in [0, n.saturating_sub(1), n, u32::MAX] {
+        let _ = tok.token_to_piece(id, true);
+        let _ = tok.token_text(id);
+    }
+}
+
+/// A chat template rendered for messages: before the NUL the template, after it a JSON
+/// array of messages (or, not being one, the text of one user message).
+pub fn chat_template(data: &[u8]) {
+    let (template, rest) = split(data);
+    let template = String::from_utf8_lossy(template);
+    let messages: Vec<ChatMessage> = match serde_json::from_slice::<serde_json::Value>(rest) {
+        Ok(serde_json::Value::Array(items)) => items
+            .iter()
+            .map(|m| {
+                let text = |k: &str| m.get(k).and_then(|v| v.as_str()).unwrap_or_default();
+                let mut msg = ChatMessage::new(text("role"), text("content"));
+                if let Some(o) = m.as_object() {
+                    for (k, v) in o.iter().filter(|(k, _)| *k != "role" && *k != "content") {
+                        msg.extra.insert(k.clone(), v.clone());
+                    }
+                }
+                msg
+            })
+            .collect(),
+        _ => vec![ChatMessage::new("user", String::from_utf8_lossy(rest))],
+    };
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}]);
+    for tools in [None, Some(&tools)] {
+        let opts = TemplateOptions {
+            add_generation_prompt: true,
+            bos_token: "<s>",
+            eos_token: "</s>",
+            now: chrono::NaiveDate::from_ymd_opt(2026, 1, 2).and_then(|d| d.and_hms_opt(3, 4, 5)),
+            tools,
+        };
+        let _ = render_chat_template(&template, &messages, &opts);
+    }
+}
+
+/// A GBNF grammar (before the NUL) parsed, then the text after it matched byte by byte,
+/// with the whole byte vocabulary checked at each of its first steps.
+pub fn grammar(data: &[u8]) {
+    let (src, text) = split(data);
+    let Ok(g) = Grammar::parse(&String::from_utf8_lossy(src), None) else {
+        return;
+    };
+    match_bytes(Arc::new(g), text);
+}
+
+/// A JSON schema (before the NUL) converted to a grammar, which must parse; then the
+/// text after it matched.
+pub fn json_schema(data: &[u8]) {
+    let (schema, text) = split(data);
+    let Ok(schema) = serde_json::from_slice::<serde_json::Value>(schema) else {
+        return;
+    };
+    let Ok(gbnf) = json_schema::to_grammar(&schema) else {
+        return;
+    };
+    // The converter's grammar must be one the parser takes, or be refused for a bound
+    // the parser keeps (nesting, size).
+    match Grammar::parse(&gbnf, None) {
+        Ok(g) => match_bytes(Arc::new(g), text),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("more than") || e.contains("simplify"),
+                "the converter wrote a grammar the parser refuses: {e}\n{gbnf}"
+            );
+        }
+    }
+}
+
+fn match_bytes(g: Arc<Grammar>, text: &[u8]) {
+    let pieces = Arc::new(TokenPieces::bytes());
+    let mut s = GrammarState::new(g.clone(), pieces);
+    let all: Vec<u32> = (0..257).collect();
+    let mut allowed = vec![true; all.len()];
+    for (i, &b) in text.iter().enumerate().take(256) {
+        if i < 8 {
+            allowed.fill(true);
+            s.check(&all, &mut allowed);
+            // The mask and the matcher agree on the byte taken next.
+            let ok = s.accept(b as u32).is_ok();
+            assert!(!ok || allowed[b as usize], "accepted a masked byte {b}");
+            if !ok {
+                return;
+            }
+        } else if s.accept(b as u32).is_err() {
+            return;
+        }
+    }
+    let _ = accepts_text(g, &String::from_utf8_lossy(text));
+}
+
+/// A state file (a slot's save, `--prompt-cache`) loaded into a small model's cache kept
+/// in host memory: a sliding-window pair of stores (2 layers of K/V width 8, 16 and 8
+/// cells) of 4 sequences, vocabulary 64. The first byte picks the cache types and
+/// whether the file replaces the cache or one sequence.
+pub fn state_file(data: &[u8]) {
+    use crate::kv::KvType;
+    use crate::memory::HostKvStore;
+    let Some((&how, file)) = data.split_first() else {
+        return;
+    };
+    let types = [KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0];
+    let ty = types[(how & 3) as usize];
+    let dst = (how & 4 != 0).then_some((how >> 3) as u32 % 4);
+    let mut stores = [
+        HostKvStore::new(16, ty, ty, 1, 32),
+        HostKvStore::new(8, ty, ty, 1, 32),
+    ];
+    let before = stores.clone();
+    match crate::context::state::state_into_host(file, [2, 32, 64], &mut stores, dst, 4) {
+        Ok(saved) => {
+            assert!(saved.tokens.iter().all(|&t| t < 64));
+            for s in &stores {
+                assert!(s.cells.used() <= s.cells.size());
+            }
+        }
+        // A file that does not load leaves the cache as it was.
+        Err(_) => {
+            for (a, b) in stores.iter().zip(&before) {
+                assert_eq!(
+                    a.cells.cells(),
+                    b.cells.cells(),
+                    "a failed load changed the cells"
+                );
+            }
+        }
+    }
+}
+
+/// A request body at one of the generating endpoints (chosen by the first byte) read
+/// into its requests with the model's tokenizer and template, grammars parsed.
+#[cfg(all(feature = "server", not(target_arch = "wasm32")))]
+pub fn server_request(data: &[u8], tok: &Tokenizer) {
+    use crate::server::bodies::{default_settings, requests, Endpoint};
+    let Some((&which, body)) = data.split_first() else {
+        return;
+    };
+    let endpoint = Endpoint::ALL[which as usize % Endpoint::ALL.len()];
+    let _ = requests(endpoint, body, tok, &default_settings());
+}

@@ -1,0 +1,103 @@
+//! Every generating endpoint's body read into the requests it queues, as the handlers
+//! read it, with no engine behind: what the request-body fuzz target runs (and its
+//! regression inputs in the tests), so that no body can panic, hang or exhaust the
+//! server before the engine sees it.
+
+use super::chat::ChatRequest;
+use super::native::body_json;
+use super::params::{self, Defaults};
+use super::{anthropic, openai, responses};
+use crate::engine::service::Request;
+use crate::grammar::Grammar;
+use crate::tokenizer::Tokenizer;
+use axum::body::Bytes;
+
+/// The endpoints whose bodies become generation requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/completion`, `/completions`.
+    Completion,
+    /// `/v1/completions`.
+    OpenAiCompletion,
+    /// `/v1/chat/completions`, `/chat/completions/input_tokens`, `/apply-template`.
+    Chat,
+    /// `/v1/messages`, `/v1/messages/count_tokens`.
+    Anthropic,
+    /// `/v1/responses`, `/v1/responses/input_tokens`.
+    Responses,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 5] = [
+        Endpoint::Completion,
+        Endpoint::OpenAiCompletion,
+        Endpoint::Chat,
+        Endpoint::Anthropic,
+        Endpoint::Responses,
+    ];
+}
+
+/// The server's defaults when no flag changes them.
+pub fn default_settings() -> Defaults {
+    Defaults {
+        sampling: Default::default(),
+        n_predict: -1,
+        shift: Default::default(),
+        ignore_eos: false,
+        backend_sampling: false,
+    }
+}
+
+/// The requests `body` queues at `endpoint`, each grammar parsed as the engine parses it;
+/// the error text the client would get otherwise.
+pub fn requests(
+    endpoint: Endpoint,
+    body: &[u8],
+    tok: &Tokenizer,
+    d: &Defaults,
+) -> Result<Vec<Request>, String> {
+    let reqs = read(endpoint, &Bytes::copy_from_slice(body), tok, d).map_err(|e| e.message)?;
+    for r in &reqs {
+        if let Some(g) = &r.params.sampling.grammar {
+            Grammar::parse(g, Some(tok)).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(reqs)
+}
+
+fn read(
+    endpoint: Endpoint,
+    body: &Bytes,
+    tok: &Tokenizer,
+    d: &Defaults,
+) -> super::error::ApiResult<Vec<Request>> {
+    let body = body_json(body)?;
+    Ok(match endpoint {
+        Endpoint::Completion => {
+            let p = params::gen_params(&body, d, tok)?;
+            params::completion_requests(&body, &p, tok)?
+        }
+        Endpoint::OpenAiCompletion => {
+            let mut p = params::gen_params(&body, d, tok)?;
+            openai::oai_n_probs(&body, &mut p, false)?;
+            params::completion_requests(&body, &p, tok)?
+        }
+        Endpoint::Chat => {
+            let mut p = params::gen_params(&body, d, tok)?;
+            openai::oai_n_probs(&body, &mut p, true)?;
+            vec![ChatRequest::request(&body, &p.request, tok)?.1]
+        }
+        Endpoint::Anthropic => {
+            let body = anthropic::as_chat(&body)?;
+            let p = params::gen_params(&body, d, tok)?;
+            vec![ChatRequest::request(&body, &p.request, tok)?.1]
+        }
+        Endpoint::Responses => {
+            let body = responses::as_chat(&body)?;
+            let p = params::gen_params(&body, d, tok)?;
+            let mut req = p.request.clone();
+            req.prompt = openai::chat_prompt(&body, tok)?;
+            vec![req]
+        }
+    })
+}

@@ -1,0 +1,182 @@
+//! The fuzz targets' seeds and past findings, run through the targets' own functions
+//! (`wgllm::fuzz`) in the ordinary test run: every finding stays fixed, and every seed
+//! is a valid input of its kind, so the fuzzer starts where real inputs are (a seed that
+//! stopped parsing would leave the fuzzer exploring error paths only).
+//!
+//! Seeds: fuzz/seeds/<target>/ (written by scripts/fuzz-seeds.py). Findings:
+//! fuzz/regressions/<target>/, each the input that crashed, hung or exhausted a target,
+//! checked in with its fix.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use wgllm::grammar::{accepts_text, json_schema, Grammar};
+
+fn files(kind: &str, target: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz")
+        .join(kind)
+        .join(target);
+    let mut out: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(_) => Vec::new(),
+    };
+    out.sort();
+    out
+}
+
+fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
+    let out: Vec<_> = (files("seeds", target).into_iter())
+        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+        .collect();
+    assert!(
+        !out.is_empty(),
+        "no seeds for {target}: run scripts/fuzz-seeds.py"
+    );
+    out
+}
+
+fn split(data: &[u8]) -> (&str, &str) {
+    let i = data.iter().position(|&b| b == 0).unwrap();
+    (
+        std::str::from_utf8(&data[..i]).unwrap(),
+        std::str::from_utf8(&data[i + 1..]).unwrap(),
+    )
+}
+
+/// Every checked-in input of every target, seeds and findings, through the target.
+#[test]
+fn every_seed_and_finding_runs_through_its_target() {
+    let tok = smollm2_tokenizer();
+    type Target<'a> = Box<dyn Fn(&[u8]) + 'a>;
+    let targets: Vec<(&str, Target)> = vec![
+        ("gguf", Box::new(wgllm::fuzz::gguf)),
+        ("tokenizer", Box::new(wgllm::fuzz::tokenizer)),
+        ("chat_template", Box::new(wgllm::fuzz::chat_template)),
+        ("grammar", Box::new(wgllm::fuzz::grammar)),
+        ("json_schema", Box::new(wgllm::fuzz::json_schema)),
+        ("state_file", Box::new(wgllm::fuzz::state_file)),
+        (
+            "server_request",
+            Box::new(|d: &[u8]| wgllm::fuzz::server_request(d, &tok)),
+        ),
+    ];
+    for (name, run) in &targets {
+        for p in files("seeds", name)
+            .into_iter()
+            .chain(files("regressions", name))
+        {
+            run(&std::fs::read(&p).unwrap());
+        }
+    }
+}
+
+#[test]
+fn gguf_seeds_are_models_with_a_vocabulary() {
+    for (path, data) in seeds("gguf") {
+        let f = wgllm::gguf::GgufFile::from_bytes(&path, data).unwrap();
+        if f.tensors.is_empty() {
+            continue;
+        }
+        wgllm::model::Hparams::from_gguf(&f).unwrap_or_else(|e| panic!("{path}: {e}"));
+        wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+}
+
+#[test]
+fn tokenizer_seeds_build_and_round_trip() {
+    for (path, data) in seeds("tokenizer") {
+        let n = u32::from_le_bytes(data[..4].try_into().unwrap()) as usize;
+        let f = wgllm::gguf::GgufFile::from_bytes(&path, data[4..4 + n].to_vec()).unwrap();
+        let tok =
+            wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let ids = tok.encode("hello the world", false, false);
+        assert!(!ids.is_empty(), "{path}");
+    }
+}
+
+#[test]
+fn template_seeds_render() {
+    for (path, data) in seeds("chat_template") {
+        let (template, messages) = split(&data);
+        let m: serde_json::Value = serde_json::from_str(messages).unwrap();
+        let msgs: Vec<_> = (m.as_array().unwrap().iter())
+            .map(|m| {
+                wgllm::tokenizer::ChatMessage::new(
+                    m["role"].as_str().unwrap(),
+                    m["content"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        let out = wgllm::tokenizer::render_chat_template(template, &msgs, &Default::default())
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(!out.is_empty(), "{path}");
+    }
+}
+
+#[test]
+fn grammar_and_schema_seeds_accept_their_text() {
+    for (path, data) in seeds("grammar") {
+        let (g, text) = split(&data);
+        let g = Grammar::parse(g, None).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // Token references (<[1]>) cannot be spelled as bytes.
+        if !path.ends_with("tokens") {
+            assert!(accepts_text(Arc::new(g), text), "{path}");
+        }
+    }
+    for (path, data) in seeds("json_schema") {
+        let (s, text) = split(&data);
+        let gbnf = json_schema::to_grammar(&serde_json::from_str(s).unwrap()).unwrap();
+        let g = Grammar::parse(&gbnf, None).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(accepts_text(Arc::new(g), text), "{path}: {text}\n{gbnf}");
+    }
+}
+
+#[test]
+fn request_seeds_are_accepted_at_their_endpoint() {
+    use wgllm::server::bodies::{default_settings, requests, Endpoint};
+    let tok = smollm2_tokenizer();
+    for (path, data) in seeds("server_request") {
+        let endpoint = Endpoint::ALL[data[0] as usize % Endpoint::ALL.len()];
+        let reqs = requests(endpoint, &data[1..], &tok, &default_settings())
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(reqs.iter().all(|r| !r.prompt.is_empty()), "{path}");
+    }
+}
+
+#[test]
+fn state_seeds_load_into_the_host_cache() {
+    use wgllm::kv::KvType;
+    use wgllm::memory::HostKvStore;
+    for (path, data) in seeds("state_file") {
+        let dst = (data[0] & 4 != 0).then_some((data[0] >> 3) as u32 % 4);
+        let mut stores = [
+            HostKvStore::new(16, KvType::F16, KvType::F16, 1, 32),
+            HostKvStore::new(8, KvType::F16, KvType::F16, 1, 32),
+        ];
+        let saved =
+            wgllm::context::state::state_into_host(&data[1..], [2, 32, 64], &mut stores, dst, 4)
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(!saved.tokens.is_empty(), "{path}");
+        assert!(
+            saved.n_cells > 0 && stores[0].cells.used() == saved.n_cells,
+            "{path}"
+        );
+        // The rows landed: the first loaded cell's first K value is its position / 64.
+        let first = (0..16)
+            .find(|&i| !stores[0].cells.cells()[i].is_empty())
+            .unwrap();
+        let pos = stores[0].cells.cells()[first].pos;
+        let k = half::f16::from_le_bytes([
+            stores[0].rows[0][first * 64],
+            stores[0].rows[0][first * 64 + 1],
+        ]);
+        assert_eq!(k.to_f32(), pos as f32 / 64.0, "{path}");
+    }
+}
+
+fn smollm2_tokenizer() -> wgllm::tokenizer::Tokenizer {
+    let f = wgllm::gguf::GgufFile::open(common::smollm2()).unwrap();
+    wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap()
+}
