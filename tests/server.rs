@@ -34,6 +34,10 @@ fn free_port() -> u16 {
 }
 
 fn start(extra: &[&str]) -> Server {
+    start_with_env(extra, &[])
+}
+
+fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
     let port = free_port();
     let model = common::smollm2();
     let mut args = vec!["serve", "-m", &model, "--port"];
@@ -42,6 +46,7 @@ fn start(extra: &[&str]) -> Server {
     args.extend_from_slice(extra);
     let child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
         .args(&args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -758,4 +763,78 @@ fn hostile_requests_get_a_bounded_answer_and_the_server_goes_on() {
         "waited {:?}",
         t0.elapsed()
     );
+}
+
+/// A greedy chat turn's reply text.
+fn chat_reply(s: &Server, messages: &Value) -> String {
+    let (st, b) = s.json(
+        "POST",
+        "/v1/chat/completions",
+        json!({"messages": messages, "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{b}");
+    b["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The GPU faults users meet, injected (WGLLM_FAULT): the device lost in the middle of a
+/// streamed reply, and an allocation that does not fit. The client in flight gets an
+/// error; the server goes on, its next answers equal to a fresh server's (greedy), a
+/// conversation continued across the loss included (its prompt decoded again).
+#[test]
+fn gpu_faults_mid_generation_fail_the_request_and_the_server_goes_on() {
+    let first = json!([{"role": "user", "content": "Name a colour."}]);
+    let fresh = start(&["-c", "1024", "-np", "1"]);
+    let a1 = chat_reply(&fresh, &first);
+    let second = json!([{"role": "user", "content": "Name a colour."},
+                        {"role": "assistant", "content": a1},
+                        {"role": "user", "content": "And another one?"}]);
+    let a2 = chat_reply(&fresh, &second);
+    drop(fresh);
+
+    // Lost at the 12th submission after loading: inside the streamed reply below.
+    let s = start_with_env(
+        &["-c", "1024", "-np", "1"],
+        &[("WGLLM_FAULT", "device-lost@12")],
+    );
+    let body = json!({"prompt": "Once upon a time", "n_predict": 64, "stream": true,
+                      "temperature": 0, "ignore_eos": true})
+    .to_string();
+    let (st, sse) = s.try_request("POST", "/completion", &[], &body).unwrap();
+    assert_eq!(st, 200);
+    // Some tokens, then llama-server's error event.
+    assert!(sse.contains("data: "), "{sse}");
+    let err: Value = sse
+        .lines()
+        .find_map(|l| l.strip_prefix("error: "))
+        .and_then(|e| serde_json::from_str(e).ok())
+        .unwrap_or_else(|| panic!("no error event: {sse}"));
+    let msg = err["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{sse}"));
+    assert!(msg.contains("device was lost"), "{msg}");
+    // Reloaded: /health answers 200 again, and the conversation goes on as on a fresh
+    // server (the slot's cache is gone; the whole prompt is decoded again).
+    let t0 = Instant::now();
+    while s.request("GET", "/health", "").0 != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(180), "not serving again");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(chat_reply(&s, &second), a2, "after the reload");
+    drop(s);
+
+    // The first allocation after loading fails as out of memory.
+    let s = start_with_env(&["-c", "1024", "-np", "1"], &[("WGLLM_FAULT", "oom@1")]);
+    let (st, b) = s.json(
+        "POST",
+        "/v1/chat/completions",
+        json!({"messages": first, "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(st, 500, "{b}");
+    let m = b["error"]["message"].as_str().unwrap();
+    assert!(m.contains("out of GPU memory") && m.contains("-c"), "{m}");
+    assert_eq!(chat_reply(&s, &first), a1, "after the failed allocation");
+    assert_eq!(chat_reply(&s, &second), a2);
 }

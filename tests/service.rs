@@ -187,6 +187,7 @@ fn a_prompt_cleared_from_its_slot_comes_back_from_host_memory() {
             cache_ram: Some(Some(64 << 20)),
             cache_idle_slots: true,
             kv_unified: true,
+            ..Default::default()
         },
     );
     let story = "Once upon a time in a land far away, there lived a brave knight who \

@@ -221,6 +221,7 @@ fn plan(a: &BenchArgs) -> Result<BenchPlan> {
         kernels: a.kernels,
         tuning: wgllm::ops::KernelTuning::from_env()?,
         shader_checks: a.shader_checks,
+        fault: None,
     };
     p.base.tune = super::tune_options(a.no_tune, false);
     p.base.sampling = a.sampling;

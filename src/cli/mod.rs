@@ -166,6 +166,7 @@ impl GpuArgs {
             kernels: self.kernels,
             tuning: wgllm::ops::KernelTuning::from_env()?,
             shader_checks: self.shader_checks,
+            fault: None,
         })
     }
 }

@@ -223,6 +223,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
             },
             cache_idle_slots: !a.no_cache_idle_slots,
             kv_unified: a.kv_unified,
+            // Set by the server (it knows how it loaded the model).
+            reload: None,
         },
     };
     let mut model = a.model.clone();

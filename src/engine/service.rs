@@ -34,9 +34,23 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc as amp, oneshot};
 use web_time::Instant;
 
-/// How the service keeps prompts beyond its slots.
+/// Loads the model again (a new device opened), for recovering from a lost device.
+#[derive(Clone)]
+pub struct Reload(pub Arc<dyn Fn() -> Result<Engine, String> + Send + Sync>);
+
+impl std::fmt::Debug for Reload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reload")
+    }
+}
+
+/// How the service keeps prompts beyond its slots, and recovers from a lost device.
 #[derive(Clone, Debug, Default)]
 pub struct ServiceOptions {
+    /// How to load the model again when the GPU device is lost (a driver reset, a GPU
+    /// switched off): the requests in flight fail, the service reloads and goes on
+    /// serving. Without it a lost device fails every request until restarted.
+    pub reload: Option<Reload>,
     /// A host prompt cache of at most this many bytes (`Some(None)`: no limit); `None`:
     /// no cache (llama-server's `--cache-ram N` in MiB, -1 no limit, 0 off).
     pub cache_ram: Option<Option<usize>>,
@@ -189,6 +203,10 @@ pub struct Stats {
     pub n_tokens_max: u64,
     /// Bytes of GPU buffers alive on the model's device.
     pub gpu_buffer_bytes: u64,
+    /// Set while the service reloads the model after its device was lost: why.
+    pub recovering: Option<String>,
+    /// Times the model was reloaded after a lost device.
+    pub n_recoveries: u64,
 }
 
 /// What a slot file action did.
@@ -356,6 +374,8 @@ impl EngineService {
                 ..Stats::default()
             }),
         });
+        // Injected faults (tests) count from here: the model is loaded.
+        engine.model.gpu.arm_faults();
         let worker = Worker::new(engine, shared.clone());
         Ok((EngineService { shared }, worker, rx))
     }
@@ -861,6 +881,7 @@ impl Worker {
                 }
                 self.tell_watchers(Some(secs));
             }
+            Err(e) if self.engine.model.gpu.is_lost() => self.recover(&e),
             Err(e) => {
                 log::error!("decoding failed: {e}");
                 let full = matches!(
@@ -887,6 +908,77 @@ impl Worker {
                         break;
                     }
                 }
+            }
+        }
+    }
+
+    /// The device is lost: fails the requests in flight (queued ones wait), loads the
+    /// model again on a new device and opens the slots afresh. Their caches are gone: a
+    /// request continuing a conversation has its whole prompt decoded again.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn recover(&mut self, e: &EngineError) {
+        let reason = self.engine.model.gpu.lost_reason().unwrap_or_default();
+        log::error!("the GPU device was lost ({reason}) while decoding ({e}); reloading the model");
+        let why = format!("the GPU device was lost ({reason}); the server is reloading the model");
+        self.shared.stats.lock().unwrap().recovering = Some(why.clone());
+        let err = RequestError::Server(format!("{why}: retry the request"));
+        for slot in &mut self.slots {
+            if let Some(mut a) = slot.active.take() {
+                (a.sink)(RequestEvent::Failed(err.clone()));
+            }
+            slot.last_key = None;
+        }
+        for (_, _, reply) in self.pending.drain(..) {
+            let _ = reply.send(Err(err.clone()));
+        }
+        let Some(reload) = self.opts.reload.clone() else {
+            log::error!("no way to reload the model here: restart the server");
+            return;
+        };
+        let mut tries = 0;
+        let engine = loop {
+            tries += 1;
+            match (reload.0)().and_then(|mut e| {
+                let n = self.shared.info.n_slots;
+                for _ in e.sessions().count() as u32..n {
+                    e.open_session(SessionParams::default())
+                        .map_err(|err| err.to_string())?;
+                }
+                Ok(e)
+            }) {
+                Ok(e) => break e,
+                Err(err) if tries < 5 => {
+                    log::error!("reloading the model failed ({err}); trying again");
+                    std::thread::sleep(std::time::Duration::from_secs(2));
+                }
+                Err(err) => {
+                    log::error!("reloading the model failed ({err}); restart the server");
+                    self.shared.stats.lock().unwrap().recovering = Some(format!(
+                        "{why}: reloading failed ({err}); restart the server"
+                    ));
+                    return;
+                }
+            }
+        };
+        engine.model.gpu.arm_faults();
+        self.engine = engine;
+        if let Some(c) = &mut self.cache {
+            // Snapshots of the old caches stay usable: they are host bytes.
+            log::debug!("host prompt cache kept ({} entries)", c.len());
+        }
+        let mut st = self.shared.stats.lock().unwrap();
+        st.recovering = None;
+        st.n_recoveries += 1;
+        log::info!("model reloaded on a new device; serving again");
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn recover(&mut self, e: &EngineError) {
+        log::error!("the GPU device was lost ({e}); reload the page");
+        let err = RequestError::Server(format!("the GPU device was lost ({e}); reload the page"));
+        for slot in &mut self.slots {
+            if let Some(mut a) = slot.active.take() {
+                (a.sink)(RequestEvent::Failed(err.clone()));
             }
         }
     }

@@ -11,6 +11,7 @@ impl Gpu {
     /// A zero-initialised storage buffer of at least `bytes` (rounded up to 16).
     pub fn storage(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer, GpuError> {
         let size = bytes.max(16).div_ceil(16) * 16;
+        self.injected_oom(label, size)?;
         if size > self.info.max_buffer {
             return Err(GpuError::OutOfMemory {
                 what: format!(

@@ -120,6 +120,8 @@ pub struct GpuOptions {
     /// robust access (wgpu asks for it). The checks cost lavapipe a third of its prompt
     /// speed (SmolLM2 pp64 51 against 75 t/s).
     pub shader_checks: bool,
+    /// A fault to inject once the model is loaded (tests; `WGLLM_FAULT` where `None`).
+    pub fault: Option<super::Fault>,
 }
 
 /// One line of `wgllm devices`.
@@ -279,6 +281,16 @@ pub struct Gpu {
     pipelines: Arc<Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
+    /// The injected fault, if any (shared with the retuned views).
+    fault: Arc<super::fault::FaultSwitch>,
+}
+
+/// The fault `opts` asks for, or `WGLLM_FAULT` names.
+fn fault_of(opts: &GpuOptions) -> Result<Option<super::Fault>, GpuError> {
+    match opts.fault {
+        Some(f) => Ok(Some(f)),
+        None => super::Fault::from_env().map_err(GpuError::BadFault),
+    }
 }
 
 impl Gpu {
@@ -294,6 +306,7 @@ impl Gpu {
         opts.tuning
             .validate()
             .map_err(|e| GpuError::Validation(format!("kernel tuning: {e}")))?;
+        let fault = fault_of(opts)?;
         let adapter = pick_adapter(opts).await?;
         let features = adapter.features();
         let mut required_features = wgpu::Features::empty();
@@ -324,7 +337,7 @@ impl Gpu {
                     adapter: adapter.get_info().name,
                     msg: e.to_string(),
                 })?;
-        let gpu = Self::wrap(&adapter, device, queue, opts);
+        let gpu = Self::wrap(&adapter, device, queue, opts, fault);
         // Our own device: its uncaptured errors and loss are ours to report.
         let errs = gpu.errors.clone();
         gpu.device
@@ -356,7 +369,8 @@ impl Gpu {
         opts.tuning
             .validate()
             .map_err(|e| GpuError::Validation(format!("kernel tuning: {e}")))?;
-        Ok(Self::wrap(adapter, device, queue, opts))
+        let fault = fault_of(opts)?;
+        Ok(Self::wrap(adapter, device, queue, opts, fault))
     }
 
     /// Capabilities of an open device, from what it was created with.
@@ -365,6 +379,7 @@ impl Gpu {
         device: wgpu::Device,
         queue: wgpu::Queue,
         opts: &GpuOptions,
+        fault: Option<super::Fault>,
     ) -> Arc<Gpu> {
         let mut info = summarize(opts.adapter_index.unwrap_or(0), adapter);
         let features = device.features();
@@ -414,6 +429,7 @@ impl Gpu {
             pipelines: Default::default(),
             errors: Arc::new(Mutex::new(Vec::new())),
             lost: Arc::new(Mutex::new(None)),
+            fault: Arc::new(super::fault::FaultSwitch::new(fault)),
         })
     }
 
@@ -441,6 +457,7 @@ impl Gpu {
             pipelines: self.pipelines.clone(),
             errors: self.errors.clone(),
             lost: self.lost.clone(),
+            fault: self.fault.clone(),
         })
     }
 
@@ -455,6 +472,48 @@ impl Gpu {
     pub fn live_buffer_bytes(&self) -> u64 {
         let live = self.device.get_internal_counters().hal.buffer_memory.read();
         live.max(0) as u64
+    }
+
+    /// Whether the device was lost (a driver reset, or an injected fault): nothing on it
+    /// works any more; a new device must be opened and the model loaded again.
+    pub fn is_lost(&self) -> bool {
+        self.lost_reason().is_some()
+    }
+
+    /// Why the device was lost, if it was.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.lost.lock().unwrap().clone()
+    }
+
+    /// Starts counting towards the injected fault, if any: the model is loaded.
+    pub fn arm_faults(&self) {
+        self.fault.arm();
+    }
+
+    /// Fails an allocation the injected fault picked (see [`super::Fault`]).
+    pub(super) fn injected_oom(&self, what: &str, bytes: u64) -> Result<(), GpuError> {
+        if self.fault.allocation_fails() {
+            log::warn!("WGLLM_FAULT: failing the allocation of {what} as out of memory");
+            return Err(GpuError::OutOfMemory {
+                what: format!("{what} (injected by WGLLM_FAULT)"),
+                bytes,
+                adapter: self.info.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Loses the device at the submission the injected fault picked (see
+    /// [`super::Fault`]): every later check reports it lost, as after a driver reset.
+    pub fn injected_loss(&self) -> Result<(), GpuError> {
+        if self.fault.submission_loses_device() {
+            log::warn!("WGLLM_FAULT: losing the device at this submission");
+            *self.lost.lock().unwrap() = Some("injected by WGLLM_FAULT".into());
+        }
+        match self.lost.lock().unwrap().clone() {
+            Some(reason) => Err(GpuError::DeviceLost { reason }),
+            None => Ok(()),
+        }
     }
 
     pub(super) fn count_allocation(&self, bytes: u64) {

@@ -6,12 +6,14 @@
 
 mod buffers;
 mod context;
+mod fault;
 mod readback;
 
 pub use crate::ops::{KernelKey, KernelTuning};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::{adapter_summary, list_adapters};
 pub use context::{AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
+pub use fault::Fault;
 
 /// Errors from the GPU layer.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +26,7 @@ pub enum GpuError {
     BadAdapterIndex { index: usize, count: usize },
     #[error("could not open the GPU device on {adapter}: {msg}")]
     RequestDevice { adapter: String, msg: String },
-    #[error("out of GPU memory while allocating {what} ({bytes} bytes) on {adapter}; try a smaller context (-c) or batch (-b/-ub), or a smaller model")]
+    #[error("out of GPU memory while allocating {what} ({bytes} bytes) on {adapter}; try a smaller context (-c), fewer slots (-np), a smaller batch (-b/-ub), a quantized cache (-ctk/-ctv q8_0), or a smaller model")]
     OutOfMemory {
         what: String,
         bytes: u64,
@@ -34,6 +36,8 @@ pub enum GpuError {
     DeviceLost { reason: String },
     #[error("GPU validation error: {0}")]
     Validation(String),
+    #[error("{0}")]
+    BadFault(String),
     #[error("shader `{name}` failed to compile: {msg}")]
     Shader { name: String, msg: String },
 }

@@ -89,6 +89,8 @@ impl Graph {
         extra: &[Dispatch],
         reads: &[(&wgpu::Buffer, u64, u64)],
     ) -> Result<Submitted, GpuError> {
+        // A lost device takes no more work (and a fault test may lose it here).
+        gpu.injected_loss()?;
         // `gpu.tuning.profile` (`WGLLM_PROFILE=1`): before each run, time every dispatch
         // alone and log the totals per op (slow; for finding where the time goes).
         #[cfg(not(target_arch = "wasm32"))]

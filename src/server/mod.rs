@@ -99,7 +99,7 @@ impl AppState {
 /// model serves. Returns an error if no address can be bound or the model fails to load.
 pub fn serve(
     opts: ServerOptions,
-    load: impl FnOnce() -> anyhow::Result<Engine> + Send + 'static,
+    load: impl Fn() -> anyhow::Result<Engine> + Send + Sync + 'static,
     ready: impl FnOnce(&[SocketAddr]) + Send + 'static,
 ) -> anyhow::Result<()> {
     let mut rt = tokio::runtime::Builder::new_multi_thread();
@@ -111,7 +111,7 @@ pub fn serve(
 
 async fn run(
     opts: ServerOptions,
-    load: impl FnOnce() -> anyhow::Result<Engine> + Send + 'static,
+    load: impl Fn() -> anyhow::Result<Engine> + Send + Sync + 'static,
     ready: impl FnOnce(&[SocketAddr]) + Send + 'static,
 ) -> anyhow::Result<()> {
     let state = Arc::new(AppState {
@@ -154,8 +154,14 @@ async fn run(
             open.clone(),
         ));
     }
-    // The model loads on a thread of its own (it blocks on the GPU and the disk).
-    let service_opts = opts.service.clone();
+    // The model loads on a thread of its own (it blocks on the GPU and the disk); the
+    // service loads it again the same way if the device is lost.
+    let load = Arc::new(load);
+    let mut service_opts = opts.service.clone();
+    let again = load.clone();
+    service_opts.reload = Some(crate::engine::service::Reload(Arc::new(move || {
+        again().map_err(|e| format!("{e:#}"))
+    })));
     let loaded = tokio::task::spawn_blocking(move || {
         load().and_then(|e| Ok(EngineService::spawn_with(e, service_opts)?))
     })

@@ -27,7 +27,11 @@ pub fn body_json(body: &Bytes) -> ApiResult<Value> {
 
 pub async fn health(State(s): State<Arc<AppState>>) -> Response {
     match s.service() {
-        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        // Reloading the model after the GPU device was lost: unavailable, and why.
+        Ok(service) => match service.stats().recovering {
+            Some(why) => ApiError::unavailable(why).into_response(),
+            None => Json(json!({"status": "ok"})).into_response(),
+        },
         Err(e) => e.into_response(),
     }
 }
