@@ -11,7 +11,8 @@
 # project's stable toolchain (RUSTC_BOOTSTRAP=1 lets it take cargo-fuzz's -Z flags: no
 # nightly needed). The targets are built without a sanitizer (Rust code here is safe;
 # panics, hangs and memory are what is hunted) and with debug assertions, so integer
-# overflow panics.
+# overflow panics. WGLLM_FUZZ_SEED fixes libFuzzer's random seed (the test command's
+# short run uses one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -42,6 +43,7 @@ for t in $targets; do
   set +e
   "${fuzz[@]}" run "${opts[@]}" "$t" "${corpora[@]}" -- \
     -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+    ${WGLLM_FUZZ_SEED:+-seed="$WGLLM_FUZZ_SEED"} \
     >"$log" 2>&1
   rc=$?
   set -e

@@ -1187,8 +1187,23 @@ fn pattern_rule(pattern: &str) -> Result<String, PatternError> {
     let mut depth = 0usize;
     // Each open group's terms; a term is one GBNF item a quantifier may follow.
     let mut groups: Vec<Vec<String>> = vec![Vec::new()];
+    // What the last term carries: 0 no quantifier, 1 a quantifier, 2 a quantifier made
+    // lazy (`*?`). As in ECMAScript, a quantifier cannot follow another (`a{2}*`, `a**`),
+    // and laziness does not change what matches.
+    let mut quantified = 0u8;
     while i < b.len() {
         let terms = groups.last_mut().expect("the outer group");
+        let was = std::mem::take(&mut quantified);
+        if matches!(b[i], b'*' | b'+' | b'?' | b'{') && was != 0 {
+            if b[i] == b'?' && was == 1 {
+                quantified = 2;
+                i += 1;
+                continue;
+            }
+            return Err(PatternError::Invalid(
+                "nothing to repeat: a quantifier follows a quantifier",
+            ));
+        }
         match b[i] {
             b'.' => {
                 terms.push(r"[^\x0A\x0D]".into());
@@ -1256,6 +1271,7 @@ fn pattern_rule(pattern: &str) -> Result<String, PatternError> {
                 };
                 last.push(q as char);
                 i += 1;
+                quantified = 1;
             }
             b'{' => {
                 let end = (inner[i..].find('}'))
@@ -1286,6 +1302,7 @@ fn pattern_rule(pattern: &str) -> Result<String, PatternError> {
                     return Err(PatternError::Invalid("nothing to repeat"));
                 };
                 *last = repetition(&format!("({last})"), lo, hi, "");
+                quantified = 1;
             }
             b'\\' => {
                 let Some(&next) = b.get(i + 1) else {

@@ -374,8 +374,9 @@ impl GrammarState {
                 Err(self.rejected(token))
             };
         }
-        // As `check` sees it: a piece starting with NUL spells nothing.
-        if bytes.first().is_none_or(|&b| b == 0) {
+        // Only what `check` allows (a piece starting with NUL spells nothing; one that is
+        // only part of a character cannot match a token element).
+        if !self.allows(token) {
             return Err(self.rejected(token));
         }
         let (cps, partial) = stacks::decode(bytes, self.partial);

@@ -610,3 +610,24 @@ fn overlong_names_and_patterns_are_refused() {
     let e = schema_err(&json!({"type": "string", "pattern": pattern}));
     assert!(e.contains("pattern"), "{e}");
 }
+
+#[test]
+fn a_quantifier_after_a_quantifier_is_refused_and_laziness_ignored() {
+    for p in ["^a{0,4}*$", "^a**$", "^a+{2}$", "^a*??$"] {
+        let e = schema_err(&json!({"type": "string", "pattern": p}));
+        assert!(e.contains("nothing to repeat"), "{p}: {e}");
+    }
+    for (p, yes, no) in [
+        ("^a*?b$", "\"aab\"", "\"ba\""),
+        ("^(ab)+?c{2}?$", "\"ababcc\"", "\"c\""),
+    ] {
+        assert!(
+            schema_accepts(&json!({"type": "string", "pattern": p}), yes),
+            "{p}"
+        );
+        assert!(
+            !schema_accepts(&json!({"type": "string", "pattern": p}), no),
+            "{p}"
+        );
+    }
+}
