@@ -918,10 +918,15 @@ impl Worker {
     #[cfg(not(target_arch = "wasm32"))]
     fn recover(&mut self, e: &EngineError) {
         let reason = self.engine.model.gpu.lost_reason().unwrap_or_default();
-        log::error!("the GPU device was lost ({reason}) while decoding ({e}); reloading the model");
-        let why = format!("the GPU device was lost ({reason}); the server is reloading the model");
+        log::error!("the GPU device was lost ({reason}) while decoding ({e})");
+        let why = match self.opts.reload {
+            Some(_) => format!(
+                "the GPU device was lost ({reason}); the server is reloading the model: retry the request"
+            ),
+            None => format!("the GPU device was lost ({reason}); restart to load the model again"),
+        };
         self.shared.stats.lock().unwrap().recovering = Some(why.clone());
-        let err = RequestError::Server(format!("{why}: retry the request"));
+        let err = RequestError::Server(why.clone());
         for slot in &mut self.slots {
             if let Some(mut a) = slot.active.take() {
                 (a.sink)(RequestEvent::Failed(err.clone()));
@@ -954,7 +959,7 @@ impl Worker {
                 Err(err) => {
                     log::error!("reloading the model failed ({err}); restart the server");
                     self.shared.stats.lock().unwrap().recovering = Some(format!(
-                        "{why}: reloading failed ({err}); restart the server"
+                        "the GPU device was lost ({reason}) and reloading the model failed ({err}); restart the server"
                     ));
                     return;
                 }

@@ -1258,7 +1258,17 @@ fn pattern_rule(pattern: &str) -> Result<String, PatternError> {
                     return Err(PatternError::Invalid("unterminated character class"));
                 }
                 i += 1;
-                terms.push(inner[start..i].to_string());
+                match &inner[start..i] {
+                    // ECMAScript's class of no character matches nothing; GBNF has none.
+                    "[]" => {
+                        return Err(PatternError::Invalid(
+                            "an empty character class [] matches nothing",
+                        ))
+                    }
+                    // Its negation matches any character.
+                    "[^]" => terms.push(".".into()),
+                    class => terms.push(class.to_string()),
+                }
             }
             b'|' => {
                 terms.push("|".into());

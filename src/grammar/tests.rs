@@ -617,9 +617,12 @@ fn a_quantifier_after_a_quantifier_is_refused_and_laziness_ignored() {
         let e = schema_err(&json!({"type": "string", "pattern": p}));
         assert!(e.contains("nothing to repeat"), "{p}: {e}");
     }
+    let e = schema_err(&json!({"type": "string", "pattern": "^a[]?b$"}));
+    assert!(e.contains("empty character class"), "{e}");
     for (p, yes, no) in [
         ("^a*?b$", "\"aab\"", "\"ba\""),
         ("^(ab)+?c{2}?$", "\"ababcc\"", "\"c\""),
+        ("^x[^]y$", "\"x-y\"", "\"xy\""),
     ] {
         assert!(
             schema_accepts(&json!({"type": "string", "pattern": p}), yes),
