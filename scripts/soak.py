@@ -51,6 +51,7 @@ def chat_turn(slot, history, cancel):
     if r.status != 200:
         fail(f"slot {slot}: chat answered {r.status}: {r.read()[:300]!r}")
         c.close()
+        stop.set()  # a client's mistake or the server's: either way the soak is over
         return None
     text, n_events, usage = [], 0, None
     for raw in r:
@@ -81,21 +82,25 @@ def chat_turn(slot, history, cancel):
     with lock:
         state["tokens"] += usage["completion_tokens"]
         state["requests"] += 1
-    return "".join(text)
+    return "".join(text), usage["prompt_tokens"] + usage["completion_tokens"]
 
 
 def client(slot):
-    history, turn = [], 0
+    history, turn, used = [], 0, 0
     while not stop.is_set():
-        if len(history) > 12:
-            history = []  # a new conversation now and then
+        # A new conversation once this one fills most of the slot's 512 cells (a prompt
+        # longer than the slot is refused, as llama-server refuses it); until then each
+        # turn's prompt starts with the slot's cached conversation.
+        if used > 320:
+            history, used = [], 0
         history.append({"role": "user", "content": f"Tell me about {TOPICS[(slot + turn) % len(TOPICS)]}, at length."})
         cancel = turn % 7 == 6
-        reply = chat_turn(slot, history, cancel)
+        got = chat_turn(slot, history, cancel)
         turn += 1
-        if reply is None:
+        if got is None:
             history.pop()
         else:
+            reply, used = got
             history.append({"role": "assistant", "content": reply})
         if turn % 5 == 0 and not stop.is_set():
             name = f"soak-{slot}.bin"

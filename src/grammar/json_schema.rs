@@ -212,6 +212,17 @@ struct Builder<'a> {
     budget: Budget,
 }
 
+/// Refuses `what` of `len` bytes where at most `max` are taken.
+fn at_most(path: &str, what: &str, len: usize, max: usize) -> Result<(), GrammarError> {
+    if len > max {
+        return Err(fail(
+            path,
+            &format!("{what} is {len} bytes long; at most {max} are taken"),
+        ));
+    }
+    Ok(())
+}
+
 fn fail(path: &str, what: &str) -> GrammarError {
     GrammarError::Schema(format!("at {path}: {what}"))
 }
@@ -428,15 +439,7 @@ impl Builder<'_> {
                 return Err(fail(path, "properties must be an object"));
             };
             for (name, schema) in p {
-                if name.len() > MAX_NAME_BYTES {
-                    return Err(fail(
-                        path,
-                        &format!(
-                            "a property name is {} bytes long; at most {MAX_NAME_BYTES} are taken",
-                            name.len()
-                        ),
-                    ));
-                }
+                at_most(path, "a property name", name.len(), MAX_NAME_BYTES)?;
                 let node = self.node(schema, &format!("{path}/properties/{name}"))?;
                 props.push((name.clone(), node, required.contains(name.as_str())));
             }
@@ -488,15 +491,7 @@ impl Builder<'_> {
             let p = p
                 .as_str()
                 .ok_or_else(|| fail(path, "pattern must be a string"))?;
-            if p.len() > MAX_PATTERN_BYTES {
-                return Err(fail(
-                    path,
-                    &format!(
-                        "the pattern is {} bytes long; at most {MAX_PATTERN_BYTES} are taken",
-                        p.len()
-                    ),
-                ));
-            }
+            at_most(path, "the pattern", p.len(), MAX_PATTERN_BYTES)?;
             return match pattern_rule(p) {
                 Ok(body) => Ok(Node::Pattern(body)),
                 Err(PatternError::Unsupported(why)) => {
