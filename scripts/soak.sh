@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A long run of `wgllm serve` under a realistic mixed load, watching for leaks:
-# -np 4 and a small context (-c 2048: 512 cells a slot) with context shift, streamed
+# -np 4 and a small context (-c 2048: 512 cells a slot) with context shift and a host
+# prompt cache of 128 MiB, streamed
 # chats that grow turn by turn (prompt-cache reuse) and run into the context's end
 # (shifts), slot save and restore, and cancelled requests (clients that hang up), until
 # TOKENS tokens were generated (default 100000). RSS and the GPU memory wgllm's buffers
@@ -16,8 +17,10 @@ cargo build --release --quiet
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 dir=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# The host prompt cache grows by design up to --cache-ram (llama-server's default: 8 GiB);
+# a small one fills during warm-up, so what grows after it is a leak.
 target/release/wgllm serve -m "$model" --host 127.0.0.1 --port "$port" -np 4 -c 2048 \
-  --context-shift --slot-save-path "$dir" --metrics >"$dir/server.log" 2>&1 &
+  --context-shift --cache-ram 128 --slot-save-path "$dir" --metrics >"$dir/server.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 600); do
