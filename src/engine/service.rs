@@ -205,8 +205,6 @@ pub struct Stats {
     pub gpu_buffer_bytes: u64,
     /// Set while the service reloads the model after its device was lost: why.
     pub recovering: Option<String>,
-    /// Times the model was reloaded after a lost device.
-    pub n_recoveries: u64,
 }
 
 /// What a slot file action did.
@@ -348,9 +346,7 @@ impl EngineService {
         mut engine: Engine,
     ) -> Result<(EngineService, Worker, amp::UnboundedReceiver<Cmd>), EngineError> {
         let n_slots = engine.context().params.n_seq_max;
-        for _ in engine.sessions().count() as u32..n_slots {
-            engine.open_session(SessionParams::default())?;
-        }
+        open_slots(&mut engine, n_slots)?;
         let (tx, rx) = amp::unbounded_channel();
         let hp = &engine.model.hp;
         let info = ServiceInfo {
@@ -926,16 +922,7 @@ impl Worker {
             None => format!("the GPU device was lost ({reason}); restart to load the model again"),
         };
         self.shared.stats.lock().unwrap().recovering = Some(why.clone());
-        let err = RequestError::Server(why.clone());
-        for slot in &mut self.slots {
-            if let Some(mut a) = slot.active.take() {
-                (a.sink)(RequestEvent::Failed(err.clone()));
-            }
-            slot.last_key = None;
-        }
-        for (_, _, reply) in self.pending.drain(..) {
-            let _ = reply.send(Err(err.clone()));
-        }
+        self.fail_in_flight(&RequestError::Server(why));
         let Some(reload) = self.opts.reload.clone() else {
             log::error!("no way to reload the model here: restart the server");
             return;
@@ -943,12 +930,9 @@ impl Worker {
         let mut tries = 0;
         let engine = loop {
             tries += 1;
+            let n = self.shared.info.n_slots;
             match (reload.0)().and_then(|mut e| {
-                let n = self.shared.info.n_slots;
-                for _ in e.sessions().count() as u32..n {
-                    e.open_session(SessionParams::default())
-                        .map_err(|err| err.to_string())?;
-                }
+                open_slots(&mut e, n).map_err(|err| err.to_string())?;
                 Ok(e)
             }) {
                 Ok(e) => break e,
@@ -966,25 +950,30 @@ impl Worker {
             }
         };
         engine.model.gpu.arm_faults();
+        // The host prompt cache's snapshots are host bytes: they stay usable.
         self.engine = engine;
-        if let Some(c) = &mut self.cache {
-            // Snapshots of the old caches stay usable: they are host bytes.
-            log::debug!("host prompt cache kept ({} entries)", c.len());
-        }
-        let mut st = self.shared.stats.lock().unwrap();
-        st.recovering = None;
-        st.n_recoveries += 1;
+        self.shared.stats.lock().unwrap().recovering = None;
         log::info!("model reloaded on a new device; serving again");
     }
 
     #[cfg(target_arch = "wasm32")]
     fn recover(&mut self, e: &EngineError) {
         log::error!("the GPU device was lost ({e}); reload the page");
-        let err = RequestError::Server(format!("the GPU device was lost ({e}); reload the page"));
+        self.fail_in_flight(&RequestError::Server(format!(
+            "the GPU device was lost ({e}); reload the page"
+        )));
+    }
+
+    /// Fails every running request and waiting slot action with `err`.
+    fn fail_in_flight(&mut self, err: &RequestError) {
         for slot in &mut self.slots {
             if let Some(mut a) = slot.active.take() {
                 (a.sink)(RequestEvent::Failed(err.clone()));
             }
+            slot.last_key = None;
+        }
+        for (_, _, reply) in self.pending.drain(..) {
+            let _ = reply.send(Err(err.clone()));
         }
     }
 
@@ -1123,4 +1112,12 @@ impl Worker {
         st.n_tokens_max = st.n_tokens_max.max(max);
         st.gpu_buffer_bytes = self.engine.context().model.gpu.live_buffer_bytes();
     }
+}
+
+/// Opens sessions on `engine` up to `n_slots`, one per slot.
+fn open_slots(engine: &mut Engine, n_slots: u32) -> Result<(), EngineError> {
+    for _ in engine.sessions().count() as u32..n_slots {
+        engine.open_session(SessionParams::default())?;
+    }
+    Ok(())
 }
