@@ -58,13 +58,19 @@ impl Gpu {
         }
     }
 
-    /// A uniform buffer with `data` (for kernel parameters).
+    /// A buffer with a kernel's parameters `data`: uniform, or storage where the kernels
+    /// read them from storage ([`Gpu::params_in_storage`]).
     pub fn uniform(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         let size = (data.len() as u64).max(16).div_ceil(16) * 16;
+        let binding = if self.params_in_storage {
+            wgpu::BufferUsages::STORAGE
+        } else {
+            wgpu::BufferUsages::UNIFORM
+        };
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            usage: binding | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         self.write(&buf, 0, data);

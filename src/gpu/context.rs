@@ -156,6 +156,16 @@ impl AdapterSummary {
         self.name.contains("SwiftShader")
             || (self.backend == "BrowserWebGpu" && self.device_type == "Cpu")
     }
+
+    /// Whether the driver compiles a kernel again for each set of values its uniforms
+    /// take in branch and loop conditions, and keeps every variant for the pipeline's
+    /// life: lavapipe (Mesa's Vulkan on llvmpipe) does, so a server's memory grew with
+    /// every new value a kernel's parameters took. Kernels there read their parameters
+    /// from storage ([`crate::ops::uniforms::params_in_storage`]), which it does not
+    /// specialize on.
+    pub fn specializes_on_uniforms(&self) -> bool {
+        self.backend == "Vulkan" && self.name.contains("llvmpipe")
+    }
 }
 
 fn instance(backend: Backend) -> wgpu::Instance {
@@ -266,6 +276,10 @@ pub struct Gpu {
     /// adapter [keeps loops](AdapterSummary::keeps_loops), or `WGLLM_UNROLL=1`); the same
     /// for every kernel of the device, so pipelines are cached by key alone.
     pub unroll: bool,
+    /// Kernels bind their parameters as read-only storage, not as a uniform buffer (where
+    /// the driver [specializes on uniforms](AdapterSummary::specializes_on_uniforms), or
+    /// `WGLLM_PARAMS_STORAGE=1`); the same for every kernel of the device.
+    pub params_in_storage: bool,
     /// The kernel overrides the ops apply (a copy of [`GpuOptions::tuning`]).
     pub tuning: KernelTuning,
     /// Kernels are compiled with wgpu's runtime checks ([`GpuOptions::shader_checks`]).
@@ -401,8 +415,12 @@ impl Gpu {
             k => k,
         };
         let unroll = opts.tuning.unroll.unwrap_or_else(|| info.keeps_loops());
+        let params_in_storage = opts
+            .tuning
+            .params_storage
+            .unwrap_or_else(|| info.specializes_on_uniforms());
         log::info!(
-            "GPU: {} ({}, {}), max binding {} MiB, f16 {}, subgroups {}, {:?}-shaped kernels{}",
+            "GPU: {} ({}, {}), max binding {} MiB, f16 {}, subgroups {}, {:?}-shaped kernels{}{}",
             info.name,
             info.backend,
             info.device_type,
@@ -410,7 +428,12 @@ impl Gpu {
             has_f16,
             has_subgroups,
             kernels,
-            if unroll { ", loops unrolled" } else { "" }
+            if unroll { ", loops unrolled" } else { "" },
+            if params_in_storage {
+                ", parameters in storage"
+            } else {
+                ""
+            }
         );
         Arc::new(Gpu {
             device,
@@ -422,6 +445,7 @@ impl Gpu {
             is_cpu,
             kernels,
             unroll,
+            params_in_storage,
             tuning: opts.tuning.clone(),
             shader_checks: opts.shader_checks,
             has_timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
@@ -450,6 +474,7 @@ impl Gpu {
             is_cpu: self.is_cpu,
             kernels,
             unroll: self.unroll,
+            params_in_storage: self.params_in_storage,
             tuning,
             shader_checks: self.shader_checks,
             has_timestamps: self.has_timestamps,
@@ -548,6 +573,11 @@ impl Gpu {
         let mut src = key.source().map_err(&shader_err)?;
         if self.unroll {
             src = crate::ops::unroll::unroll(&src, crate::ops::unroll::MAX_TRIPS);
+        }
+        if self.params_in_storage {
+            src = crate::ops::uniforms::params_in_storage(&src).ok_or_else(|| {
+                shader_err("its parameters are not declared as every kernel's are".into())
+            })?;
         }
         // Validate with naga first, with only the capabilities the key declares: its
         // messages name the line, and a bad shader must not reach the driver.

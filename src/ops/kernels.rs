@@ -823,6 +823,29 @@ mod tests {
         assert!(src.matches("for (").count() > 8);
     }
 
+    /// What `Gpu::pipeline` compiles where the driver specializes on uniforms (lavapipe):
+    /// every variant declares its parameters the one way the rewrite expects, and still
+    /// validates reading them from storage.
+    #[test]
+    fn every_kernel_variant_validates_with_params_in_storage() {
+        use crate::ops::uniforms::params_in_storage;
+        let failures: Vec<String> = KernelKey::all()
+            .into_iter()
+            .filter_map(|k| {
+                let src = k.source().and_then(|s| {
+                    params_in_storage(&s).ok_or_else(|| "no parameter declaration".to_string())
+                });
+                let err = match src {
+                    Ok(src) if src.contains("var<uniform>") => "a uniform is left".to_string(),
+                    Ok(src) => validated(k, &src).err()?,
+                    Err(e) => e,
+                };
+                Some(format!("{k}: {err}"))
+            })
+            .collect();
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+
     #[test]
     fn all_covers_every_choice_the_ops_make() {
         let all = KernelKey::all();

@@ -41,6 +41,11 @@ pub struct KernelTuning {
     /// compiling (`ops::unroll`), or not; by default where the adapter's compiler keeps
     /// loops as written ([`crate::gpu::AdapterSummary::keeps_loops`]).
     pub unroll: Option<bool>,
+    /// `WGLLM_PARAMS_STORAGE=0|1`: kernels read their parameters from a read-only storage
+    /// buffer rather than a uniform one (`ops::uniforms::params_in_storage`); by default
+    /// where the driver specializes kernels on uniform values
+    /// ([`crate::gpu::AdapterSummary::specializes_on_uniforms`]).
+    pub params_storage: Option<bool>,
     /// (rows, tokens) per invocation of the CPU-shaped matmul for one token and for 8+
     /// tokens: what the tuner (`crate::tune`) measured best on an adapter, below
     /// `matmul_tile`, which overrides every size.
@@ -121,6 +126,7 @@ impl KernelTuning {
             attn_flash: switch("WGLLM_ATTN_FLASH")?,
             attn_kq_lanes: switch("WGLLM_ATTN_KQ_LANES")?,
             unroll: switch("WGLLM_UNROLL")?,
+            params_storage: switch("WGLLM_PARAMS_STORAGE")?,
             gpu_tile: pair("WGLLM_GPU_TILE")?,
             gpu_vec_rows: num("WGLLM_GPU_VEC")?,
             tile_min: num("WGLLM_TILE_MIN")?,
@@ -150,6 +156,7 @@ impl KernelTuning {
             attn_flash: self.attn_flash.or(base.attn_flash),
             attn_kq_lanes: self.attn_kq_lanes.or(base.attn_kq_lanes),
             unroll: self.unroll.or(base.unroll),
+            params_storage: self.params_storage.or(base.params_storage),
             cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),
             cpu_prompt_tile: self.cpu_prompt_tile.or(base.cpu_prompt_tile),
             gpu_draws: self.gpu_draws.or(base.gpu_draws),
@@ -253,6 +260,7 @@ mod tests {
             ("WGLLM_ATTN_TILE_MIN", "64"),
             ("WGLLM_ATTN_CHUNK", "64"),
             ("WGLLM_UNROLL", "0"),
+            ("WGLLM_PARAMS_STORAGE", "1"),
             ("WGLLM_PROFILE", "1"),
         ])
         .unwrap();
@@ -270,6 +278,7 @@ mod tests {
                 attn_tile_min: Some(64),
                 attn_split_chunk: Some(64),
                 unroll: Some(false),
+                params_storage: Some(true),
                 profile: true,
                 ..Default::default()
             }
