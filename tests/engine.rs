@@ -773,3 +773,90 @@ fn closing_a_session_mid_flight_needs_no_wait() {
     }
     assert_eq!(outs[0], outs[1], "waited for vs decoded ahead");
 }
+
+/// An allocation that fails in the middle of a step decoding two sessions together
+/// (`oom@N`, N inside that step) fails the step as out of GPU memory with what to change,
+/// leaves every cell of the cache as before the step, and the engine goes on: stepping
+/// again, each session ends with the tokens of a run without the fault.
+#[test]
+fn out_of_memory_mid_batch_leaves_the_cache_and_the_engine_goes_on() {
+    use wgllm::gpu::Fault;
+    let prompts: [Vec<u32>; 2] = [
+        (0..9).map(|i| (i * 29 + 3) % 256).collect(),
+        (0..17).map(|i| (i * 53 + 11) % 256).collect(),
+    ];
+    // Runs both sessions; `fail_at` is the allocation to fail. Returns each session's
+    // tokens, the allocations counted after each step, and what the failed step did.
+    let scenario = |fail_at: u64| {
+        let gpu = Gpu::new(&GpuOptions {
+            no_f16: true,
+            fault: Some(Fault::OutOfMemory(fail_at)),
+            ..Default::default()
+        })
+        .unwrap();
+        let (model, tok) = common::tiny_parts(gpu.clone(), GgmlType::Q4_1);
+        let mut e = common::engine(&model, &tok, 128, 32, 2);
+        gpu.arm_faults();
+        let params = SessionParams {
+            sampling: SamplerParams {
+                banned: tok.eog_tokens().collect(),
+                ..SamplerParams::greedy()
+            },
+            n_predict: 12,
+            ..Default::default()
+        };
+        let ids: Vec<SessionId> = prompts
+            .iter()
+            .map(|p| {
+                let id = e.open_session(params.clone()).unwrap();
+                e.prompt_tokens(id, p).unwrap();
+                id
+            })
+            .collect();
+        let mut counts = Vec::new();
+        let mut failed = None;
+        while e.is_busy() {
+            let before = format!("{:?}", e.cache_map());
+            match e.step() {
+                Ok(events) => {
+                    for ev in events {
+                        if let Event::Error { error, .. } = ev {
+                            panic!("{error}");
+                        }
+                    }
+                }
+                Err(err) => {
+                    let after = format!("{:?}", e.cache_map());
+                    failed = Some((counts.len(), err.to_string(), before == after));
+                }
+            }
+            counts.push(gpu.allocations_since_armed());
+        }
+        let tokens: Vec<Vec<u32>> = ids
+            .iter()
+            .map(|&id| e.session(id).unwrap().generated().to_vec())
+            .collect();
+        (tokens, counts, failed)
+    };
+    let (clean, counts, failed) = scenario(u64::MAX);
+    assert!(failed.is_none());
+    assert_eq!(clean[0].len(), 12);
+    assert_eq!(clean[1].len(), 12);
+    // The first step after the prompts' that allocates decodes both sessions' tokens
+    // together: fail an allocation in its middle.
+    let step = counts
+        .windows(2)
+        .position(|w| w[1] > w[0])
+        .map(|i| i + 1)
+        .expect("a step after the first that allocates");
+    let (lo, hi) = (counts[step - 1], counts[step]);
+    let (tokens, _, failed) = scenario(lo + (hi - lo).div_ceil(2));
+    let (at, msg, unchanged) = failed.expect("the fault fired");
+    assert_eq!(at, step, "failed in the chosen step");
+    assert!(
+        msg.contains("out of GPU memory") && msg.contains("-c"),
+        "{msg}"
+    );
+    assert!(unchanged, "the cache changed in the failed step");
+    assert_eq!(tokens, clean, "after the failed step");
+}

@@ -515,6 +515,13 @@ impl Gpu {
         self.fault.arm();
     }
 
+    /// Buffer allocations counted since [`Gpu::arm_faults`], where an out-of-memory fault
+    /// is set (`oom@N` with an N never reached counts without failing): tests place a
+    /// fault inside a chosen step with it.
+    pub fn allocations_since_armed(&self) -> u64 {
+        self.fault.allocations()
+    }
+
     /// Fails an allocation the injected fault picked (see [`super::Fault`]).
     pub(super) fn injected_oom(&self, what: &str, bytes: u64) -> Result<(), GpuError> {
         if self.fault.allocation_fails() {

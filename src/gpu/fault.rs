@@ -76,6 +76,11 @@ impl FaultSwitch {
         count.fetch_add(1, Ordering::Relaxed) + 1 == n && !FIRED.swap(true, Ordering::Relaxed)
     }
 
+    /// Allocations counted since armed (only with an out-of-memory fault set).
+    pub(super) fn allocations(&self) -> u64 {
+        self.allocations.load(Ordering::Relaxed)
+    }
+
     /// Whether this allocation is to fail.
     pub(super) fn allocation_fails(&self) -> bool {
         match self.fault {
