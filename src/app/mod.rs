@@ -17,6 +17,8 @@
 
 mod chart;
 mod kv_map;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod restore;
 mod settings;
 #[cfg(not(target_arch = "wasm32"))]
 mod shot;
@@ -59,6 +61,9 @@ pub struct AppOptions {
     /// Headless drive: give up (exit with an error) after this long.
     pub timeout: Duration,
     pub window_size: [f32; 2],
+    /// Conversations to start the chats with: those of an app that lost its GPU and
+    /// started this one (see [`restore`]).
+    pub restore_chats: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +93,9 @@ pub struct DriveReport {
 struct Outcome {
     error: Option<String>,
     report: Option<DriveReport>,
+    /// The app this one started after losing its GPU: a drive's result is its result.
+    #[cfg(not(target_arch = "wasm32"))]
+    restarted: Option<std::process::Child>,
 }
 
 /// Opens the window and runs until it is closed (or, driven, until the screenshot is
@@ -113,6 +121,18 @@ pub fn run(opts: AppOptions) -> Result<Option<DriveReport>, AppError> {
     );
     result.map_err(|e| AppError::Window(e.to_string()))?;
     let taken = std::mem::take(&mut *outcome.lock().unwrap());
+    if let Some(mut child) = taken.restarted {
+        // The new app drives on and reports (its output is this one's).
+        let status = child
+            .wait()
+            .map_err(|e| AppError::Drive(format!("waiting for the app started again: {e}")))?;
+        return match status.success() {
+            true => Ok(None),
+            false => Err(AppError::Drive(format!(
+                "the app started again after the GPU was lost failed ({status})"
+            ))),
+        };
+    }
     match taken.error {
         Some(msg) => Err(AppError::Drive(msg)),
         None => Ok(taken.report),

@@ -117,6 +117,9 @@ pub struct App {
     last_speed: (usize, f64, usize, f64),
     started: Instant,
     outcome: Arc<Mutex<Outcome>>,
+    /// The GPU was lost: why, and the conversations to carry over (handled at the next
+    /// frame, which has the window's context).
+    lost: Option<(String, Vec<Vec<crate::tokenizer::ChatMessage>>)>,
     /// A file the page's picker returned, to load at the next frame.
     #[cfg(target_arch = "wasm32")]
     picked: std::rc::Rc<std::cell::RefCell<Option<web_sys::File>>>,
@@ -199,6 +202,7 @@ impl App {
             last_speed: (0, 0.0, 0, 0.0),
             started: Instant::now(),
             outcome,
+            lost: None,
             opts,
             #[cfg(target_arch = "wasm32")]
             picked: Default::default(),
@@ -297,6 +301,8 @@ impl App {
                 self.chats = (0..info.n_seq).map(Chat::new).collect();
                 self.active = 0;
                 self.load = Load::Loaded(info);
+                #[cfg(not(target_arch = "wasm32"))]
+                self.restore_chats();
                 if self.drive == Some(Drive::WaitLoad) {
                     if let Some(p) = self.opts.prompt.clone() {
                         self.chats[0].input = p;
@@ -352,6 +358,18 @@ impl App {
                 }
             }
             Update::Cache(m) => self.cache = Some(m),
+            Update::DeviceLost { reason, chats } => {
+                let msg = format!("the GPU was lost ({reason})");
+                for c in &mut self.chats {
+                    if c.busy {
+                        c.busy = false;
+                        c.progress = None;
+                        c.messages.push((Role::Note, format!("error: {msg}")));
+                    }
+                }
+                self.error = Some(msg);
+                self.lost = Some((reason, chats));
+            }
         }
     }
 
@@ -699,6 +717,102 @@ impl App {
         }
     }
 
+    /// The GPU was lost, and the window's device with it (a window's device cannot be
+    /// replaced): this app starts again, on the same adapter, with the same flags, the
+    /// model and each chat's conversation (`--restore-chats`), and closes. A drive's
+    /// caller waits for the new app ([`super::run`]).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn after_loss(
+        &mut self,
+        ctx: &egui::Context,
+        reason: &str,
+        chats: Vec<Vec<crate::tokenizer::ChatMessage>>,
+    ) {
+        log::warn!(
+            "app: the GPU was lost ({reason}); starting the app again with the model and the chats"
+        );
+        let file = std::env::temp_dir().join(format!("wgllm-chats-{}.json", std::process::id()));
+        let saved = super::restore::save(&file, &chats)
+            .map_err(|e| format!("saving the chats to {}: {e}", file.display()));
+        let exe = std::env::current_exe().map_err(|e| e.to_string());
+        let child = saved.and(exe).and_then(|exe| {
+            let mut cmd = std::process::Command::new(exe);
+            cmd.args(super::restore::args_again(
+                std::env::args_os().skip(1),
+                &file,
+            ));
+            // The fault a test injected stays with the process it was injected into.
+            cmd.env_remove("WGLLM_FAULT");
+            cmd.spawn().map_err(|e| e.to_string())
+        });
+        match child {
+            Ok(child) => {
+                if self.drive.is_some() {
+                    self.outcome.lock().unwrap().restarted = Some(child);
+                    self.drive = None;
+                }
+                ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+            }
+            Err(e) => {
+                let msg = format!("the GPU was lost ({reason}), and the app could not start again: {e}; start it again by hand");
+                self.error = Some(msg.clone());
+                if self.drive.is_some() {
+                    self.fail_drive(msg);
+                }
+            }
+        }
+    }
+
+    /// A page cannot start itself again: it says to reload.
+    #[cfg(target_arch = "wasm32")]
+    fn after_loss(
+        &mut self,
+        _ctx: &egui::Context,
+        reason: &str,
+        _chats: Vec<Vec<crate::tokenizer::ChatMessage>>,
+    ) {
+        let msg = format!("the GPU was lost ({reason}): reload the page");
+        self.error = Some(msg.clone());
+        if self.drive.is_some() {
+            self.fail_drive(msg);
+        }
+    }
+
+    /// The conversations an app that lost its GPU carried over (`--restore-chats`), into
+    /// the chats just opened: shown, and sent to the worker, which decodes each again at
+    /// its chat's next message. The file is removed once read.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn restore_chats(&mut self) {
+        let Some(file) = self.opts.restore_chats.take() else {
+            return;
+        };
+        let chats = match super::restore::load(&file) {
+            Ok(c) => c,
+            Err(e) => {
+                self.error = Some(format!(
+                    "the chats of the app before could not be read from {}: {e}",
+                    file.display()
+                ));
+                return;
+            }
+        };
+        let _ = std::fs::remove_file(&file);
+        for (c, messages) in self.chats.iter_mut().zip(&chats) {
+            c.messages = messages
+                .iter()
+                .map(|m| {
+                    let role = if m.role == "assistant" {
+                        Role::Assistant
+                    } else {
+                        Role::User
+                    };
+                    (role, m.content.clone())
+                })
+                .collect();
+        }
+        self.tx.send(Cmd::Restore(chats));
+    }
+
     fn right_panel(&mut self, ui: &mut egui::Ui) {
         egui::ScrollArea::vertical().show(ui, |ui| {
             ui.strong("Speed");
@@ -846,6 +960,9 @@ impl eframe::App for App {
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
         while let Ok(u) = self.rx.try_recv() {
             self.apply(u);
+        }
+        if let Some((reason, chats)) = self.lost.take() {
+            self.after_loss(ui.ctx(), &reason, chats);
         }
         #[cfg(target_arch = "wasm32")]
         let picked = self.picked.borrow_mut().take();

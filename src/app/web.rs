@@ -181,6 +181,7 @@ fn options_from_address() -> AppOptions {
             get("timeout").and_then(|v| v.parse().ok()).unwrap_or(1800),
         ),
         window_size: [1280.0, 800.0],
+        restore_chats: None,
     }
 }
 

@@ -79,6 +79,11 @@ pub enum Cmd {
         chat: SessionId,
         session: Box<SessionParams>,
     },
+    /// Conversations carried over from an app that lost its GPU ([`Update::DeviceLost`]):
+    /// each chat's turns, decoded again from their start at its next message. (A page
+    /// cannot start itself again.)
+    #[cfg(not(target_arch = "wasm32"))]
+    Restore(Vec<Vec<ChatMessage>>),
 }
 
 /// A loaded model, as the window describes it.
@@ -118,6 +123,13 @@ pub enum Update {
         n_gen: usize,
     },
     Cache(CacheMap),
+    /// The GPU was lost (a driver reset, a GPU switched off): the model and the window's
+    /// device are gone with it. Each chat's conversation so far (a failed turn left out),
+    /// for an app started again to carry on.
+    DeviceLost {
+        reason: String,
+        chats: Vec<Vec<ChatMessage>>,
+    },
 }
 
 /// The window's end of the worker's input.
@@ -271,6 +283,12 @@ impl Worker {
                 }
             }
             Cmd::Regenerate(chat) => self.regenerate(chat),
+            #[cfg(not(target_arch = "wasm32"))]
+            Cmd::Restore(chats) => {
+                for (c, messages) in self.chats.iter_mut().zip(chats) {
+                    c.messages = messages;
+                }
+            }
             Cmd::Reset { chat, session } => {
                 let Some(service) = self.service.clone() else {
                     return self.fail(Some(chat), "no model is loaded".into());
@@ -424,6 +442,9 @@ impl Worker {
                 {
                     c.messages.pop();
                 }
+                if let Some(reason) = self.gpu.lost_reason() {
+                    return self.device_lost(reason);
+                }
                 Event::Error {
                     session: chat,
                     error: EngineError::Options(e.to_string()),
@@ -431,6 +452,16 @@ impl Worker {
             }
         };
         self.send(Update::Event(event));
+    }
+
+    /// The model's device is gone: the engine with it (once), and the window is told,
+    /// with the conversations it can carry to an app started again.
+    fn device_lost(&mut self, reason: String) {
+        if self.service.take().is_none() {
+            return;
+        }
+        let chats = self.chats.iter().map(|c| c.messages.clone()).collect();
+        self.send(Update::DeviceLost { reason, chats });
     }
 
     fn service_update(&mut self, u: ServiceUpdate) {

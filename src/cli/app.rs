@@ -64,6 +64,10 @@ pub struct AppArgs {
     /// scripts/fetch-models.sh fills, $WGLLM_MODELS or ~/.cache/wgllm-models).
     #[arg(long = "models-dir")]
     pub models_dir: Vec<PathBuf>,
+    /// Start the chats with these conversations: the file an app that lost its GPU
+    /// wrote for the app it started in its place.
+    #[arg(long = "restore-chats", hide = true)]
+    pub restore_chats: Option<PathBuf>,
     #[command(flatten)]
     pub habits: LlamaHabits,
 }
@@ -143,6 +147,7 @@ pub fn app(a: &AppArgs) -> Result<()> {
         screenshot: a.screenshot.clone(),
         timeout: std::time::Duration::from_secs(a.timeout),
         window_size: parse_size(&a.size)?,
+        restore_chats: a.restore_chats.clone(),
     };
     let report = wgllm::app::run(opts)?;
     if let (Some(p), Some(r)) = (&a.screenshot, report) {

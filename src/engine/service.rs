@@ -492,6 +492,9 @@ struct Worker {
     watchers: Vec<WatchSink>,
     /// Slot actions waiting for their slot to be idle.
     pending: Vec<(u32, SlotAction, SlotReply)>,
+    /// The device was lost and the model could not be loaded again: every request and
+    /// slot action gets this at once (nothing can run; stepping would only fail again).
+    dead: Option<RequestError>,
 }
 
 type SlotReply = oneshot::Sender<Result<SlotFileResult, RequestError>>;
@@ -515,11 +518,19 @@ impl Worker {
             uses: 0,
             watchers: Vec::new(),
             pending: Vec::new(),
+            dead: None,
         }
     }
 
     async fn run(mut self, mut rx: amp::UnboundedReceiver<Cmd>) {
         loop {
+            if let Some(err) = self.dead.clone() {
+                match rx.recv().await {
+                    Some(c) => Self::refuse(c, &err),
+                    None => return,
+                }
+                continue;
+            }
             // Idle with nothing waiting: wait for a command; otherwise take what came,
             // start what waits, then step. (With the engine idle every slot is free, so
             // whatever is queued starts now.)
@@ -544,6 +555,33 @@ impl Worker {
             }
             self.publish_gauges();
         }
+    }
+
+    /// Answers a command of a service whose device is gone for good with `err`.
+    fn refuse(c: Cmd, err: &RequestError) {
+        match c {
+            Cmd::Submit(mut q) => {
+                (q.sink)(RequestEvent::Failed(err.clone()));
+            }
+            Cmd::Slot { reply, .. } => {
+                let _ = reply.send(Err(err.clone()));
+            }
+            Cmd::Slots(reply) => {
+                let _ = reply.send(Vec::new());
+            }
+            Cmd::Watch(_) | Cmd::Cancel(_) => {}
+        }
+    }
+
+    /// The device is gone and stays gone: what is in flight or queued fails with `why`,
+    /// and so does everything after ([`Worker::refuse`]).
+    fn give_up(&mut self, why: String) {
+        let err = RequestError::Server(why);
+        self.fail_in_flight(&err);
+        for mut q in self.queue.drain(..) {
+            (q.sink)(RequestEvent::Failed(err.clone()));
+        }
+        self.dead = Some(err);
     }
 
     fn handle(&mut self, c: Cmd) {
@@ -924,8 +962,10 @@ impl Worker {
         self.shared.stats.lock().unwrap().recovering = Some(why.clone());
         self.fail_in_flight(&RequestError::Server(why));
         let Some(reload) = self.opts.reload.clone() else {
-            log::error!("no way to reload the model here: restart the server");
-            return;
+            log::error!("no way to reload the model here: restart to load it again");
+            return self.give_up(format!(
+                "the GPU device was lost ({reason}); restart to load the model again"
+            ));
         };
         let mut tries = 0;
         let engine = loop {
@@ -942,10 +982,11 @@ impl Worker {
                 }
                 Err(err) => {
                     log::error!("reloading the model failed ({err}); restart the server");
-                    self.shared.stats.lock().unwrap().recovering = Some(format!(
+                    let why = format!(
                         "the GPU device was lost ({reason}) and reloading the model failed ({err}); restart the server"
-                    ));
-                    return;
+                    );
+                    self.shared.stats.lock().unwrap().recovering = Some(why.clone());
+                    return self.give_up(why);
                 }
             }
         };
@@ -959,9 +1000,7 @@ impl Worker {
     #[cfg(target_arch = "wasm32")]
     fn recover(&mut self, e: &EngineError) {
         log::error!("the GPU device was lost ({e}); reload the page");
-        self.fail_in_flight(&RequestError::Server(format!(
-            "the GPU device was lost ({e}); reload the page"
-        )));
+        self.give_up(format!("the GPU device was lost ({e}); reload the page"));
     }
 
     /// Fails every running request and waiting slot action with `err`.
