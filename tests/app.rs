@@ -80,28 +80,28 @@ impl Image {
     }
 }
 
-#[test]
-fn headless_chat_shows_reply_and_cache_map() {
+/// Drives the app headless under Xvfb on SmolLM2: the chat prompt, greedy, 40 tokens,
+/// one chat of `n_ctx` cells, with `env` set; the window saved to `shot`. Checks that the
+/// drive succeeded with llama.cpp's reply; returns the log (stderr).
+fn drive(shot: &std::path::Path, n_ctx: &str, env: &[(&str, &str)]) -> String {
     let model = common::smollm2();
-    let dir = std::env::temp_dir().join(format!("wgllm-app-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let shot = dir.join("app.png");
-    let _ = std::fs::remove_file(&shot);
+    let _ = std::fs::remove_file(shot);
     let out = Command::new("xvfb-run")
         .args(["-a", "-s", "-screen 0 1400x900x24"])
         .arg(env!("CARGO_BIN_EXE_wgllm"))
         .args([
-            "app", "-m", &model, "--temp", "0", "-n", "40", "-c", "64", "-np", "1",
+            "app", "-m", &model, "--temp", "0", "-n", "40", "-c", n_ctx, "-np", "1",
         ])
         .args(["-p", "What is the boiling point of water at sea level?"])
         .arg("--screenshot")
-        .arg(&shot)
+        .arg(shot)
         .args(["--timeout", "600", "--size", "1280x800"])
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .expect("xvfb-run (apt-get install xvfb xauth) runs the app under a virtual display");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "app failed: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     let expected = common::reliable_prefix("smol-chat.cpu.json");
@@ -109,6 +109,15 @@ fn headless_chat_shows_reply_and_cache_map() {
         stdout.starts_with(&expected),
         "reply {stdout:?} does not start with llama.cpp's {expected:?}"
     );
+    stderr
+}
+
+#[test]
+fn headless_chat_shows_reply_and_cache_map() {
+    let dir = std::env::temp_dir().join(format!("wgllm-app-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shot = dir.join("app.png");
+    let stderr = drive(&shot, "64", &[]);
     // "full cache: 50 of 64 cells used, 32 moved by a shift"
     let line = stderr
         .lines()
@@ -160,38 +169,14 @@ fn headless_chat_shows_reply_and_cache_map() {
 /// drive's exit and output are the new app's.
 #[test]
 fn a_lost_gpu_starts_the_app_again_and_the_chat_goes_on() {
-    let model = common::smollm2();
     let dir = std::env::temp_dir().join(format!("wgllm-app-lost-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let shot = dir.join("app.png");
-    let _ = std::fs::remove_file(&shot);
-    let out = Command::new("xvfb-run")
-        .args(["-a", "-s", "-screen 0 1400x900x24"])
-        .arg(env!("CARGO_BIN_EXE_wgllm"))
-        .args([
-            "app", "-m", &model, "--temp", "0", "-n", "40", "-c", "256", "-np", "1",
-        ])
-        .args(["-p", "What is the boiling point of water at sea level?"])
-        .arg("--screenshot")
-        .arg(&shot)
-        .args(["--timeout", "600", "--size", "1280x800"])
-        .env("RUST_LOG", "warn")
-        .env("WGLLM_FAULT", "device-lost@12")
-        .output()
-        .expect("xvfb-run (apt-get install xvfb xauth) runs the app under a virtual display");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "app failed: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let stderr = drive(&shot, "256", &[("WGLLM_FAULT", "device-lost@12")]);
     assert!(
         stderr.contains("the GPU was lost (injected by WGLLM_FAULT)")
             && stderr.contains("starting the app again"),
         "{stderr}"
-    );
-    let expected = common::reliable_prefix("smol-chat.cpu.json");
-    assert!(
-        stdout.starts_with(&expected),
-        "reply {stdout:?} does not start with llama.cpp's {expected:?}"
     );
     assert!(shot.exists(), "the new app saved the window");
     let _ = std::fs::remove_dir_all(&dir);
