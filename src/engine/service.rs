@@ -960,13 +960,11 @@ impl Worker {
             None => format!("the GPU device was lost ({reason}); restart to load the model again"),
         };
         self.shared.stats.lock().unwrap().recovering = Some(why.clone());
-        self.fail_in_flight(&RequestError::Server(why));
         let Some(reload) = self.opts.reload.clone() else {
             log::error!("no way to reload the model here: restart to load it again");
-            return self.give_up(format!(
-                "the GPU device was lost ({reason}); restart to load the model again"
-            ));
+            return self.give_up(why);
         };
+        self.fail_in_flight(&RequestError::Server(why));
         let mut tries = 0;
         let engine = loop {
             tries += 1;
