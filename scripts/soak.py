@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The soak run behind scripts/soak.sh: drives a running `wgllm serve` (-np 4, small
 context, --context-shift, --slot-save-path, --metrics) with four clients, one per slot,
-until TOKENS tokens were generated, sampling the server's RSS and the GPU memory its
-buffers hold (`wgllm:gpu_buffer_bytes`) every INTERVAL seconds. Each client holds a
+until TOKENS tokens were generated, sampling the server's RSS, the GPU memory its
+buffers hold (`wgllm:gpu_buffer_bytes`) and the host prompt cache's bytes
+(`wgllm:prompt_cache_bytes`) every INTERVAL seconds. Each client holds a
 streamed chat that grows turn by turn (the slot's cache reused as the prompt's prefix),
 with long answers that run into the slot's context end (shifts), a slot save and
 restore every few turns, and every seventh request cancelled by hanging up mid-stream.
 
-Prints the curve and fails if a request other than a cancelled one failed, or if RSS or
-GPU memory grew after warm-up (the last third's peak above the middle third's)."""
+Prints the curve and fails if a request other than a cancelled one failed, or if RSS
+less the prompt cache or GPU memory grew after warm-up (the last third's peak above the middle third's)."""
 import http.client
 import json
 import os
@@ -121,12 +122,14 @@ def sample():
         for line in f:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) * 1024
-    gpu = 0
+    gpu = cache = 0
     st, data = request("GET", "/metrics")
     for line in data.decode().splitlines():
         if line.startswith("wgllm:gpu_buffer_bytes"):
             gpu = float(line.split()[1])
-    return rss, gpu
+        if line.startswith("wgllm:prompt_cache_bytes"):
+            cache = float(line.split()[1])
+    return rss, gpu, cache
 
 
 def main():
@@ -135,14 +138,16 @@ def main():
     for t in threads:
         t.start()
     curve = []
-    print(f"{'minute':>7} {'tokens':>8} {'requests':>8} {'RSS MiB':>8} {'GPU MiB':>8}", flush=True)
+    print(f"{'minute':>7} {'tokens':>8} {'requests':>8} {'RSS MiB':>8} {'GPU MiB':>8} "
+          f"{'cache MiB':>9} {'RSS-cache':>9}", flush=True)
     while True:
         done = stop.wait(interval)
-        rss, gpu = sample()
+        rss, gpu, cache = sample()
         with lock:
-            row = (time.time() - t0, state["tokens"], state["requests"], rss, gpu)
+            row = (time.time() - t0, state["tokens"], state["requests"], rss, gpu, rss - cache)
         curve.append(row)
-        print(f"{row[0] / 60:7.1f} {row[1]:8d} {row[2]:8d} {rss / 2**20:8.1f} {gpu / 2**20:8.1f}", flush=True)
+        print(f"{row[0] / 60:7.1f} {row[1]:8d} {row[2]:8d} {rss / 2**20:8.1f} {gpu / 2**20:8.1f} "
+              f"{cache / 2**20:9.1f} {(rss - cache) / 2**20:9.1f}", flush=True)
         if done:
             break
     for t in threads:
@@ -156,10 +161,12 @@ def main():
     # After warm-up (the first third of the samples), a leak raises the later peaks: the
     # last third's highest sample against the middle third's, with room for the
     # allocator's noise (2 % or 16 MiB of RSS; 1 % or 4 MiB of GPU buffers, where
-    # readback and staging buffers come and go between steps).
+    # readback and staging buffers come and go between steps). RSS counts without the
+    # prompt cache's snapshots, which fill up to --cache-ram by design.
     third = max(len(curve) // 3, 1)
     middle, last = curve[third:2 * third] or curve, curve[2 * third:] or curve
-    for what, col, frac, slack in [("RSS", 3, 0.02, 16), ("GPU buffers", 4, 0.01, 4)]:
+    for what, col, frac, slack in [("RSS less the prompt cache", 5, 0.02, 16),
+                                   ("GPU buffers", 4, 0.01, 4)]:
         before, after = max(r[col] for r in middle), max(r[col] for r in last)
         if after > before + max(frac * before, slack * 2**20):
             print(f"{what} grew after warm-up: {before / 2**20:.1f} -> {after / 2**20:.1f} MiB")

@@ -18,7 +18,7 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 dir=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # The host prompt cache grows by design up to --cache-ram (llama-server's default: 8 GiB);
-# a small one fills during warm-up, so what grows after it is a leak.
+# a small one fills during warm-up, and soak.py judges RSS less the cache's bytes.
 target/release/wgllm serve -m "$model" --host 127.0.0.1 --port "$port" -np 4 -c 2048 \
   --context-shift --cache-ram 128 --slot-save-path "$dir" --metrics >"$dir/server.log" 2>&1 &
 pid=$!

@@ -266,6 +266,8 @@ fn bad_input_gets_its_status_and_the_server_goes_on() {
         "llamacpp:requests_deferred",
         "llamacpp:requests_processing",
         "llamacpp:kv_cache_usage_ratio",
+        "wgllm:gpu_buffer_bytes",
+        "wgllm:prompt_cache_bytes",
     ] {
         assert!(m.contains(name), "{name} missing from /metrics:\n{m}");
     }

@@ -208,6 +208,13 @@ fn a_prompt_cleared_from_its_slot_comes_back_from_host_memory() {
     );
     assert_eq!(again.tokens, first.tokens);
     assert_eq!(again.text, first.text);
+    // The stats (and /metrics' wgllm:prompt_cache_bytes) count the snapshots held: at
+    // least the first prompt's, within the limit.
+    let held = s.stats().prompt_cache_bytes;
+    assert!(
+        held > 0 && held <= 64 << 20,
+        "prompt cache holds {held} bytes"
+    );
 }
 
 #[test]

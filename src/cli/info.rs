@@ -89,6 +89,14 @@ pub fn devices(a: &DevicesArgs) -> Result<()> {
             d.subgroup_size.0,
             d.subgroup_size.1
         );
+        println!(
+            "    cooperative matrices: {}",
+            if d.cooperative_matrices.is_empty() {
+                "none".to_string()
+            } else {
+                d.cooperative_matrices.join(", ")
+            }
+        );
     }
     let (file, entries) = wgllm::tune::cached_entries(&super::tune_options(false, false));
     if let Some(file) = file {

@@ -203,6 +203,8 @@ pub struct Stats {
     pub n_tokens_max: u64,
     /// Bytes of GPU buffers alive on the model's device.
     pub gpu_buffer_bytes: u64,
+    /// Bytes of slot snapshots the host prompt cache holds (it fills up to `--cache-ram`).
+    pub prompt_cache_bytes: u64,
     /// Set while the service reloads the model after its device was lost: why.
     pub recovering: Option<String>,
 }
@@ -1148,6 +1150,7 @@ impl Worker {
         st.kv_cells_used = used as u64;
         st.n_tokens_max = st.n_tokens_max.max(max);
         st.gpu_buffer_bytes = self.engine.context().model.gpu.live_buffer_bytes();
+        st.prompt_cache_bytes = self.cache.as_ref().map_or(0, |c| c.bytes() as u64);
     }
 }
 

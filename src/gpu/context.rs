@@ -138,6 +138,9 @@ pub struct AdapterSummary {
     pub shader_f16: bool,
     pub subgroups: bool,
     pub subgroup_size: (u32, u32),
+    /// The cooperative-matrix shapes the adapter offers through wgpu (`MxNxK a->c`), empty
+    /// where it offers none: what a matrix-unit kernel could use there.
+    pub cooperative_matrices: Vec<String>,
 }
 
 impl AdapterSummary {
@@ -192,6 +195,30 @@ fn summarize(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
         shader_f16: features.contains(wgpu::Features::SHADER_F16),
         subgroups: features.contains(wgpu::Features::SUBGROUP),
         subgroup_size: (info.subgroup_min_size, info.subgroup_max_size),
+        cooperative_matrices: if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            a.cooperative_matrix_properties()
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}x{}x{} {:?}->{:?}{}",
+                        p.m_size,
+                        p.n_size,
+                        p.k_size,
+                        p.ab_type,
+                        p.cr_type,
+                        if p.saturating_accumulation {
+                            " (saturating)"
+                        } else {
+                            ""
+                        }
+                    )
+                    .to_lowercase()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
     }
 }
 

@@ -130,13 +130,24 @@ pub async fn metrics(State(s): State<Arc<AppState>>) -> ApiResult<Response> {
                 0.0
             },
         )?;
-        // wgllm's own: the GPU memory its buffers hold now.
-        let g = Gauge::with_opts(Opts::new(
-            "wgllm:gpu_buffer_bytes",
-            "Bytes of GPU buffers alive on the model's device",
-        ))?;
-        g.set(st.gpu_buffer_bytes as f64);
-        r.register(Box::new(g))?;
+        // wgllm's own: the GPU memory its buffers hold now, and the host memory of the
+        // prompt cache (which grows by design up to --cache-ram).
+        for (name, help, v) in [
+            (
+                "wgllm:gpu_buffer_bytes",
+                "Bytes of GPU buffers alive on the model's device",
+                st.gpu_buffer_bytes,
+            ),
+            (
+                "wgllm:prompt_cache_bytes",
+                "Bytes of slot snapshots held in the host prompt cache",
+                st.prompt_cache_bytes,
+            ),
+        ] {
+            let g = Gauge::with_opts(Opts::new(name, help))?;
+            g.set(v as f64);
+            r.register(Box::new(g))?;
+        }
         Ok(())
     })();
     built.map_err(|e| ApiError::server(format!("building the metrics: {e}")))?;

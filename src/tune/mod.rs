@@ -540,6 +540,7 @@ mod tests {
             shader_f16: false,
             subgroups: false,
             subgroup_size: (0, 0),
+            cooperative_matrices: Vec::new(),
         };
         assert_eq!(
             hardware_id(&a("NVIDIA H100 80GB HBM3", "Vulkan")),
