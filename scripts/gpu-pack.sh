@@ -22,13 +22,13 @@ strip -o .pack/stage/bin/wgllm target/release/wgllm
 for t in $tests; do strip -o ".pack/stage/bin/$(basename "$t" | sed 's/-[0-9a-f]*$//')" "$t"; done
 # The tests find their data through the path compiled into them.
 pwd >.pack/stage/manifest-dir
-tar -C .pack/stage -cf - . | xz -T0 -6 >.pack/wgllm.tar.xz
+tar -C .pack/stage -cf - . | xz -T0 -3 >.pack/wgllm.tar.xz
 rm -rf .pack/stage
 for ref in "${refs[@]}"; do
   [ -x "$ref/bin/llama-bench" ] || { echo "no $ref/bin/llama-bench: build it first" >&2; exit 1; }
   name=$(basename "$ref" | sed 's/^llamacpp-ref-\{0,1\}//')
   name=${name:-vulkan}
-  (cd "$ref" && tar -cf - bin/llama-bench bin/*.so*) | xz -T0 -6 >".pack/llamacpp-$name.tar.xz"
+  (cd "$ref" && tar -cf - bin/llama-bench bin/*.so*) | xz -T0 -3 >".pack/llamacpp-$name.tar.xz"
 done
 # The synthetic models' vocabulary (SmolLM2's), as gpu-table.sh's VOCAB.
 target/release/wgllm synth --vocab-only --vocab-from "$(scripts/fetch-models.sh)" -o .pack/vocab.gguf

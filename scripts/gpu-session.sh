@@ -69,8 +69,10 @@ step "kernel tests: sample_gpu" 60 "$bin/sample_gpu" -q --test-threads 8
 export MODELS_DIR=/tmp/models VOCAB=.pack/vocab.gguf
 mkdir -p "$MODELS_DIR"
 m135=$MODELS_DIR/synth-135m-q4_1.gguf m7b=$MODELS_DIR/synth-7b-q4_0.gguf
-step "synth 135m" 30 "$WGLLM" synth --vocab-from "$VOCAB" --shape 135m --type q4_1 -o "$m135"
-step "synth 7b" 90 "$WGLLM" synth --vocab-from "$VOCAB" --shape 7b --type q4_0 -o "$m7b"
+synth() { "$WGLLM" synth --vocab-from "$VOCAB" --shape "$1" --type "$2" -o "$3.part" && mv "$3.part" "$3"; }
+export -f synth
+step "synth 135m" 30 bash -c 'synth 135m q4_1 "$0"' "$m135"
+step "synth 7b" 90 bash -c 'synth 7b q4_0 "$0"' "$m7b"
 
 # A real out-of-memory: one server takes the card's memory for a 7B's K/V but about 3 GiB,
 # then a second process asks for 20 GiB more. Expected: the second exits non-zero with a
