@@ -3,8 +3,10 @@
 # .git/info/exclude; it stays under the 64 MiB a call may carry): the stripped wgllm
 # binary and the kernel-test binaries (tests/ops.rs, quant.rs, sample_gpu.rs), llama-bench
 # with its libraries from each llama.cpp build, every part xz-compressed (llama.cpp's
-# SPIR-V shrinks about tenfold), and Debian's Vulkan loader (.deb) for a machine that has
-# the NVIDIA driver but no loader.
+# SPIR-V shrinks about tenfold), and Debian's Vulkan loader with the GL dispatch libraries
+# (.deb) for a machine that has the NVIDIA driver but neither: NVIDIA's Vulkan driver is
+# libGLX_nvidia.so.0, which needs libglvnd's libGLdispatch, so the loader alone finds no
+# device (seen on an H200: `no GPU adapters found`, llama.cpp falling back to its CPU).
 #   scripts/gpu-pack.sh [LLAMACPP_DIR ...]
 # Default builds: ~/.cache/llamacpp-ref (../shared/tools/llamacpp-ref/build.sh) and
 # ~/.cache/llamacpp-ref-coopmat (build-coopmat.sh); each becomes .pack/llamacpp-NAME.tar.xz
@@ -32,10 +34,13 @@ for ref in "${refs[@]}"; do
 done
 # The synthetic models' vocabulary (SmolLM2's), as gpu-table.sh's VOCAB.
 target/release/wgllm synth --vocab-only --vocab-from "$(scripts/fetch-models.sh)" -o .pack/vocab.gguf
-# Debian's Vulkan loader, for a machine whose driver comes without one.
+# Debian's Vulkan loader and libglvnd, for a machine whose driver comes without them.
 o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/gpu-pack-apt'
 mkdir -p /tmp/gpu-pack-apt/partial
 apt-get $o update -qq >/dev/null 2>&1 || true
-(cd .pack/gl && apt-get $o download libvulkan1 >/dev/null 2>&1) ||
-  echo "could not download libvulkan1; the machine must have a Vulkan loader" >&2
+debs="libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2"
+(cd .pack/gl && apt-get $o download $debs >/dev/null 2>&1) || {
+  echo "could not download $debs: the GPU machine must have a Vulkan loader and libglvnd" >&2
+  exit 1
+}
 du -ch .pack/* | sort -h
