@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every coverage-guided fuzz target (fuzz/, cargo-fuzz with libFuzzer) for SECONDS
-# each (default 60), from its checked-in seeds (fuzz/seeds/<target>) and past findings
+# Runs every coverage-guided fuzz target (fuzz/, cargo-fuzz with libFuzzer), or the
+# TARGETs named, for SECONDS each (default 60), from its checked-in seeds (fuzz/seeds/<target>) and past findings
 # (fuzz/regressions/<target>) plus what earlier runs here found (fuzz/work/, ignored by
 # git). Ends with one line: "N targets, M executions, K crashes"; exits 1 on a crash,
 # leaving the input in fuzz/artifacts/<target>/ (check it in under fuzz/regressions/
@@ -12,10 +12,13 @@
 # nightly needed). The targets are built without a sanitizer (Rust code here is safe;
 # panics, hangs and memory are what is hunted) and with debug assertions, so integer
 # overflow panics. WGLLM_FUZZ_SEED fixes libFuzzer's random seed (the test command's
-# short run uses one).
+# short run uses one). An hour per target is seven hours in all: name a few targets per
+# run to spread it over several sittings.
+#   scripts/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
+[ $# -gt 0 ] && shift
 if ! command -v cargo-fuzz >/dev/null; then
   echo "installing cargo-fuzz (once)..." >&2
   cargo install cargo-fuzz --locked --quiet
@@ -33,6 +36,12 @@ if ! "${fuzz[@]}" build "${opts[@]}" >fuzz/work/build.log 2>&1; then
   exit 1
 fi
 targets=$("${fuzz[@]}" list --fuzz-dir fuzz)
+if [ $# -gt 0 ]; then
+  for t in "$@"; do
+    grep -qx -- "$t" <<<"$targets" || { echo "no fuzz target $t (there are: $(echo $targets))" >&2; exit 2; }
+  done
+  targets="$*"
+fi
 n_targets=0 n_exec=0 n_crash=0
 for t in $targets; do
   mkdir -p "fuzz/work/$t" "fuzz/artifacts/$t"

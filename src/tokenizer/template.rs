@@ -234,7 +234,13 @@ fn json_value(v: &serde_json::Value) -> Value {
     }
 }
 
-/// Instructions one render may run: real templates take a few hundred per message.
+/// The fuel one render may burn. minijinja 3 charges one per instruction and one per 64
+/// bytes of data an operation makes (strings and lists from `~`, `+`, `*`, literals,
+/// filters), refusing an allocation it can size before making it: so a render runs at
+/// most 50M instructions and makes at most about 3.2 GB of data, however its loops and
+/// string doublings go. Real templates take a few hundred instructions per message, but
+/// some build the prompt by appending each message to one string (Reka-Edge), which is
+/// quadratic: 200 messages of 2.5 KB ran out at 2M.
 pub const TEMPLATE_FUEL: u64 = 50_000_000;
 
 /// The minijinja environment set up as transformers sets up Jinja2 for chat templates.

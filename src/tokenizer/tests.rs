@@ -782,6 +782,17 @@ fn hostile_templates_are_stopped() {
     let zeros = "{{ '1'.zfill(10000000000) }}";
     let e = render_chat_template(zeros, &msgs, &opts).unwrap_err();
     assert!(e.to_string().contains("zfill"), "{e}");
+    // Growth in a few instructions: a string doubled 40 times (a terabyte; it stops at
+    // about 2.6 GB of RSS, which is TEMPLATE_FUEL's data bound) and a string repeated
+    // four billion times (refused before allocating). minijinja 3 charges the bytes an
+    // operation makes against the same fuel.
+    for growing in [
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+        "{% set n = 4000000000 %}{{ ('x' * n) | length }}",
+    ] {
+        let e = render_chat_template(growing, &msgs, &opts).unwrap_err();
+        assert!(e.to_string().to_lowercase().contains("fuel"), "{growing}: {e}");
+    }
     // Ordinary use of both still works.
     let ok = "{{ messages | tojson(indent=2) }}{{ '7'.zfill(3) }}";
     let out = render_chat_template(ok, &msgs, &opts).unwrap();
