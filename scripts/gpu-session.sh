@@ -64,6 +64,8 @@ if ! "$WGLLM" devices; then
   echo "no GPU adapter: the Vulkan loader says"
   VK_LOADER_DEBUG=error,warn,driver "$WGLLM" devices 2>&1 | head -n 40
   ldconfig -p | grep -E 'libvulkan|libGLdispatch|libGLX_nvidia|libnvidia-glcore' | head
+  glx=$(ldconfig -p | awk '/libGLX_nvidia.so.0 /{print $NF; exit}')
+  [ -z "$glx" ] || { echo "libraries $glx misses:"; ldd "$glx" | grep 'not found'; }
   ls -l /usr/share/vulkan/icd.d /etc/vulkan/icd.d "$(dirname "$nv")" 2>&1 | head
   exit 1
 fi
