@@ -46,7 +46,7 @@ bin=$p/wgllm/bin
 export WGLLM=$bin/wgllm WGLLM_CACHE_DIR=/tmp/wgllm-cache
 md=$(cat "$p/wgllm/manifest-dir")
 [ -e "$md" ] || { mkdir -p "$(dirname "$md")" && ln -s "$PWD" "$md"; }
-# Debian's loader and libglvnd, unpacked over the image (which has neither) before
+# Debian's loader and libglvnd, unpacked over the image (it may lack them) before
 # anything looks for a device; NVIDIA's Vulkan driver named by its manifest where no
 # manifest is installed in the usual folders.
 for f in .pack/gl/*.deb; do dpkg -x "$f" /; done
