@@ -276,7 +276,10 @@ fn inspect_and_devices_work() {
     );
     let (code, out, err) = wgllm(&["devices", "--backend", "vulkan"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("max storage binding"), "{out}");
+    assert!(
+        out.contains("max storage binding") && out.contains("cooperative matrices: "),
+        "{out}"
+    );
 }
 
 /// Flags llama.cpp users type by habit work: -ngl, -t, -fa, -e, --color, --jinja,
