@@ -8,6 +8,7 @@
 //! end-of-generation detection follow llama.cpp's rules rather than Hugging Face's.
 
 mod bpe;
+mod jinja_limits;
 mod load;
 pub mod pre;
 mod pyjinja;

@@ -6,7 +6,7 @@ use minijinja::syntax::SyntaxConfig;
 use minijinja::value::ValueKind;
 use minijinja::{Environment, Error, ErrorKind, UndefinedBehavior, Value};
 
-use super::pyjinja;
+use super::{jinja_limits, pyjinja};
 
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -183,8 +183,9 @@ pub fn render_chat_template(
     let now = opts
         .now
         .unwrap_or_else(|| chrono::Local::now().naive_local());
-    let mut env = environment(now)?;
-    env.add_template_owned("chat", generation_blocks(template))?;
+    let env = environment(now)?;
+    let source = generation_blocks(template);
+    let compiled = jinja_limits::compile("chat", &source, &syntax()?)?;
 
     // Maps keep their insertion order (minijinja's preserve_order), as Python dicts do.
     let msgs: Vec<Value> = messages
@@ -212,7 +213,15 @@ pub fn render_chat_template(
         ("bos_token", Value::from(opts.bos_token)),
         ("eos_token", Value::from(opts.eos_token)),
     ]);
-    let out = env.get_template("chat")?.render(ctx)?;
+    let mut out = String::new();
+    minijinja::machinery::eval(
+        &env,
+        &compiled.instructions,
+        ctx,
+        &compiled.blocks,
+        &mut minijinja::machinery::make_string_output(&mut out),
+        compiled.initial_auto_escape.clone(),
+    )?;
     log::debug!("chat template rendered {} bytes", out.len());
     Ok(out)
 }
@@ -243,19 +252,22 @@ fn json_value(v: &serde_json::Value) -> Value {
 /// quadratic: 200 messages of 2.5 KB ran out at 2M.
 pub const TEMPLATE_FUEL: u64 = 50_000_000;
 
+/// Jinja2's syntax as transformers configures it: `trim_blocks` and `lstrip_blocks`.
+fn syntax() -> Result<SyntaxConfig, TemplateError> {
+    SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+        .map_err(TemplateError::from)
+}
+
 /// The minijinja environment set up as transformers sets up Jinja2 for chat templates.
 fn environment(now: chrono::NaiveDateTime) -> Result<Environment<'static>, TemplateError> {
     let mut env = Environment::new();
     // A template comes with the model file (`-hf` fetches them from anyone): its
     // instructions are counted, so a loop without end is an error, not a hung worker.
     env.set_fuel(Some(TEMPLATE_FUEL));
-    env.set_syntax(
-        SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()
-            .map_err(TemplateError::from)?,
-    );
+    env.set_syntax(syntax()?);
     // Jinja2's default Undefined: prints empty, iterates empty, is false, fails on
     // attribute access. minijinja's lenient behaviour is the same.
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
@@ -272,6 +284,10 @@ fn environment(now: chrono::NaiveDateTime) -> Result<Environment<'static>, Templ
         pyjinja::strftime(&now, &fmt)
     });
     env.add_filter("tojson", pyjinja::tojson);
+    // What minijinja's fuel does not bound (see `jinja_limits`): every `+` is compiled
+    // to call this first, and `sum` checks the lists it adds.
+    env.add_function(jinja_limits::GUARD_ADD, jinja_limits::guard_add);
+    env.add_filter("sum", jinja_limits::sum);
     // Jinja2's tests ask Python: `none` is not iterable (templates check `tools is
     // iterable` before taking its length) and strings and dicts are sequences.
     env.add_test("iterable", |v: &Value| {

@@ -798,3 +798,76 @@ fn hostile_templates_are_stopped() {
     let out = render_chat_template(ok, &msgs, &opts).unwrap();
     assert!(out.ends_with("007"), "{out}");
 }
+
+/// What minijinja 3.1.0's fuel leaves open, each of which aborted the process before
+/// `jinja_limits`: a chain of operators deep enough to overflow the stack while
+/// compiling (this test's own thread has the 2 MiB stack of a server thread), a list
+/// doubled or appended to until minijinja copies it without asking the fuel, the same
+/// at compile time through constant folding, and through `sum`.
+#[test]
+fn template_holes_left_by_minijinja_are_closed() {
+    let msgs = vec![ChatMessage::new("user", "hi")];
+    let opts = TemplateOptions::default();
+    let refused = |template: &str, why: &str| {
+        let e = render_chat_template(template, &msgs, &opts).unwrap_err();
+        assert!(
+            e.to_string().contains(why),
+            "{}: {e}",
+            &template[..80.min(template.len())]
+        );
+    };
+    let chain = |link: &str, n: usize| format!("{{{{ 1{} }}}}", link.repeat(n));
+    refused(&chain(" + 1", 20_000), "tokens");
+    refused(&chain("|string", 20_000), "tokens");
+    refused(&chain(".a", 20_000), "tokens");
+    refused(&format!("{{{{ {}1 }}}}", "-".repeat(20_000)), "tokens");
+    // A list doubled 40 times (a trillion items) and appends to a list of 10^8.
+    let doubled = "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}\
+                   {% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}";
+    refused(doubled, "items");
+    let appended = "{% set ns = namespace(l=[1] * 10**8) %}{% for i in range(40) %}\
+                    {% set ns.l = ns.l + [i] %}{% endfor %}{{ ns.l | length }}";
+    refused(appended, "items");
+    // Within the length bound, appends to a long list run out of fuel.
+    let copied = "{% set ns = namespace(l=[1] * 10**6) %}{% for i in range(100000) %}\
+                  {% set ns.l = ns.l + [i] %}{% endfor %}{{ ns.l | length }}";
+    refused(copied, "fuel");
+    // The same at compile time: constant folding of 40 appends to a repeated list.
+    refused(
+        &format!("{{{{ ([1] * 10**8){} }}}}", " + [1]".repeat(40)),
+        "beside a `*`",
+    );
+    refused("{{ ([[1] * 10**7] * 40) | sum(start=[]) }}", "items");
+
+    // `+` and `sum` otherwise as before: values, jumps around them, macros, errors
+    // located on the template's own line.
+    let ok = |template: &str| render_chat_template(template, &msgs, &opts).unwrap();
+    assert_eq!(
+        ok("{{ 1 + 2 }} {{ 'a' + 'b' }} {{ [1] + [2] }} {{ 1.5 + 1 }} {{ 9223372036854775807 + 1 }}"),
+        "3 ab [1, 2] 2.5 9223372036854775808"
+    );
+    assert_eq!(
+        ok(
+            "{% macro f(x) %}{{ x + 1 }}{% endmacro %}{% for i in range(4) %}\
+            {% if i + 1 > 2 %}{{ f(i) }}{% else %}{{ i + 10 }}{% endif %}{% endfor %}\
+            {{ 'e' + 'nd' if true else 'no' + 'pe' }}"
+        ),
+        "101134end"
+    );
+    let mut doubles = "{% set ns = namespace(l=[1]) %}{% for i in range(20) %}".to_string();
+    doubles.push_str("{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}");
+    assert_eq!(ok(&doubles), "1048576");
+    assert_eq!(ok("{{ [[1], [2, 3]] | sum(start=[]) }}"), "[1, 2, 3]");
+    assert_eq!(
+        ok("{{ [1, 2, 3] | sum }} {{ [1, 2] | sum(start=10) }}"),
+        "6 13"
+    );
+    assert_eq!(
+        ok("{{ [{'a': [1]}, {'a': [2]}, {}] | sum(attribute='a', start=[]) }}"),
+        "[1, 2]"
+    );
+    let e = render_chat_template("{{ 1 }}\n{{ 1 + 'a' }}", &msgs, &opts).unwrap_err();
+    assert!(e.to_string().contains("chat:2"), "{e}");
+    let e = render_chat_template("{{ nothing + 'a' }}", &msgs, &opts).unwrap_err();
+    assert!(e.to_string().contains("'nothing' is undefined"), "{e}");
+}

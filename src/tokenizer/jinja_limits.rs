@@ -1,0 +1,298 @@
+//! Bounds on what a chat template may make minijinja do that its fuel does not count.
+//!
+//! A template comes with the model file, from anyone (`-hf`), and is rendered on the
+//! server's threads. minijinja's fuel (see `TEMPLATE_FUEL`) bounds the instructions a
+//! render runs and the data it makes, but minijinja 3.1.0 leaves three ways to abort the
+//! whole process, each closed here:
+//!
+//! - **Deep expressions.** Chains of left-associative operators (`x + x + ...`,
+//!   `x|f|f...`, `x.a.a...`, `- - - 1`) parse into a tree as deep as the chain, which
+//!   the compiler and the tree's drop walk recursively: about 5 000 links overflow a
+//!   2 MiB thread stack, and a stack overflow aborts. The parser's own recursion limit
+//!   covers nested brackets and blocks, not chains. Here a tag may hold at most
+//!   [`MAX_TAG_TOKENS`] tokens (real templates' largest tag has about 60).
+//! - **List concatenation at run time.** `list + list` stays lazy until a chain of them
+//!   is 33 deep; then minijinja copies it into one list without asking the fuel first,
+//!   so a list doubled 33 times, or 33 appends to `[x] * 10**8`, allocates until the
+//!   process aborts. Here every `+` of the compiled template is preceded by a call to
+//!   [`guard_add`], which refuses a concatenation longer than [`MAX_CONCAT_ITEMS`] or
+//!   than the fuel left could pay for, and otherwise hands both operands back to
+//!   minijinja's own `+` (so results and errors stay minijinja's). The `sum` filter,
+//!   which adds with the same code, is checked the same way.
+//! - **List concatenation at compile time.** The compiler folds constant expressions,
+//!   and a constant `[x] * N` is a lazy list of up to 100M items, so 33 constant `+`s
+//!   onto it copy it while compiling, where no fuel runs. Here a tag with more than 32
+//!   `+` and a `*` is refused (real templates' largest has 26 `+` and no `*`).
+//!
+//! The rewrite uses minijinja's `unstable_machinery`, so Cargo.toml pins minijinja's
+//! version; a new version is taken after checking these holes again (the tests in
+//! `tokenizer/tests.rs` send each one).
+
+use std::sync::Arc;
+
+use minijinja::machinery::{
+    tokenize, CompiledTemplate, Instruction, Instructions, TemplateConfig, Token,
+};
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{AutoEscape, Error, ErrorKind, State, Value};
+
+/// The most tokens one `{{ ... }}` or `{% ... %}` tag may hold: an expression's tree is
+/// at most this deep, a fifth of what overflows a 2 MiB stack.
+pub const MAX_TAG_TOKENS: usize = 1024;
+
+/// The longest list a `+` may make: 16M items, about 400 MB once minijinja copies it.
+/// Real templates concatenate lists of messages or tools.
+pub const MAX_CONCAT_ITEMS: usize = 1 << 24;
+
+/// The `+`s one tag may hold beside a `*` (see the module's account of constant
+/// folding): minijinja copies a concatenation once it is deeper than this.
+const MAX_FOLDED_PLUSES: usize = 32;
+
+/// The function each `+` calls first after the rewrite. No template names it by chance.
+pub(super) const GUARD_ADD: &str = "__wgllm_guard_add";
+
+/// Fuel units per fuel, and the units one list slot costs, as minijinja 3.1.0 counts.
+const UNITS_PER_FUEL: u64 = 64;
+const SLOT_UNITS: u64 = 32;
+
+/// Refuses a template whose shape could abort the process while compiling (deep
+/// expressions, constant concatenations of repeated lists); see the module's account.
+pub(super) fn check_shape(source: &str, syntax: &SyntaxConfig) -> Result<(), Error> {
+    let mut in_tag = false;
+    let (mut tokens, mut pluses, mut stars) = (0usize, 0usize, 0usize);
+    let mut tag_line = 0;
+    for token in tokenize(source, false, syntax.clone()) {
+        // A template the lexer refuses is refused again, with its place, when compiled.
+        let Ok((token, span)) = token else {
+            return Ok(());
+        };
+        match token {
+            Token::VariableStart | Token::BlockStart => {
+                in_tag = true;
+                (tokens, pluses, stars) = (0, 0, 0);
+                tag_line = span.start_line;
+            }
+            Token::VariableEnd | Token::BlockEnd => in_tag = false,
+            _ if in_tag => {
+                tokens += 1;
+                pluses += usize::from(matches!(token, Token::Plus));
+                stars += usize::from(matches!(token, Token::Mul));
+                if tokens > MAX_TAG_TOKENS {
+                    return Err(shape_error(
+                        tag_line,
+                        format!(
+                            "a tag holds more than {MAX_TAG_TOKENS} tokens; an expression \
+                             that long could overflow the stack while compiling"
+                        ),
+                    ));
+                }
+                if pluses > MAX_FOLDED_PLUSES && stars > 0 {
+                    return Err(shape_error(
+                        tag_line,
+                        format!(
+                            "a tag adds more than {MAX_FOLDED_PLUSES} terms beside a `*`; \
+                             a repeated list concatenated that deep is copied while \
+                             compiling, without bound"
+                        ),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn shape_error(line: u16, what: String) -> Error {
+    Error::new(
+        ErrorKind::SyntaxError,
+        format!(
+            "line {line}: {what} (wgllm refuses such templates: fix the model's chat \
+             template or pass --chat-template)"
+        ),
+    )
+}
+
+/// Compiles `source` as `name` with `syntax`, every `+` guarded by [`GUARD_ADD`].
+pub(super) fn compile<'s>(
+    name: &'s str,
+    source: &'s str,
+    syntax: &SyntaxConfig,
+) -> Result<CompiledTemplate<'s>, Error> {
+    check_shape(source, syntax)?;
+    let config = TemplateConfig {
+        syntax_config: syntax.clone(),
+        default_auto_escape: Arc::new(|_: &str| AutoEscape::None),
+    };
+    let mut compiled = CompiledTemplate::new(name, source, &config)?;
+    compiled.instructions = with_guarded_adds(&compiled.instructions);
+    for block in compiled.blocks.values_mut() {
+        *block = with_guarded_adds(block);
+    }
+    Ok(compiled)
+}
+
+/// `instrs` with each `Add` turned into three: a call of [`GUARD_ADD`] with both
+/// operands, which returns them as a list (reversed, as unpacking reverses), the
+/// unpacking of that list onto the stack, and the `Add` itself. Jump targets and macro
+/// offsets move to their instructions' new places; each new instruction keeps the
+/// source location of the one it came from.
+fn with_guarded_adds<'s>(instrs: &Instructions<'s>) -> Instructions<'s> {
+    let mut new_pc = Vec::new();
+    let mut next = 0u32;
+    while let Some(instr) = instrs.get(new_pc.len() as u32) {
+        new_pc.push(next);
+        next += if matches!(instr, Instruction::Add) {
+            3
+        } else {
+            1
+        };
+    }
+    let old_len = new_pc.len() as u32;
+    new_pc.push(next); // a jump past the last instruction
+    let moved = |target: u32| new_pc.get(target as usize).copied().unwrap_or(next);
+    let mut out = Instructions::new(instrs.name(), instrs.source());
+    for pc in 0..old_len {
+        let Some(instr) = instrs.get(pc) else { break };
+        let mut place = |instr: Instruction<'s>| {
+            match (instrs.get_span(pc), instrs.get_line(pc)) {
+                (Some(span), _) => out.add_with_span(instr, span),
+                (None, Some(line)) => out.add_with_line(instr, line.try_into().unwrap_or(u16::MAX)),
+                (None, None) => out.add(instr),
+            };
+        };
+        match instr {
+            Instruction::Add => {
+                place(Instruction::CallFunction(GUARD_ADD, Some(2)));
+                place(Instruction::UnpackList(2));
+                place(Instruction::Add);
+            }
+            Instruction::Jump(t) => place(Instruction::Jump(moved(*t))),
+            Instruction::JumpIfFalse(t) => place(Instruction::JumpIfFalse(moved(*t))),
+            Instruction::JumpIfFalseOrPop(t) => place(Instruction::JumpIfFalseOrPop(moved(*t))),
+            Instruction::JumpIfTrueOrPop(t) => place(Instruction::JumpIfTrueOrPop(moved(*t))),
+            Instruction::Iterate(t) => place(Instruction::Iterate(moved(*t))),
+            Instruction::BuildMacro(name, offset, flags) => {
+                place(Instruction::BuildMacro(name, moved(*offset), *flags))
+            }
+            other => place(other.clone()),
+        }
+    }
+    out
+}
+
+/// The length of `v` if it is a list whose concatenation minijinja may copy.
+fn list_len(v: &Value) -> Option<usize> {
+    match v.kind() {
+        ValueKind::Seq | ValueKind::Iterable => v.len(),
+        _ => None,
+    }
+}
+
+/// Whether `units` of fuel (minijinja's internal units) are still left in `state`.
+fn ensure_fuel(state: &State, units: u64) -> Result<(), Error> {
+    match state.fuel_levels() {
+        Some((_, remaining)) if units.div_ceil(UNITS_PER_FUEL) >= remaining => Err(Error::new(
+            ErrorKind::OutOfFuel,
+            format!(
+                "an addition would make {} MB of data, more than the fuel left pays for",
+                units / 1_000_000
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn check_concat(items: usize) -> Result<(), Error> {
+    if items > MAX_CONCAT_ITEMS {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "adding lists into one of {items} items, more than the {MAX_CONCAT_ITEMS} \
+                 a template may make"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks what `a + b` would allocate before minijinja's `+` makes it: a list longer
+/// than [`MAX_CONCAT_ITEMS`] is refused, and a string or list goes on only if the fuel
+/// left could pay for it (the check minijinja makes for strings itself). Adding lists
+/// is also charged for the result's length: minijinja copies a chain of 33 lazy
+/// additions at about 400 ns an item, ten times what its fuel charges, so without this
+/// a render could spend some 40 s copying; with it, at most about 3M items (about a
+/// second), while appending a few hundred messages one by one costs well under 1 % of
+/// `TEMPLATE_FUEL`. Returns the operands as `[b, a]`, for the rewritten instructions to
+/// unpack.
+pub(super) fn guard_add(state: &State, a: Value, b: Value) -> Result<Value, Error> {
+    if let (Some(la), Some(lb)) = (list_len(&a), list_len(&b)) {
+        let items = la.saturating_add(lb);
+        check_concat(items)?;
+        let units = (items as u64).saturating_mul(SLOT_UNITS);
+        ensure_fuel(state, units)?;
+        state.consume_fuel(units / UNITS_PER_FUEL)?;
+    } else if let (Some(sa), Some(sb)) = (a.as_str(), b.as_str()) {
+        ensure_fuel(state, (sa.len() as u64).saturating_add(sb.len() as u64))?;
+    }
+    Ok(Value::from(vec![b, a]))
+}
+
+/// The `sum` filter: minijinja's own, after a check when it adds lists: the whole
+/// concatenation within [`MAX_CONCAT_ITEMS`], and the copies minijinja makes of it (one
+/// per 33 terms) paid for in fuel first, since the filter runs outside the
+/// instructions that would charge them.
+pub(super) fn sum(
+    state: &State,
+    values: Value,
+    attribute: Option<&str>,
+    start: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let start_kw: Option<Value> = match start {
+        Some(_) => None,
+        None => kwargs.peek("start")?,
+    };
+    if let Some(start_len) = start.as_ref().or(start_kw.as_ref()).and_then(list_len) {
+        let path = match attribute {
+            Some(a) => Some(a.to_string()),
+            None => kwargs.peek::<Option<String>>("attribute")?,
+        };
+        let (mut items, mut terms) = (start_len, 0usize);
+        for item in values.try_iter()? {
+            state.consume_fuel(1)?;
+            let item = match &path {
+                Some(p) => attribute_path(&item, p),
+                None => item,
+            };
+            items = items.saturating_add(list_len(&item).unwrap_or(0));
+            terms += 1;
+            check_concat(items)?;
+        }
+        let copies = (terms / 33 + 1) as u64;
+        let units = copies
+            .saturating_mul(items as u64)
+            .saturating_mul(SLOT_UNITS);
+        ensure_fuel(state, units)?;
+        state.consume_fuel(units / UNITS_PER_FUEL)?;
+    }
+    minijinja::filters::sum(state, values, attribute, start, kwargs)
+}
+
+/// `item`'s value at a dotted `path` (`a.b.0`), undefined where a step is missing, as
+/// `sum(attribute=...)` looks it up.
+fn attribute_path(item: &Value, path: &str) -> Value {
+    let mut v = item.clone();
+    for part in path.split('.') {
+        let next = match part.parse::<i64>() {
+            Ok(i) => v.get_item(&Value::from(i)),
+            Err(_) => v.get_attr(part),
+        };
+        v = match next {
+            Ok(n) => n,
+            Err(_) => return Value::UNDEFINED,
+        };
+    }
+    v
+}
