@@ -197,3 +197,65 @@ fn llama_cpp_templates_render_as_jinja2() {
         panic!("{msg}");
     }
 }
+
+/// Every shipped template that renders the recorded conversation also renders a long
+/// one (a system prompt and 200 turns of 2.5 KB) within the bounds a template from a
+/// model file runs under: `TEMPLATE_FUEL` and the guards of `tokenizer/jinja_limits.rs`,
+/// which charge for list building and check each new value. Some real templates are
+/// quadratic in the conversation (they append each message to one string), so this is
+/// what keeps those bounds from refusing a long chat.
+#[test]
+fn long_conversations_render_within_the_template_bounds() {
+    let started = std::time::Instant::now();
+    let dir = common::llamacpp_tests_dir().join("templates");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".jinja"))
+        .collect();
+    names.sort();
+    let short = vec![
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+    ];
+    let mut long = vec![ChatMessage::new("system", "Be brief. ".repeat(250))];
+    for turn in 0..200 {
+        let role = if turn % 2 == 0 { "user" } else { "assistant" };
+        long.push(ChatMessage::new(
+            role,
+            format!("turn {turn} ") + &"x".repeat(2500),
+        ));
+    }
+    let opts = TemplateOptions {
+        add_generation_prompt: true,
+        bos_token: "<s>",
+        eos_token: "</s>",
+        now: chrono::NaiveDate::from_ymd_opt(2026, 1, 2).and_then(|d| d.and_hms_opt(3, 4, 5)),
+        tools: None,
+    };
+    let mut failures = Vec::new();
+    let mut rendered = 0;
+    for name in &names {
+        let source = std::fs::read_to_string(dir.join(name)).unwrap();
+        if render_chat_template(&source, &short, &opts).is_err() {
+            continue; // a template that wants another shape of conversation
+        }
+        match render_chat_template(&source, &long, &opts) {
+            Ok(text) if text.contains("turn 199 ") => rendered += 1,
+            Ok(text) => failures.push(format!(
+                "{name}: the last turn is missing ({} bytes)",
+                text.len()
+            )),
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    eprintln!(
+        "{rendered} templates rendered 200 turns in {:.2?}",
+        started.elapsed()
+    );
+    assert!(
+        rendered > 50,
+        "only {rendered} templates rendered the short conversation"
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}

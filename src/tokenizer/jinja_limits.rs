@@ -2,7 +2,7 @@
 //!
 //! A template comes with the model file, from anyone (`-hf`), and is rendered on the
 //! server's threads. minijinja's fuel (see `TEMPLATE_FUEL`) bounds the instructions a
-//! render runs and the data it makes, but minijinja 3.1.0 leaves three ways to abort the
+//! render runs and the data it makes, but minijinja 3.1.0 leaves four ways to abort the
 //! whole process, each closed here:
 //!
 //! - **Deep expressions.** Chains of left-associative operators (`x + x + ...`,
@@ -23,6 +23,16 @@
 //!   and a constant `[x] * N` is a lazy list of up to 100M items, so 33 constant `+`s
 //!   onto it copy it while compiling, where no fuel runs. Here a tag with more than 32
 //!   `+` and a `*` is refused (real templates' largest has 26 `+` and no `*`).
+//! - **Deep or cyclic values.** Printing, comparing, serializing and dropping a value
+//!   recurse into it: a list nested about 20 000 deep (`{% set x = [x] %}` in a loop,
+//!   or through a macro calling itself) overflows the stack, and
+//!   `{% set ns.x = ns %}` makes a namespace that contains itself, which the first
+//!   `{{ ns }}` recurses into without end. Here each instruction that makes a new value
+//!   (building a list, map or tuple, calling a filter, function, method or object) is
+//!   followed by a call to [`guard_value`], and each assignment to a namespace attribute
+//!   by a look at the namespace afterwards: a value nested deeper than
+//!   [`MAX_VALUE_DEPTH`] is refused, and a cycle is one without end. (The refused
+//!   cycle stays in memory: minijinja's values are reference-counted.)
 //!
 //! The rewrite uses minijinja's `unstable_machinery`, so Cargo.toml pins minijinja's
 //! version; a new version is taken after checking these holes again (the tests in
@@ -49,8 +59,13 @@ pub const MAX_CONCAT_ITEMS: usize = 1 << 24;
 /// folding): minijinja copies a concatenation once it is deeper than this.
 const MAX_FOLDED_PLUSES: usize = 32;
 
-/// The function each `+` calls first after the rewrite. No template names it by chance.
+/// How deep a value may nest: JSON from a request nests at most 128 deep (serde_json's
+/// limit), and printing a value 5 000 deep already overflows a 2 MiB stack.
+pub const MAX_VALUE_DEPTH: usize = 512;
+
+/// The functions the rewritten instructions call. No template names them by chance.
 pub(super) const GUARD_ADD: &str = "__wgllm_guard_add";
+pub(super) const GUARD_VALUE: &str = "__wgllm_guard_value";
 
 /// Fuel units per fuel, and the units one list slot costs, as minijinja 3.1.0 counts.
 const UNITS_PER_FUEL: u64 = 64;
@@ -114,7 +129,7 @@ fn shape_error(line: u16, what: String) -> Error {
     )
 }
 
-/// Compiles `source` as `name` with `syntax`, every `+` guarded by [`GUARD_ADD`].
+/// Compiles `source` as `name` with `syntax`, with the guards the module describes.
 pub(super) fn compile<'s>(
     name: &'s str,
     source: &'s str,
@@ -126,60 +141,145 @@ pub(super) fn compile<'s>(
         default_auto_escape: Arc::new(|_: &str| AutoEscape::None),
     };
     let mut compiled = CompiledTemplate::new(name, source, &config)?;
-    compiled.instructions = with_guarded_adds(&compiled.instructions);
+    compiled.instructions = with_guards(&compiled.instructions)?;
     for block in compiled.blocks.values_mut() {
-        *block = with_guarded_adds(block);
+        *block = with_guards(block)?;
     }
     Ok(compiled)
 }
 
-/// `instrs` with each `Add` turned into three: a call of [`GUARD_ADD`] with both
-/// operands, which returns them as a list (reversed, as unpacking reverses), the
-/// unpacking of that list onto the stack, and the `Add` itself. Jump targets and macro
-/// offsets move to their instructions' new places; each new instruction keeps the
-/// source location of the one it came from.
-fn with_guarded_adds<'s>(instrs: &Instructions<'s>) -> Instructions<'s> {
-    let mut new_pc = Vec::new();
-    let mut next = 0u32;
-    while let Some(instr) = instrs.get(new_pc.len() as u32) {
-        new_pc.push(next);
-        next += if matches!(instr, Instruction::Add) {
-            3
-        } else {
-            1
-        };
+/// What instruction `pc` of `instrs` becomes:
+/// - `Add`: a call of [`GUARD_ADD`] with both operands, which returns them as a list
+///   (reversed, as unpacking reverses), the unpacking of that list, and the `Add`;
+/// - an instruction that makes a value: itself, then [`GUARD_VALUE`] on the value;
+/// - `SetAttr`: itself, then the namespace looked up again (the `Lookup` and
+///   `GetAttr`s just before it, which is all the compiler puts there), checked by
+///   [`GUARD_VALUE`] and dropped.
+fn guarded<'s>(instrs: &Instructions<'s>, pc: u32) -> Result<Vec<Instruction<'s>>, Error> {
+    let Some(instr) = instrs.get(pc) else {
+        return Ok(Vec::new());
+    };
+    let guard_value = Instruction::CallFunction(GUARD_VALUE, Some(1));
+    Ok(match instr {
+        Instruction::Add => vec![
+            Instruction::CallFunction(GUARD_ADD, Some(2)),
+            Instruction::UnpackList(2),
+            Instruction::Add,
+        ],
+        Instruction::BuildList(_)
+        | Instruction::BuildMap(_)
+        | Instruction::BuildTuple(_)
+        | Instruction::ApplyFilter(..)
+        | Instruction::CallFunction(..)
+        | Instruction::CallMethod(..)
+        | Instruction::CallObject(_) => vec![instr.clone(), guard_value],
+        Instruction::SetAttr(_) => {
+            let mut target = Vec::new();
+            let mut at = pc;
+            loop {
+                at = at.checked_sub(1).ok_or_else(unexpected_set)?;
+                match instrs.get(at) {
+                    Some(get @ Instruction::GetAttr(_)) => target.push(get.clone()),
+                    Some(lookup @ Instruction::Lookup(_)) => {
+                        target.push(lookup.clone());
+                        break;
+                    }
+                    _ => return Err(unexpected_set()),
+                }
+            }
+            target.reverse();
+            let mut out = vec![instr.clone()];
+            out.extend(target);
+            out.extend([guard_value, Instruction::DiscardTop]);
+            out
+        }
+        other => vec![other.clone()],
+    })
+}
+
+fn unexpected_set() -> Error {
+    Error::new(
+        ErrorKind::SyntaxError,
+        "an attribute assignment wgllm cannot check (minijinja compiled it unlike 3.1.0 does)",
+    )
+}
+
+/// `instrs` with each instruction replaced by what [`guarded`] makes of it. Jump
+/// targets and macro offsets move to their instructions' new places; each new
+/// instruction keeps the source location of the one it came from.
+fn with_guards<'s>(instrs: &Instructions<'s>) -> Result<Instructions<'s>, Error> {
+    let mut expanded = Vec::new();
+    while instrs.get(expanded.len() as u32).is_some() {
+        expanded.push(guarded(instrs, expanded.len() as u32)?);
     }
-    let old_len = new_pc.len() as u32;
+    let mut new_pc = Vec::with_capacity(expanded.len() + 1);
+    let mut next = 0u32;
+    for e in &expanded {
+        new_pc.push(next);
+        next += e.len() as u32;
+    }
     new_pc.push(next); // a jump past the last instruction
-    let moved = |target: u32| new_pc.get(target as usize).copied().unwrap_or(next);
+    let moved = |target: &u32| new_pc.get(*target as usize).copied().unwrap_or(next);
     let mut out = Instructions::new(instrs.name(), instrs.source());
-    for pc in 0..old_len {
-        let Some(instr) = instrs.get(pc) else { break };
-        let mut place = |instr: Instruction<'s>| {
+    for (pc, group) in expanded.into_iter().enumerate() {
+        let pc = pc as u32;
+        for instr in group {
+            let instr = match instr {
+                Instruction::Jump(t) => Instruction::Jump(moved(&t)),
+                Instruction::JumpIfFalse(t) => Instruction::JumpIfFalse(moved(&t)),
+                Instruction::JumpIfFalseOrPop(t) => Instruction::JumpIfFalseOrPop(moved(&t)),
+                Instruction::JumpIfTrueOrPop(t) => Instruction::JumpIfTrueOrPop(moved(&t)),
+                Instruction::Iterate(t) => Instruction::Iterate(moved(&t)),
+                Instruction::BuildMacro(name, offset, flags) => {
+                    Instruction::BuildMacro(name, moved(&offset), flags)
+                }
+                other => other,
+            };
             match (instrs.get_span(pc), instrs.get_line(pc)) {
                 (Some(span), _) => out.add_with_span(instr, span),
                 (None, Some(line)) => out.add_with_line(instr, line.try_into().unwrap_or(u16::MAX)),
                 (None, None) => out.add(instr),
             };
-        };
-        match instr {
-            Instruction::Add => {
-                place(Instruction::CallFunction(GUARD_ADD, Some(2)));
-                place(Instruction::UnpackList(2));
-                place(Instruction::Add);
-            }
-            Instruction::Jump(t) => place(Instruction::Jump(moved(*t))),
-            Instruction::JumpIfFalse(t) => place(Instruction::JumpIfFalse(moved(*t))),
-            Instruction::JumpIfFalseOrPop(t) => place(Instruction::JumpIfFalseOrPop(moved(*t))),
-            Instruction::JumpIfTrueOrPop(t) => place(Instruction::JumpIfTrueOrPop(moved(*t))),
-            Instruction::Iterate(t) => place(Instruction::Iterate(moved(*t))),
-            Instruction::BuildMacro(name, offset, flags) => {
-                place(Instruction::BuildMacro(name, moved(*offset), *flags))
-            }
-            other => place(other.clone()),
         }
     }
-    out
+    Ok(out)
+}
+
+/// Refuses `value` if it nests deeper than [`MAX_VALUE_DEPTH`] (a cycle nests without
+/// end), walking it without recursion and charging each item visited to the fuel, as
+/// minijinja charges its filters' visits; returns it unchanged otherwise. Lazy
+/// iterables are not walked (walking could use them up); their items come from values
+/// checked when made.
+pub(super) fn guard_value(state: &State, value: Value) -> Result<Value, Error> {
+    let walks = |v: &Value| matches!(v.kind(), ValueKind::Seq | ValueKind::Map);
+    if !walks(&value) {
+        return Ok(value);
+    }
+    let mut todo = vec![(value.clone(), 1usize)];
+    let mut visited = 0u64;
+    while let Some((v, depth)) = todo.pop() {
+        if depth > MAX_VALUE_DEPTH {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "a value nested more than {MAX_VALUE_DEPTH} deep, or containing itself; \
+                     printing or dropping it could overflow the stack"
+                ),
+            ));
+        }
+        let is_map = v.kind() == ValueKind::Map;
+        for item in v.try_iter()? {
+            visited += 1;
+            if visited.is_multiple_of(1024) {
+                state.consume_fuel(1024 * SLOT_UNITS / UNITS_PER_FUEL)?;
+            }
+            let item = if is_map { v.get_item(&item)? } else { item };
+            if walks(&item) {
+                todo.push((item, depth + 1));
+            }
+        }
+    }
+    Ok(value)
 }
 
 /// The length of `v` if it is a list whose concatenation minijinja may copy.

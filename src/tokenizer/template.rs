@@ -284,9 +284,10 @@ fn environment(now: chrono::NaiveDateTime) -> Result<Environment<'static>, Templ
         pyjinja::strftime(&now, &fmt)
     });
     env.add_filter("tojson", pyjinja::tojson);
-    // What minijinja's fuel does not bound (see `jinja_limits`): every `+` is compiled
-    // to call this first, and `sum` checks the lists it adds.
+    // What minijinja's fuel does not bound (see `jinja_limits`): the compiled template
+    // calls these before each `+` and after each new value; `sum` checks lists it adds.
     env.add_function(jinja_limits::GUARD_ADD, jinja_limits::guard_add);
+    env.add_function(jinja_limits::GUARD_VALUE, jinja_limits::guard_value);
     env.add_filter("sum", jinja_limits::sum);
     // Jinja2's tests ask Python: `none` is not iterable (templates check `tools is
     // iterable` before taking its length) and strings and dicts are sequences.

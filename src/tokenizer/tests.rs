@@ -838,6 +838,18 @@ fn template_holes_left_by_minijinja_are_closed() {
         "beside a `*`",
     );
     refused("{{ ([[1] * 10**7] * 40) | sum(start=[]) }}", "items");
+    // Values nested past what printing and dropping survive, or containing themselves:
+    // by a loop, a macro calling itself, a filter, an assignment to a namespace.
+    for deep in [
+        "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
+        "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = {'a': ns.l} %}{% endfor %}",
+        "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] | batch(1) | list %}{% endfor %}",
+        "{% macro f(x, n) %}{% if n %}{{ f([[[[[[[[[[x]]]]]]]]]], n - 1) }}{% else %}{{ x }}{% endif %}{% endmacro %}{{ f([], 400) }}",
+        "{% set ns = namespace() %}{% set ns.x = ns %}{{ ns }}",
+        "{% set ns = namespace(a=namespace()) %}{% set ns.a.b = [ns] %}{{ ns }}",
+    ] {
+        refused(deep, "nested more than");
+    }
 
     // `+` and `sum` otherwise as before: values, jumps around them, macros, errors
     // located on the template's own line.
@@ -865,6 +877,19 @@ fn template_holes_left_by_minijinja_are_closed() {
     assert_eq!(
         ok("{{ [{'a': [1]}, {'a': [2]}, {}] | sum(attribute='a', start=[]) }}"),
         "[1, 2]"
+    );
+    // Nested as deep as allowed, printed and serialized; a recursive loop; namespaces.
+    let deepest = "{% set ns = namespace(l=[]) %}{% for i in range(500) %}\
+                   {% set ns.l = [ns.l] %}{% endfor %}{{ ns.l | tojson | length }} \
+                   {{ ns.l | string | length }} {{ ns.l == ns.l }}";
+    assert_eq!(ok(deepest), "1002 1002 True");
+    assert_eq!(
+        ok("{% for item in [{'c': [{'c': []}]}] recursive %}[{{ loop(item.c) }}]{% endfor %}"),
+        "[[]]"
+    );
+    assert_eq!(
+        ok("{% set ns = namespace(a=namespace(n=1)) %}{% set ns.a.n = ns.a.n + 1 %}{{ ns.a.n }}"),
+        "2"
     );
     let e = render_chat_template("{{ 1 }}\n{{ 1 + 'a' }}", &msgs, &opts).unwrap_err();
     assert!(e.to_string().contains("chat:2"), "{e}");
