@@ -2,7 +2,8 @@
 # Runs every coverage-guided fuzz target (fuzz/, cargo-fuzz with libFuzzer), or the
 # TARGETs named, for SECONDS each (default 60), from its checked-in seeds (fuzz/seeds/<target>) and past findings
 # (fuzz/regressions/<target>) plus what earlier runs here found (fuzz/work/, ignored by
-# git). Ends with one line: "N targets, M executions, K crashes"; exits 1 on a crash,
+# git), with the words in fuzz/dicts/<target>.dict where there is one. Ends with one
+# line: "N targets, M executions, K crashes"; exits 1 on a crash,
 # leaving the input in fuzz/artifacts/<target>/ (check it in under fuzz/regressions/
 # with its fix: tests/fuzz_corpus.rs replays it in every test run).
 #
@@ -50,9 +51,11 @@ for t in $targets; do
   log="fuzz/artifacts/$t/last-run.log"
   before=$(find "fuzz/artifacts/$t" -type f ! -name '*.log' | wc -l)
   set +e
+  dict=()
+  [ -f "fuzz/dicts/$t.dict" ] && dict=(-dict="fuzz/dicts/$t.dict")
   "${fuzz[@]}" run "${opts[@]}" "$t" "${corpora[@]}" -- \
     -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-    ${WGLLM_FUZZ_SEED:+-seed="$WGLLM_FUZZ_SEED"} \
+    "${dict[@]}" ${WGLLM_FUZZ_SEED:+-seed="$WGLLM_FUZZ_SEED"} \
     >"$log" 2>&1
   rc=$?
   set -e
