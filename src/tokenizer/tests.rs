@@ -789,6 +789,9 @@ fn hostile_templates_are_stopped() {
     for growing in [
         "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
         "{% set n = 4000000000 %}{{ ('x' * n) | length }}",
+        // Python's str.replace from minijinja-contrib: 3.0.5 built this terabyte until an
+        // allocation failed and the process aborted; 3.1.0 charges the fuel first.
+        "{{ ('x' * 10**7).replace('x', 'x' * 10**5) | length }}",
     ] {
         let e = render_chat_template(growing, &msgs, &opts).unwrap_err();
         assert!(e.to_string().to_lowercase().contains("fuel"), "{growing}: {e}");
