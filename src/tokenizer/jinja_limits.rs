@@ -23,16 +23,19 @@
 //!   and a constant `[x] * N` is a lazy list of up to 100M items, so 33 constant `+`s
 //!   onto it copy it while compiling, where no fuel runs. Here a tag with more than 32
 //!   `+` and a `*` is refused (real templates' largest has 26 `+` and no `*`).
-//! - **Deep or cyclic values.** Printing, comparing, serializing and dropping a value
-//!   recurse into it: a list nested about 20 000 deep (`{% set x = [x] %}` in a loop,
-//!   or through a macro calling itself) overflows the stack, and
-//!   `{% set ns.x = ns %}` makes a namespace that contains itself, which the first
-//!   `{{ ns }}` recurses into without end. Here each instruction that makes a new value
-//!   (building a list, map or tuple, calling a filter, function, method or object) is
-//!   followed by a call to [`guard_value`], and each assignment to a namespace attribute
-//!   by a look at the namespace afterwards: a value nested deeper than
-//!   [`MAX_VALUE_DEPTH`] is refused, and a cycle is one without end. (The refused
-//!   cycle stays in memory: minijinja's values are reference-counted.)
+//! - **Deep, cyclic or huge values.** Printing, comparing, serializing and dropping a
+//!   value recurse into it: a list nested about 20 000 deep (`{% set x = [x] %}` in a
+//!   loop, through a lazy slice `[x][0:]`, or a macro calling itself) overflows the
+//!   stack, and `{% set ns.x = ns %}` (or a chain of namespaces, or a `loop` whose
+//!   `previtem` is the namespace) makes a value that printing recurses into without end.
+//!   And a value's size is charged only when it is printed, so `[s] * 1000` of a 100 MB
+//!   `s` is built in full (100 GB) before the fuel sees it. Here each instruction that
+//!   makes a value (building a list, map or tuple; `+`, `*` and slicing; calling a
+//!   filter, function, method or object) is followed by a call to [`guard_value`], which
+//!   walks it without recursion, charging the fuel, and refuses one nested deeper than
+//!   [`MAX_VALUE_DEPTH`] or larger than [`MAX_VALUE_BYTES`] written out; and each
+//!   assignment to a namespace by a walk of the namespace, which also may not hold a
+//!   namespace or a `loop`, so namespaces cannot chain or cycle.
 //!
 //! The rewrite uses minijinja's `unstable_machinery`, so Cargo.toml pins minijinja's
 //! version; a new version is taken after checking these holes again (the tests in
@@ -51,9 +54,10 @@ use minijinja::{AutoEscape, Error, ErrorKind, State, Value};
 /// at most this deep, a fifth of what overflows a 2 MiB stack.
 pub const MAX_TAG_TOKENS: usize = 1024;
 
-/// The longest list a `+` may make: 16M items, about 400 MB once minijinja copies it.
-/// Real templates concatenate lists of messages or tools.
-pub const MAX_CONCAT_ITEMS: usize = 1 << 24;
+/// The longest list a `+` may make: as many items as [`MAX_VALUE_BYTES`] holds (8M,
+/// about 200 MB once minijinja copies it). Real templates concatenate lists of messages
+/// or tools.
+pub const MAX_CONCAT_ITEMS: usize = (MAX_VALUE_BYTES / SLOT_UNITS) as usize;
 
 /// The `+`s one tag may hold beside a `*` (see the module's account of constant
 /// folding): minijinja copies a concatenation once it is deeper than this.
@@ -63,13 +67,30 @@ const MAX_FOLDED_PLUSES: usize = 32;
 /// limit), and printing a value 5 000 deep already overflows a 2 MiB stack.
 pub const MAX_VALUE_DEPTH: usize = 512;
 
+/// How large a value may be, its strings' bytes and 32 per item of its lists and maps
+/// counted each time they are reached: four times the largest request body the server
+/// takes by default (`--max-body-mib` 64), so a template can hold and print a whole
+/// request, and printing a value cannot make gigabytes before the fuel counts them.
+pub const MAX_VALUE_BYTES: u64 = 256 << 20;
+
+/// The `type_name` of minijinja 3.1.0's mutable objects, which a namespace may not hold.
+const NAMESPACE_TYPE: &str = "minijinja::value::namespace_object::Namespace";
+const LOOP_TYPE: &str = "minijinja::vm::loop_object::Loop";
+
 /// The functions the rewritten instructions call. No template names them by chance.
 pub(super) const GUARD_ADD: &str = "__wgllm_guard_add";
 pub(super) const GUARD_VALUE: &str = "__wgllm_guard_value";
+pub(super) const GUARD_NAMESPACE: &str = "__wgllm_guard_namespace";
 
 /// Fuel units per fuel, and the units one list slot costs, as minijinja 3.1.0 counts.
 const UNITS_PER_FUEL: u64 = 64;
 const SLOT_UNITS: u64 = 32;
+
+/// The fuel one item visited by a value's walk costs: a visit (a clone, a lookup in a
+/// map, a step through minijinja's lazy concatenations) takes a few times an
+/// instruction's time, so that a render's walks cannot take much longer than its
+/// instructions could.
+const VISIT_FUEL: u64 = 4;
 
 /// Refuses a template whose shape could abort the process while compiling (deep
 /// expressions, constant concatenations of repeated lists); see the module's account.
@@ -154,7 +175,7 @@ pub(super) fn compile<'s>(
 /// - an instruction that makes a value: itself, then [`GUARD_VALUE`] on the value;
 /// - `SetAttr`: itself, then the namespace looked up again (the `Lookup` and
 ///   `GetAttr`s just before it, which is all the compiler puts there), checked by
-///   [`GUARD_VALUE`] and dropped.
+///   [`GUARD_NAMESPACE`] and dropped.
 fn guarded<'s>(instrs: &Instructions<'s>, pc: u32) -> Result<Vec<Instruction<'s>>, Error> {
     let Some(instr) = instrs.get(pc) else {
         return Ok(Vec::new());
@@ -165,15 +186,19 @@ fn guarded<'s>(instrs: &Instructions<'s>, pc: u32) -> Result<Vec<Instruction<'s>
             Instruction::CallFunction(GUARD_ADD, Some(2)),
             Instruction::UnpackList(2),
             Instruction::Add,
+            guard_value,
         ],
         Instruction::BuildList(_)
         | Instruction::BuildMap(_)
         | Instruction::BuildTuple(_)
+        | Instruction::Mul
+        | Instruction::Slice
         | Instruction::ApplyFilter(..)
         | Instruction::CallFunction(..)
         | Instruction::CallMethod(..)
         | Instruction::CallObject(_) => vec![instr.clone(), guard_value],
         Instruction::SetAttr(_) => {
+            let mut out = vec![instr.clone()];
             let mut target = Vec::new();
             let mut at = pc;
             loop {
@@ -188,9 +213,11 @@ fn guarded<'s>(instrs: &Instructions<'s>, pc: u32) -> Result<Vec<Instruction<'s>
                 }
             }
             target.reverse();
-            let mut out = vec![instr.clone()];
             out.extend(target);
-            out.extend([guard_value, Instruction::DiscardTop]);
+            out.extend([
+                Instruction::CallFunction(GUARD_NAMESPACE, Some(1)),
+                Instruction::DiscardTop,
+            ]);
             out
         }
         other => vec![other.clone()],
@@ -246,17 +273,39 @@ fn with_guards<'s>(instrs: &Instructions<'s>) -> Result<Instructions<'s>, Error>
 }
 
 /// Refuses `value` if it nests deeper than [`MAX_VALUE_DEPTH`] (a cycle nests without
-/// end), walking it without recursion and charging each item visited to the fuel, as
-/// minijinja charges its filters' visits; returns it unchanged otherwise. Lazy
-/// iterables are not walked (walking could use them up); their items come from values
-/// checked when made.
+/// end) or is larger than [`MAX_VALUE_BYTES`]; returns it unchanged otherwise.
 pub(super) fn guard_value(state: &State, value: Value) -> Result<Value, Error> {
-    let walks = |v: &Value| matches!(v.kind(), ValueKind::Seq | ValueKind::Map);
-    if !walks(&value) {
-        return Ok(value);
+    walk(state, &value, false)?;
+    Ok(value)
+}
+
+/// [`guard_value`] for a namespace just assigned to, which also may not hold a
+/// namespace or a `loop` (so that namespaces cannot chain, or hold themselves: a cycle
+/// made by the assignment is found here, and refused, though it stays in memory).
+pub(super) fn guard_namespace(state: &State, namespace: Value) -> Result<Value, Error> {
+    walk(state, &namespace, true)?;
+    Ok(namespace)
+}
+
+/// Walks `value` without recursion, charging each item visited to the fuel
+/// ([`VISIT_FUEL`]), and checks it as [`guard_value`] says. Lists,
+/// maps and lazy iterables are walked (minijinja's builtins make no iterable that
+/// walking could use up; an endless one runs out of fuel).
+fn walk(state: &State, value: &Value, namespace: bool) -> Result<(), Error> {
+    let walks = |v: &Value| {
+        matches!(
+            v.kind(),
+            ValueKind::Seq | ValueKind::Map | ValueKind::Iterable
+        )
+    };
+    if !walks(value) {
+        return match value.as_str() {
+            Some(s) if s.len() as u64 > MAX_VALUE_BYTES => Err(too_large()),
+            _ => Ok(()),
+        };
     }
     let mut todo = vec![(value.clone(), 1usize)];
-    let mut visited = 0u64;
+    let (mut visited, mut bytes) = (0u64, 0u64);
     while let Some((v, depth)) = todo.pop() {
         if depth > MAX_VALUE_DEPTH {
             return Err(Error::new(
@@ -267,19 +316,53 @@ pub(super) fn guard_value(state: &State, value: Value) -> Result<Value, Error> {
                 ),
             ));
         }
+        if namespace && depth > 1 {
+            if let Some(name) = v.as_object().map(|o| o.type_name()) {
+                if name == NAMESPACE_TYPE || name == LOOP_TYPE {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "a namespace may not hold a namespace or a loop (wgllm refuses it: \
+                         such values can chain or contain themselves)",
+                    ));
+                }
+            }
+        }
         let is_map = v.kind() == ValueKind::Map;
-        for item in v.try_iter()? {
+        for key in v.try_iter()? {
             visited += 1;
             if visited.is_multiple_of(1024) {
-                state.consume_fuel(1024 * SLOT_UNITS / UNITS_PER_FUEL)?;
+                state.consume_fuel(1024 * VISIT_FUEL)?;
             }
-            let item = if is_map { v.get_item(&item)? } else { item };
+            let item = if is_map {
+                v.get_item(&key)?
+            } else {
+                key.clone()
+            };
+            let strings = key.as_str().map_or(0, str::len) * usize::from(is_map)
+                + item.as_str().map_or(0, str::len);
+            bytes = bytes
+                .saturating_add(strings as u64)
+                .saturating_add(SLOT_UNITS);
+            if bytes > MAX_VALUE_BYTES {
+                return Err(too_large());
+            }
             if walks(&item) {
                 todo.push((item, depth + 1));
             }
         }
     }
-    Ok(value)
+    Ok(())
+}
+
+fn too_large() -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!(
+            "a value larger than {} MiB written out (wgllm's bound on what one template \
+             may build)",
+            MAX_VALUE_BYTES >> 20
+        ),
+    )
 }
 
 /// The length of `v` if it is a list whose concatenation minijinja may copy.

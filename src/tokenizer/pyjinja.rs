@@ -247,12 +247,15 @@ pub(crate) fn tojson(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, 
     Ok(Value::from(out))
 }
 
-/// Widest `tojson` indent and `zfill` width a template may ask for, and the longest
-/// text `tojson` may write: a request's tools and messages are what a model's template
-/// dumps, so these bound what one request can make the process allocate.
+/// Widest `tojson` indent, `zfill` and `str.format` width or precision a template may
+/// ask for, the longest text `tojson` may write (the bound on a template's values,
+/// `jinja_limits::MAX_VALUE_BYTES`: a request's tools and messages are what a model's
+/// template dumps) and the longest `strftime_now` format: these bound what one request
+/// can make the process allocate.
 const MAX_INDENT: usize = 64;
 const MAX_ZFILL: usize = 1 << 16;
-const MAX_TOJSON_BYTES: usize = 16 << 20;
+const MAX_TOJSON_BYTES: usize = 256 << 20;
+const MAX_STRFTIME_FORMAT: usize = 1024;
 
 fn json_newline(out: &mut String, style: &JsonStyle, depth: usize) -> Result<(), Error> {
     if let Some(ind) = &style.indent {
@@ -261,13 +264,17 @@ fn json_newline(out: &mut String, style: &JsonStyle, depth: usize) -> Result<(),
             out.push_str(ind);
         }
         if out.len() > MAX_TOJSON_BYTES {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("tojson: the text grows past {} MiB", MAX_TOJSON_BYTES >> 20),
-            ));
+            return Err(tojson_too_long());
         }
     }
     Ok(())
+}
+
+fn tojson_too_long() -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!("tojson: the text grows past {} MiB", MAX_TOJSON_BYTES >> 20),
+    )
 }
 
 fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> Result<(), Error> {
@@ -282,7 +289,14 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> R
                 out.push_str(&py_float(x, "Infinity", "NaN"));
             }
         }
-        ValueKind::String => write_json_str(out, v.as_str().unwrap_or_default(), style),
+        ValueKind::String => {
+            let text = v.as_str().unwrap_or_default();
+            // Escaping makes at most six bytes of one: check before, not after.
+            if out.len().saturating_add(text.len().saturating_mul(6)) > MAX_TOJSON_BYTES {
+                return Err(tojson_too_long());
+            }
+            write_json_str(out, text, style)
+        }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
             if items.is_empty() {
@@ -291,6 +305,9 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> R
             }
             out.push('[');
             for (i, item) in items.iter().enumerate() {
+                if out.len() > MAX_TOJSON_BYTES {
+                    return Err(tojson_too_long());
+                }
                 if i > 0 {
                     out.push_str(&style.item_sep);
                 }
@@ -311,6 +328,9 @@ fn write_json(out: &mut String, v: &Value, style: &JsonStyle, depth: usize) -> R
             }
             out.push('{');
             for (i, key) in keys.iter().enumerate() {
+                if out.len() > MAX_TOJSON_BYTES {
+                    return Err(tojson_too_long());
+                }
                 if i > 0 {
                     out.push_str(&style.item_sep);
                 }
@@ -383,6 +403,47 @@ fn write_json_str(out: &mut String, s: &str, style: &JsonStyle) {
     out.push('"');
 }
 
+/// Refuses a `str.format` template whose fields ask for a width or precision over
+/// [`MAX_ZFILL`] or take one from an argument (`{:{}}`): minijinja-contrib pads before
+/// any fuel is charged, so `'{:>999999999999}'.format(0)` would make a terabyte.
+fn check_format_widths(template: &str) -> Result<(), Error> {
+    let refuse = |what: String| {
+        Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("str.format: {what} (wgllm takes widths up to {MAX_ZFILL})"),
+        ))
+    };
+    let mut rest = template;
+    while let Some(open) = rest.find(['{', '}']) {
+        let after = &rest[open + 1..];
+        if rest[open..].starts_with("{{") || rest[open..].starts_with("}}") {
+            rest = &after[1..]; // an escaped brace
+            continue;
+        }
+        if rest[open..].starts_with('}') {
+            rest = after; // a lone one, which Python refuses
+            continue;
+        }
+        let Some(close) = after.find('}') else { break };
+        let field = &after[..close];
+        if field.contains('{') {
+            return refuse(format!("a width taken from an argument in {{{field}}}"));
+        }
+        if let Some((_, spec)) = field.split_once(':') {
+            for digits in spec
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|d| !d.is_empty())
+            {
+                if digits.len() > 6 || digits.parse::<usize>().unwrap_or(usize::MAX) > MAX_ZFILL {
+                    return refuse(format!("a width or precision of {digits}"));
+                }
+            }
+        }
+        rest = &after[close + 1..];
+    }
+    Ok(())
+}
+
 /// Python methods on values, for the ones minijinja-contrib's pycompat does not have;
 /// everything else goes on to pycompat. Methods that would change a list or dict fail
 /// with the message of Jinja2's immutable sandbox, which Hugging Face renders in.
@@ -395,6 +456,9 @@ pub(crate) fn unknown_method(
     if let Some(s) = value.as_str() {
         if let Some(v) = str_method(s, method, args)? {
             return Ok(v);
+        }
+        if method == "format" {
+            check_format_widths(s)?;
         }
     }
     let mutator = match value.kind() {
@@ -531,6 +595,16 @@ fn rsplit_whitespace(s: &str, max: Option<usize>) -> Vec<String> {
 /// `strftime_now(format)`: `now` formatted with C/Python strftime codes. A code chrono
 /// does not know is an error, where Python would pass it to the C library.
 pub(crate) fn strftime(now: &chrono::NaiveDateTime, format: &str) -> Result<String, Error> {
+    // A specifier writes up to about twelve times its length (`%c`).
+    if format.len() > MAX_STRFTIME_FORMAT {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "strftime_now: a format of {} bytes (at most {MAX_STRFTIME_FORMAT} are taken)",
+                format.len()
+            ),
+        ));
+    }
     let mut out = String::new();
     write!(out, "{}", now.format(format)).map_err(|_| {
         Error::new(

@@ -782,19 +782,19 @@ fn hostile_templates_are_stopped() {
     let zeros = "{{ '1'.zfill(10000000000) }}";
     let e = render_chat_template(zeros, &msgs, &opts).unwrap_err();
     assert!(e.to_string().contains("zfill"), "{e}");
-    // Growth in a few instructions: a string doubled 40 times (a terabyte; it stops at
-    // about 2.6 GB of RSS, which is TEMPLATE_FUEL's data bound) and a string repeated
-    // four billion times (refused before allocating). minijinja 3 charges the bytes an
-    // operation makes against the same fuel.
-    for growing in [
-        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
-        "{% set n = 4000000000 %}{{ ('x' * n) | length }}",
+    // Growth in a few instructions: a string doubled 40 times (a terabyte; stopped when
+    // stored past jinja_limits::MAX_VALUE_BYTES) and a string repeated four billion
+    // times (refused before allocating: minijinja 3 charges the bytes an operation makes
+    // against the fuel).
+    for (growing, why) in [
+        ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}", "larger than"),
+        ("{% set n = 4000000000 %}{{ ('x' * n) | length }}", "fuel"),
         // Python's str.replace from minijinja-contrib: 3.0.5 built this terabyte until an
         // allocation failed and the process aborted; 3.1.0 charges the fuel first.
-        "{{ ('x' * 10**7).replace('x', 'x' * 10**5) | length }}",
+        ("{{ ('x' * 10**7).replace('x', 'x' * 10**5) | length }}", "fuel"),
     ] {
         let e = render_chat_template(growing, &msgs, &opts).unwrap_err();
-        assert!(e.to_string().to_lowercase().contains("fuel"), "{growing}: {e}");
+        assert!(e.to_string().contains(why), "{growing}: {e}");
     }
     // Ordinary use of both still works.
     let ok = "{{ messages | tojson(indent=2) }}{{ '7'.zfill(3) }}";
@@ -812,7 +812,14 @@ fn template_holes_left_by_minijinja_are_closed() {
     let msgs = vec![ChatMessage::new("user", "hi")];
     let opts = TemplateOptions::default();
     let refused = |template: &str, why: &str| {
-        let e = render_chat_template(template, &msgs, &opts).unwrap_err();
+        let e = match render_chat_template(template, &msgs, &opts) {
+            Ok(text) => panic!(
+                "rendered {} bytes: {}",
+                text.len(),
+                &template[..80.min(template.len())]
+            ),
+            Err(e) => e,
+        };
         assert!(
             e.to_string().contains(why),
             "{}: {e}",
@@ -827,10 +834,10 @@ fn template_holes_left_by_minijinja_are_closed() {
     // A list doubled 40 times (a trillion items) and appends to a list of 10^8.
     let doubled = "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}\
                    {% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}";
-    refused(doubled, "items");
+    refused(doubled, "fuel");
     let appended = "{% set ns = namespace(l=[1] * 10**8) %}{% for i in range(40) %}\
                     {% set ns.l = ns.l + [i] %}{% endfor %}{{ ns.l | length }}";
-    refused(appended, "items");
+    refused(appended, "larger than");
     // Within the length bound, appends to a long list run out of fuel.
     let copied = "{% set ns = namespace(l=[1] * 10**6) %}{% for i in range(100000) %}\
                   {% set ns.l = ns.l + [i] %}{% endfor %}{{ ns.l | length }}";
@@ -840,7 +847,12 @@ fn template_holes_left_by_minijinja_are_closed() {
         &format!("{{{{ ([1] * 10**8){} }}}}", " + [1]".repeat(40)),
         "beside a `*`",
     );
-    refused("{{ ([[1] * 10**7] * 40) | sum(start=[]) }}", "items");
+    refused("{{ ([[1] * 10**6] * 40) | sum(start=[]) }}", "larger than");
+    // A sum within that size, whose copies (one per 33 terms) would take minutes.
+    refused(
+        "{{ ([[1] * 1000] * 5000) | sum(start=[]) | length }}",
+        "fuel",
+    );
     // Values nested past what printing and dropping survive, or containing themselves:
     // by a loop, a macro calling itself, a filter, an assignment to a namespace.
     for deep in [
@@ -848,11 +860,46 @@ fn template_holes_left_by_minijinja_are_closed() {
         "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = {'a': ns.l} %}{% endfor %}",
         "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] | batch(1) | list %}{% endfor %}",
         "{% macro f(x, n) %}{% if n %}{{ f([[[[[[[[[[x]]]]]]]]]], n - 1) }}{% else %}{{ x }}{% endif %}{% endmacro %}{{ f([], 400) }}",
-        "{% set ns = namespace() %}{% set ns.x = ns %}{{ ns }}",
-        "{% set ns = namespace(a=namespace()) %}{% set ns.a.b = [ns] %}{{ ns }}",
+        "{% set s = namespace(x=0) %}{% for i in range(100000) %}{% set s.x = [s.x][0:] %}{% endfor %}{{ s.x }}",
+        // A lazy iterable of a namespace's values, stored in it: it yields itself.
+        "{% set n = namespace() %}{% set n.x = n.values() %}{{ n }}",
     ] {
         refused(deep, "nested more than");
     }
+    // Namespaces that would chain or hold themselves (directly, through a lazy
+    // iterable, through a `loop` whose previtem is the namespace).
+    for cyclic in [
+        "{% set ns = namespace() %}{% set ns.x = ns %}{{ ns }}",
+        "{% set ns = namespace(a=namespace()) %}{% set ns.a.b = [ns] %}{{ ns }}",
+        "{% set c = namespace(t=namespace(x=none)) %}{% set head = c.t %}{% for i in range(100000) %}\
+         {% set n = namespace(x=none) %}{% set tail = c.t %}{% set tail.x = n %}{% set c.t = n %}\
+         {% endfor %}{{ head }}",
+        "{% set n = namespace() %}{% for x in [n, 0] %}{% if loop.first %}{% set n.x = loop %}\
+         {% else %}{{ n }}{% endif %}{% endfor %}",
+    ] {
+        refused(cyclic, "may not hold a namespace");
+    }
+    // Values whose size the fuel would see only when printed: a 100 MB string repeated,
+    // or fanned out by nesting; a width `str.format` pads to; a long `strftime_now`.
+    let huge = "{% set s = 'a' * 10**8 %}";
+    refused(&format!("{huge}{{{{ [s] * 1000 }}}}"), "larger than");
+    refused(
+        &format!("{huge}{{{{ ''.join([s] * 1000) }}}}"),
+        "larger than",
+    );
+    refused(
+        &format!("{huge}{{{{ ([s] * 1000) | tojson }}}}"),
+        "larger than",
+    );
+    refused(
+        "{% set ns = namespace(l=['a' * 10**6] * 10) %}{% for i in range(9) %}\
+         {% set l = ns.l %}{% set ns.l = [l, l, l, l, l, l, l, l, l, l] %}{% endfor %}{{ ns.l }}",
+        "larger than",
+    );
+    refused("{{ '{:>999999999999}'.format(0) }}", "width");
+    refused("{{ '{:.999999999999f}'.format(1.0) }}", "width");
+    refused("{{ '}{:{}}'.format(1, 10**12) }}", "argument");
+    refused("{{ strftime_now('%c' * 50000000) }}", "strftime_now");
 
     // `+` and `sum` otherwise as before: values, jumps around them, macros, errors
     // located on the template's own line.
@@ -893,6 +940,17 @@ fn template_holes_left_by_minijinja_are_closed() {
     assert_eq!(
         ok("{% set ns = namespace(a=namespace(n=1)) %}{% set ns.a.n = ns.a.n + 1 %}{{ ns.a.n }}"),
         "2"
+    );
+    assert_eq!(
+        ok("{{ '{:>5}|{:.2f}|{{x}}|{}'.format('a', 1.5, 7) }} {{ strftime_now('%Y') | length }}"),
+        "    a|1.50|{x}|7 4"
+    );
+    assert_eq!(
+        ok(
+            "{% set ns = namespace(m=none, l=[]) %}{% for m in messages %}{% set ns.m = m %}\
+            {% set ns.l = ns.l + [m] %}{% endfor %}{{ ns.m.role }} {{ ns.l | length }}"
+        ),
+        "user 1"
     );
     let e = render_chat_template("{{ 1 }}\n{{ 1 + 'a' }}", &msgs, &opts).unwrap_err();
     assert!(e.to_string().contains("chat:2"), "{e}");
