@@ -163,7 +163,7 @@ def main():
         "python": "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ m.content.split(' ')|join('_') }}{{ (ns.n|string).zfill(3) }}{{ m.role.startswith('u') }}{{ strftime_now('%Y-%m-%d') }}{% endfor %}{{ bos_token }}{{ raise_exception('done') if messages|length > 9 }}",
     }
     # Lists built with `+` (guarded: tokenizer/jinja_limits.rs), a macro, `sum` over lists.
-    templates["lists"] = "{% macro m(x) %}{{ x + [1] }}{% endmacro %}{% set ns = namespace(l=[], s='') %}{% for msg in messages %}{% if msg.role + '' == 'user' %}{% set ns.l = ns.l + [msg] %}{% else %}{% set ns.l = ns.l + ns.l %}{% endif %}{% set ns.s = ns.s + msg.content %}{% endfor %}{{ m(ns.l)|length }}{{ ([ns.l] * 3)|sum(start=[])|length }}{{ ns.s + ('x' * 3) }}{{ [1] * 2 + [3] }}"
+    templates["lists"] = "{% macro m(x) %}{{ x + [1] }}{% endmacro %}{% set ns = namespace(l=[], s='') %}{% for msg in messages %}{% if msg.role + '' == 'user' %}{% set ns.l = ns.l + [msg] %}{% else %}{% set ns.l = ns.l + ns.l %}{% endif %}{% set ns.s = ns.s + msg.content %}{% endfor %}{% set one = [ns.l] %}{{ m(ns.l)|length }}{{ (one * 3)|sum(start=[])|length }}{{ ns.s + ('x' * 3) }}{{ one * 2 + [3] }}"
     for name, t in templates.items():
         put("chat_template", name, t + "\0" + msgs)
 

@@ -60,7 +60,7 @@ for t in $targets; do
   rc=$?
   set -e
   after=$(find "fuzz/artifacts/$t" -type f ! -name '*.log' | wc -l)
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  execs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   execs=${execs:-0}
   crashes=$((after - before))
   if [ "$rc" -ne 0 ] && [ "$crashes" -eq 0 ]; then

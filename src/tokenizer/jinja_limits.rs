@@ -19,10 +19,11 @@
 //!   than the fuel left could pay for, and otherwise hands both operands back to
 //!   minijinja's own `+` (so results and errors stay minijinja's). The `sum` filter,
 //!   which adds with the same code, is checked the same way.
-//! - **List concatenation at compile time.** The compiler folds constant expressions,
-//!   and a constant `[x] * N` is a lazy list of up to 100M items, so 33 constant `+`s
-//!   onto it copy it while compiling, where no fuel runs. Here a tag with more than 32
-//!   `+` and a `*` is refused (real templates' largest has 26 `+` and no `*`).
+//! - **Constant folding.** The compiler folds constant expressions, and a constant
+//!   `[x] * N` is a lazy list of up to 100M items (`[[x] * 10**8] * 10**8` one of
+//!   10^16), which later constant `+`s copy and `~` prints while compiling, where no
+//!   fuel runs. Here a `*` beside a bracket (`] *`, `) *`, `* [`, `* (`) is refused: real
+//!   templates repeat strings, not lists (none of llama.cpp's has one).
 //! - **Deep, cyclic or huge values.** Printing, comparing, serializing and dropping a
 //!   value recurse into it: a list nested about 20 000 deep (`{% set x = [x] %}` in a
 //!   loop, through a lazy slice `[x][0:]`, or a macro calling itself) overflows the
@@ -33,9 +34,10 @@
 //!   makes a value (building a list, map or tuple; `+`, `*` and slicing; calling a
 //!   filter, function, method or object) is followed by a call to [`guard_value`], which
 //!   walks it without recursion, charging the fuel, and refuses one nested deeper than
-//!   [`MAX_VALUE_DEPTH`] or larger than [`MAX_VALUE_BYTES`] written out; and each
-//!   assignment to a namespace by a walk of the namespace, which also may not hold a
-//!   namespace or a `loop`, so namespaces cannot chain or cycle.
+//!   [`MAX_VALUE_DEPTH`] or larger than [`MAX_VALUE_BYTES`] written out; and a value
+//!   assigned to a namespace must be plain data (no namespace, `loop` or macro; a lazy
+//!   view is stored as the list it yields now), checked before the assignment, so
+//!   namespaces cannot chain or cycle behind the walks' backs.
 //!
 //! The rewrite uses minijinja's `unstable_machinery`, so Cargo.toml pins minijinja's
 //! version; a new version is taken after checking these holes again (the tests in
@@ -59,10 +61,6 @@ pub const MAX_TAG_TOKENS: usize = 1024;
 /// or tools.
 pub const MAX_CONCAT_ITEMS: usize = (MAX_VALUE_BYTES / SLOT_UNITS) as usize;
 
-/// The `+`s one tag may hold beside a `*` (see the module's account of constant
-/// folding): minijinja copies a concatenation once it is deeper than this.
-const MAX_FOLDED_PLUSES: usize = 32;
-
 /// How deep a value may nest: JSON from a request nests at most 128 deep (serde_json's
 /// limit), and printing a value 5 000 deep already overflows a 2 MiB stack.
 pub const MAX_VALUE_DEPTH: usize = 512;
@@ -73,14 +71,19 @@ pub const MAX_VALUE_DEPTH: usize = 512;
 /// request, and printing a value cannot make gigabytes before the fuel counts them.
 pub const MAX_VALUE_BYTES: u64 = 256 << 20;
 
-/// The `type_name` of minijinja 3.1.0's mutable objects, which a namespace may not hold.
+/// The `type_name`s of minijinja 3.1.0's objects that a namespace may not hold: the
+/// mutable ones, and macros (whose closures hold the namespaces they see). Tests in
+/// `tokenizer/tests.rs` store each kind, so a renamed type fails them.
 const NAMESPACE_TYPE: &str = "minijinja::value::namespace_object::Namespace";
 const LOOP_TYPE: &str = "minijinja::vm::loop_object::Loop";
+const MACRO_TYPE: &str = "minijinja::vm::macro_object::Macro";
 
-/// The functions the rewritten instructions call. No template names them by chance.
-pub(super) const GUARD_ADD: &str = "__wgllm_guard_add";
-pub(super) const GUARD_VALUE: &str = "__wgllm_guard_value";
-pub(super) const GUARD_NAMESPACE: &str = "__wgllm_guard_namespace";
+/// The functions the rewritten instructions call. A template cannot shadow them with a
+/// variable or macro of its own (the VM looks a call's name up among the template's
+/// variables first): no identifier has a `:` in it.
+pub(super) const GUARD_ADD: &str = "wgllm:guard_add";
+pub(super) const GUARD_VALUE: &str = "wgllm:guard_value";
+pub(super) const GUARD_STORED: &str = "wgllm:guard_stored";
 
 /// Fuel units per fuel, and the units one list slot costs, as minijinja 3.1.0 counts.
 const UNITS_PER_FUEL: u64 = 64;
@@ -93,43 +96,44 @@ const SLOT_UNITS: u64 = 32;
 const VISIT_FUEL: u64 = 4;
 
 /// Refuses a template whose shape could abort the process while compiling (deep
-/// expressions, constant concatenations of repeated lists); see the module's account.
+/// expressions, constant lists repeated); see the module's account.
 pub(super) fn check_shape(source: &str, syntax: &SyntaxConfig) -> Result<(), Error> {
     let mut in_tag = false;
-    let (mut tokens, mut pluses, mut stars) = (0usize, 0usize, 0usize);
+    let mut tokens = 0usize;
     let mut tag_line = 0;
+    let (mut after_close, mut after_star) = (false, false);
     for token in tokenize(source, false, syntax.clone()) {
         // A template the lexer refuses is refused again, with its place, when compiled.
         let Ok((token, span)) = token else {
             return Ok(());
         };
+        let star = matches!(token, Token::Mul);
+        let open = matches!(token, Token::BracketOpen | Token::ParenOpen);
+        if in_tag && ((star && after_close) || (open && after_star)) {
+            return Err(shape_error(
+                span.start_line,
+                "a `*` beside a bracket (`[x] * n`); a constant list repeated is folded \
+                 while compiling into one that is printed or joined without bound"
+                    .to_string(),
+            ));
+        }
+        after_close = matches!(token, Token::BracketClose | Token::ParenClose);
+        after_star = star;
         match token {
             Token::VariableStart | Token::BlockStart => {
                 in_tag = true;
-                (tokens, pluses, stars) = (0, 0, 0);
+                tokens = 0;
                 tag_line = span.start_line;
             }
             Token::VariableEnd | Token::BlockEnd => in_tag = false,
             _ if in_tag => {
                 tokens += 1;
-                pluses += usize::from(matches!(token, Token::Plus));
-                stars += usize::from(matches!(token, Token::Mul));
                 if tokens > MAX_TAG_TOKENS {
                     return Err(shape_error(
                         tag_line,
                         format!(
                             "a tag holds more than {MAX_TAG_TOKENS} tokens; an expression \
                              that long could overflow the stack while compiling"
-                        ),
-                    ));
-                }
-                if pluses > MAX_FOLDED_PLUSES && stars > 0 {
-                    return Err(shape_error(
-                        tag_line,
-                        format!(
-                            "a tag adds more than {MAX_FOLDED_PLUSES} terms beside a `*`; \
-                             a repeated list concatenated that deep is copied while \
-                             compiling, without bound"
                         ),
                     ));
                 }
@@ -173,9 +177,11 @@ pub(super) fn compile<'s>(
 /// - `Add`: a call of [`GUARD_ADD`] with both operands, which returns them as a list
 ///   (reversed, as unpacking reverses), the unpacking of that list, and the `Add`;
 /// - an instruction that makes a value: itself, then [`GUARD_VALUE`] on the value;
-/// - `SetAttr`: itself, then the namespace looked up again (the `Lookup` and
-///   `GetAttr`s just before it, which is all the compiler puts there), checked by
-///   [`GUARD_NAMESPACE`] and dropped.
+/// - `SetAttr`: the value checked by [`GUARD_STORED`] first (swapped to the top and
+///   back), so that nothing that could make a chain or a cycle goes in; then itself;
+///   then the namespace looked up again (the `Lookup` and `GetAttr`s just before it,
+///   which is all the compiler puts there), checked whole by [`GUARD_VALUE`] (its size
+///   grows with each attribute) and dropped.
 fn guarded<'s>(instrs: &Instructions<'s>, pc: u32) -> Result<Vec<Instruction<'s>>, Error> {
     let Some(instr) = instrs.get(pc) else {
         return Ok(Vec::new());
@@ -188,6 +194,11 @@ fn guarded<'s>(instrs: &Instructions<'s>, pc: u32) -> Result<Vec<Instruction<'s>
             Instruction::Add,
             guard_value,
         ],
+        // Constant lists (a constant map may be a call's keyword arguments, which must
+        // reach the call as they are; constant folding keeps maps small).
+        Instruction::LoadConst(v) if matches!(v.kind(), ValueKind::Seq | ValueKind::Iterable) => {
+            vec![instr.clone(), guard_value]
+        }
         Instruction::BuildList(_)
         | Instruction::BuildMap(_)
         | Instruction::BuildTuple(_)
@@ -198,7 +209,12 @@ fn guarded<'s>(instrs: &Instructions<'s>, pc: u32) -> Result<Vec<Instruction<'s>
         | Instruction::CallMethod(..)
         | Instruction::CallObject(_) => vec![instr.clone(), guard_value],
         Instruction::SetAttr(_) => {
-            let mut out = vec![instr.clone()];
+            let mut out = vec![
+                Instruction::Swap,
+                Instruction::CallFunction(GUARD_STORED, Some(1)),
+                Instruction::Swap,
+                instr.clone(),
+            ];
             let mut target = Vec::new();
             let mut at = pc;
             loop {
@@ -214,10 +230,7 @@ fn guarded<'s>(instrs: &Instructions<'s>, pc: u32) -> Result<Vec<Instruction<'s>
             }
             target.reverse();
             out.extend(target);
-            out.extend([
-                Instruction::CallFunction(GUARD_NAMESPACE, Some(1)),
-                Instruction::DiscardTop,
-            ]);
+            out.extend([guard_value, Instruction::DiscardTop]);
             out
         }
         other => vec![other.clone()],
@@ -272,41 +285,86 @@ fn with_guards<'s>(instrs: &Instructions<'s>) -> Result<Instructions<'s>, Error>
     Ok(out)
 }
 
-/// Refuses `value` if it nests deeper than [`MAX_VALUE_DEPTH`] (a cycle nests without
-/// end) or is larger than [`MAX_VALUE_BYTES`]; returns it unchanged otherwise.
+/// Refuses `value` if it nests deeper than [`MAX_VALUE_DEPTH`] or is larger than
+/// [`MAX_VALUE_BYTES`], or if a namespace in it holds what a namespace may not (see
+/// [`guard_stored`]); returns it unchanged otherwise.
 pub(super) fn guard_value(state: &State, value: Value) -> Result<Value, Error> {
     walk(state, &value, false)?;
     Ok(value)
 }
 
-/// [`guard_value`] for a namespace just assigned to, which also may not hold a
-/// namespace or a `loop` (so that namespaces cannot chain, or hold themselves: a cycle
-/// made by the assignment is found here, and refused, though it stays in memory).
-pub(super) fn guard_namespace(state: &State, namespace: Value) -> Result<Value, Error> {
-    walk(state, &namespace, true)?;
-    Ok(namespace)
+/// [`guard_value`] for a value about to be assigned to a namespace attribute, which
+/// must be plain data: no namespace or `loop` (mutable, so they could chain or come to
+/// hold the namespace itself) and no callable (a macro's closure holds the namespaces
+/// it sees). A lazy iterable is stored as a list of its items as they are now (a view
+/// such as `ns.values()` follows its namespace as it changes, and `list + list` is
+/// one), and one nested deeper is refused. Refused before the assignment, a cycle is
+/// never made.
+pub(super) fn guard_stored(state: &State, value: Value) -> Result<Value, Error> {
+    if not_plain(&value) && value.kind() != ValueKind::Iterable {
+        return Err(not_plain_error());
+    }
+    let value = if value.kind() == ValueKind::Iterable {
+        let mut items = Vec::new();
+        for item in value.try_iter()? {
+            if items.len().is_multiple_of(1024) {
+                state.consume_fuel(1024 * VISIT_FUEL)?;
+            }
+            if items.len() >= MAX_CONCAT_ITEMS {
+                return Err(too_large());
+            }
+            items.push(item);
+        }
+        Value::from(items)
+    } else {
+        value
+    };
+    walk(state, &value, true)?;
+    Ok(value)
+}
+
+/// Whether `v` is a list, map or iterable, which a walk goes into.
+fn walks(v: &Value) -> bool {
+    matches!(
+        v.kind(),
+        ValueKind::Seq | ValueKind::Map | ValueKind::Iterable
+    )
+}
+
+/// What a namespace may not hold (see [`guard_stored`]); lazy iterables aside, which
+/// a namespace holds only when made with one (`namespace(x=...)`): such a link is
+/// walked whenever a namespace is made, so chains of them are counted.
+fn not_plain(v: &Value) -> bool {
+    let Some(object) = v.as_object() else {
+        return false;
+    };
+    let name = object.type_name();
+    name == NAMESPACE_TYPE || name == LOOP_TYPE || name == MACRO_TYPE
+}
+
+fn is_namespace(v: &Value) -> bool {
+    v.as_object()
+        .is_some_and(|o| o.type_name() == NAMESPACE_TYPE)
 }
 
 /// Walks `value` without recursion, charging each item visited to the fuel
-/// ([`VISIT_FUEL`]), and checks it as [`guard_value`] says. Lists,
-/// maps and lazy iterables are walked (minijinja's builtins make no iterable that
-/// walking could use up; an endless one runs out of fuel).
-fn walk(state: &State, value: &Value, namespace: bool) -> Result<(), Error> {
-    let walks = |v: &Value| {
-        matches!(
-            v.kind(),
-            ValueKind::Seq | ValueKind::Map | ValueKind::Iterable
-        )
-    };
+/// ([`VISIT_FUEL`]), and checks it as [`guard_value`] says; `stored`: as
+/// [`guard_stored`] says. Lists, maps and lazy iterables are walked (minijinja's
+/// builtins make no iterable that walking could use up; an endless one runs out of
+/// fuel).
+fn walk(state: &State, value: &Value, stored: bool) -> Result<(), Error> {
+    if stored && not_plain(value) {
+        return Err(not_plain_error());
+    }
     if !walks(value) {
         return match value.as_str() {
             Some(s) if s.len() as u64 > MAX_VALUE_BYTES => Err(too_large()),
             _ => Ok(()),
         };
     }
-    let mut todo = vec![(value.clone(), 1usize)];
+    let mut todo = vec![(value.clone(), 1usize, stored)];
     let (mut visited, mut bytes) = (0u64, 0u64);
-    while let Some((v, depth)) = todo.pop() {
+    while let Some((v, depth, in_namespace)) = todo.pop() {
         if depth > MAX_VALUE_DEPTH {
             return Err(Error::new(
                 ErrorKind::InvalidOperation,
@@ -316,18 +374,8 @@ fn walk(state: &State, value: &Value, namespace: bool) -> Result<(), Error> {
                 ),
             ));
         }
-        if namespace && depth > 1 {
-            if let Some(name) = v.as_object().map(|o| o.type_name()) {
-                if name == NAMESPACE_TYPE || name == LOOP_TYPE {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        "a namespace may not hold a namespace or a loop (wgllm refuses it: \
-                         such values can chain or contain themselves)",
-                    ));
-                }
-            }
-        }
         let is_map = v.kind() == ValueKind::Map;
+        let inside_namespace = in_namespace || is_namespace(&v);
         for key in v.try_iter()? {
             visited += 1;
             if visited.is_multiple_of(1024) {
@@ -338,6 +386,11 @@ fn walk(state: &State, value: &Value, namespace: bool) -> Result<(), Error> {
             } else {
                 key.clone()
             };
+            if inside_namespace
+                && (not_plain(&item) || (stored && item.kind() == ValueKind::Iterable))
+            {
+                return Err(not_plain_error());
+            }
             let strings = key.as_str().map_or(0, str::len) * usize::from(is_map)
                 + item.as_str().map_or(0, str::len);
             bytes = bytes
@@ -347,11 +400,20 @@ fn walk(state: &State, value: &Value, namespace: bool) -> Result<(), Error> {
                 return Err(too_large());
             }
             if walks(&item) {
-                todo.push((item, depth + 1));
+                todo.push((item, depth + 1, inside_namespace));
             }
         }
     }
-    Ok(())
+    state.consume_fuel(visited % 1024 * VISIT_FUEL)
+}
+
+fn not_plain_error() -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        "a namespace may hold only plain data, not a namespace, a loop, a macro or a lazy \
+         view inside a list (such as [ns.items()]): wgllm refuses these, which could \
+         chain or make the namespace hold itself",
+    )
 }
 
 fn too_large() -> Error {

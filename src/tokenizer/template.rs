@@ -288,7 +288,7 @@ fn environment(now: chrono::NaiveDateTime) -> Result<Environment<'static>, Templ
     // calls these before each `+` and after each new value; `sum` checks lists it adds.
     env.add_function(jinja_limits::GUARD_ADD, jinja_limits::guard_add);
     env.add_function(jinja_limits::GUARD_VALUE, jinja_limits::guard_value);
-    env.add_function(jinja_limits::GUARD_NAMESPACE, jinja_limits::guard_namespace);
+    env.add_function(jinja_limits::GUARD_STORED, jinja_limits::guard_stored);
     env.add_filter("sum", jinja_limits::sum);
     // Jinja2's tests ask Python: `none` is not iterable (templates check `tools is
     // iterable` before taking its length) and strings and dicts are sequences.
