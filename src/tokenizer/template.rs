@@ -280,9 +280,15 @@ fn environment(now: chrono::NaiveDateTime) -> Result<Environment<'static>, Templ
     env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
         Err(Error::new(ErrorKind::InvalidOperation, msg))
     });
-    env.add_function("strftime_now", move |fmt: String| {
-        pyjinja::strftime(&now, &fmt)
-    });
+    // Parsing a format costs about an instruction's time per byte, which the fuel
+    // would otherwise not see (a fuzzed template looped over it for seconds).
+    env.add_function(
+        "strftime_now",
+        move |state: &minijinja::State, fmt: String| {
+            state.consume_fuel(fmt.len() as u64)?;
+            pyjinja::strftime(&now, &fmt)
+        },
+    );
     env.add_filter("tojson", pyjinja::tojson);
     // What minijinja's fuel does not bound (see `jinja_limits`): the compiled template
     // calls these before each `+` and after each new value; `sum` checks lists it adds.
