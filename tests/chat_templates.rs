@@ -88,6 +88,19 @@ fn first_difference(got: &str, want: &str) -> String {
     )
 }
 
+/// llama.cpp's templates folder and the `.jinja` files in it, sorted.
+fn shipped_templates() -> (std::path::PathBuf, Vec<String>) {
+    let dir = common::llamacpp_tests_dir().join("templates");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".jinja"))
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "no templates in {}", dir.display());
+    (dir, names)
+}
+
 #[test]
 fn llama_cpp_templates_render_as_jinja2() {
     let started = std::time::Instant::now();
@@ -109,14 +122,7 @@ fn llama_cpp_templates_render_as_jinja2() {
         tools: None,
     };
 
-    let dir = common::llamacpp_tests_dir().join("templates");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".jinja"))
-        .collect();
-    names.sort();
-    assert!(!names.is_empty(), "no templates in {}", dir.display());
+    let (dir, names) = shipped_templates();
 
     let mut failures = Vec::new();
     let mut matched = 0;
@@ -207,13 +213,7 @@ fn llama_cpp_templates_render_as_jinja2() {
 #[test]
 fn long_conversations_render_within_the_template_bounds() {
     let started = std::time::Instant::now();
-    let dir = common::llamacpp_tests_dir().join("templates");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".jinja"))
-        .collect();
-    names.sort();
+    let (dir, names) = shipped_templates();
     let short = vec![
         ChatMessage::new("system", "Be brief."),
         ChatMessage::new("user", "Hi"),

@@ -285,8 +285,9 @@ fn environment(now: chrono::NaiveDateTime) -> Result<Environment<'static>, Templ
     env.add_function(
         "strftime_now",
         move |state: &minijinja::State, fmt: String| {
+            let text = pyjinja::strftime(&now, &fmt)?; // refuses a format over 1 KiB first
             state.consume_fuel(fmt.len() as u64)?;
-            pyjinja::strftime(&now, &fmt)
+            Ok::<_, Error>(text)
         },
     );
     env.add_filter("tojson", pyjinja::tojson);
