@@ -116,21 +116,55 @@ impl Grammar {
 /// write must not recurse on the parsing thread's stack.
 fn left_recursive(rules: &Rules) -> Option<usize> {
     let n = rules.0.len();
-    let has_empty_alt = |rule: &[Elem]| {
-        let mut at_start = true;
+    // A rule may be empty if one of its alternatives is nothing but rules that may be
+    // empty (none at all included), through any chain of them (`x ::= y`,
+    // `y ::= "a" |`). llama.cpp looks only at a rule's own empty alternatives, so it
+    // takes `root ::= x root "e"` with those two and then aborts (std::bad_alloc,
+    // expanding the recursion); here it is refused as left recursion. Found in time
+    // linear in the grammar: each alternative of rule references counts the references
+    // not yet known to be empty, and a rule found empty lowers the counts of the
+    // alternatives that refer to it.
+    let mut may_be_empty = vec![false; n];
+    let mut pending: Vec<(usize, usize)> = Vec::new(); // (rule, references left)
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); n]; // rule -> alternatives using it
+    let mut found = Vec::new();
+    for (i, rule) in rules.0.iter().enumerate() {
+        let mut refs: Vec<usize> = Vec::new();
+        let mut only_refs = true;
         for e in rule {
-            if e.ends_sequence() {
-                if at_start {
-                    return true;
+            match *e {
+                e if e.ends_sequence() => {
+                    if only_refs {
+                        if refs.is_empty() {
+                            found.push(i);
+                        } else {
+                            let alt = pending.len();
+                            pending.push((i, refs.len()));
+                            for &r in &refs {
+                                users[r].push(alt);
+                            }
+                        }
+                    }
+                    refs.clear();
+                    only_refs = true;
                 }
-                at_start = true;
-            } else {
-                at_start = false;
+                Elem::RuleRef(r) if (r as usize) < n => refs.push(r as usize),
+                _ => only_refs = false,
             }
         }
-        false
-    };
-    let may_be_empty: Vec<bool> = rules.0.iter().map(|r| has_empty_alt(r)).collect();
+    }
+    while let Some(i) = found.pop() {
+        if std::mem::replace(&mut may_be_empty[i], true) {
+            continue;
+        }
+        for &alt in &users[i] {
+            let (rule, left) = &mut pending[alt];
+            *left -= 1;
+            if *left == 0 && !may_be_empty[*rule] {
+                found.push(*rule);
+            }
+        }
+    }
     let leftmost = |i: usize| -> Vec<usize> {
         let mut out = Vec::new();
         let mut open = true;
