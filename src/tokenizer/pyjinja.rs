@@ -254,7 +254,7 @@ pub(crate) fn tojson(value: &Value, args: Rest<ValueOrKwargs>) -> Result<Value, 
 /// can make the process allocate.
 const MAX_INDENT: usize = 64;
 const MAX_ZFILL: usize = 1 << 16;
-const MAX_TOJSON_BYTES: usize = 256 << 20;
+const MAX_TOJSON_BYTES: usize = super::jinja_limits::MAX_VALUE_BYTES as usize;
 const MAX_STRFTIME_FORMAT: usize = 1024;
 
 fn json_newline(out: &mut String, style: &JsonStyle, depth: usize) -> Result<(), Error> {

@@ -267,7 +267,6 @@ fn environment(now: chrono::NaiveDateTime) -> Result<Environment<'static>, Templ
     // A template comes with the model file (`-hf` fetches them from anyone): its
     // instructions are counted, so a loop without end is an error, not a hung worker.
     env.set_fuel(Some(TEMPLATE_FUEL));
-    env.set_syntax(syntax()?);
     // Jinja2's default Undefined: prints empty, iterates empty, is false, fails on
     // attribute access. minijinja's lenient behaviour is the same.
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
