@@ -41,6 +41,7 @@ pub use stream::{StopStrings, Timings, Utf8Stream};
 use crate::context::{Batch, Context, ContextError};
 use crate::gguf::{GgufError, GgufFile};
 use crate::gpu::{Gpu, GpuError};
+use crate::grammar::GrammarError;
 use crate::kv::KvCells;
 use crate::model::{Model, ModelError};
 use crate::tokenizer::{TemplateError, Tokenizer, TokenizerError};
@@ -85,7 +86,7 @@ pub enum EngineError {
     #[error("{0}")]
     PromptCache(String),
     #[error(transparent)]
-    Grammar(#[from] crate::grammar::GrammarError),
+    Grammar(#[from] GrammarError),
 }
 
 /// A loaded model with one context and the sessions using it.
@@ -852,12 +853,10 @@ impl Engine {
                 record_reply(tok, s);
                 continue;
             }
-            let (t, probs) = if let Some(d) = s.drawn.take() {
+            let (t, probs, accepted) = if let Some(d) = s.drawn.take() {
                 // Drawn on the GPU with the stream's next number; the GPU also recorded
                 // it in its copy of the penalty history.
-                if let Err(e) = s.sampler.accept_gpu_pick(d.token) {
-                    log::error!("session {}: {e}", s.id);
-                }
+                let accepted = s.sampler.accept_gpu_pick(d.token);
                 self.ctx.set_sampler_stamp(s.id, s.sampler.history_stamp());
                 self.n_gpu_draws += 1;
                 // Only post-sampling probabilities are drawn on the GPU (draw.rs).
@@ -867,7 +866,7 @@ impl Engine {
                         top: d.top,
                     })
                 });
-                (d.token, probs)
+                (d.token, probs, accepted)
             } else if let Some(logits) = s.logits.take() {
                 let picked = Self::sample_logits(s, &logits);
                 s.logits = Some(logits);
@@ -876,6 +875,21 @@ impl Engine {
             } else {
                 continue;
             };
+            match accepted {
+                Ok(()) => {}
+                Err(error @ GrammarError::TooComplex) => {
+                    // The request's grammar needs more than the matcher may spend on a
+                    // token: the client hears why, rather than a plain end.
+                    s.finish(Stop::EndOfGeneration);
+                    events.push(Event::Error {
+                        session: s.id,
+                        error: error.into(),
+                    });
+                    continue;
+                }
+                // Sampling only picks tokens the grammar allows; this is a bug if seen.
+                Err(e) => log::error!("session {}: {e}", s.id),
+            }
             if tok.is_eog(t) {
                 events.push(s.finish(Stop::EndOfGeneration));
                 record_reply(tok, s);
@@ -896,7 +910,10 @@ impl Engine {
 
     /// Samples a token from logits read back to the host (with its probabilities where
     /// asked for) and accepts it.
-    fn sample_logits(s: &mut Session, logits: &[f32]) -> (u32, Option<Box<TokenProbs>>) {
+    fn sample_logits(
+        s: &mut Session,
+        logits: &[f32],
+    ) -> (u32, Option<Box<TokenProbs>>, Result<(), GrammarError>) {
         let (t, probs) = if s.params.n_probs == 0 {
             (s.sampler.sample(logits), None)
         } else if s.params.post_sampling_probs {
@@ -907,11 +924,8 @@ impl Engine {
             let p = TokenProbs::from_logits(logits, t, s.params.n_probs);
             (t, Some(Box::new(p)))
         };
-        if let Err(e) = s.sampler.accept_generated(t) {
-            // Sampling only picks tokens the grammar allows; this is a bug if seen.
-            log::error!("session {}: {e}", s.id);
-        }
-        (t, probs)
+        let accepted = s.sampler.accept_generated(t);
+        (t, probs, accepted)
     }
 
     /// Makes room for each session's share of the batch and lays the batch out.

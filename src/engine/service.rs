@@ -161,6 +161,7 @@ impl RequestError {
             EngineError::PromptTooLong { .. }
             | EngineError::EmptyPrompt
             | EngineError::PromptFull { .. }
+            | EngineError::Grammar(_)
             | EngineError::Options(_) => RequestError::Invalid(e.to_string()),
             _ => RequestError::Server(e.to_string()),
         }

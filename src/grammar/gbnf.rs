@@ -12,7 +12,7 @@ use super::GrammarError;
 use std::collections::HashMap;
 
 /// One element of a rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Elem {
     /// The end of a rule.
     End,

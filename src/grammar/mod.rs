@@ -16,7 +16,9 @@ mod tests;
 
 use crate::tokenizer::Tokenizer;
 use gbnf::Elem;
-use stacks::{Cand, Overflow, Partial, Rules, Stack, StackSet};
+use stacks::{Cand, Overflow, Partial, Rules, Stack, StackSet, Work};
+use std::cell::Cell;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// What went wrong with a grammar or a JSON schema.
@@ -33,7 +35,7 @@ pub enum GrammarError {
     )]
     Rejected { token: u32, piece: String },
     #[error(
-        "grammar: matching the text needs more than {} stacks or a stack deeper than {} (an ambiguous or deeply recursive grammar); the generation ends here",
+        "grammar: matching the text needs more than {} stacks, a stack deeper than {}, or more work per token than the matcher allows (an ambiguous or deeply recursive grammar); the generation ends here",
         stacks::MAX_STACKS,
         stacks::MAX_DEPTH
     )]
@@ -87,14 +89,16 @@ impl Grammar {
             )));
         }
         let mut start = StackSet::default();
+        let mut seen = HashSet::new();
+        let mut work = Work::new();
         for alt in rules.alternatives(root) {
             let mut stack = Vec::new();
             if !rules.at(alt).ends_sequence() {
                 stack.push(alt);
             }
-            rules.advance(stack, &mut start).map_err(|_| {
+            rules.advance(stack, &mut start, &mut seen, &mut work).map_err(|_| {
                 GrammarError::Invalid(format!(
-                    "the start of 'root' expands to more than {} alternatives or nests deeper than {}; simplify the grammar",
+                    "the start of 'root' expands to more than {} alternatives, nests deeper than {} or takes too long to expand; simplify the grammar",
                     stacks::MAX_STACKS,
                     stacks::MAX_DEPTH
                 ))
@@ -296,6 +300,9 @@ pub struct GrammarState {
     pieces: Arc<TokenPieces>,
     stacks: Vec<Stack>,
     partial: Partial,
+    /// A check ran out of work ([`stacks::MAX_WORK`]): what it allowed is incomplete, and
+    /// the next `accept` ends the generation.
+    too_complex: Cell<bool>,
 }
 
 impl std::fmt::Debug for GrammarState {
@@ -313,6 +320,7 @@ impl GrammarState {
             grammar,
             pieces,
             partial: Partial::default(),
+            too_complex: Cell::new(false),
         }
     }
 
@@ -320,6 +328,13 @@ impl GrammarState {
     pub fn reset(&mut self) {
         self.stacks = self.grammar.start.clone();
         self.partial = Partial::default();
+        self.too_complex.set(false);
+    }
+
+    /// Whether a check ran out of the work a step may do: it then allowed nothing, and
+    /// [`GrammarState::accept`] answers [`GrammarError::TooComplex`].
+    pub fn too_complex(&self) -> bool {
+        self.too_complex.get()
     }
 
     /// Whether the text so far is a complete sentence of the grammar.
@@ -388,7 +403,19 @@ impl GrammarState {
             });
         }
         let text = if continuing { &own_text } else { &p.text };
-        for r in self.grammar.rules.reject(&self.stacks, cands, text) {
+        let mut work = Work::new();
+        let rejects = self
+            .grammar
+            .rules
+            .reject(&self.stacks, cands, text, &mut work);
+        if work.exhausted() {
+            // The walk stopped part way: what it let through is only part of what the
+            // grammar allows, and sampling from that part would skew the text unseen.
+            self.too_complex.set(true);
+            allowed.fill(false);
+            return;
+        }
+        for r in rejects {
             allowed[r.index as usize] = false;
         }
     }
@@ -397,6 +424,9 @@ impl GrammarState {
     /// may end; a token the grammar does not allow is an error (and leaves the state as
     /// it was).
     pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        if self.too_complex.get() {
+            return Err(self.stop_too_complex());
+        }
         let p = &*self.pieces;
         let Some(bytes) = p.bytes.get(token as usize) else {
             return Err(self.rejected(token));
@@ -411,17 +441,16 @@ impl GrammarState {
         // Only what `check` allows (a piece starting with NUL spells nothing; one that is
         // only part of a character cannot match a token element).
         if !self.allows(token) {
-            return Err(self.rejected(token));
+            return Err(if self.too_complex.get() {
+                self.stop_too_complex()
+            } else {
+                self.rejected(token)
+            });
         }
         let (cps, partial) = stacks::decode(bytes, self.partial);
         let next = match self.advance_stacks(token, &cps, partial) {
             Ok(next) => next,
-            Err(Overflow) => {
-                // Nothing more can be matched: the state allows only the end from here.
-                self.stacks.clear();
-                self.partial = Partial::default();
-                return Err(GrammarError::TooComplex);
-            }
+            Err(Overflow) => return Err(self.stop_too_complex()),
         };
         if next.is_empty() {
             return Err(self.rejected(token));
@@ -431,9 +460,21 @@ impl GrammarState {
         Ok(())
     }
 
+    /// Nothing more can be matched: the state allows only the end from here.
+    fn stop_too_complex(&mut self) -> GrammarError {
+        self.stacks.clear();
+        self.partial = Partial::default();
+        self.too_complex.set(false);
+        GrammarError::TooComplex
+    }
+
     /// The stacks after `token`, whose text is `cps` and then the incomplete character
     /// `partial`: only stacks that some completion of it could continue are kept (as
     /// `check` keeps them), and none if the bytes were not UTF-8.
+    ///
+    /// The stacks that read characters take them together, one character at a time,
+    /// with one `seen` per character: a stack that several of them reach is expanded
+    /// once.
     fn advance_stacks(
         &self,
         token: u32,
@@ -441,39 +482,43 @@ impl GrammarState {
         partial: Partial,
     ) -> Result<Vec<Stack>, Overflow> {
         let rules = &self.grammar.rules;
+        let mut work = Work::new();
         let mut next = StackSet::default();
+        let mut seen = HashSet::new();
+        let mut cur = Vec::new();
         for stack in &self.stacks {
             let Some(&top) = stack.last() else {
                 continue;
             };
             if matches!(rules.at(top), Elem::Token(_) | Elem::TokenNot(_)) {
-                rules.accept_token_elem(stack, token, &mut next)?;
-                continue;
+                rules.accept_token_elem(stack, token, &mut next, &mut seen, &mut work)?;
+            } else {
+                cur.push(stack.clone());
             }
-            let mut cur = vec![stack.clone()];
-            for &c in cps {
-                let mut after = StackSet::default();
-                for s in &cur {
-                    rules.accept_char(s, c, &mut after)?;
-                }
-                cur = after.list;
-                if cur.is_empty() {
-                    break;
-                }
+        }
+        for &c in cps {
+            if cur.is_empty() {
+                break;
             }
-            for s in cur {
-                let fits = partial.n_remain == 0
-                    || s.last().is_some_and(|&top| {
-                        !matches!(rules.at(top), Elem::Token(_) | Elem::TokenNot(_))
-                            && rules.match_partial(top, partial)
-                    });
-                if fits {
-                    next.insert(s);
-                }
+            let mut after = StackSet::default();
+            let mut seen = HashSet::new();
+            for s in &cur {
+                rules.accept_char(s, c, &mut after, &mut seen, &mut work)?;
             }
-            if next.len() > stacks::MAX_STACKS {
-                return Err(Overflow);
+            cur = after.list;
+        }
+        for s in cur {
+            let fits = partial.n_remain == 0
+                || s.last().is_some_and(|&top| {
+                    !matches!(rules.at(top), Elem::Token(_) | Elem::TokenNot(_))
+                        && rules.match_partial(top, partial)
+                });
+            if fits {
+                next.insert(s);
             }
+        }
+        if next.len() > stacks::MAX_STACKS {
+            return Err(Overflow);
         }
         Ok(next.list)
     }

@@ -33,7 +33,50 @@ pub(crate) const MAX_DEPTH: usize = 4096;
 /// derivations of a rule can be exponentially many).
 const MAX_EXPANSIONS: usize = 1 << 16;
 
-/// The matcher went past [`MAX_STACKS`], [`MAX_DEPTH`] or [`MAX_EXPANSIONS`].
+/// Most positions all the stacks of a state may hold together: [`MAX_STACKS`] stacks
+/// each [`MAX_DEPTH`] deep would be half a gigabyte per generation.
+pub(crate) const MAX_POSITIONS: usize = 1 << 22;
+
+/// Most work one step of the matcher may do (checking the candidates for the next
+/// token, accepting a token, or expanding the start of a grammar), counted in stack
+/// positions copied and hashed and candidates compared with a stack: the bounds above hold the size of a state, not how often
+/// the stacks are expanded while a step goes from one state to the next. Without this,
+/// ambiguity nested inside ambiguity (`root ::= (.+)+` stacked a dozen times) kept every
+/// stack of a state near the bounds, each expanding near its own bound, for a fifth of a
+/// second per character on the engine thread every session shares.
+pub(crate) const MAX_WORK: usize = 1 << 24;
+
+/// What is left of one step's [`MAX_WORK`].
+#[derive(Debug)]
+pub(crate) struct Work(usize);
+
+impl Work {
+    pub(crate) fn new() -> Work {
+        Work(MAX_WORK)
+    }
+
+    /// Takes `n` units, or fails (taking all that was left) when fewer remain.
+    fn spend(&mut self, n: usize) -> Result<(), Overflow> {
+        match self.0.checked_sub(n) {
+            Some(left) => {
+                self.0 = left;
+                Ok(())
+            }
+            None => {
+                self.0 = 0;
+                Err(Overflow)
+            }
+        }
+    }
+
+    /// Whether the step ran out: its results are then incomplete.
+    pub(crate) fn exhausted(&self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// The matcher went past [`MAX_STACKS`], [`MAX_DEPTH`], [`MAX_EXPANSIONS`],
+/// [`MAX_POSITIONS`] or [`MAX_WORK`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Overflow;
 
@@ -202,17 +245,31 @@ impl Rules {
     }
 
     /// Expands `stack` until every resulting stack has a terminal on top (or is empty),
-    /// adding those not already in `out`; stops at the matcher's bounds.
-    pub(crate) fn advance(&self, stack: Stack, out: &mut StackSet) -> Result<(), Overflow> {
+    /// adding those not already in `out`; stops at the matcher's bounds. A stack already
+    /// in `seen` is not expanded again: what it expands to is in `out` already, so
+    /// expansions that feed the same `out` may share one `seen`.
+    pub(crate) fn advance(
+        &self,
+        stack: Stack,
+        out: &mut StackSet,
+        seen: &mut HashSet<Stack>,
+        work: &mut Work,
+    ) -> Result<(), Overflow> {
         let mut todo = vec![stack];
-        let mut seen: HashSet<Stack> = HashSet::new();
+        let mut n_expanded = 0;
         while let Some(cur) = todo.pop() {
-            if cur.len() > MAX_DEPTH || seen.len() >= MAX_EXPANSIONS || out.len() >= MAX_STACKS {
+            if cur.len() > MAX_DEPTH
+                || n_expanded >= MAX_EXPANSIONS
+                || out.len() >= MAX_STACKS
+                || out.n_positions > MAX_POSITIONS
+            {
                 return Err(Overflow);
             }
+            work.spend(cur.len() + 1)?;
             if !seen.insert(cur.clone()) {
                 continue;
             }
+            n_expanded += 1;
             let Some(&top) = cur.last() else {
                 out.insert(cur);
                 continue;
@@ -246,12 +303,15 @@ impl Rules {
         Ok(())
     }
 
-    /// The stacks after `stack` takes character `c` (none if it cannot).
+    /// The stacks after `stack` takes character `c` (none if it cannot), expanded with
+    /// `seen` (see [`Rules::advance`]).
     pub(crate) fn accept_char(
         &self,
         stack: &Stack,
         c: u32,
         out: &mut StackSet,
+        seen: &mut HashSet<Stack>,
+        work: &mut Work,
     ) -> Result<(), Overflow> {
         let Some(&top) = stack.last() else {
             return Ok(());
@@ -265,7 +325,7 @@ impl Rules {
             if !self.at(after).ends_sequence() {
                 next.push(after);
             }
-            self.advance(next, out)?;
+            self.advance(next, out, seen, work)?;
         }
         Ok(())
     }
@@ -277,6 +337,8 @@ impl Rules {
         stack: &Stack,
         token: u32,
         out: &mut StackSet,
+        seen: &mut HashSet<Stack>,
+        work: &mut Work,
     ) -> Result<(), Overflow> {
         let Some(&top) = stack.last() else {
             return Ok(());
@@ -287,34 +349,80 @@ impl Rules {
             if !self.at(after).ends_sequence() {
                 next.push(after);
             }
-            self.advance(next, out)?;
+            self.advance(next, out, seen, work)?;
         }
         Ok(())
     }
 
     /// The candidates no stack accepts (llama.cpp's rejection walk: candidates are
     /// filtered by their next code point against each stack's terminal, and the survivors
-    /// go on against the stacks that follow).
-    pub(crate) fn reject(&self, stacks: &[Stack], cands: Vec<Cand>, text: &[u32]) -> Vec<Cand> {
-        if cands.is_empty() {
+    /// go on against the stacks that follow). Stacks whose terminals on top are the same
+    /// (the same character set, wherever in the grammar it is) are taken together: a
+    /// candidate that terminal refuses is refused by all of them at the cost of one
+    /// comparison, so a state of many stacks over a handful of terminals (a JSON object
+    /// of many optional properties, each owing a `,` or a `}`) compares each candidate a
+    /// handful of times. Once `work` runs out the stacks still to be walked are taken as
+    /// refusing everything, so the rejects are then more than they should be: the caller
+    /// checks [`Work::exhausted`].
+    pub(crate) fn reject(
+        &self,
+        stacks: &[Stack],
+        cands: Vec<Cand>,
+        text: &[u32],
+        work: &mut Work,
+    ) -> Vec<Cand> {
+        if cands.is_empty() || stacks.is_empty() {
             return cands;
         }
-        let Some((first, rest)) = stacks.split_first() else {
-            return cands;
-        };
-        let mut rejects = self.reject_for_stack(first, cands, text);
-        for s in rest {
+        // Stacks by their terminal (None: empty stacks), in the order first seen.
+        let mut groups: Vec<(Option<Pos>, Vec<&Stack>)> = Vec::new();
+        let mut index: HashMap<Option<&[Elem]>, usize> = HashMap::new();
+        for s in stacks {
+            let top = s.last().copied();
+            let key = top.map(|p| self.terminal(p));
+            let i = *index.entry(key).or_insert_with(|| {
+                groups.push((top, Vec::new()));
+                groups.len() - 1
+            });
+            groups[i].1.push(s);
+        }
+        let mut rejects = cands;
+        for (top, group) in &groups {
             if rejects.is_empty() {
                 break;
             }
-            rejects = self.reject_for_stack(s, rejects, text);
+            rejects = self.reject_for_terminal(*top, group, rejects, text, work);
         }
         rejects
     }
 
-    fn reject_for_stack(&self, stack: &Stack, cands: Vec<Cand>, text: &[u32]) -> Vec<Cand> {
+    /// The elements of the terminal at `p`: a token, or a character set with its
+    /// alternatives and ranges.
+    fn terminal(&self, p: Pos) -> &[Elem] {
+        let rule = &self.0[p.rule as usize];
+        let start = p.at as usize;
+        let end = match rule[start] {
+            Elem::Char(_) | Elem::CharNot(_) | Elem::CharAny => self.match_char(p, 0).1.at,
+            _ => p.at + 1,
+        };
+        &rule[start..end as usize]
+    }
+
+    /// The candidates that none of `stacks` accepts, each with a terminal equal to the
+    /// one at `top` on top.
+    fn reject_for_terminal(
+        &self,
+        top: Option<Pos>,
+        stacks: &[&Stack],
+        cands: Vec<Cand>,
+        text: &[u32],
+        work: &mut Work,
+    ) -> Vec<Cand> {
+        if work.spend(cands.len()).is_err() {
+            return cands;
+        }
         let mut rejects = Vec::with_capacity(cands.len());
-        let Some(&top) = stack.last() else {
+        let Some(top) = top else {
             for c in cands {
                 if !c.at_end() || c.partial.n_remain != 0 {
                     rejects.push(c);
@@ -351,26 +459,30 @@ impl Rules {
                 rejects.push(c);
             }
         }
-        if next.is_empty() {
-            return rejects;
+        // Those that got past the terminal go on, against what lies after it in each
+        // stack in turn, until one stack accepts them.
+        for stack in stacks {
+            if next.is_empty() {
+                break;
+            }
+            let top = stack[stack.len() - 1];
+            let after = self.match_char(top, 0).1;
+            let mut rest = stack[..stack.len() - 1].to_vec();
+            if !self.at(after).ends_sequence() {
+                rest.push(after);
+            }
+            let mut next_stacks = StackSet::default();
+            // Past the bounds the walk goes on with the stacks found so far: a token it
+            // lets through is then refused by `accept`, which ends the generation.
+            let _ = self.advance(rest, &mut next_stacks, &mut HashSet::new(), work);
+            next = self.reject(&next_stacks.list, next, text, work);
         }
-        let after = self.match_char(top, 0).1;
-        let mut rest = stack[..stack.len() - 1].to_vec();
-        if !self.at(after).ends_sequence() {
-            rest.push(after);
-        }
-        let mut next_stacks = StackSet::default();
-        // Past the bounds the walk goes on with the stacks found so far: a token it lets
-        // through is then refused by `accept`, which ends the generation.
-        let _ = self.advance(rest, &mut next_stacks);
-        // Rejected further on: back to where this stack started reading them, for the
-        // caller's other stacks.
-        for c in self.reject(&next_stacks.list, next, text) {
-            rejects.push(Cand {
-                pos: c.pos - 1,
-                ..c
-            });
-        }
+        // Rejected further on by every stack: back to where they started reading, for
+        // the caller's other stacks.
+        rejects.extend(next.into_iter().map(|c| Cand {
+            pos: c.pos - 1,
+            ..c
+        }));
         rejects
     }
 }
@@ -414,6 +526,8 @@ fn token_matches(e: Elem, token: u32) -> bool {
 pub(crate) struct StackSet {
     pub(crate) list: Vec<Stack>,
     by_hash: HashMap<u64, Vec<u32>>,
+    /// The stacks' lengths added up.
+    n_positions: usize,
 }
 
 impl StackSet {
@@ -421,12 +535,17 @@ impl StackSet {
     pub(crate) fn insert(&mut self, s: Stack) -> bool {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         s.hash(&mut h);
-        let StackSet { list, by_hash } = self;
+        let StackSet {
+            list,
+            by_hash,
+            n_positions,
+        } = self;
         let same = by_hash.entry(h.finish()).or_default();
         if same.iter().any(|&i| list[i as usize] == s) {
             return false;
         }
         same.push(list.len() as u32);
+        *n_positions += s.len();
         list.push(s);
         true
     }

@@ -641,3 +641,87 @@ fn a_quantifier_after_a_quantifier_is_refused_and_laziness_ignored() {
         );
     }
 }
+
+#[test]
+fn nested_ambiguity_is_matched_within_the_work_of_a_step() {
+    // Each level of repetition may end after any 'a': the same stack is reached from
+    // many, and is expanded once per character.
+    let g = r#"root ::= (((("a")+)+)+)+ "b""#;
+    assert!(accepts(g, &format!("{}b", "a".repeat(300))));
+    assert!(!accepts(g, &"a".repeat(300)));
+    // The fuzzer's grammar: a dozen repetitions stacked on one any-character. Each step
+    // either goes on or ends the generation as too complex; it never lets through a
+    // byte it then refuses.
+    let v = byte_vocab();
+    let mut s = state("root ::=(......*..++++++++++++)", &v);
+    let all: Vec<u32> = (0..257).collect();
+    let mut ended = false;
+    for _ in 0..60 {
+        let mut allowed = vec![true; all.len()];
+        s.check(&all, &mut allowed);
+        if s.too_complex() {
+            assert!(allowed.iter().all(|&a| !a));
+            assert_eq!(s.accept(b'a' as u32), Err(GrammarError::TooComplex));
+            ended = true;
+            break;
+        }
+        assert!(allowed[b'a' as usize]);
+        match s.accept(b'a' as u32) {
+            Ok(()) => {}
+            Err(e) => {
+                assert_eq!(e, GrammarError::TooComplex);
+                ended = true;
+                break;
+            }
+        }
+    }
+    if ended {
+        assert!(s.must_end(), "after the stop only the end may follow");
+    }
+}
+
+#[test]
+fn a_check_past_the_work_of_a_step_allows_nothing_and_ends_the_generation() {
+    // 12 'a's leave 12 288 stacks, one per way of owing 'b's and 'c's and per place the
+    // next character may be read (either alternative's 'a', or 'z'). 10 000 pieces
+    // start with 'a', which 8192 of the stacks take, and go on with 'y', which none of
+    // them takes: each is compared with what follows in every one of those stacks.
+    let g = r#"root ::= "a" root "b" | "a" root "c" | "z""#;
+    let mut pieces: Vec<Vec<u8>> = vec![b"a".to_vec()];
+    pieces.extend((0..10_000).map(|i| format!("ay{i}").into_bytes()));
+    pieces.push(b"</s>".to_vec());
+    let mut eog = vec![false; pieces.len()];
+    *eog.last_mut().unwrap() = true;
+    let big = Arc::new(TokenPieces::from_pieces(pieces, eog));
+    let mut s = state(g, &big);
+    for _ in 0..12 {
+        s.accept(0).unwrap();
+    }
+    assert_eq!(s.stacks.len(), 3 << 12);
+    let ids: Vec<u32> = (0..big.n_vocab() as u32).collect();
+    let mut allowed = vec![true; ids.len()];
+    s.check(&ids, &mut allowed);
+    assert!(
+        s.too_complex(),
+        "12 288 stacks x 10 000 pieces is past the work of a step"
+    );
+    assert!(allowed.iter().all(|&a| !a));
+    assert_eq!(s.accept(0), Err(GrammarError::TooComplex));
+    assert!(s.must_end());
+    // The same state with the byte vocabulary is well within it: 'a' goes on.
+    let v = byte_vocab();
+    let mut s = state(g, &v);
+    for _ in 0..12 {
+        s.accept(b'a' as u32).unwrap();
+    }
+    let all: Vec<u32> = (0..257).collect();
+    let mut allowed = vec![true; all.len()];
+    s.check(&all, &mut allowed);
+    assert!(!s.too_complex());
+    assert!(
+        allowed[b'a' as usize]
+            && allowed[b'z' as usize]
+            && !allowed[b'y' as usize]
+            && !allowed[EOG as usize]
+    );
+}

@@ -494,8 +494,11 @@ impl Sampler {
         if masked && !self.mask_by_grammar(&mut cur) {
             // Nothing the grammar allows is left (end of generation banned where the
             // grammar must end, or no token spells what it needs): end the generation.
+            // Or the grammar is too complex to check: accepting the pick then says so.
             let token = self.grammar.as_ref().and_then(|g| g.eog_token());
-            log::warn!("no token fits the grammar here; ending the generation");
+            if !self.grammar.as_ref().is_some_and(|g| g.too_complex()) {
+                log::warn!("no token fits the grammar here; ending the generation");
+            }
             self.cur = cur;
             return Pick {
                 token: token.unwrap_or(0),
