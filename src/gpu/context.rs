@@ -1,8 +1,8 @@
 //! Choosing an adapter and opening a device with the adapter's own limits.
 
+use super::pipeline::PipelineCache;
 use super::GpuError;
-use crate::ops::{KernelKey, KernelTuning};
-use std::collections::HashMap;
+use super::KernelTuning;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -151,7 +151,7 @@ impl AdapterSummary {
     }
 
     /// Whether the adapter's shader compiler keeps a kernel's loops as written, so that
-    /// kernels run faster with their short loops unrolled in the source (`ops::unroll`):
+    /// kernels run faster with their short loops unrolled in the source (`gpu::unroll`):
     /// SwiftShader, as its own Vulkan driver and as the CPU adapter of Chromium's WebGPU
     /// (which names no device to a page). Mesa's LLVM unrolls by itself, and its
     /// prompts ran slower unrolled again.
@@ -164,7 +164,7 @@ impl AdapterSummary {
     /// take in branch and loop conditions, and keeps every variant for the pipeline's
     /// life: lavapipe (Mesa's Vulkan on llvmpipe) does, so a server's memory grew with
     /// every new value a kernel's parameters took. Kernels there read their parameters
-    /// from storage ([`crate::ops::uniforms::params_in_storage`]), which it does not
+    /// from storage ([`super::params_in_storage`]), which it does not
     /// specialize on.
     pub fn specializes_on_uniforms(&self) -> bool {
         self.backend == "Vulkan" && self.name.contains("llvmpipe")
@@ -319,7 +319,7 @@ pub struct Gpu {
     /// Benchmarks report it as the memory a model and its context took.
     allocated: AtomicU64,
     /// Shared with the [`Gpu::retuned`] views of the same device.
-    pipelines: Arc<Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>>,
+    pub(super) pipelines: Arc<Mutex<PipelineCache>>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
     /// The injected fault, if any (shared with the retuned views).
@@ -577,88 +577,6 @@ impl Gpu {
 
     pub(super) fn count_allocation(&self, bytes: u64) {
         self.allocated.fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    /// The compute pipeline of a kernel variant (entry point `main`), compiled once.
-    /// Keys outside [`KernelKey::all`] are refused: only those are checked offline
-    /// (naga validation, MSL and HLSL translation), so a selection bug fails here, loudly,
-    /// rather than on some other backend's driver.
-    pub fn pipeline(&self, key: KernelKey) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
-        if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
-            return Ok(p.clone());
-        }
-        let name = key.to_string();
-        let shader_err = |msg: String| GpuError::Shader {
-            name: name.clone(),
-            msg,
-        };
-        if !key.is_known() {
-            return Err(shader_err(
-                "not one of the kernel variants KernelKey::all() lists (and the offline check covers)"
-                    .into(),
-            ));
-        }
-        let missing = key.features() - self.device.features();
-        if !missing.is_empty() {
-            return Err(shader_err(format!(
-                "needs device features {missing:?}, which this device was opened without"
-            )));
-        }
-        let mut src = key.source().map_err(&shader_err)?;
-        if self.unroll {
-            src = crate::ops::unroll::unroll(&src, crate::ops::unroll::MAX_TRIPS);
-        }
-        if self.params_in_storage {
-            src = crate::ops::uniforms::params_in_storage(&src).ok_or_else(|| {
-                shader_err("its parameters are not declared as every kernel's are".into())
-            })?;
-        }
-        // Validate with naga first, with only the capabilities the key declares: its
-        // messages name the line, and a bad shader must not reach the driver.
-        let module =
-            naga::front::wgsl::parse_str(&src).map_err(|e| shader_err(e.emit_to_string(&src)))?;
-        let mut validator = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            key.naga_capabilities(),
-        );
-        validator
-            .validate(&module)
-            .map_err(|e| shader_err(e.emit_to_string(&src)))?;
-        let scope = super::push_scope(&self.device, wgpu::ErrorFilter::Validation);
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(&name),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        };
-        // Our kernels skip the checks wgpu would inject on Vulkan/Metal/DX12 (index
-        // clamping, loop counters, guarded integer division): they cost lavapipe 33 % of
-        // its prompt speed and made the Vulkan path slower than GL, whose GLSL never had
-        // them. See `GpuOptions::shader_checks` for why that is sound.
-        let checks = if self.shader_checks {
-            wgpu::ShaderRuntimeChecks::checked()
-        } else {
-            wgpu::ShaderRuntimeChecks::unchecked()
-        };
-        // SAFETY: every variant is one of `KernelKey::all()`, validated by naga above; its
-        // loops are bounded by constants or uniforms, local arrays are indexed by counters
-        // of constant-bounded loops, and the ops check the uniforms they divide by and the
-        // sizes they index before recording (`GpuOptions::shader_checks`).
-        let sm = unsafe { self.device.create_shader_module_trusted(desc, checks) };
-        let p = self
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&name),
-                layout: None,
-                module: &sm,
-                entry_point: Some("main"),
-                compilation_options: Default::default(),
-                cache: None,
-            });
-        if let Some(e) = super::scope_error(scope) {
-            return Err(shader_err(e.to_string()));
-        }
-        let p = Arc::new(p);
-        self.pipelines.lock().unwrap().insert(key, p.clone());
-        Ok(p)
     }
 
     /// Waits for all submitted work, then reports any error the device raised meanwhile

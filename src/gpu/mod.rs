@@ -7,13 +7,17 @@
 mod buffers;
 mod context;
 mod fault;
+mod pipeline;
 mod readback;
+mod tuning;
+pub(crate) mod unroll;
 
-pub use crate::ops::{KernelKey, KernelTuning};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::{adapter_summary, list_adapters};
 pub use context::{AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
 pub use fault::Fault;
+pub use pipeline::{params_in_storage, Kernel, PARAMS_DECL};
+pub use tuning::KernelTuning;
 
 /// Errors from the GPU layer.
 #[derive(Debug, thiserror::Error)]

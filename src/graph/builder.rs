@@ -2,7 +2,6 @@
 
 use super::{planner, Graph};
 use crate::gpu::{Gpu, GpuError};
-use crate::model::GateUp;
 use crate::ops::add_rms_norm::add_rms_norm;
 use crate::ops::attention::{attention, AttnShape, AttnViews};
 use crate::ops::binary::{binary, BinaryOp};
@@ -15,6 +14,7 @@ use crate::ops::rope_store::{rope_store, RopeStoreShape, RopeStoreViews};
 use crate::ops::set_rows::set_rows;
 use crate::ops::softmax::SoftmaxParams;
 use crate::ops::ssm::{ssm_conv, ssm_scan, ConvShape, ScanShape, ScanViews};
+use crate::ops::GateUp;
 use crate::ops::{View, Weight};
 use std::sync::Arc;
 

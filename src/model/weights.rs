@@ -7,14 +7,7 @@ use crate::gpu::Gpu;
 use crate::ops::{View, Weight};
 use std::sync::Arc;
 
-/// The gate and up projections of a gated feed-forward.
-pub enum GateUp {
-    /// One weight of interleaved (gate, up) rows: one matmul with the GLU in its
-    /// epilogue.
-    Interleaved(Arc<Weight>),
-    /// Two weights (their types differ): two matmuls and a GLU.
-    Split { gate: Arc<Weight>, up: Arc<Weight> },
-}
+pub use crate::ops::GateUp;
 
 pub struct LayerWeights {
     pub attn_norm: View,

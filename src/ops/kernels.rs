@@ -641,6 +641,21 @@ fn glu_suffix(glu: Option<Activation>) -> String {
         .unwrap_or_default()
 }
 
+impl crate::gpu::Kernel for KernelKey {
+    fn source(&self) -> Result<String, String> {
+        KernelKey::source(self)
+    }
+    fn features(&self) -> wgpu::Features {
+        KernelKey::features(self)
+    }
+    fn naga_capabilities(&self) -> naga::valid::Capabilities {
+        KernelKey::naga_capabilities(self)
+    }
+    fn is_known(&self) -> bool {
+        KernelKey::is_known(self)
+    }
+}
+
 impl fmt::Display for KernelKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use KernelKey::*;
@@ -709,7 +724,7 @@ impl fmt::Display for KernelKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::unroll::{unroll, MAX_TRIPS};
+    use crate::gpu::unroll::{unroll, MAX_TRIPS};
     use naga::back::{hlsl, msl};
 
     /// `src` (a key's WGSL) parsed and validated with only the capabilities `key` declares.

@@ -23,7 +23,6 @@ pub mod softmax;
 pub mod ssm;
 pub mod tuning;
 pub mod uniforms;
-pub mod unroll;
 pub mod weight;
 
 use crate::gpu::{Gpu, GpuError};
@@ -31,7 +30,7 @@ use std::sync::Arc;
 
 pub use kernels::KernelKey;
 pub use tuning::{KernelTuning, TuningError};
-pub use weight::Weight;
+pub use weight::{GateUp, Weight};
 
 /// A byte range of a GPU buffer, as an op sees an input or output.
 #[derive(Clone, Debug)]

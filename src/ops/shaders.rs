@@ -399,7 +399,7 @@ fn inline_body_reads_in(src: &str) -> String {
             && !before.ends_with("fn ");
         let args_at = at + CALL.len();
         let close = is_call
-            .then(|| super::unroll::matching(rest, args_at - 1, ('(', ')')))
+            .then(|| crate::gpu::unroll::matching(rest, args_at - 1, ('(', ')')))
             .flatten();
         let Some(close) = close else {
             out.push_str(&rest[..args_at]);

@@ -307,24 +307,7 @@ impl SampleRow {
     }
 }
 
-/// How every kernel declares its parameter block: binding 0, named `p`.
-pub const PARAMS_DECL: &str = "@group(0) @binding(0) var<uniform> p: Params;";
-
-/// `src` with its parameter block bound as read-only storage instead of a uniform buffer:
-/// the same bytes in the same layout (the fields are 4-byte scalars, laid out alike in
-/// both address spaces). For drivers that compile a kernel anew for each value its
-/// uniforms take in branches and loop bounds
-/// ([`crate::gpu::AdapterSummary::specializes_on_uniforms`]). `None` where `src` does not
-/// declare its parameters as [`PARAMS_DECL`].
-pub fn params_in_storage(src: &str) -> Option<String> {
-    (src.matches(PARAMS_DECL).count() == 1).then(|| {
-        src.replacen(
-            PARAMS_DECL,
-            "@group(0) @binding(0) var<storage, read> p: Params;",
-            1,
-        )
-    })
-}
+pub use crate::gpu::{params_in_storage, PARAMS_DECL};
 
 #[cfg(test)]
 mod tests {

@@ -3,6 +3,17 @@
 
 use crate::gguf::{quant, GgmlType};
 use crate::gpu::{Gpu, GpuError};
+use std::sync::Arc;
+
+/// The gate and up projections of a gated feed-forward: a layout the model chooses when
+/// it uploads the weights and the graph and the tuner both run.
+pub enum GateUp {
+    /// One weight of interleaved (gate, up) rows: one matmul with the GLU in its
+    /// epilogue.
+    Interleaved(Arc<Weight>),
+    /// Two weights (their types differ): two matmuls and a GLU.
+    Split { gate: Arc<Weight>, up: Arc<Weight> },
+}
 
 pub struct WeightChunk {
     pub row_begin: u32,

@@ -1,0 +1,146 @@
+//! Compute pipelines: a kernel's WGSL rewritten as this device asks (loops written out,
+//! parameters bound as storage), validated by naga, compiled once per device and cached.
+//! The kernels themselves are named by the layer above through [`Kernel`]: this layer
+//! knows how to make a pipeline on a device, not which kernels exist.
+
+use super::{Gpu, GpuError};
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+
+/// A kernel variant as the layer above names it: its source and what it needs of the
+/// device. Each value must stand for one source (the cache keys on it).
+pub trait Kernel: Clone + Eq + Hash + std::fmt::Display + Send + Sync + 'static {
+    /// The WGSL, with its parameter block declared as [`PARAMS_DECL`]; or why there is none.
+    fn source(&self) -> Result<String, String>;
+    /// Device features the kernel uses (shader-f16, subgroups).
+    fn features(&self) -> wgpu::Features;
+    /// What naga must allow when it validates the source.
+    fn naga_capabilities(&self) -> naga::valid::Capabilities;
+    /// Whether this is one of the variants the offline check covers.
+    fn is_known(&self) -> bool;
+}
+
+/// Compiled pipelines, by kernel type and then by key: generic over whatever key types
+/// the layers above use.
+#[derive(Default)]
+pub(super) struct PipelineCache(HashMap<TypeId, Box<dyn Any + Send>>);
+
+impl PipelineCache {
+    fn get<K: Kernel>(&self, key: &K) -> Option<Arc<wgpu::ComputePipeline>> {
+        let by_key = self.0.get(&TypeId::of::<K>())?;
+        let by_key = by_key.downcast_ref::<HashMap<K, Arc<wgpu::ComputePipeline>>>()?;
+        by_key.get(key).cloned()
+    }
+
+    fn insert<K: Kernel>(&mut self, key: K, p: Arc<wgpu::ComputePipeline>) {
+        let by_key = (self.0.entry(TypeId::of::<K>()))
+            .or_insert_with(|| Box::new(HashMap::<K, Arc<wgpu::ComputePipeline>>::new()));
+        if let Some(by_key) = by_key.downcast_mut::<HashMap<K, Arc<wgpu::ComputePipeline>>>() {
+            by_key.insert(key, p);
+        }
+    }
+}
+
+/// How every kernel declares its parameter block: binding 0, named `p`.
+pub const PARAMS_DECL: &str = "@group(0) @binding(0) var<uniform> p: Params;";
+
+/// `src` with its parameter block bound as read-only storage instead of a uniform buffer:
+/// the same bytes in the same layout (the fields are 4-byte scalars, laid out alike in
+/// both address spaces). For drivers that compile a kernel anew for each value its
+/// uniforms take in branches and loop bounds
+/// ([`super::AdapterSummary::specializes_on_uniforms`]). `None` where `src` does not
+/// declare its parameters as [`PARAMS_DECL`].
+pub fn params_in_storage(src: &str) -> Option<String> {
+    (src.matches(PARAMS_DECL).count() == 1).then(|| {
+        src.replacen(
+            PARAMS_DECL,
+            "@group(0) @binding(0) var<storage, read> p: Params;",
+            1,
+        )
+    })
+}
+
+impl Gpu {
+    /// The compute pipeline of a kernel variant (entry point `main`), compiled once.
+    /// Keys the kernel type does not know ([`Kernel::is_known`]) are refused: only those
+    /// are checked offline (naga validation, MSL and HLSL translation), so a selection
+    /// bug fails here, loudly, rather than on some other backend's driver.
+    pub fn pipeline<K: Kernel>(&self, key: K) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
+            return Ok(p);
+        }
+        let name = key.to_string();
+        let shader_err = |msg: String| GpuError::Shader {
+            name: name.clone(),
+            msg,
+        };
+        if !key.is_known() {
+            return Err(shader_err(
+                "not one of the kernel variants the offline check covers".into(),
+            ));
+        }
+        let missing = key.features() - self.device.features();
+        if !missing.is_empty() {
+            return Err(shader_err(format!(
+                "needs device features {missing:?}, which this device was opened without"
+            )));
+        }
+        let mut src = key.source().map_err(&shader_err)?;
+        if self.unroll {
+            src = super::unroll::unroll(&src, super::unroll::MAX_TRIPS);
+        }
+        if self.params_in_storage {
+            src = params_in_storage(&src).ok_or_else(|| {
+                shader_err("its parameters are not declared as every kernel's are".into())
+            })?;
+        }
+        // Validate with naga first, with only the capabilities the key declares: its
+        // messages name the line, and a bad shader must not reach the driver.
+        let module =
+            naga::front::wgsl::parse_str(&src).map_err(|e| shader_err(e.emit_to_string(&src)))?;
+        let mut validator = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            key.naga_capabilities(),
+        );
+        validator
+            .validate(&module)
+            .map_err(|e| shader_err(e.emit_to_string(&src)))?;
+        let scope = super::push_scope(&self.device, wgpu::ErrorFilter::Validation);
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(&name),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        };
+        // Our kernels skip the checks wgpu would inject on Vulkan/Metal/DX12 (index
+        // clamping, loop counters, guarded integer division): they cost lavapipe 33 % of
+        // its prompt speed and made the Vulkan path slower than GL, whose GLSL never had
+        // them. See `GpuOptions::shader_checks` for why that is sound.
+        let checks = if self.shader_checks {
+            wgpu::ShaderRuntimeChecks::checked()
+        } else {
+            wgpu::ShaderRuntimeChecks::unchecked()
+        };
+        // SAFETY: every variant is one the offline check covers, validated by naga above; its
+        // loops are bounded by constants or uniforms, local arrays are indexed by counters
+        // of constant-bounded loops, and the ops check the uniforms they divide by and the
+        // sizes they index before recording (`GpuOptions::shader_checks`).
+        let sm = unsafe { self.device.create_shader_module_trusted(desc, checks) };
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&name),
+                layout: None,
+                module: &sm,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        if let Some(e) = super::scope_error(scope) {
+            return Err(shader_err(e.to_string()));
+        }
+        let p = Arc::new(p);
+        self.pipelines.lock().unwrap().insert(key, p.clone());
+        Ok(p)
+    }
+}
