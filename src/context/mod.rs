@@ -648,7 +648,7 @@ impl Context {
         self.memory.place(&ubv)?;
         // Every declared input fills itself from the ubatch and the memory it went to.
         for (input, buf) in &self.step.inputs {
-            let data = input.fill(&ubv, &*self.memory)?;
+            let data = crate::memory::fill_input(&*self.memory, input, &ubv)?;
             if !data.is_empty() {
                 gpu.write(buf, 0, data.as_bytes());
             }

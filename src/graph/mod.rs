@@ -4,10 +4,12 @@
 //! before the host has recorded them all).
 
 mod builder;
+pub mod inputs;
 mod planner;
 mod profile;
 
 pub use builder::{AttnBlock, GraphBuilder, Node, Op, OpCost, TensorId};
+pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use profile::{log_ops, KernelTime, OpProfile, StepProfile, TimingSource};
 
 use crate::gpu::{Gpu, GpuError};

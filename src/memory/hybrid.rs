@@ -11,8 +11,8 @@ use super::recurrent::RecurrentMemory;
 use super::{Checkpoint, KvCache, KvLayer, Memory, RsLayer, StateLoad, StoreMap};
 use crate::context::state::Reader;
 use crate::context::ContextError;
+use crate::graph::{GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, KvCells, KvChoice, SeqId};
-use crate::model::{GraphInput, InputData, UbatchView};
 
 pub struct HybridMemory {
     attn: KvCache,

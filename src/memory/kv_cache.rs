@@ -4,8 +4,9 @@
 use super::{Checkpoint, KvLayer, Memory, StateLoad, StoreMap};
 use crate::context::state::Reader;
 use crate::context::ContextError;
+use crate::graph::{CacheState, GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, KvCells, KvChoice, KvType, SeqId, N_KV_PAD};
-use crate::model::{CacheState, GraphInput, InputData, Model, UbatchView};
+use crate::model::Model;
 use crate::ops::View;
 use std::sync::Arc;
 

@@ -38,8 +38,9 @@ pub(crate) const MAX_SAVED_POS: i32 = 1 << 30;
 
 use crate::context::state::Reader;
 use crate::context::{Batch, ContextError, ContextParams};
+use crate::graph::{GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, Cell, KvCells, KvChoice, KvType, RsCells, SeqId, N_KV_PAD};
-use crate::model::{GraphInput, InputData, Model, UbatchView};
+use crate::model::Model;
 use crate::ops::View;
 use std::ops::Range;
 use std::sync::Arc;
@@ -215,6 +216,23 @@ pub fn split_simple(logits: &[bool], n_ubatch: usize, n_out_max: usize) -> Vec<R
         i = end;
     }
     out
+}
+
+/// The contents of graph input `input` for a ubatch the memory has just placed: the
+/// memory fills what depends on its cells (slots, masks), the ubatch the rest.
+pub fn fill_input(
+    mem: &dyn Memory,
+    input: &GraphInput,
+    ub: &UbatchView,
+) -> Result<InputData, crate::gpu::GpuError> {
+    match input.fill_from_ubatch(ub) {
+        Some(data) => Ok(data),
+        None => mem.fill(input, ub).ok_or_else(|| {
+            crate::gpu::GpuError::Validation(format!(
+                "the model's graph reads input {input:?}, which its memory does not provide"
+            ))
+        }),
+    }
 }
 
 /// The memory a model needs for these parameters: a rolling buffer beside the full store

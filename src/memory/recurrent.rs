@@ -12,8 +12,9 @@
 use super::{Checkpoint, KvLayer, Memory, RsLayer, StateLoad, StoreMap};
 use crate::context::state::Reader;
 use crate::context::ContextError;
+use crate::graph::{GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, KvCells, KvChoice, KvType, RsCells, RsSlot, SeqId};
-use crate::model::{GraphInput, InputData, Model, UbatchView};
+use crate::model::Model;
 use crate::ops::View;
 use std::sync::Arc;
 

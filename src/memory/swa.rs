@@ -6,8 +6,9 @@
 use super::{describe, mib, Checkpoint, KvCache, KvLayer, Memory, StateLoad, StoreMap};
 use crate::context::state::Reader;
 use crate::context::{ContextError, ContextParams};
+use crate::graph::{GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, KvCells, KvChoice, RollingWindow, SeqId, MAX_SEQ};
-use crate::model::{GraphInput, InputData, Model, UbatchView};
+use crate::model::Model;
 use std::sync::Arc;
 
 pub struct SwaKvCache {

@@ -3,15 +3,14 @@
 
 mod gemma3;
 mod hparams;
-mod inputs;
 mod lfm2;
 mod llama;
 mod mamba;
 pub mod synth;
 mod weights;
 
+pub use crate::graph::inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use hparams::{Arch, Hparams, LongRope, Ssm};
-pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use weights::{GateUp, LayerWeights, Lfm2Layer, Lfm2Mixer, ModelWeights, SsmLayer};
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
@@ -86,7 +85,7 @@ impl Model {
     /// The per-ubatch inputs this model's graph reads, without repeats; the context
     /// allocates and fills one buffer for each.
     pub fn inputs(&self) -> Vec<GraphInput> {
-        inputs::dedup(match self.hp.arch {
+        crate::graph::inputs::dedup(match self.hp.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::inputs(&self.hp),
             Arch::Gemma3 => gemma3::inputs(&self.hp),
             Arch::Mamba | Arch::Mamba2 => mamba::inputs(),

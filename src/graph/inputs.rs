@@ -1,5 +1,5 @@
 //! Graph inputs: what a model's forward graph reads per ubatch besides weights and the
-//! K/V cache. Each architecture declares the inputs it needs ([`super::Model::inputs`]);
+//! K/V cache. Each architecture declares the inputs it needs (`model::Model::inputs`);
 //! the context gives each one a buffer sized for the largest ubatch and, before every
 //! ubatch, lets it fill itself from the ubatch and the cache cells. The graph builder then
 //! looks its inputs up by what they are ([`GraphIo::mask`], [`GraphIo::rope`], ...), so an
@@ -8,7 +8,6 @@
 use crate::gpu::GpuError;
 pub use crate::kv::CacheKind;
 use crate::kv::{build_mask, KvCells, MaskKind};
-use crate::memory::Memory;
 use crate::ops::rope::RopeParams;
 use crate::ops::View;
 
@@ -110,19 +109,6 @@ impl GraphInput {
             | GraphInput::RsDst => n_ubatch * 4,
             GraphInput::KqMask(_) => n_ubatch * n_ctx * 4,
             GraphInput::Rope(p) => n_ubatch * p.n_dims as u64 * 4,
-        }
-    }
-
-    /// The input's contents for a ubatch the memory has just placed: the memory fills
-    /// what depends on its cells (slots, masks), the ubatch the rest.
-    pub fn fill(&self, ub: &UbatchView, mem: &dyn Memory) -> Result<InputData, GpuError> {
-        match self.fill_from_ubatch(ub) {
-            Some(data) => Ok(data),
-            None => mem.fill(self, ub).ok_or_else(|| {
-                GpuError::Validation(format!(
-                    "the model's graph reads input {self:?}, which its memory does not provide"
-                ))
-            }),
         }
     }
 
