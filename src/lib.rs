@@ -2,6 +2,7 @@
 //!
 //! See ARCHITECTURE.md for how the modules fit together.
 
+pub mod batch;
 pub mod context;
 pub mod engine;
 /// The fuzz targets' bodies (scripts/fuzz.sh, tests/fuzz_corpus.rs).

@@ -7,17 +7,9 @@
 //! Test code is left out: files declared `#[cfg(test)] mod NAME;` (and `tests.rs`), and
 //! an inline `#[cfg(test)] mod NAME { ... }` from where it starts to the end of its
 //! file (clippy's `items_after_test_module` keeps test modules last).
-//!
-//! `KNOT` lists the modules of the one cycle still being taken apart (memory sized from
-//! the model and reporting errors through the context's type, the model's graph reading
-//! memory through per-layer handles); any other cycle, or this one growing, fails. It is
-//! emptied as the layering is finished.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-
-/// Modules of the cycle still to be taken apart.
-const KNOT: &[&str] = &["context", "memory", "model"];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
@@ -217,12 +209,8 @@ fn top_level_modules_form_layers() {
             uses.keys().cloned().collect::<Vec<_>>().join(", ")
         );
     }
-    let knot: BTreeSet<&str> = KNOT.iter().copied().collect();
     let mut report = String::new();
     for comp in cycles(&graph) {
-        if comp.iter().all(|m| knot.contains(m.as_str())) {
-            continue;
-        }
         report.push_str(&format!("a cycle among {}:\n", comp.join(", ")));
         for a in &comp {
             for (b, files) in &graph[a] {

@@ -5,12 +5,13 @@
 mod sampling;
 pub mod state;
 
+pub use crate::batch::Batch;
 pub use sampling::{Drawn, GpuDraw};
 
 use crate::gpu::GpuError;
 use crate::graph::{Graph, StepProfile};
 use crate::kv::{seqs_below, CacheKind, KvCells, KvConfig, KvError, SeqId, MAX_SEQ};
-use crate::memory::Memory;
+use crate::memory::{Memory, MemoryError, MemoryParams};
 use crate::model::{GraphInput, GraphIo, Model, UbatchView};
 use crate::ops::uniforms::SampleRow;
 use crate::ops::View;
@@ -88,7 +89,36 @@ pub struct ContextParams {
     pub kv: KvConfig,
 }
 
+impl From<MemoryError> for ContextError {
+    /// Each of the memory's errors as the context's own of the same name, so callers
+    /// match one error type whichever layer refused.
+    fn from(e: MemoryError) -> Self {
+        match e {
+            MemoryError::Kv(e) => ContextError::Kv(e),
+            MemoryError::Gpu(e) => ContextError::Gpu(e),
+            MemoryError::BadBatch(m) => ContextError::BadBatch(m),
+            MemoryError::TooLarge(m) => ContextError::TooLarge(m),
+            MemoryError::Cache(m) => ContextError::Cache(m),
+            MemoryError::State(e) => ContextError::State(e),
+            MemoryError::SelfExtendNeedsSwaFull => ContextError::SelfExtendNeedsSwaFull,
+        }
+    }
+}
+
 impl ContextParams {
+    /// What the memory is made for.
+    pub fn memory_params(&self) -> MemoryParams {
+        MemoryParams {
+            n_ctx: self.n_ctx,
+            n_ubatch: self.n_ubatch.min(self.n_batch),
+            n_seq_max: self.n_seq_max,
+            defrag_thold: self.defrag_thold,
+            swa_full: self.swa_full,
+            swa_keep: self.swa_keep,
+            kv: self.kv,
+        }
+    }
+
     /// One sequence, no defragmentation: what a single prompt needs.
     pub fn new(n_ctx: u32, n_batch: u32, n_ubatch: u32) -> Self {
         ContextParams {
@@ -100,29 +130,6 @@ impl ContextParams {
             swa_full: false,
             swa_keep: 0,
             kv: KvConfig::default(),
-        }
-    }
-}
-
-/// Tokens to decode: for each, its position, its sequences (bit set) and whether its
-/// logits are wanted.
-#[derive(Clone, Debug, Default)]
-pub struct Batch {
-    pub tokens: Vec<u32>,
-    pub pos: Vec<i32>,
-    pub seq: Vec<u64>,
-    pub logits: Vec<bool>,
-}
-
-impl Batch {
-    /// One sequence (id 0) from `start_pos`; logits for the last token only, or for all.
-    pub fn simple(tokens: &[u32], start_pos: i32, all_logits: bool) -> Batch {
-        let n = tokens.len();
-        Batch {
-            tokens: tokens.to_vec(),
-            pos: (0..n as i32).map(|i| start_pos + i).collect(),
-            seq: vec![1; n],
-            logits: (0..n).map(|i| all_logits || i + 1 == n).collect(),
         }
     }
 }
@@ -211,7 +218,8 @@ impl Context {
         }
         let ub = params.n_ubatch.min(params.n_batch) as u64;
         let n_ctx = params.n_ctx as u64;
-        let memory = crate::memory::create(&model, &params)?;
+        let memory =
+            crate::memory::create(&Arc::new(model.memory_shape()), &params.memory_params())?;
         let n_out_max = (gpu.max_binding / (hp.n_vocab as u64 * 4)).clamp(1, ub) as u32;
         let mut inputs = Vec::new();
         for input in model.inputs() {
@@ -291,18 +299,20 @@ impl Context {
         if let Some(s) = seq {
             self.check_seq(s)?;
         }
-        self.memory.seq_rm(seq, p0, p1)
+        self.memory.seq_rm(seq, p0, p1).map_err(ContextError::from)
     }
     /// Makes `dst` share the cells of `src` in [p0, p1) (no K/V copy).
     pub fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError> {
         self.check_seq(src)?;
         self.check_seq(dst)?;
-        self.memory.seq_cp(src, dst, p0, p1)
+        self.memory
+            .seq_cp(src, dst, p0, p1)
+            .map_err(ContextError::from)
     }
     /// Drops every sequence but `seq`.
     pub fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError> {
         self.check_seq(seq)?;
-        self.memory.seq_keep(seq)
+        self.memory.seq_keep(seq).map_err(ContextError::from)
     }
     /// Adds `delta` to the positions of `seq` in [p0, p1); the K-shift follows.
     pub fn seq_add(
@@ -313,12 +323,16 @@ impl Context {
         delta: i32,
     ) -> Result<(), ContextError> {
         self.check_seq(seq)?;
-        self.memory.seq_add(seq, p0, p1, delta)
+        self.memory
+            .seq_add(seq, p0, p1, delta)
+            .map_err(ContextError::from)
     }
     /// Divides the positions of `seq` in [p0, p1) by `d`; the K-shift follows.
     pub fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
         self.check_seq(seq)?;
-        self.memory.seq_div(seq, p0, p1, d)
+        self.memory
+            .seq_div(seq, p0, p1, d)
+            .map_err(ContextError::from)
     }
 
     /// Checks a batch as llama.cpp does before splitting it: sequence ids in range, each
@@ -379,13 +393,13 @@ impl Context {
     /// Re-applies RoPE to every cached key whose cell position changed (seq_add /
     /// seq_div), in place, by the cell's accumulated delta; then the deltas are zero.
     pub fn apply_k_shift(&mut self) -> Result<(), ContextError> {
-        self.memory.update(false)
+        self.memory.update(false).map_err(ContextError::from)
     }
 
     /// Moves every used cell to the front of the cache (K/V rows with it), so attention
     /// reads no holes. The outputs are unchanged. Returns the number of cells moved.
     pub fn defrag(&mut self) -> Result<usize, ContextError> {
-        self.memory.defrag()
+        self.memory.defrag().map_err(ContextError::from)
     }
 
     /// Decodes a batch; returns the logits of the tokens that asked for them, in batch

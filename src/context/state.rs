@@ -10,97 +10,18 @@
 
 use super::{Context, ContextError};
 use crate::kv::{KvType, SeqId};
-use half::f16;
+use crate::memory::Reader;
+pub use crate::memory::StateError;
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"WGLLMKV\0";
 const VERSION: u32 = 4;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{path}: not a wgllm cache state file, or a damaged one ({what})")]
-    Format { path: String, what: String },
-    #[error(
-        "{path}: the cache was saved for another model ({what}); delete the file to start afresh"
-    )]
-    OtherModel { path: String, what: String },
-    #[error("{path}: the cache was saved {saved} a separate sliding-window buffer and this context has {}; load it with the same --swa-full setting", if *saved == "with" { "none" } else { "one" })]
-    OtherLayout { path: String, saved: &'static str },
-    #[error("{path}: the cache was saved with K {saved_k} and V {saved_v}, and this context holds K {k} and V {v}; load it with the same -ctk/-ctv (only f16 and f32 convert into each other)")]
-    OtherTypes {
-        path: String,
-        saved_k: KvType,
-        saved_v: KvType,
-        k: KvType,
-        v: KvType,
-    },
-    #[error("{path}: the saved cache has {cells} cells, more than fit in this context ({free} free); use a larger -c")]
-    TooBig {
-        path: String,
-        cells: usize,
-        free: usize,
-    },
-}
 
 /// What a state file holds besides the K/V rows.
 #[derive(Debug)]
 pub struct SavedState {
     pub tokens: Vec<u32>,
     pub n_cells: usize,
-}
-
-/// A state file's bytes, read front to back; `path` names them in errors.
-pub struct Reader<'a> {
-    data: &'a [u8],
-    at: usize,
-    pub(crate) path: &'a str,
-}
-
-impl Reader<'_> {
-    pub(crate) fn take(&mut self, n: usize) -> Result<&[u8], StateError> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.data.len());
-        let Some(end) = end else {
-            return Err(StateError::Format {
-                path: self.path.into(),
-                what: format!("truncated at byte {}", self.at),
-            });
-        };
-        let s = &self.data[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
-    /// Bytes not read yet.
-    pub(crate) fn left(&self) -> usize {
-        self.data.len() - self.at
-    }
-    pub(crate) fn u32(&mut self) -> Result<u32, StateError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    pub(crate) fn u64(&mut self) -> Result<u64, StateError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-}
-
-/// K/V rows saved as `from` for a cache of `to`: the same bytes, or f16 and f32 converted
-/// into each other; None for any other pair.
-pub(crate) fn convert(rows: &[u8], from: KvType, to: KvType) -> Option<Vec<u8>> {
-    Some(match (from, to) {
-        (KvType::F16, KvType::F32) => rows
-            .chunks_exact(2)
-            .flat_map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32().to_le_bytes())
-            .collect(),
-        (KvType::F32, KvType::F16) => rows
-            .chunks_exact(4)
-            .flat_map(|b| f16::from_f32(f32::from_le_bytes(b.try_into().unwrap())).to_le_bytes())
-            .collect(),
-        _ if from == to => rows.to_vec(),
-        _ => return None,
-    })
 }
 
 impl Context {
@@ -177,11 +98,7 @@ impl Context {
         p: &str,
         dst: Option<SeqId>,
     ) -> Result<SavedState, ContextError> {
-        let mut r = Reader {
-            data,
-            at: 0,
-            path: p,
-        };
+        let mut r = Reader::new(data, p);
         let (types, tokens) = read_header(&mut r, self.model_shape())?;
         let n_tok = tokens.len();
         if let Some(s) = dst {
@@ -268,11 +185,7 @@ pub fn state_into_host(
     dst: Option<SeqId>,
     n_seq_max: u32,
 ) -> Result<SavedState, ContextError> {
-    let mut r = Reader {
-        data,
-        at: 0,
-        path: "state",
-    };
+    let mut r = Reader::new(data, "state");
     let (types, tokens) = read_header(&mut r, model_shape)?;
     let load = crate::memory::StateLoad {
         dst,

@@ -8,9 +8,9 @@
 //! any other ubatch.
 
 use super::recurrent::RecurrentMemory;
+use super::MemoryError;
+use super::Reader;
 use super::{Checkpoint, KvCache, KvLayer, Memory, RsLayer, StateLoad, StoreMap};
-use crate::context::state::Reader;
-use crate::context::ContextError;
 use crate::graph::{GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, KvCells, KvChoice, SeqId};
 
@@ -45,23 +45,23 @@ impl Memory for HybridMemory {
         self.attn.clear();
         self.recr.clear();
     }
-    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), ContextError> {
+    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), MemoryError> {
         self.recr.seq_rm(seq, p0, p1)?;
         self.attn.seq_rm(seq, p0, p1)
     }
-    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError> {
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), MemoryError> {
         self.recr.seq_cp(src, dst, p0, p1)?;
         self.attn.seq_cp(src, dst, p0, p1)
     }
-    fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError> {
+    fn seq_keep(&mut self, seq: SeqId) -> Result<(), MemoryError> {
         self.recr.seq_keep(seq)?;
         self.attn.seq_keep(seq)
     }
-    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), ContextError> {
+    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), MemoryError> {
         self.recr.seq_add(seq, p0, p1, delta)?;
         self.attn.seq_add(seq, p0, p1, delta)
     }
-    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
+    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), MemoryError> {
         self.recr.seq_div(seq, p0, p1, d)?;
         self.attn.seq_div(seq, p0, p1, d)
     }
@@ -82,7 +82,7 @@ impl Memory for HybridMemory {
             self.recr.cells = rs;
         }
     }
-    fn place(&mut self, ub: &UbatchView) -> Result<(), ContextError> {
+    fn place(&mut self, ub: &UbatchView) -> Result<(), MemoryError> {
         self.recr.place(ub)?;
         self.attn.place(ub)
     }
@@ -104,21 +104,21 @@ impl Memory for HybridMemory {
     fn n_rs(&self) -> u32 {
         self.recr.n_rs()
     }
-    fn update(&mut self, defrag: bool) -> Result<(), ContextError> {
+    fn update(&mut self, defrag: bool) -> Result<(), MemoryError> {
         self.attn.update(defrag)
     }
-    fn defrag(&mut self) -> Result<usize, ContextError> {
+    fn defrag(&mut self) -> Result<usize, MemoryError> {
         self.attn.defrag()
     }
     #[cfg(not(target_arch = "wasm32"))]
-    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError> {
+    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, MemoryError> {
         let n = self.attn.state_write(out, seq)?;
         self.recr.state_write(out, seq)?;
         Ok(n)
     }
     /// The K/V part loads first; if the states after it are refused, the whole memory is
     /// cleared (the K/V rows it replaced are gone), never left half loaded.
-    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
+    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, MemoryError> {
         let attn_load = StateLoad {
             more: true,
             ..*load

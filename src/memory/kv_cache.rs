@@ -1,17 +1,17 @@
 //! One K/V store: its cells on the host, and the K and V rows of the layers it holds in
 //! GPU buffers (one per layer each, `[row bytes, cells]`, bound whole by attention).
 
+use super::MemoryError;
+use super::MemoryShape;
+use super::Reader;
 use super::{Checkpoint, KvLayer, Memory, StateLoad, StoreMap};
-use crate::context::state::Reader;
-use crate::context::ContextError;
 use crate::graph::{CacheState, GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, KvCells, KvChoice, KvType, SeqId, N_KV_PAD};
-use crate::model::Model;
 use crate::ops::View;
 use std::sync::Arc;
 
 pub struct KvCache {
-    pub(super) model: Arc<Model>,
+    pub(super) shape: Arc<MemoryShape>,
     pub(super) cells: KvCells,
     /// The store this is: its display name and the slots/mask inputs it fills.
     pub(super) kind: CacheKind,
@@ -29,15 +29,15 @@ pub struct KvCache {
 impl KvCache {
     /// A store of `n_cells` cells for the model layers `layers`, holding `choice`'s types.
     pub fn new(
-        model: &Arc<Model>,
+        shape: &Arc<MemoryShape>,
         choice: KvChoice,
         layers: Vec<usize>,
         n_cells: usize,
         kind: CacheKind,
         defrag_thold: f32,
-    ) -> Result<KvCache, ContextError> {
-        let gpu = &model.gpu;
-        let n_embd = model.hp.n_embd_kv() as u64;
+    ) -> Result<KvCache, MemoryError> {
+        let gpu = &shape.gpu;
+        let n_embd = shape.n_embd_kv() as u64;
         let (row_k, row_v) = (
             choice.type_k.row_bytes(n_embd),
             choice.type_v.row_bytes(n_embd),
@@ -45,13 +45,13 @@ impl KvCache {
         let row = row_k.max(row_v);
         if !layers.is_empty() && row * n_cells as u64 > gpu.max_binding {
             let max_ctx = gpu.max_binding / row;
-            return Err(ContextError::TooLarge(format!(
+            return Err(MemoryError::TooLarge(format!(
                 "-c {n_cells}: one layer's K or V cache would be {} MiB, over this adapter's storage binding limit of {} MiB; use -c {max_ctx} or less (or a smaller cache type, -ctk/-ctv)",
                 (row * n_cells as u64) >> 20,
                 gpu.max_binding >> 20
             )));
         }
-        let mut index = vec![None; model.hp.n_layer as usize];
+        let mut index = vec![None; shape.n_layer()];
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for (i, &il) in layers.iter().enumerate() {
             index[il] = Some(i);
@@ -63,7 +63,7 @@ impl KvCache {
             ));
         }
         Ok(KvCache {
-            model: model.clone(),
+            shape: shape.clone(),
             cells: KvCells::new(n_cells),
             kind,
             layers,
@@ -78,7 +78,7 @@ impl KvCache {
 
     /// Bytes of one cell's row in one layer, for a cache of type `ty` (K or V).
     pub(super) fn row_bytes(&self, ty: KvType) -> u64 {
-        ty.row_bytes(self.model.hp.n_embd_kv() as u64)
+        ty.row_bytes(self.shape.n_embd_kv() as u64)
     }
 
     /// K and V bytes over all the layers held.
@@ -109,7 +109,7 @@ impl KvCache {
     }
 
     /// Stores a ubatch in free cells and keeps them as the slots its rows go to.
-    pub(super) fn place_tokens(&mut self, ub: &UbatchView) -> Result<(), ContextError> {
+    pub(super) fn place_tokens(&mut self, ub: &UbatchView) -> Result<(), MemoryError> {
         let slots = self.cells.find_slot(ub.tokens.len())?;
         self.cells.store(&slots, ub.pos, ub.seq)?;
         self.slots = slots;
@@ -137,7 +137,7 @@ impl KvCache {
     }
 
     /// Re-rotates the keys of cells a sequence operation moved, if any.
-    pub(super) fn apply_shifts(&mut self) -> Result<(), ContextError> {
+    pub(super) fn apply_shifts(&mut self) -> Result<(), MemoryError> {
         if let Some(deltas) = self.cells.take_shifts() {
             self.shift_keys(&deltas)?;
         }
@@ -164,19 +164,19 @@ impl Memory for KvCache {
     fn clear(&mut self) {
         self.cells.clear();
     }
-    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), ContextError> {
+    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), MemoryError> {
         Ok(self.cells.seq_rm(seq, p0, p1)?)
     }
-    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError> {
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), MemoryError> {
         Ok(self.cells.seq_cp(src, dst, p0, p1)?)
     }
-    fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError> {
+    fn seq_keep(&mut self, seq: SeqId) -> Result<(), MemoryError> {
         Ok(self.cells.seq_keep(seq)?)
     }
-    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), ContextError> {
+    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), MemoryError> {
         Ok(self.cells.seq_add(seq, p0, p1, delta)?)
     }
-    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
+    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), MemoryError> {
         Ok(self.cells.seq_div(seq, p0, p1, d)?)
     }
     fn checkpoint(&self) -> Checkpoint {
@@ -190,7 +190,7 @@ impl Memory for KvCache {
             self.cells = cells;
         }
     }
-    fn place(&mut self, ub: &UbatchView) -> Result<(), ContextError> {
+    fn place(&mut self, ub: &UbatchView) -> Result<(), MemoryError> {
         self.place_tokens(ub)
     }
     fn fill(&self, input: &GraphInput, ub: &UbatchView) -> Option<InputData> {
@@ -202,7 +202,7 @@ impl Memory for KvCache {
     fn layer(&self, il: usize) -> Option<KvLayer<'_>> {
         self.layer_of(il)
     }
-    fn update(&mut self, defrag: bool) -> Result<(), ContextError> {
+    fn update(&mut self, defrag: bool) -> Result<(), MemoryError> {
         self.apply_shifts()?;
         if defrag && self.defrag_thold > 0.0 && self.cells.fragmentation() > self.defrag_thold {
             let moved = self.compact()?;
@@ -210,14 +210,14 @@ impl Memory for KvCache {
         }
         Ok(())
     }
-    fn defrag(&mut self) -> Result<usize, ContextError> {
+    fn defrag(&mut self) -> Result<usize, MemoryError> {
         self.compact()
     }
     #[cfg(not(target_arch = "wasm32"))]
-    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError> {
+    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, MemoryError> {
         super::kv_state::write(out, &[self], seq)
     }
-    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
+    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, MemoryError> {
         super::kv_state::read(r, &mut [self as &mut dyn super::kv_state::KvStore], load)
     }
 }

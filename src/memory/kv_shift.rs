@@ -3,7 +3,7 @@
 //! cells' compaction plan applied to every layer's rows with buffer copies).
 
 use super::KvCache;
-use crate::context::ContextError;
+use super::MemoryError;
 use crate::kv::KvType;
 use crate::ops::hadamard::hadamard;
 use crate::ops::rope::{rope, RopeParams};
@@ -19,9 +19,9 @@ impl KvCache {
     /// and written again, as llama.cpp's shift graph dequantizes, rotates and requantizes
     /// (undoing and redoing the Hadamard rotation around RoPE where keys are stored
     /// rotated), in chunks of cells whose f32 rows fit [`SHIFT_CHUNK_BYTES`].
-    pub(super) fn shift_keys(&self, deltas: &[i32]) -> Result<(), ContextError> {
-        let gpu = self.model.gpu.clone();
-        let hp = &self.model.hp;
+    pub(super) fn shift_keys(&self, deltas: &[i32]) -> Result<(), MemoryError> {
+        let gpu = self.shape.gpu.clone();
+        let hp = &*self.shape;
         let ty = self.choice.type_k;
         let n_embd = hp.n_embd_kv();
         let n_cells = deltas.len() as u32;
@@ -59,7 +59,10 @@ impl KvCache {
             // differ); one table per distinct parameter set.
             let mut tables: Vec<(RopeParams, View)> = Vec::new();
             for (&il, k) in self.layers.iter().zip(&self.k) {
-                let rp = hp.layer_rope(il);
+                // A store holds attention layers only, each with its RoPE.
+                let Some(rp) = hp.layer_rope(il) else {
+                    continue;
+                };
                 let table = match tables.iter().find(|(p, _)| *p == rp) {
                     Some((_, t)) => t.clone(),
                     None => {
@@ -103,12 +106,12 @@ impl KvCache {
 
     /// Moves every used cell to the front of the store (K/V rows with it), so attention
     /// reads no holes. The outputs are unchanged. Returns the number of cells moved.
-    pub(super) fn compact(&mut self) -> Result<usize, ContextError> {
+    pub(super) fn compact(&mut self) -> Result<usize, MemoryError> {
         let moves = self.cells.compact();
         let Some(end) = moves.iter().map(|m| m.src + m.len).max() else {
             return Ok(0);
         };
-        let gpu = self.model.gpu.clone();
+        let gpu = self.shape.gpu.clone();
         let (tk, tv) = (self.choice.type_k, self.choice.type_v);
         let max_row = self.row_bytes(tk).max(self.row_bytes(tv));
         // wgpu forbids copies within one buffer: stage each layer's rows in a scratch buffer.

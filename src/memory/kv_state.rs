@@ -4,9 +4,9 @@
 //! sequence set u64) and, per layer of that store, the K rows and the V rows of those
 //! cells in cell order, as the cache holds them (`crate::kv::KvType`'s layout).
 
+use super::MemoryError;
+use super::{convert, Reader, StateError};
 use super::{KvCache, StateLoad};
-use crate::context::state::{convert, Reader, StateError};
-use crate::context::ContextError;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::kv::SeqId;
 use crate::kv::{seqs_below, KvCells, KvType};
@@ -18,7 +18,7 @@ pub(super) fn write(
     out: &mut Vec<u8>,
     stores: &[&KvCache],
     seq: Option<SeqId>,
-) -> Result<usize, ContextError> {
+) -> Result<usize, MemoryError> {
     let Some(first) = stores.first() else {
         return Ok(0);
     };
@@ -49,7 +49,7 @@ pub(super) fn write(
         if end == 0 {
             continue;
         }
-        let gpu = &store.model.gpu;
+        let gpu = &store.shape.gpu;
         for (t, ty) in store.tensors() {
             let row = store.row_bytes(ty) as usize;
             let rows = gpu.read_bytes(&t.buf, t.offset, (end * row) as u64)?;
@@ -106,7 +106,7 @@ impl KvStore for KvCache {
         &self.cells
     }
     fn replace(&mut self, cells: KvCells, slots: &[usize], rows: &[Vec<u8>]) {
-        let gpu = self.model.gpu.clone();
+        let gpu = self.shape.gpu.clone();
         let tensors: Vec<(View, KvType)> = (self.tensors().into_iter())
             .map(|(t, ty)| (t.clone(), ty))
             .collect();
@@ -201,7 +201,7 @@ pub(crate) fn read(
     r: &mut Reader,
     stores: &mut [&mut dyn KvStore],
     load: &StateLoad,
-) -> Result<usize, ContextError> {
+) -> Result<usize, MemoryError> {
     let (dst, n_seq) = (load.dst, load.n_seq_max);
     let p = r.path.to_string();
     let format = |what: &str| StateError::Format {

@@ -1,6 +1,6 @@
 //! The model's memory of past tokens, behind one interface (llama.cpp's `llama_memory_i`).
 //!
-//! A [`Context`](crate::context::Context) keeps the batch checks, the ubatch loop and the
+//! The context above (`context::Context`) keeps the batch checks, the ubatch loop and the
 //! graph cache; everything about *where* past tokens live goes through [`Memory`]: the
 //! sequence operations, placing each ubatch, the pending K-shift and defragmentation, the
 //! graph inputs that depend on the stored cells (slots, masks), the part of the graph key
@@ -20,15 +20,22 @@ mod hybrid;
 mod kv_cache;
 mod kv_shift;
 mod kv_state;
+mod params;
 mod recurrent;
 mod rs_state;
+mod shape;
+mod state_file;
 mod swa;
 
 pub use hybrid::HybridMemory;
 pub use kv_cache::KvCache;
 pub use kv_state::HostKvStore;
 pub(crate) use kv_state::{read as read_kv_state, KvStore};
+pub use params::{MemoryError, MemoryParams};
 pub use recurrent::{split_equal, RecurrentMemory};
+pub use shape::{LayerMemory, MemoryShape};
+pub use state_file::StateError;
+pub(crate) use state_file::{convert, Reader};
 pub use swa::SwaKvCache;
 
 /// The highest position a state file may give a cell: far past any context, and low
@@ -36,11 +43,9 @@ pub use swa::SwaKvCache;
 /// overflow an `i32`.
 pub(crate) const MAX_SAVED_POS: i32 = 1 << 30;
 
-use crate::context::state::Reader;
-use crate::context::{Batch, ContextError, ContextParams};
+use crate::batch::Batch;
 use crate::graph::{GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, Cell, KvCells, KvChoice, KvType, RsCells, SeqId, N_KV_PAD};
-use crate::model::Model;
 use crate::ops::View;
 use std::ops::Range;
 use std::sync::Arc;
@@ -89,15 +94,15 @@ pub trait Memory: Send + Sync {
     /// Empties every store.
     fn clear(&mut self);
     /// Removes `seq` (None: all sequences) from positions [p0, p1) (negative: open).
-    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), ContextError>;
+    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), MemoryError>;
     /// Makes `dst` share the cells of `src` in [p0, p1) (no K/V copy).
-    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError>;
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), MemoryError>;
     /// Drops every sequence but `seq`.
-    fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError>;
+    fn seq_keep(&mut self, seq: SeqId) -> Result<(), MemoryError>;
     /// Adds `delta` to the positions of `seq` in [p0, p1); the K-shift follows.
-    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), ContextError>;
+    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), MemoryError>;
     /// Divides the positions of `seq` in [p0, p1) by `d`; the K-shift follows.
-    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError>;
+    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), MemoryError>;
     /// The lowest position of `seq` held (-1: none).
     fn seq_pos_min(&self, seq: SeqId) -> i32 {
         self.cells().seq_pos_min(seq)
@@ -125,7 +130,7 @@ pub trait Memory: Send + Sync {
         batch: &Batch,
         n_ubatch: usize,
         n_out_max: usize,
-    ) -> Result<Vec<Vec<usize>>, ContextError> {
+    ) -> Result<Vec<Vec<usize>>, MemoryError> {
         if self.equal_split() {
             return split_equal(&batch.seq, &batch.logits, n_ubatch, n_out_max);
         }
@@ -141,7 +146,7 @@ pub trait Memory: Send + Sync {
     fn rollback(&mut self, c: Checkpoint);
     /// Finds cells for a ubatch and stores its tokens' positions and sequences there; the
     /// graph then writes their K/V rows to the slots [`Memory::fill`] gives.
-    fn place(&mut self, ub: &UbatchView) -> Result<(), ContextError>;
+    fn place(&mut self, ub: &UbatchView) -> Result<(), MemoryError>;
     /// The contents of a graph input that depends on the stored cells (slots, masks) for
     /// the ubatch just placed; None for an input this memory does not provide.
     fn fill(&self, input: &GraphInput, ub: &UbatchView) -> Option<InputData>;
@@ -167,19 +172,19 @@ pub trait Memory: Send + Sync {
 
     /// Applies pending K-shifts (from seq_add / seq_div) and, with `defrag`, compacts
     /// the cache when its holes pass `--defrag-thold`.
-    fn update(&mut self, defrag: bool) -> Result<(), ContextError>;
+    fn update(&mut self, defrag: bool) -> Result<(), MemoryError>;
     /// Moves every used cell of the main store to the front (K/V rows with it); returns
     /// the number of cells moved.
-    fn defrag(&mut self) -> Result<usize, ContextError>;
+    fn defrag(&mut self) -> Result<usize, MemoryError>;
 
     /// Appends this memory's part of a state file: the K/V types, the stores, and per
     /// store its cells (or only `seq`'s, saved as sequence 0) and their K/V rows. Returns
     /// the cells saved from the main store. Pending shifts must have been applied.
     #[cfg(not(target_arch = "wasm32"))]
-    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError>;
+    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, MemoryError>;
     /// Reads what [`Memory::state_write`] wrote, as `load` says; checks all of it before
     /// changing anything. Returns the cells loaded into the main store.
-    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError>;
+    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, MemoryError>;
 }
 
 /// How a state file's memory part is loaded.
@@ -237,31 +242,34 @@ pub fn fill_input(
 
 /// The memory a model needs for these parameters: a rolling buffer beside the full store
 /// where it has sliding-window layers (unless `--swa-full`), else one store for all.
-pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memory>, ContextError> {
-    let hp = &model.hp;
+pub fn create(
+    shape: &Arc<MemoryShape>,
+    params: &MemoryParams,
+) -> Result<Box<dyn Memory>, MemoryError> {
+    let hp = &**shape;
     if !hp.has_attention() {
         if params.kv.type_k.is_some() || params.kv.type_v.is_some() {
-            return Err(ContextError::Cache(
+            return Err(MemoryError::Cache(
                 "-ctk/-ctv: this model has no attention layers, so no K/V cache to type; its recurrent states are f32".into(),
             ));
         }
-        return Ok(Box::new(RecurrentMemory::new(model, params.n_seq_max)?));
+        return Ok(Box::new(RecurrentMemory::new(shape, params.n_seq_max)?));
     }
     let choice = (params.kv)
         .resolve(
-            model.gpu.has_f16,
+            shape.gpu.has_f16,
             hp.head_dim,
             hp.n_embd_kv(),
-            flash_faster(model),
+            flash_faster(shape),
         )
-        .map_err(ContextError::Cache)?;
-    let ub = params.n_ubatch.min(params.n_batch);
+        .map_err(MemoryError::Cache)?;
+    let ub = params.n_ubatch;
     if hp.has_recurrent() {
-        let attn: Vec<usize> = (0..hp.n_layer as usize)
+        let attn: Vec<usize> = (0..hp.n_layer())
             .filter(|&il| !hp.is_recurrent(il))
             .collect();
         let kv = KvCache::new(
-            model,
+            shape,
             choice,
             attn,
             params.n_ctx as usize,
@@ -274,17 +282,17 @@ pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memo
             mib(kv.bytes()),
             describe(choice)
         );
-        let recr = RecurrentMemory::new(model, params.n_seq_max)?;
+        let recr = RecurrentMemory::new(shape, params.n_seq_max)?;
         return Ok(Box::new(HybridMemory::new(kv, recr)));
     }
-    let mem: Box<dyn Memory> = match hp.swa {
-        Some(swa) if !params.swa_full => {
-            Box::new(SwaKvCache::new(model, params, choice, swa.window, ub)?)
+    let mem: Box<dyn Memory> = match hp.swa_window {
+        Some(window) if !params.swa_full => {
+            Box::new(SwaKvCache::new(shape, params, choice, window, ub)?)
         }
         _ => {
-            let all: Vec<usize> = (0..hp.n_layer as usize).collect();
+            let all: Vec<usize> = (0..hp.n_layer()).collect();
             let c = KvCache::new(
-                model,
+                shape,
                 choice,
                 all,
                 params.n_ctx as usize,
@@ -296,7 +304,7 @@ pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memo
                 params.n_ctx,
                 mib(c.bytes()),
                 describe(choice),
-                if hp.swa.is_some() {
+                if hp.swa_window.is_some() {
                     ", full size for the sliding-window layers too (--swa-full)"
                 } else {
                     ""
@@ -312,9 +320,9 @@ pub fn create(model: &Arc<Model>, params: &ContextParams) -> Result<Box<dyn Memo
 /// CPU-shaped flash kernel holds its heads (lavapipe, SmolLM2, pp512: 89 t/s against 73
 /// unfused at depth 0; README has the table at depth 4096). GPU-shaped kernels keep the
 /// unfused path, faster on an H100 (`AttnShape::flash`).
-fn flash_faster(model: &Model) -> bool {
-    crate::ops::attention::cpu_flash_kernel(&model.gpu)
-        && model.hp.head_dim
+fn flash_faster(shape: &MemoryShape) -> bool {
+    crate::ops::attention::cpu_flash_kernel(&shape.gpu)
+        && shape.head_dim
             <= 4 * crate::ops::kernels::FLASH_ROWS_D4
                 .iter()
                 .max()

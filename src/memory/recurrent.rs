@@ -9,12 +9,12 @@
 //! `src`), computes, and stores the new state to its cell's row (`dst`): gathering first
 //! lets a state that two sequences shared be read by one while the other overwrites it.
 
+use super::MemoryError;
+use super::MemoryShape;
+use super::Reader;
 use super::{Checkpoint, KvLayer, Memory, RsLayer, StateLoad, StoreMap};
-use crate::context::state::Reader;
-use crate::context::ContextError;
 use crate::graph::{GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, KvCells, KvChoice, KvType, RsCells, RsSlot, SeqId};
-use crate::model::Model;
 use crate::ops::View;
 use std::sync::Arc;
 
@@ -25,7 +25,7 @@ struct LayerStates {
 }
 
 pub struct RecurrentMemory {
-    pub(super) model: Arc<Model>,
+    pub(super) shape: Arc<MemoryShape>,
     pub(super) cells: RsCells,
     /// Per model layer: its states, if the layer is recurrent.
     layers: Vec<Option<LayerStates>>,
@@ -35,15 +35,15 @@ pub struct RecurrentMemory {
 
 impl RecurrentMemory {
     /// States for `n_seq_max` sequences in every recurrent layer of the model.
-    pub fn new(model: &Arc<Model>, n_seq_max: u32) -> Result<Self, ContextError> {
-        let hp = &model.hp;
+    pub fn new(shape: &Arc<MemoryShape>, n_seq_max: u32) -> Result<Self, MemoryError> {
+        let hp = &**shape;
         let cells = RsCells::new(n_seq_max);
         let rows = cells.size() as u64 + 1;
-        let gpu = &model.gpu;
-        let (r, s) = (hp.n_embd_r() as u64, hp.n_embd_s() as u64);
+        let gpu = &shape.gpu;
+        let (r, s) = (hp.n_embd_r as u64, hp.n_embd_s as u64);
         for (what, n) in [("conv", r), ("SSM", s)] {
             if n * rows * 4 > gpu.max_binding {
-                return Err(ContextError::TooLarge(format!(
+                return Err(MemoryError::TooLarge(format!(
                     "-np {n_seq_max}: one layer's recurrent {what} states would be {} MiB, over this adapter's storage binding limit of {} MiB; use fewer sequences",
                     (n * rows * 4) >> 20,
                     gpu.max_binding >> 20
@@ -51,7 +51,7 @@ impl RecurrentMemory {
             }
         }
         let mut layers = Vec::new();
-        for il in 0..hp.n_layer as usize {
+        for il in 0..hp.n_layer() {
             if !hp.is_recurrent(il) {
                 layers.push(None);
                 continue;
@@ -68,7 +68,7 @@ impl RecurrentMemory {
             layers.push(Some(LayerStates { conv, ssm }));
         }
         let mem = RecurrentMemory {
-            model: model.clone(),
+            shape: shape.clone(),
             cells,
             layers,
             slots: Vec::new(),
@@ -83,7 +83,7 @@ impl RecurrentMemory {
 
     /// State bytes over every layer and cell.
     pub fn bytes(&self) -> u64 {
-        let per_cell = 4 * (self.model.hp.n_embd_r() + self.model.hp.n_embd_s()) as u64;
+        let per_cell = 4 * (self.shape.n_embd_r + self.shape.n_embd_s) as u64;
         let n_layers = self.layers.iter().flatten().count() as u64;
         per_cell * n_layers * self.cells.size() as u64
     }
@@ -100,7 +100,7 @@ impl RecurrentMemory {
 
     /// Stores a ubatch's sequence sets (each a run of equally many tokens: the equal
     /// split) and keeps where their states go.
-    pub(super) fn place_sets(&mut self, ub: &UbatchView) -> Result<(), ContextError> {
+    pub(super) fn place_sets(&mut self, ub: &UbatchView) -> Result<(), MemoryError> {
         let sets = sequence_sets(ub.seq, ub.pos)?;
         self.slots = self.cells.place(&sets)?;
         Ok(())
@@ -140,8 +140,8 @@ impl RecurrentMemory {
     /// Every state buffer (conv then SSM, layer by layer) with its row bytes: the order
     /// of a state file's rows.
     pub(super) fn state_buffers(&self) -> Vec<(View, u64)> {
-        let hp = &self.model.hp;
-        let (r, s) = (4 * hp.n_embd_r() as u64, 4 * hp.n_embd_s() as u64);
+        let hp = &*self.shape;
+        let (r, s) = (4 * hp.n_embd_r as u64, 4 * hp.n_embd_s as u64);
         let mut out = Vec::new();
         for l in self.layers.iter().flatten() {
             out.push((l.conv.clone(), r));
@@ -159,7 +159,7 @@ impl RecurrentMemory {
 
 /// The sequence sets of an equally split ubatch: (set, last position) per run of tokens
 /// with one set, each run as long as the first.
-pub(super) fn sequence_sets(seq: &[u64], pos: &[i32]) -> Result<Vec<(u64, i32)>, ContextError> {
+pub(super) fn sequence_sets(seq: &[u64], pos: &[i32]) -> Result<Vec<(u64, i32)>, MemoryError> {
     let mut sets: Vec<(u64, i32)> = Vec::new();
     let mut run = 0;
     let mut n_t = None;
@@ -182,8 +182,8 @@ pub(super) fn sequence_sets(seq: &[u64], pos: &[i32]) -> Result<Vec<(u64, i32)>,
     Ok(sets)
 }
 
-fn unequal() -> ContextError {
-    ContextError::BadBatch(
+fn unequal() -> MemoryError {
+    MemoryError::BadBatch(
         "a recurrent memory takes ubatches of equally many tokens per sequence (its equal split)"
             .into(),
     )
@@ -198,13 +198,13 @@ pub fn split_equal(
     logits: &[bool],
     n_ubatch: usize,
     n_out_max: usize,
-) -> Result<Vec<Vec<usize>>, ContextError> {
+) -> Result<Vec<Vec<usize>>, MemoryError> {
     let mut groups: Vec<(u64, Vec<usize>)> = Vec::new();
     for (i, &s) in seq.iter().enumerate() {
         match groups.iter_mut().find(|(g, _)| *g & s != 0) {
             Some((g, idx)) if *g == s => idx.push(i),
             Some((g, _)) => {
-                return Err(ContextError::BadBatch(format!(
+                return Err(MemoryError::BadBatch(format!(
                     "a recurrent model's batch has tokens of sequence set {g:#x} and of {s:#x}, which overlap: a state is shared by whole sequences, so a token given to several sequences must have all their tokens in this batch"
                 )))
             }
@@ -269,19 +269,19 @@ impl Memory for RecurrentMemory {
     fn clear(&mut self) {
         self.cells.clear();
     }
-    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), ContextError> {
+    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), MemoryError> {
         Ok(self.cells.seq_rm(seq, p0, p1)?)
     }
-    fn seq_cp(&mut self, src: SeqId, dst: SeqId, _p0: i32, _p1: i32) -> Result<(), ContextError> {
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, _p0: i32, _p1: i32) -> Result<(), MemoryError> {
         Ok(self.cells.seq_cp(src, dst)?)
     }
-    fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError> {
+    fn seq_keep(&mut self, seq: SeqId) -> Result<(), MemoryError> {
         Ok(self.cells.seq_keep(seq)?)
     }
-    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), ContextError> {
+    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), MemoryError> {
         Ok(self.cells.seq_add(seq, p0, p1, delta)?)
     }
-    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
+    fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), MemoryError> {
         Ok(self.cells.seq_div(seq, p0, p1, d)?)
     }
     fn equal_split(&self) -> bool {
@@ -298,7 +298,7 @@ impl Memory for RecurrentMemory {
             self.cells = rs;
         }
     }
-    fn place(&mut self, ub: &UbatchView) -> Result<(), ContextError> {
+    fn place(&mut self, ub: &UbatchView) -> Result<(), MemoryError> {
         self.place_sets(ub)
     }
     fn fill(&self, input: &GraphInput, _ub: &UbatchView) -> Option<InputData> {
@@ -319,17 +319,17 @@ impl Memory for RecurrentMemory {
     fn bounded(&self) -> bool {
         false
     }
-    fn update(&mut self, _defrag: bool) -> Result<(), ContextError> {
+    fn update(&mut self, _defrag: bool) -> Result<(), MemoryError> {
         Ok(())
     }
-    fn defrag(&mut self) -> Result<usize, ContextError> {
+    fn defrag(&mut self) -> Result<usize, MemoryError> {
         Ok(0)
     }
     #[cfg(not(target_arch = "wasm32"))]
-    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError> {
+    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, MemoryError> {
         super::rs_state::write(out, self, seq)
     }
-    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
+    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, MemoryError> {
         super::rs_state::read(r, self, load)
     }
 }

@@ -4,9 +4,9 @@
 //! cells, f32.
 
 use super::recurrent::RecurrentMemory;
+use super::MemoryError;
 use super::StateLoad;
-use crate::context::state::{Reader, StateError};
-use crate::context::ContextError;
+use super::{Reader, StateError};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::kv::SeqId;
 use crate::kv::{seqs_below, KvCells};
@@ -17,8 +17,8 @@ pub(super) fn write(
     out: &mut Vec<u8>,
     mem: &RecurrentMemory,
     seq: Option<SeqId>,
-) -> Result<usize, ContextError> {
-    let hp = &mem.model.hp;
+) -> Result<usize, MemoryError> {
+    let hp = &*mem.shape;
     let cells = &mem.cells;
     let picked: Vec<usize> = match seq {
         Some(s) => cells.tail(s).into_iter().collect(),
@@ -28,8 +28,8 @@ pub(super) fn write(
     };
     let layers = mem.state_buffers();
     for v in [
-        hp.n_embd_r(),
-        hp.n_embd_s(),
+        hp.n_embd_r,
+        hp.n_embd_s,
         layers.len() as u32,
         picked.len() as u32,
     ] {
@@ -40,7 +40,7 @@ pub(super) fn write(
         out.extend(c.pos.to_le_bytes());
         out.extend(if seq.is_some() { 1u64 } else { c.seq }.to_le_bytes());
     }
-    let gpu = &mem.model.gpu;
+    let gpu = &mem.shape.gpu;
     for (buf, row) in layers {
         for &i in &picked {
             let at = buf.offset + (i as u64 * row);
@@ -56,15 +56,15 @@ pub(super) fn read(
     r: &mut Reader,
     mem: &mut RecurrentMemory,
     load: &StateLoad,
-) -> Result<usize, ContextError> {
+) -> Result<usize, MemoryError> {
     let p = r.path.to_string();
     let format = |what: String| StateError::Format {
         path: p.clone(),
         what,
     };
-    let hp = &mem.model.hp;
+    let hp = &*mem.shape;
     let layers = mem.state_buffers();
-    let want = [hp.n_embd_r(), hp.n_embd_s(), layers.len() as u32];
+    let want = [hp.n_embd_r, hp.n_embd_s, layers.len() as u32];
     let got = [r.u32()?, r.u32()?, r.u32()?];
     if got != want {
         return Err(StateError::OtherModel {
@@ -121,7 +121,7 @@ pub(super) fn read(
         }
     }
     let placed = cells.restore(&saved)?;
-    let gpu = mem.model.gpu.clone();
+    let gpu = mem.shape.gpu.clone();
     for ((buf, row), data) in layers.iter().zip(&rows) {
         for (k, &i) in placed.iter().enumerate() {
             let r = *row as usize;

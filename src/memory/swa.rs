@@ -3,12 +3,12 @@
 //! operation applies to both; the buffer evicts what no window can see again
 //! ([`RollingWindow`]) and refuses what it cannot rebuild.
 
+use super::MemoryShape;
+use super::Reader;
 use super::{describe, mib, Checkpoint, KvCache, KvLayer, Memory, StateLoad, StoreMap};
-use crate::context::state::Reader;
-use crate::context::{ContextError, ContextParams};
+use super::{MemoryError, MemoryParams};
 use crate::graph::{GraphInput, InputData, UbatchView};
 use crate::kv::{CacheKind, KvCells, KvChoice, RollingWindow, SeqId, MAX_SEQ};
-use crate::model::Model;
 use std::sync::Arc;
 
 pub struct SwaKvCache {
@@ -21,27 +21,27 @@ impl SwaKvCache {
     /// The global layers over `n_ctx` cells, the sliding-window ones over a buffer sized
     /// for `-np` windows, the kept prefix and one ubatch of `n_ubatch` tokens.
     pub fn new(
-        model: &Arc<Model>,
-        params: &ContextParams,
+        shape: &Arc<MemoryShape>,
+        params: &MemoryParams,
         choice: KvChoice,
         window: u32,
         n_ubatch: u32,
-    ) -> Result<SwaKvCache, ContextError> {
-        let hp = &model.hp;
+    ) -> Result<SwaKvCache, MemoryError> {
+        let hp = &**shape;
         let keep = params.swa_keep;
         let size = RollingWindow::capacity(window, keep, params.n_seq_max, n_ubatch, params.n_ctx);
         let (local, global): (Vec<usize>, Vec<usize>) =
-            (0..hp.n_layer as usize).partition(|&il| hp.is_swa(il));
+            (0..hp.n_layer()).partition(|&il| hp.is_swa(il));
         let thold = params.defrag_thold;
         let full = KvCache::new(
-            model,
+            shape,
             choice,
             global,
             params.n_ctx as usize,
             CacheKind::Full,
             thold,
         )?;
-        let swa = KvCache::new(model, choice, local, size, CacheKind::Window, thold)?;
+        let swa = KvCache::new(shape, choice, local, size, CacheKind::Window, thold)?;
         log::info!(
             "context: {} cells, KV cache {:.1} MiB ({}): global layers {:.1} MiB over {} cells, sliding-window layers {:.1} MiB in a rolling buffer of {size} cells (window {window}, kept prefix {keep}); ubatch {n_ubatch}",
             params.n_ctx,
@@ -98,33 +98,33 @@ impl Memory for SwaKvCache {
     fn clear(&mut self) {
         self.both().into_iter().for_each(|c| c.clear());
     }
-    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), ContextError> {
+    fn seq_rm(&mut self, seq: Option<SeqId>, p0: i32, p1: i32) -> Result<(), MemoryError> {
         for c in self.both() {
             c.seq_rm(seq, p0, p1)?;
         }
         Ok(())
     }
-    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), ContextError> {
+    fn seq_cp(&mut self, src: SeqId, dst: SeqId, p0: i32, p1: i32) -> Result<(), MemoryError> {
         for c in self.both() {
             c.seq_cp(src, dst, p0, p1)?;
         }
         Ok(())
     }
-    fn seq_keep(&mut self, seq: SeqId) -> Result<(), ContextError> {
+    fn seq_keep(&mut self, seq: SeqId) -> Result<(), MemoryError> {
         for c in self.both() {
             c.seq_keep(seq)?;
         }
         Ok(())
     }
-    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), ContextError> {
+    fn seq_add(&mut self, seq: SeqId, p0: i32, p1: i32, delta: i32) -> Result<(), MemoryError> {
         for c in self.both() {
             c.seq_add(seq, p0, p1, delta)?;
         }
         Ok(())
     }
     /// Refused: dividing positions makes a window span more tokens than the buffer kept.
-    fn seq_div(&mut self, _seq: SeqId, _p0: i32, _p1: i32, _d: i32) -> Result<(), ContextError> {
-        Err(ContextError::SelfExtendNeedsSwaFull)
+    fn seq_div(&mut self, _seq: SeqId, _p0: i32, _p1: i32, _d: i32) -> Result<(), MemoryError> {
+        Err(MemoryError::SelfExtendNeedsSwaFull)
     }
     fn checkpoint(&self) -> Checkpoint {
         Checkpoint {
@@ -138,7 +138,7 @@ impl Memory for SwaKvCache {
             (self.full.cells, self.swa.cells) = (full, swa);
         }
     }
-    fn place(&mut self, ub: &UbatchView) -> Result<(), ContextError> {
+    fn place(&mut self, ub: &UbatchView) -> Result<(), MemoryError> {
         self.full.place_tokens(ub)?;
         let first = first_positions(ub.pos, ub.seq);
         let n = ub.tokens.len();
@@ -167,18 +167,18 @@ impl Memory for SwaKvCache {
     }
     /// Both stores shift; only the full one is compacted (the buffer is small and
     /// reuses its cells as it rolls).
-    fn update(&mut self, defrag: bool) -> Result<(), ContextError> {
+    fn update(&mut self, defrag: bool) -> Result<(), MemoryError> {
         self.swa.apply_shifts()?;
         self.full.update(defrag)
     }
-    fn defrag(&mut self) -> Result<usize, ContextError> {
+    fn defrag(&mut self) -> Result<usize, MemoryError> {
         self.full.defrag()
     }
     #[cfg(not(target_arch = "wasm32"))]
-    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, ContextError> {
+    fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, MemoryError> {
         super::kv_state::write(out, &[&self.full, &self.swa], seq)
     }
-    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, ContextError> {
+    fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, MemoryError> {
         super::kv_state::read(
             r,
             &mut [

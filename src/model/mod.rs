@@ -60,6 +60,35 @@ pub struct Model {
 }
 
 impl Model {
+    /// What the memory needs to know of this model: each layer's kind (attention with
+    /// its keys' RoPE and whether it sees a sliding window, or a recurrent state) and
+    /// the rows' sizes.
+    pub fn memory_shape(&self) -> crate::memory::MemoryShape {
+        use crate::memory::LayerMemory;
+        let hp = &self.hp;
+        let layers = (0..hp.n_layer as usize)
+            .map(|il| {
+                if hp.is_recurrent(il) {
+                    LayerMemory::Recurrent
+                } else {
+                    LayerMemory::Attention {
+                        rope: hp.layer_rope(il),
+                        swa: hp.is_swa(il),
+                    }
+                }
+            })
+            .collect();
+        crate::memory::MemoryShape {
+            gpu: self.gpu.clone(),
+            layers,
+            n_head_kv: hp.n_head_kv,
+            head_dim: hp.head_dim,
+            n_embd_r: hp.n_embd_r(),
+            n_embd_s: hp.n_embd_s(),
+            swa_window: hp.swa.map(|s| s.window),
+        }
+    }
+
     /// Reads hyperparameters and uploads every weight. `progress(done, total)` is called
     /// in bytes as tensors are uploaded.
     pub fn load(
