@@ -9,7 +9,7 @@
 //! length, that many bytes of GGUF, then the text to encode.
 
 use crate::gguf::GgufFile;
-use crate::grammar::{accepts_text, json_schema, Grammar, GrammarState, TokenPieces};
+use crate::grammar::{json_schema, Grammar, GrammarState, TokenPieces};
 use crate::model::Hparams;
 use crate::tokenizer::{render_chat_template, ChatMessage, TemplateOptions, Tokenizer};
 use std::sync::Arc;
@@ -131,11 +131,18 @@ pub fn json_schema(data: &[u8]) {
 }
 
 fn match_bytes(g: Arc<Grammar>, text: &[u8]) {
+    // Each step's work is bounded (`grammar::MAX_WORK`, tens of milliseconds); a text is
+    // fed until 4 steps' worth is spent, so a grammar that keeps every step near the
+    // bound is not mistaken for a hang.
+    let cap = 4 * crate::grammar::MAX_WORK as u64;
     let pieces = Arc::new(TokenPieces::bytes());
-    let mut s = GrammarState::new(g.clone(), pieces);
+    let mut s = GrammarState::new(g.clone(), pieces.clone());
     let all: Vec<u32> = (0..257).collect();
     let mut allowed = vec![true; all.len()];
     for (i, &b) in text.iter().enumerate().take(256) {
+        if s.work_done() > cap {
+            return;
+        }
         if i < 8 {
             allowed.fill(true);
             s.check(&all, &mut allowed);
@@ -149,7 +156,14 @@ fn match_bytes(g: Arc<Grammar>, text: &[u8]) {
             return;
         }
     }
-    let _ = accepts_text(g, &String::from_utf8_lossy(text));
+    // The text as a string, as `accepts_text` reads it.
+    let mut s = GrammarState::new(g, pieces);
+    for &b in String::from_utf8_lossy(text).as_bytes() {
+        if s.work_done() > cap || !s.allows(b as u32) || s.accept(b as u32).is_err() {
+            return;
+        }
+    }
+    let _ = s.allows(256);
 }
 
 /// A state file (a slot's save, `--prompt-cache`) loaded into a small model's cache kept

@@ -16,6 +16,7 @@ mod tests;
 
 use crate::tokenizer::Tokenizer;
 use gbnf::Elem;
+pub(crate) use stacks::MAX_WORK;
 use stacks::{Cand, Overflow, Partial, Rules, Stack, StackSet, Work};
 use std::cell::Cell;
 use std::collections::HashSet;
@@ -303,6 +304,8 @@ pub struct GrammarState {
     /// A check ran out of work ([`stacks::MAX_WORK`]): what it allowed is incomplete, and
     /// the next `accept` ends the generation.
     too_complex: Cell<bool>,
+    /// Work done by every check and accept since the start ([`stacks::MAX_WORK`] units).
+    work_done: Cell<u64>,
 }
 
 impl std::fmt::Debug for GrammarState {
@@ -321,6 +324,7 @@ impl GrammarState {
             pieces,
             partial: Partial::default(),
             too_complex: Cell::new(false),
+            work_done: Cell::new(0),
         }
     }
 
@@ -329,6 +333,13 @@ impl GrammarState {
         self.stacks = self.grammar.start.clone();
         self.partial = Partial::default();
         self.too_complex.set(false);
+        self.work_done.set(0);
+    }
+
+    /// The matcher's work in this generation so far, in the units of the bound on each
+    /// step: what a grammar has cost the thread that runs it.
+    pub fn work_done(&self) -> u64 {
+        self.work_done.get()
     }
 
     /// Whether a check ran out of the work a step may do: it then allowed nothing, and
@@ -408,6 +419,8 @@ impl GrammarState {
             .grammar
             .rules
             .reject(&self.stacks, cands, text, &mut work);
+        self.work_done
+            .set(self.work_done.get() + work.used() as u64);
         if work.exhausted() {
             // The walk stopped part way: what it let through is only part of what the
             // grammar allows, and sampling from that part would skew the text unseen.
@@ -481,8 +494,21 @@ impl GrammarState {
         cps: &[u32],
         partial: Partial,
     ) -> Result<Vec<Stack>, Overflow> {
-        let rules = &self.grammar.rules;
         let mut work = Work::new();
+        let next = self.advance_stacks_with(token, cps, partial, &mut work);
+        self.work_done
+            .set(self.work_done.get() + work.used() as u64);
+        next
+    }
+
+    fn advance_stacks_with(
+        &self,
+        token: u32,
+        cps: &[u32],
+        partial: Partial,
+        work: &mut Work,
+    ) -> Result<Vec<Stack>, Overflow> {
+        let rules = &self.grammar.rules;
         let mut next = StackSet::default();
         let mut seen = HashSet::new();
         let mut cur = Vec::new();
@@ -491,7 +517,7 @@ impl GrammarState {
                 continue;
             };
             if matches!(rules.at(top), Elem::Token(_) | Elem::TokenNot(_)) {
-                rules.accept_token_elem(stack, token, &mut next, &mut seen, &mut work)?;
+                rules.accept_token_elem(stack, token, &mut next, &mut seen, work)?;
             } else {
                 cur.push(stack.clone());
             }
@@ -503,7 +529,7 @@ impl GrammarState {
             let mut after = StackSet::default();
             let mut seen = HashSet::new();
             for s in &cur {
-                rules.accept_char(s, c, &mut after, &mut seen, &mut work)?;
+                rules.accept_char(s, c, &mut after, &mut seen, work)?;
             }
             cur = after.list;
         }
