@@ -132,9 +132,9 @@ pub fn json_schema(data: &[u8]) {
 
 fn match_bytes(g: Arc<Grammar>, text: &[u8]) {
     // Each step's work is bounded (`grammar::MAX_WORK`, tens of milliseconds); a text is
-    // fed until 4 steps' worth is spent, so a grammar that keeps every step near the
+    // fed until 2 steps' worth is spent, so a grammar that keeps every step near the
     // bound is not mistaken for a hang.
-    let cap = 4 * crate::grammar::MAX_WORK as u64;
+    let cap = 2 * crate::grammar::MAX_WORK as u64;
     let pieces = Arc::new(TokenPieces::bytes());
     let mut s = GrammarState::new(g.clone(), pieces.clone());
     let all: Vec<u32> = (0..257).collect();

@@ -45,9 +45,10 @@ pub(crate) const MAX_POSITIONS: usize = 1 << 22;
 /// bound, for a fifth of a second per character on the engine thread every session
 /// shares. Work is counted in units of about one candidate compared with a terminal
 /// ([`EXPANSION_WORK`] and [`POSITION_WORK`] price a stack expanded):
-/// `cargo bench --bench grammar` puts a step that runs out at about 60 ms, and a JSON
-/// object of 50 optional properties over a 20 000-piece vocabulary at 1/30 of this.
-pub(crate) const MAX_WORK: usize = 1 << 23;
+/// this admits a JSON object of about 4 000 optional properties over SmolLM2's
+/// vocabulary (1 000 take 8M units), and `cargo bench --bench grammar` puts a step that
+/// runs out at under 0.2 s.
+pub(crate) const MAX_WORK: usize = 1 << 25;
 
 /// Work of expanding one stack, besides its positions: the allocation and hashing each
 /// costs about as much as comparing 64 candidates.
