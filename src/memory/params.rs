@@ -6,24 +6,16 @@ use super::StateError;
 use crate::gpu::GpuError;
 use crate::kv::{KvConfig, KvError};
 
-/// The settings a memory is made for.
+/// The settings a memory is made for: the context's (`context::ContextParams`, whose
+/// fields of the same names say what each is), with `n_ubatch` at most the batch.
 #[derive(Clone, Copy, Debug)]
 pub struct MemoryParams {
-    /// Cache cells (-c).
     pub n_ctx: u32,
-    /// Most tokens one graph computes (-ub, at most -b).
     pub n_ubatch: u32,
-    /// Distinct sequences (-np); ids are 0..n_seq_max.
     pub n_seq_max: u32,
-    /// Compact a store when this share of its cells below the used bound are holes
-    /// (--defrag-thold; <= 0: never).
     pub defrag_thold: f32,
-    /// Sliding-window layers keep a full-size store (--swa-full) instead of a rolling
-    /// buffer of their window.
     pub swa_full: bool,
-    /// Positions below this stay in the rolling buffer (a context shift's kept prefix).
     pub swa_keep: u32,
-    /// What the K/V stores hold and whether attention is flash attention.
     pub kv: KvConfig,
 }
 
