@@ -77,9 +77,10 @@ impl Gpu {
             msg,
         };
         if !key.is_known() {
-            return Err(shader_err(
-                "not one of the kernel variants the offline check covers".into(),
-            ));
+            return Err(shader_err(format!(
+                "not one of the kernel variants {}::all() lists (and the offline check covers)",
+                std::any::type_name::<K>()
+            )));
         }
         let missing = key.features() - self.device.features();
         if !missing.is_empty() {
