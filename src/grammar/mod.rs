@@ -419,8 +419,7 @@ impl GrammarState {
             .grammar
             .rules
             .reject(&self.stacks, cands, text, &mut work);
-        self.work_done
-            .set(self.work_done.get() + work.used() as u64);
+        self.count(&work);
         if work.exhausted() {
             // The walk stopped part way: what it let through is only part of what the
             // grammar allows, and sampling from that part would skew the text unseen.
@@ -473,6 +472,12 @@ impl GrammarState {
         Ok(())
     }
 
+    /// Adds a step's work to [`GrammarState::work_done`].
+    fn count(&self, work: &Work) {
+        self.work_done
+            .set(self.work_done.get() + work.used() as u64);
+    }
+
     /// Nothing more can be matched: the state allows only the end from here.
     fn stop_too_complex(&mut self) -> GrammarError {
         self.stacks.clear();
@@ -496,8 +501,7 @@ impl GrammarState {
     ) -> Result<Vec<Stack>, Overflow> {
         let mut work = Work::new();
         let next = self.advance_stacks_with(token, cps, partial, &mut work);
-        self.work_done
-            .set(self.work_done.get() + work.used() as u64);
+        self.count(&work);
         next
     }
 
