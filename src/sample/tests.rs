@@ -1,3 +1,4 @@
+use super::chain::*;
 use super::rng::Mt19937;
 use super::*;
 use std::collections::HashSet;
