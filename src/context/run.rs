@@ -1,0 +1,419 @@
+//! Running a batch: split into ubatches as the memory asks, each placed in memory, its
+//! inputs filled, its graph recorded and submitted (with the draws of GPU sampling), and
+//! its results read back; and steps submitted ahead of their readback.
+
+use super::{
+    Batch, Context, ContextError, Decoded, Drawn, GpuDraw, GraphKey, StepStats, GRAPH_CACHE,
+};
+use crate::graph::{GraphInput, GraphIo, UbatchView};
+use crate::kv::CacheKind;
+use crate::ops::uniforms::SampleRow;
+use crate::ops::View;
+
+impl Context {
+    /// Splits a checked batch into ubatches as the memory asks and decodes them in order;
+    /// the logit rows (and draws) come back in batch order whatever order the split took.
+    pub(super) async fn decode_ubatches(
+        &mut self,
+        batch: &Batch,
+        draws: &[GpuDraw],
+    ) -> Result<Decoded, ContextError> {
+        let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
+        let n_vocab = self.model.hp.n_vocab as usize;
+        let draw_of = draw_index(draws);
+        let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
+        let mut picks = vec![Drawn::default(); draws.len()];
+        let mut read_bytes = 0;
+        for idx in self.memory.split(batch, ub, self.n_out_max as usize)? {
+            let u = sub_batch(batch, &idx);
+            let (read, drawn, which) = output_rows(batch, &idx, draws, &draw_of);
+            let rs: Vec<u32> = read.iter().map(|x| x.1).collect();
+            let (out, got) = self.decode_ubatch(&u, &rs, &drawn).await?;
+            if !drawn.is_empty() {
+                self.last_draws = drawn.len();
+            }
+            read_bytes += self.last_step.read_bytes;
+            for ((i, _), row) in read.iter().zip(out.chunks(n_vocab.max(1))) {
+                rows.push((*i, row.to_vec()));
+            }
+            for (j, p) in which.into_iter().zip(got) {
+                picks[j] = p;
+            }
+        }
+        self.last_step.read_bytes = read_bytes;
+        rows.sort_by_key(|(i, _)| *i);
+        Ok(Decoded {
+            logits: rows.into_iter().flat_map(|(_, r)| r).collect(),
+            picks,
+        })
+    }
+
+    /// Runs one ubatch's graph; returns the logit rows `read` (output row indices, in
+    /// order) and the tokens of the rows `drawn`.
+    async fn decode_ubatch(
+        &mut self,
+        u: &Batch,
+        read: &[u32],
+        drawn: &[crate::ops::uniforms::SampleRow],
+    ) -> Result<(Vec<f32>, Vec<Drawn>), ContextError> {
+        let run = self.submit_ubatch(u, read, drawn, &[])?;
+        let key = run.key;
+        let out = self.finish_ubatch(run).await?;
+        // `WGLLM_PROFILE=1` on a page, which cannot block where a native graph run
+        // profiles itself (`Graph::submit`): every step read back is timed and logged.
+        let logged = cfg!(target_arch = "wasm32") && self.model.gpu.tuning.profile;
+        if std::mem::take(&mut self.profile_next) || logged {
+            let gpu = self.model.gpu.clone();
+            if let Some((_, graph)) = self.graphs.iter().find(|(k, _)| *k == key) {
+                // The draws' dispatches (recorded for these rows) are timed after it.
+                let draws = match (&self.sampling, drawn.is_empty()) {
+                    (Some(s), false) => s.dispatches(),
+                    _ => &[],
+                };
+                let cost = crate::graph::OpCost {
+                    bytes: drawn.len() as u64 * self.model.hp.n_vocab as u64 * 4,
+                    flops: 0,
+                };
+                let mut p = graph.profile(&gpu, ("sampling", draws, cost)).await?;
+                // Replayed draws recorded their tokens again in the penalty history.
+                for r in drawn {
+                    self.forget_sampler_stamp(r.slot);
+                }
+                (p.n_tok, p.n_kv) = (key.0, key.1);
+                if logged {
+                    crate::graph::log_ops(&p);
+                }
+                self.last_profile = Some(p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first half of [`Context::decode_ubatch`]: places the ubatch, fills its inputs,
+    /// records and submits its graph (and draws), without waiting. `feed` lists (ubatch
+    /// position, draw) pairs: that token's id is copied on the GPU from the draw of the
+    /// step submitted before.
+    fn submit_ubatch(
+        &mut self,
+        u: &Batch,
+        read: &[u32],
+        drawn: &[crate::ops::uniforms::SampleRow],
+        feed: &[(usize, usize)],
+    ) -> Result<UbatchRun, ContextError> {
+        let gpu = self.model.gpu.clone();
+        let ubv = UbatchView {
+            tokens: &u.tokens,
+            pos: &u.pos,
+            seq: &u.seq,
+            logits: &u.logits,
+        };
+        self.memory.place(&ubv)?;
+        // Every declared input fills itself from the ubatch and the memory it went to.
+        for (input, buf) in &self.step.inputs {
+            let data = crate::memory::fill_input(&*self.memory, input, &ubv)?;
+            if !data.is_empty() {
+                gpu.write(buf, 0, data.as_bytes());
+            }
+        }
+        let n_out = ubv.logits.iter().filter(|&&l| l).count() as u32;
+        let (n_kv, n_kv_window) = (
+            self.memory.n_kv(CacheKind::Full),
+            self.memory.n_kv(CacheKind::Window),
+        );
+        let key = (
+            u.tokens.len() as u32,
+            n_kv,
+            n_kv_window,
+            self.memory.n_rs(),
+            n_out,
+        );
+        let idx = match self.graphs.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let io = GraphIo {
+                    n_tok: key.0,
+                    n_kv: key.1,
+                    n_kv_window: key.2,
+                    n_rs: key.3,
+                    n_out,
+                    inputs: (self.step.inputs.iter())
+                        .map(|(i, buf)| (*i, View::whole(buf)))
+                        .collect(),
+                    logits: View::whole(&self.step.logits),
+                };
+                let graph = self.model.build_graph(&io, &*self.memory)?;
+                self.n_graph_builds += 1;
+                log::debug!(
+                    "graph for {key:?}: {} dispatches, {} scratch buffers ({:.1} MiB)",
+                    graph.n_dispatches(),
+                    graph.scratch.len(),
+                    graph.scratch_bytes as f64 / (1 << 20) as f64
+                );
+                if self.graphs.len() == GRAPH_CACHE {
+                    self.graphs.pop_front();
+                }
+                self.graphs.push_back((key, graph));
+                self.graphs.len() - 1
+            }
+        };
+        let graph = &self.graphs[idx].1;
+        // Logit rows to read, as runs of consecutive rows; then the drawn tokens.
+        let row_bytes = self.model.hp.n_vocab as u64 * 4;
+        let mut regions: Vec<(&wgpu::Buffer, u64, u64)> = Vec::new();
+        for &r in read {
+            match regions.last_mut() {
+                Some(last) if last.1 + last.2 == r as u64 * row_bytes => last.2 += row_bytes,
+                _ => regions.push((&self.step.logits, r as u64 * row_bytes, row_bytes)),
+            }
+        }
+        let logit_bytes: u64 = regions.iter().map(|r| r.2).sum();
+        // Tokens drawn by the step before, copied into this step's token input before
+        // the result buffer is drawn into again.
+        let fed_from = if feed.is_empty() {
+            None
+        } else {
+            let tokens_in = (self.step.inputs.iter())
+                .find(|(i, _)| *i == GraphInput::Tokens)
+                .map(|(_, b)| b.clone());
+            match (self.sampling.as_ref(), tokens_in) {
+                (Some(st), Some(t)) => Some((st.result().clone(), t)),
+                _ => {
+                    return Err(ContextError::BadBatch(
+                        "a token fed from a draw, but nothing was drawn".into(),
+                    ))
+                }
+            }
+        };
+        let pre: Vec<crate::graph::CopyRegion> = match &fed_from {
+            None => Vec::new(),
+            Some((result, tokens_in)) => (feed.iter())
+                .map(|&(pos, j)| crate::graph::CopyRegion {
+                    src: result,
+                    src_offset: j as u64 * 8,
+                    dst: tokens_in,
+                    dst_offset: pos as u64 * 4,
+                    bytes: 4,
+                })
+                .collect(),
+        };
+        let extra: &[crate::ops::Dispatch] = if drawn.is_empty() {
+            &[]
+        } else {
+            let st = self
+                .sampling
+                .as_mut()
+                .expect("draws are checked against a synced state");
+            let (d, result, probs) = st.record(&gpu, &self.step.logits, drawn)?;
+            regions.push((result, 0, drawn.len() as u64 * 8));
+            // Then each row's final candidates, where it asks for them.
+            for (j, r) in drawn.iter().enumerate() {
+                if r.n_probs > 0 {
+                    let at = crate::ops::sample::probs_bytes(j as u32);
+                    regions.push((probs, at, r.n_probs as u64 * 8));
+                }
+            }
+            d
+        };
+        let read_bytes: u64 = regions.iter().map(|r| r.2).sum();
+        let sub = graph.submit(&gpu, &pre, extra, &regions)?;
+        let (submit_ns, _) = graph.submit_wait_ns();
+        self.last_step = StepStats {
+            n_tok: key.0,
+            dispatches: graph.n_dispatches() + extra.len(),
+            record_ns: graph.record_ns(),
+            read_bytes,
+            submit_ns,
+            wait_ns: 0,
+        };
+        Ok(UbatchRun {
+            sub,
+            key,
+            logit_bytes,
+            n_probs: drawn.iter().map(|r| r.n_probs as usize).collect(),
+        })
+    }
+
+    /// The second half: waits for the ubatch's readback and splits it into logit rows
+    /// and drawn tokens.
+    async fn finish_ubatch(
+        &mut self,
+        run: UbatchRun,
+    ) -> Result<(Vec<f32>, Vec<Drawn>), ContextError> {
+        let gpu = self.model.gpu.clone();
+        let (data, wait_ns) = run.sub.wait(&gpu).await?;
+        self.last_step.wait_ns = wait_ns;
+        let data = data.unwrap_or_default();
+        let (logits, rest) = data.split_at((run.logit_bytes as usize).min(data.len()));
+        let (tokens, mut probs) = rest.split_at((run.n_probs.len() * 8).min(rest.len()));
+        let pair = |c: &[u8]| {
+            let t = u32::from_le_bytes(c[..4].try_into().unwrap());
+            (t, f32::from_le_bytes(c[4..8].try_into().unwrap()))
+        };
+        let picks = (tokens.chunks_exact(8).zip(&run.n_probs))
+            .map(|(c, &n)| {
+                let (token, prob) = pair(c);
+                let (mine, after) = probs.split_at((n * 8).min(probs.len()));
+                probs = after;
+                // Places past the chain's last candidate (and underflowed weights) hold
+                // probability 0, which the host's list leaves out too.
+                let top = (mine.chunks_exact(8).map(pair))
+                    .filter(|&(_, p)| p > 0.0)
+                    .collect();
+                Drawn { token, prob, top }
+            })
+            .collect();
+        Ok((bytemuck::pod_collect_to_vec(logits), picks))
+    }
+
+    /// Submits a decode step without waiting for it: the batch must fit one ubatch, and
+    /// the tokens `feed` names (batch index, index of a draw of the step submitted just
+    /// before) take the token that draw picks, copied on the GPU — their ids in `batch`
+    /// are placeholders. So step N+1 is on its way before token N is read: finish each
+    /// step with [`Context::finish_step`], in the order submitted. The cells of a step
+    /// are placed when it is submitted; cutting one back (a stop found when its token
+    /// arrives) is `seq_rm` after it finishes. A failure while steps are in flight
+    /// leaves the cache holding them.
+    pub fn submit_step(
+        &mut self,
+        batch: &Batch,
+        draws: &[GpuDraw],
+        feed: &[(usize, usize)],
+    ) -> Result<InFlight, ContextError> {
+        self.check_decode(batch)?;
+        self.check_draws(batch, draws)?;
+        if let Some(&(i, j)) = feed
+            .iter()
+            .find(|&&(i, j)| i >= batch.tokens.len() || j >= self.last_draws)
+        {
+            return Err(ContextError::BadBatch(format!(
+                "token {i} fed from draw {j}, but the step before drew {}",
+                self.last_draws
+            )));
+        }
+        self.memory.update(true)?;
+        let saved = self.memory.checkpoint();
+        let out = self.submit_one(batch, draws, feed);
+        if out.is_err() {
+            self.memory.rollback(saved);
+            if let Some(s) = self.sampling.as_mut() {
+                s.forget_all();
+            }
+        }
+        out
+    }
+
+    fn submit_one(
+        &mut self,
+        batch: &Batch,
+        draws: &[GpuDraw],
+        feed: &[(usize, usize)],
+    ) -> Result<InFlight, ContextError> {
+        let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
+        let split = self.memory.split(batch, ub, self.n_out_max as usize)?;
+        let [idx] = &split[..] else {
+            return Err(ContextError::BadBatch(format!(
+                "a step submitted ahead must fit one ubatch; this one takes {}",
+                split.len()
+            )));
+        };
+        let u = sub_batch(batch, idx);
+        let draw_of = draw_index(draws);
+        let (read_rows, drawn, which) = output_rows(batch, idx, draws, &draw_of);
+        let pos_of: std::collections::HashMap<usize, usize> =
+            idx.iter().enumerate().map(|(p, &i)| (i, p)).collect();
+        let feed_u: Vec<(usize, usize)> = feed.iter().map(|&(i, j)| (pos_of[&i], j)).collect();
+        let rs: Vec<u32> = read_rows.iter().map(|x| x.1).collect();
+        let run = self.submit_ubatch(&u, &rs, &drawn, &feed_u)?;
+        if !drawn.is_empty() {
+            self.last_draws = drawn.len();
+        }
+        Ok(InFlight { run, which })
+    }
+
+    /// Waits for a step submitted by [`Context::submit_step`] and returns its logit rows
+    /// (in the order of its ubatch: the batch's, for a KV cache) and drawn tokens, as
+    /// [`Context::decode_drawing_async`] does.
+    pub async fn finish_step(&mut self, step: InFlight) -> Result<Decoded, ContextError> {
+        let out = self.finish_ubatch(step.run).await;
+        let (logits, got) = match out {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some(s) = self.sampling.as_mut() {
+                    s.forget_all();
+                }
+                return Err(e);
+            }
+        };
+        let mut picks = vec![Drawn::default(); step.which.len()];
+        for (j, p) in step.which.into_iter().zip(got) {
+            picks[j] = p;
+        }
+        Ok(Decoded { logits, picks })
+    }
+
+    /// [`Context::finish_step`], blocking (native targets).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn finish_step_blocking(&mut self, step: InFlight) -> Result<Decoded, ContextError> {
+        pollster::block_on(self.finish_step(step))
+    }
+}
+
+/// The tokens `idx` of `batch`, in that order.
+fn sub_batch(batch: &Batch, idx: &[usize]) -> Batch {
+    Batch {
+        tokens: idx.iter().map(|&i| batch.tokens[i]).collect(),
+        pos: idx.iter().map(|&i| batch.pos[i]).collect(),
+        seq: idx.iter().map(|&i| batch.seq[i]).collect(),
+        logits: idx.iter().map(|&i| batch.logits[i]).collect(),
+    }
+}
+
+/// Each draw's position in `draws`, by the batch index it samples.
+fn draw_index(draws: &[GpuDraw]) -> std::collections::HashMap<usize, usize> {
+    draws
+        .iter()
+        .enumerate()
+        .map(|(j, d)| (d.index, j))
+        .collect()
+}
+
+/// The output rows of ubatch `idx` in its order: those read back as (batch index, row),
+/// and those drawn on the GPU (their settings with the row filled in, and which draw).
+type OutputRows = (Vec<(usize, u32)>, Vec<SampleRow>, Vec<usize>);
+
+fn output_rows(
+    batch: &Batch,
+    idx: &[usize],
+    draws: &[GpuDraw],
+    draw_of: &std::collections::HashMap<usize, usize>,
+) -> OutputRows {
+    let (mut read, mut drawn, mut which) = (Vec::new(), Vec::new(), Vec::new());
+    for (r, &i) in idx.iter().filter(|&&i| batch.logits[i]).enumerate() {
+        match draw_of.get(&i) {
+            Some(&j) => {
+                let mut row = draws[j].row;
+                row.row = r as u32;
+                drawn.push(row);
+                which.push(j);
+            }
+            None => read.push((i, r as u32)),
+        }
+    }
+    (read, drawn, which)
+}
+
+/// One ubatch submitted, its readback still to come.
+struct UbatchRun {
+    sub: crate::graph::Submitted,
+    key: GraphKey,
+    logit_bytes: u64,
+    /// Per drawn row, in row order: the final candidates read back after the tokens.
+    n_probs: Vec<usize>,
+}
+
+/// A step submitted ahead ([`Context::submit_step`]), to finish in order.
+pub struct InFlight {
+    run: UbatchRun,
+    /// The draw each drawn row answers, in row order.
+    which: Vec<usize>,
+}
