@@ -1,0 +1,188 @@
+//! A session's input: the checks on its first tokens, `--keep`, and the reuse of
+//! cached prefixes (cells the sequence still holds, or a prompt-cache file).
+
+use super::{Engine, EngineError, Phase, Session, SessionId, SessionParams, Utf8Stream};
+
+impl Engine {
+    /// Queues input for a session: checks, `--keep` resolution and prompt-cache reuse on
+    /// the first input, sampler history.
+    pub(super) fn input(
+        &mut self,
+        id: SessionId,
+        tokens: &[u32],
+        generate: bool,
+    ) -> Result<(), EngineError> {
+        self.input_reusing(id, tokens, generate, None)
+    }
+
+    /// Starts a request on idle session `id`: a fresh session with `params` whose input
+    /// is the whole prompt `tokens`. With `cache_prompt`, the cells of the longest prefix
+    /// the prompt shares with what the sequence holds are kept (never the last token:
+    /// its logits are needed); the rest of the sequence is dropped. Returns the tokens
+    /// reused. A sequence that was shifted or extended keeps nothing (its cells no longer
+    /// sit at the positions of its tokens).
+    pub fn start_request(
+        &mut self,
+        id: SessionId,
+        params: SessionParams,
+        tokens: &[u32],
+        cache_prompt: bool,
+    ) -> Result<usize, EngineError> {
+        let s = self.session(id)?;
+        if s.phase != Phase::Idle {
+            return Err(EngineError::Busy(id));
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        params.validate()?;
+        let kept = if cache_prompt && s.shift.ops.is_empty() {
+            s.history.clone()
+        } else {
+            Vec::new()
+        };
+        let sampler = self.sampler_for(&params.sampling)?;
+        self.sessions[id as usize] = Some(Session::new(id, params, sampler)?);
+        self.input_reusing(id, tokens, true, Some(&kept))?;
+        Ok(self.session(id)?.history.len())
+    }
+
+    /// [`Engine::input`]; on a session's first input, `kept` (the tokens its sequence
+    /// still holds from an earlier request) gives the prefix to reuse.
+    pub(super) fn input_reusing(
+        &mut self,
+        id: SessionId,
+        tokens: &[u32],
+        generate: bool,
+        kept: Option<&[u32]>,
+    ) -> Result<(), EngineError> {
+        let n_ctx_seq = self.n_ctx_seq() as usize;
+        let add_bos = self.tokenizer.add_bos();
+        let s = self.session(id)?;
+        if s.phase != Phase::Idle {
+            return Err(EngineError::Busy(id));
+        }
+        if tokens.is_empty() && (s.logits.is_none() || !generate) {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let n_vocab = self.model.hp.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t >= n_vocab) {
+            return Err(EngineError::Options(format!(
+                "token id {bad} is out of the vocabulary (0..{n_vocab})"
+            )));
+        }
+        let first = s.history.is_empty();
+        let mut reuse = 0;
+        if first {
+            // llama-completion refuses a first prompt that leaves fewer than 4 cells (a
+            // recurrent model alone has no cells to run out of).
+            let bounded = self.ctx.memory().bounded();
+            if bounded && s.params.shift.ga_n == 1 && tokens.len() > n_ctx_seq.saturating_sub(4) {
+                return Err(EngineError::PromptTooLong {
+                    n: tokens.len(),
+                    max: n_ctx_seq.saturating_sub(4),
+                });
+            }
+            if let Some(pc) = s.params.prompt_cache.clone() {
+                reuse = self.reuse_prompt_cache(id, &pc.path, tokens)?;
+            } else if let Some(kept) = kept {
+                reuse = self.reuse_cells(id, kept, tokens)?;
+            }
+        }
+        let s = self.session_mut(id)?;
+        if first {
+            s.shift.n_keep = s.params.shift.n_keep_for(tokens.len(), add_bos);
+            s.save_cache_after_input = s
+                .params
+                .prompt_cache
+                .as_ref()
+                .is_some_and(|pc| !pc.read_only);
+        }
+        for &t in tokens {
+            s.sampler.accept(t);
+        }
+        s.history.extend_from_slice(&tokens[..reuse]);
+        s.shift.n_past += reuse as i32;
+        s.pending = tokens[reuse..].iter().copied().collect();
+        s.input_total = s.pending.len();
+        s.input_done = 0;
+        s.then_generate = generate;
+        s.generated.clear();
+        s.reply.clear();
+        s.stream = Utf8Stream::default();
+        s.phase = if s.pending.is_empty() {
+            Phase::Generate
+        } else {
+            Phase::Prompt
+        };
+        Ok(())
+    }
+
+    /// Keeps the cells of the prefix `prompt` shares with `kept` (what sequence `id`
+    /// holds) and drops the rest; returns how many prompt tokens need no decoding.
+    pub(super) fn reuse_cells(
+        &mut self,
+        id: SessionId,
+        kept: &[u32],
+        prompt: &[u32],
+    ) -> Result<usize, EngineError> {
+        let same = kept.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let mut reuse = same.min(prompt.len() - 1);
+        if reuse > 0 && !self.ctx.can_resume(id, reuse as i32) {
+            log::debug!("session {id}: the cache no longer holds the state at token {reuse} (a sliding window dropped its start, or a recurrent state holds only its end); reprocessing the prompt");
+            reuse = 0;
+        }
+        self.ctx.seq_rm(Some(id), reuse as i32, -1)?;
+        Ok(reuse)
+    }
+
+    /// Loads the prompt-cache file (if it exists) into `id`'s sequence and keeps the
+    /// cells of the longest prefix its tokens share with `prompt`; returns how many
+    /// prompt tokens need no decoding (never the last one: its logits are needed).
+    pub(super) fn reuse_prompt_cache(
+        &mut self,
+        id: SessionId,
+        path: &std::path::Path,
+        prompt: &[u32],
+    ) -> Result<usize, EngineError> {
+        if !path.exists() {
+            log::info!(
+                "prompt cache {} does not exist yet; it will be created",
+                path.display()
+            );
+            return Ok(0);
+        }
+        let saved = self.ctx.state_load(path, Some(id))?;
+        let same = saved
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let mut reuse = same.min(prompt.len() - 1);
+        if !self.ctx.can_resume(id, reuse as i32) {
+            // As llama.cpp does without --swa-full, but only when it must: the rolling
+            // buffer no longer has the window before the shared prefix ends. A recurrent
+            // state holds only the end of what was saved, so only an exact continuation
+            // reuses it.
+            let why = if self.ctx.memory().bounded() {
+                "the sliding-window buffer no longer holds the window before token {reuse} (--swa-full keeps it)"
+            } else {
+                "a recurrent state holds only the end of the saved tokens, not token {reuse}"
+            };
+            log::info!(
+                "prompt cache {}: {}; reprocessing the prompt",
+                path.display(),
+                why.replace("{reuse}", &reuse.to_string())
+            );
+            reuse = 0;
+        }
+        self.ctx.seq_rm(Some(id), reuse as i32, -1)?;
+        log::info!(
+            "prompt cache {}: {reuse} of {} prompt tokens reused",
+            path.display(),
+            prompt.len()
+        );
+        Ok(reuse)
+    }
+}

@@ -1,0 +1,370 @@
+//! One step of every session: tokens sampled (on the host or the GPU), a batch planned
+//! from the generating and waiting sessions, decoded, and its results handed back.
+
+use super::{
+    rewind, schedule, Engine, EngineError, Event, Part, Phase, Room, Session, SessionId, Stop,
+    TokenProbs,
+};
+use crate::context::{Batch, ContextError};
+use crate::grammar::GrammarError;
+use crate::tokenizer::Tokenizer;
+use web_time::{Duration, Instant};
+
+impl Engine {
+    /// One step, blocking on the GPU (native targets): see [`Engine::step_async`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
+        pollster::block_on(self.step_async())
+    }
+
+    /// One step of every session: each generating session samples a token; then one
+    /// batch of at most n_batch tokens — one per generating session, then chunks of
+    /// waiting prompts in session order — is decoded. Returns what happened; an `Err` is
+    /// a failure of the whole step (the GPU), after which the cache is as before it.
+    pub async fn step_async(&mut self) -> Result<Vec<Event>, EngineError> {
+        if let Some(p) = self.pending.take() {
+            return self.step_ahead(p).await;
+        }
+        let mut events = Vec::new();
+        self.sample_all(&mut events);
+        let (batch, mut parts) = self.plan_batch(&mut events)?;
+        self.last_batch = (0, 0);
+        if batch.tokens.is_empty() {
+            return Ok(events);
+        }
+        let draws = self.plan_draws(&batch, &mut parts);
+        if self.can_go_ahead(&batch, &parts) {
+            self.submit_ahead(batch, parts, &draws)?;
+            return Ok(events);
+        }
+        let start = Instant::now();
+        let out = self.ctx.decode_drawing_async(&batch, &draws).await?;
+        let dt = start.elapsed();
+        self.n_steps += 1;
+        let n_gen = parts.iter().filter(|p| p.generating).count();
+        self.last_batch = (batch.tokens.len() - n_gen, n_gen);
+        self.take_results(&batch, &parts, &out, dt, &mut events)?;
+        Ok(events)
+    }
+
+    /// Cancellations, then a sampled token for each generating session.
+    pub(super) fn sample_all(&mut self, events: &mut Vec<Event>) {
+        let tok = &self.tokenizer;
+        for s in self.sessions.iter_mut().flatten() {
+            if std::mem::take(&mut s.cancel) {
+                if s.phase != Phase::Idle {
+                    events.push(s.finish(Stop::Cancelled));
+                    record_reply(tok, s);
+                }
+                continue;
+            }
+            // A token sampled earlier that did not fit the last batch is still to decode.
+            if s.phase != Phase::Generate || s.next.is_some() {
+                continue;
+            }
+            let n_predict = s.params.n_predict;
+            if n_predict >= 0 && s.generated.len() >= n_predict as usize {
+                events.push(s.finish(Stop::MaxTokens));
+                record_reply(tok, s);
+                continue;
+            }
+            // A grammar that allows nothing more ends the generation, as its
+            // end-of-generation token would (also where --ignore-eos bans that token).
+            if s.sampler.grammar_complete() {
+                events.push(s.finish(Stop::EndOfGeneration));
+                record_reply(tok, s);
+                continue;
+            }
+            let (t, probs, accepted) = if let Some(d) = s.drawn.take() {
+                // Drawn on the GPU with the stream's next number; the GPU also recorded
+                // it in its copy of the penalty history.
+                let accepted = s.sampler.accept_gpu_pick(d.token);
+                self.ctx.set_sampler_stamp(s.id, s.sampler.history_stamp());
+                self.n_gpu_draws += 1;
+                // Only post-sampling probabilities are drawn on the GPU (draw.rs).
+                let probs = (s.params.n_probs > 0).then(|| {
+                    Box::new(TokenProbs {
+                        prob: d.prob,
+                        top: d.top,
+                    })
+                });
+                (d.token, probs, accepted)
+            } else if let Some(logits) = s.logits.take() {
+                let picked = Self::sample_logits(s, &logits);
+                s.logits = Some(logits);
+                self.n_host_samples += 1;
+                picked
+            } else {
+                continue;
+            };
+            match accepted {
+                Ok(()) => {}
+                Err(error @ GrammarError::TooComplex) => {
+                    // The request's grammar needs more than the matcher may spend on a
+                    // token: the client hears why, rather than a plain end.
+                    s.finish(Stop::EndOfGeneration);
+                    events.push(Event::Error {
+                        session: s.id,
+                        error: error.into(),
+                    });
+                    continue;
+                }
+                // Sampling only picks tokens the grammar allows; this is a bug if seen.
+                Err(e) => log::error!("session {}: {e}", s.id),
+            }
+            if tok.is_eog(t) {
+                events.push(s.finish(Stop::EndOfGeneration));
+                record_reply(tok, s);
+                continue;
+            }
+            s.generated.push(t);
+            let text = s.stream.push(&tok.token_to_piece(t, false));
+            s.reply.push_str(&text);
+            s.next = Some(t);
+            events.push(Event::Token {
+                session: s.id,
+                token: t,
+                text,
+                probs,
+            });
+        }
+    }
+
+    /// Samples a token from logits read back to the host (with its probabilities where
+    /// asked for) and accepts it.
+    pub(super) fn sample_logits(
+        s: &mut Session,
+        logits: &[f32],
+    ) -> (u32, Option<Box<TokenProbs>>, Result<(), GrammarError>) {
+        let (t, probs) = if s.params.n_probs == 0 {
+            (s.sampler.sample(logits), None)
+        } else if s.params.post_sampling_probs {
+            let (t, prob, top) = s.sampler.sample_with_probs(logits, s.params.n_probs);
+            (t, Some(Box::new(TokenProbs { prob, top })))
+        } else {
+            let t = s.sampler.sample(logits);
+            let p = TokenProbs::from_logits(logits, t, s.params.n_probs);
+            (t, Some(Box::new(p)))
+        };
+        let accepted = s.sampler.accept_generated(t);
+        (t, probs, accepted)
+    }
+
+    /// Makes room for each session's share of the batch and lays the batch out.
+    pub(super) fn plan_batch(
+        &mut self,
+        events: &mut Vec<Event>,
+    ) -> Result<(Batch, Vec<Part>), EngineError> {
+        let n_batch = self.ctx.params.n_batch as usize;
+        let n_ctx_seq = self.n_ctx_seq() as i32;
+        let mut batch = Batch::default();
+        let mut parts = Vec::new();
+        // Generating sessions first (one token each), then the waiting prompts, which
+        // share the rest of the batch equally (starting from a different one each step,
+        // so the remainder rotates): a short prompt is not held behind a long one.
+        let generating: Vec<SessionId> = self
+            .sessions()
+            .filter(|s| s.phase == Phase::Generate && s.next.is_some())
+            .map(|s| s.id)
+            .collect();
+        let mut prompts: Vec<(SessionId, usize)> = self
+            .sessions()
+            .filter(|s| s.phase == Phase::Prompt)
+            .map(|s| (s.id, s.pending.len()))
+            .collect();
+        if !prompts.is_empty() {
+            let k = self.n_steps as usize % prompts.len();
+            prompts.rotate_left(k);
+        }
+        let room = n_batch.saturating_sub(generating.len());
+        let needs: Vec<usize> = prompts.iter().map(|p| p.1).collect();
+        let shares = schedule::fair_shares(&needs, room);
+        let order: Vec<(SessionId, bool, usize)> = (generating.iter().map(|&id| (id, true, 1)))
+            .chain(
+                prompts
+                    .iter()
+                    .zip(shares)
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(p, n)| (p.0, false, n)),
+            )
+            .collect();
+        for &(id, generating, share) in &order {
+            let room_left = n_batch - batch.tokens.len();
+            if room_left == 0 {
+                break;
+            }
+            let s = self.sessions[id as usize].as_mut().unwrap();
+            let tokens: Vec<u32> = if generating {
+                vec![s.next.unwrap()]
+            } else {
+                s.pending
+                    .iter()
+                    .take(share.min(room_left))
+                    .copied()
+                    .collect()
+            };
+            let n = tokens.len() as i32;
+            match s.shift.make_room(&mut self.ctx, id, n, n_ctx_seq) {
+                Ok(Room::Fits) => {}
+                Ok(Room::Shifted { n_keep, n_discard }) => events.push(Event::ContextShifted {
+                    session: id,
+                    n_keep,
+                    n_discard,
+                }),
+                Ok(Room::Extended { n_past }) => events.push(Event::ContextExtended {
+                    session: id,
+                    n_past,
+                }),
+                Err(ContextError::ContextFull { n_ctx, reason }) => {
+                    let s = self.sessions[id as usize].as_mut().unwrap();
+                    if generating {
+                        events.push(s.finish(Stop::ContextFull(reason)));
+                        record_reply(&self.tokenizer, s);
+                    } else {
+                        s.finish(Stop::ContextFull(reason));
+                        events.push(Event::Error {
+                            session: id,
+                            error: if s.then_generate {
+                                EngineError::PromptFull { n_ctx, reason }
+                            } else {
+                                EngineError::Context(ContextError::ContextFull { n_ctx, reason })
+                            },
+                        });
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let s = self.sessions[id as usize].as_ref().unwrap();
+            // Positions continue from the sequence's largest one, as llama.cpp assigns
+            // them to a batch without positions (after Self-Extend, below n_past).
+            let pos0 = self.ctx.memory().seq_pos_max(id) + 1;
+            let last_of_input = generating || tokens.len() == s.pending.len();
+            let every_row = !generating && s.fed_logits.is_some();
+            for (i, &t) in tokens.iter().enumerate() {
+                batch.tokens.push(t);
+                batch.pos.push(pos0 + i as i32);
+                batch.seq.push(1u64 << id);
+                batch
+                    .logits
+                    .push(every_row || (last_of_input && i + 1 == tokens.len()));
+            }
+            parts.push(Part {
+                id,
+                len: tokens.len(),
+                drawn: None,
+                generating,
+                logits: last_of_input,
+                rows: if every_row {
+                    tokens.len()
+                } else {
+                    last_of_input as usize
+                },
+            });
+        }
+        Ok((batch, parts))
+    }
+
+    /// Hands each session its decoded tokens and logits.
+    pub(super) fn take_results(
+        &mut self,
+        batch: &Batch,
+        parts: &[Part],
+        out: &crate::context::Decoded,
+        dt: Duration,
+        events: &mut Vec<Event>,
+    ) -> Result<(), EngineError> {
+        let n_vocab = self.model.hp.n_vocab as usize;
+        let mut rows = out.logits.chunks(n_vocab.max(1));
+        let mut at = 0;
+        for p in parts {
+            let toks = &batch.tokens[at..at + p.len];
+            at += p.len;
+            let part_rows: Vec<&[f32]> = rows.by_ref().take(p.rows).collect();
+            let row = if p.logits {
+                part_rows.last().copied()
+            } else {
+                None
+            };
+            let s = self.sessions[p.id as usize].as_mut().unwrap();
+            if let Some(all) = s.fed_logits.as_mut().filter(|_| !p.generating) {
+                all.extend(part_rows.iter().map(|r| r.to_vec()));
+            }
+            s.shift.n_past += p.len as i32;
+            s.history.extend_from_slice(toks);
+            if let Some(r) = row {
+                s.logits = Some(r.to_vec());
+            }
+            if let Some(j) = p.drawn {
+                s.drawn = Some(out.picks[j].clone());
+                s.logits = None;
+            }
+            if p.generating {
+                s.next = None;
+                s.timings.eval += dt;
+                s.timings.eval_tokens += 1;
+                continue;
+            }
+            s.pending.drain(..p.len);
+            s.input_done += p.len;
+            s.timings.prompt += dt;
+            s.timings.prompt_tokens += p.len;
+            events.push(Event::PromptProgress {
+                session: p.id,
+                done: s.input_done,
+                total: s.input_total,
+            });
+            if !s.pending.is_empty() {
+                continue;
+            }
+            if std::mem::take(&mut s.save_cache_after_input) {
+                let path = s.params.prompt_cache.as_ref().unwrap().path.clone();
+                let history = s.history.clone();
+                self.save_prompt_cache(p.id, &path, &history)?;
+            }
+            let pos = self.ctx.memory().seq_pos_max(p.id) + 1;
+            let s = self.sessions[p.id as usize].as_mut().unwrap();
+            if s.then_generate {
+                s.reply_mark = Some(rewind::ReplyMark::take(s, pos));
+                s.phase = Phase::Generate;
+            } else {
+                events.push(s.finish(Stop::Fed));
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) fn save_prompt_cache(
+        &mut self,
+        id: SessionId,
+        path: &std::path::Path,
+        tokens: &[u32],
+    ) -> Result<(), EngineError> {
+        self.ctx.state_save(path, tokens, Some(id))?;
+        Ok(())
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    pub(super) fn save_prompt_cache(
+        &mut self,
+        _: SessionId,
+        path: &std::path::Path,
+        _: &[u32],
+    ) -> Result<(), EngineError> {
+        Err(EngineError::PromptCache(format!(
+            "{}: prompt-cache files need a file system",
+            path.display()
+        )))
+    }
+}
+
+/// Records a finished chat reply in the session's conversation.
+pub(super) fn record_reply(tok: &Tokenizer, s: &mut Session) {
+    let reply = s.reply.clone();
+    if let Some(conv) = s.conversation.as_mut() {
+        if let Err(e) = conv.assistant_reply(tok, &reply) {
+            log::warn!("chat template while recording the reply: {e}");
+        }
+    }
+}
