@@ -1,7 +1,7 @@
 //! llama-server's prompt cache (`--cache-ram`): slots' tokens and cells kept in host
 //! memory, so that a conversation whose slot went to other requests comes back without
 //! its prompt being processed again. Host-only bookkeeping over [`Snapshot`]s; the
-//! service decides when to save and restore (see `service.rs`).
+//! service decides when to save and restore (see `service/worker/slots.rs`).
 
 use super::Snapshot;
 
