@@ -426,7 +426,7 @@ fn a_failed_batch_leaves_the_cache_as_it_was() {
     // 32 tokens in two ubatches of 16: the first fits (56 used), the second does not.
     let e = ctx.decode(&seq_batch(&toks[40..72], 40, 0)).unwrap_err();
     assert!(
-        matches!(e, ContextError::Kv(KvError::NoSlot { needed: 16, .. })),
+        matches!(e.kv(), Some(KvError::NoSlot { needed: 16, .. })),
         "{e}"
     );
     assert_eq!(ctx.cells().used(), 40);

@@ -6,7 +6,7 @@ mod common;
 
 use common::{nmse, tiny_ssm_parts, Rng};
 use std::sync::Arc;
-use wgllm::context::{Batch, Context, ContextError, ContextParams};
+use wgllm::context::{Batch, Context, ContextParams};
 use wgllm::gpu::Gpu;
 use wgllm::kv::KvError;
 use wgllm::model::synth::SynthArch;
@@ -95,7 +95,7 @@ fn random_ops_match_recomputation(arch: SynthArch) {
                     let p = 1 + rng.below(last as u32) as i32;
                     let e = ctx.seq_rm(Some(s as u32), p, -1).unwrap_err();
                     assert!(
-                        matches!(&e, ContextError::Kv(KvError::BadStore(m)) if m.contains("recurrent state")),
+                        matches!(e.kv(), Some(KvError::BadStore(m)) if m.contains("recurrent state")),
                         "step {step}: {e}"
                     );
                     refused += 1;

@@ -9,6 +9,7 @@ mod common;
 use std::sync::Arc;
 use wgllm::context::{Batch, Context, ContextError, ContextParams};
 use wgllm::gpu::{Gpu, GpuOptions};
+use wgllm::memory::MemoryError;
 use wgllm::model::Model;
 
 const WINDOW: u32 = 8;
@@ -159,7 +160,10 @@ fn what_the_buffer_cannot_do_is_refused_with_the_flag_that_can() {
     feed(&mut c, &toks, 0, 0, 4);
     // Self-Extend.
     let e = c.seq_div(0, 0, 32, 2).unwrap_err();
-    assert!(matches!(e, ContextError::SelfExtendNeedsSwaFull), "{e}");
+    assert!(
+        matches!(e, ContextError::Memory(MemoryError::SelfExtendNeedsSwaFull)),
+        "{e}"
+    );
     assert!(e.to_string().contains("--swa-full"));
     // Cutting back far past the buffer and decoding from there.
     c.seq_rm(Some(0), 10, -1).unwrap();

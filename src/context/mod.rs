@@ -20,19 +20,16 @@ use crate::model::Model;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+/// What a context refuses or fails at: its own checks of a batch and its sequences, and
+/// what its memory refused ([`MemoryError`], kept whole so that it is matched once).
 #[derive(Debug, thiserror::Error)]
 pub enum ContextError {
     #[error(transparent)]
-    Kv(#[from] KvError),
+    Memory(#[from] MemoryError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
     #[error("invalid batch: {0}")]
     BadBatch(String),
-    #[error("{0}")]
-    TooLarge(String),
-    /// A cache type or flash attention setting this model or adapter cannot serve.
-    #[error("{0}")]
-    Cache(String),
     #[error("invalid sequence id {seq}: this context has {n_seq_max} sequence(s), ids 0..{n_seq_max} (raise it with -np)")]
     BadSeq { seq: u32, n_seq_max: u32 },
     #[error("invalid batch: sequence {seq} ends at position {last} in the cache, so the batch must continue it at {} (it starts at {first}); positions of a sequence stay consecutive", last + 1)]
@@ -41,10 +38,19 @@ pub enum ContextError {
     PositionsBackwards { seq: u32, prev: i32, next: i32 },
     #[error(transparent)]
     State(#[from] state::StateError),
-    #[error("Self-Extend (--grp-attn-n) divides positions, so a sliding window would span more tokens than the rolling buffer of this model's sliding-window layers keeps; use --swa-full")]
-    SelfExtendNeedsSwaFull,
     #[error("the context is full ({n_ctx} tokens) and {reason}; use a larger context (-c)")]
     ContextFull { n_ctx: u32, reason: FullReason },
+}
+
+impl ContextError {
+    /// The cache error beneath this one, whichever layer reported it (the context's
+    /// cells, or a memory's store).
+    pub fn kv(&self) -> Option<&KvError> {
+        match self {
+            ContextError::Memory(MemoryError::Kv(e)) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// Why a full context could not make room, so that every message says the true cause.
@@ -89,22 +95,6 @@ pub struct ContextParams {
     pub swa_keep: u32,
     /// What the cache holds and whether attention is flash attention (-ctk, -ctv, -fa).
     pub kv: KvConfig,
-}
-
-impl From<MemoryError> for ContextError {
-    /// Each of the memory's errors as the context's own of the same name, so callers
-    /// match one error type whichever layer refused.
-    fn from(e: MemoryError) -> Self {
-        match e {
-            MemoryError::Kv(e) => ContextError::Kv(e),
-            MemoryError::Gpu(e) => ContextError::Gpu(e),
-            MemoryError::BadBatch(m) => ContextError::BadBatch(m),
-            MemoryError::TooLarge(m) => ContextError::TooLarge(m),
-            MemoryError::Cache(m) => ContextError::Cache(m),
-            MemoryError::State(e) => ContextError::State(e),
-            MemoryError::SelfExtendNeedsSwaFull => ContextError::SelfExtendNeedsSwaFull,
-        }
-    }
 }
 
 impl ContextParams {

@@ -293,10 +293,8 @@ impl Worker {
             Err(e) => {
                 log::error!("decoding failed: {e}");
                 let full = matches!(
-                    e,
-                    EngineError::Context(crate::context::ContextError::Kv(
-                        crate::kv::KvError::NoSlot { .. }
-                    ))
+                    &e,
+                    EngineError::Context(c) if matches!(c.kv(), Some(crate::kv::KvError::NoSlot { .. }))
                 );
                 // llama-server's words for a shared cache that ran out (--kv-unified).
                 let err = RequestError::Server(if full {
