@@ -31,6 +31,7 @@ fn log_tuned(e: &crate::tune::TuneEntry, measured: bool, n_backends: usize) {
 }
 
 impl Engine {
+    /// Opens a GGUF file, the GPU `opts` names, and uploads the weights; `progress(done,
     /// total)` is called in bytes as tensors are uploaded (native targets).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load(

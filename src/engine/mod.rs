@@ -131,8 +131,6 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Opens a GGUF file, the GPU `opts` names, and uploads the weights; `progress(done,
-
     /// An engine over a model already loaded (several engines may share one model).
     pub fn new(
         model: Arc<Model>,
