@@ -1,6 +1,6 @@
 //! What the memory is asked to hold and its own errors: the context's settings it needs
 //! (the context turns its `ContextParams` into these) and what can go wrong in it (the
-//! context turns each into its own error of the same name).
+//! context carries it whole, as `ContextError::Memory`).
 
 use super::StateError;
 use crate::gpu::GpuError;
