@@ -13,7 +13,11 @@ use wgllm::ops::binary::{binary, binary_ref, BinaryOp};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::glu::{glu, glu_ref, Activation};
 use wgllm::ops::hadamard::{hadamard, hadamard_ref};
+use wgllm::ops::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS};
 use wgllm::ops::matmul::{matmul, matmul_at, matmul_glu, matmul_ref, MatmulOut};
+use wgllm::ops::matmul_q8::{
+    matmul_q8, matmul_q8_ref, matmul_q8_with, q8_bytes, quantize_q8, quantize_q8_ref, Q8Blocks,
+};
 use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
 use wgllm::ops::rope_store::{rope_store, rope_store_ref, RopeStoreShape, RopeStoreViews};
@@ -1827,4 +1831,168 @@ fn ssm_scan_matches_reference() {
             }
         }
     }
+}
+
+/// The activations' 8-bit blocks (`quantize_q8`) on every test backend: the scales the
+/// CPU reference computes, and its codes (one may be off by one where x / d falls on a
+/// half and the device's division rounds differently from the CPU's).
+#[test]
+fn quantize_q8_matches_reference() {
+    let mut rng = Rng(51);
+    for (name, gpu, _serial) in gpus() {
+        for (k, n_tok) in [(32usize, 1usize), (4096, 3), (14336, 1), (96, 64)] {
+            let mut x = rng.vec(k * n_tok);
+            // An all-zero block (d = 0, codes 0) and one of a single sign.
+            x[..32].fill(0.0);
+            let len = x.len();
+            for v in &mut x[len - 32..] {
+                *v = v.abs();
+            }
+            let n_blocks = k * n_tok / 32;
+            let xq = View::whole(&gpu.storage("xq", q8_bytes(k as u32, n_tok as u32)).unwrap());
+            let d = quantize_q8(gpu, &up_f32(gpu, &x), k as u32, n_tok as u32, &xq).unwrap();
+            run_now(gpu, &[d]).unwrap();
+            let bytes = gpu
+                .read_bytes(&xq.buf, 0, q8_bytes(k as u32, n_tok as u32))
+                .unwrap();
+            let got = Q8Blocks::from_words(&bytemuck::pod_collect_to_vec(&bytes), n_blocks);
+            let want = quantize_q8_ref(&x);
+            let what = format!("{name} quantize_q8 {k}x{n_tok}");
+            for (b, (&dg, &dw)) in got.d.iter().zip(&want.d).enumerate() {
+                assert!(
+                    (dg - dw).abs() <= dw * 1e-6,
+                    "{what}: block {b} d {dg} != {dw}"
+                );
+            }
+            assert!(
+                got.codes[..32].iter().all(|&c| c == 0),
+                "{what}: zero block"
+            );
+            let off: Vec<usize> = (0..want.codes.len())
+                .filter(|&i| got.codes[i] != want.codes[i])
+                .collect();
+            assert!(
+                off.iter()
+                    .all(|&i| (got.codes[i] as i32 - want.codes[i] as i32).abs() == 1),
+                "{what}: a code off by more than one"
+            );
+            assert!(
+                off.len() * 1000 <= want.codes.len(),
+                "{what}: {} codes differ",
+                off.len()
+            );
+            // Each block's d * sum(codes) from the codes the device wrote.
+            for b in 0..n_blocks {
+                let sum: i32 = got.codes[b * 32..b * 32 + 32]
+                    .iter()
+                    .map(|&c| c as i32)
+                    .sum();
+                let s = got.d[b] * sum as f32;
+                assert!(
+                    (got.s[b] - s).abs() <= 1e-5 * (1.0 + s.abs()),
+                    "{what}: block {b} sum"
+                );
+            }
+        }
+    }
+}
+
+/// The integer-dot matmul for every weight type that has one, every variant (rows and
+/// tokens per workgroup), on every test backend: against the CPU reference doing the same
+/// integer arithmetic, and within the activations' rounding of the float reference.
+/// Shapes: 1 to 64 tokens, rows not a multiple of the workgroup's, K up to 14336.
+#[test]
+fn integer_dot_matmul_matches_reference() {
+    let mut rng = Rng(52);
+    for (name, gpu, _serial) in gpus() {
+        for ty in wgllm::ops::matmul_q8::TYPES {
+            for (k, n, n_tok) in [
+                (32usize, 3usize, 1usize),
+                (256, 37, 2),
+                (14336, 5, 1),
+                (4096, 19, 8),
+                (96, 7, 64),
+            ] {
+                let data = quantized(ty, &mut rng, k, n);
+                let x = rng.vec(k * n_tok);
+                let w = Weight::upload(gpu, "w", ty, k, n, &data).unwrap();
+                let xq = View::whole(&gpu.storage("xq", q8_bytes(k as u32, n_tok as u32)).unwrap());
+                let q = quantize_q8(gpu, &up_f32(gpu, &x), k as u32, n_tok as u32, &xq).unwrap();
+                run_now(gpu, &[q]).unwrap();
+                let want = matmul_q8_ref(ty, &data, k, n, &x, n_tok);
+                let float = matmul_ref(ty, &data, k, n, &x, n_tok);
+                // Every variant on the small shapes; the large ones through the variant the
+                // op picks (software devices take seconds per pass there).
+                let keys: Vec<KernelKey> = if k * n * n_tok <= 32768 {
+                    Q8_MATMUL_ROWS
+                        .iter()
+                        .flat_map(|&rows| {
+                            Q8_MATMUL_TOKENS.iter().map(move |&tb| KernelKey::MatmulQ8 {
+                                ty,
+                                rows,
+                                tb,
+                            })
+                        })
+                        .collect()
+                } else {
+                    vec![wgllm::ops::matmul_q8::kernel(ty, n_tok as u32)]
+                };
+                for key in keys {
+                    let dst = out_f32(gpu, n * n_tok);
+                    run_now(
+                        gpu,
+                        &matmul_q8_with(gpu, key, &w, &xq, n_tok as u32, &dst).unwrap(),
+                    )
+                    .unwrap();
+                    let got = read(gpu, &dst, want.len());
+                    let what = format!("{name} {key} {k}x{n} T={n_tok}");
+                    check(&what, &want, &got, 1e-9);
+                    check(&format!("{what} (float)"), &float, &got, 1e-4);
+                }
+            }
+        }
+    }
+}
+
+/// The integer-dot matmul over a weight split into chunks by a small binding limit.
+#[test]
+fn integer_dot_matmul_split_weights() {
+    let gpu = small_binding_gpu(12288);
+    let mut rng = Rng(53);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
+        let (k, n, n_tok) = (96usize, 300usize, 3usize);
+        let data = quantized(ty, &mut rng, k, n);
+        let x = rng.vec(k * n_tok);
+        let w = Weight::upload(&gpu, "w", ty, k, n, &data).unwrap();
+        assert!(w.chunks.len() >= 2, "{ty}: {} chunks", w.chunks.len());
+        let xq = View::whole(&gpu.storage("xq", q8_bytes(k as u32, n_tok as u32)).unwrap());
+        let mut d =
+            vec![quantize_q8(&gpu, &up_f32(&gpu, &x), k as u32, n_tok as u32, &xq).unwrap()];
+        let dst = out_f32(&gpu, n * n_tok);
+        d.extend(matmul_q8(&gpu, &w, &xq, n_tok as u32, &dst).unwrap());
+        run_now(&gpu, &d).unwrap();
+        let want = matmul_q8_ref(ty, &data, k, n, &x, n_tok);
+        check(
+            &format!("split {ty}"),
+            &want,
+            &read(&gpu, &dst, want.len()),
+            1e-9,
+        );
+    }
+}
+
+/// A weight type without an integer-dot kernel is refused with the types that have one.
+#[test]
+fn integer_dot_matmul_refuses_other_types() {
+    let (_, gpu, _serial) = gpus().next().unwrap();
+    let mut rng = Rng(54);
+    let data = quantized(GgmlType::Q6K, &mut rng, 256, 2);
+    let w = Weight::upload(gpu, "w", GgmlType::Q6K, 256, 2, &data).unwrap();
+    let xq = View::whole(&gpu.storage("xq", q8_bytes(256, 1)).unwrap());
+    let e = matmul_q8(gpu, &w, &xq, 1, &out_f32(gpu, 2))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("q6_k") || e.contains("Q6_K"), "{e}");
+    assert!(e.contains("q4_0") || e.contains("Q4_0"), "{e}");
 }

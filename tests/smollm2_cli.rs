@@ -130,6 +130,84 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
     );
 }
 
+/// The running estimates `[1]a,[2]b,...` of a perplexity run's output.
+fn running_estimates(out: &str) -> Vec<f64> {
+    out.lines()
+        .filter(|l| l.starts_with("[1]"))
+        .flat_map(|l| l.split(','))
+        .filter_map(|e| e.split(']').nth(1)?.trim().parse().ok())
+        .collect()
+}
+
+/// With every matmul on integer dot products (`WGLLM_INT_DOT=1`: SmolLM2's Q4_1 and
+/// Q8_0 weights times activations quantized to 8-bit blocks), the first two chunks score
+/// as llama-perplexity's do (its running estimates over `-c 128`: 13.4571, then 19.1221;
+/// llama.cpp's CPU backend also multiplies these types by 8-bit activations). Two
+/// chunks: the integer kernel is shaped for GPUs and slow on lavapipe's prompts. A
+/// profile shows the switch took the integer kernels.
+#[test]
+fn perplexity_with_integer_dot_products_tracks_llama_cpp() {
+    let text = common::shared_dir().join("reference/ppl-text.txt");
+    let model = model();
+    let args = [
+        "perplexity",
+        "-m",
+        &model,
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "128",
+        "--chunks",
+        "2",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(args)
+        .env("WGLLM_INT_DOT", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ppl = running_estimates(&String::from_utf8(out.stdout).unwrap());
+    let reference = [13.4571, 19.1221];
+    assert_eq!(ppl.len(), 2, "{ppl:?}");
+    for (i, (&a, &r)) in ppl.iter().zip(&reference).enumerate() {
+        // The float kernels' first chunk is 2.4 % off (13.777); this one 1.6 %.
+        assert!(
+            ((a - r) / r).abs() < 0.02,
+            "chunk {}: PPL {a} with integer dot products, llama.cpp {r}",
+            i + 1
+        );
+    }
+    let prof = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args([
+            "bench",
+            "-m",
+            &model,
+            "-p",
+            "8",
+            "-n",
+            "0",
+            "-r",
+            "1",
+            "--profile",
+        ])
+        .env("WGLLM_INT_DOT", "1")
+        .output()
+        .unwrap();
+    let prof = String::from_utf8_lossy(&prof.stdout);
+    for op in [
+        "| quantize_q8 |",
+        "| matmul_q8 q4_1 |",
+        "| matmul_q8_glu q4_1 |",
+    ] {
+        assert!(prof.contains(op), "no {op} in the profile:\n{prof}");
+    }
+    assert!(!prof.contains("| matmul q4_1 |"), "{prof}");
+}
+
 /// `--prompt-cache`: the second run loads the first run's cache, decodes only the prompt's
 /// last token, and generates the same greedy text as the first.
 #[test]

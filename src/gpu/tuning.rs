@@ -33,6 +33,11 @@ pub struct KernelTuning {
     /// `WGLLM_ATTN_KQ_LANES=0|1`: GPU-shaped kernels compute attention scores with 8
     /// invocations per cell (`attn_kq_lanes.wgsl`, the default) or one (`attn_kq.wgsl`).
     pub attn_kq_lanes: Option<bool>,
+    /// `WGLLM_INT_DOT=0|1`: matmuls of the weight types that have one take the
+    /// integer-dot kernel (`ops::matmul_q8`: activations quantized to 8-bit blocks once,
+    /// products by packed 4x8-bit dot products) or not (the default, until the tuner
+    /// offers it where it measures faster).
+    pub int_dot: Option<bool>,
     /// `WGLLM_UNROLL=0|1`: kernels' short constant-bounded loops written out before
     /// compiling (`gpu::unroll`), or not; by default where the adapter's compiler keeps
     /// loops as written ([`crate::gpu::AdapterSummary::keeps_loops`]).
@@ -70,6 +75,7 @@ impl KernelTuning {
             attn_split_chunk: self.attn_split_chunk.or(base.attn_split_chunk),
             attn_flash: self.attn_flash.or(base.attn_flash),
             attn_kq_lanes: self.attn_kq_lanes.or(base.attn_kq_lanes),
+            int_dot: self.int_dot.or(base.int_dot),
             unroll: self.unroll.or(base.unroll),
             params_storage: self.params_storage.or(base.params_storage),
             cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),

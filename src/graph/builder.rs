@@ -8,6 +8,7 @@ use crate::ops::binary::{binary, BinaryOp};
 use crate::ops::get_rows::{get_rows, select_rows};
 use crate::ops::glu::{glu, Activation};
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
+use crate::ops::matmul_q8::{self, matmul_q8_at, matmul_q8_glu, q8_bytes, quantize_q8};
 use crate::ops::rms_norm::rms_norm_rows;
 use crate::ops::rope::RopeParams;
 use crate::ops::rope_store::{rope_store, RopeStoreShape, RopeStoreViews};
@@ -16,6 +17,7 @@ use crate::ops::softmax::SoftmaxParams;
 use crate::ops::ssm::{ssm_conv, ssm_scan, ConvShape, ScanShape, ScanViews};
 use crate::ops::GateUp;
 use crate::ops::{View, Weight};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 pub type TensorId = usize;
@@ -47,6 +49,22 @@ pub enum Op {
     /// reads [x], writes [dst, pairs]: act(gate · x) * (up · x) for interleaved (gate, up)
     /// rows; `pairs` holds the matmul's output where the GLU is not in its epilogue
     MatmulGlu {
+        w: Arc<Weight>,
+        n_tok: u32,
+        act: Activation,
+    },
+    /// reads [x], writes [xq]: x ([k, n_tok] f32) as the 8-bit blocks the integer-dot
+    /// matmuls read (`ops::matmul_q8`)
+    QuantizeQ8 { k: u32, n_tok: u32 },
+    /// reads [xq], writes [dst]: [`Op::Matmul`] by integer dot products
+    MatmulQ8 {
+        w: Arc<Weight>,
+        n_tok: u32,
+        out: MatmulOut,
+    },
+    /// reads [xq], writes [dst, pairs]: [`Op::MatmulGlu`] by integer dot products (the
+    /// products to `pairs`, then the GLU)
+    MatmulQ8Glu {
         w: Arc<Weight>,
         n_tok: u32,
         act: Activation,
@@ -100,6 +118,9 @@ impl Op {
             Op::SelectRows { .. } => "select_rows".into(),
             Op::Matmul { w, .. } => format!("matmul {}", w.ty).to_lowercase(),
             Op::MatmulGlu { w, .. } => format!("matmul_glu {}", w.ty).to_lowercase(),
+            Op::QuantizeQ8 { .. } => "quantize_q8".into(),
+            Op::MatmulQ8 { w, .. } => format!("matmul_q8 {}", w.ty).to_lowercase(),
+            Op::MatmulQ8Glu { w, .. } => format!("matmul_q8_glu {}", w.ty).to_lowercase(),
             Op::RopeStore { .. } => "rope_store".into(),
             Op::RmsNorm { .. } => "rms_norm".into(),
             Op::AddRmsNorm { .. } => "add_rms_norm".into(),
@@ -137,6 +158,25 @@ impl Op {
                 let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
                 c(
                     w.gpu_bytes() + (cols + rows / 2) * t * F,
+                    2 * rows * cols * t + 5 * rows / 2 * t,
+                )
+            }
+            Op::QuantizeQ8 { k, n_tok } => {
+                let n = *k as u64 * *n_tok as u64;
+                c(n * F + q8_bytes(*k, *n_tok), 3 * n)
+            }
+            Op::MatmulQ8 { w, n_tok, .. } => {
+                let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
+                c(
+                    w.gpu_bytes() + q8_bytes(w.n_cols, *n_tok) + rows * t * F,
+                    2 * rows * cols * t,
+                )
+            }
+            // The products to the pairs, read again by the GLU, which writes half.
+            Op::MatmulQ8Glu { w, n_tok, .. } => {
+                let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
+                c(
+                    w.gpu_bytes() + q8_bytes(w.n_cols, *n_tok) + (2 * rows + rows / 2) * t * F,
                     2 * rows * cols * t + 5 * rows / 2 * t,
                 )
             }
@@ -220,6 +260,12 @@ pub struct GraphBuilder {
     /// below size their outputs and ops from their operands, as ggml tensors do.
     shapes: Vec<[u32; 2]>,
     pub(super) nodes: Vec<Node>,
+    /// Matmuls through weights the integer-dot kernel takes run on activations quantized
+    /// to 8-bit blocks (`WGLLM_INT_DOT=1`; see [`Self::new_on`]).
+    int_dot: bool,
+    /// Each activation quantized so far, and its 8-bit blocks (Q, K and V, or gate and
+    /// up, read one quantization); forgotten when a node writes either.
+    quantized: HashMap<TensorId, TensorId>,
 }
 
 /// One layer's attention block: the projections, and which cache, mask and RoPE table
@@ -250,6 +296,15 @@ pub struct AttnBlock<'a> {
 impl GraphBuilder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A builder whose matmuls take the kernels `gpu`'s tuning asks for where the choice
+    /// changes the graph (the integer-dot matmuls add a quantization node).
+    pub fn new_on(gpu: &Gpu) -> Self {
+        Self {
+            int_dot: gpu.tuning.int_dot == Some(true),
+            ..Self::default()
+        }
     }
 
     fn push(&mut self, s: Storage, ne: [u32; 2]) -> TensorId {
@@ -291,6 +346,10 @@ impl GraphBuilder {
     }
 
     pub fn node(&mut self, op: Op, reads: &[TensorId], writes: &[TensorId]) {
+        if !self.quantized.is_empty() {
+            self.quantized
+                .retain(|x, q| !writes.contains(x) && !writes.contains(q));
+        }
         self.nodes.push(Node {
             op,
             reads: reads.to_vec(),
@@ -348,15 +407,39 @@ impl GraphBuilder {
         dst: TensorId,
         row_offset: u32,
     ) {
+        let n_tok = self.ne(x)[1];
+        let out = MatmulOut {
+            row_offset,
+            stride: self.ne(dst)[0],
+        };
+        if self.int_dot && matmul_q8::takes(w) {
+            let xq = self.quantized(x);
+            let op = Op::MatmulQ8 {
+                w: w.clone(),
+                n_tok,
+                out,
+            };
+            return self.node(op, &[xq], &[dst]);
+        }
         let op = Op::Matmul {
             w: w.clone(),
-            n_tok: self.ne(x)[1],
-            out: MatmulOut {
-                row_offset,
-                stride: self.ne(dst)[0],
-            },
+            n_tok,
+            out,
         };
         self.node(op, &[x], &[dst]);
+    }
+
+    /// x's 8-bit blocks for the integer-dot matmuls, quantized once per value of x.
+    fn quantized(&mut self, x: TensorId) -> TensorId {
+        if let Some(&xq) = self.quantized.get(&x) {
+            return xq;
+        }
+        let [k, n_tok] = self.ne(x);
+        let words = q8_bytes(k, n_tok) / 4;
+        let xq = self.tensor([(words / n_tok.max(1) as u64) as u32, n_tok]);
+        self.node(Op::QuantizeQ8 { k, n_tok }, &[x], &[xq]);
+        self.quantized.insert(x, xq);
+        xq
     }
 
     /// act(gate · x) * (up · x) through one weight of interleaved (gate, up) rows:
@@ -365,6 +448,16 @@ impl GraphBuilder {
         let n_tok = self.ne(x)[1];
         let dst = self.tensor([w.n_rows / 2, n_tok]);
         let pairs = self.tensor([w.n_rows, n_tok]);
+        if self.int_dot && matmul_q8::takes(w) {
+            let xq = self.quantized(x);
+            let op = Op::MatmulQ8Glu {
+                w: w.clone(),
+                n_tok,
+                act,
+            };
+            self.node(op, &[xq], &[dst, pairs]);
+            return dst;
+        }
         let op = Op::MatmulGlu {
             w: w.clone(),
             n_tok,
@@ -664,6 +757,15 @@ impl GraphBuilder {
                 }
                 Op::MatmulGlu { w: m, n_tok, act } => {
                     dispatches.extend(matmul_glu(gpu, m, &r[0], *n_tok, *act, &w[0], &w[1])?)
+                }
+                Op::QuantizeQ8 { k, n_tok } => {
+                    dispatches.push(quantize_q8(gpu, &r[0], *k, *n_tok, &w[0])?)
+                }
+                Op::MatmulQ8 { w: m, n_tok, out } => {
+                    dispatches.extend(matmul_q8_at(gpu, m, &r[0], *n_tok, &w[0], *out)?)
+                }
+                Op::MatmulQ8Glu { w: m, n_tok, act } => {
+                    dispatches.extend(matmul_q8_glu(gpu, m, &r[0], *n_tok, *act, &w[0], &w[1])?)
                 }
                 Op::RopeStore { p, shape, norm_eps } => {
                     let io = RopeStoreViews {

@@ -43,7 +43,7 @@ fn need<'a>(v: &'a Option<crate::ops::View>, what: &str) -> Result<&'a crate::op
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
     let (t, eps) = (io.n_tok, hp.eps);
-    let mut g = GraphBuilder::new();
+    let mut g = GraphBuilder::new_on(gpu);
     let tokens = g.input(io.tokens()?, [t, 1]);
     let global_slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
     let local_slots = g.input(io.kv_slots(CacheKind::Window)?, [t, 1]);

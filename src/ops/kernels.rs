@@ -27,6 +27,10 @@ pub const GPU_VEC_TOKENS: &[u32] = &[1, 4];
 /// 128x128 (8x8 accumulators per invocation, 32 KiB of workgroup memory) only where asked
 /// for (`WGLLM_GPU_TILE`), for measuring.
 pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64), (128, 128)];
+/// Weight rows per workgroup of the integer-dot matmul (`matmul_q8.wgsl`).
+pub const Q8_MATMUL_ROWS: &[u32] = &[1, 2, 4];
+/// Tokens per workgroup of the integer-dot matmul.
+pub const Q8_MATMUL_TOKENS: &[u32] = &[1, 2, 4, 8];
 /// Tokens per invocation of the attention score and output kernels.
 pub const ATTN_TB: &[u32] = &[1, 2, 4, 8];
 /// Invocations per cell of the GPU score kernel (`attn_kq_lanes.wgsl`; its workgroups of
@@ -190,6 +194,16 @@ pub enum KernelKey {
         bm: u32,
         bn: u32,
     },
+    /// Activations to 8-bit blocks of 32 with their scales (`quantize_q8_1.wgsl`), for
+    /// the integer-dot matmul.
+    QuantizeQ8,
+    /// The integer-dot matmul (`matmul_q8.wgsl`): `rows` weight rows and `tb` tokens per
+    /// workgroup of 64, over x quantized by [`KernelKey::QuantizeQ8`].
+    MatmulQ8 {
+        ty: GgmlType,
+        rows: u32,
+        tb: u32,
+    },
     /// The short causal convolution of recurrent layers (Mamba, LFM2).
     SsmConv,
     /// The selective scan with states of up to `ds` values: an invocation per channel
@@ -252,7 +266,12 @@ impl KernelKey {
     /// `Gpu::pipeline` accepts.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey::*;
-        let mut v = vec![AttnKqvSum, AttnKqvJoin, Hadamard, SsmConv];
+        let mut v = vec![AttnKqvSum, AttnKqvJoin, Hadamard, SsmConv, QuantizeQ8];
+        for ty in super::matmul_q8::TYPES {
+            for &rows in Q8_MATMUL_ROWS {
+                v.extend(Q8_MATMUL_TOKENS.iter().map(|&tb| MatmulQ8 { ty, rows, tb }));
+            }
+        }
         v.extend([false, true].map(|rows| RmsNorm { rows }));
         v.extend([false, true].map(|rows| AddRmsNorm { rows }));
         v.extend([false, true].map(|wg| SampleTopk { wg }));
@@ -436,6 +455,8 @@ impl KernelKey {
             | AttnKqvJoin
             | GetRows { .. }
             | Matmul { .. }
+            | QuantizeQ8
+            | MatmulQ8 { .. }
             | SsmConv
             | SsmScan { wg: false, .. } => 64,
         }
@@ -448,6 +469,7 @@ impl KernelKey {
             KernelKey::Matmul { rows, tb, .. } => Some((64 * rows, tb)),
             KernelKey::MatmulWg { rows, tb, .. } => Some((rows, tb)),
             KernelKey::MatmulTile { bm, bn, .. } => Some((bm, bn)),
+            KernelKey::MatmulQ8 { rows, tb, .. } => Some((rows, tb)),
             _ => None,
         }
     }
@@ -480,6 +502,8 @@ impl KernelKey {
             AttnKqvSum | AttnKqvJoin => AttnSumUniform::WGSL,
             GetRows { .. } => GetRowsUniform::WGSL,
             Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
+            QuantizeQ8 => QuantizeQ8Uniform::WGSL,
+            MatmulQ8 { .. } => MatmulQ8Uniform::WGSL,
             SsmConv => SsmConvUniform::WGSL,
             SsmScan { .. } => SsmScanUniform::WGSL,
             SampleTopk { .. } | SampleChain { .. } => SampleUniform::WGSL,
@@ -580,6 +604,18 @@ impl KernelKey {
                 glu.map(Activation::wgsl),
             ),
             MatmulTile { ty, bm, bn } => shaders::matmul_tile_source(&quant(ty)?, bm, bn),
+            QuantizeQ8 => shaders::QUANTIZE_Q8_1.to_string(),
+            MatmulQ8 { ty, rows, tb } => compose(
+                &[shaders::MATMUL_Q8, shaders::Q8_WEIGHTS],
+                &[
+                    ("TB", tb.to_string()),
+                    ("ROWS", rows.to_string()),
+                    (
+                        "LOAD_W",
+                        format!("load_w_{}", ty.to_string().to_lowercase()),
+                    ),
+                ],
+            ),
             SsmConv => compose(&[shaders::ACT, shaders::SSM_CONV], &[]),
             SsmScan { ds, wg } => compose(
                 &[
@@ -713,6 +749,8 @@ impl fmt::Display for KernelKey {
                 glu_suffix(glu)
             ),
             MatmulTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
+            QuantizeQ8 => write!(f, "quantize_q8_1"),
+            MatmulQ8 { ty, rows, tb } => write!(f, "matmul_q8_{ty}_r{rows}_t{tb}"),
             SsmConv => write!(f, "ssm_conv"),
             SsmScan { ds, wg } => write!(f, "ssm_scan_ds{ds}{}", if wg { "_wg" } else { "" }),
             SampleTopk { wg } => write!(f, "sample_topk{}", if wg { "_wg" } else { "" }),
@@ -906,7 +944,11 @@ mod tests {
         // Plain (K, V) pairs also have the one-invocation-per-head rope_stores.
         let plain = KvType::ALL.iter().filter(|t| !t.is_packed()).count();
         let rows = 2 * plain * plain;
-        assert_eq!(all.len(), shared + kv + rows + types.len() * per_type);
+        // The activations' quantizer and the integer-dot matmuls.
+        let q8 = 1 + super::super::matmul_q8::TYPES.len()
+            * Q8_MATMUL_ROWS.len()
+            * Q8_MATMUL_TOKENS.len();
+        assert_eq!(all.len(), shared + kv + rows + types.len() * per_type + q8);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.
         for ty in [

@@ -13,6 +13,7 @@ pub mod glu;
 pub mod hadamard;
 pub mod kernels;
 pub mod matmul;
+pub mod matmul_q8;
 pub mod rms_norm;
 pub mod rope;
 pub mod rope_store;

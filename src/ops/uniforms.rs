@@ -208,6 +208,33 @@ uniform_struct! {
 }
 
 uniform_struct! {
+    /// quantize_q8_1: `n_blocks` blocks of 32 values to 8-bit blocks, whose (d, d * sum)
+    /// pairs start at word `ds_off` of the output.
+    QuantizeQ8Uniform {
+        n_blocks: u32,
+        ds_off: u32,
+        /// Workgroups along x (blocks are split over x and y).
+        wg_x: u32,
+        _pad0: u32,
+    }
+}
+
+uniform_struct! {
+    /// matmul_q8: [`MatmulUniform`]'s fields, and where x's (d, d * sum) pairs start in
+    /// its quantized blocks (in words).
+    MatmulQ8Uniform {
+        k: u32,
+        n_rows: u32,
+        n_tok: u32,
+        row_words: u32,
+        out_row_offset: u32,
+        out_stride: u32,
+        wg_x: u32,
+        ds_off: u32,
+    }
+}
+
+uniform_struct! {
     /// ssm_conv: a causal depthwise convolution of width `k` over `ch` channels, for
     /// `n_s` sequences of `n_t` tokens each; x rows are `x_stride` values apart.
     SsmConvUniform {

@@ -1,0 +1,356 @@
+//! Matmuls by integer dot products, as llama.cpp's `mul_mat_vecq` does on GPUs that have
+//! them: the activations are quantized once to 8-bit blocks of 32 with their scale
+//! ([`quantize_q8`]), and each weight block's 32 codes are multiplied with a block of x by
+//! eight packed 4x8-bit dot products (WGSL `dot4I8Packed`) into one integer, scaled once.
+//! A block of x is read as 40 bytes instead of 128, and 32 multiply-adds become eight.
+//!
+//! These kernels compute a different sum from the float path (x is rounded to 8 bits), so
+//! their references do the same integer arithmetic ([`quantize_q8_ref`],
+//! [`matmul_q8_ref`]); against the float reference they differ by the activations'
+//! rounding alone.
+
+use super::glu::{glu_pairs, Activation};
+use super::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS};
+use super::matmul::MatmulOut;
+use super::uniforms::{MatmulQ8Uniform, QuantizeQ8Uniform};
+use super::{record, split_groups, Dispatch, KernelKey, View, Weight};
+use crate::gguf::GgmlType;
+use crate::gpu::{Gpu, GpuError};
+
+/// The weight types with an integer-dot kernel: those whose blocks are 32 codes of at most
+/// 8 bits with one scale (and offset).
+pub const TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+];
+
+/// Whether weights of `ty` have an integer-dot kernel.
+pub fn supports(ty: GgmlType) -> bool {
+    TYPES.contains(&ty)
+}
+
+/// Whether matmuls through `w` on `gpu` take the integer-dot kernel: where it is switched
+/// on (`WGLLM_INT_DOT=1`) and w's type has one.
+pub fn used_for(gpu: &Gpu, w: &Weight) -> bool {
+    gpu.tuning.int_dot == Some(true) && takes(w)
+}
+
+/// Whether the integer-dot kernel can multiply by `w`: a type it has, whole blocks.
+pub fn takes(w: &Weight) -> bool {
+    supports(w.ty) && w.n_cols.is_multiple_of(32)
+}
+
+/// Words of one quantized block of x: 8 words of codes and the (d, d * sum) pair.
+const BLOCK_WORDS: u64 = 10;
+
+/// Bytes that `n_tok` rows of `k` values take quantized ([`quantize_q8`]'s output).
+pub fn q8_bytes(k: u32, n_tok: u32) -> u64 {
+    (k / 32) as u64 * n_tok as u64 * BLOCK_WORDS * 4
+}
+
+/// x ([k, n_tok] f32, k a multiple of 32) to 8-bit blocks in `xq` (at least
+/// [`q8_bytes`]): every block's codes first, then every block's (d, d * sum(q)).
+pub fn quantize_q8(
+    gpu: &Gpu,
+    x: &View,
+    k: u32,
+    n_tok: u32,
+    xq: &View,
+) -> Result<Dispatch, GpuError> {
+    if !k.is_multiple_of(32) {
+        return Err(GpuError::Validation(format!(
+            "quantize_q8: row length {k} is not a multiple of 32"
+        )));
+    }
+    let n_blocks = k / 32 * n_tok;
+    if xq.size < q8_bytes(k, n_tok) {
+        return Err(GpuError::Validation(format!(
+            "quantize_q8: {} bytes for {n_blocks} blocks, which take {}",
+            xq.size,
+            q8_bytes(k, n_tok)
+        )));
+    }
+    let (gx, gy) = split_groups(n_blocks.div_ceil(64));
+    let params = QuantizeQ8Uniform {
+        n_blocks,
+        ds_off: n_blocks * 8,
+        wg_x: gx,
+        ..Default::default()
+    };
+    record(
+        gpu,
+        "quantize_q8",
+        gpu.pipeline(KernelKey::QuantizeQ8)?,
+        bytemuck::bytes_of(&params),
+        &[x, xq],
+        [gx, gy, 1],
+    )
+}
+
+/// The integer-dot variant for `n_tok` tokens of `ty`: the fewest tokens per workgroup
+/// that cover them (at most 8), two rows per workgroup.
+pub fn kernel(ty: GgmlType, n_tok: u32) -> KernelKey {
+    let tb = Q8_MATMUL_TOKENS
+        .iter()
+        .copied()
+        .find(|&t| t >= n_tok)
+        .unwrap_or(*Q8_MATMUL_TOKENS.last().unwrap());
+    KernelKey::MatmulQ8 {
+        ty,
+        rows: Q8_MATMUL_ROWS[1],
+        tb,
+    }
+}
+
+/// dst ([w.n_rows, n_tok] f32) = w · x, with x quantized by [`quantize_q8`] into `xq`.
+/// One dispatch per chunk of w.
+pub fn matmul_q8(
+    gpu: &Gpu,
+    w: &Weight,
+    xq: &View,
+    n_tok: u32,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    matmul_q8_at(gpu, w, xq, n_tok, dst, MatmulOut::whole(w))
+}
+
+/// [`matmul_q8`] into rows `out.row_offset..` of a dst whose rows are `out.stride` long.
+pub fn matmul_q8_at(
+    gpu: &Gpu,
+    w: &Weight,
+    xq: &View,
+    n_tok: u32,
+    dst: &View,
+    out: MatmulOut,
+) -> Result<Vec<Dispatch>, GpuError> {
+    record_chunks(gpu, kernel(w.ty, n_tok), w, xq, n_tok, dst, out)
+}
+
+/// act(gate · x) * (up · x) for a weight of interleaved (gate, up) rows: the products
+/// go to `pairs` ([w.n_rows, n_tok]), and a GLU dispatch writes dst ([w.n_rows / 2,
+/// n_tok]).
+pub fn matmul_q8_glu(
+    gpu: &Gpu,
+    w: &Weight,
+    xq: &View,
+    n_tok: u32,
+    act: Activation,
+    dst: &View,
+    pairs: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let mut d = matmul_q8(gpu, w, xq, n_tok, pairs)?;
+    d.push(glu_pairs(gpu, act, pairs, dst, w.n_rows / 2 * n_tok)?);
+    Ok(d)
+}
+
+/// [`matmul_q8`] with the variant `key` (a [`KernelKey::MatmulQ8`] of w's type).
+pub fn matmul_q8_with(
+    gpu: &Gpu,
+    key: KernelKey,
+    w: &Weight,
+    xq: &View,
+    n_tok: u32,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    record_chunks(gpu, key, w, xq, n_tok, dst, MatmulOut::whole(w))
+}
+
+/// One dispatch of `key` per chunk of w.
+fn record_chunks(
+    gpu: &Gpu,
+    key: KernelKey,
+    w: &Weight,
+    xq: &View,
+    n_tok: u32,
+    dst: &View,
+    out: MatmulOut,
+) -> Result<Vec<Dispatch>, GpuError> {
+    if out.row_offset + w.n_rows > out.stride {
+        return Err(GpuError::Validation(format!(
+            "matmul_q8 {}: {} rows at row {} do not fit rows of {}",
+            w.name, w.n_rows, out.row_offset, out.stride
+        )));
+    }
+    let KernelKey::MatmulQ8 { ty, rows, tb } = key else {
+        return Err(GpuError::Validation(format!(
+            "{key} is not an integer-dot matmul"
+        )));
+    };
+    if ty != w.ty || !supports(ty) {
+        return Err(GpuError::Validation(format!(
+            "matmul_q8 {}: weights of type {} through the {key} kernel (integer-dot kernels: {})",
+            w.name,
+            w.ty,
+            TYPES.map(|t| t.to_string()).join(", ")
+        )));
+    }
+    if !w.n_cols.is_multiple_of(32) {
+        return Err(GpuError::Validation(format!(
+            "matmul_q8 {}: row length {} is not a multiple of 32",
+            w.name, w.n_cols
+        )));
+    }
+    let pipeline = gpu.pipeline(key)?;
+    let n_blocks = w.n_cols / 32 * n_tok;
+    w.chunks
+        .iter()
+        .map(|c| {
+            let (gx, gy) = split_groups(c.n_rows.div_ceil(rows));
+            let params = MatmulQ8Uniform {
+                k: w.n_cols,
+                n_rows: c.n_rows,
+                n_tok,
+                row_words: w.row_words,
+                out_row_offset: out.row_offset + c.row_begin,
+                out_stride: out.stride,
+                wg_x: gx,
+                ds_off: n_blocks * 8,
+            };
+            record(
+                gpu,
+                "matmul_q8",
+                pipeline.clone(),
+                bytemuck::bytes_of(&params),
+                &[&View::whole(&c.buf), xq, dst],
+                [gx, gy, n_tok.div_ceil(tb)],
+            )
+        })
+        .collect()
+}
+
+/// x in 8-bit blocks, as [`quantize_q8`] writes it: per block of 32 values, the codes, d
+/// and d * sum(codes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Q8Blocks {
+    pub codes: Vec<i8>,
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+}
+
+impl Q8Blocks {
+    /// Reads [`quantize_q8`]'s output words (`n_blocks` blocks).
+    pub fn from_words(words: &[u32], n_blocks: usize) -> Q8Blocks {
+        let codes = words[..n_blocks * 8]
+            .iter()
+            .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
+            .collect();
+        let pairs = &words[n_blocks * 8..n_blocks * 10];
+        Q8Blocks {
+            codes,
+            d: pairs
+                .iter()
+                .step_by(2)
+                .map(|&w| f32::from_bits(w))
+                .collect(),
+            s: pairs
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .map(|&w| f32::from_bits(w))
+                .collect(),
+        }
+    }
+}
+
+/// CPU reference of [`quantize_q8`]: the same f32 operations (a scale d = max|x| / 127,
+/// codes rounded half to even from x * (1 / d)).
+pub fn quantize_q8_ref(x: &[f32]) -> Q8Blocks {
+    let mut out = Q8Blocks {
+        codes: Vec::with_capacity(x.len()),
+        d: Vec::new(),
+        s: Vec::new(),
+    };
+    for b in x.chunks(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for &v in b {
+            let q = (v * id).round_ties_even() as i32;
+            sum += q;
+            out.codes.push(q as i8);
+        }
+        out.d.push(d);
+        out.s.push(d * sum as f32);
+    }
+    out
+}
+
+/// One weight block's 32 codes as the integer kernel multiplies them (0..31 for the 4-
+/// and 5-bit formats, signed bytes for Q8_0) and its (scale, offset): a weight is
+/// code * scale + offset.
+type WeightBlock = ([i32; 32], (f32, f32));
+
+/// A [`WeightBlock`] from the GGUF bytes of one block of `ty`.
+fn weight_block(ty: GgmlType, b: &[u8]) -> WeightBlock {
+    let f16 = |i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    let nibbles = |qs: &[u8], qh: u32| {
+        let mut c = [0i32; 32];
+        for j in 0..16 {
+            c[j] = (qs[j] & 15) as i32 | (((qh >> j) & 1) << 4) as i32;
+            c[j + 16] = (qs[j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+        }
+        c
+    };
+    let qh = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    match ty {
+        GgmlType::Q4_0 => (nibbles(&b[2..18], 0), (f16(0), -8.0 * f16(0))),
+        GgmlType::Q4_1 => (nibbles(&b[4..20], 0), (f16(0), f16(2))),
+        GgmlType::Q5_0 => (nibbles(&b[6..22], qh(2)), (f16(0), -16.0 * f16(0))),
+        GgmlType::Q5_1 => (nibbles(&b[8..24], qh(4)), (f16(0), f16(2))),
+        GgmlType::Q8_0 => {
+            let mut c = [0i32; 32];
+            for (j, q) in c.iter_mut().enumerate() {
+                *q = b[2 + j] as i8 as i32;
+            }
+            (c, (f16(0), 0.0))
+        }
+        _ => panic!("no integer-dot kernel for {ty}"),
+    }
+}
+
+/// CPU reference of [`matmul_q8`] on GGUF bytes `data` ([k, n] of `ty`, one of
+/// [`TYPES`]) and f32 x ([k, n_tok]): x quantized as [`quantize_q8_ref`] does, each
+/// block's integer sum of products scaled in f32 as the kernel does, blocks added in f64.
+pub fn matmul_q8_ref(
+    ty: GgmlType,
+    data: &[u8],
+    k: usize,
+    n: usize,
+    x: &[f32],
+    n_tok: usize,
+) -> Vec<f32> {
+    let xq = quantize_q8_ref(&x[..k * n_tok]);
+    let nb = k / 32;
+    let block_bytes = ty.row_bytes(32).expect("a 32-value block type") as usize;
+    let rows: Vec<Vec<WeightBlock>> = (0..n)
+        .map(|r| {
+            (0..nb)
+                .map(|b| {
+                    let o = (r * nb + b) * block_bytes;
+                    weight_block(ty, &data[o..o + block_bytes])
+                })
+                .collect()
+        })
+        .collect();
+    let mut out = vec![0f32; n * n_tok];
+    for t in 0..n_tok {
+        for (r, blocks) in rows.iter().enumerate() {
+            let mut acc = 0f64;
+            for (b, (codes, (scale, offset))) in blocks.iter().enumerate() {
+                let xb = t * nb + b;
+                let sum: i32 = codes
+                    .iter()
+                    .zip(&xq.codes[xb * 32..xb * 32 + 32])
+                    .map(|(&c, &q)| c * q as i32)
+                    .sum();
+                acc += (scale * xq.d[xb] * sum as f32 + offset * xq.s[xb]) as f64;
+            }
+            out[t * n + r] = acc as f32;
+        }
+    }
+    out
+}
