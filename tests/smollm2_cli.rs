@@ -12,8 +12,14 @@ fn wgllm(args: &[&str]) -> String {
 
 /// Runs wgllm, which must succeed; returns stdout and stderr.
 fn wgllm_out_err(args: &[&str]) -> (String, String) {
+    wgllm_with_env(args, &[])
+}
+
+/// [`wgllm_out_err`] with environment variables set for the run.
+fn wgllm_with_env(args: &[&str], env: &[(&str, &str)]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -160,17 +166,8 @@ fn perplexity_with_integer_dot_products_tracks_llama_cpp() {
         "--chunks",
         "2",
     ];
-    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args(args)
-        .env("WGLLM_INT_DOT", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ppl = running_estimates(&String::from_utf8(out.stdout).unwrap());
+    let int_dot = [("WGLLM_INT_DOT", "1")];
+    let ppl = running_estimates(&wgllm_with_env(&args, &int_dot).0);
     let reference = [13.4571, 19.1221];
     assert_eq!(ppl.len(), 2, "{ppl:?}");
     for (i, (&a, &r)) in ppl.iter().zip(&reference).enumerate() {
@@ -181,23 +178,19 @@ fn perplexity_with_integer_dot_products_tracks_llama_cpp() {
             i + 1
         );
     }
-    let prof = Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args([
-            "bench",
-            "-m",
-            &model,
-            "-p",
-            "8",
-            "-n",
-            "0",
-            "-r",
-            "1",
-            "--profile",
-        ])
-        .env("WGLLM_INT_DOT", "1")
-        .output()
-        .unwrap();
-    let prof = String::from_utf8_lossy(&prof.stdout);
+    let bench = [
+        "bench",
+        "-m",
+        &model,
+        "-p",
+        "8",
+        "-n",
+        "0",
+        "-r",
+        "1",
+        "--profile",
+    ];
+    let prof = wgllm_with_env(&bench, &int_dot).0;
     for op in [
         "| quantize_q8 |",
         "| matmul_q8 q4_1 |",

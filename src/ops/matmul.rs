@@ -136,6 +136,18 @@ impl MatmulOut {
             stride: w.n_rows,
         }
     }
+
+    /// Refuses a placement where w's rows do not fit in dst's rows (`op` names the
+    /// kernel in the message).
+    pub fn check(&self, op: &str, w: &Weight) -> Result<(), GpuError> {
+        if self.row_offset + w.n_rows > self.stride {
+            return Err(GpuError::Validation(format!(
+                "{op} {}: {} rows at row {} do not fit rows of {}",
+                w.name, w.n_rows, self.row_offset, self.stride
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// x is [w.n_cols, n_tok] f32, dst is [w.n_rows, n_tok] f32. One dispatch per chunk.
@@ -158,12 +170,7 @@ pub fn matmul_at(
     dst: &View,
     out: MatmulOut,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    if out.row_offset + w.n_rows > out.stride {
-        return Err(GpuError::Validation(format!(
-            "matmul {}: {} rows at row {} do not fit rows of {}",
-            w.name, w.n_rows, out.row_offset, out.stride
-        )));
-    }
+    out.check("matmul", w)?;
     let key = kernel(gpu, w.ty, w.n_rows, n_tok, None);
     record_chunks(gpu, w, x, n_tok, dst, key, out)
 }
@@ -210,12 +217,7 @@ fn record_chunks(
     key: KernelKey,
     out: MatmulOut,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    if !w.n_cols.is_multiple_of(32) {
-        return Err(GpuError::Validation(format!(
-            "matmul {}: row length {} is not a multiple of 32",
-            w.name, w.n_cols
-        )));
-    }
+    w.check_blocks_of_32("matmul")?;
     let pipeline = gpu.pipeline(key)?;
     let heads = quant::format(w.ty).is_some_and(|f| f.gpu_head_words() > 0);
     let (rows_per_group, tb) = key

@@ -168,12 +168,7 @@ fn record_chunks(
     dst: &View,
     out: MatmulOut,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    if out.row_offset + w.n_rows > out.stride {
-        return Err(GpuError::Validation(format!(
-            "matmul_q8 {}: {} rows at row {} do not fit rows of {}",
-            w.name, w.n_rows, out.row_offset, out.stride
-        )));
-    }
+    out.check("matmul_q8", w)?;
     let KernelKey::MatmulQ8 { ty, rows, tb } = key else {
         return Err(GpuError::Validation(format!(
             "{key} is not an integer-dot matmul"
@@ -187,12 +182,7 @@ fn record_chunks(
             TYPES.map(|t| t.to_string()).join(", ")
         )));
     }
-    if !w.n_cols.is_multiple_of(32) {
-        return Err(GpuError::Validation(format!(
-            "matmul_q8 {}: row length {} is not a multiple of 32",
-            w.name, w.n_cols
-        )));
-    }
+    w.check_blocks_of_32("matmul_q8")?;
     let pipeline = gpu.pipeline(key)?;
     let n_blocks = w.n_cols / 32 * n_tok;
     w.chunks

@@ -151,6 +151,18 @@ impl Weight {
         })
     }
 
+    /// Refuses rows that are not whole blocks of 32 (what the matmul kernels step by;
+    /// `op` names the kernel in the message).
+    pub fn check_blocks_of_32(&self, op: &str) -> Result<(), GpuError> {
+        if !self.n_cols.is_multiple_of(32) {
+            return Err(GpuError::Validation(format!(
+                "{op} {}: row length {} is not a multiple of 32",
+                self.name, self.n_cols
+            )));
+        }
+        Ok(())
+    }
+
     pub fn gpu_bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.buf.size()).sum()
     }
