@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine, from what scripts/gpu-pack.sh put in .pack/: the device
-# and what it offers, the kernel tests on its Vulkan driver, two real GPU faults (a context
+# and what it offers, the kernel tests on its Vulkan driver, the 7B with the integer-dot
+# matmuls and without, two real GPU faults (a context
 # larger than the card, and a lost device injected into a running server), then
 # scripts/gpu-table.sh beside every packed llama.cpp build, `wgllm bench --profile` with
 # it. All output goes to $OUT/session.log too. Each step runs under a cap and under what is
@@ -85,6 +86,19 @@ synth() { "$WGLLM" synth --vocab-from "$VOCAB" --shape "$1" --type "$2" -o "$3.p
 export -f synth
 step "synth 135m" 30 bash -c 'synth 135m q4_1 "$0"' "$m135"
 step "synth 7b" 90 bash -c 'synth 7b q4_0 "$0"' "$m7b"
+
+# The integer-dot matmuls (off by default; their op tests ran above): the 7B with and
+# without them, the same flags.
+intdot() {
+  local v
+  for v in 0 1; do
+    echo "WGLLM_INT_DOT=$v"
+    WGLLM_INT_DOT=$v "$WGLLM" bench -m "$m7b" -p 512 -n 64 -r 1 | grep -E '^\| (model|.*(pp|tg)[0-9])'
+  done
+}
+export -f intdot
+export m7b
+step "integer dot products, 7b" 90 bash -c intdot
 
 # A real out-of-memory: one server takes the card's memory for a 7B's K/V but about 3 GiB,
 # then a second process asks for 20 GiB more. Expected: the second exits non-zero with a
