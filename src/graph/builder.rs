@@ -294,10 +294,6 @@ pub struct AttnBlock<'a> {
 }
 
 impl GraphBuilder {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// A builder whose matmuls take the kernels `gpu`'s tuning asks for where the choice
     /// changes the graph (the integer-dot matmuls add a quantization node).
     pub fn new_on(gpu: &Gpu) -> Self {
@@ -305,6 +301,12 @@ impl GraphBuilder {
             int_dot: gpu.tuning.int_dot == Some(true),
             ..Self::default()
         }
+    }
+
+    /// Whether matmuls through `w` take the integer-dot kernel: switched on for this
+    /// graph, and a weight it can multiply.
+    fn int_dot_for(&self, w: &Weight) -> bool {
+        self.int_dot && matmul_q8::takes(w)
     }
 
     fn push(&mut self, s: Storage, ne: [u32; 2]) -> TensorId {
@@ -412,7 +414,7 @@ impl GraphBuilder {
             row_offset,
             stride: self.ne(dst)[0],
         };
-        if self.int_dot && matmul_q8::takes(w) {
+        if self.int_dot_for(w) {
             let xq = self.quantized(x);
             let op = Op::MatmulQ8 {
                 w: w.clone(),
@@ -448,7 +450,7 @@ impl GraphBuilder {
         let n_tok = self.ne(x)[1];
         let dst = self.tensor([w.n_rows / 2, n_tok]);
         let pairs = self.tensor([w.n_rows, n_tok]);
-        if self.int_dot && matmul_q8::takes(w) {
+        if self.int_dot_for(w) {
             let xq = self.quantized(x);
             let op = Op::MatmulQ8Glu {
                 w: w.clone(),

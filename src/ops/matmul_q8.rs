@@ -32,12 +32,6 @@ pub fn supports(ty: GgmlType) -> bool {
     TYPES.contains(&ty)
 }
 
-/// Whether matmuls through `w` on `gpu` take the integer-dot kernel: where it is switched
-/// on (`WGLLM_INT_DOT=1`) and w's type has one.
-pub fn used_for(gpu: &Gpu, w: &Weight) -> bool {
-    gpu.tuning.int_dot == Some(true) && takes(w)
-}
-
 /// Whether the integer-dot kernel can multiply by `w`: a type it has, whole blocks.
 pub fn takes(w: &Weight) -> bool {
     supports(w.ty) && w.n_cols.is_multiple_of(32)
