@@ -389,14 +389,16 @@ fn tune_measures_caches_and_is_reused() {
     );
     // A shape's other decode candidates are skipped once its first one is 3x the best
     // decode so far (measured before it: the adapter type's own shape goes first).
+    // (The integer-dot candidates come after a shape's own and are never pruned.)
     let times = |prefix: &str| -> Vec<f64> {
         out.lines()
-            .filter(|l| l.starts_with(prefix))
+            .filter(|l| l.starts_with(prefix) && !l.contains("int-dot"))
             .filter_map(|l| {
                 l.trim_end_matches('|')
                     .rsplit('|')
                     .next()?
                     .trim()
+                    .strip_suffix(" us per token")?
                     .parse()
                     .ok()
             })
@@ -423,11 +425,24 @@ fn tune_measures_caches_and_is_reused() {
         "{cache}"
     );
     assert!(entries[0]["decode_us"].as_f64().unwrap() > 0.0);
+    // Every candidate timed was checked on the device first (SmolLM2's Q4_1 weights have
+    // integer-dot kernels, which `wgllm tune` times on every adapter), and all passed.
+    assert!(out.contains("| vulkan | gpu | decode int-dot |"), "{out}");
+    let checks = entries[0]["checks"].as_array().unwrap();
+    assert!(checks.len() >= 10, "{cache}");
+    for c in checks {
+        assert!(
+            c["nmse"].as_f64().unwrap() <= c["bound"].as_f64().unwrap(),
+            "{c}"
+        );
+    }
 
     let (code, out, err) = run(&["devices", "--backend", "vulkan"]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("tuned choices") && out.contains("kernels ("),
+        out.contains("tuned choices")
+            && out.contains("kernels (")
+            && out.contains("kernels checked on the device, all passed"),
         "{out}"
     );
 

@@ -97,6 +97,75 @@ fn greedy_run_through_context_shifts_reproduces_llama_cpp_text() {
     check_greedy_run("smol-count", &expected, 300, &args);
 }
 
+/// No kernel runs on a device before it matched the portable ones there. With the
+/// integer-dot kernels broken on purpose (`WGLLM_FAULT=wrong-int-dot`) and asked for
+/// (`WGLLM_INT_DOT=1`): `wgllm tune --check` reports them dropped; a run without tuning
+/// (so without the check) follows the request and goes wrong; a run that tunes at first
+/// use drops them with a log line naming them, runs the float kernels and prints
+/// llama.cpp's text; `wgllm devices` lists what was dropped.
+#[test]
+fn kernels_that_fail_their_check_on_the_device_are_never_used() {
+    let dir = std::env::temp_dir().join(format!("wgllm-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let env = [
+        ("WGLLM_FAULT", "wrong-int-dot"),
+        ("WGLLM_INT_DOT", "1"),
+        ("WGLLM_CACHE_DIR", dir.to_str().unwrap()),
+    ];
+    let model = model();
+    let (out, _) = wgllm_with_env(&["tune", "--check", "-m", &model], &env);
+    for row in ["| cpu | decode 2x1 |", "| gpu | decode rows 8 |"] {
+        let line = out.lines().find(|l| l.contains(row)).unwrap_or("");
+        assert!(line.ends_with("| passed |"), "{row}: {out}");
+    }
+    for row in ["| gpu | decode int-dot |", "| cpu | prompt int-dot |"] {
+        let line = out.lines().find(|l| l.contains(row)).unwrap_or("");
+        assert!(line.ends_with("| dropped |"), "{row}: {out}");
+    }
+    assert!(out.contains("kernels checked, 4 dropped"), "{out}");
+
+    let prompt = common::shared_dir().join("reference/smol-capital.txt");
+    let expected = common::reliable_prefix("smol-capital.cpu.json");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            &model,
+            "-f",
+            prompt.to_str().unwrap(),
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "--no-display-prompt",
+        ];
+        args.extend(extra);
+        wgllm_with_env(&args, &env)
+    };
+    let start: String = expected.chars().take(6).collect();
+    let (wrong, _) = run(&["--no-tune"]);
+    assert!(
+        !wrong.starts_with(&start),
+        "the broken kernels ran and still gave llama.cpp's text {wrong:?}: the fault did nothing"
+    );
+    let (out, err) = run(&[]);
+    assert!(
+        err.contains("dropped the cpu decode int-dot kernels")
+            && err.contains("WGLLM_INT_DOT=1 not followed"),
+        "{err}"
+    );
+    assert!(
+        out.starts_with(&start) && (expected.starts_with(&out) || out.starts_with(&expected)),
+        "got {out:?}, want a start of {expected:?}"
+    );
+    let (devices, _) = wgllm_with_env(&["devices"], &env);
+    assert!(
+        devices.contains("dropped: cpu decode int-dot (normalized error inf)"),
+        "{devices}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// llama-perplexity -c 128 on the same text gives 16.5035 over all 17 chunks (CPU; 16.5758
 /// on Vulkan); over the first 8 (`--chunks 8`, tests/data/reference/README.md) 17.9341.
 /// Eight chunks score the same code paths in half the time.

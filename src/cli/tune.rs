@@ -15,6 +15,10 @@ pub struct TuneArgs {
     /// Path to a GGUF model: its own matrix sizes and types are timed.
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
+    /// Only check every candidate kernel against the portable ones on the device (random
+    /// inputs through the model's first layer), timing and caching nothing.
+    #[arg(long)]
+    pub check: bool,
     #[command(flatten)]
     pub gpu: GpuArgs,
 }
@@ -33,12 +37,21 @@ pub fn tune(a: &TuneArgs) -> Result<()> {
     gpu.kernels = KernelShape::Auto;
     let f = GgufFile::open(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
     let topts = super::tune_options(false, true);
-    println!("| backend | kernels | candidate | us per token (one layer) |");
-    println!("| --- | --- | --- | ---: |");
+    if a.check {
+        return check(&gpu, &f);
+    }
+    println!("| backend | kernels | candidate | checked: normalized error | one layer |");
+    println!("| --- | --- | --- | ---: | ---: |");
     let r = tune::resolve(&gpu, &topts, &f, &mut |backend, t| {
+        let error = t
+            .check
+            .as_ref()
+            .map_or("-".into(), |c| format!("{:.1e}", c.nmse));
         println!(
-            "| {backend} | {} | {} | {:.1} |",
-            t.kernels, t.name, t.us_per_token
+            "| {backend} | {} | {} | {error} | {} |",
+            t.kernels,
+            t.name,
+            t.outcome()
         )
     })?;
     println!();
@@ -51,6 +64,41 @@ pub fn tune(a: &TuneArgs) -> Result<()> {
     }
     if let Some(dir) = topts.dir() {
         println!("cached in {}", tune::TuneCache::file(&dir).display());
+    }
+    Ok(())
+}
+
+/// `--check`: each candidate's error against the portable kernels, and a summary line.
+fn check(gpu: &wgllm::gpu::GpuOptions, f: &GgufFile) -> Result<()> {
+    println!("| backend | kernels | candidate | normalized error | bound | verdict |");
+    println!("| --- | --- | --- | ---: | ---: | --- |");
+    let checks = tune::check_only(gpu, f, &mut |backend, t| {
+        if let Some(c) = &t.check {
+            println!(
+                "| {backend} | {} | {} | {:.1e} | {:.0e} | {} |",
+                t.kernels,
+                t.name,
+                c.nmse,
+                c.bound,
+                if c.passed() { "passed" } else { "dropped" }
+            )
+        }
+    })?;
+    let dropped: Vec<&str> = checks
+        .iter()
+        .filter(|c| !c.passed())
+        .map(|c| c.name.as_str())
+        .collect();
+    println!();
+    if dropped.is_empty() {
+        println!("{} kernels checked, all passed", checks.len());
+    } else {
+        println!(
+            "{} kernels checked, {} dropped (never used on this device): {}",
+            checks.len(),
+            dropped.len(),
+            dropped.join(", ")
+        );
     }
     Ok(())
 }
@@ -71,6 +119,11 @@ pub fn describe(e: &TuneEntry) -> String {
     if let Some(t) = e.gpu_tile {
         knobs.push(format!("prompt tile {}", pair(t)));
     }
+    for (kind, on) in [("decode", e.int_dot_decode), ("prompt", e.int_dot_prompt)] {
+        if on == Some(true) {
+            knobs.push(format!("{kind} int-dot"));
+        }
+    }
     let draws = match (e.draw_gpu_busy_us, e.draw_host_us, e.gpu_draws()) {
         (Some(g), Some(h), Some(gpu)) => format!(
             "; a token drawn on the GPU {g:.0} us, read back and sampled {h:.0} us: --sampling auto is {}",
@@ -78,8 +131,20 @@ pub fn describe(e: &TuneEntry) -> String {
         ),
         _ => String::new(),
     };
+    let dropped: Vec<String> = e
+        .dropped()
+        .map(|c| format!("{} (normalized error {:.1e})", c.name, c.nmse))
+        .collect();
+    let checks = match (e.checks.len(), dropped.is_empty()) {
+        (0, _) => String::new(),
+        (n, true) => format!("; {n} kernels checked on the device, all passed"),
+        (n, false) => format!(
+            "; {n} kernels checked on the device, dropped: {}",
+            dropped.join(", ")
+        ),
+    };
     format!(
-        "{} on {} ({}): {} kernels ({}), {:.0} us per layer and decoded token, {:.1} per prompt token{draws}; model {}",
+        "{} on {} ({}): {} kernels ({}), {:.0} us per layer and decoded token, {:.1} per prompt token{draws}{checks}; model {}",
         e.adapter,
         e.backend,
         e.driver,

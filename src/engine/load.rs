@@ -54,12 +54,7 @@ impl Engine {
         opts: &EngineOptions,
     ) -> Result<crate::gpu::GpuOptions, EngineError> {
         let r = crate::tune::resolve(&opts.gpu, &opts.tune, f, &mut |backend, t| {
-            log::debug!(
-                "tune {backend} {} {}: {:.1} us per token",
-                t.kernels,
-                t.name,
-                t.us_per_token
-            )
+            log::debug!("tune {backend} {} {}: {}", t.kernels, t.name, t.outcome())
         })?;
         if let Some(e) = r.entries.first() {
             log_tuned(e, r.measured, r.entries.len());

@@ -542,6 +542,12 @@ impl Gpu {
         self.fault.arm();
     }
 
+    /// Whether integer-dot matmuls are to compute wrong products (`WGLLM_FAULT=wrong-int-dot`:
+    /// a kernel broken on purpose, for the tuner's check on the device).
+    pub fn fault_wrong_int_dot(&self) -> bool {
+        self.fault.wrong_int_dot()
+    }
+
     /// Buffer allocations counted since [`Gpu::arm_faults`], where an out-of-memory fault
     /// is set (`oom@N` with an N never reached counts without failing): tests place a
     /// fault inside a chosen step with it.

@@ -4,6 +4,9 @@
 //! memory; `device-lost@N` makes the Nth queue submission after it report the device
 //! lost, as a driver reset (Vulkan's `VK_ERROR_DEVICE_LOST`, a Windows TDR) would. A fault
 //! fires once per process, so a server that recovers is not failed again.
+//! `wrong-int-dot` makes every integer-dot matmul compute a wrong product (its rows
+//! taken as a block shorter than they are), from the start and for good: a driver's miscompiled kernel,
+//! which the tuner's check on the device must catch before the kernel is used.
 //!
 //! [`GpuOptions::fault`]: super::GpuOptions::fault
 
@@ -14,13 +17,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub enum Fault {
     OutOfMemory(u64),
     DeviceLost(u64),
+    WrongIntDot,
 }
 
 impl Fault {
-    /// `oom@N` or `device-lost@N`.
+    /// `oom@N`, `device-lost@N` or `wrong-int-dot`.
     pub fn parse(s: &str) -> Result<Fault, String> {
-        let bad =
-            || format!("WGLLM_FAULT={s:?}: expected oom@N or device-lost@N (N counts from 1)");
+        let bad = || {
+            format!(
+                "WGLLM_FAULT={s:?}: expected oom@N or device-lost@N (N counts from 1), or wrong-int-dot"
+            )
+        };
+        if s.trim() == "wrong-int-dot" {
+            return Ok(Fault::WrongIntDot);
+        }
         let (kind, n) = s.trim().split_once('@').ok_or_else(bad)?;
         let n: u64 = n.parse().map_err(|_| bad())?;
         if n == 0 {
@@ -89,6 +99,11 @@ impl FaultSwitch {
         }
     }
 
+    /// Whether integer-dot matmuls are to compute wrong products.
+    pub(super) fn wrong_int_dot(&self) -> bool {
+        self.fault == Some(Fault::WrongIntDot)
+    }
+
     /// Whether this submission is to find the device lost.
     pub(super) fn submission_loses_device(&self) -> bool {
         match self.fault {
@@ -106,6 +121,7 @@ mod tests {
     fn parses_and_refuses_with_the_form() {
         assert_eq!(Fault::parse("oom@3"), Ok(Fault::OutOfMemory(3)));
         assert_eq!(Fault::parse("device-lost@1"), Ok(Fault::DeviceLost(1)));
+        assert_eq!(Fault::parse("wrong-int-dot"), Ok(Fault::WrongIntDot));
         for bad in ["oom", "oom@0", "oom@x", "lost@2", "@2"] {
             let e = Fault::parse(bad).unwrap_err();
             assert!(e.contains("oom@N or device-lost@N"), "{e}");

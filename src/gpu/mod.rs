@@ -17,7 +17,7 @@ pub use context::{adapter_summary, list_adapters};
 pub use context::{AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
 pub use fault::Fault;
 pub use pipeline::{params_in_storage, Kernel, PARAMS_DECL};
-pub use tuning::KernelTuning;
+pub use tuning::{KernelTuning, INT_DOT_DECODE_TOKENS};
 
 /// Errors from the GPU layer.
 #[derive(Debug, thiserror::Error)]

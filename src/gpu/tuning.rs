@@ -35,9 +35,14 @@ pub struct KernelTuning {
     pub attn_kq_lanes: Option<bool>,
     /// `WGLLM_INT_DOT=0|1`: matmuls of the weight types that have one take the
     /// integer-dot kernel (`ops::matmul_q8`: activations quantized to 8-bit blocks once,
-    /// products by packed 4x8-bit dot products) or not (the default, until the tuner
-    /// offers it where it measures faster).
+    /// products by packed 4x8-bit dot products) for every batch size, or never; unset,
+    /// the tuner's choice below decides.
     pub int_dot: Option<bool>,
+    /// Whether the tuner measured the integer-dot kernel faster (and checked it correct
+    /// on this device) for decoding, up to [`INT_DOT_DECODE_TOKENS`] tokens, and for
+    /// prompts beyond that.
+    pub int_dot_decode: Option<bool>,
+    pub int_dot_prompt: Option<bool>,
     /// `WGLLM_UNROLL=0|1`: kernels' short constant-bounded loops written out before
     /// compiling (`gpu::unroll`), or not; by default where the adapter's compiler keeps
     /// loops as written ([`crate::gpu::AdapterSummary::keeps_loops`]).
@@ -60,7 +65,23 @@ pub struct KernelTuning {
     pub profile: bool,
 }
 
+/// Most tokens of a matmul that the tuner's decode choice of the integer-dot kernel
+/// covers (the kernel's widest variant takes 8 tokens per workgroup, as llama.cpp's
+/// `mul_mat_vecq` does); larger batches follow its prompt choice.
+pub const INT_DOT_DECODE_TOKENS: u32 = 8;
+
 impl KernelTuning {
+    /// Whether a matmul of `n_tok` tokens takes the integer-dot kernel (where its weight
+    /// type has one): `WGLLM_INT_DOT` where set, else the tuner's choice for that size.
+    pub fn int_dot_for_tokens(&self, n_tok: u32) -> bool {
+        let tuned = if n_tok <= INT_DOT_DECODE_TOKENS {
+            self.int_dot_decode
+        } else {
+            self.int_dot_prompt
+        };
+        self.int_dot.or(tuned) == Some(true)
+    }
+
     /// These overrides where set, the tuned `base` elsewhere: what the user asked for
     /// (environment) wins over what the tuner measured.
     pub fn over(&self, base: &KernelTuning) -> KernelTuning {
@@ -76,6 +97,8 @@ impl KernelTuning {
             attn_flash: self.attn_flash.or(base.attn_flash),
             attn_kq_lanes: self.attn_kq_lanes.or(base.attn_kq_lanes),
             int_dot: self.int_dot.or(base.int_dot),
+            int_dot_decode: self.int_dot_decode.or(base.int_dot_decode),
+            int_dot_prompt: self.int_dot_prompt.or(base.int_dot_prompt),
             unroll: self.unroll.or(base.unroll),
             params_storage: self.params_storage.or(base.params_storage),
             cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),

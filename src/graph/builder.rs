@@ -1,7 +1,7 @@
 //! Building a graph: tensors are ids; each node names the tensors it reads and writes.
 
 use super::{planner, Graph};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, KernelTuning};
 use crate::ops::add_rms_norm::add_rms_norm;
 use crate::ops::attention::{attention, AttnShape, AttnViews};
 use crate::ops::binary::{binary, BinaryOp};
@@ -260,9 +260,8 @@ pub struct GraphBuilder {
     /// below size their outputs and ops from their operands, as ggml tensors do.
     shapes: Vec<[u32; 2]>,
     pub(super) nodes: Vec<Node>,
-    /// Matmuls through weights the integer-dot kernel takes run on activations quantized
-    /// to 8-bit blocks (`WGLLM_INT_DOT=1`; see [`Self::new_on`]).
-    int_dot: bool,
+    /// The device's choice of integer-dot matmuls by batch size (see [`Self::new_on`]).
+    tuning: KernelTuning,
     /// Each activation quantized so far, and its 8-bit blocks (Q, K and V, or gate and
     /// up, read one quantization); forgotten when a node writes either.
     quantized: HashMap<TensorId, TensorId>,
@@ -298,15 +297,16 @@ impl GraphBuilder {
     /// changes the graph (the integer-dot matmuls add a quantization node).
     pub fn new_on(gpu: &Gpu) -> Self {
         Self {
-            int_dot: gpu.tuning.int_dot == Some(true),
+            tuning: gpu.tuning.clone(),
             ..Self::default()
         }
     }
 
-    /// Whether matmuls through `w` take the integer-dot kernel: switched on for this
-    /// graph, and a weight it can multiply.
-    fn int_dot_for(&self, w: &Weight) -> bool {
-        self.int_dot && matmul_q8::takes(w)
+    /// Whether a matmul of `n_tok` tokens through `w` takes the integer-dot kernel: the
+    /// device's choice for that size (`WGLLM_INT_DOT`, or the tuner's), and a weight it
+    /// can multiply.
+    fn int_dot_for(&self, w: &Weight, n_tok: u32) -> bool {
+        self.tuning.int_dot_for_tokens(n_tok) && matmul_q8::takes(w)
     }
 
     fn push(&mut self, s: Storage, ne: [u32; 2]) -> TensorId {
@@ -414,7 +414,7 @@ impl GraphBuilder {
             row_offset,
             stride: self.ne(dst)[0],
         };
-        if self.int_dot_for(w) {
+        if self.int_dot_for(w, n_tok) {
             let xq = self.quantized(x);
             let op = Op::MatmulQ8 {
                 w: w.clone(),
@@ -450,7 +450,7 @@ impl GraphBuilder {
         let n_tok = self.ne(x)[1];
         let dst = self.tensor([w.n_rows / 2, n_tok]);
         let pairs = self.tensor([w.n_rows, n_tok]);
-        if self.int_dot_for(w) {
+        if self.int_dot_for(w, n_tok) {
             let xq = self.quantized(x);
             let op = Op::MatmulQ8Glu {
                 w: w.clone(),

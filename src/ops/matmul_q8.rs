@@ -179,12 +179,19 @@ fn record_chunks(
     w.check_blocks_of_32("matmul_q8")?;
     let pipeline = gpu.pipeline(key)?;
     let n_blocks = w.n_cols / 32 * n_tok;
+    // A kernel broken on purpose (`WGLLM_FAULT=wrong-int-dot`): told each row is a block
+    // shorter, it reads less than it should (so stays in bounds) and misplaces blocks.
+    let k = if gpu.fault_wrong_int_dot() {
+        w.n_cols - 32
+    } else {
+        w.n_cols
+    };
     w.chunks
         .iter()
         .map(|c| {
             let (gx, gy) = split_groups(c.n_rows.div_ceil(rows));
             let params = MatmulQ8Uniform {
-                k: w.n_cols,
+                k,
                 n_rows: c.n_rows,
                 n_tok,
                 row_words: w.row_words,

@@ -2,6 +2,7 @@
 //! version and model shape, so a device is measured once. Written whole to a temporary
 //! file and renamed over the old one, so processes tuning at once never leave half a file.
 
+use super::check::KernelCheck;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -40,6 +41,16 @@ pub struct TuneEntry {
     pub draw_gpu_busy_us: Option<f64>,
     #[serde(default)]
     pub draw_host_us: Option<f64>,
+    /// Whether the integer-dot matmuls measured faster than the float ones (after passing
+    /// their check) for decoding and for prompts; `None`: not measured.
+    #[serde(default)]
+    pub int_dot_decode: Option<bool>,
+    #[serde(default)]
+    pub int_dot_prompt: Option<bool>,
+    /// Every candidate's check against the portable kernels on this device, the dropped
+    /// ones included (`super::check`).
+    #[serde(default)]
+    pub checks: Vec<KernelCheck>,
 }
 
 impl TuneEntry {
@@ -60,6 +71,11 @@ impl TuneEntry {
             (Some(g), Some(h)) => Some(g < h),
             _ => None,
         }
+    }
+
+    /// The checks that failed: kernels never used on this device.
+    pub fn dropped(&self) -> impl Iterator<Item = &KernelCheck> {
+        self.checks.iter().filter(|c| !c.passed())
     }
 
     /// See `ShapeChoice::score`.
@@ -134,6 +150,13 @@ mod tests {
             prompt_us: 10.0,
             draw_gpu_busy_us: Some(300.0),
             draw_host_us: None,
+            int_dot_decode: Some(true),
+            int_dot_prompt: Some(false),
+            checks: vec![KernelCheck {
+                name: "cpu decode int-dot".into(),
+                nmse: 1e-4,
+                bound: 1e-3,
+            }],
         }
     }
 

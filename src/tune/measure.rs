@@ -2,12 +2,14 @@
 //! its Q/K/V, output, gate/up and down matrices, in the file's own types, for one decoded
 //! token and for a prompt ubatch. Only the matmuls are timed: they are ~90 % of a step.
 
+use super::check::{self, KernelCheck};
 use crate::gguf::GgufFile;
 use crate::gpu::{Gpu, GpuError, KernelShape, KernelTuning};
 use crate::model::{GateUp, Hparams, LayerWeights};
 use crate::ops::glu::Activation;
-use crate::ops::matmul::{matmul, matmul_at, matmul_glu, MatmulOut};
-use crate::ops::{run_repeated, Dispatch, View};
+use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
+use crate::ops::matmul_q8::{self, matmul_q8_at, matmul_q8_glu, q8_bytes, quantize_q8};
+use crate::ops::{run_repeated, Dispatch, View, Weight};
 use std::sync::Arc;
 use web_time::Instant;
 
@@ -22,9 +24,29 @@ pub struct CandidateTime {
     /// `decode rows 4`, `prompt tiles by size`).
     pub name: String,
     /// For a decode candidate the time of one token; for a prompt candidate the time of
-    /// the ubatch divided by its tokens.
-    pub us_per_token: f64,
+    /// the ubatch divided by its tokens. `None`: not timed (it failed its check, or only
+    /// checks were asked for).
+    pub us_per_token: Option<f64>,
     pub decode: bool,
+    /// Its check against the portable kernels on the device (`None` where checks cannot
+    /// run: in a browser).
+    pub check: Option<KernelCheck>,
+}
+
+impl CandidateTime {
+    /// Its time, or why it has none: `12.3 us per token`, `dropped (normalized error
+    /// 4.2e-2 over 1e-3)`, `checked (normalized error 3.1e-6)`.
+    pub fn outcome(&self) -> String {
+        match (&self.check, self.us_per_token) {
+            (Some(c), _) if !c.passed() => format!(
+                "dropped (normalized error {:.1e} over {:.0e})",
+                c.nmse, c.bound
+            ),
+            (_, Some(us)) => format!("{us:.1} us per token"),
+            (Some(c), None) => format!("checked (normalized error {:.1e})", c.nmse),
+            (None, None) => "not timed".into(),
+        }
+    }
 }
 
 /// The best of one kernel shape on one device.
@@ -35,6 +57,8 @@ pub struct ShapeChoice {
     pub tuning: KernelTuning,
     pub decode_us: f64,
     pub prompt_us: f64,
+    /// Every candidate's check on the device, the dropped ones included.
+    pub checks: Vec<KernelCheck>,
 }
 
 impl ShapeChoice {
@@ -45,15 +69,26 @@ impl ShapeChoice {
     }
 }
 
-/// The layer's buffers and the dispatches of its matmuls for `n_tok` tokens.
+/// The layer's buffers and the dispatches of its matmuls for `n_tok` tokens. Each
+/// product has an output of its own, so that a check sees every one.
 struct LayerRun {
     lw: LayerWeights,
+    /// Inputs: the layer's input, the attention output, the FFN's activation (written by
+    /// a fused gate/up product, else random).
     x: View,
     attn: View,
     ffn: View,
+    /// Outputs: Q/K/V stacked, the attention output's product, the gate/up pairs (or the
+    /// gate's product, with `up` the up's), the down product.
     qkv: View,
-    out: View,
+    wo_out: View,
     pairs: View,
+    up: View,
+    down_out: View,
+    /// The inputs as 8-bit blocks, for the integer-dot candidates.
+    xq: View,
+    attnq: View,
+    ffnq: View,
 }
 
 impl LayerRun {
@@ -69,19 +104,49 @@ impl LayerRun {
         let buf = |name: &str, n: u64| -> Result<View, GpuError> {
             Ok(View::whole(&gpu.storage(name, n.max(1) * 4 * t)?))
         };
+        let q8 = |name: &str, k: u32| -> Result<View, GpuError> {
+            Ok(View::whole(&gpu.storage(name, q8_bytes(k, PROMPT_TOKENS))?))
+        };
+        let n_ff = match &lw.gate_up {
+            GateUp::Interleaved(w) => w.n_rows / 2,
+            GateUp::Split { up, .. } => up.n_rows,
+        };
         Ok(LayerRun {
             x: buf("tune_x", hp.n_embd as u64)?,
-            attn: buf("tune_attn", hp.n_embd_q() as u64)?,
-            ffn: buf("tune_ffn", hp.n_ff as u64)?,
+            attn: buf("tune_attn", lw.wo.n_cols as u64)?,
+            ffn: buf("tune_ffn", lw.down.n_cols.max(n_ff) as u64)?,
             qkv: buf("tune_qkv", qkv_rows as u64)?,
-            out: buf("tune_out", hp.n_embd as u64)?,
-            pairs: buf("tune_pairs", 2 * hp.n_ff as u64)?,
+            wo_out: buf("tune_wo_out", lw.wo.n_rows as u64)?,
+            pairs: buf("tune_pairs", 2 * n_ff as u64)?,
+            up: buf("tune_up", n_ff as u64)?,
+            down_out: buf("tune_down_out", lw.down.n_rows as u64)?,
+            xq: q8("tune_xq", hp.n_embd)?,
+            attnq: q8("tune_attnq", lw.wo.n_cols)?,
+            ffnq: q8("tune_ffnq", lw.down.n_cols)?,
             lw,
         })
     }
 
+    /// Every weight of the layer: whether the integer-dot kernel takes any.
+    fn takes_int_dot(&self) -> bool {
+        let mut ws: Vec<&Weight> = self.lw.qkv.iter().map(|w| &**w).collect();
+        ws.push(&self.lw.wo);
+        ws.push(&self.lw.down);
+        match &self.lw.gate_up {
+            GateUp::Interleaved(w) => ws.push(w),
+            GateUp::Split { gate, up } => ws.extend([&**gate, &**up]),
+        }
+        ws.into_iter().any(matmul_q8::takes)
+    }
+
     fn dispatches(&self, gpu: &Gpu, n_tok: u32) -> Result<Vec<Dispatch>, GpuError> {
-        let mut d = Vec::new();
+        let mut r = Recorder {
+            gpu,
+            n_tok,
+            int_dot: gpu.tuning.int_dot_for_tokens(n_tok),
+            quantized: Vec::new(),
+            d: Vec::new(),
+        };
         let stride: u32 = self.lw.qkv.iter().map(|w| w.n_rows).sum();
         let mut at = 0;
         for w in &self.lw.qkv {
@@ -89,12 +154,26 @@ impl LayerRun {
                 row_offset: at,
                 stride,
             };
-            d.extend(matmul_at(gpu, w, &self.x, n_tok, &self.qkv, out)?);
+            r.product(w, (&self.x, &self.xq), &self.qkv, out)?;
             at += w.n_rows;
         }
-        d.extend(matmul(gpu, &self.lw.wo, &self.attn, n_tok, &self.out)?);
+        let wo = &self.lw.wo;
+        let out = MatmulOut::whole(wo);
+        r.product(wo, (&self.attn, &self.attnq), &self.wo_out, out)?;
         match &self.lw.gate_up {
-            GateUp::Interleaved(w) => d.extend(matmul_glu(
+            GateUp::Interleaved(w) if r.takes(w) => {
+                r.quantize(&self.x, w.n_cols, &self.xq)?;
+                r.d.extend(matmul_q8_glu(
+                    gpu,
+                    w,
+                    &self.xq,
+                    n_tok,
+                    Activation::Silu,
+                    &self.ffn,
+                    &self.pairs,
+                )?)
+            }
+            GateUp::Interleaved(w) => r.d.extend(matmul_glu(
                 gpu,
                 w,
                 &self.x,
@@ -104,13 +183,181 @@ impl LayerRun {
                 &self.pairs,
             )?),
             GateUp::Split { gate, up } => {
-                d.extend(matmul(gpu, gate, &self.x, n_tok, &self.pairs)?);
-                d.extend(matmul(gpu, up, &self.x, n_tok, &self.pairs)?);
+                let (g, u) = (MatmulOut::whole(gate), MatmulOut::whole(up));
+                r.product(gate, (&self.x, &self.xq), &self.pairs, g)?;
+                r.product(up, (&self.x, &self.xq), &self.up, u)?;
             }
         }
-        d.extend(matmul(gpu, &self.lw.down, &self.ffn, n_tok, &self.out)?);
-        Ok(d)
+        let down = &self.lw.down;
+        let out = MatmulOut::whole(down);
+        r.product(down, (&self.ffn, &self.ffnq), &self.down_out, out)?;
+        Ok(r.d)
     }
+
+    /// Random inputs (the same for every `seed`) and outputs all NaN (so that a kernel
+    /// that leaves an output unwritten fails), written before each check.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn fill(&self, gpu: &Gpu, seed: u64) {
+        let mut rng = crate::model::synth::Rng(seed);
+        for v in [&self.x, &self.attn, &self.ffn] {
+            let n = (v.size / 4) as usize;
+            let data: Vec<f32> = (0..n).map(|_| rng.normalish()).collect();
+            gpu.write(&v.buf, v.offset, bytemuck::cast_slice(&data));
+        }
+        for v in [
+            &self.qkv,
+            &self.wo_out,
+            &self.pairs,
+            &self.up,
+            &self.down_out,
+        ] {
+            let nan = vec![f32::NAN; (v.size / 4) as usize];
+            gpu.write(&v.buf, v.offset, bytemuck::cast_slice(&nan));
+        }
+    }
+
+    /// The outputs of `n_tok` tokens, product by product.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn outputs(&self, gpu: &Gpu, n_tok: u32) -> Result<Vec<Vec<f32>>, GpuError> {
+        let stride: u32 = self.lw.qkv.iter().map(|w| w.n_rows).sum();
+        let n_ff = self.up.size / 4 / PROMPT_TOKENS as u64;
+        let split = matches!(self.lw.gate_up, GateUp::Split { .. });
+        let mut outs = vec![
+            (&self.qkv, stride as u64),
+            (&self.wo_out, self.lw.wo.n_rows as u64),
+            (&self.down_out, self.lw.down.n_rows as u64),
+        ];
+        if split {
+            outs.push((&self.pairs, n_ff));
+            outs.push((&self.up, n_ff));
+        } else {
+            outs.push((&self.ffn, n_ff));
+        }
+        outs.into_iter()
+            .map(|(v, rows)| {
+                let bytes = gpu.read_bytes(&v.buf, v.offset, rows * n_tok as u64 * 4)?;
+                Ok(bytemuck::pod_collect_to_vec(&bytes))
+            })
+            .collect()
+    }
+
+    /// The outputs of `d` on the inputs of `seed`.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn run_on_random(
+        &self,
+        gpu: &Gpu,
+        d: &[Dispatch],
+        n_tok: u32,
+        seed: u64,
+    ) -> Result<Vec<Vec<f32>>, GpuError> {
+        self.fill(gpu, seed);
+        run_repeated(gpu, d, 1)?;
+        self.outputs(gpu, n_tok)
+    }
+}
+
+/// Records a layer's products, each input quantized once, before its first integer-dot
+/// product, as the graph builder does.
+struct Recorder<'a> {
+    gpu: &'a Gpu,
+    n_tok: u32,
+    int_dot: bool,
+    /// The inputs quantized so far.
+    quantized: Vec<*const View>,
+    d: Vec<Dispatch>,
+}
+
+impl Recorder<'_> {
+    fn takes(&self, w: &Weight) -> bool {
+        self.int_dot && matmul_q8::takes(w)
+    }
+
+    fn quantize(&mut self, x: &View, k: u32, xq: &View) -> Result<(), GpuError> {
+        if !self.quantized.contains(&(x as *const View)) {
+            self.quantized.push(x);
+            self.d.push(quantize_q8(self.gpu, x, k, self.n_tok, xq)?);
+        }
+        Ok(())
+    }
+
+    /// w · x into `dst`, through the integer-dot kernel (on x's blocks in `xq`) where
+    /// it applies.
+    fn product(
+        &mut self,
+        w: &Weight,
+        (x, xq): (&View, &View),
+        dst: &View,
+        out: MatmulOut,
+    ) -> Result<(), GpuError> {
+        if self.takes(w) {
+            self.quantize(x, w.n_cols, xq)?;
+            let d = matmul_q8_at(self.gpu, w, xq, self.n_tok, dst, out)?;
+            self.d.extend(d);
+        } else {
+            let d = matmul_at(self.gpu, w, x, self.n_tok, dst, out)?;
+            self.d.extend(d);
+        }
+        Ok(())
+    }
+}
+
+/// The seed of the checks' random inputs.
+#[cfg(not(target_arch = "wasm32"))]
+const CHECK_SEED: u64 = 0x5eed_c4ec_0000_0001;
+
+/// The portable kernels' outputs of the layer for one decoded token and for a prompt
+/// ubatch, on the device under test: what every candidate is checked against.
+#[cfg(not(target_arch = "wasm32"))]
+struct Reference {
+    decode: Vec<Vec<f32>>,
+    prompt: Vec<Vec<f32>>,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Reference {
+    fn new(gpu: &Gpu, layer: &LayerRun) -> Result<Self, GpuError> {
+        let plain = gpu.retuned(KernelShape::Cpu, KernelTuning::default());
+        let run = |n_tok| {
+            let d = layer.dispatches(&plain, n_tok)?;
+            layer.run_on_random(&plain, &d, n_tok, CHECK_SEED)
+        };
+        Ok(Reference {
+            decode: run(1)?,
+            prompt: run(PROMPT_TOKENS)?,
+        })
+    }
+}
+
+/// Runs candidate `name` (dispatches `d` on `gpu`) on the check's inputs and compares it
+/// with the reference.
+#[cfg(not(target_arch = "wasm32"))]
+fn check_candidate(
+    gpu: &Gpu,
+    layer: &LayerRun,
+    reference: &Reference,
+    kernels: KernelShape,
+    name: &str,
+    decode: bool,
+    d: &[Dispatch],
+) -> Result<KernelCheck, GpuError> {
+    let n_tok = if decode { 1 } else { PROMPT_TOKENS };
+    let got = layer.run_on_random(gpu, d, n_tok, CHECK_SEED)?;
+    let want = if decode {
+        &reference.decode
+    } else {
+        &reference.prompt
+    };
+    let name = format!("{kernels} {name}");
+    let bound = if name.ends_with(check::INT_DOT) {
+        check::INT_DOT_BOUND
+    } else {
+        check::FLOAT_BOUND
+    };
+    Ok(KernelCheck {
+        nmse: check::worst_nmse(want, &got),
+        name,
+        bound,
+    })
 }
 
 /// How many times slower than the best so far a shape's first candidate of a kind must be
@@ -220,18 +467,38 @@ fn candidates(kernels: KernelShape, sparse: bool) -> Vec<(bool, String, KernelTu
     v
 }
 
+/// Whether the integer-dot candidates are timed (after checking): where the layer has a
+/// weight they multiply, and checks can run (not in a browser, which cannot wait for a
+/// readback); then when the user forces them (`WGLLM_INT_DOT=1`: they are checked before
+/// use), in `wgllm tune`, and at first use on GPUs (on CPU adapters they are GPU-shaped
+/// kernels, several times slower: lavapipe decodes SmolLM2 7x slower with them).
+fn offer_int_dot(gpu: &Gpu, layer: &LayerRun, user: Option<bool>, effort: Effort) -> bool {
+    let can = layer.takes_int_dot() && cfg!(not(target_arch = "wasm32"));
+    can && match user {
+        Some(forced) => forced,
+        None => !effort.sparse || !gpu.is_cpu,
+    }
+}
+
 /// Times the candidates of both kernel shapes (or of shape `only`) on `gpu` with
-/// layer 0 of the model in `f`; `report` sees each time as it is measured. Returns the
-/// best of each shape measured.
+/// layer 0 of the model in `f`, each checked first against the portable kernels (see
+/// [`super::check`]; a candidate that fails is dropped untimed); `report` sees each
+/// candidate as it is checked and measured. `user_int_dot` is the user's
+/// `WGLLM_INT_DOT`, which decides whether integer-dot candidates are offered (see
+/// [`offer_int_dot`]). Returns the best of each shape measured.
 pub fn measure(
     gpu: &Arc<Gpu>,
     f: &GgufFile,
     hp: &Hparams,
     only: Option<KernelShape>,
     effort: Effort,
+    user_int_dot: Option<bool>,
     report: &mut dyn FnMut(&CandidateTime),
 ) -> Result<Vec<ShapeChoice>, GpuError> {
     let layer = LayerRun::new(gpu, f, hp)?;
+    #[cfg(not(target_arch = "wasm32"))]
+    let reference = Reference::new(gpu, &layer)?;
+    let int_dot = offer_int_dot(gpu, &layer, user_int_dot, effort);
     let mut out = Vec::new();
     // The fastest so far over both shapes: a candidate far behind it stops early.
     let (mut fastest_decode, mut fastest_prompt) = (f64::MAX, f64::MAX);
@@ -256,6 +523,7 @@ pub fn measure(
             tuning: KernelTuning::default(),
             decode_us: f64::MAX,
             prompt_us: f64::MAX,
+            checks: Vec::new(),
         };
         // A shape whose first candidate of a kind is PRUNE times slower than the best of
         // that kind so far skips its other candidates of that kind (each costs a shader
@@ -263,13 +531,60 @@ pub fn measure(
         // the CPU shape's best, and pruning there halves a first-use tune on 2 cores.
         let (mut first_decode, mut first_prompt) = (true, true);
         let (mut skip_decode, mut skip_prompt) = (false, false);
-        for (decode, name, tuning) in candidates(kernels, effort.sparse) {
-            if (decode && skip_decode) || (!decode && skip_prompt) {
+        let mut list = candidates(kernels, effort.sparse);
+        let n_float = list.len();
+        if int_dot {
+            list.push((
+                true,
+                format!("decode {}", check::INT_DOT),
+                KernelTuning::default(),
+            ));
+            list.push((
+                false,
+                format!("prompt {}", check::INT_DOT),
+                KernelTuning::default(),
+            ));
+        }
+        for (i, (decode, name, mut tuning)) in list.into_iter().enumerate() {
+            let is_int_dot = i >= n_float;
+            if is_int_dot {
+                // On the shape's best float tiles, for the products it does not take.
+                tuning = KernelTuning {
+                    int_dot: Some(true),
+                    ..best.tuning.clone()
+                };
+            } else if (decode && skip_decode) || (!decode && skip_prompt) {
                 continue;
             }
             let g = gpu.retuned(kernels, tuning.clone());
             let n_tok = if decode { 1 } else { PROMPT_TOKENS };
             let d = layer.dispatches(&g, n_tok)?;
+            #[cfg(not(target_arch = "wasm32"))]
+            let check = Some(check_candidate(
+                &g, &layer, &reference, kernels, &name, decode, &d,
+            )?);
+            #[cfg(target_arch = "wasm32")]
+            let check: Option<KernelCheck> = None;
+            if let Some(c) = &check {
+                best.checks.push(c.clone());
+                if !c.passed() {
+                    log::warn!(
+                        "tuning on {}: dropped the {} kernels, which differ from the portable ones on this device (normalized error {:.1e}, bound {:.0e})",
+                        gpu.info.name,
+                        c.name,
+                        c.nmse,
+                        c.bound
+                    );
+                    report(&CandidateTime {
+                        kernels,
+                        name,
+                        us_per_token: None,
+                        decode,
+                        check,
+                    });
+                    continue;
+                }
+            }
             let so_far = if decode {
                 fastest_decode
             } else {
@@ -277,16 +592,18 @@ pub fn measure(
             };
             let secs = time_dispatches(&g, &d, so_far * 1e-6 * n_tok as f64, effort)?;
             let us = secs * 1e6 / n_tok as f64;
-            let first = if decode {
-                std::mem::replace(&mut first_decode, false)
-            } else {
-                std::mem::replace(&mut first_prompt, false)
-            };
-            if first && us > PRUNE * so_far {
-                if decode {
-                    skip_decode = true;
+            if !is_int_dot {
+                let first = if decode {
+                    std::mem::replace(&mut first_decode, false)
                 } else {
-                    skip_prompt = true;
+                    std::mem::replace(&mut first_prompt, false)
+                };
+                if first && us > PRUNE * so_far {
+                    if decode {
+                        skip_decode = true;
+                    } else {
+                        skip_prompt = true;
+                    }
                 }
             }
             if decode {
@@ -297,10 +614,24 @@ pub fn measure(
             report(&CandidateTime {
                 kernels,
                 name,
-                us_per_token: us,
+                us_per_token: Some(us),
                 decode,
+                check,
             });
-            if decode && us < best.decode_us {
+            if is_int_dot {
+                let wins = if decode {
+                    us < best.decode_us
+                } else {
+                    us < best.prompt_us
+                };
+                if decode {
+                    best.tuning.int_dot_decode = Some(wins);
+                    best.decode_us = best.decode_us.min(us);
+                } else {
+                    best.tuning.int_dot_prompt = Some(wins);
+                    best.prompt_us = best.prompt_us.min(us);
+                }
+            } else if decode && us < best.decode_us {
                 best.decode_us = us;
                 best.tuning.cpu_decode_tile = tuning.cpu_decode_tile;
                 best.tuning.gpu_vec_rows = tuning.gpu_vec_rows;
@@ -314,6 +645,48 @@ pub fn measure(
     }
     gpu.check()?;
     Ok(out)
+}
+
+/// Checks every candidate of both kernel shapes (the integer-dot ones too, where the
+/// layer has weights they take) against the portable kernels on `gpu`, timing none:
+/// `wgllm tune --check`. `report` sees each check.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn check_all(
+    gpu: &Arc<Gpu>,
+    f: &GgufFile,
+    hp: &Hparams,
+    report: &mut dyn FnMut(&CandidateTime),
+) -> Result<Vec<KernelCheck>, GpuError> {
+    let layer = LayerRun::new(gpu, f, hp)?;
+    let reference = Reference::new(gpu, &layer)?;
+    let mut checks = Vec::new();
+    for kernels in [KernelShape::Cpu, KernelShape::Gpu] {
+        let mut list = candidates(kernels, false);
+        if layer.takes_int_dot() {
+            let on = KernelTuning {
+                int_dot: Some(true),
+                ..Default::default()
+            };
+            list.push((true, format!("decode {}", check::INT_DOT), on.clone()));
+            list.push((false, format!("prompt {}", check::INT_DOT), on));
+        }
+        for (decode, name, tuning) in list {
+            let g = gpu.retuned(kernels, tuning);
+            let n_tok = if decode { 1 } else { PROMPT_TOKENS };
+            let d = layer.dispatches(&g, n_tok)?;
+            let c = check_candidate(&g, &layer, &reference, kernels, &name, decode, &d)?;
+            report(&CandidateTime {
+                kernels,
+                name,
+                us_per_token: None,
+                decode,
+                check: Some(c.clone()),
+            });
+            checks.push(c);
+        }
+    }
+    gpu.check()?;
+    Ok(checks)
 }
 
 #[cfg(test)]

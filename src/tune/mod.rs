@@ -10,9 +10,11 @@
 //! `WGLLM_*` kernel overrides still win over measured choices.
 
 pub mod cache;
+pub mod check;
 pub mod measure;
 
 pub use cache::{TuneCache, TuneEntry};
+pub use check::KernelCheck;
 pub use measure::{CandidateTime, ShapeChoice};
 
 use crate::gguf::GgufFile;
@@ -155,7 +157,12 @@ fn candidates(opts: &GpuOptions) -> Result<Vec<Candidate>, GpuError> {
 }
 
 /// The key part of an entry for an adapter and model.
-fn entry_for(c: &Candidate, model: &str, best: &ShapeChoice) -> TuneEntry {
+fn entry_for(
+    c: &Candidate,
+    model: &str,
+    best: &ShapeChoice,
+    checks: Vec<KernelCheck>,
+) -> TuneEntry {
     TuneEntry {
         hardware: hardware_id(&c.info),
         adapter: c.info.name.clone(),
@@ -163,7 +170,7 @@ fn entry_for(c: &Candidate, model: &str, best: &ShapeChoice) -> TuneEntry {
         driver: c.info.driver.clone(),
         model: model.to_string(),
         wgllm: format!(
-            "{} kernels {:016x}",
+            "{} kernels {:016x} tuner {TUNER_REVISION}",
             env!("CARGO_PKG_VERSION"),
             crate::ops::shaders::fingerprint()
         ),
@@ -176,8 +183,16 @@ fn entry_for(c: &Candidate, model: &str, best: &ShapeChoice) -> TuneEntry {
         prompt_us: best.prompt_us,
         draw_gpu_busy_us: None,
         draw_host_us: None,
+        int_dot_decode: best.tuning.int_dot_decode,
+        int_dot_prompt: best.tuning.int_dot_prompt,
+        checks,
     }
 }
+
+/// What the tuner measures and checks, as part of a cache entry's key: entries of an
+/// earlier revision are measured again (2: integer-dot candidates, and every candidate
+/// checked on the device).
+const TUNER_REVISION: u32 = 2;
 
 /// What [`resolve`] decided, for the caller to report.
 #[derive(Clone, Debug)]
@@ -203,10 +218,16 @@ struct Tuner<'a> {
     dir: Option<PathBuf>,
     cache: TuneCache,
     measured: bool,
+    /// The user's `WGLLM_INT_DOT` (see `measure::measure`).
+    user_int_dot: Option<bool>,
 }
 
 impl<'a> Tuner<'a> {
-    fn new(f: &'a GgufFile, topts: &TuneOptions) -> Result<Self, GpuError> {
+    fn new(
+        f: &'a GgufFile,
+        topts: &TuneOptions,
+        user_int_dot: Option<bool>,
+    ) -> Result<Self, GpuError> {
         let hp = Hparams::from_gguf(f).map_err(|e| GpuError::Validation(e.to_string()))?;
         let dir = topts.dir();
         Ok(Tuner {
@@ -217,12 +238,13 @@ impl<'a> Tuner<'a> {
             cache: dir.as_deref().map(TuneCache::load).unwrap_or_default(),
             dir,
             measured: false,
+            user_int_dot,
         })
     }
 
     /// The cached entry for an adapter (in `Cached` mode).
     fn cached(&self, c: &Candidate) -> Option<TuneEntry> {
-        let key = entry_for(c, &self.model, &ShapeChoice::placeholder());
+        let key = entry_for(c, &self.model, &ShapeChoice::placeholder(), Vec::new());
         self.cache.find(&key).cloned()
     }
 
@@ -252,15 +274,23 @@ impl<'a> Tuner<'a> {
             TuneMode::Cached => measure::Effort::FIRST_USE,
             _ => measure::Effort::FULL,
         };
-        let shapes = measure::measure(&gpu, self.f, &self.hp, only, effort, &mut |t| {
-            report(&backend, t)
-        })?;
+        let user_int_dot = self.user_int_dot;
+        let shapes = measure::measure(
+            &gpu,
+            self.f,
+            &self.hp,
+            only,
+            effort,
+            user_int_dot,
+            &mut |t| report(&backend, t),
+        )?;
         let best = shapes
             .iter()
             .min_by(|a, b| a.score().total_cmp(&b.score()))
             .expect("a shape measured");
+        let checks = shapes.iter().flat_map(|s| s.checks.clone()).collect();
         #[cfg_attr(target_arch = "wasm32", allow(unused_mut))]
-        let mut e = entry_for(c, &self.model, best);
+        let mut e = entry_for(c, &self.model, best, checks);
         // Where a token is cheaper picked, with the kernels just chosen.
         #[cfg(not(target_arch = "wasm32"))]
         {
@@ -309,9 +339,25 @@ fn entry_kernels(
         gpu_vec_rows: e.gpu_vec_rows,
         gpu_tile: e.gpu_tile,
         gpu_draws: e.gpu_draws(),
+        int_dot_decode: e.int_dot_decode,
+        int_dot_prompt: e.int_dot_prompt,
         ..Default::default()
     };
-    let tuning = user.over(&tuned);
+    let mut tuning = user.over(&tuned);
+    // A kernel that failed its check on this device is not used, even when asked for.
+    if let Some(c) = e.dropped().find(|c| c.is_int_dot()) {
+        if tuning.int_dot == Some(true) {
+            log::warn!(
+                "WGLLM_INT_DOT=1 not followed on {}: the {} kernels differ from the portable ones there (normalized error {:.1e}, bound {:.0e}); the float kernels run",
+                e.adapter,
+                c.name,
+                c.nmse,
+                c.bound
+            );
+        }
+        (tuning.int_dot, tuning.int_dot_decode, tuning.int_dot_prompt) =
+            (Some(false), Some(false), Some(false));
+    }
     tuning
         .validate()
         .map_err(|err| GpuError::Validation(format!("tuned kernels: {err}")))?;
@@ -335,7 +381,7 @@ pub fn resolve(
             measured: false,
         });
     }
-    let mut tuner = Tuner::new(f, topts)?;
+    let mut tuner = Tuner::new(f, topts, opts.tuning.int_dot)?;
     let adapters = candidates(opts)?;
     let mut entries = Vec::new();
     // Which adapter each entry is for.
@@ -393,6 +439,28 @@ pub fn resolve(
     })
 }
 
+/// `wgllm tune --check`: every candidate kernel checked against the portable ones on the
+/// device `opts` opens, on layer 0 of the model in `f`, none timed and nothing cached.
+/// `report` sees each check (with the adapter's backend).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn check_only(
+    opts: &GpuOptions,
+    f: &GgufFile,
+    report: &mut dyn FnMut(&str, &CandidateTime),
+) -> Result<Vec<KernelCheck>, GpuError> {
+    let hp = Hparams::from_gguf(f).map_err(|e| GpuError::Validation(e.to_string()))?;
+    if !hp.has_attention() {
+        return Err(GpuError::Validation(
+            "kernel checks run an attention layer, which this model has none of".into(),
+        ));
+    }
+    let mut plain = opts.clone();
+    plain.tuning = KernelTuning::default();
+    let gpu = Gpu::new(&plain)?;
+    let backend = gpu.info.backend.to_lowercase();
+    measure::check_all(&gpu, f, &hp, &mut |t| report(&backend, t))
+}
+
 /// What [`retune_device`] made of a device.
 pub struct Retuned {
     /// The device with the tuned kernel choice (or as it was).
@@ -429,7 +497,7 @@ pub fn retune_device(
         index: gpu.info.index,
         info: gpu.info.clone(),
     };
-    let mut tuner = Tuner::new(f, topts)?;
+    let mut tuner = Tuner::new(f, topts, gpu.tuning.int_dot)?;
     let e = tuner.entry(&c, None, || Ok(gpu.clone()), &mut |_, _| {})?;
     tuner.save();
     let (kernels, tuning) = entry_kernels(&e, &gpu.tuning)?;
@@ -471,6 +539,7 @@ impl ShapeChoice {
             tuning: KernelTuning::default(),
             decode_us: 0.0,
             prompt_us: 0.0,
+            checks: Vec::new(),
         }
     }
 }
@@ -507,6 +576,9 @@ mod tests {
             prompt_us: 0.0,
             draw_gpu_busy_us: None,
             draw_host_us: None,
+            int_dot_decode: None,
+            int_dot_prompt: None,
+            checks: Vec::new(),
         };
         assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 97.0)]), 0);
         assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 90.0)]), 1);
@@ -524,6 +596,27 @@ mod tests {
         assert_eq!(draws(&m), Some(true));
         (m.draw_gpu_busy_us, m.draw_host_us) = (Some(2600.0), Some(220.0));
         assert_eq!(draws(&m), Some(false));
+
+        // The integer-dot choice follows the measurement, under WGLLM_INT_DOT, unless the
+        // kernels failed their check on the device: then not even WGLLM_INT_DOT=1 runs them.
+        let forced = KernelTuning {
+            int_dot: Some(true),
+            ..Default::default()
+        };
+        let int_dot = |m: &TuneEntry, user: &KernelTuning| {
+            let t = entry_kernels(m, user).unwrap().1;
+            (t.int_dot_for_tokens(1), t.int_dot_for_tokens(64))
+        };
+        (m.int_dot_decode, m.int_dot_prompt) = (Some(true), Some(false));
+        assert_eq!(int_dot(&m, &KernelTuning::default()), (true, false));
+        assert_eq!(int_dot(&m, &forced), (true, true));
+        m.checks.push(KernelCheck {
+            name: "gpu prompt int-dot".into(),
+            nmse: 0.05,
+            bound: check::INT_DOT_BOUND,
+        });
+        assert_eq!(int_dot(&m, &KernelTuning::default()), (false, false));
+        assert_eq!(int_dot(&m, &forced), (false, false));
     }
 
     #[test]
