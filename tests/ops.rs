@@ -1913,6 +1913,8 @@ fn integer_dot_matmul_matches_reference() {
                 (4096, 19, 8),
                 (96, 7, 64),
             ] {
+                // Whole blocks (the K-quants' and IQ4_XS's are 256 weights).
+                let k = k.next_multiple_of(ty.block_size());
                 let data = quantized(ty, &mut rng, k, n);
                 let x = rng.vec(k * n_tok);
                 let w = Weight::upload(gpu, "w", ty, k, n, &data).unwrap();
@@ -1922,8 +1924,11 @@ fn integer_dot_matmul_matches_reference() {
                 let want = matmul_q8_ref(ty, &data, k, n, &x, n_tok);
                 let float = matmul_ref(ty, &data, k, n, &x, n_tok);
                 // Every variant on the small shapes; the large ones through the variant the
-                // op picks (software devices take seconds per pass there).
-                let keys: Vec<KernelKey> = if k * n * n_tok <= 32768 {
+                // op picks (software devices take seconds per pass there). On GL, whose
+                // compiles take ~3 s a variant here, every variant of one type only (the
+                // variants share the kernel; the types differ in their block loaders).
+                let every = !name.starts_with("gl") || ty == GgmlType::Q4_0;
+                let keys: Vec<KernelKey> = if every && k * n * n_tok <= 32768 {
                     Q8_MATMUL_ROWS
                         .iter()
                         .flat_map(|&rows| {
@@ -1947,7 +1952,9 @@ fn integer_dot_matmul_matches_reference() {
                     let got = read(gpu, &dst, want.len());
                     let what = format!("{name} {key} {k}x{n} T={n_tok}");
                     check(&what, &want, &got, 1e-9);
-                    check(&format!("{what} (float)"), &float, &got, 1e-4);
+                    // Against the float product, x's rounding to 8 bits: ~2e-5 on average,
+                    // up to a few 1e-4 on shapes of few rows (5 outputs of 14336-term sums).
+                    check(&format!("{what} (float)"), &float, &got, 1e-3);
                 }
             }
         }
@@ -1959,8 +1966,8 @@ fn integer_dot_matmul_matches_reference() {
 fn integer_dot_matmul_split_weights() {
     let gpu = small_binding_gpu(12288);
     let mut rng = Rng(53);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
-        let (k, n, n_tok) = (96usize, 300usize, 3usize);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5K] {
+        let (k, n, n_tok) = (96usize.next_multiple_of(ty.block_size()), 300usize, 3usize);
         let data = quantized(ty, &mut rng, k, n);
         let x = rng.vec(k * n_tok);
         let w = Weight::upload(&gpu, "w", ty, k, n, &data).unwrap();

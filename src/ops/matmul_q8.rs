@@ -17,14 +17,21 @@ use super::{record, split_groups, Dispatch, KernelKey, View, Weight};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError};
 
-/// The weight types with an integer-dot kernel: those whose blocks are 32 codes of at most
-/// 8 bits with one scale (and offset).
-pub const TYPES: [GgmlType; 5] = [
+/// The weight types with an integer-dot kernel: those whose GPU blocks are 32 codes of at
+/// most 8 bits with one scale and offset (the K-quants' 32-weight sub-blocks of 4 and 5
+/// bits, the non-linear 4-bit formats' codes as their signed 8-bit levels). Q2_K, Q3_K and
+/// Q6_K scale each half of a 32-weight sub-block on its own, which this kernel's one
+/// integer sum per block does not allow.
+pub const TYPES: [GgmlType; 9] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
 ];
 
 /// Whether weights of `ty` have an integer-dot kernel.
@@ -271,13 +278,16 @@ pub fn quantize_q8_ref(x: &[f32]) -> Q8Blocks {
 }
 
 /// One weight block's 32 codes as the integer kernel multiplies them (0..31 for the 4-
-/// and 5-bit formats, signed bytes for Q8_0) and its (scale, offset): a weight is
-/// code * scale + offset.
+/// and 5-bit formats, signed bytes for Q8_0 and the non-linear formats' levels) and its
+/// (scale, offset): a weight is code * scale + offset.
 type WeightBlock = ([i32; 32], (f32, f32));
 
-/// A [`WeightBlock`] from the GGUF bytes of one block of `ty`.
-fn weight_block(ty: GgmlType, b: &[u8]) -> WeightBlock {
-    let f16 = |i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+/// The 32-weight blocks of one row of `ty` from its GGUF bytes, decoded from the file's
+/// layout (not the GPU's), as the kernel multiplies them.
+fn weight_blocks(ty: GgmlType, row: &[u8]) -> Vec<WeightBlock> {
+    use crate::gguf::quant::{iq4_xs_scale, k4_scale_min, IQ4_LEVELS};
+    let f16 = |b: &[u8], i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    // Byte j: weight j in the low nibble, weight j + 16 in the high one (5th bits from qh).
     let nibbles = |qs: &[u8], qh: u32| {
         let mut c = [0i32; 32];
         for j in 0..16 {
@@ -286,21 +296,53 @@ fn weight_block(ty: GgmlType, b: &[u8]) -> WeightBlock {
         }
         c
     };
-    let qh = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-    match ty {
-        GgmlType::Q4_0 => (nibbles(&b[2..18], 0), (f16(0), -8.0 * f16(0))),
-        GgmlType::Q4_1 => (nibbles(&b[4..20], 0), (f16(0), f16(2))),
-        GgmlType::Q5_0 => (nibbles(&b[6..22], qh(2)), (f16(0), -16.0 * f16(0))),
-        GgmlType::Q5_1 => (nibbles(&b[8..24], qh(4)), (f16(0), f16(2))),
-        GgmlType::Q8_0 => {
-            let mut c = [0i32; 32];
-            for (j, q) in c.iter_mut().enumerate() {
-                *q = b[2 + j] as i8 as i32;
+    let levels = |qs: &[u8]| nibbles(qs, 0).map(|c| IQ4_LEVELS[c as usize] as i32);
+    let word = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    // A K-quant sub-block: (scale, offset) from the 6-bit pair, codes from `code(l)`.
+    let k_sub = |b: &[u8], s: usize, code: &dyn Fn(usize) -> i32| -> WeightBlock {
+        let (sc, m) = k4_scale_min(&b[4..16], s);
+        let codes = std::array::from_fn(code);
+        (codes, (f16(b, 0) * sc as f32, -(f16(b, 2) * m as f32)))
+    };
+    let (_, block_bytes) = ty.block_layout().expect("a block type");
+    row.chunks_exact(block_bytes)
+        .flat_map(|b| -> Vec<WeightBlock> {
+            match ty {
+                GgmlType::Q4_0 => vec![(nibbles(&b[2..18], 0), (f16(b, 0), -8.0 * f16(b, 0)))],
+                GgmlType::Q4_1 => vec![(nibbles(&b[4..20], 0), (f16(b, 0), f16(b, 2)))],
+                GgmlType::Q5_0 => {
+                    let d = f16(b, 0);
+                    vec![(nibbles(&b[6..22], word(b, 2)), (d, -16.0 * d))]
+                }
+                GgmlType::Q5_1 => vec![(nibbles(&b[8..24], word(b, 4)), (f16(b, 0), f16(b, 2)))],
+                GgmlType::Q8_0 => {
+                    let codes = std::array::from_fn(|j| b[2 + j] as i8 as i32);
+                    vec![(codes, (f16(b, 0), 0.0))]
+                }
+                // Sub-block s: the low (s even) or high nibbles of qs bytes 32 (s / 2)..
+                GgmlType::Q4K => (0..8)
+                    .map(|s| {
+                        let qs = &b[16 + 32 * (s / 2)..][..32];
+                        k_sub(b, s, &|l| ((qs[l] >> (4 * (s % 2))) & 15) as i32)
+                    })
+                    .collect(),
+                // The same from qs at 48, and bit s of qh byte l as weight l's 5th bit.
+                GgmlType::Q5K => (0..8)
+                    .map(|s| {
+                        let (qh, qs) = (&b[16..48], &b[48 + 32 * (s / 2)..][..32]);
+                        k_sub(b, s, &|l| {
+                            (((qs[l] >> (4 * (s % 2))) & 15) | ((qh[l] >> s) & 1) << 4) as i32
+                        })
+                    })
+                    .collect(),
+                GgmlType::Iq4Nl => vec![(levels(&b[2..18]), (f16(b, 0), 0.0))],
+                GgmlType::Iq4Xs => (0..8)
+                    .map(|s| (levels(&b[8 + 16 * s..][..16]), (iq4_xs_scale(b, s), 0.0)))
+                    .collect(),
+                _ => panic!("no integer-dot kernel for {ty}"),
             }
-            (c, (f16(0), 0.0))
-        }
-        _ => panic!("no integer-dot kernel for {ty}"),
-    }
+        })
+        .collect()
 }
 
 /// CPU reference of [`matmul_q8`] on GGUF bytes `data` ([k, n] of `ty`, one of
@@ -316,16 +358,9 @@ pub fn matmul_q8_ref(
 ) -> Vec<f32> {
     let xq = quantize_q8_ref(&x[..k * n_tok]);
     let nb = k / 32;
-    let block_bytes = ty.row_bytes(32).expect("a 32-value block type") as usize;
+    let row_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize;
     let rows: Vec<Vec<WeightBlock>> = (0..n)
-        .map(|r| {
-            (0..nb)
-                .map(|b| {
-                    let o = (r * nb + b) * block_bytes;
-                    weight_block(ty, &data[o..o + block_bytes])
-                })
-                .collect()
-        })
+        .map(|r| weight_blocks(ty, &data[r * row_bytes..(r + 1) * row_bytes]))
         .collect();
     let mut out = vec![0f32; n * n_tok];
     for t in 0..n_tok {

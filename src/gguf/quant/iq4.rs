@@ -92,7 +92,7 @@ fn quantize_nl(src: &[f32], out: &mut Vec<u8>) {
 pub struct IQ4_XS;
 
 /// Sub-block `s`'s scale d (ls - 32).
-fn xs_scale(blk: &[u8], s: usize) -> f32 {
+pub fn xs_scale(blk: &[u8], s: usize) -> f32 {
     let lo = (blk[4 + s / 2] >> (4 * (s % 2))) & 0xF;
     let hi = (u16::from_le_bytes([blk[2], blk[3]]) >> (2 * s)) & 3;
     f16_at(blk, 0) * ((lo as i32 | (hi as i32) << 4) - 32) as f32

@@ -72,10 +72,15 @@ mod q8_0;
 #[cfg(test)]
 mod tests;
 
+/// Pieces of the file formats that references elsewhere decode with (the integer-dot
+/// matmul's CPU reference reads sub-blocks with them).
+pub use iq4::xs_scale as iq4_xs_scale;
+pub use kquant::k4_scale_min;
+
 use super::GgmlType;
 
 /// The 16 levels of IQ4_NL's codes (the K/V cache's iq4_nl quantizes to them too).
-pub(crate) use iq4::LEVELS as IQ4_LEVELS;
+pub use iq4::LEVELS as IQ4_LEVELS;
 
 /// Elements per GPU block: the unit every kernel dequantizes (see the module docs).
 pub const GPU_BLOCK: usize = 32;
