@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine, from what scripts/gpu-pack.sh put in .pack/: the device
-# and what it offers, the kernel tests on its Vulkan driver, the 7B with the integer-dot
-# matmuls and without, two real GPU faults (a context
+# and what it offers, the kernel tests on its Vulkan driver, the tuner's checks of every
+# candidate kernel on it, the 7B with the integer-dot matmuls and without, two real GPU faults (a context
 # larger than the card, and a lost device injected into a running server), then
 # scripts/gpu-table.sh beside every packed llama.cpp build, `wgllm bench --profile` with
 # it. All output goes to $OUT/session.log too. Each step runs under a cap and under what is
@@ -87,18 +87,27 @@ export -f synth
 step "synth 135m" 30 bash -c 'synth 135m q4_1 "$0"' "$m135"
 step "synth 7b" 90 bash -c 'synth 7b q4_0 "$0"' "$m7b"
 
-# The integer-dot matmuls (off by default; their op tests ran above): the 7B with and
-# without them, the same flags.
+# Every tuner candidate checked against the portable kernels on this device (the
+# integer-dot ones included, for Q4_0 and the K-quants): what is dropped here is never used.
+m1bk=$MODELS_DIR/synth-1b-q4_k.gguf
+step "synth 1b q4_k" 45 bash -c 'synth 1b q4_k "$0"' "$m1bk"
+step "kernel checks on the device" 60 bash -c \
+  'for m in "$@"; do echo "$m"; "$WGLLM" tune --check -m "$m" | grep -E "dropped|checked"; done' \
+  _ "$m7b" "$m1bk"
+
+# The integer-dot matmuls (their op tests and checks ran above): the 7B with them forced
+# off, forced on, and as the tuner chooses (it times them at first use on GPUs).
 intdot() {
   local v
-  for v in 0 1; do
-    echo "WGLLM_INT_DOT=$v"
+  for v in 0 1 ""; do
+    echo "WGLLM_INT_DOT=${v:-(unset: tuned)}"
     WGLLM_INT_DOT=$v "$WGLLM" bench -m "$m7b" -p 512 -n 64 -r 1 | grep -E '^\| (model|.*(pp|tg)[0-9])'
   done
+  "$WGLLM" devices | grep -A3 "tuned choices"
 }
 export -f intdot
 export m7b
-step "integer dot products, 7b" 90 bash -c intdot
+step "integer dot products, 7b" 120 bash -c intdot
 
 # A real out-of-memory: one server takes the card's memory for a 7B's K/V but about 3 GiB,
 # then a second process asks for 20 GiB more. Expected: the second exits non-zero with a
