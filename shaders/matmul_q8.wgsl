@@ -5,8 +5,9 @@
 // q8_weights.wgsl (beside this) has each type's block loader, a block's codes as eight
 // words of bytes (0..31 for the 4- and 5-bit formats) and its dm; LOAD_W names the one.
 // A workgroup of 64 handles ROWS rows for TB tokens: its invocations stride over the
-// blocks, loading each weight block once for the TB tokens, then a workgroup-memory tree
-// adds the partial sums. No subgroups: the same kernel runs on every adapter.
+// blocks, loading each weight block once for the TB tokens, then the REDUCE slot adds the
+// partial sums into red[(row * TB + token) * 64]: subgroupAdd where the adapter has
+// subgroups of at most 64, else a workgroup-memory tree (`ops::shaders::q8_reduce`).
 
 const TB: u32 = {{TB}}u;
 const ROWS: u32 = {{ROWS}}u;
@@ -26,7 +27,11 @@ struct WBlock {
 var<workgroup> red: array<f32, 64u * ROWS * TB>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    {{SG_ARGS}}
+) {
     let row0 = (wid.y * p.wg_x + wid.x) * ROWS;
     let t0 = wid.z * TB;
     let nb = p.k / 32u;
@@ -47,18 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
-    for (var i = 0u; i < ROWS * TB; i++) {
-        red[i * 64u + lid] = acc[i];
-    }
-    workgroupBarrier();
-    for (var half = 32u; half > 0u; half >>= 1u) {
-        if (lid < half) {
-            for (var i = 0u; i < ROWS * TB; i++) {
-                red[i * 64u + lid] += red[i * 64u + lid + half];
-            }
-        }
-        workgroupBarrier();
-    }
+{{REDUCE}}
     if (lid < ROWS * TB) {
         let r = lid / TB;
         let t = lid % TB;

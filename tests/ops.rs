@@ -1928,20 +1928,33 @@ fn integer_dot_matmul_matches_reference() {
                 // compiles take ~3 s a variant here, every variant of one type only (the
                 // variants share the kernel; the types differ in their block loaders).
                 let every = !name.starts_with("gl") || ty == GgmlType::Q4_0;
-                let keys: Vec<KernelKey> = if every && k * n * n_tok <= 32768 {
+                // Both reductions where the device has subgroups (the subgroupAdd one on
+                // every variant of Q4_0 and through the op's pick for the others).
+                let picked = wgllm::ops::matmul_q8::kernel(gpu, ty, n_tok as u32);
+                let sg: &[bool] = match (gpu.has_subgroups, ty == GgmlType::Q4_0) {
+                    (true, true) => &[false, true],
+                    _ => &[false],
+                };
+                let mut keys: Vec<KernelKey> = if every && k * n * n_tok <= 32768 {
                     Q8_MATMUL_ROWS
                         .iter()
                         .flat_map(|&rows| {
-                            Q8_MATMUL_TOKENS.iter().map(move |&tb| KernelKey::MatmulQ8 {
-                                ty,
-                                rows,
-                                tb,
+                            sg.iter().flat_map(move |&subgroups| {
+                                Q8_MATMUL_TOKENS.iter().map(move |&tb| KernelKey::MatmulQ8 {
+                                    ty,
+                                    rows,
+                                    tb,
+                                    subgroups,
+                                })
                             })
                         })
                         .collect()
                 } else {
-                    vec![wgllm::ops::matmul_q8::kernel(ty, n_tok as u32)]
+                    Vec::new()
                 };
+                if !keys.contains(&picked) {
+                    keys.push(picked);
+                }
                 for key in keys {
                     let dst = out_f32(gpu, n * n_tok);
                     run_now(

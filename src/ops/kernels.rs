@@ -198,11 +198,13 @@ pub enum KernelKey {
     /// the integer-dot matmul.
     QuantizeQ8,
     /// The integer-dot matmul (`matmul_q8.wgsl`): `rows` weight rows and `tb` tokens per
-    /// workgroup of 64, over x quantized by [`KernelKey::QuantizeQ8`].
+    /// workgroup of 64, over x quantized by [`KernelKey::QuantizeQ8`]; its partial sums
+    /// reduced with subgroupAdd when `subgroups`, else by a workgroup-memory tree.
     MatmulQ8 {
         ty: GgmlType,
         rows: u32,
         tb: u32,
+        subgroups: bool,
     },
     /// The short causal convolution of recurrent layers (Mamba, LFM2).
     SsmConv,
@@ -269,7 +271,14 @@ impl KernelKey {
         let mut v = vec![AttnKqvSum, AttnKqvJoin, Hadamard, SsmConv, QuantizeQ8];
         for ty in super::matmul_q8::TYPES {
             for &rows in Q8_MATMUL_ROWS {
-                v.extend(Q8_MATMUL_TOKENS.iter().map(|&tb| MatmulQ8 { ty, rows, tb }));
+                for subgroups in [false, true] {
+                    v.extend(Q8_MATMUL_TOKENS.iter().map(|&tb| MatmulQ8 {
+                        ty,
+                        rows,
+                        tb,
+                        subgroups,
+                    }));
+                }
             }
         }
         v.extend([false, true].map(|rows| RmsNorm { rows }));
@@ -400,6 +409,9 @@ impl KernelKey {
                 subgroups: true, ..
             }
             | Matmul {
+                subgroups: true, ..
+            }
+            | MatmulQ8 {
                 subgroups: true, ..
             } => wgpu::Features::SUBGROUP,
             _ => wgpu::Features::empty(),
@@ -605,11 +617,18 @@ impl KernelKey {
             ),
             MatmulTile { ty, bm, bn } => shaders::matmul_tile_source(&quant(ty)?, bm, bn),
             QuantizeQ8 => shaders::QUANTIZE_Q8_1.to_string(),
-            MatmulQ8 { ty, rows, tb } => compose(
+            MatmulQ8 {
+                ty,
+                rows,
+                tb,
+                subgroups,
+            } => compose(
                 &[shaders::MATMUL_Q8, shaders::Q8_WEIGHTS],
                 &[
                     ("TB", tb.to_string()),
                     ("ROWS", rows.to_string()),
+                    shaders::q8_reduce_args(subgroups),
+                    shaders::q8_reduce(subgroups),
                     (
                         "LOAD_W",
                         format!("load_w_{}", ty.to_string().to_lowercase()),
@@ -750,7 +769,16 @@ impl fmt::Display for KernelKey {
             ),
             MatmulTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
             QuantizeQ8 => write!(f, "quantize_q8_1"),
-            MatmulQ8 { ty, rows, tb } => write!(f, "matmul_q8_{ty}_r{rows}_t{tb}"),
+            MatmulQ8 {
+                ty,
+                rows,
+                tb,
+                subgroups,
+            } => write!(
+                f,
+                "matmul_q8_{ty}_r{rows}_t{tb}{}",
+                if subgroups { "_sg" } else { "" }
+            ),
             SsmConv => write!(f, "ssm_conv"),
             SsmScan { ds, wg } => write!(f, "ssm_scan_ds{ds}{}", if wg { "_wg" } else { "" }),
             SampleTopk { wg } => write!(f, "sample_topk{}", if wg { "_wg" } else { "" }),
@@ -945,9 +973,11 @@ mod tests {
         let plain = KvType::ALL.iter().filter(|t| !t.is_packed()).count();
         let rows = 2 * plain * plain;
         // The activations' quantizer and the integer-dot matmuls.
+        // The activation quantizer, and per type every rows x tokens x reduction.
         let q8 = 1 + super::super::matmul_q8::TYPES.len()
             * Q8_MATMUL_ROWS.len()
-            * Q8_MATMUL_TOKENS.len();
+            * Q8_MATMUL_TOKENS.len()
+            * 2;
         assert_eq!(all.len(), shared + kv + rows + types.len() * per_type + q8);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.

@@ -91,18 +91,21 @@ pub fn quantize_q8(
     )
 }
 
-/// The integer-dot variant for `n_tok` tokens of `ty`: the fewest tokens per workgroup
-/// that cover them (at most 8), two rows per workgroup.
-pub fn kernel(ty: GgmlType, n_tok: u32) -> KernelKey {
+/// The integer-dot variant for `n_tok` tokens of `ty` on `gpu`: the fewest tokens per
+/// workgroup that cover them (at most 8), two rows per workgroup, reduced by subgroupAdd
+/// where the adapter has subgroups that fit the workgroup of 64.
+pub fn kernel(gpu: &Gpu, ty: GgmlType, n_tok: u32) -> KernelKey {
     let tb = Q8_MATMUL_TOKENS
         .iter()
         .copied()
         .find(|&t| t >= n_tok)
         .unwrap_or(*Q8_MATMUL_TOKENS.last().unwrap());
+    let (min_sg, max_sg) = gpu.info.subgroup_size;
     KernelKey::MatmulQ8 {
         ty,
         rows: Q8_MATMUL_ROWS[1],
         tb,
+        subgroups: gpu.has_subgroups && min_sg > 0 && max_sg <= 64,
     }
 }
 
@@ -127,7 +130,7 @@ pub fn matmul_q8_at(
     dst: &View,
     out: MatmulOut,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    record_chunks(gpu, kernel(w.ty, n_tok), w, xq, n_tok, dst, out)
+    record_chunks(gpu, kernel(gpu, w.ty, n_tok), w, xq, n_tok, dst, out)
 }
 
 /// act(gate · x) * (up · x) for a weight of interleaved (gate, up) rows: the products
@@ -170,7 +173,7 @@ fn record_chunks(
     out: MatmulOut,
 ) -> Result<Vec<Dispatch>, GpuError> {
     out.check("matmul_q8", w)?;
-    let KernelKey::MatmulQ8 { ty, rows, tb } = key else {
+    let KernelKey::MatmulQ8 { ty, rows, tb, .. } = key else {
         return Err(GpuError::Validation(format!(
             "{key} is not an integer-dot matmul"
         )));

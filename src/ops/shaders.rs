@@ -281,6 +281,55 @@ pub fn norm_source(io: &str, rows: bool) -> String {
 }
 
 /// Joins `parts` and replaces each `{{KEY}}` with its value.
+/// The integer-dot matmul's `SG_ARGS` slot: the subgroup builtins its reduction reads.
+pub fn q8_reduce_args(subgroups: bool) -> (&'static str, String) {
+    let args = if subgroups {
+        // naga 30 enables subgroup builtins with the device feature, not `enable`.
+        "@builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_size) sg_size: u32,"
+    } else {
+        ""
+    };
+    ("SG_ARGS", args.to_string())
+}
+
+/// The integer-dot matmul's `REDUCE` slot: every (row, token) partial sum of the 64
+/// invocations added into `red[i * 64]`, i = row * TB + token. Without subgroups a
+/// workgroup-memory tree (six barriers); with them each subgroup's subgroupAdd, its sum
+/// in `red[i * 64 + subgroup]`, then one invocation per value adds the 64 / sg_size sums
+/// (one barrier; subgroups of at most 64, numbered by `lid / sg_size` as the GPU-shaped
+/// float matmul assumes too).
+pub fn q8_reduce(subgroups: bool) -> (&'static str, String) {
+    let reduce = if subgroups {
+        "\
+    let nsg = 64u / sg_size;
+    for (var i = 0u; i < ROWS * TB; i++) {
+        let s = subgroupAdd(acc[i]);
+        if (sg_lane == 0u) { red[i * 64u + lid / sg_size] = s; }
+    }
+    workgroupBarrier();
+    if (lid < ROWS * TB) {
+        var s = 0.0;
+        for (var g = 0u; g < nsg; g++) { s += red[lid * 64u + g]; }
+        red[lid * 64u] = s;
+    }"
+    } else {
+        "\
+    for (var i = 0u; i < ROWS * TB; i++) {
+        red[i * 64u + lid] = acc[i];
+    }
+    workgroupBarrier();
+    for (var half = 32u; half > 0u; half >>= 1u) {
+        if (lid < half) {
+            for (var i = 0u; i < ROWS * TB; i++) {
+                red[i * 64u + lid] += red[i * 64u + lid + half];
+            }
+        }
+        workgroupBarrier();
+    }"
+    };
+    ("REDUCE", reduce.to_string())
+}
+
 pub fn compose(parts: &[&str], subs: &[(&str, String)]) -> String {
     let mut s = parts.join("\n");
     for (k, v) in subs {
