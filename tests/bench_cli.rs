@@ -15,7 +15,7 @@ fn ok(args: &[&str]) -> String {
     out
 }
 
-const FIELDS: [&str; 28] = [
+const FIELDS: [&str; 29] = [
     "build_commit",
     "gpu_info",
     "backends",
@@ -43,6 +43,7 @@ const FIELDS: [&str; 28] = [
     "kernels",
     "gpu_mem_bytes",
     "dispatches_per_token",
+    "barriers_per_token",
     "record_us",
 ];
 
@@ -62,7 +63,12 @@ fn check_row(r: &Value, reps: usize) {
     assert_eq!(r["samples_ns"].as_array().unwrap().len(), reps, "{r}");
     assert!(r["model_n_params"].as_u64().unwrap() > 100_000_000);
     assert!(r["gpu_mem_bytes"].as_u64().unwrap() > 50 << 20, "{r}");
-    assert!(r["dispatches_per_token"].as_u64().unwrap() > 100, "{r}");
+    let dispatches = r["dispatches_per_token"].as_u64().unwrap();
+    assert!(dispatches > 100, "{r}");
+    // A decoded token is mostly a chain of ops, each reading the one before: nearly every
+    // dispatch waits for a barrier, but never more than there are.
+    let barriers = r["barriers_per_token"].as_u64().unwrap();
+    assert!(barriers > dispatches / 2 && barriers < dispatches, "{r}");
 }
 
 /// Splits one CSV line into cells (quoted cells, doubled quotes inside).

@@ -11,7 +11,7 @@ use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
 use wgllm::ops::attention::{attention, attention_ref, AttnShape, AttnViews};
 use wgllm::ops::binary::{binary, binary_ref, BinaryOp};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
-use wgllm::ops::glu::{glu, glu_ref, Activation};
+use wgllm::ops::glu::{glu, glu_pairs, glu_ref, Activation};
 use wgllm::ops::hadamard::{hadamard, hadamard_ref};
 use wgllm::ops::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS};
 use wgllm::ops::matmul::{matmul, matmul_at, matmul_glu, matmul_ref, MatmulOut};
@@ -2015,4 +2015,29 @@ fn integer_dot_matmul_refuses_other_types() {
         .to_string();
     assert!(e.contains("q6_k") || e.contains("Q6_K"), "{e}");
     assert!(e.contains("q4_0") || e.contains("Q4_0"), "{e}");
+}
+
+/// wgpu's barrier rule as `ops::barriers` counts it: none between dispatches that only read
+/// what they share, one before a dispatch that reads what another wrote or writes what
+/// another read or wrote (whatever the ranges).
+#[test]
+fn barriers_follow_wgpus_rule() {
+    let (_, gpu, _serial) = gpus().next().unwrap();
+    let (a, b, c) = (out_f32(gpu, 64), out_f32(gpu, 64), out_f32(gpu, 64));
+    let glu = |x: &View, y: &View| glu_pairs(gpu, Activation::Silu, x, y, 16).unwrap();
+    // glu_pairs reads its first view and writes its second.
+    let d = [glu(&a, &b), glu(&a, &c)];
+    assert_eq!(
+        wgllm::ops::barriers(&d),
+        0,
+        "two readers of a, separate outputs"
+    );
+    let d = [glu(&a, &b), glu(&b, &c)];
+    assert_eq!(wgllm::ops::barriers(&d), 1, "b written, then read");
+    let d = [glu(&a, &b), glu(&c, &b)];
+    assert_eq!(wgllm::ops::barriers(&d), 1, "b written twice");
+    let d = [glu(&a, &b), glu(&c, &a)];
+    assert_eq!(wgllm::ops::barriers(&d), 1, "a read, then written");
+    let d = [glu(&a, &b), glu(&a, &c), glu(&b, &c)];
+    assert_eq!(wgllm::ops::barriers(&d), 1);
 }

@@ -175,6 +175,9 @@ pub struct Decoded {
 pub struct StepStats {
     pub n_tok: u32,
     pub dispatches: usize,
+    /// Of them, those wgpu records a barrier before (an estimate by its rule:
+    /// [`crate::ops::barriers`]; the graph's and the draws' counted apart).
+    pub barriers: usize,
     pub record_ns: u64,
     /// Bytes read back from the GPU (logit rows, drawn tokens).
     pub read_bytes: u64,

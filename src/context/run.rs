@@ -220,6 +220,7 @@ impl Context {
         self.last_step = StepStats {
             n_tok: key.0,
             dispatches: graph.n_dispatches() + extra.len(),
+            barriers: graph.n_barriers() + crate::ops::barriers(extra),
             record_ns: graph.record_ns(),
             read_bytes,
             submit_ns,

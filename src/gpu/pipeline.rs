@@ -20,12 +20,24 @@ pub trait Kernel: Clone + Eq + Hash + std::fmt::Display + Send + Sync + 'static 
     fn naga_capabilities(&self) -> naga::valid::Capabilities;
     /// Whether this is one of the variants the offline check covers.
     fn is_known(&self) -> bool;
+    /// Whether the kernel may read workgroup memory it did not write first, so that the
+    /// pipeline must zero it at every workgroup's start (wgpu's default). A kernel that
+    /// writes every element before a barrier and reads only after says false: the fill
+    /// is then a store per element and a barrier per workgroup for nothing.
+    fn reads_unwritten_workgroup_memory(&self) -> bool {
+        true
+    }
 }
 
 /// Compiled pipelines, by kernel type and then by key: generic over whatever key types
 /// the layers above use.
 #[derive(Default)]
-pub(super) struct PipelineCache(HashMap<TypeId, Box<dyn Any + Send>>);
+pub(super) struct PipelineCache(
+    HashMap<TypeId, Box<dyn Any + Send>>,
+    /// Each pipeline's bindings (group 0, by binding number) that the kernel may write:
+    /// storage declared `read_write`.
+    HashMap<wgpu::ComputePipeline, Arc<[bool]>>,
+);
 
 impl PipelineCache {
     fn get<K: Kernel>(&self, key: &K) -> Option<Arc<wgpu::ComputePipeline>> {
@@ -41,6 +53,26 @@ impl PipelineCache {
             by_key.insert(key, p);
         }
     }
+}
+
+/// Which bindings of group 0 a kernel may write (storage declared `read_write`), by
+/// binding number.
+fn binding_writes(module: &naga::Module) -> Arc<[bool]> {
+    let mut writes = Vec::new();
+    for (_, var) in module.global_variables.iter() {
+        let (Some(b), naga::AddressSpace::Storage { access }) = (&var.binding, var.space) else {
+            continue;
+        };
+        if b.group != 0 {
+            continue;
+        }
+        let i = b.binding as usize;
+        if writes.len() <= i {
+            writes.resize(i + 1, false);
+        }
+        writes[i] = access.contains(naga::StorageAccess::STORE);
+    }
+    writes.into()
 }
 
 /// How every kernel declares its parameter block: binding 0, named `p`.
@@ -63,6 +95,17 @@ pub fn params_in_storage(src: &str) -> Option<String> {
 }
 
 impl Gpu {
+    /// Which bindings of a pipeline this device compiled the kernel may write, by binding
+    /// number (empty for a pipeline it does not know).
+    pub fn binding_writes(&self, p: &wgpu::ComputePipeline) -> Arc<[bool]> {
+        let cache = self.pipelines.lock().unwrap();
+        cache
+            .1
+            .get(p)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(Vec::new()))
+    }
+
     /// The compute pipeline of a kernel variant (entry point `main`), compiled once.
     /// Keys the kernel type does not know ([`Kernel::is_known`]) are refused: only those
     /// are checked offline (naga validation, MSL and HLSL translation), so a selection
@@ -108,6 +151,7 @@ impl Gpu {
         validator
             .validate(&module)
             .map_err(|e| shader_err(e.emit_to_string(&src)))?;
+        let writes = binding_writes(&module);
         let scope = super::push_scope(&self.device, wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&name),
@@ -134,14 +178,19 @@ impl Gpu {
                 layout: None,
                 module: &sm,
                 entry_point: Some("main"),
-                compilation_options: Default::default(),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    zero_initialize_workgroup_memory: key.reads_unwritten_workgroup_memory(),
+                    ..Default::default()
+                },
                 cache: None,
             });
         if let Some(e) = super::scope_error(scope) {
             return Err(shader_err(e.to_string()));
         }
         let p = Arc::new(p);
-        self.pipelines.lock().unwrap().insert(key, p.clone());
+        let mut cache = self.pipelines.lock().unwrap();
+        cache.1.insert((*p).clone(), writes);
+        cache.insert(key, p.clone());
         Ok(p)
     }
 }

@@ -863,6 +863,7 @@ impl GraphBuilder {
         }
         let scratch_bytes = scratch.iter().map(|b| b.size()).sum();
         Ok(Graph {
+            barriers: crate::ops::barriers(&dispatches),
             dispatches,
             node_of,
             costs,

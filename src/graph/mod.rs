@@ -22,6 +22,8 @@ const SUBMIT_EVERY: usize = 96;
 /// A built graph: ready-made dispatches and the scratch buffers they use.
 pub struct Graph {
     dispatches: Vec<Dispatch>,
+    /// Barriers wgpu records between the dispatches ([`crate::ops::barriers`]).
+    barriers: usize,
     /// The node each dispatch was recorded for (index into `costs`).
     node_of: Vec<u32>,
     /// Each node's [`Op::kind`] and cost model, for profiles.
@@ -62,6 +64,11 @@ impl Graph {
 
     pub fn n_dispatches(&self) -> usize {
         self.dispatches.len()
+    }
+
+    /// Barriers between the dispatches, by wgpu's rule ([`crate::ops::barriers`]).
+    pub fn n_barriers(&self) -> usize {
+        self.barriers
     }
 
     /// Records the dispatches (in chunks, each submitted as it is recorded, on GPUs) and

@@ -94,6 +94,10 @@ pub struct StepProfile {
     pub ops: Vec<OpProfile>,
     /// The same time by kernel, slowest first.
     pub kernels: Vec<KernelTime>,
+    /// The step's dispatches, and those wgpu records a barrier before
+    /// ([`crate::ops::barriers`]).
+    pub dispatches: usize,
+    pub barriers: usize,
 }
 
 impl StepProfile {
@@ -186,6 +190,8 @@ impl Graph {
             n_kv: 0,
             ops,
             kernels,
+            dispatches: all.len(),
+            barriers: self.barriers + crate::ops::barriers(extra.1),
         })
     }
 }

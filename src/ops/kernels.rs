@@ -709,6 +709,18 @@ impl crate::gpu::Kernel for KernelKey {
     fn is_known(&self) -> bool {
         KernelKey::is_known(self)
     }
+    /// The matmuls write all of their workgroup memory before their first barrier and
+    /// read it only after (read from their sources: `matmul_q8.wgsl` fills `red` for every
+    /// (row, token) and invocation, or each subgroup's slot it then reads;
+    /// `matmul_wg.wgsl` the same for `red` and every row of `res`; `matmul_tile.wgsl` all
+    /// 8 x BM weight and 8 x BN activation slots of each K block); the other kernels keep
+    /// the zero-fill until someone reads them as closely.
+    fn reads_unwritten_workgroup_memory(&self) -> bool {
+        !matches!(
+            self,
+            KernelKey::MatmulQ8 { .. } | KernelKey::MatmulWg { .. } | KernelKey::MatmulTile { .. }
+        )
+    }
 }
 
 impl fmt::Display for KernelKey {

@@ -57,6 +57,33 @@ pub struct Dispatch {
     pub bind_group: wgpu::BindGroup,
     pub groups: [u32; 3],
     pub label: &'static str,
+    /// The storage buffers bound (bindings 1..), each with whether the kernel may write
+    /// it: what decides where wgpu puts barriers ([`barriers`]).
+    pub bound: Vec<(wgpu::Buffer, bool)>,
+}
+
+/// How many of `dispatches`, run in order in one pass, wgpu records a barrier before: by
+/// its rule, one wherever a bound buffer was last used writable (whatever the ranges), or
+/// is bound writable after being read. Buffers first seen in the run count as settled.
+// wgpu hashes a buffer by its identity, which its interior mutability never changes.
+#[allow(clippy::mutable_key_type)]
+pub fn barriers(dispatches: &[Dispatch]) -> usize {
+    use std::collections::HashMap;
+    let mut last: HashMap<&wgpu::Buffer, bool> = HashMap::new();
+    let mut n = 0;
+    for d in dispatches {
+        // Each buffer once, writable if any of its bindings is.
+        let mut now: HashMap<&wgpu::Buffer, bool> = HashMap::new();
+        for (buf, writes) in &d.bound {
+            *now.entry(buf).or_insert(false) |= *writes;
+        }
+        let needs = now
+            .iter()
+            .any(|(buf, &w)| last.get(buf).is_some_and(|&was| was || w));
+        n += needs as usize;
+        last.extend(now);
+    }
+    n
 }
 
 /// The per-dimension dispatch limit every adapter supports.
@@ -110,11 +137,18 @@ pub fn record(
         layout: &layout,
         entries: &entries,
     });
+    let writes = gpu.binding_writes(&pipeline);
+    let bound = views
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v.buf.clone(), writes.get(i + 1).copied().unwrap_or(true)))
+        .collect();
     Ok(Dispatch {
         pipeline,
         bind_group,
         groups,
         label,
+        bound,
     })
 }
 

@@ -297,7 +297,7 @@ pub fn run_plan(
         })?;
         let mut bench = Bench::new(&mut engine);
         // One decoded token, untimed: the decode graph's dispatches and record time.
-        let (dispatches_per_token, record_us) = bench.probe_decode()?;
+        let (dispatches_per_token, barriers_per_token, record_us) = bench.probe_decode()?;
         let gpu = bench.engine.model.gpu.clone();
         // The cache holds f16 where the device has shader-f16 (see `Context::new`).
         let kv = bench.ctx().kv_choice();
@@ -377,6 +377,7 @@ pub fn run_plan(
                 kernels: gpu.kernels.to_string(),
                 gpu_mem_bytes: gpu.allocated_bytes(),
                 dispatches_per_token: m.decode.map_or(dispatches_per_token, |d| d.dispatches),
+                barriers_per_token: m.decode.map_or(barriers_per_token, |d| d.barriers),
                 record_us: m.decode.map_or(record_us, |d| d.record_us),
                 sampling: if bench.engine.samples_on_gpu() {
                     "gpu"
@@ -404,8 +405,10 @@ struct Measured {
 /// The host's side of one decoded token, averaged over a test's generated tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DecodeCost {
-    /// Dispatches of the step (the graph's, and sampling's on the GPU).
+    /// Dispatches of the step (the graph's, and sampling's on the GPU), and those wgpu
+    /// records a barrier before.
     pub dispatches: usize,
+    pub barriers: usize,
     /// Microseconds recording the dispatches, in submits, waiting for the GPU and the
     /// readback, and sampling on the host.
     pub record_us: f64,
@@ -450,7 +453,7 @@ impl<'e> Bench<'e> {
     }
 
     /// Decodes one token on an empty cache (twice: the first run builds the graph).
-    fn probe_decode(&mut self) -> Result<(usize, f64), EngineError> {
+    fn probe_decode(&mut self) -> Result<(usize, usize, f64), EngineError> {
         self.ctx().clear();
         for pos in 0..2 {
             let t = self.tokens(1);
@@ -458,7 +461,7 @@ impl<'e> Bench<'e> {
         }
         let s = self.ctx().last_step;
         self.ctx().clear();
-        Ok((s.dispatches, s.record_ns as f64 / 1e3))
+        Ok((s.dispatches, s.barriers, s.record_ns as f64 / 1e3))
     }
 
     /// Profiles the last ubatch of an `n`-token step over `depth` cells already in the
@@ -546,6 +549,7 @@ impl<'e> Bench<'e> {
         }
         if let Some(d) = decode.as_mut() {
             d.dispatches = self.ctx().last_step.dispatches;
+            d.barriers = self.ctx().last_step.barriers;
         }
         self.ctx().clear();
         Ok(Measured { samples_ns, decode })

@@ -85,6 +85,9 @@ pub struct BenchRow {
     pub gpu_mem_bytes: u64,
     /// Dispatches of the graph of one decoded token.
     pub dispatches_per_token: usize,
+    /// Of a decoded token's dispatches, those wgpu records a barrier before
+    /// ([`crate::ops::barriers`]).
+    pub barriers_per_token: usize,
     /// Host microseconds to record one decode step's dispatches into a command buffer
     /// (the submit is left out: on GL it runs the commands on the host).
     pub record_us: f64,
@@ -173,6 +176,7 @@ impl BenchRow {
                 "dispatches_per_token",
                 Int(self.dispatches_per_token as u64),
             ),
+            ("barriers_per_token", Int(self.barriers_per_token as u64)),
             ("record_us", Float(self.record_us)),
             ("sampling", Str(self.sampling.clone())),
             ("submit_us", Float(d.submit_us)),
@@ -277,11 +281,13 @@ pub fn profile_json(p: &StepProfile) -> String {
         })
         .collect();
     format!(
-        "{{\"timing\": {}, \"n_tokens\": {}, \"n_kv\": {}, \"total_ns\": {}, \"ops\": [{}], \"kernels\": [{}]}}",
+        "{{\"timing\": {}, \"n_tokens\": {}, \"n_kv\": {}, \"total_ns\": {}, \"dispatches\": {}, \"barriers\": {}, \"ops\": [{}], \"kernels\": [{}]}}",
         serde_json::Value::from(p.source.note()),
         p.n_tok,
         p.n_kv,
         p.total_ns().round() as u64,
+        p.dispatches,
+        p.barriers,
         ops.join(", "),
         kernels.join(", ")
     )
@@ -417,6 +423,7 @@ impl BenchRow {
             kernels: String::new(),
             gpu_mem_bytes: 0,
             dispatches_per_token: 0,
+            barriers_per_token: 0,
             record_us: 0.0,
             sampling: String::new(),
             decode: None,
@@ -429,12 +436,14 @@ impl BenchRow {
 /// model, backend, step and how it was timed.
 pub fn profile_md(title: &str, p: &StepProfile) -> String {
     let mut s = format!(
-        "\n### {title}: {} token{} over {} cells, {:.3} ms\n\ntiming: {}\n\n",
+        "\n### {title}: {} token{} over {} cells, {:.3} ms\n\ntiming: {}; {} dispatches, {} of them after a barrier (wgpu's rule, counted from the bindings)\n\n",
         p.n_tok,
         if p.n_tok == 1 { "" } else { "s" },
         p.n_kv,
         p.total_ns() / 1e6,
-        p.source.note()
+        p.source.note(),
+        p.dispatches,
+        p.barriers
     );
     s.push_str("| op | nodes | dispatches | time ms | share | GB/s | GFLOP/s |\n");
     s.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
