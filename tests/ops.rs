@@ -220,6 +220,62 @@ fn gpu_shaped_matmul_odd_shapes() {
     }
 }
 
+/// The prompt matmul on cooperative matrices (`WGLLM_COOP_MATRIX=1`), against the float
+/// reference, on every device that has the matrices it needs (a GPU; CI's software
+/// devices have none, and the kernels are validated and translated offline there). On
+/// every device: asked for where the matrices are missing, the tiled float kernel runs.
+#[test]
+fn cooperative_matrix_matmul_matches_reference() {
+    let mut rng = Rng(61);
+    let coop = KernelTuning {
+        coop_matrix: Some(true),
+        ..Default::default()
+    };
+    let mut ran = Vec::new();
+    for (name, gpu, _serial) in gpus() {
+        let g = gpu.retuned(KernelShape::Gpu, coop.clone());
+        let key = wgllm::ops::matmul::kernel(&g, GgmlType::Q4_0, 256, 64, None);
+        let Some(s) = g.coop_size else {
+            assert!(matches!(key, KernelKey::MatmulTile { .. }), "{name}: {key}");
+            continue;
+        };
+        assert_eq!(
+            key,
+            KernelKey::MatmulCoop {
+                ty: GgmlType::Q4_0,
+                s
+            },
+            "{name}"
+        );
+        ran.push(name);
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::F16,
+        ] {
+            for (k, n, n_tok) in [(256usize, 37usize, 33usize), (4096, 64, 64), (512, 100, 5)] {
+                let data = quantized(ty, &mut rng, k, n);
+                let x = rng.vec(k * n_tok);
+                let w = Weight::upload(&g, "w", ty, k, n, &data).unwrap();
+                let dst = out_f32(&g, n * n_tok);
+                let d = matmul(&g, &w, &up_f32(&g, &x), n_tok as u32, &dst).unwrap();
+                run_now(&g, &d).unwrap();
+                let want = matmul_ref(ty, &data, k, n, &x, n_tok);
+                // Weights and activations rounded to f16 (11 bits) before the products.
+                check(
+                    &format!("{name} coop {s} {ty} {k}x{n} T={n_tok}"),
+                    &want,
+                    &read(&g, &dst, want.len()),
+                    1e-5,
+                );
+            }
+        }
+    }
+    eprintln!("cooperative-matrix matmul run on: {ran:?}");
+}
+
 /// The GPU matrix-vector matmul at every rows-per-workgroup value (rows per invocation
 /// 1 to 8, segments 1 to 4), reduced by subgroups and by the workgroup tree, plain and
 /// with the fused GLU epilogue, for one token and for a small batch.

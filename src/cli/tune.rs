@@ -124,6 +124,9 @@ pub fn describe(e: &TuneEntry) -> String {
             knobs.push(format!("{kind} int-dot"));
         }
     }
+    if e.coop_matrix == Some(true) {
+        knobs.push("prompt coop-matrix".into());
+    }
     let draws = match (e.draw_gpu_busy_us, e.draw_host_us, e.gpu_draws()) {
         (Some(g), Some(h), Some(gpu)) => format!(
             "; a token drawn on the GPU {g:.0} us, read back and sampled {h:.0} us: --sampling auto is {}",

@@ -296,6 +296,9 @@ pub struct Gpu {
     pub max_binding: u64,
     pub has_f16: bool,
     pub has_subgroups: bool,
+    /// The side S of the S x S x S f16 (f32 accumulated) cooperative matrices the
+    /// cooperative-matrix matmul can use on this device ([`coop_size`]), if any.
+    pub coop_size: Option<u32>,
     pub is_cpu: bool,
     /// Resolved kernel shape (never `Auto`).
     pub kernels: KernelShape,
@@ -324,6 +327,33 @@ pub struct Gpu {
     lost: Arc<Mutex<Option<String>>>,
     /// The injected fault, if any (shared with the retuned views).
     fault: Arc<super::fault::FaultSwitch>,
+}
+
+/// The side of the cooperative matrices the cooperative-matrix matmul would use on
+/// `adapter` with device `features` (shader-f16 among them): 16 where the adapter offers
+/// 16 x 16 x 16 f16 matrices accumulated in f32 (NVIDIA, AMD, Intel), else 8 for 8 x 8 x 8
+/// (Apple), and only where its subgroups are exactly 32 wide (the kernel's workgroup is
+/// one subgroup).
+pub fn coop_size(adapter: &wgpu::Adapter, features: wgpu::Features) -> Option<u32> {
+    use wgpu::CooperativeScalarType as T;
+    let have = adapter.features();
+    if !have.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        || !features.contains(wgpu::Features::SHADER_F16)
+    {
+        return None;
+    }
+    let info = adapter.get_info();
+    if (info.subgroup_min_size, info.subgroup_max_size) != (32, 32) {
+        return None;
+    }
+    let props = adapter.cooperative_matrix_properties();
+    [16, 8].into_iter().find(|&s| {
+        props.iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (s, s, s)
+                && p.ab_type == T::F16
+                && p.cr_type == T::F32
+        })
+    })
 }
 
 /// The fault `opts` asks for, or `WGLLM_FAULT` names.
@@ -361,12 +391,25 @@ impl Gpu {
         if features.contains(wgpu::Features::TIMESTAMP_QUERY) {
             required_features |= wgpu::Features::TIMESTAMP_QUERY;
         }
+        // Cooperative matrices where some kernel could use them (`coop_size`); wgpu marks
+        // the feature experimental, so it must be asked for with experimental features on.
+        let coop = coop_size(&adapter, required_features).is_some();
+        if coop {
+            required_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         // wgpu's defaults cap bindings at 128 MiB even where the adapter allows more.
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgllm"),
             required_features,
             required_limits: adapter.limits(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: if coop {
+                // SAFETY: only the cooperative-matrix feature is used of the experimental
+                // ones, by kernels naga validated, and each is checked against the portable
+                // kernels on the device before the tuner lets it run (`tune::check`).
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
@@ -430,6 +473,8 @@ impl Gpu {
         info.max_workgroup_storage = limits.max_compute_workgroup_storage_size;
         let has_f16 = !opts.no_f16 && features.contains(wgpu::Features::SHADER_F16);
         let has_subgroups = !opts.no_subgroups && features.contains(wgpu::Features::SUBGROUP);
+        let coop_size = coop_size(adapter, features)
+            .filter(|_| features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX));
         let max_binding = opts
             .max_binding_override
             .unwrap_or(u64::MAX)
@@ -469,6 +514,7 @@ impl Gpu {
             max_binding,
             has_f16,
             has_subgroups,
+            coop_size,
             is_cpu,
             kernels,
             unroll,
@@ -498,6 +544,7 @@ impl Gpu {
             max_binding: self.max_binding,
             has_f16: self.has_f16,
             has_subgroups: self.has_subgroups,
+            coop_size: self.coop_size,
             is_cpu: self.is_cpu,
             kernels,
             unroll: self.unroll,

@@ -43,6 +43,11 @@ pub struct KernelTuning {
     /// prompts beyond that.
     pub int_dot_decode: Option<bool>,
     pub int_dot_prompt: Option<bool>,
+    /// `WGLLM_COOP_MATRIX=0|1`: GPU-shaped prompt matmuls take the cooperative-matrix
+    /// kernel where the device has the matrices it needs (`Gpu::coop_size`), or not;
+    /// unset, the tuner's choice (off until it measured the kernel faster and checked it
+    /// correct on the device).
+    pub coop_matrix: Option<bool>,
     /// `WGLLM_UNROLL=0|1`: kernels' short constant-bounded loops written out before
     /// compiling (`gpu::unroll`), or not; by default where the adapter's compiler keeps
     /// loops as written ([`crate::gpu::AdapterSummary::keeps_loops`]).
@@ -99,6 +104,7 @@ impl KernelTuning {
             int_dot: self.int_dot.or(base.int_dot),
             int_dot_decode: self.int_dot_decode.or(base.int_dot_decode),
             int_dot_prompt: self.int_dot_prompt.or(base.int_dot_prompt),
+            coop_matrix: self.coop_matrix.or(base.coop_matrix),
             unroll: self.unroll.or(base.unroll),
             params_storage: self.params_storage.or(base.params_storage),
             cpu_decode_tile: self.cpu_decode_tile.or(base.cpu_decode_tile),

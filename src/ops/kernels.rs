@@ -27,6 +27,10 @@ pub const GPU_VEC_TOKENS: &[u32] = &[1, 4];
 /// 128x128 (8x8 accumulators per invocation, 32 KiB of workgroup memory) only where asked
 /// for (`WGLLM_GPU_TILE`), for measuring.
 pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64), (128, 128)];
+/// Sides of the cooperative matrices the cooperative-matrix matmul multiplies (S x S x S,
+/// f16 in, f32 accumulated): 16 as NVIDIA's, AMD's and Intel's Vulkan drivers offer, 8 as
+/// Apple's simdgroup matrices.
+pub const COOP_SIZES: &[u32] = &[8, 16];
 /// Weight rows per workgroup of the integer-dot matmul (`matmul_q8.wgsl`).
 pub const Q8_MATMUL_ROWS: &[u32] = &[1, 2, 4];
 /// Tokens per workgroup of the integer-dot matmul.
@@ -193,6 +197,12 @@ pub enum KernelKey {
         ty: GgmlType,
         bm: u32,
         bn: u32,
+    },
+    /// The prompt matmul on cooperative matrices (`matmul_coop.wgsl`): `s` x `s` f16
+    /// matrices, 2s weight rows x 2s tokens per workgroup of one 32-wide subgroup.
+    MatmulCoop {
+        ty: GgmlType,
+        s: u32,
     },
     /// Activations to 8-bit blocks of 32 with their scales (`quantize_q8_1.wgsl`), for
     /// the integer-dot matmul.
@@ -370,6 +380,9 @@ impl KernelKey {
             for &(bm, bn) in GPU_TILES {
                 v.push(MatmulTile { ty, bm, bn });
             }
+            for &s in COOP_SIZES {
+                v.push(MatmulCoop { ty, s });
+            }
         }
         v
     }
@@ -414,6 +427,9 @@ impl KernelKey {
             | MatmulQ8 {
                 subgroups: true, ..
             } => wgpu::Features::SUBGROUP,
+            MatmulCoop { .. } => {
+                wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            }
             _ => wgpu::Features::empty(),
         }
     }
@@ -429,6 +445,9 @@ impl KernelKey {
         }
         if f.contains(wgpu::Features::SUBGROUP) {
             caps |= C::SUBGROUP;
+        }
+        if f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            caps |= C::COOPERATIVE_MATRIX;
         }
         caps
     }
@@ -471,6 +490,7 @@ impl KernelKey {
             | MatmulQ8 { .. }
             | SsmConv
             | SsmScan { wg: false, .. } => 64,
+            MatmulCoop { .. } => 32,
         }
     }
 
@@ -481,6 +501,7 @@ impl KernelKey {
             KernelKey::Matmul { rows, tb, .. } => Some((64 * rows, tb)),
             KernelKey::MatmulWg { rows, tb, .. } => Some((rows, tb)),
             KernelKey::MatmulTile { bm, bn, .. } => Some((bm, bn)),
+            KernelKey::MatmulCoop { s, .. } => Some((2 * s, 2 * s)),
             KernelKey::MatmulQ8 { rows, tb, .. } => Some((rows, tb)),
             _ => None,
         }
@@ -513,7 +534,9 @@ impl KernelKey {
             }
             AttnKqvSum | AttnKqvJoin => AttnSumUniform::WGSL,
             GetRows { .. } => GetRowsUniform::WGSL,
-            Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } => MatmulUniform::WGSL,
+            Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } | MatmulCoop { .. } => {
+                MatmulUniform::WGSL
+            }
             QuantizeQ8 => QuantizeQ8Uniform::WGSL,
             MatmulQ8 { .. } => MatmulQ8Uniform::WGSL,
             SsmConv => SsmConvUniform::WGSL,
@@ -616,6 +639,7 @@ impl KernelKey {
                 glu.map(Activation::wgsl),
             ),
             MatmulTile { ty, bm, bn } => shaders::matmul_tile_source(&quant(ty)?, bm, bn),
+            MatmulCoop { ty, s } => shaders::matmul_coop_source(&quant(ty)?, s),
             QuantizeQ8 => shaders::QUANTIZE_Q8_1.to_string(),
             MatmulQ8 {
                 ty,
@@ -663,11 +687,13 @@ impl KernelKey {
             ),
         };
         // `enable` directives must precede every declaration.
-        let enable = if self.features().contains(wgpu::Features::SHADER_F16) {
-            "enable f16;\n"
-        } else {
-            ""
-        };
+        let mut enable = String::new();
+        if self.features().contains(wgpu::Features::SHADER_F16) {
+            enable += "enable f16;\n";
+        }
+        if (self.features()).contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            enable += "enable wgpu_cooperative_matrix;\n";
+        }
         Ok(format!("{enable}{}\n{body}", self.uniform_wgsl()))
     }
 }
@@ -780,6 +806,7 @@ impl fmt::Display for KernelKey {
                 glu_suffix(glu)
             ),
             MatmulTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
+            MatmulCoop { ty, s } => write!(f, "matmul_coop_{ty}_{s}"),
             QuantizeQ8 => write!(f, "quantize_q8_1"),
             MatmulQ8 {
                 ty,
@@ -839,6 +866,9 @@ mod tests {
         }
         let subgroups = key.features().contains(wgpu::Features::SUBGROUP);
         let f16 = key.features().contains(wgpu::Features::SHADER_F16);
+        if let KernelKey::MatmulCoop { s, .. } = key {
+            return check_coop(&module, &info, s);
+        }
         // Metal: MSL 2.0 is what wgpu's oldest supported macOS offers; simdgroup
         // reductions need 2.1. Bounds checks as wgpu enables them by default.
         let checks = naga::proc::BoundsCheckPolicies {
@@ -876,6 +906,49 @@ mod tests {
         hlsl::Writer::new(&mut out, &hlsl_opts, &hlsl_pipe)
             .write(&module, &info, None)
             .map_err(|e| format!("HLSL: {e:?}"))?;
+        Ok(())
+    }
+
+    /// A cooperative-matrix kernel as wgpu's backends that have them would take it: SPIR-V
+    /// with the cooperative-matrix capability (Vulkan), and for the 8 x 8 size Apple's
+    /// simdgroup matrices (MSL 2.3). DX12 has none through wgpu.
+    fn check_coop(
+        module: &naga::Module,
+        info: &naga::valid::ModuleInfo,
+        s: u32,
+    ) -> Result<(), String> {
+        let spv_opts = naga::back::spv::Options {
+            lang_version: (1, 3),
+            ..Default::default()
+        };
+        let spv_pipe = naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: "main".into(),
+        };
+        let words = naga::back::spv::write_vec(module, info, &spv_opts, Some(&spv_pipe))
+            .map_err(|e| format!("SPIR-V: {e:?}"))?;
+        // OpCapability CooperativeMatrixKHR (6022) is declared.
+        if !words
+            .windows(2)
+            .any(|w| w[0] == (2 << 16 | 17) && w[1] == 6022)
+        {
+            return Err("SPIR-V without the CooperativeMatrixKHR capability".into());
+        }
+        if s == 8 {
+            let msl_opts = msl::Options {
+                lang_version: (2, 3),
+                ..Default::default()
+            };
+            let msl_pipe = msl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+                ..Default::default()
+            };
+            let out = msl::write_string(module, info, &msl_opts, &msl_pipe)
+                .map_err(|e| format!("MSL: {e:?}"))?;
+            if !out.0.contains("simdgroup_multiply_accumulate") {
+                return Err("MSL without simdgroup_multiply_accumulate".into());
+            }
+        }
         Ok(())
     }
 
@@ -957,10 +1030,11 @@ mod tests {
             + CPU_MATMUL_ROWS.len() * cpu_tokens
             + GPU_VEC_TOKENS.len() * GPU_VEC_ROWS.len() * 2
             + GPU_TILES.len()
+            + COOP_SIZES.len()
             + Activation::ALL.len()
                 * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
-        assert_eq!(per_type, 64 + 2 * (27 + 20));
+        assert_eq!(per_type, 66 + 2 * (27 + 20));
         // Both shapes of the two norms, the two joins, hadamard, binary ops, GLUs,
         // softmaxes, rope in f32 and f16. The recurrent layers' convolution and both
         // shapes of the scan per state size. Both shapes of sampling's two passes.

@@ -101,6 +101,13 @@ pub fn kernel(
         };
     }
     if n_tok >= gpu_tile_min(&gpu.tuning) {
+        // Cooperative matrices where chosen and the device has the ones the kernel needs.
+        if let Some(s) = gpu
+            .coop_size
+            .filter(|_| gpu.tuning.coop_matrix == Some(true))
+        {
+            return KernelKey::MatmulCoop { ty, s };
+        }
         let (bm, bn) = gpu_tile(gpu, n_rows, n_tok);
         return KernelKey::MatmulTile { ty, bm, bn };
     }

@@ -9,6 +9,7 @@ pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 pub const MATMUL_WG: &str = include_str!("../../shaders/matmul_wg.wgsl");
 pub const MATMUL_TILE: &str = include_str!("../../shaders/matmul_tile.wgsl");
 pub const MATMUL_Q8: &str = include_str!("../../shaders/matmul_q8.wgsl");
+pub const MATMUL_COOP: &str = include_str!("../../shaders/matmul_coop.wgsl");
 pub const Q8_WEIGHTS: &str = include_str!("../../shaders/q8_weights.wgsl");
 pub const QUANTIZE_Q8_1: &str = include_str!("../../shaders/quantize_q8_1.wgsl");
 pub const RMS_NORM: &str = include_str!("../../shaders/rms_norm.wgsl");
@@ -598,6 +599,21 @@ pub fn matmul_wg_source(
 /// The tiled prompt matmul for BM weight rows x BN tokens per workgroup (multiples of 16),
 /// with each invocation's (BM/16) x (BN/16) micro-tile unrolled into scalar accumulators.
 /// `quant` is the weight type's [`quant_snippet`].
+/// The cooperative-matrix prompt matmul for weights of snippet `quant`, on S x S f16
+/// matrices accumulated in f32.
+pub fn matmul_coop_source(quant: &str, s: u32) -> String {
+    let mat = |ty: &str, role: &str| format!("coop_mat{s}x{s}<{ty}, {role}>");
+    compose(
+        &[quant, QUANT_READ, MATMUL_COOP],
+        &[
+            ("S", s.to_string()),
+            ("A", mat("f16", "A")),
+            ("B", mat("f16", "B")),
+            ("C", mat("f32", "C")),
+        ],
+    )
+}
+
 pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32) -> String {
     let (tm, tn) = (bm / 16, bn / 16);
     let mut decl = String::new();

@@ -47,6 +47,10 @@ pub struct TuneEntry {
     pub int_dot_decode: Option<bool>,
     #[serde(default)]
     pub int_dot_prompt: Option<bool>,
+    /// Whether the cooperative-matrix prompt matmul measured faster (after passing its
+    /// check); `None`: not measured (the device has no matrices it can use).
+    #[serde(default)]
+    pub coop_matrix: Option<bool>,
     /// Every candidate's check against the portable kernels on this device, the dropped
     /// ones included (`super::check`).
     #[serde(default)]
@@ -152,6 +156,7 @@ mod tests {
             draw_host_us: None,
             int_dot_decode: Some(true),
             int_dot_prompt: Some(false),
+            coop_matrix: None,
             checks: vec![KernelCheck {
                 name: "cpu decode int-dot".into(),
                 nmse: 1e-4,

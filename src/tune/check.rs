@@ -10,8 +10,9 @@
 use serde::{Deserialize, Serialize};
 
 /// Normalized squared error a float candidate may show against the portable kernels:
-/// the same products summed in another order (or through f16 workgroup tiles) differ by
-/// far less; a kernel that loses one row in 1000 differs by more.
+/// the same products summed in another order, or through f16 operands (the
+/// cooperative-matrix kernel: ~1e-6 from rounding weights and activations to 11 bits),
+/// differ by far less; a kernel that loses one row in 1000 differs by more.
 pub const FLOAT_BOUND: f64 = 1e-4;
 
 /// The same for the integer-dot kernels, whose activations are rounded to 8 bits: their
@@ -43,6 +44,11 @@ impl KernelCheck {
     pub fn is_int_dot(&self) -> bool {
         self.name.ends_with(INT_DOT)
     }
+
+    /// Whether the candidate is the cooperative-matrix one.
+    pub fn is_coop(&self) -> bool {
+        self.name.ends_with(COOP)
+    }
 }
 
 /// An error written as null (infinite: JSON has no infinity) read back as infinite.
@@ -52,6 +58,9 @@ fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Er
 
 /// What an integer-dot candidate's name ends with.
 pub const INT_DOT: &str = "int-dot";
+
+/// What a cooperative-matrix candidate's name ends with.
+pub const COOP: &str = "coop-matrix";
 
 /// The largest normalized squared error of `got` against `want`, output by output.
 pub fn worst_nmse(want: &[Vec<f32>], got: &[Vec<f32>]) -> f64 {

@@ -480,6 +480,36 @@ fn offer_int_dot(gpu: &Gpu, layer: &LayerRun, user: Option<bool>, effort: Effort
     }
 }
 
+/// The candidates beside a shape's own tiles: the integer-dot matmuls for decoding and
+/// prompts (where `int_dot`), and on GPU-shaped kernels the cooperative-matrix prompt
+/// matmul where the device has the matrices it needs (it comes last, so that it wins
+/// prompts only against the best of the others). Their tunings hold only the switch; the
+/// tiles come from the shape's best when they are timed.
+fn extra_candidates(
+    gpu: &Gpu,
+    kernels: KernelShape,
+    int_dot: bool,
+) -> Vec<(bool, String, KernelTuning)> {
+    let mut v = Vec::new();
+    if int_dot {
+        let on = KernelTuning {
+            int_dot: Some(true),
+            ..Default::default()
+        };
+        v.push((true, format!("decode {}", check::INT_DOT), on.clone()));
+        v.push((false, format!("prompt {}", check::INT_DOT), on));
+    }
+    let coop = kernels == KernelShape::Gpu && gpu.coop_size.is_some();
+    if coop && cfg!(not(target_arch = "wasm32")) {
+        let on = KernelTuning {
+            coop_matrix: Some(true),
+            ..Default::default()
+        };
+        v.push((false, format!("prompt {}", check::COOP), on));
+    }
+    v
+}
+
 /// Times the candidates of both kernel shapes (or of shape `only`) on `gpu` with
 /// layer 0 of the model in `f`, each checked first against the portable kernels (see
 /// [`super::check`]; a candidate that fails is dropped untimed); `report` sees each
@@ -532,25 +562,20 @@ pub fn measure(
         let (mut first_decode, mut first_prompt) = (true, true);
         let (mut skip_decode, mut skip_prompt) = (false, false);
         let mut list = candidates(kernels, effort.sparse);
-        let n_float = list.len();
-        if int_dot {
-            list.push((
-                true,
-                format!("decode {}", check::INT_DOT),
-                KernelTuning::default(),
-            ));
-            list.push((
-                false,
-                format!("prompt {}", check::INT_DOT),
-                KernelTuning::default(),
-            ));
-        }
+        let n_plain = list.len();
+        list.extend(extra_candidates(gpu, kernels, int_dot));
         for (i, (decode, name, mut tuning)) in list.into_iter().enumerate() {
-            let is_int_dot = i >= n_float;
-            if is_int_dot {
-                // On the shape's best float tiles, for the products it does not take.
+            // The integer-dot and cooperative-matrix kernels, after the shape's own.
+            let is_extra = i >= n_plain;
+            let is_int_dot = name.ends_with(check::INT_DOT);
+            if is_extra {
+                // On the shape's best tiles, for the products they do not take, with
+                // only their own switch on.
                 tuning = KernelTuning {
-                    int_dot: Some(true),
+                    int_dot: tuning.int_dot,
+                    coop_matrix: tuning.coop_matrix,
+                    int_dot_decode: None,
+                    int_dot_prompt: None,
                     ..best.tuning.clone()
                 };
             } else if (decode && skip_decode) || (!decode && skip_prompt) {
@@ -592,7 +617,7 @@ pub fn measure(
             };
             let secs = time_dispatches(&g, &d, so_far * 1e-6 * n_tok as f64, effort)?;
             let us = secs * 1e6 / n_tok as f64;
-            if !is_int_dot {
+            if !is_extra {
                 let first = if decode {
                     std::mem::replace(&mut first_decode, false)
                 } else {
@@ -618,17 +643,24 @@ pub fn measure(
                 decode,
                 check,
             });
-            if is_int_dot {
+            if is_extra {
                 let wins = if decode {
                     us < best.decode_us
                 } else {
                     us < best.prompt_us
                 };
+                match (is_int_dot, decode) {
+                    (true, true) => best.tuning.int_dot_decode = Some(wins),
+                    (true, false) => best.tuning.int_dot_prompt = Some(wins),
+                    (false, _) => best.tuning.coop_matrix = Some(wins),
+                }
+                // One prompt kernel wins: a later winner turns an earlier one off.
+                if wins && !decode && !is_int_dot && best.tuning.int_dot_prompt.is_some() {
+                    best.tuning.int_dot_prompt = Some(false);
+                }
                 if decode {
-                    best.tuning.int_dot_decode = Some(wins);
                     best.decode_us = best.decode_us.min(us);
                 } else {
-                    best.tuning.int_dot_prompt = Some(wins);
                     best.prompt_us = best.prompt_us.min(us);
                 }
             } else if decode && us < best.decode_us {
@@ -662,14 +694,7 @@ pub fn check_all(
     let mut checks = Vec::new();
     for kernels in [KernelShape::Cpu, KernelShape::Gpu] {
         let mut list = candidates(kernels, false);
-        if layer.takes_int_dot() {
-            let on = KernelTuning {
-                int_dot: Some(true),
-                ..Default::default()
-            };
-            list.push((true, format!("decode {}", check::INT_DOT), on.clone()));
-            list.push((false, format!("prompt {}", check::INT_DOT), on));
-        }
+        list.extend(extra_candidates(gpu, kernels, layer.takes_int_dot()));
         for (decode, name, tuning) in list {
             let g = gpu.retuned(kernels, tuning);
             let n_tok = if decode { 1 } else { PROMPT_TOKENS };

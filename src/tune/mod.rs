@@ -185,6 +185,7 @@ fn entry_for(
         draw_host_us: None,
         int_dot_decode: best.tuning.int_dot_decode,
         int_dot_prompt: best.tuning.int_dot_prompt,
+        coop_matrix: best.tuning.coop_matrix,
         checks,
     }
 }
@@ -341,6 +342,7 @@ fn entry_kernels(
         gpu_draws: e.gpu_draws(),
         int_dot_decode: e.int_dot_decode,
         int_dot_prompt: e.int_dot_prompt,
+        coop_matrix: e.coop_matrix,
         ..Default::default()
     };
     let mut tuning = user.over(&tuned);
@@ -357,6 +359,18 @@ fn entry_kernels(
         }
         (tuning.int_dot, tuning.int_dot_decode, tuning.int_dot_prompt) =
             (Some(false), Some(false), Some(false));
+    }
+    if let Some(c) = e.dropped().find(|c| c.is_coop()) {
+        if tuning.coop_matrix == Some(true) {
+            log::warn!(
+                "WGLLM_COOP_MATRIX=1 not followed on {}: the {} kernel differs from the portable ones there (normalized error {:.1e}, bound {:.0e}); the tiled float kernel runs",
+                e.adapter,
+                c.name,
+                c.nmse,
+                c.bound
+            );
+        }
+        tuning.coop_matrix = Some(false);
     }
     tuning
         .validate()
@@ -578,6 +592,7 @@ mod tests {
             draw_host_us: None,
             int_dot_decode: None,
             int_dot_prompt: None,
+            coop_matrix: None,
             checks: Vec::new(),
         };
         assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 97.0)]), 0);
