@@ -4,7 +4,8 @@
 #   scripts/bench-vs-llamacpp.sh [MODEL] [-p N] [-n N] [-r N] [-d N]
 # MODEL defaults to the test model (scripts/fetch-models.sh). llama.cpp comes from
 # ../shared/tools/llamacpp-ref/build.sh (LLAMACPP_REF, default ~/.cache/llamacpp-ref); several
-# builds separated by ':' (build.sh's and build-coopmat.sh's, say) each run in turn.
+# builds separated by ':' (build.sh's and build-coopmat.sh's, say) each run in turn; the
+# last table gives wgllm's tokens per second against each and the ratio to the faster.
 # Its Vulkan backend skips CPU-type devices such as lavapipe unless
 # GGML_VK_VISIBLE_DEVICES=0, which is set here unless given.
 set -euo pipefail
@@ -32,11 +33,43 @@ for ref in "${refs[@]}"; do
 done
 wgllm=${WGLLM:-target/release/wgllm}
 [ -x "$wgllm" ] || cargo build --release -q
+# Each run's rows as JSON lines too, for the ratios at the end.
+rows=$(mktemp -d)
+trap 'rm -rf "$rows"' EXIT
+i=0
 for ref in "${refs[@]}"; do
+  i=$((i + 1))
   echo "## llama.cpp (llama-bench, Vulkan, -ngl 99; $ref)"
   GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0} LD_LIBRARY_PATH="$ref/bin:${LD_LIBRARY_PATH:-}" \
-    "$ref/bin/llama-bench" -m "$model" -p "$p" -n "$n" -r "$r" -d "$d" -ngl 99 -o md
+    "$ref/bin/llama-bench" -m "$model" -p "$p" -n "$n" -r "$r" -d "$d" -ngl 99 -o md -oe jsonl \
+    2>"$rows/llama-$i.err"
+  grep '^{' "$rows/llama-$i.err" >"$rows/llama-$i.jsonl" || true
 done
 echo
 echo "## wgllm (wgllm bench)"
-"$wgllm" bench -m "$model" -p "$p" -n "$n" -r "$r" -d "$d"
+"$wgllm" bench -m "$model" -p "$p" -n "$n" -r "$r" -d "$d" -o jsonl >"$rows/wgllm.jsonl"
+python3 - "$rows" "${refs[@]}" <<'PY'
+import json, os, sys
+rows, refs = sys.argv[1], sys.argv[2:]
+def load(path):
+    out = {}
+    if os.path.exists(path):
+        for line in open(path):
+            r = json.loads(line)
+            out[(r["n_prompt"], r["n_gen"], r.get("n_depth", 0))] = r["avg_ts"]
+    return out
+def name(k):
+    pp, tg, d = k
+    t = f"pp{pp}" if tg == 0 else (f"tg{tg}" if pp == 0 else f"pp{pp}+tg{tg}")
+    return t + (f" @ d{d}" if d else "")
+ours = load(f"{rows}/wgllm.jsonl")
+theirs = [load(f"{rows}/llama-{i + 1}.jsonl") for i in range(len(refs))]
+print("| test | wgllm t/s | " + " | ".join(os.path.basename(r) for r in refs) + " | ratio to the faster |")
+print("| --- | ---: | " + " | ".join("---:" for _ in refs) + " | ---: |")
+for k, v in sorted(ours.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+    ts = [t.get(k) for t in theirs]
+    best = max((t for t in ts if t), default=None)
+    cells = " | ".join(f"{t:.2f}" if t else "-" for t in ts)
+    ratio = f"{v / best:.2f}x" if best else "-"
+    print(f"| {name(k)} | {v:.2f} | {cells} | {ratio} |")
+PY

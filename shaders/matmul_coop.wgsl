@@ -1,7 +1,7 @@
 // dst[t][row] = dot(W[row], x[t]) for prompts on cooperative matrices (NVIDIA's tensor
-// cores, AMD's and Intel's matrix units through VK_KHR_cooperative_matrix, Apple's
-// simdgroup matrices): one workgroup of 32 invocations, one subgroup (the kernel is chosen
-// only where the adapter's subgroups are exactly 32 wide), computes BM = 2S weight rows x
+// cores through VK_KHR_cooperative_matrix, Apple's simdgroup matrices): one workgroup of
+// 32 invocations, one subgroup (the kernel is chosen only where the adapter's subgroups are
+// exactly 32 wide, which leaves out AMD's 32-or-64 and Intel's 8-to-32), computes BM = 2S weight rows x
 // BN = 2S tokens as four S x S f32 accumulators. Per weight block (a K-slice of 32) the
 // invocations dequantize the BM rows' blocks to f16 in workgroup memory ([row][k]) and
 // stage the BN tokens' activations beside them as f16 ([token][k]); then 32 / S steps of

@@ -331,9 +331,9 @@ pub struct Gpu {
 
 /// The side of the cooperative matrices the cooperative-matrix matmul would use on
 /// `adapter` with device `features` (shader-f16 among them): 16 where the adapter offers
-/// 16 x 16 x 16 f16 matrices accumulated in f32 (NVIDIA, AMD, Intel), else 8 for 8 x 8 x 8
-/// (Apple), and only where its subgroups are exactly 32 wide (the kernel's workgroup is
-/// one subgroup).
+/// 16 x 16 x 16 f16 matrices accumulated in f32 (NVIDIA's Vulkan driver), else 8 for
+/// 8 x 8 x 8 (Apple), and only where its subgroups are exactly 32 wide (the kernel's
+/// workgroup is one subgroup; AMD's may be 64 wide and Intel's 8-32, so not yet there).
 pub fn coop_size(adapter: &wgpu::Adapter, features: wgpu::Features) -> Option<u32> {
     use wgpu::CooperativeScalarType as T;
     let have = adapter.features();

@@ -28,8 +28,8 @@ pub const GPU_VEC_TOKENS: &[u32] = &[1, 4];
 /// for (`WGLLM_GPU_TILE`), for measuring.
 pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64), (128, 128)];
 /// Sides of the cooperative matrices the cooperative-matrix matmul multiplies (S x S x S,
-/// f16 in, f32 accumulated): 16 as NVIDIA's, AMD's and Intel's Vulkan drivers offer, 8 as
-/// Apple's simdgroup matrices.
+/// f16 in, f32 accumulated): 16 as Vulkan drivers offer them (NVIDIA's; AMD's and Intel's
+/// subgroups are not fixed at the 32 the kernel needs), 8 as Apple's simdgroup matrices.
 pub const COOP_SIZES: &[u32] = &[8, 16];
 /// Weight rows per workgroup of the integer-dot matmul (`matmul_q8.wgsl`).
 pub const Q8_MATMUL_ROWS: &[u32] = &[1, 2, 4];

@@ -347,35 +347,40 @@ fn entry_kernels(
     };
     let mut tuning = user.over(&tuned);
     // A kernel that failed its check on this device is not used, even when asked for.
-    if let Some(c) = e.dropped().find(|c| c.is_int_dot()) {
-        if tuning.int_dot == Some(true) {
-            log::warn!(
-                "WGLLM_INT_DOT=1 not followed on {}: the {} kernels differ from the portable ones there (normalized error {:.1e}, bound {:.0e}); the float kernels run",
-                e.adapter,
-                c.name,
-                c.nmse,
-                c.bound
-            );
-        }
+    if refused(e, KernelCheck::is_int_dot, tuning.int_dot, "WGLLM_INT_DOT") {
         (tuning.int_dot, tuning.int_dot_decode, tuning.int_dot_prompt) =
             (Some(false), Some(false), Some(false));
     }
-    if let Some(c) = e.dropped().find(|c| c.is_coop()) {
-        if tuning.coop_matrix == Some(true) {
-            log::warn!(
-                "WGLLM_COOP_MATRIX=1 not followed on {}: the {} kernel differs from the portable ones there (normalized error {:.1e}, bound {:.0e}); the tiled float kernel runs",
-                e.adapter,
-                c.name,
-                c.nmse,
-                c.bound
-            );
-        }
+    if refused(
+        e,
+        KernelCheck::is_coop,
+        tuning.coop_matrix,
+        "WGLLM_COOP_MATRIX",
+    ) {
         tuning.coop_matrix = Some(false);
     }
     tuning
         .validate()
         .map_err(|err| GpuError::Validation(format!("tuned kernels: {err}")))?;
     Ok((kernels, tuning))
+}
+
+/// Whether a kernel family (`of`) failed its check in entry `e`; the user asking for it
+/// (`asked`, from `var`) is told it is not followed.
+fn refused(e: &TuneEntry, of: fn(&KernelCheck) -> bool, asked: Option<bool>, var: &str) -> bool {
+    let Some(c) = e.dropped().find(|c| of(c)) else {
+        return false;
+    };
+    if asked == Some(true) {
+        log::warn!(
+            "{var}=1 not followed on {}: the {} kernels differ from the portable ones there (normalized error {:.1e}, bound {:.0e}); the float kernels run",
+            e.adapter,
+            c.name,
+            c.nmse,
+            c.bound
+        );
+    }
+    true
 }
 
 /// The GPU options with `kernels auto` (and `backend auto`) decided by measurement (see
