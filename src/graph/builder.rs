@@ -306,7 +306,7 @@ impl GraphBuilder {
     /// device's choice for that size (`WGLLM_INT_DOT`, or the tuner's), and a weight it
     /// can multiply.
     fn int_dot_for(&self, w: &Weight, n_tok: u32) -> bool {
-        self.tuning.int_dot_for_tokens(n_tok) && matmul_q8::takes(w)
+        matmul_q8::chosen(&self.tuning, w, n_tok)
     }
 
     fn push(&mut self, s: Storage, ne: [u32; 2]) -> TensorId {

@@ -44,6 +44,13 @@ pub fn takes(w: &Weight) -> bool {
     supports(w.ty) && w.n_cols.is_multiple_of(32)
 }
 
+/// Whether a matmul of `n_tok` tokens through `w` takes the integer-dot kernel on a device
+/// with `tuning`: its choice for that size (`WGLLM_INT_DOT`, or the tuner's), and a weight
+/// the kernel can multiply. The graph builder and the tuner's timed layer both ask here.
+pub fn chosen(tuning: &crate::gpu::KernelTuning, w: &Weight, n_tok: u32) -> bool {
+    tuning.int_dot_for_tokens(n_tok) && takes(w)
+}
+
 /// Words of one quantized block of x: 8 words of codes and the (d, d * sum) pair.
 const BLOCK_WORDS: u64 = 10;
 

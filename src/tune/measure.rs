@@ -143,7 +143,6 @@ impl LayerRun {
         let mut r = Recorder {
             gpu,
             n_tok,
-            int_dot: gpu.tuning.int_dot_for_tokens(n_tok),
             quantized: Vec::new(),
             d: Vec::new(),
         };
@@ -261,7 +260,6 @@ impl LayerRun {
 struct Recorder<'a> {
     gpu: &'a Gpu,
     n_tok: u32,
-    int_dot: bool,
     /// The inputs quantized so far.
     quantized: Vec<*const View>,
     d: Vec<Dispatch>,
@@ -269,7 +267,7 @@ struct Recorder<'a> {
 
 impl Recorder<'_> {
     fn takes(&self, w: &Weight) -> bool {
-        self.int_dot && matmul_q8::takes(w)
+        matmul_q8::chosen(&self.gpu.tuning, w, self.n_tok)
     }
 
     fn quantize(&mut self, x: &View, k: u32, xq: &View) -> Result<(), GpuError> {
