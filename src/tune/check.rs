@@ -35,6 +35,16 @@ pub struct KernelCheck {
 }
 
 impl KernelCheck {
+    /// Candidate `name`'s check with error `nmse`, against its family's bound.
+    pub fn new(name: String, nmse: f64) -> KernelCheck {
+        let bound = if name.ends_with(INT_DOT) {
+            INT_DOT_BOUND
+        } else {
+            FLOAT_BOUND
+        };
+        KernelCheck { name, nmse, bound }
+    }
+
     /// Within its bound (an error that is not a number fails).
     pub fn passed(&self) -> bool {
         self.nmse <= self.bound

@@ -346,16 +346,7 @@ fn check_candidate(
         &reference.prompt
     };
     let name = format!("{kernels} {name}");
-    let bound = if name.ends_with(check::INT_DOT) {
-        check::INT_DOT_BOUND
-    } else {
-        check::FLOAT_BOUND
-    };
-    Ok(KernelCheck {
-        nmse: check::worst_nmse(want, &got),
-        name,
-        bound,
-    })
+    Ok(KernelCheck::new(name, check::worst_nmse(want, &got)))
 }
 
 /// How many times slower than the best so far a shape's first candidate of a kind must be
