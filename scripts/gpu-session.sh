@@ -109,6 +109,19 @@ export -f intdot
 export m7b
 step "integer dot products, 7b" 120 bash -c intdot
 
+# Cooperative matrices (their op tests and checks ran above, where the driver offers
+# them): the 7B's prompt, and its flash attention at depth 4096, off and forced on.
+coop() {
+  local v
+  for v in 0 1; do
+    echo "WGLLM_COOP_MATRIX=$v"
+    WGLLM_COOP_MATRIX=$v "$WGLLM" bench -m "$m7b" -p 512 -n 0 -fa 1 -d 0,4096 -r 1 |
+      grep -E '^\| (model|.*pp[0-9])'
+  done
+}
+export -f coop
+step "cooperative matrices, 7b" 90 bash -c coop
+
 # A real out-of-memory: one server takes the card's memory for a 7B's K/V but about 3 GiB,
 # then a second process asks for 20 GiB more. Expected: the second exits non-zero with a
 # sentence naming -c, no panic; the first goes on answering. (A context over the binding

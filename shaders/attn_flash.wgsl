@@ -18,6 +18,7 @@ const BK: u32 = 16u;
 const D4: u32 = 32u;
 const SJ: u32 = BK / 4u;
 const OI: u32 = D4 / 4u;
+const OSTEP: u32 = 4u;
 
 // `Params` is `AttnSplitUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;

@@ -8,12 +8,12 @@ use wgllm::gguf::{quant, GgmlType};
 use wgllm::gpu::{Backend, Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
 use wgllm::kv::KvType;
 use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
-use wgllm::ops::attention::{attention, attention_ref, AttnShape, AttnViews};
+use wgllm::ops::attention::{attention_ref, attention_with, AttnShape, AttnViews, FlashKernel};
 use wgllm::ops::binary::{binary, binary_ref, BinaryOp};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::glu::{glu, glu_pairs, glu_ref, Activation};
 use wgllm::ops::hadamard::{hadamard, hadamard_ref};
-use wgllm::ops::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS};
+use wgllm::ops::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS, Q8_TILES};
 use wgllm::ops::matmul::{matmul, matmul_at, matmul_glu, matmul_ref, MatmulOut};
 use wgllm::ops::matmul_q8::{
     matmul_q8, matmul_q8_ref, matmul_q8_with, q8_bytes, quantize_q8, quantize_q8_ref, Q8Blocks,
@@ -770,6 +770,18 @@ fn attention_case(
     sp: &SoftmaxParams,
     cells: usize,
 ) -> (usize, Vec<f32>, Vec<f32>) {
+    attention_case_with(gpu, rng, s, sp, cells, FlashKernel::for_gpu(gpu))
+}
+
+/// [`attention_case`] with flash kernel `fk` where a flash kernel takes the attention.
+fn attention_case_with(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    s: &AttnShape,
+    sp: &SoftmaxParams,
+    cells: usize,
+    fk: FlashKernel,
+) -> (usize, Vec<f32>, Vec<f32>) {
     let q = rng.vec((s.head_dim * s.n_head * s.n_tok) as usize);
     let kv_len = (s.head_dim * s.n_head_kv) as usize * cells;
     let (k_gpu, k) = up_cache(gpu, &rng.vec(kv_len), s.k_type);
@@ -785,7 +797,7 @@ fn attention_case(
         partials: &out_f32(gpu, s.partials_len(gpu) as usize),
         dst: &dst,
     };
-    let d = attention(gpu, s, sp, &io).unwrap();
+    let d = attention_with(gpu, s, sp, &io, fk).unwrap();
     run_now(gpu, &d).unwrap();
     let want = attention_ref(s, sp, &q, &k, &v, &mask);
     (d.len(), want, read(gpu, &dst, q.len()))
@@ -963,6 +975,67 @@ fn flash_attention_matches_reference() {
             }
         }
     }
+}
+
+/// The f16-tile flash kernel (attn_flash_coop.wgsl) against the reference: with its
+/// products as loops on every device with shader-f16, and on cooperative matrices where a
+/// device has the 16 x 16 ones. Heads of 16, 8, 20 and 32 vec4s (the 20-value head of 5
+/// vec4s padded to a 32-value matrix side), GQA 3:1, 1:1, 2:1 and 4:1, f32, f16 and Q8_0
+/// caches, with and without ALiBi, 1 to 56 tokens, over all cells or chunks of 128.
+#[test]
+fn f16_tile_flash_attention_matches_reference() {
+    let mut rng = Rng(62);
+    let mut ran = Vec::new();
+    for (name, gpu, _serial) in gpus() {
+        if !gpu.has_f16 || name.starts_with("gl") {
+            continue;
+        }
+        let g = gpu.retuned(
+            KernelShape::Gpu,
+            KernelTuning {
+                attn_flash: Some(true),
+                coop_matrix: Some(true),
+                ..Default::default()
+            },
+        );
+        let mut kernels = vec![FlashKernel::Coop { mma: false }];
+        if g.coop_size == Some(16) {
+            assert_eq!(FlashKernel::for_gpu(&g), FlashKernel::Coop { mma: true });
+            kernels.push(FlashKernel::Coop { mma: true });
+        } else {
+            assert_eq!(FlashKernel::for_gpu(&g), FlashKernel::Plain, "{name}");
+        }
+        for fk in kernels {
+            ran.push(format!("{name} {fk:?}"));
+            let shapes = [
+                (64u32, 9u32, 3u32),
+                (32, 4, 4),
+                (80, 4, 2),
+                (20, 2, 2),
+                (128, 8, 2),
+            ];
+            for (i, head) in shapes.into_iter().enumerate() {
+                for n_tok in [1u32, 5, 16, 17 + rng.below(40)] {
+                    let (mut s, sp) = random_attention(&mut rng, head, i % 2 == 1, n_tok);
+                    if i == 2 {
+                        (s.k_type, s.v_type) = (KvType::Q8_0, KvType::Q8_0);
+                    }
+                    let cells = s.n_kv as usize + 5;
+                    let (n, want, got) = attention_case_with(&g, &mut rng, &s, &sp, cells, fk);
+                    let want_n = if s.n_kv > 128 { 2 } else { 1 };
+                    assert_eq!(n, want_n, "flash dispatches: {s:?}");
+                    // Q, K, V and the softmax's weights rounded to f16 (11 bits).
+                    let what = format!("{name} {fk:?} flash attention {s:?} {sp:?}");
+                    check(&what, &want, &got, 1e-5);
+                }
+            }
+        }
+    }
+    assert!(
+        !ran.is_empty(),
+        "no device with shader-f16 ran the f16-tile flash kernel"
+    );
+    eprintln!("f16-tile flash attention run on: {ran:?}");
 }
 
 /// Flash attention on CPU-shaped kernels (attn_flash_rows.wgsl, what `-fa on` takes on
@@ -1968,6 +2041,7 @@ fn integer_dot_matmul_matches_reference() {
                 (14336, 5, 1),
                 (4096, 19, 8),
                 (96, 7, 64),
+                (256, 130, 100),
             ] {
                 // Whole blocks (the K-quants' and IQ4_XS's are 256 weights).
                 let k = k.next_multiple_of(ty.block_size());
@@ -1986,7 +2060,7 @@ fn integer_dot_matmul_matches_reference() {
                 let every = !name.starts_with("gl") || ty == GgmlType::Q4_0;
                 // Both reductions where the device has subgroups (the subgroupAdd one on
                 // every variant of Q4_0 and through the op's pick for the others).
-                let picked = wgllm::ops::matmul_q8::kernel(gpu, ty, n_tok as u32);
+                let picked = wgllm::ops::matmul_q8::kernel(gpu, ty, n as u32, n_tok as u32);
                 let sg: &[bool] = match (gpu.has_subgroups, ty == GgmlType::Q4_0) {
                     (true, true) => &[false, true],
                     _ => &[false],
@@ -2008,6 +2082,14 @@ fn integer_dot_matmul_matches_reference() {
                 } else {
                     Vec::new()
                 };
+                // The tiles on every batch (their edges: 130 rows, 100 tokens).
+                if every && n_tok > 1 {
+                    keys.extend(Q8_TILES.iter().map(|&(bm, bn)| KernelKey::MatmulQ8Tile {
+                        ty,
+                        bm,
+                        bn,
+                    }));
+                }
                 if !keys.contains(&picked) {
                     keys.push(picked);
                 }
@@ -2030,13 +2112,23 @@ fn integer_dot_matmul_matches_reference() {
     }
 }
 
-/// The integer-dot matmul over a weight split into chunks by a small binding limit.
+/// The integer-dot matmul over a weight split into chunks by a small binding limit: the
+/// matrix-vector kernel (3 tokens, CPU shape) and the tile (GPU shape, 10 tokens).
 #[test]
 fn integer_dot_matmul_split_weights() {
-    let gpu = small_binding_gpu(12288);
     let mut rng = Rng(53);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5K] {
-        let (k, n, n_tok) = (96usize.next_multiple_of(ty.block_size()), 300usize, 3usize);
+    for (ty, n_tok, kernels) in [
+        (GgmlType::Q8_0, 3usize, KernelShape::Cpu),
+        (GgmlType::Q4_1, 3, KernelShape::Cpu),
+        (GgmlType::Q5K, 3, KernelShape::Cpu),
+        (GgmlType::Q4_0, 10, KernelShape::Gpu),
+        (GgmlType::Q4K, 10, KernelShape::Gpu),
+    ] {
+        let gpu = small_binding_gpu_with(12288, kernels);
+        let (k, n) = (96usize.next_multiple_of(ty.block_size()), 300usize);
+        let picked = wgllm::ops::matmul_q8::kernel(&gpu, ty, n as u32, n_tok as u32);
+        let tiled = matches!(picked, KernelKey::MatmulQ8Tile { .. });
+        assert_eq!(tiled, kernels == KernelShape::Gpu, "{ty}: {picked}");
         let data = quantized(ty, &mut rng, k, n);
         let x = rng.vec(k * n_tok);
         let w = Weight::upload(&gpu, "w", ty, k, n, &data).unwrap();

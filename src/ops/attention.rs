@@ -412,30 +412,63 @@ fn join_splits(
     )
 }
 
-/// The flash kernel: a workgroup per 16 tokens and head (attn_flash.wgsl), over every
-/// cell, or with `split` (the whole batch's, which `partials` was sized for) one
-/// workgroup per chunk of cells too, joined after.
+/// Which kernel takes a GPU-shaped flash attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlashKernel {
+    /// `attn_flash.wgsl`: f32 tiles, vec4 products.
+    Plain,
+    /// `attn_flash_coop.wgsl`: f16 tiles, both products on 16 x 16 cooperative matrices
+    /// (`mma`), or the same kernel with its products as loops over the same workgroup
+    /// memory (runs wherever shader-f16 does: the op tests check everything around the
+    /// products on devices without the matrices).
+    Coop { mma: bool },
+}
+
+impl FlashKernel {
+    /// What a flash attention on `gpu` takes: the matrices where [`flash_coop`] holds.
+    pub fn for_gpu(gpu: &Gpu) -> FlashKernel {
+        if flash_coop(gpu) {
+            FlashKernel::Coop { mma: true }
+        } else {
+            FlashKernel::Plain
+        }
+    }
+
+    fn key(self, s: &AttnShape, split: bool) -> (&'static str, KernelKey) {
+        let (k, v) = (s.k_type, s.v_type);
+        match self {
+            FlashKernel::Plain => ("attn_flash", KernelKey::AttnFlash { k, v, split }),
+            FlashKernel::Coop { mma } => {
+                let key = KernelKey::AttnFlashCoop { k, v, split, mma };
+                ("attn_flash_coop", key)
+            }
+        }
+    }
+}
+
+/// The flash kernel `fk`: a workgroup per 16 tokens and head, over every cell, or with
+/// `split` (the whole batch's, which `partials` was sized for) one workgroup per chunk of
+/// cells too, joined after.
+#[allow(clippy::too_many_arguments)]
 fn flash(
     gpu: &Gpu,
     s: &AttnShape,
     sm: &SoftmaxParams,
     split: Option<Split>,
+    fk: FlashKernel,
     [q, k, v, mask]: [&View; 4],
     partials: &View,
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let pipeline = gpu.pipeline(KernelKey::AttnFlash {
-        k: s.k_type,
-        v: s.v_type,
-        split: split.is_some(),
-    })?;
+    let (label, key) = fk.key(s, split.is_some());
+    let pipeline = gpu.pipeline(key)?;
     let groups = |n_split| [s.n_tok.div_ceil(16), s.n_head, n_split];
     let Some(sp) = split else {
         let params = s.split_uniform(sm, 0);
         let io = [q, k, v, mask, dst];
         let d = record(
             gpu,
-            "attn_flash",
+            label,
             pipeline,
             bytemuck::bytes_of(&params),
             &io,
@@ -443,8 +476,22 @@ fn flash(
         )?;
         return Ok(vec![d]);
     };
-    let kernel = ("attn_flash", pipeline, groups(sp.n_split));
+    let kernel = (label, pipeline, groups(sp.n_split));
     chunked_then_joined(gpu, s, sm, kernel, &[q, k, v, mask], sp, partials, dst)
+}
+
+/// Workgroup memory of the cooperative-matrix flash kernel (attn_flash_coop.wgsl: f16 Q,
+/// K and V tiles, the scores, P, P V, zeros and the reductions), rounded up.
+const FLASH_COOP_WORKGROUP_BYTES: u32 = 24 << 10;
+
+/// Whether the flash kernel runs on cooperative matrices: where they are chosen
+/// (`tuning.coop_matrix`, as for the prompt matmuls, whose check vouches for the device's
+/// matrices), the device has the 16 x 16 ones the kernel multiplies, and the workgroup
+/// memory it takes.
+pub fn flash_coop(gpu: &Gpu) -> bool {
+    gpu.tuning.coop_matrix == Some(true)
+        && gpu.coop_size == Some(16)
+        && gpu.info.max_workgroup_storage >= FLASH_COOP_WORKGROUP_BYTES
 }
 
 /// The CPU-shaped flash kernel (attn_flash_rows.wgsl) over `fr`'s chunks of cells, then
@@ -595,6 +642,17 @@ pub fn attention(
     sp: &SoftmaxParams,
     io: &AttnViews,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    attention_with(gpu, s, sp, io, FlashKernel::for_gpu(gpu))
+}
+
+/// [`attention`] with flash kernel `fk` where a GPU-shaped flash attention takes it.
+pub fn attention_with(
+    gpu: &Gpu,
+    s: &AttnShape,
+    sp: &SoftmaxParams,
+    io: &AttnViews,
+    fk: FlashKernel,
+) -> Result<Vec<Dispatch>, GpuError> {
     let AttnViews {
         q,
         k,
@@ -639,7 +697,7 @@ pub fn attention(
         let mask = sub_view(mask, t0 * mask_row, nt * mask_row);
         if flash_on {
             let io = [&q, k, v, &mask];
-            out.extend(flash(gpu, &pass, sp, s.split(gpu), io, partials, &dst)?);
+            out.extend(flash(gpu, &pass, sp, s.split(gpu), fk, io, partials, &dst)?);
             continue;
         }
         if let Some(fr) = rows {

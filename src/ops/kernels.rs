@@ -35,6 +35,9 @@ pub const COOP_SIZES: &[u32] = &[8, 16];
 pub const Q8_MATMUL_ROWS: &[u32] = &[1, 2, 4];
 /// Tokens per workgroup of the integer-dot matmul.
 pub const Q8_MATMUL_TOKENS: &[u32] = &[1, 2, 4, 8];
+/// (weight rows, tokens) per workgroup of the tiled integer-dot prompt matmul
+/// (`matmul_q8_tile.wgsl`).
+pub const Q8_TILES: &[(u32, u32)] = &[(64, 64), (128, 64)];
 /// Tokens per invocation of the attention score and output kernels.
 pub const ATTN_TB: &[u32] = &[1, 2, 4, 8];
 /// Invocations per cell of the GPU score kernel (`attn_kq_lanes.wgsl`; its workgroups of
@@ -161,6 +164,15 @@ pub enum KernelKey {
         v: KvType,
         split: bool,
     },
+    /// [`KernelKey::AttnFlash`] on f16 tiles (`attn_flash_coop.wgsl`, workgroups of 32),
+    /// its two products on 16 x 16 cooperative matrices (`mma`, one 32-wide subgroup per
+    /// workgroup) or as loops (the same kernel testable without the matrices).
+    AttnFlashCoop {
+        k: KvType,
+        v: KvType,
+        split: bool,
+        mma: bool,
+    },
     /// Flash attention on CPU-shaped adapters (`attn_flash_rows.wgsl`): `tb` tokens of a
     /// head per invocation over one chunk of cells, heads up to 4 * `d4` values, into the
     /// split kernel's partials (joined by [`KernelKey::AttnKqvSum`]).
@@ -215,6 +227,13 @@ pub enum KernelKey {
         rows: u32,
         tb: u32,
         subgroups: bool,
+    },
+    /// The tiled integer-dot prompt matmul (`matmul_q8_tile.wgsl`): `bm` weight rows x
+    /// `bn` tokens per workgroup of 256, blocks staged in workgroup memory.
+    MatmulQ8Tile {
+        ty: GgmlType,
+        bm: u32,
+        bn: u32,
     },
     /// The short causal convolution of recurrent layers (Mamba, LFM2).
     SsmConv,
@@ -290,6 +309,7 @@ impl KernelKey {
                     }));
                 }
             }
+            v.extend(Q8_TILES.iter().map(|&(bm, bn)| MatmulQ8Tile { ty, bm, bn }));
         }
         v.extend([false, true].map(|rows| RmsNorm { rows }));
         v.extend([false, true].map(|rows| AddRmsNorm { rows }));
@@ -336,6 +356,14 @@ impl KernelKey {
                 }
                 for split in [false, true] {
                     v.push(AttnFlash { k, v: vt, split });
+                    for mma in [false, true] {
+                        v.push(AttnFlashCoop {
+                            k,
+                            v: vt,
+                            split,
+                            mma,
+                        });
+                    }
                 }
                 for &d4 in FLASH_ROWS_D4 {
                     for &tb in FLASH_ROWS_TB {
@@ -427,9 +455,10 @@ impl KernelKey {
             | MatmulQ8 {
                 subgroups: true, ..
             } => wgpu::Features::SUBGROUP,
-            MatmulCoop { .. } => {
+            MatmulCoop { .. } | AttnFlashCoop { mma: true, .. } => {
                 wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
             }
+            AttnFlashCoop { mma: false, .. } => wgpu::Features::SHADER_F16,
             _ => wgpu::Features::empty(),
         }
     }
@@ -460,6 +489,7 @@ impl KernelKey {
             | Glu(_)
             | MatmulWg { .. }
             | MatmulTile { .. }
+            | MatmulQ8Tile { .. }
             | RmsNorm { rows: false }
             | AddRmsNorm { rows: false }
             | AttnKqTile { .. }
@@ -490,7 +520,7 @@ impl KernelKey {
             | MatmulQ8 { .. }
             | SsmConv
             | SsmScan { wg: false, .. } => 64,
-            MatmulCoop { .. } => 32,
+            MatmulCoop { .. } | AttnFlashCoop { .. } => 32,
         }
     }
 
@@ -503,6 +533,7 @@ impl KernelKey {
             KernelKey::MatmulTile { bm, bn, .. } => Some((bm, bn)),
             KernelKey::MatmulCoop { s, .. } => Some((2 * s, 2 * s)),
             KernelKey::MatmulQ8 { rows, tb, .. } => Some((rows, tb)),
+            KernelKey::MatmulQ8Tile { bm, bn, .. } => Some((bm, bn)),
             _ => None,
         }
     }
@@ -529,16 +560,18 @@ impl KernelKey {
             AttnKq { .. } | AttnKqLanes { .. } | AttnKqv { .. } | AttnKqTile { .. } => {
                 AttnUniform::WGSL
             }
-            AttnKqvSplit { .. } | AttnFlash { .. } | AttnFlashRows { .. } | AttnKqvTile { .. } => {
-                AttnSplitUniform::WGSL
-            }
+            AttnKqvSplit { .. }
+            | AttnFlash { .. }
+            | AttnFlashCoop { .. }
+            | AttnFlashRows { .. }
+            | AttnKqvTile { .. } => AttnSplitUniform::WGSL,
             AttnKqvSum | AttnKqvJoin => AttnSumUniform::WGSL,
             GetRows { .. } => GetRowsUniform::WGSL,
             Matmul { .. } | MatmulWg { .. } | MatmulTile { .. } | MatmulCoop { .. } => {
                 MatmulUniform::WGSL
             }
             QuantizeQ8 => QuantizeQ8Uniform::WGSL,
-            MatmulQ8 { .. } => MatmulQ8Uniform::WGSL,
+            MatmulQ8 { .. } | MatmulQ8Tile { .. } => MatmulQ8Uniform::WGSL,
             SsmConv => SsmConvUniform::WGSL,
             SsmScan { .. } => SsmScanUniform::WGSL,
             SampleTopk { .. } | SampleChain { .. } => SampleUniform::WGSL,
@@ -609,6 +642,7 @@ impl KernelKey {
             ),
             AttnKqvJoin => shaders::ATTN_KQV_JOIN.to_string(),
             AttnFlash { k, v, split } => shaders::attn_flash_source(k, v, split),
+            AttnFlashCoop { k, v, split, mma } => shaders::attn_flash_coop_source(k, v, split, mma),
             AttnFlashRows { k, v, d4, tb } => shaders::kv_reading(
                 &compose(&[shaders::SOFTMAX_COMMON, shaders::ATTN_FLASH_ROWS], &[]),
                 Some(k),
@@ -653,6 +687,17 @@ impl KernelKey {
                     ("ROWS", rows.to_string()),
                     shaders::q8_reduce_args(subgroups),
                     shaders::q8_reduce(subgroups),
+                    (
+                        "LOAD_W",
+                        format!("load_w_{}", ty.to_string().to_lowercase()),
+                    ),
+                ],
+            ),
+            MatmulQ8Tile { ty, bm, bn } => compose(
+                &[shaders::MATMUL_Q8_TILE, shaders::Q8_WEIGHTS],
+                &[
+                    ("BM", bm.to_string()),
+                    ("BN", bn.to_string()),
                     (
                         "LOAD_W",
                         format!("load_w_{}", ty.to_string().to_lowercase()),
@@ -739,12 +784,17 @@ impl crate::gpu::Kernel for KernelKey {
     /// read it only after (read from their sources: `matmul_q8.wgsl` fills `red` for every
     /// (row, token) and invocation, or each subgroup's slot it then reads;
     /// `matmul_wg.wgsl` the same for `red` and every row of `res`; `matmul_tile.wgsl` all
-    /// 8 x BM weight and 8 x BN activation slots of each K block); the other kernels keep
+    /// 8 x BM weight and 8 x BN activation slots of each K block; `matmul_q8_tile.wgsl`
+    /// every slot of a step's BK weight and x blocks, one block per loading invocation,
+    /// before each step's first barrier); the other kernels keep
     /// the zero-fill until someone reads them as closely.
     fn reads_unwritten_workgroup_memory(&self) -> bool {
         !matches!(
             self,
-            KernelKey::MatmulQ8 { .. } | KernelKey::MatmulWg { .. } | KernelKey::MatmulTile { .. }
+            KernelKey::MatmulQ8 { .. }
+                | KernelKey::MatmulQ8Tile { .. }
+                | KernelKey::MatmulWg { .. }
+                | KernelKey::MatmulTile { .. }
         )
     }
 }
@@ -779,6 +829,12 @@ impl fmt::Display for KernelKey {
             AttnFlash { k, v, split } => {
                 write!(f, "attn_flash_{k}_{v}{}", if split { "_split" } else { "" })
             }
+            AttnFlashCoop { k, v, split, mma } => write!(
+                f,
+                "attn_flash_coop_{k}_{v}{}{}",
+                if split { "_split" } else { "" },
+                if mma { "" } else { "_loops" }
+            ),
             AttnFlashRows { k, v, d4, tb } => write!(f, "attn_flash_rows_{k}_{v}_d{d4}_tb{tb}"),
             GetRows { ty } => write!(f, "get_rows_{ty}"),
             Matmul {
@@ -818,6 +874,7 @@ impl fmt::Display for KernelKey {
                 "matmul_q8_{ty}_r{rows}_t{tb}{}",
                 if subgroups { "_sg" } else { "" }
             ),
+            MatmulQ8Tile { ty, bm, bn } => write!(f, "matmul_q8_tile_{ty}_{bm}x{bn}"),
             SsmConv => write!(f, "ssm_conv"),
             SsmScan { ds, wg } => write!(f, "ssm_scan_ds{ds}{}", if wg { "_wg" } else { "" }),
             SampleTopk { wg } => write!(f, "sample_topk{}", if wg { "_wg" } else { "" }),
@@ -868,6 +925,9 @@ mod tests {
         let f16 = key.features().contains(wgpu::Features::SHADER_F16);
         if let KernelKey::MatmulCoop { s, .. } = key {
             return check_coop(&module, &info, s);
+        }
+        if let KernelKey::AttnFlashCoop { mma: true, .. } = key {
+            return check_coop(&module, &info, 16);
         }
         // Metal: MSL 2.0 is what wgpu's oldest supported macOS offers; simdgroup
         // reductions need 2.1. Bounds checks as wgpu enables them by default.
@@ -1049,21 +1109,20 @@ mod tests {
             + 2 * SSM_DS.len()
             + 2 * 2;
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
-        // two rope_stores, two GPU flash kernels and the CPU ones (head buckets x tokens).
+        // two rope_stores, two GPU flash kernels and four of f16 tiles (matrices or loops), the
+        // CPU ones (head buckets x tokens).
         let tiles = ATTN_TILE_DK.len() + ATTN_TILE_NI.len();
         let n_kv = KvType::ALL.len();
-        let per_pair = 4 + FLASH_ROWS_D4.len() * FLASH_ROWS_TB.len();
+        let per_pair = 8 + FLASH_ROWS_D4.len() * FLASH_ROWS_TB.len();
         let kv =
             n_kv * (2 + (2 + KQ_LANES_NK.len()) * ATTN_TB.len() + splits + tiles + per_pair * n_kv);
         // Plain (K, V) pairs also have the one-invocation-per-head rope_stores.
         let plain = KvType::ALL.iter().filter(|t| !t.is_packed()).count();
         let rows = 2 * plain * plain;
-        // The activations' quantizer and the integer-dot matmuls.
-        // The activation quantizer, and per type every rows x tokens x reduction.
+        // The activation quantizer, and per type every rows x tokens x reduction and the
+        // tiles.
         let q8 = 1 + super::super::matmul_q8::TYPES.len()
-            * Q8_MATMUL_ROWS.len()
-            * Q8_MATMUL_TOKENS.len()
-            * 2;
+            * (Q8_MATMUL_ROWS.len() * Q8_MATMUL_TOKENS.len() * 2 + Q8_TILES.len());
         assert_eq!(all.len(), shared + kv + rows + types.len() * per_type + q8);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,
         // which the hand-kept list used to miss.

@@ -10,12 +10,12 @@
 //! rounding alone.
 
 use super::glu::{glu_pairs, Activation};
-use super::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS};
-use super::matmul::MatmulOut;
+use super::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS, Q8_TILES};
+use super::matmul::{gpu_tile_min, MatmulOut};
 use super::uniforms::{MatmulQ8Uniform, QuantizeQ8Uniform};
 use super::{record, split_groups, Dispatch, KernelKey, View, Weight};
 use crate::gguf::GgmlType;
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, KernelShape};
 
 /// The weight types with an integer-dot kernel: those whose GPU blocks are 32 codes of at
 /// most 8 bits with one scale and offset (the K-quants' 32-weight sub-blocks of 4 and 5
@@ -98,10 +98,22 @@ pub fn quantize_q8(
     )
 }
 
-/// The integer-dot variant for `n_tok` tokens of `ty` on `gpu`: the fewest tokens per
-/// workgroup that cover them (at most 8), two rows per workgroup, reduced by subgroupAdd
-/// where the adapter has subgroups that fit the workgroup of 64.
-pub fn kernel(gpu: &Gpu, ty: GgmlType, n_tok: u32) -> KernelKey {
+/// The integer-dot variant for `n_tok` tokens through `n_rows` rows of `ty` on `gpu`. On
+/// GPU-shaped kernels, prompts of at least the float path's tile threshold take the tiled
+/// kernel (128 rows per workgroup where that still makes 256 workgroups, else 64: a GPU's
+/// multiprocessors want several workgroups each). Otherwise the fewest tokens per workgroup
+/// that cover them (at most 8), two rows per workgroup, reduced by subgroupAdd where the
+/// adapter has subgroups that fit the workgroup of 64.
+pub fn kernel(gpu: &Gpu, ty: GgmlType, n_rows: u32, n_tok: u32) -> KernelKey {
+    if gpu.kernels == KernelShape::Gpu && n_tok >= gpu_tile_min(&gpu.tuning) {
+        let tiles = |(bm, bn): (u32, u32)| n_rows.div_ceil(bm) * n_tok.div_ceil(bn);
+        let (bm, bn) = if tiles(Q8_TILES[1]) >= 256 {
+            Q8_TILES[1]
+        } else {
+            Q8_TILES[0]
+        };
+        return KernelKey::MatmulQ8Tile { ty, bm, bn };
+    }
     let tb = Q8_MATMUL_TOKENS
         .iter()
         .copied()
@@ -137,7 +149,8 @@ pub fn matmul_q8_at(
     dst: &View,
     out: MatmulOut,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    record_chunks(gpu, kernel(gpu, w.ty, n_tok), w, xq, n_tok, dst, out)
+    let key = kernel(gpu, w.ty, w.n_rows, n_tok);
+    record_chunks(gpu, key, w, xq, n_tok, dst, out)
 }
 
 /// act(gate · x) * (up · x) for a weight of interleaved (gate, up) rows: the products
@@ -157,7 +170,8 @@ pub fn matmul_q8_glu(
     Ok(d)
 }
 
-/// [`matmul_q8`] with the variant `key` (a [`KernelKey::MatmulQ8`] of w's type).
+/// [`matmul_q8`] with the variant `key` (a [`KernelKey::MatmulQ8`] or
+/// [`KernelKey::MatmulQ8Tile`] of w's type).
 pub fn matmul_q8_with(
     gpu: &Gpu,
     key: KernelKey,
@@ -180,10 +194,14 @@ fn record_chunks(
     out: MatmulOut,
 ) -> Result<Vec<Dispatch>, GpuError> {
     out.check("matmul_q8", w)?;
-    let KernelKey::MatmulQ8 { ty, rows, tb, .. } = key else {
-        return Err(GpuError::Validation(format!(
-            "{key} is not an integer-dot matmul"
-        )));
+    let (ty, (rows, tb)) = match key {
+        KernelKey::MatmulQ8 { ty, rows, tb, .. } => (ty, (rows, tb)),
+        KernelKey::MatmulQ8Tile { ty, bm, bn } => (ty, (bm, bn)),
+        _ => {
+            return Err(GpuError::Validation(format!(
+                "{key} is not an integer-dot matmul"
+            )))
+        }
     };
     if ty != w.ty || !supports(ty) {
         return Err(GpuError::Validation(format!(

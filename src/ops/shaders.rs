@@ -9,6 +9,8 @@ pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 pub const MATMUL_WG: &str = include_str!("../../shaders/matmul_wg.wgsl");
 pub const MATMUL_TILE: &str = include_str!("../../shaders/matmul_tile.wgsl");
 pub const MATMUL_Q8: &str = include_str!("../../shaders/matmul_q8.wgsl");
+pub const ATTN_FLASH_COOP: &str = include_str!("../../shaders/attn_flash_coop.wgsl");
+pub const MATMUL_Q8_TILE: &str = include_str!("../../shaders/matmul_q8_tile.wgsl");
 pub const MATMUL_COOP: &str = include_str!("../../shaders/matmul_coop.wgsl");
 pub const Q8_WEIGHTS: &str = include_str!("../../shaders/q8_weights.wgsl");
 pub const QUANTIZE_Q8_1: &str = include_str!("../../shaders/quantize_q8_1.wgsl");
@@ -225,6 +227,12 @@ pub fn fingerprint() -> u64 {
         ATTN_KQV_SUM,
         ATTN_FLASH,
         ATTN_FLASH_ROWS,
+        ATTN_FLASH_COOP,
+        MATMUL_COOP,
+        MATMUL_Q8,
+        MATMUL_Q8_TILE,
+        Q8_WEIGHTS,
+        QUANTIZE_Q8_1,
         ATTN_KQ_TILE,
         ATTN_KQV_TILE,
         ATTN_KQV_JOIN,
@@ -664,6 +672,78 @@ pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32) -> String {
 /// the normalised output, or with `split` over one chunk of cells per workgroup z into
 /// the split kernel's partials and (max, sum) stats.
 pub fn attn_flash_source(k: KvType, v: KvType, split: bool) -> String {
+    flash_source(ATTN_FLASH, &[], k, v, split)
+}
+
+/// The f16-tile flash kernel (`attn_flash_coop.wgsl`) reading K and V caches of types `k`
+/// and `v`, over every cell or a chunk of them, its two products on 16 x 16 cooperative
+/// matrices (`mma`) or as loops computing the same elements into the same places.
+pub fn attn_flash_coop_source(k: KvType, v: KvType, split: bool, mma: bool) -> String {
+    let (scores, pv) = if mma {
+        let mat = |ty: &str, role: &str| format!("coop_mat16x16<{ty}, {role}>");
+        let (a, b, c) = (mat("f16", "A"), mat("f16", "B"), mat("f32", "C"));
+        (
+            format!(
+                "        var acc = coopLoad<{c}>(&zero[0], BQ);
+        for (var dd = 0u; dd < 4u * dp4; dd += 16u) {{
+            let a = coopLoadT<{a}>(&qs[dd], DP_MAX);
+            let b = coopLoad<{b}>(&ks[dd], DP_MAX);
+            acc = coopMultiplyAdd(a, b, acc);
+        }}
+        coopStore(acc, &sc[0], BQ);"
+            ),
+            format!(
+                "        let pa = coopLoadT<{a}>(&ps[0], BK);
+        for (var dd = 0u; dd < 4u * dp4; dd += 16u) {{
+            var pacc = coopLoad<{c}>(&zero[0], BQ);
+            let b = coopLoadT<{b}>(&vs[dd], DP_MAX);
+            pacc = coopMultiplyAdd(pa, b, pacc);
+            coopStore(pacc, &pv[dd * BQ], BQ);
+        }}"
+            ),
+        )
+    } else {
+        (
+            "        for (var e = lid; e < BQ * BK; e += 32u) {
+            let t = e % BQ;
+            let c = e / BQ;
+            var acc = 0.0;
+            for (var d = 0u; d < 4u * dp4; d++) {
+                acc += f32(qs[t * DP_MAX + d]) * f32(ks[c * DP_MAX + d]);
+            }
+            sc[c * BQ + t] = acc;
+        }"
+            .to_string(),
+            "        for (var e = lid; e < 4u * dp4 * BQ; e += 32u) {
+            let t = e % BQ;
+            let d = e / BQ;
+            var acc = 0.0;
+            for (var c = 0u; c < BK; c++) {
+                acc += f32(ps[t * BK + c]) * f32(vs[c * DP_MAX + d]);
+            }
+            pv[d * BQ + t] = acc;
+        }"
+            .to_string(),
+        )
+    };
+    flash_source(
+        ATTN_FLASH_COOP,
+        &[("SCORES", scores), ("PV", pv)],
+        k,
+        v,
+        split,
+    )
+}
+
+/// A flash kernel's module: its output bindings, range of cells and store for the whole
+/// output or a chunk's partial one (each invocation holds output vec4s `sub + OSTEP i`).
+fn flash_source(
+    kernel: &str,
+    subs: &[(&str, String)],
+    k: KvType,
+    v: KvType,
+    split: bool,
+) -> String {
     let (decl, range, store) = if split {
         (
             "@group(0) @binding(5) var<storage, read_write> part: array<vec4<f32>>;
@@ -672,7 +752,7 @@ pub fn attn_flash_source(k: KvType, v: KvType, split: bool) -> String {
     let c_end = min(c_begin + p.chunk, p.n_kv);",
             "        let row = (wid.z * p.n_tok + tq) * p.n_head + h;
         for (var i = 0u; i < OI; i++) {
-            let d = sub + 4u * i;
+            let d = sub + OSTEP * i;
             if (d < d4) {
                 part[row * d4 + d] = o[i];
             }
@@ -689,22 +769,24 @@ pub fn attn_flash_source(k: KvType, v: KvType, split: bool) -> String {
             "        // A token that sees no cell gets 0, as the softmax gives it.
         let inv = select(0.0, 1.0 / l, l > 0.0);
         for (var i = 0u; i < OI; i++) {
-            let d = sub + 4u * i;
+            let d = sub + OSTEP * i;
             if (d < d4) {
                 dst[(tq * p.n_head + h) * d4 + d] = o[i] * inv;
             }
         }",
         )
     };
+    let mut all = subs.to_vec();
+    all.extend([
+        ("OUT_DECL", decl.to_string()),
+        ("RANGE", range.to_string()),
+        ("STORE", store.to_string()),
+    ]);
     kv_reading(
-        &compose(&[SOFTMAX_COMMON, ATTN_FLASH], &[]),
+        &compose(&[SOFTMAX_COMMON, kernel], &[]),
         Some(k),
         Some(v),
-        &[
-            ("OUT_DECL", decl.to_string()),
-            ("RANGE", range.to_string()),
-            ("STORE", store.to_string()),
-        ],
+        &all,
     )
 }
 

@@ -2,10 +2,14 @@
 //! its Q/K/V, output, gate/up and down matrices, in the file's own types, for one decoded
 //! token and for a prompt ubatch. Only the matmuls are timed: they are ~90 % of a step.
 
+#[cfg(not(target_arch = "wasm32"))]
+use super::attn_run::AttnRun;
 use super::check::{self, KernelCheck};
 use crate::gguf::GgufFile;
 use crate::gpu::{Gpu, GpuError, KernelShape, KernelTuning};
 use crate::model::{GateUp, Hparams, LayerWeights};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::ops::attention::{flash_coop, FlashKernel};
 use crate::ops::glu::Activation;
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
 use crate::ops::matmul_q8::{self, matmul_q8_at, matmul_q8_glu, q8_bytes, quantize_q8};
@@ -304,24 +308,41 @@ impl Recorder<'_> {
 const CHECK_SEED: u64 = 0x5eed_c4ec_0000_0001;
 
 /// The portable kernels' outputs of the layer for one decoded token and for a prompt
-/// ubatch, on the device under test: what every candidate is checked against.
+/// ubatch, on the device under test: what every candidate is checked against. Where a
+/// candidate could change the attention kernel too (the cooperative-matrix switch takes
+/// the flash attention onto the matrices), the portable attention's output as well.
 #[cfg(not(target_arch = "wasm32"))]
 struct Reference {
     decode: Vec<Vec<f32>>,
     prompt: Vec<Vec<f32>>,
+    attn: Option<(AttnRun, Vec<f32>)>,
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 impl Reference {
-    fn new(gpu: &Gpu, layer: &LayerRun) -> Result<Self, GpuError> {
+    fn new(gpu: &Gpu, layer: &LayerRun, hp: &Hparams) -> Result<Self, GpuError> {
         let plain = gpu.retuned(KernelShape::Cpu, KernelTuning::default());
         let run = |n_tok| {
             let d = layer.dispatches(&plain, n_tok)?;
             layer.run_on_random(&plain, &d, n_tok, CHECK_SEED)
         };
+        let coop = KernelTuning {
+            coop_matrix: Some(true),
+            ..Default::default()
+        };
+        let coop_flash = flash_coop(&gpu.retuned(KernelShape::Gpu, coop));
+        let heads = (hp.head_dim, hp.n_head, hp.n_head_kv);
+        let attn = match AttnRun::new(gpu, heads, hp.attn_scale, CHECK_SEED)? {
+            Some(a) if coop_flash => {
+                let want = a.output(&plain, false, FlashKernel::Plain)?;
+                Some((a, want))
+            }
+            _ => None,
+        };
         Ok(Reference {
             decode: run(1)?,
             prompt: run(PROMPT_TOKENS)?,
+            attn,
         })
     }
 }
@@ -339,14 +360,21 @@ fn check_candidate(
     d: &[Dispatch],
 ) -> Result<KernelCheck, GpuError> {
     let n_tok = if decode { 1 } else { PROMPT_TOKENS };
-    let got = layer.run_on_random(gpu, d, n_tok, CHECK_SEED)?;
-    let want = if decode {
-        &reference.decode
+    let mut got = layer.run_on_random(gpu, d, n_tok, CHECK_SEED)?;
+    let mut want = if decode {
+        reference.decode.clone()
     } else {
-        &reference.prompt
+        reference.prompt.clone()
     };
+    // A prompt candidate that takes flash attention onto other kernels: that too.
+    let fk = FlashKernel::for_gpu(gpu);
+    if let (false, Some((run, attn_want)), FlashKernel::Coop { .. }) = (decode, &reference.attn, fk)
+    {
+        got.push(run.output(gpu, true, fk)?);
+        want.push(attn_want.clone());
+    }
     let name = format!("{kernels} {name}");
-    Ok(KernelCheck::new(name, check::worst_nmse(want, &got)))
+    Ok(KernelCheck::new(name, check::worst_nmse(&want, &got)))
 }
 
 /// How many times slower than the best so far a shape's first candidate of a kind must be
@@ -516,7 +544,7 @@ pub fn measure(
 ) -> Result<Vec<ShapeChoice>, GpuError> {
     let layer = LayerRun::new(gpu, f, hp)?;
     #[cfg(not(target_arch = "wasm32"))]
-    let reference = Reference::new(gpu, &layer)?;
+    let reference = Reference::new(gpu, &layer, hp)?;
     let int_dot = offer_int_dot(gpu, &layer, user_int_dot, effort);
     let mut out = Vec::new();
     // The fastest so far over both shapes: a candidate far behind it stops early.
@@ -679,7 +707,7 @@ pub fn check_all(
     report: &mut dyn FnMut(&CandidateTime),
 ) -> Result<Vec<KernelCheck>, GpuError> {
     let layer = LayerRun::new(gpu, f, hp)?;
-    let reference = Reference::new(gpu, &layer)?;
+    let reference = Reference::new(gpu, &layer, hp)?;
     let mut checks = Vec::new();
     for kernels in [KernelShape::Cpu, KernelShape::Gpu] {
         let mut list = candidates(kernels, false);

@@ -9,6 +9,8 @@
 //! and model shape; `wgllm tune` measures again, `wgllm devices` lists what was chosen.
 //! `WGLLM_*` kernel overrides still win over measured choices.
 
+#[cfg(not(target_arch = "wasm32"))]
+mod attn_run;
 pub mod cache;
 pub mod check;
 pub mod measure;
