@@ -228,6 +228,14 @@ fn phi3_long_rope_q8_0() {
     check("phi3-long-q8_0-c512");
 }
 
+/// YaRN RoPE scaling (x4 over an original context of 256) at -c 512, past the original
+/// context: the interpolated and extrapolated angles blended per pair, and the magnitude
+/// correction.
+#[test]
+fn qwen2_yarn_rope_q8_0() {
+    check("qwen2-yarn-q8_0-c512");
+}
+
 /// Mamba: the perplexity run in ubatches of 48 and the teacher-forced decode in batches
 /// of 16, so that each sequence's conv and SSM states are carried between graphs.
 #[test]

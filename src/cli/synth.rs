@@ -18,8 +18,9 @@ pub struct SynthArgs {
     /// Model shape: tiny, 135m, 1b or 7b.
     #[arg(long, default_value = "7b")]
     pub shape: String,
-    /// Architecture: llama, llama3 (with Llama 3 RoPE factors), qwen2, qwen3, phi3,
-    /// phi3-long (long-context RoPE factors, original context 256), gemma3.
+    /// Architecture: llama, llama3 (with Llama 3 RoPE factors), qwen2, qwen2-yarn (YaRN
+    /// RoPE scaling x4 over an original context of 256), qwen3, phi3, phi3-long
+    /// (long-context RoPE factors, original context 256), gemma3, mamba, mamba2, lfm2.
     #[arg(long, default_value = "llama")]
     pub arch: String,
     /// Weights scaled like a trained model's (1/sqrt(fan-in), norms and biases random

@@ -2,7 +2,7 @@
 
 use super::ModelError;
 use crate::gguf::{quant, GgmlType, GgufFile};
-use crate::ops::rope::{intern_factors, RopeParams};
+use crate::ops::rope::{intern_factors, RopeParams, Yarn};
 
 /// The architectures wgllm runs. Qwen 2/3 and Phi-3 are llama-shaped blocks that differ
 /// in data, not in structure: NeoX-style RoPE, Q/K/V biases (qwen2), per-head Q/K norms
@@ -305,7 +305,7 @@ impl Hparams {
             .unwrap_or("none");
         let freq_scale = match scaling {
             "none" => 1.0,
-            "linear" => 1.0 / f.get_f32(&key("rope.scaling.factor"))?,
+            "linear" | "yarn" => 1.0 / f.get_f32(&key("rope.scaling.factor"))?,
             other => return Err(bad(format!("rope scaling `{other}` is not supported yet"))),
         };
         let n_vocab = vocab_size(f)?;
@@ -341,6 +341,22 @@ impl Hparams {
         if let Some(lr) = long_rope {
             rope.freq_factors = Some(lr.short);
         }
+        // The magnitude every layer's table carries beyond the file's attn_factor: YaRN's
+        // cancelling pair below (1 for a factor over 1); a YaRN layer multiplies in its own
+        // correction.
+        let mut local_attn = rope.attn_factor;
+        if scaling == "yarn" {
+            let n_ctx_orig = match f.get(&key("rope.scaling.original_context_length")) {
+                Some(_) => u("rope.scaling.original_context_length")?,
+                None => u("context_length")?,
+            };
+            let g = yarn_attn_factor(freq_scale);
+            local_attn = rope.attn_factor * g;
+            rope.attn_factor = local_attn * (1.0 + 0.1 * (1.0 / freq_scale).ln());
+            // llama.cpp reads the file's beta and ext_factor keys only for architectures
+            // wgllm does not run (grok, mistral3): its defaults, then.
+            rope.yarn = Some(Yarn::new(n_rot, n_ctx_orig, freq_base, 1.0, (32.0, 1.0)));
+        }
         let (swa, rope_swa, embd_scale) = match arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => (None, rope, None),
             Arch::Mamba | Arch::Mamba2 => unreachable!("read by ssm_hparams"),
@@ -363,6 +379,10 @@ impl Hparams {
                 let local = RopeParams {
                     freq_base: 10_000.0,
                     freq_scale: 1.0,
+                    // Unscaled angles; with YaRN, llama.cpp's magnitude without the
+                    // correction (log(1 / 1) = 0).
+                    attn_factor: local_attn,
+                    yarn: None,
                     ..rope
                 };
                 (Some(swa), local, Some((n_embd as f32).sqrt()))
@@ -500,6 +520,19 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
 /// A RoPE frequency-factor tensor, if the file has it: Llama 3's `rope_freqs.weight`
 /// (its long-context frequency scaling), Phi-3's `rope_factors_short/long.weight`; one
 /// divisor per rotated pair.
+/// The factor llama.cpp multiplies a YaRN model's RoPE magnitude by before ggml adds its
+/// own correction (1 + 0.1 ln(1 / freq_scale)): YaRN's scale, then that correction
+/// cancelled (so 1, up to rounding, for a factor over 1). In f32, as llama.cpp computes it.
+fn yarn_attn_factor(freq_scale: f32) -> f32 {
+    let factor = 1.0 / freq_scale;
+    let mscale = if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * factor.ln() + 1.0
+    };
+    mscale * (1.0 / (1.0 + 0.1 * factor.ln()))
+}
+
 fn rope_factors(
     f: &GgufFile,
     name: &str,

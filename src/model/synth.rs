@@ -96,6 +96,9 @@ pub enum SynthArch {
     Llama3,
     /// Q/K/V biases, NeoX RoPE.
     Qwen2,
+    /// Qwen2 with YaRN RoPE scaling (factor 4, as Qwen2.5 past 32k) over an original
+    /// context of 256, so a context above 256 is past it.
+    Qwen2Yarn,
     /// Per-head Q/K norms, NeoX RoPE.
     Qwen3,
     /// Fused QKV and gate/up tensors, NeoX RoPE.
@@ -124,6 +127,7 @@ impl SynthArch {
             "llama" => Self::Llama,
             "llama3" => Self::Llama3,
             "qwen2" => Self::Qwen2,
+            "qwen2-yarn" => Self::Qwen2Yarn,
             "qwen3" => Self::Qwen3,
             "phi3" => Self::Phi3,
             "phi3-long" => Self::Phi3Long,
@@ -135,13 +139,13 @@ impl SynthArch {
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen3, phi3, phi3-long, gemma3, mamba, mamba2, lfm2";
+        "llama, llama3, qwen2, qwen2-yarn, qwen3, phi3, phi3-long, gemma3, mamba, mamba2, lfm2";
 
     /// `general.architecture`.
     fn gguf_arch(self) -> &'static str {
         match self {
             Self::Llama | Self::Llama3 => "llama",
-            Self::Qwen2 => "qwen2",
+            Self::Qwen2 | Self::Qwen2Yarn => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Phi3 | Self::Phi3Long => "phi3",
             Self::Gemma3 { .. } => "gemma3",
@@ -293,7 +297,7 @@ pub fn synth(
             w.meta(&key("attention.sliding_window"), u(window));
             1_000_000.0
         }
-        SynthArch::Llama3 | SynthArch::Qwen2 | SynthArch::Qwen3 => 500_000.0,
+        SynthArch::Llama3 | SynthArch::Qwen2 | SynthArch::Qwen2Yarn | SynthArch::Qwen3 => 500_000.0,
         SynthArch::Lfm2 => 1_000_000.0,
         SynthArch::Llama | SynthArch::Phi3 | SynthArch::Phi3Long => 10_000.0,
         SynthArch::Mamba | SynthArch::Mamba2 => unreachable!("written by synth_ssm"),
@@ -303,6 +307,11 @@ pub fn synth(
     if arch == SynthArch::Phi3Long {
         w.meta(&key("rope.scaling.original_context_length"), u(256))
             .meta(&key("rope.scaling.attn_factor"), Value::F32(1.19));
+    }
+    if arch == SynthArch::Qwen2Yarn {
+        w.meta(&key("rope.scaling.type"), Value::String("yarn".into()))
+            .meta(&key("rope.scaling.factor"), Value::F32(4.0))
+            .meta(&key("rope.scaling.original_context_length"), u(256));
     }
     for (k, v) in vocab {
         w.meta(&k, v);
@@ -404,7 +413,7 @@ pub fn synth(
             mat(&mut w, &b("attn_k"), e, kv, false);
             mat(&mut w, &b("attn_v"), e, kv, false);
         }
-        if arch == SynthArch::Qwen2 {
+        if matches!(arch, SynthArch::Qwen2 | SynthArch::Qwen2Yarn) {
             vector(&mut w, &bias("attn_q"), e, 0.0, 0.5);
             vector(&mut w, &bias("attn_k"), kv, 0.0, 0.5);
             vector(&mut w, &bias("attn_v"), kv, 0.0, 0.5);

@@ -20,6 +20,54 @@ pub struct RopeParams {
     pub freq_factors: Option<&'static [f32]>,
     /// Multiplies cos and sin (1 unless the model's scaling asks otherwise).
     pub attn_factor: f32,
+    /// YaRN's blend of interpolated and extrapolated angles, where the model's scaling is
+    /// YaRN (`attn_factor` then holds its magnitude correction too).
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN (ggml's `rope_yarn`): pair i's angle is the interpolated one (scaled by
+/// `freq_scale`) blended toward the unscaled one by `ext_factor` times a ramp that is 1
+/// below pair `corr_dims[0]` and 0 above `corr_dims[1]`: the fast-turning pairs keep
+/// their angles, the slow ones are interpolated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub ext_factor: f32,
+    pub corr_dims: [f32; 2],
+}
+
+impl Yarn {
+    /// The ramp's ends for `n_dims` rotated dimensions, the model's original context and
+    /// frequency base, and the rotation counts beta_fast / beta_slow (32 and 1 unless the
+    /// file says): the pairs that turn beta times over the original context.
+    pub fn new(
+        n_dims: u32,
+        n_ctx_orig: u32,
+        freq_base: f32,
+        ext_factor: f32,
+        (beta_fast, beta_slow): (f32, f32),
+    ) -> Yarn {
+        // ggml computes these in f32; so does this, so the ends round alike.
+        let dim = |rotations: f32| {
+            n_dims as f32 * (n_ctx_orig as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * freq_base.ln())
+        };
+        Yarn {
+            ext_factor,
+            corr_dims: [
+                dim(beta_fast).floor().max(0.0),
+                dim(beta_slow).ceil().min(n_dims as f32 - 1.0),
+            ],
+        }
+    }
+
+    /// Pair i's angle from its extrapolated (unscaled) one.
+    fn angle(&self, theta_extrap: f64, freq_scale: f64, i: usize) -> f64 {
+        let [low, high] = self.corr_dims.map(|d| d as f64);
+        let y = (i as f64 - low) / (high - low).max(0.001);
+        let mix = (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor as f64;
+        let interp = freq_scale * theta_extrap;
+        interp * (1.0 - mix) + theta_extrap * mix
+    }
 }
 
 /// A `'static` copy of a model's RoPE frequency factors, shared by every load of the
@@ -47,12 +95,14 @@ impl RopeParams {
             freq_scale,
             freq_factors: None,
             attn_factor: 1.0,
+            yarn: None,
         }
     }
 
     /// (cos, sin) · attn_factor for every position and rotated pair:
-    /// theta = p * scale * base^(-2i/n_dims) / factor_i. The table is made on the host,
-    /// so every scaling scheme is a change here, not in a kernel.
+    /// theta = p * scale * base^(-2i/n_dims) / factor_i, or with YaRN the blend of that
+    /// and the unscaled angle ([`Yarn`]). The table is made on the host, so every scaling
+    /// scheme is a change here, not in a kernel.
     pub fn table(&self, positions: &[f64]) -> Vec<[f32; 2]> {
         let half = (self.n_dims / 2) as usize;
         let mut out = Vec::with_capacity(positions.len() * half);
@@ -61,7 +111,11 @@ impl RopeParams {
             for i in 0..half {
                 let inv = (self.freq_base as f64).powf(-2.0 * i as f64 / self.n_dims as f64);
                 let factor = self.freq_factors.as_ref().map_or(1.0, |f| f[i] as f64);
-                let theta = p * self.freq_scale as f64 * inv / factor;
+                let extrap = p * inv / factor;
+                let theta = match &self.yarn {
+                    Some(y) => y.angle(extrap, self.freq_scale as f64, i),
+                    None => extrap * self.freq_scale as f64,
+                };
                 out.push([(theta.cos() * m) as f32, (theta.sin() * m) as f32]);
             }
         }
@@ -128,4 +182,57 @@ pub fn rope_ref(rp: &RopeParams, x: &[f32], n_head: usize, positions: &[f64]) ->
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// YaRN keeps the fast-turning pairs' unscaled angles, interpolates the slow ones',
+    /// blends those between the ramp's ends, and with no blend (ext_factor 0) is linear
+    /// scaling.
+    #[test]
+    fn yarn_blends_unscaled_and_interpolated_angles_by_pair() {
+        let linear = RopeParams::new(64, 64, true, 10_000.0, 0.25);
+        let y = Yarn::new(64, 256, 10_000.0, 1.0, (32.0, 1.0));
+        let [low, high] = y.corr_dims;
+        assert!(0.0 <= low && low < high && high < 31.0, "{:?}", y.corr_dims);
+        let yarn = RopeParams {
+            yarn: Some(y),
+            ..linear
+        };
+        let unscaled = RopeParams {
+            freq_scale: 1.0,
+            ..linear
+        };
+        let p = [37.0];
+        let (got, lin, raw) = (yarn.table(&p), linear.table(&p), unscaled.table(&p));
+        let near = |a: [f32; 2], b: [f32; 2]| (a[0] - b[0]).abs() + (a[1] - b[1]).abs() < 1e-5;
+        let mut blended = 0;
+        for i in 0..32 {
+            if (i as f32) <= low {
+                assert!(
+                    near(got[i], raw[i]),
+                    "pair {i}: {:?} vs unscaled {:?}",
+                    got[i],
+                    raw[i]
+                );
+            } else if (i as f32) >= high {
+                assert!(
+                    near(got[i], lin[i]),
+                    "pair {i}: {:?} vs linear {:?}",
+                    got[i],
+                    lin[i]
+                );
+            } else if !near(got[i], raw[i]) && !near(got[i], lin[i]) {
+                blended += 1;
+            }
+        }
+        assert!(blended > 0, "no pair between the ramp's ends is blended");
+        let off = RopeParams {
+            yarn: Some(Yarn::new(64, 256, 10_000.0, 0.0, (32.0, 1.0))),
+            ..linear
+        };
+        assert_eq!(off.table(&p), linear.table(&p));
+    }
 }
