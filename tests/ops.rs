@@ -18,6 +18,9 @@ use wgllm::ops::matmul::{matmul, matmul_at, matmul_glu, matmul_ref, MatmulOut};
 use wgllm::ops::matmul_q8::{
     matmul_q8, matmul_q8_ref, matmul_q8_with, q8_bytes, quantize_q8, quantize_q8_ref, Q8Blocks,
 };
+use wgllm::ops::moe::{
+    matmul_id, matmul_id_ref, moe_route, moe_route_ref, moe_sum, moe_sum_ref, Gating, MoeRouting,
+};
 use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
 use wgllm::ops::rope_store::{rope_store, rope_store_ref, RopeStoreShape, RopeStoreViews};
@@ -2188,4 +2191,154 @@ fn barriers_follow_wgpus_rule() {
     assert_eq!(wgllm::ops::barriers(&d), 1, "a read, then written");
     let d = [glu(&a, &b), glu(&a, &c), glu(&b, &c)];
     assert_eq!(wgllm::ops::barriers(&d), 1);
+}
+
+/// Expert routing against its reference: 4 to 128 experts, 1 to 8 used, every gating,
+/// with and without renormalisation and a scale, on random logits (so experts are chosen
+/// unevenly, some by no token): the same experts in the same order, weights within f32
+/// rounding.
+#[test]
+fn moe_routing_matches_reference() {
+    let mut rng = Rng(63);
+    for (name, gpu, _serial) in gpus() {
+        for (n_expert, n_used, n_tok) in
+            [(4u32, 1u32, 3usize), (8, 2, 17), (60, 4, 5), (128, 8, 70)]
+        {
+            for gating in [Gating::Softmax, Gating::Sigmoid, Gating::SoftmaxWeight] {
+                let r = MoeRouting {
+                    n_expert,
+                    n_used,
+                    gating,
+                    norm: gating != Gating::Sigmoid,
+                    scale: if n_expert == 60 { 2.5 } else { 0.0 },
+                };
+                let logits: Vec<f32> = rng
+                    .vec(n_expert as usize * n_tok)
+                    .iter()
+                    .map(|v| 3.0 * v)
+                    .collect();
+                let n_out = n_used as usize * n_tok;
+                let ids = View::whole(&gpu.storage("ids", n_out as u64 * 4).unwrap());
+                let weights = out_f32(gpu, n_out);
+                let d = moe_route(gpu, &r, &up_f32(gpu, &logits), n_tok as u32, &ids, &weights);
+                run_now(gpu, &[d.unwrap()]).unwrap();
+                let (want_ids, want_w) = moe_route_ref(&r, &logits, n_tok);
+                let got_ids: Vec<u32> = bytemuck::pod_collect_to_vec(
+                    &gpu.read_bytes(&ids.buf, 0, n_out as u64 * 4).unwrap(),
+                );
+                let what = format!("{name} moe_route {r:?} T={n_tok}");
+                assert_eq!(got_ids, want_ids, "{what}: experts");
+                check(&what, &want_w, &read(gpu, &weights, n_out), 1e-10);
+                if r.norm {
+                    for w in read(gpu, &weights, n_out).chunks(n_used as usize) {
+                        let s: f32 = w.iter().sum();
+                        let want = if r.scale == 0.0 { 1.0 } else { r.scale };
+                        assert!((s - want).abs() < 1e-5, "{what}: weights sum to {s}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The experts' products and their weighted sum for every weight type: 4 to 128 experts,
+/// 1 to 8 used per token, 1 to 40 tokens routed by random logits, x per token (gate/up) and
+/// per pair (down), against the plain matmul reference per pair.
+#[test]
+fn expert_matmul_matches_reference() {
+    let mut rng = Rng(64);
+    for (name, gpu, _serial) in gpus() {
+        for (i, ty) in WEIGHT_TYPES.into_iter().enumerate() {
+            let (n_expert, n_used, n_tok) =
+                [(4u32, 2u32, 3usize), (16, 4, 9), (128, 8, 2), (8, 1, 40)][i % 4];
+            let k = n_cols(ty, &mut rng, 4);
+            let rows = 1 + rng.below(40) as usize;
+            let data = quantized(ty, &mut rng, k, rows * n_expert as usize);
+            let w =
+                Weight::upload_experts(gpu, "exps", ty, k, rows, n_expert as usize, &data).unwrap();
+            let r = MoeRouting {
+                n_expert,
+                n_used,
+                gating: Gating::Softmax,
+                norm: true,
+                scale: 0.0,
+            };
+            let (ids, weights) = moe_route_ref(&r, &rng.vec(n_expert as usize * n_tok), n_tok);
+            let n_pairs = ids.len();
+            for x_per_pair in [false, true] {
+                let x = rng.vec(k * if x_per_pair { n_pairs } else { n_tok });
+                let dst = out_f32(gpu, rows * n_pairs);
+                let ids_v = up_u32(gpu, &ids);
+                let mut d = matmul_id(
+                    gpu,
+                    &w,
+                    n_expert,
+                    &up_f32(gpu, &x),
+                    x_per_pair,
+                    &ids_v,
+                    n_used,
+                    n_tok as u32,
+                    &dst,
+                )
+                .unwrap();
+                let sum = out_f32(gpu, rows * n_tok);
+                let wv = up_f32(gpu, &weights);
+                d.push(moe_sum(gpu, &dst, &wv, rows as u32, n_used, n_tok as u32, &sum).unwrap());
+                run_now(gpu, &d).unwrap();
+                let want = matmul_id_ref(ty, &data, k, rows, &x, x_per_pair, &ids, n_used as usize);
+                let what = format!("{name} matmul_id {ty} {n_expert}x{rows}x{k} used {n_used} T={n_tok} per_pair={x_per_pair}");
+                check(&what, &want, &read(gpu, &dst, want.len()), 1e-10);
+                let want_sum = moe_sum_ref(&want, &weights, rows, n_used as usize);
+                check(
+                    &format!("{what} sum"),
+                    &want_sum,
+                    &read(gpu, &sum, want_sum.len()),
+                    1e-10,
+                );
+            }
+        }
+    }
+}
+
+/// Experts over a small binding limit: chunks of whole experts, each pair computed by the
+/// chunk holding its expert. An expert larger than a binding is refused at upload's use.
+#[test]
+fn expert_matmul_split_weights() {
+    let gpu = small_binding_gpu(8192);
+    let mut rng = Rng(65);
+    let (ty, k, rows, n_expert, n_used, n_tok) =
+        (GgmlType::Q8_0, 64usize, 24usize, 16u32, 3u32, 5usize);
+    let data = quantized(ty, &mut rng, k, rows * n_expert as usize);
+    let w = Weight::upload_experts(&gpu, "exps", ty, k, rows, n_expert as usize, &data).unwrap();
+    assert!(w.chunks.len() >= 2, "{} chunks", w.chunks.len());
+    assert!(
+        w.chunks.iter().all(|c| c.n_rows as usize % rows == 0),
+        "chunks of whole experts"
+    );
+    let r = MoeRouting {
+        n_expert,
+        n_used,
+        gating: Gating::Softmax,
+        norm: false,
+        scale: 0.0,
+    };
+    let (ids, _) = moe_route_ref(&r, &rng.vec(n_expert as usize * n_tok), n_tok);
+    let x = rng.vec(k * n_tok);
+    let dst = out_f32(&gpu, rows * ids.len());
+    let d = matmul_id(
+        &gpu,
+        &w,
+        n_expert,
+        &up_f32(&gpu, &x),
+        false,
+        &up_u32(&gpu, &ids),
+        n_used,
+        n_tok as u32,
+        &dst,
+    )
+    .unwrap();
+    assert_eq!(d.len(), w.chunks.len());
+    run_now(&gpu, &d).unwrap();
+    let want = matmul_id_ref(ty, &data, k, rows, &x, false, &ids, n_used as usize);
+    check("split experts", &want, &read(&gpu, &dst, want.len()), 1e-10);
 }

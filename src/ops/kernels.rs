@@ -235,6 +235,14 @@ pub enum KernelKey {
         bm: u32,
         bn: u32,
     },
+    /// Expert routing of a mixture-of-experts layer (`moe_route.wgsl`).
+    MoeRoute,
+    /// The chosen experts' matrix products over stacked `ty` experts (`matmul_id.wgsl`).
+    MatmulId {
+        ty: GgmlType,
+    },
+    /// The weighted sum of each token's experts' outputs (`moe_sum.wgsl`).
+    MoeSum,
     /// The short causal convolution of recurrent layers (Mamba, LFM2).
     SsmConv,
     /// The selective scan with states of up to `ds` values: an invocation per channel
@@ -297,7 +305,15 @@ impl KernelKey {
     /// `Gpu::pipeline` accepts.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey::*;
-        let mut v = vec![AttnKqvSum, AttnKqvJoin, Hadamard, SsmConv, QuantizeQ8];
+        let mut v = vec![
+            AttnKqvSum,
+            AttnKqvJoin,
+            Hadamard,
+            SsmConv,
+            QuantizeQ8,
+            MoeRoute,
+            MoeSum,
+        ];
         for ty in super::matmul_q8::TYPES {
             for &rows in Q8_MATMUL_ROWS {
                 for subgroups in [false, true] {
@@ -408,6 +424,7 @@ impl KernelKey {
             for &(bm, bn) in GPU_TILES {
                 v.push(MatmulTile { ty, bm, bn });
             }
+            v.push(MatmulId { ty });
             for &s in COOP_SIZES {
                 v.push(MatmulCoop { ty, s });
             }
@@ -517,6 +534,9 @@ impl KernelKey {
             | GetRows { .. }
             | Matmul { .. }
             | QuantizeQ8
+            | MoeRoute
+            | MatmulId { .. }
+            | MoeSum
             | MatmulQ8 { .. }
             | SsmConv
             | SsmScan { wg: false, .. } => 64,
@@ -572,6 +592,9 @@ impl KernelKey {
             }
             QuantizeQ8 => QuantizeQ8Uniform::WGSL,
             MatmulQ8 { .. } | MatmulQ8Tile { .. } => MatmulQ8Uniform::WGSL,
+            MoeRoute => MoeRouteUniform::WGSL,
+            MatmulId { .. } => MatmulIdUniform::WGSL,
+            MoeSum => MoeSumUniform::WGSL,
             SsmConv => SsmConvUniform::WGSL,
             SsmScan { .. } => SsmScanUniform::WGSL,
             SampleTopk { .. } | SampleChain { .. } => SampleUniform::WGSL,
@@ -704,6 +727,11 @@ impl KernelKey {
                     ),
                 ],
             ),
+            MoeRoute => shaders::MOE_ROUTE.to_string(),
+            MatmulId { ty } => {
+                compose(&[&quant(ty)?, shaders::QUANT_READ, shaders::MATMUL_ID], &[])
+            }
+            MoeSum => shaders::MOE_SUM.to_string(),
             SsmConv => compose(&[shaders::ACT, shaders::SSM_CONV], &[]),
             SsmScan { ds, wg } => compose(
                 &[
@@ -875,6 +903,9 @@ impl fmt::Display for KernelKey {
                 if subgroups { "_sg" } else { "" }
             ),
             MatmulQ8Tile { ty, bm, bn } => write!(f, "matmul_q8_tile_{ty}_{bm}x{bn}"),
+            MoeRoute => write!(f, "moe_route"),
+            MatmulId { ty } => write!(f, "matmul_id_{ty}"),
+            MoeSum => write!(f, "moe_sum"),
             SsmConv => write!(f, "ssm_conv"),
             SsmScan { ds, wg } => write!(f, "ssm_scan_ds{ds}{}", if wg { "_wg" } else { "" }),
             SampleTopk { wg } => write!(f, "sample_topk{}", if wg { "_wg" } else { "" }),
@@ -1083,7 +1114,8 @@ mod tests {
         // Lanes 1 to 32 with 1 or 2 vec4s each (1 lane only ever has 1), 64 lanes with 1 to 8.
         assert_eq!(splits, 19);
         let even = |rows: &[u32]| rows.iter().filter(|&&r| r % 2 == 0).count();
-        // Plain matmuls, and the fused GLU epilogue (even rows only) per activation.
+        // Plain matmuls, the experts' products, and the fused GLU epilogue (even rows only)
+        // per activation.
         // CPU-shaped batches with and without subgroups, decode without.
         let cpu_tokens = 2 * CPU_MATMUL_TOKENS.len() - 1;
         let per_type = 1
@@ -1091,13 +1123,15 @@ mod tests {
             + GPU_VEC_TOKENS.len() * GPU_VEC_ROWS.len() * 2
             + GPU_TILES.len()
             + COOP_SIZES.len()
+            + 1
             + Activation::ALL.len()
                 * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
-        assert_eq!(per_type, 66 + 2 * (27 + 20));
+        assert_eq!(per_type, 67 + 2 * (27 + 20));
         // Both shapes of the two norms, the two joins, hadamard, binary ops, GLUs,
         // softmaxes, rope in f32 and f16. The recurrent layers' convolution and both
-        // shapes of the scan per state size. Both shapes of sampling's two passes.
+        // shapes of the scan per state size. Both shapes of sampling's two passes. Expert
+        // routing and the experts' weighted sum (their products are per type).
         let shared = 2 * 2
             + 2
             + 1
@@ -1107,7 +1141,8 @@ mod tests {
             + 2
             + 1
             + 2 * SSM_DS.len()
-            + 2 * 2;
+            + 2 * 2
+            + 2;
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
         // two rope_stores, two GPU flash kernels and four of f16 tiles (matrices or loops), the
         // CPU ones (head buckets x tokens).

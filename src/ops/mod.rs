@@ -14,6 +14,7 @@ pub mod hadamard;
 pub mod kernels;
 pub mod matmul;
 pub mod matmul_q8;
+pub mod moe;
 pub mod rms_norm;
 pub mod rope;
 pub mod rope_store;

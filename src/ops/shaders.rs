@@ -10,6 +10,9 @@ pub const MATMUL_WG: &str = include_str!("../../shaders/matmul_wg.wgsl");
 pub const MATMUL_TILE: &str = include_str!("../../shaders/matmul_tile.wgsl");
 pub const MATMUL_Q8: &str = include_str!("../../shaders/matmul_q8.wgsl");
 pub const ATTN_FLASH_COOP: &str = include_str!("../../shaders/attn_flash_coop.wgsl");
+pub const MOE_ROUTE: &str = include_str!("../../shaders/moe_route.wgsl");
+pub const MATMUL_ID: &str = include_str!("../../shaders/matmul_id.wgsl");
+pub const MOE_SUM: &str = include_str!("../../shaders/moe_sum.wgsl");
 pub const MATMUL_Q8_TILE: &str = include_str!("../../shaders/matmul_q8_tile.wgsl");
 pub const MATMUL_COOP: &str = include_str!("../../shaders/matmul_coop.wgsl");
 pub const Q8_WEIGHTS: &str = include_str!("../../shaders/q8_weights.wgsl");
@@ -233,6 +236,9 @@ pub fn fingerprint() -> u64 {
         MATMUL_Q8_TILE,
         Q8_WEIGHTS,
         QUANTIZE_Q8_1,
+        MOE_ROUTE,
+        MATMUL_ID,
+        MOE_SUM,
         ATTN_KQ_TILE,
         ATTN_KQV_TILE,
         ATTN_KQV_JOIN,

@@ -235,6 +235,48 @@ uniform_struct! {
 }
 
 uniform_struct! {
+    /// moe_route: `n_tok` tokens' router logits over `n_expert` experts to `n_used` chosen
+    /// ones and their weights; `gating` 0 softmax, 1 sigmoid, 2 softmax over the chosen
+    /// logits; `norm` renormalises the weights, `scale` multiplies them (0 or 1: not).
+    MoeRouteUniform {
+        n_tok: u32,
+        n_expert: u32,
+        n_used: u32,
+        gating: u32,
+        norm: u32,
+        scale: f32,
+        wg_x: u32,
+        _pad0: u32,
+    }
+}
+
+uniform_struct! {
+    /// matmul_id: experts of `n_rows` rows of `k` values (`row_words` words each), the
+    /// dispatch's chunk holding experts `e_begin..e_end`; `n_used` experts per token, x
+    /// rows per pair (`x_per_pair`) or per token.
+    MatmulIdUniform {
+        k: u32,
+        n_rows: u32,
+        row_words: u32,
+        n_used: u32,
+        e_begin: u32,
+        e_end: u32,
+        x_per_pair: u32,
+        wg_x: u32,
+    }
+}
+
+uniform_struct! {
+    /// moe_sum: `n` = tokens x `n_out` outputs, each a weighted sum over `n_used` experts.
+    MoeSumUniform {
+        n: u32,
+        n_out: u32,
+        n_used: u32,
+        wg_x: u32,
+    }
+}
+
+uniform_struct! {
     /// ssm_conv: a causal depthwise convolution of width `k` over `ch` channels, for
     /// `n_s` sequences of `n_t` tokens each; x rows are `x_stride` values apart.
     SsmConvUniform {

@@ -56,6 +56,21 @@ impl Weight {
         Self::upload_chunked(gpu, name, ty, n_cols, n_rows, data, 1)
     }
 
+    /// The experts of a mixture-of-experts tensor ([n_cols, rows, n_expert] in GGUF, each
+    /// expert's rows after the last's) as one weight of n_expert x rows rows, chunked at
+    /// whole experts so that each expert's matrix lies in one binding.
+    pub fn upload_experts(
+        gpu: &Gpu,
+        name: &str,
+        ty: GgmlType,
+        n_cols: usize,
+        rows: usize,
+        n_expert: usize,
+        data: &[u8],
+    ) -> Result<Weight, GpuError> {
+        Self::upload_chunked(gpu, name, ty, n_cols, rows * n_expert, data, rows.max(1))
+    }
+
     /// Several same-typed [n_cols, rows] tensors (GGUF bytes each) as one weight: stacked
     /// (all rows of the first, then the second...: Q, K and V in one matmul), or with
     /// `interleave` row by row (gate 0, up 0, gate 1, ...: the pairs the fused GLU

@@ -1,0 +1,280 @@
+//! Mixture-of-experts feed-forwards, as llama.cpp's `build_moe_ffn` computes them: the
+//! router's logits turned into each token's chosen experts and their weights
+//! ([`moe_route`]), the chosen experts' products only ([`matmul_id`], ggml's `mul_mat_id`,
+//! over a weight that stacks every expert's matrix), and each token's weighted sum of its
+//! experts' outputs ([`moe_sum`]). The expert products read each (token, expert) pair's
+//! rows straight from the stacked tensor: right for decode, where a token's few experts
+//! are all there is to read; prompts read an expert's rows once per token that chose it.
+
+use super::uniforms::{MatmulIdUniform, MoeRouteUniform, MoeSumUniform};
+use super::{record, split_groups, Dispatch, KernelKey, View, Weight, MAX_GROUPS};
+use crate::gguf::GgmlType;
+use crate::gpu::{Gpu, GpuError};
+
+/// Most experts a token may use (the routing kernel's arrays).
+pub const MAX_USED: u32 = 16;
+
+/// How the router's logits become probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// softmax over all experts (Mixtral, Qwen MoE).
+    Softmax,
+    /// each logit's sigmoid.
+    Sigmoid,
+    /// the experts chosen on the logits, then softmax over the chosen ones (gpt-oss).
+    SoftmaxWeight,
+}
+
+impl Gating {
+    fn code(self) -> u32 {
+        match self {
+            Gating::Softmax => 0,
+            Gating::Sigmoid => 1,
+            Gating::SoftmaxWeight => 2,
+        }
+    }
+}
+
+/// A layer's routing: `n_used` of `n_expert` experts per token, the gating, whether the
+/// chosen weights are renormalised to sum 1, and a scale (0 or 1: none).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeRouting {
+    pub n_expert: u32,
+    pub n_used: u32,
+    pub gating: Gating,
+    pub norm: bool,
+    pub scale: f32,
+}
+
+impl MoeRouting {
+    fn check(&self) -> Result<(), GpuError> {
+        if self.n_used == 0 || self.n_used > self.n_expert || self.n_used > MAX_USED {
+            return Err(GpuError::Validation(format!(
+                "moe: {} experts used of {} (1 to {MAX_USED}, at most the experts there are)",
+                self.n_used, self.n_expert
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Routes `n_tok` tokens: logits ([n_expert, n_tok] f32) to ids ([n_used, n_tok] u32) and
+/// weights ([n_used, n_tok] f32).
+pub fn moe_route(
+    gpu: &Gpu,
+    r: &MoeRouting,
+    logits: &View,
+    n_tok: u32,
+    ids: &View,
+    weights: &View,
+) -> Result<Dispatch, GpuError> {
+    r.check()?;
+    let (gx, gy) = split_groups(n_tok.div_ceil(64));
+    let params = MoeRouteUniform {
+        n_tok,
+        n_expert: r.n_expert,
+        n_used: r.n_used,
+        gating: r.gating.code(),
+        norm: r.norm as u32,
+        scale: r.scale,
+        wg_x: gx,
+        ..Default::default()
+    };
+    record(
+        gpu,
+        "moe_route",
+        gpu.pipeline(KernelKey::MoeRoute)?,
+        bytemuck::bytes_of(&params),
+        &[logits, ids, weights],
+        [gx, gy, 1],
+    )
+}
+
+/// CPU reference of [`moe_route`]: (ids, weights), the same f32 operations.
+pub fn moe_route_ref(r: &MoeRouting, logits: &[f32], n_tok: usize) -> (Vec<u32>, Vec<f32>) {
+    let (ne, nu) = (r.n_expert as usize, r.n_used as usize);
+    let (mut ids, mut weights) = (Vec::new(), Vec::new());
+    for l in logits.chunks(ne).take(n_tok) {
+        let mx = l.iter().copied().fold(l[0], f32::max);
+        let inv_sum = 1.0 / l.iter().map(|&v| (v - mx).exp()).sum::<f32>();
+        let prob = |v: f32| match r.gating {
+            Gating::Softmax => (v - mx).exp() * inv_sum,
+            Gating::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+            Gating::SoftmaxWeight => v,
+        };
+        let mut chosen: Vec<usize> = Vec::with_capacity(nu);
+        let mut w: Vec<f32> = Vec::with_capacity(nu);
+        for _ in 0..nu {
+            let (best, p) = (0..ne)
+                .filter(|e| !chosen.contains(e))
+                .map(|e| (e, prob(l[e])))
+                .fold(None, |b: Option<(usize, f32)>, (e, p)| match b {
+                    Some((_, bp)) if p <= bp => b,
+                    _ => Some((e, p)),
+                })
+                .expect("an expert left");
+            chosen.push(best);
+            w.push(p);
+        }
+        if r.gating == Gating::SoftmaxWeight {
+            let top = w[0];
+            let mut sum = 0.0;
+            for v in &mut w {
+                *v = (*v - top).exp();
+                sum += *v;
+            }
+            let inv = 1.0 / sum;
+            w.iter_mut().for_each(|v| *v *= inv);
+        }
+        if r.norm {
+            // 2^-14, the smallest normal f16, as llama.cpp clamps it.
+            let sum = w.iter().sum::<f32>().max(1.0 / 16384.0);
+            w.iter_mut().for_each(|v| *v /= sum);
+        }
+        if r.scale != 0.0 && r.scale != 1.0 {
+            w.iter_mut().for_each(|v| *v *= r.scale);
+        }
+        ids.extend(chosen.iter().map(|&e| e as u32));
+        weights.extend(w);
+    }
+    (ids, weights)
+}
+
+/// The chosen experts' products: for each pair p = t * n_used + j, dst row p
+/// ([w_rows, n_tok * n_used] f32) = expert ids[p]'s matrix · x's row p (`x_per_pair`) or
+/// t. `w` stacks `n_expert` experts of `w.n_rows / n_expert` rows (uploaded with
+/// [`Weight::upload_experts`], so each chunk holds whole experts): one dispatch per chunk.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_id(
+    gpu: &Gpu,
+    w: &Weight,
+    n_expert: u32,
+    x: &View,
+    x_per_pair: bool,
+    ids: &View,
+    n_used: u32,
+    n_tok: u32,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    if n_expert == 0 || !w.n_rows.is_multiple_of(n_expert) {
+        return Err(GpuError::Validation(format!(
+            "matmul_id {}: {} rows are not {n_expert} experts' worth",
+            w.name, w.n_rows
+        )));
+    }
+    let rows = w.n_rows / n_expert;
+    let n_pairs = n_tok * n_used;
+    if n_pairs > MAX_GROUPS {
+        return Err(GpuError::Validation(format!(
+            "matmul_id {}: {n_pairs} (token, expert) pairs exceed one dispatch ({MAX_GROUPS}); use a smaller ubatch (-ub)",
+            w.name
+        )));
+    }
+    let pipeline = gpu.pipeline(KernelKey::MatmulId { ty: w.ty })?;
+    let (gx, gy) = split_groups(rows.div_ceil(4));
+    w.chunks
+        .iter()
+        .map(|c| {
+            if !c.row_begin.is_multiple_of(rows) || !c.n_rows.is_multiple_of(rows) {
+                return Err(GpuError::Validation(format!(
+                    "matmul_id {}: a chunk of rows {}..{} splits an expert of {rows} rows",
+                    w.name,
+                    c.row_begin,
+                    c.row_begin + c.n_rows
+                )));
+            }
+            let params = MatmulIdUniform {
+                k: w.n_cols,
+                n_rows: rows,
+                row_words: w.row_words,
+                n_used,
+                e_begin: c.row_begin / rows,
+                e_end: (c.row_begin + c.n_rows) / rows,
+                x_per_pair: x_per_pair as u32,
+                wg_x: gx,
+            };
+            record(
+                gpu,
+                "matmul_id",
+                pipeline.clone(),
+                bytemuck::bytes_of(&params),
+                &[&View::whole(&c.buf), x, ids, dst],
+                [gx, gy, n_pairs],
+            )
+        })
+        .collect()
+}
+
+/// CPU reference of [`matmul_id`] on GGUF bytes `data` (`n_expert` experts of
+/// [k, rows] `ty`, stacked) and f32 x: each pair's row through its expert, as the plain
+/// matmul reference computes a row.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_id_ref(
+    ty: GgmlType,
+    data: &[u8],
+    k: usize,
+    rows: usize,
+    x: &[f32],
+    x_per_pair: bool,
+    ids: &[u32],
+    n_used: usize,
+) -> Vec<f32> {
+    let expert_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize * rows;
+    let mut out = Vec::with_capacity(ids.len() * rows);
+    for (pair, &e) in ids.iter().enumerate() {
+        let xrow = if x_per_pair { pair } else { pair / n_used };
+        let w = &data[e as usize * expert_bytes..(e as usize + 1) * expert_bytes];
+        out.extend(super::matmul::matmul_ref(
+            ty,
+            w,
+            k,
+            rows,
+            &x[xrow * k..(xrow + 1) * k],
+            1,
+        ));
+    }
+    out
+}
+
+/// dst ([n_out, n_tok]) = each token's sum over its experts j of weights[t][j] times y's
+/// row t * n_used + j ([n_out, n_tok * n_used]).
+pub fn moe_sum(
+    gpu: &Gpu,
+    y: &View,
+    weights: &View,
+    n_out: u32,
+    n_used: u32,
+    n_tok: u32,
+    dst: &View,
+) -> Result<Dispatch, GpuError> {
+    let n = n_out * n_tok;
+    let (gx, gy) = split_groups(n.div_ceil(64));
+    let params = MoeSumUniform {
+        n,
+        n_out,
+        n_used,
+        wg_x: gx,
+    };
+    record(
+        gpu,
+        "moe_sum",
+        gpu.pipeline(KernelKey::MoeSum)?,
+        bytemuck::bytes_of(&params),
+        &[y, weights, dst],
+        [gx, gy, 1],
+    )
+}
+
+/// CPU reference of [`moe_sum`] (the same order of additions).
+pub fn moe_sum_ref(y: &[f32], weights: &[f32], n_out: usize, n_used: usize) -> Vec<f32> {
+    weights
+        .chunks(n_used)
+        .enumerate()
+        .flat_map(|(t, w)| {
+            (0..n_out).map(move |i| {
+                let row = |j: usize| y[(t * n_used + j) * n_out + i];
+                (1..n_used).fold(row(0) * w[0], |acc, j| acc + row(j) * w[j])
+            })
+        })
+        .collect()
+}
