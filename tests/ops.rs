@@ -2312,7 +2312,9 @@ fn expert_matmul_split_weights() {
     let w = Weight::upload_experts(&gpu, "exps", ty, k, rows, n_expert as usize, &data).unwrap();
     assert!(w.chunks.len() >= 2, "{} chunks", w.chunks.len());
     assert!(
-        w.chunks.iter().all(|c| c.n_rows as usize % rows == 0),
+        w.chunks
+            .iter()
+            .all(|c| (c.n_rows as usize).is_multiple_of(rows)),
         "chunks of whole experts"
     );
     let r = MoeRouting {
