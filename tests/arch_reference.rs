@@ -236,6 +236,19 @@ fn qwen2_yarn_rope_q8_0() {
     check("qwen2-yarn-q8_0-c512");
 }
 
+/// Qwen3-MoE: 16 experts, 4 chosen per token by softmax and renormalised, each half the
+/// feed-forward width.
+#[test]
+fn qwen3moe_q8_0() {
+    check("qwen3moe-q8_0");
+}
+
+/// Mixtral's layout (llama with 8 experts, 2 per token) in Q4_K.
+#[test]
+fn mixtral_q4_k() {
+    check("mixtral-q4_k");
+}
+
 /// Mamba: the perplexity run in ubatches of 48 and the teacher-forced decode in batches
 /// of 16, so that each sequence's conv and SSM states are carried between graphs.
 #[test]
@@ -284,6 +297,36 @@ fn a_perturbed_state_update_fails_the_comparison() {
             "{name}: a perturbed state update went unnoticed"
         );
     }
+}
+
+/// The comparison sees the routing: the Qwen3-MoE file with each token's experts one
+/// fewer (3 of 16 instead of 4) must fail it.
+#[test]
+fn a_perturbed_router_fails_the_comparison() {
+    let name = "qwen3moe-q8_0";
+    let perturb = |_: &GgufFile, w: &mut GgufWriter| {
+        w.set_meta("qwen3moe.expert_used_count", wgllm::gguf::Value::U32(3));
+    };
+    let (r, path) = synth_file(name, Some(&perturb));
+    let (_, worst) = perplexity_vs_llamacpp(name, &r, &path, &[]);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch-ppl");
+    let reference = common::Reference::load(&dir.join(format!("{name}.refdump.json")));
+    let f = GgufFile::open(&path).unwrap();
+    let gpu = wgllm::gpu::Gpu::new(&Default::default()).unwrap();
+    let model = std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
+    std::fs::remove_file(&path).ok();
+    let forced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        common::teacher_forced(&model, &reference, r.ctx, 16, 0.1);
+    }));
+    eprintln!(
+        "{name} with 3 experts per token: worst running estimate {:.2} % from llama.cpp, teacher-forced check {}",
+        worst * 100.0,
+        if forced.is_ok() { "passed" } else { "failed" }
+    );
+    assert!(
+        worst > 0.01 || forced.is_err(),
+        "{name}: a perturbed router went unnoticed"
+    );
 }
 
 /// LFM2's hybrid: convolution layers' states carried between ubatches of 48 (and

@@ -70,6 +70,15 @@ impl GgufWriter {
         self
     }
 
+    /// Sets `key` to `v`, replacing the value it had (tests that change a file).
+    pub fn set_meta(&mut self, key: &str, v: Value) -> &mut Self {
+        match self.metadata.iter_mut().find(|(k, _)| k == key) {
+            Some(kv) => kv.1 = v,
+            None => self.metadata.push((key.to_string(), v)),
+        }
+        self
+    }
+
     /// Adds a tensor from already-encoded bytes of type `ty`.
     pub fn tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
         self.tensors

@@ -9,13 +9,14 @@ use crate::ops::get_rows::{get_rows, select_rows};
 use crate::ops::glu::{glu, Activation};
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
 use crate::ops::matmul_q8::{self, matmul_q8_at, matmul_q8_glu, q8_bytes, quantize_q8};
+use crate::ops::moe::{matmul_id, moe_route, moe_sum, MoeRouting};
 use crate::ops::rms_norm::rms_norm_rows;
 use crate::ops::rope::RopeParams;
 use crate::ops::rope_store::{rope_store, RopeStoreShape, RopeStoreViews};
 use crate::ops::set_rows::set_rows;
 use crate::ops::softmax::SoftmaxParams;
 use crate::ops::ssm::{ssm_conv, ssm_scan, ConvShape, ScanShape, ScanViews};
-use crate::ops::GateUp;
+use crate::ops::{Experts, Ffn, GateUp};
 use crate::ops::{View, Weight};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -82,6 +83,19 @@ pub enum Op {
     Binary { op: BinaryOp, n: u32, nb: u32 },
     /// reads [gate, up], writes [dst]
     Glu { act: Activation, n: u32 },
+    /// reads [logits], writes [ids, weights]: each token's experts and their weights
+    MoeRoute { routing: MoeRouting, n_tok: u32 },
+    /// reads [x, ids], writes [dst]: the chosen experts' products, x per (token, expert)
+    /// pair or per token
+    MatmulId {
+        w: Arc<Weight>,
+        n_expert: u32,
+        n_used: u32,
+        n_tok: u32,
+        x_per_pair: bool,
+    },
+    /// reads [y, weights], writes [dst]: each token's weighted sum of its experts' outputs
+    MoeSum { n_out: u32, n_used: u32, n_tok: u32 },
     /// reads [table, qkv, slots(, q_norm, k_norm)], writes [q, k_cache, v_cache]
     RopeStore {
         p: RopeParams,
@@ -126,6 +140,9 @@ impl Op {
             Op::AddRmsNorm { .. } => "add_rms_norm".into(),
             Op::Binary { op, .. } => format!("{op:?}").to_lowercase(),
             Op::Glu { .. } => "glu".into(),
+            Op::MoeRoute { .. } => "moe_route".into(),
+            Op::MatmulId { w, .. } => format!("matmul_id {}", w.ty).to_lowercase(),
+            Op::MoeSum { .. } => "moe_sum".into(),
             Op::Attention { .. } => "attention".into(),
             Op::SsmConv { .. } => "ssm_conv".into(),
             Op::SsmScan { .. } => "ssm_scan".into(),
@@ -207,6 +224,35 @@ impl Op {
             Op::Binary { n, nb, .. } => c((2 * *n as u64 + *nb as u64) * F, *n as u64),
             // act(gate) * up: the activation is a few operations (exp, divide, multiply).
             Op::Glu { n, .. } => c(3 * *n as u64 * F, 5 * *n as u64),
+            Op::MoeRoute { routing: r, n_tok } => {
+                let (e, u, t) = (r.n_expert as u64, r.n_used as u64, *n_tok as u64);
+                c((e + 2 * u) * t * F, (4 + u) * e * t)
+            }
+            // The chosen experts' rows once per pair (what the kernel reads), x per pair.
+            Op::MatmulId {
+                w,
+                n_expert,
+                n_used,
+                n_tok,
+                x_per_pair,
+            } => {
+                let pairs = *n_used as u64 * *n_tok as u64;
+                let (cols, rows) = (w.n_cols as u64, (w.n_rows / n_expert.max(&1)) as u64);
+                let x_rows = if *x_per_pair { pairs } else { *n_tok as u64 };
+                c(
+                    pairs * (w.gpu_bytes() / *n_expert.max(&1) as u64 + rows * F)
+                        + x_rows * cols * F,
+                    2 * pairs * rows * cols,
+                )
+            }
+            Op::MoeSum {
+                n_out,
+                n_used,
+                n_tok,
+            } => {
+                let (n, u) = (*n_out as u64 * *n_tok as u64, *n_used as u64);
+                c((u * n + n) * F + u * *n_tok as u64 * F, 2 * u * n)
+            }
             Op::Attention { shape: s, .. } => {
                 let (hd, nh, nkv, nt) = (
                     s.head_dim as u64,
@@ -719,6 +765,52 @@ impl GraphBuilder {
         self.matmul(down, h)
     }
 
+    /// A mixture-of-experts feed-forward of a normed x ([n_embd, n_tok]): the router's
+    /// logits, each token's experts and weights, the chosen experts' gate and up products,
+    /// act(gate) * up, their down products, and each token's weighted sum.
+    pub fn moe_block(&mut self, x: TensorId, e: &Experts, act: Activation) -> TensorId {
+        let n_tok = self.ne(x)[1];
+        let r = e.routing;
+        let logits = self.matmul(&e.gate_inp, x);
+        let ids = self.tensor([r.n_used, n_tok]);
+        let weights = self.tensor([r.n_used, n_tok]);
+        let route = Op::MoeRoute { routing: r, n_tok };
+        self.node(route, &[logits], &[ids, weights]);
+        let experts = |g: &mut Self, w: &Arc<Weight>, x: TensorId, x_per_pair: bool| {
+            let dst = g.tensor([w.n_rows / r.n_expert, r.n_used * n_tok]);
+            let op = Op::MatmulId {
+                w: w.clone(),
+                n_expert: r.n_expert,
+                n_used: r.n_used,
+                n_tok,
+                x_per_pair,
+            };
+            g.node(op, &[x, ids], &[dst]);
+            dst
+        };
+        let gate = experts(self, &e.gate, x, false);
+        let up = experts(self, &e.up, x, false);
+        let h = self.glu(act, gate, up);
+        let y = experts(self, &e.down, h, true);
+        let n_out = self.ne(y)[0];
+        let dst = self.tensor([n_out, n_tok]);
+        let sum = Op::MoeSum {
+            n_out,
+            n_used: r.n_used,
+            n_tok,
+        };
+        self.node(sum, &[y, weights], &[dst]);
+        dst
+    }
+
+    /// A layer's feed-forward of a normed x, dense or a mixture of experts.
+    pub fn ffn(&mut self, x: TensorId, ffn: &Ffn, act: Activation) -> TensorId {
+        match ffn {
+            Ffn::Dense { gate_up, down } => self.ffn_block(x, gate_up, down, act),
+            Ffn::Experts(e) => self.moe_block(x, e, act),
+        }
+    }
+
     /// Plans scratch buffers and records every dispatch.
     pub fn build(self, gpu: &Gpu) -> Result<Graph, GpuError> {
         let plan = planner::plan(&self.tensors, &self.nodes);
@@ -801,6 +893,31 @@ impl GraphBuilder {
                     dispatches.push(binary(gpu, *op, &r[0], &r[1], &w[0], *n, *nb)?)
                 }
                 Op::Glu { act, n } => dispatches.push(glu(gpu, *act, &r[0], &r[1], &w[0], *n)?),
+                Op::MoeRoute { routing, n_tok } => {
+                    dispatches.push(moe_route(gpu, routing, &r[0], *n_tok, &w[0], &w[1])?)
+                }
+                Op::MatmulId {
+                    w: m,
+                    n_expert,
+                    n_used,
+                    n_tok,
+                    x_per_pair,
+                } => dispatches.extend(matmul_id(
+                    gpu,
+                    m,
+                    *n_expert,
+                    &r[0],
+                    *x_per_pair,
+                    &r[1],
+                    *n_used,
+                    *n_tok,
+                    &w[0],
+                )?),
+                Op::MoeSum {
+                    n_out,
+                    n_used,
+                    n_tok,
+                } => dispatches.push(moe_sum(gpu, &r[0], &r[1], *n_out, *n_used, *n_tok, &w[0])?),
                 Op::Attention { shape, sp } => {
                     let io = AttnViews {
                         q: &r[0],

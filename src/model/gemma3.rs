@@ -104,7 +104,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         let o = g.attn_block(gpu, cur, &attn)?;
         let o = g.rms_norm(o, need(&lw.attn_post_norm, "post-attention norm")?, eps);
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
-        let ffn = g.ffn_block(cur, &lw.gate_up, &lw.down, Activation::Gelu);
+        let ffn = g.ffn(cur, &lw.ffn, Activation::Gelu);
         let ffn = g.rms_norm(ffn, need(&lw.ffn_post_norm, "post-feed-forward norm")?, eps);
         x = match w.layers.get(il + 1) {
             Some(next) => {

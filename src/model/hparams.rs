@@ -2,6 +2,7 @@
 
 use super::ModelError;
 use crate::gguf::{quant, GgmlType, GgufFile};
+use crate::ops::moe::{Gating, MoeRouting, MAX_USED};
 use crate::ops::rope::{intern_factors, RopeParams, Yarn};
 
 /// The architectures wgllm runs. Qwen 2/3 and Phi-3 are llama-shaped blocks that differ
@@ -25,7 +26,7 @@ pub enum Arch {
 }
 
 pub const SUPPORTED_ARCHS: &str =
-    "llama (Llama 1-3, Mistral, SmolLM...), qwen2, qwen3, phi3, gemma3, mamba, mamba2, lfm2";
+    "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen3, qwen3moe, phi3, gemma3, mamba, mamba2, lfm2";
 
 /// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
 const UNSUPPORTED_RECURRENT: &[&str] = &[
@@ -130,6 +131,16 @@ pub struct Hparams {
     pub recurrent: Vec<bool>,
     /// LFM2: the width of the gated short convolution (its state keeps width - 1 inputs).
     pub shortconv_l_cache: u32,
+    /// Mixture-of-experts feed-forwards (every layer's), if the model has them.
+    pub moe: Option<Moe>,
+}
+
+/// A mixture-of-experts feed-forward's sizes and routing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Moe {
+    pub routing: MoeRouting,
+    /// Each expert's feed-forward width.
+    pub n_ff_exp: u32,
 }
 
 impl Hparams {
@@ -211,7 +222,8 @@ impl Hparams {
             "llama" => Arch::Llama,
             "gemma3" => Arch::Gemma3,
             "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
+            // Qwen3's attention with mixture-of-experts feed-forwards (`Hparams::moe`).
+            "qwen3" | "qwen3moe" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
             "mamba" => Arch::Mamba,
             "mamba2" => Arch::Mamba2,
@@ -403,6 +415,13 @@ impl Hparams {
         } else {
             0
         };
+        let n_ff = u("feed_forward_length")?;
+        let moe = moe_hparams(f, a, n_ff).map_err(bad)?;
+        if matches!(arch, Arch::Gemma3 | Arch::Phi3 | Arch::Lfm2 | Arch::Qwen2) && moe.is_some() {
+            return Err(bad(format!(
+                "{a} with mixture-of-experts feed-forwards is not supported (experts: llama as Mixtral, qwen3moe)"
+            )));
+        }
         let query_scale_dim = if arch == Arch::Gemma3 && n_layer == 62 {
             n_embd / n_head
         } else {
@@ -416,7 +435,7 @@ impl Hparams {
             n_head,
             n_head_kv,
             head_dim,
-            n_ff: u("feed_forward_length")?,
+            n_ff,
             n_ctx_train: u("context_length")?,
             eps: f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
             rope,
@@ -428,6 +447,7 @@ impl Hparams {
             ssm: None,
             shortconv_l_cache,
             recurrent,
+            moe,
         })
     }
 }
@@ -514,12 +534,50 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
         ssm: Some(ssm),
         recurrent: vec![true; n_layer as usize],
         shortconv_l_cache: 0,
+        moe: None,
     })
 }
 
 /// A RoPE frequency-factor tensor, if the file has it: Llama 3's `rope_freqs.weight`
 /// (its long-context frequency scaling), Phi-3's `rope_factors_short/long.weight`; one
 /// divisor per rotated pair.
+/// The experts of architecture `a`'s feed-forwards, if its `expert_count` is over 1 (as
+/// llama.cpp reads it): each token's `expert_used_count` experts chosen by softmax and
+/// renormalised (Mixtral's and Qwen3-MoE's routing), each expert `expert_feed_forward_length`
+/// wide (else Qwen3-MoE's feed-forward width / experts used, Mixtral's feed-forward
+/// width). llama.cpp reads no weight scale for these architectures.
+fn moe_hparams(f: &GgufFile, a: &str, n_ff: u32) -> Result<Option<Moe>, String> {
+    let get = |k: &str| f.get(&format!("{a}.{k}")).and_then(|v| v.as_i64());
+    let n_expert = get("expert_count").unwrap_or(0);
+    if n_expert <= 1 {
+        return Ok(None);
+    }
+    let n_used = get("expert_used_count").unwrap_or(0);
+    if n_used < 1 || n_used > n_expert || n_used > MAX_USED as i64 || n_expert > 512 {
+        return Err(format!(
+            "{a}.expert_used_count = {n_used} of {n_expert} experts: 1 to {MAX_USED} of at most 512 are supported"
+        ));
+    }
+    let n_ff_exp = match get("expert_feed_forward_length") {
+        Some(v) if v > 0 => v,
+        _ if a == "qwen3moe" => n_ff as i64 / n_used,
+        _ => n_ff as i64,
+    };
+    if n_ff_exp <= 0 || n_ff_exp > u32::MAX as i64 {
+        return Err(format!("{a}: an expert feed-forward width of {n_ff_exp}"));
+    }
+    Ok(Some(Moe {
+        routing: MoeRouting {
+            n_expert: n_expert as u32,
+            n_used: n_used as u32,
+            gating: Gating::Softmax,
+            norm: true,
+            scale: 0.0,
+        },
+        n_ff_exp: n_ff_exp as u32,
+    }))
+}
+
 /// The factor llama.cpp multiplies a YaRN model's RoPE magnitude by before ggml adds its
 /// own correction (1 + 0.1 ln(1 / freq_scale)): YaRN's scale, then that correction
 /// cancelled (so 1, up to rounding, for a factor over 1). In f32, as llama.cpp computes it.

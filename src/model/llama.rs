@@ -70,7 +70,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         };
         let o = g.attn_block(gpu, cur, &attn)?;
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
-        let ffn = g.ffn_block(cur, &lw.gate_up, &lw.down, Activation::Silu);
+        let ffn = g.ffn(cur, &lw.ffn, Activation::Silu);
         x = match w.layers.get(il + 1) {
             Some(next) => {
                 let (x_next, cur) = g.add_rms_norm(x_attn, ffn, &next.attn_norm, eps);

@@ -101,6 +101,12 @@ pub enum SynthArch {
     Qwen2Yarn,
     /// Per-head Q/K norms, NeoX RoPE.
     Qwen3,
+    /// Qwen3 with mixture-of-experts feed-forwards: 16 experts of half the feed-forward
+    /// width, 4 used per token (`qwen3moe`).
+    Qwen3Moe,
+    /// Llama with mixture-of-experts feed-forwards: 8 experts of the full width, 2 used
+    /// per token (Mixtral's layout).
+    Mixtral,
     /// Fused QKV and gate/up tensors, NeoX RoPE.
     Phi3,
     /// Phi-3 with long-context RoPE (short and long factor sets, a magnitude factor) and
@@ -129,6 +135,8 @@ impl SynthArch {
             "qwen2" => Self::Qwen2,
             "qwen2-yarn" => Self::Qwen2Yarn,
             "qwen3" => Self::Qwen3,
+            "qwen3moe" => Self::Qwen3Moe,
+            "mixtral" => Self::Mixtral,
             "phi3" => Self::Phi3,
             "phi3-long" => Self::Phi3Long,
             "gemma3" => Self::Gemma3 { window: 512 },
@@ -139,12 +147,13 @@ impl SynthArch {
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen2-yarn, qwen3, phi3, phi3-long, gemma3, mamba, mamba2, lfm2";
+        "llama, llama3, qwen2, qwen2-yarn, qwen3, qwen3moe, mixtral, phi3, phi3-long, gemma3, mamba, mamba2, lfm2";
 
     /// `general.architecture`.
     fn gguf_arch(self) -> &'static str {
         match self {
-            Self::Llama | Self::Llama3 => "llama",
+            Self::Llama | Self::Llama3 | Self::Mixtral => "llama",
+            Self::Qwen3Moe => "qwen3moe",
             Self::Qwen2 | Self::Qwen2Yarn => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Phi3 | Self::Phi3Long => "phi3",
@@ -297,9 +306,13 @@ pub fn synth(
             w.meta(&key("attention.sliding_window"), u(window));
             1_000_000.0
         }
-        SynthArch::Llama3 | SynthArch::Qwen2 | SynthArch::Qwen2Yarn | SynthArch::Qwen3 => 500_000.0,
+        SynthArch::Llama3
+        | SynthArch::Qwen2
+        | SynthArch::Qwen2Yarn
+        | SynthArch::Qwen3
+        | SynthArch::Qwen3Moe => 500_000.0,
         SynthArch::Lfm2 => 1_000_000.0,
-        SynthArch::Llama | SynthArch::Phi3 | SynthArch::Phi3Long => 10_000.0,
+        SynthArch::Llama | SynthArch::Mixtral | SynthArch::Phi3 | SynthArch::Phi3Long => 10_000.0,
         SynthArch::Mamba | SynthArch::Mamba2 => unreachable!("written by synth_ssm"),
     };
     w.meta(&key("rope.freq_base"), Value::F32(base));
@@ -307,6 +320,19 @@ pub fn synth(
     if arch == SynthArch::Phi3Long {
         w.meta(&key("rope.scaling.original_context_length"), u(256))
             .meta(&key("rope.scaling.attn_factor"), Value::F32(1.19));
+    }
+    // Experts: (count, used, width).
+    let experts = match arch {
+        SynthArch::Qwen3Moe => Some((16u32, 4u32, n_ff / 2)),
+        SynthArch::Mixtral => Some((8, 2, n_ff)),
+        _ => None,
+    };
+    if let Some((n, used, width)) = experts {
+        w.meta(&key("expert_count"), u(n))
+            .meta(&key("expert_used_count"), u(used));
+        if arch == SynthArch::Qwen3Moe {
+            w.meta(&key("expert_feed_forward_length"), u(width));
+        }
     }
     if arch == SynthArch::Qwen2Yarn {
         w.meta(&key("rope.scaling.type"), Value::String("yarn".into()))
@@ -341,8 +367,12 @@ pub fn synth(
     // Matrices are seeded 2, 3, ... in file order (the files benchmarks and tests were
     // made with); vectors draw from their own counter.
     let mut mseed = 1u64;
-    let mut mat = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64, embedding: bool| {
+    // dims: [cols, rows] or, for experts, [cols, rows, n_expert] (each expert's rows after
+    // the last's).
+    let mut mat = |w: &mut GgufWriter, name: &str, dims: &[u64], embedding: bool| {
         mseed += 1;
+        let cols = dims[0];
+        let rows: u64 = dims[1..].iter().product();
         // normalish() has a standard deviation of 1/sqrt(3): FanIn rescales it to the
         // target (Fixed keeps the factor, as its benchmark files always had).
         let std = match scale {
@@ -351,10 +381,10 @@ pub fn synth(
             WeightScale::FanIn => 3f32.sqrt() / (cols as f32).sqrt(),
         };
         let data = random_tensor(ty, cols as usize, rows as usize, std, mseed);
-        w.tensor(name, &[cols, rows], ty, data);
+        w.tensor(name, dims, ty, data);
     };
     let gemma = matches!(arch, SynthArch::Gemma3 { .. });
-    mat(&mut w, "token_embd.weight", e, n_vocab, true);
+    mat(&mut w, "token_embd.weight", &[e, n_vocab], true);
     // LFM2's converter names its final norm `token_embd_norm`.
     let output_norm = if lfm2 {
         "token_embd_norm.weight"
@@ -365,7 +395,7 @@ pub fn synth(
     // LFM2 ties its output to the embeddings; the synthetic one keeps its own, scaled to
     // the fan-in, so that its logits have a trained model's spread.
     if !gemma {
-        mat(&mut w, "output.weight", e, n_vocab, false);
+        mat(&mut w, "output.weight", &[e, n_vocab], false);
     }
     if arch == SynthArch::Phi3Long {
         let half = hd / 2;
@@ -404,14 +434,14 @@ pub fn synth(
             let mut rng = Rng((i as u64 + 1).wrapping_mul(0x9e3779b97f4a7c15) ^ 0xc0ffee);
             let conv: Vec<f32> = (0..3 * e).map(|_| rng.normalish()).collect();
             w.tensor(&b("shortconv.conv"), &[3, e], GgmlType::F32, f32s(&conv));
-            mat(&mut w, &b("shortconv.in_proj"), e, 3 * e, false);
-            mat(&mut w, &b("shortconv.out_proj"), e, e, false);
+            mat(&mut w, &b("shortconv.in_proj"), &[e, 3 * e], false);
+            mat(&mut w, &b("shortconv.out_proj"), &[e, e], false);
         } else if phi3 {
-            mat(&mut w, &b("attn_qkv"), e, e + 2 * kv, false);
+            mat(&mut w, &b("attn_qkv"), &[e, e + 2 * kv], false);
         } else {
-            mat(&mut w, &b("attn_q"), e, e, false);
-            mat(&mut w, &b("attn_k"), e, kv, false);
-            mat(&mut w, &b("attn_v"), e, kv, false);
+            mat(&mut w, &b("attn_q"), &[e, e], false);
+            mat(&mut w, &b("attn_k"), &[e, kv], false);
+            mat(&mut w, &b("attn_v"), &[e, kv], false);
         }
         if matches!(arch, SynthArch::Qwen2 | SynthArch::Qwen2Yarn) {
             vector(&mut w, &bias("attn_q"), e, 0.0, 0.5);
@@ -419,17 +449,26 @@ pub fn synth(
             vector(&mut w, &bias("attn_v"), kv, 0.0, 0.5);
         }
         if !conv_layer(i) {
-            mat(&mut w, &b("attn_output"), e, e, false);
+            mat(&mut w, &b("attn_output"), &[e, e], false);
         }
         vector(&mut w, &b("ffn_norm"), e, 1.0, 0.1);
-        if phi3 {
-            mat(&mut w, &b("ffn_up"), e, 2 * f, false);
+        if let Some((n, _, width)) = experts {
+            let (n, fe) = (n as u64, width as u64);
+            mat(&mut w, &b("ffn_gate_inp"), &[e, n], false);
+            mat(&mut w, &b("ffn_gate_exps"), &[e, fe, n], false);
+            mat(&mut w, &b("ffn_up_exps"), &[e, fe, n], false);
+            mat(&mut w, &b("ffn_down_exps"), &[fe, e, n], false);
         } else {
-            mat(&mut w, &b("ffn_gate"), e, f, false);
-            mat(&mut w, &b("ffn_up"), e, f, false);
+            if phi3 {
+                mat(&mut w, &b("ffn_up"), &[e, 2 * f], false);
+            } else {
+                mat(&mut w, &b("ffn_gate"), &[e, f], false);
+                mat(&mut w, &b("ffn_up"), &[e, f], false);
+            }
+            mat(&mut w, &b("ffn_down"), &[f, e], false);
         }
-        mat(&mut w, &b("ffn_down"), f, e, false);
-        if gemma || arch == SynthArch::Qwen3 || (lfm2 && !conv_layer(i)) {
+        let qk_norms = matches!(arch, SynthArch::Qwen3 | SynthArch::Qwen3Moe);
+        if gemma || qk_norms || (lfm2 && !conv_layer(i)) {
             vector(&mut w, &b("attn_q_norm"), hd as u64, 1.0, 0.1);
             vector(&mut w, &b("attn_k_norm"), hd as u64, 1.0, 0.1);
         }

@@ -7,7 +7,7 @@ use crate::gpu::Gpu;
 use crate::ops::{View, Weight};
 use std::sync::Arc;
 
-pub use crate::ops::GateUp;
+pub use crate::ops::{Experts, Ffn, GateUp};
 
 pub struct LayerWeights {
     pub attn_norm: View,
@@ -19,8 +19,7 @@ pub struct LayerWeights {
     pub qkv_bias: Option<View>,
     pub wo: Arc<Weight>,
     pub ffn_norm: View,
-    pub gate_up: GateUp,
-    pub down: Arc<Weight>,
+    pub ffn: Ffn,
     /// Gemma, Qwen3: RMS norms of each Q and K head ([head_dim]). Gemma: norms of the
     /// attention and feed-forward outputs before their residual adds.
     pub attn_q_norm: Option<View>,
@@ -284,10 +283,25 @@ impl Loader<'_> {
             self.stacked_vectors(&[(b("attn_q"), q), (b("attn_k"), kv), (b("attn_v"), kv)])?;
         let wo = self.matrix(&n("attn_output"), q, e)?;
         let ffn_norm = self.vector(&n("ffn_norm"), e)?;
-        let gate_up = if self.f.tensor(&n("ffn_gate")).is_none() && hp.arch == Arch::Phi3 {
-            self.fused_gate_up(&n("ffn_up"), e, ff)?
+        let ffn = if let Some(moe) = hp.moe {
+            let (ne, ff) = (moe.routing.n_expert, moe.n_ff_exp);
+            Ffn::Experts(Experts {
+                routing: moe.routing,
+                gate_inp: self.matrix(&n("ffn_gate_inp"), e, ne)?,
+                gate: self.experts(&n("ffn_gate_exps"), e, ff, ne)?,
+                up: self.experts(&n("ffn_up_exps"), e, ff, ne)?,
+                down: self.experts(&n("ffn_down_exps"), ff, e, ne)?,
+            })
         } else {
-            self.gate_up(&n("ffn_gate"), &n("ffn_up"), e, ff)?
+            let gate_up = if self.f.tensor(&n("ffn_gate")).is_none() && hp.arch == Arch::Phi3 {
+                self.fused_gate_up(&n("ffn_up"), e, ff)?
+            } else {
+                self.gate_up(&n("ffn_gate"), &n("ffn_up"), e, ff)?
+            };
+            Ffn::Dense {
+                gate_up,
+                down: self.matrix(&n("ffn_down"), ff, e)?,
+            }
         };
         Ok(LayerWeights {
             attn_q_norm,
@@ -299,9 +313,41 @@ impl Loader<'_> {
             qkv_bias,
             wo,
             ffn_norm,
-            gate_up,
-            down: self.matrix(&n("ffn_down"), ff, e)?,
+            ffn,
         })
+    }
+
+    /// A mixture-of-experts tensor [n_cols, rows, n_expert], the experts stacked (see
+    /// [`Weight::upload_experts`]).
+    fn experts(
+        &mut self,
+        name: &str,
+        n_cols: u32,
+        rows: u32,
+        n_expert: u32,
+    ) -> Result<Arc<Weight>, ModelError> {
+        let t = self
+            .info(name, &[n_cols as u64, rows as u64, n_expert as u64])?
+            .clone();
+        if !t.ty.is_supported_weight() {
+            return Err(ModelError::UnsupportedType {
+                path: self.f.path.clone(),
+                tensor: name.into(),
+                ty: t.ty,
+            });
+        }
+        let w = Weight::upload_experts(
+            self.gpu,
+            name,
+            t.ty,
+            n_cols as usize,
+            rows as usize,
+            n_expert as usize,
+            self.f.tensor_data(&t),
+        )?;
+        self.gpu_bytes += w.gpu_bytes();
+        self.advance(&t);
+        Ok(Arc::new(w))
     }
 
     /// Rows `rows` of a matrix [n_cols, n_rows] as a weight of their own.

@@ -7,12 +7,68 @@ use std::sync::Arc;
 
 /// The gate and up projections of a gated feed-forward: a layout the model chooses when
 /// it uploads the weights and the graph and the tuner both run.
+#[derive(Clone)]
 pub enum GateUp {
     /// One weight of interleaved (gate, up) rows: one matmul with the GLU in its
     /// epilogue.
     Interleaved(Arc<Weight>),
     /// Two weights (their types differ): two matmuls and a GLU.
     Split { gate: Arc<Weight>, up: Arc<Weight> },
+}
+
+/// A layer's feed-forward weights: one gated feed-forward, or a mixture of experts.
+pub enum Ffn {
+    Dense { gate_up: GateUp, down: Arc<Weight> },
+    Experts(Experts),
+}
+
+/// A mixture-of-experts feed-forward: the router, and each projection's experts stacked
+/// ([`Weight::upload_experts`]): gate and up [n_embd -> n_ff] each, down [n_ff -> n_embd].
+pub struct Experts {
+    pub routing: super::moe::MoeRouting,
+    pub gate_inp: Arc<Weight>,
+    pub gate: Arc<Weight>,
+    pub up: Arc<Weight>,
+    pub down: Arc<Weight>,
+}
+
+impl Experts {
+    /// Expert 0's projections as a dense feed-forward (sharing the stacked buffers): what
+    /// the tuner times a mixture-of-experts layer's feed-forward shape on.
+    pub fn first(&self) -> (GateUp, Arc<Weight>) {
+        let n = self.routing.n_expert;
+        let one = |w: &Weight| {
+            let rows = w.n_rows / n;
+            let c = &w.chunks[0];
+            Arc::new(Weight {
+                name: format!("{}[expert 0]", w.name),
+                ty: w.ty,
+                n_cols: w.n_cols,
+                n_rows: rows,
+                row_words: w.row_words,
+                chunks: vec![WeightChunk {
+                    row_begin: 0,
+                    n_rows: rows,
+                    buf: c.buf.clone(),
+                }],
+            })
+        };
+        let gate_up = GateUp::Split {
+            gate: one(&self.gate),
+            up: one(&self.up),
+        };
+        (gate_up, one(&self.down))
+    }
+}
+
+impl Ffn {
+    /// The dense feed-forward a tuner times for this one (see [`Experts::first`]).
+    pub fn dense(&self) -> (GateUp, Arc<Weight>) {
+        match self {
+            Ffn::Dense { gate_up, down } => (gate_up.clone(), down.clone()),
+            Ffn::Experts(e) => e.first(),
+        }
+    }
 }
 
 pub struct WeightChunk {

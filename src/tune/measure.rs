@@ -77,6 +77,9 @@ impl ShapeChoice {
 /// product has an output of its own, so that a check sees every one.
 struct LayerRun {
     lw: LayerWeights,
+    /// The feed-forward timed: the layer's own, or a mixture of experts' first expert.
+    gate_up: GateUp,
+    down: Arc<Weight>,
     /// Inputs: the layer's input, the attention output, the FFN's activation (written by
     /// a fused gate/up product, else random).
     x: View,
@@ -111,23 +114,26 @@ impl LayerRun {
         let q8 = |name: &str, k: u32| -> Result<View, GpuError> {
             Ok(View::whole(&gpu.storage(name, q8_bytes(k, PROMPT_TOKENS))?))
         };
-        let n_ff = match &lw.gate_up {
+        let (gate_up, down) = lw.ffn.dense();
+        let n_ff = match &gate_up {
             GateUp::Interleaved(w) => w.n_rows / 2,
             GateUp::Split { up, .. } => up.n_rows,
         };
         Ok(LayerRun {
             x: buf("tune_x", hp.n_embd as u64)?,
             attn: buf("tune_attn", lw.wo.n_cols as u64)?,
-            ffn: buf("tune_ffn", lw.down.n_cols.max(n_ff) as u64)?,
+            ffn: buf("tune_ffn", down.n_cols.max(n_ff) as u64)?,
             qkv: buf("tune_qkv", qkv_rows as u64)?,
             wo_out: buf("tune_wo_out", lw.wo.n_rows as u64)?,
             pairs: buf("tune_pairs", 2 * n_ff as u64)?,
             up: buf("tune_up", n_ff as u64)?,
-            down_out: buf("tune_down_out", lw.down.n_rows as u64)?,
+            down_out: buf("tune_down_out", down.n_rows as u64)?,
             xq: q8("tune_xq", hp.n_embd)?,
             attnq: q8("tune_attnq", lw.wo.n_cols)?,
-            ffnq: q8("tune_ffnq", lw.down.n_cols)?,
+            ffnq: q8("tune_ffnq", down.n_cols)?,
             lw,
+            gate_up,
+            down,
         })
     }
 
@@ -135,8 +141,8 @@ impl LayerRun {
     fn takes_int_dot(&self) -> bool {
         let mut ws: Vec<&Weight> = self.lw.qkv.iter().map(|w| &**w).collect();
         ws.push(&self.lw.wo);
-        ws.push(&self.lw.down);
-        match &self.lw.gate_up {
+        ws.push(&self.down);
+        match &self.gate_up {
             GateUp::Interleaved(w) => ws.push(w),
             GateUp::Split { gate, up } => ws.extend([&**gate, &**up]),
         }
@@ -163,7 +169,7 @@ impl LayerRun {
         let wo = &self.lw.wo;
         let out = MatmulOut::whole(wo);
         r.product(wo, (&self.attn, &self.attnq), &self.wo_out, out)?;
-        match &self.lw.gate_up {
+        match &self.gate_up {
             GateUp::Interleaved(w) if r.takes(w) => {
                 r.quantize(&self.x, w.n_cols, &self.xq)?;
                 r.d.extend(matmul_q8_glu(
@@ -191,7 +197,7 @@ impl LayerRun {
                 r.product(up, (&self.x, &self.xq), &self.up, u)?;
             }
         }
-        let down = &self.lw.down;
+        let down = &self.down;
         let out = MatmulOut::whole(down);
         r.product(down, (&self.ffn, &self.ffnq), &self.down_out, out)?;
         Ok(r.d)
@@ -224,11 +230,11 @@ impl LayerRun {
     fn outputs(&self, gpu: &Gpu, n_tok: u32) -> Result<Vec<Vec<f32>>, GpuError> {
         let stride: u32 = self.lw.qkv.iter().map(|w| w.n_rows).sum();
         let n_ff = self.up.size / 4 / PROMPT_TOKENS as u64;
-        let split = matches!(self.lw.gate_up, GateUp::Split { .. });
+        let split = matches!(self.gate_up, GateUp::Split { .. });
         let mut outs = vec![
             (&self.qkv, stride as u64),
             (&self.wo_out, self.lw.wo.n_rows as u64),
-            (&self.down_out, self.lw.down.n_rows as u64),
+            (&self.down_out, self.down.n_rows as u64),
         ];
         if split {
             outs.push((&self.pairs, n_ff));
