@@ -237,10 +237,13 @@ fn qwen2_yarn_rope_q8_0() {
 }
 
 /// Qwen3-MoE: 16 experts, 4 chosen per token by softmax and renormalised, each half the
-/// feed-forward width.
+/// feed-forward width; then through GPU-shaped kernels, whose prompts group the (token,
+/// expert) pairs by expert on the GPU before the expert products (one after the other:
+/// both rebuild the same temporary file).
 #[test]
 fn qwen3moe_q8_0() {
     check("qwen3moe-q8_0");
+    check_with("qwen3moe-q8_0", &["--kernels", "gpu"], None);
 }
 
 /// Mixtral's layout (llama with 8 experts, 2 per token) in Q4_K.

@@ -243,6 +243,14 @@ pub enum KernelKey {
     },
     /// The weighted sum of each token's experts' outputs (`moe_sum.wgsl`).
     MoeSum,
+    /// A ubatch's (token, expert) pairs grouped by expert (`moe_group.wgsl`).
+    MoeGroup,
+    /// The experts' products over pairs grouped by expert, `tb` pairs of an expert per
+    /// workgroup (`matmul_id_grouped.wgsl`).
+    MatmulIdGrouped {
+        ty: GgmlType,
+        tb: u32,
+    },
     /// The short causal convolution of recurrent layers (Mamba, LFM2).
     SsmConv,
     /// The selective scan with states of up to `ds` values: an invocation per channel
@@ -313,6 +321,7 @@ impl KernelKey {
             QuantizeQ8,
             MoeRoute,
             MoeSum,
+            MoeGroup,
         ];
         for ty in super::matmul_q8::TYPES {
             for &rows in Q8_MATMUL_ROWS {
@@ -425,6 +434,10 @@ impl KernelKey {
                 v.push(MatmulTile { ty, bm, bn });
             }
             v.push(MatmulId { ty });
+            v.push(MatmulIdGrouped {
+                ty,
+                tb: super::moe::GROUPED_TB,
+            });
             for &s in COOP_SIZES {
                 v.push(MatmulCoop { ty, s });
             }
@@ -507,6 +520,7 @@ impl KernelKey {
             | MatmulWg { .. }
             | MatmulTile { .. }
             | MatmulQ8Tile { .. }
+            | MoeGroup
             | RmsNorm { rows: false }
             | AddRmsNorm { rows: false }
             | AttnKqTile { .. }
@@ -536,6 +550,7 @@ impl KernelKey {
             | QuantizeQ8
             | MoeRoute
             | MatmulId { .. }
+            | MatmulIdGrouped { .. }
             | MoeSum
             | MatmulQ8 { .. }
             | SsmConv
@@ -593,7 +608,8 @@ impl KernelKey {
             QuantizeQ8 => QuantizeQ8Uniform::WGSL,
             MatmulQ8 { .. } | MatmulQ8Tile { .. } => MatmulQ8Uniform::WGSL,
             MoeRoute => MoeRouteUniform::WGSL,
-            MatmulId { .. } => MatmulIdUniform::WGSL,
+            MatmulId { .. } | MatmulIdGrouped { .. } => MatmulIdUniform::WGSL,
+            MoeGroup => MoeGroupUniform::WGSL,
             MoeSum => MoeSumUniform::WGSL,
             SsmConv => SsmConvUniform::WGSL,
             SsmScan { .. } => SsmScanUniform::WGSL,
@@ -732,6 +748,11 @@ impl KernelKey {
                 compose(&[&quant(ty)?, shaders::QUANT_READ, shaders::MATMUL_ID], &[])
             }
             MoeSum => shaders::MOE_SUM.to_string(),
+            MoeGroup => shaders::MOE_GROUP.to_string(),
+            MatmulIdGrouped { ty, tb } => compose(
+                &[&quant(ty)?, shaders::QUANT_READ, shaders::MATMUL_ID_GROUPED],
+                &[("TB", tb.to_string())],
+            ),
             SsmConv => compose(&[shaders::ACT, shaders::SSM_CONV], &[]),
             SsmScan { ds, wg } => compose(
                 &[
@@ -906,6 +927,8 @@ impl fmt::Display for KernelKey {
             MoeRoute => write!(f, "moe_route"),
             MatmulId { ty } => write!(f, "matmul_id_{ty}"),
             MoeSum => write!(f, "moe_sum"),
+            MoeGroup => write!(f, "moe_group"),
+            MatmulIdGrouped { ty, tb } => write!(f, "matmul_id_grouped_{ty}_tb{tb}"),
             SsmConv => write!(f, "ssm_conv"),
             SsmScan { ds, wg } => write!(f, "ssm_scan_ds{ds}{}", if wg { "_wg" } else { "" }),
             SampleTopk { wg } => write!(f, "sample_topk{}", if wg { "_wg" } else { "" }),
@@ -1123,15 +1146,15 @@ mod tests {
             + GPU_VEC_TOKENS.len() * GPU_VEC_ROWS.len() * 2
             + GPU_TILES.len()
             + COOP_SIZES.len()
-            + 1
+            + 2
             + Activation::ALL.len()
                 * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
-        assert_eq!(per_type, 67 + 2 * (27 + 20));
+        assert_eq!(per_type, 68 + 2 * (27 + 20));
         // Both shapes of the two norms, the two joins, hadamard, binary ops, GLUs,
         // softmaxes, rope in f32 and f16. The recurrent layers' convolution and both
         // shapes of the scan per state size. Both shapes of sampling's two passes. Expert
-        // routing and the experts' weighted sum (their products are per type).
+        // routing, grouping and weighted sum (their products are per type).
         let shared = 2 * 2
             + 2
             + 1
@@ -1142,7 +1165,7 @@ mod tests {
             + 1
             + 2 * SSM_DS.len()
             + 2 * 2
-            + 2;
+            + 3;
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
         // two rope_stores, two GPU flash kernels and four of f16 tiles (matrices or loops), the
         // CPU ones (head buckets x tokens).

@@ -2,17 +2,34 @@
 //! router's logits turned into each token's chosen experts and their weights
 //! ([`moe_route`]), the chosen experts' products only ([`matmul_id`], ggml's `mul_mat_id`,
 //! over a weight that stacks every expert's matrix), and each token's weighted sum of its
-//! experts' outputs ([`moe_sum`]). The expert products read each (token, expert) pair's
-//! rows straight from the stacked tensor: right for decode, where a token's few experts
-//! are all there is to read; prompts read an expert's rows once per token that chose it.
+//! experts' outputs ([`moe_sum`]). For decode the expert products read each (token,
+//! expert) pair's rows straight from the stacked tensor (a token's few experts are all
+//! there is to read); for prompts the pairs are first grouped by expert on the GPU
+//! ([`moe_group`]) and each workgroup multiplies [`GROUPED_TB`] pairs of one expert, so an
+//! expert's rows are read once per that many tokens that chose it.
 
-use super::uniforms::{MatmulIdUniform, MoeRouteUniform, MoeSumUniform};
+use super::uniforms::{MatmulIdUniform, MoeGroupUniform, MoeRouteUniform, MoeSumUniform};
 use super::{record, split_groups, Dispatch, KernelKey, View, Weight, MAX_GROUPS};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError};
 
 /// Most experts a token may use (the routing kernel's arrays).
 pub const MAX_USED: u32 = 16;
+/// Most experts a layer may have (the grouping kernel's workgroup arrays).
+pub const MAX_EXPERTS: u32 = 512;
+/// Pairs of one expert per workgroup of the grouped expert products.
+pub const GROUPED_TB: u32 = 8;
+/// Fewest tokens whose expert products go through the grouping: below, each pair's rows
+/// are read on their own (decode, small batches).
+pub const GROUPED_MIN_TOKENS: u32 = 8;
+
+/// How the expert products find their pairs: by each pair's expert id, or grouped by
+/// expert ([`moe_group`]'s offsets and order).
+#[derive(Clone, Copy)]
+pub enum Pairs<'a> {
+    Ids(&'a View),
+    Grouped { offsets: &'a View, order: &'a View },
+}
 
 /// How the router's logits become probabilities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,10 +157,42 @@ pub fn moe_route_ref(r: &MoeRouting, logits: &[f32], n_tok: usize) -> (Vec<u32>,
     (ids, weights)
 }
 
+/// Groups the `n_pairs` pairs of `ids` by expert: `offsets` ([n_expert + 1] u32) and
+/// `order` ([n_pairs] u32, the pairs of expert e at offsets[e]..offsets[e + 1]).
+pub fn moe_group(
+    gpu: &Gpu,
+    ids: &View,
+    n_pairs: u32,
+    n_expert: u32,
+    offsets: &View,
+    order: &View,
+) -> Result<Dispatch, GpuError> {
+    if n_expert > MAX_EXPERTS {
+        return Err(GpuError::Validation(format!(
+            "moe_group: {n_expert} experts (at most {MAX_EXPERTS})"
+        )));
+    }
+    let params = MoeGroupUniform {
+        n_pairs,
+        n_expert,
+        ..Default::default()
+    };
+    record(
+        gpu,
+        "moe_group",
+        gpu.pipeline(KernelKey::MoeGroup)?,
+        bytemuck::bytes_of(&params),
+        &[ids, offsets, order],
+        [1, 1, 1],
+    )
+}
+
 /// The chosen experts' products: for each pair p = t * n_used + j, dst row p
 /// ([w_rows, n_tok * n_used] f32) = expert ids[p]'s matrix · x's row p (`x_per_pair`) or
 /// t. `w` stacks `n_expert` experts of `w.n_rows / n_expert` rows (uploaded with
-/// [`Weight::upload_experts`], so each chunk holds whole experts): one dispatch per chunk.
+/// [`Weight::upload_experts`], so each chunk holds whole experts): one dispatch per chunk,
+/// each pair's rows on their own ([`Pairs::Ids`]) or `GROUPED_TB` pairs of an expert at
+/// a time ([`Pairs::Grouped`]).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_id(
     gpu: &Gpu,
@@ -151,7 +200,7 @@ pub fn matmul_id(
     n_expert: u32,
     x: &View,
     x_per_pair: bool,
-    ids: &View,
+    pairs: Pairs,
     n_used: u32,
     n_tok: u32,
     dst: &View,
@@ -170,7 +219,20 @@ pub fn matmul_id(
             w.name
         )));
     }
-    let pipeline = gpu.pipeline(KernelKey::MatmulId { ty: w.ty })?;
+    if rows.div_ceil(4) > MAX_GROUPS {
+        return Err(GpuError::Validation(format!(
+            "matmul_id {}: experts of {rows} rows exceed one dispatch",
+            w.name
+        )));
+    }
+    let key = match pairs {
+        Pairs::Ids(_) => KernelKey::MatmulId { ty: w.ty },
+        Pairs::Grouped { .. } => KernelKey::MatmulIdGrouped {
+            ty: w.ty,
+            tb: GROUPED_TB,
+        },
+    };
+    let pipeline = gpu.pipeline(key)?;
     let (gx, gy) = split_groups(rows.div_ceil(4));
     w.chunks
         .iter()
@@ -183,24 +245,41 @@ pub fn matmul_id(
                     c.row_begin + c.n_rows
                 )));
             }
+            let (e_begin, e_end) = (c.row_begin / rows, (c.row_begin + c.n_rows) / rows);
             let params = MatmulIdUniform {
                 k: w.n_cols,
                 n_rows: rows,
                 row_words: w.row_words,
                 n_used,
-                e_begin: c.row_begin / rows,
-                e_end: (c.row_begin + c.n_rows) / rows,
+                e_begin,
+                e_end,
                 x_per_pair: x_per_pair as u32,
                 wg_x: gx,
             };
-            record(
-                gpu,
-                "matmul_id",
-                pipeline.clone(),
-                bytemuck::bytes_of(&params),
-                &[&View::whole(&c.buf), x, ids, dst],
-                [gx, gy, n_pairs],
-            )
+            let params = bytemuck::bytes_of(&params);
+            let wv = View::whole(&c.buf);
+            match pairs {
+                Pairs::Ids(ids) => record(
+                    gpu,
+                    "matmul_id",
+                    pipeline.clone(),
+                    params,
+                    &[&wv, x, ids, dst],
+                    [gx, gy, n_pairs],
+                ),
+                Pairs::Grouped { offsets, order } => record(
+                    gpu,
+                    "matmul_id_grouped",
+                    pipeline.clone(),
+                    params,
+                    &[&wv, x, offsets, order, dst],
+                    [
+                        rows.div_ceil(4),
+                        e_end - e_begin,
+                        n_tok.div_ceil(GROUPED_TB),
+                    ],
+                ),
+            }
         })
         .collect()
 }

@@ -12,6 +12,8 @@ pub const MATMUL_Q8: &str = include_str!("../../shaders/matmul_q8.wgsl");
 pub const ATTN_FLASH_COOP: &str = include_str!("../../shaders/attn_flash_coop.wgsl");
 pub const MOE_ROUTE: &str = include_str!("../../shaders/moe_route.wgsl");
 pub const MATMUL_ID: &str = include_str!("../../shaders/matmul_id.wgsl");
+pub const MOE_GROUP: &str = include_str!("../../shaders/moe_group.wgsl");
+pub const MATMUL_ID_GROUPED: &str = include_str!("../../shaders/matmul_id_grouped.wgsl");
 pub const MOE_SUM: &str = include_str!("../../shaders/moe_sum.wgsl");
 pub const MATMUL_Q8_TILE: &str = include_str!("../../shaders/matmul_q8_tile.wgsl");
 pub const MATMUL_COOP: &str = include_str!("../../shaders/matmul_coop.wgsl");
@@ -239,6 +241,8 @@ pub fn fingerprint() -> u64 {
         MOE_ROUTE,
         MATMUL_ID,
         MOE_SUM,
+        MOE_GROUP,
+        MATMUL_ID_GROUPED,
         ATTN_KQ_TILE,
         ATTN_KQV_TILE,
         ATTN_KQV_JOIN,

@@ -267,6 +267,16 @@ uniform_struct! {
 }
 
 uniform_struct! {
+    /// moe_group: `n_pairs` (token, expert) pairs over `n_expert` experts.
+    MoeGroupUniform {
+        n_pairs: u32,
+        n_expert: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+uniform_struct! {
     /// moe_sum: `n` = tokens x `n_out` outputs, each a weighted sum over `n_used` experts.
     MoeSumUniform {
         n: u32,
