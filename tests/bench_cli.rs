@@ -15,7 +15,7 @@ fn ok(args: &[&str]) -> String {
     out
 }
 
-const FIELDS: [&str; 29] = [
+const FIELDS: [&str; 30] = [
     "build_commit",
     "gpu_info",
     "backends",
@@ -23,6 +23,7 @@ const FIELDS: [&str; 29] = [
     "model_type",
     "model_size",
     "model_n_params",
+    "model_n_params_active",
     "n_batch",
     "n_ubatch",
     "type_k",
@@ -62,6 +63,8 @@ fn check_row(r: &Value, reps: usize) {
     assert_eq!(r["samples_ts"].as_array().unwrap().len(), reps, "{r}");
     assert_eq!(r["samples_ns"].as_array().unwrap().len(), reps, "{r}");
     assert!(r["model_n_params"].as_u64().unwrap() > 100_000_000);
+    // A dense model uses all of its parameters for every token.
+    assert_eq!(r["model_n_params_active"], r["model_n_params"]);
     assert!(r["gpu_mem_bytes"].as_u64().unwrap() > 50 << 20, "{r}");
     let dispatches = r["dispatches_per_token"].as_u64().unwrap();
     assert!(dispatches > 100, "{r}");

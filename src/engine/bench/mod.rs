@@ -225,6 +225,8 @@ struct ModelFacts {
     model_type: String,
     size: u64,
     n_params: u64,
+    /// Parameters a token uses: all but the unchosen experts' (a mixture of experts).
+    n_params_active: u64,
 }
 
 fn model_facts(path: &std::path::Path) -> Result<ModelFacts, EngineError> {
@@ -247,15 +249,33 @@ fn model_facts(path: &std::path::Path) -> Result<ModelFacts, EngineError> {
         .map(|e| e.0.clone())
         .unwrap_or_default();
     let arch = f.get_str("general.architecture").unwrap_or("?").to_string();
-    let params = match n_params {
+    // A mixture of experts uses n_used of n_expert experts' weights per token.
+    let count = |k: &str| f.get(&format!("{arch}.{k}")).and_then(|v| v.as_i64());
+    let n_params_active = match (count("expert_count"), count("expert_used_count")) {
+        (Some(ne), Some(nu)) if ne > 1 && nu > 0 && nu <= ne => {
+            let experts: u64 = (f.tensors.iter())
+                .filter(|t| t.name.ends_with("_exps.weight"))
+                .map(|t| t.n_elements())
+                .sum();
+            n_params - experts + experts / ne as u64 * nu as u64
+        }
+        _ => n_params,
+    };
+    let short = |n: u64| match n {
         n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
         n => format!("{}M", (n as f64 / 1e6).round()),
+    };
+    // llama-bench's style for experts: `30B.A3B`.
+    let params = match n_params_active == n_params {
+        true => short(n_params),
+        false => format!("{}.A{}", short(n_params), short(n_params_active)),
     };
     Ok(ModelFacts {
         filename: path.display().to_string(),
         model_type: format!("{arch} {params} {ty}"),
         size,
         n_params,
+        n_params_active,
     })
 }
 
@@ -361,6 +381,7 @@ pub fn run_plan(
                 model_type: mf.model_type.clone(),
                 model_size: mf.size,
                 model_n_params: mf.n_params,
+                model_n_params_active: mf.n_params_active,
                 n_batch: inst.n_batch,
                 n_ubatch: inst.n_ubatch,
                 type_k: kv.type_k.to_string(),

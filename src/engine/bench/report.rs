@@ -61,6 +61,8 @@ pub struct BenchRow {
     /// Bytes of the tensors in the file.
     pub model_size: u64,
     pub model_n_params: u64,
+    /// Parameters one token uses (fewer than `model_n_params` for a mixture of experts).
+    pub model_n_params_active: u64,
     pub n_batch: u32,
     pub n_ubatch: u32,
     pub type_k: String,
@@ -151,6 +153,7 @@ impl BenchRow {
             ("model_type", Str(self.model_type.clone())),
             ("model_size", Int(self.model_size)),
             ("model_n_params", Int(self.model_n_params)),
+            ("model_n_params_active", Int(self.model_n_params_active)),
             ("n_batch", Int(self.n_batch as u64)),
             ("n_ubatch", Int(self.n_ubatch as u64)),
             ("type_k", Str(self.type_k.clone())),
@@ -407,6 +410,7 @@ impl BenchRow {
             model_type: String::new(),
             model_size: 0,
             model_n_params: 0,
+            model_n_params_active: 0,
             n_batch: 0,
             n_ubatch: 0,
             type_k: String::new(),
