@@ -141,6 +141,7 @@ fn bench_attention(c: &mut Criterion) {
                 scale: 1.0 / (HEAD_DIM as f32).sqrt(),
                 max_bias: 0.0,
                 n_head: N_HEAD,
+                softcap: 0.0,
             };
             let row = (HEAD_DIM * N_HEAD_KV) as usize;
             let kv_bytes = ty.row_bytes(row as u64) * n_kv as u64;
@@ -190,6 +191,7 @@ fn bench_rope_softmax(c: &mut Criterion) {
         scale: 0.125,
         max_bias: 0.0,
         n_head: N_HEAD,
+        softcap: 0.0,
     };
     let scores = f32_buf(&gpu, &values((N_HEAD * n_tok * n_kv) as usize));
     let mask = zeros(&gpu, (n_kv * n_tok) as usize);

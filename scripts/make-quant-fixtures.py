@@ -13,7 +13,14 @@ DIR holds gemma-3-270m requantized by llama.cpp's llama-quantize, one file per t
     done
 
 (--pure keeps the type on every tensor whose rows are whole blocks of it.) Q4_K and Q6_K
-blocks come from the Q4_K_M file itself.
+blocks come from the Q4_K_M file itself. MXFP4 is for experts only (llama-quantize's
+MXFP4_MOE), so its blocks come from a mixture-of-experts file given by --moe:
+
+    wgllm synth --arch qwen3moe --shape tiny --type f32 --trained-scale -o moe-f32.gguf
+    llama-quantize moe-f32.gguf moe-MXFP4.gguf MXFP4_MOE
+    scripts/make-quant-fixtures.py --moe moe-MXFP4.gguf --types MXFP4
+
+--types limits the run to those types, keeping the other lines of MANIFEST.
 
 For each type the script takes one tensor and 8 chunks of 256 weights (whole blocks:
 one k-quant block, eight 32-weight blocks, 256 BF16 values) at evenly spaced places in
@@ -46,19 +53,40 @@ SOURCES = {
     T.BF16: ("BF16", "blk.5.ffn_up.weight"),
     T.IQ4_NL: ("IQ4_NL", "blk.5.ffn_up.weight"),
     T.IQ4_XS: ("IQ4_XS", "blk.5.ffn_down.weight"),
+    T.MXFP4: ("moe", "blk.1.ffn_down_exps.weight"),
 }
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gemma", required=True, help="gemma-3-270m-q4_k_m.gguf")
-    ap.add_argument("--requantized", required=True, help="directory of gemma-<TYPE>.gguf")
+    ap.add_argument("--gemma", help="gemma-3-270m-q4_k_m.gguf")
+    ap.add_argument("--requantized", help="directory of gemma-<TYPE>.gguf")
+    ap.add_argument("--moe", help="a mixture-of-experts file whose experts are MXFP4")
+    ap.add_argument("--types", help="only these types (comma-separated), keeping MANIFEST's other lines")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data", "quant"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    only = args.types.split(",") if args.types else [t.name for t in SOURCES]
+    kept = {}
+    mpath = os.path.join(args.out, "MANIFEST")
+    if args.types and os.path.exists(mpath):
+        for line in open(mpath):
+            if not line.startswith("#") and line.split()[0] not in only:
+                kept[line.split()[0]] = line.rstrip("\n")
     manifest = []
     for ty, (key, name) in SOURCES.items():
-        path = args.gemma if key is None else os.path.join(args.requantized, f"gemma-{key}.gguf")
+        if ty.name not in only:
+            if ty.name in kept:
+                manifest.append(kept[ty.name])
+            continue
+        if key == "moe":
+            path = args.moe
+        elif key is None:
+            path = args.gemma
+        else:
+            path = os.path.join(args.requantized, f"gemma-{key}.gguf")
+        if path is None:
+            sys.exit(f"{ty.name}: give --moe, or --gemma and --requantized")
         reader = GGUFReader(path)
         t = next((t for t in reader.tensors if t.name == name), None)
         if t is None or t.tensor_type != ty:

@@ -111,7 +111,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 for (var d = 0u; d < d4; d++) {
                     dotv += dot(qs[qi * D4 + d], ks[kr + d]);
                 }
-                s[j] = dotv * p.scale + slope * s[j];
+                s[j] = capped(dotv * p.scale) + slope * s[j];
                 mx = max(mx, s[j]);
             }
         }

@@ -138,7 +138,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var mx = MASKED;
         for (var j = 0u; j < SJ; j++) {
             if (s[j] > MASKED) {
-                s[j] = sc[(8u * sub + j) * BQ + qi] * p.scale + slope * s[j];
+                s[j] = capped(sc[(8u * sub + j) * BQ + qi] * p.scale) + slope * s[j];
                 mx = max(mx, s[j]);
             }
         }

@@ -93,7 +93,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             var w = array<f32, TB>();
             for (var j = 0u; j < TB; j++) {
                 if (bias[j] > MASKED) {
-                    let x = s[j] + slope * bias[j];
+                    let x = capped(s[j]) + slope * bias[j];
                     if (x > m[j]) {
                         let alpha = exp(m[j] - x);
                         m[j] = x;

@@ -34,7 +34,7 @@ var<workgroup> red1: array<f32, 64>;
 
 // Score of cell c, scaled and masked (MASKED where the mask hides it).
 fn score(sbase: u32, mbase: u32, c: u32, slope: f32) -> f32 {
-    let v = scores[sbase + c] * p.scale;
+    let v = capped(scores[sbase + c] * p.scale);
     if (p.has_mask == 0u) {
         return v;
     }

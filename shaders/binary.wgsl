@@ -1,4 +1,5 @@
-// dst[i] = a[i] OP b[i % nb]: residual adds and broadcast multiplies.
+// dst[i] = a[i] OP b[(i / div) % nb]: residual adds, multiplies by a vector repeated
+// along rows (div 1) or by one value per row (div the row length), sigmoid gates, soft caps.
 
 // `Params` is `BinaryUniform` in src/ops/uniforms.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
@@ -13,6 +14,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     let av = a[i];
-    let bv = b[i % p.nb];
+    let bv = b[(i / p.div) % p.nb];
     dst[i] = {{OP}};
 }

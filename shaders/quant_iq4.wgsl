@@ -1,16 +1,14 @@
-// Body shared by the non-linear 4-bit formats (IQ4_NL, IQ4_XS), after a header that sets
-// QK, HW (1), BW (4) and `iq4_d(h)`, the block's scale from its head. The body's 4 words are its nibbles
-// (byte j: weight j in the low nibble, weight j + 16 in the high one), each an index into
-// the 16 levels below; x = d level.
-
-// The 16 levels as signed bytes, four to a word (level i in byte i % 4 of word i / 4).
-const IQ4_LEVELS = vec4<u32>(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
+// Body shared by the 4-bit formats whose codes index a table of levels (IQ4_NL, IQ4_XS,
+// MXFP4), after a header that sets QK, HW (1), BW (4), `NL_LEVELS` (the 16 levels as
+// signed bytes, four to a word: level i in byte i % 4 of word i / 4) and `iq4_d(h)`, the
+// block's scale from its head. The body's 4 words are its nibbles (byte j: weight j in the
+// low nibble, weight j + 16 in the high one); x = d level.
 
 // Dequantized weights, 8 vec4 per block slot; the including shader sets WB_SLOTS.
 var<private> wb: array<vec4<f32>, 8u * WB_SLOTS>;
 
 fn iq4_level(i: u32) -> f32 {
-    return f32(bitcast<i32>(IQ4_LEVELS[i >> 2u] << (24u - 8u * (i & 3u))) >> 24u);
+    return f32(bitcast<i32>(NL_LEVELS[i >> 2u] << (24u - 8u * (i & 3u))) >> 24u);
 }
 
 fn iq4(v: u32, shift: u32) -> vec4<f32> {

@@ -52,7 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let mbase = t * p.n_cols;
     var mx = MASKED;
     for (var c = lid; c < p.n_cols; c += WG) {
-        var v = x[base + c] * p.scale;
+        var v = capped(x[base + c] * p.scale);
         if (p.has_mask != 0u) {
             let m = mask[mbase + c];
             v = select(v + slope * m, MASKED, m <= MASKED);

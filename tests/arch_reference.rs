@@ -246,6 +246,31 @@ fn qwen3moe_q8_0() {
     check_with("qwen3moe-q8_0", &["--kernels", "gpu"], None);
 }
 
+/// Qwen2-MoE: 16 experts, 4 chosen per token with their softmax probabilities as they
+/// are (not renormalised), beside a shared expert every token takes, gated per token by a
+/// sigmoid; Q/K/V biases. Then through GPU-shaped kernels (grouped expert products).
+#[test]
+fn qwen2moe_q8_0() {
+    check("qwen2moe-q8_0");
+    check_with("qwen2moe-q8_0", &["--kernels", "gpu"], None);
+}
+
+/// Qwen3-MoE's experts in MXFP4 (gpt-oss's expert format; here every matrix is).
+#[test]
+fn qwen3moe_mxfp4() {
+    check("qwen3moe-mxfp4");
+}
+
+/// Gemma 2: a window of 32 on the even layers (so at -c 128 the sliding layers matter),
+/// attention scores capped at 2 and logits at 15 (tight enough that random weights
+/// meet both caps), sandwich norms, no Q/K norms. Then with flash attention on
+/// GPU-shaped kernels, whose kernels cap the scores themselves.
+#[test]
+fn gemma2_q8_0() {
+    check("gemma2-q8_0");
+    check_with("gemma2-q8_0", &["--kernels", "gpu", "-fa", "on"], None);
+}
+
 /// Mixtral's layout (llama with 8 experts, 2 per token) in Q4_K.
 #[test]
 fn mixtral_q4_k() {

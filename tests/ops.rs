@@ -9,7 +9,7 @@ use wgllm::gpu::{Backend, Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
 use wgllm::kv::KvType;
 use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
 use wgllm::ops::attention::{attention_ref, attention_with, AttnShape, AttnViews, FlashKernel};
-use wgllm::ops::binary::{binary, binary_ref, BinaryOp};
+use wgllm::ops::binary::{binary, binary_ref, binary_rows, binary_rows_ref, BinaryOp};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::glu::{glu, glu_pairs, glu_ref, Activation};
 use wgllm::ops::hadamard::{hadamard, hadamard_ref};
@@ -29,7 +29,7 @@ use wgllm::ops::set_rows::{set_rows, set_rows_ref};
 use wgllm::ops::softmax::{softmax, softmax_ref, SoftmaxParams};
 use wgllm::ops::{nmse, run_now, KernelKey, View, Weight};
 
-const WEIGHT_TYPES: [GgmlType; 15] = [
+const WEIGHT_TYPES: [GgmlType; 16] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -45,6 +45,7 @@ const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::Bf16,
     GgmlType::Iq4Nl,
     GgmlType::Iq4Xs,
+    GgmlType::Mxfp4,
 ];
 
 /// A random row length for `ty`: 1 to `max_blocks` blocks of 32, or 1 or 2 blocks of 256
@@ -490,15 +491,18 @@ fn binary_and_glu_match_reference() {
     let mut rng = Rng(5);
     for (name, gpu, _serial) in gpus() {
         let (nb, rows) = (1 + rng.below(300) as usize, 1 + rng.below(9) as usize);
-        let a = rng.vec(nb * rows);
+        let a: Vec<f32> = rng.vec(nb * rows).iter().map(|v| v * 4.0).collect();
         let b = rng.vec(nb);
-        for op in [BinaryOp::Add, BinaryOp::Mul] {
+        // Soft caps are positive (a cap of 0.5 to 1.5 bends most of a).
+        let caps: Vec<f32> = b.iter().map(|v| v.abs() + 0.5).collect();
+        for &op in BinaryOp::ALL {
+            let b = if op == BinaryOp::Softcap { &caps } else { &b };
             let dst = out_f32(gpu, a.len());
             let d = binary(
                 gpu,
                 op,
                 &up_f32(gpu, &a),
-                &up_f32(gpu, &b),
+                &up_f32(gpu, b),
                 &dst,
                 a.len() as u32,
                 nb as u32,
@@ -507,7 +511,28 @@ fn binary_and_glu_match_reference() {
             run_now(gpu, &[d]).unwrap();
             check(
                 &format!("{name} {op:?}"),
-                &binary_ref(op, &a, &b),
+                &binary_ref(op, &a, b),
+                &read(gpu, &dst, a.len()),
+                1e-12,
+            );
+            // One value of b per row of a.
+            let dst = out_f32(gpu, a.len());
+            let per_row = &b[..rows.min(b.len())];
+            let row = a.len().div_ceil(per_row.len());
+            let d = binary_rows(
+                gpu,
+                op,
+                &up_f32(gpu, &a),
+                &up_f32(gpu, per_row),
+                &dst,
+                a.len() as u32,
+                row as u32,
+            )
+            .unwrap();
+            run_now(gpu, &[d]).unwrap();
+            check(
+                &format!("{name} {op:?} per row"),
+                &binary_rows_ref(op, &a, per_row, row),
                 &read(gpu, &dst, a.len()),
                 1e-12,
             );
@@ -721,7 +746,7 @@ fn random_mask(rng: &mut Rng, n_kv: usize, n_tok: usize) -> Vec<f32> {
 fn softmax_matches_reference() {
     let mut rng = Rng(8);
     for (name, gpu, _serial) in gpus() {
-        for max_bias in [0.0f32, 8.0] {
+        for (max_bias, softcap) in [(0.0f32, 0.0f32), (8.0, 0.0), (0.0, 2.0)] {
             let (n_kv, n_tok, n_head) = (
                 1 + rng.below(300) as usize,
                 1 + rng.below(6) as usize,
@@ -732,6 +757,7 @@ fn softmax_matches_reference() {
                 scale: 0.125,
                 max_bias,
                 n_head,
+                softcap,
             };
             let x: Vec<f32> = rng
                 .vec(n_kv * n_tok * n_head as usize)
@@ -755,7 +781,7 @@ fn softmax_matches_reference() {
             .unwrap();
             let want = softmax_ref(&sp, &x, Some(&mask), n_kv, n_tok);
             check(
-                &format!("{name} softmax bias {max_bias}"),
+                &format!("{name} softmax bias {max_bias} softcap {softcap}"),
                 &want,
                 &read(gpu, &xv, x.len()),
                 1e-10,
@@ -809,7 +835,7 @@ fn attention_case_with(
 
 /// An attention shape for `n_tok` tokens over up to 600 more cells, with a head of
 /// (head_dim, n_head, n_head_kv), and softmax parameters with ALiBi slopes every other
-/// time (the split and flash kernels apply them themselves).
+/// time and soft-capping every third (the split and flash kernels apply them themselves).
 fn random_attention(
     rng: &mut Rng,
     (head_dim, n_head, n_head_kv): (u32, u32, u32),
@@ -832,6 +858,7 @@ fn random_attention(
         scale: 1.0 / (head_dim as f32).sqrt(),
         max_bias: [0.0, 8.0][rng.below(2) as usize],
         n_head,
+        softcap: [0.0, 0.0, 1.5][rng.below(3) as usize],
     };
     (s, sp)
 }
@@ -921,6 +948,7 @@ fn attention_over_a_binding_runs_in_passes() {
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             max_bias: 0.0,
             n_head: s.n_head,
+            softcap: 0.0,
         };
         let (n_dispatches, want, got) =
             attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize + 5);
@@ -1114,6 +1142,7 @@ fn flash_attention_runs_in_passes_when_the_mask_exceeds_a_binding() {
             scale: 0.125,
             max_bias: 0.0,
             n_head: s.n_head,
+            softcap: 0.0,
         };
         // The split path's scores (8 KiB a token) would take 8 tokens a pass.
         assert_eq!(s.tokens_per_pass(&gpu).unwrap(), 8);
@@ -1153,6 +1182,7 @@ fn split_attention_chunks_grow_to_fit_the_partials() {
         scale: 0.25,
         max_bias: 0.0,
         n_head: s.n_head,
+        softcap: 0.0,
     };
     // Partials and (max, sum) pairs of 4 chunks (not 8 of 128 cells, which would not fit
     // a binding).
@@ -1295,6 +1325,7 @@ fn tuned_kernels_match_reference() {
                 scale: 0.125,
                 max_bias: 0.0,
                 n_head: 4,
+                softcap: 0.0,
             };
             let (_, want, got) = attention_case(&gpu, &mut rng, &s, &sp, s.n_kv as usize);
             check(&format!("{name} attention {s:?}"), &want, &got, 1e-10);
@@ -1370,6 +1401,7 @@ fn attention_with_heads_beyond_the_split_variants() {
             scale: 0.02,
             max_bias: 0.0,
             n_head: 1,
+            softcap: 0.0,
         };
         let (n, want, got) = attention_case(gpu, &mut rng, &s, &sp, 300);
         assert_eq!(n, 3, "{name}: scores, softmax and the one-pass output");
@@ -1770,6 +1802,7 @@ fn attention_reads_packed_caches() {
                 scale: 0.125,
                 max_bias: 0.0,
                 n_head: 4,
+                softcap: 0.0,
             };
             let (_, want, got) = attention_case(gpu, &mut rng, &s, &sp, s.n_kv as usize + 3);
             check(&format!("attention {s:?}"), &want, &got, 1e-9);

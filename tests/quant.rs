@@ -3,10 +3,11 @@
 //! * Q5_0 and Q8_0 blocks come from Gemma-3-270M Q4_K_M, Q4_1 blocks from SmolLM2-135M,
 //!   checked against a decoder written here from the block layouts alone; a missing model
 //!   file fails the test (it is never skipped).
-//! * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, IQ4_NL and IQ4_XS blocks are checked-in fixtures
-//!   (`tests/data/quant/`, written by `scripts/make-quant-fixtures.py`): 2048 weights of
-//!   llama-quantize output per type and their values as gguf-py's numpy dequantization
-//!   gives them.
+//! * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, IQ4_NL, IQ4_XS and MXFP4 blocks are checked-in
+//!   fixtures (`tests/data/quant/`, written by `scripts/make-quant-fixtures.py`): 2048
+//!   weights of llama-quantize output per type and their values as gguf-py's numpy
+//!   dequantization gives them (MXFP4: experts of a synthetic Qwen3-MoE quantized by
+//!   llama-quantize's MXFP4_MOE).
 
 mod common;
 
@@ -198,7 +199,7 @@ struct Fixture {
     values: Vec<f32>,
 }
 
-const FIXTURE_TYPES: [GgmlType; 8] = [
+const FIXTURE_TYPES: [GgmlType; 9] = [
     GgmlType::Q2K,
     GgmlType::Q3K,
     GgmlType::Q4K,
@@ -207,6 +208,7 @@ const FIXTURE_TYPES: [GgmlType; 8] = [
     GgmlType::Bf16,
     GgmlType::Iq4Nl,
     GgmlType::Iq4Xs,
+    GgmlType::Mxfp4,
 ];
 
 fn fixtures() -> Vec<Fixture> {
@@ -264,10 +266,18 @@ fn cpu_dequantization_of_fixture_blocks_matches_gguf_py() {
         let rms = (out.iter().map(|v| v * v).sum::<f32>() / out.len() as f32).sqrt();
         assert!(rms > 1e-3 && rms < 1.0, "{}: rms {rms}", f.ty);
         // Real blocks use many levels (all sub-block scales and codes get exercised).
+        // MXFP4's values are its 15 levels times powers of two: more than 15 means more
+        // than one exponent.
         let mut distinct: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
         distinct.sort_unstable();
         distinct.dedup();
-        assert!(distinct.len() > 100, "{}: {} values", f.ty, distinct.len());
+        let least = if f.ty == GgmlType::Mxfp4 { 16 } else { 100 };
+        assert!(
+            distinct.len() > least,
+            "{}: {} values",
+            f.ty,
+            distinct.len()
+        );
     }
 }
 

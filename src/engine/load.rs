@@ -146,7 +146,12 @@ impl Engine {
         // The architecture first: the clearest error comes first.
         let hp = crate::model::Hparams::from_gguf(&f)?;
         let mut tokenizer = Tokenizer::from_gguf(&f)?;
-        if tokenizer.chat_template().is_none() && hp.arch == crate::model::Arch::Gemma3 {
+        if tokenizer.chat_template().is_none()
+            && matches!(
+                hp.arch,
+                crate::model::Arch::Gemma2 | crate::model::Arch::Gemma3
+            )
+        {
             log::info!("the GGUF has no chat template: using Gemma's turn format (llama.cpp would use ChatML)");
             tokenizer.set_default_chat_template(crate::tokenizer::GEMMA);
         }

@@ -23,6 +23,7 @@ pub enum GgmlType {
     Iq4Nl,
     Iq4Xs,
     Bf16,
+    Mxfp4,
     /// A type id this build does not know; kept so errors can name it.
     Other(u32),
 }
@@ -47,6 +48,7 @@ impl GgmlType {
             20 => Self::Iq4Nl,
             23 => Self::Iq4Xs,
             30 => Self::Bf16,
+            39 => Self::Mxfp4,
             other => Self::Other(other),
         }
     }
@@ -70,6 +72,7 @@ impl GgmlType {
             Self::Q8K => (256, 292),
             Self::Iq4Nl => (32, 18),
             Self::Iq4Xs => (256, 136),
+            Self::Mxfp4 => (32, 17),
             Self::Other(_) => return None,
         })
     }
@@ -115,6 +118,7 @@ impl fmt::Display for GgmlType {
             Self::Iq4Nl => "IQ4_NL",
             Self::Iq4Xs => "IQ4_XS",
             Self::Bf16 => "BF16",
+            Self::Mxfp4 => "MXFP4",
             Self::Other(id) => return write!(f, "type#{id}"),
         };
         f.write_str(s)

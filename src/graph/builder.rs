@@ -4,7 +4,7 @@ use super::{planner, Graph};
 use crate::gpu::{Gpu, GpuError, KernelTuning};
 use crate::ops::add_rms_norm::add_rms_norm;
 use crate::ops::attention::{attention, AttnShape, AttnViews};
-use crate::ops::binary::{binary, BinaryOp};
+use crate::ops::binary::{binary_strided, BinaryOp};
 use crate::ops::get_rows::{get_rows, select_rows};
 use crate::ops::glu::{glu, Activation};
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
@@ -81,8 +81,13 @@ pub enum Op {
     },
     /// reads [a, b, weight], writes [sum, dst]: sum = a + b, dst = rms_norm(sum) * weight
     AddRmsNorm { n: u32, rows: u32, eps: f32 },
-    /// reads [a, b], writes [dst]
-    Binary { op: BinaryOp, n: u32, nb: u32 },
+    /// reads [a, b], writes [dst]: dst[i] = a[i] op b[(i / div) % nb]
+    Binary {
+        op: BinaryOp,
+        n: u32,
+        nb: u32,
+        div: u32,
+    },
     /// reads [gate, up], writes [dst]
     Glu { act: Activation, n: u32 },
     /// reads [logits], writes [ids, weights]: each token's experts and their weights
@@ -647,9 +652,36 @@ impl GraphBuilder {
             op,
             n: n0 * n1,
             nb: b0 * b1,
+            div: 1,
         };
         self.node(op, &[a, b], &[dst]);
         dst
+    }
+
+    /// a [n, rows] times sigmoid(b [1, rows]): each row gated by its own value.
+    pub fn mul_sigmoid_rows(&mut self, a: TensorId, b: TensorId) -> TensorId {
+        let [n0, n1] = self.ne(a);
+        let dst = self.tensor([n0, n1]);
+        let op = Op::Binary {
+            op: BinaryOp::MulSigmoid,
+            n: n0 * n1,
+            nb: n1,
+            div: n0,
+        };
+        self.node(op, &[a, b], &[dst]);
+        dst
+    }
+
+    /// cap tanh(a / cap) into `dst`, `cap` a one-value tensor.
+    pub fn softcap_into(&mut self, a: TensorId, cap: TensorId, dst: TensorId) {
+        let [n0, n1] = self.ne(a);
+        let op = Op::Binary {
+            op: BinaryOp::Softcap,
+            n: n0 * n1,
+            nb: 1,
+            div: 1,
+        };
+        self.node(op, &[a, cap], &[dst]);
     }
 
     /// act(gate) * up.
@@ -835,7 +867,15 @@ impl GraphBuilder {
             n_tok,
         };
         self.node(sum, &[y, weights], &[dst]);
-        dst
+        match &e.shared {
+            Some(sh) => {
+                let gate = self.matmul(&sh.gate_inp, x);
+                let out = self.ffn_block(x, &sh.gate_up, &sh.down, act);
+                let out = self.mul_sigmoid_rows(out, gate);
+                self.add(dst, out)
+            }
+            None => dst,
+        }
     }
 
     /// A layer's feed-forward of a normed x, dense or a mixture of experts.
@@ -924,9 +964,9 @@ impl GraphBuilder {
                 Op::AddRmsNorm { n, rows, eps } => dispatches.push(add_rms_norm(
                     gpu, &r[0], &r[1], &r[2], &w[0], &w[1], *n, *rows, *eps,
                 )?),
-                Op::Binary { op, n, nb } => {
-                    dispatches.push(binary(gpu, *op, &r[0], &r[1], &w[0], *n, *nb)?)
-                }
+                Op::Binary { op, n, nb, div } => dispatches.push(binary_strided(
+                    gpu, *op, &r[0], &r[1], &w[0], *n, *nb, *div,
+                )?),
                 Op::Glu { act, n } => dispatches.push(glu(gpu, *act, &r[0], &r[1], &w[0], *n)?),
                 Op::MoeRoute { routing, n_tok } => {
                     dispatches.push(moe_route(gpu, routing, &r[0], *n_tok, &w[0], &w[1])?)
@@ -1071,6 +1111,7 @@ mod tests {
             scale: 0.125,
             max_bias: 0.0,
             n_head: 9,
+            softcap: 0.0,
         };
         let a = Op::Attention { shape, sp };
         assert_eq!(a.kind(), "attention");

@@ -12,6 +12,9 @@ use crate::ops::rope::{intern_factors, RopeParams, Yarn};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Llama,
+    /// Gemma 2: Gemma 3's sandwich blocks without Q/K norms, a window on every other
+    /// layer, attention and final logits soft-capped.
+    Gemma2,
     Gemma3,
     Qwen2,
     Qwen3,
@@ -26,7 +29,7 @@ pub enum Arch {
 }
 
 pub const SUPPORTED_ARCHS: &str =
-    "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen3, qwen3moe, phi3, gemma3, mamba, mamba2, lfm2";
+    "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2, gemma3, mamba, mamba2, lfm2";
 
 /// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
 const UNSUPPORTED_RECURRENT: &[&str] = &[
@@ -133,6 +136,10 @@ pub struct Hparams {
     pub shortconv_l_cache: u32,
     /// Mixture-of-experts feed-forwards (every layer's), if the model has them.
     pub moe: Option<Moe>,
+    /// Gemma 2's soft-capping of the attention scores and of the output logits
+    /// (x -> cap tanh(x / cap)); 0: none.
+    pub attn_softcap: f32,
+    pub final_softcap: f32,
 }
 
 /// A mixture-of-experts feed-forward's sizes and routing.
@@ -141,6 +148,8 @@ pub struct Moe {
     pub routing: MoeRouting,
     /// Each expert's feed-forward width.
     pub n_ff_exp: u32,
+    /// Qwen2-MoE's shared expert beside the routed ones: its feed-forward width (0: none).
+    pub n_ff_shexp: u32,
 }
 
 impl Hparams {
@@ -220,8 +229,10 @@ impl Hparams {
         let arch_name = f.architecture()?.to_string();
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
+            "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
-            "qwen2" => Arch::Qwen2,
+            // Qwen2's attention with experts and a shared expert (`Hparams::moe`).
+            "qwen2" | "qwen2moe" => Arch::Qwen2,
             // Qwen3's attention with mixture-of-experts feed-forwards (`Hparams::moe`).
             "qwen3" | "qwen3moe" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
@@ -380,6 +391,23 @@ impl Hparams {
                 }
                 (None, rope, None)
             }
+            Arch::Gemma2 => {
+                // Even layers see a window, odd ones everything; both rotate with the
+                // file's base unless it gives the window layers their own.
+                let window = match f.get(&key("attention.sliding_window")) {
+                    Some(_) => u("attention.sliding_window")?,
+                    None => 4096,
+                };
+                if window == 0 {
+                    return Err(bad(format!("{} is 0", key("attention.sliding_window"))));
+                }
+                let mut local = rope;
+                if let Some(b) = f.get(&key("rope.freq_base_swa")).and_then(|v| v.as_f64()) {
+                    local.freq_base = b as f32;
+                }
+                let swa = Swa { window, pattern: 2 };
+                (Some(swa), local, Some((n_embd as f32).sqrt()))
+            }
             Arch::Gemma3 => {
                 // Five of every six layers see a window; they rotate with base 10 000
                 // and no scaling, as llama.cpp fixes for this architecture.
@@ -400,8 +428,6 @@ impl Hparams {
                 (Some(swa), local, Some((n_embd as f32).sqrt()))
             }
         };
-        // Gemma 3 27B (62 layers) scales queries by n_embd / n_head rather than its head
-        // size, as its reference implementation does.
         let n_layer = u("block_count")?;
         let shortconv_l_cache = if arch == Arch::Lfm2 {
             let l = u("shortconv.l_cache")?;
@@ -417,16 +443,41 @@ impl Hparams {
         };
         let n_ff = u("feed_forward_length")?;
         let moe = moe_hparams(f, a, n_ff).map_err(bad)?;
-        if matches!(arch, Arch::Gemma3 | Arch::Phi3 | Arch::Lfm2 | Arch::Qwen2) && moe.is_some() {
+        if matches!(arch, Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 | Arch::Lfm2) && moe.is_some() {
             return Err(bad(format!(
-                "{a} with mixture-of-experts feed-forwards is not supported (experts: llama as Mixtral, qwen3moe)"
+                "{a} with mixture-of-experts feed-forwards is not supported (experts: llama as Mixtral, qwen2moe, qwen3moe)"
             )));
         }
-        let query_scale_dim = if arch == Arch::Gemma3 && n_layer == 62 {
-            n_embd / n_head
+        // Gemma 2 caps its attention scores and logits (llama.cpp's defaults: 50 and 30).
+        let (attn_softcap, final_softcap) = if arch == Arch::Gemma2 {
+            let cap = |k: &str, default: f32| -> Result<f32, ModelError> {
+                match f.get(&key(k)) {
+                    None => Ok(default),
+                    Some(_) => {
+                        let v = f.get_f32(&key(k))?;
+                        if v.is_finite() && v >= 0.0 {
+                            Ok(v)
+                        } else {
+                            Err(bad(format!("{} = {v} is not a soft cap", key(k))))
+                        }
+                    }
+                }
+            };
+            (
+                cap("attn_logit_softcapping", 50.0)?,
+                cap("final_logit_softcapping", 30.0)?,
+            )
         } else {
-            head_dim
+            (0.0, 0.0)
         };
+        // Gemma 2 27B (46 layers) and Gemma 3 27B (62) scale queries by n_embd / n_head,
+        // as llama.cpp does.
+        let query_scale_dim =
+            if (arch == Arch::Gemma3 && n_layer == 62) || (arch == Arch::Gemma2 && n_layer == 46) {
+                n_embd / n_head
+            } else {
+                head_dim
+            };
         Ok(Hparams {
             arch,
             n_vocab,
@@ -448,6 +499,8 @@ impl Hparams {
             shortconv_l_cache,
             recurrent,
             moe,
+            attn_softcap,
+            final_softcap,
         })
     }
 }
@@ -535,6 +588,8 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
         recurrent: vec![true; n_layer as usize],
         shortconv_l_cache: 0,
         moe: None,
+        attn_softcap: 0.0,
+        final_softcap: 0.0,
     })
 }
 
@@ -542,14 +597,19 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
 /// (its long-context frequency scaling), Phi-3's `rope_factors_short/long.weight`; one
 /// divisor per rotated pair.
 /// The experts of architecture `a`'s feed-forwards, if its `expert_count` is over 1 (as
-/// llama.cpp reads it): each token's `expert_used_count` experts chosen by softmax and
-/// renormalised (Mixtral's and Qwen3-MoE's routing), each expert `expert_feed_forward_length`
-/// wide (else Qwen3-MoE's feed-forward width / experts used, Mixtral's feed-forward
-/// width). llama.cpp reads no weight scale for these architectures.
+/// llama.cpp reads it): each token's `expert_used_count` experts chosen by softmax, each
+/// `expert_feed_forward_length` wide (else Qwen-MoE's feed-forward width / experts used,
+/// Mixtral's feed-forward width). Mixtral and Qwen3-MoE renormalise the chosen weights,
+/// Qwen2-MoE keeps the softmax's probabilities and adds a shared expert
+/// `expert_shared_feed_forward_length` wide (else the feed-forward width). llama.cpp
+/// reads no weight scale for these architectures.
 fn moe_hparams(f: &GgufFile, a: &str, n_ff: u32) -> Result<Option<Moe>, String> {
     let get = |k: &str| f.get(&format!("{a}.{k}")).and_then(|v| v.as_i64());
     let n_expert = get("expert_count").unwrap_or(0);
     if n_expert <= 1 {
+        if a == "qwen2moe" {
+            return Err(format!("{a}.expert_count is missing or below 2"));
+        }
         return Ok(None);
     }
     let n_used = get("expert_used_count").unwrap_or(0);
@@ -558,23 +618,32 @@ fn moe_hparams(f: &GgufFile, a: &str, n_ff: u32) -> Result<Option<Moe>, String> 
             "{a}.expert_used_count = {n_used} of {n_expert} experts: 1 to {MAX_USED} of at most 512 are supported"
         ));
     }
+    let qwen_moe = matches!(a, "qwen2moe" | "qwen3moe");
     let n_ff_exp = match get("expert_feed_forward_length") {
         Some(v) if v > 0 => v,
-        _ if a == "qwen3moe" => n_ff as i64 / n_used,
+        _ if qwen_moe => n_ff as i64 / n_used,
         _ => n_ff as i64,
     };
-    if n_ff_exp <= 0 || n_ff_exp > u32::MAX as i64 {
-        return Err(format!("{a}: an expert feed-forward width of {n_ff_exp}"));
+    let n_ff_shexp = match (a, get("expert_shared_feed_forward_length")) {
+        ("qwen2moe", Some(v)) if v > 0 => v,
+        ("qwen2moe", _) => n_ff as i64,
+        _ => 0,
+    };
+    for (what, v) in [("an expert", n_ff_exp), ("a shared expert", n_ff_shexp)] {
+        if v < 0 || v > u32::MAX as i64 || (v == 0 && what == "an expert") {
+            return Err(format!("{a}: {what} feed-forward width of {v}"));
+        }
     }
     Ok(Some(Moe {
         routing: MoeRouting {
             n_expert: n_expert as u32,
             n_used: n_used as u32,
             gating: Gating::Softmax,
-            norm: true,
+            norm: a != "qwen2moe",
             scale: 0.0,
         },
         n_ff_exp: n_ff_exp as u32,
+        n_ff_shexp: n_ff_shexp as u32,
     }))
 }
 

@@ -43,6 +43,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         scale: hp.attn_scale,
         max_bias: 0.0,
         n_head: hp.n_head,
+        softcap: 0.0,
     };
 
     let mut x = g.get_rows(&w.tok_embd, tokens);

@@ -1,7 +1,7 @@
 //! Models: hyperparameters and weights from a GGUF file, and one file per architecture
 //! that builds the forward graph for a ubatch.
 
-mod gemma3;
+mod gemma;
 mod hparams;
 mod lfm2;
 mod llama;
@@ -116,7 +116,7 @@ impl Model {
     pub fn inputs(&self) -> Vec<GraphInput> {
         crate::graph::inputs::dedup(match self.hp.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::inputs(&self.hp),
-            Arch::Gemma3 => gemma3::inputs(&self.hp),
+            Arch::Gemma2 | Arch::Gemma3 => gemma::inputs(&self.hp),
             Arch::Mamba | Arch::Mamba2 => mamba::inputs(),
             Arch::Lfm2 => lfm2::inputs(&self.hp),
         })
@@ -131,7 +131,7 @@ impl Model {
     ) -> Result<crate::graph::Graph, GpuError> {
         match self.hp.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::build(self, io, mem),
-            Arch::Gemma3 => gemma3::build(self, io, mem),
+            Arch::Gemma2 | Arch::Gemma3 => gemma::build(self, io, mem),
             Arch::Mamba | Arch::Mamba2 => mamba::build(self, io, mem),
             Arch::Lfm2 => lfm2::build(self, io, mem),
         }
@@ -158,7 +158,15 @@ fn output_head(
     };
     let logits = g.input(io.logits.clone(), [hp.n_vocab, io.n_out]);
     let cur = g.rms_norm(x, &w.output_norm, hp.eps);
-    g.matmul_into(&w.output, cur, logits);
+    match &w.logit_softcap {
+        // Gemma 2 caps the logits: the projection to scratch, capped into the logits.
+        Some(cap) => {
+            let raw = g.matmul(&w.output, cur);
+            let cap = g.input(cap.clone(), [1, 1]);
+            g.softcap_into(raw, cap, logits);
+        }
+        None => g.matmul_into(&w.output, cur, logits),
+    }
     g.build(gpu)
 }
 

@@ -101,6 +101,10 @@ pub enum SynthArch {
     Qwen2Yarn,
     /// Per-head Q/K norms, NeoX RoPE.
     Qwen3,
+    /// Qwen2 with mixture-of-experts feed-forwards: 16 experts of a quarter of the
+    /// feed-forward width, 4 used per token, their softmax weights kept as they are, and
+    /// a shared expert of half the width gated per token (`qwen2moe`).
+    Qwen2Moe,
     /// Qwen3 with mixture-of-experts feed-forwards: 16 experts of half the feed-forward
     /// width, 4 used per token (`qwen3moe`).
     Qwen3Moe,
@@ -113,6 +117,12 @@ pub enum SynthArch {
     /// an original context of 256 (llama.cpp's smallest context), so a context above
     /// 256 takes the long factors.
     Phi3Long,
+    /// Sliding window on even layers, sandwich norms, tied output, attention scores and
+    /// logits soft-capped (at 2 and 15: tighter than Gemma 2's 50 and 30, so that
+    /// random weights meet the caps).
+    Gemma2 {
+        window: u32,
+    },
     /// Sliding window on five of every six layers, Q/K norms, sandwich norms, tied output.
     Gemma3 {
         window: u32,
@@ -135,10 +145,12 @@ impl SynthArch {
             "qwen2" => Self::Qwen2,
             "qwen2-yarn" => Self::Qwen2Yarn,
             "qwen3" => Self::Qwen3,
+            "qwen2moe" => Self::Qwen2Moe,
             "qwen3moe" => Self::Qwen3Moe,
             "mixtral" => Self::Mixtral,
             "phi3" => Self::Phi3,
             "phi3-long" => Self::Phi3Long,
+            "gemma2" => Self::Gemma2 { window: 32 },
             "gemma3" => Self::Gemma3 { window: 512 },
             "mamba" => Self::Mamba,
             "mamba2" => Self::Mamba2,
@@ -147,16 +159,18 @@ impl SynthArch {
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen2-yarn, qwen3, qwen3moe, mixtral, phi3, phi3-long, gemma3, mamba, mamba2, lfm2";
+        "llama, llama3, qwen2, qwen2-yarn, qwen2moe, qwen3, qwen3moe, mixtral, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2";
 
     /// `general.architecture`.
     fn gguf_arch(self) -> &'static str {
         match self {
             Self::Llama | Self::Llama3 | Self::Mixtral => "llama",
             Self::Qwen3Moe => "qwen3moe",
+            Self::Qwen2Moe => "qwen2moe",
             Self::Qwen2 | Self::Qwen2Yarn => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Phi3 | Self::Phi3Long => "phi3",
+            Self::Gemma2 { .. } => "gemma2",
             Self::Gemma3 { .. } => "gemma3",
             Self::Mamba => "mamba",
             Self::Mamba2 => "mamba2",
@@ -306,9 +320,16 @@ pub fn synth(
             w.meta(&key("attention.sliding_window"), u(window));
             1_000_000.0
         }
+        SynthArch::Gemma2 { window } => {
+            w.meta(&key("attention.sliding_window"), u(window))
+                .meta(&key("attn_logit_softcapping"), Value::F32(2.0))
+                .meta(&key("final_logit_softcapping"), Value::F32(15.0));
+            10_000.0
+        }
         SynthArch::Llama3
         | SynthArch::Qwen2
         | SynthArch::Qwen2Yarn
+        | SynthArch::Qwen2Moe
         | SynthArch::Qwen3
         | SynthArch::Qwen3Moe => 500_000.0,
         SynthArch::Lfm2 => 1_000_000.0,
@@ -324,14 +345,18 @@ pub fn synth(
     // Experts: (count, used, width).
     let experts = match arch {
         SynthArch::Qwen3Moe => Some((16u32, 4u32, n_ff / 2)),
+        SynthArch::Qwen2Moe => Some((16, 4, n_ff / 4)),
         SynthArch::Mixtral => Some((8, 2, n_ff)),
         _ => None,
     };
     if let Some((n, used, width)) = experts {
         w.meta(&key("expert_count"), u(n))
             .meta(&key("expert_used_count"), u(used));
-        if arch == SynthArch::Qwen3Moe {
+        if matches!(arch, SynthArch::Qwen3Moe | SynthArch::Qwen2Moe) {
             w.meta(&key("expert_feed_forward_length"), u(width));
+        }
+        if arch == SynthArch::Qwen2Moe {
+            w.meta(&key("expert_shared_feed_forward_length"), u(n_ff / 2));
         }
     }
     if arch == SynthArch::Qwen2Yarn {
@@ -367,6 +392,7 @@ pub fn synth(
     // Matrices are seeded 2, 3, ... in file order (the files benchmarks and tests were
     // made with); vectors draw from their own counter.
     let mut mseed = 1u64;
+    let gemma2 = matches!(arch, SynthArch::Gemma2 { .. });
     // dims: [cols, rows] or, for experts, [cols, rows, n_expert] (each expert's rows after
     // the last's).
     let mut mat = |w: &mut GgufWriter, name: &str, dims: &[u64], embedding: bool| {
@@ -377,13 +403,17 @@ pub fn synth(
         // target (Fixed keeps the factor, as its benchmark files always had).
         let std = match scale {
             WeightScale::Fixed(s) => s,
+            // Gemma 2's tied output: embeddings of Gemma's own scale (the model multiplies
+            // them by sqrt(n_embd)), so its logits spread about 4 wide and the cap bends
+            // the top ones without flattening every row into ties.
+            WeightScale::FanIn if embedding && gemma2 => 4.0 * 3f32.sqrt() / (cols as f32).sqrt(),
             WeightScale::FanIn if embedding => 3f32.sqrt(),
             WeightScale::FanIn => 3f32.sqrt() / (cols as f32).sqrt(),
         };
         let data = random_tensor(ty, cols as usize, rows as usize, std, mseed);
         w.tensor(name, dims, ty, data);
     };
-    let gemma = matches!(arch, SynthArch::Gemma3 { .. });
+    let gemma = matches!(arch, SynthArch::Gemma2 { .. } | SynthArch::Gemma3 { .. });
     mat(&mut w, "token_embd.weight", &[e, n_vocab], true);
     // LFM2's converter names its final norm `token_embd_norm`.
     let output_norm = if lfm2 {
@@ -443,7 +473,10 @@ pub fn synth(
             mat(&mut w, &b("attn_k"), &[e, kv], false);
             mat(&mut w, &b("attn_v"), &[e, kv], false);
         }
-        if matches!(arch, SynthArch::Qwen2 | SynthArch::Qwen2Yarn) {
+        if matches!(
+            arch,
+            SynthArch::Qwen2 | SynthArch::Qwen2Yarn | SynthArch::Qwen2Moe
+        ) {
             vector(&mut w, &bias("attn_q"), e, 0.0, 0.5);
             vector(&mut w, &bias("attn_k"), kv, 0.0, 0.5);
             vector(&mut w, &bias("attn_v"), kv, 0.0, 0.5);
@@ -458,6 +491,14 @@ pub fn synth(
             mat(&mut w, &b("ffn_gate_exps"), &[e, fe, n], false);
             mat(&mut w, &b("ffn_up_exps"), &[e, fe, n], false);
             mat(&mut w, &b("ffn_down_exps"), &[fe, e, n], false);
+            if arch == SynthArch::Qwen2Moe {
+                let sf = n_ff as u64 / 2;
+                // Away from 0: llama.cpp's sigmoid of the gate is silu(g) / g.
+                vector(&mut w, &b("ffn_gate_inp_shexp"), e, 0.05, 0.1);
+                mat(&mut w, &b("ffn_gate_shexp"), &[e, sf], false);
+                mat(&mut w, &b("ffn_up_shexp"), &[e, sf], false);
+                mat(&mut w, &b("ffn_down_shexp"), &[sf, e], false);
+            }
         } else {
             if phi3 {
                 mat(&mut w, &b("ffn_up"), &[e, 2 * f], false);
@@ -467,8 +508,11 @@ pub fn synth(
             }
             mat(&mut w, &b("ffn_down"), &[f, e], false);
         }
-        let qk_norms = matches!(arch, SynthArch::Qwen3 | SynthArch::Qwen3Moe);
-        if gemma || qk_norms || (lfm2 && !conv_layer(i)) {
+        let qk_norms = matches!(
+            arch,
+            SynthArch::Qwen3 | SynthArch::Qwen3Moe | SynthArch::Gemma3 { .. }
+        );
+        if qk_norms || (lfm2 && !conv_layer(i)) {
             vector(&mut w, &b("attn_q_norm"), hd as u64, 1.0, 0.1);
             vector(&mut w, &b("attn_k_norm"), hd as u64, 1.0, 0.1);
         }

@@ -7,7 +7,7 @@ use crate::gpu::Gpu;
 use crate::ops::{View, Weight};
 use std::sync::Arc;
 
-pub use crate::ops::{Experts, Ffn, GateUp};
+pub use crate::ops::{Experts, Ffn, GateUp, SharedExpert};
 
 pub struct LayerWeights {
     pub attn_norm: View,
@@ -96,6 +96,8 @@ pub struct ModelWeights {
     pub lfm2: Vec<Lfm2Layer>,
     /// One f32 the embeddings are multiplied by (Gemma), broadcast by the graph.
     pub embd_scale: Option<View>,
+    /// One f32 the output logits are soft-capped at (Gemma 2).
+    pub logit_softcap: Option<View>,
     pub gpu_bytes: u64,
 }
 
@@ -261,8 +263,8 @@ impl Loader<'_> {
     /// Layer `il`'s weights.
     fn layer(&mut self, hp: &Hparams, il: u32) -> Result<LayerWeights, ModelError> {
         let (e, q, kv, ff) = (hp.n_embd, hp.n_embd_q(), hp.n_embd_kv(), hp.n_ff);
-        let gemma = hp.arch == Arch::Gemma3;
-        let qk_norms = gemma || hp.arch == Arch::Qwen3;
+        let gemma = matches!(hp.arch, Arch::Gemma2 | Arch::Gemma3);
+        let qk_norms = matches!(hp.arch, Arch::Gemma3 | Arch::Qwen3);
         let n = |s: &str| format!("blk.{il}.{s}.weight");
         let b = |s: &str| format!("blk.{il}.{s}.bias");
         let mut opt = |want: bool, name: &str, len: u32| -> Result<_, ModelError> {
@@ -291,6 +293,14 @@ impl Loader<'_> {
                 gate: self.experts(&n("ffn_gate_exps"), e, ff, ne)?,
                 up: self.experts(&n("ffn_up_exps"), e, ff, ne)?,
                 down: self.experts(&n("ffn_down_exps"), ff, e, ne)?,
+                shared: match moe.n_ff_shexp {
+                    0 => None,
+                    sf => Some(SharedExpert {
+                        gate_inp: self.vector_weight(&n("ffn_gate_inp_shexp"), e)?,
+                        gate_up: self.gate_up(&n("ffn_gate_shexp"), &n("ffn_up_shexp"), e, sf)?,
+                        down: self.matrix(&n("ffn_down_shexp"), sf, e)?,
+                    }),
+                },
             })
         } else {
             let gate_up = if self.f.tensor(&n("ffn_gate")).is_none() && hp.arch == Arch::Phi3 {
@@ -575,6 +585,21 @@ impl Loader<'_> {
         Ok(v)
     }
 
+    /// A vector [n] as an f32 weight of one row (a projection to one value per token).
+    fn vector_weight(&mut self, name: &str, n: u32) -> Result<Arc<Weight>, ModelError> {
+        let v = self.vector_data(name, n)?;
+        let w = Weight::upload(
+            self.gpu,
+            name,
+            GgmlType::F32,
+            n as usize,
+            1,
+            bytemuck::cast_slice(&v),
+        )?;
+        self.gpu_bytes += w.gpu_bytes();
+        Ok(Arc::new(w))
+    }
+
     /// A vector, as f32 on the GPU.
     fn vector(&mut self, name: &str, n: u32) -> Result<View, ModelError> {
         let v = self.vector_data(name, n)?;
@@ -650,6 +675,12 @@ impl ModelWeights {
             )),
             None => None,
         };
+        let logit_softcap = match hp.final_softcap {
+            c if c > 0.0 => Some(View::whole(
+                &gpu.upload("logit_softcap", bytemuck::bytes_of(&c))?,
+            )),
+            _ => None,
+        };
         gpu.flush()?;
         Ok(ModelWeights {
             tok_embd,
@@ -659,6 +690,7 @@ impl ModelWeights {
             ssm,
             lfm2,
             embd_scale,
+            logit_softcap,
             gpu_bytes: l.gpu_bytes,
         })
     }

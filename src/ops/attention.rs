@@ -68,6 +68,8 @@ impl AttnShape {
             max_bias: sm.max_bias,
             m0,
             m1,
+            softcap: sm.softcap,
+            ..Default::default()
         }
     }
 

@@ -1,4 +1,5 @@
-//! Element-wise add and multiply, with `b` broadcast along rows (b.len() divides a.len()).
+//! Element-wise ops of `a` and a broadcast `b`: either repeated along rows (b.len() divides
+//! a.len(), [`binary`]) or one value per row of `a` ([`binary_rows`]).
 
 use super::uniforms::BinaryUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
@@ -8,22 +9,37 @@ use crate::gpu::{Gpu, GpuError};
 pub enum BinaryOp {
     Add,
     Mul,
+    /// a sigmoid(b): Qwen2-MoE's gate of its shared expert.
+    MulSigmoid,
+    /// b tanh(a / b): soft-capping at b (Gemma 2's logits), tanh written with exp so that
+    /// large arguments give +-1.
+    Softcap,
 }
 
 impl BinaryOp {
     /// Every op, for enumerating the kernel variants.
-    pub const ALL: &'static [BinaryOp] = &[BinaryOp::Add, BinaryOp::Mul];
+    pub const ALL: &'static [BinaryOp] = &[
+        BinaryOp::Add,
+        BinaryOp::Mul,
+        BinaryOp::MulSigmoid,
+        BinaryOp::Softcap,
+    ];
 
     pub(crate) fn expr(self) -> &'static str {
         match self {
             BinaryOp::Add => "av + bv",
             BinaryOp::Mul => "av * bv",
+            BinaryOp::MulSigmoid => "av / (1.0 + exp(-bv))",
+            BinaryOp::Softcap => "bv * (1.0 - 2.0 / (exp(2.0 * av / bv) + 1.0))",
         }
     }
     fn apply(self, a: f32, b: f32) -> f32 {
+        let (a64, b64) = (a as f64, b as f64);
         match self {
             BinaryOp::Add => a + b,
             BinaryOp::Mul => a * b,
+            BinaryOp::MulSigmoid => (a64 / (1.0 + (-b64).exp())) as f32,
+            BinaryOp::Softcap => (b64 * (a64 / b64).tanh()) as f32,
         }
     }
 }
@@ -38,7 +54,38 @@ pub fn binary(
     n: u32,
     nb: u32,
 ) -> Result<Dispatch, GpuError> {
-    if nb == 0 {
+    binary_strided(gpu, op, a, b, dst, n, nb, 1)
+}
+
+/// dst[i] = a[i] op b[i / row] for i < n: one value of b per row of `row` elements of a.
+pub fn binary_rows(
+    gpu: &Gpu,
+    op: BinaryOp,
+    a: &View,
+    b: &View,
+    dst: &View,
+    n: u32,
+    row: u32,
+) -> Result<Dispatch, GpuError> {
+    if row == 0 {
+        return Err(GpuError::Validation("binary: rows of no elements".into()));
+    }
+    binary_strided(gpu, op, a, b, dst, n, n.div_ceil(row), row)
+}
+
+/// dst[i] = a[i] op b[(i / div) % nb].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn binary_strided(
+    gpu: &Gpu,
+    op: BinaryOp,
+    a: &View,
+    b: &View,
+    dst: &View,
+    n: u32,
+    nb: u32,
+    div: u32,
+) -> Result<Dispatch, GpuError> {
+    if nb == 0 || div == 0 {
         // The shader repeats b with `i % nb`; the kernels run without division guards.
         return Err(GpuError::Validation("binary: b has no elements".into()));
     }
@@ -46,6 +93,7 @@ pub fn binary(
     let params = BinaryUniform {
         n,
         nb,
+        div,
         ..Default::default()
     };
     let (gx, gy) = split_groups(n.div_ceil(256));
@@ -63,5 +111,13 @@ pub fn binary_ref(op: BinaryOp, a: &[f32], b: &[f32]) -> Vec<f32> {
     a.iter()
         .enumerate()
         .map(|(i, &v)| op.apply(v, b[i % b.len()]))
+        .collect()
+}
+
+/// The CPU reference of [`binary_rows`].
+pub fn binary_rows_ref(op: BinaryOp, a: &[f32], b: &[f32], row: usize) -> Vec<f32> {
+    a.iter()
+        .enumerate()
+        .map(|(i, &v)| op.apply(v, b[i / row]))
         .collect()
 }

@@ -10,6 +10,9 @@ pub struct SoftmaxParams {
     /// ALiBi: 0 disables it (slope 1 for every head).
     pub max_bias: f32,
     pub n_head: u32,
+    /// Logit soft-capping (Gemma 2): each scaled score s becomes softcap tanh(s / softcap)
+    /// before the mask is added, as llama.cpp caps them; 0 disables it.
+    pub softcap: f32,
 }
 
 impl SoftmaxParams {
@@ -19,6 +22,16 @@ impl SoftmaxParams {
         let m0 = 2f32.powf(-self.max_bias / n_head_log2 as f32);
         let m1 = 2f32.powf(-(self.max_bias / 2.0) / n_head_log2 as f32);
         (n_head_log2, m0, m1)
+    }
+
+    /// A scaled score soft-capped (unchanged without capping): the CPU reference of the
+    /// kernels' `capped`.
+    pub fn capped(&self, v: f64) -> f64 {
+        if self.softcap <= 0.0 {
+            return v;
+        }
+        let c = self.softcap as f64;
+        c * (v / c).tanh()
     }
 
     /// The ALiBi slope of head h (1 without ALiBi).
@@ -64,6 +77,8 @@ pub fn softmax(
         max_bias: sp.max_bias,
         m0,
         m1,
+        softcap: sp.softcap,
+        ..Default::default()
     };
     let (gx, gy) = split_groups(rows_per_head * sp.n_head);
     // Without a mask the binding still needs a buffer; the shader never reads it.
@@ -101,7 +116,7 @@ pub fn softmax_ref(
             .enumerate()
             .map(|(c, &v)| {
                 let m = mask.map_or(0.0, |m| m[t * n_cols + c] as f64);
-                v as f64 * sp.scale as f64 + slope * m
+                sp.capped(v as f64 * sp.scale as f64) + slope * m
             })
             .collect();
         let mx = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);

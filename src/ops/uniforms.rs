@@ -50,12 +50,12 @@ uniform_struct! {
 }
 
 uniform_struct! {
-    /// binary: `n` outputs, `b` repeating every `nb` elements.
+    /// binary: `n` outputs; output i takes `b[(i / div) % nb]`.
     BinaryUniform {
         n: u32,
         nb: u32,
+        div: u32,
         _pad0: u32,
-        _pad1: u32,
     }
 }
 
@@ -125,6 +125,12 @@ uniform_struct! {
         max_bias: f32,
         m0: f32,
         m1: f32,
+        /// Gemma 2's logit soft-capping: scaled scores become softcap tanh(s / softcap)
+        /// before the mask; 0: none.
+        softcap: f32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 
@@ -158,6 +164,11 @@ uniform_struct! {
         max_bias: f32,
         m0: f32,
         m1: f32,
+        /// As [`SoftmaxUniform::softcap`].
+        softcap: f32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 
@@ -398,7 +409,7 @@ mod tests {
             NormUniform::WGSL,
             "struct Params {\n    n: u32,\n    eps: f32,\n    w_rows: u32,\n    n_rows: u32,\n}\n"
         );
-        assert_eq!(std::mem::size_of::<SoftmaxUniform>(), 32);
+        assert_eq!(std::mem::size_of::<SoftmaxUniform>(), 48);
         assert_eq!(std::mem::size_of::<MatmulUniform>(), 32);
     }
 }

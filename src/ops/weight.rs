@@ -30,6 +30,16 @@ pub struct Experts {
     pub gate: Arc<Weight>,
     pub up: Arc<Weight>,
     pub down: Arc<Weight>,
+    /// Qwen2-MoE's shared expert, which every token passes through beside its chosen ones.
+    pub shared: Option<SharedExpert>,
+}
+
+/// A dense feed-forward every token takes, its output gated per token by
+/// sigmoid(gate_inp · x) (one row: one gate value per token).
+pub struct SharedExpert {
+    pub gate_inp: Arc<Weight>,
+    pub gate_up: GateUp,
+    pub down: Arc<Weight>,
 }
 
 impl Experts {

@@ -54,6 +54,7 @@ impl AttnRun {
             scale,
             max_bias: 0.0,
             n_head: nh,
+            softcap: 0.0,
         };
         let mut rng = crate::model::synth::Rng(seed);
         let mut random = |n: u32| -> Vec<f32> { (0..n).map(|_| rng.normalish()).collect() };

@@ -39,7 +39,7 @@
 //!   `Blk` (its head and body words; `blk(row, nb, i)` in `shaders/quant_common.wgsl`
 //!   finds block `i` of a row); formats of one family share a body, `concat!`ed after a
 //!   small header: `quant_q4.wgsl` for Q4_0/Q4_1/Q4_K, `quant_q5.wgsl` for Q5_0/Q5_1/Q5_K,
-//!   `quant_iq4.wgsl` for IQ4_NL/IQ4_XS:
+//!   `quant_iq4.wgsl` for IQ4_NL/IQ4_XS/MXFP4 (codes indexing a table of levels):
 //!   - `load_block(k, slot) -> vec4<f32>`: the 32 values' codes into
 //!     `wb[slot * 8 .. slot * 8 + 8]` (vec4s), returning (scale, offset) of the first 16
 //!     and of the second 16 (value = code * scale + offset), which the CPU-shaped matmul
@@ -58,6 +58,7 @@ mod fp16;
 mod fp32;
 mod iq4;
 mod kquant;
+mod mxfp4;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -171,6 +172,7 @@ pub static FORMATS: &[&dyn QuantFormat] = &[
     &bf16::BF16,
     &iq4::IQ4_NL,
     &iq4::IQ4_XS,
+    &mxfp4::MXFP4,
 ];
 
 /// The format of `ty`, or None when no kernel reads it.

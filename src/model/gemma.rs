@@ -1,9 +1,15 @@
-//! The Gemma 3 architecture: embeddings scaled by sqrt(n_embd); per-head RMS norms of Q
-//! and K; RMS norms both before and after attention and the feed-forward (the "sandwich");
-//! a GELU-gated feed-forward; the output tied to the embeddings. Five of every six layers
-//! attend over a sliding window with their own RoPE base, the sixth over everything.
+//! The Gemma 2 and 3 architectures: embeddings scaled by sqrt(n_embd); RMS norms both
+//! before and after attention and the feed-forward (the "sandwich"); a GELU-gated
+//! feed-forward; the output tied to the embeddings; layers attending over a sliding window
+//! interleaved with global ones.
+//! * Gemma 2: every other layer (the even ones) sees a window; the attention scores and
+//!   the output logits are soft-capped (`Hparams::attn_softcap`, `final_softcap`).
+//! * Gemma 3: per-head RMS norms of Q and K; five of every six layers see a window, with
+//!   their own RoPE base.
 
-use super::{attn_shape, kv_layer, output_head, CacheKind, GraphInput, GraphIo, Hparams, Model};
+use super::{
+    attn_shape, kv_layer, output_head, Arch, CacheKind, GraphInput, GraphIo, Hparams, Model,
+};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
 use crate::kv::MaskKind;
@@ -34,10 +40,10 @@ pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
     ]
 }
 
-/// A norm vector every Gemma layer has: a missing one is a loader bug, reported.
+/// A norm vector every Gemma layer of the kind has: a missing one is a loader bug, reported.
 fn need<'a>(v: &'a Option<crate::ops::View>, what: &str) -> Result<&'a crate::ops::View, GpuError> {
     v.as_ref()
-        .ok_or_else(|| GpuError::Validation(format!("gemma3 layer without its {what}")))
+        .ok_or_else(|| GpuError::Validation(format!("gemma layer without its {what}")))
 }
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
@@ -58,6 +64,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         scale: hp.attn_scale,
         max_bias: 0.0,
         n_head: hp.n_head,
+        softcap: hp.attn_softcap,
     };
     let mut x = g.get_rows(&w.tok_embd, tokens);
     if let Some(s) = &w.embd_scale {
@@ -83,6 +90,15 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             true => (local_mask, local_rope),
             false => (global_mask, global_rope),
         };
+        // Gemma 3 norms Q and K heads; Gemma 2 does not.
+        let qk_norm = match hp.arch {
+            Arch::Gemma3 => Some((
+                need(&lw.attn_q_norm, "Q norm")?,
+                need(&lw.attn_k_norm, "K norm")?,
+                eps,
+            )),
+            _ => None,
+        };
         let attn = AttnBlock {
             qkv: &lw.qkv,
             qkv_bias: lw.qkv_bias.as_ref(),
@@ -95,11 +111,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             rope_p: hp.layer_rope(il),
             shape,
             sp,
-            qk_norm: Some((
-                need(&lw.attn_q_norm, "Q norm")?,
-                need(&lw.attn_k_norm, "K norm")?,
-                eps,
-            )),
+            qk_norm,
         };
         let o = g.attn_block(gpu, cur, &attn)?;
         let o = g.rms_norm(o, need(&lw.attn_post_norm, "post-attention norm")?, eps);
