@@ -160,6 +160,7 @@ fn bench_attention(c: &mut Criterion) {
                 scores: &scores,
                 partials: &partials,
                 dst: &dst,
+                sinks: None,
             };
             let d = attention(&gpu, &s, &sp, &io).unwrap();
             group.throughput(Throughput::Bytes(2 * kv_bytes));

@@ -2,7 +2,8 @@
 // maximum m_s and weight sum l_s, M = max m_s and
 // dst[i] = sum_s exp(m_s - M) part[s][i] / sum_s exp(m_s - M) l_s,
 // i over [head_dim / 4, n_head, n_tok] vec4s; rows with every cell masked give 0, as
-// the softmax does.
+// the softmax does. With p.has_sinks, the head's sink logit joins as one more chunk of
+// weight 1 and no value (gpt-oss's attention sinks).
 
 // Chunks whose loads one step issues together.
 const U: u32 = 8u;
@@ -12,6 +13,7 @@ const U: u32 = 8u;
 @group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> stats: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> sinks: array<f32>;
 
 // Workgroups are spread over x and y (a 7B's 4096-token ubatch has 4 M vec4s, more than
 // 65535 workgroups of 64 on one axis).
@@ -31,6 +33,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var mx = -1e30;
     var s = vec4<f32>(0.0);
     var l = 0.0;
+    if (p.has_sinks != 0u) {
+        mx = sinks[row % p.n_head];
+        l = 1.0;
+    }
     for (var k0 = 0u; k0 < p.n_split; k0 += U) {
         var st: array<vec2<f32>, U>;
         var pt: array<vec4<f32>, U>;

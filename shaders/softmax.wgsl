@@ -7,6 +7,9 @@
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> mask: array<f32>;
 @group(0) @binding(2) var<storage, read_write> x: array<f32>;
+// With p.has_sinks, one logit per head that joins the row's maximum and sum (gpt-oss's
+// attention sinks: probability mass that goes to no cell).
+@group(0) @binding(3) var<storage, read> sinks: array<f32>;
 
 // WG invocations per row: 64 on CPU-like adapters, 256 on GPUs (a decoded token's few
 // rows over a deep cache must still fill the device).
@@ -61,6 +64,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         mx = max(mx, v);
     }
     mx = reduce_max(mx, lid);
+    if (p.has_sinks != 0u) {
+        mx = max(mx, sinks[h]);
+    }
     var sum = 0.0;
     for (var c = lid; c < p.n_cols; c += WG) {
         let v = x[base + c];
@@ -72,6 +78,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         sum += e;
     }
     sum = reduce_sum(sum, lid);
+    if (p.has_sinks != 0u) {
+        sum += exp(sinks[h] - mx);
+    }
     let inv = select(0.0, 1.0 / sum, sum > 0.0);
     for (var c = lid; c < p.n_cols; c += WG) {
         x[base + c] *= inv;

@@ -8,7 +8,9 @@ use wgllm::gguf::{quant, GgmlType};
 use wgllm::gpu::{Backend, Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
 use wgllm::kv::KvType;
 use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
-use wgllm::ops::attention::{attention_ref, attention_with, AttnShape, AttnViews, FlashKernel};
+use wgllm::ops::attention::{
+    attention_sinks_ref, attention_with, AttnShape, AttnViews, FlashKernel,
+};
 use wgllm::ops::binary::{binary, binary_ref, binary_rows, binary_rows_ref, BinaryOp};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::glu::{glu, glu_pairs, glu_ref, Activation};
@@ -26,7 +28,7 @@ use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
 use wgllm::ops::rope_store::{rope_store, rope_store_ref, RopeStoreShape, RopeStoreViews};
 use wgllm::ops::set_rows::{set_rows, set_rows_ref};
-use wgllm::ops::softmax::{softmax, softmax_ref, SoftmaxParams};
+use wgllm::ops::softmax::{softmax_sinks, softmax_sinks_ref, SoftmaxParams};
 use wgllm::ops::{nmse, run_now, KernelKey, View, Weight};
 
 const WEIGHT_TYPES: [GgmlType; 16] = [
@@ -746,7 +748,13 @@ fn random_mask(rng: &mut Rng, n_kv: usize, n_tok: usize) -> Vec<f32> {
 fn softmax_matches_reference() {
     let mut rng = Rng(8);
     for (name, gpu, _serial) in gpus() {
-        for (max_bias, softcap) in [(0.0f32, 0.0f32), (8.0, 0.0), (0.0, 2.0)] {
+        let cases = [
+            (0.0f32, 0.0f32, false),
+            (8.0, 0.0, false),
+            (0.0, 2.0, false),
+            (0.0, 0.0, true),
+        ];
+        for (max_bias, softcap, with_sinks) in cases {
             let (n_kv, n_tok, n_head) = (
                 1 + rng.below(300) as usize,
                 1 + rng.below(6) as usize,
@@ -765,13 +773,16 @@ fn softmax_matches_reference() {
                 .map(|v| v * 20.0)
                 .collect();
             let mask = random_mask(&mut rng, n_kv, n_tok);
+            let sinks = with_sinks.then(|| rng.vec(n_head as usize));
+            let sinks_gpu = sinks.as_deref().map(|v| up_f32(gpu, v));
             let xv = up_f32(gpu, &x);
             run_now(
                 gpu,
-                &[softmax(
+                &[softmax_sinks(
                     gpu,
                     &sp,
                     Some(&up_f32(gpu, &mask)),
+                    sinks_gpu.as_ref(),
                     &xv,
                     n_kv as u32,
                     n_tok as u32,
@@ -779,9 +790,9 @@ fn softmax_matches_reference() {
                 .unwrap()],
             )
             .unwrap();
-            let want = softmax_ref(&sp, &x, Some(&mask), n_kv, n_tok);
+            let want = softmax_sinks_ref(&sp, &x, Some(&mask), sinks.as_deref(), n_kv, n_tok);
             check(
-                &format!("{name} softmax bias {max_bias} softcap {softcap}"),
+                &format!("{name} softmax bias {max_bias} softcap {softcap} sinks {with_sinks}"),
                 &want,
                 &read(gpu, &xv, x.len()),
                 1e-10,
@@ -817,6 +828,14 @@ fn attention_case_with(
     let (k_gpu, k) = up_cache(gpu, &rng.vec(kv_len), s.k_type);
     let (v_gpu, v) = up_cache(gpu, &rng.vec(kv_len), s.v_type);
     let mask = random_mask(rng, s.n_kv as usize, s.n_tok as usize);
+    // Attention sinks (gpt-oss) one time in three, around the scores' size and above.
+    let sinks: Option<Vec<f32>> = (rng.below(3) == 0).then(|| {
+        rng.vec(s.n_head as usize)
+            .iter()
+            .map(|v| 1.0 + 2.0 * v)
+            .collect()
+    });
+    let sinks_gpu = sinks.as_deref().map(|v| up_f32(gpu, v));
     let dst = out_f32(gpu, q.len());
     let io = AttnViews {
         q: &up_f32(gpu, &q),
@@ -826,10 +845,11 @@ fn attention_case_with(
         scores: &out_f32(gpu, s.scores_len(gpu).unwrap() as usize),
         partials: &out_f32(gpu, s.partials_len(gpu) as usize),
         dst: &dst,
+        sinks: sinks_gpu.as_ref(),
     };
     let d = attention_with(gpu, s, sp, &io, fk).unwrap();
     run_now(gpu, &d).unwrap();
-    let want = attention_ref(s, sp, &q, &k, &v, &mask);
+    let want = attention_sinks_ref(s, sp, &q, &k, &v, &mask, sinks.as_deref());
     (d.len(), want, read(gpu, &dst, q.len()))
 }
 

@@ -113,7 +113,7 @@ pub enum Op {
         /// Epsilon of the per-head Q/K norms, when the node reads their weights.
         norm_eps: Option<f32>,
     },
-    /// reads [q, k, v, mask], writes [scores, dst, partials]
+    /// reads [q, k, v, mask(, sinks)], writes [scores, dst, partials]
     Attention { shape: AttnShape, sp: SoftmaxParams },
     /// reads [state, x, w(, bias)], writes [y, new_state]
     SsmConv { shape: ConvShape, bias: bool },
@@ -356,6 +356,10 @@ pub struct AttnBlock<'a> {
     pub sp: SoftmaxParams,
     /// RMS norms of each Q and K head before RoPE (Gemma), with their epsilon.
     pub qk_norm: Option<(&'a View, &'a View, f32)>,
+    /// gpt-oss: one sink logit per head joining the softmax, [n_head].
+    pub sinks: Option<&'a View>,
+    /// gpt-oss: the output projection's bias, [n_embd].
+    pub wo_bias: Option<&'a View>,
 }
 
 impl GraphBuilder {
@@ -729,6 +733,7 @@ impl GraphBuilder {
         q: TensorId,
         kv: [TensorId; 2],
         mask: TensorId,
+        sinks: Option<TensorId>,
         shape: AttnShape,
         sp: SoftmaxParams,
     ) -> Result<TensorId, GpuError> {
@@ -736,7 +741,9 @@ impl GraphBuilder {
         let dst = self.tensor(self.ne(q));
         let partials = self.scratch(shape.partials_len(gpu));
         let op = Op::Attention { shape, sp };
-        self.node(op, &[q, kv[0], kv[1], mask], &[scores, dst, partials]);
+        let mut reads = vec![q, kv[0], kv[1], mask];
+        reads.extend(sinks);
+        self.node(op, &reads, &[scores, dst, partials]);
         Ok(dst)
     }
 
@@ -789,8 +796,16 @@ impl GraphBuilder {
         let kc = self.external(a.k_cache.clone());
         let vc = self.external(a.v_cache.clone());
         let q = self.rope_store(qkv, a.rope, a.rope_p, a.slots, [kc, vc], shape, a.qk_norm);
-        let attn = self.attention(gpu, q, [kc, vc], a.mask, a.shape, a.sp)?;
-        Ok(self.matmul(a.wo, attn))
+        let sinks = a.sinks.map(|v| self.input(v.clone(), [a.shape.n_head, 1]));
+        let attn = self.attention(gpu, q, [kc, vc], a.mask, sinks, a.shape, a.sp)?;
+        let out = self.matmul(a.wo, attn);
+        Ok(match a.wo_bias {
+            Some(b) => {
+                let b = self.input(b.clone(), [a.wo.n_rows, 1]);
+                self.add(out, b)
+            }
+            None => out,
+        })
     }
 
     /// Gated feed-forward of a normed x: down · (act(gate · x) * (up · x)), the gate and
@@ -1015,6 +1030,7 @@ impl GraphBuilder {
                         scores: &w[0],
                         dst: &w[1],
                         partials: &w[2],
+                        sinks: r.get(4),
                     };
                     dispatches.extend(attention(gpu, shape, sp, &io)?)
                 }

@@ -112,6 +112,8 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             shape,
             sp,
             qk_norm,
+            sinks: None,
+            wo_bias: None,
         };
         let o = g.attn_block(gpu, cur, &attn)?;
         let o = g.rms_norm(o, need(&lw.attn_post_norm, "post-attention norm")?, eps);

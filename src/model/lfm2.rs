@@ -70,6 +70,8 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
                     shape,
                     sp,
                     qk_norm: Some((q_norm, k_norm, eps)),
+                    sinks: None,
+                    wo_bias: None,
                 };
                 g.attn_block(gpu, cur, &attn)?
             }

@@ -68,6 +68,8 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             shape,
             sp,
             qk_norm,
+            sinks: None,
+            wo_bias: None,
         };
         let o = g.attn_block(gpu, cur, &attn)?;
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);

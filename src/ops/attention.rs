@@ -12,7 +12,7 @@ use super::kernels::{
     kq_lanes_nk, split_shape, FLASH_ROWS_D4, KQ_LANES, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM,
     MAX_TILE_HEAD_DIM,
 };
-use super::softmax::{softmax, softmax_ref, SoftmaxParams};
+use super::softmax::{softmax_sinks, softmax_sinks_ref, SoftmaxParams};
 use super::uniforms::{AttnSplitUniform, AttnSumUniform, AttnUniform};
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
@@ -345,6 +345,7 @@ fn kqv_split(
     sm: &SoftmaxParams,
     sp: Split,
     [scores, mask, v]: [&View; 3],
+    sk: Sinks,
     partials: &View,
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
@@ -356,7 +357,30 @@ fn kqv_split(
         nv,
     })?;
     let kernel = ("attn_kqv_split", split, [sp.n_split, s.n_tok, s.n_head]);
-    chunked_then_joined(gpu, s, sm, kernel, &[scores, mask, v], sp, partials, dst)
+    chunked_then_joined(
+        gpu,
+        s,
+        sm,
+        kernel,
+        &[scores, mask, v],
+        sp,
+        sk,
+        partials,
+        dst,
+    )
+}
+
+/// The attention sinks' buffer (a placeholder where there are none) and whether there are.
+#[derive(Clone, Copy)]
+struct Sinks<'a> {
+    view: &'a View,
+    on: bool,
+}
+
+impl<'a> Sinks<'a> {
+    fn given(self) -> Option<&'a View> {
+        self.on.then_some(self.view)
+    }
 }
 
 /// A kernel (label, pipeline, workgroups) that reads `inputs` and writes each chunk's
@@ -374,6 +398,7 @@ fn chunked_then_joined(
     ),
     inputs: &[&View],
     sp: Split,
+    sk: Sinks,
     partials: &View,
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
@@ -383,7 +408,7 @@ fn chunked_then_joined(
     let params = bytemuck::bytes_of(&params);
     Ok(vec![
         record(gpu, label, pipeline, params, &io, groups)?,
-        join_splits(gpu, s, sp.n_split, [&part, &stats], dst)?,
+        join_splits(gpu, s, sp.n_split, [&part, &stats], sk, dst)?,
     ])
 }
 
@@ -394,6 +419,7 @@ fn join_splits(
     s: &AttnShape,
     n_split: u32,
     [part, stats]: [&View; 2],
+    sk: Sinks,
     dst: &View,
 ) -> Result<Dispatch, GpuError> {
     let d4 = s.head_dim / 4;
@@ -407,9 +433,11 @@ fn join_splits(
             n,
             n_split,
             d4,
+            n_head: s.n_head,
+            has_sinks: sk.on as u32,
             ..Default::default()
         }),
-        &[part, stats, dst],
+        &[part, stats, dst, sk.view],
         [gx, gy, 1],
     )
 }
@@ -459,6 +487,7 @@ fn flash(
     split: Option<Split>,
     fk: FlashKernel,
     [q, k, v, mask]: [&View; 4],
+    sk: Sinks,
     partials: &View,
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
@@ -466,8 +495,11 @@ fn flash(
     let pipeline = gpu.pipeline(key)?;
     let groups = |n_split| [s.n_tok.div_ceil(16), s.n_head, n_split];
     let Some(sp) = split else {
-        let params = s.split_uniform(sm, 0);
-        let io = [q, k, v, mask, dst];
+        let params = AttnSplitUniform {
+            has_sinks: sk.on as u32,
+            ..s.split_uniform(sm, 0)
+        };
+        let io = [q, k, v, mask, dst, sk.view];
         let d = record(
             gpu,
             label,
@@ -479,7 +511,7 @@ fn flash(
         return Ok(vec![d]);
     };
     let kernel = (label, pipeline, groups(sp.n_split));
-    chunked_then_joined(gpu, s, sm, kernel, &[q, k, v, mask], sp, partials, dst)
+    chunked_then_joined(gpu, s, sm, kernel, &[q, k, v, mask], sp, sk, partials, dst)
 }
 
 /// Workgroup memory of the cooperative-matrix flash kernel (attn_flash_coop.wgsl: f16 Q,
@@ -504,6 +536,7 @@ fn flash_rows(
     sm: &SoftmaxParams,
     fr: FlashRows,
     [q, k, v, mask]: [&View; 4],
+    sk: Sinks,
     partials: &View,
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
@@ -522,7 +555,7 @@ fn flash_rows(
         1,
     ];
     let kernel = ("attn_flash_rows", pipeline, groups);
-    chunked_then_joined(gpu, s, sm, kernel, &[q, k, v, mask], sp, partials, dst)
+    chunked_then_joined(gpu, s, sm, kernel, &[q, k, v, mask], sp, sk, partials, dst)
 }
 
 /// The tiled prompt kernels (one pass): scores 64 cells x 64 tokens per workgroup
@@ -535,6 +568,7 @@ fn tiled(
     sm: &SoftmaxParams,
     sp: Split,
     [q, k, v, mask]: [&View; 4],
+    sk: Sinks,
     scores: &View,
     partials: &View,
     dst: &View,
@@ -557,7 +591,7 @@ fn tiled(
             &[q, k, scores, mask],
             [s.n_kv.div_ceil(64), s.n_tok.div_ceil(64), s.n_head],
         )?,
-        softmax(gpu, sm, Some(mask), scores, s.n_kv, s.n_tok)?,
+        softmax_sinks(gpu, sm, Some(mask), sk.given(), scores, s.n_kv, s.n_tok)?,
     ];
     let part = if sp.n_split > 1 {
         sub_view(partials, 0, s.partials_bytes(sp.n_split))
@@ -627,7 +661,9 @@ fn tokens_per_invocation(tuning: &KernelTuning, n_tok: u32) -> u32 {
 /// The views attention reads and writes. q: [head_dim, n_head, n_tok]; k, v: the cache,
 /// [head_dim, n_head_kv, cells] (f16 or f32); mask: [n_kv, n_tok]; scores: scratch of
 /// [`AttnShape::scores_len`]; partials: scratch of [`AttnShape::partials_len`];
-/// dst: [head_dim * n_head, n_tok].
+/// dst: [head_dim * n_head, n_tok]; sinks: gpt-oss's attention sinks, one logit per
+/// head ([n_head]) joining each row's softmax (its maximum and sum) with no value.
+#[derive(Clone, Copy)]
 pub struct AttnViews<'a> {
     pub q: &'a View,
     pub k: &'a View,
@@ -636,6 +672,7 @@ pub struct AttnViews<'a> {
     pub scores: &'a View,
     pub partials: &'a View,
     pub dst: &'a View,
+    pub sinks: Option<&'a View>,
 }
 
 pub fn attention(
@@ -663,7 +700,21 @@ pub fn attention_with(
         scores,
         partials,
         dst,
+        sinks,
     } = *io;
+    // Kernels bind a buffer where there are no sinks; they never read it.
+    let unused;
+    let sinks_or_unused = match sinks {
+        Some(v) => v,
+        None => {
+            unused = View::whole(&gpu.storage("attn_no_sinks", 16)?);
+            &unused
+        }
+    };
+    let sk = Sinks {
+        view: sinks_or_unused,
+        on: sinks.is_some(),
+    };
     if s.head_dim == 0
         || !s.head_dim.is_multiple_of(4)
         || s.n_head_kv == 0
@@ -699,18 +750,30 @@ pub fn attention_with(
         let mask = sub_view(mask, t0 * mask_row, nt * mask_row);
         if flash_on {
             let io = [&q, k, v, &mask];
-            out.extend(flash(gpu, &pass, sp, s.split(gpu), fk, io, partials, &dst)?);
+            out.extend(flash(
+                gpu,
+                &pass,
+                sp,
+                s.split(gpu),
+                fk,
+                io,
+                sk,
+                partials,
+                &dst,
+            )?);
             continue;
         }
         if let Some(fr) = rows {
             let io = [&q, k, v, &mask];
-            out.extend(flash_rows(gpu, &pass, sp, fr, io, partials, &dst)?);
+            out.extend(flash_rows(gpu, &pass, sp, fr, io, sk, partials, &dst)?);
             continue;
         }
         let scores = sub_view(scores, 0, pass.n_head as u64 * nt * mask_row);
         if let Some(split) = tile_split {
             let io = [&q, k, v, &mask];
-            out.extend(tiled(gpu, &pass, sp, split, io, &scores, partials, &dst)?);
+            out.extend(tiled(
+                gpu, &pass, sp, split, io, sk, &scores, partials, &dst,
+            )?);
             continue;
         }
         let (kq, cells) = score_kernel(gpu, s, tb);
@@ -726,10 +789,18 @@ pub fn attention_with(
         if let Some(split) = s.split(gpu) {
             // The softmax is inside the split kernel.
             let io = [&scores, &mask, v];
-            out.extend(kqv_split(gpu, &pass, sp, split, io, partials, &dst)?);
+            out.extend(kqv_split(gpu, &pass, sp, split, io, sk, partials, &dst)?);
             continue;
         }
-        out.push(softmax(gpu, sp, Some(&mask), &scores, s.n_kv, n_tok)?);
+        out.push(softmax_sinks(
+            gpu,
+            sp,
+            Some(&mask),
+            sk.given(),
+            &scores,
+            s.n_kv,
+            n_tok,
+        )?);
         out.push(record(
             gpu,
             "attn_kqv",
@@ -783,6 +854,19 @@ pub fn attention_ref(
     v: &[f32],
     mask: &[f32],
 ) -> Vec<f32> {
+    attention_sinks_ref(s, sp, q, k, v, mask, None)
+}
+
+/// [`attention_ref`] with attention sinks (one logit per head).
+pub fn attention_sinks_ref(
+    s: &AttnShape,
+    sp: &SoftmaxParams,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &[f32],
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     let (hd, nh, nkvh, nt, nkv) = (
         s.head_dim as usize,
         s.n_head as usize,
@@ -802,7 +886,7 @@ pub fn attention_ref(
             }
         }
     }
-    let probs = softmax_ref(sp, &scores, Some(mask), nkv, nt);
+    let probs = softmax_sinks_ref(sp, &scores, Some(mask), sinks, nkv, nt);
     let mut out = vec![0.0f32; hd * nh * nt];
     for h in 0..nh {
         for t in 0..nt {

@@ -773,11 +773,19 @@ fn flash_source(
         )
     } else {
         (
-            "@group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;",
+            "@group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> sinks: array<f32>;",
             "    let c_begin = 0u;
     let c_end = p.n_kv;",
-            "        // A token that sees no cell gets 0, as the softmax gives it.
-        let inv = select(0.0, 1.0 / l, l > 0.0);
+            "        // A token that sees no cell gets 0, as the softmax gives it. A head's sink
+        // logit (p.has_sinks) joins the maximum and the sum, with no value.
+        var inv = select(0.0, 1.0 / l, l > 0.0);
+        if (p.has_sinks != 0u) {
+            let sk = sinks[h];
+            let mm = max(m, sk);
+            let f = exp(m - mm);
+            inv = f / (l * f + exp(sk - mm));
+        }
         for (var i = 0u; i < OI; i++) {
             let d = sub + OSTEP * i;
             if (d < d4) {

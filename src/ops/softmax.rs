@@ -57,6 +57,20 @@ pub fn softmax(
     n_cols: u32,
     rows_per_head: u32,
 ) -> Result<Dispatch, GpuError> {
+    softmax_sinks(gpu, sp, mask, None, x, n_cols, rows_per_head)
+}
+
+/// [`softmax`] with attention sinks (one logit per head, `[n_head]`) joining each row's
+/// maximum and sum.
+pub fn softmax_sinks(
+    gpu: &Gpu,
+    sp: &SoftmaxParams,
+    mask: Option<&View>,
+    sinks: Option<&View>,
+    x: &View,
+    n_cols: u32,
+    rows_per_head: u32,
+) -> Result<Dispatch, GpuError> {
     if rows_per_head == 0 {
         // The shader divides by it; the kernels run without division guards.
         return Err(GpuError::Validation("softmax: no rows per head".into()));
@@ -78,24 +92,18 @@ pub fn softmax(
         m0,
         m1,
         softcap: sp.softcap,
+        has_sinks: sinks.is_some() as u32,
         ..Default::default()
     };
     let (gx, gy) = split_groups(rows_per_head * sp.n_head);
-    // Without a mask the binding still needs a buffer; the shader never reads it.
-    let dummy;
-    let mask = match mask {
-        Some(m) => m,
-        None => {
-            dummy = View::whole(&gpu.storage("softmax_nomask", 16)?);
-            &dummy
-        }
-    };
+    // Without a mask or sinks the binding still needs a buffer; the shader never reads it.
+    let dummy = View::whole(&gpu.storage("softmax_unused", 16)?);
     record(
         gpu,
         "softmax",
         pipeline,
         bytemuck::bytes_of(&params),
-        &[mask, x],
+        &[mask.unwrap_or(&dummy), x, sinks.unwrap_or(&dummy)],
         [gx, gy, 1],
     )
 }
@@ -104,6 +112,19 @@ pub fn softmax_ref(
     sp: &SoftmaxParams,
     x: &[f32],
     mask: Option<&[f32]>,
+    n_cols: usize,
+    rows_per_head: usize,
+) -> Vec<f32> {
+    softmax_sinks_ref(sp, x, mask, None, n_cols, rows_per_head)
+}
+
+/// The CPU reference of [`softmax_sinks`]: a head's sink joins the maximum and the sum
+/// as llama.cpp's soft_max with sinks does (not scaled, masked or capped).
+pub fn softmax_sinks_ref(
+    sp: &SoftmaxParams,
+    x: &[f32],
+    mask: Option<&[f32]>,
+    sinks: Option<&[f32]>,
     n_cols: usize,
     rows_per_head: usize,
 ) -> Vec<f32> {
@@ -119,11 +140,16 @@ pub fn softmax_ref(
                 sp.capped(v as f64 * sp.scale as f64) + slope * m
             })
             .collect();
-        let mx = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sink = sinks.map(|s| s[h] as f64);
+        let mx = vals
+            .iter()
+            .copied()
+            .chain(sink)
+            .fold(f64::NEG_INFINITY, f64::max);
         if mx == f64::NEG_INFINITY {
             continue;
         }
-        let sum: f64 = vals.iter().map(|v| (v - mx).exp()).sum();
+        let sum: f64 = vals.iter().chain(&sink).map(|v| (v - mx).exp()).sum();
         for (d, v) in dst.iter_mut().zip(&vals) {
             *d = ((v - mx).exp() / sum) as f32;
         }

@@ -128,7 +128,9 @@ uniform_struct! {
         /// Gemma 2's logit soft-capping: scaled scores become softcap tanh(s / softcap)
         /// before the mask; 0: none.
         softcap: f32,
-        _pad0: u32,
+        /// Whether `sinks` holds one logit per head that joins each row's softmax
+        /// (gpt-oss): in the maximum and the sum, with no value.
+        has_sinks: u32,
         _pad1: u32,
         _pad2: u32,
     }
@@ -166,7 +168,9 @@ uniform_struct! {
         m1: f32,
         /// As [`SoftmaxUniform::softcap`].
         softcap: f32,
-        _pad0: u32,
+        /// As [`SoftmaxUniform::has_sinks`] (read by the flash kernels' whole-output store;
+        /// split outputs take the sinks in the join).
+        has_sinks: u32,
         _pad1: u32,
         _pad2: u32,
     }
@@ -178,7 +182,12 @@ uniform_struct! {
         n: u32,
         n_split: u32,
         d4: u32,
+        n_head: u32,
+        /// As [`SoftmaxUniform::has_sinks`] (attn_kqv_sum only).
+        has_sinks: u32,
         _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 

@@ -112,6 +112,7 @@ impl AttnRun {
             scores: &scratch("check_scores", s.scores_len(gpu)?)?,
             partials: &scratch("check_partials", s.partials_len(gpu))?,
             dst: &dst,
+            sinks: None,
         };
         let d = attention_with(gpu, &s, &self.sp, &io, fk)?;
         run_repeated(gpu, &d, 1)?;
