@@ -20,7 +20,7 @@ cargo build --release --quiet
 cases="llama:llama-spm:q4_0 llama3:llama-bpe:q8_0 qwen2:qwen2:q8_0 qwen2:qwen2:q4_k qwen3:qwen2:q8_0
   phi3:phi-3:q8_0 phi3:phi-3:f16 phi3-long:phi-3:q8_0 phi3-long:phi-3:q8_0:512
   qwen2-yarn:qwen2:q8_0:512 qwen3moe:qwen2:q8_0 mixtral:llama-spm:q4_k
-  qwen2moe:qwen2:q8_0 qwen3moe:qwen2:mxfp4 gemma2:llama-spm:q8_0
+  qwen2moe:qwen2:q8_0 qwen3moe:qwen2:mxfp4 gemma2:llama-spm:q8_0 gpt-oss:llama-bpe:mxfp4
   mamba:gpt-neox:q8_0 mamba2:gpt-neox:q8_0 lfm2:llama-bpe:q8_0"
 if [ $# -gt 0 ]; then cases="$*"; fi
 for c in $cases; do

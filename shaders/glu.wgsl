@@ -1,4 +1,5 @@
-// Gated linear unit: dst[i] = act(gate[i]) * up[i] (SwiGLU with SiLU, GeGLU with GELU).
+// Gated linear unit: dst[i] = glu_ACT(gate[i], up[i]), act(gate) * up (SwiGLU with SiLU,
+// GeGLU with GELU, gpt-oss's clamped SwiGLU: see act.wgsl).
 // With `p.pairs`, gate and up are one tensor of interleaved (gate, up) pairs, as a fused
 // gate/up projection writes it (both bindings are that tensor): gate[2i], up[2i + 1].
 // act.wgsl (silu, gelu) is prepended.
@@ -16,8 +17,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     if (p.pairs != 0u) {
-        dst[i] = {{ACT}}(gate[2u * i]) * up[2u * i + 1u];
+        dst[i] = glu_{{ACT}}(gate[2u * i], up[2u * i + 1u]);
     } else {
-        dst[i] = {{ACT}}(gate[i]) * up[i];
+        dst[i] = glu_{{ACT}}(gate[i], up[i]);
     }
 }

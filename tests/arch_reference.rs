@@ -271,6 +271,18 @@ fn gemma2_q8_0() {
     check_with("gemma2-q8_0", &["--kernels", "gpu", "-fa", "on"], None);
 }
 
+/// gpt-oss in MXFP4 (its experts' format): Q/K/V/O biases, a sink logit per head, a
+/// window of 32 on even layers (so at -c 128 both the window and the sinks matter: without
+/// either the estimates move by more than 2 %), YaRN, 16 experts with biases, 4 chosen by
+/// their logits and weighted by those logits' softmax, the clamped SwiGLU. Then through
+/// GPU-shaped kernels with flash attention (the sinks in the flash kernels' store and the
+/// chunks' join).
+#[test]
+fn gpt_oss_mxfp4() {
+    check("gpt-oss-mxfp4");
+    check_with("gpt-oss-mxfp4", &["--kernels", "gpu", "-fa", "on"], None);
+}
+
 /// Mixtral's layout (llama with 8 experts, 2 per token) in Q4_K.
 #[test]
 fn mixtral_q4_k() {

@@ -21,8 +21,8 @@ use wgllm::ops::matmul_q8::{
     matmul_q8, matmul_q8_ref, matmul_q8_with, q8_bytes, quantize_q8, quantize_q8_ref, Q8Blocks,
 };
 use wgllm::ops::moe::{
-    matmul_id, matmul_id_ref, moe_group, moe_route, moe_route_ref, moe_sum, moe_sum_ref, Gating,
-    MoeRouting, Pairs,
+    matmul_id, matmul_id_ref, moe_add_id, moe_add_id_ref, moe_group, moe_route, moe_route_ref,
+    moe_sum, moe_sum_ref, Gating, MoeRouting, Pairs,
 };
 use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
@@ -540,7 +540,7 @@ fn binary_and_glu_match_reference() {
             );
         }
         let g: Vec<f32> = rng.vec(a.len()).iter().map(|v| v * 8.0).collect();
-        for act in [Activation::Silu, Activation::Gelu] {
+        for &act in Activation::ALL {
             let dst = out_f32(gpu, a.len());
             let d = glu(
                 gpu,
@@ -2291,6 +2291,42 @@ fn moe_routing_matches_reference() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Each pair's output plus its expert's bias (gpt-oss): experts chosen unevenly (some by
+/// no pair), rows not a multiple of the workgroup.
+#[test]
+fn expert_biases_match_reference() {
+    let mut rng = Rng(65);
+    for (name, gpu, _serial) in gpus() {
+        for (n_expert, n_pairs, rows) in [(4usize, 3usize, 5usize), (32, 40, 97), (128, 8, 64)] {
+            let a = rng.vec(rows * n_pairs);
+            let bias = rng.vec(rows * n_expert);
+            // The first half of the experts only, some twice.
+            let ids: Vec<u32> = (0..n_pairs)
+                .map(|_| rng.below((n_expert / 2) as u32))
+                .collect();
+            let ids_gpu = View::whole(&gpu.upload("ids", bytemuck::cast_slice(&ids)).unwrap());
+            let dst = out_f32(gpu, a.len());
+            let d = moe_add_id(
+                gpu,
+                &up_f32(gpu, &a),
+                &up_f32(gpu, &bias),
+                &ids_gpu,
+                rows as u32,
+                n_pairs as u32,
+                &dst,
+            )
+            .unwrap();
+            run_now(gpu, &[d]).unwrap();
+            check(
+                &format!("{name} moe_add_id E={n_expert} P={n_pairs} rows={rows}"),
+                &moe_add_id_ref(&a, &bias, &ids, rows),
+                &read(gpu, &dst, a.len()),
+                1e-12,
+            );
         }
     }
 }

@@ -21,8 +21,9 @@ pub struct SynthArgs {
     /// Architecture: llama, llama3 (with Llama 3 RoPE factors), qwen2, qwen2-yarn (YaRN
     /// RoPE scaling x4 over an original context of 256), qwen2moe (16 experts, 4 used, and a
     /// shared expert), qwen3, qwen3moe (16 experts, 4 used), mixtral (8 experts, 2 used),
-    /// phi3, phi3-long (long-context RoPE factors, original context 256), gemma2 (window
-    /// 32 on even layers, soft caps), gemma3, mamba, mamba2, lfm2.
+    /// gpt-oss (sinks, biases, window 32 on even layers, YaRN, 16 experts, 4 used), phi3,
+    /// phi3-long (long-context RoPE factors, original context 256), gemma2 (window 32 on
+    /// even layers, soft caps), gemma3, mamba, mamba2, lfm2.
     #[arg(long, default_value = "llama")]
     pub arch: String,
     /// Weights scaled like a trained model's (1/sqrt(fan-in), norms and biases random

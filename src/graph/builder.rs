@@ -10,7 +10,7 @@ use crate::ops::glu::{glu, Activation};
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
 use crate::ops::matmul_q8::{self, matmul_q8_at, matmul_q8_glu, q8_bytes, quantize_q8};
 use crate::ops::moe::{
-    matmul_id, moe_group, moe_route, moe_sum, MoeRouting, Pairs, GROUPED_MIN_TOKENS,
+    matmul_id, moe_add_id, moe_group, moe_route, moe_sum, MoeRouting, Pairs, GROUPED_MIN_TOKENS,
 };
 use crate::ops::rms_norm::rms_norm_rows;
 use crate::ops::rope::RopeParams;
@@ -104,6 +104,8 @@ pub enum Op {
     },
     /// reads [ids], writes [offsets, order]: the pairs grouped by expert
     MoeGroup { n_pairs: u32, n_expert: u32 },
+    /// reads [a, bias, ids], writes [dst]: each pair's output plus its expert's bias
+    MoeAddId { rows: u32, n_pairs: u32 },
     /// reads [y, weights], writes [dst]: each token's weighted sum of its experts' outputs
     MoeSum { n_out: u32, n_used: u32, n_tok: u32 },
     /// reads [table, qkv, slots(, q_norm, k_norm)], writes [q, k_cache, v_cache]
@@ -153,6 +155,7 @@ impl Op {
             Op::MoeRoute { .. } => "moe_route".into(),
             Op::MatmulId { w, .. } => format!("matmul_id {}", w.ty).to_lowercase(),
             Op::MoeSum { .. } => "moe_sum".into(),
+            Op::MoeAddId { .. } => "moe_add_id".into(),
             Op::MoeGroup { .. } => "moe_group".into(),
             Op::Attention { .. } => "attention".into(),
             Op::SsmConv { .. } => "ssm_conv".into(),
@@ -263,6 +266,10 @@ impl Op {
                 (2 * *n_pairs as u64 + *n_expert as u64) * F,
                 2 * *n_pairs as u64,
             ),
+            Op::MoeAddId { rows, n_pairs } => {
+                let n = *rows as u64 * *n_pairs as u64;
+                c((3 * n + *n_pairs as u64) * F, n)
+            }
             Op::MoeSum {
                 n_out,
                 n_used,
@@ -835,6 +842,13 @@ impl GraphBuilder {
         let n_tok = self.ne(x)[1];
         let r = e.routing;
         let logits = self.matmul(&e.gate_inp, x);
+        let logits = match &e.bias {
+            Some(b) => {
+                let b = self.input(b.gate_inp.clone(), [r.n_expert, 1]);
+                self.add(logits, b)
+            }
+            None => logits,
+        };
         let ids = self.tensor([r.n_used, n_tok]);
         let weights = self.tensor([r.n_used, n_tok]);
         let route = Op::MoeRoute { routing: r, n_tok };
@@ -870,10 +884,25 @@ impl GraphBuilder {
             }
             dst
         };
+        // gpt-oss: each pair's products plus its expert's bias.
+        let biased = |g: &mut Self, y: TensorId, bias: Option<&View>| match bias {
+            Some(b) => {
+                let rows = g.ne(y)[0];
+                let b = g.input(b.clone(), [rows, r.n_expert]);
+                let dst = g.tensor([rows, n_pairs]);
+                g.node(Op::MoeAddId { rows, n_pairs }, &[y, b, ids], &[dst]);
+                dst
+            }
+            None => y,
+        };
+        let b = e.bias.as_ref();
         let gate = experts(self, &e.gate, x, false);
+        let gate = biased(self, gate, b.map(|b| &b.gate));
         let up = experts(self, &e.up, x, false);
+        let up = biased(self, up, b.map(|b| &b.up));
         let h = self.glu(act, gate, up);
         let y = experts(self, &e.down, h, true);
+        let y = biased(self, y, b.map(|b| &b.down));
         let n_out = self.ne(y)[0];
         let dst = self.tensor([n_out, n_tok]);
         let sum = Op::MoeSum {
@@ -1016,6 +1045,9 @@ impl GraphBuilder {
                 Op::MoeGroup { n_pairs, n_expert } => {
                     dispatches.push(moe_group(gpu, &r[0], *n_pairs, *n_expert, &w[0], &w[1])?)
                 }
+                Op::MoeAddId { rows, n_pairs } => dispatches.push(moe_add_id(
+                    gpu, &r[0], &r[1], &r[2], *rows, *n_pairs, &w[0],
+                )?),
                 Op::MoeSum {
                     n_out,
                     n_used,

@@ -12,6 +12,10 @@ use crate::ops::rope::{intern_factors, RopeParams, Yarn};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Llama,
+    /// OpenAI's gpt-oss: llama-shaped attention with Q/K/V/O biases and a sink logit per
+    /// head, a window on even layers, mixture-of-experts feed-forwards with biases, a
+    /// clamped SwiGLU and the weights of the chosen experts' logits softmaxed.
+    GptOss,
     /// Gemma 2: Gemma 3's sandwich blocks without Q/K norms, a window on every other
     /// layer, attention and final logits soft-capped.
     Gemma2,
@@ -29,7 +33,7 @@ pub enum Arch {
 }
 
 pub const SUPPORTED_ARCHS: &str =
-    "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen3, qwen3moe, phi3, gemma2, gemma3, mamba, mamba2, lfm2";
+    "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen3, qwen3moe, gpt-oss, phi3, gemma2, gemma3, mamba, mamba2, lfm2";
 
 /// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
 const UNSUPPORTED_RECURRENT: &[&str] = &[
@@ -230,6 +234,7 @@ impl Hparams {
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
             "gemma2" => Arch::Gemma2,
+            "gpt-oss" => Arch::GptOss,
             "gemma3" => Arch::Gemma3,
             // Qwen2's attention with experts and a shared expert (`Hparams::moe`).
             "qwen2" | "qwen2moe" => Arch::Qwen2,
@@ -391,11 +396,17 @@ impl Hparams {
                 }
                 (None, rope, None)
             }
-            Arch::Gemma2 => {
+            Arch::Gemma2 | Arch::GptOss => {
                 // Even layers see a window, odd ones everything; both rotate with the
                 // file's base unless it gives the window layers their own.
                 let window = match f.get(&key("attention.sliding_window")) {
                     Some(_) => u("attention.sliding_window")?,
+                    None if arch == Arch::GptOss => {
+                        return Err(bad(format!(
+                            "{} is missing",
+                            key("attention.sliding_window")
+                        )))
+                    }
                     None => 4096,
                 };
                 if window == 0 {
@@ -406,7 +417,8 @@ impl Hparams {
                     local.freq_base = b as f32;
                 }
                 let swa = Swa { window, pattern: 2 };
-                (Some(swa), local, Some((n_embd as f32).sqrt()))
+                let embd_scale = (arch == Arch::Gemma2).then(|| (n_embd as f32).sqrt());
+                (Some(swa), local, embd_scale)
             }
             Arch::Gemma3 => {
                 // Five of every six layers see a window; they rotate with base 10 000
@@ -443,6 +455,9 @@ impl Hparams {
         };
         let n_ff = u("feed_forward_length")?;
         let moe = moe_hparams(f, a, n_ff).map_err(bad)?;
+        if arch == Arch::GptOss && moe.is_none() {
+            return Err(bad(format!("{a} without experts ({a}.expert_count)")));
+        }
         if matches!(arch, Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 | Arch::Lfm2) && moe.is_some() {
             return Err(bad(format!(
                 "{a} with mixture-of-experts feed-forwards is not supported (experts: llama as Mixtral, qwen2moe, qwen3moe)"
@@ -607,7 +622,7 @@ fn moe_hparams(f: &GgufFile, a: &str, n_ff: u32) -> Result<Option<Moe>, String> 
     let get = |k: &str| f.get(&format!("{a}.{k}")).and_then(|v| v.as_i64());
     let n_expert = get("expert_count").unwrap_or(0);
     if n_expert <= 1 {
-        if a == "qwen2moe" {
+        if matches!(a, "qwen2moe" | "gpt-oss") {
             return Err(format!("{a}.expert_count is missing or below 2"));
         }
         return Ok(None);
@@ -619,6 +634,13 @@ fn moe_hparams(f: &GgufFile, a: &str, n_ff: u32) -> Result<Option<Moe>, String> 
         ));
     }
     let qwen_moe = matches!(a, "qwen2moe" | "qwen3moe");
+    // gpt-oss softmaxes the chosen experts' logits (the weights sum to 1 without a
+    // renormalisation).
+    let (gating, norm) = match a {
+        "gpt-oss" => (Gating::SoftmaxWeight, false),
+        "qwen2moe" => (Gating::Softmax, false),
+        _ => (Gating::Softmax, true),
+    };
     let n_ff_exp = match get("expert_feed_forward_length") {
         Some(v) if v > 0 => v,
         _ if qwen_moe => n_ff as i64 / n_used,
@@ -638,8 +660,8 @@ fn moe_hparams(f: &GgufFile, a: &str, n_ff: u32) -> Result<Option<Moe>, String> 
         routing: MoeRouting {
             n_expert: n_expert as u32,
             n_used: n_used as u32,
-            gating: Gating::Softmax,
-            norm: a != "qwen2moe",
+            gating,
+            norm,
             scale: 0.0,
         },
         n_ff_exp: n_ff_exp as u32,

@@ -2,6 +2,7 @@
 //! that builds the forward graph for a ubatch.
 
 mod gemma;
+mod gpt_oss;
 mod hparams;
 mod lfm2;
 mod llama;
@@ -117,6 +118,7 @@ impl Model {
         crate::graph::inputs::dedup(match self.hp.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::inputs(&self.hp),
             Arch::Gemma2 | Arch::Gemma3 => gemma::inputs(&self.hp),
+            Arch::GptOss => gpt_oss::inputs(&self.hp),
             Arch::Mamba | Arch::Mamba2 => mamba::inputs(),
             Arch::Lfm2 => lfm2::inputs(&self.hp),
         })
@@ -132,6 +134,7 @@ impl Model {
         match self.hp.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::build(self, io, mem),
             Arch::Gemma2 | Arch::Gemma3 => gemma::build(self, io, mem),
+            Arch::GptOss => gpt_oss::build(self, io, mem),
             Arch::Mamba | Arch::Mamba2 => mamba::build(self, io, mem),
             Arch::Lfm2 => lfm2::build(self, io, mem),
         }

@@ -117,6 +117,12 @@ pub enum SynthArch {
     /// an original context of 256 (llama.cpp's smallest context), so a context above
     /// 256 takes the long factors.
     Phi3Long,
+    /// gpt-oss: Q/K/V/O biases, a sink logit per head, a window of `window` on even
+    /// layers, YaRN (x4 over an original context of 256), 16 experts of half the
+    /// feed-forward width with biases, 4 used, their logits' softmax the weights.
+    GptOss {
+        window: u32,
+    },
     /// Sliding window on even layers, sandwich norms, tied output, attention scores and
     /// logits soft-capped (at 2 and 15: tighter than Gemma 2's 50 and 30, so that
     /// random weights meet the caps).
@@ -151,6 +157,7 @@ impl SynthArch {
             "phi3" => Self::Phi3,
             "phi3-long" => Self::Phi3Long,
             "gemma2" => Self::Gemma2 { window: 32 },
+            "gpt-oss" => Self::GptOss { window: 32 },
             "gemma3" => Self::Gemma3 { window: 512 },
             "mamba" => Self::Mamba,
             "mamba2" => Self::Mamba2,
@@ -159,7 +166,7 @@ impl SynthArch {
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen2-yarn, qwen2moe, qwen3, qwen3moe, mixtral, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2";
+        "llama, llama3, qwen2, qwen2-yarn, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2";
 
     /// `general.architecture`.
     fn gguf_arch(self) -> &'static str {
@@ -171,6 +178,7 @@ impl SynthArch {
             Self::Qwen3 => "qwen3",
             Self::Phi3 | Self::Phi3Long => "phi3",
             Self::Gemma2 { .. } => "gemma2",
+            Self::GptOss { .. } => "gpt-oss",
             Self::Gemma3 { .. } => "gemma3",
             Self::Mamba => "mamba",
             Self::Mamba2 => "mamba2",
@@ -320,6 +328,10 @@ pub fn synth(
             w.meta(&key("attention.sliding_window"), u(window));
             1_000_000.0
         }
+        SynthArch::GptOss { window } => {
+            w.meta(&key("attention.sliding_window"), u(window));
+            150_000.0
+        }
         SynthArch::Gemma2 { window } => {
             w.meta(&key("attention.sliding_window"), u(window))
                 .meta(&key("attn_logit_softcapping"), Value::F32(2.0))
@@ -346,20 +358,25 @@ pub fn synth(
     let experts = match arch {
         SynthArch::Qwen3Moe => Some((16u32, 4u32, n_ff / 2)),
         SynthArch::Qwen2Moe => Some((16, 4, n_ff / 4)),
+        SynthArch::GptOss { .. } => Some((16, 4, n_ff / 2)),
         SynthArch::Mixtral => Some((8, 2, n_ff)),
         _ => None,
     };
     if let Some((n, used, width)) = experts {
         w.meta(&key("expert_count"), u(n))
             .meta(&key("expert_used_count"), u(used));
-        if matches!(arch, SynthArch::Qwen3Moe | SynthArch::Qwen2Moe) {
+        if matches!(
+            arch,
+            SynthArch::Qwen3Moe | SynthArch::Qwen2Moe | SynthArch::GptOss { .. }
+        ) {
             w.meta(&key("expert_feed_forward_length"), u(width));
         }
         if arch == SynthArch::Qwen2Moe {
             w.meta(&key("expert_shared_feed_forward_length"), u(n_ff / 2));
         }
     }
-    if arch == SynthArch::Qwen2Yarn {
+    let gpt_oss = matches!(arch, SynthArch::GptOss { .. });
+    if arch == SynthArch::Qwen2Yarn || gpt_oss {
         w.meta(&key("rope.scaling.type"), Value::String("yarn".into()))
             .meta(&key("rope.scaling.factor"), Value::F32(4.0))
             .meta(&key("rope.scaling.original_context_length"), u(256));
@@ -376,8 +393,10 @@ pub fn synth(
     let f32s = |v: &[f32]| quantize_row(GgmlType::F32, v);
     let mut seed = 1u64;
     // A vector around `center` (norm weights near 1, biases near 0).
-    let mut vector = |w: &mut GgufWriter, name: &str, n: u64, center: f32, spread: f32| {
+    // dims: [n], or [n, m] for per-expert vectors (gpt-oss's expert biases).
+    let mut vector = |w: &mut GgufWriter, name: &str, dims: &[u64], center: f32, spread: f32| {
         seed += 1;
+        let n: u64 = dims.iter().product();
         let v: Vec<f32> = match scale {
             WeightScale::Fixed(_) => vec![center; n as usize],
             WeightScale::FanIn => {
@@ -387,7 +406,7 @@ pub fn synth(
                     .collect()
             }
         };
-        w.tensor(name, &[n], GgmlType::F32, f32s(&v));
+        w.tensor(name, dims, GgmlType::F32, f32s(&v));
     };
     // Matrices are seeded 2, 3, ... in file order (the files benchmarks and tests were
     // made with); vectors draw from their own counter.
@@ -421,7 +440,7 @@ pub fn synth(
     } else {
         "output_norm.weight"
     };
-    vector(&mut w, output_norm, e, 1.0, 0.1);
+    vector(&mut w, output_norm, &[e], 1.0, 0.1);
     // LFM2 ties its output to the embeddings; the synthetic one keeps its own, scaled to
     // the fan-in, so that its logits have a trained model's spread.
     if !gemma {
@@ -458,7 +477,7 @@ pub fn synth(
     for i in 0..n_layer {
         let b = |t: &str| format!("blk.{i}.{t}.weight");
         let bias = |t: &str| format!("blk.{i}.{t}.bias");
-        vector(&mut w, &b("attn_norm"), e, 1.0, 0.1);
+        vector(&mut w, &b("attn_norm"), &[e], 1.0, 0.1);
         if conv_layer(i) {
             // The width-3 convolution's weights are f32, as llama.cpp keeps them.
             let mut rng = Rng((i as u64 + 1).wrapping_mul(0x9e3779b97f4a7c15) ^ 0xc0ffee);
@@ -476,25 +495,39 @@ pub fn synth(
         if matches!(
             arch,
             SynthArch::Qwen2 | SynthArch::Qwen2Yarn | SynthArch::Qwen2Moe
-        ) {
-            vector(&mut w, &bias("attn_q"), e, 0.0, 0.5);
-            vector(&mut w, &bias("attn_k"), kv, 0.0, 0.5);
-            vector(&mut w, &bias("attn_v"), kv, 0.0, 0.5);
+        ) || gpt_oss
+        {
+            vector(&mut w, &bias("attn_q"), &[e], 0.0, 0.5);
+            vector(&mut w, &bias("attn_k"), &[kv], 0.0, 0.5);
+            vector(&mut w, &bias("attn_v"), &[kv], 0.0, 0.5);
         }
         if !conv_layer(i) {
             mat(&mut w, &b("attn_output"), &[e, e], false);
         }
-        vector(&mut w, &b("ffn_norm"), e, 1.0, 0.1);
+        if gpt_oss {
+            // Its converter names the feed-forward's norm `post_attention_norm`.
+            vector(&mut w, &bias("attn_output"), &[e], 0.0, 0.5);
+            vector(&mut w, &b("attn_sinks"), &[n_head as u64], 3.0, 1.0);
+            vector(&mut w, &b("post_attention_norm"), &[e], 1.0, 0.1);
+        } else {
+            vector(&mut w, &b("ffn_norm"), &[e], 1.0, 0.1);
+        }
         if let Some((n, _, width)) = experts {
             let (n, fe) = (n as u64, width as u64);
             mat(&mut w, &b("ffn_gate_inp"), &[e, n], false);
             mat(&mut w, &b("ffn_gate_exps"), &[e, fe, n], false);
             mat(&mut w, &b("ffn_up_exps"), &[e, fe, n], false);
             mat(&mut w, &b("ffn_down_exps"), &[fe, e, n], false);
+            if gpt_oss {
+                vector(&mut w, &bias("ffn_gate_inp"), &[n], 0.0, 0.5);
+                vector(&mut w, &bias("ffn_gate_exps"), &[fe, n], 0.0, 0.5);
+                vector(&mut w, &bias("ffn_up_exps"), &[fe, n], 0.0, 0.5);
+                vector(&mut w, &bias("ffn_down_exps"), &[e, n], 0.0, 0.5);
+            }
             if arch == SynthArch::Qwen2Moe {
                 let sf = n_ff as u64 / 2;
                 // Away from 0: llama.cpp's sigmoid of the gate is silu(g) / g.
-                vector(&mut w, &b("ffn_gate_inp_shexp"), e, 0.05, 0.1);
+                vector(&mut w, &b("ffn_gate_inp_shexp"), &[e], 0.05, 0.1);
                 mat(&mut w, &b("ffn_gate_shexp"), &[e, sf], false);
                 mat(&mut w, &b("ffn_up_shexp"), &[e, sf], false);
                 mat(&mut w, &b("ffn_down_shexp"), &[sf, e], false);
@@ -513,12 +546,12 @@ pub fn synth(
             SynthArch::Qwen3 | SynthArch::Qwen3Moe | SynthArch::Gemma3 { .. }
         );
         if qk_norms || (lfm2 && !conv_layer(i)) {
-            vector(&mut w, &b("attn_q_norm"), hd as u64, 1.0, 0.1);
-            vector(&mut w, &b("attn_k_norm"), hd as u64, 1.0, 0.1);
+            vector(&mut w, &b("attn_q_norm"), &[hd as u64], 1.0, 0.1);
+            vector(&mut w, &b("attn_k_norm"), &[hd as u64], 1.0, 0.1);
         }
         if gemma {
-            vector(&mut w, &b("post_attention_norm"), e, 1.0, 0.1);
-            vector(&mut w, &b("post_ffw_norm"), e, 1.0, 0.1);
+            vector(&mut w, &b("post_attention_norm"), &[e], 1.0, 0.1);
+            vector(&mut w, &b("post_ffw_norm"), &[e], 1.0, 0.1);
         }
     }
     w

@@ -7,7 +7,7 @@ use crate::gpu::Gpu;
 use crate::ops::{View, Weight};
 use std::sync::Arc;
 
-pub use crate::ops::{Experts, Ffn, GateUp, SharedExpert};
+pub use crate::ops::{ExpertBiases, Experts, Ffn, GateUp, SharedExpert};
 
 pub struct LayerWeights {
     pub attn_norm: View,
@@ -26,6 +26,9 @@ pub struct LayerWeights {
     pub attn_k_norm: Option<View>,
     pub attn_post_norm: Option<View>,
     pub ffn_post_norm: Option<View>,
+    /// gpt-oss: one sink logit per head ([n_head]) and the output projection's bias.
+    pub attn_sinks: Option<View>,
+    pub wo_bias: Option<View>,
 }
 
 /// A state-space layer (Mamba, Mamba-2). The input projection is uploaded as its parts,
@@ -284,7 +287,19 @@ impl Loader<'_> {
         let qkv_bias =
             self.stacked_vectors(&[(b("attn_q"), q), (b("attn_k"), kv), (b("attn_v"), kv)])?;
         let wo = self.matrix(&n("attn_output"), q, e)?;
-        let ffn_norm = self.vector(&n("ffn_norm"), e)?;
+        let gpt_oss = hp.arch == Arch::GptOss;
+        let (attn_sinks, wo_bias) = match gpt_oss {
+            true => (
+                Some(self.vector(&n("attn_sinks"), hp.n_head)?),
+                Some(self.vector(&b("attn_output"), e)?),
+            ),
+            false => (None, None),
+        };
+        // gpt-oss's converter names the feed-forward's norm `post_attention_norm`.
+        let ffn_norm = match gpt_oss {
+            true => self.vector(&n("post_attention_norm"), e)?,
+            false => self.vector(&n("ffn_norm"), e)?,
+        };
         let ffn = if let Some(moe) = hp.moe {
             let (ne, ff) = (moe.routing.n_expert, moe.n_ff_exp);
             Ffn::Experts(Experts {
@@ -299,6 +314,15 @@ impl Loader<'_> {
                         gate_inp: self.vector_weight(&n("ffn_gate_inp_shexp"), e)?,
                         gate_up: self.gate_up(&n("ffn_gate_shexp"), &n("ffn_up_shexp"), e, sf)?,
                         down: self.matrix(&n("ffn_down_shexp"), sf, e)?,
+                    }),
+                },
+                bias: match self.f.tensor(&b("ffn_gate_inp")) {
+                    None => None,
+                    Some(_) => Some(ExpertBiases {
+                        gate_inp: self.vector(&b("ffn_gate_inp"), ne)?,
+                        gate: self.expert_vectors(&b("ffn_gate_exps"), ff, ne)?,
+                        up: self.expert_vectors(&b("ffn_up_exps"), ff, ne)?,
+                        down: self.expert_vectors(&b("ffn_down_exps"), e, ne)?,
                     }),
                 },
             })
@@ -318,6 +342,8 @@ impl Loader<'_> {
             attn_k_norm,
             attn_post_norm,
             ffn_post_norm,
+            attn_sinks,
+            wo_bias,
             attn_norm,
             qkv,
             qkv_bias,
@@ -583,6 +609,12 @@ impl Loader<'_> {
         quant::dequantize_row(t.ty, self.f.tensor_data(&t), &mut v);
         self.advance(&t);
         Ok(v)
+    }
+
+    /// Per-expert vectors [n, n_expert] (gpt-oss's expert biases), as f32 on the GPU.
+    fn expert_vectors(&mut self, name: &str, n: u32, n_expert: u32) -> Result<View, ModelError> {
+        let v = self.values(name, &[n as u64, n_expert as u64])?;
+        self.upload_values(name, &v)
     }
 
     /// A vector [n] as an f32 weight of one row (a projection to one value per token).

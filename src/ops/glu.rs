@@ -1,4 +1,5 @@
-//! Gated linear units: SwiGLU (SiLU gate, llama) and GeGLU (tanh-GELU gate, gemma).
+//! Gated linear units: SwiGLU (SiLU gate, llama), GeGLU (tanh-GELU gate, gemma) and
+//! gpt-oss's clamped SwiGLU.
 
 use super::uniforms::GluUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
@@ -8,18 +9,34 @@ use crate::gpu::{Gpu, GpuError};
 pub enum Activation {
     Silu,
     Gelu,
+    /// gpt-oss's SwiGLU: the gate clamped from above at 7 through x sigmoid(1.702 x), times
+    /// the up value clamped to [-7, 7] plus 1 (llama.cpp's swiglu_oai). It is never fused
+    /// into a matmul (gpt-oss's experts add biases first).
+    SwigluOai,
 }
 
 impl Activation {
-    /// Every activation, for enumerating the kernel variants.
-    pub const ALL: &'static [Activation] = &[Activation::Silu, Activation::Gelu];
+    /// Every activation, for enumerating the GLU kernel's variants.
+    pub const ALL: &'static [Activation] =
+        &[Activation::Silu, Activation::Gelu, Activation::SwigluOai];
+
+    /// The activations the matmul kernels' GLU epilogue has variants for.
+    pub const FUSED: &'static [Activation] = &[Activation::Silu, Activation::Gelu];
+
+    /// Whether a matmul can apply this activation in its epilogue.
+    pub fn fusable(self) -> bool {
+        Self::FUSED.contains(&self)
+    }
 
     pub(crate) fn wgsl(self) -> &'static str {
         match self {
             Activation::Silu => "silu",
             Activation::Gelu => "gelu",
+            Activation::SwigluOai => "swiglu_oai",
         }
     }
+
+    /// The gate's activation alone (the clamped SwiGLU's clamp included).
     pub fn apply(self, v: f32) -> f32 {
         let v = v as f64;
         (match self {
@@ -27,9 +44,25 @@ impl Activation {
             Activation::Gelu => {
                 0.5 * v * (1.0 + (0.7978845608028654 * v * (1.0 + 0.044715 * v * v)).tanh())
             }
+            Activation::SwigluOai => {
+                let x = v.min(OAI_LIMIT as f64);
+                x / (1.0 + (-OAI_ALPHA as f64 * x).exp())
+            }
         }) as f32
     }
+
+    /// One gated unit: act(gate) times up (the clamped SwiGLU's up clamped and plus 1).
+    pub fn glu(self, gate: f32, up: f32) -> f32 {
+        match self {
+            Activation::SwigluOai => self.apply(gate) * (up.clamp(-OAI_LIMIT, OAI_LIMIT) + 1.0),
+            _ => self.apply(gate) * up,
+        }
+    }
 }
+
+/// gpt-oss's SwiGLU constants (fixed in llama.cpp's graph).
+const OAI_ALPHA: f32 = 1.702;
+const OAI_LIMIT: f32 = 7.0;
 
 /// dst[i] = act(gate[i]) * up[i] for i < n.
 pub fn glu(
@@ -81,8 +114,5 @@ fn record_glu(
 }
 
 pub fn glu_ref(act: Activation, gate: &[f32], up: &[f32]) -> Vec<f32> {
-    gate.iter()
-        .zip(up)
-        .map(|(&g, &u)| act.apply(g) * u)
-        .collect()
+    gate.iter().zip(up).map(|(&g, &u)| act.glu(g, u)).collect()
 }

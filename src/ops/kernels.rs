@@ -243,6 +243,8 @@ pub enum KernelKey {
     },
     /// The weighted sum of each token's experts' outputs (`moe_sum.wgsl`).
     MoeSum,
+    /// A bias per expert added to each pair's output (gpt-oss).
+    MoeAddId,
     /// A ubatch's (token, expert) pairs grouped by expert (`moe_group.wgsl`).
     MoeGroup,
     /// The experts' products over pairs grouped by expert, `tb` pairs of an expert per
@@ -301,7 +303,7 @@ fn split_shapes() -> Vec<(u32, u32)> {
 
 /// No epilogue, or the fused GLU with each activation.
 fn glu_epilogues() -> impl Iterator<Item = Option<Activation>> {
-    std::iter::once(None).chain(Activation::ALL.iter().map(|&a| Some(a)))
+    std::iter::once(None).chain(Activation::FUSED.iter().map(|&a| Some(a)))
 }
 
 fn kv_type(f16: bool) -> String {
@@ -321,6 +323,7 @@ impl KernelKey {
             QuantizeQ8,
             MoeRoute,
             MoeSum,
+            MoeAddId,
             MoeGroup,
         ];
         for ty in super::matmul_q8::TYPES {
@@ -552,6 +555,7 @@ impl KernelKey {
             | MatmulId { .. }
             | MatmulIdGrouped { .. }
             | MoeSum
+            | MoeAddId
             | MatmulQ8 { .. }
             | SsmConv
             | SsmScan { wg: false, .. } => 64,
@@ -611,6 +615,7 @@ impl KernelKey {
             MatmulId { .. } | MatmulIdGrouped { .. } => MatmulIdUniform::WGSL,
             MoeGroup => MoeGroupUniform::WGSL,
             MoeSum => MoeSumUniform::WGSL,
+            MoeAddId => MoeAddIdUniform::WGSL,
             SsmConv => SsmConvUniform::WGSL,
             SsmScan { .. } => SsmScanUniform::WGSL,
             SampleTopk { .. } | SampleChain { .. } => SampleUniform::WGSL,
@@ -748,6 +753,7 @@ impl KernelKey {
                 compose(&[&quant(ty)?, shaders::QUANT_READ, shaders::MATMUL_ID], &[])
             }
             MoeSum => shaders::MOE_SUM.to_string(),
+            MoeAddId => shaders::MOE_ADD_ID.to_string(),
             MoeGroup => shaders::MOE_GROUP.to_string(),
             MatmulIdGrouped { ty, tb } => compose(
                 &[&quant(ty)?, shaders::QUANT_READ, shaders::MATMUL_ID_GROUPED],
@@ -927,6 +933,7 @@ impl fmt::Display for KernelKey {
             MoeRoute => write!(f, "moe_route"),
             MatmulId { ty } => write!(f, "matmul_id_{ty}"),
             MoeSum => write!(f, "moe_sum"),
+            MoeAddId => write!(f, "moe_add_id"),
             MoeGroup => write!(f, "moe_group"),
             MatmulIdGrouped { ty, tb } => write!(f, "matmul_id_grouped_{ty}_tb{tb}"),
             SsmConv => write!(f, "ssm_conv"),
@@ -1147,14 +1154,14 @@ mod tests {
             + GPU_TILES.len()
             + COOP_SIZES.len()
             + 2
-            + Activation::ALL.len()
+            + Activation::FUSED.len()
                 * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
         assert_eq!(per_type, 68 + 2 * (27 + 20));
         // Both shapes of the two norms, the two joins, hadamard, binary ops, GLUs,
         // softmaxes, rope in f32 and f16. The recurrent layers' convolution and both
         // shapes of the scan per state size. Both shapes of sampling's two passes. Expert
-        // routing, grouping and weighted sum (their products are per type).
+        // routing, grouping, biases and weighted sum (their products are per type).
         let shared = 2 * 2
             + 2
             + 1
@@ -1165,7 +1172,7 @@ mod tests {
             + 1
             + 2 * SSM_DS.len()
             + 2 * 2
-            + 3;
+            + 4;
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
         // two rope_stores, two GPU flash kernels and four of f16 tiles (matrices or loops), the
         // CPU ones (head buckets x tokens).

@@ -82,6 +82,8 @@ pub fn kernel(
     n_tok: u32,
     glu: Option<Activation>,
 ) -> KernelKey {
+    // Activations without an epilogue variant (gpt-oss's) take the products, then the GLU.
+    let glu = glu.filter(|a| a.fusable());
     let even = |rows: u32| if glu.is_some() { rows.max(2) } else { rows };
     if gpu.kernels != KernelShape::Gpu {
         let (rows, tb) = tile(&gpu.tuning, n_tok, gpu.unroll);

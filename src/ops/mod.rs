@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 pub use kernels::KernelKey;
 pub use tuning::{KernelTuning, TuningError};
-pub use weight::{Experts, Ffn, GateUp, SharedExpert, Weight};
+pub use weight::{ExpertBiases, Experts, Ffn, GateUp, SharedExpert, Weight};
 
 /// A byte range of a GPU buffer, as an op sees an input or output.
 #[derive(Clone, Debug)]

@@ -8,7 +8,9 @@
 //! ([`moe_group`]) and each workgroup multiplies [`GROUPED_TB`] pairs of one expert, so an
 //! expert's rows are read once per that many tokens that chose it.
 
-use super::uniforms::{MatmulIdUniform, MoeGroupUniform, MoeRouteUniform, MoeSumUniform};
+use super::uniforms::{
+    MatmulIdUniform, MoeAddIdUniform, MoeGroupUniform, MoeRouteUniform, MoeSumUniform,
+};
 use super::{record, split_groups, Dispatch, KernelKey, View, Weight, MAX_GROUPS};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError};
@@ -355,5 +357,43 @@ pub fn moe_sum_ref(y: &[f32], weights: &[f32], n_out: usize, n_used: usize) -> V
                 (1..n_used).fold(row(0) * w[0], |acc, j| acc + row(j) * w[j])
             })
         })
+        .collect()
+}
+
+/// Each (token, expert) pair's output `a` ([rows, n_pairs]) plus its expert's row of
+/// `bias` ([rows, n_expert]), the experts named by `ids` ([n_pairs]): gpt-oss's expert
+/// biases (llama.cpp's add_id).
+pub fn moe_add_id(
+    gpu: &Gpu,
+    a: &View,
+    bias: &View,
+    ids: &View,
+    rows: u32,
+    n_pairs: u32,
+    dst: &View,
+) -> Result<Dispatch, GpuError> {
+    let n = rows * n_pairs;
+    let (gx, gy) = split_groups(n.div_ceil(64));
+    let params = MoeAddIdUniform {
+        n,
+        rows,
+        wg_x: gx,
+        ..Default::default()
+    };
+    record(
+        gpu,
+        "moe_add_id",
+        gpu.pipeline(KernelKey::MoeAddId)?,
+        bytemuck::bytes_of(&params),
+        &[a, bias, ids, dst],
+        [gx, gy, 1],
+    )
+}
+
+/// CPU reference of [`moe_add_id`].
+pub fn moe_add_id_ref(a: &[f32], bias: &[f32], ids: &[u32], rows: usize) -> Vec<f32> {
+    a.iter()
+        .enumerate()
+        .map(|(g, &v)| v + bias[ids[g / rows] as usize * rows + g % rows])
         .collect()
 }

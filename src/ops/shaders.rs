@@ -15,6 +15,7 @@ pub const MATMUL_ID: &str = include_str!("../../shaders/matmul_id.wgsl");
 pub const MOE_GROUP: &str = include_str!("../../shaders/moe_group.wgsl");
 pub const MATMUL_ID_GROUPED: &str = include_str!("../../shaders/matmul_id_grouped.wgsl");
 pub const MOE_SUM: &str = include_str!("../../shaders/moe_sum.wgsl");
+pub const MOE_ADD_ID: &str = include_str!("../../shaders/moe_add_id.wgsl");
 pub const MATMUL_Q8_TILE: &str = include_str!("../../shaders/matmul_q8_tile.wgsl");
 pub const MATMUL_COOP: &str = include_str!("../../shaders/matmul_coop.wgsl");
 pub const Q8_WEIGHTS: &str = include_str!("../../shaders/q8_weights.wgsl");
@@ -241,6 +242,7 @@ pub fn fingerprint() -> u64 {
         MOE_ROUTE,
         MATMUL_ID,
         MOE_SUM,
+        MOE_ADD_ID,
         MOE_GROUP,
         MATMUL_ID_GROUPED,
         ATTN_KQ_TILE,

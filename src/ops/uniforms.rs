@@ -297,6 +297,16 @@ uniform_struct! {
 }
 
 uniform_struct! {
+    /// moe_add_id: `n` values, pairs of `rows`, each plus its expert's bias row.
+    MoeAddIdUniform {
+        n: u32,
+        rows: u32,
+        wg_x: u32,
+        _pad0: u32,
+    }
+}
+
+uniform_struct! {
     /// moe_sum: `n` = tokens x `n_out` outputs, each a weighted sum over `n_used` experts.
     MoeSumUniform {
         n: u32,

@@ -32,6 +32,17 @@ pub struct Experts {
     pub down: Arc<Weight>,
     /// Qwen2-MoE's shared expert, which every token passes through beside its chosen ones.
     pub shared: Option<SharedExpert>,
+    /// gpt-oss's biases of the router and of each expert's projections.
+    pub bias: Option<ExpertBiases>,
+}
+
+/// Biases of a mixture of experts (gpt-oss): the router's [n_expert], and each
+/// projection's per expert ([rows, n_expert], an expert's bias row after another's).
+pub struct ExpertBiases {
+    pub gate_inp: super::View,
+    pub gate: super::View,
+    pub up: super::View,
+    pub down: super::View,
 }
 
 /// A dense feed-forward every token takes, its output gated per token by
