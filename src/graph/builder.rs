@@ -734,6 +734,7 @@ impl GraphBuilder {
 
     /// softmax(mask + scale · K q) V over the cache for q [head_dim * n_head, n_tok]:
     /// [head_dim * n_head, n_tok].
+    #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &mut self,
         gpu: &Gpu,

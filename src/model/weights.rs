@@ -302,7 +302,7 @@ impl Loader<'_> {
         };
         let ffn = if let Some(moe) = hp.moe {
             let (ne, ff) = (moe.routing.n_expert, moe.n_ff_exp);
-            Ffn::Experts(Experts {
+            Ffn::Experts(Box::new(Experts {
                 routing: moe.routing,
                 gate_inp: self.matrix(&n("ffn_gate_inp"), e, ne)?,
                 gate: self.experts(&n("ffn_gate_exps"), e, ff, ne)?,
@@ -325,7 +325,7 @@ impl Loader<'_> {
                         down: self.expert_vectors(&b("ffn_down_exps"), e, ne)?,
                     }),
                 },
-            })
+            }))
         } else {
             let gate_up = if self.f.tensor(&n("ffn_gate")).is_none() && hp.arch == Arch::Phi3 {
                 self.fused_gate_up(&n("ffn_up"), e, ff)?

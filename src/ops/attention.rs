@@ -530,6 +530,7 @@ pub fn flash_coop(gpu: &Gpu) -> bool {
 
 /// The CPU-shaped flash kernel (attn_flash_rows.wgsl) over `fr`'s chunks of cells, then
 /// the chunks joined (which also divides by the softmax's sum).
+#[allow(clippy::too_many_arguments)]
 fn flash_rows(
     gpu: &Gpu,
     s: &AttnShape,

@@ -18,8 +18,12 @@ pub enum GateUp {
 
 /// A layer's feed-forward weights: one gated feed-forward, or a mixture of experts.
 pub enum Ffn {
-    Dense { gate_up: GateUp, down: Arc<Weight> },
-    Experts(Experts),
+    Dense {
+        gate_up: GateUp,
+        down: Arc<Weight>,
+    },
+    /// Boxed: a mixture's weights are ten times a dense feed-forward's handles.
+    Experts(Box<Experts>),
 }
 
 /// A mixture-of-experts feed-forward: the router, and each projection's experts stacked
