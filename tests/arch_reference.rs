@@ -277,10 +277,24 @@ fn gemma2_q8_0() {
 /// their logits and weighted by those logits' softmax, the clamped SwiGLU. Then through
 /// GPU-shaped kernels with flash attention (the sinks in the flash kernels' store and the
 /// chunks' join).
+/// Last, llama.cpp's context-shift loop on the same file (tests/data/reference/README.md):
+/// the same cache operations through the full and the rolling store, and the same top-1
+/// wherever llama.cpp's margin is at least 0.5, teacher-forced across four shifts.
 #[test]
 fn gpt_oss_mxfp4() {
     check("gpt-oss-mxfp4");
     check_with("gpt-oss-mxfp4", &["--kernels", "gpu", "-fa", "on"], None);
+    let (_, path) = synth_file("gpt-oss-mxfp4", None);
+    let f = GgufFile::open(&path).unwrap();
+    let gpu = wgllm::gpu::Gpu::new(&Default::default()).unwrap();
+    let model = wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap();
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    std::fs::remove_file(&path).ok();
+    let rec = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/reference/gpt-oss-story.ctxshift.json");
+    let model = (std::sync::Arc::new(model), tok);
+    let checked = common::replay::replay_recording(&model, &rec, Default::default(), |_| 18);
+    eprintln!("gpt-oss context shift: {checked} steps checked");
 }
 
 /// Mixtral's layout (llama with 8 experts, 2 per token) in Q4_K.
