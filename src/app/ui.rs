@@ -582,8 +582,14 @@ impl App {
                 }
                 Load::Loaded(m) => {
                     ui.label(format!(
-                        "{} ({}, {:.0} MiB, -c {}, -np {}, loaded in {:.1} s)",
-                        m.name, m.arch, m.weights_mib, m.n_ctx, m.n_seq, m.load_secs
+                        "{} ({}, {}, {:.0} MiB, -c {}, -np {}, loaded in {:.1} s)",
+                        m.name,
+                        m.arch,
+                        params_text(m.n_params, m.n_params_active),
+                        m.weights_mib,
+                        m.n_ctx,
+                        m.n_seq,
+                        m.load_secs
                     ))
                     .on_hover_text(m.path.display().to_string());
                 }
@@ -982,5 +988,17 @@ impl eframe::App for App {
             .show(ui, |ui| self.right_panel(ui));
         egui::CentralPanel::default().show(ui, |ui| self.chat_panel(ui));
         self.drive(&ctx);
+    }
+}
+
+/// "135M params", or for a mixture of experts "30.5B params, 3.3B active".
+fn params_text(total: u64, active: u64) -> String {
+    let short = |n: u64| match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n => format!("{}M", (n as f64 / 1e6).round()),
+    };
+    match active < total {
+        true => format!("{} params, {} active", short(total), short(active)),
+        false => format!("{} params", short(total)),
     }
 }

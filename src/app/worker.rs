@@ -94,6 +94,9 @@ pub struct ModelInfo {
     /// The file (native) or URL / picked file name (browser).
     pub path: PathBuf,
     pub weights_mib: f64,
+    /// Parameters, and those a token uses (fewer in a mixture of experts).
+    pub n_params: u64,
+    pub n_params_active: u64,
     pub n_ctx: u32,
     pub n_seq: u32,
     pub load_secs: f64,
@@ -525,6 +528,8 @@ impl Worker {
             arch: format!("{:?}", engine.model.hp.arch).to_lowercase(),
             path: PathBuf::from(&name),
             weights_mib: engine.model.weights.gpu_bytes as f64 / (1 << 20) as f64,
+            n_params: engine.model.n_params,
+            n_params_active: engine.model.n_params_active,
             n_ctx: engine.n_ctx(),
             n_seq: engine.context().params.n_seq_max,
             load_secs: engine.load_time.as_secs_f64(),

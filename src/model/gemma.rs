@@ -8,7 +8,7 @@
 //!   their own RoPE base.
 
 use super::{
-    attn_shape, kv_layer, output_head, Arch, CacheKind, GraphInput, GraphIo, Hparams, Model,
+    attn_shape, close_layer, kv_layer, layer_input, output_head, Arch, CacheKind, GraphIo, Model,
 };
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
@@ -16,29 +16,6 @@ use crate::kv::MaskKind;
 use crate::memory::Memory;
 use crate::ops::glu::Activation;
 use crate::ops::softmax::SoftmaxParams;
-
-/// The mask of the sliding-window layers (a causal one serves the global layers).
-fn window_mask(hp: &Hparams) -> MaskKind {
-    MaskKind {
-        swa: hp.swa.map(|s| s.window as i32),
-        alibi: false,
-    }
-}
-
-/// Two masks (global, window), the cells of both K/V stores, and two RoPE tables (global
-/// base, local base).
-pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
-    vec![
-        GraphInput::Tokens,
-        GraphInput::KvSlots(CacheKind::Full),
-        GraphInput::KvSlots(CacheKind::Window),
-        GraphInput::OutIds,
-        GraphInput::KqMask(MaskKind::default()),
-        GraphInput::KqMask(window_mask(hp)),
-        GraphInput::Rope(hp.rope),
-        GraphInput::Rope(hp.rope_swa),
-    ]
-}
 
 /// A norm vector every Gemma layer of the kind has: a missing one is a loader bug, reported.
 fn need<'a>(v: &'a Option<crate::ops::View>, what: &str) -> Result<&'a crate::ops::View, GpuError> {
@@ -54,7 +31,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let global_slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
     let local_slots = g.input(io.kv_slots(CacheKind::Window)?, [t, 1]);
     let global_mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
-    let local_mask = g.input(io.mask(window_mask(hp))?, [io.n_kv_window, t]);
+    let local_mask = g.input(io.mask(super::window_mask(hp))?, [io.n_kv_window, t]);
     let global_rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
     let local_rope = g.input(io.rope(hp.rope_swa)?, [hp.rope_swa.n_dims, t]);
     let global_shape = attn_shape(hp, mem, t, io.n_kv);
@@ -76,10 +53,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let mut normed = None;
     for (il, lw) in w.layers.iter().enumerate() {
         let kv = kv_layer(mem, il)?;
-        let cur = match normed.take() {
-            Some(cur) => cur,
-            None => g.rms_norm(x, &lw.attn_norm, eps),
-        };
+        let cur = layer_input(&mut g, &mut normed, x, &lw.attn_norm, eps);
         // The memory says which store holds the layer's rows (the rolling buffer, or the
         // full store with --swa-full); the model says what the layer sees.
         let (slots, shape) = match kv.store {
@@ -120,14 +94,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
         let ffn = g.ffn(cur, &lw.ffn, Activation::Gelu);
         let ffn = g.rms_norm(ffn, need(&lw.ffn_post_norm, "post-feed-forward norm")?, eps);
-        x = match w.layers.get(il + 1) {
-            Some(next) => {
-                let (x_next, cur) = g.add_rms_norm(x_attn, ffn, &next.attn_norm, eps);
-                normed = Some(cur);
-                x_next
-            }
-            None => g.add(x_attn, ffn),
-        };
+        x = close_layer(&mut g, &w.layers, il, (x_attn, ffn), eps, &mut normed);
     }
 
     output_head(g, m, io, x)

@@ -6,7 +6,10 @@
 //! norms (Qwen3), NeoX-style rotation (all three), fused QKV and gate/up tensors (Phi-3,
 //! re-laid out at load), Llama 3's RoPE frequency factors (in the RoPE table).
 
-use super::{attn_shape, kv_layer, output_head, CacheKind, GraphInput, GraphIo, Hparams, Model};
+use super::{
+    attn_shape, close_layer, kv_layer, layer_input, output_head, CacheKind, GraphInput, GraphIo,
+    Hparams, Model,
+};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
 use crate::kv::MaskKind;
@@ -47,10 +50,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let mut normed = None;
     for (il, lw) in w.layers.iter().enumerate() {
         let kv = kv_layer(mem, il)?;
-        let cur = match normed.take() {
-            Some(cur) => cur,
-            None => g.rms_norm(x, &lw.attn_norm, eps),
-        };
+        let cur = layer_input(&mut g, &mut normed, x, &lw.attn_norm, eps);
         let qk_norm = match (&lw.attn_q_norm, &lw.attn_k_norm) {
             (Some(q), Some(k)) => Some((q, k, eps)),
             _ => None,
@@ -74,14 +74,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         let o = g.attn_block(gpu, cur, &attn)?;
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
         let ffn = g.ffn(cur, &lw.ffn, Activation::Silu);
-        x = match w.layers.get(il + 1) {
-            Some(next) => {
-                let (x_next, cur) = g.add_rms_norm(x_attn, ffn, &next.attn_norm, eps);
-                normed = Some(cur);
-                x_next
-            }
-            None => g.add(x_attn, ffn),
-        };
+        x = close_layer(&mut g, &w.layers, il, (x_attn, ffn), eps, &mut normed);
     }
 
     output_head(g, m, io, x)

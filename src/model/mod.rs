@@ -58,6 +58,31 @@ pub struct Model {
     pub gpu: Arc<Gpu>,
     /// `general.name`, for logs.
     pub name: String,
+    /// Parameters in the file, and those a token uses (see [`param_counts`]).
+    pub n_params: u64,
+    pub n_params_active: u64,
+}
+
+/// The parameters in `f`'s tensors, and those one token uses: all but the unchosen
+/// experts' (`expert_used_count` of `expert_count` experts' weights in a mixture).
+pub fn param_counts(f: &GgufFile) -> (u64, u64) {
+    let n_params = f.tensors.iter().map(|t| t.n_elements()).sum();
+    let arch = f
+        .get("general.architecture")
+        .and_then(|v| v.as_str())
+        .unwrap_or("?");
+    let count = |k: &str| f.get(&format!("{arch}.{k}")).and_then(|v| v.as_i64());
+    let active = match (count("expert_count"), count("expert_used_count")) {
+        (Some(ne), Some(nu)) if ne > 1 && nu > 0 && nu <= ne => {
+            let experts: u64 = (f.tensors.iter())
+                .filter(|t| t.name.ends_with("_exps.weight") || t.name.ends_with("_exps.bias"))
+                .map(|t| t.n_elements())
+                .sum();
+            n_params - experts + experts / ne as u64 * nu as u64
+        }
+        _ => n_params,
+    };
+    (n_params, active)
 }
 
 impl Model {
@@ -104,11 +129,14 @@ impl Model {
             .and_then(|v| v.as_str())
             .unwrap_or("model")
             .to_string();
+        let (n_params, n_params_active) = param_counts(f);
         Ok(Model {
             hp,
             weights,
             gpu,
             name,
+            n_params,
+            n_params_active,
         })
     }
 
@@ -117,8 +145,7 @@ impl Model {
     pub fn inputs(&self) -> Vec<GraphInput> {
         crate::graph::inputs::dedup(match self.hp.arch {
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => llama::inputs(&self.hp),
-            Arch::Gemma2 | Arch::Gemma3 => gemma::inputs(&self.hp),
-            Arch::GptOss => gpt_oss::inputs(&self.hp),
+            Arch::Gemma2 | Arch::Gemma3 | Arch::GptOss => windowed_inputs(&self.hp),
             Arch::Mamba | Arch::Mamba2 => mamba::inputs(),
             Arch::Lfm2 => lfm2::inputs(&self.hp),
         })
@@ -171,6 +198,65 @@ fn output_head(
         None => g.matmul_into(&w.output, cur, logits),
     }
     g.build(gpu)
+}
+
+/// The mask of the sliding-window layers (a causal one serves the global layers).
+fn window_mask(hp: &Hparams) -> crate::kv::MaskKind {
+    crate::kv::MaskKind {
+        swa: hp.swa.map(|s| s.window as i32),
+        alibi: false,
+    }
+}
+
+/// The inputs of a model whose layers alternate windowed and global attention (Gemma,
+/// gpt-oss): two masks, the cells of both K/V stores, the RoPE tables of both kinds of
+/// layer (one, where they rotate alike).
+fn windowed_inputs(hp: &Hparams) -> Vec<GraphInput> {
+    vec![
+        GraphInput::Tokens,
+        GraphInput::KvSlots(CacheKind::Full),
+        GraphInput::KvSlots(CacheKind::Window),
+        GraphInput::OutIds,
+        GraphInput::KqMask(crate::kv::MaskKind::default()),
+        GraphInput::KqMask(window_mask(hp)),
+        GraphInput::Rope(hp.rope),
+        GraphInput::Rope(hp.rope_swa),
+    ]
+}
+
+/// The input of layer `il`'s attention: the norm of x, or the one the previous layer's
+/// fused residual add made ([`close_layer`]).
+fn layer_input(
+    g: &mut crate::graph::GraphBuilder,
+    normed: &mut Option<crate::graph::TensorId>,
+    x: crate::graph::TensorId,
+    attn_norm: &crate::ops::View,
+    eps: f32,
+) -> crate::graph::TensorId {
+    match normed.take() {
+        Some(cur) => cur,
+        None => g.rms_norm(x, attn_norm, eps),
+    }
+}
+
+/// The residual add closing layer `il` (x_attn + ffn), fused with the next layer's
+/// attention norm where there is one (that norm is left in `normed`).
+fn close_layer(
+    g: &mut crate::graph::GraphBuilder,
+    layers: &[LayerWeights],
+    il: usize,
+    (x_attn, ffn): (crate::graph::TensorId, crate::graph::TensorId),
+    eps: f32,
+    normed: &mut Option<crate::graph::TensorId>,
+) -> crate::graph::TensorId {
+    match layers.get(il + 1) {
+        Some(next) => {
+            let (x_next, cur) = g.add_rms_norm(x_attn, ffn, &next.attn_norm, eps);
+            *normed = Some(cur);
+            x_next
+        }
+        None => g.add(x_attn, ffn),
+    }
 }
 
 /// A recurrent ubatch's layout (the recurrent memory's equal split): the rows each

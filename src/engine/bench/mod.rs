@@ -235,7 +235,7 @@ fn model_facts(path: &std::path::Path) -> Result<ModelFacts, EngineError> {
     }
     let f = GgufFile::open(path)?;
     let size = f.tensors.iter().map(|t| t.n_bytes).sum();
-    let n_params = f.tensors.iter().map(|t| t.n_elements()).sum();
+    let (n_params, n_params_active) = crate::model::param_counts(&f);
     // The weight type holding most parameters names the model's quantization.
     let mut by_type: Vec<(String, u64)> = Vec::new();
     for t in f.tensors.iter().filter(|t| t.dims.len() >= 2) {
@@ -249,18 +249,6 @@ fn model_facts(path: &std::path::Path) -> Result<ModelFacts, EngineError> {
         .map(|e| e.0.clone())
         .unwrap_or_default();
     let arch = f.get_str("general.architecture").unwrap_or("?").to_string();
-    // A mixture of experts uses n_used of n_expert experts' weights per token.
-    let count = |k: &str| f.get(&format!("{arch}.{k}")).and_then(|v| v.as_i64());
-    let n_params_active = match (count("expert_count"), count("expert_used_count")) {
-        (Some(ne), Some(nu)) if ne > 1 && nu > 0 && nu <= ne => {
-            let experts: u64 = (f.tensors.iter())
-                .filter(|t| t.name.ends_with("_exps.weight"))
-                .map(|t| t.n_elements())
-                .sum();
-            n_params - experts + experts / ne as u64 * nu as u64
-        }
-        _ => n_params,
-    };
     let short = |n: u64| match n {
         n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
         n => format!("{}M", (n as f64 / 1e6).round()),
