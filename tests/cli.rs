@@ -82,6 +82,7 @@ fn a_gemma_file_missing_a_tensor_names_it() {
         n_ff: 128,
         n_head: 4,
         n_head_kv: 1,
+        experts: None,
     };
     let vocab = vec![
         (
@@ -576,6 +577,38 @@ fn every_command_parses_its_flags() {
         assert!(code != 0 && code != 2, "{args:?}: exit {code}: {err}");
         assert!(!err.contains("Usage:"), "{args:?}: {err}");
     }
+}
+
+/// Expert counts `wgllm synth` cannot write are refused with the reason, before any file
+/// is read.
+#[test]
+fn synth_refuses_expert_counts_it_cannot_write() {
+    let base = [
+        "synth",
+        "--vocab-from",
+        "/nonexistent/vocab.gguf",
+        "-o",
+        "/nonexistent/out.gguf",
+    ];
+    assert_clean_failure(
+        &[&base[..], &["--arch", "llama", "--experts", "8"]].concat(),
+        "apply to the mixture-of-experts architectures",
+    );
+    assert_clean_failure(
+        &[
+            &base[..],
+            &[
+                "--arch",
+                "qwen3moe",
+                "--experts",
+                "8",
+                "--experts-used",
+                "9",
+            ],
+        ]
+        .concat(),
+        "9 of 8 experts per token",
+    );
 }
 
 /// A first run as on a fresh machine (empty tuning and Mesa shader caches, no runtime

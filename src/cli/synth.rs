@@ -34,6 +34,13 @@ pub struct SynthArgs {
     /// Weight type of the matrices: any type wgllm can quantize to (q4_0, q5_1, q8_0, f16, …).
     #[arg(long = "type", default_value = "q4_0")]
     pub ty: String,
+    /// Experts of a mixture-of-experts architecture (qwen2moe, qwen3moe, mixtral, gpt-oss)
+    /// instead of its default (16; Mixtral 8).
+    #[arg(long)]
+    pub experts: Option<u32>,
+    /// Experts each token uses (default 4; Mixtral 2).
+    #[arg(long = "experts-used")]
+    pub experts_used: Option<u32>,
     /// Write only the metadata (a vocabulary file, as llama.cpp's ggml-vocab-*.gguf).
     #[arg(long)]
     pub vocab_only: bool,
@@ -50,13 +57,31 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
             SynthArch::NAMES
         );
     };
-    let Some(shape) = SynthShape::preset(&a.shape) else {
+    let Some(mut shape) = SynthShape::preset(&a.shape) else {
         bail!(
             "unknown shape `{}` (--shape takes one of: {})",
             a.shape,
             SynthShape::PRESETS
         );
     };
+    if a.experts.is_some() || a.experts_used.is_some() {
+        let Some((n, used)) = arch.default_experts() else {
+            bail!(
+                "--experts and --experts-used apply to the mixture-of-experts architectures \
+                 (qwen2moe, qwen3moe, mixtral, gpt-oss), not `{}`",
+                a.arch
+            );
+        };
+        let (n, used) = (a.experts.unwrap_or(n), a.experts_used.unwrap_or(used));
+        let max_used = wgllm::ops::moe::MAX_USED;
+        if n < 2 || n > 512 || used < 1 || used > n || used > max_used {
+            bail!(
+                "{used} of {n} experts per token: wgllm runs 2 to 512 experts with 1 to \
+                 {max_used} used (at most all of them)"
+            );
+        }
+        shape.experts = Some((n, used));
+    }
     let ty = match quant::format_by_name(&a.ty) {
         Some(f) if f.quantizer().is_some() => f.ty(),
         _ => bail!(

@@ -13,6 +13,9 @@ pub struct SynthShape {
     pub n_ff: u32,
     pub n_head: u32,
     pub n_head_kv: u32,
+    /// A mixture of experts' (experts, used per token), instead of the architecture's
+    /// own (`wgllm synth --experts N --experts-used K`).
+    pub experts: Option<(u32, u32)>,
 }
 
 impl SynthShape {
@@ -24,6 +27,7 @@ impl SynthShape {
             n_ff,
             n_head,
             n_head_kv,
+            experts: None,
         };
         Some(match name {
             "tiny" => s(256, 2, 512, 4, 2),     // architecture checks
@@ -168,6 +172,15 @@ impl SynthArch {
     pub const NAMES: &'static str =
         "llama, llama3, qwen2, qwen2-yarn, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2";
 
+    /// (experts, used per token) of a mixture-of-experts architecture, None for others.
+    pub fn default_experts(self) -> Option<(u32, u32)> {
+        match self {
+            Self::Qwen3Moe | Self::Qwen2Moe | Self::GptOss { .. } => Some((16, 4)),
+            Self::Mixtral => Some((8, 2)),
+            _ => None,
+        }
+    }
+
     /// `general.architecture`.
     fn gguf_arch(self) -> &'static str {
         match self {
@@ -288,6 +301,7 @@ pub fn synth(
         n_ff,
         n_head,
         n_head_kv,
+        experts: experts_override,
     } = shape;
     let name = arch.gguf_arch();
     let key = |k: &str| format!("{name}.{k}");
@@ -355,13 +369,12 @@ pub fn synth(
             .meta(&key("rope.scaling.attn_factor"), Value::F32(1.19));
     }
     // Experts: (count, used, width).
-    let experts = match arch {
-        SynthArch::Qwen3Moe => Some((16u32, 4u32, n_ff / 2)),
-        SynthArch::Qwen2Moe => Some((16, 4, n_ff / 4)),
-        SynthArch::GptOss { .. } => Some((16, 4, n_ff / 2)),
-        SynthArch::Mixtral => Some((8, 2, n_ff)),
-        _ => None,
+    let width = match arch {
+        SynthArch::Qwen2Moe => n_ff / 4,
+        SynthArch::Mixtral => n_ff,
+        _ => n_ff / 2,
     };
+    let experts = (experts_override.or(arch.default_experts())).map(|(n, used)| (n, used, width));
     if let Some((n, used, width)) = experts {
         w.meta(&key("expert_count"), u(n))
             .meta(&key("expert_used_count"), u(used));
@@ -738,6 +751,7 @@ mod tests {
             n_ff: 96,
             n_head: 4,
             n_head_kv: 2,
+            experts: None,
         };
         let vocab = vec![(
             "tokenizer.ggml.tokens".to_string(),

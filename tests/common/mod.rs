@@ -194,6 +194,7 @@ const TINY: wgllm::model::synth::SynthShape = wgllm::model::synth::SynthShape {
     n_ff: 128,
     n_head: 4,
     n_head_kv: 2,
+    experts: None,
 };
 
 /// An SPM vocabulary of 256 `<i>` tokens, enough for an engine: tests feed token ids.
