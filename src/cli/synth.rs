@@ -74,7 +74,7 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
         };
         let (n, used) = (a.experts.unwrap_or(n), a.experts_used.unwrap_or(used));
         let max_used = wgllm::ops::moe::MAX_USED;
-        if n < 2 || n > 512 || used < 1 || used > n || used > max_used {
+        if !(2..=512).contains(&n) || used < 1 || used > n || used > max_used {
             bail!(
                 "{used} of {n} experts per token: wgllm runs 2 to 512 experts with 1 to \
                  {max_used} used (at most all of them)"
