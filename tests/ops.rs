@@ -2332,7 +2332,7 @@ fn expert_biases_match_reference() {
 }
 
 /// The experts' products and their weighted sum for every weight type: 4 to 128 experts,
-/// 1 to 8 used per token, 1 to 40 tokens routed by random logits, x per token (gate/up) and
+/// 1 to 8 used per token, 2 to 512 tokens routed by random logits, x per token (gate/up) and
 /// per pair (down), each pair's rows on their own and grouped by expert, against the plain
 /// matmul reference per pair. On GL, whose compiles take seconds a variant here, two types
 /// only (the kernels share everything but the weight snippet, which the matmul tests cover).
@@ -2344,8 +2344,13 @@ fn expert_matmul_matches_reference() {
             if name.starts_with("gl") && !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4K) {
                 continue;
             }
-            let (n_expert, n_used, n_tok) =
-                [(4u32, 2u32, 3usize), (16, 4, 9), (128, 8, 2), (8, 1, 40)][i % 4];
+            let (n_expert, n_used, n_tok) = [
+                (4u32, 2u32, 3usize),
+                (16, 4, 9),
+                (128, 8, 2),
+                (8, 1, 40),
+                (32, 4, 512),
+            ][i % 5];
             let k = n_cols(ty, &mut rng, 4);
             let rows = 1 + rng.below(40) as usize;
             let data = quantized(ty, &mut rng, k, rows * n_expert as usize);
