@@ -7,12 +7,9 @@
 //! * Gemma 3: per-head RMS norms of Q and K; five of every six layers see a window, with
 //!   their own RoPE base.
 
-use super::{
-    attn_shape, close_layer, kv_layer, layer_input, output_head, Arch, CacheKind, GraphIo, Model,
-};
+use super::{close_layer, kv_layer, layer_input, output_head, Arch, GraphIo, Model, Windowed};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
-use crate::kv::MaskKind;
 use crate::memory::Memory;
 use crate::ops::glu::Activation;
 use crate::ops::softmax::SoftmaxParams;
@@ -25,17 +22,9 @@ fn need<'a>(v: &'a Option<crate::ops::View>, what: &str) -> Result<&'a crate::op
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
-    let (t, eps) = (io.n_tok, hp.eps);
+    let eps = hp.eps;
     let mut g = GraphBuilder::new_on(gpu);
-    let tokens = g.input(io.tokens()?, [t, 1]);
-    let global_slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
-    let local_slots = g.input(io.kv_slots(CacheKind::Window)?, [t, 1]);
-    let global_mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
-    let local_mask = g.input(io.mask(super::window_mask(hp))?, [io.n_kv_window, t]);
-    let global_rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
-    let local_rope = g.input(io.rope(hp.rope_swa)?, [hp.rope_swa.n_dims, t]);
-    let global_shape = attn_shape(hp, mem, t, io.n_kv);
-    let local_shape = attn_shape(hp, mem, t, io.n_kv_window);
+    let inp = Windowed::new(&mut g, hp, io, mem)?;
     // Gemma scales Q before the product; scaling the scores instead is the same.
     let sp = SoftmaxParams {
         scale: hp.attn_scale,
@@ -43,7 +32,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         n_head: hp.n_head,
         softcap: hp.attn_softcap,
     };
-    let mut x = g.get_rows(&w.tok_embd, tokens);
+    let mut x = g.get_rows(&w.tok_embd, inp.tokens);
     if let Some(s) = &w.embd_scale {
         let s = g.input(s.clone(), [1, 1]);
         x = g.mul(x, s);
@@ -54,16 +43,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     for (il, lw) in w.layers.iter().enumerate() {
         let kv = kv_layer(mem, il)?;
         let cur = layer_input(&mut g, &mut normed, x, &lw.attn_norm, eps);
-        // The memory says which store holds the layer's rows (the rolling buffer, or the
-        // full store with --swa-full); the model says what the layer sees.
-        let (slots, shape) = match kv.store {
-            CacheKind::Full => (global_slots, global_shape),
-            CacheKind::Window => (local_slots, local_shape),
-        };
-        let (mask, rope) = match hp.is_swa(il) {
-            true => (local_mask, local_rope),
-            false => (global_mask, global_rope),
-        };
+        let ((slots, shape), (mask, rope)) = inp.layer(hp, il, kv.store);
         // Gemma 3 norms Q and K heads; Gemma 2 does not.
         let qk_norm = match hp.arch {
             Arch::Gemma3 => Some((

@@ -4,50 +4,30 @@
 //! a mixture of experts with biases, chosen by the router's top logits (their softmax the
 //! weights) and gated by a clamped SwiGLU.
 
-use super::{
-    attn_shape, close_layer, kv_layer, layer_input, output_head, CacheKind, GraphIo, Model,
-};
+use super::{close_layer, kv_layer, layer_input, output_head, GraphIo, Model, Windowed};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph, GraphBuilder};
-use crate::kv::MaskKind;
 use crate::memory::Memory;
 use crate::ops::glu::Activation;
 use crate::ops::softmax::SoftmaxParams;
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
-    let (t, eps) = (io.n_tok, hp.eps);
+    let eps = hp.eps;
     let mut g = GraphBuilder::new_on(gpu);
-    let tokens = g.input(io.tokens()?, [t, 1]);
-    let global_slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
-    let local_slots = g.input(io.kv_slots(CacheKind::Window)?, [t, 1]);
-    let global_mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
-    let local_mask = g.input(io.mask(super::window_mask(hp))?, [io.n_kv_window, t]);
-    let global_rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
-    let local_rope = g.input(io.rope(hp.rope_swa)?, [hp.rope_swa.n_dims, t]);
-    let global_shape = attn_shape(hp, mem, t, io.n_kv);
-    let local_shape = attn_shape(hp, mem, t, io.n_kv_window);
+    let inp = Windowed::new(&mut g, hp, io, mem)?;
     let sp = SoftmaxParams {
         scale: hp.attn_scale,
         max_bias: 0.0,
         n_head: hp.n_head,
         softcap: 0.0,
     };
-    let mut x = g.get_rows(&w.tok_embd, tokens);
+    let mut x = g.get_rows(&w.tok_embd, inp.tokens);
     let mut normed = None;
     for (il, lw) in w.layers.iter().enumerate() {
         let kv = kv_layer(mem, il)?;
         let cur = layer_input(&mut g, &mut normed, x, &lw.attn_norm, eps);
-        // The memory says which store holds the layer's rows; the model says what the
-        // layer sees.
-        let (slots, shape) = match kv.store {
-            CacheKind::Full => (global_slots, global_shape),
-            CacheKind::Window => (local_slots, local_shape),
-        };
-        let (mask, rope) = match hp.is_swa(il) {
-            true => (local_mask, local_rope),
-            false => (global_mask, global_rope),
-        };
+        let ((slots, shape), (mask, rope)) = inp.layer(hp, il, kv.store);
         let attn = AttnBlock {
             qkv: &lw.qkv,
             qkv_bias: lw.qkv_bias.as_ref(),

@@ -224,6 +224,69 @@ fn windowed_inputs(hp: &Hparams) -> Vec<GraphInput> {
     ]
 }
 
+/// The graph inputs of a windowed model's ubatch ([`windowed_inputs`]), index 0 for the
+/// global layers and 1 for the window layers.
+struct Windowed {
+    tokens: crate::graph::TensorId,
+    /// The cells of each K/V store's rows (the full store, the rolling buffer).
+    slots: [crate::graph::TensorId; 2],
+    masks: [crate::graph::TensorId; 2],
+    ropes: [crate::graph::TensorId; 2],
+    /// The attention shapes over each store's cells.
+    shapes: [AttnShape; 2],
+}
+
+impl Windowed {
+    fn new(
+        g: &mut crate::graph::GraphBuilder,
+        hp: &Hparams,
+        io: &GraphIo,
+        mem: &dyn Memory,
+    ) -> Result<Self, GpuError> {
+        let t = io.n_tok;
+        let global = crate::kv::MaskKind::default();
+        Ok(Windowed {
+            tokens: g.input(io.tokens()?, [t, 1]),
+            slots: [
+                g.input(io.kv_slots(CacheKind::Full)?, [t, 1]),
+                g.input(io.kv_slots(CacheKind::Window)?, [t, 1]),
+            ],
+            masks: [
+                g.input(io.mask(global)?, [io.n_kv, t]),
+                g.input(io.mask(window_mask(hp))?, [io.n_kv_window, t]),
+            ],
+            ropes: [
+                g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]),
+                g.input(io.rope(hp.rope_swa)?, [hp.rope_swa.n_dims, t]),
+            ],
+            shapes: [
+                attn_shape(hp, mem, t, io.n_kv),
+                attn_shape(hp, mem, t, io.n_kv_window),
+            ],
+        })
+    }
+
+    /// Layer `il`'s (slots, shape) from the store the memory keeps its rows in (the
+    /// rolling buffer, or the full store with --swa-full), and (mask, RoPE table) from
+    /// what the model says it sees.
+    fn layer(
+        &self,
+        hp: &Hparams,
+        il: usize,
+        store: CacheKind,
+    ) -> (
+        (crate::graph::TensorId, AttnShape),
+        (crate::graph::TensorId, crate::graph::TensorId),
+    ) {
+        let s = (store == CacheKind::Window) as usize;
+        let k = hp.is_swa(il) as usize;
+        (
+            (self.slots[s], self.shapes[s]),
+            (self.masks[k], self.ropes[k]),
+        )
+    }
+}
+
 /// The input of layer `il`'s attention: the norm of x, or the one the previous layer's
 /// fused residual add made ([`close_layer`]).
 fn layer_input(
