@@ -5,7 +5,7 @@ use super::GpuError;
 use super::KernelTuning;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Which wgpu backend to use (`--backend`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -327,6 +327,9 @@ pub struct Gpu {
     lost: Arc<Mutex<Option<String>>>,
     /// The injected fault, if any (shared with the retuned views).
     fault: Arc<super::fault::FaultSwitch>,
+    /// A 16-byte storage buffer bound where a kernel declares a binding it is told not to
+    /// read (a softmax without mask or sinks), made once per device.
+    placeholder: Arc<OnceLock<wgpu::Buffer>>,
 }
 
 /// The side of the cooperative matrices the cooperative-matrix matmul would use on
@@ -527,6 +530,7 @@ impl Gpu {
             errors: Arc::new(Mutex::new(Vec::new())),
             lost: Arc::new(Mutex::new(None)),
             fault: Arc::new(super::fault::FaultSwitch::new(fault)),
+            placeholder: Default::default(),
         })
     }
 
@@ -557,6 +561,20 @@ impl Gpu {
             errors: self.errors.clone(),
             lost: self.lost.clone(),
             fault: self.fault.clone(),
+            placeholder: self.placeholder.clone(),
+        })
+    }
+
+    /// The device's placeholder buffer (see the field): for bindings a kernel's
+    /// parameters tell it not to read, so that recording one allocates nothing.
+    pub fn placeholder(&self) -> &wgpu::Buffer {
+        self.placeholder.get_or_init(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("placeholder"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
         })
     }
 

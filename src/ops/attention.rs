@@ -704,16 +704,9 @@ pub fn attention_with(
         sinks,
     } = *io;
     // Kernels bind a buffer where there are no sinks; they never read it.
-    let unused;
-    let sinks_or_unused = match sinks {
-        Some(v) => v,
-        None => {
-            unused = View::whole(&gpu.storage("attn_no_sinks", 16)?);
-            &unused
-        }
-    };
+    let unused = View::whole(gpu.placeholder());
     let sk = Sinks {
-        view: sinks_or_unused,
+        view: sinks.unwrap_or(&unused),
         on: sinks.is_some(),
     };
     if s.head_dim == 0

@@ -97,7 +97,7 @@ pub fn softmax_sinks(
     };
     let (gx, gy) = split_groups(rows_per_head * sp.n_head);
     // Without a mask or sinks the binding still needs a buffer; the shader never reads it.
-    let dummy = View::whole(&gpu.storage("softmax_unused", 16)?);
+    let dummy = View::whole(gpu.placeholder());
     record(
         gpu,
         "softmax",
