@@ -993,10 +993,7 @@ impl eframe::App for App {
 
 /// "135M params", or for a mixture of experts "30.5B params, 3.3B active".
 fn params_text(total: u64, active: u64) -> String {
-    let short = |n: u64| match n {
-        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
-        n => format!("{}M", (n as f64 / 1e6).round()),
-    };
+    let short = crate::model::short_count;
     match active < total {
         true => format!("{} params, {} active", short(total), short(active)),
         false => format!("{} params", short(total)),

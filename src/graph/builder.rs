@@ -657,15 +657,9 @@ impl GraphBuilder {
     }
 
     fn binary(&mut self, op: BinaryOp, a: TensorId, b: TensorId) -> TensorId {
-        let ([n0, n1], [b0, b1]) = (self.ne(a), self.ne(b));
-        let dst = self.tensor([n0, n1]);
-        let op = Op::Binary {
-            op,
-            n: n0 * n1,
-            nb: b0 * b1,
-            div: 1,
-        };
-        self.node(op, &[a, b], &[dst]);
+        let [b0, b1] = self.ne(b);
+        let dst = self.tensor(self.ne(a));
+        self.binary_into(op, [a, b], dst, b0 * b1, 1);
         dst
     }
 
@@ -673,26 +667,32 @@ impl GraphBuilder {
     pub fn mul_sigmoid_rows(&mut self, a: TensorId, b: TensorId) -> TensorId {
         let [n0, n1] = self.ne(a);
         let dst = self.tensor([n0, n1]);
-        let op = Op::Binary {
-            op: BinaryOp::MulSigmoid,
-            n: n0 * n1,
-            nb: n1,
-            div: n0,
-        };
-        self.node(op, &[a, b], &[dst]);
+        self.binary_into(BinaryOp::MulSigmoid, [a, b], dst, n1, n0);
         dst
     }
 
     /// cap tanh(a / cap) into `dst`, `cap` a one-value tensor.
     pub fn softcap_into(&mut self, a: TensorId, cap: TensorId, dst: TensorId) {
+        self.binary_into(BinaryOp::Softcap, [a, cap], dst, 1, 1);
+    }
+
+    /// dst[i] = a[i] op b[(i / div) % nb] over all of a.
+    fn binary_into(
+        &mut self,
+        op: BinaryOp,
+        [a, b]: [TensorId; 2],
+        dst: TensorId,
+        nb: u32,
+        div: u32,
+    ) {
         let [n0, n1] = self.ne(a);
         let op = Op::Binary {
-            op: BinaryOp::Softcap,
+            op,
             n: n0 * n1,
-            nb: 1,
-            div: 1,
+            nb,
+            div,
         };
-        self.node(op, &[a, cap], &[dst]);
+        self.node(op, &[a, b], &[dst]);
     }
 
     /// act(gate) * up.

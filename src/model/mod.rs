@@ -63,6 +63,14 @@ pub struct Model {
     pub n_params_active: u64,
 }
 
+/// A parameter count as model names give it: "135M", "30.5B".
+pub fn short_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n => format!("{}M", (n as f64 / 1e6).round()),
+    }
+}
+
 /// The parameters in `f`'s tensors, and those one token uses: all but the unchosen
 /// experts' (`expert_used_count` of `expert_count` experts' weights in a mixture).
 pub fn param_counts(f: &GgufFile) -> (u64, u64) {

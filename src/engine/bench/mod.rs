@@ -249,10 +249,7 @@ fn model_facts(path: &std::path::Path) -> Result<ModelFacts, EngineError> {
         .map(|e| e.0.clone())
         .unwrap_or_default();
     let arch = f.get_str("general.architecture").unwrap_or("?").to_string();
-    let short = |n: u64| match n {
-        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
-        n => format!("{}M", (n as f64 / 1e6).round()),
-    };
+    let short = crate::model::short_count;
     // llama-bench's style for experts: `30B.A3B`.
     let params = match n_params_active == n_params {
         true => short(n_params),
