@@ -16,6 +16,11 @@
 // last row, except where the lanes share x's loads and so must all take part.
 // STORE writes the accumulators: plainly, or through the fused GLU epilogue, where the
 // weight's rows are interleaved (gate, up) pairs and act(gate) * up is written (R even).
+// TOKENS says which tokens a workgroup multiplies and by which rows: consecutive tokens of
+// x through the whole matrix, or (mixture-of-experts prompts, `Tokens::Grouped` in
+// src/ops/shaders.rs) a run of one expert's (token, expert) pairs through that expert's
+// rows; it defines row0, ntb (tokens here), wrow (the matrix's first row in w) and the
+// x row X_ROW and output offset of the workgroup's token t.
 
 const TB: u32 = {{TB}}u;
 const R: u32 = {{R}}u;
@@ -26,14 +31,16 @@ struct XBlock {
     v: array<vec4<f32>, 8>,
 }
 
-// `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MatmulUniform` in src/ops/uniforms.rs (`MatmulIdUniform` for grouped
+// pairs), prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> x: array<{{X_ELEM}}>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+{{TOKEN_BINDINGS}}
 // The weight buffer again, as words, for the block heads (bound only for types with heads:
-// an unused binding would not be in the pipeline's layout).
-@group(0) @binding(4) var<storage, read> w: array<u32>;
+// an unused binding would not be in the pipeline's layout), after any bindings above.
+@group(0) @binding({{HEAD_BINDING}}) var<storage, read> w: array<u32>;
 
 // The body of the block being dequantized, loaded whole in vec4s and kept as words (the
 // snippet's `deq_elem` and `load_quarter`, which read bodies anywhere, are not used here).
@@ -50,16 +57,14 @@ fn hw(i: u32) -> u32 {
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32{{SG_ARGS}}) {
-    let row0 = ((wid.y * p.wg_x + wid.x) * 64u + lid) * R;
-    let t0 = wid.z * TB;
+{{TOKENS}}
 {{EXIT}}
-    let ntb = min(TB, p.n_tok - t0);
     let k4 = p.k / 4u;
     var acc: array<f32, TB * R>;
     var rbase: array<u32, R>;
     for (var r = 0u; r < R; r++) {
         // Rows past the end re-read the last row; their results are not stored.
-        rbase[r] = min(row0 + r, p.n_rows - 1u) * p.row_words;
+        rbase[r] = (wrow + min(row0 + r, p.n_rows - 1u)) * p.row_words;
     }
     let nb = p.k / QK;
     // Each half block's values are code * scale + offset (`load_block` returns (scale,
@@ -80,7 +85,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         for (var t = 0u; t < TB; t++) {
             if (t < ntb) {
-                let xo = (t0 + t) * k4 + b * 8u;
+                let xo = ({{X_ROW}}) * k4 + b * 8u;
                 var xv: array<vec4<f32>, 8>;
 {{XLOAD}}
                 var xsum = vec2<f32>(0.0);

@@ -5,6 +5,10 @@
 // them; each invocation then owns a TM x TN micro-tile of accumulators (rows tx + 16 i,
 // tokens ty + 16 j), which the host writes out unrolled (the DECL, BODY and STORE template slots).
 // Workgroup memory is 8 vec4 x (BM + BN): 16 KiB for 64x64, 24 KiB for 128x64.
+// TOKENS, as in matmul.wgsl: consecutive tokens through the whole matrix, or a run of one
+// expert's (token, expert) pairs through its rows; it defines row0, n_here (tokens in
+// this tile, at least 1), wrow (the matrix's first row in w) and the x row X_ROW of the
+// tile's token s.
 
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
@@ -14,11 +18,13 @@ const WB_SLOTS: u32 = 1u;
 const NQ: u32 = BM * 4u / 256u;
 const NX: u32 = BN * 8u / 256u;
 
-// `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MatmulUniform` in src/ops/uniforms.rs (`MatmulIdUniform` for grouped
+// pairs), prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+{{TOKEN_BINDINGS}}
 
 // [k4][row] and [k4][token]: invocations with consecutive tx (ty) read consecutive vec4s.
 var<workgroup> ws: array<vec4<f32>, 8u * BM>;
@@ -26,8 +32,7 @@ var<workgroup> xs: array<vec4<f32>, 8u * BN>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row0 = (wid.y * p.wg_x + wid.x) * BM;
-    let t0 = wid.z * BN;
+{{TOKENS}}
     let tx = lid % 16u;
     let ty = lid / 16u;
     let k4 = p.k / 4u;
@@ -37,16 +42,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // multiplied out of workgroup memory, so the loads' latency hides behind the math.
     var qv: array<Quarter, NQ>;
     var xv: array<vec4<f32>, NX>;
+    // Where each fetched quarter's row and activation vec4's token start, in words and
+    // vec4s: rows past the end re-read the last row, tokens past the tile's last re-read
+    // it; their results are not stored.
+    var qbase: array<u32, NQ>;
+    var xbase: array<u32, NX>;
     for (var j = 0u; j < NQ; j++) {
         let e = lid + j * 256u;
-        // Rows past the end re-read the last row; their results are not stored.
-        let row = min(row0 + e / 4u, p.n_rows - 1u);
-        qv[j] = load_quarter(blk(row * p.row_words, nb, 0u), e % 4u);
+        qbase[j] = (wrow + min(row0 + e / 4u, p.n_rows - 1u)) * p.row_words;
+        qv[j] = load_quarter(blk(qbase[j], nb, 0u), e % 4u);
     }
     for (var j = 0u; j < NX; j++) {
         let e = lid + j * 256u;
-        let tok = min(t0 + e / 8u, p.n_tok - 1u);
-        xv[j] = x[tok * k4 + e % 8u];
+        let s = min(e / 8u, n_here - 1u);
+        xbase[j] = ({{X_ROW}}) * k4 + e % 8u;
+        xv[j] = x[xbase[j]];
     }
     for (var b = 0u; b < nb; b++) {
         for (var j = 0u; j < NQ; j++) {
@@ -62,13 +72,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (b + 1u < nb) {
             for (var j = 0u; j < NQ; j++) {
                 let e = lid + j * 256u;
-                let row = min(row0 + e / 4u, p.n_rows - 1u);
-                qv[j] = load_quarter(blk(row * p.row_words, nb, b + 1u), e % 4u);
+                qv[j] = load_quarter(blk(qbase[j], nb, b + 1u), e % 4u);
             }
             for (var j = 0u; j < NX; j++) {
-                let e = lid + j * 256u;
-                let tok = min(t0 + e / 8u, p.n_tok - 1u);
-                xv[j] = x[tok * k4 + (b + 1u) * 8u + e % 8u];
+                xv[j] = x[xbase[j] + (b + 1u) * 8u];
             }
         }
         for (var i = 0u; i < 8u; i++) {

@@ -333,8 +333,6 @@ pub struct GraphBuilder {
     pub(super) nodes: Vec<Node>,
     /// The device's choice of integer-dot matmuls by batch size (see [`Self::new_on`]).
     tuning: KernelTuning,
-    /// The device takes GPU-shaped kernels (prompts' expert products grouped by expert).
-    gpu_shaped: bool,
     /// Each activation quantized so far, and its 8-bit blocks (Q, K and V, or gate and
     /// up, read one quantization); forgotten when a node writes either.
     quantized: HashMap<TensorId, TensorId>,
@@ -375,7 +373,6 @@ impl GraphBuilder {
     pub fn new_on(gpu: &Gpu) -> Self {
         Self {
             tuning: gpu.tuning.clone(),
-            gpu_shaped: gpu.kernels == crate::gpu::KernelShape::Gpu,
             ..Self::default()
         }
     }
@@ -854,12 +851,10 @@ impl GraphBuilder {
         let weights = self.tensor([r.n_used, n_tok]);
         let route = Op::MoeRoute { routing: r, n_tok };
         self.node(route, &[logits], &[ids, weights]);
-        // Prompts on GPU-shaped kernels group the pairs by expert once for the three
-        // products (each expert's rows then read once per GROUPED_TB of its pairs). On
-        // CPU-shaped adapters the ungrouped kernel measured faster (lavapipe, a 135M-shaped
-        // Qwen3-MoE pp128: 2.55 against 1.75 t/s), the weights being in the CPU's caches.
+        // Prompts group the pairs by expert once for the three products, which the dense
+        // prompt kernels then multiply a tile of an expert's pairs at a time.
         let n_pairs = r.n_used * n_tok;
-        let grouping = (self.gpu_shaped && n_tok >= GROUPED_MIN_TOKENS).then(|| {
+        let grouping = (n_tok >= GROUPED_MIN_TOKENS).then(|| {
             let offsets = self.tensor([r.n_expert + 1, 1]);
             let order = self.tensor([n_pairs, 1]);
             let op = Op::MoeGroup {

@@ -7,7 +7,7 @@
 
 use super::binary::BinaryOp;
 use super::glu::Activation;
-use super::shaders::{self, compose};
+use super::shaders::{self, compose, Tokens};
 use super::uniforms::*;
 use crate::gguf::GgmlType;
 use crate::kv::KvType;
@@ -247,11 +247,21 @@ pub enum KernelKey {
     MoeAddId,
     /// A ubatch's (token, expert) pairs grouped by expert (`moe_group.wgsl`).
     MoeGroup,
-    /// The experts' products over pairs grouped by expert, `tb` pairs of an expert per
-    /// workgroup (`matmul_id_grouped.wgsl`).
-    MatmulIdGrouped {
+    /// The experts' products for prompts, over pairs grouped by expert, in the
+    /// CPU-shaped matmul's shape (`matmul.wgsl` over `shaders::Tokens::Grouped`): `rows`
+    /// rows and `tb` pairs of one expert per invocation.
+    MatmulIdRows {
         ty: GgmlType,
+        rows: u32,
         tb: u32,
+        subgroups: bool,
+    },
+    /// The same in the tiled prompt matmul's shape (`matmul_tile.wgsl` over
+    /// `shaders::Tokens::Grouped`): `bm` rows x `bn` pairs of one expert per workgroup.
+    MatmulIdTile {
+        ty: GgmlType,
+        bm: u32,
+        bn: u32,
     },
     /// The short causal convolution of recurrent layers (Mamba, LFM2).
     SsmConv,
@@ -437,10 +447,21 @@ impl KernelKey {
                 v.push(MatmulTile { ty, bm, bn });
             }
             v.push(MatmulId { ty });
-            v.push(MatmulIdGrouped {
-                ty,
-                tb: super::moe::GROUPED_TB,
-            });
+            for &rows in CPU_MATMUL_ROWS {
+                for &tb in CPU_MATMUL_TOKENS.iter().filter(|&&tb| tb > 1) {
+                    for subgroups in [false, true] {
+                        v.push(MatmulIdRows {
+                            ty,
+                            rows,
+                            tb,
+                            subgroups,
+                        });
+                    }
+                }
+            }
+            for &(bm, bn) in GPU_TILES {
+                v.push(MatmulIdTile { ty, bm, bn });
+            }
             for &s in COOP_SIZES {
                 v.push(MatmulCoop { ty, s });
             }
@@ -485,6 +506,9 @@ impl KernelKey {
             | Matmul {
                 subgroups: true, ..
             }
+            | MatmulIdRows {
+                subgroups: true, ..
+            }
             | MatmulQ8 {
                 subgroups: true, ..
             } => wgpu::Features::SUBGROUP,
@@ -522,6 +546,7 @@ impl KernelKey {
             | Glu(_)
             | MatmulWg { .. }
             | MatmulTile { .. }
+            | MatmulIdTile { .. }
             | MatmulQ8Tile { .. }
             | MoeGroup
             | RmsNorm { rows: false }
@@ -553,7 +578,7 @@ impl KernelKey {
             | QuantizeQ8
             | MoeRoute
             | MatmulId { .. }
-            | MatmulIdGrouped { .. }
+            | MatmulIdRows { .. }
             | MoeSum
             | MoeAddId
             | MatmulQ8 { .. }
@@ -567,9 +592,13 @@ impl KernelKey {
     /// the dispatch size follows.
     pub fn matmul_block(&self) -> Option<(u32, u32)> {
         match *self {
-            KernelKey::Matmul { rows, tb, .. } => Some((64 * rows, tb)),
+            KernelKey::Matmul { rows, tb, .. } | KernelKey::MatmulIdRows { rows, tb, .. } => {
+                Some((64 * rows, tb))
+            }
             KernelKey::MatmulWg { rows, tb, .. } => Some((rows, tb)),
-            KernelKey::MatmulTile { bm, bn, .. } => Some((bm, bn)),
+            KernelKey::MatmulTile { bm, bn, .. } | KernelKey::MatmulIdTile { bm, bn, .. } => {
+                Some((bm, bn))
+            }
             KernelKey::MatmulCoop { s, .. } => Some((2 * s, 2 * s)),
             KernelKey::MatmulQ8 { rows, tb, .. } => Some((rows, tb)),
             KernelKey::MatmulQ8Tile { bm, bn, .. } => Some((bm, bn)),
@@ -612,7 +641,7 @@ impl KernelKey {
             QuantizeQ8 => QuantizeQ8Uniform::WGSL,
             MatmulQ8 { .. } | MatmulQ8Tile { .. } => MatmulQ8Uniform::WGSL,
             MoeRoute => MoeRouteUniform::WGSL,
-            MatmulId { .. } | MatmulIdGrouped { .. } => MatmulIdUniform::WGSL,
+            MatmulId { .. } | MatmulIdRows { .. } | MatmulIdTile { .. } => MatmulIdUniform::WGSL,
             MoeGroup => MoeGroupUniform::WGSL,
             MoeSum => MoeSumUniform::WGSL,
             MoeAddId => MoeAddIdUniform::WGSL,
@@ -701,7 +730,14 @@ impl KernelKey {
                 subgroups,
                 glu,
             } => {
-                shaders::matmul_source(&quant(ty)?, rows, tb, glu.map(Activation::wgsl), subgroups)
+                shaders::matmul_source(
+                    &quant(ty)?,
+                    rows,
+                    tb,
+                    glu.map(Activation::wgsl),
+                    subgroups,
+                    Tokens::Dense,
+                )
             }
             MatmulWg {
                 ty,
@@ -716,7 +752,9 @@ impl KernelKey {
                 subgroups,
                 glu.map(Activation::wgsl),
             ),
-            MatmulTile { ty, bm, bn } => shaders::matmul_tile_source(&quant(ty)?, bm, bn),
+            MatmulTile { ty, bm, bn } => {
+                shaders::matmul_tile_source(&quant(ty)?, bm, bn, Tokens::Dense)
+            }
             MatmulCoop { ty, s } => shaders::matmul_coop_source(&quant(ty)?, s),
             QuantizeQ8 => shaders::QUANTIZE_Q8_1.to_string(),
             MatmulQ8 {
@@ -755,10 +793,15 @@ impl KernelKey {
             MoeSum => shaders::MOE_SUM.to_string(),
             MoeAddId => shaders::MOE_ADD_ID.to_string(),
             MoeGroup => shaders::MOE_GROUP.to_string(),
-            MatmulIdGrouped { ty, tb } => compose(
-                &[&quant(ty)?, shaders::QUANT_READ, shaders::MATMUL_ID_GROUPED],
-                &[("TB", tb.to_string())],
-            ),
+            MatmulIdRows {
+                ty,
+                rows,
+                tb,
+                subgroups,
+            } => shaders::matmul_source(&quant(ty)?, rows, tb, None, subgroups, Tokens::Grouped),
+            MatmulIdTile { ty, bm, bn } => {
+                shaders::matmul_tile_source(&quant(ty)?, bm, bn, Tokens::Grouped)
+            }
             SsmConv => compose(&[shaders::ACT, shaders::SSM_CONV], &[]),
             SsmScan { ds, wg } => compose(
                 &[
@@ -850,6 +893,7 @@ impl crate::gpu::Kernel for KernelKey {
                 | KernelKey::MatmulQ8Tile { .. }
                 | KernelKey::MatmulWg { .. }
                 | KernelKey::MatmulTile { .. }
+                | KernelKey::MatmulIdTile { .. }
         )
     }
 }
@@ -935,7 +979,17 @@ impl fmt::Display for KernelKey {
             MoeSum => write!(f, "moe_sum"),
             MoeAddId => write!(f, "moe_add_id"),
             MoeGroup => write!(f, "moe_group"),
-            MatmulIdGrouped { ty, tb } => write!(f, "matmul_id_grouped_{ty}_tb{tb}"),
+            MatmulIdRows {
+                ty,
+                rows,
+                tb,
+                subgroups,
+            } => write!(
+                f,
+                "matmul_id_rows_{ty}_{rows}x{tb}{}",
+                if subgroups { "_sg" } else { "" }
+            ),
+            MatmulIdTile { ty, bm, bn } => write!(f, "matmul_id_tile_{ty}_{bm}x{bn}"),
             SsmConv => write!(f, "ssm_conv"),
             SsmScan { ds, wg } => write!(f, "ssm_scan_ds{ds}{}", if wg { "_wg" } else { "" }),
             SampleTopk { wg } => write!(f, "sample_topk{}", if wg { "_wg" } else { "" }),

@@ -5,13 +5,15 @@
 //! experts' outputs ([`moe_sum`]). For decode the expert products read each (token,
 //! expert) pair's rows straight from the stacked tensor (a token's few experts are all
 //! there is to read); for prompts the pairs are first grouped by expert on the GPU
-//! ([`moe_group`]) and each workgroup multiplies [`GROUPED_TB`] pairs of one expert, so an
-//! expert's rows are read once per that many tokens that chose it.
+//! ([`moe_group`]) and multiplied by the dense prompt kernels run over runs of one expert's
+//! pairs (`shaders::Tokens::Grouped`), so an expert's rows are read once per tile of the
+//! tokens that chose it, with the dense kernels' tiling and tuning.
 
 use super::uniforms::{
     MatmulIdUniform, MoeAddIdUniform, MoeGroupUniform, MoeRouteUniform, MoeSumUniform,
 };
-use super::{record, split_groups, Dispatch, KernelKey, View, Weight, MAX_GROUPS};
+use super::{matmul, record, split_groups, Dispatch, KernelKey, View, Weight, MAX_GROUPS};
+use crate::gguf::quant;
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError};
 
@@ -19,8 +21,6 @@ use crate::gpu::{Gpu, GpuError};
 pub const MAX_USED: u32 = 16;
 /// Most experts a layer may have (the grouping kernel's workgroup arrays).
 pub const MAX_EXPERTS: u32 = 512;
-/// Pairs of one expert per workgroup of the grouped expert products.
-pub const GROUPED_TB: u32 = 8;
 /// Fewest tokens whose expert products go through the grouping: below, each pair's rows
 /// are read on their own (decode, small batches).
 pub const GROUPED_MIN_TOKENS: u32 = 8;
@@ -193,8 +193,8 @@ pub fn moe_group(
 /// ([w_rows, n_tok * n_used] f32) = expert ids[p]'s matrix · x's row p (`x_per_pair`) or
 /// t. `w` stacks `n_expert` experts of `w.n_rows / n_expert` rows (uploaded with
 /// [`Weight::upload_experts`], so each chunk holds whole experts): one dispatch per chunk,
-/// each pair's rows on their own ([`Pairs::Ids`]) or `GROUPED_TB` pairs of an expert at
-/// a time ([`Pairs::Grouped`]).
+/// each pair's rows on their own ([`Pairs::Ids`]) or a tile of an expert's pairs at a
+/// time ([`Pairs::Grouped`], [`grouped_kernel`]).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_id(
     gpu: &Gpu,
@@ -229,13 +229,15 @@ pub fn matmul_id(
     }
     let key = match pairs {
         Pairs::Ids(_) => KernelKey::MatmulId { ty: w.ty },
-        Pairs::Grouped { .. } => KernelKey::MatmulIdGrouped {
-            ty: w.ty,
-            tb: GROUPED_TB,
-        },
+        Pairs::Grouped { .. } => grouped_kernel(gpu, w.ty, rows, n_pairs.div_ceil(n_expert)),
     };
     let pipeline = gpu.pipeline(key)?;
     let (gx, gy) = split_groups(rows.div_ceil(4));
+    // The grouped kernels' workgroups: x along an expert's rows, y over the chunk's
+    // experts, z along an expert's run of pairs (at most n_tok: a token chooses an
+    // expert once); tiles past the end of a run leave at once.
+    let (block_rows, block_pairs) = key.matmul_block().unwrap_or((1, 1));
+    let heads = quant::format(w.ty).is_some_and(|f| f.gpu_head_words() > 0);
     w.chunks
         .iter()
         .map(|c| {
@@ -269,21 +271,48 @@ pub fn matmul_id(
                     &[&wv, x, ids, dst],
                     [gx, gy, n_pairs],
                 ),
-                Pairs::Grouped { offsets, order } => record(
-                    gpu,
-                    "matmul_id_grouped",
-                    pipeline.clone(),
-                    params,
-                    &[&wv, x, offsets, order, dst],
-                    [
-                        rows.div_ceil(4),
-                        e_end - e_begin,
-                        n_tok.div_ceil(GROUPED_TB),
-                    ],
-                ),
+                Pairs::Grouped { offsets, order } => {
+                    // The CPU-shaped kernel reads block heads through a last binding of
+                    // the weights, which only types with heads have.
+                    let views: &[&View] = match key {
+                        KernelKey::MatmulIdRows { .. } if heads => {
+                            &[&wv, x, dst, offsets, order, &wv]
+                        }
+                        _ => &[&wv, x, dst, offsets, order],
+                    };
+                    record(
+                        gpu,
+                        "matmul_id_grouped",
+                        pipeline.clone(),
+                        params,
+                        views,
+                        [
+                            rows.div_ceil(block_rows),
+                            e_end - e_begin,
+                            n_tok.div_ceil(block_pairs),
+                        ],
+                    )
+                }
             }
         })
         .collect()
+}
+
+/// The grouped expert products' kernel for experts of `rows` rows of `ty` with about
+/// `pairs` pairs each: the tile the dense prompt matmul takes for that many tokens (as
+/// tuned), in the tiled shape on GPU-shaped adapters.
+pub fn grouped_kernel(gpu: &Gpu, ty: GgmlType, rows: u32, pairs: u32) -> KernelKey {
+    if gpu.kernels == crate::gpu::KernelShape::Gpu {
+        let (bm, bn) = matmul::gpu_tile(gpu, rows, pairs);
+        return KernelKey::MatmulIdTile { ty, bm, bn };
+    }
+    let (rows_per, tb) = matmul::tile(&gpu.tuning, pairs.max(2), gpu.unroll);
+    KernelKey::MatmulIdRows {
+        ty,
+        rows: rows_per,
+        tb,
+        subgroups: gpu.has_subgroups && gpu.info.subgroup_size.0 >= 8,
+    }
 }
 
 /// CPU reference of [`matmul_id`] on GGUF bytes `data` (`n_expert` experts of

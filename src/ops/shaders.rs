@@ -13,7 +13,6 @@ pub const ATTN_FLASH_COOP: &str = include_str!("../../shaders/attn_flash_coop.wg
 pub const MOE_ROUTE: &str = include_str!("../../shaders/moe_route.wgsl");
 pub const MATMUL_ID: &str = include_str!("../../shaders/matmul_id.wgsl");
 pub const MOE_GROUP: &str = include_str!("../../shaders/moe_group.wgsl");
-pub const MATMUL_ID_GROUPED: &str = include_str!("../../shaders/matmul_id_grouped.wgsl");
 pub const MOE_SUM: &str = include_str!("../../shaders/moe_sum.wgsl");
 pub const MOE_ADD_ID: &str = include_str!("../../shaders/moe_add_id.wgsl");
 pub const MATMUL_Q8_TILE: &str = include_str!("../../shaders/matmul_q8_tile.wgsl");
@@ -244,7 +243,6 @@ pub fn fingerprint() -> u64 {
         MOE_SUM,
         MOE_ADD_ID,
         MOE_GROUP,
-        MATMUL_ID_GROUPED,
         ATTN_KQ_TILE,
         ATTN_KQV_TILE,
         ATTN_KQV_JOIN,
@@ -368,6 +366,115 @@ pub fn weight_types() -> Vec<GgmlType> {
         .collect()
 }
 
+/// Which tokens a workgroup of the matmul kernels (`matmul.wgsl`, `matmul_tile.wgsl`)
+/// multiplies, and through which rows: the same kernels serve dense products and the
+/// experts' products of mixture-of-experts prompts, so the experts get every speed-up of
+/// the dense ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tokens {
+    /// Consecutive tokens of x (workgroup z) through the whole matrix.
+    Dense,
+    /// A run of one expert's (token, expert) pairs in `moe_group`'s order (workgroup z
+    /// along the run of expert e_begin + workgroup y) through that expert's rows, which
+    /// follow each other in w; outputs go to each pair's row of dst.
+    Grouped,
+}
+
+impl Tokens {
+    /// The bindings after dst: the grouping's offsets and order.
+    fn bindings(self) -> &'static str {
+        match self {
+            Tokens::Dense => "",
+            Tokens::Grouped => {
+                "@group(0) @binding(4) var<storage, read> offsets: array<u32>;
+@group(0) @binding(5) var<storage, read> order: array<u32>;
+// The x row of a pair: its own (the down products) or its token's (gate and up).
+fn pair_x_row(pair: u32) -> u32 {
+    return select(pair / p.n_used, pair, p.x_per_pair != 0u);
+}"
+            }
+        }
+    }
+
+    /// The CPU-shaped kernel's prologue: row0, ntb, wrow and, for pairs, their x rows.
+    fn rows_prologue(self) -> &'static str {
+        match self {
+            Tokens::Dense => {
+                "    let row0 = ((wid.y * p.wg_x + wid.x) * 64u + lid) * R;
+    let t0 = wid.z * TB;
+    let ntb = min(TB, p.n_tok - t0);
+    let wrow = 0u;"
+            }
+            // The workgroup's pairs are the same for all its invocations, so leaving
+            // together keeps subgroups whole.
+            Tokens::Grouped => {
+                "    let row0 = (wid.x * 64u + lid) * R;
+    let first = offsets[p.e_begin + wid.y] + wid.z * TB;
+    let end = offsets[p.e_begin + wid.y + 1u];
+    if (first >= end) {
+        return;
+    }
+    let ntb = min(TB, end - first);
+    let wrow = wid.y * p.n_rows;
+    var xr: array<u32, TB>;
+    for (var t = 0u; t < TB; t++) {
+        xr[t] = pair_x_row(order[first + min(t, ntb - 1u)]);
+    }"
+            }
+        }
+    }
+
+    /// The tiled kernel's prologue: row0, n_here and wrow; a tile past its expert's run
+    /// leaves before the first barrier, all its invocations together.
+    fn tile_prologue(self) -> &'static str {
+        match self {
+            Tokens::Dense => {
+                "    let row0 = (wid.y * p.wg_x + wid.x) * BM;
+    let t0 = wid.z * BN;
+    let n_here = min(BN, p.n_tok - t0);
+    let wrow = 0u;"
+            }
+            Tokens::Grouped => {
+                "    let row0 = wid.x * BM;
+    let first = offsets[p.e_begin + wid.y] + wid.z * BN;
+    let end = offsets[p.e_begin + wid.y + 1u];
+    if (lid == 0u) {
+        run_here = select(0u, min(BN, end - first), first < end);
+    }
+    let n_here = workgroupUniformLoad(&run_here);
+    if (n_here == 0u) {
+        return;
+    }
+    let wrow = wid.y * p.n_rows;"
+            }
+        }
+    }
+
+    /// The CPU-shaped kernel's x row of its token t.
+    fn rows_x_row(self) -> &'static str {
+        match self {
+            Tokens::Dense => "t0 + t",
+            Tokens::Grouped => "xr[t]",
+        }
+    }
+
+    /// The tiled kernel's x row of its token s.
+    fn tile_x_row(self) -> &'static str {
+        match self {
+            Tokens::Dense => "t0 + s",
+            Tokens::Grouped => "pair_x_row(order[first + s])",
+        }
+    }
+
+    /// Where the output row of the workgroup's token `s` (a WGSL expression) starts in dst.
+    fn dst_row(self, s: &str) -> String {
+        match self {
+            Tokens::Dense => format!("(t0 + {s}) * p.out_stride + p.out_row_offset"),
+            Tokens::Grouped => format!("order[first + {s}] * p.n_rows"),
+        }
+    }
+}
+
 /// The CPU-shaped matmul (`rows` rows and `tb` tokens per invocation), storing plainly or,
 /// with `glu`, act(gate) * up of each interleaved (gate, up) row pair (`rows` even); with
 /// `subgroups` (subgroups of at least 8 lanes, the caller checks) x's loads are shared.
@@ -377,6 +484,7 @@ pub fn matmul_source(
     tb: u32,
     glu: Option<&str>,
     subgroups: bool,
+    tokens: Tokens,
 ) -> String {
     // Invocations past the last row stop at once, unless subgroups share x's loads: then
     // every lane takes part (re-reading the last row, whose results are not stored).
@@ -404,15 +512,18 @@ pub fn matmul_source(
     // and stays in registers: with `t < ntb` as the bound, `acc` was indexed at run time
     // and every block's update went through memory (and, in a browser, a clamp).
     let store = match glu {
-        None => "\
-    for (var t = 0u; t < TB; t++) {
-        for (var r = 0u; r < R; r++) {
-            if (t < ntb && row0 + r < p.n_rows) {
-                dst[(t0 + t) * p.out_stride + p.out_row_offset + row0 + r] = acc[t * R + r];
-            }
-        }
-    }"
-        .to_string(),
+        None => format!(
+            "\
+    for (var t = 0u; t < TB; t++) {{
+        for (var r = 0u; r < R; r++) {{
+            if (t < ntb && row0 + r < p.n_rows) {{
+                dst[{} + row0 + r] = acc[t * R + r];
+            }}
+        }}
+    }}",
+            tokens.dst_row("t")
+        ),
+        // Dense only: the experts' gate and up are separate tensors.
         Some(act) => format!(
             "\
     for (var t = 0u; t < TB; t++) {{
@@ -437,6 +548,17 @@ pub fn matmul_source(
             ("TB", tb.to_string()),
             ("R", rows.to_string()),
             ("SG_ARGS", sg_args.to_string()),
+            ("TOKEN_BINDINGS", tokens.bindings().to_string()),
+            (
+                "HEAD_BINDING",
+                match tokens {
+                    Tokens::Dense => "4",
+                    Tokens::Grouped => "6",
+                }
+                .to_string(),
+            ),
+            ("TOKENS", tokens.rows_prologue().to_string()),
+            ("X_ROW", tokens.rows_x_row().to_string()),
             ("EXIT", exit.to_string()),
             ("X_ELEM", x_elem.to_string()),
             ("XLOAD", xload),
@@ -634,7 +756,7 @@ pub fn matmul_coop_source(quant: &str, s: u32) -> String {
     )
 }
 
-pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32) -> String {
+pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32, tokens: Tokens) -> String {
     let (tm, tn) = (bm / 16, bn / 16);
     let mut decl = String::new();
     let mut body = String::new();
@@ -657,8 +779,9 @@ pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32) -> String {
     }
     for j in 0..tn {
         store += &format!(
-            "    let tok{j} = t0 + ty + {}u;\n    if (tok{j} < p.n_tok) {{\n        let o = tok{j} * p.out_stride + p.out_row_offset;\n",
-            16 * j
+            "    let s{j} = ty + {}u;\n    if (s{j} < n_here) {{\n        let o = {};\n",
+            16 * j,
+            tokens.dst_row(&format!("s{j}"))
         );
         for i in 0..tm {
             store += &format!(
@@ -673,11 +796,23 @@ pub fn matmul_tile_source(quant: &str, bm: u32, bn: u32) -> String {
         &[
             ("BM", bm.to_string()),
             ("BN", bn.to_string()),
+            ("TOKEN_BINDINGS", tile_bindings(tokens)),
+            ("TOKENS", tokens.tile_prologue().to_string()),
+            ("X_ROW", tokens.tile_x_row().to_string()),
             ("DECL", decl),
             ("BODY", body),
             ("STORE", store),
         ],
     )
+}
+
+/// The tiled kernel's bindings after dst, with the workgroup's count of pairs shared
+/// for a uniform exit.
+fn tile_bindings(tokens: Tokens) -> String {
+    match tokens {
+        Tokens::Dense => String::new(),
+        Tokens::Grouped => format!("{}\nvar<workgroup> run_here: u32;", tokens.bindings()),
+    }
 }
 
 /// The flash attention kernel for K and V caches of types `k` and `v`: over every cell into
