@@ -729,16 +729,14 @@ impl KernelKey {
                 tb,
                 subgroups,
                 glu,
-            } => {
-                shaders::matmul_source(
-                    &quant(ty)?,
-                    rows,
-                    tb,
-                    glu.map(Activation::wgsl),
-                    subgroups,
-                    Tokens::Dense,
-                )
-            }
+            } => shaders::matmul_source(
+                &quant(ty)?,
+                rows,
+                tb,
+                glu.map(Activation::wgsl),
+                subgroups,
+                Tokens::Dense,
+            ),
             MatmulWg {
                 ty,
                 tb,
