@@ -629,10 +629,28 @@ fn a_first_run_is_quiet() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("measured now"), "{err}");
+    assert!(err.contains("measured now, at first use"), "{err}");
+    // The load's breakdown names the measuring and its compiling.
+    assert!(
+        err.contains("choosing kernels") && err.contains("compiling candidates"),
+        "{err}"
+    );
     for line in err.lines() {
         let l = line.to_lowercase();
         assert!(!l.contains("error") && !l.contains("warn"), "{line}\n{err}");
     }
+    // The choice is kept as a first use's: `wgllm devices` says a full tune may find
+    // better.
+    let devices = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .arg("devices")
+        .env("WGLLM_CACHE_DIR", dir.join("wgllm"))
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&devices.stdout);
+    assert!(devices.status.success(), "{listed}");
+    assert!(
+        listed.contains("measured at a first use") && listed.contains("wgllm tune -m MODEL"),
+        "{listed}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

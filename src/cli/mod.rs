@@ -259,28 +259,82 @@ impl ModelArgs {
     }
 }
 
-/// Loads the model for `args` into an engine, with a progress bar on stderr.
+/// A load's progress on stderr (drawn only on a terminal): a line while a first use
+/// measures kernels, then the upload's bar.
+struct LoadBar {
+    file: String,
+    bar: indicatif::ProgressBar,
+    tuning: Option<indicatif::ProgressBar>,
+}
+
+impl LoadBar {
+    fn new(file: String) -> Self {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "loading {msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        bar.set_message(file.clone());
+        LoadBar {
+            file,
+            bar,
+            tuning: None,
+        }
+    }
+}
+
+impl wgllm::engine::LoadProgress for LoadBar {
+    fn upload(&mut self, done: u64, total: u64) {
+        self.bar.set_length(total);
+        self.bar.set_position(done);
+    }
+
+    fn tuning(&mut self, what: &str, budget_secs: Option<f64>) {
+        let how_long = budget_secs.map_or("all candidates".to_string(), |s| {
+            format!("first use, about {s:.0} s")
+        });
+        let t = indicatif::ProgressBar::new_spinner();
+        t.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+                .expect("a valid template"),
+        );
+        t.set_message(format!(
+            "{}: measuring kernels for {what} ({how_long})",
+            self.file
+        ));
+        t.enable_steady_tick(std::time::Duration::from_millis(120));
+        self.tuning = Some(t);
+    }
+
+    fn tuning_step(&mut self, _name: &str) {
+        if let Some(t) = &self.tuning {
+            t.tick();
+        }
+    }
+
+    fn tuned(&mut self) {
+        if let Some(t) = self.tuning.take() {
+            t.finish_and_clear();
+        }
+    }
+}
+
+/// Loads the model for `args` into an engine, with a progress line on stderr.
 pub fn load_engine(args: &ModelArgs, opts: &EngineOptions) -> Result<Engine> {
     args.habits.log();
     let model = args.path()?;
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "loading {msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
-        )
-        .unwrap()
-        .progress_chars("=> "),
-    );
-    bar.set_message(
-        model
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-    );
-    let engine = Engine::load(&model, opts, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    });
-    bar.finish_and_clear();
+    let file = model
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut progress = LoadBar::new(file);
+    let engine = Engine::load(&model, opts, &mut progress);
+    if let Some(t) = progress.tuning.take() {
+        t.finish_and_clear();
+    }
+    progress.bar.finish_and_clear();
     Ok(engine?)
 }

@@ -42,18 +42,23 @@ pub fn tune(a: &TuneArgs) -> Result<()> {
     }
     println!("| backend | kernels | candidate | checked: normalized error | one layer |");
     println!("| --- | --- | --- | ---: | ---: |");
-    let r = tune::resolve(&gpu, &topts, &f, &mut |backend, t| {
-        let error = t
-            .check
-            .as_ref()
-            .map_or("-".into(), |c| format!("{:.1e}", c.nmse));
-        println!(
-            "| {backend} | {} | {} | {error} | {} |",
-            t.kernels,
-            t.name,
-            t.outcome()
-        )
-    })?;
+    let r = tune::resolve(
+        &gpu,
+        &topts,
+        &f,
+        &mut |backend: &str, t: &tune::CandidateTime| {
+            let error = t
+                .check
+                .as_ref()
+                .map_or("-".into(), |c| format!("{:.1e}", c.nmse));
+            println!(
+                "| {backend} | {} | {} | {error} | {} |",
+                t.kernels,
+                t.name,
+                t.outcome()
+            )
+        },
+    )?;
     println!();
     for (i, e) in r.entries.iter().enumerate() {
         println!(
@@ -146,8 +151,16 @@ pub fn describe(e: &TuneEntry) -> String {
             dropped.join(", ")
         ),
     };
+    let first_use = if e.first_use {
+        format!(
+            "; measured at a first use to a time budget, {} candidates left: `wgllm tune -m MODEL` may find faster ones",
+            e.left
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{} on {} ({}): {} kernels ({}), {:.0} us per layer and decoded token, {:.1} per prompt token{draws}{checks}; model {}",
+        "{} on {} ({}): {} kernels ({}), {:.0} us per layer and decoded token, {:.1} per prompt token{draws}{checks}{first_use}; model {}",
         e.adapter,
         e.backend,
         e.driver,

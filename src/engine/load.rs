@@ -9,14 +9,63 @@ use crate::tokenizer::Tokenizer;
 use std::sync::Arc;
 use web_time::Instant;
 
+/// What a load tells its caller as it goes: the weights uploaded, in bytes, and the
+/// kernel measurement of a first use, which can take seconds on a slow device. A closure
+/// over (done, total) bytes sees the upload only.
+pub trait LoadProgress {
+    /// `done` of `total` bytes of weights uploaded.
+    fn upload(&mut self, done: u64, total: u64);
+    /// Measuring kernels for `what` (adapter, backend, model) begins, for about
+    /// `budget_secs` where it has a budget.
+    fn tuning(&mut self, _what: &str, _budget_secs: Option<f64>) {}
+    /// A candidate measured (`name`, its outcome).
+    fn tuning_step(&mut self, _name: &str) {}
+    /// The measurement ended.
+    fn tuned(&mut self) {}
+}
+
+impl<F: FnMut(u64, u64)> LoadProgress for F {
+    fn upload(&mut self, done: u64, total: u64) {
+        self(done, total)
+    }
+}
+
+/// The tuner's reports passed on to a load's progress, each candidate logged.
+#[cfg(not(target_arch = "wasm32"))]
+struct TuneToLoad<'a>(&'a mut dyn LoadProgress);
+
+#[cfg(not(target_arch = "wasm32"))]
+impl crate::tune::TuneReport for TuneToLoad<'_> {
+    fn start(&mut self, what: &str, budget_secs: Option<f64>) {
+        self.0.tuning(what, budget_secs)
+    }
+    fn candidate(&mut self, backend: &str, t: &crate::tune::CandidateTime) {
+        log::debug!("tune {backend} {} {}: {}", t.kernels, t.name, t.outcome());
+        self.0
+            .tuning_step(&format!("{} {}: {}", t.kernels, t.name, t.outcome()))
+    }
+    fn done(&mut self, _secs: f64) {
+        self.0.tuned()
+    }
+}
+
 /// One log line for the kernels the tuner chose.
 #[cfg(not(target_arch = "wasm32"))]
 fn log_tuned(e: &crate::tune::TuneEntry, measured: bool, n_backends: usize) {
+    let how = match (measured, e.first_use) {
+        (true, true) => format!(
+            "measured now, at first use: {} candidates left to `wgllm tune -m MODEL`, which may find faster ones",
+            e.left
+        ),
+        (true, false) => "measured now".into(),
+        (false, true) => "cached from a first use; `wgllm tune -m MODEL` measures every candidate".into(),
+        (false, false) => "cached".into(),
+    };
     log::info!(
         "kernels: {} on {} ({}; {}{} us per layer and decoded token, {:.1} per prompt token)",
         e.kernels,
         e.backend,
-        if measured { "measured now" } else { "cached" },
+        how,
         if n_backends > 1 {
             format!("best of {n_backends} backends; ")
         } else {
@@ -37,13 +86,27 @@ impl Engine {
     pub fn load(
         path: &std::path::Path,
         opts: &EngineOptions,
-        progress: &mut dyn FnMut(u64, u64),
+        progress: &mut dyn LoadProgress,
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
+        let compiling = crate::gpu::compile_secs();
         // The file first: its errors are clearer than a GPU's.
         let (f, tokenizer) = Self::open_file(path)?;
-        let gpu = Gpu::new(&Self::tuned_gpu(&f, opts)?)?;
-        Self::load_opened(start, gpu, &f, tokenizer, opts, progress)
+        let tuning = Instant::now();
+        let gpu = Gpu::new(&Self::tuned_gpu(&f, opts, progress)?)?;
+        let tuning = tuning.elapsed().as_secs_f64();
+        let tune_compiling = crate::gpu::compile_secs() - compiling;
+        let e = Self::load_opened(start, gpu, &f, tokenizer, opts, &mut |done, total| {
+            progress.upload(done, total)
+        })?;
+        // The model's own kernels compile when its first step's graph is built and run
+        // (`context::run`), after the load.
+        log::info!(
+            "load time {:.2} s: choosing kernels {tuning:.2} s (compiling candidates {tune_compiling:.2} s of it), opening the file and uploading the weights {:.2} s",
+            e.load_time.as_secs_f64(),
+            e.load_time.as_secs_f64() - tuning,
+        );
+        Ok(e)
     }
 
     /// The GPU options with what [`crate::tune`] chose for this model (measured at first
@@ -52,10 +115,9 @@ impl Engine {
     pub(super) fn tuned_gpu(
         f: &GgufFile,
         opts: &EngineOptions,
+        progress: &mut dyn LoadProgress,
     ) -> Result<crate::gpu::GpuOptions, EngineError> {
-        let r = crate::tune::resolve(&opts.gpu, &opts.tune, f, &mut |backend, t| {
-            log::debug!("tune {backend} {} {}: {}", t.kernels, t.name, t.outcome())
-        })?;
+        let r = crate::tune::resolve(&opts.gpu, &opts.tune, f, &mut TuneToLoad(progress))?;
         if let Some(e) = r.entries.first() {
             log_tuned(e, r.measured, r.entries.len());
         }

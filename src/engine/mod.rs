@@ -38,6 +38,7 @@ mod stream;
 pub use cache_map::{CacheMap, StoreMap};
 pub use chat::Conversation;
 pub use host_cache::HostCache;
+pub use load::LoadProgress;
 pub use options::{EngineOptions, SamplingPath};
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};
 pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};

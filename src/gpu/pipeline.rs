@@ -94,6 +94,24 @@ pub fn params_in_storage(src: &str) -> Option<String> {
     })
 }
 
+/// Nanoseconds this process has spent compiling kernels (naga's validation and the
+/// driver's pipeline creation), on every device.
+static COMPILE_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Seconds this process has spent compiling kernels so far: what a load's breakdown
+/// reports (on a slow device with cold driver caches it is most of a first load).
+pub fn compile_secs() -> f64 {
+    COMPILE_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9
+}
+
+/// Counts `secs` of compiling that happened elsewhere than in [`Gpu::pipeline`] (a
+/// driver compiling at a pipeline's first dispatch, as a caller timed it).
+pub fn add_compile_secs(secs: f64) {
+    if secs > 0.0 {
+        COMPILE_NS.fetch_add((secs * 1e9) as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Gpu {
     /// Which bindings of a pipeline this device compiled the kernel may write, by binding
     /// number (empty for a pipeline it does not know).
@@ -131,6 +149,7 @@ impl Gpu {
                 "needs device features {missing:?}, which this device was opened without"
             )));
         }
+        let compiling = web_time::Instant::now();
         let mut src = key.source().map_err(&shader_err)?;
         if self.unroll {
             src = super::unroll::unroll(&src, super::unroll::MAX_TRIPS);
@@ -184,6 +203,8 @@ impl Gpu {
                 },
                 cache: None,
             });
+        let ns = compiling.elapsed().as_nanos() as u64;
+        COMPILE_NS.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
         if let Some(e) = super::scope_error(scope) {
             return Err(shader_err(e.to_string()));
         }

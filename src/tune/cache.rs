@@ -55,6 +55,13 @@ pub struct TuneEntry {
     /// ones included (`super::check`).
     #[serde(default)]
     pub checks: Vec<KernelCheck>,
+    /// Measured at a first use, to a time budget (a spread of the candidates, most
+    /// promising first): `wgllm tune` may find better.
+    #[serde(default)]
+    pub first_use: bool,
+    /// Candidates (and the draw) the budget left untimed.
+    #[serde(default)]
+    pub left: u32,
 }
 
 impl TuneEntry {
@@ -162,6 +169,8 @@ mod tests {
                 nmse: 1e-4,
                 bound: 1e-3,
             }],
+            first_use: true,
+            left: 3,
         }
     }
 

@@ -63,6 +63,8 @@ pub struct ShapeChoice {
     pub prompt_us: f64,
     /// Every candidate's check on the device, the dropped ones included.
     pub checks: Vec<KernelCheck>,
+    /// Candidates not timed because the time budget was spent (left to `wgllm tune`).
+    pub left: u32,
 }
 
 impl ShapeChoice {
@@ -402,9 +404,18 @@ pub struct Effort {
     pub run_secs: f64,
     /// Timed runs, the fastest kept.
     pub runs: u32,
-    /// Time a spread of each kind's candidates, not all (each costs shader compiles,
-    /// which dominate a first use on a fresh machine).
+    /// Time a spread of each kind's candidates, most promising first, not all (each
+    /// costs shader compiles, which dominate a first use on a fresh machine).
     pub sparse: bool,
+    /// Seconds of measuring after which no further candidate of a kind already timed
+    /// starts (and the GPU draw is not timed): a first use waits about this long
+    /// whatever the device, and leaves the rest to `wgllm tune`. Compiling the
+    /// candidates' kernels counts: on a slow device with cold driver caches it is most of
+    /// the time.
+    pub budget_secs: Option<f64>,
+    /// How many times the best time so far a candidate's first run may take and still
+    /// be timed further (its other runs could not make it win).
+    pub behind: f64,
 }
 
 impl Effort {
@@ -412,82 +423,115 @@ impl Effort {
         run_secs: 0.02,
         runs: 3,
         sparse: false,
+        budget_secs: None,
+        behind: 3.0,
     };
     pub const FIRST_USE: Effort = Effort {
-        run_secs: 0.004,
-        runs: 2,
+        run_secs: 0.01,
+        runs: 3,
         sparse: true,
+        budget_secs: Some(2.0),
+        behind: 1.5,
     };
+
+    /// Whether the budget is spent `since` a measurement began, or would be by a
+    /// further step of `next_secs`.
+    pub fn spent(&self, since: Instant, next_secs: f64) -> bool {
+        self.budget_secs
+            .is_some_and(|b| since.elapsed().as_secs_f64() + next_secs > b)
+    }
 }
 
 /// The time of one run of `d`: a warm-up (which compiles the pipelines), then runs of
 /// enough repetitions to last `effort.run_secs`, the fastest of `effort.runs`. A
-/// candidate 3x slower than `best` (seconds per run) stops after one run: it cannot win.
+/// candidate `effort.behind` times slower than `best` (seconds per run) stops after one
+/// run: it cannot win.
 fn time_dispatches(gpu: &Gpu, d: &[Dispatch], best: f64, effort: Effort) -> Result<f64, GpuError> {
     run_secs(gpu, d, 1)?;
     let once = run_secs(gpu, d, 1)?.max(1e-7);
-    if once > 3.0 * best {
+    if once > effort.behind * best {
         return Ok(once);
     }
     let reps = ((effort.run_secs / once).ceil() as u32).clamp(1, 200);
     let mut fastest = once;
     for _ in 0..effort.runs {
         fastest = fastest.min(run_secs(gpu, d, reps)? / reps as f64);
-        if fastest > 3.0 * best || once > 0.5 {
+        if fastest > effort.behind * best || once > 0.5 {
             break;
         }
     }
     Ok(fastest)
 }
 
-/// The candidates of one shape: (decode?, name, tuning); `sparse`: the smallest, the
-/// largest and a middle one of each kind (`wgllm tune` times them all).
+/// The candidates of one shape: (decode?, name, tuning). `sparse` (a first use): the
+/// built-in choice of each kind first, then the others most likely to beat it (on the
+/// hosts measured so far: bigger register tiles on CPU adapters, more rows per workgroup
+/// on GPUs), decode and prompt candidates taking turns, so that a time budget cuts
+/// both kinds alike. `wgllm tune` times them all.
 fn candidates(kernels: KernelShape, sparse: bool) -> Vec<(bool, String, KernelTuning)> {
-    let mut v = Vec::new();
     let t = KernelTuning::default;
     let gpu_rows: &[u32] = if sparse {
         &[4, 8, 16]
     } else {
         &[2, 4, 8, 16, 32]
     };
-    let cpu_decode: &[u32] = if sparse { &[2, 8] } else { &[1, 2, 4, 8] };
+    let cpu_decode: &[u32] = if sparse { &[2, 8, 4] } else { &[1, 2, 4, 8] };
     let cpu_prompt: &[(u32, u32)] = if sparse {
-        &[(2, 8), (8, 8), (4, 16)]
+        &[(4, 8), (4, 16), (8, 8), (2, 8)]
     } else {
         &[(2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (4, 16)]
     };
-    match kernels {
-        KernelShape::Gpu => {
-            for &rows in gpu_rows {
-                let tuning = KernelTuning {
-                    gpu_vec_rows: Some(rows),
-                    ..t()
-                };
-                v.push((true, format!("decode rows {rows}"), tuning));
-            }
+    let (decode, prompt): (Vec<_>, Vec<_>) = match kernels {
+        KernelShape::Gpu => (
+            gpu_rows
+                .iter()
+                .map(|&rows| {
+                    let tuning = KernelTuning {
+                        gpu_vec_rows: Some(rows),
+                        ..t()
+                    };
+                    (true, format!("decode rows {rows}"), tuning)
+                })
+                .collect(),
             // The prompt tile follows the matrix and batch sizes (`ops::matmul::gpu_tile`):
             // timing tiles on this 64-token ubatch would choose for that size alone (on an
             // H100 it chose 64x64, which ran 7B pp512 15 % slower than the sized choice).
-            v.push((false, "prompt tiles by size".to_string(), t()));
-        }
-        _ => {
-            for &r in cpu_decode {
-                let tuning = KernelTuning {
-                    cpu_decode_tile: Some((r, 1)),
-                    ..t()
-                };
-                v.push((true, format!("decode {r}x1"), tuning));
-            }
-            for &(r, tb) in cpu_prompt {
-                let tuning = KernelTuning {
-                    cpu_prompt_tile: Some((r, tb)),
-                    ..t()
-                };
-                v.push((false, format!("prompt {r}x{tb}"), tuning));
-            }
+            vec![(false, "prompt tiles by size".to_string(), t())],
+        ),
+        _ => (
+            cpu_decode
+                .iter()
+                .map(|&r| {
+                    let tuning = KernelTuning {
+                        cpu_decode_tile: Some((r, 1)),
+                        ..t()
+                    };
+                    (true, format!("decode {r}x1"), tuning)
+                })
+                .collect(),
+            cpu_prompt
+                .iter()
+                .map(|&(r, tb)| {
+                    let tuning = KernelTuning {
+                        cpu_prompt_tile: Some((r, tb)),
+                        ..t()
+                    };
+                    (false, format!("prompt {r}x{tb}"), tuning)
+                })
+                .collect(),
+        ),
+    };
+    if !sparse {
+        return decode.into_iter().chain(prompt).collect();
+    }
+    let mut v = Vec::new();
+    let (mut d, mut p) = (decode.into_iter(), prompt.into_iter());
+    loop {
+        match (d.next(), p.next()) {
+            (None, None) => return v,
+            (a, b) => v.extend(a.into_iter().chain(b)),
         }
     }
-    v
 }
 
 /// Whether the integer-dot candidates are timed (after checking): where the layer has a
@@ -539,20 +583,36 @@ fn extra_candidates(
 /// candidate as it is checked and measured. `user_int_dot` is the user's
 /// `WGLLM_INT_DOT`, which decides whether integer-dot candidates are offered (see
 /// [`offer_int_dot`]). Returns the best of each shape measured.
+///
+/// With a time budget (`effort.budget_secs`, counted from `start`), once it is spent no
+/// further candidate of a kind that has a time starts: the shape's first candidate of
+/// each kind (the built-in choice) is always timed.
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     gpu: &Arc<Gpu>,
     f: &GgufFile,
     hp: &Hparams,
     only: Option<KernelShape>,
     effort: Effort,
+    start: Instant,
     user_int_dot: Option<bool>,
     report: &mut dyn FnMut(&CandidateTime),
 ) -> Result<Vec<ShapeChoice>, GpuError> {
     let layer = LayerRun::new(gpu, f, hp)?;
+    // The portable kernels' first runs: mostly compiling, on a cold driver cache.
     #[cfg(not(target_arch = "wasm32"))]
-    let reference = Reference::new(gpu, &layer, hp)?;
+    let reference = {
+        let compiled = crate::gpu::compile_secs();
+        let t = Instant::now();
+        let r = Reference::new(gpu, &layer, hp)?;
+        let counted = crate::gpu::compile_secs() - compiled;
+        crate::gpu::add_compile_secs(t.elapsed().as_secs_f64() - counted);
+        r
+    };
     let int_dot = offer_int_dot(gpu, &layer, user_int_dot, effort);
     let mut out = Vec::new();
+    // Wall time of the candidates timed so far (checks, compiles, runs), for the budget.
+    let (mut candidates_secs, mut n_timed) = (0.0, 0u32);
     // The fastest so far over both shapes: a candidate far behind it stops early.
     let (mut fastest_decode, mut fastest_prompt) = (f64::MAX, f64::MAX);
     // The shape the adapter type suggests first, so that the cut-off bites early.
@@ -577,6 +637,7 @@ pub fn measure(
             decode_us: f64::MAX,
             prompt_us: f64::MAX,
             checks: Vec::new(),
+            left: 0,
         };
         // A shape whose first candidate of a kind is PRUNE times slower than the best of
         // that kind so far skips its other candidates of that kind (each costs a shader
@@ -604,13 +665,34 @@ pub fn measure(
             } else if (decode && skip_decode) || (!decode && skip_prompt) {
                 continue;
             }
+            let timed = if decode {
+                best.decode_us < f64::MAX
+            } else {
+                best.prompt_us < f64::MAX
+            };
+            // A candidate starts only where it should end within the budget, at the
+            // mean of those so far (most of which is compiling, on a slow device).
+            let mean = if n_timed > 0 {
+                candidates_secs / n_timed as f64
+            } else {
+                0.0
+            };
+            if (timed || is_extra) && effort.spent(start, mean) {
+                best.left += 1;
+                continue;
+            }
+            let began = Instant::now();
             let g = gpu.retuned(kernels, tuning.clone());
             let n_tok = if decode { 1 } else { PROMPT_TOKENS };
             let d = layer.dispatches(&g, n_tok)?;
+            // The check is the candidate's first dispatch: where a driver that compiles at
+            // first use (lavapipe's LLVM) compiles; beyond two runs, that counts as such.
+            let checking = Instant::now();
             #[cfg(not(target_arch = "wasm32"))]
             let check = Some(check_candidate(
                 &g, &layer, &reference, kernels, &name, decode, &d,
             )?);
+            let check_secs = checking.elapsed().as_secs_f64();
             #[cfg(target_arch = "wasm32")]
             let check: Option<KernelCheck> = None;
             if let Some(c) = &check {
@@ -639,7 +721,10 @@ pub fn measure(
                 fastest_prompt
             };
             let secs = time_dispatches(&g, &d, so_far * 1e-6 * n_tok as f64, effort)?;
+            crate::gpu::add_compile_secs(check_secs - 2.0 * secs);
             let us = secs * 1e6 / n_tok as f64;
+            candidates_secs += began.elapsed().as_secs_f64();
+            n_timed += 1;
             if !is_extra {
                 let first = if decode {
                     std::mem::replace(&mut first_decode, false)
@@ -741,7 +826,9 @@ pub fn check_all(
 mod tests {
     use super::*;
 
-    /// A first use times a spread of each kind on the suggested shape; `wgllm tune` all.
+    /// A first use times a spread of each kind on the suggested shape, the built-in
+    /// choices first and the kinds taking turns (so a time budget cuts both alike);
+    /// `wgllm tune` all.
     #[test]
     fn first_use_times_a_spread_of_the_candidates() {
         let names =
@@ -750,19 +837,56 @@ mod tests {
             names(KernelShape::Cpu, true),
             [
                 "decode 2x1",
+                "prompt 4x8",
                 "decode 8x1",
-                "prompt 2x8",
+                "prompt 4x16",
+                "decode 4x1",
                 "prompt 8x8",
-                "prompt 4x16"
+                "prompt 2x8"
+            ]
+        );
+        // The built-in choices come first.
+        let builtin = KernelTuning::default();
+        assert_eq!(
+            crate::ops::matmul::tile(&builtin, 1, false),
+            (2, 1),
+            "decode 2x1 is the default"
+        );
+        assert_eq!(crate::ops::matmul::tile(&builtin, 64, false), (4, 8));
+        assert_eq!(
+            crate::ops::matmul::gpu_vec_rows(&builtin),
+            4,
+            "decode rows 4 is the default"
+        );
+        assert_eq!(
+            names(KernelShape::Gpu, true),
+            [
+                "decode rows 4",
+                "prompt tiles by size",
+                "decode rows 8",
+                "decode rows 16"
             ]
         );
         assert_eq!(names(KernelShape::Cpu, false).len(), 10);
-        assert_eq!(names(KernelShape::Gpu, true).len(), 4);
         assert_eq!(names(KernelShape::Gpu, false).len(), 6);
         for k in [KernelShape::Cpu, KernelShape::Gpu] {
             let all = names(k, false);
             assert!(names(k, true).iter().all(|n| all.contains(n)));
         }
+    }
+
+    /// A first use's budget: a further step starts only where it would end within it;
+    /// `wgllm tune` has none.
+    #[test]
+    fn the_first_use_budget_counts_the_next_step() {
+        let start = Instant::now();
+        let b = Effort::FIRST_USE
+            .budget_secs
+            .expect("a first use has a budget");
+        assert!(!Effort::FIRST_USE.spent(start, 0.0));
+        assert!(!Effort::FIRST_USE.spent(start, b * 0.5));
+        assert!(Effort::FIRST_USE.spent(start, b * 1.01));
+        assert!(!Effort::FULL.spent(start, 1e9));
     }
 }
 

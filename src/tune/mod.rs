@@ -24,6 +24,7 @@ use crate::gpu::{AdapterSummary, Backend, Gpu, GpuError, GpuOptions, KernelShape
 use crate::model::Hparams;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use web_time::Instant;
 
 /// When to measure.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -189,6 +190,8 @@ fn entry_for(
         int_dot_prompt: best.tuning.int_dot_prompt,
         coop_matrix: best.tuning.coop_matrix,
         checks,
+        first_use: false,
+        left: 0,
     }
 }
 
@@ -196,6 +199,25 @@ fn entry_for(
 /// earlier revision are measured again (2: integer-dot candidates, and every candidate
 /// checked on the device).
 const TUNER_REVISION: u32 = 2;
+
+/// What a measurement tells its caller as it goes, for progress: a first use's wait
+/// shown on a terminal, `wgllm tune`'s table. A closure over (backend, candidate) sees
+/// the candidates only.
+pub trait TuneReport {
+    /// Measuring `what` (adapter, backend and model) begins, for about `budget_secs`
+    /// where it has a budget.
+    fn start(&mut self, _what: &str, _budget_secs: Option<f64>) {}
+    /// A candidate checked and timed (or dropped) on `backend`.
+    fn candidate(&mut self, backend: &str, t: &CandidateTime);
+    /// The measurement of one adapter ended after `secs`.
+    fn done(&mut self, _secs: f64) {}
+}
+
+impl<F: FnMut(&str, &CandidateTime)> TuneReport for F {
+    fn candidate(&mut self, backend: &str, t: &CandidateTime) {
+        self(backend, t)
+    }
+}
 
 /// What [`resolve`] decided, for the caller to report.
 #[derive(Clone, Debug)]
@@ -258,25 +280,28 @@ impl<'a> Tuner<'a> {
         c: &Candidate,
         only: Option<KernelShape>,
         open: impl FnOnce() -> Result<Arc<Gpu>, GpuError>,
-        report: &mut dyn FnMut(&str, &CandidateTime),
+        report: &mut dyn TuneReport,
     ) -> Result<TuneEntry, GpuError> {
         if self.mode == TuneMode::Cached {
             if let Some(e) = self.cached(c) {
                 return Ok(e);
             }
         }
-        log::info!(
-            "tuning kernels for {} on {} ({}): first use, a few seconds",
-            c.info.name,
-            c.backend,
-            self.model
-        );
-        let gpu = open()?;
-        let backend = c.backend.to_string();
         let effort = match self.mode {
             TuneMode::Cached => measure::Effort::FIRST_USE,
             _ => measure::Effort::FULL,
         };
+        let what = format!("{} on {} ({})", c.info.name, c.backend, self.model);
+        match effort.budget_secs {
+            Some(secs) => log::info!(
+                "tuning kernels for {what}: first use, about {secs:.0} s of measuring (`wgllm tune -m MODEL` measures every candidate)"
+            ),
+            None => log::info!("tuning kernels for {what}"),
+        }
+        report.start(&what, effort.budget_secs);
+        let start = Instant::now();
+        let gpu = open()?;
+        let backend = c.backend.to_string();
         let user_int_dot = self.user_int_dot;
         let shapes = measure::measure(
             &gpu,
@@ -284,19 +309,26 @@ impl<'a> Tuner<'a> {
             &self.hp,
             only,
             effort,
+            start,
             user_int_dot,
-            &mut |t| report(&backend, t),
+            &mut |t| report.candidate(&backend, t),
         )?;
         let best = shapes
             .iter()
             .min_by(|a, b| a.score().total_cmp(&b.score()))
             .expect("a shape measured");
         let checks = shapes.iter().flat_map(|s| s.checks.clone()).collect();
-        #[cfg_attr(target_arch = "wasm32", allow(unused_mut))]
         let mut e = entry_for(c, &self.model, best, checks);
-        // Where a token is cheaper picked, with the kernels just chosen.
+        e.first_use = effort.budget_secs.is_some();
+        e.left = shapes.iter().map(|s| s.left).sum();
+        // Where a token is cheaper picked, with the kernels just chosen; not at a first
+        // use (compiling the sampling kernels alone took lavapipe 8 s on a cold driver
+        // cache): without a time, `--sampling auto` takes the adapter type's default.
         #[cfg(not(target_arch = "wasm32"))]
-        {
+        if effort.budget_secs.is_some() {
+            log::debug!("tune: drawing on the GPU not timed at first use");
+            e.left += 1;
+        } else {
             let g = gpu.retuned(best.kernels, best.tuning.clone());
             match measure::measure_draws(&g, self.hp.n_vocab, effort) {
                 Ok(t) => {
@@ -311,6 +343,7 @@ impl<'a> Tuner<'a> {
                 Err(err) => log::debug!("tune: drawing on the GPU not measured: {err}"),
             }
         }
+        report.done(start.elapsed().as_secs_f64());
         self.cache.put(e.clone());
         self.measured = true;
         Ok(e)
@@ -387,13 +420,14 @@ fn refused(e: &TuneEntry, of: fn(&KernelCheck) -> bool, asked: Option<bool>, var
 
 /// The GPU options with `kernels auto` (and `backend auto`) decided by measurement (see
 /// the module doc). Options that leave nothing to choose come back as they are.
-/// `report` sees every candidate measured (with the adapter's backend), for progress.
+/// `report` sees each measurement start and every candidate measured (with the adapter's
+/// backend), for progress.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn resolve(
     opts: &GpuOptions,
     topts: &TuneOptions,
     f: &GgufFile,
-    report: &mut dyn FnMut(&str, &CandidateTime),
+    report: &mut dyn TuneReport,
 ) -> Result<Resolved, GpuError> {
     if topts.mode == TuneMode::Off || opts.kernels != KernelShape::Auto || !tunable(f) {
         return Ok(Resolved {
@@ -519,7 +553,12 @@ pub fn retune_device(
         info: gpu.info.clone(),
     };
     let mut tuner = Tuner::new(f, topts, gpu.tuning.int_dot)?;
-    let e = tuner.entry(&c, None, || Ok(gpu.clone()), &mut |_, _| {})?;
+    let e = tuner.entry(
+        &c,
+        None,
+        || Ok(gpu.clone()),
+        &mut |_: &str, _: &CandidateTime| {},
+    )?;
     tuner.save();
     let (kernels, tuning) = entry_kernels(&e, &gpu.tuning)?;
     Ok(Retuned {
@@ -561,6 +600,7 @@ impl ShapeChoice {
             decode_us: 0.0,
             prompt_us: 0.0,
             checks: Vec::new(),
+            left: 0,
         }
     }
 }
@@ -601,6 +641,8 @@ mod tests {
             int_dot_prompt: None,
             coop_matrix: None,
             checks: Vec::new(),
+            first_use: false,
+            left: 0,
         };
         assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 97.0)]), 0);
         assert_eq!(choose(&[e("vulkan", 100.0), e("gl", 90.0)]), 1);
