@@ -426,6 +426,15 @@ impl KernelKey {
                                 subgroups,
                                 glu,
                             });
+                            // The same tiles over an expert's grouped pairs (prompts).
+                            if glu.is_none() && tb > 1 {
+                                v.push(MatmulIdRows {
+                                    ty,
+                                    rows,
+                                    tb,
+                                    subgroups,
+                                });
+                            }
                         }
                     }
                 }
@@ -445,23 +454,9 @@ impl KernelKey {
             }
             for &(bm, bn) in GPU_TILES {
                 v.push(MatmulTile { ty, bm, bn });
-            }
-            v.push(MatmulId { ty });
-            for &rows in CPU_MATMUL_ROWS {
-                for &tb in CPU_MATMUL_TOKENS.iter().filter(|&&tb| tb > 1) {
-                    for subgroups in [false, true] {
-                        v.push(MatmulIdRows {
-                            ty,
-                            rows,
-                            tb,
-                            subgroups,
-                        });
-                    }
-                }
-            }
-            for &(bm, bn) in GPU_TILES {
                 v.push(MatmulIdTile { ty, bm, bn });
             }
+            v.push(MatmulId { ty });
             for &s in COOP_SIZES {
                 v.push(MatmulCoop { ty, s });
             }
