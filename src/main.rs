@@ -47,6 +47,7 @@ fn main() {
         Command::Serve(a) => cli::serve::serve(a),
         Command::Chat(a) => cli::chat::chat(a),
         Command::Perplexity(a) => cli::perplexity::perplexity(a),
+        Command::Embed(a) => cli::embed::embed(a),
         Command::Bench(a) => cli::bench::bench(a),
         Command::Inspect(a) => cli::info::inspect(a),
         Command::Devices(a) => cli::info::devices(a),

@@ -5,6 +5,7 @@
 pub mod app;
 pub mod bench;
 pub mod chat;
+pub mod embed;
 pub mod escapes;
 pub mod habits;
 pub mod hub;
@@ -52,6 +53,8 @@ pub enum Command {
     Chat(chat::ChatArgs),
     /// Perplexity over a text file, as llama-perplexity computes it.
     Perplexity(perplexity::PerplexityArgs),
+    /// Embeddings of texts (pooled, normalised), as llama-embedding computes them.
+    Embed(embed::EmbedArgs),
     /// Prompt-processing and generation speed, as llama-bench reports it.
     Bench(bench::BenchArgs),
     /// Print a GGUF file's metadata and tensor table.
@@ -255,6 +258,7 @@ impl ModelArgs {
             tune: tune_options(self.gpu.no_tune, false),
             sampling: self.gpu.sampling_path(),
             decode_ahead: true,
+            embeddings: false,
         })
     }
 }

@@ -95,6 +95,9 @@ pub struct ContextParams {
     pub swa_keep: u32,
     /// What the cache holds and whether attention is flash attention (-ctk, -ctv, -fa).
     pub kv: KvConfig,
+    /// Each output row is the token's hidden state after the final norm (n_embd floats,
+    /// llama.cpp's embeddings) instead of its logits (`--embeddings`).
+    pub embeddings: bool,
 }
 
 impl ContextParams {
@@ -122,6 +125,7 @@ impl ContextParams {
             swa_full: false,
             swa_keep: 0,
             kv: KvConfig::default(),
+            embeddings: false,
         }
     }
 }
@@ -215,7 +219,12 @@ impl Context {
         let n_ctx = params.n_ctx as u64;
         let memory =
             crate::memory::create(&Arc::new(model.memory_shape()), &params.memory_params())?;
-        let n_out_max = (gpu.max_binding / (hp.n_vocab as u64 * 4)).clamp(1, ub) as u32;
+        let width = if params.embeddings {
+            hp.n_embd
+        } else {
+            hp.n_vocab
+        } as u64;
+        let n_out_max = (gpu.max_binding / (width * 4)).clamp(1, ub) as u32;
         let mut inputs = Vec::new();
         for input in model.inputs() {
             let buf = gpu.storage(&input.label(), input.bytes(ub, n_ctx))?;
@@ -223,7 +232,7 @@ impl Context {
         }
         let step = StepBuffers {
             inputs,
-            logits: gpu.storage("logits", n_out_max as u64 * hp.n_vocab as u64 * 4)?,
+            logits: gpu.storage("logits", n_out_max as u64 * width * 4)?,
         };
         Ok(Context {
             model,
@@ -331,8 +340,18 @@ impl Context {
         self.memory.defrag().map_err(ContextError::from)
     }
 
+    /// Floats per output row: n_vocab logits, or n_embd in an embeddings context.
+    pub fn out_width(&self) -> u32 {
+        if self.params.embeddings {
+            self.model.hp.n_embd
+        } else {
+            self.model.hp.n_vocab
+        }
+    }
+
     /// Decodes a batch; returns the logits of the tokens that asked for them, in batch
-    /// order, n_vocab floats each (blocking; native targets).
+    /// order, n_vocab floats each (n_embd of hidden state in an embeddings context;
+    /// blocking; native targets).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn decode(&mut self, batch: &Batch) -> Result<Vec<f32>, ContextError> {
         pollster::block_on(self.decode_async(batch))

@@ -19,7 +19,7 @@ impl Context {
         draws: &[GpuDraw],
     ) -> Result<Decoded, ContextError> {
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
-        let n_vocab = self.model.hp.n_vocab as usize;
+        let width = self.out_width() as usize;
         let draw_of = draw_index(draws);
         let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
         let mut picks = vec![Drawn::default(); draws.len()];
@@ -33,7 +33,7 @@ impl Context {
                 self.last_draws = drawn.len();
             }
             read_bytes += self.last_step.read_bytes;
-            for ((i, _), row) in read.iter().zip(out.chunks(n_vocab.max(1))) {
+            for ((i, _), row) in read.iter().zip(out.chunks(width.max(1))) {
                 rows.push((*i, row.to_vec()));
             }
             for (j, p) in which.into_iter().zip(got) {
@@ -140,6 +140,7 @@ impl Context {
                         .map(|(i, buf)| (*i, View::whole(buf)))
                         .collect(),
                     logits: View::whole(&self.step.logits),
+                    embeddings: self.params.embeddings,
                 };
                 let graph = self.model.build_graph(&io, &*self.memory)?;
                 self.n_graph_builds += 1;
@@ -158,7 +159,7 @@ impl Context {
         };
         let graph = &self.graphs[idx].1;
         // Logit rows to read, as runs of consecutive rows; then the drawn tokens.
-        let row_bytes = self.model.hp.n_vocab as u64 * 4;
+        let row_bytes = self.out_width() as u64 * 4;
         let mut regions: Vec<(&wgpu::Buffer, u64, u64)> = Vec::new();
         for &r in read {
             match regions.last_mut() {

@@ -18,6 +18,7 @@ pub mod bench;
 mod cache_map;
 mod chat;
 mod draw;
+mod embed;
 mod host_cache;
 mod input;
 mod load;
@@ -37,6 +38,7 @@ mod stream;
 
 pub use cache_map::{CacheMap, StoreMap};
 pub use chat::Conversation;
+pub use embed::{normalize, Pooling};
 pub use host_cache::HostCache;
 pub use load::LoadProgress;
 pub use options::{EngineOptions, SamplingPath};
@@ -153,7 +155,7 @@ impl Engine {
         };
         // The GPU chain ranges over the logits row; a vocabulary shorter than the row
         // (padded output weights) keeps sampling on the host, which stops at its end.
-        let can_draw = tokenizer.n_vocab() == model.hp.n_vocab as usize;
+        let can_draw = tokenizer.n_vocab() == model.hp.n_vocab as usize && !opts.embeddings;
         let gpu_sampling = gpu_sampling && can_draw;
         log::debug!(
             "sampling on the {}",

@@ -42,6 +42,9 @@ pub struct EngineOptions {
     /// Where tokens are drawn on the GPU, submit each step before the last one's tokens
     /// are read (see `engine/ahead.rs`).
     pub decode_ahead: bool,
+    /// An embeddings engine (`--embeddings`): steps output hidden states, read by
+    /// [`super::Engine::embed`], and nothing is generated.
+    pub embeddings: bool,
 }
 
 /// Where a generated token is sampled: on the host from the read-back logits, or on the
@@ -102,6 +105,7 @@ impl Default for EngineOptions {
             tune: TuneOptions::default(),
             sampling: SamplingPath::Auto,
             decode_ahead: true,
+            embeddings: false,
         }
     }
 }
@@ -136,6 +140,7 @@ impl EngineOptions {
             swa_full: self.swa_full,
             swa_keep: self.swa_keep.min(n_ctx),
             kv: self.kv,
+            embeddings: self.embeddings,
         })
     }
 }

@@ -546,9 +546,15 @@ impl GraphBuilder {
 
     /// Each row of x RMS-normed and scaled by the vector `w`.
     pub fn rms_norm(&mut self, x: TensorId, w: &View, eps: f32) -> TensorId {
+        let dst = self.tensor(self.ne(x));
+        self.rms_norm_into(x, w, eps, dst);
+        dst
+    }
+
+    /// [`Self::rms_norm`] into `dst` (an output buffer).
+    pub fn rms_norm_into(&mut self, x: TensorId, w: &View, eps: f32, dst: TensorId) {
         let [n, rows] = self.ne(x);
         let w = self.external(w.clone());
-        let dst = self.tensor([n, rows]);
         let op = Op::RmsNorm {
             n,
             rows,
@@ -556,7 +562,6 @@ impl GraphBuilder {
             eps,
         };
         self.node(op, &[x, w], &[dst]);
-        dst
     }
 
     /// Each row of x [n_group * g, n_tok] RMS-normed in `n_group` groups of g values,

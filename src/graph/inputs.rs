@@ -168,8 +168,11 @@ pub struct GraphIo {
     pub n_out: u32,
     /// The declared inputs and their buffers, in declaration order.
     pub inputs: Vec<(GraphInput, View)>,
-    /// [n_vocab, n_out] f32, owned by the context, which reads it back.
+    /// [n_vocab, n_out] f32, owned by the context, which reads it back ([n_embd,
+    /// n_out] with `embeddings`).
     pub logits: View,
+    /// The outputs are the hidden states after the final norm, not logits.
+    pub embeddings: bool,
 }
 
 impl GraphIo {

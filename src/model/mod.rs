@@ -194,6 +194,12 @@ fn output_head(
     } else {
         x
     };
+    if io.embeddings {
+        // llama.cpp's embeddings: the final norm's output, before the projection.
+        let out = g.input(io.logits.clone(), [hp.n_embd, io.n_out]);
+        g.rms_norm_into(x, &w.output_norm, hp.eps, out);
+        return g.build(gpu);
+    }
     let logits = g.input(io.logits.clone(), [hp.n_vocab, io.n_out]);
     let cur = g.rms_norm(x, &w.output_norm, hp.eps);
     match &w.logit_softcap {

@@ -1,0 +1,191 @@
+//! Embeddings, as llama.cpp computes them for a decoder model: each token's hidden state
+//! after the final norm (an embeddings context outputs those instead of logits), pooled
+//! over a sequence's tokens and normalised as llama-server and llama-embedding do.
+
+use super::{Engine, EngineError};
+use crate::batch::Batch;
+
+/// How a sequence's token states become its embedding (llama.cpp's `--pooling`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// Every token's state.
+    None,
+    /// Their mean.
+    Mean,
+    /// The first token's.
+    Cls,
+    /// The last token's.
+    Last,
+}
+
+impl Pooling {
+    /// The pooling a GGUF declares (`{arch}.pooling_type`, llama.cpp's numbering:
+    /// 0 none, 1 mean, 2 cls, 3 last; 4, rank, needs a classifier head wgllm does not
+    /// load); none where it declares nothing, as llama.cpp defaults.
+    pub fn from_code(code: Option<u32>) -> Result<Pooling, String> {
+        match code {
+            None | Some(0) => Ok(Pooling::None),
+            Some(1) => Ok(Pooling::Mean),
+            Some(2) => Ok(Pooling::Cls),
+            Some(3) => Ok(Pooling::Last),
+            Some(4) => Err("this model pools by rank (a reranker): reranking is not built yet; choose --pooling mean, cls, last or none".into()),
+            Some(n) => Err(format!("unknown pooling type {n} in the model file (llama.cpp knows 0-4)")),
+        }
+    }
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "none" => Pooling::None,
+            "mean" => Pooling::Mean,
+            "cls" => Pooling::Cls,
+            "last" => Pooling::Last,
+            "rank" => {
+                return Err(
+                    "--pooling rank needs a reranker's classifier head, which is not built yet"
+                        .into(),
+                )
+            }
+            other => {
+                return Err(format!(
+                    "unknown pooling `{other}` (choose none, mean, cls or last)"
+                ))
+            }
+        })
+    }
+}
+
+/// `v` scaled as llama.cpp's `common_embd_normalize` does for `norm`: -1 none, 0 the
+/// largest magnitude to 32760 (int16's range), 2 Euclidean, any other p the p-norm
+/// (1: taxicab). A zero vector stays zero.
+pub fn normalize(v: &[f32], norm: i32) -> Vec<f32> {
+    let sum: f64 = match norm {
+        -1 => 1.0,
+        0 => v.iter().fold(0f64, |m, &x| m.max(x.abs() as f64)) / 32760.0,
+        2 => v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt(),
+        p => {
+            let p = p as f64;
+            v.iter()
+                .map(|&x| (x.abs() as f64).powf(p))
+                .sum::<f64>()
+                .powf(1.0 / p)
+        }
+    };
+    let scale = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+    v.iter().map(|&x| (x as f64 * scale) as f32).collect()
+}
+
+/// Pools `rows` (each token's state, n_embd floats, in order) as `pooling` says: one
+/// vector, or every row for [`Pooling::None`].
+pub fn pool(rows: &[f32], n_embd: usize, pooling: Pooling) -> Vec<Vec<f32>> {
+    let mut it = rows.chunks(n_embd);
+    match pooling {
+        Pooling::None => it.map(<[f32]>::to_vec).collect(),
+        Pooling::Cls => it.next().map(<[f32]>::to_vec).into_iter().collect(),
+        Pooling::Last => it.next_back().map(<[f32]>::to_vec).into_iter().collect(),
+        Pooling::Mean => {
+            let n = (rows.len() / n_embd.max(1)).max(1) as f64;
+            let mut sum = vec![0f64; n_embd];
+            for r in it {
+                for (s, &x) in sum.iter_mut().zip(r) {
+                    *s += x as f64;
+                }
+            }
+            vec![sum.into_iter().map(|s| (s / n) as f32).collect()]
+        }
+    }
+}
+
+impl Engine {
+    /// The embedding of `tokens` in an embeddings engine (`EngineOptions::embeddings`):
+    /// decoded on a sequence no session holds, its token states pooled, the sequence
+    /// cleared again. One vector, or one per token for [`Pooling::None`]; not normalised.
+    pub fn embed(
+        &mut self,
+        tokens: &[u32],
+        pooling: Pooling,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        if !self.ctx.params.embeddings {
+            return Err(EngineError::Options(
+                "this engine computes logits; embeddings need an engine made with embeddings on (--embeddings)".into(),
+            ));
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let n_ctx_seq = self.n_ctx_seq() as usize;
+        if tokens.len() > n_ctx_seq {
+            return Err(EngineError::PromptTooLong {
+                n: tokens.len(),
+                max: n_ctx_seq,
+            });
+        }
+        let seq = self
+            .sessions
+            .iter()
+            .position(Option::is_none)
+            .ok_or_else(|| {
+                EngineError::Options(
+                    "every sequence is held by a session: an embedding needs a free one (raise -np)"
+                        .into(),
+                )
+            })? as u32;
+        // Whatever an earlier caller left there (nobody holds it).
+        self.ctx.seq_rm(Some(seq), -1, -1)?;
+        let n = tokens.len();
+        // Only the rows the pooling reads come back.
+        let wanted = |i: usize| match pooling {
+            Pooling::None | Pooling::Mean => true,
+            Pooling::Cls => i == 0,
+            Pooling::Last => i + 1 == n,
+        };
+        let n_batch = self.ctx.params.n_batch as usize;
+        let mut rows = Vec::new();
+        let mut result = Ok(());
+        for (c, chunk) in tokens.chunks(n_batch).enumerate() {
+            let at = c * n_batch;
+            let batch = Batch {
+                tokens: chunk.to_vec(),
+                pos: (0..chunk.len()).map(|i| (at + i) as i32).collect(),
+                seq: vec![1u64 << seq; chunk.len()],
+                logits: (0..chunk.len()).map(|i| wanted(at + i)).collect(),
+            };
+            match self.ctx.decode(&batch) {
+                Ok(out) => rows.extend(out),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.ctx.seq_rm(Some(seq), -1, -1)?;
+        result?;
+        self.n_steps += 1;
+        Ok(pool(&rows, self.model.hp.n_embd as usize, pooling))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_and_normalises_as_llama_cpp() {
+        let rows = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        assert_eq!(pool(&rows, 2, Pooling::Mean), [vec![3.0, 4.0]]);
+        assert_eq!(pool(&rows, 2, Pooling::Cls), [vec![1.0, 2.0]]);
+        assert_eq!(pool(&rows, 2, Pooling::Last), [vec![5.0, 6.0]]);
+        assert_eq!(pool(&rows, 2, Pooling::None).len(), 3);
+        assert_eq!(normalize(&[3.0, 4.0], 2), [0.6, 0.8]);
+        assert_eq!(normalize(&[3.0, -1.0], 1), [0.75, -0.25]);
+        assert_eq!(normalize(&[3.0, 4.0], -1), [3.0, 4.0]);
+        assert_eq!(normalize(&[0.5, -1.0], 0), [16380.0, -32760.0]);
+        assert_eq!(normalize(&[0.0, 0.0], 2), [0.0, 0.0]);
+        assert_eq!("mean".parse::<Pooling>(), Ok(Pooling::Mean));
+        assert!("rank".parse::<Pooling>().is_err());
+        assert_eq!(Pooling::from_code(None), Ok(Pooling::None));
+        assert_eq!(Pooling::from_code(Some(3)), Ok(Pooling::Last));
+    }
+}
