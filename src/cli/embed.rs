@@ -33,6 +33,21 @@ pub struct EmbedArgs {
     pub format: String,
 }
 
+/// `--pooling` where given, else what the model file declares (none where it declares
+/// nothing, as llama.cpp).
+pub fn pooling(flag: Option<&str>, model: &std::path::Path) -> Result<Pooling> {
+    match flag {
+        Some(p) => p.parse::<Pooling>().map_err(anyhow::Error::msg),
+        None => {
+            let f = wgllm::gguf::GgufFile::open(model)
+                .with_context(|| format!("reading {}", model.display()))?;
+            let arch = f.get_str("general.architecture").unwrap_or_default();
+            let code = f.get_u64(&format!("{arch}.pooling_type")).ok();
+            Pooling::from_code(code.map(|c| c as u32)).map_err(anyhow::Error::msg)
+        }
+    }
+}
+
 pub fn embed(a: &EmbedArgs) -> Result<()> {
     if !matches!(a.format.as_str(), "" | "array" | "json") {
         bail!(
@@ -40,15 +55,7 @@ pub fn embed(a: &EmbedArgs) -> Result<()> {
             a.format
         );
     }
-    let pooling = match &a.pooling {
-        Some(p) => p.parse::<Pooling>().map_err(anyhow::Error::msg)?,
-        None => {
-            let f = wgllm::gguf::GgufFile::open(&a.model.path()?)?;
-            let arch = f.get_str("general.architecture").unwrap_or_default();
-            let code = f.get_u64(&format!("{arch}.pooling_type")).ok();
-            Pooling::from_code(code.map(|c| c as u32)).map_err(anyhow::Error::msg)?
-        }
-    };
+    let pooling = pooling(a.pooling.as_deref(), &a.model.path()?)?;
     let mut opts = a.model.options()?;
     opts.embeddings = true;
     let mut engine = load_engine(&a.model, &opts)?;

@@ -45,6 +45,14 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics on /metrics.
     #[arg(long)]
     pub metrics: bool,
+    /// Serve embeddings (/embedding, /v1/embeddings) instead of completions, as
+    /// llama-server's --embeddings: for embedding models, or any model's hidden states.
+    #[arg(long = "embeddings", visible_alias = "embedding")]
+    pub embeddings: bool,
+    /// How --embeddings pools a text's token states: none, mean, cls or last (default:
+    /// what the model file declares, else none, as llama.cpp).
+    #[arg(long)]
+    pub pooling: Option<String>,
     /// Serve /slots (on by default).
     #[arg(long, overrides_with = "no_slots")]
     pub slots: bool,
@@ -189,6 +197,10 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     }
     // An -hf model is downloaded before the server binds, as llama-server does.
     let model_path = a.model.path()?;
+    let pooling = super::embed::pooling(a.pooling.as_deref(), &model_path)?;
+    if a.pooling.is_some() && !a.embeddings {
+        bail!("--pooling applies to an embeddings server: add --embeddings");
+    }
     let opts = ServerOptions {
         host: a.host.clone(),
         port: a.port,
@@ -198,6 +210,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         api_keys: keys,
         metrics: a.metrics,
         slots: !a.no_slots,
+        pooling,
         slot_save_path: a.slot_save_path.clone(),
         defaults: Defaults {
             sampling,
@@ -232,6 +245,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     let mut eopts = model.options()?;
     eopts.swa_keep = shift.swa_keep();
     eopts.kv_unified = a.kv_unified;
+    eopts.embeddings = a.embeddings;
     let load = move || {
         let mut e = load_engine(&model, &eopts)?;
         if let Some(t) = &chat_template {

@@ -98,6 +98,7 @@ pub fn pool(rows: &[f32], n_embd: usize, pooling: Pooling) -> Vec<Vec<f32>> {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 impl Engine {
     /// The embedding of `tokens` in an embeddings engine (`EngineOptions::embeddings`):
     /// decoded on a sequence no session holds, its token states pooled, the sequence

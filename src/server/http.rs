@@ -4,7 +4,7 @@
 //! refused, whichever layer refuses it.
 
 use super::error::ApiError;
-use super::{anthropic, metrics, native, openai, responses, resumable, AppState};
+use super::{anthropic, embeddings, metrics, native, openai, responses, resumable, AppState};
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -47,9 +47,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(native::apply_template))
         .route("/slots", get(native::slots))
         .route("/slots/{id}", post(native::slot_action))
-        .route("/embedding", post(not_built))
-        .route("/embeddings", post(not_built))
-        .route("/v1/embeddings", post(not_built))
+        .route("/embedding", post(embeddings::native))
+        .route("/embeddings", post(embeddings::native))
+        .route("/v1/embeddings", post(embeddings::openai))
         .route("/rerank", post(not_built))
         .route("/v1/rerank", post(not_built))
         .route("/reranking", post(not_built))
@@ -74,7 +74,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn not_built(req: Request) -> ApiError {
     ApiError::not_supported(format!(
-        "{} is not served by wgllm: embeddings, reranking and infill are not built",
+        "{} is not served by wgllm: reranking and infill are not built",
         req.uri().path()
     ))
 }

@@ -12,6 +12,7 @@
 mod anthropic;
 pub mod bodies;
 mod chat;
+mod embeddings;
 mod error;
 mod gen;
 mod http;
@@ -62,6 +63,9 @@ pub struct ServerOptions {
     pub verbose: bool,
     /// The engine service's prompt cache (`--cache-ram`, `--cache-idle-slots`).
     pub service: crate::engine::service::ServiceOptions,
+    /// How an embeddings server (`--embeddings`) pools each input's token states
+    /// (`--pooling`).
+    pub pooling: crate::engine::Pooling,
 }
 
 /// What every handler sees.

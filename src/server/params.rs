@@ -381,10 +381,16 @@ pub fn prompt_tokens(v: &Value, tok: &Tokenizer, add_special: bool) -> ApiResult
                         "Multimodal data provided, but model does not support multimodal requests.",
                     ));
                 }
-                let Some(Value::String(s)) = o.get("prompt_string") else {
-                    return Err(ApiError::invalid("a prompt object needs \"prompt_string\""));
+                let text = match (o.get("prompt_string"), o.get("content")) {
+                    (Some(Value::String(s)), _) => s.clone(),
+                    (None, Some(parts)) => content_text(parts)?,
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "a prompt object needs \"prompt_string\" or \"content\" parts",
+                        ))
+                    }
                 };
-                out.extend(tok.encode(s, add_special && first, true));
+                out.extend(tok.encode(&text, add_special && first, true));
             }
             Value::String(s) => {
                 out.extend(tok.encode(s, add_special && first, true));
@@ -415,6 +421,37 @@ pub fn prompt_tokens(v: &Value, tok: &Tokenizer, add_special: bool) -> ApiResult
         p => piece(p, &mut out)?,
     }
     Ok(out)
+}
+
+/// The text of a prompt object's `content`: its text parts joined (OpenAI's content
+/// parts; other kinds need a multimodal model).
+fn content_text(parts: &Value) -> ApiResult<String> {
+    let Value::Array(parts) = parts else {
+        return Err(ApiError::invalid(
+            "\"content\" is a list of parts ({\"type\": \"text\", \"text\": ...})",
+        ));
+    };
+    let mut text = String::new();
+    for p in parts {
+        match (p.get("type").and_then(Value::as_str), p.get("text")) {
+            (Some("text"), Some(Value::String(t))) => text.push_str(t),
+            (Some("image_url" | "input_audio" | "input_video"), _) => {
+                return Err(ApiError::invalid(
+                    "this model is not multimodal: only text parts are taken",
+                ))
+            }
+            (Some("text"), _) => {
+                return Err(ApiError::invalid("a text part needs \"text\" as a string"))
+            }
+            (kind, _) => {
+                return Err(ApiError::invalid(format!(
+                    "unknown content part type {}",
+                    kind.map_or("(none)".to_string(), |k| format!("\"{k}\""))
+                )))
+            }
+        }
+    }
+    Ok(text)
 }
 
 /// The requests of a completion body: one per prompt (see [`prompts`]), each with the

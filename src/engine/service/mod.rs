@@ -23,7 +23,7 @@ mod worker;
 
 use worker::{open_slots, Worker};
 
-use super::{CacheMap, Engine, EngineError, SessionParams, Timings, TokenProbs};
+use super::{CacheMap, Engine, EngineError, Pooling, SessionParams, Timings, TokenProbs};
 use crate::context::FullReason;
 use crate::tokenizer::Tokenizer;
 use std::path::PathBuf;
@@ -251,7 +251,15 @@ enum Cmd {
         action: SlotAction,
         reply: oneshot::Sender<Result<SlotFileResult, RequestError>>,
     },
+    Embed {
+        inputs: Vec<Vec<u32>>,
+        pooling: Pooling,
+        reply: oneshot::Sender<EmbedResult>,
+    },
 }
+
+/// Each input's embedding (one vector, or one per token without pooling).
+pub type EmbedResult = Result<Vec<Vec<Vec<f32>>>, RequestError>;
 
 struct Queued {
     key: RequestKey,
@@ -271,6 +279,8 @@ pub struct ServiceInfo {
     pub n_embd: u32,
     pub n_ctx_train: u32,
     pub model_bytes: u64,
+    /// An embeddings engine (`--embeddings`): it embeds and generates nothing.
+    pub embeddings: bool,
 }
 
 struct Shared {
@@ -333,7 +343,11 @@ impl EngineService {
         mut engine: Engine,
     ) -> Result<(EngineService, Worker, amp::UnboundedReceiver<Cmd>), EngineError> {
         let n_slots = engine.context().params.n_seq_max;
-        open_slots(&mut engine, n_slots)?;
+        let embeddings = engine.context().params.embeddings;
+        // An embeddings engine keeps its sequences free for `embed`.
+        if !embeddings {
+            open_slots(&mut engine, n_slots)?;
+        }
         let (tx, rx) = amp::unbounded_channel();
         let hp = &engine.model.hp;
         let info = ServiceInfo {
@@ -346,6 +360,7 @@ impl EngineService {
             n_embd: hp.n_embd,
             n_ctx_train: hp.n_ctx_train,
             model_bytes: engine.model.weights.gpu_bytes,
+            embeddings,
         };
         let shared = Arc::new(Shared {
             cmd: tx,
@@ -425,6 +440,19 @@ impl EngineService {
         let (tx, rx) = oneshot::channel();
         self.send(Cmd::Slots(tx));
         rx.await.unwrap_or_default()
+    }
+
+    /// The embeddings of `inputs` (token lists), pooled as `pooling` says, not
+    /// normalised; an engine made without embeddings refuses.
+    pub async fn embed(&self, inputs: Vec<Vec<u32>>, pooling: Pooling) -> EmbedResult {
+        let (reply, rx) = oneshot::channel();
+        self.send(Cmd::Embed {
+            inputs,
+            pooling,
+            reply,
+        });
+        rx.await
+            .unwrap_or_else(|_| Err(RequestError::Server("the engine thread has stopped".into())))
     }
 
     /// Saves, restores or erases an idle slot's cache.

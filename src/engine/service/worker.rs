@@ -147,6 +147,9 @@ impl Worker {
             Cmd::Slots(reply) => {
                 let _ = reply.send(Vec::new());
             }
+            Cmd::Embed { reply, .. } => {
+                let _ = reply.send(Err(err.clone()));
+            }
             Cmd::Watch(_) | Cmd::Cancel(_) => {}
         }
     }
@@ -164,6 +167,19 @@ impl Worker {
 
     fn handle(&mut self, c: Cmd) {
         match c {
+            Cmd::Submit(mut q) if self.shared.info.embeddings => {
+                (q.sink)(RequestEvent::Failed(RequestError::Invalid(
+                    "This server does not support completions. Start it without `--embeddings`"
+                        .into(),
+                )));
+            }
+            Cmd::Embed {
+                inputs,
+                pooling,
+                reply,
+            } => {
+                let _ = reply.send(self.embed(&inputs, pooling));
+            }
             Cmd::Submit(mut q) => {
                 // A slot that does not exist is never free: refuse now, not wait forever.
                 if let Some(slot) = q.req.slot.filter(|&s| s as usize >= self.slots.len()) {
@@ -201,6 +217,30 @@ impl Worker {
                 action,
                 reply,
             } => self.pending.push((slot, action, reply)),
+        }
+    }
+
+    /// Each input's embedding, between steps (an embeddings engine runs no sessions).
+    fn embed(
+        &mut self,
+        inputs: &[Vec<u32>],
+        pooling: crate::engine::Pooling,
+    ) -> super::EmbedResult {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let r = inputs
+                .iter()
+                .map(|t| (self.engine.embed(t, pooling)).map_err(|e| RequestError::from_engine(&e)))
+                .collect();
+            self.publish_gauges();
+            r
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (inputs, pooling);
+            Err(RequestError::Server(
+                "embeddings are not served in a browser page".into(),
+            ))
         }
     }
 

@@ -1,0 +1,130 @@
+//! `/embedding` and `/embeddings` (llama-server's request and reply) and `/v1/embeddings`
+//! (OpenAI's), served by an engine made with `--embeddings`: each input (a string, token
+//! ids, a list of either, content parts) tokenized with the model's special tokens,
+//! embedded with the server's pooling and normalised as the request says (`embd_normalize`,
+//! Euclidean by default), as floats or base64.
+
+use super::error::{ApiError, ApiResult};
+use super::params::{self, Fields};
+use super::AppState;
+use crate::engine::{normalize, Pooling};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::Json;
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Most inputs one request may carry.
+const MAX_INPUTS: usize = 1024;
+
+pub async fn native(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+    embeddings(&s, body, false).await
+}
+
+pub async fn openai(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+    embeddings(&s, body, true).await
+}
+
+async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    if !service.info().embeddings {
+        return Err(ApiError::not_supported(
+            "This server does not support embeddings. Start it with `--embeddings`",
+        ));
+    }
+    let body = super::native::body_json(&body)?;
+    let f = Fields::of(&body)?;
+    let input = match (f.value("input"), f.value("content")) {
+        (Some(i), _) => i,
+        (None, Some(c)) if !oai => c,
+        _ => {
+            return Err(ApiError::invalid(if oai {
+                "\"input\" must be provided"
+            } else {
+                "\"input\" or \"content\" must be provided"
+            }))
+        }
+    };
+    let base64 = match f.value("encoding_format") {
+        None => false,
+        Some(Value::String(e)) if e == "float" => false,
+        Some(Value::String(e)) if e == "base64" => true,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "\"encoding_format\" is either \"float\" or \"base64\"",
+            ))
+        }
+    };
+    let norm = match f.value("embd_normalize") {
+        None => 2,
+        Some(v) => v
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .filter(|&n| n >= -1)
+            .ok_or_else(|| {
+                ApiError::invalid("\"embd_normalize\" is an integer from -1 (none) up")
+            })?,
+    };
+    let pooling = s.opts.pooling;
+    if oai && pooling == Pooling::None {
+        return Err(ApiError::invalid(
+            "Pooling type 'none' is not OAI compatible. Please use a different pooling type",
+        ));
+    }
+    if input.as_array().is_some_and(Vec::is_empty) {
+        return Err(ApiError::invalid("\"input\" is empty"));
+    }
+    let prompts = params::prompts(input);
+    if prompts.len() > MAX_INPUTS {
+        return Err(ApiError::invalid(format!(
+            "{} inputs: at most {MAX_INPUTS} are taken in one request",
+            prompts.len()
+        )));
+    }
+    let tok = service.tokenizer();
+    let inputs = prompts
+        .into_iter()
+        .map(|p| {
+            let t = params::prompt_tokens(p, tok, true)?;
+            if t.is_empty() {
+                return Err(ApiError::invalid("Input content cannot be empty"));
+            }
+            Ok(t)
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    let n_tokens: usize = inputs.iter().map(Vec::len).sum();
+    let vectors = service.embed(inputs, pooling).await?;
+    // Unpooled per-token states are returned as they are, as llama-server does.
+    let finish = |v: &Vec<f32>| match pooling {
+        Pooling::None => v.clone(),
+        _ => normalize(v, norm),
+    };
+    if !oai {
+        let out: Vec<Value> = (vectors.iter().enumerate())
+            .map(|(i, rows)| {
+                let rows: Vec<Vec<f32>> = rows.iter().map(finish).collect();
+                json!({"index": i, "embedding": rows})
+            })
+            .collect();
+        return Ok(Json(Value::Array(out)));
+    }
+    let data: Vec<Value> = (vectors.iter().enumerate())
+        .map(|(i, rows)| {
+            let v = finish(&rows[0]);
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"embedding": embedding, "index": i, "object": "embedding"})
+        })
+        .collect();
+    Ok(Json(json!({
+        "model": s.model_name(),
+        "object": "list",
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        "data": data,
+    })))
+}
