@@ -2,7 +2,9 @@
 //! after the final norm (an embeddings context outputs those instead of logits), pooled
 //! over a sequence's tokens and normalised as llama-server and llama-embedding do.
 
+#[cfg(not(target_arch = "wasm32"))]
 use super::{Engine, EngineError};
+#[cfg(not(target_arch = "wasm32"))]
 use crate::batch::Batch;
 
 /// How a sequence's token states become its embedding (llama.cpp's `--pooling`).

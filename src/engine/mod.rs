@@ -38,7 +38,7 @@ mod stream;
 
 pub use cache_map::{CacheMap, StoreMap};
 pub use chat::Conversation;
-pub use embed::{normalize, Pooling};
+pub use embed::{normalize, pool, Pooling};
 pub use host_cache::HostCache;
 pub use load::LoadProgress;
 pub use options::{EngineOptions, SamplingPath};
