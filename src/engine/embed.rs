@@ -103,70 +103,128 @@ pub fn pool(rows: &[f32], n_embd: usize, pooling: Pooling) -> Vec<Vec<f32>> {
 #[cfg(not(target_arch = "wasm32"))]
 impl Engine {
     /// The embedding of `tokens` in an embeddings engine (`EngineOptions::embeddings`):
-    /// decoded on a sequence no session holds, its token states pooled, the sequence
-    /// cleared again. One vector, or one per token for [`Pooling::None`]; not normalised.
+    /// see [`Engine::embed_many`].
     pub fn embed(
         &mut self,
         tokens: &[u32],
         pooling: Pooling,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let mut out = self.embed_many(&[tokens.to_vec()], pooling)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// The embeddings of `inputs` in an embeddings engine (`EngineOptions::embeddings`):
+    /// decoded side by side, each on a sequence no session holds (as many at once as
+    /// there are free sequences and fit a batch; an input longer than a batch alone, in
+    /// pieces), each input's token states pooled, the sequences cleared again. Per input
+    /// one vector, or one per token for [`Pooling::None`]; not normalised.
+    pub fn embed_many(
+        &mut self,
+        inputs: &[Vec<u32>],
+        pooling: Pooling,
+    ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
         if !self.ctx.params.embeddings {
             return Err(EngineError::Options(
                 "this engine computes logits; embeddings need an engine made with embeddings on (--embeddings)".into(),
             ));
         }
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
         let n_ctx_seq = self.n_ctx_seq() as usize;
-        if tokens.len() > n_ctx_seq {
-            return Err(EngineError::PromptTooLong {
-                n: tokens.len(),
-                max: n_ctx_seq,
-            });
+        for t in inputs {
+            if t.is_empty() {
+                return Err(EngineError::EmptyPrompt);
+            }
+            if t.len() > n_ctx_seq {
+                return Err(EngineError::PromptTooLong {
+                    n: t.len(),
+                    max: n_ctx_seq,
+                });
+            }
         }
-        let seq = self
-            .sessions
-            .iter()
-            .position(Option::is_none)
-            .ok_or_else(|| {
-                EngineError::Options(
-                    "every sequence is held by a session: an embedding needs a free one (raise -np)"
-                        .into(),
-                )
-            })? as u32;
-        // Whatever an earlier caller left there (nobody holds it).
-        self.ctx.seq_rm(Some(seq), -1, -1)?;
-        let n = tokens.len();
+        let free: Vec<u32> = (self.sessions.iter().enumerate())
+            .filter(|(_, s)| s.is_none())
+            .map(|(i, _)| i as u32)
+            .collect();
+        if free.is_empty() {
+            return Err(EngineError::Options(
+                "every sequence is held by a session: an embedding needs a free one (raise -np)"
+                    .into(),
+            ));
+        }
+        let n_batch = self.ctx.params.n_batch as usize;
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut next = 0;
+        while next < inputs.len() {
+            // A group: one input, then more while a sequence is free and the batch holds them.
+            let mut group = vec![&inputs[next]];
+            let mut n_tok = inputs[next].len();
+            next += 1;
+            while next < inputs.len()
+                && group.len() < free.len()
+                && n_tok + inputs[next].len() <= n_batch
+            {
+                n_tok += inputs[next].len();
+                group.push(&inputs[next]);
+                next += 1;
+            }
+            out.extend(self.embed_group(&group, &free, pooling)?);
+        }
+        self.n_steps += 1;
+        Ok(out)
+    }
+
+    /// One group of [`Engine::embed_many`]: input i on sequence `seqs[i]`, in batches
+    /// of at most n_batch tokens.
+    fn embed_group(
+        &mut self,
+        group: &[&Vec<u32>],
+        seqs: &[u32],
+        pooling: Pooling,
+    ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        let n_embd = self.model.hp.n_embd as usize;
         // Only the rows the pooling reads come back.
-        let wanted = |i: usize| match pooling {
+        let wanted = |i: usize, n: usize| match pooling {
             Pooling::None | Pooling::Mean => true,
             Pooling::Cls => i == 0,
             Pooling::Last => i + 1 == n,
         };
+        // (input, position) of every token, inputs one after another.
+        let all: Vec<(usize, usize)> = (group.iter().enumerate())
+            .flat_map(|(g, t)| (0..t.len()).map(move |i| (g, i)))
+            .collect();
+        for &s in &seqs[..group.len()] {
+            // Whatever an earlier caller left there (nobody holds it).
+            self.ctx.seq_rm(Some(s), -1, -1)?;
+        }
+        let mut rows: Vec<Vec<f32>> = vec![Vec::new(); group.len()];
         let n_batch = self.ctx.params.n_batch as usize;
-        let mut rows = Vec::new();
         let mut result = Ok(());
-        for (c, chunk) in tokens.chunks(n_batch).enumerate() {
-            let at = c * n_batch;
+        for chunk in all.chunks(n_batch) {
             let batch = Batch {
-                tokens: chunk.to_vec(),
-                pos: (0..chunk.len()).map(|i| (at + i) as i32).collect(),
-                seq: vec![1u64 << seq; chunk.len()],
-                logits: (0..chunk.len()).map(|i| wanted(at + i)).collect(),
+                tokens: chunk.iter().map(|&(g, i)| group[g][i]).collect(),
+                pos: chunk.iter().map(|&(_, i)| i as i32).collect(),
+                seq: chunk.iter().map(|&(g, _)| 1u64 << seqs[g]).collect(),
+                logits: (chunk.iter())
+                    .map(|&(g, i)| wanted(i, group[g].len()))
+                    .collect(),
             };
             match self.ctx.decode(&batch) {
-                Ok(out) => rows.extend(out),
+                Ok(states) => {
+                    let read = chunk.iter().filter(|&&(g, i)| wanted(i, group[g].len()));
+                    for (&(g, _), row) in read.zip(states.chunks(n_embd)) {
+                        rows[g].extend_from_slice(row);
+                    }
+                }
                 Err(e) => {
                     result = Err(e);
                     break;
                 }
             }
         }
-        self.ctx.seq_rm(Some(seq), -1, -1)?;
+        for &s in &seqs[..group.len()] {
+            self.ctx.seq_rm(Some(s), -1, -1)?;
+        }
         result?;
-        self.n_steps += 1;
-        Ok(pool(&rows, self.model.hp.n_embd as usize, pooling))
+        Ok(rows.iter().map(|r| pool(r, n_embd, pooling)).collect())
     }
 }
 

@@ -228,10 +228,8 @@ impl Worker {
     ) -> super::EmbedResult {
         #[cfg(not(target_arch = "wasm32"))]
         {
-            let r = inputs
-                .iter()
-                .map(|t| (self.engine.embed(t, pooling)).map_err(|e| RequestError::from_engine(&e)))
-                .collect();
+            let r = (self.engine.embed_many(inputs, pooling))
+                .map_err(|e| RequestError::from_engine(&e));
             self.publish_gauges();
             r
         }
