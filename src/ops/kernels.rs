@@ -1195,16 +1195,20 @@ mod tests {
         // per activation.
         // CPU-shaped batches with and without subgroups, decode without.
         let cpu_tokens = 2 * CPU_MATMUL_TOKENS.len() - 1;
+        // The experts' products: per pair, and over grouped pairs in the CPU-shaped
+        // kernel's batch tiles (with and without subgroups) and the GPU tiles.
+        let experts = 1 + CPU_MATMUL_ROWS.len() * (cpu_tokens - 1) + GPU_TILES.len();
         let per_type = 1
             + CPU_MATMUL_ROWS.len() * cpu_tokens
             + GPU_VEC_TOKENS.len() * GPU_VEC_ROWS.len() * 2
             + GPU_TILES.len()
             + COOP_SIZES.len()
-            + 2
+            + experts
             + Activation::FUSED.len()
                 * (even(CPU_MATMUL_ROWS) * cpu_tokens
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
-        assert_eq!(per_type, 68 + 2 * (27 + 20));
+        assert_eq!(experts, 36);
+        assert_eq!(per_type, 68 + 34 + 2 * (27 + 20));
         // Both shapes of the two norms, the two joins, hadamard, binary ops, GLUs,
         // softmaxes, rope in f32 and f16. The recurrent layers' convolution and both
         // shapes of the scan per state size. Both shapes of sampling's two passes. Expert
