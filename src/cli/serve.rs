@@ -197,10 +197,13 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     }
     // An -hf model is downloaded before the server binds, as llama-server does.
     let model_path = a.model.path()?;
-    let pooling = super::embed::pooling(a.pooling.as_deref(), &model_path)?;
     if a.pooling.is_some() && !a.embeddings {
         bail!("--pooling applies to an embeddings server: add --embeddings");
     }
+    let pooling = match a.embeddings {
+        true => super::embed::pooling(a.pooling.as_deref(), &model_path)?,
+        false => wgllm::engine::Pooling::None,
+    };
     let opts = ServerOptions {
         host: a.host.clone(),
         port: a.port,
