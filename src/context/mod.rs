@@ -100,6 +100,15 @@ pub struct ContextParams {
     pub embeddings: bool,
 }
 
+/// Floats per output row of a context made with `params` for a model of `hp`.
+fn out_width(params: &ContextParams, hp: &crate::model::Hparams) -> u32 {
+    if params.embeddings {
+        hp.n_embd
+    } else {
+        hp.n_vocab
+    }
+}
+
 impl ContextParams {
     /// What the memory is made for.
     pub fn memory_params(&self) -> MemoryParams {
@@ -219,11 +228,7 @@ impl Context {
         let n_ctx = params.n_ctx as u64;
         let memory =
             crate::memory::create(&Arc::new(model.memory_shape()), &params.memory_params())?;
-        let width = if params.embeddings {
-            hp.n_embd
-        } else {
-            hp.n_vocab
-        } as u64;
+        let width = out_width(&params, hp) as u64;
         let n_out_max = (gpu.max_binding / (width * 4)).clamp(1, ub) as u32;
         let mut inputs = Vec::new();
         for input in model.inputs() {
@@ -342,11 +347,7 @@ impl Context {
 
     /// Floats per output row: n_vocab logits, or n_embd in an embeddings context.
     pub fn out_width(&self) -> u32 {
-        if self.params.embeddings {
-            self.model.hp.n_embd
-        } else {
-            self.model.hp.n_vocab
-        }
+        out_width(&self.params, &self.model.hp)
     }
 
     /// Decodes a batch; returns the logits of the tokens that asked for them, in batch
