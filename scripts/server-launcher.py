@@ -2,7 +2,8 @@
 """The server binary llama.cpp's server test suite starts (LLAMA_SERVER_BIN_PATH).
 
 Its presets name Hugging Face models (`--hf-repo/--hf-file`, `--model-url`); this
-swaps them for the local model in WGLLM_SUITE_MODEL and runs WGLLM_SUITE_SERVER:
+swaps them for the local model in WGLLM_SUITE_MODEL (WGLLM_SUITE_FIM_MODEL for the infill
+preset, whose model has fill-in-the-middle tokens) and runs WGLLM_SUITE_SERVER:
 either `wgllm` (run as `wgllm serve ARGS`) or a `llama-server` binary (run as is).
 """
 import os
@@ -17,6 +18,8 @@ out = []
 i = 0
 while i < len(args):
     if args[i] in MODEL_FLAGS:
+        if i + 1 < len(args) and "infill" in args[i + 1] and os.environ.get("WGLLM_SUITE_FIM_MODEL"):
+            model = os.environ["WGLLM_SUITE_FIM_MODEL"]
         i += 2
         continue
     out.append(args[i])

@@ -30,16 +30,25 @@ if [ ${#files[@]} -eq 0 ]; then
   files=(unit/test_basic.py unit/test_completion.py unit/test_chat_completion.py
     unit/test_tokenize.py unit/test_ctx_shift.py unit/test_security.py unit/test_stream.py
     unit/test_ignore_eos.py unit/test_metrics.py unit/test_kv_keep_only_active.py
-    unit/test_compat_anthropic.py unit/test_slot_save.py unit/test_embedding.py)
+    unit/test_compat_anthropic.py unit/test_slot_save.py unit/test_embedding.py
+    unit/test_infill.py)
 fi
 [ -x "$server" ] || { echo "error: no server binary at $server (cargo build --release)" >&2; exit 1; }
 # Sets model, tests (the suite's folder) and venv (its Python environment).
 source scripts/suite-env.sh
+# test_infill.py's preset needs fill-in-the-middle tokens, which SmolLM2 lacks: a tiny
+# synthetic llama with StarCoder's vocabulary (random weights, so its content checks fail
+# for llama-server too).
+fim_model="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/synth-starcoder-fim-q8_0.gguf"
+if [ ! -f "$fim_model" ]; then
+  "$root/target/release/wgllm" synth --vocab-from "$data/vocab/ggml-vocab-starcoder.gguf" \
+    --arch llama --shape tiny --type q8_0 --trained-scale -o "$fim_model" 2>/dev/null
+fi
 # Our copy of the suite: the session fixture does not start every preset to download.
 sed -i 's/^\(\s*\)ServerPreset.load_all()$/\1pass  # wgllm: models are local files/' "$tests/conftest.py"
 cd "$tests"
 args=(-p no:cacheprovider -q -rfE)
 [ -n "$junit" ] && args+=("--junitxml=$junit")
-WGLLM_SUITE_SERVER="$server" WGLLM_SUITE_MODEL="$model" \
+WGLLM_SUITE_SERVER="$server" WGLLM_SUITE_MODEL="$model" WGLLM_SUITE_FIM_MODEL="$fim_model" \
 LLAMA_SERVER_BIN_PATH="$root/scripts/server-launcher.py" \
   "$venv/bin/python" -m pytest "${args[@]}" "${files[@]}" "${extra[@]}"

@@ -38,9 +38,12 @@ fn start(extra: &[&str]) -> Server {
 }
 
 fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+    start_model(&common::smollm2(), extra, env)
+}
+
+fn start_model(model: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let port = free_port();
-    let model = common::smollm2();
-    let mut args = vec!["serve", "-m", &model, "--port"];
+    let mut args = vec!["serve", "-m", model, "--port"];
     let p = port.to_string();
     args.push(&p);
     args.extend_from_slice(extra);
@@ -226,6 +229,13 @@ fn bad_input_gets_its_status_and_the_server_goes_on() {
     let (st, b) = s.json("GET", "/no/such/endpoint", json!({}));
     assert_error(st, &b, 404, "not_found_error");
     let (st, b) = s.json("POST", "/v1/embeddings", json!({"input": "x"}));
+    assert_error(st, &b, 501, "not_supported_error");
+    // SmolLM2 has no fill-in-the-middle tokens.
+    let (st, b) = s.json(
+        "POST",
+        "/infill",
+        json!({"input_prefix": "a", "input_suffix": "b"}),
+    );
     assert_error(st, &b, 501, "not_supported_error");
     // A huge n_predict ends where the slot's context does (no context shift).
     let (st, b) = s.json(
@@ -852,4 +862,127 @@ fn gpu_faults_mid_generation_fail_the_request_and_the_server_goes_on() {
     assert!(m.contains("out of GPU memory") && m.contains("-c"), "{m}");
     assert_eq!(chat_reply(&s, &first), a1, "after the failed allocation");
     assert_eq!(chat_reply(&s, &second), a2);
+}
+
+/// `/infill` against llama-server on the same files (tests/data/reference/infill.json,
+/// recorded by scripts/record-infill-ref.py): synthetic llamas with StarCoder's
+/// vocabulary, plain (extra files after a snippet line) and with repository tokens set
+/// (`--override-kv`: the repository-level layout), in prefix-suffix-middle and
+/// suffix-prefix-middle order, with prefixes, suffixes and extra files long enough to be
+/// cut. The prompt laid out is the same (its text and token count), the first token's
+/// distribution is the same (top-1 log-probability within 0.05), and greedy tokens are
+/// the same up to llama.cpp's first near-tie (top two within 0.3). Bad `input_extra`
+/// items get a 400, as in llama.cpp's test_infill.py.
+#[test]
+fn infill_lays_out_prompts_as_llama_server() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/infill.json");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let vocab = common::llamacpp_tests_dir().join("vocab/ggml-vocab-starcoder.gguf");
+    let dir = common::scratch_dir("infill");
+    for m in r["models"].as_array().unwrap() {
+        let name = m["name"].as_str().unwrap();
+        let file = dir.join(format!("{name}.gguf"));
+        let mut args = vec![
+            "synth".to_string(),
+            "--vocab-from".into(),
+            vocab.to_string_lossy().into_owned(),
+            "--arch".into(),
+            "llama".into(),
+            "--shape".into(),
+            "tiny".into(),
+            "--type".into(),
+            "q8_0".into(),
+            "--trained-scale".into(),
+            "-o".into(),
+            file.to_string_lossy().into_owned(),
+        ];
+        for kv in m["override_kv"].as_array().unwrap() {
+            args.push("--override-kv".into());
+            args.push(kv.as_str().unwrap().into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = common::wgllm(&args);
+        assert_eq!(code, 0, "{err}");
+        let sha = {
+            use sha2::Digest;
+            format!("{:x}", sha2::Sha256::digest(std::fs::read(&file).unwrap()))
+        };
+        assert_eq!(
+            sha, m["model_sha256"],
+            "{name}: synth wrote a different file than the one llama-server answered on"
+        );
+        let server_args: Vec<&str> = m["server_args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .take_while(|&a| a != "-ngl")
+            .collect();
+        for spm in [false, true] {
+            let mut extra = server_args.clone();
+            if spm {
+                extra.push("--spm-infill");
+            }
+            let s = start_model(&file.to_string_lossy(), &extra, &[]);
+            for c in m["cases"].as_array().unwrap().iter() {
+                if c["spm"] != spm {
+                    continue;
+                }
+                let mut body = c["request"].clone();
+                for (k, v) in [
+                    ("n_predict", json!(8)),
+                    ("temperature", json!(0.0)),
+                    ("return_tokens", json!(true)),
+                    ("n_probs", json!(2)),
+                    ("cache_prompt", json!(false)),
+                ] {
+                    body[k] = v;
+                }
+                let (st, b) = s.json("POST", "/infill", body);
+                let what = format!("{name} spm {spm} {}", c["request"]);
+                assert_eq!(st, 200, "{what}: {b}");
+                assert_eq!(b["prompt"], c["prompt"], "{what}");
+                assert_eq!(b["tokens_evaluated"], c["tokens_evaluated"], "{what}");
+                let top1 = |v: &Value| v["top_logprobs"][0]["logprob"].as_f64().unwrap();
+                let got0 = top1(&b["completion_probabilities"][0]);
+                let want0 = c["top2"][0][0].as_f64().unwrap();
+                assert!(
+                    (got0 - want0).abs() < 0.05,
+                    "{what}: first token's top log-probability {got0}, llama.cpp's {want0}"
+                );
+                for (i, (got, want)) in b["tokens"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .zip(c["tokens"].as_array().unwrap())
+                    .enumerate()
+                {
+                    let t = &c["top2"][i];
+                    if t[0].as_f64().unwrap() - t[1].as_f64().unwrap() < 0.3 {
+                        break;
+                    }
+                    assert_eq!(got, want, "{what}: token {i}");
+                }
+            }
+            if !spm {
+                for bad in [
+                    json!({}),
+                    json!({"filename": "ok"}),
+                    json!({"filename": 123}),
+                    json!({"filename": 123, "text": "abc"}),
+                    json!({"filename": 123, "text": 456}),
+                ] {
+                    let (st, b) = s.json(
+                        "POST",
+                        "/infill",
+                        json!({"input_extra": [bad], "input_prefix": "a", "input_suffix": "b"}),
+                    );
+                    assert_error(st, &b, 400, "invalid_request_error");
+                }
+                let (st, b) = s.json("POST", "/infill", json!({"input_prefix": "a"}));
+                assert_error(st, &b, 400, "invalid_request_error");
+            }
+        }
+    }
 }

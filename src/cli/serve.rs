@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// what the model file declares, else none, as llama.cpp).
     #[arg(long)]
     pub pooling: Option<String>,
+    /// /infill lays a prompt out suffix, prefix, middle (for models trained that way) instead
+    /// of prefix, suffix, middle.
+    #[arg(long = "spm-infill")]
+    pub spm_infill: bool,
     /// Serve /slots (on by default).
     #[arg(long, overrides_with = "no_slots")]
     pub slots: bool,
@@ -214,6 +218,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         metrics: a.metrics,
         slots: !a.no_slots,
         pooling,
+        spm_infill: a.spm_infill,
         slot_save_path: a.slot_save_path.clone(),
         defaults: Defaults {
             sampling,

@@ -5,7 +5,7 @@
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::path::PathBuf;
-use wgllm::gguf::{quant, GgufFile};
+use wgllm::gguf::{quant, GgufFile, Value};
 use wgllm::model::synth::{
     self as model_synth, vocab_metadata, SynthArch, SynthShape, WeightScale,
 };
@@ -44,6 +44,11 @@ pub struct SynthArgs {
     /// Write only the metadata (a vocabulary file, as llama.cpp's ggml-vocab-*.gguf).
     #[arg(long)]
     pub vocab_only: bool,
+    /// Set a tokenizer key in the written file, as llama.cpp's --override-kv spells it:
+    /// KEY=TYPE:VALUE with TYPE int, float, bool or str (e.g.
+    /// `tokenizer.ggml.fim_sep_token_id=int:6`); may be repeated.
+    #[arg(long = "override-kv")]
+    pub override_kv: Vec<String>,
     /// Output file.
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
@@ -110,21 +115,47 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
         a.output.display(),
         shape
     );
+    let mut vocab = vocab_metadata(&src);
+    for kv in &a.override_kv {
+        let (key, value) = override_kv(kv)?;
+        vocab.retain(|(k, _)| *k != key);
+        vocab.push((key, value));
+    }
     let scale = if a.trained_scale {
         WeightScale::FanIn
     } else {
         WeightScale::Fixed(0.02)
     };
-    let w = model_synth::synth(
-        arch,
-        shape,
-        ty,
-        vocab_metadata(&src),
-        n_vocab,
-        scale,
-        a.vocab_only,
-    );
+    let w = model_synth::synth(arch, shape, ty, vocab, n_vocab, scale, a.vocab_only);
     w.write(&a.output)
         .with_context(|| format!("writing {}", a.output.display()))?;
     Ok(())
+}
+
+/// One `--override-kv KEY=TYPE:VALUE` (a `tokenizer.*` key: the rest of the metadata is
+/// the architecture's, written by synth).
+fn override_kv(kv: &str) -> Result<(String, Value)> {
+    let usage = "--override-kv takes KEY=TYPE:VALUE with TYPE int, float, bool or str";
+    let Some((key, typed)) = kv.split_once('=') else {
+        bail!("`{kv}`: no `=` ({usage})");
+    };
+    if !key.starts_with("tokenizer.") {
+        bail!("`{key}`: synth sets only tokenizer keys (the architecture's keys come from --arch and --shape)");
+    }
+    let Some((ty, v)) = typed.split_once(':') else {
+        bail!("`{kv}`: no TYPE before the value ({usage})");
+    };
+    let bad = || anyhow::anyhow!("`{kv}`: `{v}` is not a {ty} ({usage})");
+    let value = match ty {
+        // Token ids and counts are u32 in llama.cpp's files (and it reads them so).
+        "int" => {
+            let n: i64 = v.parse().map_err(|_| bad())?;
+            u32::try_from(n).map_or(Value::I64(n), Value::U32)
+        }
+        "float" => Value::F64(v.parse().map_err(|_| bad())?),
+        "bool" => Value::Bool(v.parse().map_err(|_| bad())?),
+        "str" => Value::String(v.to_string()),
+        _ => bail!("`{kv}`: unknown type `{ty}` ({usage})"),
+    };
+    Ok((key.to_string(), value))
 }

@@ -4,7 +4,9 @@
 //! refused, whichever layer refuses it.
 
 use super::error::ApiError;
-use super::{anthropic, embeddings, metrics, native, openai, responses, resumable, AppState};
+use super::{
+    anthropic, embeddings, infill, metrics, native, openai, responses, resumable, AppState,
+};
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -53,7 +55,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/rerank", post(not_built))
         .route("/v1/rerank", post(not_built))
         .route("/reranking", post(not_built))
-        .route("/infill", post(not_built))
+        .route("/infill", post(infill::infill))
         .route("/v1/stream", get(resumable::replay).delete(resumable::stop))
         .route("/v1/streams/lookup", post(resumable::lookup))
         .fallback(unknown)
@@ -74,7 +76,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn not_built(req: Request) -> ApiError {
     ApiError::not_supported(format!(
-        "{} is not served by wgllm: reranking and infill are not built",
+        "{} is not served by wgllm: reranking is not built",
         req.uri().path()
     ))
 }

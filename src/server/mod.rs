@@ -16,6 +16,7 @@ mod embeddings;
 mod error;
 mod gen;
 mod http;
+mod infill;
 mod metrics;
 mod native;
 mod openai;
@@ -66,6 +67,8 @@ pub struct ServerOptions {
     /// How an embeddings server (`--embeddings`) pools each input's token states
     /// (`--pooling`).
     pub pooling: crate::engine::Pooling,
+    /// `/infill` prompts in suffix-prefix-middle order (`--spm-infill`).
+    pub spm_infill: bool,
 }
 
 /// What every handler sees.

@@ -37,8 +37,13 @@ pub async fn health(State(s): State<Arc<AppState>>) -> Response {
 }
 
 pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
-    let service = s.service()?;
     let body = body_json(&body)?;
+    completion_of(&s, body).await
+}
+
+/// A native completion of a parsed body (also `/infill`'s, with its prompt laid out).
+pub async fn completion_of(s: &Arc<AppState>, body: Value) -> ApiResult<Response> {
+    let service = s.service()?;
     let tok = service.tokenizer();
     let p = params::gen_params(&body, &s.opts.defaults, tok)?;
     let mut reqs = params::completion_requests(&body, &p, tok)?;

@@ -40,6 +40,7 @@ const GENERATION_PATHS: &[&str] = &[
     "/responses",
     "/v1/responses",
     "/v1/messages",
+    "/infill",
 ];
 
 /// Every live stream, by conversation id.

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::gguf::Value;
 
-use super::{attr, bpe, pre, wpm, Kind, TokenData, Tokenizer, TokenizerError};
+use super::{attr, bpe, pre, wpm, Fim, Kind, TokenData, Tokenizer, TokenizerError};
 
 type Get<'a, 'v> = &'a dyn Fn(&str) -> Option<&'v Value>;
 
@@ -424,6 +424,14 @@ pub(super) fn build(get: Get<'_, '_>) -> Result<Tokenizer, TokenizerError> {
         add_space_prefix,
         clean_spaces,
         eog,
+        fim: Fim {
+            pre: fim[0],
+            suf: fim[1],
+            mid: fim[2],
+            pad: fim[3],
+            rep: fim[4],
+            sep: fim[5],
+        },
         chat_template,
     })
 }

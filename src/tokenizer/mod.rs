@@ -8,6 +8,7 @@
 //! end-of-generation detection follow llama.cpp's rules rather than Hugging Face's.
 
 mod bpe;
+mod infill;
 mod jinja_limits;
 mod load;
 pub mod pre;
@@ -24,6 +25,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::gguf::GgufFile;
 
+pub use infill::{infill_prompt, infill_unsupported, InfillFile, InfillLimits, InfillParts};
 use special::Fragment;
 pub use template::{
     apply_chat_template, builtin_template, knows_tools, render_chat_template, ChatMessage,
@@ -122,7 +124,21 @@ pub struct Tokenizer {
     add_space_prefix: bool,
     clean_spaces: bool,
     eog: BTreeSet<u32>,
+    fim: Fim,
     chat_template: Option<String>,
+}
+
+/// A vocabulary's fill-in-the-middle tokens, from metadata or found by their text as
+/// llama.cpp does. Infill needs `pre`, `suf` and `mid`; `rep` and `sep` add the
+/// repository-level layout (a project name, then one chunk per file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fim {
+    pub pre: Option<u32>,
+    pub suf: Option<u32>,
+    pub mid: Option<u32>,
+    pub pad: Option<u32>,
+    pub rep: Option<u32>,
+    pub sep: Option<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -297,6 +313,11 @@ impl Tokenizer {
 
     pub fn pad(&self) -> Option<u32> {
         self.pad
+    }
+
+    /// The fill-in-the-middle tokens the vocabulary has.
+    pub fn fim(&self) -> Fim {
+        self.fim
     }
 
     /// Whether generation stops at this token (EOS, EOT and llama.cpp's EOG list).

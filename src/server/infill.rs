@@ -1,0 +1,134 @@
+//! `/infill`: llama-server's fill-in-the-middle request (`input_prefix`, `input_suffix`,
+//! `input_extra` files, `prompt`) laid out with the model's FIM tokens
+//! ([`crate::tokenizer::infill_prompt`]) and answered as a native completion, streamed
+//! or not. Models without FIM tokens are refused with the tokens they lack.
+
+use super::error::{ApiError, ApiResult};
+use super::params::Fields;
+use super::AppState;
+use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{infill_prompt, infill_unsupported, InfillFile, InfillLimits, InfillParts};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::Response;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Most extra files one request may carry.
+const MAX_EXTRA: usize = 1024;
+
+pub async fn infill(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
+    let service = s.service()?;
+    let tok = service.tokenizer();
+    if let Some(why) = infill_unsupported(tok) {
+        return Err(ApiError::not_supported(why));
+    }
+    let mut body = super::native::body_json(&body)?;
+    let f = Fields::of(&body)?;
+    let prompt = match f.value("prompt") {
+        None => String::new(),
+        Some(Value::String(p)) => p.clone(),
+        Some(_) => return Err(ApiError::invalid("\"prompt\" must be a string")),
+    };
+    let prefix = f
+        .value("input_prefix")
+        .ok_or_else(|| ApiError::invalid("\"input_prefix\" is required"))?;
+    let suffix = f
+        .value("input_suffix")
+        .ok_or_else(|| ApiError::invalid("\"input_suffix\" is required"))?;
+    let parts = InfillParts {
+        prefix: mixed(prefix, tok, "input_prefix")?,
+        suffix: mixed(suffix, tok, "input_suffix")?,
+        prompt: tok.encode(&prompt, false, true),
+        extra: extra_files(f.value("input_extra"))?,
+    };
+    let info = service.info();
+    // The room left for extra files counts the server's `-n`, not the request's
+    // `n_predict`, as llama-server counts it.
+    let lim = InfillLimits {
+        n_batch: info.n_batch,
+        n_predict: s.opts.defaults.n_predict,
+        n_ctx: info.n_ctx_slot,
+        spm: s.opts.spm_infill,
+    };
+    let tokens = infill_prompt(tok, &parts, lim)
+        .ok_or_else(|| ApiError::not_supported("Infill is not supported by this model"))?;
+    body["prompt"] = json!(tokens);
+    super::native::completion_of(&s, body).await
+}
+
+/// `input_extra`: a list of `{"filename": string, "text": string}` (filename optional).
+fn extra_files(v: Option<&Value>) -> ApiResult<Vec<InfillFile>> {
+    let Some(v) = v else {
+        return Ok(Vec::new());
+    };
+    let Value::Array(items) = v else {
+        return Err(ApiError::invalid(
+            "\"input_extra\" must be an array of {\"filename\": string, \"text\": string}",
+        ));
+    };
+    if items.len() > MAX_EXTRA {
+        return Err(ApiError::invalid(format!(
+            "\"input_extra\" has {} files; at most {MAX_EXTRA} are taken",
+            items.len()
+        )));
+    }
+    items
+        .iter()
+        .map(|chunk| {
+            let text = match chunk.get("text") {
+                Some(Value::String(t)) => t.clone(),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "extra_context chunk must contain a \"text\" field with a string value",
+                    ))
+                }
+            };
+            let filename = match chunk.get("filename") {
+                None | Some(Value::Null) => "tmp".to_string(),
+                Some(Value::String(n)) => n.clone(),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "extra_context chunk's \"filename\" field must be a string",
+                    ))
+                }
+            };
+            Ok(InfillFile { filename, text })
+        })
+        .collect()
+}
+
+/// A prefix or suffix: a string, token ids, or a list mixing both, tokenized without
+/// special tokens (as llama-server's `tokenize_mixed`: special-token text stays text).
+fn mixed(v: &Value, tok: &Tokenizer, what: &str) -> ApiResult<Vec<u32>> {
+    let n_vocab = tok.n_vocab() as u64;
+    let piece = |p: &Value, out: &mut Vec<u32>| -> ApiResult<()> {
+        match p {
+            Value::String(s) => out.extend(tok.encode(s, false, false)),
+            Value::Number(n) => match n.as_u64().filter(|&t| t < n_vocab) {
+                Some(t) => out.push(t as u32),
+                None => {
+                    return Err(ApiError::invalid(format!(
+                        "invalid token {n} in \"{what}\" (the vocabulary has {n_vocab} tokens)"
+                    )))
+                }
+            },
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "\"{what}\" is a string, token ids, or a list mixing both"
+                )))
+            }
+        }
+        Ok(())
+    };
+    let mut out = Vec::new();
+    match v {
+        Value::Array(items) => {
+            for p in items {
+                piece(p, &mut out)?;
+            }
+        }
+        p => piece(p, &mut out)?,
+    }
+    Ok(out)
+}
