@@ -85,6 +85,45 @@ fn greedy_run_reproduces_llama_cpp_text() {
     }
 }
 
+/// With SmolLM2 drafting for itself (`-md`), `run --temp 0` still prints llama.cpp's
+/// greedy text, with tokens sampled on the host and with `--sampling gpu` (proposals are
+/// checked on the host, the rest drawn on the GPU); the timings end with the acceptance.
+#[test]
+fn greedy_run_with_a_draft_model_reproduces_llama_cpp_text() {
+    for (name, extra) in [("smol-story", None), ("smol-code", Some("gpu"))] {
+        let prompt = common::shared_dir().join(format!("reference/{name}.txt"));
+        let m = model();
+        let mut args = vec![
+            "run",
+            "-m",
+            &m,
+            "-md",
+            &m,
+            "-f",
+            prompt.to_str().unwrap(),
+            "-n",
+            "48",
+            "--temp",
+            "0",
+            "--no-display-prompt",
+        ];
+        if let Some(s) = extra {
+            args.extend(["--sampling", s]);
+        }
+        let (out, err) = wgllm_out_err(&args);
+        let expected = common::reliable_prefix(&format!("{name}.cpu.json"));
+        assert!(
+            out.starts_with(&expected),
+            "{name}: got {out:?}, want a start of {expected:?}"
+        );
+        let line = err
+            .lines()
+            .find(|l| l.contains("draft acceptance rate"))
+            .unwrap_or_else(|| panic!("no acceptance line in {err}"));
+        assert!(!line.contains("(    0 accepted"), "{line}");
+    }
+}
+
 /// llama-completion's context-shift loop, through `wgllm run` with the same flags
 /// (../shared/reference/README.md): counting through 4 shifts of a 128-token context. All
 /// 300 of llama.cpp's margins are >= 0.5, so the whole text must match. (The story's first

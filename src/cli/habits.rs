@@ -10,11 +10,11 @@ use clap::Args;
 /// also reads `_` as `-` in a `--` flag's name (`--n_predict`, `--backend_sampling`),
 /// and so does this (the value after `=` is left as it is).
 pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
-    const MULTI_LETTER: [&str; 36] = [
+    const MULTI_LETTER: [&str; 37] = [
         "-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys", "-ngl", "-fa", "-tb", "-cnv",
         "-no-cnv", "-ngld", "-ctk", "-ctv", "-sm", "-ts", "-mg", "-md", "-hf", "-mu", "-ot",
         "-nkvo", "-lv", "-pg", "-mmp", "-to", "-cb", "-nocb", "-kvu", "-jf", "-hff", "-hfr",
-        "-hft", "-cram", "-bs",
+        "-hft", "-cram", "-bs", "-devd",
     ];
     match arg.to_str() {
         Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),
@@ -31,7 +31,10 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--mlock", "--no-mmap", "--mmap", "--numa"], "it places the model in host memory, and wgllm keeps every weight on the GPU"),
     (&["--split-mode", "--tensor-split", "--main-gpu", "--sm", "--ts", "--mg"], "it splits a model over several GPUs, and wgllm runs on one adapter (choose it with --device, see `wgllm devices`)"),
     (&["--no-kv-offload", "--nkvo", "--cpu-moe", "--n-cpu-moe", "--override-tensor", "--ot"], "it keeps tensors (or the KV cache) in host memory, and wgllm keeps the cache and every weight on the GPU; to fit a longer context, quantize the cache (-ctk q8_0 -ctv q8_0)"),
-    (&["--model-draft", "--md", "--n-gpu-layers-draft", "--ngld", "--draft", "--draft-max", "--draft-min"], "speculative decoding is not built"),
+    (&["--draft", "--draft-n", "--draft-max"], "today's llama.cpp removed it: use --spec-draft-n-max"),
+    (&["--draft-min", "--draft-n-min"], "today's llama.cpp removed it: use --spec-draft-n-min"),
+    (&["--spec-draft-device", "--devd", "--device-draft"], "the draft model runs on the target's GPU"),
+    (&["--spec-synth-len"], "a synthetic acceptance length is not built: give the per-position rates with --spec-synth-rates"),
     (&["--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled"], "LoRA adapters and control vectors are not supported"),
     (&["--mmproj", "--image"], "multimodal models are not supported"),
     (&["--model-url", "--mu"], "wgllm takes local GGUF files (-m) and Hugging Face repositories (-hf ORG/NAME[:QUANT]); download the file and pass it with -m"),

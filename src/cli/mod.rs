@@ -16,6 +16,7 @@ pub mod runtime_dir;
 pub mod sampling;
 #[cfg(feature = "server")]
 pub mod serve;
+pub mod speculative;
 pub mod synth;
 pub mod tokenize;
 pub mod tune;
@@ -45,10 +46,10 @@ pub enum Command {
     #[cfg(feature = "app")]
     App(app::AppArgs),
     /// Generate text from a prompt.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Serve the model over HTTP: llama-server's, OpenAI's and Anthropic's APIs.
     #[cfg(feature = "server")]
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Interactive chat using the model's chat template.
     Chat(chat::ChatArgs),
     /// Perplexity over a text file, as llama-perplexity computes it.

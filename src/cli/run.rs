@@ -32,6 +32,8 @@ pub struct RunArgs {
     pub no_escape: bool,
     #[command(flatten)]
     pub shift: ShiftArgs,
+    #[command(flatten)]
+    pub spec: super::speculative::SpecArgs,
     /// Print the KV cache cells after every decode (llama.cpp's -dkvc).
     #[arg(long = "dump-kv-cache", visible_alias = "dkvc")]
     pub dump_kv_cache: bool,
@@ -119,9 +121,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
     };
     // Checked before loading anything.
     params.validate()?;
+    a.spec.draft()?;
     let mut opts = a.model.options()?;
     opts.swa_keep = a.shift.swa_keep();
     let mut engine = load_engine(&a.model, &opts)?;
+    a.spec.attach(&mut engine)?;
     params.sampling = a.sampling.params(&engine)?;
     let id = engine.open_session(params)?;
     // With a system prompt the prompt is the first user turn of a chat (as llama-cli

@@ -53,6 +53,8 @@ pub struct ServeArgs {
     /// what the model file declares, else none, as llama.cpp).
     #[arg(long)]
     pub pooling: Option<String>,
+    #[command(flatten)]
+    pub spec: super::speculative::SpecArgs,
     /// /infill lays a prompt out suffix, prefix, middle (for models trained that way) instead
     /// of prefix, suffix, middle.
     #[arg(long = "spm-infill")]
@@ -201,6 +203,9 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     }
     // An -hf model is downloaded before the server binds, as llama-server does.
     let model_path = a.model.path()?;
+    if a.spec.draft()?.is_some() && a.embeddings {
+        bail!("-md (a draft model) speeds up generation, and an --embeddings server generates nothing: leave one out");
+    }
     if a.pooling.is_some() && !a.embeddings {
         bail!("--pooling applies to an embeddings server: add --embeddings");
     }
@@ -254,8 +259,10 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     eopts.swa_keep = shift.swa_keep();
     eopts.kv_unified = a.kv_unified;
     eopts.embeddings = a.embeddings;
+    let spec = a.spec.clone();
     let load = move || {
         let mut e = load_engine(&model, &eopts)?;
+        spec.attach(&mut e)?;
         if let Some(t) = &chat_template {
             e.tokenizer.set_chat_template(t);
         }

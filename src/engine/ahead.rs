@@ -252,7 +252,6 @@ impl Engine {
             picks,
         };
         self.take_results(&live_batch, &live, &out, dt, events)?;
-        self.sample_all(events);
-        Ok(())
+        self.sample_all(events)
     }
 }

@@ -39,7 +39,8 @@ impl Engine {
         for p in parts.iter_mut() {
             let index = at + p.len - 1;
             at += p.len;
-            if !p.generating || !batch.logits[index] {
+            // A session checking a draft's proposals samples every row on the host.
+            if !p.generating || p.len > 1 || !batch.logits[index] {
                 continue;
             }
             let Some(s) = self.sessions[p.id as usize].as_mut() else {

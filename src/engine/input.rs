@@ -108,6 +108,7 @@ impl Engine {
         s.input_done = 0;
         s.then_generate = generate;
         s.generated.clear();
+        s.synth_rng = None;
         s.reply.clear();
         s.stream = Utf8Stream::default();
         s.phase = if s.pending.is_empty() {

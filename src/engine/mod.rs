@@ -33,6 +33,7 @@ pub mod service;
 mod session;
 mod shift;
 mod slots;
+mod speculate;
 mod step;
 mod stream;
 
@@ -45,6 +46,7 @@ pub use options::{EngineOptions, SamplingPath};
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};
 pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};
 pub use slots::Snapshot;
+pub use speculate::{draft_incompatible, DraftStats, SpecParams};
 pub use stream::{StopStrings, Timings, Utf8Stream};
 
 use crate::context::{Context, ContextError};
@@ -131,6 +133,8 @@ pub struct Engine {
     pending: Option<ahead::Ahead>,
     /// When the last step submitted ahead was read (its successor's time starts there).
     last_read: Option<Instant>,
+    /// The draft model of speculative decoding, if one is attached.
+    drafter: Option<speculate::Drafter>,
 }
 
 impl Engine {
@@ -185,6 +189,7 @@ impl Engine {
             decode_ahead,
             pending: None,
             last_read: None,
+            drafter: None,
         })
     }
 

@@ -62,6 +62,7 @@ impl Engine {
         s.then_generate = true;
         s.next = None;
         s.generated.clear();
+        s.synth_rng = None;
         s.reply.clear();
         s.stream = Utf8Stream::default();
         s.phase = Phase::Generate;

@@ -42,6 +42,9 @@ pub struct SessionParams {
     /// None: as the engine's `--sampling` says. A chain the GPU lacks samples on the
     /// host either way (llama-server's per-request `backend_sampling`).
     pub gpu_draws: Option<bool>,
+    /// How much the engine's draft model proposes for this session (llama-server's
+    /// per-request `speculative.n_max`, `.n_min`, `.p_min`); None: the engine's setting.
+    pub speculative: Option<super::SpecParams>,
 }
 
 impl SessionParams {
@@ -213,6 +216,13 @@ pub struct Session {
     pub(super) fed_logits: Option<Vec<Vec<f32>>>,
     /// Where the last generation began, for [`super::Engine::regenerate`].
     pub(super) reply_mark: Option<super::rewind::ReplyMark>,
+    /// Tokens the draft model proposed after `next`, decoded with it this step.
+    pub(super) draft: Vec<u32>,
+    /// The logits rows of `next` and each proposal, to be sampled in turn.
+    pub(super) spec_rows: Option<Vec<Vec<f32>>>,
+    /// Draws for synthetic acceptance ([`super::Engine::set_synthetic_acceptance`]),
+    /// seeded with the sampler's seed when a generation first needs one.
+    pub(super) synth_rng: Option<crate::sample::rng::Mt19937>,
 }
 
 impl Session {
@@ -246,6 +256,9 @@ impl Session {
             save_cache_after_input: false,
             fed_logits: None,
             reply_mark: None,
+            draft: Vec::new(),
+            spec_rows: None,
+            synth_rng: None,
         })
     }
 
@@ -311,6 +324,8 @@ impl Session {
         self.pending.clear();
         self.next = None;
         self.drawn = None;
+        self.draft.clear();
+        self.spec_rows = None;
         Event::Finished {
             session: self.id,
             stop,

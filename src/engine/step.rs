@@ -26,7 +26,8 @@ impl Engine {
             return self.step_ahead(p).await;
         }
         let mut events = Vec::new();
-        self.sample_all(&mut events);
+        self.sample_all(&mut events)?;
+        self.draft_all().await?;
         let (batch, mut parts) = self.plan_batch(&mut events)?;
         self.last_batch = (0, 0);
         if batch.tokens.is_empty() {
@@ -47,32 +48,32 @@ impl Engine {
         Ok(events)
     }
 
-    /// Cancellations, then a sampled token for each generating session.
-    pub(super) fn sample_all(&mut self, events: &mut Vec<Event>) {
+    /// Cancellations, then a sampled token for each generating session (several where a
+    /// draft's proposals were decoded: each kept while the session samples it itself).
+    pub(super) fn sample_all(&mut self, events: &mut Vec<Event>) -> Result<(), EngineError> {
         let tok = &self.tokenizer;
         for s in self.sessions.iter_mut().flatten() {
-            if std::mem::take(&mut s.cancel) {
-                if s.phase != Phase::Idle {
-                    events.push(s.finish(Stop::Cancelled));
-                    record_reply(tok, s);
+            if let Some(rows) = s.spec_rows.take() {
+                let synth = self.drafter.as_ref().and_then(|d| d.synth.as_deref());
+                let (kept, sampled) = verify_draft(tok, s, &rows, synth, events);
+                self.n_host_samples += sampled;
+                let rejected = s.draft.len() - kept;
+                if let Some(d) = self.drafter.as_mut() {
+                    d.stats.accepted += kept as u64;
+                }
+                s.timings.draft_accepted += kept;
+                s.timings.eval_tokens += kept;
+                s.draft.clear();
+                if rejected > 0 {
+                    // The proposals after the last kept one leave the cache.
+                    let p0 = self.ctx.memory().seq_pos_max(s.id) + 1 - rejected as i32;
+                    self.ctx.seq_rm(Some(s.id), p0, -1)?;
+                    s.history.truncate(s.history.len() - rejected);
+                    s.shift.n_past -= rejected as i32;
                 }
                 continue;
             }
-            // A token sampled earlier that did not fit the last batch is still to decode.
-            if s.phase != Phase::Generate || s.next.is_some() {
-                continue;
-            }
-            let n_predict = s.params.n_predict;
-            if n_predict >= 0 && s.generated.len() >= n_predict as usize {
-                events.push(s.finish(Stop::MaxTokens));
-                record_reply(tok, s);
-                continue;
-            }
-            // A grammar that allows nothing more ends the generation, as its
-            // end-of-generation token would (also where --ignore-eos bans that token).
-            if s.sampler.grammar_complete() {
-                events.push(s.finish(Stop::EndOfGeneration));
-                record_reply(tok, s);
+            if !ready_to_sample(tok, s, events) {
                 continue;
             }
             let (t, probs, accepted) = if let Some(d) = s.drawn.take() {
@@ -97,37 +98,9 @@ impl Engine {
             } else {
                 continue;
             };
-            match accepted {
-                Ok(()) => {}
-                Err(error @ GrammarError::TooComplex) => {
-                    // The request's grammar needs more than the matcher may spend on a
-                    // token: the client hears why, rather than a plain end.
-                    s.finish(Stop::EndOfGeneration);
-                    events.push(Event::Error {
-                        session: s.id,
-                        error: error.into(),
-                    });
-                    continue;
-                }
-                // Sampling only picks tokens the grammar allows; this is a bug if seen.
-                Err(e) => log::error!("session {}: {e}", s.id),
-            }
-            if tok.is_eog(t) {
-                events.push(s.finish(Stop::EndOfGeneration));
-                record_reply(tok, s);
-                continue;
-            }
-            s.generated.push(t);
-            let text = s.stream.push(&tok.token_to_piece(t, false));
-            s.reply.push_str(&text);
-            s.next = Some(t);
-            events.push(Event::Token {
-                session: s.id,
-                token: t,
-                text,
-                probs,
-            });
+            take_sampled(tok, s, t, probs, accepted, events);
         }
+        Ok(())
     }
 
     /// Samples a token from logits read back to the host (with its probabilities where
@@ -195,7 +168,11 @@ impl Engine {
             }
             let s = self.sessions[id as usize].as_mut().unwrap();
             let tokens: Vec<u32> = if generating {
-                vec![s.next.unwrap()]
+                // The sampled token, then the draft's proposals after it.
+                s.draft.truncate(room_left - 1);
+                let mut t = vec![s.next.unwrap()];
+                t.extend_from_slice(&s.draft);
+                t
             } else {
                 s.pending
                     .iter()
@@ -240,7 +217,9 @@ impl Engine {
             // them to a batch without positions (after Self-Extend, below n_past).
             let pos0 = self.ctx.memory().seq_pos_max(id) + 1;
             let last_of_input = generating || tokens.len() == s.pending.len();
-            let every_row = !generating && s.fed_logits.is_some();
+            // Proposals are checked row by row; `feed_all` keeps every row.
+            let every_row =
+                (generating && tokens.len() > 1) || (!generating && s.fed_logits.is_some());
             for (i, &t) in tokens.iter().enumerate() {
                 batch.tokens.push(t);
                 batch.pos.push(pos0 + i as i32);
@@ -292,7 +271,9 @@ impl Engine {
             }
             s.shift.n_past += p.len as i32;
             s.history.extend_from_slice(toks);
-            if let Some(r) = row {
+            if p.generating && p.len > 1 {
+                s.spec_rows = Some(part_rows.iter().map(|r| r.to_vec()).collect());
+            } else if let Some(r) = row {
                 s.logits = Some(r.to_vec());
             }
             if let Some(j) = p.drawn {
@@ -367,4 +348,132 @@ pub(super) fn record_reply(tok: &Tokenizer, s: &mut Session) {
             log::warn!("chat template while recording the reply: {e}");
         }
     }
+}
+
+/// Before a session samples: a cancellation, its `n_predict` reached or its grammar
+/// complete end the generation (false); true if it samples.
+fn ready_to_sample(tok: &Tokenizer, s: &mut Session, events: &mut Vec<Event>) -> bool {
+    if std::mem::take(&mut s.cancel) {
+        if s.phase != Phase::Idle {
+            events.push(s.finish(Stop::Cancelled));
+            record_reply(tok, s);
+        }
+        return false;
+    }
+    // A token sampled earlier that did not fit the last batch is still to decode.
+    if s.phase != Phase::Generate || s.next.is_some() {
+        return false;
+    }
+    let n_predict = s.params.n_predict;
+    if n_predict >= 0 && s.generated.len() >= n_predict as usize {
+        events.push(s.finish(Stop::MaxTokens));
+        record_reply(tok, s);
+        return false;
+    }
+    // A grammar that allows nothing more ends the generation, as its end-of-generation
+    // token would (also where --ignore-eos bans that token).
+    if s.sampler.grammar_complete() {
+        events.push(s.finish(Stop::EndOfGeneration));
+        record_reply(tok, s);
+        return false;
+    }
+    true
+}
+
+/// A sampled and accepted token: the generation ends at an end-of-generation token or a
+/// grammar the request made too complex (false); else the token is generated, streamed
+/// and becomes the session's `next` (true).
+fn take_sampled(
+    tok: &Tokenizer,
+    s: &mut Session,
+    t: u32,
+    probs: Option<Box<TokenProbs>>,
+    accepted: Result<(), GrammarError>,
+    events: &mut Vec<Event>,
+) -> bool {
+    match accepted {
+        Ok(()) => {}
+        Err(error @ GrammarError::TooComplex) => {
+            // The request's grammar needs more than the matcher may spend on a token:
+            // the client hears why, rather than a plain end.
+            s.finish(Stop::EndOfGeneration);
+            events.push(Event::Error {
+                session: s.id,
+                error: error.into(),
+            });
+            return false;
+        }
+        // Sampling only picks tokens the grammar allows; this is a bug if seen.
+        Err(e) => log::error!("session {}: {e}", s.id),
+    }
+    if tok.is_eog(t) {
+        events.push(s.finish(Stop::EndOfGeneration));
+        record_reply(tok, s);
+        return false;
+    }
+    s.generated.push(t);
+    let text = s.stream.push(&tok.token_to_piece(t, false));
+    s.reply.push_str(&text);
+    s.next = Some(t);
+    events.push(Event::Token {
+        session: s.id,
+        token: t,
+        text,
+        probs,
+    });
+    true
+}
+
+/// Samples a session's rows after a step that decoded its sampled token and the draft's
+/// proposals: row i gives the token after proposal i; a proposal is kept when the
+/// session samples that very token, and the first one it does not sample ends the
+/// round with the sampled token as `next`. Returns the proposals kept (whose tokens are
+/// generated and stay in the cache) and the tokens sampled.
+fn verify_draft(
+    tok: &Tokenizer,
+    s: &mut Session,
+    rows: &[Vec<f32>],
+    synth: Option<&[f64]>,
+    events: &mut Vec<Event>,
+) -> (usize, u64) {
+    let draft = std::mem::take(&mut s.draft);
+    let (mut kept, mut sampled) = (0, 0);
+    for (i, row) in rows.iter().enumerate() {
+        if !ready_to_sample(tok, s, events) {
+            break;
+        }
+        if let (Some(rates), Some(&d)) = (synth, draft.get(i)) {
+            let seed = s.sampler.seed() as u32;
+            let rng = s
+                .synth_rng
+                .get_or_insert_with(|| crate::sample::rng::Mt19937::new(seed));
+            // The target's sample is drawn (its random number spent) either way.
+            let t = s.sampler.sample(row);
+            sampled += 1;
+            let keep = rng.uniform_f64() < rates.get(i).copied().unwrap_or(0.0);
+            if keep && !tok.is_eog(d) {
+                s.sampler.accept(d);
+                take_sampled(tok, s, d, None, Ok(()), events);
+                s.next = None;
+                kept += 1;
+                continue;
+            }
+            let accepted = s.sampler.accept_generated(t);
+            take_sampled(tok, s, t, None, accepted, events);
+            break;
+        }
+        let (t, probs, accepted) = Engine::sample_logits(s, row);
+        sampled += 1;
+        if !take_sampled(tok, s, t, probs, accepted, events) {
+            break;
+        }
+        if draft.get(i) != Some(&t) {
+            break;
+        }
+        // The proposal is the token sampled, already decoded: the next row follows it.
+        s.next = None;
+        kept += 1;
+    }
+    s.draft = draft;
+    (kept, sampled)
 }

@@ -11,6 +11,9 @@ pub struct Timings {
     pub prompt_tokens: usize,
     pub eval: Duration,
     pub eval_tokens: usize,
+    /// Tokens a draft model proposed, and those of them kept (speculative decoding).
+    pub draft_n: usize,
+    pub draft_accepted: usize,
 }
 
 impl Timings {
@@ -20,6 +23,8 @@ impl Timings {
         self.prompt_tokens += other.prompt_tokens;
         self.eval += other.eval;
         self.eval_tokens += other.eval_tokens;
+        self.draft_n += other.draft_n;
+        self.draft_accepted += other.draft_accepted;
     }
 
     fn line(label: &str, d: Duration, n: usize, unit: &str) -> String {
@@ -55,6 +60,17 @@ impl Timings {
                 self.prompt_tokens + self.eval_tokens
             ),
         ]
+        .into_iter()
+        .chain((self.draft_n > 0).then(|| {
+            let rate = self.draft_accepted as f64 / self.draft_n as f64;
+            format!(
+                "wgllm_perf: draft acceptance rate = {rate:.5} ({:5} accepted / {:5} generated) = {:.1} %",
+                self.draft_accepted,
+                self.draft_n,
+                100.0 * rate
+            )
+        }))
+        .collect::<Vec<_>>()
         .join("\n")
     }
 }

@@ -39,7 +39,7 @@ mod gpu_plan;
 mod params;
 #[cfg(test)]
 mod reference_tests;
-mod rng;
+pub(crate) mod rng;
 mod stdsort;
 #[cfg(test)]
 mod tests;

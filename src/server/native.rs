@@ -281,7 +281,7 @@ pub fn timings_json(t: &Timings, n_cached: usize, n_generated: usize) -> Value {
     let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
     let rate = |ms: f64, n: usize| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     let (pm, em) = (ms(t.prompt), ms(t.eval));
-    json!({
+    let mut v = json!({
         "cache_n": n_cached,
         "prompt_n": t.prompt_tokens,
         "prompt_ms": pm,
@@ -292,7 +292,13 @@ pub fn timings_json(t: &Timings, n_cached: usize, n_generated: usize) -> Value {
         // The first token comes from the prompt's logits: n tokens took n - 1 decodes.
         "predicted_per_token_ms": per(em, n_generated.saturating_sub(1)),
         "predicted_per_second": rate(em, n_generated.saturating_sub(1)),
-    })
+    });
+    // A draft model's proposals and those kept, as llama-server reports them.
+    if t.draft_n > 0 {
+        v["draft_n"] = json!(t.draft_n);
+        v["draft_n_accepted"] = json!(t.draft_accepted);
+    }
+    v
 }
 
 /// The settings a request ran with, as llama-server echoes them.

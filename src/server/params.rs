@@ -269,6 +269,9 @@ pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenP
                 n_probs,
                 post_sampling_probs: f.bool("post_sampling_probs")?.unwrap_or(false),
                 gpu_draws: backend_sampling,
+                // Today's llama-server ignores a request's `speculative.*`: the server's
+                // flags decide.
+                speculative: None,
             },
             cache_prompt: f.bool("cache_prompt")?.unwrap_or(true),
             slot,

@@ -171,8 +171,18 @@ pub fn tiny_parts(
     gpu: Arc<Gpu>,
     ty: wgllm::gguf::GgmlType,
 ) -> (Arc<wgllm::model::Model>, wgllm::tokenizer::Tokenizer) {
+    tiny_parts_with(gpu, ty, 0.5)
+}
+
+/// [`tiny_parts`] with weights of standard deviation `std` (the same random draws
+/// scaled): a model close to the tiny one, as a draft model is to its target.
+pub fn tiny_parts_with(
+    gpu: Arc<Gpu>,
+    ty: wgllm::gguf::GgmlType,
+    std: f32,
+) -> (Arc<wgllm::model::Model>, wgllm::tokenizer::Tokenizer) {
     use wgllm::model::synth::synth_llama;
-    let w = synth_llama(TINY, ty, tiny_vocab(), 256, 0.5, false);
+    let w = synth_llama(TINY, ty, tiny_vocab(), 256, std, false);
     load_synth(gpu, w)
 }
 
