@@ -6,7 +6,9 @@
 mod common;
 
 use std::sync::Arc;
-use wgllm::engine::{draft_incompatible, Engine, Event, SessionParams, SpecParams, Stop};
+use wgllm::engine::{
+    draft_incompatible, Engine, Event, NgramParams, SessionParams, SpecParams, Stop,
+};
 use wgllm::gguf::GgmlType;
 use wgllm::model::Model;
 use wgllm::sample::SamplerParams;
@@ -133,6 +135,54 @@ fn drafts_leave_the_tokens_as_they_were() {
                 }
             }
         }
+    }
+}
+
+/// n-gram lookup on a prompt that repeats itself, with every token but two banned (so
+/// that the output repeats itself too): proposals are made and some kept, and the tokens
+/// are those of decoding without them, greedy and sampled.
+#[test]
+fn ngram_lookup_leaves_the_tokens_as_they_were() {
+    let (target, tok) = tiny(0.5, GgmlType::Q8_0);
+    let unit: Vec<u32> = (30..50).collect();
+    let prompts = vec![
+        unit.repeat(4),
+        [unit.clone(), vec![7, 7], unit.clone()].concat(),
+    ];
+    for sampling in [
+        SamplerParams::greedy(),
+        SamplerParams {
+            temp: 0.7,
+            seed: 9,
+            ..Default::default()
+        },
+    ] {
+        let params = SessionParams {
+            sampling: SamplerParams {
+                banned: (0..256).filter(|t| !(30..32).contains(t)).collect(),
+                ..sampling.clone()
+            },
+            n_predict: 40,
+            ..Default::default()
+        };
+        let plain = generate(
+            &mut common::engine(&target, &tok, 512, 64, 2),
+            &prompts,
+            &params,
+        );
+        let mut e = common::engine(&target, &tok, 512, 64, 2);
+        e.attach_ngram_lookup(
+            NgramParams {
+                size_n: 3,
+                size_m: 8,
+            },
+            SpecParams::default(),
+        )
+        .unwrap();
+        let spec = generate(&mut e, &prompts, &params);
+        assert_eq!(spec.tokens, plain.tokens, "temp {}", sampling.temp);
+        let stats = e.draft_stats().unwrap();
+        assert!(stats.accepted > 0, "temp {}: {stats:?}", sampling.temp);
     }
 }
 

@@ -121,7 +121,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     };
     // Checked before loading anything.
     params.validate()?;
-    a.spec.draft()?;
+    a.spec.speculation()?;
     let mut opts = a.model.options()?;
     opts.swa_keep = a.shift.swa_keep();
     let mut engine = load_engine(&a.model, &opts)?;

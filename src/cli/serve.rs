@@ -203,8 +203,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     }
     // An -hf model is downloaded before the server binds, as llama-server does.
     let model_path = a.model.path()?;
-    if a.spec.draft()?.is_some() && a.embeddings {
-        bail!("-md (a draft model) speeds up generation, and an --embeddings server generates nothing: leave one out");
+    if a.spec.speculation()?.is_some() && a.embeddings {
+        bail!("speculative decoding (-md, --spec-type) speeds up generation, and an --embeddings server generates nothing: leave one out");
     }
     if a.pooling.is_some() && !a.embeddings {
         bail!("--pooling applies to an embeddings server: add --embeddings");

@@ -22,6 +22,7 @@ mod embed;
 mod host_cache;
 mod input;
 mod load;
+mod ngram;
 mod options;
 #[cfg(target_arch = "wasm32")]
 pub mod pause;
@@ -42,6 +43,7 @@ pub use chat::Conversation;
 pub use embed::{normalize, pool, Pooling};
 pub use host_cache::HostCache;
 pub use load::LoadProgress;
+pub use ngram::{ngram_draft, NgramParams};
 pub use options::{EngineOptions, SamplingPath};
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};
 pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};

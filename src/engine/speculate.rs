@@ -1,5 +1,6 @@
-//! Speculative decoding with a draft model, as llama.cpp's `draft-simple`: a small model
-//! with the same vocabulary proposes a few tokens after each sampled one, greedily; the
+//! Speculative decoding, with a draft model as llama.cpp's `draft-simple` or by n-gram
+//! lookup as its `ngram-simple` (`ngram.rs`). A draft model (a small model with the same
+//! vocabulary) proposes a few tokens after each sampled one, greedily; the
 //! target decodes the sampled token and the proposals in one batch, with logits on every
 //! row; the session's own sampler then samples row after row and keeps each proposal it
 //! samples itself, so the output is what decoding without a draft would give (the same
@@ -11,6 +12,7 @@
 //! date before each round by keeping the common prefix with the session's history and
 //! decoding the rest.
 
+use super::ngram::{ngram_draft, NgramParams};
 use super::{Engine, EngineError, Phase};
 use crate::context::{Batch, Context};
 use crate::model::Model;
@@ -58,10 +60,23 @@ impl DraftStats {
     }
 }
 
+/// Where proposals come from.
+enum Source {
+    /// A draft model (`draft-simple`).
+    Model(Box<ModelDraft>),
+    /// The sequence's own earlier text (`ngram-simple`).
+    Ngram(NgramParams),
+}
+
 /// The draft model, its context, and what each of its sequences holds.
-pub(super) struct Drafter {
+struct ModelDraft {
     ctx: Context,
     held: Vec<Vec<u32>>,
+}
+
+/// What proposes tokens, how many, and how many were kept.
+pub(super) struct Drafter {
+    source: Source,
     pub(super) params: SpecParams,
     pub(super) stats: DraftStats,
     /// Synthetic acceptance: proposal i is kept with probability `synth[i]`, whatever
@@ -118,15 +133,38 @@ pub fn draft_incompatible(target: &Tokenizer, draft: &Tokenizer) -> Option<Strin
 }
 
 impl Drafter {
-    fn new(model: Arc<Model>, target: &Context, params: SpecParams) -> Result<Self, EngineError> {
-        let ctx = Context::new(model, target.params)?;
-        let n = target.params.n_seq_max as usize;
-        Ok(Drafter {
-            ctx,
-            held: vec![Vec::new(); n],
+    fn new(source: Source, params: SpecParams) -> Self {
+        Drafter {
+            source,
             params,
             stats: DraftStats::default(),
             synth: None,
+        }
+    }
+
+    /// Proposals for each ask, in order.
+    async fn propose(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<u32>>, EngineError> {
+        match &mut self.source {
+            Source::Model(m) => m.propose(asks).await,
+            Source::Ngram(p) => Ok(asks
+                .iter()
+                .map(|a| {
+                    let mut d = ngram_draft(*p, a.history, a.last);
+                    d.truncate(a.n_max);
+                    d
+                })
+                .collect()),
+        }
+    }
+}
+
+impl ModelDraft {
+    fn new(model: Arc<Model>, target: &Context) -> Result<Self, EngineError> {
+        let ctx = Context::new(model, target.params)?;
+        let n = target.params.n_seq_max as usize;
+        Ok(ModelDraft {
+            ctx,
+            held: vec![Vec::new(); n],
         })
     }
 
@@ -271,10 +309,41 @@ impl Engine {
                 "--spec-draft-n-max is 0: a draft would propose nothing".into(),
             ));
         }
-        self.drafter = Some(Drafter::new(model, &self.ctx, params)?);
-        // Drafts are verified on the host from every row: no step goes ahead.
-        self.decode_ahead = false;
+        let draft = ModelDraft::new(model, &self.ctx)?;
+        self.set_drafter(Drafter::new(Source::Model(Box::new(draft)), params));
         Ok(())
+    }
+
+    /// Speculates by n-gram lookup in each session's own tokens (llama.cpp's
+    /// `ngram-simple`): no draft model; `params.n_max` does not apply (`ngram.size_m`
+    /// bounds a proposal).
+    pub fn attach_ngram_lookup(
+        &mut self,
+        ngram: NgramParams,
+        params: SpecParams,
+    ) -> Result<(), EngineError> {
+        if self.model.hp.recurrent.iter().any(|&r| r) {
+            return Err(EngineError::Options(
+                "speculative decoding needs to take rejected tokens back out of the cache, which a recurrent model's state cannot do".into(),
+            ));
+        }
+        if ngram.size_n == 0 || ngram.size_m == 0 {
+            return Err(EngineError::Options(
+                "n-gram lookup needs n-grams and proposals of at least one token".into(),
+            ));
+        }
+        let params = SpecParams {
+            n_max: ngram.size_m as u32,
+            ..params
+        };
+        self.set_drafter(Drafter::new(Source::Ngram(ngram), params));
+        Ok(())
+    }
+
+    fn set_drafter(&mut self, d: Drafter) {
+        self.drafter = Some(d);
+        // Proposals are checked on the host from every row: no step goes ahead.
+        self.decode_ahead = false;
     }
 
     /// Loads a draft model from a file onto this engine's GPU and attaches it
@@ -341,10 +410,11 @@ impl Engine {
                 continue;
             }
             let Some(last) = s.next else { continue };
-            // The draft's cache copies the session's history; after a context shift (or
-            // with Self-Extend) the target's cache no longer holds that history as it
-            // is, and the session goes on without proposals.
-            if s.history.len() != s.shift.n_past as usize {
+            // A draft model's cache copies the session's history; after a context shift
+            // (or with Self-Extend) the target's cache no longer holds that history as
+            // it is, and the session goes on without a draft model's proposals.
+            let copies_history = matches!(drafter.source, Source::Model(_));
+            if copies_history && s.history.len() != s.shift.n_past as usize {
                 continue;
             }
             let params = s.params.speculative.unwrap_or(drafter.params);
