@@ -85,9 +85,10 @@ pub(super) struct Drafter {
 }
 
 /// One session's request for proposals.
-pub(super) struct DraftAsk<'a> {
+pub(super) struct DraftAsk {
     seq: u32,
-    history: &'a [u32],
+    /// The tokens the session's sequence holds, in position order.
+    history: Vec<u32>,
     last: u32,
     n_max: usize,
     p_min: f32,
@@ -143,13 +144,13 @@ impl Drafter {
     }
 
     /// Proposals for each ask, in order.
-    async fn propose(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<u32>>, EngineError> {
+    async fn propose(&mut self, asks: &[DraftAsk]) -> Result<Vec<Vec<u32>>, EngineError> {
         match &mut self.source {
             Source::Model(m) => m.propose(asks).await,
             Source::Ngram(p) => Ok(asks
                 .iter()
                 .map(|a| {
-                    let mut d = ngram_draft(*p, a.history, a.last);
+                    let mut d = ngram_draft(*p, &a.history, a.last);
                     d.truncate(a.n_max);
                     d
                 })
@@ -171,7 +172,7 @@ impl ModelDraft {
     /// Proposals for each ask, in order: the draft's cache is brought up to each
     /// history, then its likeliest tokens are taken one position at a time, for every
     /// session at once.
-    async fn propose(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<u32>>, EngineError> {
+    async fn propose(&mut self, asks: &[DraftAsk]) -> Result<Vec<Vec<u32>>, EngineError> {
         let n_vocab = self.ctx.out_width() as usize;
         let n_batch = self.ctx.params.n_batch as usize;
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); asks.len()];
@@ -181,7 +182,7 @@ impl ModelDraft {
             let held = &mut self.held[a.seq as usize];
             let common = held
                 .iter()
-                .zip(a.history)
+                .zip(&a.history)
                 .take_while(|(x, y)| x == y)
                 .count();
             if common < held.len() {
@@ -410,13 +411,11 @@ impl Engine {
                 continue;
             }
             let Some(last) = s.next else { continue };
-            // A draft model's cache copies the session's history; after a context shift
-            // (or with Self-Extend) the target's cache no longer holds that history as
-            // it is, and the session goes on without a draft model's proposals.
-            let copies_history = matches!(drafter.source, Source::Model(_));
-            if copies_history && s.history.len() != s.shift.n_past as usize {
+            // What the sequence holds; Self-Extend's grouped positions would not fit the
+            // draft's cache (it holds tokens at their indices), so no proposals there.
+            let Some(history) = held_tokens(s) else {
                 continue;
-            }
+            };
             let params = s.params.speculative.unwrap_or(drafter.params);
             // Room for the sampled token and the proposals without a context shift.
             let fits = (n_ctx_seq as i64 - s.shift.n_past as i64 - 2).max(0) as usize;
@@ -437,7 +436,7 @@ impl Engine {
             );
             asks.push(DraftAsk {
                 seq: s.id,
-                history: &s.history,
+                history,
                 last,
                 n_max,
                 p_min: params.p_min,
@@ -465,4 +464,28 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// The tokens a session's sequence holds, in position order: its history with what
+/// each context shift dropped taken out (the shift log says where, and how many tokens
+/// the sequence held then). None under Self-Extend, or if the log and the history
+/// disagree.
+fn held_tokens(s: &super::Session) -> Option<Vec<u32>> {
+    if s.params.shift.ga_n > 1 {
+        return None;
+    }
+    let mut held: Vec<u32> = Vec::with_capacity(s.shift.n_past.max(0) as usize);
+    let mut next = 0;
+    for op in s.shift.ops.iter().filter(|o| o.op == "seq_rm") {
+        let (past, p0, p1) = (op.n_past as usize, op.p0 as usize, op.p1 as usize);
+        let more = past.checked_sub(held.len())?;
+        held.extend_from_slice(s.history.get(next..next + more)?);
+        next += more;
+        if p0 > p1 || p1 > held.len() {
+            return None;
+        }
+        held.drain(p0..p1);
+    }
+    held.extend_from_slice(s.history.get(next..)?);
+    (held.len() == s.shift.n_past as usize).then_some(held)
 }
