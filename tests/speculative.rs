@@ -156,7 +156,7 @@ fn drafts_go_on_through_context_shifts() {
     };
     let plain = generate(
         &mut common::engine(&target, &tok, 64, 32, 1),
-        &[prompt.clone()],
+        std::slice::from_ref(&prompt),
         &params,
     );
     let mut e = common::engine(&target, &tok, 64, 32, 1);
