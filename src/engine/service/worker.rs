@@ -459,6 +459,11 @@ impl Worker {
             Event::Token {
                 token, text, probs, ..
             } => {
+                // Tokens after a stop string (several come in one step where a draft's
+                // proposals were kept) are not part of the reply.
+                if a.stop.found().is_some() {
+                    return;
+                }
                 a.n_generated += 1;
                 let shown = a.stop.push(&text);
                 if a.stop.found().is_some() {
