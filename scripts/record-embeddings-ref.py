@@ -6,7 +6,10 @@ embedding with no normalisation (`embd_normalize: -1`) and llama-server's token 
     scripts/record-embeddings-ref.py MODEL OUT.json
 
 LLAMACPP_REF: where build.sh put llama.cpp (default ~/.cache/llamacpp-ref)."""
-import hashlib, json, os, socket, subprocess, sys, time, urllib.request
+import hashlib, json, os, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_server_ref import post, start  # noqa: E402
 
 TEXTS = [
     "I believe the meaning of life is",
@@ -17,43 +20,14 @@ TEXTS = [
 POOLINGS = ["mean", "last", "cls"]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(port, path, body):
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
 def main():
     model, out = sys.argv[1], sys.argv[2]
-    ref = os.environ.get("LLAMACPP_REF", os.path.expanduser("~/.cache/llamacpp-ref"))
-    server = os.path.join(ref, "bin", "llama-server")
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(ref, "bin"))
     sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
     cases = []
     for pooling in POOLINGS:
-        port = free_port()
-        p = subprocess.Popen(
-            [server, "-m", model, "--embeddings", "--pooling", pooling, "-c", "512",
-             "-ngl", "0", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        p, port = start(["-m", model, "--embeddings", "--pooling", pooling, "-c", "512",
+                         "-ngl", "0"])
         try:
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                    break
-                except Exception:
-                    time.sleep(0.2)
             for text in TEXTS:
                 tokens = post(port, "/tokenize", {"content": text, "add_special": True})["tokens"]
                 r = post(port, "/embedding", {"content": text, "embd_normalize": -1})

@@ -6,10 +6,17 @@ two probabilities of each, with and without `--spm-infill`.
 
     scripts/record-infill-ref.py MODEL OUT.json
 
-The test's model is `wgllm synth --vocab-from ggml-vocab-starcoder.gguf --arch llama
---shape tiny --type q8_0 --trained-scale` (StarCoder's vocabulary has every FIM token).
+The test's models are `wgllm synth --vocab-from ggml-vocab-starcoder.gguf --arch llama
+--shape tiny --type q8_0 --trained-scale` (StarCoder's vocabulary has the prefix, suffix
+and middle tokens) and the same with `--override-kv tokenizer.ggml.fim_rep_token_id=int:5
+--override-kv tokenizer.ggml.fim_sep_token_id=int:6` (its `<repo_name>` and `<file_sep>`
+as the repository tokens); tests/data/reference/infill.json holds this script's output
+for each under "models", with its name and those overrides.
 LLAMACPP_REF: where build.sh put llama.cpp (default ~/.cache/llamacpp-ref)."""
-import hashlib, json, os, socket, subprocess, sys, time, urllib.request
+import hashlib, json, os, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_server_ref import post, start  # noqa: E402
 
 # The server's sizes: small enough that the prefix, the suffix and the extra files are cut
 # (the extra files by what the context leaves after a batch and twice the server's `-n`).
@@ -29,42 +36,13 @@ REQUESTS = [
 ]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(port, path, body):
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
 def main():
     model, out = sys.argv[1], sys.argv[2]
-    ref = os.environ.get("LLAMACPP_REF", os.path.expanduser("~/.cache/llamacpp-ref"))
-    server = os.path.join(ref, "bin", "llama-server")
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(ref, "bin"))
     sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
     cases = []
     for spm in [False, True]:
-        port = free_port()
-        args = [server, "-m", model, *SERVER_ARGS, "--host", "127.0.0.1", "--port", str(port)]
-        if spm:
-            args.append("--spm-infill")
-        p = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p, port = start(["-m", model, *SERVER_ARGS] + (["--spm-infill"] if spm else []))
         try:
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                    break
-                except Exception:
-                    time.sleep(0.2)
             for req in REQUESTS:
                 body = dict(req, n_predict=8, temperature=0.0, return_tokens=True, n_probs=2,
                             cache_prompt=False)

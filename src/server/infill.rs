@@ -4,7 +4,7 @@
 //! or not. Models without FIM tokens are refused with the tokens they lack.
 
 use super::error::{ApiError, ApiResult};
-use super::params::Fields;
+use super::params::{token_id, Fields};
 use super::AppState;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::{infill_prompt, infill_unsupported, InfillFile, InfillLimits, InfillParts};
@@ -105,14 +105,7 @@ fn mixed(v: &Value, tok: &Tokenizer, what: &str) -> ApiResult<Vec<u32>> {
     let piece = |p: &Value, out: &mut Vec<u32>| -> ApiResult<()> {
         match p {
             Value::String(s) => out.extend(tok.encode(s, false, false)),
-            Value::Number(n) => match n.as_u64().filter(|&t| t < n_vocab) {
-                Some(t) => out.push(t as u32),
-                None => {
-                    return Err(ApiError::invalid(format!(
-                        "invalid token {n} in \"{what}\" (the vocabulary has {n_vocab} tokens)"
-                    )))
-                }
-            },
+            Value::Number(n) => out.push(token_id(n, n_vocab, &format!("\"{what}\""))?),
             _ => {
                 return Err(ApiError::invalid(format!(
                     "\"{what}\" is a string, token ids, or a list mixing both"

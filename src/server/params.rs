@@ -369,6 +369,18 @@ fn logit_bias(v: &Value, tok: &Tokenizer) -> ApiResult<Vec<(u32, f32)>> {
     Ok(out)
 }
 
+/// A token id given in a request (`place` says where), checked against the vocabulary.
+pub fn token_id(n: &serde_json::Number, n_vocab: u64, place: &str) -> ApiResult<u32> {
+    n.as_u64()
+        .filter(|&t| t < n_vocab)
+        .map(|t| t as u32)
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "invalid token {n} in {place} (the vocabulary has {n_vocab} tokens)"
+            ))
+        })
+}
+
 /// A prompt as llama-server takes it: a string, token ids, or a list mixing both
 /// (strings tokenized without BOS after the first piece). BOS is added where the model
 /// wants one (`add_special`).
@@ -398,14 +410,7 @@ pub fn prompt_tokens(v: &Value, tok: &Tokenizer, add_special: bool) -> ApiResult
             Value::String(s) => {
                 out.extend(tok.encode(s, add_special && first, true));
             }
-            Value::Number(n) => match n.as_u64().filter(|&t| t < n_vocab) {
-                Some(t) => out.push(t as u32),
-                None => {
-                    return Err(ApiError::invalid(format!(
-                        "invalid token {n} in the prompt (the vocabulary has {n_vocab} tokens)"
-                    )))
-                }
-            },
+            Value::Number(n) => out.push(token_id(n, n_vocab, "the prompt")?),
             _ => {
                 return Err(ApiError::invalid(
                     "a prompt is a string, token ids, or a list mixing both",
