@@ -4,7 +4,7 @@
 //! or not. Models without FIM tokens are refused with the tokens they lack.
 
 use super::error::{ApiError, ApiResult};
-use super::params::{token_id, Fields};
+use super::params::{pieces, token_id, Fields};
 use super::AppState;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::{infill_prompt, infill_unsupported, InfillFile, InfillLimits, InfillParts};
@@ -115,13 +115,8 @@ fn mixed(v: &Value, tok: &Tokenizer, what: &str) -> ApiResult<Vec<u32>> {
         Ok(())
     };
     let mut out = Vec::new();
-    match v {
-        Value::Array(items) => {
-            for p in items {
-                piece(p, &mut out)?;
-            }
-        }
-        p => piece(p, &mut out)?,
+    for p in pieces(v) {
+        piece(p, &mut out)?;
     }
     Ok(out)
 }

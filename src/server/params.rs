@@ -369,6 +369,14 @@ fn logit_bias(v: &Value, tok: &Tokenizer) -> ApiResult<Vec<(u32, f32)>> {
     Ok(out)
 }
 
+/// The parts of a prompt that may be a list: its items, or the value itself.
+pub fn pieces(v: &Value) -> std::slice::Iter<'_, Value> {
+    match v {
+        Value::Array(items) => items.iter(),
+        p => std::slice::from_ref(p).iter(),
+    }
+}
+
 /// A token id given in a request (`place` says where), checked against the vocabulary.
 pub fn token_id(n: &serde_json::Number, n_vocab: u64, place: &str) -> ApiResult<u32> {
     n.as_u64()
@@ -420,13 +428,8 @@ pub fn prompt_tokens(v: &Value, tok: &Tokenizer, add_special: bool) -> ApiResult
         first = false;
         Ok(())
     };
-    match v {
-        Value::Array(items) => {
-            for p in items {
-                piece(p, &mut out)?;
-            }
-        }
-        p => piece(p, &mut out)?,
+    for p in pieces(v) {
+        piece(p, &mut out)?;
     }
     Ok(out)
 }
