@@ -19,6 +19,9 @@ struct Run {
     tokens: Vec<Vec<u32>>,
     stops: Vec<Stop>,
     steps: u64,
+    /// Proposals made and kept, summed over the sessions' final timings.
+    drafted: usize,
+    kept: usize,
 }
 
 /// Generates from each prompt in its own session, all at once, until every one stops;
@@ -35,12 +38,17 @@ fn generate(engine: &mut Engine, prompts: &[Vec<u32>], params: &SessionParams) -
     let mut tokens = vec![Vec::new(); prompts.len()];
     let mut stops = vec![None; prompts.len()];
     let steps0 = engine.n_steps;
+    let (mut drafted, mut kept) = (0, 0);
     while engine.is_busy() {
         for ev in engine.step().unwrap() {
             let i = ids.iter().position(|&id| id == ev.session()).unwrap();
             match ev {
                 Event::Token { token, .. } => tokens[i].push(token),
-                Event::Finished { stop, .. } => stops[i] = Some(stop),
+                Event::Finished { stop, timings, .. } => {
+                    stops[i] = Some(stop);
+                    drafted += timings.draft_n;
+                    kept += timings.draft_accepted;
+                }
                 Event::Error { error, .. } => panic!("{error}"),
                 _ => {}
             }
@@ -61,6 +69,8 @@ fn generate(engine: &mut Engine, prompts: &[Vec<u32>], params: &SessionParams) -
         tokens,
         stops: stops.into_iter().map(Option::unwrap).collect(),
         steps: engine.n_steps - steps0,
+        drafted,
+        kept,
     }
 }
 
@@ -122,6 +132,12 @@ fn drafts_leave_the_tokens_as_they_were() {
                 assert!(spec.tokens.iter().all(|t| t.len() == 23), "{what}");
                 let stats = e.draft_stats().unwrap();
                 assert!(stats.drafted > 0, "{what}: nothing drafted");
+                // What each generation's final timings report adds up to the engine's.
+                assert_eq!(
+                    (spec.drafted as u64, spec.kept as u64),
+                    (stats.drafted, stats.accepted),
+                    "{what}"
+                );
                 if name == "itself" {
                     // A draft that is the target proposes what greedy decoding samples.
                     if sampling.temp <= 0.0 {

@@ -224,6 +224,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         slots: !a.no_slots,
         pooling,
         spm_infill: a.spm_infill,
+        n_batch: a.model.batch_size,
         slot_save_path: a.slot_save_path.clone(),
         defaults: Defaults {
             sampling,

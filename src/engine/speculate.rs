@@ -72,6 +72,8 @@ enum Source {
 struct ModelDraft {
     ctx: Context,
     held: Vec<Vec<u32>>,
+    /// Tokens both vocabularies have: proposals and inputs stay below this.
+    n_common: u32,
 }
 
 /// What proposes tokens, how many, and how many were kept.
@@ -146,7 +148,26 @@ impl Drafter {
     /// Proposals for each ask, in order.
     async fn propose(&mut self, asks: &[DraftAsk]) -> Result<Vec<Vec<u32>>, EngineError> {
         match &mut self.source {
-            Source::Model(m) => m.propose(asks).await,
+            Source::Model(m) => {
+                // A token the draft does not know (a client's raw ids) gets no proposals.
+                if asks
+                    .iter()
+                    .any(|a| a.last >= m.n_common || a.history.iter().any(|&t| t >= m.n_common))
+                {
+                    return Ok(vec![Vec::new(); asks.len()]);
+                }
+                match m.propose(asks).await {
+                    Ok(d) => Ok(d),
+                    // The draft's cache out of room (a unified cache shared with
+                    // sequences it still holds), or any other failure of the draft
+                    // alone: no proposals this step, and its cache starts afresh.
+                    Err(e) => {
+                        log::debug!("draft model: {e}; proposing nothing this step");
+                        m.reset();
+                        Ok(vec![Vec::new(); asks.len()])
+                    }
+                }
+            }
             Source::Ngram(p) => Ok(asks
                 .iter()
                 .map(|a| {
@@ -161,12 +182,29 @@ impl Drafter {
 
 impl ModelDraft {
     fn new(model: Arc<Model>, target: &Context) -> Result<Self, EngineError> {
-        let ctx = Context::new(model, target.params)?;
+        let n_common = model.hp.n_vocab.min(target.model.hp.n_vocab);
+        // The whole window kept: proposals are cut back, and a rolling buffer could
+        // have dropped what the cut-back positions attend to.
+        let params = crate::context::ContextParams {
+            swa_full: true,
+            ..target.params
+        };
+        let ctx = Context::new(model, params)?;
         let n = target.params.n_seq_max as usize;
         Ok(ModelDraft {
             ctx,
             held: vec![Vec::new(); n],
+            n_common,
         })
+    }
+
+    /// Forgets what every sequence holds: after a failed decode, the cache and `held`
+    /// may disagree.
+    fn reset(&mut self) {
+        self.ctx.clear();
+        for h in &mut self.held {
+            h.clear();
+        }
     }
 
     /// Proposals for each ask, in order: the draft's cache is brought up to each
@@ -224,7 +262,7 @@ impl ModelDraft {
             let mut next = Vec::new();
             for &i in &active {
                 let Some(row) = rows[i].take() else { continue };
-                let (t, p) = top_token(&row[..n_vocab.min(row.len())]);
+                let (t, p) = top_token(&row[..(self.n_common as usize).min(row.len())]);
                 if p < asks[i].p_min {
                     continue;
                 }
@@ -405,6 +443,15 @@ impl Engine {
             .filter(|s| s.phase == Phase::Generate && s.next.is_some())
             .count();
         let mut room = (self.ctx.params.n_batch as usize).saturating_sub(generating);
+        // Waiting prompts keep at least half of the room.
+        if self
+            .sessions
+            .iter()
+            .flatten()
+            .any(|s| s.phase == Phase::Prompt)
+        {
+            room /= 2;
+        }
         let mut asks = Vec::new();
         for s in self.sessions.iter().flatten() {
             if s.phase != Phase::Generate || s.fed_logits.is_some() || s.cancel {

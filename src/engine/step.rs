@@ -42,7 +42,8 @@ impl Engine {
         let out = self.ctx.decode_drawing_async(&batch, &draws).await?;
         let dt = start.elapsed();
         self.n_steps += 1;
-        let n_gen = parts.iter().filter(|p| p.generating).count();
+        // A generating part's proposals count as generated tokens too.
+        let n_gen = parts.iter().filter(|p| p.generating).map(|p| p.len).sum();
         self.last_batch = (batch.tokens.len() - n_gen, n_gen);
         self.take_results(&batch, &parts, &out, dt, &mut events)?;
         Ok(events)
@@ -61,8 +62,6 @@ impl Engine {
                 if let Some(d) = self.drafter.as_mut() {
                     d.stats.accepted += kept as u64;
                 }
-                s.timings.draft_accepted += kept;
-                s.timings.eval_tokens += kept;
                 s.draft.clear();
                 if rejected > 0 {
                     // The proposals after the last kept one leave the cache.
@@ -456,6 +455,7 @@ fn verify_draft(
                 take_sampled(tok, s, d, None, Ok(()), events);
                 s.next = None;
                 kept += 1;
+                count_kept(s);
                 continue;
             }
             let accepted = s.sampler.accept_generated(t);
@@ -473,7 +473,15 @@ fn verify_draft(
         // The proposal is the token sampled, already decoded: the next row follows it.
         s.next = None;
         kept += 1;
+        count_kept(s);
     }
     s.draft = draft;
     (kept, sampled)
+}
+
+/// A kept proposal in the session's timings, at once: a generation that ends later in
+/// the same round reports its timings before the round's count is known.
+fn count_kept(s: &mut Session) {
+    s.timings.draft_accepted += 1;
+    s.timings.eval_tokens += 1;
 }

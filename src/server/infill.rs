@@ -46,7 +46,7 @@ pub async fn infill(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Re
     // The room left for extra files counts the server's `-n`, not the request's
     // `n_predict`, as llama-server counts it.
     let lim = InfillLimits {
-        n_batch: info.n_batch,
+        n_batch: s.opts.n_batch,
         n_predict: s.opts.defaults.n_predict,
         n_ctx: info.n_ctx_slot,
         spm: s.opts.spm_infill,

@@ -69,6 +69,9 @@ pub struct ServerOptions {
     pub pooling: crate::engine::Pooling,
     /// `/infill` prompts in suffix-prefix-middle order (`--spm-infill`).
     pub spm_infill: bool,
+    /// `-b` as given (not capped at the context, as the engine caps it): `/infill` cuts
+    /// its parts to it, as llama-server does.
+    pub n_batch: u32,
 }
 
 /// What every handler sees.

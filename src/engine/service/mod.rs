@@ -274,8 +274,6 @@ pub struct ServiceInfo {
     pub arch: String,
     pub n_ctx: u32,
     pub n_ctx_slot: u32,
-    /// Most tokens one decode call takes (`-b`).
-    pub n_batch: u32,
     pub n_slots: u32,
     pub n_vocab: u32,
     pub n_embd: u32,
@@ -357,7 +355,6 @@ impl EngineService {
             arch: format!("{:?}", hp.arch).to_lowercase(),
             n_ctx: engine.n_ctx(),
             n_ctx_slot: engine.n_ctx_seq(),
-            n_batch: engine.context().params.n_batch,
             n_slots,
             n_vocab: hp.n_vocab,
             n_embd: hp.n_embd,
