@@ -3,7 +3,9 @@
 ../shared/tools/llamacpp-ref) for tests/embeddings.rs: for each pooling, each text's
 embedding with no normalisation (`embd_normalize: -1`) and llama-server's token ids.
 
-    scripts/record-embeddings-ref.py MODEL OUT.json
+    scripts/record-embeddings-ref.py MODEL OUT.json [POOLING,...]
+
+POOLING: mean, last, cls (default all three).
 
 LLAMACPP_REF: where build.sh put llama.cpp (default ~/.cache/llamacpp-ref)."""
 import hashlib, json, os, sys
@@ -22,9 +24,10 @@ POOLINGS = ["mean", "last", "cls"]
 
 def main():
     model, out = sys.argv[1], sys.argv[2]
+    poolings = sys.argv[3].split(",") if len(sys.argv) > 3 else POOLINGS
     sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
     cases = []
-    for pooling in POOLINGS:
+    for pooling in poolings:
         p, port = start(["-m", model, "--embeddings", "--pooling", pooling, "-c", "512",
                          "-ngl", "0"])
         try:

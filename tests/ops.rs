@@ -16,6 +16,7 @@ use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::glu::{glu, glu_pairs, glu_ref, Activation};
 use wgllm::ops::hadamard::{hadamard, hadamard_ref};
 use wgllm::ops::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS, Q8_TILES};
+use wgllm::ops::layer_norm::{layer_norm, layer_norm_ref};
 use wgllm::ops::matmul::{matmul, matmul_at, matmul_glu, matmul_ref, MatmulOut};
 use wgllm::ops::matmul_q8::{
     matmul_q8, matmul_q8_ref, matmul_q8_with, q8_bytes, quantize_q8, quantize_q8_ref, Q8Blocks,
@@ -481,6 +482,32 @@ fn rms_norm_matches_reference() {
             check(
                 &format!("{name} rms_norm {n}x{rows}"),
                 &rms_norm_ref(&x, &w, n, 1e-5),
+                &read(gpu, &dst, n * rows),
+                1e-10,
+            );
+        }
+    }
+}
+
+#[test]
+fn layer_norm_matches_reference() {
+    let mut rng = Rng(14);
+    for (name, gpu, _serial) in gpus() {
+        for i in 0..4 {
+            let (n, rows) = norm_shape(&mut rng, i);
+            // An offset and a spread per row: the mean must come out, and the variance
+            // must be the deviations' (not the raw values').
+            let x: Vec<f32> = (rng.vec(n * rows).iter().enumerate())
+                .map(|(j, v)| v * (1.0 + (j / n) as f32) + 3.0 - (j / n) as f32)
+                .collect();
+            let (w, b) = (rng.vec(n), rng.vec(n));
+            let dst = out_f32(gpu, n * rows);
+            let (xv, wv, bv) = (up_f32(gpu, &x), up_f32(gpu, &w), up_f32(gpu, &b));
+            let d = layer_norm(gpu, [&xv, &wv, &bv], &dst, n as u32, rows as u32, 1e-12).unwrap();
+            run_now(gpu, &[d]).unwrap();
+            check(
+                &format!("{name} layer_norm {n}x{rows}"),
+                &layer_norm_ref(&x, &w, &b, n, 1e-12),
                 &read(gpu, &dst, n * rows),
                 1e-10,
             );

@@ -90,6 +90,20 @@ impl Context {
                 self.params.n_batch
             )));
         }
+        // Without causality a token sees tokens after it: they must be in its ubatch.
+        let n_ubatch = self.params.n_ubatch.min(self.params.n_batch) as usize;
+        if !self.model.hp.causal && n > n_ubatch {
+            return Err(ContextError::BadBatch(format!(
+                "this model attends both ways (non-causal): a batch must fit one ubatch, and {n} tokens exceed -ub {n_ubatch}; raise -ub (and -b)"
+            )));
+        }
+        if let Some(max) = self.model.max_positions() {
+            if let Some(&p) = batch.pos.iter().find(|&&p| p < 0 || p as u32 >= max) {
+                return Err(ContextError::BadBatch(format!(
+                    "position {p} is past the {max} positions this model learned (its context_length)"
+                )));
+            }
+        }
         let n_vocab = self.model.hp.n_vocab;
         if let Some(&bad) = batch.tokens.iter().find(|&&t| t >= n_vocab) {
             return Err(ContextError::BadBatch(format!(

@@ -224,6 +224,12 @@ impl Context {
                 hp.long_rope.map_or(0, |lr| lr.n_ctx_orig)
             )));
         }
+        if !model.has_output_head() && !params.embeddings {
+            return Err(ContextError::BadBatch(format!(
+                "this {:?} model is an encoder with no output head: it computes embeddings only (--embeddings; `wgllm embed`)",
+                hp.arch
+            )));
+        }
         let ub = params.n_ubatch.min(params.n_batch) as u64;
         let n_ctx = params.n_ctx as u64;
         let memory =

@@ -129,7 +129,17 @@ impl Engine {
             ));
         }
         let n_ctx_seq = self.n_ctx_seq() as usize;
+        // An encoder's tokens see each other both ways, so each input is decoded whole in
+        // one ubatch (as llama.cpp, which refuses longer ones).
+        let n_ubatch = self.ctx.params.n_ubatch.min(self.ctx.params.n_batch) as usize;
+        let causal = self.model.hp.causal;
         for t in inputs {
+            if !causal && t.len() > n_ubatch {
+                return Err(EngineError::Options(format!(
+                    "input ({} tokens) is too large to process: this model attends both ways, so an input must fit one ubatch; increase the physical batch size (-ub, now {n_ubatch})",
+                    t.len()
+                )));
+            }
             if t.is_empty() {
                 return Err(EngineError::EmptyPrompt);
             }
@@ -150,7 +160,11 @@ impl Engine {
                     .into(),
             ));
         }
-        let n_batch = self.ctx.params.n_batch as usize;
+        // The tokens of one decode: a batch, or for an encoder one ubatch.
+        let n_batch = match causal {
+            true => self.ctx.params.n_batch as usize,
+            false => n_ubatch,
+        };
         let mut out = Vec::with_capacity(inputs.len());
         let mut next = 0;
         while next < inputs.len() {
@@ -166,19 +180,20 @@ impl Engine {
                 group.push(&inputs[next]);
                 next += 1;
             }
-            out.extend(self.embed_group(&group, &free, pooling)?);
+            out.extend(self.embed_group(&group, &free, pooling, n_batch)?);
         }
         self.n_steps += 1;
         Ok(out)
     }
 
     /// One group of [`Engine::embed_many`]: input i on sequence `seqs[i]`, in batches
-    /// of at most n_batch tokens.
+    /// of at most `n_batch` tokens.
     fn embed_group(
         &mut self,
         group: &[&Vec<u32>],
         seqs: &[u32],
         pooling: Pooling,
+        n_batch: usize,
     ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
         let n_embd = self.model.hp.n_embd as usize;
         // Only the rows the pooling reads come back.
@@ -196,7 +211,6 @@ impl Engine {
             self.ctx.seq_rm(Some(s), -1, -1)?;
         }
         let mut rows: Vec<Vec<f32>> = vec![Vec::new(); group.len()];
-        let n_batch = self.ctx.params.n_batch as usize;
         let mut result = Ok(());
         for chunk in all.chunks(n_batch) {
             let batch = Batch {

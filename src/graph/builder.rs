@@ -7,6 +7,7 @@ use crate::ops::attention::{attention, AttnShape, AttnViews};
 use crate::ops::binary::{binary_strided, BinaryOp};
 use crate::ops::get_rows::{get_rows, select_rows};
 use crate::ops::glu::{glu, Activation};
+use crate::ops::layer_norm::layer_norm;
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
 use crate::ops::matmul_q8::{self, matmul_q8_at, matmul_q8_glu, q8_bytes, quantize_q8};
 use crate::ops::moe::{
@@ -81,6 +82,8 @@ pub enum Op {
     },
     /// reads [a, b, weight], writes [sum, dst]: sum = a + b, dst = rms_norm(sum) * weight
     AddRmsNorm { n: u32, rows: u32, eps: f32 },
+    /// reads [x, weight, bias], writes [dst]: layer norm, scaled and shifted
+    LayerNorm { n: u32, rows: u32, eps: f32 },
     /// reads [a, b], writes [dst]: dst[i] = a[i] op b[(i / div) % nb]
     Binary {
         op: BinaryOp,
@@ -150,6 +153,7 @@ impl Op {
             Op::RopeStore { .. } => "rope_store".into(),
             Op::RmsNorm { .. } => "rms_norm".into(),
             Op::AddRmsNorm { .. } => "add_rms_norm".into(),
+            Op::LayerNorm { .. } => "layer_norm".into(),
             Op::Binary { op, .. } => format!("{op:?}").to_lowercase(),
             Op::Glu { .. } => "glu".into(),
             Op::MoeRoute { .. } => "moe_route".into(),
@@ -234,6 +238,10 @@ impl Op {
             Op::AddRmsNorm { n, rows, .. } => {
                 let e = *n as u64 * *rows as u64;
                 c(4 * e * F + *n as u64 * F, 5 * e)
+            }
+            Op::LayerNorm { n, rows, .. } => {
+                let e = *n as u64 * *rows as u64;
+                c(2 * e * F + 2 * *n as u64 * F, 7 * e)
             }
             Op::Binary { n, nb, .. } => c((2 * *n as u64 + *nb as u64) * F, *n as u64),
             // act(gate) * up: the activation is a few operations (exp, divide, multiply).
@@ -648,6 +656,36 @@ impl GraphBuilder {
         (sum, dst)
     }
 
+    /// Each row of x layer-normed, scaled by `w` and shifted by `b` (vectors of a row's
+    /// length).
+    pub fn layer_norm(&mut self, x: TensorId, (w, b): (&View, &View), eps: f32) -> TensorId {
+        let dst = self.tensor(self.ne(x));
+        self.layer_norm_into(x, (w, b), eps, dst);
+        dst
+    }
+
+    /// [`Self::layer_norm`] into `dst` (an output buffer).
+    pub fn layer_norm_into(
+        &mut self,
+        x: TensorId,
+        (w, b): (&View, &View),
+        eps: f32,
+        dst: TensorId,
+    ) {
+        let [n, rows] = self.ne(x);
+        let w = self.external(w.clone());
+        let b = self.external(b.clone());
+        self.node(Op::LayerNorm { n, rows, eps }, &[x, w, b], &[dst]);
+    }
+
+    /// `op` (an add and an activation, [`BinaryOp::AddGelu`], [`BinaryOp::AddTanh`]) of
+    /// x [n, rows] and a bias vector of n repeated along the rows.
+    pub fn add_act(&mut self, op: BinaryOp, x: TensorId, bias: &View) -> TensorId {
+        let n = self.ne(x)[0];
+        let b = self.input(bias.clone(), [n, 1]);
+        self.binary(op, x, b)
+    }
+
     /// a + b, b broadcast over a when it is smaller.
     pub fn add(&mut self, a: TensorId, b: TensorId) -> TensorId {
         self.binary(BinaryOp::Add, a, b)
@@ -1004,6 +1042,14 @@ impl GraphBuilder {
                     &r[1],
                     &w[0],
                     [*n, *rows, *w_rows],
+                    *eps,
+                )?),
+                Op::LayerNorm { n, rows, eps } => dispatches.push(layer_norm(
+                    gpu,
+                    [&r[0], &r[1], &r[2]],
+                    &w[0],
+                    *n,
+                    *rows,
                     *eps,
                 )?),
                 Op::AddRmsNorm { n, rows, eps } => dispatches.push(add_rms_norm(

@@ -46,6 +46,8 @@ impl CacheState<'_> {
 pub enum GraphInput {
     /// The ubatch's token ids (u32 each), for the embedding lookup.
     Tokens,
+    /// The ubatch's positions (u32 each), for a learned position embedding's lookup.
+    Positions,
     /// The cell of this store each token's K and V rows are written to (u32 each).
     KvSlots(CacheKind),
     /// The rows of the ubatch whose logits are wanted (u32 each, ascending).
@@ -103,6 +105,7 @@ impl GraphInput {
     pub fn bytes(&self, n_ubatch: u64, n_ctx: u64) -> u64 {
         match self {
             GraphInput::Tokens
+            | GraphInput::Positions
             | GraphInput::KvSlots(_)
             | GraphInput::OutIds
             | GraphInput::RsSrc
@@ -116,6 +119,10 @@ impl GraphInput {
     pub fn fill_from_ubatch(&self, ub: &UbatchView) -> Option<InputData> {
         Some(match self {
             GraphInput::Tokens => InputData::U32(ub.tokens.to_vec()),
+            // Positions are never negative in a checked batch.
+            GraphInput::Positions => {
+                InputData::U32(ub.pos.iter().map(|&p| p.max(0) as u32).collect())
+            }
             GraphInput::OutIds => InputData::U32(
                 (0..ub.logits.len() as u32)
                     .filter(|&j| ub.logits[j as usize])
@@ -136,6 +143,7 @@ impl GraphInput {
     pub fn label(&self) -> String {
         match self {
             GraphInput::Tokens => "tokens".into(),
+            GraphInput::Positions => "positions".into(),
             GraphInput::KvSlots(CacheKind::Full) => "kv_slots".into(),
             GraphInput::KvSlots(CacheKind::Window) => "kv_slots_window".into(),
             GraphInput::OutIds => "out_ids".into(),
@@ -146,6 +154,9 @@ impl GraphInput {
                 }
                 if k.alibi {
                     s.push_str("_alibi");
+                }
+                if k.non_causal {
+                    s.push_str("_non_causal");
                 }
                 s
             }
@@ -192,6 +203,9 @@ impl GraphIo {
     }
     pub fn tokens(&self) -> Result<View, GpuError> {
         self.input(GraphInput::Tokens)
+    }
+    pub fn positions(&self) -> Result<View, GpuError> {
+        self.input(GraphInput::Positions)
     }
     pub fn kv_slots(&self, kind: CacheKind) -> Result<View, GpuError> {
         self.input(GraphInput::KvSlots(kind))
@@ -247,6 +261,7 @@ mod tests {
         let window = MaskKind {
             swa: Some(3),
             alibi: false,
+            non_causal: false,
         };
         let (local, global) = (rope(10_000.0), rope(1_000_000.0));
         let declared = dedup(vec![
@@ -339,6 +354,7 @@ mod tests {
         let window = GraphInput::KqMask(MaskKind {
             swa: Some(512),
             alibi: false,
+            non_causal: false,
         });
         assert_eq!(window.label(), "kq_mask_swa512");
         assert_eq!(GraphInput::KqMask(MaskKind::default()).label(), "kq_mask");

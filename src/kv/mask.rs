@@ -13,6 +13,8 @@ pub struct MaskKind {
     /// ALiBi: a visible entry holds -|p_t - p_c| (the softmax scales it by the head's
     /// slope) instead of 0.
     pub alibi: bool,
+    /// Encoders (BERT): a token sees every cell of its sequences, later positions too.
+    pub non_causal: bool,
 }
 
 impl MaskKind {
@@ -28,7 +30,8 @@ impl MaskKind {
 }
 
 /// Builds the [n_kv, n_tok] mask: token t sees cell c iff c shares one of t's sequences
-/// and holds a position <= t's (causal), within the window if there is one.
+/// and holds a position <= t's (causal, unless the kind is not), within the window if
+/// there is one.
 pub fn build_mask(
     cells: &[Cell],
     n_kv: usize,
@@ -41,8 +44,9 @@ pub fn build_mask(
     for (t, (&p, &s)) in positions.iter().zip(seqs).enumerate() {
         let row = &mut m[t * n_kv..(t + 1) * n_kv];
         for (c, cell) in cells.iter().take(n_kv).enumerate() {
-            let visible =
-                cell.seq & s != 0 && cell.pos <= p && swa.is_none_or(|w| p - cell.pos < w);
+            let visible = cell.seq & s != 0
+                && (kind.non_causal || cell.pos <= p)
+                && swa.is_none_or(|w| p - cell.pos < w);
             if visible {
                 row[c] = if kind.alibi {
                     -((p - cell.pos).abs() as f32)
@@ -84,14 +88,22 @@ mod tests {
         let swa = MaskKind {
             swa: Some(2),
             alibi: false,
+            non_causal: false,
         };
         let m = build_mask(&cells, 5, &[2], &[1], swa);
         assert_eq!(m, vec![MASKED, 0.0, MASKED, 0.0, MASKED]);
         let alibi = MaskKind {
             swa: None,
             alibi: true,
+            non_causal: false,
         };
         let m = build_mask(&cells, 5, &[2], &[1], alibi);
         assert_eq!(m, vec![-2.0, -1.0, MASKED, 0.0, MASKED]);
+        let encoder = MaskKind {
+            non_causal: true,
+            ..MaskKind::default()
+        };
+        let m = build_mask(&cells, 5, &[0], &[1], encoder);
+        assert_eq!(m, vec![0.0, 0.0, MASKED, 0.0, MASKED]);
     }
 }

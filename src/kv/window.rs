@@ -118,6 +118,7 @@ mod tests {
         let kind = MaskKind {
             swa: Some(window as i32),
             alibi: false,
+            non_causal: false,
         };
         let n_kv = cells.size();
         let m = build_mask(cells.cells(), n_kv, &[p], &[s], kind);

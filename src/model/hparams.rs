@@ -30,10 +30,14 @@ pub enum Arch {
     /// LiquidAI's hybrid: gated short convolutions (recurrent) and GQA attention layers
     /// with Q/K norms, each followed by a SwiGLU feed-forward.
     Lfm2,
+    /// BERT encoders (embedding and reranking models): learned absolute positions and
+    /// token types, post-norm blocks of biased non-causal attention and a GELU
+    /// feed-forward, layer norms with biases, no output head (embeddings only).
+    Bert,
 }
 
 pub const SUPPORTED_ARCHS: &str =
-    "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen3, qwen3moe, gpt-oss, phi3, gemma2, gemma3, mamba, mamba2, lfm2";
+    "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen3, qwen3moe, gpt-oss, phi3, gemma2, gemma3, mamba, mamba2, lfm2, bert";
 
 /// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
 const UNSUPPORTED_RECURRENT: &[&str] = &[
@@ -144,6 +148,9 @@ pub struct Hparams {
     /// (x -> cap tanh(x / cap)); 0: none.
     pub attn_softcap: f32,
     pub final_softcap: f32,
+    /// Whether a token attends only to earlier positions (`{arch}.attention.causal`,
+    /// true unless the file says otherwise; BERT's converter writes false).
+    pub causal: bool,
 }
 
 /// A mixture-of-experts feed-forward's sizes and routing.
@@ -177,6 +184,12 @@ impl Hparams {
     /// Whether any layer attends (and so needs a K/V cache).
     pub fn has_attention(&self) -> bool {
         (0..self.n_layer as usize).any(|il| !self.is_recurrent(il))
+    }
+
+    /// Whether some layer is a decoder's attention layer with a gated feed-forward (what
+    /// the kernel tuner times): not in state-space models nor in encoders.
+    pub fn has_decoder_layer(&self) -> bool {
+        self.has_attention() && self.arch != Arch::Bert
     }
 
     /// Values of a recurrent layer's conv state per sequence (llama.cpp's n_embd_r).
@@ -244,6 +257,7 @@ impl Hparams {
             "mamba" => Arch::Mamba,
             "mamba2" => Arch::Mamba2,
             "lfm2" => Arch::Lfm2,
+            "bert" => Arch::Bert,
             other if UNSUPPORTED_RECURRENT.contains(&other) => {
                 return Err(ModelError::BadHparams {
                     path: f.path.clone(),
@@ -313,7 +327,10 @@ impl Hparams {
         } else {
             n_embd / n_head
         };
-        let n_rot = if f.get(&key("rope.dimension_count")).is_some() {
+        // BERT's positions are learned embeddings added to the input: nothing rotates.
+        let n_rot = if arch == Arch::Bert {
+            0
+        } else if f.get(&key("rope.dimension_count")).is_some() {
             u("rope.dimension_count")?
         } else {
             head_dim
@@ -386,7 +403,7 @@ impl Hparams {
             rope.yarn = Some(Yarn::new(n_rot, n_ctx_orig, freq_base, 1.0, (32.0, 1.0)));
         }
         let (swa, rope_swa, embd_scale) = match arch {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => (None, rope, None),
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Bert => (None, rope, None),
             Arch::Mamba | Arch::Mamba2 => unreachable!("read by ssm_hparams"),
             Arch::Lfm2 => {
                 if f.get(&key("attention.sliding_window")).is_some() {
@@ -458,7 +475,11 @@ impl Hparams {
         if arch == Arch::GptOss && moe.is_none() {
             return Err(bad(format!("{a} without experts ({a}.expert_count)")));
         }
-        if matches!(arch, Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 | Arch::Lfm2) && moe.is_some() {
+        if matches!(
+            arch,
+            Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 | Arch::Lfm2 | Arch::Bert
+        ) && moe.is_some()
+        {
             return Err(bad(format!(
                 "{a} with mixture-of-experts feed-forwards is not supported (experts: llama as Mixtral, qwen2moe, qwen3moe)"
             )));
@@ -503,7 +524,11 @@ impl Hparams {
             head_dim,
             n_ff,
             n_ctx_train: u("context_length")?,
-            eps: f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            // BERT's norms are layer norms, with their own key.
+            eps: match arch {
+                Arch::Bert => f.get_f32(&key("attention.layer_norm_epsilon"))?,
+                _ => f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            },
             rope,
             swa,
             rope_swa,
@@ -516,6 +541,12 @@ impl Hparams {
             moe,
             attn_softcap,
             final_softcap,
+            causal: match f.get(&key("attention.causal")) {
+                None => true,
+                Some(v) => v
+                    .as_bool()
+                    .ok_or_else(|| bad(format!("{} is not a boolean", key("attention.causal"))))?,
+            },
         })
     }
 }
@@ -605,6 +636,7 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
         moe: None,
         attn_softcap: 0.0,
         final_softcap: 0.0,
+        causal: true,
     })
 }
 

@@ -1,6 +1,7 @@
 //! Models: hyperparameters and weights from a GGUF file, and one file per architecture
 //! that builds the forward graph for a ubatch.
 
+mod bert;
 mod gemma;
 mod gpt_oss;
 mod hparams;
@@ -12,7 +13,9 @@ mod weights;
 
 pub use crate::graph::inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use hparams::{Arch, Hparams, LongRope, Ssm};
-pub use weights::{GateUp, LayerWeights, Lfm2Layer, Lfm2Mixer, ModelWeights, SsmLayer};
+pub use weights::{
+    BertLayer, BertWeights, GateUp, LayerWeights, Lfm2Layer, Lfm2Mixer, ModelWeights, SsmLayer,
+};
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
 use crate::gpu::{Gpu, GpuError};
@@ -156,6 +159,7 @@ impl Model {
             Arch::Gemma2 | Arch::Gemma3 | Arch::GptOss => windowed_inputs(&self.hp),
             Arch::Mamba | Arch::Mamba2 => mamba::inputs(),
             Arch::Lfm2 => lfm2::inputs(&self.hp),
+            Arch::Bert => bert::inputs(&self.hp),
         })
     }
 
@@ -172,7 +176,20 @@ impl Model {
             Arch::GptOss => gpt_oss::build(self, io, mem),
             Arch::Mamba | Arch::Mamba2 => mamba::build(self, io, mem),
             Arch::Lfm2 => lfm2::build(self, io, mem),
+            Arch::Bert => bert::build(self, io, mem),
         }
+    }
+
+    /// Whether the model ends in an output head (logits); an encoder's output is its
+    /// states, for an embeddings context.
+    pub fn has_output_head(&self) -> bool {
+        self.hp.arch != Arch::Bert
+    }
+
+    /// The positions a model with learned position embeddings has rows for (none for
+    /// the others).
+    pub fn max_positions(&self) -> Option<u32> {
+        (self.hp.arch == Arch::Bert).then_some(self.hp.n_ctx_train)
     }
 }
 
@@ -194,14 +211,17 @@ fn output_head(
     } else {
         x
     };
+    let output_norm = w.output_norm.as_ref().ok_or_else(|| {
+        GpuError::Validation("the model has no final norm for an output head".into())
+    })?;
     if io.embeddings {
         // llama.cpp's embeddings: the final norm's output, before the projection.
         let out = g.input(io.logits.clone(), [hp.n_embd, io.n_out]);
-        g.rms_norm_into(x, &w.output_norm, hp.eps, out);
+        g.rms_norm_into(x, output_norm, hp.eps, out);
         return g.build(gpu);
     }
     let logits = g.input(io.logits.clone(), [hp.n_vocab, io.n_out]);
-    let cur = g.rms_norm(x, &w.output_norm, hp.eps);
+    let cur = g.rms_norm(x, output_norm, hp.eps);
     match &w.logit_softcap {
         // Gemma 2 caps the logits: the projection to scratch, capped into the logits.
         Some(cap) => {
@@ -219,6 +239,7 @@ fn window_mask(hp: &Hparams) -> crate::kv::MaskKind {
     crate::kv::MaskKind {
         swa: hp.swa.map(|s| s.window as i32),
         alibi: false,
+        non_causal: false,
     }
 }
 

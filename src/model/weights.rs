@@ -87,9 +87,37 @@ pub enum Lfm2Mixer {
     },
 }
 
+/// A BERT encoder's weights besides the token embeddings.
+pub struct BertWeights {
+    /// Learned absolute positions, a row per position up to the trained context.
+    pub pos_embd: Arc<Weight>,
+    /// Row 0 of the token-type embeddings, which llama.cpp adds to every token.
+    pub type_embd: Option<View>,
+    /// The embeddings' layer norm (weight, bias).
+    pub embd_norm: (View, View),
+    pub layers: Vec<BertLayer>,
+}
+
+/// One BERT block: biased attention, then a GELU feed-forward, each closed by a residual
+/// add and a layer norm (post-norm).
+pub struct BertLayer {
+    pub qkv: Vec<Arc<Weight>>,
+    /// Q, K and V biases, stacked as the Q/K/V rows.
+    pub qkv_bias: View,
+    pub wo: Arc<Weight>,
+    pub wo_bias: View,
+    pub attn_out_norm: (View, View),
+    pub up: Arc<Weight>,
+    pub up_bias: View,
+    pub down: Arc<Weight>,
+    pub down_bias: View,
+    pub out_norm: (View, View),
+}
+
 pub struct ModelWeights {
     pub tok_embd: Arc<Weight>,
-    pub output_norm: View,
+    /// The final norm before the output head (none in an encoder, which has no head).
+    pub output_norm: Option<View>,
     /// The output projection; the embedding itself when the model ties them.
     pub output: Arc<Weight>,
     pub layers: Vec<LayerWeights>,
@@ -97,6 +125,8 @@ pub struct ModelWeights {
     pub ssm: Vec<SsmLayer>,
     /// The layers of an LFM2 model (empty otherwise).
     pub lfm2: Vec<Lfm2Layer>,
+    /// A BERT encoder's positions, norms and layers.
+    pub bert: Option<BertWeights>,
     /// One f32 the embeddings are multiplied by (Gemma), broadcast by the graph.
     pub embd_scale: Option<View>,
     /// One f32 the output logits are soft-capped at (Gemma 2).
@@ -632,6 +662,80 @@ impl Loader<'_> {
         Ok(Arc::new(w))
     }
 
+    /// A BERT encoder's weights (tensor names as llama.cpp's converter writes them).
+    fn bert(&mut self, hp: &Hparams) -> Result<BertWeights, ModelError> {
+        let e = hp.n_embd;
+        let pos_embd = self.matrix("position_embd.weight", e, hp.n_ctx_train)?;
+        let type_embd = match self.f.tensor("token_types.weight") {
+            None => None,
+            Some(t) => {
+                let n_types = t.dims.get(1).copied().unwrap_or(0);
+                let v = self.values("token_types.weight", &[e as u64, n_types])?;
+                match v.get(..e as usize) {
+                    Some(row) => Some(self.upload_values("token_types.weight[0]", row)?),
+                    None => {
+                        return Err(ModelError::BadShape {
+                            path: self.f.path.clone(),
+                            tensor: "token_types.weight".into(),
+                            got: t.dims.clone(),
+                            want: vec![e as u64, 1],
+                        })
+                    }
+                }
+            }
+        };
+        let norm = |l: &mut Self, name: &str| -> Result<(View, View), ModelError> {
+            Ok((
+                l.vector(&format!("{name}.weight"), e)?,
+                l.vector(&format!("{name}.bias"), e)?,
+            ))
+        };
+        let embd_norm = norm(self, "token_embd_norm")?;
+        let mut layers = Vec::with_capacity(hp.n_layer as usize);
+        for il in 0..hp.n_layer {
+            let (q, kv, ff) = (hp.n_embd_q(), hp.n_embd_kv(), hp.n_ff);
+            let n = |s: &str| format!("blk.{il}.{s}.weight");
+            let b = |s: &str| format!("blk.{il}.{s}.bias");
+            let qkv = if self.f.tensor(&n("attn_qkv")).is_some() {
+                vec![self.matrix(&n("attn_qkv"), e, q + 2 * kv)?]
+            } else {
+                self.stacked(&[(n("attn_q"), q), (n("attn_k"), kv), (n("attn_v"), kv)], e)?
+            };
+            let qkv_bias = if self.f.tensor(&b("attn_qkv")).is_some() {
+                self.vector(&b("attn_qkv"), q + 2 * kv)?
+            } else {
+                let names = [(b("attn_q"), q), (b("attn_k"), kv), (b("attn_v"), kv)];
+                match self.stacked_vectors(&names)? {
+                    Some(v) => v,
+                    None => {
+                        return Err(ModelError::MissingTensor {
+                            path: self.f.path.clone(),
+                            tensor: b("attn_q"),
+                        })
+                    }
+                }
+            };
+            layers.push(BertLayer {
+                qkv,
+                qkv_bias,
+                wo: self.matrix(&n("attn_output"), q, e)?,
+                wo_bias: self.vector(&b("attn_output"), e)?,
+                attn_out_norm: norm(self, &format!("blk.{il}.attn_output_norm"))?,
+                up: self.matrix(&n("ffn_up"), e, ff)?,
+                up_bias: self.vector(&b("ffn_up"), ff)?,
+                down: self.matrix(&n("ffn_down"), ff, e)?,
+                down_bias: self.vector(&b("ffn_down"), e)?,
+                out_norm: norm(self, &format!("blk.{il}.layer_output_norm"))?,
+            });
+        }
+        Ok(BertWeights {
+            pos_embd,
+            type_embd,
+            embd_norm,
+            layers,
+        })
+    }
+
     /// A vector, as f32 on the GPU.
     fn vector(&mut self, name: &str, n: u32) -> Result<View, ModelError> {
         let v = self.vector_data(name, n)?;
@@ -676,11 +780,11 @@ impl ModelWeights {
         };
         let e = hp.n_embd;
         let tok_embd = l.matrix("token_embd.weight", e, hp.n_vocab)?;
-        // LFM2's converter names the final norm `token_embd_norm`.
-        let output_norm = if hp.arch == Arch::Lfm2 {
-            l.vector("token_embd_norm.weight", e)?
-        } else {
-            l.vector("output_norm.weight", e)?
+        // LFM2's converter names the final norm `token_embd_norm`; BERT has none.
+        let output_norm = match hp.arch {
+            Arch::Lfm2 => Some(l.vector("token_embd_norm.weight", e)?),
+            Arch::Bert => None,
+            _ => Some(l.vector("output_norm.weight", e)?),
         };
         let output = if f.tensor("output.weight").is_some() {
             l.matrix("output.weight", e, hp.n_vocab)?
@@ -689,12 +793,16 @@ impl ModelWeights {
         };
         let ssm_model = matches!(hp.arch, Arch::Mamba | Arch::Mamba2);
         let lfm2_model = hp.arch == Arch::Lfm2;
+        let bert = match hp.arch {
+            Arch::Bert => Some(l.bert(hp)?),
+            _ => None,
+        };
         let lfm2 = (0..hp.n_layer)
             .filter(|_| lfm2_model)
             .map(|il| l.lfm2_layer(hp, il))
             .collect::<Result<Vec<_>, _>>()?;
         let layers = (0..hp.n_layer)
-            .filter(|_| !ssm_model && !lfm2_model)
+            .filter(|_| !ssm_model && !lfm2_model && bert.is_none())
             .map(|il| l.layer(hp, il))
             .collect::<Result<Vec<_>, _>>()?;
         let ssm = (0..hp.n_layer)
@@ -721,6 +829,7 @@ impl ModelWeights {
             layers,
             ssm,
             lfm2,
+            bert,
             embd_scale,
             logit_softcap,
             gpu_bytes: l.gpu_bytes,

@@ -14,6 +14,10 @@ pub enum BinaryOp {
     /// b tanh(a / b): soft-capping at b (Gemma 2's logits), tanh written with exp so that
     /// large arguments give +-1.
     Softcap,
+    /// gelu(a + b): a bias added, then the tanh-approximated GELU (BERT's feed-forward).
+    AddGelu,
+    /// tanh(a + b): a bias added, then tanh (a reranker's classifier head).
+    AddTanh,
 }
 
 impl BinaryOp {
@@ -23,6 +27,8 @@ impl BinaryOp {
         BinaryOp::Mul,
         BinaryOp::MulSigmoid,
         BinaryOp::Softcap,
+        BinaryOp::AddGelu,
+        BinaryOp::AddTanh,
     ];
 
     pub(crate) fn expr(self) -> &'static str {
@@ -31,6 +37,12 @@ impl BinaryOp {
             BinaryOp::Mul => "av * bv",
             BinaryOp::MulSigmoid => "av / (1.0 + exp(-bv))",
             BinaryOp::Softcap => "bv * (1.0 - 2.0 / (exp(2.0 * av / bv) + 1.0))",
+            // act.wgsl's gelu of av + bv, written out: exp, not tanh, so that large
+            // arguments cannot overflow.
+            BinaryOp::AddGelu => {
+                "(av + bv) / (1.0 + exp(-1.5957691216057308 * (av + bv) * (1.0 + 0.044715 * (av + bv) * (av + bv))))"
+            }
+            BinaryOp::AddTanh => "1.0 - 2.0 / (exp(2.0 * (av + bv)) + 1.0)",
         }
     }
     fn apply(self, a: f32, b: f32) -> f32 {
@@ -40,6 +52,8 @@ impl BinaryOp {
             BinaryOp::Mul => a * b,
             BinaryOp::MulSigmoid => (a64 / (1.0 + (-b64).exp())) as f32,
             BinaryOp::Softcap => (b64 * (a64 / b64).tanh()) as f32,
+            BinaryOp::AddGelu => super::glu::Activation::Gelu.apply(a + b),
+            BinaryOp::AddTanh => (a64 + b64).tanh() as f32,
         }
     }
 }

@@ -82,6 +82,8 @@ pub enum KernelKey {
     AddRmsNorm {
         rows: bool,
     },
+    /// Layer norm with weight and bias (BERT): a workgroup per row.
+    LayerNorm,
     Binary(BinaryOp),
     Glu(Activation),
     /// RoPE on f32 activations, or in place on an f16 K cache (the K-shift).
@@ -356,6 +358,7 @@ impl KernelKey {
         for &ds in SSM_DS {
             v.extend([false, true].map(|wg| SsmScan { ds, wg }));
         }
+        v.push(LayerNorm);
         v.extend(BinaryOp::ALL.iter().map(|&op| Binary(op)));
         v.extend(Activation::ALL.iter().map(|&act| Glu(act)));
         v.extend(SOFTMAX_WG.iter().map(|&wg| Softmax { wg }));
@@ -539,6 +542,7 @@ impl KernelKey {
         match *self {
             Binary(_)
             | Glu(_)
+            | LayerNorm
             | MatmulWg { .. }
             | MatmulTile { .. }
             | MatmulIdTile { .. }
@@ -613,7 +617,7 @@ impl KernelKey {
     pub fn uniform_wgsl(&self) -> &'static str {
         use KernelKey::*;
         match self {
-            RmsNorm { .. } | AddRmsNorm { .. } => NormUniform::WGSL,
+            RmsNorm { .. } | AddRmsNorm { .. } | LayerNorm => NormUniform::WGSL,
             Binary(_) => BinaryUniform::WGSL,
             Glu(_) => GluUniform::WGSL,
             Rope { .. } => RopeUniform::WGSL,
@@ -656,6 +660,7 @@ impl KernelKey {
         let body = match *self {
             RmsNorm { rows } => shaders::norm_source(shaders::RMS_NORM, rows),
             AddRmsNorm { rows } => shaders::norm_source(shaders::ADD_RMS_NORM, rows),
+            LayerNorm => shaders::LAYER_NORM.to_string(),
             Binary(op) => compose(&[shaders::BINARY], &[("OP", op.expr().to_string())]),
             Glu(act) => compose(
                 &[shaders::ACT, shaders::GLU],
@@ -898,6 +903,7 @@ impl fmt::Display for KernelKey {
         match *self {
             RmsNorm { rows } => write!(f, "rms_norm{}", if rows { "_rows" } else { "" }),
             AddRmsNorm { rows } => write!(f, "add_rms_norm{}", if rows { "_rows" } else { "" }),
+            LayerNorm => write!(f, "layer_norm"),
             Binary(op) => write!(f, "binary_{op:?}"),
             Glu(act) => write!(f, "glu_{act:?}"),
             Rope { f16 } => write!(f, "rope_{}", kv(f16)),
@@ -1215,6 +1221,7 @@ mod tests {
         // routing, grouping, biases and weighted sum (their products are per type).
         let shared = 2 * 2
             + 2
+            + 1
             + 1
             + BinaryOp::ALL.len()
             + Activation::ALL.len()

@@ -12,6 +12,7 @@ pub mod get_rows;
 pub mod glu;
 pub mod hadamard;
 pub mod kernels;
+pub mod layer_norm;
 pub mod matmul;
 pub mod matmul_q8;
 pub mod moe;

@@ -504,9 +504,9 @@ pub fn check_only(
     report: &mut dyn FnMut(&str, &CandidateTime),
 ) -> Result<Vec<KernelCheck>, GpuError> {
     let hp = Hparams::from_gguf(f).map_err(|e| GpuError::Validation(e.to_string()))?;
-    if !hp.has_attention() {
+    if !hp.has_decoder_layer() {
         return Err(GpuError::Validation(
-            "kernel checks run an attention layer, which this model has none of".into(),
+            "kernel checks run a decoder's attention layer, which this model has none of".into(),
         ));
     }
     let mut plain = opts.clone();
@@ -568,13 +568,14 @@ pub fn retune_device(
     })
 }
 
-/// Whether the tuner can time this model: it measures an attention layer with its
-/// feed-forward, which a state-space model (Mamba, Mamba-2) has none of; those keep the
+/// Whether the tuner can time this model: it measures a decoder's attention layer with
+/// its gated feed-forward, which a state-space model (Mamba, Mamba-2) and an encoder
+/// (BERT: biased projections, an ungated feed-forward) do not have; those keep the
 /// adapter's default kernels.
 fn tunable(f: &GgufFile) -> bool {
-    let ok = Hparams::from_gguf(f).map_or(true, |hp| hp.has_attention());
+    let ok = Hparams::from_gguf(f).map_or(true, |hp| hp.has_decoder_layer());
     if !ok {
-        log::info!("kernel tuning times an attention layer, which this model has none of: the adapter's default kernels");
+        log::info!("kernel tuning times a decoder's attention layer, which this model has none of: the adapter's default kernels");
     }
     ok
 }

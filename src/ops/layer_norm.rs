@@ -1,0 +1,53 @@
+//! Layer norm with a weight and a bias (BERT's `LayerNorm`, ggml's `norm` then `mul` and
+//! `add`): dst = (x - mean) / sqrt(var + eps) * w + b per row.
+
+use super::uniforms::NormUniform;
+use super::{record, split_groups, Dispatch, KernelKey, View};
+use crate::gpu::{Gpu, GpuError};
+
+/// x and dst are [n, n_rows]; w and b have n elements.
+pub fn layer_norm(
+    gpu: &Gpu,
+    [x, w, b]: [&View; 3],
+    dst: &View,
+    n: u32,
+    n_rows: u32,
+    eps: f32,
+) -> Result<Dispatch, GpuError> {
+    if n == 0 {
+        return Err(GpuError::Validation(
+            "layer norm: rows of no elements".into(),
+        ));
+    }
+    let params = NormUniform {
+        n,
+        eps,
+        w_rows: 1,
+        n_rows,
+    };
+    let pipeline = gpu.pipeline(KernelKey::LayerNorm)?;
+    let (gx, gy) = split_groups(n_rows);
+    record(
+        gpu,
+        "layer_norm",
+        pipeline,
+        bytemuck::bytes_of(&params),
+        &[x, w, b, dst],
+        [gx, gy, 1],
+    )
+}
+
+/// The CPU reference of [`layer_norm`], in f64.
+pub fn layer_norm_ref(x: &[f32], w: &[f32], b: &[f32], n: usize, eps: f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(n) {
+        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+        let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+        let scale = 1.0 / (var + eps as f64).sqrt();
+        out.extend(
+            (row.iter().zip(w).zip(b))
+                .map(|((&v, &w), &b)| ((v as f64 - mean) * scale * w as f64 + b as f64) as f32),
+        );
+    }
+    out
+}
