@@ -3,7 +3,9 @@
 
 Its presets name Hugging Face models (`--hf-repo/--hf-file`, `--model-url`); this
 swaps them for the local model in WGLLM_SUITE_MODEL (WGLLM_SUITE_FIM_MODEL for the infill
-preset, whose model has fill-in-the-middle tokens) and runs WGLLM_SUITE_SERVER:
+preset, whose model has fill-in-the-middle tokens; WGLLM_SUITE_BERT_MODEL for the BERT
+embedding presets and WGLLM_SUITE_RERANK_MODEL for the reranker's) and runs
+WGLLM_SUITE_SERVER:
 either `wgllm` (run as `wgllm serve ARGS`) or a `llama-server` binary (run as is).
 """
 import os
@@ -18,8 +20,11 @@ out = []
 i = 0
 while i < len(args):
     if args[i] in MODEL_FLAGS:
-        if i + 1 < len(args) and "infill" in args[i + 1] and os.environ.get("WGLLM_SUITE_FIM_MODEL"):
-            model = os.environ["WGLLM_SUITE_FIM_MODEL"]
+        name = args[i + 1] if i + 1 < len(args) else ""
+        for part, var in [("infill", "WGLLM_SUITE_FIM_MODEL"), ("bert-bge", "WGLLM_SUITE_BERT_MODEL"),
+                          ("reranker", "WGLLM_SUITE_RERANK_MODEL")]:
+            if part in name and os.environ.get(var):
+                model = os.environ[var]
         i += 2
         continue
     out.append(args[i])

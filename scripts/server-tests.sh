@@ -31,7 +31,7 @@ if [ ${#files[@]} -eq 0 ]; then
     unit/test_tokenize.py unit/test_ctx_shift.py unit/test_security.py unit/test_stream.py
     unit/test_ignore_eos.py unit/test_metrics.py unit/test_kv_keep_only_active.py
     unit/test_compat_anthropic.py unit/test_slot_save.py unit/test_embedding.py
-    unit/test_infill.py unit/test_speculative.py)
+    unit/test_infill.py unit/test_speculative.py unit/test_rerank.py)
 fi
 [ -x "$server" ] || { echo "error: no server binary at $server (cargo build --release)" >&2; exit 1; }
 # Sets model, tests (the suite's folder) and venv (its Python environment).
@@ -44,6 +44,16 @@ if [ ! -f "$fim_model" ]; then
   "$root/target/release/wgllm" synth --vocab-from "$data/vocab/ggml-vocab-starcoder.gguf" \
     --arch llama --shape tiny --type q8_0 --trained-scale -o "$fim_model" 2>/dev/null
 fi
+# test_embedding.py's and test_rerank.py's presets are BERT models (bge-small, and
+# jina-reranker-v1-tiny, a jina-bert-v2 wgllm does not run): synthetic BERTs with bge's
+# vocabulary, an embedder and a reranker (random weights: the tests that compare meanings
+# fail for llama-server too).
+bert_model="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/synth-bert-bge-q8_0.gguf"
+rerank_model="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/synth-bert-rank-q8_0.gguf"
+for pair in "bert:$bert_model" "bert-rank:$rerank_model"; do
+  [ -f "${pair#*:}" ] || "$root/target/release/wgllm" synth --vocab-from "$data/vocab/ggml-vocab-bert-bge.gguf" \
+    --arch "${pair%%:*}" --shape tiny --type q8_0 --trained-scale -o "${pair#*:}" 2>/dev/null
+done
 # test_speculative.py downloads stories15M as its draft model into tmp/: SmolLM2 drafts
 # for itself there instead.
 mkdir -p "$tests/tmp"
@@ -54,5 +64,6 @@ cd "$tests"
 args=(-p no:cacheprovider -q -rfE)
 [ -n "$junit" ] && args+=("--junitxml=$junit")
 WGLLM_SUITE_SERVER="$server" WGLLM_SUITE_MODEL="$model" WGLLM_SUITE_FIM_MODEL="$fim_model" \
+WGLLM_SUITE_BERT_MODEL="$bert_model" WGLLM_SUITE_RERANK_MODEL="$rerank_model" \
 LLAMA_SERVER_BIN_PATH="$root/scripts/server-launcher.py" \
   "$venv/bin/python" -m pytest "${args[@]}" "${files[@]}" "${extra[@]}"

@@ -56,5 +56,5 @@ if [ $# -eq 0 ]; then
   scripts/client-tests.sh --ignore=tests/clients/test_load.py
   # Every fuzz target for a short bounded time from its seeds and past findings (a long
   # run: scripts/fuzz.sh 3600; README has the figures).
-  WGLLM_FUZZ_SEED="${WGLLM_FUZZ_SEED:-1}" scripts/fuzz.sh "${WGLLM_FUZZ_SECONDS:-15}"
+  WGLLM_FUZZ_SEED="${WGLLM_FUZZ_SEED:-1}" scripts/fuzz.sh "${WGLLM_FUZZ_SECONDS:-10}"
 fi

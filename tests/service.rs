@@ -349,3 +349,66 @@ fn a_lost_device_without_a_reload_refuses_every_request() {
     let slot = pollster::block_on(s.slot_action(0, wgllm::engine::service::SlotAction::Erase));
     assert_eq!(slot.unwrap_err().to_string(), first);
 }
+
+/// llama-server's `n_indent`: a reply (greedy, so the same tokens) that once had a line
+/// short of the indentation ends where [`IndentLimit`] says on its token pieces, as a
+/// limit, with that many tokens generated; text held back for the check comes out at the
+/// end of a reply that never falls short.
+#[test]
+fn a_line_short_of_n_indent_ends_the_reply() {
+    use wgllm::engine::IndentLimit;
+    let s = service(1, 1024, 64);
+    let prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n";
+    let mut t = s.submit(greedy(&s, prompt, 96));
+    let mut pieces = Vec::new();
+    let mut full = String::new();
+    while let Some(ev) = t.events.blocking_recv() {
+        match ev {
+            RequestEvent::Token { text, .. } => {
+                full.push_str(&text);
+                pieces.push(text);
+            }
+            RequestEvent::Finished(end) => {
+                full.push_str(&end.tail);
+                break;
+            }
+            _ => {}
+        }
+    }
+    // An indentation some line after the first newline falls short of.
+    let lines: Vec<&str> = full.split('\n').skip(1).collect();
+    let need = (lines.iter())
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start_matches([' ', '\t']).len())
+        .max()
+        .expect("a reply of several lines")
+        + 1;
+    let mut want = IndentLimit::new(need);
+    let (mut text, mut n) = (String::new(), 0);
+    for p in &pieces {
+        n += 1;
+        text.push_str(&want.push(p));
+        if want.stopped() {
+            break;
+        }
+    }
+    assert!(want.stopped(), "{full:?}: no line short of {need}");
+    let mut r = greedy(&s, prompt, 96);
+    r.n_indent = need as u32;
+    let got = wait(s.submit(r));
+    assert_eq!(got.text, text, "{full:?}");
+    assert_eq!(got.end.stop, StopReason::Limit);
+    assert_eq!(got.end.n_generated, n);
+    // A limit no line falls short of: the whole reply, held text included.
+    let mut r = greedy(&s, prompt, 96);
+    r.n_indent = 1;
+    let lines_ok = lines
+        .iter()
+        .all(|l| l.starts_with([' ', '\t']) || l.is_empty());
+    let got = wait(s.submit(r));
+    if lines_ok {
+        assert_eq!(got.text, full);
+    } else {
+        assert_eq!(got.end.stop, StopReason::Limit);
+    }
+}

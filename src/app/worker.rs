@@ -360,6 +360,7 @@ impl Worker {
                 cache_prompt: true,
                 slot: Some(chat),
                 stop: Vec::new(),
+                n_indent: 0,
             },
             Box::new(move |ev| input.send(Input::Request(chat, ev)).is_ok()),
         );

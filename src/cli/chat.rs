@@ -79,6 +79,7 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
             cache_prompt: true,
             slot: Some(0),
             stop: Vec::new(),
+            n_indent: 0,
         });
         let mut reply = String::new();
         let end = loop {

@@ -17,8 +17,8 @@ pub struct EmbedArgs {
     /// Where the texts of -p are split (llama-embedding's default: a newline).
     #[arg(long = "embd-separator", default_value = "\n")]
     pub separator: String,
-    /// none, mean, cls or last (default: what the model file declares, else none, as
-    /// llama.cpp).
+    /// none, mean, cls, last or rank (a reranker's score of the text; default: what the
+    /// model file declares, else none, as llama.cpp).
     #[arg(long)]
     pub pooling: Option<String>,
     /// -1 none, 0 to int16's range, 1 taxicab, 2 Euclidean, p > 2 the p-norm.
@@ -41,9 +41,7 @@ pub fn pooling(flag: Option<&str>, model: &std::path::Path) -> Result<Pooling> {
         None => {
             let f = wgllm::gguf::GgufFile::open(model)
                 .with_context(|| format!("reading {}", model.display()))?;
-            let arch = f.get_str("general.architecture").unwrap_or_default();
-            let code = f.get_u64(&format!("{arch}.pooling_type")).ok();
-            Pooling::from_code(code.map(|c| c as u32)).map_err(anyhow::Error::msg)
+            Pooling::declared(&f).map_err(anyhow::Error::msg)
         }
     }
 }
@@ -58,6 +56,7 @@ pub fn embed(a: &EmbedArgs) -> Result<()> {
     let pooling = pooling(a.pooling.as_deref(), &a.model.path()?)?;
     let mut opts = a.model.options()?;
     opts.embeddings = true;
+    opts.reranking = pooling == Pooling::Rank;
     let mut engine = load_engine(&a.model, &opts)?;
     let prompt = super::escapes::unescape(&a.prompt);
     let mut out: Vec<Vec<f32>> = Vec::new();

@@ -260,6 +260,7 @@ impl ModelArgs {
             sampling: self.gpu.sampling_path(),
             decode_ahead: true,
             embeddings: false,
+            reranking: false,
         })
     }
 }

@@ -49,10 +49,14 @@ pub struct ServeArgs {
     /// llama-server's --embeddings: for embedding models, or any model's hidden states.
     #[arg(long = "embeddings", visible_alias = "embedding")]
     pub embeddings: bool,
-    /// How --embeddings pools a text's token states: none, mean, cls or last (default:
-    /// what the model file declares, else none, as llama.cpp).
+    /// How --embeddings pools a text's token states: none, mean, cls, last or rank
+    /// (default: what the model file declares, else none, as llama.cpp).
     #[arg(long)]
     pub pooling: Option<String>,
+    /// Serve /rerank (and /reranking, /v1/rerank, /v1/reranking) with a reranker model:
+    /// --embeddings with --pooling rank, as llama-server's --reranking.
+    #[arg(long = "reranking", visible_alias = "rerank")]
+    pub reranking: bool,
     #[command(flatten)]
     pub spec: super::speculative::SpecArgs,
     /// /infill lays a prompt out suffix, prefix, middle (for models trained that way) instead
@@ -203,15 +207,24 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     }
     // An -hf model is downloaded before the server binds, as llama-server does.
     let model_path = a.model.path()?;
-    if a.spec.speculation()?.is_some() && a.embeddings {
+    let embeddings = a.embeddings || a.reranking;
+    if a.spec.speculation()?.is_some() && embeddings {
         bail!("speculative decoding (-md, --spec-type) speeds up generation, and an --embeddings server generates nothing: leave one out");
     }
-    if a.pooling.is_some() && !a.embeddings {
+    if a.pooling.is_some() && !embeddings {
         bail!("--pooling applies to an embeddings server: add --embeddings");
     }
-    let pooling = match a.embeddings {
-        true => super::embed::pooling(a.pooling.as_deref(), &model_path)?,
-        false => wgllm::engine::Pooling::None,
+    let pooling = match (embeddings, a.reranking) {
+        (_, true) => match a
+            .pooling
+            .as_deref()
+            .map(str::parse::<wgllm::engine::Pooling>)
+        {
+            None | Some(Ok(wgllm::engine::Pooling::Rank)) => wgllm::engine::Pooling::Rank,
+            Some(_) => bail!("--reranking pools by rank: leave --pooling out"),
+        },
+        (true, false) => super::embed::pooling(a.pooling.as_deref(), &model_path)?,
+        (false, false) => wgllm::engine::Pooling::None,
     };
     let opts = ServerOptions {
         host: a.host.clone(),
@@ -259,7 +272,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     let mut eopts = model.options()?;
     eopts.swa_keep = shift.swa_keep();
     eopts.kv_unified = a.kv_unified;
-    eopts.embeddings = a.embeddings;
+    eopts.embeddings = embeddings;
+    eopts.reranking = pooling == wgllm::engine::Pooling::Rank;
     let spec = a.spec.clone();
     let load = move || {
         let mut e = load_engine(&model, &eopts)?;

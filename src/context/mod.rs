@@ -98,11 +98,17 @@ pub struct ContextParams {
     /// Each output row is the token's hidden state after the final norm (n_embd floats,
     /// llama.cpp's embeddings) instead of its logits (`--embeddings`).
     pub embeddings: bool,
+    /// Each output row is the classifier head's scores of that token's state (a
+    /// reranker's: `--reranking`, llama.cpp's rank pooling); implies `embeddings`.
+    pub rank: bool,
 }
 
 /// Floats per output row of a context made with `params` for a model of `hp`.
-fn out_width(params: &ContextParams, hp: &crate::model::Hparams) -> u32 {
-    if params.embeddings {
+fn out_width(params: &ContextParams, model: &Model) -> u32 {
+    let hp = &model.hp;
+    if params.rank {
+        model.n_rank_out()
+    } else if params.embeddings {
         hp.n_embd
     } else {
         hp.n_vocab
@@ -133,6 +139,7 @@ impl ContextParams {
             defrag_thold: -1.0,
             swa_full: false,
             swa_keep: 0,
+            rank: false,
             kv: KvConfig::default(),
             embeddings: false,
         }
@@ -224,6 +231,11 @@ impl Context {
                 hp.long_rope.map_or(0, |lr| lr.n_ctx_orig)
             )));
         }
+        if params.rank && !(params.embeddings && model.has_classifier()) {
+            return Err(ContextError::BadBatch(
+                "reranking needs an embeddings context and a model with a classifier head (cls / cls.output tensors: a reranker); this model has none".into(),
+            ));
+        }
         if !model.has_output_head() && !params.embeddings {
             return Err(ContextError::BadBatch(format!(
                 "this {:?} model is an encoder with no output head: it computes embeddings only (--embeddings; `wgllm embed`)",
@@ -234,7 +246,7 @@ impl Context {
         let n_ctx = params.n_ctx as u64;
         let memory =
             crate::memory::create(&Arc::new(model.memory_shape()), &params.memory_params())?;
-        let width = out_width(&params, hp) as u64;
+        let width = out_width(&params, &model) as u64;
         let n_out_max = (gpu.max_binding / (width * 4)).clamp(1, ub) as u32;
         let mut inputs = Vec::new();
         for input in model.inputs() {
@@ -351,9 +363,10 @@ impl Context {
         self.memory.defrag().map_err(ContextError::from)
     }
 
-    /// Floats per output row: n_vocab logits, or n_embd in an embeddings context.
+    /// Floats per output row: n_vocab logits, n_embd in an embeddings context, the
+    /// classifier's outputs in a reranking one.
     pub fn out_width(&self) -> u32 {
-        out_width(&self.params, &self.model.hp)
+        out_width(&self.params, &self.model)
     }
 
     /// Decodes a batch; returns the logits of the tokens that asked for them, in batch

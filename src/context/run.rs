@@ -141,6 +141,7 @@ impl Context {
                         .collect(),
                     logits: View::whole(&self.step.logits),
                     embeddings: self.params.embeddings,
+                    rank: self.params.rank,
                 };
                 let graph = self.model.build_graph(&io, &*self.memory)?;
                 self.n_graph_builds += 1;

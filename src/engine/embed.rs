@@ -1,6 +1,8 @@
-//! Embeddings, as llama.cpp computes them for a decoder model: each token's hidden state
-//! after the final norm (an embeddings context outputs those instead of logits), pooled
-//! over a sequence's tokens and normalised as llama-server and llama-embedding do.
+//! Embeddings, as llama.cpp computes them: each token's hidden state after the final
+//! norm of a decoder, or the last block of an encoder (an embeddings context outputs
+//! those instead of logits), pooled over a sequence's tokens and normalised as
+//! llama-server and llama-embedding do; and a reranker's scores, its classifier head
+//! over the first token's state (computed on the GPU: a reranking context outputs them).
 
 #[cfg(not(target_arch = "wasm32"))]
 use super::{Engine, EngineError};
@@ -18,21 +20,35 @@ pub enum Pooling {
     Cls,
     /// The last token's.
     Last,
+    /// A reranker's classifier head over the first token's state (the last's, for a
+    /// causal model): its scores, of which the first is the relevance.
+    Rank,
 }
 
 impl Pooling {
     /// The pooling a GGUF declares (`{arch}.pooling_type`, llama.cpp's numbering:
-    /// 0 none, 1 mean, 2 cls, 3 last; 4, rank, needs a classifier head wgllm does not
-    /// load); none where it declares nothing, as llama.cpp defaults.
+    /// 0 none, 1 mean, 2 cls, 3 last, 4 rank); none where it declares nothing, as
+    /// llama.cpp defaults.
     pub fn from_code(code: Option<u32>) -> Result<Pooling, String> {
         match code {
             None | Some(0) => Ok(Pooling::None),
             Some(1) => Ok(Pooling::Mean),
             Some(2) => Ok(Pooling::Cls),
             Some(3) => Ok(Pooling::Last),
-            Some(4) => Err("this model pools by rank (a reranker): reranking is not built yet; choose --pooling mean, cls, last or none".into()),
-            Some(n) => Err(format!("unknown pooling type {n} in the model file (llama.cpp knows 0-4)")),
+            Some(4) => Ok(Pooling::Rank),
+            Some(n) => Err(format!(
+                "unknown pooling type {n} in the model file (llama.cpp knows 0-4)"
+            )),
         }
+    }
+}
+
+impl Pooling {
+    /// The pooling the model file `f` declares (see [`Pooling::from_code`]).
+    pub fn declared(f: &crate::gguf::GgufFile) -> Result<Pooling, String> {
+        let arch = f.get_str("general.architecture").unwrap_or_default();
+        let code = f.get_u64(&format!("{arch}.pooling_type")).ok();
+        Pooling::from_code(code.map(|c| c.min(u32::MAX as u64) as u32))
     }
 }
 
@@ -44,15 +60,10 @@ impl std::str::FromStr for Pooling {
             "mean" => Pooling::Mean,
             "cls" => Pooling::Cls,
             "last" => Pooling::Last,
-            "rank" => {
-                return Err(
-                    "--pooling rank needs a reranker's classifier head, which is not built yet"
-                        .into(),
-                )
-            }
+            "rank" => Pooling::Rank,
             other => {
                 return Err(format!(
-                    "unknown pooling `{other}` (choose none, mean, cls or last)"
+                    "unknown pooling `{other}` (choose none, mean, cls, last or rank)"
                 ))
             }
         })
@@ -85,7 +96,8 @@ pub fn pool(rows: &[f32], n_embd: usize, pooling: Pooling) -> Vec<Vec<f32>> {
     let mut it = rows.chunks(n_embd);
     match pooling {
         Pooling::None => it.map(<[f32]>::to_vec).collect(),
-        Pooling::Cls => it.next().map(<[f32]>::to_vec).into_iter().collect(),
+        // Rank: the one row the context output, its scores.
+        Pooling::Cls | Pooling::Rank => it.next().map(<[f32]>::to_vec).into_iter().collect(),
         Pooling::Last => it.next_back().map(<[f32]>::to_vec).into_iter().collect(),
         Pooling::Mean => {
             let n = (rows.len() / n_embd.max(1)).max(1) as f64;
@@ -127,6 +139,19 @@ impl Engine {
             return Err(EngineError::Options(
                 "this engine computes logits; embeddings need an engine made with embeddings on (--embeddings)".into(),
             ));
+        }
+        match (pooling == Pooling::Rank, self.ctx.params.rank) {
+            (true, false) => {
+                return Err(EngineError::Options(
+                    "rank pooling (reranking) needs an engine made for it (--reranking, with a reranker model)".into(),
+                ))
+            }
+            (false, true) => {
+                return Err(EngineError::Options(
+                    "this engine reranks: its outputs are a classifier's scores (rank pooling), not embeddings".into(),
+                ))
+            }
+            _ => {}
         }
         let n_ctx_seq = self.n_ctx_seq() as usize;
         // An encoder's tokens see each other both ways, so each input is decoded whole in
@@ -195,12 +220,15 @@ impl Engine {
         pooling: Pooling,
         n_batch: usize,
     ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
-        let n_embd = self.model.hp.n_embd as usize;
+        let width = self.ctx.out_width() as usize;
+        let causal = self.model.hp.causal;
         // Only the rows the pooling reads come back.
         let wanted = |i: usize, n: usize| match pooling {
             Pooling::None | Pooling::Mean => true,
             Pooling::Cls => i == 0,
             Pooling::Last => i + 1 == n,
+            Pooling::Rank if causal => i + 1 == n,
+            Pooling::Rank => i == 0,
         };
         // (input, position) of every token, inputs one after another.
         let all: Vec<(usize, usize)> = (group.iter().enumerate())
@@ -224,7 +252,7 @@ impl Engine {
             match self.ctx.decode(&batch) {
                 Ok(states) => {
                     let read = chunk.iter().filter(|&&(g, i)| wanted(i, group[g].len()));
-                    for (&(g, _), row) in read.zip(states.chunks(n_embd)) {
+                    for (&(g, _), row) in read.zip(states.chunks(width)) {
                         rows[g].extend_from_slice(row);
                     }
                 }
@@ -238,7 +266,7 @@ impl Engine {
             self.ctx.seq_rm(Some(s), -1, -1)?;
         }
         result?;
-        Ok(rows.iter().map(|r| pool(r, n_embd, pooling)).collect())
+        Ok(rows.iter().map(|r| pool(r, width, pooling)).collect())
     }
 }
 
@@ -259,7 +287,8 @@ mod tests {
         assert_eq!(normalize(&[0.5, -1.0], 0), [16380.0, -32760.0]);
         assert_eq!(normalize(&[0.0, 0.0], 2), [0.0, 0.0]);
         assert_eq!("mean".parse::<Pooling>(), Ok(Pooling::Mean));
-        assert!("rank".parse::<Pooling>().is_err());
+        assert_eq!("rank".parse::<Pooling>(), Ok(Pooling::Rank));
+        assert!("max".parse::<Pooling>().is_err());
         assert_eq!(Pooling::from_code(None), Ok(Pooling::None));
         assert_eq!(Pooling::from_code(Some(3)), Ok(Pooling::Last));
     }

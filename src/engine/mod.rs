@@ -49,7 +49,7 @@ pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, 
 pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};
 pub use slots::Snapshot;
 pub use speculate::{draft_incompatible, DraftStats, SpecParams};
-pub use stream::{StopStrings, Timings, Utf8Stream};
+pub use stream::{IndentLimit, StopStrings, Timings, Utf8Stream};
 
 use crate::context::{Context, ContextError};
 use crate::gguf::GgufError;

@@ -45,6 +45,9 @@ pub struct EngineOptions {
     /// An embeddings engine (`--embeddings`): steps output hidden states, read by
     /// [`super::Engine::embed`], and nothing is generated.
     pub embeddings: bool,
+    /// A reranking engine (`--reranking`): an embeddings engine whose outputs are a
+    /// reranker's classifier scores ([`super::Pooling::Rank`]).
+    pub reranking: bool,
 }
 
 /// Where a generated token is sampled: on the host from the read-back logits, or on the
@@ -106,6 +109,7 @@ impl Default for EngineOptions {
             sampling: SamplingPath::Auto,
             decode_ahead: true,
             embeddings: false,
+            reranking: false,
         }
     }
 }
@@ -140,7 +144,8 @@ impl EngineOptions {
             swa_full: self.swa_full,
             swa_keep: self.swa_keep.min(n_ctx),
             kv: self.kv,
-            embeddings: self.embeddings,
+            embeddings: self.embeddings || self.reranking,
+            rank: self.reranking,
         })
     }
 }

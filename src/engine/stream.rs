@@ -158,6 +158,91 @@ impl StopStrings {
     }
 }
 
+/// llama-server's `n_indent` (editors' fill-in-the-middle): once the text has a new
+/// line, every further line must start with at least `n_indent` spaces or tabs; the
+/// first that does not ends the generation (as `n_predict` would) and is cut after its
+/// indentation. Checked as llama-server checks it: per token, on the line begun by the
+/// newline found one token earlier (a newline is looked for once per token). Text from
+/// that line on is held back until it passed.
+#[derive(Clone, Debug, Default)]
+pub struct IndentLimit {
+    n_indent: usize,
+    text: String,
+    shown: usize,
+    has_new_line: bool,
+    /// Where the line checked next begins (0: none yet).
+    line: usize,
+    stopped: bool,
+}
+
+impl IndentLimit {
+    /// `n_indent` 0: no limit, text passes at once.
+    pub fn new(n_indent: usize) -> Self {
+        IndentLimit {
+            n_indent,
+            ..Self::default()
+        }
+    }
+
+    /// Whether a line fell short of the indentation (the generation should end).
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Takes the next token's text; returns what can be shown now.
+    pub fn push(&mut self, piece: &str) -> String {
+        if self.n_indent == 0 {
+            return piece.to_string();
+        }
+        if self.stopped {
+            return String::new();
+        }
+        self.text.push_str(piece);
+        if self.has_new_line {
+            if self.line > 0 {
+                let rest = &self.text[self.line..];
+                let ws = rest
+                    .bytes()
+                    .take_while(|&b| b == b' ' || b == b'\t')
+                    .count();
+                if ws < rest.len() && ws < self.n_indent {
+                    self.stopped = true;
+                    self.text.truncate(self.line + ws);
+                    return self.release(self.text.len());
+                }
+            }
+            if let Some(p) = self.text[self.line..].find('\n') {
+                self.line += p + 1;
+            }
+        }
+        if piece.contains('\n') {
+            self.has_new_line = true;
+        }
+        // What no later check can cut: the first line (never checked), and every line
+        // before the one checked next.
+        let upto = if self.has_new_line && self.line == 0 {
+            self.text.find('\n').map_or(self.text.len(), |p| p + 1)
+        } else if self.has_new_line {
+            self.line
+        } else {
+            self.text.len()
+        };
+        self.release(upto)
+    }
+
+    /// The end of the text: whatever was held back (nothing after a stop).
+    pub fn finish(&mut self) -> String {
+        self.release(self.text.len())
+    }
+
+    fn release(&mut self, upto: usize) -> String {
+        let upto = upto.max(self.shown);
+        let s = self.text[self.shown..upto].to_string();
+        self.shown = upto;
+        s
+    }
+}
+
 /// Length of the longest proper suffix of `text` that is a prefix of `word` (on
 /// character boundaries).
 fn partial_tail(text: &str, word: &str) -> usize {
@@ -166,6 +251,44 @@ fn partial_tail(text: &str, word: &str) -> usize {
         .filter(|&n| text.is_char_boundary(text.len() - n) && word.is_char_boundary(n))
         .find(|&n| text.ends_with(&word[..n]))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod indent_tests {
+    use super::IndentLimit;
+
+    fn run(n: usize, pieces: &[&str]) -> (String, usize, bool) {
+        let mut l = IndentLimit::new(n);
+        let mut out = String::new();
+        for (i, p) in pieces.iter().enumerate() {
+            out.push_str(&l.push(p));
+            if l.stopped() {
+                return (out, i + 1, true);
+            }
+        }
+        out.push_str(&l.finish());
+        (out, pieces.len(), false)
+    }
+
+    #[test]
+    fn a_line_short_of_the_indentation_ends_the_text() {
+        // The line after "body\n" starts "}" (0 < 4): cut after its (empty) indentation.
+        let p = ["if x {", "\n", "    body", "\n", "}", " else", " {"];
+        assert_eq!(run(4, &p), ("if x {\n    body\n".into(), 5, true));
+        // llama-server marks the first newline after its token, finds where its line
+        // begins at the next token and checks that line from the one after: "}" in the
+        // newline's own token ends the text two tokens later.
+        let p = ["{", "\n}", " x", " y", " z"];
+        assert_eq!(run(4, &p), ("{\n".into(), 4, true));
+        // Indented enough: everything.
+        let p = ["a", "\n", "    b", "\n", "    c"];
+        assert_eq!(run(4, &p), ("a\n    b\n    c".into(), 5, false));
+        // No limit.
+        assert_eq!(run(0, &["a\n", "b"]), ("a\nb".into(), 2, false));
+        // Partial indentation stays, as llama-server keeps it.
+        let p = ["x", "\n", "  y", "z", "w"];
+        assert_eq!(run(4, &p), ("x\n  ".into(), 4, true));
+    }
 }
 
 #[cfg(test)]

@@ -681,9 +681,17 @@ impl GraphBuilder {
     /// `op` (an add and an activation, [`BinaryOp::AddGelu`], [`BinaryOp::AddTanh`]) of
     /// x [n, rows] and a bias vector of n repeated along the rows.
     pub fn add_act(&mut self, op: BinaryOp, x: TensorId, bias: &View) -> TensorId {
+        let dst = self.tensor(self.ne(x));
+        self.add_act_into(op, x, bias, dst);
+        dst
+    }
+
+    /// [`Self::add_act`] into `dst` (an output buffer); [`BinaryOp::Add`] adds the bias
+    /// alone.
+    pub fn add_act_into(&mut self, op: BinaryOp, x: TensorId, bias: &View, dst: TensorId) {
         let n = self.ne(x)[0];
         let b = self.input(bias.clone(), [n, 1]);
-        self.binary(op, x, b)
+        self.binary_into(op, [x, b], dst, n, 1);
     }
 
     /// a + b, b broadcast over a when it is smaller.

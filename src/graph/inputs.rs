@@ -184,6 +184,9 @@ pub struct GraphIo {
     pub logits: View,
     /// The outputs are the hidden states after the final norm, not logits.
     pub embeddings: bool,
+    /// The outputs are a classifier head's scores of the hidden states ([n_cls_out,
+    /// n_out]).
+    pub rank: bool,
 }
 
 impl GraphIo {

@@ -104,12 +104,55 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         let down = g.add(down, down_bias);
         let y = g.add(down, h);
         let norm = (&lw.out_norm.0, &lw.out_norm.1);
-        if il == last && io.n_out > 0 {
+        if il == last && io.n_out > 0 && !io.rank {
             let out = g.input(io.logits.clone(), [hp.n_embd, io.n_out]);
             g.layer_norm_into(y, norm, eps, out);
         } else {
             x = g.layer_norm(y, norm, eps);
         }
     }
+    if io.rank && io.n_out > 0 {
+        classify(&mut g, m, io, x)?;
+    }
     g.build(gpu)
+}
+
+/// A reranker's head over the output rows' states: the dense layer with tanh, then the
+/// projection to scores, into the output buffer (llama.cpp's rank pooling of a BERT).
+fn classify(
+    g: &mut GraphBuilder,
+    m: &Model,
+    io: &GraphIo,
+    x: crate::graph::TensorId,
+) -> Result<(), GpuError> {
+    let c = (m.weights.bert.as_ref())
+        .and_then(|b| b.classifier.as_ref())
+        .ok_or_else(|| {
+            GpuError::Validation("reranking with a model that has no classifier head".into())
+        })?;
+    let out = g.input(io.logits.clone(), [m.n_rank_out(), io.n_out]);
+    match (&c.dense, &c.out) {
+        // No projection: the dense layer's tanh is the output.
+        (Some((w, b)), None) => {
+            let d = g.matmul(w, x);
+            g.add_act_into(BinaryOp::AddTanh, d, b, out);
+        }
+        (dense, Some((w, b))) => {
+            let h = match dense {
+                Some((dw, db)) => {
+                    let d = g.matmul(dw, x);
+                    g.add_act(BinaryOp::AddTanh, d, db)
+                }
+                None => x,
+            };
+            let s = g.matmul(w, h);
+            g.add_act_into(BinaryOp::Add, s, b, out);
+        }
+        (None, None) => {
+            return Err(GpuError::Validation(
+                "a classifier head with neither a dense layer nor a projection".into(),
+            ))
+        }
+    }
+    Ok(())
 }

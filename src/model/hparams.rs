@@ -151,6 +151,8 @@ pub struct Hparams {
     /// Whether a token attends only to earlier positions (`{arch}.attention.causal`,
     /// true unless the file says otherwise; BERT's converter writes false).
     pub causal: bool,
+    /// Scores a classifier head gives (`{arch}.classifier.output_labels`' count, else 1).
+    pub n_cls_out: u32,
 }
 
 /// A mixture-of-experts feed-forward's sizes and routing.
@@ -541,6 +543,20 @@ impl Hparams {
             moe,
             attn_softcap,
             final_softcap,
+            n_cls_out: match f.get(&key("classifier.output_labels")) {
+                None => 1,
+                Some(v) => match v.as_array() {
+                    Some(labels) if !labels.is_empty() && labels.len() <= 4096 => {
+                        labels.len() as u32
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "{} must be a list of 1 to 4096 labels",
+                            key("classifier.output_labels")
+                        )))
+                    }
+                },
+            },
             causal: match f.get(&key("attention.causal")) {
                 None => true,
                 Some(v) => v
@@ -637,6 +653,7 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
         attn_softcap: 0.0,
         final_softcap: 0.0,
         causal: true,
+        n_cls_out: 1,
     })
 }
 

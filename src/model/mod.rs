@@ -14,7 +14,8 @@ mod weights;
 pub use crate::graph::inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use hparams::{Arch, Hparams, LongRope, Ssm};
 pub use weights::{
-    BertLayer, BertWeights, GateUp, LayerWeights, Lfm2Layer, Lfm2Mixer, ModelWeights, SsmLayer,
+    BertLayer, BertWeights, Classifier, GateUp, LayerWeights, Lfm2Layer, Lfm2Mixer, ModelWeights,
+    SsmLayer,
 };
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
@@ -184,6 +185,26 @@ impl Model {
     /// states, for an embeddings context.
     pub fn has_output_head(&self) -> bool {
         self.hp.arch != Arch::Bert
+    }
+
+    /// Whether the model has a classifier head that scores a sequence (a reranker).
+    pub fn has_classifier(&self) -> bool {
+        (self.weights.bert.as_ref()).is_some_and(|b| b.classifier.is_some())
+    }
+
+    /// Floats the classifier head gives per sequence: its scores, or where it ends in
+    /// the dense layer (no `cls.output`, as jina-reranker-v1) that layer's n_embd, of
+    /// which a reranker's score is the first.
+    pub fn n_rank_out(&self) -> u32 {
+        match self
+            .weights
+            .bert
+            .as_ref()
+            .and_then(|b| b.classifier.as_ref())
+        {
+            Some(c) if c.out.is_none() => self.hp.n_embd,
+            _ => self.hp.n_cls_out,
+        }
     }
 
     /// The positions a model with learned position embeddings has rows for (none for

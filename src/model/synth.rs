@@ -148,6 +148,9 @@ pub enum SynthArch {
     /// A BERT encoder (bge's layout): 512 learned positions, two token types, post-norm
     /// blocks with biases everywhere, non-causal, CLS pooling declared; no output head.
     Bert,
+    /// The same BERT as a reranker: a classifier head (dense + tanh, then one score) over
+    /// the first token, rank pooling declared.
+    BertRank,
 }
 
 impl SynthArch {
@@ -170,11 +173,12 @@ impl SynthArch {
             "mamba2" => Self::Mamba2,
             "lfm2" => Self::Lfm2,
             "bert" => Self::Bert,
+            "bert-rank" => Self::BertRank,
             _ => return None,
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen2-yarn, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert";
+        "llama, llama3, qwen2, qwen2-yarn, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert, bert-rank";
 
     /// (experts, used per token) of a mixture-of-experts architecture, None for others.
     pub fn default_experts(self) -> Option<(u32, u32)> {
@@ -200,7 +204,7 @@ impl SynthArch {
             Self::Mamba => "mamba",
             Self::Mamba2 => "mamba2",
             Self::Lfm2 => "lfm2",
-            Self::Bert => "bert",
+            Self::Bert | Self::BertRank => "bert",
         }
     }
 }
@@ -300,8 +304,9 @@ pub fn synth(
     if matches!(arch, SynthArch::Mamba | SynthArch::Mamba2) {
         return synth_ssm(arch, shape, ty, vocab, n_vocab, scale, vocab_only);
     }
-    if arch == SynthArch::Bert {
-        return synth_bert(shape, ty, vocab, n_vocab, scale, vocab_only);
+    if matches!(arch, SynthArch::Bert | SynthArch::BertRank) {
+        let rank = arch == SynthArch::BertRank;
+        return synth_bert(shape, ty, vocab, n_vocab, scale, vocab_only, rank);
     }
     let SynthShape {
         n_embd,
@@ -369,7 +374,7 @@ pub fn synth(
         SynthArch::Lfm2 => 1_000_000.0,
         SynthArch::Llama | SynthArch::Mixtral | SynthArch::Phi3 | SynthArch::Phi3Long => 10_000.0,
         SynthArch::Mamba | SynthArch::Mamba2 => unreachable!("written by synth_ssm"),
-        SynthArch::Bert => unreachable!("written by synth_bert"),
+        SynthArch::Bert | SynthArch::BertRank => unreachable!("written by synth_bert"),
     };
     w.meta(&key("rope.freq_base"), Value::F32(base));
     let phi3 = matches!(arch, SynthArch::Phi3 | SynthArch::Phi3Long);
@@ -753,7 +758,8 @@ const BERT_POSITIONS: u64 = 512;
 
 /// A BERT encoder with random weights, tensors named and shaped as llama.cpp's converter
 /// writes bge models. The vocabulary must be a WordPiece one with its token-type count
-/// (llama.cpp refuses BERT without it), as llama.cpp's ggml-vocab-bert-bge.gguf.
+/// (llama.cpp refuses BERT without it), as llama.cpp's ggml-vocab-bert-bge.gguf. With
+/// `rank`, a reranker: a classifier head and rank pooling.
 fn synth_bert(
     shape: SynthShape,
     ty: GgmlType,
@@ -761,6 +767,7 @@ fn synth_bert(
     n_vocab: u64,
     scale: WeightScale,
     vocab_only: bool,
+    rank: bool,
 ) -> GgufWriter {
     let (e, n_layer, ff) = (shape.n_embd, shape.n_layer, shape.n_ff);
     let key = |k: &str| format!("bert.{k}");
@@ -778,8 +785,8 @@ fn synth_bert(
         .meta(&key("attention.head_count"), u(shape.n_head))
         .meta(&key("attention.layer_norm_epsilon"), Value::F32(1e-12))
         .meta(&key("attention.causal"), Value::Bool(false))
-        // CLS, as bge declares.
-        .meta(&key("pooling_type"), u(2));
+        // CLS, as bge declares; rank for a reranker.
+        .meta(&key("pooling_type"), u(if rank { 4 } else { 2 }));
     let n_types = vocab
         .iter()
         .find(|(k, _)| k == "tokenizer.ggml.token_type_count")
@@ -881,6 +888,27 @@ fn synth_bert(
                 .collect();
             w.tensor(&b(t), &[len], GgmlType::F32, f32s(&v));
         }
+    }
+    if rank {
+        // Dense + tanh, then one score: the BERT classifier llama.cpp's rank pooling runs.
+        mat(&mut w, "cls.weight", e, e, fan_in(e));
+        mat(&mut w, "cls.output.weight", e, 1, fan_in(e));
+        let v: Vec<f32> = (0..e + 1)
+            .map(|_| {
+                if fixed {
+                    0.0
+                } else {
+                    0.1 * rng_b.normalish() * 3f32.sqrt()
+                }
+            })
+            .collect();
+        w.tensor("cls.bias", &[e], GgmlType::F32, f32s(&v[..e as usize]));
+        w.tensor(
+            "cls.output.bias",
+            &[1],
+            GgmlType::F32,
+            f32s(&v[e as usize..]),
+        );
     }
     w
 }

@@ -96,6 +96,16 @@ pub struct BertWeights {
     /// The embeddings' layer norm (weight, bias).
     pub embd_norm: (View, View),
     pub layers: Vec<BertLayer>,
+    /// A reranker's classifier head over the first token's state (llama.cpp's `cls`
+    /// (dense, then tanh) and `cls.output`, either optional), if the file has one.
+    pub classifier: Option<Classifier>,
+}
+
+/// A classifier head: an optional dense layer with tanh, then an optional projection to
+/// the scores; each a matrix and its bias.
+pub struct Classifier {
+    pub dense: Option<(Arc<Weight>, View)>,
+    pub out: Option<(Arc<Weight>, View)>,
 }
 
 /// One BERT block: biased attention, then a GELU feed-forward, each closed by a residual
@@ -728,11 +738,24 @@ impl Loader<'_> {
                 out_norm: norm(self, &format!("blk.{il}.layer_output_norm"))?,
             });
         }
+        let part = |l: &mut Self, name: &str, rows: u32| -> Result<_, ModelError> {
+            if l.f.tensor(&format!("{name}.weight")).is_none() {
+                return Ok(None);
+            }
+            Ok(Some((
+                l.matrix(&format!("{name}.weight"), e, rows)?,
+                l.vector(&format!("{name}.bias"), rows)?,
+            )))
+        };
+        let dense = part(self, "cls", e)?;
+        let out = part(self, "cls.output", hp.n_cls_out)?;
+        let classifier = (dense.is_some() || out.is_some()).then_some(Classifier { dense, out });
         Ok(BertWeights {
             pos_embd,
             type_embd,
             embd_norm,
             layers,
+            classifier,
         })
     }
 

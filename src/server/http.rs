@@ -5,7 +5,7 @@
 
 use super::error::ApiError;
 use super::{
-    anthropic, embeddings, infill, metrics, native, openai, responses, resumable, AppState,
+    anthropic, embeddings, infill, metrics, native, openai, rerank, responses, resumable, AppState,
 };
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -52,9 +52,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/embedding", post(embeddings::native))
         .route("/embeddings", post(embeddings::native))
         .route("/v1/embeddings", post(embeddings::openai))
-        .route("/rerank", post(not_built))
-        .route("/v1/rerank", post(not_built))
-        .route("/reranking", post(not_built))
+        .route("/rerank", post(rerank::rerank))
+        .route("/reranking", post(rerank::rerank))
+        .route("/v1/rerank", post(rerank::rerank))
+        .route("/v1/reranking", post(rerank::rerank))
         .route("/infill", post(infill::infill))
         .route("/v1/stream", get(resumable::replay).delete(resumable::stop))
         .route("/v1/streams/lookup", post(resumable::lookup))
@@ -72,13 +73,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), api_key))
         .layer(middleware::from_fn_with_state(state.clone(), cors))
         .with_state(state)
-}
-
-async fn not_built(req: Request) -> ApiError {
-    ApiError::not_supported(format!(
-        "{} is not served by wgllm: reranking is not built",
-        req.uri().path()
-    ))
 }
 
 async fn unknown(req: Request) -> ApiError {

@@ -21,6 +21,7 @@ mod metrics;
 mod native;
 mod openai;
 mod params;
+mod rerank;
 mod responses;
 mod resumable;
 mod tools;

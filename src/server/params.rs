@@ -276,6 +276,10 @@ pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenP
             cache_prompt: f.bool("cache_prompt")?.unwrap_or(true),
             slot,
             stop,
+            n_indent: match f.i64("n_indent")? {
+                None => 0,
+                Some(n) => u32::try_from(n.max(0)).unwrap_or(u32::MAX),
+            },
         },
         stream: f.bool("stream")?.unwrap_or(false),
         n_probs,

@@ -13,6 +13,7 @@ mod jinja_limits;
 mod load;
 pub mod pre;
 mod pyjinja;
+mod rerank;
 mod special;
 mod spm;
 pub mod template;

@@ -73,6 +73,9 @@ pub struct Request {
     pub slot: Option<u32>,
     /// Stop strings: generation ends at the first, which is not part of the text.
     pub stop: Vec<String>,
+    /// llama-server's `n_indent`: after the first newline, a line indented by fewer
+    /// spaces or tabs ends the generation (see [`crate::engine::IndentLimit`]); 0: none.
+    pub n_indent: u32,
 }
 
 /// Why a request's generation ended.

@@ -9,7 +9,7 @@ use super::{
     Shared, Sink, SlotAction, SlotFileResult, SlotInfo, StopReason, WatchSink,
 };
 use crate::engine::{
-    Engine, EngineError, Event, HostCache, SessionParams, Stop, StopStrings, Timings,
+    Engine, EngineError, Event, HostCache, IndentLimit, SessionParams, Stop, StopStrings, Timings,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,6 +21,7 @@ struct Active {
     key: RequestKey,
     sink: Sink,
     stop: StopStrings,
+    indent: IndentLimit,
     n_prompt: usize,
     n_cached: usize,
     n_generated: usize,
@@ -464,9 +465,12 @@ impl Worker {
                 if a.stop.found().is_some() {
                     return;
                 }
+                if a.indent.stopped() {
+                    return;
+                }
                 a.n_generated += 1;
-                let shown = a.stop.push(&text);
-                if a.stop.found().is_some() {
+                let shown = a.indent.push(&a.stop.push(&text));
+                if a.stop.found().is_some() || a.indent.stopped() {
                     let _ = self.engine.cancel(slot);
                 }
                 let ev = RequestEvent::Token {
@@ -506,17 +510,20 @@ impl Worker {
                 if a.dropped {
                     return;
                 }
-                let mut tail = a.stop.push(&tail);
+                let mut tail = a.indent.push(&a.stop.push(&tail));
                 let stop = match (stop, a.stop.found()) {
                     (_, Some(w)) => StopReason::Word(w.to_string()),
+                    // A line short of `n_indent` ends the text as llama-server's limit does.
+                    _ if a.indent.stopped() => StopReason::Limit,
                     (Stop::EndOfGeneration, _) => StopReason::Eos,
                     (Stop::MaxTokens, _) => StopReason::Limit,
                     (Stop::ContextFull(r), _) => StopReason::ContextFull(r),
                     (Stop::Cancelled | Stop::Fed, _) => StopReason::Cancelled,
                 };
                 if a.stop.found().is_none() {
-                    tail.push_str(&a.stop.finish());
+                    tail.push_str(&a.indent.push(&a.stop.finish()));
                 }
+                tail.push_str(&a.indent.finish());
                 let truncated = a.shifted
                     || matches!(stop, StopReason::ContextFull(_))
                     || (stop == StopReason::Limit && a.limit_is_context);

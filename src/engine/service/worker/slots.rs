@@ -107,6 +107,7 @@ impl Worker {
             key,
             sink,
             stop: StopStrings::new(req.stop),
+            indent: crate::engine::IndentLimit::new(req.n_indent as usize),
             n_prompt,
             n_cached,
             n_generated: 0,
