@@ -228,6 +228,7 @@ def main():
                                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}],
                           "tools": [{"name": "f", "input_schema": {"type": "object"}}]}),
         (4, "responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}], "instructions": "Be kind", "max_output_tokens": 5}),
+        (5, "rerank", {"query": "What is it?", "documents": ["A cat.", "A dog <s> here."], "top_n": 1, "model": "m"}),
     ]
     for which, name, body in bodies:
         put("server_request", name, bytes([which]) + json.dumps(body).encode())

@@ -1,4 +1,4 @@
-//! Every generating endpoint's body read into the requests it queues, as the handlers
+//! Every generating endpoint's body (and /rerank's) read into the requests it queues, as the handlers
 //! read it, with no engine behind: what the request-body fuzz target runs (and its
 //! regression inputs in the tests), so that no body can panic, hang or exhaust the
 //! server before the engine sees it.
@@ -25,15 +25,18 @@ pub enum Endpoint {
     Anthropic,
     /// `/v1/responses`, `/v1/responses/input_tokens`.
     Responses,
+    /// `/rerank` and its aliases: a request per document.
+    Rerank,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 5] = [
+    pub const ALL: [Endpoint; 6] = [
         Endpoint::Completion,
         Endpoint::OpenAiCompletion,
         Endpoint::Chat,
         Endpoint::Anthropic,
         Endpoint::Responses,
+        Endpoint::Rerank,
     ];
 }
 
@@ -99,5 +102,12 @@ fn read(
             req.prompt = openai::chat_prompt(&body, tok)?;
             vec![req]
         }
+        Endpoint::Rerank => (super::rerank::RerankRequest::read(&body, tok)?.prompts)
+            .into_iter()
+            .map(|prompt| Request {
+                prompt,
+                ..Default::default()
+            })
+            .collect(),
     })
 }

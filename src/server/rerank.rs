@@ -6,6 +6,7 @@
 use super::error::{ApiError, ApiResult};
 use super::AppState;
 use crate::engine::Pooling;
+use crate::tokenizer::Tokenizer;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::Json;
@@ -23,15 +24,27 @@ fn strings(v: Option<&Value>) -> Option<Vec<String>> {
         .collect()
 }
 
-pub async fn rerank(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
-    let service = s.service()?;
-    if s.opts.pooling != Pooling::Rank {
-        return Err(ApiError::not_supported(
-            "This server does not support reranking. Start it with `--reranking`",
-        ));
+/// A rerank request as read from its body.
+pub(super) struct RerankRequest {
+    /// TEI's shape (the body names `texts`), else Jina's.
+    pub tei: bool,
+    pub documents: Vec<String>,
+    /// Each document with the query, as the reranker reads them.
+    pub prompts: Vec<Vec<u32>>,
+    pub top_n: usize,
+    pub return_text: bool,
+    /// The `model` the body names, which the reply repeats.
+    pub model: Option<String>,
+}
+
+impl RerankRequest {
+    /// Reads `body` as llama-server does, each document laid out with the query.
+    pub fn read(body: &Value, tok: &Tokenizer) -> ApiResult<RerankRequest> {
+        read(body, tok)
     }
-    let body = super::native::body_json(&body)?;
-    // TEI's shape where the body names `texts` (Jina's otherwise).
+}
+
+fn read(body: &Value, tok: &Tokenizer) -> ApiResult<RerankRequest> {
     let tei = body.get("texts").is_some();
     let query = match body.get("query") {
         Some(Value::String(q)) => q.clone(),
@@ -57,12 +70,40 @@ pub async fn rerank(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
         None => documents.len(),
     };
     let return_text = tei && body.get("return_text").and_then(Value::as_bool) == Some(true);
-    let tok = service.tokenizer();
-    let inputs: Vec<Vec<u32>> = (documents.iter())
+    let prompts = (documents.iter())
         .map(|d| tok.rerank_prompt(&query, d))
         .collect();
-    let n_tokens: usize = inputs.iter().map(Vec::len).sum();
-    let scores = service.embed(inputs, Pooling::Rank).await?;
+    Ok(RerankRequest {
+        tei,
+        documents,
+        prompts,
+        top_n,
+        return_text,
+        model: body
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    })
+}
+
+pub async fn rerank(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    if s.opts.pooling != Pooling::Rank {
+        return Err(ApiError::not_supported(
+            "This server does not support reranking. Start it with `--reranking`",
+        ));
+    }
+    let body = super::native::body_json(&body)?;
+    let RerankRequest {
+        tei,
+        documents,
+        prompts,
+        top_n,
+        return_text,
+        model,
+    } = read(&body, service.tokenizer())?;
+    let n_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let scores = service.embed(prompts, Pooling::Rank).await?;
     let label = if tei { "score" } else { "relevance_score" };
     let mut results: Vec<(usize, f32)> = (scores.iter().enumerate())
         .map(|(i, rows)| {
@@ -89,10 +130,7 @@ pub async fn rerank(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
     if tei {
         return Ok(Json(Value::Array(results)));
     }
-    let model = match body.get("model") {
-        Some(Value::String(m)) => m.clone(),
-        _ => s.model_name(),
-    };
+    let model = model.unwrap_or_else(|| s.model_name());
     Ok(Json(json!({
         "model": model,
         "object": "list",
