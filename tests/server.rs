@@ -987,84 +987,116 @@ fn infill_lays_out_prompts_as_llama_server() {
     }
 }
 
-/// `/rerank` on a synthetic BERT reranker (f32 weights, so that llama.cpp's 8-bit
-/// activations do not blur the scores) against llama-server `--reranking` on the same
-/// file (tests/data/reference/rerank.json, recorded by scripts/record-rerank-ref.py):
-/// Jina's and TEI's shapes, top_n and return_text give the same documents in the same
-/// order with the same token counts, and scores within 0.002 (measured: within 0.0006;
-/// the score gaps between neighbours are 0.0012 and up). Bad requests get llama-server's
+/// `/rerank` against llama-server `--reranking` on the same files (references recorded by
+/// scripts/record-rerank-ref.py): a synthetic BERT reranker (f32 weights, so that
+/// llama.cpp's 8-bit activations do not blur the scores; classifier head over the first
+/// token) and a synthetic Qwen3-Reranker (q8_0; its label tokens' softmax over the last
+/// token, the prompt laid out by its rerank template). Jina's and TEI's shapes, top_n and
+/// return_text give the same documents with the same token counts, each document's score
+/// within 0.002 (BERT; measured within 0.0006) or 0.006 (Qwen3 q8_0; measured within
+/// 0.0028, and within 5e-6 on an f32 file), best first. Bad requests get llama-server's
 /// 400s, and a server without --reranking its 501.
 #[test]
 fn rerank_scores_as_llama_server() {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/rerank.json");
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let vocab = common::llamacpp_tests_dir().join("vocab/ggml-vocab-bert-bge.gguf");
-    let file = common::scratch_dir("rerank").join("rank-f32.gguf");
-    let (code, _, err) = common::wgllm(&[
-        "synth",
-        "--vocab-from",
-        &vocab.to_string_lossy(),
-        "--arch",
-        "bert-rank",
-        "--shape",
-        "tiny",
-        "--type",
-        "f32",
-        "--trained-scale",
-        "-o",
-        &file.to_string_lossy(),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let sha = {
-        use sha2::Digest;
-        format!("{:x}", sha2::Sha256::digest(std::fs::read(&file).unwrap()))
-    };
-    assert_eq!(sha, r["model_sha256"], "synth wrote another file");
-    let args: Vec<&str> = (r["server_args"].as_array().unwrap().iter())
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    let file = file.to_string_lossy().into_owned();
-    let s = start_model(&file, &args, &[]);
-    for (i, c) in r["cases"].as_array().unwrap().iter().enumerate() {
-        let path = ["/rerank", "/v1/rerank", "/reranking", "/v1/reranking"][i % 4];
-        let (st, got) = s.json("POST", path, c["request"].clone());
-        assert_eq!(st, 200, "{got}");
-        let want = &c["response"];
-        let (got_rows, want_rows, label) = match want.as_array() {
-            Some(w) => (got.as_array().unwrap(), w, "score"),
-            None => {
-                assert_eq!(got["usage"], want["usage"], "{path}");
-                assert_eq!(got["object"], "list");
-                (
-                    got["results"].as_array().unwrap(),
-                    want["results"].as_array().unwrap(),
-                    "relevance_score",
-                )
-            }
+    let dir = common::scratch_dir("rerank");
+    let bge = common::llamacpp_tests_dir().join("vocab/ggml-vocab-bert-bge.gguf");
+    let smol = common::smollm2();
+    let models = [
+        (
+            "rerank.json",
+            "bert-rank",
+            "f32",
+            bge.to_string_lossy().into_owned(),
+            0.002,
+        ),
+        ("rerank-qwen3.json", "qwen3-rank", "q8_0", smol, 0.006),
+    ];
+    let mut bert_file = String::new();
+    for (reference, arch, ty, vocab, tol) in models {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/reference")
+            .join(reference);
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let file = dir.join(format!("{arch}-{ty}.gguf"));
+        let (code, _, err) = common::wgllm(&[
+            "synth",
+            "--vocab-from",
+            &vocab,
+            "--arch",
+            arch,
+            "--shape",
+            "tiny",
+            "--type",
+            ty,
+            "--trained-scale",
+            "-o",
+            &file.to_string_lossy(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let sha = {
+            use sha2::Digest;
+            format!("{:x}", sha2::Sha256::digest(std::fs::read(&file).unwrap()))
         };
-        assert_eq!(got_rows.len(), want_rows.len(), "{got}");
-        for (g, w) in got_rows.iter().zip(want_rows) {
-            assert_eq!(g["index"], w["index"], "{got} against {want}");
-            assert_eq!(g["text"], w["text"]);
-            let (gs, ws) = (g[label].as_f64().unwrap(), w[label].as_f64().unwrap());
-            assert!((gs - ws).abs() < 0.002, "score {gs}, llama-server's {ws}");
+        assert_eq!(sha, r["model_sha256"], "{arch}: synth wrote another file");
+        let args: Vec<&str> = (r["server_args"].as_array().unwrap().iter())
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let file = file.to_string_lossy().into_owned();
+        let s = start_model(&file, &args, &[]);
+        for (i, c) in r["cases"].as_array().unwrap().iter().enumerate() {
+            let path = ["/rerank", "/v1/rerank", "/reranking", "/v1/reranking"][i % 4];
+            let (st, got) = s.json("POST", path, c["request"].clone());
+            assert_eq!(st, 200, "{got}");
+            let want = &c["response"];
+            let (got_rows, want_rows, label) = match want.as_array() {
+                Some(w) => (got.as_array().unwrap(), w, "score"),
+                None => {
+                    assert_eq!(got["usage"], want["usage"], "{arch} {path}");
+                    assert_eq!(got["object"], "list");
+                    (
+                        got["results"].as_array().unwrap(),
+                        want["results"].as_array().unwrap(),
+                        "relevance_score",
+                    )
+                }
+            };
+            assert_eq!(got_rows.len(), want_rows.len(), "{got}");
+            let score = |v: &Value| v[label].as_f64().unwrap();
+            for (g, w) in got_rows.iter().zip(want_rows) {
+                // The same document at each place, unless a neighbour's score is too
+                // close to tell apart at this tolerance.
+                let w_at = |v: &Value| want_rows.iter().find(|x| x["index"] == v["index"]);
+                let w = match w_at(g) {
+                    Some(same) if (score(same) - score(w)).abs() < 2.0 * tol => same,
+                    _ => w,
+                };
+                assert_eq!(g["index"], w["index"], "{arch}: {got} against {want}");
+                assert_eq!(g["text"], w["text"]);
+                let (gs, ws) = (score(g), score(w));
+                assert!(
+                    (gs - ws).abs() < tol,
+                    "{arch}: score {gs}, llama-server's {ws}"
+                );
+            }
+            assert!(got_rows.windows(2).all(|p| score(&p[0]) >= score(&p[1])));
+        }
+        for bad in [
+            json!({"query": "q", "documents": []}),
+            json!({"query": "q", "documents": null}),
+            json!({"query": "q", "documents": 123}),
+            json!({"query": "q", "documents": [1, 2, 3]}),
+            json!({"documents": ["a"]}),
+            json!({"query": 1, "documents": ["a"]}),
+        ] {
+            let (st, b) = s.json("POST", "/rerank", bad.clone());
+            assert_error(st, &b, 400, "invalid_request_error");
+        }
+        if arch == "bert-rank" {
+            bert_file = file;
         }
     }
-    for bad in [
-        json!({"query": "q", "documents": []}),
-        json!({"query": "q", "documents": null}),
-        json!({"query": "q", "documents": 123}),
-        json!({"query": "q", "documents": [1, 2, 3]}),
-        json!({"documents": ["a"]}),
-        json!({"query": 1, "documents": ["a"]}),
-    ] {
-        let (st, b) = s.json("POST", "/rerank", bad.clone());
-        assert_error(st, &b, 400, "invalid_request_error");
-    }
-    drop(s);
     let s = start_model(
-        &file,
+        &bert_file,
         &["--embeddings", "--pooling", "mean", "-c", "512"],
         &[],
     );

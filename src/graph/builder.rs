@@ -126,6 +126,8 @@ pub enum Op {
     SsmScan { shape: ScanShape },
     /// reads [src, idx], writes [dst]: f32 rows of src to rows idx of dst
     StoreRows { row_len: u32, n_rows: u32 },
+    /// writes [x] (read too): each row of n_cols softmaxed in place
+    SoftmaxRows { n_cols: u32, rows: u32 },
 }
 
 /// What one node costs at the least: bytes it must move through memory (weights, K/V
@@ -165,6 +167,7 @@ impl Op {
             Op::SsmConv { .. } => "ssm_conv".into(),
             Op::SsmScan { .. } => "ssm_scan".into(),
             Op::StoreRows { .. } => "store_rows".into(),
+            Op::SoftmaxRows { .. } => "softmax".into(),
         }
     }
 
@@ -322,6 +325,10 @@ impl Op {
                 c(bytes, tok * d * s.d_state as u64 * 6)
             }
             Op::StoreRows { row_len, n_rows } => c(2 * *row_len as u64 * *n_rows as u64 * F, 0),
+            Op::SoftmaxRows { n_cols, rows } => {
+                let e = *n_cols as u64 * *rows as u64;
+                c(2 * e * F, 4 * e)
+            }
         }
     }
 }
@@ -692,6 +699,12 @@ impl GraphBuilder {
         let n = self.ne(x)[0];
         let b = self.input(bias.clone(), [n, 1]);
         self.binary_into(op, [x, b], dst, n, 1);
+    }
+
+    /// Each row of x softmaxed, in place.
+    pub fn softmax_rows_in_place(&mut self, x: TensorId) {
+        let [n_cols, rows] = self.ne(x);
+        self.node(Op::SoftmaxRows { n_cols, rows }, &[], &[x]);
     }
 
     /// a + b, b broadcast over a when it is smaller.
@@ -1152,6 +1165,17 @@ impl GraphBuilder {
                     *n_rows,
                     crate::kv::KvType::F32,
                 )?),
+                Op::SoftmaxRows { n_cols, rows } => {
+                    let sp = SoftmaxParams {
+                        scale: 1.0,
+                        max_bias: 0.0,
+                        n_head: 1,
+                        softcap: 0.0,
+                    };
+                    dispatches.push(crate::ops::softmax::softmax(
+                        gpu, &sp, None, &w[0], *n_cols, *rows,
+                    )?)
+                }
             }
             // Every dispatch this node recorded belongs to it.
             node_of.resize(dispatches.len(), i as u32);

@@ -190,6 +190,7 @@ impl Model {
     /// Whether the model has a classifier head that scores a sequence (a reranker).
     pub fn has_classifier(&self) -> bool {
         (self.weights.bert.as_ref()).is_some_and(|b| b.classifier.is_some())
+            || self.weights.cls_out.is_some()
     }
 
     /// Floats the classifier head gives per sequence: its scores, or where it ends in
@@ -235,6 +236,18 @@ fn output_head(
     let output_norm = w.output_norm.as_ref().ok_or_else(|| {
         GpuError::Validation("the model has no final norm for an output head".into())
     })?;
+    if io.rank {
+        // A decoder reranker (llama.cpp's rank pooling of Qwen3): its label tokens'
+        // logits of the final norm's output, softmaxed.
+        let head = w.cls_out.as_ref().ok_or_else(|| {
+            GpuError::Validation("reranking with a model that has no classifier head".into())
+        })?;
+        let out = g.input(io.logits.clone(), [head.n_rows, io.n_out]);
+        let cur = g.rms_norm(x, output_norm, hp.eps);
+        g.matmul_into(head, cur, out);
+        g.softmax_rows_in_place(out);
+        return g.build(gpu);
+    }
     if io.embeddings {
         // llama.cpp's embeddings: the final norm's output, before the projection.
         let out = g.input(io.logits.clone(), [hp.n_embd, io.n_out]);

@@ -151,6 +151,10 @@ pub enum SynthArch {
     /// The same BERT as a reranker: a classifier head (dense + tanh, then one score) over
     /// the first token, rank pooling declared.
     BertRank,
+    /// Qwen3 as a reranker, as llama.cpp's converter writes Qwen3-Reranker: a `cls.output`
+    /// of two rows (labels yes, no) over the last token, rank pooling and a rerank
+    /// template declared.
+    Qwen3Rank,
 }
 
 impl SynthArch {
@@ -174,11 +178,12 @@ impl SynthArch {
             "lfm2" => Self::Lfm2,
             "bert" => Self::Bert,
             "bert-rank" => Self::BertRank,
+            "qwen3-rank" => Self::Qwen3Rank,
             _ => return None,
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen2-yarn, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert, bert-rank";
+        "llama, llama3, qwen2, qwen2-yarn, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert, bert-rank, qwen3-rank";
 
     /// (experts, used per token) of a mixture-of-experts architecture, None for others.
     pub fn default_experts(self) -> Option<(u32, u32)> {
@@ -196,7 +201,7 @@ impl SynthArch {
             Self::Qwen3Moe => "qwen3moe",
             Self::Qwen2Moe => "qwen2moe",
             Self::Qwen2 | Self::Qwen2Yarn => "qwen2",
-            Self::Qwen3 => "qwen3",
+            Self::Qwen3 | Self::Qwen3Rank => "qwen3",
             Self::Phi3 | Self::Phi3Long => "phi3",
             Self::Gemma2 { .. } => "gemma2",
             Self::GptOss { .. } => "gpt-oss",
@@ -304,6 +309,39 @@ pub fn synth(
     if matches!(arch, SynthArch::Mamba | SynthArch::Mamba2) {
         return synth_ssm(arch, shape, ty, vocab, n_vocab, scale, vocab_only);
     }
+    if arch == SynthArch::Qwen3Rank {
+        let mut w = synth(
+            SynthArch::Qwen3,
+            shape,
+            ty,
+            vocab,
+            n_vocab,
+            scale,
+            vocab_only,
+        );
+        w.meta(
+            "qwen3.classifier.output_labels",
+            Value::Array(vec![
+                Value::String("yes".into()),
+                Value::String("no".into()),
+            ]),
+        )
+        .meta("qwen3.pooling_type", Value::U32(4))
+        .meta(
+            "tokenizer.chat_template.rerank",
+            Value::String(QWEN3_RERANK_TEMPLATE.into()),
+        );
+        if !vocab_only {
+            let e = shape.n_embd as usize;
+            let std = match scale {
+                WeightScale::Fixed(s) => s,
+                WeightScale::FanIn => 3f32.sqrt() / (e as f32).sqrt(),
+            };
+            let data = random_tensor(GgmlType::F32, e, 2, std, 0x7e5);
+            w.tensor("cls.output.weight", &[e as u64, 2], GgmlType::F32, data);
+        }
+        return w;
+    }
     if matches!(arch, SynthArch::Bert | SynthArch::BertRank) {
         let rank = arch == SynthArch::BertRank;
         return synth_bert(shape, ty, vocab, n_vocab, scale, vocab_only, rank);
@@ -375,6 +413,7 @@ pub fn synth(
         SynthArch::Llama | SynthArch::Mixtral | SynthArch::Phi3 | SynthArch::Phi3Long => 10_000.0,
         SynthArch::Mamba | SynthArch::Mamba2 => unreachable!("written by synth_ssm"),
         SynthArch::Bert | SynthArch::BertRank => unreachable!("written by synth_bert"),
+        SynthArch::Qwen3Rank => unreachable!("written as qwen3 with a head"),
     };
     w.meta(&key("rope.freq_base"), Value::F32(base));
     let phi3 = matches!(arch, SynthArch::Phi3 | SynthArch::Phi3Long);
@@ -752,6 +791,10 @@ fn synth_ssm(
     }
     w
 }
+
+/// Qwen3-Reranker's layout of a query and a document (as its converter writes it,
+/// shortened): a system turn, the pair, and the answer opened for "yes" or "no".
+const QWEN3_RERANK_TEMPLATE: &str = "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
 
 /// Learned positions of a synthetic BERT (bge's).
 const BERT_POSITIONS: u64 = 512;

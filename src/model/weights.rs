@@ -137,6 +137,9 @@ pub struct ModelWeights {
     pub lfm2: Vec<Lfm2Layer>,
     /// A BERT encoder's positions, norms and layers.
     pub bert: Option<BertWeights>,
+    /// A decoder reranker's head (Qwen3-Reranker as llama.cpp's converter writes it: the
+    /// output rows of its label tokens, `cls.output`), over the final norm's output.
+    pub cls_out: Option<Arc<Weight>>,
     /// One f32 the embeddings are multiplied by (Gemma), broadcast by the graph.
     pub embd_scale: Option<View>,
     /// One f32 the output logits are soft-capped at (Gemma 2).
@@ -814,6 +817,11 @@ impl ModelWeights {
         } else {
             tok_embd.clone()
         };
+        // llama.cpp loads this head for Qwen3 only.
+        let cls_out = match (hp.arch, f.tensor("cls.output.weight")) {
+            (Arch::Qwen3, Some(_)) => Some(l.matrix("cls.output.weight", e, hp.n_cls_out)?),
+            _ => None,
+        };
         let ssm_model = matches!(hp.arch, Arch::Mamba | Arch::Mamba2);
         let lfm2_model = hp.arch == Arch::Lfm2;
         let bert = match hp.arch {
@@ -853,6 +861,7 @@ impl ModelWeights {
             ssm,
             lfm2,
             bert,
+            cls_out,
             embd_scale,
             logit_softcap,
             gpu_bytes: l.gpu_bytes,

@@ -399,6 +399,8 @@ pub(super) fn build(get: Get<'_, '_>) -> Result<Tokenizer, TokenizerError> {
     special_order.sort_by_key(|&i| std::cmp::Reverse(tokens[i as usize].text.len()));
 
     let chat_template = opt_str(get, "tokenizer.chat_template")?.map(str::to_string);
+    // A reranker's layout of query and document (Qwen3-Reranker's converter writes it).
+    let rerank_template = opt_str(get, "tokenizer.chat_template.rerank")?.map(str::to_string);
 
     log::debug!(
         "tokenizer: model {model}, pre {pre:?}, {n} tokens, bos {bos:?}, eos {eos:?}, eot {eot:?}, eog {eog:?}, \
@@ -433,5 +435,6 @@ pub(super) fn build(get: Get<'_, '_>) -> Result<Tokenizer, TokenizerError> {
             sep: fim[5],
         },
         chat_template,
+        rerank_template,
     })
 }

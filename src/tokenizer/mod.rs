@@ -127,6 +127,8 @@ pub struct Tokenizer {
     eog: BTreeSet<u32>,
     fim: Fim,
     chat_template: Option<String>,
+    /// `tokenizer.chat_template.rerank`: text with `{query}` and `{document}`.
+    rerank_template: Option<String>,
 }
 
 /// A vocabulary's fill-in-the-middle tokens, from metadata or found by their text as
