@@ -252,7 +252,8 @@ fn bert_engine(path: &std::path::Path, n_seq_max: u32, n_ubatch: u32) -> Engine 
 /// at least 0.9999 (measured: 0.99996 to 0.999999; the same model attending causally
 /// measured 0.66-0.99) and lengths within 0.2 % (measured: within 0.04 %). Inputs
 /// embedded side by side equal each alone (each sequence sees all of itself and nothing
-/// of the others), and one longer than a ubatch is refused with llama-server's reason.
+/// of the others), mean pooling reads back one row per input (its sums are made on the
+/// GPU), and an input longer than a ubatch is refused with llama-server's reason.
 #[test]
 fn bert_embeddings_match_llama_server() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -300,6 +301,9 @@ fn bert_embeddings_match_llama_server() {
         }
     }
     assert_eq!(e.cells().used(), 0, "cells left behind");
+    // Mean pooling sums on the GPU: one row comes back for a 62-token input.
+    e.embed(&r.cases[2].tokens, Pooling::Mean).unwrap();
+    assert_eq!(e.context().last_step.read_bytes, 256 * 4);
     // The 62-token text does not fit a ubatch of 32.
     let mut small = bert_engine(&file, 1, 32);
     let long = &r.cases[2].tokens;

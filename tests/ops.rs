@@ -25,6 +25,7 @@ use wgllm::ops::moe::{
     matmul_id, matmul_id_ref, moe_add_id, moe_add_id_ref, moe_group, moe_route, moe_route_ref,
     moe_sum, moe_sum_ref, Gating, MoeRouting, Pairs,
 };
+use wgllm::ops::pool::{pool_rows, pool_rows_ref};
 use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
 use wgllm::ops::rope_store::{rope_store, rope_store_ref, RopeStoreShape, RopeStoreViews};
@@ -509,6 +510,45 @@ fn layer_norm_matches_reference() {
                 &format!("{name} layer_norm {n}x{rows}"),
                 &layer_norm_ref(&x, &w, &b, n, 1e-12),
                 &read(gpu, &dst, n * rows),
+                1e-10,
+            );
+        }
+    }
+}
+
+#[test]
+fn pool_rows_matches_reference() {
+    let mut rng = Rng(15);
+    for (name, gpu, _serial) in gpus() {
+        for _ in 0..4 {
+            let row_len = 1 + rng.below(700) as usize;
+            // Runs of 1 to 40 rows after an empty one.
+            let mut starts = vec![0u32, 0];
+            for _ in 0..1 + rng.below(6) {
+                let last = *starts.last().unwrap();
+                starts.push(last + 1 + rng.below(40));
+            }
+            let n_rows = *starts.last().unwrap() as usize;
+            let src = rng.vec(n_rows.max(1) * row_len);
+            let n_runs = starts.len() - 1;
+            let dst = out_f32(gpu, n_runs * row_len);
+            let st = wgllm::ops::View::whole(
+                &gpu.upload("starts", bytemuck::cast_slice(&starts)).unwrap(),
+            );
+            let d = pool_rows(
+                gpu,
+                &up_f32(gpu, &src),
+                &st,
+                &dst,
+                row_len as u32,
+                n_runs as u32,
+            )
+            .unwrap();
+            run_now(gpu, &[d]).unwrap();
+            check(
+                &format!("{name} pool_rows {row_len} x {starts:?}"),
+                &pool_rows_ref(&src, &starts, row_len),
+                &read(gpu, &dst, n_runs * row_len),
                 1e-10,
             );
         }

@@ -150,6 +150,9 @@ impl ContextParams {
 struct StepBuffers {
     inputs: Vec<(GraphInput, wgpu::Buffer)>,
     logits: wgpu::Buffer,
+    /// An embeddings context's mean pooling: where each run of output rows starts (u32,
+    /// one more than the runs), and the runs' sums ([`Context::decode_pooled`]).
+    pool: Option<(wgpu::Buffer, wgpu::Buffer)>,
 }
 
 /// What a graph is built for: (tokens, cells read in the full store, cells read in the
@@ -184,6 +187,15 @@ pub struct Context {
 
 /// What a decode returns: the logit rows asked for and not drawn on the GPU, and each
 /// draw's token, in the order the draws were given.
+/// A run of consecutive tokens of one sequence set in a ubatch of
+/// [`Context::decode_pooled`]: the set, the sum of the run's output rows, its length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PooledRun {
+    pub seq: u64,
+    pub sum: Vec<f32>,
+    pub n: usize,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Decoded {
     pub logits: Vec<f32>,
@@ -253,9 +265,17 @@ impl Context {
             let buf = gpu.storage(&input.label(), input.bytes(ub, n_ctx))?;
             inputs.push((input, buf));
         }
+        let pool = match params.embeddings && !params.rank {
+            true => Some((
+                gpu.storage("pool_starts", (ub + 1) * 4)?,
+                gpu.storage("pool_sums", n_out_max as u64 * width * 4)?,
+            )),
+            false => None,
+        };
         let step = StepBuffers {
             inputs,
             logits: gpu.storage("logits", n_out_max as u64 * width * 4)?,
+            pool,
         };
         Ok(Context {
             model,
@@ -438,6 +458,33 @@ impl Context {
             .as_mut()
             .unwrap()
             .sync(&gpu, slot, stamp, row, history, bias)
+    }
+
+    /// Decodes a batch of an embeddings context whose every token asks for its output;
+    /// returns, per run of consecutive tokens of one sequence set in each ubatch (in
+    /// batch order), that set, the sum of the run's output rows and the run's length:
+    /// mean pooling's numerators, summed on the GPU so that a row per run is read back
+    /// instead of a row per token (blocking; native targets).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn decode_pooled(&mut self, batch: &Batch) -> Result<Vec<PooledRun>, ContextError> {
+        if self.step.pool.is_none() {
+            return Err(ContextError::BadBatch(
+                "pooled outputs need an embeddings context".into(),
+            ));
+        }
+        if batch.logits.contains(&false) {
+            return Err(ContextError::BadBatch(
+                "a pooled batch wants every token's output".into(),
+            ));
+        }
+        self.check_decode(batch)?;
+        self.memory.update(true)?;
+        let saved = self.memory.checkpoint();
+        let out = pollster::block_on(self.decode_pooled_ubatches(batch));
+        if out.is_err() {
+            self.memory.rollback(saved);
+        }
+        out
     }
 
     /// Decodes a batch as [`Context::decode_async`] does, except that the rows of

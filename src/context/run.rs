@@ -48,6 +48,54 @@ impl Context {
         })
     }
 
+    /// [`Context::decode_pooled`]'s ubatches: each one's runs of a sequence set summed on
+    /// the GPU after its graph, and only the sums read back.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) async fn decode_pooled_ubatches(
+        &mut self,
+        batch: &Batch,
+    ) -> Result<Vec<super::PooledRun>, ContextError> {
+        let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
+        let width = self.out_width() as usize;
+        let mut runs = Vec::new();
+        for idx in self.memory.split(batch, ub, self.n_out_max as usize)? {
+            let u = sub_batch(batch, &idx);
+            // Output rows are the ubatch's tokens in order: a run per change of set.
+            let mut starts = vec![0u32];
+            let mut sets = Vec::new();
+            for (r, &s) in u.seq.iter().enumerate() {
+                if sets.last() != Some(&s) {
+                    if r > 0 {
+                        starts.push(r as u32);
+                    }
+                    sets.push(s);
+                }
+            }
+            starts.push(u.seq.len() as u32);
+            let run = self.submit_ubatch_pooled(&u, &starts)?;
+            let (sums, _) = self.finish_ubatch(run).await?;
+            for ((s, w), sum) in sets.iter().zip(starts.windows(2)).zip(sums.chunks(width)) {
+                runs.push(super::PooledRun {
+                    seq: *s,
+                    sum: sum.to_vec(),
+                    n: (w[1] - w[0]) as usize,
+                });
+            }
+        }
+        Ok(runs)
+    }
+
+    /// [`Context::submit_ubatch`] with every output row read through the pooling sums
+    /// of the runs `starts` bounds.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn submit_ubatch_pooled(
+        &mut self,
+        u: &Batch,
+        starts: &[u32],
+    ) -> Result<UbatchRun, ContextError> {
+        self.submit_ubatch_with(u, &[], &[], &[], Some(starts))
+    }
+
     /// Runs one ubatch's graph; returns the logit rows `read` (output row indices, in
     /// order) and the tokens of the rows `drawn`.
     async fn decode_ubatch(
@@ -99,6 +147,18 @@ impl Context {
         read: &[u32],
         drawn: &[crate::ops::uniforms::SampleRow],
         feed: &[(usize, usize)],
+    ) -> Result<UbatchRun, ContextError> {
+        self.submit_ubatch_with(u, read, drawn, feed, None)
+    }
+
+    /// [`Context::submit_ubatch`], or with `pool` (run starts) the runs' sums read back.
+    fn submit_ubatch_with(
+        &mut self,
+        u: &Batch,
+        read: &[u32],
+        drawn: &[crate::ops::uniforms::SampleRow],
+        feed: &[(usize, usize)],
+        pool: Option<&[u32]>,
     ) -> Result<UbatchRun, ContextError> {
         let gpu = self.model.gpu.clone();
         let ubv = UbatchView {
@@ -168,6 +228,21 @@ impl Context {
                 _ => regions.push((&self.step.logits, r as u64 * row_bytes, row_bytes)),
             }
         }
+        // Pooled: the runs' sums instead of the rows.
+        let mut pool_dispatch = Vec::new();
+        if let (Some(starts), Some((starts_buf, sums))) = (pool, &self.step.pool) {
+            let n_runs = starts.len().saturating_sub(1) as u32;
+            gpu.write(starts_buf, 0, bytemuck::cast_slice(starts));
+            pool_dispatch.push(crate::ops::pool::pool_rows(
+                &gpu,
+                &View::whole(&self.step.logits),
+                &View::whole(starts_buf),
+                &View::whole(sums),
+                self.out_width(),
+                n_runs,
+            )?);
+            regions = vec![(sums, 0, n_runs as u64 * row_bytes)];
+        }
         let logit_bytes: u64 = regions.iter().map(|r| r.2).sum();
         // Tokens drawn by the step before, copied into this step's token input before
         // the result buffer is drawn into again.
@@ -198,7 +273,9 @@ impl Context {
                 })
                 .collect(),
         };
-        let extra: &[crate::ops::Dispatch] = if drawn.is_empty() {
+        let extra: &[crate::ops::Dispatch] = if !pool_dispatch.is_empty() {
+            &pool_dispatch
+        } else if drawn.is_empty() {
             &[]
         } else {
             let st = self

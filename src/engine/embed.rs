@@ -239,6 +239,8 @@ impl Engine {
             self.ctx.seq_rm(Some(s), -1, -1)?;
         }
         let mut rows: Vec<Vec<f32>> = vec![Vec::new(); group.len()];
+        // Mean pooling's sums and counts per input, from the GPU's runs.
+        let mut sums: Option<(Vec<Vec<f64>>, Vec<usize>)> = None;
         let mut result = Ok(());
         for chunk in all.chunks(n_batch) {
             let batch = Batch {
@@ -249,6 +251,33 @@ impl Engine {
                     .map(|&(g, i)| wanted(i, group[g].len()))
                     .collect(),
             };
+            // Mean pooling sums each sequence's rows on the GPU: a row per run comes back.
+            if pooling == Pooling::Mean {
+                match self.ctx.decode_pooled(&batch) {
+                    Ok(runs) => {
+                        for run in runs {
+                            // Every run is of one of the group's sequences.
+                            let Some(g) =
+                                (seqs[..group.len()].iter()).position(|&s| run.seq == 1u64 << s)
+                            else {
+                                continue;
+                            };
+                            let (sum, n) = sums.get_or_insert_with(|| {
+                                (vec![vec![0f64; width]; group.len()], vec![0; group.len()])
+                            });
+                            for (a, &x) in sum[g].iter_mut().zip(&run.sum) {
+                                *a += x as f64;
+                            }
+                            n[g] += run.n;
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
             match self.ctx.decode(&batch) {
                 Ok(states) => {
                     let read = chunk.iter().filter(|&&(g, i)| wanted(i, group[g].len()));
@@ -266,6 +295,14 @@ impl Engine {
             self.ctx.seq_rm(Some(s), -1, -1)?;
         }
         result?;
+        if let Some((sum, n)) = sums {
+            return Ok((sum.iter().zip(&n))
+                .map(|(s, &n)| {
+                    let n = n.max(1) as f64;
+                    vec![s.iter().map(|&x| (x / n) as f32).collect()]
+                })
+                .collect());
+        }
         Ok(rows.iter().map(|r| pool(r, width, pooling)).collect())
     }
 }

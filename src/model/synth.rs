@@ -676,19 +676,8 @@ fn synth_ssm(
     let f32s = |v: &[f32]| quantize_row(GgmlType::F32, v);
     let fixed = matches!(scale, WeightScale::Fixed(_));
     let mut rng = Rng(0x5eed);
-    // Values drawn around `center` with `spread` (FanIn), or `center` alone (Fixed).
-    let mut draw = |n: u64, center: f32, spread: f32| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                let r = rng.normalish() * 3f32.sqrt();
-                if fixed {
-                    center
-                } else {
-                    center + spread * r
-                }
-            })
-            .collect()
-    };
+    let mut draw =
+        |n: u64, center: f32, spread: f32| draw_values(&mut rng, fixed, n, center, spread);
     let mut mseed = 1u64;
     // `gain` scales a matrix past its fan-in (the output projections: the layers must
     // outweigh the embeddings in the residual stream for the state to show).
@@ -792,6 +781,21 @@ fn synth_ssm(
     w
 }
 
+/// `n` values drawn around `center` with `spread` (uniform-ish, [`WeightScale::FanIn`]), or
+/// `center` alone (`fixed`, [`WeightScale::Fixed`]).
+fn draw_values(rng: &mut Rng, fixed: bool, n: u64, center: f32, spread: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let r = rng.normalish() * 3f32.sqrt();
+            if fixed {
+                center
+            } else {
+                center + spread * r
+            }
+        })
+        .collect()
+}
+
 /// Qwen3-Reranker's layout of a query and a document (as its converter writes it,
 /// shortened): a system turn, the pair, and the answer opened for "yes" or "no".
 const QWEN3_RERANK_TEMPLATE: &str = "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
@@ -845,19 +849,8 @@ fn synth_bert(
     let f32s = |v: &[f32]| quantize_row(GgmlType::F32, v);
     let fixed = matches!(scale, WeightScale::Fixed(_));
     let mut rng = Rng(0xbe27);
-    // Values drawn around `center` with `spread` (FanIn), or `center` alone (Fixed).
-    let mut draw = |n: u64, center: f32, spread: f32| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                let r = rng.normalish() * 3f32.sqrt();
-                if fixed {
-                    center
-                } else {
-                    center + spread * r
-                }
-            })
-            .collect()
-    };
+    let mut draw =
+        |n: u64, center: f32, spread: f32| draw_values(&mut rng, fixed, n, center, spread);
     let mut mseed = 1u64;
     let mut mat = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64, std_fanin: f32| {
         mseed += 1;

@@ -84,6 +84,8 @@ pub enum KernelKey {
     },
     /// Layer norm with weight and bias (BERT): a workgroup per row.
     LayerNorm,
+    /// Sums of runs of rows (mean pooling).
+    PoolRows,
     Binary(BinaryOp),
     Glu(Activation),
     /// RoPE on f32 activations, or in place on an f16 K cache (the K-shift).
@@ -359,6 +361,7 @@ impl KernelKey {
             v.extend([false, true].map(|wg| SsmScan { ds, wg }));
         }
         v.push(LayerNorm);
+        v.push(PoolRows);
         v.extend(BinaryOp::ALL.iter().map(|&op| Binary(op)));
         v.extend(Activation::ALL.iter().map(|&act| Glu(act)));
         v.extend(SOFTMAX_WG.iter().map(|&wg| Softmax { wg }));
@@ -559,6 +562,7 @@ impl KernelKey {
             Softmax { wg } => wg,
             RmsNorm { rows: true }
             | AddRmsNorm { rows: true }
+            | PoolRows
             | Rope { .. }
             | RopeStore { .. }
             | SetRows { .. }
@@ -618,6 +622,7 @@ impl KernelKey {
         use KernelKey::*;
         match self {
             RmsNorm { .. } | AddRmsNorm { .. } | LayerNorm => NormUniform::WGSL,
+            PoolRows => SetRowsUniform::WGSL,
             Binary(_) => BinaryUniform::WGSL,
             Glu(_) => GluUniform::WGSL,
             Rope { .. } => RopeUniform::WGSL,
@@ -661,6 +666,7 @@ impl KernelKey {
             RmsNorm { rows } => shaders::norm_source(shaders::RMS_NORM, rows),
             AddRmsNorm { rows } => shaders::norm_source(shaders::ADD_RMS_NORM, rows),
             LayerNorm => shaders::LAYER_NORM.to_string(),
+            PoolRows => shaders::POOL_ROWS.to_string(),
             Binary(op) => compose(&[shaders::BINARY], &[("OP", op.expr().to_string())]),
             Glu(act) => compose(
                 &[shaders::ACT, shaders::GLU],
@@ -904,6 +910,7 @@ impl fmt::Display for KernelKey {
             RmsNorm { rows } => write!(f, "rms_norm{}", if rows { "_rows" } else { "" }),
             AddRmsNorm { rows } => write!(f, "add_rms_norm{}", if rows { "_rows" } else { "" }),
             LayerNorm => write!(f, "layer_norm"),
+            PoolRows => write!(f, "pool_rows"),
             Binary(op) => write!(f, "binary_{op:?}"),
             Glu(act) => write!(f, "glu_{act:?}"),
             Rope { f16 } => write!(f, "rope_{}", kv(f16)),
@@ -1222,7 +1229,7 @@ mod tests {
         let shared = 2 * 2
             + 2
             + 1
-            + 1
+            + 2
             + BinaryOp::ALL.len()
             + Activation::ALL.len()
             + SOFTMAX_WG.len()

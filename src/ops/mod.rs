@@ -16,6 +16,7 @@ pub mod layer_norm;
 pub mod matmul;
 pub mod matmul_q8;
 pub mod moe;
+pub mod pool;
 pub mod rms_norm;
 pub mod rope;
 pub mod rope_store;
