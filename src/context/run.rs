@@ -72,7 +72,7 @@ impl Context {
                 }
             }
             starts.push(u.seq.len() as u32);
-            let run = self.submit_ubatch_pooled(&u, &starts)?;
+            let run = self.submit_ubatch_with(&u, &[], &[], &[], Some(&starts))?;
             let (sums, _) = self.finish_ubatch(run).await?;
             for ((s, w), sum) in sets.iter().zip(starts.windows(2)).zip(sums.chunks(width)) {
                 runs.push(super::PooledRun {
@@ -83,17 +83,6 @@ impl Context {
             }
         }
         Ok(runs)
-    }
-
-    /// [`Context::submit_ubatch`] with every output row read through the pooling sums
-    /// of the runs `starts` bounds.
-    #[cfg(not(target_arch = "wasm32"))]
-    fn submit_ubatch_pooled(
-        &mut self,
-        u: &Batch,
-        starts: &[u32],
-    ) -> Result<UbatchRun, ContextError> {
-        self.submit_ubatch_with(u, &[], &[], &[], Some(starts))
     }
 
     /// Runs one ubatch's graph; returns the logit rows `read` (output row indices, in

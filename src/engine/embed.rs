@@ -41,9 +41,7 @@ impl Pooling {
             )),
         }
     }
-}
 
-impl Pooling {
     /// The pooling the model file `f` declares (see [`Pooling::from_code`]).
     pub fn declared(f: &crate::gguf::GgufFile) -> Result<Pooling, String> {
         let arch = f.get_str("general.architecture").unwrap_or_default();
