@@ -4,7 +4,7 @@
 # comparison, against a llama-server binary — with SmolLM2 in place of every preset's
 # model (scripts/server-launcher.py swaps the model flags).
 #   scripts/server-tests.sh [--server BIN] [--junit FILE] [--expected LIST] [unit/test_x.py ...] [-- PYTEST_ARGS]
-# Default server: target/release/wgllm; default files: the fifteen README's table lists.
+# Default server: target/release/wgllm; default files: the seventeen README's table lists.
 # --expected LIST runs the tests named in LIST (pytest node ids, one per line; # comments),
 # which must all pass: the test command runs tests/data/server-suite-pass.txt.
 # The suite's session fixture starts every preset once only to download models: with a
@@ -31,7 +31,7 @@ if [ ${#files[@]} -eq 0 ]; then
     unit/test_tokenize.py unit/test_ctx_shift.py unit/test_security.py unit/test_stream.py
     unit/test_ignore_eos.py unit/test_metrics.py unit/test_kv_keep_only_active.py
     unit/test_compat_anthropic.py unit/test_slot_save.py unit/test_embedding.py
-    unit/test_infill.py unit/test_speculative.py unit/test_rerank.py)
+    unit/test_infill.py unit/test_speculative.py unit/test_rerank.py unit/test_lora.py)
 fi
 [ -x "$server" ] || { echo "error: no server binary at $server (cargo build --release)" >&2; exit 1; }
 # Sets model, tests (the suite's folder) and venv (its Python environment).
@@ -58,6 +58,15 @@ done
 # for itself there instead.
 mkdir -p "$tests/tmp"
 ln -sf "$model" "$tests/tmp/stories15M-q4_0.gguf"
+# test_lora.py downloads a Shakespeare adapter for stories15M_MOE into tmp/: a random
+# adapter for SmolLM2 (`wgllm synth --lora-for`) takes its place (its content checks
+# expect the trained pair's words, so they fail for llama-server too).
+lora_file="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/synth-lora-smollm2-f16.gguf"
+if [ ! -f "$lora_file" ]; then
+  "$root/target/release/wgllm" synth --lora-for "$model" --lora-rank 16 --lora-strength 0.3 \
+    -o "$lora_file" 2>/dev/null
+fi
+ln -sf "$lora_file" "$tests/tmp/moe_shakespeare15M.gguf"
 # Our copy of the suite: the session fixture does not start every preset to download.
 sed -i 's/^\(\s*\)ServerPreset.load_all()$/\1pass  # wgllm: models are local files/' "$tests/conftest.py"
 cd "$tests"

@@ -340,7 +340,7 @@ fn meaningless_llama_cpp_flags_are_refused() {
             &["-mu", "https://x/y.gguf"][..],
             "Hugging Face repositories (-hf",
         ),
-        (&["--lora", "x.gguf"][..], "LoRA"),
+        (&["--control-vector", "x.gguf"][..], "control vectors"),
         (&["-i"][..], "wgllm chat"),
         (&["--no_mmap"][..], "keeps every weight on the GPU"),
         (&["--tools", "all"][..], "web UI agent side"),

@@ -8,6 +8,7 @@ use wgllm::gguf::{quant, GgmlType};
 use wgllm::gpu::{Backend, Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
 use wgllm::kv::KvType;
 use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
+use wgllm::ops::add_scaled::{add_scaled, add_scaled_ref, ScaledRows};
 use wgllm::ops::attention::{
     attention_sinks_ref, attention_with, AttnShape, AttnViews, FlashKernel,
 };
@@ -513,6 +514,64 @@ fn layer_norm_matches_reference() {
                 1e-10,
             );
         }
+    }
+}
+
+/// A LoRA correction added in place at stacked (step 1, at an offset) and interleaved
+/// (step 2) rows of a wider output; the rows it does not reach stay as they were.
+#[test]
+fn add_scaled_matches_reference() {
+    let mut rng = Rng(16);
+    for (name, gpu, _serial) in gpus() {
+        for i in 0..6 {
+            let step = 1 + (i % 2) as u32;
+            let n = 1 + rng.below(300);
+            let n_tok = 1 + rng.below(9);
+            let span = (n - 1) * step + 1;
+            let offset = rng.below(40);
+            let stride = offset + span + rng.below(20);
+            let p = ScaledRows {
+                n,
+                n_tok,
+                stride,
+                offset,
+                step,
+                scale: rng.f32() * 3.0,
+            };
+            let src = rng.vec((n * n_tok) as usize);
+            let before = rng.vec((stride * n_tok) as usize);
+            let dst = up_f32(gpu, &before);
+            let d = add_scaled(gpu, &up_f32(gpu, &src), &dst, p).unwrap();
+            run_now(gpu, &[d]).unwrap();
+            let want = add_scaled_ref(&src, &before, p);
+            let got = read(gpu, &dst, before.len());
+            check(&format!("{name} add_scaled {p:?}"), &want, &got, 1e-12);
+            // Outside the placed rows, the destination is exactly as before.
+            let placed: std::collections::HashSet<usize> = (0..n_tok as usize)
+                .flat_map(|t| {
+                    (0..n as usize)
+                        .map(move |j| t * stride as usize + offset as usize + j * step as usize)
+                })
+                .collect();
+            for (k, (&g, &b)) in got.iter().zip(&before).enumerate() {
+                if !placed.contains(&k) {
+                    assert_eq!(g, b, "{name} add_scaled {p:?}: output {k} changed");
+                }
+            }
+        }
+        // A placement past the end of a row is refused, not written into the next row.
+        let p = ScaledRows {
+            n: 10,
+            n_tok: 2,
+            stride: 18,
+            offset: 0,
+            step: 2,
+            scale: 1.0,
+        };
+        let (src, dst) = (up_f32(gpu, &[0.0; 20]), up_f32(gpu, &[0.0; 36]));
+        assert!(add_scaled(gpu, &src, &dst, p).is_err());
+        let wider = up_f32(gpu, &[0.0; 38]);
+        assert!(add_scaled(gpu, &src, &wider, ScaledRows { stride: 19, ..p }).is_ok());
     }
 }
 

@@ -1103,3 +1103,86 @@ fn rerank_scores_as_llama_server() {
     let (st, b) = s.json("POST", "/rerank", json!({"query": "q", "documents": ["a"]}));
     assert_error(st, &b, 501, "not_supported_error");
 }
+
+/// `/lora-adapters` and a request's `lora`, as llama-server serves them: with
+/// `--lora-init-without-apply` the adapter starts at 0; `POST /lora-adapters` sets the
+/// scale later requests take; a request's own `lora` wins for it; requests of different
+/// settings run side by side (never in one batch) and each gets what it gets alone;
+/// malformed settings get a 400 and the server goes on.
+#[test]
+fn lora_adapters_as_llama_server() {
+    let dir = common::scratch_dir("lora-server");
+    let adapter = dir.join("adapter.gguf");
+    let smol = common::smollm2();
+    let (code, _, err) = common::wgllm(&[
+        "synth",
+        "--lora-for",
+        &smol,
+        "--lora-rank",
+        "16",
+        "--lora-strength",
+        "0.3",
+        "-o",
+        &adapter.to_string_lossy(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let path = adapter.to_string_lossy().into_owned();
+    let s = start(&["-np", "2", "--lora", &path, "--lora-init-without-apply"]);
+    let (st, list) = s.json("GET", "/lora-adapters", json!(null));
+    assert_eq!(st, 200, "{list}");
+    assert_eq!(list[0]["id"], 0);
+    assert_eq!(list[0]["path"], path.as_str());
+    assert_eq!(list[0]["scale"], 0.0);
+    let complete = |lora: Option<Value>| -> String {
+        let mut body = json!({"prompt": "Look in thy glass", "n_predict": 16, "temperature": 0.0});
+        if let Some(l) = lora {
+            body["lora"] = l;
+        }
+        let (st, r) = s.json("POST", "/completion", body);
+        assert_eq!(st, 200, "{r}");
+        r["content"].as_str().unwrap().to_string()
+    };
+    let plain = complete(None);
+    let (st, r) = s.json("POST", "/lora-adapters", json!([{"id": 0, "scale": 1.0}]));
+    assert_eq!((st, &r["success"]), (200, &json!(true)), "{r}");
+    let (_, list) = s.json("GET", "/lora-adapters", json!(null));
+    assert_eq!(list[0]["scale"], 1.0);
+    let adapted = complete(None);
+    assert_ne!(plain, adapted, "the adapter at scale 1 changes the reply");
+    // A request's own setting wins (the slot's cells of the other setting are not reused).
+    assert_eq!(complete(Some(json!([{"id": 0, "scale": 0.0}]))), plain);
+    assert_eq!(
+        complete(Some(json!([]))),
+        adapted,
+        "an empty list is the server's setting"
+    );
+    // Side by side: each as alone.
+    let both = std::thread::scope(|sc| {
+        let a = sc.spawn(|| complete(Some(json!([{"id": 0, "scale": 0.0}]))));
+        let b = sc.spawn(|| complete(Some(json!([{"id": 0, "scale": 1.0}]))));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(both, (plain.clone(), adapted.clone()));
+    for (path, body) in [
+        ("/lora-adapters", json!({"id": 0, "scale": 1.0})),
+        ("/lora-adapters", json!([{"id": 1, "scale": 1.0}])),
+        ("/lora-adapters", json!([{"scale": 1.0}])),
+        ("/completion", json!({"prompt": "Hi", "lora": "all"})),
+        (
+            "/completion",
+            json!({"prompt": "Hi", "lora": [{"id": -1, "scale": 1.0}]}),
+        ),
+        (
+            "/completion",
+            json!({"prompt": "Hi", "lora": [{"id": 0, "scale": "x"}]}),
+        ),
+    ] {
+        let (st, r) = s.json("POST", path, body.clone());
+        assert_error(st, &r, 400, "invalid_request_error");
+    }
+    assert_eq!(
+        complete(None),
+        adapted,
+        "the server goes on with its setting"
+    );
+}

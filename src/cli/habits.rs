@@ -35,7 +35,7 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--draft-min", "--draft-n-min"], "today's llama.cpp removed it: use --spec-draft-n-min"),
     (&["--spec-draft-device", "--devd", "--device-draft"], "the draft model runs on the target's GPU"),
     (&["--spec-synth-len"], "a synthetic acceptance length is not built: give the per-position rates with --spec-synth-rates"),
-    (&["--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled"], "LoRA adapters and control vectors are not supported"),
+    (&["--control-vector", "--control-vector-scaled"], "control vectors are not supported (LoRA adapters are: --lora, --lora-scaled)"),
     (&["--mmproj", "--image"], "multimodal models are not supported"),
     (&["--model-url", "--mu"], "wgllm takes local GGUF files (-m) and Hugging Face repositories (-hf ORG/NAME[:QUANT]); download the file and pass it with -m"),
     (&["--conversation", "--cnv", "--interactive", "-i", "--interactive-first", "-if"], "conversations are the `wgllm chat` command"),

@@ -218,10 +218,36 @@ pub struct ModelArgs {
     /// Flash attention: on, off or auto (auto: on where a quantized V cache needs it).
     #[arg(long = "flash-attn", visible_alias = "fa", num_args = 0..=1, default_missing_value = "on", value_parser = FlashAttn::parse, default_value = "auto")]
     pub flash_attn: FlashAttn,
+    /// LoRA adapter files (GGUF, as llama.cpp's convert_lora_to_gguf.py writes them),
+    /// each applied at scale 1; comma-separated or repeated.
+    #[arg(long = "lora", value_delimiter = ',')]
+    pub lora: Vec<PathBuf>,
+    /// LoRA adapters with their scales: FNAME:SCALE, comma-separated or repeated.
+    #[arg(long = "lora-scaled", value_delimiter = ',', value_parser = parse_lora_scaled)]
+    pub lora_scaled: Vec<(PathBuf, f32)>,
     #[command(flatten)]
     pub gpu: GpuArgs,
     #[command(flatten)]
     pub habits: habits::LlamaHabits,
+}
+
+/// `FNAME:SCALE` of `--lora-scaled` (the scale after the last colon, so a Windows path's
+/// drive letter stays in the name).
+fn parse_lora_scaled(s: &str) -> Result<(PathBuf, f32), String> {
+    let (name, scale) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("`{s}`: --lora-scaled takes FNAME:SCALE"))?;
+    let scale: f32 = scale
+        .parse()
+        .ok()
+        .filter(|v: &f32| v.is_finite())
+        .ok_or_else(|| {
+            format!("`{s}`: the scale `{scale}` is not a number (--lora-scaled FNAME:SCALE)")
+        })?;
+    if name.is_empty() {
+        return Err(format!("`{s}`: no file name before the scale"));
+    }
+    Ok((PathBuf::from(name), scale))
 }
 
 impl ModelArgs {
@@ -261,7 +287,19 @@ impl ModelArgs {
             decode_ahead: true,
             embeddings: false,
             reranking: false,
+            lora: self.lora_specs(),
+            lora_init_without_apply: false,
         })
+    }
+
+    /// `--lora` files at scale 1, then `--lora-scaled` ones, each group in the order
+    /// given: their ids (llama.cpp keeps the command line's order, which differs only
+    /// where the two flags alternate).
+    pub fn lora_specs(&self) -> Vec<wgllm::engine::LoraSpec> {
+        let plain = self.lora.iter().map(|p| (p.clone(), 1.0));
+        (plain.chain(self.lora_scaled.iter().cloned()))
+            .map(|(path, scale)| wgllm::engine::LoraSpec { path, scale })
+            .collect()
     }
 }
 

@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// of prefix, suffix, middle.
     #[arg(long = "spm-infill")]
     pub spm_infill: bool,
+    /// Load the --lora adapters with scale 0: set them later with POST /lora-adapters
+    /// or a request's `lora` (today's llama-server applies them at their scales anyway).
+    #[arg(long = "lora-init-without-apply")]
+    pub lora_init_without_apply: bool,
     /// Serve /slots (on by default).
     #[arg(long, overrides_with = "no_slots")]
     pub slots: bool,
@@ -245,6 +249,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
             shift: policy,
             ignore_eos: a.sampling.ignore_eos,
             backend_sampling: a.model.gpu.sampling_path() == SamplingPath::Gpu,
+            n_lora: a.model.lora_specs().len(),
         },
         cors_origins: a
             .cors_origins
@@ -272,6 +277,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     let mut eopts = model.options()?;
     eopts.swa_keep = shift.swa_keep();
     eopts.kv_unified = a.kv_unified;
+    eopts.lora_init_without_apply = a.lora_init_without_apply;
     eopts.embeddings = embeddings;
     eopts.reranking = pooling == wgllm::engine::Pooling::Rank;
     let spec = a.spec.clone();

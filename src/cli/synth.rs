@@ -13,8 +13,31 @@ use wgllm::model::synth::{
 #[derive(Args)]
 pub struct SynthArgs {
     /// A GGUF whose tokenizer (all `tokenizer.*` metadata) the new file takes.
-    #[arg(long = "vocab-from")]
-    pub vocab_from: PathBuf,
+    #[arg(long = "vocab-from", required_unless_present = "lora_for")]
+    pub vocab_from: Option<PathBuf>,
+    /// Write a random LoRA adapter for this base model instead of a model (its attention
+    /// and feed-forward projections and output head, in convert_lora_to_gguf.py's layout).
+    #[arg(long = "lora-for", conflicts_with = "vocab_from")]
+    pub lora_for: Option<PathBuf>,
+    /// The adapter's rank.
+    #[arg(long = "lora-rank", default_value_t = 32)]
+    pub lora_rank: u32,
+    /// The adapter's `adapter.lora.alpha` (0: the scale applies unchanged).
+    #[arg(long = "lora-alpha", default_value_t = 32.0)]
+    pub lora_alpha: f32,
+    /// The adapter's halves' type: f32, f16 or q8_0.
+    #[arg(long = "lora-type", default_value = "f16")]
+    pub lora_type: String,
+    /// The correction's size against its input's (at scale 1).
+    #[arg(long = "lora-strength", default_value_t = 0.1)]
+    pub lora_strength: f32,
+    /// Adapt the token embedding too (only for models with an output head of their own:
+    /// llama.cpp applies an embedding pair to a tied head as well, where it cannot fit).
+    #[arg(long = "lora-embedding")]
+    pub lora_embedding: bool,
+    /// The adapter's random seed.
+    #[arg(long = "lora-seed", default_value_t = 1)]
+    pub lora_seed: u64,
     /// Model shape: tiny, 135m, 1b or 7b.
     #[arg(long, default_value = "7b")]
     pub shape: String,
@@ -55,6 +78,9 @@ pub struct SynthArgs {
 }
 
 pub fn synth(a: &SynthArgs) -> Result<()> {
+    if let Some(base) = &a.lora_for {
+        return synth_lora(a, base);
+    }
     let Some(arch) = SynthArch::by_name(&a.arch) else {
         bail!(
             "unknown architecture `{}` (--arch takes one of: {})",
@@ -105,10 +131,11 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
             shape.n_ff
         );
     }
-    let src = GgufFile::open(&a.vocab_from)?;
+    let vocab_from = a.vocab_from.as_ref().context("--vocab-from is needed")?;
+    let src = GgufFile::open(vocab_from)?;
     let n_vocab = src
         .get_array("tokenizer.ggml.tokens")
-        .with_context(|| format!("{} has no vocabulary", a.vocab_from.display()))?
+        .with_context(|| format!("{} has no vocabulary", vocab_from.display()))?
         .len() as u64;
     log::info!(
         "writing {} ({:?}, {ty}, {n_vocab} tokens)",
@@ -127,6 +154,29 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
         WeightScale::Fixed(0.02)
     };
     let w = model_synth::synth(arch, shape, ty, vocab, n_vocab, scale, a.vocab_only);
+    w.write(&a.output)
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    Ok(())
+}
+
+/// `--lora-for BASE`: a random adapter for BASE.
+fn synth_lora(a: &SynthArgs, base: &std::path::Path) -> Result<()> {
+    let ty = match a.lora_type.to_ascii_lowercase().as_str() {
+        "f32" => wgllm::gguf::GgmlType::F32,
+        "f16" => wgllm::gguf::GgmlType::F16,
+        "q8_0" => wgllm::gguf::GgmlType::Q8_0,
+        other => bail!("unknown adapter type `{other}` (--lora-type takes f32, f16 or q8_0)"),
+    };
+    let f = GgufFile::open(base)?;
+    let p = wgllm::model::synth_lora::LoraSynth {
+        rank: a.lora_rank,
+        alpha: a.lora_alpha,
+        ty,
+        strength: a.lora_strength,
+        seed: a.lora_seed,
+        embedding: a.lora_embedding,
+    };
+    let w = wgllm::model::synth_lora::synth_lora(&f, &p).map_err(anyhow::Error::msg)?;
     w.write(&a.output)
         .with_context(|| format!("writing {}", a.output.display()))?;
     Ok(())

@@ -156,8 +156,9 @@ struct StepBuffers {
 }
 
 /// What a graph is built for: (tokens, cells read in the full store, cells read in the
-/// window store, sequence sets of a recurrent memory's ubatch, logit rows).
-type GraphKey = (u32, u32, u32, u32, u32);
+/// window store, sequence sets of a recurrent memory's ubatch, logit rows, the setting of
+/// the LoRA scales it was built with).
+type GraphKey = (u32, u32, u32, u32, u32, u32);
 
 /// Graphs kept for reuse (decode steps replay one graph until n_kv crosses a pad boundary).
 const GRAPH_CACHE: usize = 3;
@@ -183,6 +184,17 @@ pub struct Context {
     /// Draws of the last step that drew (their tokens stay in the result buffer until
     /// the next drawing step), for steps fed from them.
     last_draws: usize,
+    /// The LoRA adapters' scales the next graphs apply ([`Context::set_lora`]).
+    lora: LoraSetting,
+}
+
+/// The adapters' scales a context applies, the corrections they make, and a count of
+/// changes that keys the graphs built with them.
+#[derive(Default)]
+struct LoraSetting {
+    scales: crate::model::lora::LoraScales,
+    terms: Option<Arc<crate::graph::LoraTerms>>,
+    generation: u32,
 }
 
 /// What a decode returns: the logit rows asked for and not drawn on the GPU, and each
@@ -290,7 +302,33 @@ impl Context {
             last_profile: None,
             sampling: None,
             last_draws: 0,
+            lora: LoraSetting::default(),
         })
+    }
+
+    /// Applies the model's LoRA adapters at `scales` (one per adapter in
+    /// `model.loras`, missing ones 0; an adapter at 0 is left out) to the ubatches decoded
+    /// from now on. The cache is not touched: tokens already decoded keep what the
+    /// adapters then in force made of them (a server clears a slot whose setting changes,
+    /// as llama-server does).
+    pub fn set_lora(&mut self, scales: &[f32]) {
+        let n = self.model.loras.len();
+        let mut want: Vec<f32> = scales.iter().copied().take(n).collect();
+        want.resize(n, 0.0);
+        if want == self.lora.scales {
+            return;
+        }
+        let terms = crate::model::lora::terms(&self.model, &self.model.loras, &want);
+        self.lora = LoraSetting {
+            scales: want,
+            terms: (!terms.is_empty()).then(|| Arc::new(terms)),
+            generation: self.lora.generation.wrapping_add(1),
+        };
+    }
+
+    /// The scales [`Context::set_lora`] last set (one per loaded adapter).
+    pub fn lora_scales(&self) -> &[f32] {
+        &self.lora.scales
     }
 
     /// After the next ubatch runs, time each of its dispatches again alone

@@ -175,6 +175,7 @@ impl Context {
             n_kv_window,
             self.memory.n_rs(),
             n_out,
+            self.lora.generation,
         );
         let idx = match self.graphs.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
@@ -191,6 +192,7 @@ impl Context {
                     logits: View::whole(&self.step.logits),
                     embeddings: self.params.embeddings,
                     rank: self.params.rank,
+                    lora: self.lora.terms.clone(),
                 };
                 let graph = self.model.build_graph(&io, &*self.memory)?;
                 self.n_graph_builds += 1;

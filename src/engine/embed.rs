@@ -138,6 +138,9 @@ impl Engine {
                 "this engine computes logits; embeddings need an engine made with embeddings on (--embeddings)".into(),
             ));
         }
+        // Embeddings take the engine's LoRA setting (a server's `POST /lora-adapters`).
+        let lora = self.lora_default.clone();
+        self.ctx.set_lora(&lora);
         match (pooling == Pooling::Rank, self.ctx.params.rank) {
             (true, false) => {
                 return Err(EngineError::Options(

@@ -1,7 +1,7 @@
 //! A session's input: the checks on its first tokens, `--keep`, and the reuse of
 //! cached prefixes (cells the sequence still holds, or a prompt-cache file).
 
-use super::{Engine, EngineError, Phase, Session, SessionId, SessionParams, Utf8Stream};
+use super::{Engine, EngineError, Phase, SessionId, SessionParams, Utf8Stream};
 
 impl Engine {
     /// Queues input for a session: checks, `--keep` resolution and prompt-cache reuse on
@@ -41,8 +41,15 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let sampler = self.sampler_for(&params.sampling)?;
-        self.sessions[id as usize] = Some(Session::new(id, params, sampler)?);
+        let old_lora = s.lora.clone();
+        let session = self.new_session(id, params)?;
+        // Cells decoded under other adapter scales are not this request's (llama-server
+        // clears a slot whose LoRA setting changes).
+        let kept = match session.lora == old_lora {
+            true => kept,
+            false => Vec::new(),
+        };
+        self.sessions[id as usize] = Some(session);
         self.input_reusing(id, tokens, true, Some(&kept))?;
         Ok(self.session(id)?.history.len())
     }

@@ -220,6 +220,40 @@ impl Engine {
         Ok((f, tokenizer))
     }
 
+    /// Reads and uploads the `--lora` adapters for `model`, in order.
+    fn load_adapters(model: &mut Model, opts: &EngineOptions) -> Result<(), EngineError> {
+        for spec in &opts.lora {
+            #[cfg(not(target_arch = "wasm32"))]
+            {
+                if !spec.path.exists() {
+                    return Err(EngineError::MissingFile(spec.path.display().to_string()));
+                }
+                let f = GgufFile::open(&spec.path)?;
+                let a = crate::model::lora::LoraAdapter::load(model, &f)?;
+                log::info!(
+                    "LoRA adapter {}: {} tensors adapted, alpha {}, scale {}{} ({:.1} MiB)",
+                    a.path,
+                    a.n_pairs(),
+                    a.alpha,
+                    spec.scale,
+                    if opts.lora_init_without_apply {
+                        ", not applied until set"
+                    } else {
+                        ""
+                    },
+                    a.gpu_bytes as f64 / (1 << 20) as f64
+                );
+                model.loras.push(Arc::new(a));
+            }
+            #[cfg(target_arch = "wasm32")]
+            return Err(EngineError::Options(format!(
+                "{}: LoRA adapters are loaded from files, which a page cannot open",
+                spec.path.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// Uploads the model in `f` to `gpu` — which may wrap a device the host created
     /// ([`Gpu::from_device`]) — and builds the context.
     pub fn load_on(
@@ -234,6 +268,7 @@ impl Engine {
         if let Ok(p) = opts.context_params(&model.hp) {
             model.hp.fit_context(p.n_ctx, p.n_seq_max);
         }
+        Self::load_adapters(&mut model, opts)?;
         log::info!(
             "loaded {} ({} layers, {:.1} MiB on {} via {})",
             model.name,

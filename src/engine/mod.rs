@@ -44,7 +44,7 @@ pub use embed::{normalize, pool, Pooling};
 pub use host_cache::HostCache;
 pub use load::LoadProgress;
 pub use ngram::{ngram_draft, NgramParams};
-pub use options::{EngineOptions, SamplingPath};
+pub use options::{EngineOptions, LoraSpec, SamplingPath};
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};
 pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};
 pub use slots::Snapshot;
@@ -137,6 +137,8 @@ pub struct Engine {
     last_read: Option<Instant>,
     /// The draft model of speculative decoding, if one is attached.
     drafter: Option<speculate::Drafter>,
+    /// The LoRA scales new sessions take when their params give none.
+    lora_default: crate::model::lora::LoraScales,
 }
 
 impl Engine {
@@ -149,7 +151,16 @@ impl Engine {
         let params = opts
             .context_params(&model.hp)
             .map_err(EngineError::Options)?;
-        let ctx = Context::new(model.clone(), params)?;
+        let mut ctx = Context::new(model.clone(), params)?;
+        // The adapters loaded with the model, at their --lora scales (none applied with
+        // --lora-init-without-apply, until a caller sets them).
+        let lora_default: Vec<f32> = (0..model.loras.len())
+            .map(|i| match opts.lora_init_without_apply {
+                true => 0.0,
+                false => opts.lora.get(i).map_or(1.0, |l| l.scale),
+            })
+            .collect();
+        ctx.set_lora(&lora_default);
         let n = params.n_seq_max as usize;
         let gpu_sampling = match opts.sampling {
             SamplingPath::Cpu => false,
@@ -192,6 +203,7 @@ impl Engine {
             pending: None,
             last_read: None,
             drafter: None,
+            lora_default,
         })
     }
 
@@ -233,9 +245,61 @@ impl Engine {
         params.validate()?;
         let id = seq as SessionId;
         self.ctx.seq_rm(Some(id), -1, -1)?;
-        let sampler = self.sampler_for(&params.sampling)?;
-        self.sessions[seq] = Some(Session::new(id, params, sampler)?);
+        self.sessions[seq] = Some(self.new_session(id, params)?);
         Ok(id)
+    }
+
+    /// A fresh session on sequence `id`: its sampler, and the LoRA scales it decodes
+    /// with (its own, or the engine's setting now).
+    pub(super) fn new_session(
+        &mut self,
+        id: SessionId,
+        params: SessionParams,
+    ) -> Result<Session, EngineError> {
+        let lora = match &params.lora {
+            Some(scales) => self.check_lora(scales)?,
+            None => self.lora_default.clone(),
+        };
+        let sampler = self.sampler_for(&params.sampling)?;
+        let mut s = Session::new(id, params, sampler)?;
+        s.lora = lora;
+        Ok(s)
+    }
+
+    /// The loaded LoRA adapters, in load order (their ids).
+    pub fn lora_adapters(&self) -> &[Arc<crate::model::lora::LoraAdapter>] {
+        &self.model.loras
+    }
+
+    /// The adapters' scales sessions start with (llama-server's global setting).
+    pub fn lora_scales(&self) -> &[f32] {
+        &self.lora_default
+    }
+
+    /// Sets the scales sessions started from now on decode with where their request
+    /// gives none (llama-server's `POST /lora-adapters`); running sessions keep theirs.
+    pub fn set_lora_scales(&mut self, scales: &[f32]) -> Result<(), EngineError> {
+        self.lora_default = self.check_lora(scales)?;
+        Ok(())
+    }
+
+    /// `scales` as one finite scale per loaded adapter (missing ones 0).
+    fn check_lora(&self, scales: &[f32]) -> Result<crate::model::lora::LoraScales, EngineError> {
+        let n = self.model.loras.len();
+        if scales.len() > n {
+            return Err(EngineError::Options(format!(
+                "{} LoRA scales given, and {n} adapter(s) are loaded (--lora)",
+                scales.len()
+            )));
+        }
+        if let Some(s) = scales.iter().find(|s| !s.is_finite()) {
+            return Err(EngineError::Options(format!(
+                "LoRA scale {s} is not a finite number"
+            )));
+        }
+        let mut v = scales.to_vec();
+        v.resize(n, 0.0);
+        Ok(v)
     }
 
     /// A sampler for `params`, its grammar (if any) parsed against this vocabulary.

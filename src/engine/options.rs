@@ -48,6 +48,19 @@ pub struct EngineOptions {
     /// A reranking engine (`--reranking`): an embeddings engine whose outputs are a
     /// reranker's classifier scores ([`super::Pooling::Rank`]).
     pub reranking: bool,
+    /// LoRA adapter files loaded with the model (`--lora`, `--lora-scaled`), in order:
+    /// their ids. Each applies at its scale unless `lora_init_without_apply`.
+    pub lora: Vec<LoraSpec>,
+    /// Load the adapters with every scale 0 (`--lora-init-without-apply`): a server sets
+    /// them later (`POST /lora-adapters`, or per request).
+    pub lora_init_without_apply: bool,
+}
+
+/// One `--lora` file and its scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraSpec {
+    pub path: std::path::PathBuf,
+    pub scale: f32,
 }
 
 /// Where a generated token is sampled: on the host from the read-back logits, or on the
@@ -110,6 +123,8 @@ impl Default for EngineOptions {
             decode_ahead: true,
             embeddings: false,
             reranking: false,
+            lora: Vec::new(),
+            lora_init_without_apply: false,
         }
     }
 }

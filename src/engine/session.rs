@@ -45,6 +45,9 @@ pub struct SessionParams {
     /// How much the engine's draft model proposes for this session (llama-server's
     /// per-request `speculative.n_max`, `.n_min`, `.p_min`); None: the engine's setting.
     pub speculative: Option<super::SpecParams>,
+    /// The LoRA adapters' scales for this session, one per loaded adapter (llama-server's
+    /// per-request `lora`); None: the engine's current setting.
+    pub lora: Option<crate::model::lora::LoraScales>,
 }
 
 impl SessionParams {
@@ -223,6 +226,9 @@ pub struct Session {
     /// Draws for synthetic acceptance ([`super::Engine::set_synthetic_acceptance`]),
     /// seeded with the sampler's seed when a generation first needs one.
     pub(super) synth_rng: Option<crate::sample::rng::Mt19937>,
+    /// The LoRA scales its tokens are decoded with (resolved when it was made: its
+    /// params' or the engine's setting then); a batch holds sessions of one setting.
+    pub(super) lora: crate::model::lora::LoraScales,
 }
 
 impl Session {
@@ -259,6 +265,7 @@ impl Session {
             draft: Vec::new(),
             spec_rows: None,
             synth_rng: None,
+            lora: Vec::new(),
         })
     }
 

@@ -64,8 +64,7 @@ impl Engine {
         params: super::SessionParams,
         saved: crate::context::state::SavedState,
     ) -> Result<usize, EngineError> {
-        let sampler = self.sampler_for(&params.sampling)?;
-        let mut s = Session::new(id, params, sampler)?;
+        let mut s = self.new_session(id, params)?;
         s.shift.n_past = saved.tokens.len() as i32;
         s.history = saved.tokens;
         let n = s.history.len();
@@ -78,8 +77,7 @@ impl Engine {
         let s = self.idle(id)?;
         let (n, params) = (s.history.len(), s.params.clone());
         self.context_mut().seq_rm(Some(id), -1, -1)?;
-        let sampler = self.sampler_for(&params.sampling)?;
-        self.sessions[id as usize] = Some(Session::new(id, params, sampler)?);
+        self.sessions[id as usize] = Some(self.new_session(id, params)?);
         Ok(n)
     }
 

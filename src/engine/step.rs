@@ -123,6 +123,32 @@ impl Engine {
     }
 
     /// Makes room for each session's share of the batch and lays the batch out.
+    /// The sessions of `generating` and `prompts` that share the first one's LoRA
+    /// scales, which the context is set to.
+    fn one_lora_setting(
+        &mut self,
+        generating: Vec<SessionId>,
+        prompts: Vec<(SessionId, usize)>,
+    ) -> (Vec<SessionId>, Vec<(SessionId, usize)>) {
+        if self.model.loras.is_empty() {
+            return (generating, prompts);
+        }
+        let lora_of =
+            |e: &Self, id: SessionId| e.sessions[id as usize].as_ref().map(|s| s.lora.clone());
+        let first = generating.first().copied().or(prompts.first().map(|p| p.0));
+        let Some(want) = first.and_then(|id| lora_of(self, id)) else {
+            return (generating, prompts);
+        };
+        let generating: Vec<SessionId> = (generating.into_iter())
+            .filter(|&id| lora_of(self, id).as_ref() == Some(&want))
+            .collect();
+        let prompts: Vec<(SessionId, usize)> = (prompts.into_iter())
+            .filter(|p| lora_of(self, p.0).as_ref() == Some(&want))
+            .collect();
+        self.ctx.set_lora(&want);
+        (generating, prompts)
+    }
+
     pub(super) fn plan_batch(
         &mut self,
         events: &mut Vec<Event>,
@@ -148,6 +174,10 @@ impl Engine {
             let k = self.n_steps as usize % prompts.len();
             prompts.rotate_left(k);
         }
+        // One graph applies one setting of the LoRA scales: the batch takes the sessions
+        // of the first one's setting, the others wait a step (llama-server batches only
+        // slots whose adapters are equal).
+        let (generating, prompts) = self.one_lora_setting(generating, prompts);
         let room = n_batch.saturating_sub(generating.len());
         let needs: Vec<usize> = prompts.iter().map(|p| p.1).collect();
         let shares = schedule::fair_shares(&needs, room);

@@ -1,12 +1,13 @@
 //! Building a graph: tensors are ids; each node names the tensors it reads and writes.
 
-use super::{planner, Graph};
+use super::{planner, Graph, LoraTerms};
 use crate::gpu::{Gpu, GpuError, KernelTuning};
 use crate::ops::add_rms_norm::add_rms_norm;
+use crate::ops::add_scaled::{add_scaled, ScaledRows};
 use crate::ops::attention::{attention, AttnShape, AttnViews};
 use crate::ops::binary::{binary_strided, BinaryOp};
 use crate::ops::get_rows::{get_rows, select_rows};
-use crate::ops::glu::{glu, Activation};
+use crate::ops::glu::{glu, glu_pairs, Activation};
 use crate::ops::layer_norm::layer_norm;
 use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
 use crate::ops::matmul_q8::{self, matmul_q8_at, matmul_q8_glu, q8_bytes, quantize_q8};
@@ -91,8 +92,16 @@ pub enum Op {
         nb: u32,
         div: u32,
     },
-    /// reads [gate, up], writes [dst]
-    Glu { act: Activation, n: u32 },
+    /// reads [gate, up], writes [dst]; with `pairs`, reads [pairs, pairs]: one tensor of
+    /// interleaved (gate, up) rows
+    Glu {
+        act: Activation,
+        n: u32,
+        pairs: bool,
+    },
+    /// reads [src], writes [dst] (read too): a LoRA correction added into a matmul's
+    /// output rows
+    AddScaled { p: ScaledRows },
     /// reads [logits], writes [ids, weights]: each token's experts and their weights
     MoeRoute { routing: MoeRouting, n_tok: u32 },
     /// reads [x, ids] (or, `grouped`, [x, offsets, order]), writes [dst]: the chosen
@@ -158,6 +167,7 @@ impl Op {
             Op::LayerNorm { .. } => "layer_norm".into(),
             Op::Binary { op, .. } => format!("{op:?}").to_lowercase(),
             Op::Glu { .. } => "glu".into(),
+            Op::AddScaled { .. } => "add_scaled".into(),
             Op::MoeRoute { .. } => "moe_route".into(),
             Op::MatmulId { w, .. } => format!("matmul_id {}", w.ty).to_lowercase(),
             Op::MoeSum { .. } => "moe_sum".into(),
@@ -249,6 +259,10 @@ impl Op {
             Op::Binary { n, nb, .. } => c((2 * *n as u64 + *nb as u64) * F, *n as u64),
             // act(gate) * up: the activation is a few operations (exp, divide, multiply).
             Op::Glu { n, .. } => c(3 * *n as u64 * F, 5 * *n as u64),
+            Op::AddScaled { p } => {
+                let n = p.n as u64 * p.n_tok as u64;
+                c(3 * n * F, 2 * n)
+            }
             Op::MoeRoute { routing: r, n_tok } => {
                 let (e, u, t) = (r.n_expert as u64, r.n_used as u64, *n_tok as u64);
                 c((e + 2 * u) * t * F, (4 + u) * e * t)
@@ -351,6 +365,9 @@ pub struct GraphBuilder {
     /// Each activation quantized so far, and its 8-bit blocks (Q, K and V, or gate and
     /// up, read one quantization); forgotten when a node writes either.
     quantized: HashMap<TensorId, TensorId>,
+    /// LoRA corrections added after the matmuls (and the embedding rows) of the weights
+    /// they adapt.
+    lora: Option<Arc<LoraTerms>>,
 }
 
 /// One layer's attention block: the projections, and which cache, mask and RoPE table
@@ -389,6 +406,51 @@ impl GraphBuilder {
         Self {
             tuning: gpu.tuning.clone(),
             ..Self::default()
+        }
+    }
+
+    /// The same builder adding `lora`'s corrections to every matmul and embedding lookup
+    /// of a weight they adapt (llama.cpp's `build_lora_mm`).
+    pub fn with_lora(mut self, lora: Option<Arc<LoraTerms>>) -> Self {
+        self.lora = lora.filter(|l| !l.is_empty());
+        self
+    }
+
+    /// Whether any adapter corrects `w`.
+    fn adapted(&self, w: &Arc<Weight>) -> bool {
+        self.lora.as_ref().is_some_and(|l| !l.of(w).is_empty())
+    }
+
+    /// Adds each adapter's `scale · B (A x)` for `w` into dst, whose rows hold w's output
+    /// from `row_offset` on (`a_rows`: A is read by rows at `x`'s ids, an embedding's
+    /// correction, instead of multiplied).
+    fn add_lora(
+        &mut self,
+        w: &Arc<Weight>,
+        x: TensorId,
+        dst: TensorId,
+        row_offset: u32,
+        a_rows: bool,
+    ) {
+        let Some(lora) = self.lora.clone() else {
+            return;
+        };
+        for term in lora.of(w) {
+            let ax = match a_rows {
+                true => self.get_rows(&term.a, x),
+                false => self.matmul(&term.a, x),
+            };
+            let bax = self.matmul(&term.b, ax);
+            let [n, n_tok] = self.ne(bax);
+            let p = ScaledRows {
+                n,
+                n_tok,
+                stride: self.ne(dst)[0],
+                offset: row_offset + term.offset,
+                step: term.step,
+                scale: term.scale,
+            };
+            self.node(Op::AddScaled { p }, &[bax], &[dst]);
         }
     }
 
@@ -463,6 +525,7 @@ impl GraphBuilder {
             n_ids,
         };
         self.node(op, &[ids], &[dst]);
+        self.add_lora(w, ids, dst, 0, true);
         dst
     }
 
@@ -511,14 +574,16 @@ impl GraphBuilder {
                 n_tok,
                 out,
             };
-            return self.node(op, &[xq], &[dst]);
+            self.node(op, &[xq], &[dst]);
+        } else {
+            let op = Op::Matmul {
+                w: w.clone(),
+                n_tok,
+                out,
+            };
+            self.node(op, &[x], &[dst]);
         }
-        let op = Op::Matmul {
-            w: w.clone(),
-            n_tok,
-            out,
-        };
-        self.node(op, &[x], &[dst]);
+        self.add_lora(w, x, dst, row_offset, false);
     }
 
     /// x's 8-bit blocks for the integer-dot matmuls, quantized once per value of x.
@@ -537,6 +602,12 @@ impl GraphBuilder {
     /// act(gate · x) * (up · x) through one weight of interleaved (gate, up) rows:
     /// [w.n_rows / 2, n_tok].
     pub fn matmul_glu(&mut self, w: &Arc<Weight>, x: TensorId, act: Activation) -> TensorId {
+        if self.adapted(w) {
+            // The corrections go into the gate and up rows before the activation, so the
+            // products are written out whole and the GLU runs after them.
+            let pairs = self.matmul(w, x);
+            return self.glu_pairs(act, pairs);
+        }
         let n_tok = self.ne(x)[1];
         let dst = self.tensor([w.n_rows / 2, n_tok]);
         let pairs = self.tensor([w.n_rows, n_tok]);
@@ -760,7 +831,25 @@ impl GraphBuilder {
     pub fn glu(&mut self, act: Activation, gate: TensorId, up: TensorId) -> TensorId {
         let [n0, n1] = self.ne(gate);
         let dst = self.tensor([n0, n1]);
-        self.node(Op::Glu { act, n: n0 * n1 }, &[gate, up], &[dst]);
+        let op = Op::Glu {
+            act,
+            n: n0 * n1,
+            pairs: false,
+        };
+        self.node(op, &[gate, up], &[dst]);
+        dst
+    }
+
+    /// act(gate) * up of interleaved (gate, up) rows ([2 n, n_tok]): [n, n_tok].
+    pub fn glu_pairs(&mut self, act: Activation, pairs: TensorId) -> TensorId {
+        let [n0, n1] = self.ne(pairs);
+        let dst = self.tensor([n0 / 2, n1]);
+        let op = Op::Glu {
+            act,
+            n: n0 / 2 * n1,
+            pairs: true,
+        };
+        self.node(op, &[pairs, pairs], &[dst]);
         dst
     }
 
@@ -1079,7 +1168,11 @@ impl GraphBuilder {
                 Op::Binary { op, n, nb, div } => dispatches.push(binary_strided(
                     gpu, *op, &r[0], &r[1], &w[0], *n, *nb, *div,
                 )?),
-                Op::Glu { act, n } => dispatches.push(glu(gpu, *act, &r[0], &r[1], &w[0], *n)?),
+                Op::Glu { act, n, pairs } => dispatches.push(match pairs {
+                    true => glu_pairs(gpu, *act, &r[0], &w[0], *n)?,
+                    false => glu(gpu, *act, &r[0], &r[1], &w[0], *n)?,
+                }),
+                Op::AddScaled { p } => dispatches.push(add_scaled(gpu, &r[0], &w[0], *p)?),
                 Op::MoeRoute { routing, n_tok } => {
                     dispatches.push(moe_route(gpu, routing, &r[0], *n_tok, &w[0], &w[1])?)
                 }

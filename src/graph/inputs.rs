@@ -187,6 +187,8 @@ pub struct GraphIo {
     /// The outputs are a classifier head's scores of the hidden states ([n_cls_out,
     /// n_out]).
     pub rank: bool,
+    /// The LoRA corrections the graph adds to its matmuls (none without adapters).
+    pub lora: Option<std::sync::Arc<super::LoraTerms>>,
 }
 
 impl GraphIo {

@@ -5,11 +5,13 @@
 
 mod builder;
 pub mod inputs;
+mod lora;
 mod planner;
 mod profile;
 
 pub use builder::{AttnBlock, GraphBuilder, Node, Op, OpCost, TensorId};
 pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
+pub use lora::{LoraTerm, LoraTerms};
 pub use profile::{log_ops, KernelTime, OpProfile, StepProfile, TimingSource};
 
 use crate::gpu::{Gpu, GpuError};

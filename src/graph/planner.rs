@@ -82,6 +82,7 @@ mod tests {
             op: Op::Glu {
                 act: Activation::Silu,
                 n: 1,
+                pairs: false,
             },
             reads: reads.to_vec(),
             writes: writes.to_vec(),

@@ -43,7 +43,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         ));
     }
     let (t, eps) = (io.n_tok, hp.eps);
-    let mut g = GraphBuilder::new_on(gpu);
+    let mut g = GraphBuilder::new_on(gpu).with_lora(io.lora.clone());
     let tokens = g.input(io.tokens()?, [t, 1]);
     let positions = g.input(io.positions()?, [t, 1]);
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);

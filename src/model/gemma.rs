@@ -23,7 +23,7 @@ fn need<'a>(v: &'a Option<crate::ops::View>, what: &str) -> Result<&'a crate::op
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
     let eps = hp.eps;
-    let mut g = GraphBuilder::new_on(gpu);
+    let mut g = GraphBuilder::new_on(gpu).with_lora(io.lora.clone());
     let inp = Windowed::new(&mut g, hp, io, mem)?;
     // Gemma scales Q before the product; scaling the scores instead is the same.
     let sp = SoftmaxParams {

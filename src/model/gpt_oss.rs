@@ -14,7 +14,7 @@ use crate::ops::softmax::SoftmaxParams;
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
     let eps = hp.eps;
-    let mut g = GraphBuilder::new_on(gpu);
+    let mut g = GraphBuilder::new_on(gpu).with_lora(io.lora.clone());
     let inp = Windowed::new(&mut g, hp, io, mem)?;
     let sp = SoftmaxParams {
         scale: hp.attn_scale,

@@ -31,7 +31,7 @@ pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
     let (t, eps) = (io.n_tok, hp.eps);
-    let mut g = GraphBuilder::new_on(gpu);
+    let mut g = GraphBuilder::new_on(gpu).with_lora(io.lora.clone());
     let tokens = g.input(io.tokens()?, [t, 1]);
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
     let slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);

@@ -29,7 +29,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let ssm = hp
         .ssm
         .ok_or_else(|| GpuError::Validation("a state-space model without ssm sizes".into()))?;
-    let mut g = GraphBuilder::new_on(&m.gpu);
+    let mut g = GraphBuilder::new_on(&m.gpu).with_lora(io.lora.clone());
     let rows = rs_rows(&mut g, io)?;
     let tokens = g.input(io.tokens()?, [io.n_tok, 1]);
     let mut x = g.get_rows(&w.tok_embd, tokens);

@@ -7,8 +7,10 @@ mod gpt_oss;
 mod hparams;
 mod lfm2;
 mod llama;
+pub mod lora;
 mod mamba;
 pub mod synth;
+pub mod synth_lora;
 mod weights;
 
 pub use crate::graph::inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
@@ -65,6 +67,11 @@ pub struct Model {
     /// Parameters in the file, and those a token uses (see [`param_counts`]).
     pub n_params: u64,
     pub n_params_active: u64,
+    /// `general.architecture` as the file spells it (an adapter must name the same).
+    pub arch_name: String,
+    /// LoRA adapters loaded for this model (`--lora`), in load order; a context says
+    /// which apply and at what scale.
+    pub loras: Vec<Arc<lora::LoraAdapter>>,
 }
 
 /// A parameter count as model names give it: "135M", "30.5B".
@@ -149,6 +156,8 @@ impl Model {
             name,
             n_params,
             n_params_active,
+            arch_name: f.architecture()?.to_string(),
+            loras: Vec::new(),
         })
     }
 

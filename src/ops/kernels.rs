@@ -86,6 +86,8 @@ pub enum KernelKey {
     LayerNorm,
     /// Sums of runs of rows (mean pooling).
     PoolRows,
+    /// A LoRA adapter's scaled correction added into a matmul's output rows.
+    AddScaled,
     Binary(BinaryOp),
     Glu(Activation),
     /// RoPE on f32 activations, or in place on an f16 K cache (the K-shift).
@@ -362,6 +364,7 @@ impl KernelKey {
         }
         v.push(LayerNorm);
         v.push(PoolRows);
+        v.push(AddScaled);
         v.extend(BinaryOp::ALL.iter().map(|&op| Binary(op)));
         v.extend(Activation::ALL.iter().map(|&act| Glu(act)));
         v.extend(SOFTMAX_WG.iter().map(|&wg| Softmax { wg }));
@@ -557,7 +560,8 @@ impl KernelKey {
             | AttnKqvTile { .. }
             | SsmScan { wg: true, .. }
             | SampleTopk { wg: true }
-            | SampleChain { wg: true } => 256,
+            | SampleChain { wg: true }
+            | AddScaled => 256,
             SampleTopk { wg: false } | SampleChain { wg: false } => 1,
             Softmax { wg } => wg,
             RmsNorm { rows: true }
@@ -623,6 +627,7 @@ impl KernelKey {
         match self {
             RmsNorm { .. } | AddRmsNorm { .. } | LayerNorm => NormUniform::WGSL,
             PoolRows => SetRowsUniform::WGSL,
+            AddScaled => AddScaledUniform::WGSL,
             Binary(_) => BinaryUniform::WGSL,
             Glu(_) => GluUniform::WGSL,
             Rope { .. } => RopeUniform::WGSL,
@@ -667,6 +672,7 @@ impl KernelKey {
             AddRmsNorm { rows } => shaders::norm_source(shaders::ADD_RMS_NORM, rows),
             LayerNorm => shaders::LAYER_NORM.to_string(),
             PoolRows => shaders::POOL_ROWS.to_string(),
+            AddScaled => shaders::ADD_SCALED.to_string(),
             Binary(op) => compose(&[shaders::BINARY], &[("OP", op.expr().to_string())]),
             Glu(act) => compose(
                 &[shaders::ACT, shaders::GLU],
@@ -911,6 +917,7 @@ impl fmt::Display for KernelKey {
             AddRmsNorm { rows } => write!(f, "add_rms_norm{}", if rows { "_rows" } else { "" }),
             LayerNorm => write!(f, "layer_norm"),
             PoolRows => write!(f, "pool_rows"),
+            AddScaled => write!(f, "add_scaled"),
             Binary(op) => write!(f, "binary_{op:?}"),
             Glu(act) => write!(f, "glu_{act:?}"),
             Rope { f16 } => write!(f, "rope_{}", kv(f16)),

@@ -6,6 +6,7 @@
 //! when the graph is built; what changes per step lives in input buffers.
 
 pub mod add_rms_norm;
+pub mod add_scaled;
 pub mod attention;
 pub mod binary;
 pub mod get_rows;

@@ -25,6 +25,7 @@ pub const NORM_WG: &str = include_str!("../../shaders/norm_wg.wgsl");
 pub const NORM_ROWS: &str = include_str!("../../shaders/norm_rows.wgsl");
 pub const BINARY: &str = include_str!("../../shaders/binary.wgsl");
 pub const LAYER_NORM: &str = include_str!("../../shaders/layer_norm.wgsl");
+pub const ADD_SCALED: &str = include_str!("../../shaders/add_scaled.wgsl");
 pub const POOL_ROWS: &str = include_str!("../../shaders/pool_rows.wgsl");
 pub const GLU: &str = include_str!("../../shaders/glu.wgsl");
 pub const ACT: &str = include_str!("../../shaders/act.wgsl");

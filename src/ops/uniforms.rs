@@ -70,6 +70,21 @@ uniform_struct! {
 }
 
 uniform_struct! {
+    /// add_scaled: `n` values of `n_tok` rows added, times `scale`, at `offset + j * step`
+    /// of destination rows `stride` long.
+    AddScaledUniform {
+        n: u32,
+        n_tok: u32,
+        stride: u32,
+        offset: u32,
+        step: u32,
+        scale: f32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+uniform_struct! {
     /// rope over [head_dim, n_head, n_tok].
     RopeUniform {
         head_dim: u32,

@@ -48,6 +48,7 @@ pub fn default_settings() -> Defaults {
         shift: Default::default(),
         ignore_eos: false,
         backend_sampling: false,
+        n_lora: 0,
     }
 }
 

@@ -49,6 +49,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(native::apply_template))
         .route("/slots", get(native::slots))
         .route("/slots/{id}", post(native::slot_action))
+        .route(
+            "/lora-adapters",
+            get(native::lora_adapters).post(native::set_lora_adapters),
+        )
         .route("/embedding", post(embeddings::native))
         .route("/embeddings", post(embeddings::native))
         .route("/v1/embeddings", post(embeddings::openai))

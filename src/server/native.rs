@@ -604,6 +604,47 @@ pub fn valid_filename(name: &str) -> bool {
             .any(|c| c == '/' || c == '\\' || c == ':' || c.is_control())
 }
 
+/// `GET /lora-adapters`: the loaded adapters with the scales requests take when they
+/// give none, as llama-server lists them.
+pub async fn lora_adapters(State(s): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    let scales = service.lora_scales(None).await?;
+    Ok(Json(lora_list(&service.info().loras, &scales)))
+}
+
+/// `POST /lora-adapters`: a list of `{"id", "scale"}` sets those scales (adapters not
+/// listed go to 0) for requests started from now on.
+pub async fn set_lora_adapters(
+    State(s): State<Arc<AppState>>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    let body = body_json(&body)?;
+    if !body.is_array() {
+        return Err(ApiError::invalid("Request body must be an array"));
+    }
+    let n = service.info().loras.len();
+    let scales = params::lora_scales(&body, n, "the request body")?;
+    service.lora_scales(Some(scales)).await?;
+    Ok(Json(json!({ "success": true })))
+}
+
+fn lora_list(loras: &[crate::engine::service::LoraInfo], scales: &[f32]) -> Value {
+    Value::Array(
+        (loras.iter().enumerate())
+            .map(|(i, a)| {
+                json!({
+                    "id": i,
+                    "path": a.path,
+                    "scale": scales.get(i).copied().unwrap_or(0.0),
+                    "task_name": a.task_name,
+                    "prompt_prefix": a.prompt_prefix,
+                })
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::valid_filename;

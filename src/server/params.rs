@@ -33,6 +33,49 @@ pub struct Defaults {
     /// `-bs` or `--sampling gpu`: requests draw on the GPU unless they say
     /// `"backend_sampling": false` (echoed as llama-server's `backend_sampling`).
     pub backend_sampling: bool,
+    /// LoRA adapters loaded (`--lora`): a request's `lora` ids range below this.
+    pub n_lora: usize,
+}
+
+/// A LoRA setting as llama-server reads it (`lora` of a request, the body of `POST
+/// /lora-adapters`): a list of `{"id", "scale"}`, adapters not listed at 0; an id the
+/// server does not have, or a scale that is not a number, is refused (llama-server
+/// skips them silently).
+pub fn lora_scales(v: &Value, n_lora: usize, what: &str) -> ApiResult<Vec<f32>> {
+    let Some(list) = v.as_array() else {
+        return Err(ApiError::invalid(format!(
+            "Error: '{what}' must be an array of objects with 'id' and 'scale' fields"
+        )));
+    };
+    let mut scales = vec![0f32; n_lora];
+    for entry in list {
+        let f = Fields::of(entry).map_err(|_| {
+            ApiError::invalid(format!(
+                "each entry of '{what}' must be an object with 'id' and 'scale' fields"
+            ))
+        })?;
+        let id = f.i64("id")?.ok_or_else(|| {
+            ApiError::invalid(format!(
+                "an entry of '{what}' has no 'id' (the adapter's index in /lora-adapters)"
+            ))
+        })?;
+        let scale = f.f32("scale")?.unwrap_or(0.0);
+        if !scale.is_finite() {
+            return Err(ApiError::invalid(format!(
+                "LoRA adapter {id}: scale {scale} is not a finite number"
+            )));
+        }
+        match usize::try_from(id).ok().filter(|&i| i < n_lora) {
+            Some(i) => scales[i] = scale,
+            None => {
+                return Err(ApiError::invalid(match n_lora {
+                    0 => format!("LoRA adapter {id} does not exist: the server has no adapters (start it with --lora FILE)"),
+                    n => format!("LoRA adapter {id} does not exist: the server has {n} (ids 0 to {})", n - 1),
+                }))
+            }
+        }
+    }
+    Ok(scales)
 }
 
 /// A request's settings besides its prompt.
@@ -272,6 +315,12 @@ pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenP
                 // Today's llama-server ignores a request's `speculative.*`: the server's
                 // flags decide.
                 speculative: None,
+                // An empty list is no setting of its own, as in llama-server.
+                lora: match f.value("lora") {
+                    Some(Value::Array(a)) if a.is_empty() => None,
+                    Some(v) => Some(lora_scales(v, d.n_lora, "lora")?),
+                    None => None,
+                },
             },
             cache_prompt: f.bool("cache_prompt")?.unwrap_or(true),
             slot,

@@ -259,6 +259,11 @@ enum Cmd {
         pooling: Pooling,
         reply: oneshot::Sender<EmbedResult>,
     },
+    /// The LoRA scales new requests take, set first where `set` holds new ones.
+    Lora {
+        set: Option<Vec<f32>>,
+        reply: oneshot::Sender<Result<Vec<f32>, RequestError>>,
+    },
 }
 
 /// Each input's embedding (one vector, or one per token without pooling).
@@ -284,6 +289,16 @@ pub struct ServiceInfo {
     pub model_bytes: u64,
     /// An embeddings engine (`--embeddings`): it embeds and generates nothing.
     pub embeddings: bool,
+    /// The loaded LoRA adapters, by id.
+    pub loras: Vec<LoraInfo>,
+}
+
+/// A loaded LoRA adapter as `/lora-adapters` lists it.
+#[derive(Clone, Debug)]
+pub struct LoraInfo {
+    pub path: String,
+    pub task_name: String,
+    pub prompt_prefix: String,
 }
 
 struct Shared {
@@ -364,6 +379,13 @@ impl EngineService {
             n_ctx_train: hp.n_ctx_train,
             model_bytes: engine.model.weights.gpu_bytes,
             embeddings,
+            loras: (engine.lora_adapters().iter())
+                .map(|a| LoraInfo {
+                    path: a.path.clone(),
+                    task_name: a.task_name.clone(),
+                    prompt_prefix: a.prompt_prefix.clone(),
+                })
+                .collect(),
         };
         let shared = Arc::new(Shared {
             cmd: tx,
@@ -454,6 +476,15 @@ impl EngineService {
             pooling,
             reply,
         });
+        rx.await
+            .unwrap_or_else(|_| Err(RequestError::Server("the engine thread has stopped".into())))
+    }
+
+    /// The LoRA adapters' scales requests without a `lora` of their own take; with
+    /// `set`, those become the new ones first (one per adapter, missing ones 0).
+    pub async fn lora_scales(&self, set: Option<Vec<f32>>) -> Result<Vec<f32>, RequestError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Cmd::Lora { set, reply });
         rx.await
             .unwrap_or_else(|_| Err(RequestError::Server("the engine thread has stopped".into())))
     }

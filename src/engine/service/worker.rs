@@ -151,6 +151,9 @@ impl Worker {
             Cmd::Embed { reply, .. } => {
                 let _ = reply.send(Err(err.clone()));
             }
+            Cmd::Lora { reply, .. } => {
+                let _ = reply.send(Err(err.clone()));
+            }
             Cmd::Watch(_) | Cmd::Cancel(_) => {}
         }
     }
@@ -212,6 +215,16 @@ impl Worker {
             }
             Cmd::Slots(reply) => {
                 let _ = reply.send(self.slot_infos());
+            }
+            Cmd::Lora { set, reply } => {
+                let r = match set {
+                    Some(scales) => self.engine.set_lora_scales(&scales),
+                    None => Ok(()),
+                };
+                let r = r
+                    .map(|()| self.engine.lora_scales().to_vec())
+                    .map_err(|e| RequestError::from_engine(&e));
+                let _ = reply.send(r);
             }
             Cmd::Slot {
                 slot,
@@ -400,6 +413,11 @@ impl Worker {
             }
         };
         engine.model.gpu.arm_faults();
+        // The adapters' scales as they were set, not as the flags gave them.
+        let mut engine = engine;
+        if let Err(e) = engine.set_lora_scales(self.engine.lora_scales()) {
+            log::error!("the LoRA scales could not be set again after the reload: {e}");
+        }
         // The host prompt cache's snapshots are host bytes: they stay usable.
         self.engine = engine;
         self.shared.stats.lock().unwrap().recovering = None;

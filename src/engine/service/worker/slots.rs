@@ -78,7 +78,9 @@ impl Worker {
                 limit_is_context = true;
             }
         }
-        if req.cache_prompt && req.slot.is_none() {
+        // A cached state keeps no record of the LoRA scales it was decoded with, so a
+        // server with adapters only reuses what a slot itself holds (checked by scales).
+        if req.cache_prompt && req.slot.is_none() && self.engine.lora_adapters().is_empty() {
             self.refill_from_cache(slot, &req.prompt);
         }
         let started = self
