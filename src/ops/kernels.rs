@@ -1232,7 +1232,8 @@ mod tests {
         // Both shapes of the two norms, the two joins, hadamard, binary ops, GLUs,
         // softmaxes, rope in f32 and f16. The recurrent layers' convolution and both
         // shapes of the scan per state size. Both shapes of sampling's two passes. Expert
-        // routing, grouping, biases and weighted sum (their products are per type).
+        // routing, grouping, biases and weighted sum (their products are per type). A
+        // LoRA correction's scaled add.
         let shared = 2 * 2
             + 2
             + 1
@@ -1244,7 +1245,8 @@ mod tests {
             + 1
             + 2 * SSM_DS.len()
             + 2 * 2
-            + 4;
+            + 4
+            + 1;
         // Per cache type: set_rows, kv_read, the attention kernels, and per (K, V) pair
         // two rope_stores, two GPU flash kernels and four of f16 tiles (matrices or loops), the
         // CPU ones (head buckets x tokens).
