@@ -320,3 +320,68 @@ fn prompt_tests_fill_their_context_when_the_gpu_draws() {
         assert_eq!(r["n_prompt"].as_u64(), Some(16), "{r}");
     }
 }
+
+/// `-md`: a tg test generates from a text prompt with the draft proposing; its row
+/// counts the proposals and the kept ones. SmolLM2 drafting for itself, greedy, keeps
+/// (nearly) every proposal; a pp test of the same run stays a plain one. What a
+/// speculative benchmark cannot take is refused.
+#[test]
+fn draft_model_rows_count_proposals() {
+    let m = common::smollm2();
+    let out = ok(&[
+        "bench",
+        "-m",
+        &m,
+        "-md",
+        &m,
+        "-p",
+        "8",
+        "-n",
+        "12",
+        "-r",
+        "1",
+        "-o",
+        "jsonl",
+        "--no-tune",
+    ]);
+    let rows = jsonl_rows(&out);
+    assert_eq!(rows.len(), 2, "{out}");
+    let (pp, tg) = (&rows[0], &rows[1]);
+    check_row(tg, 1);
+    assert_eq!(pp["n_drafted"], 0, "{pp}");
+    assert_eq!(tg["draft_model"], m.as_str());
+    let drafted = tg["n_drafted"].as_u64().unwrap();
+    let accepted = tg["n_accepted"].as_u64().unwrap();
+    assert!(drafted > 0 && accepted <= drafted, "{tg}");
+    assert!(tg["draft_acceptance"].as_f64().unwrap() >= 0.9, "{tg}");
+    let md = ok(&[
+        "bench",
+        "-m",
+        &m,
+        "-md",
+        &m,
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--no-tune",
+    ]);
+    assert!(md.contains("| accepted |") && md.contains(" % of "), "{md}");
+    for (args, why) in [
+        (&["-d", "16"][..], "-d takes 0 only"),
+        (
+            &["--spec-type", "ngram-simple"][..],
+            "draft model (-md FILE) only",
+        ),
+    ] {
+        let mut all = vec!["bench", "-m", &m, "-p", "0", "-n", "4", "-r", "1"];
+        if args[0] == "-d" {
+            all.extend(["-md", &m]);
+        }
+        all.extend_from_slice(args);
+        let (code, _, err) = wgllm(&all);
+        assert!(code != 0 && err.contains(why), "{all:?}: {err}");
+    }
+}

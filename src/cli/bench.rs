@@ -96,6 +96,13 @@ pub struct BenchArgs {
     /// llama-bench's mmap switch: one value accepted (weights are copied to the GPU).
     #[arg(long = "mmap", visible_alias = "mmp", hide_short_help = true)]
     pub mmap: Vec<String>,
+    /// Speculative decoding in the tg tests: `-md FILE` and its `--spec-draft-*` flags
+    /// (a draft model only; n-gram lookup has nothing to look up in a benchmark).
+    #[command(flatten)]
+    pub spec: super::speculative::SpecArgs,
+    /// The text a speculative tg test continues (default: a short request for code).
+    #[arg(long = "spec-prompt")]
+    pub spec_prompt: Option<String>,
 }
 
 /// llama-bench flags that vary something wgllm has no choice of: one value is accepted
@@ -225,6 +232,23 @@ fn plan(a: &BenchArgs) -> Result<BenchPlan> {
     };
     p.base.tune = super::tune_options(a.no_tune, false);
     p.base.sampling = a.sampling;
+    p.draft = match a.spec.speculation()? {
+        None if a.spec_prompt.is_some() => bail!("--spec-prompt is the text of speculative tg tests: add -md FILE"),
+        None => None,
+        Some(super::speculative::Speculation::Ngram(..)) => bail!(
+            "--spec-type ngram-simple: wgllm bench speculates with a draft model (-md FILE) only; an n-gram lookup needs text that repeats itself"
+        ),
+        Some(super::speculative::Speculation::Model(model, params)) => {
+            if !a.spec.synth_rates.is_empty() {
+                bail!("--spec-synth-rates: wgllm bench measures the draft's own acceptance; use it with wgllm run");
+            }
+            Some(bench::DraftPlan {
+                model,
+                params,
+                prompt: a.spec_prompt.clone().unwrap_or_else(|| bench::DRAFT_PROMPT.to_string()),
+            })
+        }
+    };
     p.validate().map_err(anyhow::Error::msg)?;
     Ok(p)
 }
@@ -263,6 +287,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         n_batch: plan.n_batch.len() > 1,
         n_ubatch: plan.n_ubatch.len() > 1,
         cache: plan.cache.len() > 1,
+        draft: plan.draft.is_some(),
     };
     let mut w = Writer::new(format, md);
     let mut out = std::io::stdout().lock();

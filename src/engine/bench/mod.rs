@@ -58,6 +58,9 @@ pub struct BenchPlan {
     pub reps: Vec<u32>,
     /// Profile a pp and a tg step per model and backend.
     pub profile: bool,
+    /// Speculative decoding in the tg tests (`-md`): a draft model proposes, and each
+    /// tg test generates from a text prompt instead of feeding random tokens.
+    pub draft: Option<DraftPlan>,
     /// Everything else about loading: `n_ctx` is a floor (the tests' own need decides
     /// otherwise), `gpu.backend` is replaced by each of `backends`.
     pub base: EngineOptions,
@@ -78,6 +81,7 @@ impl Default for BenchPlan {
             n_depth: vec![0],
             reps: vec![5],
             profile: false,
+            draft: None,
             base: EngineOptions {
                 n_ctx: 0,
                 ..EngineOptions::default()
@@ -85,6 +89,21 @@ impl Default for BenchPlan {
         }
     }
 }
+
+/// The draft model of the tg tests, how much it proposes, and the text they continue:
+/// a speculative tg test generates `n_gen` tokens greedily (end-of-generation tokens
+/// banned, so each repetition generates them all) after the prompt, timed from its first
+/// generated token to its last, drafting included. Random tokens, as llama-bench feeds,
+/// would leave the draft nothing to predict.
+#[derive(Clone, Debug)]
+pub struct DraftPlan {
+    pub model: PathBuf,
+    pub params: super::SpecParams,
+    pub prompt: String,
+}
+
+/// A prompt for speculative tg tests that has something to predict.
+pub const DRAFT_PROMPT: &str = "Write a Python function that returns the n-th Fibonacci number, with a docstring and three examples of its use.";
 
 /// The tests sharing one loaded engine.
 #[derive(Clone, Debug, PartialEq)]
@@ -172,6 +191,16 @@ impl BenchPlan {
         }
         if self.tests().is_empty() {
             return Err("no tests: every -p, -n and -pg value is 0".into());
+        }
+        if self.draft.is_some() {
+            if self.n_depth.iter().any(|&d| d > 0) {
+                return Err("-md: a speculative tg test generates from a text prompt on an empty cache, so -d takes 0 only".into());
+            }
+            if !self.pg.is_empty() {
+                return Err(
+                    "-md: a speculative test is a tg test; -pg is not taken with it".into(),
+                );
+            }
         }
         Ok(())
     }
@@ -290,7 +319,11 @@ pub fn run_plan(
         opts.n_batch = inst.n_batch;
         opts.n_ubatch = inst.n_ubatch;
         opts.kv = inst.cache;
-        let need = inst.tests.iter().map(|t| t.n_ctx()).max().unwrap_or(1);
+        let mut need = inst.tests.iter().map(|t| t.n_ctx()).max().unwrap_or(1);
+        if let Some(d) = &plan.draft {
+            // The prompt's tokens are at most its bytes (and a BOS).
+            need += d.prompt.len() as u32 + 1;
+        }
         opts.n_ctx = opts.n_ctx.max(need).max(1);
         let mut engine = Engine::load(&inst.model, &opts, &mut |done, total| {
             on(BenchEvent::Loading {
@@ -300,6 +333,9 @@ pub fn run_plan(
                 total,
             })
         })?;
+        if let Some(d) = &plan.draft {
+            engine.load_draft(&d.model, d.params)?;
+        }
         let mut bench = Bench::new(&mut engine);
         // One decoded token, untimed: the decode graph's dispatches and record time.
         let (dispatches_per_token, barriers_per_token, record_us) = bench.probe_decode()?;
@@ -343,14 +379,18 @@ pub fn run_plan(
                     .map(|d| d.as_secs())
                     .unwrap_or(0),
             );
-            let m = bench.run_test(t, &mut |stage| {
+            let mut stage = |stage| {
                 on(BenchEvent::Progress {
                     index,
                     total,
                     test: &name,
                     stage,
                 })
-            })?;
+            };
+            let m = match &plan.draft {
+                Some(d) if t.n_gen > 0 => bench.run_draft_test(t, d, &mut stage)?,
+                _ => bench.run_test(t, &mut stage)?,
+            };
             let profile = model_profile
                 .as_ref()
                 .and_then(|p| match (t.n_prompt, t.n_gen) {
@@ -392,6 +432,7 @@ pub fn run_plan(
                 }
                 .to_string(),
                 decode: m.decode,
+                draft: m.draft,
                 profile,
             };
             on(BenchEvent::Row(&row));
@@ -406,6 +447,28 @@ struct Measured {
     samples_ns: Vec<u64>,
     /// For tests that decode single tokens: what one cost the host, on average.
     decode: Option<DecodeCost>,
+    /// For a speculative tg test: what the draft proposed and the target kept.
+    draft: Option<DraftCounts>,
+}
+
+/// A speculative tg test's proposals over its timed repetitions.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DraftCounts {
+    /// The draft model's file.
+    pub model: String,
+    pub drafted: u64,
+    pub accepted: u64,
+}
+
+impl DraftCounts {
+    /// Kept proposals, in percent of all proposals.
+    pub fn acceptance_percent(&self) -> f64 {
+        super::DraftStats {
+            drafted: self.drafted,
+            accepted: self.accepted,
+        }
+        .acceptance_percent()
+    }
 }
 
 /// The host's side of one decoded token, averaged over a test's generated tokens.
@@ -558,8 +621,94 @@ impl<'e> Bench<'e> {
             d.barriers = self.ctx().last_step.barriers;
         }
         self.ctx().clear();
-        Ok(Measured { samples_ns, decode })
+        Ok(Measured {
+            samples_ns,
+            decode,
+            draft: None,
+        })
     }
+
+    /// A tg test with the engine's draft model: a greedy session continues `d.prompt`
+    /// for `t.n_gen` tokens, each repetition on an empty cache; the time runs from the
+    /// step that samples the first token to the end, drafting and checking included.
+    fn run_draft_test(
+        &mut self,
+        t: &TestSpec,
+        d: &DraftPlan,
+        stage: &mut dyn FnMut(Stage),
+    ) -> Result<Measured, EngineError> {
+        let mut sampling = crate::sample::SamplerParams::greedy();
+        sampling.banned = self.engine.tokenizer.eog_tokens().collect();
+        let params = super::SessionParams {
+            sampling,
+            n_predict: t.n_gen as i32,
+            ..Default::default()
+        };
+        let mut samples_ns = Vec::new();
+        let mut counts = DraftCounts {
+            model: d.model.display().to_string(),
+            ..Default::default()
+        };
+        for rep in 0..=t.reps {
+            stage(if rep == 0 {
+                Stage::Warmup
+            } else {
+                Stage::Rep(rep, t.reps)
+            });
+            self.ctx().clear();
+            let e = &mut *self.engine;
+            let before = e.draft_stats().unwrap_or_default();
+            let id = e.open_session(params.clone())?;
+            let n_prompt = e.prompt_text(id, &d.prompt)?;
+            if n_prompt + t.n_gen as usize > e.n_ctx_seq() as usize {
+                e.close_session(id)?;
+                return Err(EngineError::Options(format!(
+                    "-md: the prompt ({n_prompt} tokens) and {} generated tokens do not fit the context; raise -c",
+                    t.n_gen
+                )));
+            }
+            while e.session(id)?.phase() == super::Phase::Prompt {
+                step_checked(e, id)?;
+            }
+            let t0 = Instant::now();
+            while e.session(id)?.is_busy() {
+                step_checked(e, id)?;
+            }
+            let ns = t0.elapsed().as_nanos() as u64;
+            let n = e.session(id)?.generated().len();
+            e.close_session(id)?;
+            if n != t.n_gen as usize {
+                return Err(EngineError::Options(format!(
+                    "-md: the session generated {n} of {} tokens (the context filled?)",
+                    t.n_gen
+                )));
+            }
+            let after = e.draft_stats().unwrap_or_default();
+            if rep > 0 {
+                samples_ns.push(ns);
+                counts.drafted += after.drafted - before.drafted;
+                counts.accepted += after.accepted - before.accepted;
+            }
+        }
+        self.ctx().clear();
+        Ok(Measured {
+            samples_ns,
+            decode: None,
+            draft: Some(counts),
+        })
+    }
+}
+
+/// One engine step, its error for session `id` returned as the step's.
+fn step_checked(e: &mut Engine, id: super::SessionId) -> Result<(), EngineError> {
+    for ev in e.step()? {
+        if let super::Event::Error { session, error } = ev {
+            if session == id {
+                return Err(error);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The generated tokens of a tg test: each one sampled from the last one's logits with

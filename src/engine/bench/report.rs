@@ -97,6 +97,8 @@ pub struct BenchRow {
     pub sampling: String,
     /// For tests that generate: the host's cost of one decoded token.
     pub decode: Option<super::DecodeCost>,
+    /// With `-md`, a tg test's draft model and its proposals.
+    pub draft: Option<super::DraftCounts>,
     /// With `--profile`: a step of this test's kind timed per op.
     pub profile: Option<StepProfile>,
 }
@@ -145,6 +147,7 @@ impl BenchRow {
         let (avg_ns, sd_ns) = self.ns_stats();
         let (avg_ts, sd_ts) = self.ts_stats();
         let d = self.decode.unwrap_or_default();
+        let dr = self.draft.clone().unwrap_or_default();
         vec![
             ("build_commit", Str(self.build_commit.clone())),
             ("gpu_info", Str(self.gpu_info.clone())),
@@ -187,6 +190,10 @@ impl BenchRow {
             ("sample_us", Float(d.sample_us)),
             ("read_bytes_per_token", Int(d.read_bytes)),
             ("steps_in_flight", Int(d.in_flight as u64)),
+            ("draft_model", Str(dr.model.clone())),
+            ("n_drafted", Int(dr.drafted)),
+            ("n_accepted", Int(dr.accepted)),
+            ("draft_acceptance", Float(dr.acceptance_percent() / 100.0)),
         ]
     }
 
@@ -303,6 +310,8 @@ pub struct MdColumns {
     pub n_ubatch: bool,
     /// Cache types and flash attention (`-ctk`, `-ctv`, `-fa` lists).
     pub cache: bool,
+    /// The draft's acceptance (`-md`).
+    pub draft: bool,
 }
 
 /// Writes rows in one format: `begin` before the first row, `row` for each (as it
@@ -341,6 +350,10 @@ impl Writer {
                 }
                 h.extend(["test", "t/s"]);
                 a.extend(["---:", "---:"]);
+                if self.md.draft {
+                    h.push("accepted");
+                    a.push("---:");
+                }
                 format!("| {} |\n| {} |\n", h.join(" | "), a.join(" | "))
             }
             OutputFormat::Csv => {
@@ -377,6 +390,12 @@ impl Writer {
                 }
                 cells.push(r.test_name());
                 cells.push(format!("{ts:.2} ± {sd:.2}"));
+                if self.md.draft {
+                    cells.push(match &r.draft {
+                        Some(d) => format!("{:.1} % of {}", d.acceptance_percent(), d.drafted),
+                        None => String::new(),
+                    });
+                }
                 format!("| {} |\n", cells.join(" | "))
             }
             OutputFormat::Csv => {
@@ -431,6 +450,7 @@ impl BenchRow {
             record_us: 0.0,
             sampling: String::new(),
             decode: None,
+            draft: None,
             profile: None,
         }
     }
