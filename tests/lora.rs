@@ -11,31 +11,8 @@ use std::path::{Path, PathBuf};
 use wgllm::context::{Batch, Context, ContextParams};
 use wgllm::engine::{Engine, EngineOptions, LoraSpec};
 use wgllm::gguf::{GgmlType, GgufFile};
-use wgllm::model::synth::{synth, SynthArch, SynthShape, WeightScale};
+use wgllm::model::synth::{synth, SynthArch, WeightScale};
 use wgllm::model::synth_lora::{synth_lora, LoraSynth};
-
-const SHAPE: SynthShape = SynthShape {
-    n_embd: 64,
-    n_layer: 2,
-    n_ff: 128,
-    n_head: 4,
-    n_head_kv: 2,
-    experts: None,
-};
-
-fn vocab() -> Vec<(String, wgllm::gguf::Value)> {
-    use wgllm::gguf::Value;
-    vec![
-        (
-            "tokenizer.ggml.tokens".to_string(),
-            Value::Array((0..256).map(|i| Value::String(format!("<{i}>"))).collect()),
-        ),
-        (
-            "tokenizer.ggml.model".to_string(),
-            Value::String("llama".into()),
-        ),
-    ]
-}
 
 fn f32s(f: &GgufFile, name: &str) -> Vec<f32> {
     let t = f.tensor(name).unwrap();
@@ -122,9 +99,9 @@ fn tiny_files(dir: &Path, ty: GgmlType) -> (PathBuf, PathBuf) {
     let base = dir.join("base.gguf");
     synth(
         SynthArch::Llama,
-        SHAPE,
+        common::TINY,
         GgmlType::F32,
-        vocab(),
+        common::tiny_vocab(),
         256,
         WeightScale::FanIn,
         false,
@@ -251,7 +228,11 @@ fn wrong_adapters_are_refused() {
         Ok(_) => panic!("{} was accepted", p.display()),
         Err(e) => e.to_string(),
     };
-    assert!(err(&base).contains("not a LoRA adapter"), "{}", err(&base));
+    let refused = |p: &Path, why: &str| {
+        let e = err(p);
+        assert!(e.contains(why), "{}: {e}", p.display());
+    };
+    refused(&base, "not a LoRA adapter");
     let af = GgufFile::open(&adapter).unwrap();
     let rewrite = |name: &str, change: &dyn Fn(&mut wgllm::gguf::GgufWriter)| {
         let mut w = wgllm::gguf::GgufWriter::new();
@@ -266,37 +247,22 @@ fn wrong_adapters_are_refused() {
         w.write(&p).unwrap();
         p
     };
+    let qwen2 = wgllm::gguf::Value::String("qwen2".into());
     let other = rewrite("other-arch.gguf", &|w| {
-        w.set_meta(
-            "general.architecture",
-            wgllm::gguf::Value::String("qwen2".into()),
-        );
+        w.set_meta("general.architecture", qwen2.clone());
     });
-    assert!(
-        err(&other).contains("architecture `qwen2`"),
-        "{}",
-        err(&other)
-    );
+    refused(&other, "architecture `qwen2`");
     let half = rewrite("half.gguf", &|w| {
         w.remove_tensor("blk.1.ffn_up.weight.lora_b");
     });
-    assert!(
-        err(&half).contains("lacks one of its halves"),
-        "{}",
-        err(&half)
-    );
+    refused(&half, "lacks one of its halves");
     let wide = rewrite("wide.gguf", &|w| {
-        w.remove_tensor("blk.0.attn_q.weight.lora_a");
-        w.tensor(
-            "blk.0.attn_q.weight.lora_a",
-            &[32, 8],
-            GgmlType::F32,
-            vec![0; 32 * 8 * 4],
-        );
+        let name = "blk.0.attn_q.weight.lora_a";
+        w.remove_tensor(name);
+        w.tensor(name, &[32, 8], GgmlType::F32, vec![0; 32 * 8 * 4]);
     });
-    assert!(err(&wide).contains("wrong base model"), "{}", err(&wide));
-    let missing = dir.join("none.gguf");
-    assert!(err(&missing).contains("none.gguf"), "{}", err(&missing));
+    refused(&wide, "wrong base model");
+    refused(&dir.join("none.gguf"), "none.gguf");
 }
 
 /// Sessions with different adapter scales decode side by side (the engine batches each

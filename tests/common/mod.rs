@@ -198,7 +198,7 @@ pub fn wide_model(gpu: Arc<Gpu>, ty: wgllm::gguf::GgmlType) -> Arc<wgllm::model:
 }
 
 /// The tiny model's dimensions: 2 layers (6 for the gemma3 one), 64 wide, 4 heads.
-const TINY: wgllm::model::synth::SynthShape = wgllm::model::synth::SynthShape {
+pub const TINY: wgllm::model::synth::SynthShape = wgllm::model::synth::SynthShape {
     n_embd: 64,
     n_layer: 2,
     n_ff: 128,
@@ -208,7 +208,7 @@ const TINY: wgllm::model::synth::SynthShape = wgllm::model::synth::SynthShape {
 };
 
 /// An SPM vocabulary of 256 `<i>` tokens, enough for an engine: tests feed token ids.
-fn tiny_vocab() -> Vec<(String, wgllm::gguf::Value)> {
+pub fn tiny_vocab() -> Vec<(String, wgllm::gguf::Value)> {
     use wgllm::gguf::Value;
     vec![
         (
