@@ -95,10 +95,15 @@ fn logits(e: &Engine, tokens: &[u32]) -> Vec<f32> {
     out
 }
 
+/// A tiny f32 llama and a random adapter of type `ty` for it (its embedding included).
 fn tiny_files(dir: &Path, ty: GgmlType) -> (PathBuf, PathBuf) {
-    let base = dir.join("base.gguf");
+    tiny_arch_files(dir, "llama", ty, true)
+}
+
+fn tiny_arch_files(dir: &Path, arch: &str, ty: GgmlType, embedding: bool) -> (PathBuf, PathBuf) {
+    let base = dir.join(format!("base-{arch}.gguf"));
     synth(
-        SynthArch::Llama,
+        SynthArch::by_name(arch).unwrap(),
         common::TINY,
         GgmlType::F32,
         common::tiny_vocab(),
@@ -114,9 +119,9 @@ fn tiny_files(dir: &Path, ty: GgmlType) -> (PathBuf, PathBuf) {
         ty,
         strength: 0.5,
         seed: 7,
-        embedding: true,
+        embedding,
     };
-    let adapter = dir.join(format!("adapter-{ty}.gguf"));
+    let adapter = dir.join(format!("adapter-{arch}-{ty}.gguf"));
     synth_lora(&GgufFile::open(&base).unwrap(), &p)
         .unwrap()
         .write(&adapter)
@@ -128,40 +133,55 @@ fn tiny_files(dir: &Path, ty: GgmlType) -> (PathBuf, PathBuf) {
 /// scale 1 and 0.5 (a rank of 8, padded to the kernels' blocks of 32); at scale 0 it is
 /// the base model. A correction at the wrong rows (Q's at K's, gate's at up's) or the
 /// wrong scale moves the logits by far more than the tolerance: the difference between
-/// the base and the merged model is shown beside it.
+/// the base and the merged model is shown beside it. Llama (every kind of pair, the
+/// embedding and an output head of its own), Gemma 3 (its own graph; a tied head) and
+/// Qwen2 (Q/K/V biases after the stacked product).
 #[test]
 fn adapter_equals_merged_weights() {
     let dir = common::scratch_dir("lora-merged");
-    let (base, adapter) = tiny_files(&dir, GgmlType::F32);
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 256).collect();
-    let plain = logits(&engine(&base, vec![]), &tokens);
-    for scale in [1.0f32, 0.5] {
-        let m = dir.join(format!("merged-{scale}.gguf"));
-        merged(&base, &adapter, scale, &m);
-        let want = logits(&engine(&m, vec![]), &tokens);
-        let spec = LoraSpec {
-            path: adapter.clone(),
-            scale,
-        };
-        let e = engine(&base, vec![spec]);
-        assert_eq!(e.lora_adapters().len(), 1);
-        assert_eq!(e.lora_adapters()[0].n_pairs(), 2 * 7 + 2);
-        let got = logits(&e, &tokens);
-        let err = common::nmse(&got, &want);
-        let apart = common::nmse(&plain, &want);
-        assert!(
-            err < 1e-9 && apart > 1e-2,
-            "scale {scale}: nmse {err:e} to the merged model (base to merged: {apart:e})"
+    for (name, embedding) in [("llama", true), ("gemma3", false), ("qwen2", false)] {
+        let (base, adapter) = tiny_arch_files(&dir, name, GgmlType::F32, embedding);
+        let n_pairs = GgufFile::open(&adapter).unwrap().tensors.len() / 2;
+        let plain = logits(&engine(&base, vec![]), &tokens);
+        for scale in [1.0f32, 0.5] {
+            let m = dir.join(format!("merged-{name}-{scale}.gguf"));
+            merged(&base, &adapter, scale, &m);
+            let want = logits(&engine(&m, vec![]), &tokens);
+            let spec = LoraSpec {
+                path: adapter.clone(),
+                scale,
+            };
+            let e = engine(&base, vec![spec]);
+            assert_eq!(e.lora_adapters().len(), 1);
+            assert_eq!(e.lora_adapters()[0].n_pairs(), n_pairs, "{name}");
+            let got = logits(&e, &tokens);
+            let err = common::nmse(&got, &want);
+            let apart = common::nmse(&plain, &want);
+            assert!(
+                err < 1e-9 && apart > 1e-2,
+                "{name} scale {scale}: nmse {err:e} to the merged model (base to merged: {apart:e})"
+            );
+        }
+        let off = engine(
+            &base,
+            vec![LoraSpec {
+                path: adapter.clone(),
+                scale: 0.0,
+            }],
+        );
+        assert_eq!(
+            logits(&off, &tokens),
+            plain,
+            "{name}: scale 0 is the base model"
         );
     }
-    let off = engine(
-        &base,
-        vec![LoraSpec {
-            path: adapter.clone(),
-            scale: 0.0,
-        }],
+    // Llama's adapter has every projection of both layers, the head and the embedding.
+    let (_, adapter) = tiny_files(&dir, GgmlType::F32);
+    assert_eq!(
+        GgufFile::open(&adapter).unwrap().tensors.len(),
+        2 * (2 * 7 + 2)
     );
-    assert_eq!(logits(&off, &tokens), plain, "scale 0 is the base model");
 }
 
 /// An f16 adapter (convert_lora_to_gguf.py's default type) is read as its f16 values.
