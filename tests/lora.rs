@@ -283,6 +283,30 @@ fn wrong_adapters_are_refused() {
     });
     refused(&wide, "wrong base model");
     refused(&dir.join("none.gguf"), "none.gguf");
+    // Gemma 3's head is its embedding: an embedding pair cannot apply to it, so synth
+    // does not write one and the loader refuses one (here the llama adapter's, moved over).
+    let (gemma, _) = tiny_arch_files(&dir, "gemma3", GgmlType::F32, false);
+    let gf = GgufFile::open(&gemma).unwrap();
+    let p = LoraSynth {
+        rank: 8,
+        alpha: 16.0,
+        ty: GgmlType::F32,
+        strength: 0.5,
+        seed: 1,
+        embedding: true,
+    };
+    assert!(synth_lora(&gf, &p).is_err_and(|e| e.contains("tied")));
+    let gemma3 = wgllm::gguf::Value::String("gemma3".into());
+    let moved = rewrite("to-gemma.gguf", &|w| {
+        w.set_meta("general.architecture", gemma3.clone());
+        w.remove_tensor("output.weight.lora_a");
+        w.remove_tensor("output.weight.lora_b");
+    });
+    let e = match Engine::load(&gemma, &opts(&moved), &mut |_: u64, _: u64| {}) {
+        Ok(_) => panic!("an embedding pair on a tied head was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("tied embeddings"), "{e}");
 }
 
 /// Sessions with different adapter scales decode side by side (the engine batches each

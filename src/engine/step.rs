@@ -122,9 +122,9 @@ impl Engine {
         (t, probs, accepted)
     }
 
-    /// Makes room for each session's share of the batch and lays the batch out.
     /// The sessions of `generating` and `prompts` that share the first one's LoRA
-    /// scales, which the context is set to.
+    /// scales, which the context is set to. The others wait until no session of that
+    /// setting comes first (llama-server's rule: the first slot's adapters decide).
     fn one_lora_setting(
         &mut self,
         generating: Vec<SessionId>,
@@ -149,6 +149,7 @@ impl Engine {
         (generating, prompts)
     }
 
+    /// Makes room for each session's share of the batch and lays the batch out.
     pub(super) fn plan_batch(
         &mut self,
         events: &mut Vec<Event>,

@@ -11,7 +11,8 @@ use std::sync::Arc;
 /// weight's part of the output occupies.
 #[derive(Clone)]
 pub struct LoraTerm {
-    /// [n_in, r] as a weight of r rows (an embedding's: [r, n_vocab], read by rows).
+    /// [n_in, r] as a weight of r rows, r padded with zero rows to whole blocks of 32
+    /// (an embedding's: [r, n_vocab], read by rows).
     pub a: Arc<Weight>,
     /// [r, n_out]: n_out rows of r.
     pub b: Arc<Weight>,

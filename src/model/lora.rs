@@ -249,13 +249,28 @@ impl LoraAdapter {
                 ));
             };
             let target = targets.get(&base).ok_or_else(|| {
-                bad(
-                    &path,
-                    format!("the adapter corrects `{base}`, which this model does not have or wgllm does not adapt (it adapts the attention and dense feed-forward projections, the output head and the token embedding; not experts, state-space layers or encoders): maybe the wrong base model?"),
-                )
+                let why = match model.hp.arch {
+                    super::Arch::Phi3 if base.ends_with(".ffn_up.weight") => {
+                        "Phi-3's one gate/up tensor, which wgllm splits at load, is not adapted".to_string()
+                    }
+                    _ if model.weights.layers.is_empty() => format!(
+                        "wgllm adapts the layers of llama-family and Gemma models only, not {}'s",
+                        model.arch_name
+                    ),
+                    _ => "this model does not have it, or wgllm does not adapt it (it adapts the attention and dense feed-forward projections, the output head and the token embedding; not experts): maybe the wrong base model?".to_string(),
+                };
+                bad(&path, format!("the adapter corrects `{base}`: {why}"))
             })?;
+            // A tied head shares the embedding's weight: a correction in the embedding's
+            // flipped layout cannot apply to its matmul (llama.cpp aborts on it there).
+            if target.embedding && Arc::ptr_eq(&model.weights.output, &model.weights.tok_embd) {
+                return Err(bad(
+                    &path,
+                    format!("the adapter corrects `{base}`, which this model also uses as its output head (tied embeddings): an embedding pair cannot apply to the head, and llama.cpp cannot run it either"),
+                ));
+            }
             for t in [a, b] {
-                if t.dims.len() != 2 || quant::format(t.ty).is_none() || t.dims[1] == 0 {
+                if t.dims.len() != 2 || quant::format(t.ty).is_none() || t.dims.contains(&0) {
                     return Err(bad(
                         &path,
                         format!(

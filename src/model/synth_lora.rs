@@ -100,8 +100,19 @@ pub fn synth_lora(base: &GgufFile, p: &LoraSynth) -> Result<GgufWriter, String> 
     };
     let b_std = p.strength / (applied * (r as f32).sqrt());
     let mut rng = Rng(p.seed.wrapping_mul(0x9e3779b97f4a7c15) | 1);
+    if p.embedding && base.tensor("output.weight").is_none() {
+        return Err(format!(
+            "{}: the model's output head is its token embedding (tied), and an embedding pair cannot apply to the head; leave out --lora-embedding",
+            base.path
+        ));
+    }
+    let phi3_fused = base.tensor("blk.0.ffn_gate.weight").is_none();
     let mut n_pairs = 0;
     for t in &base.tensors {
+        // Phi-3's fused gate/up tensor is not adapted (see `model::lora`).
+        if phi3_fused && t.name.ends_with(".ffn_up.weight") {
+            continue;
+        }
         let embedding = p.embedding && t.name == "token_embd.weight";
         if t.dims.len() != 2 || !(adapted(&t.name) || embedding) {
             continue;
