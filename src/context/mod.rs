@@ -318,7 +318,7 @@ impl Context {
         if want == self.lora.scales {
             return;
         }
-        let terms = crate::model::lora::terms(&self.model, &self.model.loras, &want);
+        let terms = crate::model::lora::terms(&self.model.loras, &want);
         self.lora = LoraSetting {
             scales: want,
             terms: (!terms.is_empty()).then(|| Arc::new(terms)),

@@ -133,18 +133,15 @@ impl Engine {
         if self.model.loras.is_empty() {
             return (generating, prompts);
         }
-        let lora_of =
-            |e: &Self, id: SessionId| e.sessions[id as usize].as_ref().map(|s| s.lora.clone());
         let first = generating.first().copied().or(prompts.first().map(|p| p.0));
-        let Some(want) = first.and_then(|id| lora_of(self, id)) else {
+        let Some(want) = first.and_then(|id| self.sessions[id as usize].as_ref()) else {
             return (generating, prompts);
         };
-        let generating: Vec<SessionId> = (generating.into_iter())
-            .filter(|&id| lora_of(self, id).as_ref() == Some(&want))
-            .collect();
-        let prompts: Vec<(SessionId, usize)> = (prompts.into_iter())
-            .filter(|p| lora_of(self, p.0).as_ref() == Some(&want))
-            .collect();
+        let want = want.lora.clone();
+        let same =
+            |id: SessionId| (self.sessions[id as usize].as_ref()).is_some_and(|s| s.lora == want);
+        let generating: Vec<SessionId> = generating.into_iter().filter(|&id| same(id)).collect();
+        let prompts: Vec<(SessionId, usize)> = prompts.into_iter().filter(|p| same(p.0)).collect();
         self.ctx.set_lora(&want);
         (generating, prompts)
     }
@@ -176,8 +173,8 @@ impl Engine {
             prompts.rotate_left(k);
         }
         // One graph applies one setting of the LoRA scales: the batch takes the sessions
-        // of the first one's setting, the others wait a step (llama-server batches only
-        // slots whose adapters are equal).
+        // of the first one's setting, the others wait (llama-server batches only slots
+        // whose adapters are equal).
         let (generating, prompts) = self.one_lora_setting(generating, prompts);
         let room = n_batch.saturating_sub(generating.len());
         let needs: Vec<usize> = prompts.iter().map(|p| p.1).collect();

@@ -26,10 +26,10 @@ pub struct LoraAdapter {
     pub gpu_bytes: u64,
 }
 
-/// One adapted base tensor's pair.
+/// One adapted base tensor's pair, and where that tensor's output lives (resolved once,
+/// when the adapter is loaded for its model).
 struct LoraPair {
-    /// The base tensor's name (`blk.3.attn_q.weight`).
-    base: String,
+    target: Target,
     a: Arc<Weight>,
     b: Arc<Weight>,
     rank: u32,
@@ -313,7 +313,7 @@ impl LoraAdapter {
             };
             gpu_bytes += aw.gpu_bytes() + bw.gpu_bytes();
             pairs.push(LoraPair {
-                base,
+                target: target.clone(),
                 a: Arc::new(aw),
                 b: Arc::new(bw),
                 rank: rank as u32,
@@ -365,18 +365,14 @@ fn upload(
 
 /// The corrections for `adapters` at `scales` (one per adapter; a missing or zero scale
 /// leaves that adapter out), for a graph of `model`.
-pub fn terms(model: &Model, adapters: &[Arc<LoraAdapter>], scales: &[f32]) -> LoraTerms {
-    let targets = targets(model);
+pub fn terms(adapters: &[Arc<LoraAdapter>], scales: &[f32]) -> LoraTerms {
     let mut terms = LoraTerms::default();
     for (ad, &scale) in adapters.iter().zip(scales) {
         if scale == 0.0 {
             continue;
         }
         for p in &ad.pairs {
-            // Checked when the adapter was loaded for this model.
-            let Some(t) = targets.get(&p.base) else {
-                continue;
-            };
+            let t = &p.target;
             let term = LoraTerm {
                 a: p.a.clone(),
                 b: p.b.clone(),
