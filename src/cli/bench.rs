@@ -229,6 +229,7 @@ fn plan(a: &BenchArgs) -> Result<BenchPlan> {
         tuning: wgllm::ops::KernelTuning::from_env()?,
         shader_checks: a.shader_checks,
         fault: None,
+        memory_budget: None,
     };
     p.base.tune = super::tune_options(a.no_tune, false);
     p.base.sampling = a.sampling;

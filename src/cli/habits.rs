@@ -10,11 +10,11 @@ use clap::Args;
 /// also reads `_` as `-` in a `--` flag's name (`--n_predict`, `--backend_sampling`),
 /// and so does this (the value after `=` is left as it is).
 pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
-    const MULTI_LETTER: [&str; 37] = [
+    const MULTI_LETTER: [&str; 38] = [
         "-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys", "-ngl", "-fa", "-tb", "-cnv",
         "-no-cnv", "-ngld", "-ctk", "-ctv", "-sm", "-ts", "-mg", "-md", "-hf", "-mu", "-ot",
         "-nkvo", "-lv", "-pg", "-mmp", "-to", "-cb", "-nocb", "-kvu", "-jf", "-hff", "-hfr",
-        "-hft", "-cram", "-bs", "-devd",
+        "-hft", "-cram", "-bs", "-devd", "-dev",
     ];
     match arg.to_str() {
         Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),
@@ -29,7 +29,6 @@ pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
 /// llama.cpp flags with no meaning in wgllm, and why.
 const REFUSED: &[(&[&str], &str)] = &[
     (&["--mlock", "--no-mmap", "--mmap", "--numa"], "it places the model in host memory, and wgllm keeps every weight on the GPU"),
-    (&["--split-mode", "--tensor-split", "--main-gpu", "--sm", "--ts", "--mg"], "it splits a model over several GPUs, and wgllm runs on one adapter (choose it with --device, see `wgllm devices`)"),
     (&["--no-kv-offload", "--nkvo", "--cpu-moe", "--n-cpu-moe", "--override-tensor", "--ot"], "it keeps tensors (or the KV cache) in host memory, and wgllm keeps the cache and every weight on the GPU; to fit a longer context, quantize the cache (-ctk q8_0 -ctv q8_0)"),
     (&["--draft", "--draft-n", "--draft-max"], "today's llama.cpp removed it: use --spec-draft-n-max"),
     (&["--draft-min", "--draft-n-min"], "today's llama.cpp removed it: use --spec-draft-n-min"),

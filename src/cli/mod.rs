@@ -21,7 +21,7 @@ pub mod synth;
 pub mod tokenize;
 pub mod tune;
 
-use anyhow::Result;
+use anyhow::{anyhow, bail, Result};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use wgllm::engine::{Engine, EngineOptions, SamplingPath};
@@ -92,9 +92,23 @@ pub struct GpuArgs {
     /// wgpu backend: auto, vulkan, metal, dx12 or gl.
     #[arg(long, default_value_t = Backend::Auto)]
     pub backend: Backend,
-    /// Adapter index from `wgllm devices` (default: the high-performance adapter).
-    #[arg(long = "device")]
-    pub device: Option<usize>,
+    /// Adapters from `wgllm devices`, by index or as BACKEND+N (`vulkan0`, `gl0`): one,
+    /// or several to split the model's layers over (default: the high-performance
+    /// adapter).
+    #[arg(long = "device", visible_alias = "dev", value_delimiter = ',')]
+    pub device: Vec<String>,
+    /// How a model is split over several --device adapters: `layer` (each holds a run
+    /// of layers and their cache) or `none` (the main one holds everything).
+    #[arg(long = "split-mode", visible_alias = "sm", default_value = "layer", value_parser = parse_split_mode)]
+    pub split_mode: SplitMode,
+    /// Each --device adapter's share of the layers, as `3,1` or `3/1` (default: equal
+    /// shares, as wgpu reports no adapter's memory size).
+    #[arg(long = "tensor-split", visible_alias = "ts", value_parser = parse_shares)]
+    pub tensor_split: Option<Vec<f32>>,
+    /// Which --device adapter (an index into that list) holds the embeddings, the output
+    /// head and GPU sampling, and with `-sm none` the whole model.
+    #[arg(long = "main-gpu", visible_alias = "mg", default_value_t = 0)]
+    pub main_gpu: usize,
     /// Do not use shader-f16 even if the adapter has it.
     #[arg(long)]
     pub no_f16: bool,
@@ -129,7 +143,86 @@ pub struct GpuArgs {
     pub backend_sampling: bool,
 }
 
+/// `-sm`: llama.cpp's split modes wgllm has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitMode {
+    None,
+    Layer,
+}
+
+fn parse_split_mode(s: &str) -> Result<SplitMode, String> {
+    match s {
+        "none" => Ok(SplitMode::None),
+        "layer" => Ok(SplitMode::Layer),
+        "row" => Err("`-sm row` splits each matrix's rows over the GPUs, which needs every matmul's partial outputs gathered across devices after each layer; wgpu shares no buffers between devices, so each gather would be a host round trip per matmul. Use `-sm layer`".into()),
+        _ => Err(format!("`{s}`: the split mode is none or layer")),
+    }
+}
+
+/// `-ts 3,1` or `3/1`, as llama.cpp reads it.
+fn parse_shares(s: &str) -> Result<Vec<f32>, String> {
+    s.split([',', '/'])
+        .map(|x| {
+            x.trim()
+                .parse::<f32>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| {
+                    format!(
+                        "-ts `{s}`: give one share (a number >= 0) per --device adapter, as `3,1`"
+                    )
+                })
+        })
+        .collect()
+}
+
 impl GpuArgs {
+    /// The --device adapters as indices of the backend's list.
+    pub fn device_indices(&self) -> Result<Vec<usize>> {
+        resolve_devices(self.backend, &self.device)
+    }
+
+    /// The adapter the commands that run on one device open: the only --device, or the
+    /// main one of several (`-mg`).
+    pub fn adapter_index(&self) -> Result<Option<usize>> {
+        let d = self.device_indices()?;
+        if d.is_empty() {
+            return Ok(None);
+        }
+        match d.get(self.main_gpu) {
+            Some(&i) => Ok(Some(i)),
+            None => bail!(
+                "-mg {}: the main GPU indexes the --device list, which has {} adapter(s)",
+                self.main_gpu,
+                d.len()
+            ),
+        }
+    }
+
+    /// The layer split the flags ask for: several --device adapters with `-sm layer`.
+    pub fn split(&self) -> Result<Option<wgllm::engine::SplitSpec>> {
+        let devices = self.device_indices()?;
+        self.adapter_index()?;
+        if devices.len() < 2 || self.split_mode == SplitMode::None {
+            if let Some(ts) = &self.tensor_split {
+                if devices.len() < 2 && ts.len() > 1 {
+                    bail!("-ts gives {} shares, but one adapter runs the model: name the adapters to split over with --device A,B", ts.len());
+                }
+            }
+            return Ok(None);
+        }
+        for (k, d) in devices.iter().enumerate() {
+            if devices[..k].contains(d) {
+                bail!("--device names adapter {d} twice: a split puts each part on a different adapter");
+            }
+        }
+        Ok(Some(wgllm::engine::SplitSpec {
+            devices,
+            shares: self.tensor_split.clone().unwrap_or_default(),
+            main: self.main_gpu,
+        }))
+    }
+
     /// `--sampling`, with `-bs` read as `gpu`.
     pub fn sampling_path(&self) -> SamplingPath {
         if self.backend_sampling {
@@ -163,7 +256,7 @@ impl GpuArgs {
     pub fn options(&self) -> Result<GpuOptions> {
         Ok(GpuOptions {
             backend: self.backend,
-            adapter_index: self.device,
+            adapter_index: self.adapter_index()?,
             no_f16: self.no_f16,
             no_subgroups: self.no_subgroups,
             max_binding_override: None,
@@ -171,8 +264,52 @@ impl GpuArgs {
             tuning: wgllm::ops::KernelTuning::from_env()?,
             shader_checks: self.shader_checks,
             fault: None,
+            memory_budget: None,
         })
     }
+}
+
+/// `--device` names as adapter indices of `backend`'s list: a number, or BACKEND+N (the
+/// Nth adapter of that backend in the list: `vulkan0`, `gl0`).
+pub fn resolve_devices(backend: Backend, names: &[String]) -> Result<Vec<usize>> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list = wgllm::gpu::list_adapters(backend);
+    let spelled = |i: usize| {
+        let b = list[i].backend.to_lowercase();
+        let k = list[..i]
+            .iter()
+            .filter(|a| a.backend.to_lowercase() == b)
+            .count();
+        format!("{b}{k}")
+    };
+    names
+        .iter()
+        .map(|n| {
+            let n = n.trim();
+            if let Ok(i) = n.parse::<usize>() {
+                if i >= list.len() {
+                    bail!(
+                        "--device {i}: {} adapter(s) found (see `wgllm devices`)",
+                        list.len()
+                    );
+                }
+                return Ok(i);
+            }
+            (0..list.len())
+                .find(|&i| spelled(i) == n.to_lowercase())
+                .ok_or_else(|| {
+                    let known: Vec<String> = (0..list.len())
+                        .map(|i| format!("{i} or {}", spelled(i)))
+                        .collect();
+                    anyhow!(
+                        "--device `{n}`: no such adapter; name one by index or as BACKEND+N ({})",
+                        known.join(", ")
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Model and context flags shared by run, chat, perplexity.
@@ -289,6 +426,7 @@ impl ModelArgs {
             reranking: false,
             lora: self.lora_specs(),
             lora_init_without_apply: false,
+            split: self.gpu.split()?,
         })
     }
 

@@ -17,6 +17,7 @@ use crate::graph::{Graph, StepProfile};
 use crate::kv::{KvCells, KvConfig, KvError, SeqId, MAX_SEQ};
 use crate::memory::{Memory, MemoryError, MemoryParams};
 use crate::model::Model;
+use crate::ops::View;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -149,6 +150,11 @@ impl ContextParams {
 /// The model's declared graph inputs, one buffer each, and the logits it writes.
 struct StepBuffers {
     inputs: Vec<(GraphInput, wgpu::Buffer)>,
+    /// A split model's copies of each input on the other devices holding layers
+    /// (by device index, none on the main one), filled with the same data.
+    mirrors: Vec<Vec<Option<wgpu::Buffer>>>,
+    /// The same, as the graph builder finds them.
+    mirror_views: Arc<crate::graph::InputMirrors>,
     logits: wgpu::Buffer,
     /// An embeddings context's mean pooling: where each run of output rows starts (u32,
     /// one more than the runs), and the runs' sums ([`Context::decode_pooled`]).
@@ -273,8 +279,26 @@ impl Context {
         let width = out_width(&params, &model) as u64;
         let n_out_max = (gpu.max_binding / (width * 4)).clamp(1, ub) as u32;
         let mut inputs = Vec::new();
+        let mut mirrors = Vec::new();
+        let mut mirror_views = crate::graph::InputMirrors::default();
+        let placement = model.placement.clone();
+        let holds_layers =
+            |d: usize| (0..placement.n_layer()).any(|il| placement.layer_device(il) == d);
         for input in model.inputs() {
-            let buf = gpu.storage(&input.label(), input.bytes(ub, n_ctx))?;
+            let bytes = input.bytes(ub, n_ctx);
+            let buf = gpu.storage(&input.label(), bytes)?;
+            let mut copies = Vec::new();
+            for (d, g) in placement.gpus().iter().enumerate() {
+                copies.push(match d != placement.main_index() && holds_layers(d) {
+                    true => Some(g.storage(&input.label(), bytes)?),
+                    false => None,
+                });
+            }
+            if copies.iter().any(|c| c.is_some()) {
+                let views = copies.iter().map(|c| c.as_ref().map(View::whole)).collect();
+                mirror_views.insert(buf.clone(), views);
+            }
+            mirrors.push(copies);
             inputs.push((input, buf));
         }
         let pool = match params.embeddings && !params.rank {
@@ -286,6 +310,8 @@ impl Context {
         };
         let step = StepBuffers {
             inputs,
+            mirrors,
+            mirror_views: Arc::new(mirror_views),
             logits: gpu.storage("logits", n_out_max as u64 * width * 4)?,
             pool,
         };

@@ -158,10 +158,16 @@ impl Context {
         };
         self.memory.place(&ubv)?;
         // Every declared input fills itself from the ubatch and the memory it went to.
-        for (input, buf) in &self.step.inputs {
+        // A split model's other devices get the same data in their copies.
+        for ((input, buf), copies) in self.step.inputs.iter().zip(&self.step.mirrors) {
             let data = crate::memory::fill_input(&*self.memory, input, &ubv)?;
             if !data.is_empty() {
                 gpu.write(buf, 0, data.as_bytes());
+                for (d, copy) in copies.iter().enumerate() {
+                    if let Some(copy) = copy {
+                        self.model.placement.gpus()[d].write(copy, 0, data.as_bytes());
+                    }
+                }
             }
         }
         let n_out = ubv.logits.iter().filter(|&&l| l).count() as u32;
@@ -193,6 +199,7 @@ impl Context {
                     embeddings: self.params.embeddings,
                     rank: self.params.rank,
                     lora: self.lora.terms.clone(),
+                    mirrors: self.step.mirror_views.clone(),
                 };
                 let graph = self.model.build_graph(&io, &*self.memory)?;
                 self.n_graph_builds += 1;

@@ -92,6 +92,9 @@ impl Engine {
         let compiling = crate::gpu::compile_secs();
         // The file first: its errors are clearer than a GPU's.
         let (f, tokenizer) = Self::open_file(path)?;
+        if let Some(split) = opts.split.as_ref().filter(|s| s.devices.len() > 1) {
+            return Self::load_split(start, split, &f, tokenizer, opts, progress);
+        }
         let tuning = Instant::now();
         let gpu = Gpu::new(&Self::tuned_gpu(&f, opts, progress)?)?;
         let tuning = tuning.elapsed().as_secs_f64();
@@ -106,6 +109,86 @@ impl Engine {
             e.load_time.as_secs_f64(),
             e.load_time.as_secs_f64() - tuning,
         );
+        Ok(e)
+    }
+
+    /// [`Engine::load`] over several adapters, the layers split by `split`: each adapter
+    /// opened with its own kernel choices (the tuner keys on the adapter), each part
+    /// checked against its device's memory where that is known, then uploaded.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn load_split(
+        start: Instant,
+        split: &super::SplitSpec,
+        f: &GgufFile,
+        tokenizer: Tokenizer,
+        opts: &EngineOptions,
+        progress: &mut dyn LoadProgress,
+    ) -> Result<Engine, EngineError> {
+        let hp = crate::model::Hparams::from_gguf(f)?;
+        for (k, d) in split.devices.iter().enumerate() {
+            if split.devices[..k].contains(d) {
+                return Err(EngineError::Options(format!(
+                    "adapter {d} is named twice: each part of a split goes to a different adapter"
+                )));
+            }
+        }
+        if split.main >= split.devices.len() {
+            return Err(EngineError::Options(format!(
+                "-mg {}: the main GPU indexes the {} adapters of the split",
+                split.main,
+                split.devices.len()
+            )));
+        }
+        if !opts.lora.is_empty() {
+            return Err(EngineError::Options(
+                "LoRA adapters on a model split over devices are not built yet: each pair would have to live on its layer's device; run the model on one adapter".into(),
+            ));
+        }
+        let layers =
+            crate::gpu::layers_by_shares(split.devices.len(), &split.shares, hp.n_layer as usize)?;
+        let need = split_bytes(f, &layers, split.main, split.devices.len());
+        let mut gpus = Vec::new();
+        for (k, &d) in split.devices.iter().enumerate() {
+            let mut o = opts.clone();
+            o.gpu.adapter_index = Some(d);
+            let gpu = Gpu::new(&Self::tuned_gpu(f, &o, progress)?)?;
+            if let Some(budget) = gpu.memory_budget {
+                if need[k] > budget {
+                    let runs: Vec<String> = (0..layers.len())
+                        .filter(|&il| layers[il] == k)
+                        .map(|il| il.to_string())
+                        .collect();
+                    return Err(EngineError::Options(format!(
+                        "the split's part on adapter {d} ({}: layers {}{}) needs {} MiB of weights, over the {} MiB that device has; give it a smaller share with -ts, or add an adapter",
+                        gpu.info.name,
+                        if runs.is_empty() { "none".into() } else { runs.join(",") },
+                        if k == split.main { ", the embeddings and the output head" } else { "" },
+                        need[k] >> 20,
+                        budget >> 20
+                    )));
+                }
+            }
+            gpus.push(gpu);
+        }
+        let placement = crate::gpu::Placement::new(gpus, split.main, layers)?;
+        log::info!("split by layers: {}", placement.describe());
+        let t = Instant::now();
+        let mut model = Model::load_placed(placement, f, &mut |done, total| {
+            progress.upload(done, total)
+        })?;
+        if let Ok(p) = opts.context_params(&model.hp) {
+            model.hp.fit_context(p.n_ctx, p.n_seq_max);
+        }
+        log::info!(
+            "loaded {} ({} layers, {:.1} MiB over {} devices) in {:.2} s",
+            model.name,
+            model.hp.n_layer,
+            model.weights.gpu_bytes as f64 / (1 << 20) as f64,
+            model.placement.gpus().len(),
+            t.elapsed().as_secs_f64()
+        );
+        let mut e = Self::new(Arc::new(model), tokenizer, opts)?;
+        e.load_time = start.elapsed();
         Ok(e)
     }
 
@@ -281,4 +364,19 @@ impl Engine {
         e.load_time = start.elapsed();
         Ok(e)
     }
+}
+
+/// The bytes of `f`'s tensors each of `n_dev` devices takes when layer `il` goes to
+/// device `layers[il]` and everything outside the layers to `main` (the file's sizes:
+/// the GPU layouts are within a few percent of them).
+fn split_bytes(f: &GgufFile, layers: &[usize], main: usize, n_dev: usize) -> Vec<u64> {
+    let mut need = vec![0u64; n_dev];
+    for t in &f.tensors {
+        let layer = (t.name.strip_prefix("blk."))
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        let d = layer.and_then(|il| layers.get(il).copied()).unwrap_or(main);
+        need[d] += t.n_bytes;
+    }
+    need
 }

@@ -44,7 +44,7 @@ pub use embed::{normalize, pool, Pooling};
 pub use host_cache::HostCache;
 pub use load::LoadProgress;
 pub use ngram::{ngram_draft, NgramParams};
-pub use options::{EngineOptions, LoraSpec, SamplingPath};
+pub use options::{EngineOptions, LoraSpec, SamplingPath, SplitSpec};
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};
 pub use shift::{CacheOp, Room, SeqShift, ShiftPolicy};
 pub use slots::Snapshot;

@@ -54,6 +54,23 @@ pub struct EngineOptions {
     /// Load the adapters with every scale 0 (`--lora-init-without-apply`): a server sets
     /// them later (`POST /lora-adapters`, or per request).
     pub lora_init_without_apply: bool,
+    /// Several devices, the model's layers split over them (`--device A,B -sm layer`);
+    /// `None`: the one adapter of `gpu`.
+    pub split: Option<SplitSpec>,
+}
+
+/// A model split by layers over several adapters (llama.cpp's `-sm layer`): each holds
+/// its layers' weights and their part of the cache; the main one also holds the
+/// embeddings, the output head and GPU sampling.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SplitSpec {
+    /// Adapter indices of `gpu.backend`'s list (`wgllm devices`), in layer order.
+    pub devices: Vec<usize>,
+    /// Each device's share of the layers (`-ts`); empty: equal shares (wgpu reports no
+    /// adapter's memory size to share by).
+    pub shares: Vec<f32>,
+    /// Which of `devices` is the main one (`-mg`, an index into `devices`).
+    pub main: usize,
 }
 
 /// One `--lora` file and its scale.
@@ -125,6 +142,7 @@ impl Default for EngineOptions {
             reranking: false,
             lora: Vec::new(),
             lora_init_without_apply: false,
+            split: None,
         }
     }
 }

@@ -12,6 +12,18 @@ impl Gpu {
     pub fn storage(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer, GpuError> {
         let size = bytes.max(16).div_ceil(16) * 16;
         self.injected_oom(label, size)?;
+        if let Some(budget) = self.memory_budget {
+            if self.allocated_bytes() + size > budget {
+                return Err(GpuError::OutOfMemory {
+                    what: format!(
+                        "{label} (past the device's memory budget of {} MiB)",
+                        budget >> 20
+                    ),
+                    bytes: size,
+                    adapter: self.info.name.clone(),
+                });
+            }
+        }
         if size > self.info.max_buffer {
             return Err(GpuError::OutOfMemory {
                 what: format!(

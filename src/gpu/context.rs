@@ -122,6 +122,10 @@ pub struct GpuOptions {
     pub shader_checks: bool,
     /// A fault to inject once the model is loaded (tests; `WGLLM_FAULT` where `None`).
     pub fault: Option<super::Fault>,
+    /// Refuse buffers past this many bytes created on the device, as if its memory ended
+    /// there: a test-only limit (wgpu reports no device's memory size), so that a model
+    /// too big for one device can be shown to run split over two.
+    pub memory_budget: Option<u64>,
 }
 
 /// One line of `wgllm devices`.
@@ -330,6 +334,8 @@ pub struct Gpu {
     /// A 16-byte storage buffer bound where a kernel declares a binding it is told not to
     /// read (a softmax without mask or sinks), made once per device.
     placeholder: Arc<OnceLock<wgpu::Buffer>>,
+    /// [`GpuOptions::memory_budget`].
+    pub memory_budget: Option<u64>,
 }
 
 /// The side of the cooperative matrices the cooperative-matrix matmul would use on
@@ -531,6 +537,7 @@ impl Gpu {
             lost: Arc::new(Mutex::new(None)),
             fault: Arc::new(super::fault::FaultSwitch::new(fault)),
             placeholder: Default::default(),
+            memory_budget: opts.memory_budget,
         })
     }
 
@@ -562,6 +569,7 @@ impl Gpu {
             lost: self.lost.clone(),
             fault: self.fault.clone(),
             placeholder: self.placeholder.clone(),
+            memory_budget: self.memory_budget,
         })
     }
 

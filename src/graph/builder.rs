@@ -1,25 +1,18 @@
 //! Building a graph: tensors are ids; each node names the tensors it reads and writes.
 
-use super::{planner, Graph, LoraTerms};
-use crate::gpu::{Gpu, GpuError, KernelTuning};
-use crate::ops::add_rms_norm::add_rms_norm;
-use crate::ops::add_scaled::{add_scaled, ScaledRows};
-use crate::ops::attention::{attention, AttnShape, AttnViews};
-use crate::ops::binary::{binary_strided, BinaryOp};
-use crate::ops::get_rows::{get_rows, select_rows};
-use crate::ops::glu::{glu, glu_pairs, Activation};
-use crate::ops::layer_norm::layer_norm;
-use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
-use crate::ops::matmul_q8::{self, matmul_q8_at, matmul_q8_glu, q8_bytes, quantize_q8};
-use crate::ops::moe::{
-    matmul_id, moe_add_id, moe_group, moe_route, moe_sum, MoeRouting, Pairs, GROUPED_MIN_TOKENS,
-};
-use crate::ops::rms_norm::rms_norm_rows;
+use super::LoraTerms;
+use crate::gpu::{Gpu, GpuError, KernelTuning, Placement};
+use crate::ops::add_scaled::ScaledRows;
+use crate::ops::attention::AttnShape;
+use crate::ops::binary::BinaryOp;
+use crate::ops::glu::Activation;
+use crate::ops::matmul::MatmulOut;
+use crate::ops::matmul_q8::{self, q8_bytes};
+use crate::ops::moe::{MoeRouting, GROUPED_MIN_TOKENS};
 use crate::ops::rope::RopeParams;
-use crate::ops::rope_store::{rope_store, RopeStoreShape, RopeStoreViews};
-use crate::ops::set_rows::set_rows;
+use crate::ops::rope_store::RopeStoreShape;
 use crate::ops::softmax::SoftmaxParams;
-use crate::ops::ssm::{ssm_conv, ssm_scan, ConvShape, ScanShape, ScanViews};
+use crate::ops::ssm::{ConvShape, ScanShape};
 use crate::ops::{Experts, Ffn, GateUp};
 use crate::ops::{View, Weight};
 use std::collections::HashMap;
@@ -353,15 +346,21 @@ pub struct Node {
     pub writes: Vec<TensorId>,
 }
 
-#[derive(Default)]
 pub struct GraphBuilder {
     pub(super) tensors: Vec<Storage>,
     /// [ne0, ne1] (row length, rows) of each tensor in elements, so that the helpers
     /// below size their outputs and ops from their operands, as ggml tensors do.
     shapes: Vec<[u32; 2]>,
     pub(super) nodes: Vec<Node>,
-    /// The device's choice of integer-dot matmuls by batch size (see [`Self::new_on`]).
-    tuning: KernelTuning,
+    /// The device each node runs on (an index into the placement's devices).
+    pub(super) node_device: Vec<usize>,
+    /// The devices and each layer's ([`GraphBuilder::layer`] switches to a layer's).
+    pub(super) placement: Arc<Placement>,
+    /// The device nodes are recorded for now.
+    device: usize,
+    /// Graph inputs' copies on the other devices of a split model, found by the main
+    /// device's buffer (the context fills each copy with the same data).
+    pub(super) mirrors: Arc<super::InputMirrors>,
     /// Each activation quantized so far, and its 8-bit blocks (Q, K and V, or gate and
     /// up, read one quantization); forgotten when a node writes either.
     quantized: HashMap<TensorId, TensorId>,
@@ -400,13 +399,66 @@ pub struct AttnBlock<'a> {
 }
 
 impl GraphBuilder {
-    /// A builder whose matmuls take the kernels `gpu`'s tuning asks for where the choice
-    /// changes the graph (the integer-dot matmuls add a quantization node).
-    pub fn new_on(gpu: &Gpu) -> Self {
+    /// A builder recording nodes on the main device of `placement` until told a layer
+    /// ([`GraphBuilder::layer`]); each node's matmuls take the kernels its device's
+    /// tuning asks for where the choice changes the graph (the integer-dot matmuls add a
+    /// quantization node).
+    pub fn new(placement: Arc<Placement>) -> Self {
         Self {
-            tuning: gpu.tuning.clone(),
-            ..Self::default()
+            tensors: Vec::new(),
+            shapes: Vec::new(),
+            nodes: Vec::new(),
+            node_device: Vec::new(),
+            device: placement.main_index(),
+            placement,
+            mirrors: Default::default(),
+            quantized: HashMap::new(),
+            lora: None,
         }
+    }
+
+    /// A builder for one device.
+    pub fn new_on(gpu: Arc<Gpu>) -> Self {
+        Self::new(Arc::new(Placement::single(gpu, 0)))
+    }
+
+    /// The same builder reading the graph inputs' copies `mirrors` on the devices other
+    /// than the main one.
+    pub fn with_mirrors(mut self, mirrors: Arc<super::InputMirrors>) -> Self {
+        self.mirrors = mirrors;
+        self
+    }
+
+    /// The nodes from here on run on layer `il`'s device.
+    pub fn layer(&mut self, il: usize) {
+        self.set_device(self.placement.layer_device(il));
+    }
+
+    /// The nodes from here on run on the main device (the output head).
+    pub fn main(&mut self) {
+        self.set_device(self.placement.main_index());
+    }
+
+    fn set_device(&mut self, d: usize) {
+        if d != self.device {
+            // An activation's 8-bit blocks stay on the device that made them.
+            self.quantized.clear();
+            self.device = d;
+        }
+    }
+
+    /// Whether layers `a` and `b` run on one device (a fused op may then span them).
+    pub fn same_device(&self, a: usize, b: usize) -> bool {
+        self.placement.layer_device(a) == self.placement.layer_device(b)
+    }
+
+    /// The device nodes are recorded for now.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.placement.gpus()[self.device]
+    }
+
+    fn tuning(&self) -> &KernelTuning {
+        &self.gpu().tuning
     }
 
     /// The same builder adding `lora`'s corrections to every matmul and embedding lookup
@@ -458,7 +510,7 @@ impl GraphBuilder {
     /// device's choice for that size (`WGLLM_INT_DOT`, or the tuner's), and a weight it
     /// can multiply.
     fn int_dot_for(&self, w: &Weight, n_tok: u32) -> bool {
-        matmul_q8::chosen(&self.tuning, w, n_tok)
+        matmul_q8::chosen(self.tuning(), w, n_tok)
     }
 
     fn push(&mut self, s: Storage, ne: [u32; 2]) -> TensorId {
@@ -509,6 +561,7 @@ impl GraphBuilder {
             reads: reads.to_vec(),
             writes: writes.to_vec(),
         });
+        self.node_device.push(self.device);
     }
 
     // Helpers, outputs sized from the operands. An architecture file chains them
@@ -887,7 +940,6 @@ impl GraphBuilder {
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &mut self,
-        gpu: &Gpu,
         q: TensorId,
         kv: [TensorId; 2],
         mask: TensorId,
@@ -895,9 +947,10 @@ impl GraphBuilder {
         shape: AttnShape,
         sp: SoftmaxParams,
     ) -> Result<TensorId, GpuError> {
-        let scores = self.scratch(shape.scores_len(gpu)?);
+        let gpu = self.gpu().clone();
+        let scores = self.scratch(shape.scores_len(&gpu)?);
         let dst = self.tensor(self.ne(q));
-        let partials = self.scratch(shape.partials_len(gpu));
+        let partials = self.scratch(shape.partials_len(&gpu));
         let op = Op::Attention { shape, sp };
         let mut reads = vec![q, kv[0], kv[1], mask];
         reads.extend(sinks);
@@ -909,12 +962,7 @@ impl GraphBuilder {
     /// tensor (one matmul per weight of `a.qkv`), then one rope_store: (per-head Q and K
     /// norms,) RoPE on Q and K, K and V rows stored in the cache at the ubatch's slots;
     /// attention over the cache with the layer's mask, output projection.
-    pub fn attn_block(
-        &mut self,
-        gpu: &Gpu,
-        x: TensorId,
-        a: &AttnBlock,
-    ) -> Result<TensorId, GpuError> {
+    pub fn attn_block(&mut self, x: TensorId, a: &AttnBlock) -> Result<TensorId, GpuError> {
         let n_tok = self.ne(x)[1];
         let shape = RopeStoreShape {
             n_head: a.shape.n_head,
@@ -955,7 +1003,7 @@ impl GraphBuilder {
         let vc = self.external(a.v_cache.clone());
         let q = self.rope_store(qkv, a.rope, a.rope_p, a.slots, [kc, vc], shape, a.qk_norm);
         let sinks = a.sinks.map(|v| self.input(v.clone(), [a.shape.n_head, 1]));
-        let attn = self.attention(gpu, q, [kc, vc], a.mask, sinks, a.shape, a.sp)?;
+        let attn = self.attention(q, [kc, vc], a.mask, sinks, a.shape, a.sp)?;
         let out = self.matmul(a.wo, attn);
         Ok(match a.wo_bias {
             Some(b) => {
@@ -1077,227 +1125,6 @@ impl GraphBuilder {
             Ffn::Dense { gate_up, down } => self.ffn_block(x, gate_up, down, act),
             Ffn::Experts(e) => self.moe_block(x, e, act),
         }
-    }
-
-    /// Plans scratch buffers and records every dispatch.
-    pub fn build(self, gpu: &Gpu) -> Result<Graph, GpuError> {
-        let plan = planner::plan(&self.tensors, &self.nodes);
-        let mut scratch = Vec::with_capacity(plan.buffer_sizes.len());
-        for (i, &bytes) in plan.buffer_sizes.iter().enumerate() {
-            scratch.push(gpu.storage(&format!("scratch{i}"), bytes)?);
-        }
-        let view = |t: TensorId| -> View {
-            match &self.tensors[t] {
-                Storage::External(v) => v.clone(),
-                Storage::Scratch { bytes } => View {
-                    buf: scratch[plan.assignment[t].expect("planned")].clone(),
-                    offset: 0,
-                    size: bytes.div_ceil(16) * 16,
-                },
-            }
-        };
-        let mut dispatches = Vec::new();
-        let mut node_of = Vec::new();
-        let mut costs = Vec::with_capacity(self.nodes.len());
-        for (i, node) in self.nodes.iter().enumerate() {
-            costs.push((node.op.kind(), node.op.cost()));
-            let r: Vec<View> = node.reads.iter().map(|&t| view(t)).collect();
-            let w: Vec<View> = node.writes.iter().map(|&t| view(t)).collect();
-            match &node.op {
-                Op::GetRows { w: m, n_ids } => {
-                    dispatches.extend(get_rows(gpu, m, &r[0], *n_ids, &w[0])?)
-                }
-                Op::SelectRows {
-                    n_cols,
-                    n_rows,
-                    n_ids,
-                } => dispatches.push(select_rows(
-                    gpu, &r[0], *n_cols, *n_rows, &r[1], *n_ids, &w[0],
-                )?),
-                Op::Matmul { w: m, n_tok, out } => {
-                    dispatches.extend(matmul_at(gpu, m, &r[0], *n_tok, &w[0], *out)?)
-                }
-                Op::MatmulGlu { w: m, n_tok, act } => {
-                    dispatches.extend(matmul_glu(gpu, m, &r[0], *n_tok, *act, &w[0], &w[1])?)
-                }
-                Op::QuantizeQ8 { k, n_tok } => {
-                    dispatches.push(quantize_q8(gpu, &r[0], *k, *n_tok, &w[0])?)
-                }
-                Op::MatmulQ8 { w: m, n_tok, out } => {
-                    dispatches.extend(matmul_q8_at(gpu, m, &r[0], *n_tok, &w[0], *out)?)
-                }
-                Op::MatmulQ8Glu { w: m, n_tok, act } => {
-                    dispatches.extend(matmul_q8_glu(gpu, m, &r[0], *n_tok, *act, &w[0], &w[1])?)
-                }
-                Op::RopeStore { p, shape, norm_eps } => {
-                    let io = RopeStoreViews {
-                        table: &r[0],
-                        qkv: &r[1],
-                        slots: &r[2],
-                        q: &w[0],
-                        k_cache: &w[1],
-                        v_cache: &w[2],
-                        norm: norm_eps.map(|eps| (&r[3], &r[4], eps)),
-                    };
-                    dispatches.push(rope_store(gpu, p, shape, &io)?)
-                }
-                Op::RmsNorm {
-                    n,
-                    rows,
-                    w_rows,
-                    eps,
-                } => dispatches.push(rms_norm_rows(
-                    gpu,
-                    &r[0],
-                    &r[1],
-                    &w[0],
-                    [*n, *rows, *w_rows],
-                    *eps,
-                )?),
-                Op::LayerNorm { n, rows, eps } => dispatches.push(layer_norm(
-                    gpu,
-                    [&r[0], &r[1], &r[2]],
-                    &w[0],
-                    *n,
-                    *rows,
-                    *eps,
-                )?),
-                Op::AddRmsNorm { n, rows, eps } => dispatches.push(add_rms_norm(
-                    gpu, &r[0], &r[1], &r[2], &w[0], &w[1], *n, *rows, *eps,
-                )?),
-                Op::Binary { op, n, nb, div } => dispatches.push(binary_strided(
-                    gpu, *op, &r[0], &r[1], &w[0], *n, *nb, *div,
-                )?),
-                Op::Glu { act, n, pairs } => dispatches.push(match pairs {
-                    true => glu_pairs(gpu, *act, &r[0], &w[0], *n)?,
-                    false => glu(gpu, *act, &r[0], &r[1], &w[0], *n)?,
-                }),
-                Op::AddScaled { p } => dispatches.push(add_scaled(gpu, &r[0], &w[0], *p)?),
-                Op::MoeRoute { routing, n_tok } => {
-                    dispatches.push(moe_route(gpu, routing, &r[0], *n_tok, &w[0], &w[1])?)
-                }
-                Op::MatmulId {
-                    w: m,
-                    n_expert,
-                    n_used,
-                    n_tok,
-                    x_per_pair,
-                    grouped,
-                } => {
-                    let pairs = match grouped {
-                        true => Pairs::Grouped {
-                            offsets: &r[1],
-                            order: &r[2],
-                        },
-                        false => Pairs::Ids(&r[1]),
-                    };
-                    dispatches.extend(matmul_id(
-                        gpu,
-                        m,
-                        *n_expert,
-                        &r[0],
-                        *x_per_pair,
-                        pairs,
-                        *n_used,
-                        *n_tok,
-                        &w[0],
-                    )?)
-                }
-                Op::MoeGroup { n_pairs, n_expert } => {
-                    dispatches.push(moe_group(gpu, &r[0], *n_pairs, *n_expert, &w[0], &w[1])?)
-                }
-                Op::MoeAddId { rows, n_pairs } => dispatches.push(moe_add_id(
-                    gpu, &r[0], &r[1], &r[2], *rows, *n_pairs, &w[0],
-                )?),
-                Op::MoeSum {
-                    n_out,
-                    n_used,
-                    n_tok,
-                } => dispatches.push(moe_sum(gpu, &r[0], &r[1], *n_out, *n_used, *n_tok, &w[0])?),
-                Op::Attention { shape, sp } => {
-                    let io = AttnViews {
-                        q: &r[0],
-                        k: &r[1],
-                        v: &r[2],
-                        mask: &r[3],
-                        scores: &w[0],
-                        dst: &w[1],
-                        partials: &w[2],
-                        sinks: r.get(4),
-                    };
-                    dispatches.extend(attention(gpu, shape, sp, &io)?)
-                }
-                Op::SsmConv { shape, bias } => dispatches.push(ssm_conv(
-                    gpu,
-                    shape,
-                    &r[0],
-                    &r[1],
-                    &r[2],
-                    bias.then(|| &r[3]),
-                    &w[0],
-                    &w[1],
-                )?),
-                Op::SsmScan { shape } => {
-                    let v = ScanViews {
-                        x: &r[0],
-                        dt: &r[1],
-                        consts: &r[2],
-                        bc: &r[3],
-                        z: &r[4],
-                        state: &w[0],
-                        y: &w[1],
-                    };
-                    dispatches.push(ssm_scan(gpu, shape, &v)?)
-                }
-                Op::StoreRows { row_len, n_rows } => dispatches.push(set_rows(
-                    gpu,
-                    &r[0],
-                    &r[1],
-                    &w[0],
-                    *row_len,
-                    *n_rows,
-                    crate::kv::KvType::F32,
-                )?),
-                Op::SoftmaxRows { n_cols, rows } => {
-                    let sp = SoftmaxParams {
-                        scale: 1.0,
-                        max_bias: 0.0,
-                        n_head: 1,
-                        softcap: 0.0,
-                    };
-                    dispatches.push(crate::ops::softmax::softmax(
-                        gpu, &sp, None, &w[0], *n_cols, *rows,
-                    )?)
-                }
-            }
-            // Every dispatch this node recorded belongs to it.
-            node_of.resize(dispatches.len(), i as u32);
-        }
-        gpu.check()?;
-        if log::log_enabled!(log::Level::Debug) {
-            let mut per_op: std::collections::BTreeMap<&str, usize> = Default::default();
-            for d in &dispatches {
-                *per_op.entry(d.label).or_default() += 1;
-            }
-            let counts: Vec<String> = per_op.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            log::debug!(
-                "graph: {} dispatches per step ({})",
-                dispatches.len(),
-                counts.join(", ")
-            );
-        }
-        let scratch_bytes = scratch.iter().map(|b| b.size()).sum();
-        Ok(Graph {
-            barriers: crate::ops::barriers(&dispatches),
-            dispatches,
-            node_of,
-            costs,
-            scratch,
-            scratch_bytes,
-            record_ns: Default::default(),
-            submit_ns: Default::default(),
-            wait_ns: Default::default(),
-        })
     }
 }
 

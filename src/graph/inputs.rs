@@ -189,6 +189,8 @@ pub struct GraphIo {
     pub rank: bool,
     /// The LoRA corrections the graph adds to its matmuls (none without adapters).
     pub lora: Option<std::sync::Arc<super::LoraTerms>>,
+    /// The inputs' copies on a split model's other devices (empty on one device).
+    pub mirrors: std::sync::Arc<super::InputMirrors>,
 }
 
 impl GraphIo {

@@ -8,26 +8,32 @@ pub mod inputs;
 mod lora;
 mod planner;
 mod profile;
+mod record;
+mod split;
 
 pub use builder::{AttnBlock, GraphBuilder, Node, Op, OpCost, TensorId};
 pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use lora::{LoraTerm, LoraTerms};
 pub use profile::{log_ops, KernelTime, OpProfile, StepProfile, TimingSource};
+pub use split::InputMirrors;
 
 use crate::gpu::{Gpu, GpuError};
-use crate::ops::Dispatch;
+use crate::ops::{Dispatch, View};
+use std::sync::Arc;
 
 /// Dispatches in the first submit of a run on a GPU, and in each one after it.
 const FIRST_SUBMIT: usize = 32;
 const SUBMIT_EVERY: usize = 96;
 
-/// A built graph: ready-made dispatches and the scratch buffers they use.
+/// A built graph: ready-made dispatches and the scratch buffers they use, in parts that
+/// each run on one device (one part, unless the model is split over devices).
 pub struct Graph {
-    dispatches: Vec<Dispatch>,
+    parts: Vec<Part>,
     /// Barriers wgpu records between the dispatches ([`crate::ops::barriers`]).
     barriers: usize,
-    /// The node each dispatch was recorded for (index into `costs`).
-    node_of: Vec<u32>,
+    /// The bytes each activation crossing between parts held in the last run (a profile
+    /// replays the parts with them).
+    hops: std::sync::Mutex<Vec<Vec<u8>>>,
     /// Each node's [`Op::kind`] and cost model, for profiles.
     costs: Vec<(String, OpCost)>,
     /// Nanoseconds the last run spent recording (an atomic: `run` takes
@@ -40,6 +46,20 @@ pub struct Graph {
     /// Kept alive for the bind groups; their count shows how well buffers are reused.
     pub scratch: Vec<wgpu::Buffer>,
     pub scratch_bytes: u64,
+}
+
+/// The dispatches of a run of nodes on one device, and the activations that cross into
+/// it from earlier parts and out of it to later ones (wgpu shares no buffer between
+/// devices: each is read back on one device and written on the other).
+pub(crate) struct Part {
+    gpu: Arc<Gpu>,
+    dispatches: Vec<Dispatch>,
+    /// The node each dispatch was recorded for (index into `costs`).
+    node_of: Vec<u32>,
+    /// Written from the host before the part runs: (destination, hop index).
+    inbound: Vec<(View, usize)>,
+    /// Read back after it: (source, hop index).
+    outbound: Vec<(View, usize)>,
 }
 
 impl Graph {
@@ -65,7 +85,15 @@ impl Graph {
     }
 
     pub fn n_dispatches(&self) -> usize {
-        self.dispatches.len()
+        self.parts.iter().map(|p| p.dispatches.len()).sum()
+    }
+
+    /// The devices the graph's parts run on, in order, and their dispatches (one entry
+    /// unless the model is split).
+    pub fn parts(&self) -> Vec<(String, usize)> {
+        (self.parts.iter())
+            .map(|p| (p.gpu.info.name.clone(), p.dispatches.len()))
+            .collect()
     }
 
     /// Barriers between the dispatches, by wgpu's rule ([`crate::ops::barriers`]).
@@ -92,7 +120,9 @@ impl Graph {
 
     /// [`Graph::run`] up to the last submit, without waiting: `pre` copies (source,
     /// offset, destination, offset, bytes) are recorded before the first dispatch (a
-    /// token drawn by the step before, into this step's token input).
+    /// token drawn by the step before, into this step's token input). On a split model
+    /// the parts before the last run to their readback here (each hop waits for its
+    /// device), and the last part, on `gpu` (the main device), is submitted.
     pub fn submit(
         &self,
         gpu: &Gpu,
@@ -100,26 +130,86 @@ impl Graph {
         extra: &[Dispatch],
         reads: &[(&wgpu::Buffer, u64, u64)],
     ) -> Result<Submitted, GpuError> {
+        let (last, before) = self.parts.split_last().expect("a graph has a part");
+        let mut record_ns = 0u64;
+        let mut submit_ns = 0u64;
+        let mut hops: Vec<Vec<u8>> = Vec::new();
+        for (i, part) in before.iter().enumerate() {
+            let pre = if i == 0 { pre } else { &[] };
+            Self::write_inbound(part, &hops)?;
+            let out: Vec<(&wgpu::Buffer, u64, u64)> = (part.outbound.iter())
+                .map(|(v, _)| (&v.buf, v.offset, v.size))
+                .collect();
+            let (sub, rec, sn) = self.submit_part(part, &part.gpu, pre, &[], &out)?;
+            record_ns += rec;
+            submit_ns += sn;
+            let bytes = wait_blocking(sub, &part.gpu)?;
+            let mut at = 0usize;
+            for (v, hop) in &part.outbound {
+                let n = v.size as usize;
+                if hops.len() <= *hop {
+                    hops.resize(*hop + 1, Vec::new());
+                }
+                hops[*hop] = bytes[at..at + n].to_vec();
+                at += n.div_ceil(4) * 4;
+            }
+        }
+        Self::write_inbound(last, &hops)?;
+        let pre = if before.is_empty() { pre } else { &[] };
+        let (sub, rec, sn) = self.submit_part(last, gpu, pre, extra, reads)?;
+        use std::sync::atomic::Ordering::Relaxed;
+        self.record_ns.store(record_ns + rec, Relaxed);
+        self.submit_ns.store(submit_ns + sn, Relaxed);
+        if !hops.is_empty() {
+            *self.hops.lock().unwrap() = hops;
+        }
+        Ok(sub)
+    }
+
+    /// Writes the activations `part` takes from earlier parts (`hops`, by index).
+    fn write_inbound(part: &Part, hops: &[Vec<u8>]) -> Result<(), GpuError> {
+        for (v, hop) in &part.inbound {
+            let data = hops.get(*hop).ok_or_else(|| {
+                GpuError::Validation(format!("a split graph's hop {hop} was not read back"))
+            })?;
+            part.gpu.write(&v.buf, v.offset, data);
+        }
+        Ok(())
+    }
+
+    /// Records and submits one part's dispatches (in chunks, each submitted as it is
+    /// recorded, on GPUs) and `extra` after them, with `reads` copied to one mappable
+    /// buffer in the last submit; returns the run and its host nanoseconds recording
+    /// and submitting.
+    fn submit_part(
+        &self,
+        part: &Part,
+        gpu: &Gpu,
+        pre: &[CopyRegion],
+        extra: &[Dispatch],
+        reads: &[(&wgpu::Buffer, u64, u64)],
+    ) -> Result<(Submitted, u64, u64), GpuError> {
         // A lost device takes no more work (and a fault test may lose it here).
         gpu.injected_loss()?;
         // `gpu.tuning.profile` (`WGLLM_PROFILE=1`): before each run, time every dispatch
         // alone and log the totals per op (slow; for finding where the time goes).
         #[cfg(not(target_arch = "wasm32"))]
-        if gpu.tuning.profile {
+        if gpu.tuning.profile && self.parts.len() == 1 {
             self.log_profile(gpu)?;
         }
         // On GPUs the dispatches go in several submits, the first small, so the device
         // starts on the first layers while the host records the rest (llama.cpp's Vulkan
         // backend submits every ~100 nodes for the same reason); a CPU adapter (lavapipe)
         // gets one.
+        let dispatches = &part.dispatches[..];
         let chunks: Vec<&[Dispatch]> = if gpu.kernels == crate::gpu::KernelShape::Gpu {
-            let first = FIRST_SUBMIT.min(self.dispatches.len());
-            let (head, rest) = self.dispatches.split_at(first);
+            let first = FIRST_SUBMIT.min(dispatches.len());
+            let (head, rest) = dispatches.split_at(first);
             std::iter::once(head)
                 .chain(rest.chunks(SUBMIT_EVERY))
                 .collect()
         } else {
-            vec![&self.dispatches[..]]
+            vec![dispatches]
         };
         // Records one chunk into a fresh encoder; the host time goes to `record_ns`.
         let mut record_ns = 0u64;
@@ -163,16 +253,27 @@ impl Graph {
             (staging, total)
         });
         let cmd = enc.finish();
-        self.record_ns.store(
-            record_ns + t0.elapsed().as_nanos() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        record_ns += t0.elapsed().as_nanos() as u64;
         let t = web_time::Instant::now();
         let index = gpu.queue.submit([cmd]);
         submit_ns += t.elapsed().as_nanos() as u64;
-        self.submit_ns
-            .store(submit_ns, std::sync::atomic::Ordering::Relaxed);
-        Ok(Submitted { staging, index })
+        Ok((Submitted { staging, index }, record_ns, submit_ns))
+    }
+}
+
+/// The bytes a part's run read back, waiting for them (a split graph's hops; native
+/// targets: a browser reaches one adapter, so its models are never split).
+fn wait_blocking(sub: Submitted, gpu: &Gpu) -> Result<Vec<u8>, GpuError> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        Ok(pollster::block_on(sub.wait(gpu))?.0.unwrap_or_default())
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (sub, gpu);
+        Err(GpuError::Validation(
+            "a model split over devices cannot run in a browser".into(),
+        ))
     }
 }
 

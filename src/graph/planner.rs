@@ -1,7 +1,7 @@
 //! Lifetime-based buffer reuse: an intermediate lives from the node that first writes it
 //! to the last node that touches it; afterwards its buffer serves later intermediates.
 
-use super::builder::{Node, Storage};
+use super::builder::Storage;
 
 pub(super) struct Plan {
     /// For each tensor: the scratch buffer it uses (None for external tensors).
@@ -9,12 +9,25 @@ pub(super) struct Plan {
     pub buffer_sizes: Vec<u64>,
 }
 
-pub(super) fn plan(tensors: &[Storage], nodes: &[Node]) -> Plan {
+#[cfg(test)]
+pub(super) fn plan(tensors: &[Storage], nodes: &[super::builder::Node]) -> Plan {
+    let uses: Vec<Vec<usize>> = nodes
+        .iter()
+        .map(|n| n.reads.iter().chain(&n.writes).copied().collect())
+        .collect();
+    plan_uses(tensors, &uses)
+}
+
+/// [`plan`] over each node's operands in order (`uses[i]`: what node i touches). A
+/// caller extends a tensor's life by listing it at more nodes: a split graph lists a
+/// tensor the host writes before a part at the part's first node, and one read back
+/// after a part at its last.
+pub(super) fn plan_uses(tensors: &[Storage], uses: &[Vec<usize>]) -> Plan {
     let n = tensors.len();
     let mut first = vec![usize::MAX; n];
     let mut last = vec![0usize; n];
-    for (i, node) in nodes.iter().enumerate() {
-        for &t in node.reads.iter().chain(&node.writes) {
+    for (i, ops) in uses.iter().enumerate() {
+        for &t in ops {
             first[t] = first[t].min(i);
             last[t] = last[t].max(i);
         }
@@ -22,10 +35,10 @@ pub(super) fn plan(tensors: &[Storage], nodes: &[Node]) -> Plan {
     let mut assignment = vec![None; n];
     let mut sizes: Vec<u64> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
-    for (i, node) in nodes.iter().enumerate() {
+    for (i, ops) in uses.iter().enumerate() {
         // Allocate what this node starts using. Inputs are still live during the node,
         // so nothing released *by* this node can be handed to its own outputs.
-        for &t in node.reads.iter().chain(&node.writes) {
+        for &t in ops {
             let Storage::Scratch { bytes } = tensors[t] else {
                 continue;
             };
@@ -55,7 +68,7 @@ pub(super) fn plan(tensors: &[Storage], nodes: &[Node]) -> Plan {
             };
             assignment[t] = Some(b);
         }
-        for &t in node.reads.iter().chain(&node.writes) {
+        for &t in ops {
             if last[t] == i && matches!(tensors[t], Storage::Scratch { .. }) {
                 if let Some(b) = assignment[t] {
                     if !free.contains(&b) {

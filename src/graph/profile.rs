@@ -130,12 +130,31 @@ impl Graph {
         gpu: &Gpu,
         extra: (&str, &[Dispatch], OpCost),
     ) -> Result<StepProfile, GpuError> {
-        let all: Vec<&Dispatch> = self.dispatches.iter().chain(extra.1).collect();
-        let (source, ns) = if gpu.has_timestamps {
-            (TimingSource::GpuTimestamps, time_gpu(gpu, &all).await?)
-        } else {
-            (TimingSource::Host, time_host(gpu, &all)?)
+        // Each part on its device, with the activations it took in the last run; the
+        // extra dispatches after the last part, on the main device.
+        let stamps = gpu.has_timestamps && self.parts.iter().all(|p| p.gpu.has_timestamps);
+        let source = match stamps {
+            true => TimingSource::GpuTimestamps,
+            false => TimingSource::Host,
         };
+        let hops = self.hops.lock().unwrap().clone();
+        let mut all: Vec<&Dispatch> = Vec::new();
+        let mut node_of: Vec<u32> = Vec::new();
+        let mut ns = Vec::new();
+        let n_parts = self.parts.len();
+        for (i, part) in self.parts.iter().enumerate() {
+            Self::write_inbound(part, &hops)?;
+            let mut ds: Vec<&Dispatch> = part.dispatches.iter().collect();
+            if i + 1 == n_parts {
+                ds.extend(extra.1);
+            }
+            ns.extend(match stamps {
+                true => time_gpu(&part.gpu, &ds).await?,
+                false => time_host(&part.gpu, &ds)?,
+            });
+            all.extend(ds);
+            node_of.extend(&part.node_of);
+        }
         let extra_kind = (extra.0.to_string(), extra.2);
         let mut ops: Vec<OpProfile> = Vec::new();
         let mut kernels: Vec<KernelTime> = Vec::new();
@@ -154,7 +173,7 @@ impl Graph {
                 }),
             }
             // The extra dispatches count as one more node after the graph's.
-            let (node, (kind, cost)) = match self.node_of.get(i) {
+            let (node, (kind, cost)) = match node_of.get(i) {
                 Some(&n) => (n, &self.costs[n as usize]),
                 None => (u32::MAX - 1, &extra_kind),
             };

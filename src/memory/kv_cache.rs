@@ -36,25 +36,26 @@ impl KvCache {
         kind: CacheKind,
         defrag_thold: f32,
     ) -> Result<KvCache, MemoryError> {
-        let gpu = &shape.gpu;
         let n_embd = shape.n_embd_kv() as u64;
+        let max_binding = shape.max_binding_of(&layers);
         let (row_k, row_v) = (
             choice.type_k.row_bytes(n_embd),
             choice.type_v.row_bytes(n_embd),
         );
         let row = row_k.max(row_v);
-        if !layers.is_empty() && row * n_cells as u64 > gpu.max_binding {
-            let max_ctx = gpu.max_binding / row;
+        if !layers.is_empty() && row * n_cells as u64 > max_binding {
+            let max_ctx = max_binding / row;
             return Err(MemoryError::TooLarge(format!(
                 "-c {n_cells}: one layer's K or V cache would be {} MiB, over this adapter's storage binding limit of {} MiB; use -c {max_ctx} or less (or a smaller cache type, -ctk/-ctv)",
                 (row * n_cells as u64) >> 20,
-                gpu.max_binding >> 20
+                max_binding >> 20
             )));
         }
         let mut index = vec![None; shape.n_layer()];
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for (i, &il) in layers.iter().enumerate() {
             index[il] = Some(i);
+            let gpu = shape.gpu_of(il);
             k.push(View::whole(
                 &gpu.storage(&format!("k_cache{il}"), row_k * n_cells as u64)?,
             ));
@@ -90,9 +91,16 @@ impl KvCache {
 
     /// The K and V views of every layer held, K then V per layer, with their types.
     pub(super) fn tensors(&self) -> Vec<(&View, KvType)> {
+        (self.layer_tensors().into_iter())
+            .map(|(_, t, ty)| (t, ty))
+            .collect()
+    }
+
+    /// [`KvCache::tensors`] with the model layer of each (its device holds it).
+    pub(super) fn layer_tensors(&self) -> Vec<(usize, &View, KvType)> {
         let (tk, tv) = (self.choice.type_k, self.choice.type_v);
-        (self.k.iter().zip(&self.v))
-            .flat_map(|(k, v)| [(k, tk), (v, tv)])
+        (self.layers.iter().zip(self.k.iter().zip(&self.v)))
+            .flat_map(|(&il, (k, v))| [(il, k, tk), (il, v, tv)])
             .collect()
     }
 

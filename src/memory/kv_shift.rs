@@ -20,7 +20,29 @@ impl KvCache {
     /// (undoing and redoing the Hadamard rotation around RoPE where keys are stored
     /// rotated), in chunks of cells whose f32 rows fit [`SHIFT_CHUNK_BYTES`].
     pub(super) fn shift_keys(&self, deltas: &[i32]) -> Result<(), MemoryError> {
-        let gpu = self.shape.gpu.clone();
+        // Each device shifts the layers it holds.
+        for d in 0..self.shape.placement.gpus().len() {
+            self.shift_keys_on(d, deltas)?;
+        }
+        log::debug!(
+            "K-shift applied to {} cells of the {:?} store",
+            deltas.iter().filter(|&&d| d != 0).count(),
+            self.kind
+        );
+        Ok(())
+    }
+
+    /// [`KvCache::shift_keys`] for the layers on device `d` of the placement.
+    fn shift_keys_on(&self, d: usize, deltas: &[i32]) -> Result<(), MemoryError> {
+        let placement = &self.shape.placement;
+        if !self
+            .layers
+            .iter()
+            .any(|&il| placement.layer_device(il) == d)
+        {
+            return Ok(());
+        }
+        let gpu = placement.gpus()[d].clone();
         let hp = &*self.shape;
         let ty = self.choice.type_k;
         let n_embd = hp.n_embd_kv();
@@ -59,6 +81,9 @@ impl KvCache {
             // differ); one table per distinct parameter set.
             let mut tables: Vec<(RopeParams, View)> = Vec::new();
             for (&il, k) in self.layers.iter().zip(&self.k) {
+                if placement.layer_device(il) != d {
+                    continue;
+                }
                 // A store holds attention layers only, each with its RoPE.
                 let Some(rp) = hp.layer_rope(il) else {
                     continue;
@@ -96,11 +121,6 @@ impl KvCache {
             }
         }
         run_now(&gpu, &dispatches)?;
-        log::debug!(
-            "K-shift applied to {} cells of the {:?} store",
-            deltas.iter().filter(|&&d| d != 0).count(),
-            self.kind
-        );
         Ok(())
     }
 
@@ -111,16 +131,38 @@ impl KvCache {
         let Some(end) = moves.iter().map(|m| m.src + m.len).max() else {
             return Ok(0);
         };
-        let gpu = self.shape.gpu.clone();
         let (tk, tv) = (self.choice.type_k, self.choice.type_v);
         let max_row = self.row_bytes(tk).max(self.row_bytes(tv));
+        for (d, gpu) in self.shape.placement.gpus().iter().enumerate() {
+            self.apply_moves(gpu, d, &moves, end, max_row)?;
+        }
+        Ok(moves.iter().map(|m| m.len).sum())
+    }
+
+    /// The compaction's row copies for the layers on device `d`.
+    fn apply_moves(
+        &self,
+        gpu: &crate::gpu::Gpu,
+        d: usize,
+        moves: &[crate::kv::Move],
+        end: usize,
+        max_row: u64,
+    ) -> Result<(), MemoryError> {
+        let placement = &self.shape.placement;
+        let mine: Vec<(&View, KvType)> = (self.layer_tensors().into_iter())
+            .filter(|(il, _, _)| placement.layer_device(*il) == d)
+            .map(|(_, t, ty)| (t, ty))
+            .collect();
+        if mine.is_empty() {
+            return Ok(());
+        }
         // wgpu forbids copies within one buffer: stage each layer's rows in a scratch buffer.
         let tmp = gpu.storage("defrag rows", end as u64 * max_row)?;
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for (t, ty) in self.tensors() {
+        for (t, ty) in mine {
             let row = self.row_bytes(ty);
             enc.copy_buffer_to_buffer(&t.buf, t.offset, &tmp, 0, end as u64 * row);
-            for m in &moves {
+            for m in moves {
                 enc.copy_buffer_to_buffer(
                     &tmp,
                     m.src as u64 * row,
@@ -132,6 +174,6 @@ impl KvCache {
         }
         gpu.queue.submit([enc.finish()]);
         gpu.flush()?;
-        Ok(moves.iter().map(|m| m.len).sum())
+        Ok(())
     }
 }

@@ -49,8 +49,8 @@ pub(super) fn write(
         if end == 0 {
             continue;
         }
-        let gpu = &store.shape.gpu;
-        for (t, ty) in store.tensors() {
+        for (il, t, ty) in store.layer_tensors() {
+            let gpu = store.shape.gpu_of(il);
             let row = store.row_bytes(ty) as usize;
             let rows = gpu.read_bytes(&t.buf, t.offset, (end * row) as u64)?;
             for &i in &picked {
@@ -106,11 +106,11 @@ impl KvStore for KvCache {
         &self.cells
     }
     fn replace(&mut self, cells: KvCells, slots: &[usize], rows: &[Vec<u8>]) {
-        let gpu = self.shape.gpu.clone();
-        let tensors: Vec<(View, KvType)> = (self.tensors().into_iter())
-            .map(|(t, ty)| (t.clone(), ty))
+        let tensors: Vec<(usize, View, KvType)> = (self.layer_tensors().into_iter())
+            .map(|(il, t, ty)| (il, t.clone(), ty))
             .collect();
-        for ((t, ty), rows) in tensors.iter().zip(rows) {
+        for ((il, t, ty), rows) in tensors.iter().zip(rows) {
+            let gpu = self.shape.gpu_of(*il).clone();
             let row = KvCache::row_bytes(self, *ty) as usize;
             // One write per run of consecutive cells (the slots may be scattered).
             for (a, b) in runs(slots) {

@@ -257,7 +257,8 @@ pub fn create(
     }
     let choice = (params.kv)
         .resolve(
-            shape.gpu.has_f16,
+            // A split model's cache types must suit every device holding layers.
+            shape.placement.gpus().iter().all(|g| g.has_f16),
             hp.head_dim,
             hp.n_embd_kv(),
             flash_faster(shape),
@@ -321,7 +322,7 @@ pub fn create(
 /// unfused at depth 0; README has the table at depth 4096). GPU-shaped kernels keep the
 /// unfused path, faster on an H100 (`AttnShape::flash`).
 fn flash_faster(shape: &MemoryShape) -> bool {
-    crate::ops::attention::cpu_flash_kernel(&shape.gpu)
+    (shape.placement.gpus().iter()).all(|g| crate::ops::attention::cpu_flash_kernel(g))
         && shape.head_dim
             <= 4 * crate::ops::kernels::FLASH_ROWS_D4
                 .iter()

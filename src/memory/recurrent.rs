@@ -39,14 +39,17 @@ impl RecurrentMemory {
         let hp = &**shape;
         let cells = RsCells::new(n_seq_max);
         let rows = cells.size() as u64 + 1;
-        let gpu = &shape.gpu;
         let (r, s) = (hp.n_embd_r as u64, hp.n_embd_s as u64);
+        let recurrent: Vec<usize> = (0..hp.n_layer())
+            .filter(|&il| hp.is_recurrent(il))
+            .collect();
+        let max_binding = shape.max_binding_of(&recurrent);
         for (what, n) in [("conv", r), ("SSM", s)] {
-            if n * rows * 4 > gpu.max_binding {
+            if n * rows * 4 > max_binding {
                 return Err(MemoryError::TooLarge(format!(
                     "-np {n_seq_max}: one layer's recurrent {what} states would be {} MiB, over this adapter's storage binding limit of {} MiB; use fewer sequences",
                     (n * rows * 4) >> 20,
-                    gpu.max_binding >> 20
+                    max_binding >> 20
                 )));
             }
         }
@@ -57,6 +60,7 @@ impl RecurrentMemory {
                 continue;
             }
             // Zeroed at creation: the last row is the zero state.
+            let gpu = shape.gpu_of(il);
             let conv = View::whole(&gpu.storage(&format!("rs_conv{il}"), r * rows * 4)?);
             let ssm = if s > 0 {
                 Some(View::whole(
@@ -139,14 +143,17 @@ impl RecurrentMemory {
 
     /// Every state buffer (conv then SSM, layer by layer) with its row bytes: the order
     /// of a state file's rows.
-    pub(super) fn state_buffers(&self) -> Vec<(View, u64)> {
+    /// Each recurrent layer's state buffers with their row bytes and the layer (whose
+    /// device holds them).
+    pub(super) fn state_buffers(&self) -> Vec<(View, u64, usize)> {
         let hp = &*self.shape;
         let (r, s) = (4 * hp.n_embd_r as u64, 4 * hp.n_embd_s as u64);
         let mut out = Vec::new();
-        for l in self.layers.iter().flatten() {
-            out.push((l.conv.clone(), r));
+        for (il, l) in self.layers.iter().enumerate() {
+            let Some(l) = l else { continue };
+            out.push((l.conv.clone(), r, il));
             if let Some(ssm) = &l.ssm {
-                out.push((ssm.clone(), s));
+                out.push((ssm.clone(), s, il));
             }
         }
         out

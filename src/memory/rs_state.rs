@@ -40,8 +40,8 @@ pub(super) fn write(
         out.extend(c.pos.to_le_bytes());
         out.extend(if seq.is_some() { 1u64 } else { c.seq }.to_le_bytes());
     }
-    let gpu = &mem.shape.gpu;
-    for (buf, row) in layers {
+    for (buf, row, il) in layers {
+        let gpu = mem.shape.gpu_of(il);
         for &i in &picked {
             let at = buf.offset + (i as u64 * row);
             out.extend(gpu.read_bytes(&buf.buf, at, row)?);
@@ -103,7 +103,7 @@ pub(super) fn read(
         saved.push((pos, set));
     }
     let mut rows = Vec::with_capacity(layers.len());
-    for (_, row) in &layers {
+    for (_, row, _) in &layers {
         let len = (n.checked_mul(*row as usize))
             .ok_or_else(|| format(format!("{n} states' rows overflow a size")))?;
         rows.push(r.take(len)?.to_vec());
@@ -121,8 +121,8 @@ pub(super) fn read(
         }
     }
     let placed = cells.restore(&saved)?;
-    let gpu = mem.shape.gpu.clone();
-    for ((buf, row), data) in layers.iter().zip(&rows) {
+    for ((buf, row, il), data) in layers.iter().zip(&rows) {
+        let gpu = mem.shape.gpu_of(*il).clone();
         for (k, &i) in placed.iter().enumerate() {
             let r = *row as usize;
             gpu.write(

@@ -2,7 +2,7 @@
 //! The model describes itself (`model::Model::memory_shape`); the stores are sized and
 //! shifted from this alone, so the memory sits below the model.
 
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, Placement};
 use crate::ops::rope::RopeParams;
 use std::sync::Arc;
 
@@ -19,7 +19,10 @@ pub enum LayerMemory {
 /// A model's shape for its memory.
 #[derive(Clone)]
 pub struct MemoryShape {
+    /// The main device (what the cache types and attention kernels are chosen for).
     pub gpu: Arc<Gpu>,
+    /// Each layer's device: its rows live there.
+    pub placement: Arc<Placement>,
     /// Each layer, in order.
     pub layers: Vec<LayerMemory>,
     /// An attention layer's K (and V) row: `n_head_kv` heads of `head_dim`.
@@ -34,6 +37,19 @@ pub struct MemoryShape {
 }
 
 impl MemoryShape {
+    /// The device layer `il`'s rows live on.
+    pub fn gpu_of(&self, il: usize) -> &Arc<Gpu> {
+        self.placement.layer(il)
+    }
+
+    /// The smallest storage binding of the devices holding `layers`.
+    pub fn max_binding_of(&self, layers: &[usize]) -> u64 {
+        (layers.iter())
+            .map(|&il| self.gpu_of(il).max_binding)
+            .min()
+            .unwrap_or(self.gpu.max_binding)
+    }
+
     pub fn n_layer(&self) -> usize {
         self.layers.len()
     }

@@ -33,7 +33,7 @@ pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
 }
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
-    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    let (hp, w) = (&m.hp, &m.weights);
     let bw = w.bert.as_ref().ok_or_else(|| {
         GpuError::Validation("a BERT graph for a model loaded without BERT weights".into())
     })?;
@@ -43,7 +43,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         ));
     }
     let (t, eps) = (io.n_tok, hp.eps);
-    let mut g = GraphBuilder::new_on(gpu).with_lora(io.lora.clone());
+    let mut g = super::builder(m, io);
     let tokens = g.input(io.tokens()?, [t, 1]);
     let positions = g.input(io.positions()?, [t, 1]);
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
@@ -72,6 +72,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         .then(|| io.out_ids().map(|v| g.input(v, [io.n_out, 1])))
         .transpose()?;
     for (il, lw) in bw.layers.iter().enumerate() {
+        g.layer(il);
         let kv = kv_layer(mem, il)?;
         let attn = AttnBlock {
             qkv: &lw.qkv,
@@ -89,7 +90,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             sinks: None,
             wo_bias: Some(&lw.wo_bias),
         };
-        let mut o = g.attn_block(gpu, x, &attn)?;
+        let mut o = g.attn_block(x, &attn)?;
         if let (true, Some(ids)) = (il == last, out_ids) {
             o = g.select_rows(o, ids);
             x = g.select_rows(x, ids);
@@ -114,7 +115,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     if io.rank && io.n_out > 0 {
         classify(&mut g, m, io, x)?;
     }
-    g.build(gpu)
+    g.build()
 }
 
 /// A reranker's head over the output rows' states: the dense layer with tanh, then the

@@ -9,7 +9,7 @@
 
 use super::{close_layer, kv_layer, layer_input, output_head, Arch, GraphIo, Model, Windowed};
 use crate::gpu::GpuError;
-use crate::graph::{AttnBlock, Graph, GraphBuilder};
+use crate::graph::{AttnBlock, Graph};
 use crate::memory::Memory;
 use crate::ops::glu::Activation;
 use crate::ops::softmax::SoftmaxParams;
@@ -21,9 +21,9 @@ fn need<'a>(v: &'a Option<crate::ops::View>, what: &str) -> Result<&'a crate::op
 }
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
-    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    let (hp, w) = (&m.hp, &m.weights);
     let eps = hp.eps;
-    let mut g = GraphBuilder::new_on(gpu).with_lora(io.lora.clone());
+    let mut g = super::builder(m, io);
     let inp = Windowed::new(&mut g, hp, io, mem)?;
     // Gemma scales Q before the product; scaling the scores instead is the same.
     let sp = SoftmaxParams {
@@ -41,6 +41,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     // residual add; layer 0 norms the scaled embeddings on its own.
     let mut normed = None;
     for (il, lw) in w.layers.iter().enumerate() {
+        g.layer(il);
         let kv = kv_layer(mem, il)?;
         let cur = layer_input(&mut g, &mut normed, x, &lw.attn_norm, eps);
         let ((slots, shape), (mask, rope)) = inp.layer(hp, il, kv.store);
@@ -69,7 +70,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             sinks: None,
             wo_bias: None,
         };
-        let o = g.attn_block(gpu, cur, &attn)?;
+        let o = g.attn_block(cur, &attn)?;
         let o = g.rms_norm(o, need(&lw.attn_post_norm, "post-attention norm")?, eps);
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
         let ffn = g.ffn(cur, &lw.ffn, Activation::Gelu);

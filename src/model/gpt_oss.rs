@@ -6,15 +6,15 @@
 
 use super::{close_layer, kv_layer, layer_input, output_head, GraphIo, Model, Windowed};
 use crate::gpu::GpuError;
-use crate::graph::{AttnBlock, Graph, GraphBuilder};
+use crate::graph::{AttnBlock, Graph};
 use crate::memory::Memory;
 use crate::ops::glu::Activation;
 use crate::ops::softmax::SoftmaxParams;
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
-    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    let (hp, w) = (&m.hp, &m.weights);
     let eps = hp.eps;
-    let mut g = GraphBuilder::new_on(gpu).with_lora(io.lora.clone());
+    let mut g = super::builder(m, io);
     let inp = Windowed::new(&mut g, hp, io, mem)?;
     let sp = SoftmaxParams {
         scale: hp.attn_scale,
@@ -25,6 +25,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let mut x = g.get_rows(&w.tok_embd, inp.tokens);
     let mut normed = None;
     for (il, lw) in w.layers.iter().enumerate() {
+        g.layer(il);
         let kv = kv_layer(mem, il)?;
         let cur = layer_input(&mut g, &mut normed, x, &lw.attn_norm, eps);
         let ((slots, shape), (mask, rope)) = inp.layer(hp, il, kv.store);
@@ -44,7 +45,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             sinks: lw.attn_sinks.as_ref(),
             wo_bias: lw.wo_bias.as_ref(),
         };
-        let o = g.attn_block(gpu, cur, &attn)?;
+        let o = g.attn_block(cur, &attn)?;
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
         let ffn = g.ffn(cur, &lw.ffn, Activation::SwigluOai);
         x = close_layer(&mut g, &w.layers, il, (x_attn, ffn), eps, &mut normed);

@@ -10,7 +10,7 @@
 use super::Lfm2Mixer;
 use super::{attn_shape, kv_layer, output_head, rs_rows, CacheKind, GraphInput, GraphIo, Model};
 use crate::gpu::GpuError;
-use crate::graph::{AttnBlock, Graph, GraphBuilder};
+use crate::graph::{AttnBlock, Graph};
 use crate::kv::MaskKind;
 use crate::memory::Memory;
 use crate::ops::glu::Activation;
@@ -30,9 +30,9 @@ pub fn inputs(hp: &super::Hparams) -> Vec<GraphInput> {
 }
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
-    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    let (hp, w) = (&m.hp, &m.weights);
     let (t, eps) = (io.n_tok, hp.eps);
-    let mut g = GraphBuilder::new_on(gpu).with_lora(io.lora.clone());
+    let mut g = super::builder(m, io);
     let rows = rs_rows(&mut g, io)?;
     let tokens = g.input(io.tokens()?, [t, 1]);
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
@@ -48,6 +48,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
 
     let mut x = g.get_rows(&w.tok_embd, tokens);
     for (il, lw) in w.lfm2.iter().enumerate() {
+        g.layer(il);
         let cur = g.rms_norm(x, &lw.attn_norm, eps);
         let mixed = match &lw.mixer {
             Lfm2Mixer::Attention {
@@ -73,7 +74,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
                     sinks: None,
                     wo_bias: None,
                 };
-                g.attn_block(gpu, cur, &attn)?
+                g.attn_block(cur, &attn)?
             }
             Lfm2Mixer::Conv {
                 in_b,

@@ -11,7 +11,7 @@ use super::{
     Hparams, Model,
 };
 use crate::gpu::GpuError;
-use crate::graph::{AttnBlock, Graph, GraphBuilder};
+use crate::graph::{AttnBlock, Graph};
 use crate::kv::MaskKind;
 use crate::memory::Memory;
 use crate::ops::glu::Activation;
@@ -29,9 +29,9 @@ pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
 }
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
-    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    let (hp, w) = (&m.hp, &m.weights);
     let (t, eps) = (io.n_tok, hp.eps);
-    let mut g = GraphBuilder::new_on(gpu).with_lora(io.lora.clone());
+    let mut g = super::builder(m, io);
     let tokens = g.input(io.tokens()?, [t, 1]);
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
     let slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
@@ -49,6 +49,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     // residual add (AddRmsNorm); layer 0 norms the embeddings on its own.
     let mut normed = None;
     for (il, lw) in w.layers.iter().enumerate() {
+        g.layer(il);
         let kv = kv_layer(mem, il)?;
         let cur = layer_input(&mut g, &mut normed, x, &lw.attn_norm, eps);
         let qk_norm = match (&lw.attn_q_norm, &lw.attn_k_norm) {
@@ -71,7 +72,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             sinks: None,
             wo_bias: None,
         };
-        let o = g.attn_block(gpu, cur, &attn)?;
+        let o = g.attn_block(cur, &attn)?;
         let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
         let ffn = g.ffn(cur, &lw.ffn, Activation::Silu);
         x = close_layer(&mut g, &w.layers, il, (x_attn, ffn), eps, &mut normed);

@@ -29,11 +29,12 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let ssm = hp
         .ssm
         .ok_or_else(|| GpuError::Validation("a state-space model without ssm sizes".into()))?;
-    let mut g = GraphBuilder::new_on(&m.gpu).with_lora(io.lora.clone());
+    let mut g = super::builder(m, io);
     let rows = rs_rows(&mut g, io)?;
     let tokens = g.input(io.tokens()?, [io.n_tok, 1]);
     let mut x = g.get_rows(&w.tok_embd, tokens);
     for (il, lw) in w.ssm.iter().enumerate() {
+        g.layer(il);
         let rs = mem.rs_layer(il).ok_or_else(|| {
             GpuError::Validation(format!("the model's memory holds no state for layer {il}"))
         })?;

@@ -21,7 +21,7 @@ pub use weights::{
 };
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, Placement};
 use crate::memory::{KvLayer, Memory};
 use crate::ops::attention::AttnShape;
 use std::sync::Arc;
@@ -61,7 +61,10 @@ pub enum ModelError {
 pub struct Model {
     pub hp: Hparams,
     pub weights: ModelWeights,
+    /// The main device (the only one, unless the model is split: [`Model::placement`]).
     pub gpu: Arc<Gpu>,
+    /// The devices the model runs on and each layer's.
+    pub placement: Arc<Placement>,
     /// `general.name`, for logs.
     pub name: String,
     /// Parameters in the file, and those a token uses (see [`param_counts`]).
@@ -125,6 +128,7 @@ impl Model {
             .collect();
         crate::memory::MemoryShape {
             gpu: self.gpu.clone(),
+            placement: self.placement.clone(),
             layers,
             n_head_kv: hp.n_head_kv,
             head_dim: hp.head_dim,
@@ -142,7 +146,36 @@ impl Model {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Model, ModelError> {
         let hp = Hparams::from_gguf(f)?;
-        let weights = ModelWeights::load(&gpu, f, &hp, progress)?;
+        let placement = Placement::single(gpu, hp.n_layer as usize);
+        Self::load_placed(placement, f, progress)
+    }
+
+    /// [`Model::load`] over several devices: each layer's weights go to its device in
+    /// `placement` (made for this file's layer count), the rest to the main device.
+    pub fn load_placed(
+        placement: Placement,
+        f: &GgufFile,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Model, ModelError> {
+        let hp = Hparams::from_gguf(f)?;
+        if placement.n_layer() != hp.n_layer as usize {
+            return Err(ModelError::BadHparams {
+                path: f.path.clone(),
+                msg: format!(
+                    "a placement of {} layers for a model of {}",
+                    placement.n_layer(),
+                    hp.n_layer
+                ),
+            });
+        }
+        if placement.is_split() && hp.arch == Arch::Bert {
+            return Err(ModelError::BadHparams {
+                path: f.path.clone(),
+                msg: "BERT encoders run on one device: a layer split (-sm layer) is for decoders; use --device with one adapter".into(),
+            });
+        }
+        let weights = ModelWeights::load(&placement, f, &hp, progress)?;
+        let gpu = placement.main().clone();
         let name = f
             .get("general.name")
             .and_then(|v| v.as_str())
@@ -153,6 +186,7 @@ impl Model {
             hp,
             weights,
             gpu,
+            placement: Arc::new(placement),
             name,
             n_params,
             n_params_active,
@@ -224,17 +258,28 @@ impl Model {
     }
 }
 
-/// The output head every architecture ends with: the rows that want logits, the final
-/// norm, the projection into the context's logits buffer; then the graph is built.
+/// The builder every architecture starts with: nodes on the model's devices (the main
+/// one until [`crate::graph::GraphBuilder::layer`]), the graph inputs' copies on the
+/// others, and the LoRA corrections of `io`.
+fn builder(m: &Model, io: &GraphIo) -> crate::graph::GraphBuilder {
+    crate::graph::GraphBuilder::new(m.placement.clone())
+        .with_mirrors(io.mirrors.clone())
+        .with_lora(io.lora.clone())
+}
+
+/// The output head every architecture ends with, on the main device: the rows that want
+/// logits, the final norm, the projection into the context's logits buffer; then the
+/// graph is built.
 fn output_head(
     mut g: crate::graph::GraphBuilder,
     m: &Model,
     io: &GraphIo,
     x: crate::graph::TensorId,
 ) -> Result<crate::graph::Graph, GpuError> {
-    let (hp, w, gpu) = (&m.hp, &m.weights, &*m.gpu);
+    let (hp, w) = (&m.hp, &m.weights);
+    g.main();
     if io.n_out == 0 {
-        return g.build(gpu);
+        return g.build();
     }
     let x = if io.n_out < io.n_tok {
         let out_ids = g.input(io.out_ids()?, [io.n_out, 1]);
@@ -255,13 +300,13 @@ fn output_head(
         let cur = g.rms_norm(x, output_norm, hp.eps);
         g.matmul_into(head, cur, out);
         g.softmax_rows_in_place(out);
-        return g.build(gpu);
+        return g.build();
     }
     if io.embeddings {
         // llama.cpp's embeddings: the final norm's output, before the projection.
         let out = g.input(io.logits.clone(), [hp.n_embd, io.n_out]);
         g.rms_norm_into(x, output_norm, hp.eps, out);
-        return g.build(gpu);
+        return g.build();
     }
     let logits = g.input(io.logits.clone(), [hp.n_vocab, io.n_out]);
     let cur = g.rms_norm(x, output_norm, hp.eps);
@@ -274,7 +319,7 @@ fn output_head(
         }
         None => g.matmul_into(&w.output, cur, logits),
     }
-    g.build(gpu)
+    g.build()
 }
 
 /// The mask of the sliding-window layers (a causal one serves the global layers).
@@ -381,7 +426,7 @@ fn layer_input(
 }
 
 /// The residual add closing layer `il` (x_attn + ffn), fused with the next layer's
-/// attention norm where there is one (that norm is left in `normed`).
+/// attention norm where there is one on the same device (that norm is left in `normed`).
 fn close_layer(
     g: &mut crate::graph::GraphBuilder,
     layers: &[LayerWeights],
@@ -391,12 +436,12 @@ fn close_layer(
     normed: &mut Option<crate::graph::TensorId>,
 ) -> crate::graph::TensorId {
     match layers.get(il + 1) {
-        Some(next) => {
+        Some(next) if g.same_device(il, il + 1) => {
             let (x_next, cur) = g.add_rms_norm(x_attn, ffn, &next.attn_norm, eps);
             *normed = Some(cur);
             x_next
         }
-        None => g.add(x_attn, ffn),
+        _ => g.add(x_attn, ffn),
     }
 }
 

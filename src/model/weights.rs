@@ -3,7 +3,7 @@
 
 use super::{Arch, Hparams, ModelError};
 use crate::gguf::{quant, GgmlType, GgufFile, TensorInfo};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, Placement};
 use crate::ops::{View, Weight};
 use std::sync::Arc;
 
@@ -788,13 +788,16 @@ impl LayerWeights {
     }
 }
 
-impl ModelWeights {
+impl<'a> ModelWeights {
+    /// Uploads every weight: each layer's to its device in `placement`, the embeddings,
+    /// final norm and output head to the main device.
     pub fn load(
-        gpu: &Gpu,
+        placement: &'a Placement,
         f: &GgufFile,
         hp: &Hparams,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self, ModelError> {
+        let gpu = &**placement.main();
         let total = f.tensors.iter().map(|t| t.n_bytes).sum();
         let mut l = Loader {
             gpu,
@@ -828,18 +831,29 @@ impl ModelWeights {
             Arch::Bert => Some(l.bert(hp)?),
             _ => None,
         };
+        // Each layer on its device.
         let lfm2 = (0..hp.n_layer)
             .filter(|_| lfm2_model)
-            .map(|il| l.lfm2_layer(hp, il))
+            .map(|il| {
+                l.gpu = placement.layer(il as usize);
+                l.lfm2_layer(hp, il)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let layers = (0..hp.n_layer)
             .filter(|_| !ssm_model && !lfm2_model && bert.is_none())
-            .map(|il| l.layer(hp, il))
+            .map(|il| {
+                l.gpu = placement.layer(il as usize);
+                l.layer(hp, il)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let ssm = (0..hp.n_layer)
             .filter(|_| ssm_model)
-            .map(|il| l.ssm_layer(hp, il))
+            .map(|il| {
+                l.gpu = placement.layer(il as usize);
+                l.ssm_layer(hp, il)
+            })
             .collect::<Result<Vec<_>, _>>()?;
+        l.gpu = gpu;
         let embd_scale = match hp.embd_scale {
             Some(s) => Some(View::whole(
                 &gpu.upload("embd_scale", bytemuck::bytes_of(&s))?,
@@ -852,7 +866,9 @@ impl ModelWeights {
             )),
             _ => None,
         };
-        gpu.flush()?;
+        for g in placement.gpus() {
+            g.flush()?;
+        }
         Ok(ModelWeights {
             tok_embd,
             output_norm,
