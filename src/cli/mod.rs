@@ -104,7 +104,7 @@ pub struct GpuArgs {
     /// Each --device adapter's share of the layers, as `3,1` or `3/1` (default: equal
     /// shares, as wgpu reports no adapter's memory size).
     #[arg(long = "tensor-split", visible_alias = "ts", value_parser = parse_shares)]
-    pub tensor_split: Option<Vec<f32>>,
+    pub tensor_split: Option<Shares>,
     /// Which --device adapter (an index into that list) holds the embeddings, the output
     /// head and GPU sampling, and with `-sm none` the whole model.
     #[arg(long = "main-gpu", visible_alias = "mg", default_value_t = 0)]
@@ -159,8 +159,12 @@ fn parse_split_mode(s: &str) -> Result<SplitMode, String> {
     }
 }
 
+/// `-ts`: each adapter's share of the layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shares(pub Vec<f32>);
+
 /// `-ts 3,1` or `3/1`, as llama.cpp reads it.
-fn parse_shares(s: &str) -> Result<Vec<f32>, String> {
+fn parse_shares(s: &str) -> Result<Shares, String> {
     s.split([',', '/'])
         .map(|x| {
             x.trim()
@@ -173,7 +177,8 @@ fn parse_shares(s: &str) -> Result<Vec<f32>, String> {
                     )
                 })
         })
-        .collect()
+        .collect::<Result<Vec<f32>, String>>()
+        .map(Shares)
 }
 
 impl GpuArgs {
@@ -204,7 +209,7 @@ impl GpuArgs {
         let devices = self.device_indices()?;
         self.adapter_index()?;
         if devices.len() < 2 || self.split_mode == SplitMode::None {
-            if let Some(ts) = &self.tensor_split {
+            if let Some(Shares(ts)) = &self.tensor_split {
                 if devices.len() < 2 && ts.len() > 1 {
                     bail!("-ts gives {} shares, but one adapter runs the model: name the adapters to split over with --device A,B", ts.len());
                 }
@@ -218,7 +223,7 @@ impl GpuArgs {
         }
         Ok(Some(wgllm::engine::SplitSpec {
             devices,
-            shares: self.tensor_split.clone().unwrap_or_default(),
+            shares: (self.tensor_split.clone()).map(|s| s.0).unwrap_or_default(),
             main: self.main_gpu,
         }))
     }

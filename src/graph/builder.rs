@@ -354,6 +354,9 @@ pub struct GraphBuilder {
     pub(super) nodes: Vec<Node>,
     /// The device each node runs on (an index into the placement's devices).
     pub(super) node_device: Vec<usize>,
+    /// The device current when each tensor was made: a graph input is made on the
+    /// main device, a layer's weights and cache on the layer's.
+    pub(super) made_on: Vec<usize>,
     /// The devices and each layer's ([`GraphBuilder::layer`] switches to a layer's).
     pub(super) placement: Arc<Placement>,
     /// The device nodes are recorded for now.
@@ -409,6 +412,7 @@ impl GraphBuilder {
             shapes: Vec::new(),
             nodes: Vec::new(),
             node_device: Vec::new(),
+            made_on: Vec::new(),
             device: placement.main_index(),
             placement,
             mirrors: Default::default(),
@@ -516,6 +520,7 @@ impl GraphBuilder {
     fn push(&mut self, s: Storage, ne: [u32; 2]) -> TensorId {
         self.tensors.push(s);
         self.shapes.push(ne);
+        self.made_on.push(self.device);
         self.tensors.len() - 1
     }
 

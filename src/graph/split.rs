@@ -82,18 +82,22 @@ impl GraphBuilder {
                         Storage::Scratch { bytes } => Ok(*bytes),
                     };
                     new_reads.push(match storage {
-                        Err(v) if d != main => match mirrored.get(&(t, d)) {
-                            Some(&m) => m,
-                            None => match self.mirrors.on(&v, d) {
-                                Some(mv) => {
-                                    let ne = self.ne(t);
-                                    let m = self.input(mv, ne);
-                                    mirrored.insert((t, d), m);
-                                    m
-                                }
-                                None => t,
-                            },
-                        },
+                        // Only what was made on the main device can be one of its
+                        // inputs: buffers of different wgpu instances may compare equal.
+                        Err(v) if d != main && self.made_on[t] == main => {
+                            match mirrored.get(&(t, d)) {
+                                Some(&m) => m,
+                                None => match self.mirrors.on(&v, d) {
+                                    Some(mv) => {
+                                        let ne = self.ne(t);
+                                        let m = self.input(mv, ne);
+                                        mirrored.insert((t, d), m);
+                                        m
+                                    }
+                                    None => t,
+                                },
+                            }
+                        }
                         Err(_) => t,
                         Ok(bytes) => {
                             let h = *home[t].get_or_insert(d);
@@ -140,10 +144,15 @@ impl GraphBuilder {
                             made_in[t] = p;
                             fresh.retain(|(x, _), _| *x != t);
                         }
-                        Storage::External(v) if d != main && self.mirrors.on(v, d).is_some() => {
-                            return Err(GpuError::Validation(
-                                "a split graph writes a graph input off the main device".into(),
-                            ));
+                        Storage::External(v)
+                            if d != main
+                                && self.made_on[t] == main
+                                && self.mirrors.on(v, d).is_some() =>
+                        {
+                            return Err(GpuError::Validation(format!(
+                                "a split graph writes a graph input off the main device ({})",
+                                self.nodes[i].op.kind()
+                            )));
                         }
                         Storage::External(_) => {}
                     }

