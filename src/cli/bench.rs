@@ -55,9 +55,21 @@ pub struct BenchArgs {
     /// wgpu backends: a list of auto, vulkan, metal, dx12, gl; each loads the models.
     #[arg(long, default_value = "auto")]
     pub backend: Vec<String>,
-    /// Adapter index from `wgllm devices`.
-    #[arg(long = "device")]
-    pub device: Option<usize>,
+    /// Adapters from `wgllm devices` (index or BACKEND+N, as `vulkan0`): one, or several
+    /// (`0,1` or `0/1`) to split the models over.
+    #[arg(long = "device", visible_alias = "dev")]
+    pub device: Vec<String>,
+    /// Split modes over several --device adapters, a list of none and layer.
+    #[arg(long = "split-mode", visible_alias = "sm", default_value = "layer")]
+    pub split_mode: Vec<String>,
+    /// Layer shares per --device adapter: a list of `3/1`-style splits (llama-bench's
+    /// syntax: `,` between splits, `/` between adapters; `0`: equal).
+    #[arg(long = "tensor-split", visible_alias = "ts")]
+    pub tensor_split: Vec<String>,
+    /// Which --device adapter holds the embeddings, the head and sampling (and with
+    /// `-sm none` the whole model).
+    #[arg(long = "main-gpu", visible_alias = "mg", default_value_t = 0)]
+    pub main_gpu: usize,
     /// Do not use shader-f16 even if the adapter has it.
     #[arg(long)]
     pub no_f16: bool,
@@ -219,9 +231,60 @@ fn plan(a: &BenchArgs) -> Result<BenchPlan> {
         ..BenchPlan::default()
     };
     p.base.n_ctx = a.ctx_size;
+    let device_names: Vec<String> = (a.device.iter())
+        .flat_map(|d| d.split([',', '/']))
+        .filter(|d| !d.is_empty())
+        .map(str::to_string)
+        .collect();
+    let backend_of_list = match p.backends[..] {
+        [b] => b,
+        _ if device_names.is_empty() => Backend::Auto,
+        _ => bail!("--device indexes one backend's adapter list: give one --backend with it"),
+    };
+    p.devices = super::resolve_devices(backend_of_list, &device_names)?;
+    p.main_gpu = a.main_gpu;
+    if p.devices.len() >= 2 {
+        let modes = words(&a.split_mode).context("-sm")?;
+        let shares: Vec<Vec<f32>> = match words(&a.tensor_split).context("-ts")? {
+            w if w.is_empty() => vec![Vec::new()],
+            w => (w.iter())
+                .map(|t| match t.as_str() {
+                    "0" => Ok(Vec::new()),
+                    t => (t.split('/'))
+                        .map(|x| {
+                            x.parse::<f32>()
+                                .ok()
+                                .filter(|v| v.is_finite() && *v >= 0.0)
+                                .with_context(|| {
+                                    format!("-ts {t}: shares are numbers >= 0, as 3/1")
+                                })
+                        })
+                        .collect::<Result<Vec<f32>>>(),
+                })
+                .collect::<Result<_>>()?,
+        };
+        p.splits.clear();
+        for m in &modes {
+            match m.as_str() {
+                "none" => p.splits.push(bench::BenchSplit::default()),
+                "layer" => {
+                    for s in &shares {
+                        p.splits.push(bench::BenchSplit {
+                            layer: true,
+                            shares: s.clone(),
+                        });
+                    }
+                }
+                "row" => bail!("-sm row splits each matrix's rows over the GPUs, which needs every matmul's partial outputs gathered across devices; wgpu shares no buffers between devices, so each gather would be a host round trip per matmul. Use -sm layer"),
+                other => bail!("-sm {other}: the split modes are none and layer"),
+            }
+        }
+    } else if !a.tensor_split.is_empty() {
+        bail!("-ts: name the adapters to split over with --device A,B");
+    }
     p.base.gpu = GpuOptions {
         backend: Backend::Auto,
-        adapter_index: a.device,
+        adapter_index: None,
         no_f16: a.no_f16,
         no_subgroups: a.no_subgroups,
         max_binding_override: None,
@@ -289,6 +352,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         n_ubatch: plan.n_ubatch.len() > 1,
         cache: plan.cache.len() > 1,
         draft: plan.draft.is_some(),
+        split: plan.splits_devices(),
     };
     let mut w = Writer::new(format, md);
     let mut out = std::io::stdout().lock();

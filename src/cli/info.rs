@@ -70,7 +70,7 @@ pub fn devices(a: &DevicesArgs) -> Result<()> {
             a.gpu.backend
         );
     }
-    for d in list {
+    for d in &list {
         println!(
             "[{}] {} ({}, {})",
             d.index, d.name, d.backend, d.device_type
@@ -98,6 +98,9 @@ pub fn devices(a: &DevicesArgs) -> Result<()> {
             }
         );
     }
+    if list.len() > 1 {
+        println!("{}", together(&list));
+    }
     let (file, entries) = wgllm::tune::cached_entries(&super::tune_options(false, false));
     if let Some(file) = file {
         if entries.is_empty() {
@@ -113,4 +116,37 @@ pub fn devices(a: &DevicesArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Which of the adapters can run one model split by layers: any set of them, each a device
+/// of its own in one process; those reaching the same hardware through different backends
+/// share its memory and compute, so a split over them shows the split working and is no
+/// faster than one of them.
+fn together(list: &[wgllm::gpu::AdapterSummary]) -> String {
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for d in list {
+        let id = wgllm::tune::hardware_id(d);
+        match groups.iter_mut().find(|g| g.0 == id) {
+            Some(g) => g.1.push(d.index),
+            None => groups.push((id, vec![d.index])),
+        }
+    }
+    let indices = |v: &[usize]| {
+        v.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let all = list.iter().map(|d| d.index).collect::<Vec<_>>();
+    let mut out = format!(
+        "split a model by layers over any of these: --device {} (-sm layer, -ts shares, -mg main)",
+        indices(&all)
+    );
+    for (_, g) in groups.iter().filter(|g| g.1.len() > 1) {
+        out.push_str(&format!(
+            "\n    adapters {} reach the same hardware through different backends: split over them, they share its memory and compute",
+            indices(g)
+        ));
+    }
+    out
 }

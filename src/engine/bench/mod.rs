@@ -61,9 +61,45 @@ pub struct BenchPlan {
     /// Speculative decoding in the tg tests (`-md`): a draft model proposes, and each
     /// tg test generates from a text prompt instead of feeding random tokens.
     pub draft: Option<DraftPlan>,
+    /// Adapters of the backend's list to split the models over (`--device A,B`): with
+    /// two or more, each of `splits` is one load.
+    pub devices: Vec<usize>,
+    /// Which of `devices` holds the embeddings, the head and sampling (`-mg`), and with
+    /// `-sm none` the whole model.
+    pub main_gpu: usize,
+    /// `-sm` × `-ts`: how each load splits the model over `devices`.
+    pub splits: Vec<BenchSplit>,
     /// Everything else about loading: `n_ctx` is a floor (the tests' own need decides
     /// otherwise), `gpu.backend` is replaced by each of `backends`.
     pub base: EngineOptions,
+}
+
+/// One split of a benchmark: by layers with these shares (empty: equal), or none (the
+/// main device alone).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BenchSplit {
+    pub layer: bool,
+    pub shares: Vec<f32>,
+}
+
+impl BenchSplit {
+    /// llama-bench's `split_mode` field.
+    pub fn mode(&self) -> &'static str {
+        match self.layer {
+            true => "layer",
+            false => "none",
+        }
+    }
+
+    /// llama-bench's `tensor_split` field: `3/1`, or `0` for even.
+    pub fn shares_label(&self) -> String {
+        match self.shares.is_empty() {
+            true => "0".into(),
+            false => (self.shares.iter().map(|s| format!("{s}")))
+                .collect::<Vec<_>>()
+                .join("/"),
+        }
+    }
 }
 
 impl Default for BenchPlan {
@@ -82,6 +118,12 @@ impl Default for BenchPlan {
             reps: vec![5],
             profile: false,
             draft: None,
+            devices: Vec::new(),
+            main_gpu: 0,
+            splits: vec![BenchSplit {
+                layer: true,
+                shares: Vec::new(),
+            }],
             base: EngineOptions {
                 n_ctx: 0,
                 ..EngineOptions::default()
@@ -113,6 +155,8 @@ pub struct Instance {
     pub n_batch: u32,
     pub n_ubatch: u32,
     pub cache: KvConfig,
+    /// How the model is split over the plan's devices (unused with fewer than two).
+    pub split: BenchSplit,
     pub tests: Vec<TestSpec>,
 }
 
@@ -142,29 +186,41 @@ impl BenchPlan {
         out
     }
 
-    /// Every load with its tests: models × backends × batch × ubatch × cache.
+    /// Every load with its tests: models × backends × splits × batch × ubatch × cache.
     pub fn instances(&self) -> Vec<Instance> {
         let tests = self.tests();
+        let splits = match self.devices.len() >= 2 {
+            true => self.splits.clone(),
+            false => vec![BenchSplit::default()],
+        };
         let mut out = Vec::new();
         for m in &self.models {
             for &backend in &self.backends {
-                for &n_batch in &self.n_batch {
-                    for &n_ubatch in &self.n_ubatch {
-                        for &cache in &self.cache {
-                            out.push(Instance {
-                                model: m.clone(),
-                                backend,
-                                n_batch,
-                                n_ubatch,
-                                cache,
-                                tests: tests.clone(),
-                            });
+                for split in &splits {
+                    for &n_batch in &self.n_batch {
+                        for &n_ubatch in &self.n_ubatch {
+                            for &cache in &self.cache {
+                                out.push(Instance {
+                                    model: m.clone(),
+                                    backend,
+                                    n_batch,
+                                    n_ubatch,
+                                    cache,
+                                    split: split.clone(),
+                                    tests: tests.clone(),
+                                });
+                            }
                         }
                     }
                 }
             }
         }
         out
+    }
+
+    /// Whether the loads split models over several devices.
+    pub fn splits_devices(&self) -> bool {
+        self.devices.len() >= 2
     }
 
     /// Checks the plan before anything loads.
@@ -191,6 +247,31 @@ impl BenchPlan {
         }
         if self.tests().is_empty() {
             return Err("no tests: every -p, -n and -pg value is 0".into());
+        }
+        if !self.devices.is_empty() {
+            if self.backends.len() != 1 {
+                return Err(
+                    "--device indexes one backend's adapter list: give one --backend with it"
+                        .into(),
+                );
+            }
+            if self.main_gpu >= self.devices.len() {
+                return Err(format!(
+                    "-mg {}: the main GPU indexes the {} --device adapter(s)",
+                    self.main_gpu,
+                    self.devices.len()
+                ));
+            }
+            empty("-sm", self.splits.len())?;
+            for s in &self.splits {
+                if !s.shares.is_empty() && s.shares.len() != self.devices.len() {
+                    return Err(format!(
+                        "-ts {}: give one share per --device adapter ({}), as 3/1",
+                        s.shares_label(),
+                        self.devices.len()
+                    ));
+                }
+            }
         }
         if self.draft.is_some() {
             if self.n_depth.iter().any(|&d| d > 0) {
@@ -303,7 +384,7 @@ pub fn run_plan(
     let total: usize = instances.iter().map(|i| i.tests.len()).sum();
     let mut rows = Vec::new();
     let mut index = 0;
-    let mut profiled: Vec<(PathBuf, Backend)> = Vec::new();
+    let mut profiled: Vec<(PathBuf, Backend, BenchSplit)> = Vec::new();
     let mut facts: Vec<(PathBuf, std::rc::Rc<ModelFacts>)> = Vec::new();
     for inst in &instances {
         let mf = match facts.iter().find(|f| f.0 == inst.model) {
@@ -316,6 +397,16 @@ pub fn run_plan(
         };
         let mut opts = plan.base.clone();
         opts.gpu.backend = inst.backend;
+        if let Some(&main) = plan.devices.get(plan.main_gpu) {
+            opts.gpu.adapter_index = Some(main);
+        }
+        if plan.splits_devices() && inst.split.layer {
+            opts.split = Some(super::SplitSpec {
+                devices: plan.devices.clone(),
+                shares: inst.split.shares.clone(),
+                main: plan.main_gpu,
+            });
+        }
         opts.n_batch = inst.n_batch;
         opts.n_ubatch = inst.n_ubatch;
         opts.kv = inst.cache;
@@ -340,6 +431,15 @@ pub fn run_plan(
         // One decoded token, untimed: the decode graph's dispatches and record time.
         let (dispatches_per_token, barriers_per_token, record_us) = bench.probe_decode()?;
         let gpu = bench.engine.model.gpu.clone();
+        let devices = bench.engine.model.placement.gpus().to_vec();
+        // A split names every adapter, main first.
+        let adapter = match devices.len() {
+            1 => gpu.info.name.clone(),
+            _ => (devices.iter())
+                .map(|g| format!("{} ({})", g.info.name, g.info.backend))
+                .collect::<Vec<_>>()
+                .join(" + "),
+        };
         // The cache holds f16 where the device has shader-f16 (see `Context::new`).
         let kv = bench.ctx().kv_choice();
         // `auto` is decided by the tuner: name what it chose.
@@ -348,7 +448,7 @@ pub fn run_plan(
             b => b.to_string(),
         };
         let mut model_profile = None;
-        let key = (inst.model.clone(), inst.backend);
+        let key = (inst.model.clone(), inst.backend, inst.split.clone());
         if plan.profile && !profiled.contains(&key) {
             profiled.push(key);
             // The first pp and tg tests' shapes, at their depths.
@@ -357,7 +457,7 @@ pub fn run_plan(
             let p = ModelProfile {
                 model_type: mf.model_type.clone(),
                 backend: backend.clone(),
-                adapter: gpu.info.name.clone(),
+                adapter: adapter.clone(),
                 pp: match pp {
                     Some((n, depth)) => Some(bench.profile_step(n, depth)?),
                     None => None,
@@ -418,10 +518,17 @@ pub fn run_plan(
                 test_time,
                 samples_ns: m.samples_ns,
                 backend: backend.clone(),
-                adapter: gpu.info.name.clone(),
+                adapter: adapter.clone(),
                 driver: gpu.info.driver.clone(),
                 kernels: gpu.kernels.to_string(),
-                gpu_mem_bytes: gpu.allocated_bytes(),
+                gpu_mem_bytes: devices.iter().map(|g| g.allocated_bytes()).sum(),
+                split_mode: match devices.len() {
+                    1 => "none".into(),
+                    _ => inst.split.mode().into(),
+                },
+                main_gpu: plan.main_gpu as u32,
+                tensor_split: inst.split.shares_label(),
+                device_mem_bytes: devices.iter().map(|g| g.allocated_bytes()).collect(),
                 dispatches_per_token: m.decode.map_or(dispatches_per_token, |d| d.dispatches),
                 barriers_per_token: m.decode.map_or(barriers_per_token, |d| d.barriers),
                 record_us: m.decode.map_or(record_us, |d| d.record_us),

@@ -83,8 +83,15 @@ pub struct BenchRow {
     pub driver: String,
     /// Kernel shapes the adapter got (`cpu` or `gpu`).
     pub kernels: String,
-    /// Bytes of GPU buffers the model and its context created.
+    /// Bytes of GPU buffers the model and its context created (on all its devices).
     pub gpu_mem_bytes: u64,
+    /// llama-bench's `split_mode` (`none`, `layer`), `main_gpu` and `tensor_split`
+    /// (`3/1`; `0`: equal shares).
+    pub split_mode: String,
+    pub main_gpu: u32,
+    pub tensor_split: String,
+    /// The bytes of `gpu_mem_bytes` on each device of a split, main first.
+    pub device_mem_bytes: Vec<u64>,
     /// Dispatches of the graph of one decoded token.
     pub dispatches_per_token: usize,
     /// Of a decoded token's dispatches, those wgpu records a barrier before
@@ -161,7 +168,10 @@ impl BenchRow {
             ("n_ubatch", Int(self.n_ubatch as u64)),
             ("type_k", Str(self.type_k.clone())),
             ("type_v", Str(self.type_v.clone())),
+            ("split_mode", Str(self.split_mode.clone())),
+            ("main_gpu", Int(self.main_gpu as u64)),
             ("flash_attn", Int(self.flash_attn as u64)),
+            ("tensor_split", Str(self.tensor_split.clone())),
             ("n_prompt", Int(self.n_prompt as u64)),
             ("n_gen", Int(self.n_gen as u64)),
             ("n_depth", Int(self.n_depth as u64)),
@@ -178,6 +188,7 @@ impl BenchRow {
             ("driver", Str(self.driver.clone())),
             ("kernels", Str(self.kernels.clone())),
             ("gpu_mem_bytes", Int(self.gpu_mem_bytes)),
+            ("device_mem_bytes", Ints(self.device_mem_bytes.clone())),
             (
                 "dispatches_per_token",
                 Int(self.dispatches_per_token as u64),
@@ -312,6 +323,8 @@ pub struct MdColumns {
     pub cache: bool,
     /// The draft's acceptance (`-md`).
     pub draft: bool,
+    /// The split (`-sm`, `-ts` with several --device adapters).
+    pub split: bool,
 }
 
 /// Writes rows in one format: `begin` before the first row, `row` for each (as it
@@ -346,6 +359,10 @@ impl Writer {
                 }
                 if self.md.cache {
                     h.extend(["type_k", "type_v", "fa"]);
+                    a.extend(["---", "---", "---:"]);
+                }
+                if self.md.split {
+                    h.extend(["sm", "ts", "MiB per device"]);
                     a.extend(["---", "---", "---:"]);
                 }
                 h.extend(["test", "t/s"]);
@@ -387,6 +404,13 @@ impl Writer {
                 if self.md.cache {
                     cells.extend([r.type_k.clone(), r.type_v.clone()]);
                     cells.push((r.flash_attn as u8).to_string());
+                }
+                if self.md.split {
+                    cells.extend([r.split_mode.clone(), r.tensor_split.clone()]);
+                    let mib: Vec<String> = (r.device_mem_bytes.iter())
+                        .map(|b| format!("{:.0}", *b as f64 / (1u64 << 20) as f64))
+                        .collect();
+                    cells.push(mib.join(" + "));
                 }
                 cells.push(r.test_name());
                 cells.push(format!("{ts:.2} ± {sd:.2}"));
@@ -445,6 +469,10 @@ impl BenchRow {
             driver: String::new(),
             kernels: String::new(),
             gpu_mem_bytes: 0,
+            split_mode: String::new(),
+            main_gpu: 0,
+            tensor_split: String::new(),
+            device_mem_bytes: Vec::new(),
             dispatches_per_token: 0,
             barriers_per_token: 0,
             record_us: 0.0,
