@@ -331,7 +331,6 @@ fn meaningless_llama_cpp_flags_are_refused() {
     let model = common::smollm2();
     for (flag, why) in [
         (&["--mlock"][..], "keeps every weight on the GPU"),
-        (&["-sm", "layer"][..], "runs on one adapter"),
         (
             &["-nkvo"][..],
             "keeps the cache and every weight on the GPU",

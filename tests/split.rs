@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use wgllm::context::{Batch, Context, ContextParams};
-use wgllm::engine::{Engine, EngineOptions, Event, SessionParams, SplitSpec, Stop};
+use wgllm::engine::{Engine, EngineOptions, Event, SamplingPath, SessionParams, SplitSpec, Stop};
 use wgllm::gguf::GgufFile;
 use wgllm::gpu::{Backend, Gpu, GpuOptions, Placement};
 use wgllm::kv::{KvConfig, KvType};
@@ -72,10 +72,21 @@ fn f32_cache() -> KvConfig {
     }
 }
 
-/// Every position's logits for `tokens`, decoded in batches of `n_batch` into an f32
-/// cache.
-fn logits(model: &Arc<Model>, tokens: &[u32], n_batch: u32) -> Vec<f32> {
-    let mut p = ContextParams::new(512, n_batch, n_batch);
+/// Every position's logits for `tokens`, decoded in batches of `n_batch` split into
+/// ubatches of `n_ubatch` (a split model pipelines those), into an f32 cache.
+fn logits(model: &Arc<Model>, tokens: &[u32], n_batch: u32, n_ubatch: u32) -> Vec<f32> {
+    logits_counted(model, tokens, n_batch, n_ubatch).0
+}
+
+/// [`logits`] and the number of ubatches that started while the one before was in
+/// flight.
+fn logits_counted(
+    model: &Arc<Model>,
+    tokens: &[u32],
+    n_batch: u32,
+    n_ubatch: u32,
+) -> (Vec<f32>, u64) {
+    let mut p = ContextParams::new(512, n_batch, n_ubatch);
     p.kv = f32_cache();
     let mut ctx = Context::new(model.clone(), p).unwrap();
     let mut out = Vec::new();
@@ -83,7 +94,7 @@ fn logits(model: &Arc<Model>, tokens: &[u32], n_batch: u32) -> Vec<f32> {
         let b = Batch::simple(chunk, (c * n_batch as usize) as i32, true);
         out.extend(ctx.decode(&b).unwrap());
     }
-    out
+    (out, ctx.n_overlapped)
 }
 
 /// The split's teacher-forced logits against one device's, and its greedy tokens
@@ -111,13 +122,21 @@ fn split_equals_one_device(f: &GgufFile, reference: &str, shares: &[f32]) {
     let r = common::Reference::load(&common::shared_dir().join(format!("reference/{reference}")));
     let mut all = r.prompt.clone();
     all.extend(&r.greedy);
-    // Batches of 16: several ubatches, each crossing the devices twice.
-    let a = logits(&one, &all, 16);
-    let b = logits(&split, &all, 16);
+    // Batches of 16, each crossing the devices twice; then one batch of ubatches of 16,
+    // the next ubatch's first part running while the one before is on the other device.
+    let a = logits(&one, &all, 16, 16);
+    let b = logits(&split, &all, 16, 16);
     let e = common::nmse(&b, &a);
     assert!(
         e < 1e-6,
         "{reference} split {shares:?}: nmse {e:e} against one device"
+    );
+    let (c, overlapped) = logits_counted(&split, &all, 512, 16);
+    assert!(overlapped > 0, "no ubatch was pipelined");
+    let e = common::nmse(&c, &a);
+    assert!(
+        e < 1e-6,
+        "{reference} split {shares:?}, pipelined: nmse {e:e}"
     );
     let (checked, _) = common::teacher_forced(&split, &r, 512, 512, 0.5);
     assert!(
@@ -142,15 +161,17 @@ fn gemma3_split_over_vulkan_and_gl_equals_one_device() {
 
 /// Greedy generations from each prompt in its own session, all at once; then the first
 /// session is saved to a state file, restored into a fresh session and continued.
-fn sessions(model: &Arc<Model>, dir: &std::path::Path) -> Vec<Vec<u32>> {
+fn sessions(model: &Arc<Model>, dir: &std::path::Path, sampling: SamplingPath) -> Vec<Vec<u32>> {
     let f = smollm2_file();
     let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
     let opts = EngineOptions {
         n_ctx: 256,
         n_batch: 32,
-        n_ubatch: 32,
+        // Prompts in several ubatches: a split pipelines them.
+        n_ubatch: 8,
         n_seq_max: 4,
         kv: f32_cache(),
+        sampling,
         ..Default::default()
     };
     let mut e = Engine::new(model.clone(), tok.clone(), &opts).unwrap();
@@ -225,14 +246,18 @@ fn sessions_with_context_shifts_and_a_state_file_on_a_split_equal_one_device() {
         vec![open(Backend::Vulkan), open(Backend::Vulkan)],
         &[1.0, 1.0],
     );
-    let a = sessions(&one, &dir);
-    let b = sessions(&split, &dir);
-    assert_eq!(a.len(), 5);
-    assert!(!a[4].is_empty(), "the restored session generated nothing");
-    assert_eq!(
-        a, b,
-        "a split over two devices generates what one device does"
-    );
+    // On the host, and drawn on the (main) GPU with each step submitted before the last
+    // one's token is read: the token feeds the next step's embedding on the same device.
+    for sampling in [SamplingPath::Cpu, SamplingPath::Gpu] {
+        let a = sessions(&one, &dir, sampling);
+        let b = sessions(&split, &dir, sampling);
+        assert_eq!(a.len(), 5);
+        assert!(!a[4].is_empty(), "the restored session generated nothing");
+        assert_eq!(
+            a, b,
+            "{sampling}: a split over two devices generates what one device does"
+        );
+    }
 }
 
 #[test]
@@ -336,6 +361,9 @@ fn the_cli_splits_by_device_list_and_refuses_what_cannot_work() {
     let names = "vulkan0,gl0";
     let (code, _, err) = run(&["--dev", names, "-sm", "layer", "-mg", "1"]);
     assert_eq!(code, 0, "{err}");
+    let (code, _, err) = common::wgllm(&["tune", "-m", &m, "--device", &devices]);
+    assert_ne!(code, 0);
+    assert!(err.contains("one adapter at a time"), "{err}");
     for (flags, says) in [
         (vec!["--device", &devices, "-sm", "row"], "-sm row"),
         (vec!["--device", "0,0"], "twice"),

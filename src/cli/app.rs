@@ -138,7 +138,11 @@ pub fn app(a: &AppArgs) -> Result<()> {
         } else {
             a.models_dir.clone()
         },
-        gpu: a.gpu.options()?,
+        gpu: {
+            a.gpu
+                .one_device("the app runs the model on the device its window draws with")?;
+            a.gpu.options()?
+        },
         tune: super::tune_options(a.gpu.no_tune, false),
         settings,
         drive: a.screenshot.is_some(),

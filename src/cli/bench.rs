@@ -115,6 +115,10 @@ pub struct BenchArgs {
     /// The text a speculative tg test continues (default: a short request for code).
     #[arg(long = "spec-prompt")]
     pub spec_prompt: Option<String>,
+    /// On a split (--device A,B), run each ubatch through every device before the next
+    /// starts, instead of overlapping them: to measure what the pipelining gains.
+    #[arg(long = "no-pipeline")]
+    pub no_pipeline: bool,
 }
 
 /// llama-bench flags that vary something wgllm has no choice of: one value is accepted
@@ -296,6 +300,7 @@ fn plan(a: &BenchArgs) -> Result<BenchPlan> {
     };
     p.base.tune = super::tune_options(a.no_tune, false);
     p.base.sampling = a.sampling;
+    p.base.pipeline = !a.no_pipeline;
     p.draft = match a.spec.speculation()? {
         None if a.spec_prompt.is_some() => bail!("--spec-prompt is the text of speculative tg tests: add -md FILE"),
         None => None,

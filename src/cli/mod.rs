@@ -204,6 +204,15 @@ impl GpuArgs {
         }
     }
 
+    /// Refuses several --device adapters for a command that runs on one (`what` says
+    /// which and why).
+    pub fn one_device(&self, what: &str) -> Result<()> {
+        if self.device_indices()?.len() > 1 {
+            bail!("--device names several adapters, and {what}: name one (a split is for run, chat, perplexity, serve and bench)");
+        }
+        Ok(())
+    }
+
     /// The layer split the flags ask for: several --device adapters with `-sm layer`.
     pub fn split(&self) -> Result<Option<wgllm::engine::SplitSpec>> {
         let devices = self.device_indices()?;
@@ -432,6 +441,7 @@ impl ModelArgs {
             lora: self.lora_specs(),
             lora_init_without_apply: false,
             split: self.gpu.split()?,
+            pipeline: true,
         })
     }
 

@@ -27,6 +27,9 @@ pub fn tune(a: &TuneArgs) -> Result<()> {
     if a.gpu.no_tune {
         anyhow::bail!("--no-tune turns tuning off; `wgllm tune` is for measuring");
     }
+    a.gpu.one_device(
+        "`wgllm tune` measures one adapter at a time (a split takes each adapter's own cached choice)",
+    )?;
     let mut gpu = a.gpu.options()?;
     if gpu.kernels != KernelShape::Auto {
         anyhow::bail!(

@@ -147,26 +147,68 @@ impl ContextParams {
     }
 }
 
-/// The model's declared graph inputs, one buffer each, and the logits it writes.
+/// The model's declared graph inputs and the logits it writes.
 struct StepBuffers {
-    inputs: Vec<(GraphInput, wgpu::Buffer)>,
-    /// A split model's copies of each input on the other devices holding layers
-    /// (by device index, none on the main one), filled with the same data.
-    mirrors: Vec<Vec<Option<wgpu::Buffer>>>,
-    /// The same, as the graph builder finds them.
-    mirror_views: Arc<crate::graph::InputMirrors>,
+    /// One set of the inputs, or two for a split model: a ubatch in flight on one
+    /// device while the next starts on another reads its own (see `run.rs`).
+    sets: Vec<InputSet>,
     logits: wgpu::Buffer,
     /// An embeddings context's mean pooling: where each run of output rows starts (u32,
     /// one more than the runs), and the runs' sums ([`Context::decode_pooled`]).
     pool: Option<(wgpu::Buffer, wgpu::Buffer)>,
 }
 
+/// One buffer for each declared graph input.
+struct InputSet {
+    inputs: Vec<(GraphInput, wgpu::Buffer)>,
+    /// A split model's copies of each input on the other devices holding layers
+    /// (by device index, none on the main one), filled with the same data.
+    mirrors: Vec<Vec<Option<wgpu::Buffer>>>,
+    /// The same, as the graph builder finds them.
+    mirror_views: Arc<crate::graph::InputMirrors>,
+}
+
+impl InputSet {
+    fn new(model: &Model, ub: u64, n_ctx: u64) -> Result<InputSet, ContextError> {
+        let gpu = &model.gpu;
+        let mut inputs = Vec::new();
+        let mut mirrors = Vec::new();
+        let mut mirror_views = crate::graph::InputMirrors::default();
+        let placement = model.placement.clone();
+        let holds_layers =
+            |d: usize| (0..placement.n_layer()).any(|il| placement.layer_device(il) == d);
+        for input in model.inputs() {
+            let bytes = input.bytes(ub, n_ctx);
+            let buf = gpu.storage(&input.label(), bytes)?;
+            let mut copies = Vec::new();
+            for (d, g) in placement.gpus().iter().enumerate() {
+                copies.push(match d != placement.main_index() && holds_layers(d) {
+                    true => Some(g.storage(&input.label(), bytes)?),
+                    false => None,
+                });
+            }
+            if copies.iter().any(|c| c.is_some()) {
+                let views = copies.iter().map(|c| c.as_ref().map(View::whole)).collect();
+                mirror_views.insert(buf.clone(), views);
+            }
+            mirrors.push(copies);
+            inputs.push((input, buf));
+        }
+        Ok(InputSet {
+            inputs,
+            mirrors,
+            mirror_views: Arc::new(mirror_views),
+        })
+    }
+}
+
 /// What a graph is built for: (tokens, cells read in the full store, cells read in the
 /// window store, sequence sets of a recurrent memory's ubatch, logit rows, the setting of
-/// the LoRA scales it was built with).
-type GraphKey = (u32, u32, u32, u32, u32, u32);
+/// the LoRA scales it was built with, the input set it reads).
+type GraphKey = (u32, u32, u32, u32, u32, u32, u32);
 
-/// Graphs kept for reuse (decode steps replay one graph until n_kv crosses a pad boundary).
+/// Graphs kept for reuse per input set (decode steps replay one graph until n_kv crosses
+/// a pad boundary).
 const GRAPH_CACHE: usize = 3;
 
 pub struct Context {
@@ -177,9 +219,16 @@ pub struct Context {
     step: StepBuffers,
     /// Logit rows one graph can produce (bounded by the storage binding limit).
     n_out_max: u32,
-    graphs: VecDeque<(GraphKey, Graph)>,
+    graphs: VecDeque<(GraphKey, Arc<Graph>)>,
+    /// The input set the next pipelined ubatch fills (a split model's two take turns).
+    next_set: usize,
+    /// A split model's ubatches of one batch overlap on its devices
+    /// ([`Context::set_pipelined`]).
+    pipelined: bool,
     /// Counters for the timing summary.
     pub n_graph_builds: u64,
+    /// Ubatches of a split model started while the one before was still in flight.
+    pub n_overlapped: u64,
     /// What the last graph run cost on the host (benchmarks report it).
     pub last_step: StepStats,
     /// Set by [`Context::profile_next_ubatch`]; the profile lands in `last_profile`.
@@ -278,28 +327,9 @@ impl Context {
             crate::memory::create(&Arc::new(model.memory_shape()), &params.memory_params())?;
         let width = out_width(&params, &model) as u64;
         let n_out_max = (gpu.max_binding / (width * 4)).clamp(1, ub) as u32;
-        let mut inputs = Vec::new();
-        let mut mirrors = Vec::new();
-        let mut mirror_views = crate::graph::InputMirrors::default();
-        let placement = model.placement.clone();
-        let holds_layers =
-            |d: usize| (0..placement.n_layer()).any(|il| placement.layer_device(il) == d);
-        for input in model.inputs() {
-            let bytes = input.bytes(ub, n_ctx);
-            let buf = gpu.storage(&input.label(), bytes)?;
-            let mut copies = Vec::new();
-            for (d, g) in placement.gpus().iter().enumerate() {
-                copies.push(match d != placement.main_index() && holds_layers(d) {
-                    true => Some(g.storage(&input.label(), bytes)?),
-                    false => None,
-                });
-            }
-            if copies.iter().any(|c| c.is_some()) {
-                let views = copies.iter().map(|c| c.as_ref().map(View::whole)).collect();
-                mirror_views.insert(buf.clone(), views);
-            }
-            mirrors.push(copies);
-            inputs.push((input, buf));
+        let mut sets = vec![InputSet::new(&model, ub, n_ctx)?];
+        if model.placement.is_split() {
+            sets.push(InputSet::new(&model, ub, n_ctx)?);
         }
         let pool = match params.embeddings && !params.rank {
             true => Some((
@@ -309,9 +339,7 @@ impl Context {
             false => None,
         };
         let step = StepBuffers {
-            inputs,
-            mirrors,
-            mirror_views: Arc::new(mirror_views),
+            sets,
             logits: gpu.storage("logits", n_out_max as u64 * width * 4)?,
             pool,
         };
@@ -322,7 +350,10 @@ impl Context {
             step,
             n_out_max,
             graphs: VecDeque::new(),
+            next_set: 0,
+            pipelined: true,
             n_graph_builds: 0,
+            n_overlapped: 0,
             last_step: StepStats::default(),
             profile_next: false,
             last_profile: None,
@@ -350,6 +381,14 @@ impl Context {
             terms: (!terms.is_empty()).then(|| Arc::new(terms)),
             generation: self.lora.generation.wrapping_add(1),
         };
+    }
+
+    /// Whether a split model's ubatches of one batch overlap on its devices (the next
+    /// one's first part starting while the one before runs on another device): on by
+    /// default; off runs each ubatch through every device before the next (benchmarks
+    /// compare the two).
+    pub fn set_pipelined(&mut self, on: bool) {
+        self.pipelined = on;
     }
 
     /// The scales [`Context::set_lora`] last set (one per loaded adapter).

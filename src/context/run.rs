@@ -9,6 +9,7 @@ use crate::graph::{GraphInput, GraphIo, UbatchView};
 use crate::kv::CacheKind;
 use crate::ops::uniforms::SampleRow;
 use crate::ops::View;
+use std::sync::Arc;
 
 impl Context {
     /// Splits a checked batch into ubatches as the memory asks and decodes them in order;
@@ -24,10 +25,35 @@ impl Context {
         let mut rows: Vec<(usize, Vec<f32>)> = Vec::new();
         let mut picks = vec![Drawn::default(); draws.len()];
         let mut read_bytes = 0;
+        // A split model pipelines ubatches without draws: the next one's first part
+        // starts on the main device while the one before runs on the others.
+        let pipelined = self.pipelined && self.step.sets.len() > 1 && !self.profile_next;
+        let mut flight: Option<(InFlightUbatch, Vec<(usize, u32)>)> = None;
         for idx in self.memory.split(batch, ub, self.n_out_max as usize)? {
             let u = sub_batch(batch, &idx);
             let (read, drawn, which) = output_rows(batch, &idx, draws, &draw_of);
             let rs: Vec<u32> = read.iter().map(|x| x.1).collect();
+            if pipelined && drawn.is_empty() {
+                let set = self.next_set;
+                self.next_set = (set + 1) % self.step.sets.len();
+                let mut new = self.start_ubatch(&u, &rs, set)?;
+                read_bytes += new.logit_bytes;
+                if let Some((old, old_read)) = flight.take() {
+                    self.n_overlapped += 1;
+                    let out = self.overlap(old, &mut new).await?;
+                    for ((i, _), row) in old_read.iter().zip(out.chunks(width.max(1))) {
+                        rows.push((*i, row.to_vec()));
+                    }
+                }
+                flight = Some((new, read));
+                continue;
+            }
+            if let Some((old, old_read)) = flight.take() {
+                let out = self.wait_rows(old.run, old.logit_bytes).await?;
+                for ((i, _), row) in old_read.iter().zip(out.chunks(width.max(1))) {
+                    rows.push((*i, row.to_vec()));
+                }
+            }
             let (out, got) = self.decode_ubatch(&u, &rs, &drawn).await?;
             if !drawn.is_empty() {
                 self.last_draws = drawn.len();
@@ -38,6 +64,12 @@ impl Context {
             }
             for (j, p) in which.into_iter().zip(got) {
                 picks[j] = p;
+            }
+        }
+        if let Some((old, old_read)) = flight.take() {
+            let out = self.wait_rows(old.run, old.logit_bytes).await?;
+            for ((i, _), row) in old_read.iter().zip(out.chunks(width.max(1))) {
+                rows.push((*i, row.to_vec()));
             }
         }
         self.last_step.read_bytes = read_bytes;
@@ -140,15 +172,9 @@ impl Context {
         self.submit_ubatch_with(u, read, drawn, feed, None)
     }
 
-    /// [`Context::submit_ubatch`], or with `pool` (run starts) the runs' sums read back.
-    fn submit_ubatch_with(
-        &mut self,
-        u: &Batch,
-        read: &[u32],
-        drawn: &[crate::ops::uniforms::SampleRow],
-        feed: &[(usize, usize)],
-        pool: Option<&[u32]>,
-    ) -> Result<UbatchRun, ContextError> {
+    /// Places ubatch `u` in memory, fills input set `set` from it and finds or builds
+    /// its graph: the graph's index in the cache and its key.
+    fn prepare(&mut self, u: &Batch, set: usize) -> Result<(usize, GraphKey), ContextError> {
         let gpu = self.model.gpu.clone();
         let ubv = UbatchView {
             tokens: &u.tokens,
@@ -159,7 +185,8 @@ impl Context {
         self.memory.place(&ubv)?;
         // Every declared input fills itself from the ubatch and the memory it went to.
         // A split model's other devices get the same data in their copies.
-        for ((input, buf), copies) in self.step.inputs.iter().zip(&self.step.mirrors) {
+        let inputs = &self.step.sets[set];
+        for ((input, buf), copies) in inputs.inputs.iter().zip(&inputs.mirrors) {
             let data = crate::memory::fill_input(&*self.memory, input, &ubv)?;
             if !data.is_empty() {
                 gpu.write(buf, 0, data.as_bytes());
@@ -182,40 +209,117 @@ impl Context {
             self.memory.n_rs(),
             n_out,
             self.lora.generation,
+            set as u32,
         );
-        let idx = match self.graphs.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                let io = GraphIo {
-                    n_tok: key.0,
-                    n_kv: key.1,
-                    n_kv_window: key.2,
-                    n_rs: key.3,
-                    n_out,
-                    inputs: (self.step.inputs.iter())
-                        .map(|(i, buf)| (*i, View::whole(buf)))
-                        .collect(),
-                    logits: View::whole(&self.step.logits),
-                    embeddings: self.params.embeddings,
-                    rank: self.params.rank,
-                    lora: self.lora.terms.clone(),
-                    mirrors: self.step.mirror_views.clone(),
-                };
-                let graph = self.model.build_graph(&io, &*self.memory)?;
-                self.n_graph_builds += 1;
-                log::debug!(
-                    "graph for {key:?}: {} dispatches, {} scratch buffers ({:.1} MiB)",
-                    graph.n_dispatches(),
-                    graph.scratch.len(),
-                    graph.scratch_bytes as f64 / (1 << 20) as f64
-                );
-                if self.graphs.len() == GRAPH_CACHE {
-                    self.graphs.pop_front();
-                }
-                self.graphs.push_back((key, graph));
-                self.graphs.len() - 1
-            }
+        if let Some(i) = self.graphs.iter().position(|(k, _)| *k == key) {
+            return Ok((i, key));
+        }
+        let io = GraphIo {
+            n_tok: key.0,
+            n_kv: key.1,
+            n_kv_window: key.2,
+            n_rs: key.3,
+            n_out,
+            inputs: (inputs.inputs.iter())
+                .map(|(i, buf)| (*i, View::whole(buf)))
+                .collect(),
+            logits: View::whole(&self.step.logits),
+            embeddings: self.params.embeddings,
+            rank: self.params.rank,
+            lora: self.lora.terms.clone(),
+            mirrors: inputs.mirror_views.clone(),
         };
+        let graph = self.model.build_graph(&io, &*self.memory)?;
+        self.n_graph_builds += 1;
+        log::debug!(
+            "graph for {key:?}: {} dispatches in {} part(s), {} scratch buffers ({:.1} MiB)",
+            graph.n_dispatches(),
+            graph.parts().len(),
+            graph.scratch.len(),
+            graph.scratch_bytes as f64 / (1 << 20) as f64
+        );
+        if self.graphs.len() == GRAPH_CACHE * self.step.sets.len() {
+            self.graphs.pop_front();
+        }
+        self.graphs.push_back((key, Arc::new(graph)));
+        Ok((self.graphs.len() - 1, key))
+    }
+
+    /// Starts ubatch `u` on a split model without waiting for any part (its inputs in
+    /// set `set`): its first part is submitted, its logit rows `read` are read back by
+    /// its last.
+    fn start_ubatch(
+        &mut self,
+        u: &Batch,
+        read: &[u32],
+        set: usize,
+    ) -> Result<InFlightUbatch, ContextError> {
+        let (idx, key) = self.prepare(u, set)?;
+        let row_bytes = self.out_width() as u64 * 4;
+        let mut regions: Vec<(wgpu::Buffer, u64, u64)> = Vec::new();
+        for &r in read {
+            match regions.last_mut() {
+                Some(last) if last.1 + last.2 == r as u64 * row_bytes => last.2 += row_bytes,
+                _ => regions.push((self.step.logits.clone(), r as u64 * row_bytes, row_bytes)),
+            }
+        }
+        let logit_bytes = regions.iter().map(|r| r.2).sum();
+        let graph = self.graphs[idx].1.clone();
+        let run = graph.start(regions)?;
+        self.last_step = StepStats {
+            n_tok: key.0,
+            dispatches: graph.n_dispatches(),
+            barriers: graph.n_barriers(),
+            record_ns: 0,
+            read_bytes: logit_bytes,
+            submit_ns: 0,
+            wait_ns: 0,
+        };
+        Ok(InFlightUbatch { run, logit_bytes })
+    }
+
+    /// Runs `old` to its end with `new` a part behind it, so that each device works on
+    /// one while the other's part runs on another device; returns `old`'s logit rows.
+    async fn overlap(
+        &mut self,
+        old: InFlightUbatch,
+        new: &mut InFlightUbatch,
+    ) -> Result<Vec<f32>, ContextError> {
+        let mut run = old.run;
+        while !run.done() {
+            run.advance()?;
+            if !new.run.done() && new.run.part() + 1 < run.part() {
+                new.run.advance()?;
+            }
+        }
+        self.wait_rows(run, old.logit_bytes).await
+    }
+
+    /// Waits for a staged run's last part and returns its logit rows.
+    async fn wait_rows(
+        &mut self,
+        run: crate::graph::Staged,
+        logit_bytes: u64,
+    ) -> Result<Vec<f32>, ContextError> {
+        let gpu = self.model.gpu.clone();
+        let (data, wait_ns) = run.finish()?.wait(&gpu).await?;
+        self.last_step.wait_ns = wait_ns;
+        let data = data.unwrap_or_default();
+        let n = (logit_bytes as usize).min(data.len());
+        Ok(bytemuck::pod_collect_to_vec(&data[..n]))
+    }
+
+    /// [`Context::submit_ubatch`], or with `pool` (run starts) the runs' sums read back.
+    fn submit_ubatch_with(
+        &mut self,
+        u: &Batch,
+        read: &[u32],
+        drawn: &[crate::ops::uniforms::SampleRow],
+        feed: &[(usize, usize)],
+        pool: Option<&[u32]>,
+    ) -> Result<UbatchRun, ContextError> {
+        let gpu = self.model.gpu.clone();
+        let (idx, key) = self.prepare(u, 0)?;
         let graph = &self.graphs[idx].1;
         // Logit rows to read, as runs of consecutive rows; then the drawn tokens.
         let row_bytes = self.out_width() as u64 * 4;
@@ -247,7 +351,7 @@ impl Context {
         let fed_from = if feed.is_empty() {
             None
         } else {
-            let tokens_in = (self.step.inputs.iter())
+            let tokens_in = (self.step.sets[0].inputs.iter())
                 .find(|(i, _)| *i == GraphInput::Tokens)
                 .map(|(_, b)| b.clone());
             match (self.sampling.as_ref(), tokens_in) {
@@ -478,6 +582,12 @@ fn output_rows(
         }
     }
     (read, drawn, which)
+}
+
+/// A split model's ubatch in flight part by part, its logit rows still to come.
+struct InFlightUbatch {
+    run: crate::graph::Staged,
+    logit_bytes: u64,
 }
 
 /// One ubatch submitted, its readback still to come.

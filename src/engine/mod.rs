@@ -152,6 +152,7 @@ impl Engine {
             .context_params(&model.hp)
             .map_err(EngineError::Options)?;
         let mut ctx = Context::new(model.clone(), params)?;
+        ctx.set_pipelined(opts.pipeline);
         // The adapters loaded with the model, at their --lora scales (none applied with
         // --lora-init-without-apply, until a caller sets them).
         let lora_default: Vec<f32> = (0..model.loras.len())

@@ -57,6 +57,9 @@ pub struct EngineOptions {
     /// Several devices, the model's layers split over them (`--device A,B -sm layer`);
     /// `None`: the one adapter of `gpu`.
     pub split: Option<SplitSpec>,
+    /// A split model overlaps the ubatches of a batch on its devices (off: each ubatch
+    /// passes every device before the next starts; `wgllm bench --no-pipeline`).
+    pub pipeline: bool,
 }
 
 /// A model split by layers over several adapters (llama.cpp's `-sm layer`): each holds
@@ -143,6 +146,7 @@ impl Default for EngineOptions {
             lora: Vec::new(),
             lora_init_without_apply: false,
             split: None,
+            pipeline: true,
         }
     }
 }

@@ -137,33 +137,57 @@ impl Graph {
         for (i, part) in before.iter().enumerate() {
             let pre = if i == 0 { pre } else { &[] };
             Self::write_inbound(part, &hops)?;
-            let out: Vec<(&wgpu::Buffer, u64, u64)> = (part.outbound.iter())
-                .map(|(v, _)| (&v.buf, v.offset, v.size))
-                .collect();
+            let out = part.outbound_reads();
+            let out: Vec<(&wgpu::Buffer, u64, u64)> =
+                out.iter().map(|(b, o, n)| (b, *o, *n)).collect();
             let (sub, rec, sn) = self.submit_part(part, &part.gpu, pre, &[], &out)?;
             record_ns += rec;
             submit_ns += sn;
             let bytes = wait_blocking(sub, &part.gpu)?;
-            let mut at = 0usize;
-            for (v, hop) in &part.outbound {
-                let n = v.size as usize;
-                if hops.len() <= *hop {
-                    hops.resize(*hop + 1, Vec::new());
-                }
-                hops[*hop] = bytes[at..at + n].to_vec();
-                at += n.div_ceil(4) * 4;
-            }
+            part.keep_hops(&bytes, &mut hops);
         }
         Self::write_inbound(last, &hops)?;
         let pre = if before.is_empty() { pre } else { &[] };
         let (sub, rec, sn) = self.submit_part(last, gpu, pre, extra, reads)?;
+        self.store_run(record_ns + rec, submit_ns + sn, hops);
+        Ok(sub)
+    }
+
+    /// Keeps a finished run's host times and its hops (for a profile's replay).
+    fn store_run(&self, record_ns: u64, submit_ns: u64, hops: Vec<Vec<u8>>) {
         use std::sync::atomic::Ordering::Relaxed;
-        self.record_ns.store(record_ns + rec, Relaxed);
-        self.submit_ns.store(submit_ns + sn, Relaxed);
+        self.record_ns.store(record_ns, Relaxed);
+        self.submit_ns.store(submit_ns, Relaxed);
         if !hops.is_empty() {
             *self.hops.lock().unwrap() = hops;
         }
-        Ok(sub)
+    }
+
+    /// Whether the graph runs in several parts (a split model).
+    pub fn is_split(&self) -> bool {
+        self.parts.len() > 1
+    }
+
+    /// Starts a run part by part ([`Staged`]): submits the first part, which reads back
+    /// its hops (or, for a graph of one part, `reads`) without waiting. Several runs may
+    /// be in flight on a split model, each with its part on another device: the parts
+    /// of one device run in the order submitted, and a part's hops are read back in its
+    /// own submission, so a later run's part cannot overwrite them first.
+    pub fn start(
+        self: &Arc<Self>,
+        reads: Vec<(wgpu::Buffer, u64, u64)>,
+    ) -> Result<Staged, GpuError> {
+        let mut run = Staged {
+            graph: self.clone(),
+            part: 0,
+            sub: None,
+            hops: Vec::new(),
+            reads,
+            record_ns: 0,
+            submit_ns: 0,
+        };
+        run.submit_current()?;
+        Ok(run)
     }
 
     /// Writes the activations `part` takes from earlier parts (`hops`, by index).
@@ -258,6 +282,104 @@ impl Graph {
         let index = gpu.queue.submit([cmd]);
         submit_ns += t.elapsed().as_nanos() as u64;
         Ok((Submitted { staging, index }, record_ns, submit_ns))
+    }
+}
+
+impl Part {
+    /// What the part reads back for later parts: (buffer, offset, bytes).
+    fn outbound_reads(&self) -> Vec<(wgpu::Buffer, u64, u64)> {
+        (self.outbound.iter())
+            .map(|(v, _)| (v.buf.clone(), v.offset, v.size))
+            .collect()
+    }
+
+    /// Splits the part's readback `bytes` into its hops, by hop index.
+    fn keep_hops(&self, bytes: &[u8], hops: &mut Vec<Vec<u8>>) {
+        let mut at = 0usize;
+        for (v, hop) in &self.outbound {
+            let n = v.size as usize;
+            if hops.len() <= *hop {
+                hops.resize(*hop + 1, Vec::new());
+            }
+            hops[*hop] = bytes[at..at + n].to_vec();
+            at += n.div_ceil(4) * 4;
+        }
+    }
+}
+
+/// A graph's run in flight part by part ([`Graph::start`]): the part submitted last and
+/// the hops read back so far. [`Staged::advance`] waits for the part, hands its hops to
+/// the next and submits that; once [`Staged::done`], [`Staged::finish`] gives the last
+/// part's readback to wait for.
+pub struct Staged {
+    graph: Arc<Graph>,
+    part: usize,
+    sub: Option<Submitted>,
+    hops: Vec<Vec<u8>>,
+    /// What the last part reads back (logit rows).
+    reads: Vec<(wgpu::Buffer, u64, u64)>,
+    record_ns: u64,
+    submit_ns: u64,
+}
+
+impl Staged {
+    /// The part submitted last.
+    pub fn part(&self) -> usize {
+        self.part
+    }
+
+    /// Whether the last part is submitted.
+    pub fn done(&self) -> bool {
+        self.part + 1 == self.graph.parts.len()
+    }
+
+    fn submit_current(&mut self) -> Result<(), GpuError> {
+        let g = self.graph.clone();
+        let part = &g.parts[self.part];
+        Graph::write_inbound(part, &self.hops)?;
+        let reads = match self.part + 1 == g.parts.len() {
+            true => self.reads.clone(),
+            false => part.outbound_reads(),
+        };
+        let reads: Vec<(&wgpu::Buffer, u64, u64)> =
+            reads.iter().map(|(b, o, n)| (b, *o, *n)).collect();
+        let (sub, rec, sn) = g.submit_part(part, &part.gpu, &[], &[], &reads)?;
+        self.record_ns += rec;
+        self.submit_ns += sn;
+        self.sub = Some(sub);
+        Ok(())
+    }
+
+    /// Waits for the part submitted last, writes its hops into the next part and
+    /// submits that (nothing once done).
+    pub fn advance(&mut self) -> Result<(), GpuError> {
+        if self.done() {
+            return Ok(());
+        }
+        let g = self.graph.clone();
+        let part = &g.parts[self.part];
+        let sub = self
+            .sub
+            .take()
+            .expect("a started run has its part submitted");
+        let bytes = wait_blocking(sub, &part.gpu)?;
+        part.keep_hops(&bytes, &mut self.hops);
+        self.part += 1;
+        self.submit_current()
+    }
+
+    /// The last part's run, its readback still to come (every part submitted first).
+    pub fn finish(mut self) -> Result<Submitted, GpuError> {
+        while !self.done() {
+            self.advance()?;
+        }
+        let g = self.graph.clone();
+        g.store_run(
+            self.record_ns,
+            self.submit_ns,
+            std::mem::take(&mut self.hops),
+        );
+        Ok(self.sub.take().expect("the last part is submitted"))
     }
 }
 
