@@ -75,7 +75,7 @@ fn f32_cache() -> KvConfig {
 /// Every position's logits for `tokens`, decoded in batches of `n_batch` split into
 /// ubatches of `n_ubatch` (a split model pipelines those), into an f32 cache.
 fn logits(model: &Arc<Model>, tokens: &[u32], n_batch: u32, n_ubatch: u32) -> Vec<f32> {
-    logits_counted(model, tokens, n_batch, n_ubatch).0
+    logits_counted(model, tokens, n_batch, n_ubatch, true).0
 }
 
 /// [`logits`] and the number of ubatches that started while the one before was in
@@ -85,10 +85,12 @@ fn logits_counted(
     tokens: &[u32],
     n_batch: u32,
     n_ubatch: u32,
+    pipelined: bool,
 ) -> (Vec<f32>, u64) {
     let mut p = ContextParams::new(512, n_batch, n_ubatch);
     p.kv = f32_cache();
     let mut ctx = Context::new(model.clone(), p).unwrap();
+    ctx.set_pipelined(pipelined);
     let mut out = Vec::new();
     for (c, chunk) in tokens.chunks(n_batch as usize).enumerate() {
         let b = Batch::simple(chunk, (c * n_batch as usize) as i32, true);
@@ -131,13 +133,36 @@ fn split_equals_one_device(f: &GgufFile, reference: &str, shares: &[f32]) {
         e < 1e-6,
         "{reference} split {shares:?}: nmse {e:e} against one device"
     );
-    let (c, overlapped) = logits_counted(&split, &all, 512, 16);
+    let (c, overlapped) = logits_counted(&split, &all, 512, 16, true);
     assert!(overlapped > 0, "no ubatch was pipelined");
+    let (d, overlapped) = logits_counted(&split, &all, 512, 16, false);
+    assert_eq!(overlapped, 0);
+    let e = common::nmse(&d, &a);
+    assert!(
+        e < 1e-6,
+        "{reference} split {shares:?}, not pipelined: nmse {e:e}"
+    );
     let e = common::nmse(&c, &a);
     assert!(
         e < 1e-6,
         "{reference} split {shares:?}, pipelined: nmse {e:e}"
     );
+    // Only the last row: the ubatches before it have no outputs, so their graphs end
+    // off the main device.
+    for pipelined in [true, false] {
+        let mut p = ContextParams::new(512, 512, 16);
+        p.kv = f32_cache();
+        let mut ctx = Context::new(split.clone(), p).unwrap();
+        ctx.set_pipelined(pipelined);
+        let last = ctx.decode(&Batch::simple(&all, 0, false)).unwrap();
+        let n_vocab = split.hp.n_vocab as usize;
+        let want = &a[a.len() - n_vocab..];
+        let e = common::nmse(&last, want);
+        assert!(
+            e < 1e-6,
+            "{reference}: last row only, pipelined {pipelined}: nmse {e:e}"
+        );
+    }
     let (checked, _) = common::teacher_forced(&split, &r, 512, 512, 0.5);
     assert!(
         checked >= 4,

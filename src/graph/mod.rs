@@ -140,7 +140,7 @@ impl Graph {
             let out = part.outbound_reads();
             let out: Vec<(&wgpu::Buffer, u64, u64)> =
                 out.iter().map(|(b, o, n)| (b, *o, *n)).collect();
-            let (sub, rec, sn) = self.submit_part(part, &part.gpu, pre, &[], &out)?;
+            let (sub, rec, sn) = self.submit_part(part, pre, &[], &out)?;
             record_ns += rec;
             submit_ns += sn;
             let bytes = wait_blocking(sub, &part.gpu)?;
@@ -148,7 +148,15 @@ impl Graph {
         }
         Self::write_inbound(last, &hops)?;
         let pre = if before.is_empty() { pre } else { &[] };
-        let (sub, rec, sn) = self.submit_part(last, gpu, pre, extra, reads)?;
+        // The draws and readbacks are the main device's: the last part must be there
+        // (a graph with no output rows may end on another device, and then has none).
+        if (!extra.is_empty() || !reads.is_empty()) && !std::ptr::eq(gpu, &*last.gpu) {
+            return Err(GpuError::Validation(
+                "a split graph's last part is not on the main device, which holds its outputs"
+                    .into(),
+            ));
+        }
+        let (sub, rec, sn) = self.submit_part(last, pre, extra, reads)?;
         self.store_run(record_ns + rec, submit_ns + sn, hops);
         Ok(sub)
     }
@@ -208,11 +216,11 @@ impl Graph {
     fn submit_part(
         &self,
         part: &Part,
-        gpu: &Gpu,
         pre: &[CopyRegion],
         extra: &[Dispatch],
         reads: &[(&wgpu::Buffer, u64, u64)],
     ) -> Result<(Submitted, u64, u64), GpuError> {
+        let gpu = &*part.gpu;
         // A lost device takes no more work (and a fault test may lose it here).
         gpu.injected_loss()?;
         // `gpu.tuning.profile` (`WGLLM_PROFILE=1`): before each run, time every dispatch
@@ -281,7 +289,16 @@ impl Graph {
         let t = web_time::Instant::now();
         let index = gpu.queue.submit([cmd]);
         submit_ns += t.elapsed().as_nanos() as u64;
-        Ok((Submitted { staging, index }, record_ns, submit_ns))
+        let gpu = part.gpu.clone();
+        Ok((
+            Submitted {
+                staging,
+                index,
+                gpu,
+            },
+            record_ns,
+            submit_ns,
+        ))
     }
 }
 
@@ -343,7 +360,7 @@ impl Staged {
         };
         let reads: Vec<(&wgpu::Buffer, u64, u64)> =
             reads.iter().map(|(b, o, n)| (b, *o, *n)).collect();
-        let (sub, rec, sn) = g.submit_part(part, &part.gpu, &[], &[], &reads)?;
+        let (sub, rec, sn) = g.submit_part(part, &[], &[], &reads)?;
         self.record_ns += rec;
         self.submit_ns += sn;
         self.sub = Some(sub);
@@ -410,14 +427,18 @@ pub struct CopyRegion<'a> {
 
 /// A run whose commands are submitted and whose readback is still to come.
 pub struct Submitted {
+    /// The device of the part submitted last, whose queue the readback waits on.
+    gpu: Arc<Gpu>,
     staging: Option<(wgpu::Buffer, u64)>,
     index: wgpu::SubmissionIndex,
 }
 
 impl Submitted {
     /// The bytes read back, once this run's last submit is done (later submits may still
-    /// run), and the nanoseconds spent waiting for them.
-    pub async fn wait(self, gpu: &Gpu) -> Result<(Option<Vec<u8>>, u64), GpuError> {
+    /// run), and the nanoseconds spent waiting for them. The wait is on the device of
+    /// the run's last part (of a split graph without outputs, maybe not `_main`).
+    pub async fn wait(self, _main: &Gpu) -> Result<(Option<Vec<u8>>, u64), GpuError> {
+        let gpu = &*self.gpu;
         let t = web_time::Instant::now();
         let out = match self.staging {
             Some((staging, bytes)) => Some(
