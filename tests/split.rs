@@ -88,7 +88,11 @@ fn logits_counted(
     pipelined: bool,
 ) -> (Vec<f32>, u64) {
     let mut p = ContextParams::new(512, n_batch, n_ubatch);
-    p.kv = f32_cache();
+    // A model without attention has no K/V cache to type (its states are f32).
+    let hp = &model.hp;
+    if (0..hp.n_layer as usize).any(|il| !hp.is_recurrent(il)) {
+        p.kv = f32_cache();
+    }
     let mut ctx = Context::new(model.clone(), p).unwrap();
     ctx.set_pipelined(pipelined);
     let mut out = Vec::new();
@@ -403,5 +407,53 @@ fn the_cli_splits_by_device_list_and_refuses_what_cannot_work() {
         let (code, _, err) = run(&flags);
         assert_ne!(code, 0, "{flags:?} was taken");
         assert!(err.contains(says), "{flags:?}: {err}");
+    }
+}
+
+/// Every architecture family the split must carry: experts, a recurrent state (Mamba-2),
+/// a hybrid of convolutions and attention (LFM2), windowed attention with sinks and
+/// biased experts (gpt-oss), Gemma 2's soft-capped logits. Tiny random models with
+/// SmolLM2's vocabulary, their layers alternating between two lavapipe devices (a hop
+/// at every layer), against one device: the same kernels on both, so the logits agree
+/// to rounding, pipelined and not.
+#[test]
+fn each_architecture_splits_layer_by_layer_as_one_device() {
+    use wgllm::model::synth::{synth, vocab_metadata, SynthArch, SynthShape, WeightScale};
+    let vocab = smollm2_file();
+    let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;
+    let r = common::Reference::load(&common::shared_dir().join("reference/smol-story.cpu.json"));
+    let tokens: Vec<u32> = r.prompt.iter().copied().take(48).collect();
+    for name in ["qwen3moe", "mamba2", "lfm2", "gpt-oss", "gemma2"] {
+        let arch = SynthArch::by_name(name).unwrap();
+        let w = synth(
+            arch,
+            SynthShape::preset("tiny").unwrap(),
+            wgllm::gguf::GgmlType::Q8_0,
+            vocab_metadata(&vocab),
+            n_vocab,
+            WeightScale::FanIn,
+            false,
+        );
+        let path =
+            std::env::temp_dir().join(format!("wgllm-split-{name}-{}.gguf", std::process::id()));
+        w.write(&path).unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        let n_layer = wgllm::model::Hparams::from_gguf(&f).unwrap().n_layer as usize;
+        let one = placed(&f, vec![open(Backend::Vulkan)], &[]);
+        let alternating = (0..n_layer).map(|il| il % 2).collect();
+        let p = Placement::new(
+            vec![open(Backend::Vulkan), open(Backend::Vulkan)],
+            0,
+            alternating,
+        )
+        .unwrap();
+        let split = Arc::new(Model::load_placed(p, &f, &mut |_, _| {}).unwrap());
+        std::fs::remove_file(&path).ok();
+        let a = logits(&one, &tokens, 48, 16);
+        for pipelined in [true, false] {
+            let (b, _) = logits_counted(&split, &tokens, 48, 16, pipelined);
+            let e = common::nmse(&b, &a);
+            assert!(e < 1e-10, "{name}, pipelined {pipelined}: nmse {e:e}");
+        }
     }
 }

@@ -366,6 +366,7 @@ impl Engine {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 /// The bytes of `f`'s tensors each of `n_dev` devices takes when layer `il` goes to
 /// device `layers[il]` and everything outside the layers to `main` (the file's sizes:
 /// the GPU layouts are within a few percent of them).
