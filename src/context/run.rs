@@ -41,36 +41,28 @@ impl Context {
                 if let Some((old, old_read)) = flight.take() {
                     self.n_overlapped += 1;
                     let out = self.overlap(old, &mut new).await?;
-                    for ((i, _), row) in old_read.iter().zip(out.chunks(width.max(1))) {
-                        rows.push((*i, row.to_vec()));
-                    }
+                    keep_rows(&mut rows, &old_read, &out, width);
                 }
                 flight = Some((new, read));
                 continue;
             }
             if let Some((old, old_read)) = flight.take() {
                 let out = self.wait_rows(old.run, old.logit_bytes).await?;
-                for ((i, _), row) in old_read.iter().zip(out.chunks(width.max(1))) {
-                    rows.push((*i, row.to_vec()));
-                }
+                keep_rows(&mut rows, &old_read, &out, width);
             }
             let (out, got) = self.decode_ubatch(&u, &rs, &drawn).await?;
             if !drawn.is_empty() {
                 self.last_draws = drawn.len();
             }
             read_bytes += self.last_step.read_bytes;
-            for ((i, _), row) in read.iter().zip(out.chunks(width.max(1))) {
-                rows.push((*i, row.to_vec()));
-            }
+            keep_rows(&mut rows, &read, &out, width);
             for (j, p) in which.into_iter().zip(got) {
                 picks[j] = p;
             }
         }
         if let Some((old, old_read)) = flight.take() {
             let out = self.wait_rows(old.run, old.logit_bytes).await?;
-            for ((i, _), row) in old_read.iter().zip(out.chunks(width.max(1))) {
-                rows.push((*i, row.to_vec()));
-            }
+            keep_rows(&mut rows, &old_read, &out, width);
         }
         self.last_step.read_bytes = read_bytes;
         rows.sort_by_key(|(i, _)| *i);
@@ -537,6 +529,14 @@ impl Context {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn finish_step_blocking(&mut self, step: InFlight) -> Result<Decoded, ContextError> {
         pollster::block_on(self.finish_step(step))
+    }
+}
+
+/// Adds the logit rows `out` (`width` floats each) of the output rows `read` (batch
+/// index, row) to `rows`.
+fn keep_rows(rows: &mut Vec<(usize, Vec<f32>)>, read: &[(usize, u32)], out: &[f32], width: usize) {
+    for ((i, _), row) in read.iter().zip(out.chunks(width.max(1))) {
+        rows.push((*i, row.to_vec()));
     }
 }
 
