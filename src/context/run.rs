@@ -248,13 +248,9 @@ impl Context {
     ) -> Result<InFlightUbatch, ContextError> {
         let (idx, key) = self.prepare(u, set)?;
         let row_bytes = self.out_width() as u64 * 4;
-        let mut regions: Vec<(wgpu::Buffer, u64, u64)> = Vec::new();
-        for &r in read {
-            match regions.last_mut() {
-                Some(last) if last.1 + last.2 == r as u64 * row_bytes => last.2 += row_bytes,
-                _ => regions.push((self.step.logits.clone(), r as u64 * row_bytes, row_bytes)),
-            }
-        }
+        let regions: Vec<(wgpu::Buffer, u64, u64)> = (row_runs(read, row_bytes).into_iter())
+            .map(|(at, n)| (self.step.logits.clone(), at, n))
+            .collect();
         let logit_bytes = regions.iter().map(|r| r.2).sum();
         let graph = self.graphs[idx].1.clone();
         let run = graph.start(regions)?;
@@ -315,13 +311,9 @@ impl Context {
         let graph = &self.graphs[idx].1;
         // Logit rows to read, as runs of consecutive rows; then the drawn tokens.
         let row_bytes = self.out_width() as u64 * 4;
-        let mut regions: Vec<(&wgpu::Buffer, u64, u64)> = Vec::new();
-        for &r in read {
-            match regions.last_mut() {
-                Some(last) if last.1 + last.2 == r as u64 * row_bytes => last.2 += row_bytes,
-                _ => regions.push((&self.step.logits, r as u64 * row_bytes, row_bytes)),
-            }
-        }
+        let mut regions: Vec<(&wgpu::Buffer, u64, u64)> = (row_runs(read, row_bytes).into_iter())
+            .map(|(at, n)| (&self.step.logits, at, n))
+            .collect();
         // Pooled: the runs' sums instead of the rows.
         let mut pool_dispatch = Vec::new();
         if let (Some(starts), Some((starts_buf, sums))) = (pool, &self.step.pool) {
@@ -530,6 +522,20 @@ impl Context {
     pub fn finish_step_blocking(&mut self, step: InFlight) -> Result<Decoded, ContextError> {
         pollster::block_on(self.finish_step(step))
     }
+}
+
+/// The output rows `read` (in order) as runs of consecutive rows of `row_bytes` each:
+/// (byte offset, bytes), one readback region a run.
+fn row_runs(read: &[u32], row_bytes: u64) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &r in read {
+        let at = r as u64 * row_bytes;
+        match runs.last_mut() {
+            Some(last) if last.0 + last.1 == at => last.1 += row_bytes,
+            _ => runs.push((at, row_bytes)),
+        }
+    }
+    runs
 }
 
 /// Adds the logit rows `out` (`width` floats each) of the output rows `read` (batch
