@@ -83,7 +83,7 @@ impl Image {
 /// Drives the app headless under Xvfb on SmolLM2: the chat prompt, greedy, 40 tokens,
 /// one chat of `n_ctx` cells, with `env` set; the window saved to `shot`. Checks that the
 /// drive succeeded with llama.cpp's reply; returns the log (stderr).
-fn drive(shot: &std::path::Path, n_ctx: &str, env: &[(&str, &str)]) -> String {
+fn drive(shot: &std::path::Path, n_ctx: &str, env: &[(&str, &str)], args: &[&str]) -> String {
     let model = common::smollm2();
     let _ = std::fs::remove_file(shot);
     let out = Command::new("xvfb-run")
@@ -96,6 +96,7 @@ fn drive(shot: &std::path::Path, n_ctx: &str, env: &[(&str, &str)]) -> String {
         .arg("--screenshot")
         .arg(shot)
         .args(["--timeout", "600", "--size", "1280x800"])
+        .args(args)
         .env("RUST_LOG", "warn")
         .envs(env.iter().copied())
         .output()
@@ -117,7 +118,7 @@ fn headless_chat_shows_reply_and_cache_map() {
     let dir = std::env::temp_dir().join(format!("wgllm-app-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let shot = dir.join("app.png");
-    let stderr = drive(&shot, "64", &[]);
+    let stderr = drive(&shot, "64", &[], &[]);
     // "full cache: 50 of 64 cells used, 32 moved by a shift"
     let line = stderr
         .lines()
@@ -172,12 +173,66 @@ fn a_lost_gpu_starts_the_app_again_and_the_chat_goes_on() {
     let dir = std::env::temp_dir().join(format!("wgllm-app-lost-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let shot = dir.join("app.png");
-    let stderr = drive(&shot, "256", &[("WGLLM_FAULT", "device-lost@12")]);
+    let stderr = drive(&shot, "256", &[("WGLLM_FAULT", "device-lost@12")], &[]);
     assert!(
         stderr.contains("the GPU was lost (injected by WGLLM_FAULT)")
             && stderr.contains("starting the app again"),
         "{stderr}"
     );
     assert!(shot.exists(), "the new app saved the window");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The model split by layers over lavapipe (Vulkan, the window's device) and llvmpipe
+/// (GL): the reply is llama.cpp's, each device's line names its layers and its part of
+/// the cache, and the cache map draws one square per layer in its device's colour.
+#[test]
+fn headless_chat_on_a_split_model_shows_each_device_part() {
+    let dir = std::env::temp_dir().join(format!("wgllm-app-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shot = dir.join("app.png");
+    let stderr = drive(&shot, "64", &[], &["--device", "vulkan0,gl0", "-ts", "2,1"]);
+    // "device llvmpipe (...) (Vulkan), main: layers 0-19, 960 KiB of cache"
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("device "))
+        .collect();
+    assert_eq!(lines.len(), 2, "one line per device: {stderr}");
+    assert!(
+        lines[0].contains("(Vulkan), main: layers 0-"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[1].contains("(Gl): layers "), "{}", lines[1]);
+    let count = |l: &str| -> (usize, u64) {
+        let runs = l
+            .split("layers ")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap();
+        let (a, b) = runs.split_once('-').unwrap();
+        let n = b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1;
+        let kib = l.rsplit(", ").next().unwrap().split(' ').next().unwrap();
+        (n, kib.parse().unwrap())
+    };
+    let ((n0, c0), (n1, c1)) = (count(lines[0]), count(lines[1]));
+    assert_eq!(n0 + n1, 30, "SmolLM2's 30 layers: {lines:?}");
+    assert!(
+        n0 > n1,
+        "-ts 2,1 gives the first device more layers: {lines:?}"
+    );
+    // Each device holds its layers' K and V: the cache bytes go as the layer counts.
+    assert!(c0 > 0 && c1 > 0, "{lines:?}");
+    assert_eq!(
+        c0 * n1 as u64,
+        c1 * n0 as u64,
+        "each layer's cache is the same size on either device: {lines:?}"
+    );
+    let img = Image::load(&shot);
+    let right = img.w * 2 / 3;
+    assert_eq!(img.squares(right, [0, 150, 136]), n0, "device 0's layers");
+    assert_eq!(img.squares(right, [233, 30, 99]), n1, "device 1's layers");
     let _ = std::fs::remove_dir_all(&dir);
 }

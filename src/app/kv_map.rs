@@ -5,8 +5,13 @@
 //! (Mamba, a hybrid's convolution layers: one cell per sequence state) draw beside the
 //! K/V map with a line from each state to the one it was copied from (`src`), and hovering
 //! says which sequences' latest state (`tail`) a cell holds.
+//!
+//! A model split over several devices (`--device A,B`) first gets a strip of its layers,
+//! one square per layer in its device's colour, and each device's part of every store:
+//! the host keeps one set of cells, so one map serves all devices, and each device holds
+//! the K/V (or state) rows of its own layers.
 
-use crate::engine::{CacheMap, StoreMap};
+use crate::engine::{CacheMap, DevicePart, StoreMap};
 use egui::{Color32, Rect, Sense, Stroke, StrokeKind, Vec2};
 
 /// Colour of sequence `s` (the chat tab of the same number uses it too).
@@ -22,6 +27,17 @@ pub fn seq_color(s: u32) -> Color32 {
         Color32::from_rgb(170, 110, 40),
     ];
     PALETTE[s as usize % PALETTE.len()]
+}
+
+/// Colour of device `d` of a split (none of the sequences' colours).
+pub fn device_color(d: usize) -> Color32 {
+    const PALETTE: [Color32; 4] = [
+        Color32::from_rgb(0, 150, 136),
+        Color32::from_rgb(233, 30, 99),
+        Color32::from_rgb(121, 85, 72),
+        Color32::from_rgb(96, 125, 139),
+    ];
+    PALETTE[d % PALETTE.len()]
 }
 
 /// The colour of an empty cell.
@@ -52,6 +68,10 @@ pub fn show(ui: &mut egui::Ui, map: &CacheMap) {
     let t = &map.types;
     let fa = if t.flash { ", flash attention" } else { "" };
     let types = format!("K {}, V {}{fa}", t.type_k, t.type_v);
+    if map.devices.len() > 1 {
+        devices_ui(ui, map);
+        ui.add_space(6.0);
+    }
     for store in &map.stores {
         let types = if store.is_recurrent() {
             "f32 states"
@@ -63,16 +83,100 @@ pub fn show(ui: &mut egui::Ui, map: &CacheMap) {
     }
 }
 
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+/// The split: each device's line (name, backend, main, layers, its cache and all it
+/// holds), then the model's layers as squares in their device's colour.
+fn devices_ui(ui: &mut egui::Ui, map: &CacheMap) {
+    ui.label(format!(
+        "layers split over {} devices; the host keeps one set of cells for all of them",
+        map.devices.len()
+    ));
+    for (d, p) in map.devices.iter().enumerate() {
+        let cache: u64 = (map.stores.iter())
+            .filter_map(|s| s.device_bytes.get(d))
+            .sum();
+        ui.colored_label(
+            device_color(d),
+            format!(
+                "{} ({}){}: layers {}, {:.1} MiB of cache, {:.1} MiB in all",
+                p.name,
+                p.backend,
+                if p.main {
+                    ", main: embeddings, output head"
+                } else {
+                    ""
+                },
+                p.layers_text(),
+                mib(cache),
+                mib(p.allocated)
+            ),
+        );
+    }
+    let of_layer: Vec<usize> = {
+        let n: usize = (map.devices.iter())
+            .flat_map(|p| p.layers.iter().map(|&(a, n)| a + n))
+            .max()
+            .unwrap_or(0);
+        let mut v = vec![0; n];
+        for (d, p) in map.devices.iter().enumerate() {
+            for &(a, k) in &p.layers {
+                v[a..a + k].fill(d);
+            }
+        }
+        v
+    };
+    if of_layer.is_empty() {
+        return;
+    }
+    let width = ui.available_width().max(64.0);
+    let side = (width / of_layer.len() as f32).clamp(8.0, 16.0).floor();
+    let cols = ((width / side).floor() as usize).max(1);
+    let rows = of_layer.len().div_ceil(cols);
+    let (resp, painter) = ui.allocate_painter(
+        Vec2::new(cols as f32 * side, rows as f32 * side),
+        Sense::hover(),
+    );
+    let origin = resp.rect.min;
+    for (il, &d) in of_layer.iter().enumerate() {
+        let (r, c) = (il / cols, il % cols);
+        let rect = Rect::from_min_size(
+            origin + Vec2::new(c as f32 * side, r as f32 * side),
+            Vec2::splat(side - 1.0),
+        );
+        painter.rect_filled(rect, 0.0, device_color(d));
+    }
+    if let Some(p) = resp.hover_pos() {
+        let rel = p - origin;
+        let (c, r) = ((rel.x / side) as usize, (rel.y / side) as usize);
+        let il = r * cols + c;
+        if let (true, Some(&d)) = (c < cols, of_layer.get(il)) {
+            let dev: &DevicePart = &map.devices[d];
+            resp.on_hover_text_at_pointer(format!("layer {il}: on {} ({})", dev.name, dev.backend));
+        }
+    }
+}
+
 fn store_ui(ui: &mut egui::Ui, st: &StoreMap, types: &str) {
     let n = st.cells.len();
+    let by_device = if st.device_bytes.len() > 1 {
+        let parts: Vec<String> = (st.device_bytes.iter())
+            .map(|&b| format!("{:.1}", mib(b)))
+            .collect();
+        format!(" = {} by device", parts.join(" + "))
+    } else {
+        String::new()
+    };
     ui.label(format!(
-        "{}: {} / {} cells used, n_kv {}, {} moved, {:.1} MiB ({types})",
+        "{}: {} / {} cells used, n_kv {}, {} moved, {:.1} MiB{by_device} ({types})",
         st.name,
         st.used,
         n,
         st.n_kv.min(n),
         st.moved(),
-        st.bytes as f64 / (1 << 20) as f64
+        mib(st.bytes)
     ));
     if n == 0 {
         return;

@@ -45,6 +45,9 @@ pub struct AppOptions {
     pub model_dirs: Vec<PathBuf>,
     /// Backend, adapter and kernel choices for the window's (and so the model's) device.
     pub gpu: GpuOptions,
+    /// The model's layers split over several adapters (`--device A,B`): the window's
+    /// device is the main one, the others are opened beside it.
+    pub split: Option<crate::engine::SplitSpec>,
     /// Whether the kernels are tuned for that device (see [`crate::tune`]).
     pub tune: crate::tune::TuneOptions,
     /// Context, sequences, sampling: the settings panel starts from these.
@@ -86,6 +89,9 @@ pub struct DriveReport {
     pub eval_tps: f64,
     /// Per K/V store: name, used cells, cells, cells moved by a shift.
     pub stores: Vec<(&'static str, usize, usize, usize)>,
+    /// The devices the model runs on (several for a split), each with the cache bytes
+    /// it holds over every store.
+    pub devices: Vec<(crate::engine::DevicePart, u64)>,
 }
 
 /// The drive's result, filled by the window.

@@ -245,10 +245,11 @@ impl App {
             done: 0,
             total: 0,
         };
-        let opts = Box::new(
+        let mut opts = Box::new(
             self.settings
                 .engine_options(&self.opts.gpu, &self.opts.tune),
         );
+        opts.split = self.opts.split.clone();
         self.send(Cmd::Load {
             source,
             opts,
@@ -475,10 +476,19 @@ impl App {
                 .map(|s| (s.name, s.used, s.cells.len(), s.moved()))
                 .collect()
         });
+        let devices = self.cache.as_ref().map_or(Vec::new(), |m| {
+            (m.devices.iter().enumerate())
+                .map(|(d, p)| {
+                    let bytes = m.stores.iter().filter_map(|s| s.device_bytes.get(d)).sum();
+                    (p.clone(), bytes)
+                })
+                .collect()
+        });
         let (prompt_tokens, prompt_tps, eval_tokens, eval_tps) = self.last_speed;
         DriveReport {
             reply,
             stores,
+            devices,
             prompt_tokens,
             prompt_tps,
             eval_tokens,
@@ -556,8 +566,12 @@ impl App {
         ui.horizontal(|ui| {
             ui.heading("wgllm");
             ui.separator();
+            let split = match self.opts.split.as_ref().map_or(0, |s| s.devices.len()) {
+                n if n > 1 => format!(" · layers split over {n} devices"),
+                _ => String::new(),
+            };
             ui.label(format!(
-                "{} · {} · {}",
+                "{} · {} · {}{split}",
                 self.adapter_name(),
                 self.gpu.info.backend,
                 if self.gpu.has_f16 { "f16" } else { "no f16" }
@@ -661,9 +675,10 @@ impl App {
     #[cfg(not(target_arch = "wasm32"))]
     fn gpu_ui(&mut self, ui: &mut egui::Ui) {
         ui.strong("GPU");
-        ui.label(
-            "the window and the model share one device; another adapter restarts the app on it",
-        );
+        ui.label(match self.opts.split.as_ref().filter(|s| s.devices.len() > 1) {
+            Some(_) => "the window draws on the split's main device (-mg); another adapter restarts the app on it alone",
+            None => "the window and the model share one device; another adapter restarts the app on it",
+        });
         let current = &self.gpu.info;
         let mut switch_to = None;
         for a in &self.adapters {

@@ -171,6 +171,7 @@ fn options_from_address() -> AppOptions {
             tuning,
             ..GpuOptions::default()
         },
+        split: None,
         tune: crate::tune::TuneOptions::default(),
         settings,
         drive: prompt.is_some(),

@@ -138,11 +138,10 @@ pub fn app(a: &AppArgs) -> Result<()> {
         } else {
             a.models_dir.clone()
         },
-        gpu: {
-            a.gpu
-                .one_device("the app runs the model on the device its window draws with")?;
-            a.gpu.options()?
-        },
+        // With several --device adapters the window draws on the main one (-mg), and the
+        // model's layers are split over all of them.
+        gpu: a.gpu.options()?,
+        split: a.gpu.split()?,
         tune: super::tune_options(a.gpu.no_tune, false),
         settings,
         drive: a.screenshot.is_some(),
@@ -159,6 +158,18 @@ pub fn app(a: &AppArgs) -> Result<()> {
         println!("{}", r.reply);
         for (name, used, size, moved) in r.stores {
             eprintln!("{name}: {used} of {size} cells used, {moved} moved by a shift");
+        }
+        if r.devices.len() > 1 {
+            for (d, cache) in &r.devices {
+                eprintln!(
+                    "device {} ({}){}: layers {}, {} KiB of cache",
+                    d.name,
+                    d.backend,
+                    if d.main { ", main" } else { "" },
+                    d.layers_text(),
+                    cache >> 10
+                );
+            }
         }
         eprintln!("saved the window to {}", p.display());
     }

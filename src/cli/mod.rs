@@ -208,7 +208,7 @@ impl GpuArgs {
     /// which and why).
     pub fn one_device(&self, what: &str) -> Result<()> {
         if self.device_indices()?.len() > 1 {
-            bail!("--device names several adapters, and {what}: name one (a split is for run, chat, perplexity, serve and bench)");
+            bail!("--device names several adapters, and {what}: name one (a split is for run, chat, perplexity, serve, bench and app)");
         }
         Ok(())
     }

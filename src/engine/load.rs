@@ -93,7 +93,7 @@ impl Engine {
         // The file first: its errors are clearer than a GPU's.
         let (f, tokenizer) = Self::open_file(path)?;
         if let Some(split) = opts.split.as_ref().filter(|s| s.devices.len() > 1) {
-            return Self::load_split(start, split, &f, tokenizer, opts, progress);
+            return Self::load_split(start, split, None, &f, tokenizer, opts, progress);
         }
         let tuning = Instant::now();
         let gpu = Gpu::new(&Self::tuned_gpu(&f, opts, progress)?)?;
@@ -114,11 +114,15 @@ impl Engine {
 
     /// [`Engine::load`] over several adapters, the layers split by `split`: each adapter
     /// opened with its own kernel choices (the tuner keys on the adapter), each part
-    /// checked against its device's memory where that is known, then uploaded.
+    /// checked against its device's memory where that is known, then uploaded. `given`:
+    /// the main device, already opened by the caller (the app's window device); the
+    /// others are opened here.
     #[cfg(not(target_arch = "wasm32"))]
+    #[allow(clippy::too_many_arguments)]
     fn load_split(
         start: Instant,
         split: &super::SplitSpec,
+        given: Option<Arc<Gpu>>,
         f: &GgufFile,
         tokenizer: Tokenizer,
         opts: &EngineOptions,
@@ -149,9 +153,14 @@ impl Engine {
         let need = split_bytes(f, &layers, split.main, split.devices.len());
         let mut gpus = Vec::new();
         for (k, &d) in split.devices.iter().enumerate() {
-            let mut o = opts.clone();
-            o.gpu.adapter_index = Some(d);
-            let gpu = Gpu::new(&Self::tuned_gpu(f, &o, progress)?)?;
+            let gpu = match &given {
+                Some(g) if k == split.main => Self::tuned_device(g.clone(), f, opts)?,
+                _ => {
+                    let mut o = opts.clone();
+                    o.gpu.adapter_index = Some(d);
+                    Gpu::new(&Self::tuned_gpu(f, &o, progress)?)?
+                }
+            };
             if let Some(budget) = gpu.memory_budget {
                 if need[k] > budget {
                     let runs: Vec<String> = (0..layers.len())
@@ -208,7 +217,9 @@ impl Engine {
     }
 
     /// [`Engine::load`] onto a GPU the caller opened or wrapped (the desktop app runs the
-    /// model on the device its window draws with).
+    /// model on the device its window draws with). With `opts.split` over several
+    /// adapters, `gpu` is the main one (it must be adapter `devices[main]`) and the others
+    /// are opened here.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load_file_on(
         gpu: Arc<Gpu>,
@@ -218,6 +229,11 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
         let (f, tokenizer) = Self::open_file(path)?;
+        if let Some(split) = opts.split.as_ref().filter(|s| s.devices.len() > 1) {
+            let mut upload = |done, total| progress(done, total);
+            let g = Some(gpu);
+            return Self::load_split(start, split, g, &f, tokenizer, opts, &mut upload);
+        }
         let gpu = Self::tuned_device(gpu, &f, opts)?;
         Self::load_opened(start, gpu, &f, tokenizer, opts, progress)
     }

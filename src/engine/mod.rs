@@ -38,7 +38,7 @@ mod speculate;
 mod step;
 mod stream;
 
-pub use cache_map::{CacheMap, StoreMap};
+pub use cache_map::{CacheMap, DevicePart, StoreMap};
 pub use chat::Conversation;
 pub use embed::{normalize, pool, Pooling};
 pub use host_cache::HostCache;

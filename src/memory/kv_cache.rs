@@ -109,7 +109,12 @@ impl KvCache {
             CacheKind::Full => "full cache",
             CacheKind::Window => "sliding-window buffer",
         };
-        StoreMap::of(name, &self.cells, self.bytes())
+        let per_layer = self.bytes() / self.layers.len().max(1) as u64;
+        let mut by_device = vec![0; self.shape.placement.gpus().len()];
+        for &il in &self.layers {
+            by_device[self.shape.placement.layer_device(il)] += per_layer;
+        }
+        StoreMap::of(name, &self.cells, by_device)
     }
 
     pub(super) fn n_kv_padded(&self) -> u32 {

@@ -354,6 +354,9 @@ pub struct StoreMap {
     /// K and V bytes of this store over all the layers that use it (state bytes for
     /// recurrent states).
     pub bytes: u64,
+    /// The same bytes by device, indexed as the model's placement (one entry when the
+    /// model runs on one device): each device holds its layers' part of every store.
+    pub device_bytes: Vec<u64>,
     /// Recurrent states only (empty for K/V stores): per cell, the cell its state was
     /// last carried on from (itself, or the state it was copied from on its first write;
     /// None: it started from zeros)...
@@ -363,13 +366,15 @@ pub struct StoreMap {
 }
 
 impl StoreMap {
-    pub(crate) fn of(name: &'static str, cells: &KvCells, bytes: u64) -> Self {
+    /// `device_bytes`: each device's part of the store's bytes (they sum to `bytes`).
+    pub(crate) fn of(name: &'static str, cells: &KvCells, device_bytes: Vec<u64>) -> Self {
         StoreMap {
             name,
             cells: cells.cells().to_vec(),
             n_kv: cells.n_kv(N_KV_PAD),
             used: cells.used(),
-            bytes,
+            bytes: device_bytes.iter().sum(),
+            device_bytes,
             sources: Vec::new(),
             tails: Vec::new(),
         }

@@ -93,7 +93,15 @@ impl RecurrentMemory {
     }
 
     pub(super) fn map(&self) -> StoreMap {
-        let mut m = StoreMap::of("recurrent states", self.cells.as_kv(), self.bytes());
+        let n_layers = self.layers.iter().flatten().count().max(1) as u64;
+        let per_layer = self.bytes() / n_layers;
+        let mut by_device = vec![0; self.shape.placement.gpus().len()];
+        for (il, l) in self.layers.iter().enumerate() {
+            if l.is_some() {
+                by_device[self.shape.placement.layer_device(il)] += per_layer;
+            }
+        }
+        let mut m = StoreMap::of("recurrent states", self.cells.as_kv(), by_device);
         m.n_kv = self.cells.size();
         m.sources = (0..self.cells.size()).map(|i| self.cells.src(i)).collect();
         m.tails = (0..self.cells.size() as SeqId)
