@@ -26,10 +26,13 @@ fn main() {
         && args
             .iter()
             .any(|a| a == "--verbose" || a == "--v" || a == "-v");
+    // wgpu-hal logs every failed DXGI call at error level, also the optional ones it goes
+    // on without (IDXGIFactoryMedia, which Wine lacks); the failures that matter come back
+    // as errors and are reported with what they stopped.
     let filter = if verbose {
-        "warn,wgllm=debug"
+        "warn,wgllm=debug,wgpu_hal::auxil::dxgi::result=off"
     } else {
-        "warn,wgllm=info"
+        "warn,wgllm=info,wgpu_hal::auxil::dxgi::result=off"
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter))
         .format_timestamp(None)

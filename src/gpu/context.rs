@@ -178,6 +178,11 @@ impl AdapterSummary {
 fn instance(backend: Backend) -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     desc.backends = backend.backends();
+    // No kernel is dispatched indirectly, so wgpu's validation of indirect dispatches
+    // has nothing to check; its internal pipeline, made with every device, is one that
+    // vkd3d (D3D12 under Wine) cannot create, which would fail the whole device there.
+    desc.flags
+        .remove(wgpu::InstanceFlags::VALIDATION_INDIRECT_CALL);
     wgpu::Instance::new(desc)
 }
 
@@ -495,7 +500,14 @@ impl Gpu {
             KernelShape::Auto => KernelShape::Gpu,
             k => k,
         };
-        let unroll = opts.tuning.unroll.unwrap_or_else(|| info.keeps_loops());
+        // DX12 through FXC (no shader model 6 there: neither f16 nor wave intrinsics)
+        // unrolls every loop that writes a local array at a varying index, and fails the
+        // kernel where the loop around it cannot be unrolled (a matmul's loop over
+        // blocks); written out in the source, the short loops index with constants.
+        let fxc = info.backend == "Dx12"
+            && !features.contains(wgpu::Features::SHADER_F16)
+            && !features.contains(wgpu::Features::SUBGROUP);
+        let unroll = (opts.tuning.unroll).unwrap_or_else(|| info.keeps_loops() || fxc);
         let params_in_storage = opts
             .tuning
             .params_storage

@@ -11,7 +11,7 @@ mod pipeline;
 mod placement;
 mod readback;
 mod tuning;
-pub(crate) mod unroll;
+pub mod unroll;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::{adapter_summary, list_adapters};

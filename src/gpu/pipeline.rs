@@ -171,6 +171,10 @@ impl Gpu {
             .validate(&module)
             .map_err(|e| shader_err(e.emit_to_string(&src)))?;
         let writes = binding_writes(&module);
+        // A shader compiler's own failure (DX12's FXC or DXC, a driver's) is an internal
+        // error, not a validation one: both scopes, so that either fails this kernel here
+        // instead of every later submit that uses it.
+        let internal = super::push_scope(&self.device, wgpu::ErrorFilter::Internal);
         let scope = super::push_scope(&self.device, wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&name),
@@ -205,7 +209,8 @@ impl Gpu {
             });
         let ns = compiling.elapsed().as_nanos() as u64;
         COMPILE_NS.fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
-        if let Some(e) = super::scope_error(scope) {
+        let invalid = super::scope_error(scope);
+        if let Some(e) = super::scope_error(internal).or(invalid) {
             return Err(shader_err(e.to_string()));
         }
         let p = Arc::new(p);

@@ -684,14 +684,34 @@ pub fn measure(
             let began = Instant::now();
             let g = gpu.retuned(kernels, tuning.clone());
             let n_tok = if decode { 1 } else { PROMPT_TOKENS };
-            let d = layer.dispatches(&g, n_tok)?;
+            // A candidate whose kernels the device's compiler refuses (FXC's loop limits on
+            // DX12, a driver's bug) is dropped, as one that fails its check is: the
+            // portable kernels, and so the reference, compiled already.
+            let dropped = |e: &GpuError| {
+                log::warn!(
+                    "tuning on {}: dropped the {kernels} {name} kernels, which this device does not compile: {}",
+                    gpu.info.name,
+                    e.to_string().lines().next().unwrap_or_default()
+                );
+            };
+            let d = match layer.dispatches(&g, n_tok) {
+                Err(e @ GpuError::Shader { .. }) => {
+                    dropped(&e);
+                    continue;
+                }
+                r => r?,
+            };
             // The check is the candidate's first dispatch: where a driver that compiles at
             // first use (lavapipe's LLVM) compiles; beyond two runs, that counts as such.
             let checking = Instant::now();
             #[cfg(not(target_arch = "wasm32"))]
-            let check = Some(check_candidate(
-                &g, &layer, &reference, kernels, &name, decode, &d,
-            )?);
+            let check = match check_candidate(&g, &layer, &reference, kernels, &name, decode, &d) {
+                Err(e @ GpuError::Shader { .. }) => {
+                    dropped(&e);
+                    continue;
+                }
+                r => Some(r?),
+            };
             let check_secs = checking.elapsed().as_secs_f64();
             #[cfg(target_arch = "wasm32")]
             let check: Option<KernelCheck> = None;
