@@ -207,7 +207,7 @@ case "${1:-}" in
       python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
         print(m["executable"])' | tail -1)
     [ -n "$ex" ] || { log "error: tests/$name.rs did not build for Windows"; exit 1; }
     place_compiler "$(dirname "$ex")"
