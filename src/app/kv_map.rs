@@ -95,9 +95,7 @@ fn devices_ui(ui: &mut egui::Ui, map: &CacheMap) {
         map.devices.len()
     ));
     for (d, p) in map.devices.iter().enumerate() {
-        let cache: u64 = (map.stores.iter())
-            .filter_map(|s| s.device_bytes.get(d))
-            .sum();
+        let cache = map.device_cache_bytes(d);
         ui.colored_label(
             device_color(d),
             format!(

@@ -478,10 +478,7 @@ impl App {
         });
         let devices = self.cache.as_ref().map_or(Vec::new(), |m| {
             (m.devices.iter().enumerate())
-                .map(|(d, p)| {
-                    let bytes = m.stores.iter().filter_map(|s| s.device_bytes.get(d)).sum();
-                    (p.clone(), bytes)
-                })
+                .map(|(d, p)| (p.clone(), m.device_cache_bytes(d)))
                 .collect()
         });
         let (prompt_tokens, prompt_tps, eval_tokens, eval_tps) = self.last_speed;

@@ -40,13 +40,16 @@ impl DevicePart {
         if self.layers.is_empty() {
             return "none".into();
         }
-        let runs: Vec<String> = (self.layers.iter())
-            .map(|&(a, n)| match n {
-                1 => a.to_string(),
-                _ => format!("{a}-{}", a + n - 1),
-            })
-            .collect();
-        runs.join(",")
+        crate::gpu::runs_text(&self.layers)
+    }
+}
+
+impl CacheMap {
+    /// The cache bytes device `d` holds over every store.
+    pub fn device_cache_bytes(&self, d: usize) -> u64 {
+        (self.stores.iter())
+            .filter_map(|s| s.device_bytes.get(d))
+            .sum()
     }
 }
 

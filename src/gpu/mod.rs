@@ -18,7 +18,7 @@ pub use context::{adapter_summary, list_adapters};
 pub use context::{AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
 pub use fault::Fault;
 pub use pipeline::{add_compile_secs, compile_secs, params_in_storage, Kernel, PARAMS_DECL};
-pub use placement::{layers_by_shares, Placement};
+pub use placement::{layers_by_shares, runs_text, Placement};
 pub use tuning::{KernelTuning, INT_DOT_DECODE_TOKENS};
 
 /// Errors from the GPU layer.

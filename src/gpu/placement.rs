@@ -119,19 +119,12 @@ impl Placement {
     pub fn describe(&self) -> String {
         let parts: Vec<String> = (0..self.gpus.len())
             .map(|d| {
-                let runs: Vec<String> = self
-                    .layer_runs(d)
-                    .iter()
-                    .map(|&(a, n)| match n {
-                        1 => format!("{a}"),
-                        _ => format!("{a}-{}", a + n - 1),
-                    })
-                    .collect();
+                let runs = self.layer_runs(d);
                 let g = &self.gpus[d];
                 let what = if runs.is_empty() {
                     "no layers".to_string()
                 } else {
-                    format!("layers {}", runs.join(","))
+                    format!("layers {}", runs_text(&runs))
                 };
                 let main = if d == self.main { ", main" } else { "" };
                 format!("{what} on {} ({}){main}", g.info.name, g.info.backend)
@@ -139,6 +132,17 @@ impl Placement {
             .collect();
         parts.join("; ")
     }
+}
+
+/// Layer runs as (first, count) written "0-14,20" (empty: "").
+pub fn runs_text(runs: &[(usize, usize)]) -> String {
+    let parts: Vec<String> = (runs.iter())
+        .map(|&(a, n)| match n {
+            1 => a.to_string(),
+            _ => format!("{a}-{}", a + n - 1),
+        })
+        .collect();
+    parts.join(",")
 }
 
 /// The device index of each of `n_layer` layers over `n_dev` devices by shares (see

@@ -84,9 +84,13 @@ impl KvCache {
 
     /// K and V bytes over all the layers held.
     pub fn bytes(&self) -> u64 {
-        let cells = self.cells.size() as u64;
-        let per_layer = self.row_bytes(self.choice.type_k) + self.row_bytes(self.choice.type_v);
-        per_layer * cells * self.layers.len() as u64
+        self.layer_bytes() * self.layers.len() as u64
+    }
+
+    /// K and V bytes of one layer held.
+    fn layer_bytes(&self) -> u64 {
+        let per_cell = self.row_bytes(self.choice.type_k) + self.row_bytes(self.choice.type_v);
+        per_cell * self.cells.size() as u64
     }
 
     /// The K and V views of every layer held, K then V per layer, with their types.
@@ -109,11 +113,8 @@ impl KvCache {
             CacheKind::Full => "full cache",
             CacheKind::Window => "sliding-window buffer",
         };
-        let per_layer = self.bytes() / self.layers.len().max(1) as u64;
-        let mut by_device = vec![0; self.shape.placement.gpus().len()];
-        for &il in &self.layers {
-            by_device[self.shape.placement.layer_device(il)] += per_layer;
-        }
+        let by_device =
+            (self.shape).bytes_by_device(self.layers.iter().copied(), self.layer_bytes());
         StoreMap::of(name, &self.cells, by_device)
     }
 

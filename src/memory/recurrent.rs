@@ -87,20 +87,18 @@ impl RecurrentMemory {
 
     /// State bytes over every layer and cell.
     pub fn bytes(&self) -> u64 {
-        let per_cell = 4 * (self.shape.n_embd_r + self.shape.n_embd_s) as u64;
-        let n_layers = self.layers.iter().flatten().count() as u64;
-        per_cell * n_layers * self.cells.size() as u64
+        self.layer_bytes() * self.layers.iter().flatten().count() as u64
+    }
+
+    /// State bytes of one recurrent layer over every cell.
+    fn layer_bytes(&self) -> u64 {
+        4 * (self.shape.n_embd_r + self.shape.n_embd_s) as u64 * self.cells.size() as u64
     }
 
     pub(super) fn map(&self) -> StoreMap {
-        let n_layers = self.layers.iter().flatten().count().max(1) as u64;
-        let per_layer = self.bytes() / n_layers;
-        let mut by_device = vec![0; self.shape.placement.gpus().len()];
-        for (il, l) in self.layers.iter().enumerate() {
-            if l.is_some() {
-                by_device[self.shape.placement.layer_device(il)] += per_layer;
-            }
-        }
+        let recurrent =
+            (self.layers.iter().enumerate()).filter_map(|(il, l)| l.as_ref().map(|_| il));
+        let by_device = self.shape.bytes_by_device(recurrent, self.layer_bytes());
         let mut m = StoreMap::of("recurrent states", self.cells.as_kv(), by_device);
         m.n_kv = self.cells.size();
         m.sources = (0..self.cells.size()).map(|i| self.cells.src(i)).collect();

@@ -42,6 +42,20 @@ impl MemoryShape {
         self.placement.layer(il)
     }
 
+    /// Bytes on each device (in the placement's order) of a store holding `per_layer`
+    /// bytes for each of `layers`: what a display shows as each device's part.
+    pub fn bytes_by_device(
+        &self,
+        layers: impl IntoIterator<Item = usize>,
+        per_layer: u64,
+    ) -> Vec<u64> {
+        let mut out = vec![0; self.placement.gpus().len()];
+        for il in layers {
+            out[self.placement.layer_device(il)] += per_layer;
+        }
+        out
+    }
+
     /// The smallest storage binding of the devices holding `layers`.
     pub fn max_binding_of(&self, layers: &[usize]) -> u64 {
         (layers.iter())
