@@ -3,7 +3,8 @@
 in; rerun after changing this script). Each seed is a valid input of its kind, so the
 fuzzer starts from what real inputs look like: GGUF files with a few hyperparameters,
 a vocabulary and tensors; chat templates with messages; grammars and schemas with a
-text; request bodies for each endpoint."""
+text; request bodies for each endpoint. The model seeds are written by `wgllm synth`:
+   scripts/fuzz-seeds.py [WGLLM_BINARY]   (default target/release/wgllm)"""
 import json
 import os
 import struct
@@ -108,45 +109,39 @@ def wpm_vocab():
     ]
 
 
-def llama_model(vocab, arch="llama", extra=()):
-    toks = next(v for k, t, v in vocab if k == "tokenizer.ggml.tokens")[1]
-    e, ff, n_vocab = 8, 16, len(toks)
-    kv = [
-        ("general.architecture", STR, arch),
-        (f"{arch}.block_count", U32, 1),
-        (f"{arch}.context_length", U32, 64),
-        (f"{arch}.embedding_length", U32, e),
-        (f"{arch}.feed_forward_length", U32, ff),
-        (f"{arch}.attention.head_count", U32, 2),
-        (f"{arch}.attention.head_count_kv", U32, 1),
-        (f"{arch}.attention.layer_norm_rms_epsilon", F32, 1e-5),
-        (f"{arch}.rope.freq_base", F32, 10000.0),
-    ] + list(extra) + vocab
-    kvd = e // 2
-    tensors = [
-        ("token_embd.weight", [e, n_vocab], None),
-        ("output_norm.weight", [e], None),
-        ("blk.0.attn_norm.weight", [e], None),
-        ("blk.0.attn_q.weight", [e, e], None),
-        ("blk.0.attn_k.weight", [e, kvd], None),
-        ("blk.0.attn_v.weight", [e, kvd], None),
-        ("blk.0.attn_output.weight", [e, e], None),
-        ("blk.0.ffn_norm.weight", [e], None),
-        ("blk.0.ffn_gate.weight", [e, ff], None),
-        ("blk.0.ffn_up.weight", [e, ff], None),
-        ("blk.0.ffn_down.weight", [ff, e], None),
-    ]
-    return gguf(kv, tensors)
+# Every architecture `wgllm synth` writes, at its micro shape (two layers of 32 wide, a
+# few KiB of random q4_0 weights), with the GPT-2 or the SentencePiece vocabulary: the
+# gguf target loads each and steps it on a device with no GPU (wgllm::fuzz::gguf).
+SYNTH_ARCHS = ["llama", "llama3", "qwen2", "qwen2-yarn", "qwen2moe", "qwen3", "qwen3moe",
+               "mixtral", "gpt-oss", "phi3", "phi3-long", "gemma2", "gemma3", "mamba",
+               "mamba2", "lfm2", "bert", "bert-rank", "qwen3-rank"]
+SPM_ARCHS = {"llama", "gemma2", "gemma3", "mamba"}
+
+
+def synth_models(wgllm):
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        vocabs = {}
+        for name, vocab in [("gpt2", gpt2_vocab()), ("spm", spm_vocab())]:
+            vocabs[name] = os.path.join(tmp, name + ".gguf")
+            with open(vocabs[name], "wb") as f:
+                f.write(gguf(vocab))
+        for arch in SYNTH_ARCHS:
+            vocab = "spm" if arch in SPM_ARCHS else "gpt2"
+            out = os.path.join(tmp, arch)
+            experts = ["--experts", "2", "--experts-used", "1"] if arch in (
+                "qwen2moe", "qwen3moe", "mixtral", "gpt-oss") else []
+            subprocess.run([wgllm, "synth", "--arch", arch, "--shape", "micro", "--type", "q4_0",
+                            *experts, "--vocab-from", vocabs[vocab], "-o", out],
+                           check=True, stderr=subprocess.DEVNULL)
+            with open(out, "rb") as f:
+                put("gguf", f"synth-{arch}-{vocab}", f.read())
 
 
 def main():
-    put("gguf", "llama-gpt2", llama_model(gpt2_vocab()))
-    put("gguf", "llama-spm", llama_model(spm_vocab()))
-    put("gguf", "gemma3-spm", llama_model(spm_vocab(), "gemma3", [
-        ("gemma3.attention.sliding_window", U32, 16),
-        ("gemma3.attention.key_length", U32, 4),
-        ("gemma3.attention.value_length", U32, 4),
-    ]))
+    wgllm = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "..", "..", "target", "release", "wgllm")
+    synth_models(wgllm)
     put("gguf", "metadata-only", gguf([("general.architecture", STR, "qwen2"), ("x.arr", ARR, (ARR, [(U32, [1, 2])]))]))
 
     texts = ["Hello the world, <|endoftext|> héllo\n\t  123", "hello worlds, the thing", "<s>▁the hello</s> ☃"]

@@ -8,11 +8,19 @@
 //! messages) split at their first NUL byte; the tokenizer's input is a little-endian u32
 //! length, that many bytes of GGUF, then the text to encode.
 
+#[cfg(not(target_arch = "wasm32"))]
+use crate::batch::Batch;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::context::{Context, ContextParams};
 use crate::gguf::GgufFile;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::gpu::Gpu;
 use crate::grammar::{json_schema, Grammar, GrammarState, TokenPieces};
 use crate::model::Hparams;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::model::Model;
 use crate::tokenizer::{render_chat_template, ChatMessage, TemplateOptions, Tokenizer};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// `data` before and after its first NUL byte (all of it and nothing without one).
 fn split(data: &[u8]) -> (&[u8], &[u8]) {
@@ -22,14 +30,47 @@ fn split(data: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-/// A GGUF file's reader, then what a model load reads from its metadata before any GPU
-/// work: the hyperparameters and the tokenizer.
+/// A GGUF file's reader, the hyperparameters and the tokenizer read from its metadata,
+/// then the whole model loaded and stepped on a device with no GPU behind it
+/// ([`host_model_step`]).
 pub fn gguf(data: &[u8]) {
     let Ok(f) = GgufFile::from_bytes("fuzz.gguf", data.to_vec()) else {
         return;
     };
-    let _ = Hparams::from_gguf(&f);
+    let hp = Hparams::from_gguf(&f);
     let _ = Tokenizer::from_gguf(&f);
+    #[cfg(not(target_arch = "wasm32"))]
+    if hp.is_ok() {
+        let _ = host_model_step(&f);
+    }
+}
+
+/// What a model file decides beyond its metadata, run on [`Gpu::host_only`] (buffers in
+/// host memory, no kernel run): every weight's checks and upload, the memory's shape
+/// for a small context, and one decode step of two tokens (the graph built from the
+/// file's hyperparameters, its buffers planned, dispatched and read back). The
+/// device is made once per process; what an input leaves queued is submitted before
+/// the next.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn host_model_step(f: &GgufFile) -> Result<(), Box<dyn std::error::Error>> {
+    static GPU: OnceLock<Result<Arc<Gpu>, String>> = OnceLock::new();
+    let gpu = GPU
+        .get_or_init(|| Gpu::host_only().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| e.clone())?;
+    let done = (|| -> Result<(), Box<dyn std::error::Error>> {
+        let model = Arc::new(Model::load(gpu.clone(), f, &mut |_, _| {})?);
+        let mut params = ContextParams::new(32, 8, 8);
+        params.embeddings = !model.has_output_head();
+        let mut ctx = Context::new(model, params)?;
+        ctx.decode(&Batch::simple(&[0, 1], 0, false))?;
+        Ok(())
+    })();
+    // Writes queued by a load that failed part way are dropped with their buffers
+    // only once submitted; an error the device raised stays with this input.
+    gpu.queue.submit([]);
+    let _ = gpu.sync();
+    done
 }
 
 /// A tokenizer built from GGUF metadata, then arbitrary text encoded (with and without

@@ -81,6 +81,30 @@ fn gguf_seeds_are_models_with_a_vocabulary() {
         }
         wgllm::model::Hparams::from_gguf(&f).unwrap_or_else(|e| panic!("{path}: {e}"));
         wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // The fuzzer reaches the loader, the memory and the graph only from seeds that
+        // get through them.
+        wgllm::fuzz::host_model_step(&f).unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+}
+
+/// The model seeds cover every architecture `wgllm synth` writes, so the fuzzer mutates
+/// each one's loading and graph.
+#[test]
+fn gguf_seeds_cover_every_synth_architecture() {
+    let mut archs = std::collections::BTreeSet::new();
+    for (path, data) in seeds("gguf") {
+        let f = wgllm::gguf::GgufFile::from_bytes(&path, data).unwrap();
+        if let Ok(a) = f.architecture() {
+            archs.insert(a.to_string());
+        }
+    }
+    use wgllm::model::synth::SynthArch;
+    for name in SynthArch::NAMES.split(", ") {
+        let want = SynthArch::by_name(name).unwrap().gguf_arch();
+        assert!(
+            archs.contains(want),
+            "no seed of `{want}` in fuzz/seeds/gguf (scripts/fuzz-seeds.py writes them): {archs:?}"
+        );
     }
 }
 

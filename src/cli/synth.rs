@@ -38,7 +38,7 @@ pub struct SynthArgs {
     /// The adapter's random seed.
     #[arg(long = "lora-seed", default_value_t = 1)]
     pub lora_seed: u64,
-    /// Model shape: tiny, 135m, 1b or 7b.
+    /// Model shape: micro (fuzz seeds), tiny, 135m, 1b or 7b.
     #[arg(long, default_value = "7b")]
     pub shape: String,
     /// Architecture: llama, llama3 (with Llama 3 RoPE factors), qwen2, qwen2-yarn (YaRN

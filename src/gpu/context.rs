@@ -391,8 +391,52 @@ impl Gpu {
         opts.tuning
             .validate()
             .map_err(|e| GpuError::Validation(format!("kernel tuning: {e}")))?;
-        let fault = fault_of(opts)?;
         let adapter = pick_adapter(opts).await?;
+        Self::open_adapter(&adapter, opts).await
+    }
+
+    /// A device that keeps its buffers in host memory and runs no kernel (wgpu's no-op
+    /// backend), reporting the limits of our floor devices (128 MiB bindings, 32 KiB of
+    /// workgroup memory) and neither shader-f16 nor subgroups. Everything up to a
+    /// dispatch runs on it as on a GPU: buffer plans, uploads and their checks, pipeline
+    /// creation. Kernels' results are never written, so nothing read back means
+    /// anything. The weight loader is fuzzed on it (`fuzz::gguf`): a whole model loads
+    /// from untrusted bytes with no GPU on the machine.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn host_only() -> Result<Arc<Gpu>, GpuError> {
+        let limits = wgpu::Limits {
+            max_storage_buffer_binding_size: 128 << 20,
+            max_buffer_size: 1 << 30,
+            max_compute_workgroup_storage_size: 32 << 10,
+            ..wgpu::Limits::default()
+        };
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::NOOP;
+        desc.backend_options.noop = wgpu::NoopBackendOptions {
+            enable: true,
+            limits: Some(limits),
+            features: Some(wgpu::Features::empty()),
+            device_type: Some(wgpu::DeviceType::Other),
+            subgroup_min_size: Some(8),
+            subgroup_max_size: Some(8),
+        };
+        let inst = wgpu::Instance::new(desc);
+        let adapter = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::NOOP))
+            .into_iter()
+            .next()
+            .ok_or_else(|| GpuError::NoAdapter {
+                backend: "noop".into(),
+                available: " (wgpu was built without its no-op backend)".into(),
+            })?;
+        pollster::block_on(Self::open_adapter(&adapter, &GpuOptions::default()))
+    }
+
+    /// Opens a device on `adapter` with its own limits and the features `opts` allow.
+    async fn open_adapter(
+        adapter: &wgpu::Adapter,
+        opts: &GpuOptions,
+    ) -> Result<Arc<Gpu>, GpuError> {
+        let fault = fault_of(opts)?;
         let features = adapter.features();
         let mut required_features = wgpu::Features::empty();
         if !opts.no_f16 && features.contains(wgpu::Features::SHADER_F16) {
@@ -407,7 +451,7 @@ impl Gpu {
         }
         // Cooperative matrices where some kernel could use them (`coop_size`); wgpu marks
         // the feature experimental, so it must be asked for with experimental features on.
-        let coop = coop_size(&adapter, required_features).is_some();
+        let coop = coop_size(adapter, required_features).is_some();
         if coop {
             required_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
@@ -435,7 +479,7 @@ impl Gpu {
                     adapter: adapter.get_info().name,
                     msg: e.to_string(),
                 })?;
-        let gpu = Self::wrap(&adapter, device, queue, opts, fault);
+        let gpu = Self::wrap(adapter, device, queue, opts, fault);
         // Our own device: its uncaptured errors and loss are ours to report.
         let errs = gpu.errors.clone();
         gpu.device

@@ -30,6 +30,7 @@ impl SynthShape {
             experts: None,
         };
         Some(match name {
+            "micro" => s(32, 2, 64, 2, 1),      // fuzz seeds: a model in a few KiB
             "tiny" => s(256, 2, 512, 4, 2),     // architecture checks
             "135m" => s(576, 30, 1536, 9, 3),   // SmolLM2-135M
             "1b" => s(2048, 16, 8192, 32, 8),   // Llama-3.2-1B
@@ -37,7 +38,7 @@ impl SynthShape {
             _ => return None,
         })
     }
-    pub const PRESETS: &'static str = "tiny, 135m, 1b, 7b";
+    pub const PRESETS: &'static str = "micro, tiny, 135m, 1b, 7b";
 }
 
 /// Metadata keys of `src` that make up its tokenizer.
@@ -64,6 +65,17 @@ impl Rng {
             acc += (self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
         }
         acc
+    }
+}
+
+/// The type a matrix of rows of `cols` values is written in: `ty`, or f32 where its rows
+/// are not whole blocks of `ty` (a narrow expert's or a state-space projection's), as
+/// llama-quantize falls back to another type for such tensors.
+fn row_type(ty: GgmlType, cols: u64) -> GgmlType {
+    if (cols as usize).is_multiple_of(ty.block_size()) {
+        ty
+    } else {
+        GgmlType::F32
     }
 }
 
@@ -140,7 +152,8 @@ pub enum SynthArch {
     /// State-space layers (Mamba: inner size 2 x embedding, states of 16, a convolution
     /// of 4); no attention, no feed-forward.
     Mamba,
-    /// Mamba-2: heads of 64 channels in 2 groups, states of 64.
+    /// Mamba-2: heads of 64 channels (narrower below an inner size of 128) in 2 groups,
+    /// states of 64.
     Mamba2,
     /// LFM2: gated short convolutions (width 3) on even layers, attention with Q/K norms
     /// on odd ones, SwiGLU feed-forwards, NeoX RoPE.
@@ -195,7 +208,7 @@ impl SynthArch {
     }
 
     /// `general.architecture`.
-    fn gguf_arch(self) -> &'static str {
+    pub fn gguf_arch(self) -> &'static str {
         match self {
             Self::Llama | Self::Llama3 | Self::Mixtral => "llama",
             Self::Qwen3Moe => "qwen3moe",
@@ -495,8 +508,9 @@ pub fn synth(
             WeightScale::FanIn if embedding => 3f32.sqrt(),
             WeightScale::FanIn => 3f32.sqrt() / (cols as f32).sqrt(),
         };
-        let data = random_tensor(ty, cols as usize, rows as usize, std, mseed);
-        w.tensor(name, dims, ty, data);
+        let t = row_type(ty, cols);
+        let data = random_tensor(t, cols as usize, rows as usize, std, mseed);
+        w.tensor(name, dims, t, data);
     };
     let gemma = matches!(arch, SynthArch::Gemma2 { .. } | SynthArch::Gemma3 { .. });
     mat(&mut w, "token_embd.weight", &[e, n_vocab], true);
@@ -643,8 +657,13 @@ fn synth_ssm(
     let (d_conv, d_inner) = (4u32, 2 * e);
     let d_state = if mamba2 { 64 } else { 16 };
     let n_group = 2u32;
-    // Mamba: dt's rank ceil(n_embd / 16); Mamba-2: the heads (64 channels each).
-    let dt_rank = if mamba2 { d_inner / 64 } else { e.div_ceil(16) };
+    // Mamba: dt's rank ceil(n_embd / 16); Mamba-2: the heads, 64 channels each (fewer
+    // where the inner size is too narrow for one head per group).
+    let dt_rank = if mamba2 {
+        d_inner / 64.min(d_inner / n_group)
+    } else {
+        e.div_ceil(16)
+    };
     let u = Value::U32;
     let mut w = GgufWriter::new();
     w.meta("general.architecture", Value::String(name.into()))
@@ -689,11 +708,7 @@ fn synth_ssm(
                 WeightScale::FanIn if embedding => 3f32.sqrt(),
                 WeightScale::FanIn => gain * 3f32.sqrt() / (cols as f32).sqrt(),
             };
-            let t = if (cols as usize).is_multiple_of(ty.block_size()) {
-                ty
-            } else {
-                GgmlType::F32
-            };
+            let t = row_type(ty, cols);
             let data = random_tensor(t, cols as usize, rows as usize, std, mseed);
             w.tensor(name, &[cols, rows], t, data);
         };
@@ -858,11 +873,7 @@ fn synth_bert(
             WeightScale::Fixed(s) => s,
             WeightScale::FanIn => std_fanin,
         };
-        let t = if (cols as usize).is_multiple_of(ty.block_size()) {
-            ty
-        } else {
-            GgmlType::F32
-        };
+        let t = row_type(ty, cols);
         let data = random_tensor(t, cols as usize, rows as usize, std, mseed);
         w.tensor(name, &[cols, rows], t, data);
     };
