@@ -1091,6 +1091,22 @@ fn rerank_scores_as_llama_server() {
             let (st, b) = s.json("POST", "/rerank", bad.clone());
             assert_error(st, &b, 400, "invalid_request_error");
         }
+        // A query that would be copied into each of 1024 prompts, or (by the rerank
+        // template's placeholders in it) multiply a long document, is measured once and
+        // refused; the next request is served as before.
+        let long_doc = "word ".repeat(20_000);
+        for hostile in [
+            json!({"query": "{document}".repeat(20_000), "documents": [long_doc]}),
+            json!({"query": "query ".repeat(50_000), "documents": vec![""; 1024]}),
+        ] {
+            let (st, b) = s.json("POST", "/rerank", hostile);
+            assert_error(st, &b, 400, "invalid_request_error");
+            let msg = b["error"]["message"].as_str().unwrap_or_default();
+            assert!(msg.contains("the query is"), "{msg}");
+        }
+        let first = &r["cases"][0];
+        let (st, got) = s.json("POST", "/rerank", first["request"].clone());
+        assert_eq!(st, 200, "{got}");
         if arch == "bert-rank" {
             bert_file = file;
         }

@@ -326,7 +326,7 @@ impl Context {
         let memory =
             crate::memory::create(&Arc::new(model.memory_shape()), &params.memory_params())?;
         let width = out_width(&params, &model) as u64;
-        let n_out_max = (gpu.max_binding / (width * 4)).clamp(1, ub) as u32;
+        let n_out_max = (gpu.max_binding / (width.max(1) * 4)).clamp(1, ub) as u32;
         let mut sets = vec![InputSet::new(&model, ub, n_ctx)?];
         if model.placement.is_split() {
             sets.push(InputSet::new(&model, ub, n_ctx)?);

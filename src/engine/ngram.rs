@@ -27,7 +27,7 @@ impl Default for NgramParams {
 /// tokens follow its occurrence, or where the sequence is too short to look in.
 pub fn ngram_draft(p: NgramParams, tokens: &[u32], sampled: u32) -> Vec<u32> {
     let (n, m, len) = (p.size_n, p.size_m, tokens.len());
-    if n == 0 || len <= n + m + 1 {
+    if n == 0 || len <= n.saturating_add(m).saturating_add(1) {
         return Vec::new();
     }
     let mut pattern: Vec<u32> = tokens[len - n + 1..].to_vec();

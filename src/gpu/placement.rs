@@ -166,6 +166,15 @@ pub fn layers_by_shares(
             "-ts {split:?}: shares must be zero or positive numbers"
         )));
     }
+    // Shares too large to sum in f32 are scaled by the largest first (the same split).
+    let max = split.iter().fold(0f32, |a, &b| a.max(b));
+    let scaled: Vec<f32>;
+    let split = if split.iter().sum::<f32>().is_finite() {
+        split
+    } else {
+        scaled = split.iter().map(|s| s / max).collect();
+        &scaled[..]
+    };
     let total: f32 = split.iter().sum();
     let shares: Vec<f32> = if total > 0.0 {
         split.iter().map(|s| s / total).collect()

@@ -40,6 +40,25 @@ pub const SUPPORTED_ARCHS: &str =
     "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen3, qwen3moe, gpt-oss, phi3, gemma2, gemma3, mamba, mamba2, lfm2, bert";
 
 /// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
+/// The most layers a model may have (llama.cpp's `LLAMA_MAX_LAYERS`).
+pub const MAX_LAYERS: u32 = 512;
+
+/// The widest row any size of a model may make (2^24 values: 64 times the widest
+/// feed-forward of today's models), checked before anything is sized from it.
+pub const MAX_WIDTH: u64 = 1 << 24;
+
+/// `{arch}.block_count`, at least one and at most [`MAX_LAYERS`].
+fn layer_count(f: &GgufFile, key: &str) -> Result<u32, ModelError> {
+    let n = f.get_u64(key)?;
+    if n == 0 || n > MAX_LAYERS as u64 {
+        return Err(ModelError::BadHparams {
+            path: f.path.clone(),
+            msg: format!("{key} = {n}: a model has 1 to {MAX_LAYERS} layers"),
+        });
+    }
+    Ok(n as u32)
+}
+
 const UNSUPPORTED_RECURRENT: &[&str] = &[
     "rwkv6",
     "rwkv6qwen2",
@@ -94,7 +113,7 @@ impl LongRope {
     /// share) and chooses with that size; so does this, so that the same `-c` gives the
     /// same numbers.
     pub fn factors(&self, n_ctx: u32, n_seq: u32) -> &'static [f32] {
-        let pad = |n: u32| n.div_ceil(256) * 256;
+        let pad = |n: u32| n.div_ceil(256).saturating_mul(256);
         let n_ctx_seq = pad(pad(n_ctx) / n_seq.max(1));
         if n_ctx_seq > self.n_ctx_orig {
             self.long
@@ -244,7 +263,64 @@ impl Hparams {
             .is_none_or(|lr| self.rope.freq_factors == Some(lr.factors(n_ctx, n_seq)))
     }
 
+    /// The hyperparameters `f`'s metadata gives, each read checked and their sizes
+    /// bounded ([`Hparams::check_sizes`]) before anything is sized from them.
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
+        let hp = Self::read(f)?;
+        hp.check_sizes().map_err(|msg| ModelError::BadHparams {
+            path: f.path.clone(),
+            msg,
+        })?;
+        Ok(hp)
+    }
+
+    /// Every width a tensor's rows, a buffer's stride or a kernel's parameter takes from
+    /// these sizes, in u64: each within [`MAX_WIDTH`], so that the u32 arithmetic
+    /// downstream cannot overflow; and a window a signed position can hold.
+    fn check_sizes(&self) -> Result<(), String> {
+        let w = |n: u32| n as u64;
+        let q = w(self.head_dim) * w(self.n_head);
+        let kv = w(self.head_dim) * w(self.n_head_kv);
+        let mut widths = vec![
+            ("the vocabulary", w(self.n_vocab)),
+            ("the embedding", w(self.n_embd)),
+            ("the queries (head size x heads)", q),
+            ("Q, K and V together", q + 2 * kv),
+            ("the fused gate and up projections", 2 * w(self.n_ff)),
+        ];
+        if let Some(m) = self.moe {
+            widths.push(("an expert's gate and up", 2 * w(m.n_ff_exp)));
+            widths.push(("the shared expert's gate and up", 2 * w(m.n_ff_shexp)));
+        }
+        if let Some(s) = self.ssm {
+            let conv = w(s.d_inner) + 2 * w(s.n_group) * w(s.d_state);
+            widths.push((
+                "the state-space input projection",
+                w(s.d_inner) + conv + w(s.dt_rank),
+            ));
+            widths.push(("the convolution state", w(s.d_conv) * conv));
+            widths.push(("the scan state", w(s.d_state) * w(s.d_inner)));
+        }
+        widths.push((
+            "the convolution state",
+            w(self.shortconv_l_cache) * w(self.n_embd),
+        ));
+        if let Some((what, n)) = widths.into_iter().find(|&(_, n)| n > MAX_WIDTH) {
+            return Err(format!(
+                "{what} would be {n} values wide: wgllm runs models up to {MAX_WIDTH} wide"
+            ));
+        }
+        if let Some(s) = self.swa.filter(|s| s.window > i32::MAX as u32) {
+            return Err(format!(
+                "a sliding window of {} positions is past the largest position ({})",
+                s.window,
+                i32::MAX
+            ));
+        }
+        Ok(())
+    }
+
+    fn read(f: &GgufFile) -> Result<Self, ModelError> {
         let arch_name = f.architecture()?.to_string();
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
@@ -459,7 +535,7 @@ impl Hparams {
                 (Some(swa), local, Some((n_embd as f32).sqrt()))
             }
         };
-        let n_layer = u("block_count")?;
+        let n_layer = layer_count(f, &key("block_count"))?;
         let shortconv_l_cache = if arch == Arch::Lfm2 {
             let l = u("shortconv.l_cache")?;
             if !(2..=8).contains(&l) || recurrent.len() != n_layer as usize {
@@ -569,12 +645,23 @@ impl Hparams {
 
 /// The vocabulary size: the rows of the token embedding.
 fn vocab_size(f: &GgufFile) -> Result<u32, ModelError> {
-    f.tensor("token_embd.weight")
-        .map(|t| t.dims.get(1).copied().unwrap_or(0) as u32)
+    let t = f
+        .tensor("token_embd.weight")
         .ok_or_else(|| ModelError::MissingTensor {
             path: f.path.clone(),
             tensor: "token_embd.weight".into(),
-        })
+        })?;
+    // Its rows are the vocabulary: at least one, and few enough for a token id.
+    match t.dims.get(1).map(|&n| u32::try_from(n)) {
+        Some(Ok(n)) if n > 0 => Ok(n),
+        _ => Err(ModelError::BadHparams {
+            path: f.path.clone(),
+            msg: format!(
+                "token_embd.weight is {:?}: the embedding needs one row per token, at least one and at most 2^32 - 1",
+                t.dims
+            ),
+        }),
+    }
 }
 
 /// A state-space model's hyperparameters: no attention (head counts 0), the `ssm.*`
@@ -615,7 +702,7 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
                 && ssm.n_group > 0
                 && ssm.dt_rank.is_multiple_of(ssm.n_group)
         }
-        _ => ssm.dt_rank > 0 && ssm.d_inner == 2 * n_embd,
+        _ => ssm.dt_rank > 0 && Some(ssm.d_inner) == n_embd.checked_mul(2),
     };
     if !(2..=8).contains(&ssm.d_conv) || ssm.d_state == 0 || ssm.d_state > max_ds || !heads_ok {
         return Err(bad(format!(
@@ -624,7 +711,7 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
     }
     let n_vocab = vocab_size(f)?;
     let rope = RopeParams::new(4, 4, false, 10_000.0, 1.0);
-    let n_layer = u("block_count")?;
+    let n_layer = layer_count(f, &key("block_count"))?;
     Ok(Hparams {
         arch,
         n_vocab,
@@ -757,4 +844,87 @@ fn rope_factors(
         });
     }
     Ok(Some(intern_factors(&v)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::Value;
+    use crate::model::synth::{synth, SynthArch, SynthShape, WeightScale};
+
+    /// `arch` at the micro shape with metadata `changes`, read back.
+    fn read_with(arch: &str, changes: &[(&str, Value)]) -> Result<Hparams, ModelError> {
+        let arch = SynthArch::by_name(arch).unwrap();
+        let shape = SynthShape::preset("micro").unwrap();
+        let mut w = synth(
+            arch,
+            shape,
+            GgmlType::Q8_0,
+            Vec::new(),
+            16,
+            WeightScale::Fixed(0.02),
+            false,
+        );
+        for (k, v) in changes {
+            w.set_meta(&format!("{}.{k}", arch.gguf_arch()), v.clone());
+        }
+        let f = GgufFile::from_bytes("t.gguf", w.to_bytes()).unwrap();
+        Hparams::from_gguf(&f)
+    }
+
+    fn refused(arch: &str, changes: &[(&str, Value)], says: &str) {
+        match read_with(arch, changes) {
+            Err(ModelError::BadHparams { msg, .. }) => assert!(msg.contains(says), "{msg}"),
+            other => panic!("{changes:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sizes_a_file_sets_are_bounded_before_anything_is_sized_from_them() {
+        for arch in ["llama", "gemma2", "mamba", "mamba2", "qwen2moe", "lfm2"] {
+            read_with(arch, &[]).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        }
+        // 2^32 - 1 layers would be a vector of 32 GiB before the first tensor is missed.
+        for arch in ["llama", "mamba"] {
+            refused(
+                arch,
+                &[("block_count", Value::U32(u32::MAX))],
+                "1 to 512 layers",
+            );
+            refused(arch, &[("block_count", Value::U32(0))], "1 to 512 layers");
+        }
+        // 65536 heads of 65536: the queries' width overflows u32.
+        refused(
+            "llama",
+            &[
+                ("attention.head_count", Value::U32(1 << 16)),
+                ("attention.head_count_kv", Value::U32(1 << 16)),
+                ("attention.key_length", Value::U32(1 << 16)),
+            ],
+            "the queries",
+        );
+        refused(
+            "llama",
+            &[("feed_forward_length", Value::U32(1 << 31))],
+            "gate and up",
+        );
+        refused(
+            "qwen2moe",
+            &[("expert_feed_forward_length", Value::U32(u32::MAX))],
+            "an expert's",
+        );
+        // Mamba's inner size is twice the embedding's: 2^31 x 2 used to wrap to 0.
+        assert!(read_with("mamba", &[("embedding_length", Value::U32(1 << 31))]).is_err());
+        refused(
+            "mamba2",
+            &[("ssm.state_size", Value::U32(u32::MAX))],
+            "state",
+        );
+        // A window no signed position can hold.
+        refused(
+            "gemma2",
+            &[("attention.sliding_window", Value::U32(1 << 31))],
+            "sliding window",
+        );
+    }
 }

@@ -88,7 +88,9 @@ pub fn short_count(n: u64) -> String {
 /// The parameters in `f`'s tensors, and those one token uses: all but the unchosen
 /// experts' (`expert_used_count` of `expert_count` experts' weights in a mixture).
 pub fn param_counts(f: &GgufFile) -> (u64, u64) {
-    let n_params = f.tensors.iter().map(|t| t.n_elements()).sum();
+    // Saturating: a file's dimensions are its own to claim (a type of no bytes costs none).
+    let sum = |n: u64, m: u64| n.saturating_add(m);
+    let n_params = f.tensors.iter().map(|t| t.n_elements()).fold(0, sum);
     let arch = f
         .get("general.architecture")
         .and_then(|v| v.as_str())
@@ -99,8 +101,8 @@ pub fn param_counts(f: &GgufFile) -> (u64, u64) {
             let experts: u64 = (f.tensors.iter())
                 .filter(|t| t.name.ends_with("_exps.weight") || t.name.ends_with("_exps.bias"))
                 .map(|t| t.n_elements())
-                .sum();
-            n_params - experts + experts / ne as u64 * nu as u64
+                .fold(0, sum);
+            n_params.saturating_sub(experts) + experts / ne as u64 * nu as u64
         }
         _ => n_params,
     };

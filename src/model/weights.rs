@@ -798,7 +798,7 @@ impl<'a> ModelWeights {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self, ModelError> {
         let gpu = &**placement.main();
-        let total = f.tensors.iter().map(|t| t.n_bytes).sum();
+        let total = (f.tensors.iter()).fold(0u64, |a, t| a.saturating_add(t.n_bytes));
         let mut l = Loader {
             gpu,
             f,

@@ -40,6 +40,10 @@ impl Endpoint {
     ];
 }
 
+/// The slot context /rerank's prompts are bounded by here (a server's own is its
+/// `-c / -np`).
+const RERANK_SLOT_TOKENS: usize = 4096;
+
 /// The server's defaults when no flag changes them.
 pub fn default_settings() -> Defaults {
     Defaults {
@@ -103,7 +107,8 @@ fn read(
             req.prompt = openai::chat_prompt(&body, tok)?;
             vec![req]
         }
-        Endpoint::Rerank => (super::rerank::RerankRequest::read(&body, tok)?.prompts)
+        Endpoint::Rerank => (super::rerank::RerankRequest::read(&body, tok, RERANK_SLOT_TOKENS)?
+            .prompts)
             .into_iter()
             .map(|prompt| Request {
                 prompt,

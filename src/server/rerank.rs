@@ -38,13 +38,14 @@ pub(super) struct RerankRequest {
 }
 
 impl RerankRequest {
-    /// Reads `body` as llama-server does, each document laid out with the query.
-    pub fn read(body: &Value, tok: &Tokenizer) -> ApiResult<RerankRequest> {
-        read(body, tok)
+    /// Reads `body` as llama-server does, each document laid out with the query, none
+    /// longer than `max_tokens` (a slot's context).
+    pub fn read(body: &Value, tok: &Tokenizer, max_tokens: usize) -> ApiResult<RerankRequest> {
+        read(body, tok, max_tokens)
     }
 }
 
-fn read(body: &Value, tok: &Tokenizer) -> ApiResult<RerankRequest> {
+fn read(body: &Value, tok: &Tokenizer, max_tokens: usize) -> ApiResult<RerankRequest> {
     let tei = body.get("texts").is_some();
     let query = match body.get("query") {
         Some(Value::String(q)) => q.clone(),
@@ -70,9 +71,9 @@ fn read(body: &Value, tok: &Tokenizer) -> ApiResult<RerankRequest> {
         None => documents.len(),
     };
     let return_text = tei && body.get("return_text").and_then(Value::as_bool) == Some(true);
-    let prompts = (documents.iter())
-        .map(|d| tok.rerank_prompt(&query, d))
-        .collect();
+    let prompts = tok
+        .rerank_prompts(&query, &documents, max_tokens)
+        .map_err(ApiError::invalid)?;
     Ok(RerankRequest {
         tei,
         documents,
@@ -101,7 +102,11 @@ pub async fn rerank(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
         top_n,
         return_text,
         model,
-    } = read(&body, service.tokenizer())?;
+    } = read(
+        &body,
+        service.tokenizer(),
+        service.info().n_ctx_slot as usize,
+    )?;
     let n_tokens: usize = prompts.iter().map(Vec::len).sum();
     let scores = service.embed(prompts, Pooling::Rank).await?;
     let label = if tei { "score" } else { "relevance_score" };

@@ -344,14 +344,14 @@ fn model_facts(path: &std::path::Path) -> Result<ModelFacts, EngineError> {
         return Err(EngineError::MissingFile(path.display().to_string()));
     }
     let f = GgufFile::open(path)?;
-    let size = f.tensors.iter().map(|t| t.n_bytes).sum();
+    let size = (f.tensors.iter()).fold(0u64, |a, t| a.saturating_add(t.n_bytes));
     let (n_params, n_params_active) = crate::model::param_counts(&f);
     // The weight type holding most parameters names the model's quantization.
     let mut by_type: Vec<(String, u64)> = Vec::new();
     for t in f.tensors.iter().filter(|t| t.dims.len() >= 2) {
         let ty = t.ty.to_string();
         match by_type.iter_mut().find(|e| e.0 == ty) {
-            Some(e) => e.1 += t.n_elements(),
+            Some(e) => e.1 = e.1.saturating_add(t.n_elements()),
             None => by_type.push((ty, t.n_elements())),
         }
     }
