@@ -997,4 +997,27 @@ mod tests {
         let rms = (row.iter().map(|v| v * v).sum::<f32>() / 96.0).sqrt();
         assert!((0.005..0.05).contains(&rms), "rms {rms}");
     }
+
+    /// A matrix whose rows are not whole blocks of the asked type (Qwen2-MoE's experts, a
+    /// quarter of the feed-forward width: 128 values against Q4_K's 256) is written in
+    /// f32, as llama-quantize falls back for such tensors; the rest keeps the type.
+    #[test]
+    fn matrices_of_partial_blocks_fall_back_to_f32() {
+        let shape = SynthShape::preset("tiny").unwrap();
+        let w = synth(
+            SynthArch::Qwen2Moe,
+            shape,
+            GgmlType::Q4K,
+            Vec::new(),
+            64,
+            WeightScale::Fixed(0.02),
+            false,
+        );
+        let f = GgufFile::from_bytes("t.gguf", w.to_bytes()).unwrap();
+        let ty = |name: &str| f.tensor(name).unwrap().ty;
+        assert_eq!(ty("blk.0.ffn_down_exps.weight"), GgmlType::F32);
+        assert_eq!(ty("blk.0.ffn_gate_exps.weight"), GgmlType::Q4K);
+        assert_eq!(ty("blk.0.attn_q.weight"), GgmlType::Q4K);
+        crate::model::Hparams::from_gguf(&f).unwrap();
+    }
 }
