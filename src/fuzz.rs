@@ -20,7 +20,7 @@ use crate::model::Hparams;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::model::Model;
 use crate::tokenizer::{render_chat_template, ChatMessage, TemplateOptions, Tokenizer};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// `data` before and after its first NUL byte (all of it and nothing without one).
 fn split(data: &[u8]) -> (&[u8], &[u8]) {
@@ -53,7 +53,7 @@ pub fn gguf(data: &[u8]) {
 /// the next.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn host_model_step(f: &GgufFile) -> Result<(), Box<dyn std::error::Error>> {
-    static GPU: OnceLock<Result<Arc<Gpu>, String>> = OnceLock::new();
+    static GPU: std::sync::OnceLock<Result<Arc<Gpu>, String>> = std::sync::OnceLock::new();
     let gpu = GPU
         .get_or_init(|| Gpu::host_only().map_err(|e| e.to_string()))
         .as_ref()
