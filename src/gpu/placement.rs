@@ -167,11 +167,11 @@ pub fn layers_by_shares(
         )));
     }
     // Shares too large to sum in f32 are scaled by the largest first (the same split).
-    let max = split.iter().fold(0f32, |a, &b| a.max(b));
     let scaled: Vec<f32>;
     let split = if split.iter().sum::<f32>().is_finite() {
         split
     } else {
+        let max = split.iter().fold(0f32, |a, &b| a.max(b));
         scaled = split.iter().map(|s| s / max).collect();
         &scaled[..]
     };

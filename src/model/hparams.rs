@@ -39,7 +39,6 @@ pub enum Arch {
 pub const SUPPORTED_ARCHS: &str =
     "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen3, qwen3moe, gpt-oss, phi3, gemma2, gemma3, mamba, mamba2, lfm2, bert";
 
-/// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
 /// The most layers a model may have (llama.cpp's `LLAMA_MAX_LAYERS`).
 pub const MAX_LAYERS: u32 = 512;
 
@@ -59,6 +58,7 @@ fn layer_count(f: &GgufFile, key: &str) -> Result<u32, ModelError> {
     Ok(n as u32)
 }
 
+/// Recurrent families llama.cpp runs that wgllm does not (yet), refused by name.
 const UNSUPPORTED_RECURRENT: &[&str] = &[
     "rwkv6",
     "rwkv6qwen2",
