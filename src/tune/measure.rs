@@ -677,7 +677,12 @@ pub fn measure(
             } else {
                 0.0
             };
-            if (timed || is_extra) && effort.spent(start, mean) {
+            // Integer-dot kernels the user asked for (WGLLM_INT_DOT=1) are checked
+            // whatever the budget: they run unless their check on this device fails,
+            // so an unchecked one would run unseen (a loaded machine's first use
+            // spent the budget before them, and broken kernels answered).
+            let asked = is_int_dot && user_int_dot == Some(true);
+            if (timed || is_extra) && !asked && effort.spent(start, mean) {
                 best.left += 1;
                 continue;
             }
