@@ -251,7 +251,7 @@ fn state_round_trip_equals_never_stopping() {
     whole.decode(&seq_batch(&a, 0, 0)).unwrap();
     whole.decode(&seq_batch(&a[..7], 0, 1)).unwrap();
     whole.seq_add(0, -1, -1, 3).unwrap(); // a pending shift is applied before saving
-    whole.state_save(&path, &a, None).unwrap();
+    whole.state_save(&path, &a, None, &[]).unwrap();
     let want = whole.decode(&seq_batch(&b, 43, 0)).unwrap();
 
     let mut loaded = context(&model, 96, 2);
@@ -266,15 +266,44 @@ fn state_round_trip_equals_never_stopping() {
         "loading then continuing must equal never stopping"
     );
 
-    // A version-3 file (the K/V types before the tokens) still loads: the same cells.
-    let v4 = std::fs::read(&path).unwrap();
-    assert_eq!(v4[8..12], 4u32.to_le_bytes());
-    let (head, tok_end) = (24, 24 + 4 + 4 * a.len());
-    let mut v3 = v4[..head].to_vec();
+    // Version 5 records the model's fingerprint and no adapter (12 bytes after the
+    // shape); a file of other weights of the same shape is refused, naming both.
+    let v5 = std::fs::read(&path).unwrap();
+    assert_eq!(v5[8..12], 5u32.to_le_bytes());
+    assert_eq!(v5[24..32], model.fingerprint.to_le_bytes());
+    assert_eq!(v5[32..36], 0u32.to_le_bytes());
+    let mut foreign = v5.clone();
+    foreign[24] ^= 1;
+    let mut other = context(&model, 96, 2);
+    let e = (other.state_from_bytes(&foreign, "foreign", None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("another model") && e.contains("fingerprint"),
+        "{e}"
+    );
+    assert_eq!(
+        other.cells().seq_pos_max(0),
+        -1,
+        "a refused file loads nothing"
+    );
+
+    // Versions 4 (no record) and 3 (the K/V types before the tokens) still load where no
+    // adapter is loaded: the same cells.
+    let (head, prov_end) = (24, 36);
+    let tok_end = prov_end + 4 + 4 * a.len();
+    let mut v4 = v5[..head].to_vec();
+    v4[8..12].copy_from_slice(&4u32.to_le_bytes());
+    v4.extend(&v5[prov_end..]);
+    let mut old = context(&model, 96, 2);
+    let saved = old.state_from_bytes(&v4, "a version-4 file", None).unwrap();
+    assert_eq!((saved.tokens, saved.n_cells), (a.clone(), 47));
+    assert_eq!(old.decode(&seq_batch(&b, 43, 0)).unwrap(), want);
+    let mut v3 = v5[..head].to_vec();
     v3[8..12].copy_from_slice(&3u32.to_le_bytes());
-    v3.extend(&v4[tok_end..tok_end + 8]); // K and V type ids
-    v3.extend(&v4[head..tok_end]); // tokens
-    v3.extend(&v4[tok_end + 8..]);
+    v3.extend(&v5[tok_end..tok_end + 8]); // K and V type ids
+    v3.extend(&v5[prov_end..tok_end]); // tokens
+    v3.extend(&v5[tok_end + 8..]);
     let mut old = context(&model, 96, 2);
     let saved = old.state_from_bytes(&v3, "a version-3 file", None).unwrap();
     assert_eq!((saved.tokens, saved.n_cells), (a.clone(), 47));
@@ -282,7 +311,7 @@ fn state_round_trip_equals_never_stopping() {
     assert_eq!(old.decode(&seq_batch(&b, 43, 0)).unwrap(), want);
 
     // One sequence (1) into sequence 2 of a context that already holds other cells.
-    whole.state_save(&path, &a[..7], Some(1)).unwrap();
+    whole.state_save(&path, &a[..7], Some(1), &[]).unwrap();
     let mut other = context(&model, 96, 3);
     other.decode(&seq_batch(&b, 0, 0)).unwrap();
     other.state_load(&path, Some(2)).unwrap();
@@ -297,7 +326,7 @@ fn state_round_trip_equals_never_stopping() {
         let m16 = tiny_model(gpu16, GgmlType::Q8_0);
         let mut c16 = context(&m16, 96, 1);
         c16.decode(&seq_batch(&a, 0, 0)).unwrap();
-        c16.state_save(&path, &[], None).unwrap();
+        c16.state_save(&path, &[], None, &[]).unwrap();
         let want = probe_logits(&mut c16, 0, 9);
         let mut c32 = context(&model, 96, 1);
         c32.state_load(&path, None).unwrap();
@@ -398,11 +427,11 @@ fn sixty_four_sequences_and_id_63_work() {
     ctx.decode(&seq_batch(&toks[6..], 6, 63)).unwrap();
 
     let path = std::env::temp_dir().join(format!("wgllm-np64-{}.bin", std::process::id()));
-    ctx.state_save(&path, &toks, None).unwrap();
+    ctx.state_save(&path, &toks, None, &[]).unwrap();
     let mut whole = context(&model, 64, 64);
     whole.state_load(&path, None).unwrap();
     assert_eq!(whole.cells().seq_pos_max(63), 11);
-    ctx.state_save(&path, &toks, Some(63)).unwrap();
+    ctx.state_save(&path, &toks, Some(63), &[]).unwrap();
     let mut moved = context(&model, 64, 64);
     moved.state_load(&path, Some(63)).unwrap();
     assert_eq!(moved.cells().seq_pos_max(63), 11);
@@ -492,7 +521,7 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
     ctx.decode(&seq_batch(&a[..10], 0, 1)).unwrap();
     let mut src = context(&model, 64, 1);
     src.decode(&seq_batch(&a[..30], 0, 0)).unwrap();
-    src.state_save(&path, &a[..30], Some(0)).unwrap();
+    src.state_save(&path, &a[..30], Some(0), &[]).unwrap();
     let before = probe_logits(&mut ctx, 1, 9);
     // 30 cells into sequence 1: with its 10 cells freed, 24 are free.
     let e = ctx.state_load(&path, Some(1)).unwrap_err().to_string();
@@ -503,7 +532,7 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
 
     // Cell 0 of a file without tokens (one K/V store): position at byte 44, sequence set
     // at byte 48.
-    src.state_save(&path, &[], None).unwrap();
+    src.state_save(&path, &[], None, &[]).unwrap();
     let good = std::fs::read(&path).unwrap();
     let patched = |at: usize, bytes: &[u8]| {
         let mut f = good.clone();
@@ -717,7 +746,7 @@ fn quantized_caches_shift_defragment_and_save() {
             e < 1e-10,
             "K {k} V {v}: defrag changed the logits: nmse {e:e}"
         );
-        ctx.state_save(&path, &toks, None).unwrap();
+        ctx.state_save(&path, &toks, None, &[]).unwrap();
         let mut back = typed_context(&model, k, v);
         back.state_load(&path, None).unwrap();
         let e = nmse(&probe_logits(&mut back, 0, 9), &before);
@@ -740,9 +769,10 @@ fn quantized_caches_shift_defragment_and_save() {
 /// Layer 0's K rows of the cells a state file holds (one store, no tokens saved), as the
 /// cache's words.
 fn layer0_keys(ctx: &mut Context, ty: KvType) -> Vec<u32> {
-    let (bytes, n) = ctx.state_bytes(&[], None).unwrap();
-    // Magic, version, shape (3), K and V types, no tokens, one store, its cell count.
-    let at = 8 + 4 + 12 + 8 + 4 + 4 + 4 + 12 * n;
+    let (bytes, n) = ctx.state_bytes(&[], None, &[]).unwrap();
+    // Magic, version, shape (3), the model's fingerprint and no adapter, K and V types,
+    // no tokens, one store, its cell count.
+    let at = 8 + 4 + 12 + 12 + 8 + 4 + 4 + 4 + 12 * n;
     let row = ty.row_bytes(ctx.model.hp.n_embd_kv() as u64) as usize;
     bytemuck::pod_collect_to_vec(&bytes[at..at + n * row])
 }

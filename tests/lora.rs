@@ -378,6 +378,80 @@ fn sessions_with_different_scales_match_alone() {
     assert!(e.open_session(too_many).is_err());
 }
 
+/// A slot file names the adapters its cells were computed with: restoring it where
+/// other adapters are loaded (none, another file, or it saved without one and one is
+/// loaded now) is refused with both named, and the slot is left as it was; where the
+/// same adapter is loaded it restores, at the scale it was saved with.
+#[test]
+fn slot_files_are_refused_under_other_adapters() {
+    use wgllm::engine::SessionParams;
+    let dir = common::scratch_dir("lora-slot-files");
+    let (base, adapter) = tiny_files(&dir, GgmlType::F32);
+    let other = dir.join("other-adapter.gguf");
+    let p = LoraSynth {
+        rank: 8,
+        alpha: 16.0,
+        ty: GgmlType::F32,
+        strength: 0.5,
+        seed: 8,
+        embedding: true,
+    };
+    synth_lora(&GgufFile::open(&base).unwrap(), &p)
+        .unwrap()
+        .write(&other)
+        .unwrap();
+    let spec = |path: &Path, scale| LoraSpec {
+        path: path.to_path_buf(),
+        scale,
+    };
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 29 + 3) % 256).collect();
+    let params = SessionParams {
+        sampling: wgllm::sample::SamplerParams::greedy(),
+        n_predict: 4,
+        ..Default::default()
+    };
+    let saved_by = |lora: Vec<LoraSpec>, name: &str| -> PathBuf {
+        let mut e = engine(&base, lora);
+        let id = e.open_session(params.clone()).unwrap();
+        e.prompt_tokens(id, &prompt).unwrap();
+        while e.is_busy() {
+            e.step().unwrap();
+        }
+        let file = dir.join(name);
+        e.save_session(id, &file).unwrap();
+        file
+    };
+    let with_adapter = saved_by(vec![spec(&adapter, 0.5)], "with-adapter.bin");
+    let without = saved_by(vec![], "without.bin");
+    let refused = |lora: Vec<LoraSpec>, file: &Path| -> String {
+        let mut e = engine(&base, lora);
+        let id = e.open_session(params.clone()).unwrap();
+        let err = e.restore_session(id, file).unwrap_err().to_string();
+        assert!(e.session(id).unwrap().history().is_empty());
+        err
+    };
+    for (lora, file, now) in [
+        (vec![], &with_adapter, "no LoRA adapter"),
+        (vec![spec(&other, 0.5)], &with_adapter, "1 LoRA adapter"),
+        (vec![spec(&adapter, 0.5)], &without, "1 LoRA adapter"),
+    ] {
+        let e = refused(lora, file);
+        assert!(
+            e.contains("the cache was computed with") && e.contains(now) && e.contains("--lora"),
+            "{e}"
+        );
+    }
+    let e = refused(vec![spec(&other, 0.5)], &with_adapter);
+    assert!(
+        e.contains("at scale 0.5"),
+        "the saved setting is named: {e}"
+    );
+    // The same adapter at another scale: restored (the cells keep their own scale).
+    let mut e = engine(&base, vec![spec(&adapter, 1.0)]);
+    let id = e.open_session(params.clone()).unwrap();
+    assert!(e.restore_session(id, &with_adapter).unwrap() >= prompt.len());
+}
+
 /// SmolLM2 Q4_1 with a random rank-16 f16 adapter (written by `wgllm synth --lora-for`,
 /// its sha256 checked against the file llama.cpp scored): `wgllm perplexity --lora` within
 /// 1 % of llama-perplexity's (recorded by scripts/record-lora-ppl.sh), and so is the ratio

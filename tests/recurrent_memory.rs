@@ -243,7 +243,7 @@ fn state_files_round_trip() {
         let mut whole = context(&model, 2);
         whole.decode(&seq_batch(&a, 0, 0)).unwrap();
         whole.decode(&seq_batch(&a[..9], 0, 1)).unwrap();
-        whole.state_save(&path, &a, None).unwrap();
+        whole.state_save(&path, &a, None, &[]).unwrap();
         let want = whole.decode(&seq_batch(&b, 30, 0)).unwrap();
 
         let mut loaded = context(&model, 2);
@@ -257,7 +257,7 @@ fn state_files_round_trip() {
         );
 
         // Sequence 1 alone, into sequence 2 of a context holding other states.
-        whole.state_save(&path, &a[..9], Some(1)).unwrap();
+        whole.state_save(&path, &a[..9], Some(1), &[]).unwrap();
         let mut other = context(&model, 4);
         other.decode(&seq_batch(&b, 0, 0)).unwrap();
         other.state_load(&path, Some(2)).unwrap();
@@ -273,7 +273,7 @@ fn state_files_round_trip() {
     let path = dir.join(format!("wgllm-rs-state-{}-x.bin", std::process::id()));
     let mut c1 = context(&m1, 1);
     c1.decode(&seq_batch(&[1, 2, 3], 0, 0)).unwrap();
-    c1.state_save(&path, &[1, 2, 3], None).unwrap();
+    c1.state_save(&path, &[1, 2, 3], None, &[]).unwrap();
     let mut c2 = context(&model(SynthArch::Mamba2), 1);
     let e = c2.state_load(&path, None).unwrap_err();
     assert!(e.to_string().contains("another model"), "{e}");

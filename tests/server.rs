@@ -1143,7 +1143,18 @@ fn lora_adapters_as_llama_server() {
     ]);
     assert_eq!(code, 0, "{err}");
     let path = adapter.to_string_lossy().into_owned();
-    let s = start(&["-np", "2", "--lora", &path, "--lora-init-without-apply"]);
+    let slot_dir = dir.join("slots");
+    std::fs::create_dir_all(&slot_dir).unwrap();
+    let slot_dir = slot_dir.to_string_lossy().into_owned();
+    let s = start(&[
+        "-np",
+        "2",
+        "--lora",
+        &path,
+        "--lora-init-without-apply",
+        "--slot-save-path",
+        &slot_dir,
+    ]);
     let (st, list) = s.json("GET", "/lora-adapters", json!(null));
     assert_eq!(st, 200, "{list}");
     assert_eq!(list[0]["id"], 0);
@@ -1201,4 +1212,143 @@ fn lora_adapters_as_llama_server() {
         adapted,
         "the server goes on with its setting"
     );
+
+    // A slot file keeps the setting its cells were computed with: saved after a request
+    // at scale 1, restored after one at scale 0 on the same slot, the next request at
+    // scale 0 reuses none of its cells and answers as a fresh server does (it took the
+    // setting of the request before it, and reused cells of the other setting).
+    let on_slot0 = |scale: f32| -> (String, u64) {
+        let body = json!({"prompt": "Look in thy glass", "n_predict": 16, "temperature": 0.0,
+            "id_slot": 0, "cache_prompt": true, "lora": [{"id": 0, "scale": scale}]});
+        let (st, r) = s.json("POST", "/completion", body);
+        assert_eq!(st, 200, "{r}");
+        let cached = r["timings"]["cache_n"].as_u64().unwrap();
+        (r["content"].as_str().unwrap().to_string(), cached)
+    };
+    assert_eq!(on_slot0(1.0).0, adapted);
+    let slot = |action: &str| {
+        let (st, r) = s.json(
+            "POST",
+            &format!("/slots/0?action={action}"),
+            json!({"filename": "adapted.bin"}),
+        );
+        assert_eq!(st, 200, "{action}: {r}");
+    };
+    slot("save");
+    let body = json!({"prompt": "Something else entirely", "n_predict": 4, "id_slot": 0,
+        "lora": [{"id": 0, "scale": 0.0}]});
+    assert_eq!(s.json("POST", "/completion", body).0, 200);
+    slot("restore");
+    let (text, cached) = on_slot0(0.0);
+    assert_eq!(
+        (text.as_str(), cached),
+        (plain.as_str(), 0),
+        "cells of scale 1 are not reused at scale 0"
+    );
+    slot("restore");
+    let (text, cached) = on_slot0(1.0);
+    assert!(
+        cached > 0,
+        "the restored cells are reused at their own scale"
+    );
+    assert_eq!(text, adapted);
+}
+
+/// Sends `sig` (TERM or INT) to the server's process.
+fn signal(s: &Server, sig: &str) {
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// Waits up to `limit` for the server's process to exit; its exit code.
+fn exit_code_within(s: &mut Server, limit: Duration) -> Option<i32> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            return Some(st.code().unwrap_or(-1));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// A stream started and read up to its first token: the rest of the reader's lines come
+/// back when the stream ends.
+fn stream_in_flight(s: &Server) -> std::thread::JoinHandle<String> {
+    let mut c = s.connect().unwrap();
+    let body = json!({"prompt": "Once upon a time", "n_predict": 4000, "ignore_eos": true,
+        "stream": true});
+    s.send(&mut c, "POST", "/completion", &[], &body.to_string())
+        .unwrap();
+    let mut r = BufReader::new(c);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+    }
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = r.read_to_string(&mut rest);
+        rest
+    })
+}
+
+/// SIGTERM with requests in flight: the listener closes, a stream that outlives the
+/// grace period ends with an error event (503), a request waiting for its whole reply
+/// gets a 503, and the process frees the device and exits 0 within the grace period and
+/// a few seconds. A second signal exits at once (130) however long the grace period.
+#[test]
+fn a_signal_ends_requests_in_flight_and_the_server_exits() {
+    let mut s = start(&["--shutdown-grace", "1", "-np", "2"]);
+    let stream = stream_in_flight(&s);
+    let port = s.port;
+    let whole = std::thread::spawn(move || {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let body =
+            json!({"prompt": "Tell me a story", "n_predict": 4000, "ignore_eos": true}).to_string();
+        let req = format!(
+            "POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        c.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    signal(&s, "TERM");
+    let code = exit_code_within(&mut s, Duration::from_secs(20));
+    assert_eq!(code, Some(0), "exit status after SIGTERM");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let rest = stream.join().unwrap();
+    assert!(
+        rest.contains("error: ") && rest.contains("\"code\":503") && rest.contains("shutting down"),
+        "the stream ends with an error event: {}",
+        &rest[rest.len().saturating_sub(400)..]
+    );
+    let whole = whole.join().unwrap();
+    assert!(
+        whole.starts_with("HTTP/1.1 503") && whole.contains("shutting down"),
+        "{whole}"
+    );
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "nothing listens any more"
+    );
+
+    let mut s = start(&["--shutdown-grace", "600"]);
+    let _stream = stream_in_flight(&s);
+    signal(&s, "INT");
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    signal(&s, "INT");
+    assert_eq!(exit_code_within(&mut s, Duration::from_secs(5)), Some(130));
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }

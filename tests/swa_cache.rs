@@ -138,7 +138,7 @@ fn state_files_round_trip_the_rolling_buffer() {
     let mut a = ctx(&m, false, 4, 1, 0);
     feed(&mut a, &toks[..30], 0, 0, 4);
     let path = std::env::temp_dir().join(format!("wgllm-swa-state-{}", std::process::id()));
-    a.state_save(&path, &toks[..30], None).unwrap();
+    a.state_save(&path, &toks[..30], None, &[]).unwrap();
     let want = feed(&mut a, &toks[30..], 30, 0, 1);
     let mut b = ctx(&m, false, 4, 1, 0);
     let saved = b.state_load(&path, None).unwrap();

@@ -106,6 +106,14 @@ pub struct ServeArgs {
     /// Largest request body in MiB.
     #[arg(long = "max-body-mib", default_value_t = 64)]
     pub max_body_mib: usize,
+    /// Seconds requests in flight may take to finish after SIGINT or SIGTERM; those still
+    /// running then end with an error (a second signal exits at once).
+    #[arg(long = "shutdown-grace", default_value_t = 5)]
+    pub shutdown_grace: u64,
+    /// The memory one request may take (parsing its body, tokenizing its texts, building
+    /// its reply), in MiB; a request that would take more gets a 400 saying so.
+    #[arg(long = "request-budget-mib", default_value_t = wgllm::server::budget::DEFAULT_MIB)]
+    pub request_budget_mib: u64,
     /// Every slot may use the whole cache (else each gets an equal share); a request
     /// that finds it full fails with "Context size has been exceeded".
     #[arg(long = "kv-unified", visible_alias = "kvu")]
@@ -258,6 +266,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
             .collect(),
         max_body: a.max_body_mib << 20,
         timeout_s: a.timeout,
+        shutdown_grace_s: a.shutdown_grace,
+        request_budget: a.request_budget_mib.saturating_mul(1 << 20),
         threads_http: a.threads_http.max(0) as usize,
         verbose: a.verbose,
         service: ServiceOptions {

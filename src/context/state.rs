@@ -3,6 +3,8 @@
 //! `--prompt-cache` needs to reuse a prompt's prefix).
 //!
 //! File layout (little endian): magic, version, model shape (layers, K/V width, vocab),
+//! what decided the cells besides their tokens (version 5: the model's fingerprint, and
+//! per loaded LoRA adapter its fingerprint and the scale the cells were computed with),
 //! tokens, then the memory's part (`Memory::state_write`; for the K/V caches: the K and V
 //! types, the stores, their cells and rows; for recurrent states: their sizes, cells and
 //! rows; a hybrid writes both, K/V first). Versions 2 and 3 are read too: they put the
@@ -15,19 +17,134 @@ pub use crate::memory::StateError;
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"WGLLMKV\0";
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
 
 /// What a state file holds besides the K/V rows.
 #[derive(Debug)]
 pub struct SavedState {
     pub tokens: Vec<u32>,
     pub n_cells: usize,
+    /// The LoRA scales the cells were computed with, one per loaded adapter (the file
+    /// was checked to name the same adapters); `None`: a file older than version 5,
+    /// which does not say.
+    pub lora: Option<Vec<f32>>,
+}
+
+/// What decided a state's cells besides its tokens: the model's weights and the LoRA
+/// adapters applied (each one's fingerprint and scale), as version 5 records them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Provenance {
+    pub model: u64,
+    pub adapters: Vec<(u64, f32)>,
+}
+
+impl Provenance {
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend(self.model.to_le_bytes());
+        out.extend((self.adapters.len() as u32).to_le_bytes());
+        for (fp, scale) in &self.adapters {
+            out.extend(fp.to_le_bytes());
+            out.extend(scale.to_le_bytes());
+        }
+    }
+
+    fn read(r: &mut Reader) -> Result<Provenance, StateError> {
+        let model = r.u64()?;
+        let n = r.u32()? as usize;
+        if n.saturating_mul(12) > r.left() {
+            return Err(StateError::Format {
+                path: r.path.to_string(),
+                what: format!("{n} adapters do not fit in the file"),
+            });
+        }
+        let adapters = (0..n)
+            .map(|_| Ok((r.u64()?, f32::from_le_bytes(r.u32()?.to_le_bytes()))))
+            .collect::<Result<_, StateError>>()?;
+        Ok(Provenance { model, adapters })
+    }
+
+    /// The adapters as a sentence: "no LoRA adapter" or "2 LoRA adapters (…: 0.5, …: 1)".
+    fn describe_adapters(fps: &[u64], scales: Option<&[f32]>) -> String {
+        if fps.is_empty() {
+            return "no LoRA adapter".into();
+        }
+        let each: Vec<String> = (fps.iter().enumerate())
+            .map(|(i, fp)| match scales {
+                Some(s) => format!("{fp:016x} at scale {}", s[i]),
+                None => format!("{fp:016x}"),
+            })
+            .collect();
+        format!(
+            "{} LoRA adapter{} ({})",
+            fps.len(),
+            if fps.len() == 1 { "" } else { "s" },
+            each.join(", ")
+        )
+    }
 }
 
 impl Context {
     fn model_shape(&self) -> [u32; 3] {
         let hp = &self.model.hp;
         [hp.n_layer, hp.n_embd_kv(), hp.n_vocab]
+    }
+
+    /// The model's and its adapters' fingerprints, with `lora` (one scale per loaded
+    /// adapter; missing ones 0) as the setting the cells were computed with.
+    fn provenance(&self, lora: &[f32]) -> Provenance {
+        Provenance {
+            model: self.model.fingerprint,
+            adapters: (self.model.loras.iter().enumerate())
+                .map(|(i, a)| (a.fingerprint, lora.get(i).copied().unwrap_or(0.0)))
+                .collect(),
+        }
+    }
+
+    /// Checks a file's provenance against this model and its adapters; returns the
+    /// scales its cells were computed with.
+    fn check_provenance(
+        &self,
+        p: &str,
+        saved: Option<Provenance>,
+    ) -> Result<Option<Vec<f32>>, StateError> {
+        let now: Vec<u64> = self.model.loras.iter().map(|a| a.fingerprint).collect();
+        let Some(saved) = saved else {
+            // Older files do not say which adapters applied: with none loaded there is
+            // nothing to tell apart.
+            if now.is_empty() {
+                return Ok(Some(Vec::new()));
+            }
+            return Err(StateError::OtherAdapters {
+                path: p.into(),
+                saved: "a LoRA setting the file does not record (it predates version 5)".into(),
+                now: Provenance::describe_adapters(&now, None),
+            });
+        };
+        if saved.model != self.model.fingerprint {
+            return Err(StateError::OtherModel {
+                path: p.into(),
+                what: format!(
+                    "weights of fingerprint {:016x}; this model's are {:016x}: another file of the same shape",
+                    saved.model, self.model.fingerprint
+                ),
+            });
+        }
+        let fps: Vec<u64> = saved.adapters.iter().map(|a| a.0).collect();
+        let scales: Vec<f32> = saved.adapters.iter().map(|a| a.1).collect();
+        if fps != now {
+            return Err(StateError::OtherAdapters {
+                path: p.into(),
+                saved: Provenance::describe_adapters(&fps, Some(&scales)),
+                now: Provenance::describe_adapters(&now, None),
+            });
+        }
+        if let Some(bad) = scales.iter().find(|s| !s.is_finite()) {
+            return Err(StateError::Format {
+                path: p.into(),
+                what: format!("LoRA scale {bad}"),
+            });
+        }
+        Ok(Some(scales))
     }
 
     /// Saves the cache (or only `seq`'s cells) and `tokens` to `path` (native targets:
@@ -38,8 +155,9 @@ impl Context {
         path: &Path,
         tokens: &[u32],
         seq: Option<SeqId>,
+        lora: &[f32],
     ) -> Result<(), ContextError> {
-        let (out, n_saved) = self.state_bytes(tokens, seq)?;
+        let (out, n_saved) = self.state_bytes(tokens, seq, lora)?;
         std::fs::write(path, out).map_err(|source| StateError::Io {
             path: path.display().to_string(),
             source,
@@ -53,12 +171,15 @@ impl Context {
     }
 
     /// The state format's bytes of the cache (or only `seq`'s cells) and `tokens`, and
-    /// how many cells they hold (native targets: it waits for the K/V readback).
+    /// how many cells they hold (native targets: it waits for the K/V readback). `lora`:
+    /// the adapters' scales the cells were computed with (recorded, and checked when the
+    /// file is loaded).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn state_bytes(
         &mut self,
         tokens: &[u32],
         seq: Option<SeqId>,
+        lora: &[f32],
     ) -> Result<(Vec<u8>, usize), ContextError> {
         if let Some(s) = seq {
             self.check_seq(s)?;
@@ -70,6 +191,7 @@ impl Context {
         self.model_shape()
             .iter()
             .for_each(|v| out.extend(v.to_le_bytes()));
+        self.provenance(lora).write(&mut out);
         out.extend((tokens.len() as u32).to_le_bytes());
         tokens.iter().for_each(|t| out.extend(t.to_le_bytes()));
         let n_saved = self.memory.state_write(&mut out, seq)?;
@@ -99,7 +221,8 @@ impl Context {
         dst: Option<SeqId>,
     ) -> Result<SavedState, ContextError> {
         let mut r = Reader::new(data, p);
-        let (types, tokens) = read_header(&mut r, self.model_shape())?;
+        let (types, provenance, tokens) = read_header(&mut r, self.model_shape())?;
+        let lora = self.check_provenance(p, provenance)?;
         let n_tok = tokens.len();
         if let Some(s) = dst {
             self.check_seq(s)?;
@@ -112,13 +235,18 @@ impl Context {
         };
         let n_cells = self.memory.state_read(&mut r, &load)?;
         log::info!("loaded {n_cells} cells and {n_tok} tokens from {p}");
-        Ok(SavedState { tokens, n_cells })
+        Ok(SavedState {
+            tokens,
+            n_cells,
+            lora,
+        })
     }
 }
 
-/// Saved cache types (versions 2 and 3 name them here) and tokens: the header of a state
-/// file, checked against the model's shape [layers, K/V width, vocabulary].
-type Header = (Option<(KvType, KvType)>, Vec<u32>);
+/// Saved cache types (versions 2 and 3 name them here), what decided the cells (version
+/// 5) and tokens: the header of a state file, checked against the model's shape
+/// [layers, K/V width, vocabulary].
+type Header = (Option<(KvType, KvType)>, Option<Provenance>, Vec<u32>);
 
 fn read_header(r: &mut Reader, model_shape: [u32; 3]) -> Result<Header, ContextError> {
     let p = r.path.to_string();
@@ -160,6 +288,10 @@ fn read_header(r: &mut Reader, model_shape: [u32; 3]) -> Result<Header, ContextE
         }
         _ => None,
     };
+    let provenance = match version {
+        5.. => Some(Provenance::read(r)?),
+        _ => None,
+    };
     let n_tok = r.u32()? as usize;
     if n_tok.saturating_mul(4) > r.left() {
         return Err(format(&format!("{n_tok} tokens do not fit in the file")).into());
@@ -172,7 +304,7 @@ fn read_header(r: &mut Reader, model_shape: [u32; 3]) -> Result<Header, ContextE
         ))
         .into());
     }
-    Ok((types, tokens))
+    Ok((types, provenance, tokens))
 }
 
 /// Loads a state file into K/V stores kept in host memory (one, or a sliding-window
@@ -186,7 +318,10 @@ pub fn state_into_host(
     n_seq_max: u32,
 ) -> Result<SavedState, ContextError> {
     let mut r = Reader::new(data, "state");
-    let (types, tokens) = read_header(&mut r, model_shape)?;
+    // No model behind: what decided the cells is read (a damaged record is refused)
+    // and not compared.
+    let (types, provenance, tokens) = read_header(&mut r, model_shape)?;
+    let lora = provenance.map(|p| p.adapters.iter().map(|a| a.1).collect());
     let load = crate::memory::StateLoad {
         dst,
         types,
@@ -197,5 +332,9 @@ pub fn state_into_host(
         .map(|s| s as &mut dyn crate::memory::KvStore)
         .collect();
     let n_cells = crate::memory::read_kv_state(&mut r, &mut stores, &load)?;
-    Ok(SavedState { tokens, n_cells })
+    Ok(SavedState {
+        tokens,
+        n_cells,
+        lora,
+    })
 }

@@ -168,7 +168,16 @@ impl Engine {
             .take_while(|(a, b)| a == b)
             .count();
         let mut reuse = same.min(prompt.len() - 1);
-        if !self.ctx.can_resume(id, reuse as i32) {
+        let lora = &self.session(id)?.lora;
+        if saved.lora.as_ref().is_some_and(|saved| saved != lora) {
+            log::info!(
+                "prompt cache {}: its cells were computed with other LoRA scales ({:?}, this run's {:?}); reprocessing the prompt",
+                path.display(),
+                saved.lora.as_deref().unwrap_or_default(),
+                lora
+            );
+            reuse = 0;
+        } else if !self.ctx.can_resume(id, reuse as i32) {
             // As llama.cpp does without --swa-full, but only when it must: the rolling
             // buffer no longer has the window before the shared prefix ends. A recurrent
             // state holds only the end of what was saved, so only an exact continuation

@@ -16,8 +16,10 @@ impl Engine {
     /// Writes idle session `id`'s cells and tokens to `path`; returns the tokens saved.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn save_session(&mut self, id: SessionId, path: &Path) -> Result<usize, EngineError> {
-        let history = self.idle(id)?.history.clone();
-        self.context_mut().state_save(path, &history, Some(id))?;
+        let s = self.idle(id)?;
+        let (history, lora) = (s.history.clone(), s.lora.clone());
+        self.context_mut()
+            .state_save(path, &history, Some(id), &lora)?;
         Ok(history.len())
     }
 
@@ -34,11 +36,12 @@ impl Engine {
     /// server's prompt cache); `None` when it holds no tokens.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn snapshot_session(&mut self, id: SessionId) -> Result<Option<Snapshot>, EngineError> {
-        let history = self.idle(id)?.history.clone();
+        let s = self.idle(id)?;
+        let (history, lora) = (s.history.clone(), s.lora.clone());
         if history.is_empty() {
             return Ok(None);
         }
-        let (state, _) = self.context_mut().state_bytes(&history, Some(id))?;
+        let (state, _) = self.context_mut().state_bytes(&history, Some(id), &lora)?;
         Ok(Some(Snapshot {
             tokens: history,
             state,
@@ -57,7 +60,9 @@ impl Engine {
         self.resume_from(id, params, saved)
     }
 
-    /// A fresh idle session `id` that continues from restored cells and tokens.
+    /// A fresh idle session `id` that continues from restored cells and tokens, with the
+    /// LoRA scales they were computed with (a request under another setting then reuses
+    /// none of them).
     fn resume_from(
         &mut self,
         id: SessionId,
@@ -65,6 +70,9 @@ impl Engine {
         saved: crate::context::state::SavedState,
     ) -> Result<usize, EngineError> {
         let mut s = self.new_session(id, params)?;
+        if let Some(lora) = saved.lora {
+            s.lora = lora;
+        }
         s.shift.n_past = saved.tokens.len() as i32;
         s.history = saved.tokens;
         let n = s.history.len();

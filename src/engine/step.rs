@@ -349,7 +349,8 @@ impl Engine {
         path: &std::path::Path,
         tokens: &[u32],
     ) -> Result<(), EngineError> {
-        self.ctx.state_save(path, tokens, Some(id))?;
+        let lora = self.session(id)?.lora.clone();
+        self.ctx.state_save(path, tokens, Some(id), &lora)?;
         Ok(())
     }
 

@@ -476,6 +476,26 @@ impl GgufFile {
         &map[t.file_offset as usize..(t.file_offset + t.n_bytes) as usize]
     }
 
+    /// A hash that tells this file's weights from another's of the same shape (another
+    /// fine-tune, another quantization): every tensor's name, type and dimensions and
+    /// the first and last bytes of its data (a few pages read, not the file). Stable
+    /// across runs and builds (FNV-1a), so files that record it can be checked later.
+    pub fn fingerprint(&self) -> u64 {
+        const EDGE: usize = 64;
+        let mut h = Fnv1a::default();
+        for t in &self.tensors {
+            h.write(t.name.as_bytes());
+            h.write(format!("{:?}", t.ty).as_bytes());
+            for d in &t.dims {
+                h.write(&d.to_le_bytes());
+            }
+            let data = self.tensor_data(t);
+            h.write(&data[..data.len().min(EDGE)]);
+            h.write(&data[data.len().saturating_sub(EDGE)..]);
+        }
+        h.0
+    }
+
     /// Bytes of every file of the model.
     pub fn file_size(&self) -> u64 {
         self.map.len() as u64 + self.parts.iter().map(|p| p.len() as u64).sum::<u64>()
@@ -539,5 +559,22 @@ impl GgufFile {
     /// The model architecture (`general.architecture`).
     pub fn architecture(&self) -> Result<&str, GgufError> {
         self.get_str("general.architecture")
+    }
+}
+
+/// 64-bit FNV-1a: a hash whose value never changes between builds or platforms.
+struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv1a {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
     }
 }

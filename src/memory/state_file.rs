@@ -18,6 +18,12 @@ pub enum StateError {
         "{path}: the cache was saved for another model ({what}); delete the file to start afresh"
     )]
     OtherModel { path: String, what: String },
+    #[error("{path}: the cache was computed with {saved}, and this server has {now}; load it where the same adapters are loaded (--lora, in the same order), or save it again here")]
+    OtherAdapters {
+        path: String,
+        saved: String,
+        now: String,
+    },
     #[error("{path}: the cache was saved {saved} a separate sliding-window buffer and this context has {}; load it with the same --swa-full setting", if *saved == "with" { "none" } else { "one" })]
     OtherLayout { path: String, saved: &'static str },
     #[error("{path}: the cache was saved with K {saved_k} and V {saved_v}, and this context holds K {k} and V {v}; load it with the same -ctk/-ctv (only f16 and f32 convert into each other)")]

@@ -24,6 +24,9 @@ pub struct LoraAdapter {
     pairs: Vec<LoraPair>,
     /// Bytes of GPU memory its pairs take.
     pub gpu_bytes: u64,
+    /// [`GgufFile::fingerprint`] of its file: what a slot file records of the adapters
+    /// its cells were computed with.
+    pub fingerprint: u64,
 }
 
 /// One adapted base tensor's pair, and where that tensor's output lives (resolved once,
@@ -326,6 +329,7 @@ impl LoraAdapter {
             prompt_prefix: text("adapter.lora.prompt_prefix"),
             pairs,
             gpu_bytes,
+            fingerprint: f.fingerprint(),
         })
     }
 

@@ -75,6 +75,9 @@ pub struct Model {
     /// LoRA adapters loaded for this model (`--lora`), in load order; a context says
     /// which apply and at what scale.
     pub loras: Vec<Arc<lora::LoraAdapter>>,
+    /// [`GgufFile::fingerprint`] of its file: state files record it, and one saved from
+    /// other weights of the same shape is refused.
+    pub fingerprint: u64,
 }
 
 /// A parameter count as model names give it: "135M", "30.5B".
@@ -194,6 +197,7 @@ impl Model {
             n_params_active,
             arch_name: f.architecture()?.to_string(),
             loras: Vec::new(),
+            fingerprint: f.fingerprint(),
         })
     }
 

@@ -143,7 +143,7 @@ impl ChatRequest {
 
     /// The prompt's tokens.
     pub fn tokens(&self, tok: &Tokenizer) -> ApiResult<Vec<u32>> {
-        Ok(tok.encode(&self.render(tok)?, true, true))
+        super::budget::encode(tok, &self.render(tok)?, true, true)
     }
 
     /// A chat body read, and the request it queues: `base` (the body's generation

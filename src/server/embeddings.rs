@@ -94,6 +94,22 @@ async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Json<Valu
         })
         .collect::<ApiResult<Vec<_>>>()?;
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
+    // Each number of the reply as a value (and its text); one vector per input, or per
+    // token without pooling.
+    let n_vectors = match pooling {
+        Pooling::None => n_tokens,
+        _ => inputs.len(),
+    } as u64;
+    let floats = n_vectors * service.info().n_embd as u64;
+    let per_float = 2 * std::mem::size_of::<Value>() as u64 + 24;
+    super::budget::check(
+        &format!(
+            "{n_vectors} embeddings of {} numbers",
+            service.info().n_embd
+        ),
+        floats * per_float,
+        "send fewer or shorter inputs per request",
+    )?;
     let vectors = service.embed(inputs, pooling).await?;
     // Unpooled per-token states are returned as they are, as llama-server does.
     let finish = |v: &Vec<f32>| match pooling {

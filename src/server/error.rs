@@ -100,6 +100,7 @@ impl From<crate::engine::service::RequestError> for ApiError {
                 ApiError::exceeds_context(e_msg(n_prompt, n_ctx), n_prompt, n_ctx)
             }
             RequestError::Server(m) => ApiError::server(m),
+            RequestError::Unavailable(m) => ApiError::unavailable(m),
         }
     }
 }

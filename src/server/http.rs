@@ -94,13 +94,17 @@ async fn wrong_method(req: Request) -> ApiError {
     )
 }
 
-/// Reads the request's body whole before any handler runs: a body over the limit gets a
+/// Refuses every request with a 503 once the server is shutting down. Reads the
+/// request's body whole before any handler runs: a body over the limit gets a
 /// 413 once the limit is read (answering before the body is sent would leave a client
 /// that is still writing it with a broken pipe instead of the answer), one that does not
 /// arrive within the server's timeout (`-to`) a 408, so a slow client holds its
 /// connection for a bounded time. Then any refusal below that is not already a JSON error (axum's extractors answer
 /// in plain text) is rewritten as one, with its status.
 async fn body_and_errors(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if s.stopping() {
+        return ApiError::unavailable("the server is shutting down").into_response();
+    }
     let max = s.opts.max_body;
     let too_large = || {
         ApiError::with_status(

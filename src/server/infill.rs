@@ -39,7 +39,7 @@ pub async fn infill(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Re
     let parts = InfillParts {
         prefix: mixed(prefix, tok, "input_prefix")?,
         suffix: mixed(suffix, tok, "input_suffix")?,
-        prompt: tok.encode(&prompt, false, true),
+        prompt: super::budget::encode(tok, &prompt, false, true)?,
         extra: extra_files(f.value("input_extra"))?,
     };
     let info = service.info();
@@ -104,7 +104,7 @@ fn mixed(v: &Value, tok: &Tokenizer, what: &str) -> ApiResult<Vec<u32>> {
     let n_vocab = tok.n_vocab() as u64;
     let piece = |p: &Value, out: &mut Vec<u32>| -> ApiResult<()> {
         match p {
-            Value::String(s) => out.extend(tok.encode(s, false, false)),
+            Value::String(s) => out.extend(super::budget::encode(tok, s, false, false)?),
             Value::Number(n) => out.push(token_id(n, n_vocab, &format!("\"{what}\""))?),
             _ => {
                 return Err(ApiError::invalid(format!(

@@ -11,6 +11,7 @@
 
 mod anthropic;
 pub mod bodies;
+pub mod budget;
 mod chat;
 mod embeddings;
 mod error;
@@ -24,6 +25,7 @@ mod params;
 mod rerank;
 mod responses;
 mod resumable;
+mod shutdown;
 mod tools;
 
 pub use error::ApiError;
@@ -73,6 +75,12 @@ pub struct ServerOptions {
     /// `-b` as given (not capped at the context, as the engine caps it): `/infill` cuts
     /// its parts to it, as llama-server does.
     pub n_batch: u32,
+    /// Seconds requests in flight may take to finish after SIGINT/SIGTERM before they
+    /// are ended with an error (`--shutdown-grace`).
+    pub shutdown_grace_s: u64,
+    /// The memory one request may take, in bytes (`--request-budget-mib`; see
+    /// [`budget`]).
+    pub request_budget: u64,
 }
 
 /// What every handler sees.
@@ -85,9 +93,16 @@ pub struct AppState {
     pub started: std::time::Instant,
     /// Streamed replies kept for `/v1/stream` (requests with `X-Conversation-Id`).
     streams: resumable::StreamStore,
+    /// Set once the server was told to stop: new requests get a 503.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
+    /// The server is shutting down.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(crate) fn service(&self) -> Result<&EngineService, ApiError> {
         if let Some(s) = self.service.get() {
             return Ok(s);
@@ -105,9 +120,10 @@ impl AppState {
     }
 }
 
-/// Runs the server until Ctrl-C (or SIGTERM): binds first, then loads the model with
+/// Runs the server until SIGINT or SIGTERM: binds first, then loads the model with
 /// `load` on a thread of its own; `ready` is called with the bound addresses once the
-/// model serves. Returns an error if no address can be bound or the model fails to load.
+/// model serves. Returns an error if no address can be bound or the model fails to load;
+/// Ok once a signal has stopped it (see [`shutdown`]).
 pub fn serve(
     opts: ServerOptions,
     load: impl Fn() -> anyhow::Result<Engine> + Send + Sync + 'static,
@@ -117,7 +133,12 @@ pub fn serve(
     if opts.threads_http > 0 {
         rt.worker_threads(opts.threads_http);
     }
-    rt.enable_all().build()?.block_on(run(opts, load, ready))
+    let rt = rt.enable_all().build()?;
+    let r = rt.block_on(run(opts, load, ready));
+    // Whatever still runs on the runtime (a handler that does not yield, a blocking
+    // task) is not waited for: the orderly part of the shutdown is over.
+    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    r
 }
 
 async fn run(
@@ -131,7 +152,12 @@ async fn run(
         load_error: OnceLock::new(),
         started: std::time::Instant::now(),
         streams: Default::default(),
+        stopping: Default::default(),
     });
+    budget::set_limit(opts.request_budget);
+    let grace = std::time::Duration::from_secs(opts.shutdown_grace_s);
+    let mut signals = shutdown::Signals::listen(grace)
+        .map_err(|e| anyhow::anyhow!("cannot listen for SIGINT/SIGTERM: {e}"))?;
     let app = http::router(state.clone());
     let mut listeners = Vec::new();
     for host in opts
@@ -153,7 +179,7 @@ async fn run(
     for a in &addrs {
         log::info!("listening on http://{a} (loading the model)");
     }
-    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let (stop_tx, _) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     for l in listeners {
@@ -173,10 +199,18 @@ async fn run(
     service_opts.reload = Some(crate::engine::service::Reload(Arc::new(move || {
         again().map_err(|e| format!("{e:#}"))
     })));
-    let loaded = tokio::task::spawn_blocking(move || {
+    let loading = tokio::task::spawn_blocking(move || {
         load().and_then(|e| Ok(EngineService::spawn_with(e, service_opts)?))
-    })
-    .await?;
+    });
+    let loaded = tokio::select! {
+        l = loading => l?,
+        _ = signals.first() => {
+            // Nothing is in flight yet; the loading thread ends with the process.
+            log::info!("shutting down before the model finished loading");
+            let _ = stop_tx.send(true);
+            return Ok(());
+        }
+    };
     match loaded {
         Ok(service) => {
             let _ = state.service.set(service);
@@ -185,16 +219,35 @@ async fn run(
         }
         Err(e) => {
             let _ = state.load_error.set(format!("{e:#}"));
-            let _ = stop_tx.send(());
+            let _ = stop_tx.send(true);
             return Err(e);
         }
     }
-    shutdown_signal().await;
-    log::info!("shutting down");
-    let _ = stop_tx.send(());
+    signals.first().await;
+    log::info!(
+        "shutting down: no new requests; those in flight have {} s to finish (a second signal exits at once)",
+        grace.as_secs()
+    );
+    state
+        .stopping
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    // Listeners close; each connection finishes the request it is serving and closes
+    // (an idle one at once).
+    let _ = stop_tx.send(true);
+    let all_closed = || open.acquire_many(MAX_CONNECTIONS as u32);
+    if tokio::time::timeout(grace, all_closed()).await.is_err() {
+        log::info!("requests still in flight after the grace period end with an error");
+    }
+    // What still runs ends with an error event or a 503; the engine and its device go.
+    if let Some(service) = state.service.get() {
+        service.shutdown().await;
+    }
+    // The error replies are written and their connections close.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), all_closed()).await;
     while let Some(r) = servers.join_next().await {
         r?;
     }
+    log::info!("stopped");
     Ok(())
 }
 
@@ -206,13 +259,13 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// Most requests one HTTP/2 connection may have in flight.
 const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 
-/// Serves connections from `l` until `stop` fires; in-flight requests end with the
-/// process (their clients see the connection close). Each connection holds a permit of
-/// `open` while it lives.
+/// Serves connections from `l` until `stop` turns true; then each open connection
+/// finishes the request it serves and closes (an idle one at once). Each connection
+/// holds a permit of `open` while it lives.
 async fn accept_loop(
     l: tokio::net::TcpListener,
     app: axum::Router,
-    mut stop: tokio::sync::broadcast::Receiver<()>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
     read_timeout: std::time::Duration,
     open: Arc<tokio::sync::Semaphore>,
 ) {
@@ -224,7 +277,7 @@ async fn accept_loop(
                 Ok(p) => p,
                 Err(_) => return,
             },
-            _ = stop.recv() => return,
+            _ = stopped(&mut stop) => return,
         };
         let (stream, _peer) = tokio::select! {
             a = l.accept() => match a {
@@ -236,7 +289,7 @@ async fn accept_loop(
                     continue;
                 }
             },
-            _ = stop.recv() => return,
+            _ = stopped(&mut stop) => return,
         };
         let svc = hyper_util::service::TowerToHyperService::new(app.clone());
         // A second handle on the socket notices a client that hangs up while its
@@ -249,6 +302,7 @@ async fn accept_loop(
                 continue;
             }
         };
+        let mut stop = stop.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let mut b = Builder::new(TokioExecutor::new());
@@ -259,13 +313,26 @@ async fn accept_loop(
             b.http2()
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
-            tokio::select! {
-                r = b.serve_connection(TokioIo::new(stream), svc) => {
-                    if let Err(e) = r {
-                        log::debug!("connection ended: {e}");
+            let conn = b.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            let mut stopping = false;
+            loop {
+                tokio::select! {
+                    r = conn.as_mut() => {
+                        if let Err(e) = r {
+                            log::debug!("connection ended: {e}");
+                        }
+                        return;
+                    }
+                    _ = peer_closed(&watch) => {
+                        log::debug!("the client closed its connection");
+                        return;
+                    }
+                    _ = stopped(&mut stop), if !stopping => {
+                        stopping = true;
+                        conn.as_mut().graceful_shutdown();
                     }
                 }
-                _ = peer_closed(&watch) => log::debug!("the client closed its connection"),
             }
         });
     }
@@ -295,21 +362,7 @@ async fn peer_closed(s: &tokio::net::TcpStream) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            s.recv().await;
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
+/// Resolves once `stop` is true (or its sender is gone).
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|&s| s).await.map(|_| ());
 }

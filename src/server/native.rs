@@ -21,6 +21,7 @@ pub fn body_json(body: &Bytes) -> ApiResult<Value> {
     if body.is_empty() {
         return Ok(json!({}));
     }
+    super::budget::check_body(body)?;
     serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("invalid JSON in the request body: {e}")))
 }
@@ -47,6 +48,11 @@ pub async fn completion_of(s: &Arc<AppState>, body: Value) -> ApiResult<Response
     let tok = service.tokenizer();
     let p = params::gen_params(&body, &s.opts.defaults, tok)?;
     let mut reqs = params::completion_requests(&body, &p, tok)?;
+    if !p.stream {
+        let n_ctx = service.info().n_ctx_slot;
+        let n_predict = p.request.params.n_predict;
+        super::budget::check_generation(reqs.len(), n_predict, p.n_probs, n_ctx)?;
+    }
     if p.stream {
         let req = reqs.remove(0);
         let start = gen::start_stream(service, req).await?;
@@ -128,7 +134,7 @@ pub async fn completion_of(s: &Arc<AppState>, body: Value) -> ApiResult<Response
             .map(|&t| String::from_utf8_lossy(&tok.token_to_piece(t, true)).into_owned())
             .collect::<String>());
         if let Some(fields) = &p.response_fields {
-            v = pick_fields(&v, fields);
+            v = pick_fields(&v, fields)?;
         }
         results.push(v);
     }
@@ -141,16 +147,27 @@ pub async fn completion_of(s: &Arc<AppState>, body: Value) -> ApiResult<Response
 }
 
 /// llama-server's `response_fields`: only the named keys; `a/b` is looked up nested and
-/// kept under its whole name.
-fn pick_fields(v: &Value, fields: &[String]) -> Value {
+/// kept under its whole name. A name given twice is kept once; what the copies add up
+/// to is held to the request budget (names of nested parts copy them again).
+fn pick_fields(v: &Value, fields: &[String]) -> ApiResult<Value> {
     let mut out = serde_json::Map::new();
+    let mut bytes = 0u64;
     for f in fields {
+        if out.contains_key(f) {
+            continue;
+        }
         let found = f.split('/').try_fold(v, |at, k| at.get(k));
         if let Some(x) = found {
+            bytes += super::budget::json_size(x) + f.len() as u64;
+            super::budget::check(
+                &format!("the {} fields selected (response_fields)", out.len() + 1),
+                bytes,
+                "select fewer fields, or fewer nested parts of the same field",
+            )?;
             out.insert(f.clone(), x.clone());
         }
     }
-    Value::Object(out)
+    Ok(Value::Object(out))
 }
 
 /// Runs futures side by side and returns their outputs in order. Dropping the returned
@@ -387,7 +404,7 @@ fn probs_json(tok: &Tokenizer, pieces: &[Piece], n: usize, post: bool) -> Value 
     )
 }
 
-pub async fn tokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
+pub async fn tokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
     let service = s.service()?;
     let body = body_json(&body)?;
     let f = Fields::of(&body)?;
@@ -396,24 +413,47 @@ pub async fn tokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
     let parse_special = f.bool("parse_special")?.unwrap_or(true);
     let tokens = match f.value("content") {
         None => Vec::new(),
-        Some(Value::String(c)) => tok.encode(c, add_special, parse_special),
+        Some(Value::String(c)) => super::budget::encode(tok, c, add_special, parse_special)?,
         Some(v) => params::prompt_tokens(v, tok, add_special)?,
     };
+    // The reply is written out as it is built (never as a tree of values), its size
+    // checked against the budget as it grows.
+    let mut out = String::from("{\"tokens\":[");
+    let too_big = |out: &String| {
+        super::budget::check(
+            &format!("the reply listing {} tokens", tokens.len()),
+            out.len() as u64,
+            "tokenize a shorter text, or without with_pieces",
+        )
+    };
     if f.bool("with_pieces")?.unwrap_or(false) {
-        let pieces: Vec<Value> = tokens
-            .iter()
-            .map(|&t| {
-                let bytes = tok.token_to_piece(t, true);
-                let piece = match String::from_utf8(bytes) {
-                    Ok(s) => json!(s),
-                    Err(e) => json!(e.into_bytes()),
-                };
-                json!({"id": t, "piece": piece})
-            })
-            .collect();
-        return Ok(Json(json!({ "tokens": pieces })));
+        use std::fmt::Write as _;
+        for (i, &t) in tokens.iter().enumerate() {
+            let bytes = tok.token_to_piece(t, true);
+            let piece = match String::from_utf8(bytes) {
+                Ok(s) => Value::String(s),
+                Err(e) => json!(e.into_bytes()),
+            };
+            let sep = if i > 0 { "," } else { "" };
+            let _ = write!(out, "{sep}{{\"id\":{t},\"piece\":{piece}}}");
+            if i % 4096 == 0 {
+                too_big(&out)?;
+            }
+        }
+    } else {
+        use std::fmt::Write as _;
+        for (i, &t) in tokens.iter().enumerate() {
+            let sep = if i > 0 { "," } else { "" };
+            let _ = write!(out, "{sep}{t}");
+        }
     }
-    Ok(Json(json!({ "tokens": tokens })))
+    out.push_str("]}");
+    too_big(&out)?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        out,
+    )
+        .into_response())
 }
 
 pub async fn detokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
@@ -425,6 +465,15 @@ pub async fn detokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
         None => Vec::new(),
         Some(v) => params::prompt_tokens(v, tok, false)?,
     };
+    // The text is at most the tokens' pieces; written out, each byte at most an escape.
+    let bound: u64 = (tokens.iter())
+        .map(|&t| tok.token_text(t).map_or(16, str::len) as u64)
+        .sum();
+    super::budget::check(
+        &format!("the text of {} tokens", tokens.len()),
+        bound * 7,
+        "detokenize fewer tokens at once",
+    )?;
     Ok(Json(json!({ "content": tok.decode(&tokens) })))
 }
 

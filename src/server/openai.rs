@@ -178,6 +178,11 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
     let mut p = params::gen_params(&body, &s.opts.defaults, tok)?;
     oai_n_probs(&body, &mut p, false)?;
     let mut reqs = params::completion_requests(&body, &p, tok)?;
+    if !p.stream {
+        let n_ctx = service.info().n_ctx_slot;
+        let n_predict = p.request.params.n_predict;
+        super::budget::check_generation(reqs.len(), n_predict, p.n_probs, n_ctx)?;
+    }
     let model = s.model_name();
     let id = reply_id("chatcmpl-");
     if p.stream {
@@ -283,6 +288,11 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
         return Err(ApiError::invalid(format!(
             "\"n\" must be between 1 and the number of slots ({n_slots})"
         )));
+    }
+    if !p.stream {
+        let n_ctx = service.info().n_ctx_slot;
+        let n_predict = p.request.params.n_predict;
+        super::budget::check_generation(n_choices as usize, n_predict, p.n_probs, n_ctx)?;
     }
     let verbose = f.bool("verbose")?.unwrap_or(s.opts.verbose);
     let return_progress = f.bool("return_progress")?.unwrap_or(false);

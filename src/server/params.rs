@@ -394,9 +394,11 @@ fn logit_bias(v: &Value, tok: &Tokenizer) -> ApiResult<Vec<(u32, f32)>> {
                 };
                 let b = bias(b)?;
                 match t {
-                    Value::String(text) => {
-                        out.extend(tok.encode(text, false, false).into_iter().map(|t| (t, b)))
-                    }
+                    Value::String(text) => out.extend(
+                        super::budget::encode(tok, text, false, false)?
+                            .into_iter()
+                            .map(|t| (t, b)),
+                    ),
                     t => out.push((
                         id(t.as_i64().ok_or_else(|| {
                             wrong("logit_bias", "pairs of a token and a number or false")
@@ -413,7 +415,11 @@ fn logit_bias(v: &Value, tok: &Tokenizer) -> ApiResult<Vec<(u32, f32)>> {
                 let b = bias(b)?;
                 match k.parse::<i64>() {
                     Ok(t) => out.push((id(t)?, b)),
-                    Err(_) => out.extend(tok.encode(k, false, false).into_iter().map(|t| (t, b))),
+                    Err(_) => out.extend(
+                        super::budget::encode(tok, k, false, false)?
+                            .into_iter()
+                            .map(|t| (t, b)),
+                    ),
                 }
             }
         }
@@ -466,10 +472,15 @@ pub fn prompt_tokens(v: &Value, tok: &Tokenizer, add_special: bool) -> ApiResult
                         ))
                     }
                 };
-                out.extend(tok.encode(&text, add_special && first, true));
+                out.extend(super::budget::encode(
+                    tok,
+                    &text,
+                    add_special && first,
+                    true,
+                )?);
             }
             Value::String(s) => {
-                out.extend(tok.encode(s, add_special && first, true));
+                out.extend(super::budget::encode(tok, s, add_special && first, true)?);
             }
             Value::Number(n) => out.push(token_id(n, n_vocab, "the prompt")?),
             _ => {

@@ -98,6 +98,35 @@ pub(super) fn alphabet_to_byte(c: char) -> Option<u8> {
     byte_alphabet().1.get(&c).copied()
 }
 
+/// The longest word merged whole. The merge holds about 80 bytes per character of its
+/// word, so a pre-tokenizer that lets a run of letters (or of anything) through whole
+/// would let one text take gigabytes; a longer word is merged in parts of this size, cut
+/// at character boundaries. No word of a natural language comes near it, and no text of
+/// llama.cpp's tokenizer tests has one, so tokens differ from llama.cpp's only inside
+/// such runs (at the cuts).
+pub const MAX_WORD_BYTES: usize = 2048;
+
+/// `word` in parts of at most `max` bytes (at least one character each), cut at
+/// character boundaries.
+pub(super) fn bounded_parts(word: &str, max: usize) -> impl Iterator<Item = &str> {
+    let mut rest = word;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut cut = rest.len().min(max);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        if cut == 0 {
+            cut = rest.chars().next().map_or(rest.len(), char::len_utf8);
+        }
+        let (part, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(part)
+    })
+}
+
 /// A compiled byte-level BPE: pre-tokenizer plus merge ranks.
 #[derive(Clone)]
 pub(super) struct Bpe {
@@ -148,10 +177,12 @@ impl Bpe {
             text
         };
         for word in self.split(text) {
-            if self.pre.byte_encode {
-                self.tokenize_word(&bytes_to_alphabet(word.as_bytes()), lookup, out);
-            } else {
-                self.tokenize_word(word, lookup, out);
+            for part in bounded_parts(word, MAX_WORD_BYTES) {
+                if self.pre.byte_encode {
+                    self.tokenize_word(&bytes_to_alphabet(part.as_bytes()), lookup, out);
+                } else {
+                    self.tokenize_word(part, lookup, out);
+                }
             }
         }
     }

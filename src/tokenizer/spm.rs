@@ -41,8 +41,44 @@ impl PartialOrd for Pair {
     }
 }
 
+/// The longest text merged whole. The merge holds about 80 bytes per character, and
+/// SentencePiece merges a whole fragment at once, so a long text is merged in parts:
+/// cut before a word's `▁` (never inside a run of them, which the vocabulary has tokens
+/// for), or where no such place comes within another part's length, at a character
+/// boundary. Tokens of words joined by spaces never span words, so only a text with a
+/// run of this length without a space tokenizes differently from llama.cpp (at the cut).
+pub const MAX_PART_BYTES: usize = 8192;
+
 /// Tokenizes `text` (spaces already escaped to U+2581) and appends the ids to `out`.
 pub(super) fn tokenize(tok: &Tokenizer, text: &str, out: &mut Vec<u32>) {
+    let mut rest = text;
+    while rest.len() > MAX_PART_BYTES {
+        let window = &rest[..floor_boundary(rest, 2 * MAX_PART_BYTES)];
+        // The first `▁` at or after the limit that follows something else.
+        let cut = (window.char_indices())
+            .skip_while(|&(i, _)| i < MAX_PART_BYTES)
+            .find(|&(i, c)| c == '\u{2581}' && !window[..i].ends_with('\u{2581}'))
+            .map_or_else(|| floor_boundary(rest, MAX_PART_BYTES), |(i, _)| i);
+        tokenize_part(tok, &rest[..cut], out);
+        rest = &rest[cut..];
+    }
+    tokenize_part(tok, rest, out);
+}
+
+/// The largest character boundary of `s` at or below `at` (and above 0 where `s` is not
+/// empty).
+fn floor_boundary(s: &str, at: usize) -> usize {
+    let mut i = at.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    if i == 0 {
+        i = s.chars().next().map_or(0, char::len_utf8);
+    }
+    i
+}
+
+fn tokenize_part(tok: &Tokenizer, text: &str, out: &mut Vec<u32>) {
     let mut syms: Vec<Sym> = text
         .char_indices()
         .map(|(start, c)| Sym {

@@ -153,6 +153,9 @@ pub enum RequestError {
     ExceedsContext { n_prompt: usize, n_ctx: u32 },
     #[error("{0}")]
     Server(String),
+    /// The service is stopping (the server was told to shut down): try again elsewhere.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl RequestError {
@@ -264,6 +267,9 @@ enum Cmd {
         set: Option<Vec<f32>>,
         reply: oneshot::Sender<Result<Vec<f32>, RequestError>>,
     },
+    /// Fail everything in flight and queued as unavailable, drop the engine (its device
+    /// and buffers), then answer.
+    Shutdown(oneshot::Sender<()>),
 }
 
 /// Each input's embedding (one vector, or one per token without pooling).
@@ -442,8 +448,8 @@ impl EngineService {
             // The engine's loop is gone: say so instead of leaving the caller waiting.
             if let Cmd::Submit(q) = e.0 {
                 sink = q.sink;
-                sink(RequestEvent::Failed(RequestError::Server(
-                    "the engine has stopped".into(),
+                sink(RequestEvent::Failed(RequestError::Unavailable(
+                    "the engine has stopped (the server is shutting down)".into(),
                 )));
             }
         }
@@ -487,6 +493,17 @@ impl EngineService {
         self.send(Cmd::Lora { set, reply });
         rx.await
             .unwrap_or_else(|_| Err(RequestError::Server("the engine thread has stopped".into())))
+    }
+
+    /// Stops the engine's thread: requests in flight and queued end with
+    /// [`RequestError::Unavailable`] (a stream's error event, a 503), later ones are
+    /// refused the same way, and the engine with its device is dropped. Resolves once it
+    /// is (at once if the thread is already gone).
+    pub async fn shutdown(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.send(Cmd::Shutdown(done)) {
+            let _ = rx.await;
+        }
     }
 
     /// Saves, restores or erases an idle slot's cache.

@@ -55,6 +55,8 @@ pub(super) struct Worker {
     /// The device was lost and the model could not be loaded again: every request and
     /// slot action gets this at once (nothing can run; stepping would only fail again).
     dead: Option<RequestError>,
+    /// Told to shut down: answered once the engine is dropped.
+    stop: Option<oneshot::Sender<()>>,
 }
 
 type SlotReply = oneshot::Sender<Result<SlotFileResult, RequestError>>;
@@ -79,6 +81,7 @@ impl Worker {
             watchers: Vec::new(),
             pending: Vec::new(),
             dead: None,
+            stop: None,
         }
     }
 
@@ -103,8 +106,26 @@ impl Worker {
 
     pub(super) async fn run(mut self, mut rx: amp::UnboundedReceiver<Cmd>) {
         loop {
+            if let Some(done) = self.stop.take() {
+                let err = RequestError::Unavailable("the server is shutting down".into());
+                self.fail_in_flight(&err);
+                for mut q in self.queue.drain(..) {
+                    (q.sink)(RequestEvent::Failed(err.clone()));
+                }
+                // Commands sent before this one and not yet taken get the same answer;
+                // later ones find the channel closed.
+                rx.close();
+                while let Ok(c) = rx.try_recv() {
+                    Self::refuse(c, &err);
+                }
+                drop(self);
+                log::info!("the engine has stopped and freed its device");
+                let _ = done.send(());
+                return;
+            }
             if let Some(err) = self.dead.clone() {
                 match rx.recv().await {
+                    Some(Cmd::Shutdown(done)) => self.stop = Some(done),
                     Some(c) => Self::refuse(c, &err),
                     None => return,
                 }
@@ -155,6 +176,10 @@ impl Worker {
                 let _ = reply.send(Err(err.clone()));
             }
             Cmd::Watch(_) | Cmd::Cancel(_) => {}
+            // Already stopping (or dead): the engine goes when the loop sees it.
+            Cmd::Shutdown(done) => {
+                let _ = done.send(());
+            }
         }
     }
 
@@ -231,6 +256,7 @@ impl Worker {
                 action,
                 reply,
             } => self.pending.push((slot, action, reply)),
+            Cmd::Shutdown(done) => self.stop = Some(done),
         }
     }
 
