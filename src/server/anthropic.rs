@@ -208,10 +208,10 @@ fn event(name: &str, v: Value) -> String {
 
 pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
     let service = s.service()?;
-    let body = as_chat(&body_json(&body)?)?;
+    let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
     let tok = service.tokenizer();
-    let p = params::gen_params(&body, &s.opts.defaults, tok)?;
-    let (chat, req) = ChatRequest::request(&body, &p.request, tok)?;
+    let p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
+    let (chat, req) = super::off_runtime(|| ChatRequest::request(&body, &p.request, tok)).await?;
     let n_prompt = req.prompt.len();
     let model = s.model_name();
     let id = reply_id("msg-");
@@ -376,7 +376,7 @@ fn block_events(index: usize, b: Value) -> String {
 
 pub async fn count_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
-    let body = as_chat(&body_json(&body)?)?;
-    let n = chat_prompt(&body, service.tokenizer())?.len();
+    let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
+    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer())).await?.len();
     Ok(Json(json!({ "input_tokens": n })))
 }

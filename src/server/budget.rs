@@ -255,8 +255,8 @@ mod tests {
         assert!((1 << 20..2 << 20).contains(&c), "{c}");
         // A string's escapes and brackets inside it are text, not structure.
         let quoted = r#"{"a": "[[[\"{{,,,", "b": [1, 2]}"#;
-        let c = json_cost(quoted.as_bytes());
-        assert!(c < 6 * v + 64, "{c}");
+        let plain = r#"{"a": "abcdefghij", "b": [1, 2]}"#;
+        assert_eq!(json_cost(quoted.as_bytes()), json_cost(plain.as_bytes()));
         // Deeper than serde_json parses: counted without growing the stack.
         let deep = "[".repeat(100_000);
         assert!(json_cost(deep.as_bytes()) >= 100_000 * v);

@@ -33,7 +33,7 @@ async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Json<Valu
             "This server does not support embeddings. Start it with `--embeddings`",
         ));
     }
-    let body = super::native::body_json(&body)?;
+    let body = super::off_runtime(|| super::native::body_json(&body)).await?;
     let f = Fields::of(&body)?;
     let input = match (f.value("input"), f.value("content")) {
         (Some(i), _) => i,
@@ -83,16 +83,19 @@ async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Json<Valu
         )));
     }
     let tok = service.tokenizer();
-    let inputs = prompts
-        .into_iter()
-        .map(|p| {
-            let t = params::prompt_tokens(p, tok, true)?;
-            if t.is_empty() {
-                return Err(ApiError::invalid("Input content cannot be empty"));
-            }
-            Ok(t)
-        })
-        .collect::<ApiResult<Vec<_>>>()?;
+    let inputs = super::off_runtime(|| {
+        prompts
+            .into_iter()
+            .map(|p| {
+                let t = params::prompt_tokens(p, tok, true)?;
+                if t.is_empty() {
+                    return Err(ApiError::invalid("Input content cannot be empty"));
+                }
+                Ok(t)
+            })
+            .collect::<ApiResult<Vec<_>>>()
+    })
+    .await?;
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
     // Each number of the reply as a value (and its text); one vector per input, or per
     // token without pooling.

@@ -23,7 +23,7 @@ pub async fn infill(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Re
     if let Some(why) = infill_unsupported(tok) {
         return Err(ApiError::not_supported(why));
     }
-    let mut body = super::native::body_json(&body)?;
+    let mut body = super::off_runtime(|| super::native::body_json(&body)).await?;
     let f = Fields::of(&body)?;
     let prompt = match f.value("prompt") {
         None => String::new(),

@@ -251,6 +251,21 @@ async fn run(
     Ok(())
 }
 
+/// Request-controlled work of any size (parsing a body, tokenizing, rendering a chat
+/// template, compiling a schema) runs here rather than as a step of the async runtime:
+/// the runtime's thread hands its other tasks to the rest while this one works, so a
+/// request being read never holds up the others' streams or the signals. At most
+/// [`CPU_WORKERS`] such pieces run at once; the others wait their turn without a thread.
+/// Every piece is bounded by the request budget ([`budget`]).
+pub(crate) async fn off_runtime<T>(work: impl FnOnce() -> T) -> T {
+    static PERMITS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(CPU_WORKERS);
+    let _turn = PERMITS.acquire().await;
+    tokio::task::block_in_place(work)
+}
+
+/// Pieces of request-controlled work run at once ([`off_runtime`]).
+pub const CPU_WORKERS: usize = 4;
+
 /// Most connections served at once (over all listeners). Past it the server stops
 /// accepting until one closes: new clients wait in the kernel's queue, and the open ones
 /// (each two file descriptors) cannot use up the process's descriptors.

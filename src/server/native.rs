@@ -38,7 +38,7 @@ pub async fn health(State(s): State<Arc<AppState>>) -> Response {
 }
 
 pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
-    let body = body_json(&body)?;
+    let body = super::off_runtime(|| body_json(&body)).await?;
     completion_of(&s, body).await
 }
 
@@ -46,8 +46,8 @@ pub async fn completion(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
 pub async fn completion_of(s: &Arc<AppState>, body: Value) -> ApiResult<Response> {
     let service = s.service()?;
     let tok = service.tokenizer();
-    let p = params::gen_params(&body, &s.opts.defaults, tok)?;
-    let mut reqs = params::completion_requests(&body, &p, tok)?;
+    let p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
+    let mut reqs = super::off_runtime(|| params::completion_requests(&body, &p, tok)).await?;
     if !p.stream {
         let n_ctx = service.info().n_ctx_slot;
         let n_predict = p.request.params.n_predict;
@@ -406,7 +406,7 @@ fn probs_json(tok: &Tokenizer, pieces: &[Piece], n: usize, post: bool) -> Value 
 
 pub async fn tokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
     let service = s.service()?;
-    let body = body_json(&body)?;
+    let body = super::off_runtime(|| body_json(&body)).await?;
     let f = Fields::of(&body)?;
     let tok = service.tokenizer();
     let add_special = f.bool("add_special")?.unwrap_or(false);
@@ -458,7 +458,7 @@ pub async fn tokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
 
 pub async fn detokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
-    let body = body_json(&body)?;
+    let body = super::off_runtime(|| body_json(&body)).await?;
     let f = Fields::of(&body)?;
     let tok = service.tokenizer();
     let tokens = match f.value("tokens") {
@@ -479,9 +479,12 @@ pub async fn detokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
 
 pub async fn apply_template(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
-    let body = body_json(&body)?;
-    let chat = super::chat::ChatRequest::read(&body, service.tokenizer())?;
-    let prompt = chat.render(service.tokenizer())?;
+    let body = super::off_runtime(|| body_json(&body)).await?;
+    let prompt = super::off_runtime(|| {
+        let chat = super::chat::ChatRequest::read(&body, service.tokenizer())?;
+        chat.render(service.tokenizer())
+    })
+    .await?;
     Ok(Json(json!({ "prompt": prompt })))
 }
 
@@ -597,7 +600,7 @@ pub async fn slot_action(
     let id: u32 = id
         .parse()
         .map_err(|_| ApiError::invalid("Invalid slot ID"))?;
-    let body = body_json(&body)?;
+    let body = super::off_runtime(|| body_json(&body)).await?;
     let f = Fields::of(&body)?;
     let file = |f: &Fields| -> ApiResult<(String, std::path::PathBuf)> {
         let dir = s.opts.slot_save_path.as_ref().unwrap();
@@ -668,7 +671,7 @@ pub async fn set_lora_adapters(
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
     let service = s.service()?;
-    let body = body_json(&body)?;
+    let body = super::off_runtime(|| body_json(&body)).await?;
     if !body.is_array() {
         return Err(ApiError::invalid("Request body must be an array"));
     }

@@ -173,11 +173,11 @@ fn logprobs_json(tok: &Tokenizer, pieces: &[Piece], p: &GenParams) -> Value {
 
 pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
     let service = s.service()?;
-    let body = body_json(&body)?;
+    let body = super::off_runtime(|| body_json(&body)).await?;
     let tok = service.tokenizer();
-    let mut p = params::gen_params(&body, &s.opts.defaults, tok)?;
+    let mut p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
     oai_n_probs(&body, &mut p, false)?;
-    let mut reqs = params::completion_requests(&body, &p, tok)?;
+    let mut reqs = super::off_runtime(|| params::completion_requests(&body, &p, tok)).await?;
     if !p.stream {
         let n_ctx = service.info().n_ctx_slot;
         let n_predict = p.request.params.n_predict;
@@ -269,7 +269,9 @@ pub async fn chat_input_tokens(
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
     let service = s.service()?;
-    let n = chat_prompt(&body_json(&body)?, service.tokenizer())?.len();
+    let n = super::off_runtime(|| chat_prompt(&body_json(&body)?, service.tokenizer()))
+        .await?
+        .len();
     Ok(Json(
         json!({"input_tokens": n, "object": "response.input_tokens"}),
     ))
@@ -277,9 +279,9 @@ pub async fn chat_input_tokens(
 
 pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
     let service = s.service()?;
-    let body = body_json(&body)?;
+    let body = super::off_runtime(|| body_json(&body)).await?;
     let tok = service.tokenizer();
-    let mut p = params::gen_params(&body, &s.opts.defaults, tok)?;
+    let mut p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
     oai_n_probs(&body, &mut p, true)?;
     let f = Fields::of(&body)?;
     let n_choices = f.i64("n")?.unwrap_or(1);
@@ -296,7 +298,7 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
     }
     let verbose = f.bool("verbose")?.unwrap_or(s.opts.verbose);
     let return_progress = f.bool("return_progress")?.unwrap_or(false);
-    let (chat, req) = ChatRequest::request(&body, &p.request, tok)?;
+    let (chat, req) = super::off_runtime(|| ChatRequest::request(&body, &p.request, tok)).await?;
     // `verbose` echoes the prompt as rendered.
     let rendered = if verbose {
         chat.render(tok)?

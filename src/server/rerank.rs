@@ -94,7 +94,7 @@ pub async fn rerank(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
             "This server does not support reranking. Start it with `--reranking`",
         ));
     }
-    let body = super::native::body_json(&body)?;
+    let body = super::off_runtime(|| super::native::body_json(&body)).await?;
     let RerankRequest {
         tei,
         documents,
@@ -102,11 +102,14 @@ pub async fn rerank(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
         top_n,
         return_text,
         model,
-    } = read(
-        &body,
-        service.tokenizer(),
-        service.info().n_ctx_slot as usize,
-    )?;
+    } = super::off_runtime(|| {
+        read(
+            &body,
+            service.tokenizer(),
+            service.info().n_ctx_slot as usize,
+        )
+    })
+    .await?;
     let n_tokens: usize = prompts.iter().map(Vec::len).sum();
     let scores = service.embed(prompts, Pooling::Rank).await?;
     let label = if tei { "score" } else { "relevance_score" };

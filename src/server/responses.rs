@@ -173,14 +173,14 @@ fn event(v: Value) -> String {
 
 pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
     let service = s.service()?;
-    let body = as_chat(&body_json(&body)?)?;
+    let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
     let tok = service.tokenizer();
-    let p = params::gen_params(&body, &s.opts.defaults, tok)?;
+    let p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
     let f = Fields::of(&body)?;
     let return_progress = f.bool("return_progress")?.unwrap_or(false);
     let per_token = f.bool("timings_per_token")?.unwrap_or(false);
     let mut req = p.request.clone();
-    req.prompt = chat_prompt(&body, tok)?;
+    req.prompt = super::off_runtime(|| chat_prompt(&body, tok)).await?;
     let model = s.model_name();
     let resp_id = reply_id("resp_");
     let msg_id = reply_id("msg_");
@@ -274,8 +274,8 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
 
 pub async fn input_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
-    let body = as_chat(&body_json(&body)?)?;
-    let n = chat_prompt(&body, service.tokenizer())?.len();
+    let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
+    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer())).await?.len();
     Ok(Json(
         json!({"input_tokens": n, "object": "response.input_tokens"}),
     ))

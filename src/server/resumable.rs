@@ -9,7 +9,9 @@
 //!
 //! The tee is a layer over the generation routes, so the formats (native, OpenAI,
 //! Anthropic, Responses) know nothing of it. Like llama-server, a buffer keeps its last
-//! 4 MiB and is forgotten 5 minutes after its generation ends.
+//! 4 MiB and is forgotten 5 minutes after its generation ends. Unlike it, at most
+//! [`MAX_STREAMS`] are kept (the oldest finished one makes room; with every one still
+//! running a new one is refused), so the buffers together hold a bounded amount.
 
 use super::error::ApiError;
 use super::AppState;
@@ -28,6 +30,10 @@ use tokio_stream::StreamExt;
 
 /// The bytes a buffer keeps (its oldest are dropped beyond this).
 const MAX_BYTES: usize = 4 << 20;
+/// Streams kept at once: with [`MAX_BYTES`] each, at most 256 MiB in all.
+pub const MAX_STREAMS: usize = 64;
+/// The longest conversation id taken.
+const MAX_ID_BYTES: usize = 256;
 /// How long a finished stream stays replayable.
 const TTL: Duration = Duration::from_secs(300);
 /// The routes whose streamed replies are kept.
@@ -175,13 +181,38 @@ impl StreamStore {
         m
     }
 
-    /// A fresh stream under `id`; the one it replaces is cancelled.
-    fn start(&self, id: &str) -> Arc<Stream> {
+    /// A fresh stream under `id`; the one it replaces is cancelled. With
+    /// [`MAX_STREAMS`] kept, the one that finished first is dropped to make room; with
+    /// none finished, the new one is refused.
+    fn start(&self, id: &str) -> Result<Arc<Stream>, ApiError> {
+        if id.len() > MAX_ID_BYTES {
+            return Err(ApiError::invalid(format!(
+                "X-Conversation-Id is {} bytes long; at most {MAX_ID_BYTES} are taken",
+                id.len()
+            )));
+        }
+        let mut m = self.map();
+        if !m.contains_key(id) && m.len() >= MAX_STREAMS {
+            let oldest = (m.iter())
+                .filter_map(|(k, st)| st.lock().ended.map(|(at, _)| (at, k.clone())))
+                .min();
+            match oldest {
+                Some((_, k)) => {
+                    m.remove(&k);
+                }
+                None => {
+                    return Err(ApiError::with_status(
+                        axum::http::StatusCode::TOO_MANY_REQUESTS,
+                        format!("{MAX_STREAMS} resumable streams are running (requests with X-Conversation-Id); send this one without the header, or when one has finished"),
+                    ))
+                }
+            }
+        }
         let s = Arc::new(Stream::new(id));
-        if let Some(old) = self.map().insert(id.to_string(), s.clone()) {
+        if let Some(old) = m.insert(id.to_string(), s.clone()) {
             old.cancel();
         }
-        s
+        Ok(s)
     }
 
     fn get(&self, id: &str) -> Option<Arc<Stream>> {
@@ -220,7 +251,10 @@ pub async fn tee(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Re
     let Some(id) = id else {
         return next.run(req).await;
     };
-    let stream = s.streams.start(&id);
+    let stream = match s.streams.start(&id) {
+        Ok(st) => st,
+        Err(e) => return e.into_response(),
+    };
     let resp = next.run(req).await;
     let is_sse = resp
         .headers()
@@ -399,8 +433,8 @@ mod tests {
     #[test]
     fn a_new_stream_under_an_id_cancels_the_old() {
         let store = StreamStore::default();
-        let a = store.start("x");
-        let b = store.start("x");
+        let a = store.start("x").unwrap();
+        let b = store.start("x").unwrap();
         assert!(*a.cancel.borrow());
         assert!(!*b.cancel.borrow());
         store.forget(&a);
@@ -408,5 +442,30 @@ mod tests {
         assert!(store.cancel("x"));
         assert!(store.get("x").is_none());
         assert!(!store.cancel("x"));
+    }
+
+    /// At most MAX_STREAMS are kept: the one that finished first makes room for a new
+    /// id; with all of them running, a new id is refused (429) and an old id still
+    /// replaces its own stream; over-long ids are refused.
+    #[test]
+    fn streams_are_capped_in_count() {
+        let store = StreamStore::default();
+        let all: Vec<_> = (0..MAX_STREAMS)
+            .map(|i| store.start(&format!("c{i}")).unwrap())
+            .collect();
+        let Err(e) = store.start("one-more") else {
+            panic!("a 65th running stream was kept");
+        };
+        assert_eq!(e.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert!(store.start("c3").is_ok(), "an id kept replaces its own stream");
+        all[7].finish();
+        std::thread::sleep(Duration::from_millis(2));
+        all[5].finish();
+        assert!(store.start("one-more").is_ok());
+        assert!(store.get("c7").is_none(), "the first to finish made room");
+        assert!(store.get("c5").is_some());
+        assert_eq!(store.map().len(), MAX_STREAMS);
+        assert!(store.start(&"x".repeat(MAX_ID_BYTES + 1)).is_err());
+        drop(all);
     }
 }

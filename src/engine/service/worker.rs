@@ -61,6 +61,9 @@ pub(super) struct Worker {
 
 type SlotReply = oneshot::Sender<Result<SlotFileResult, RequestError>>;
 
+/// Inputs embedded between checks that their caller still waits.
+const EMBED_GROUP: usize = 16;
+
 impl Worker {
     pub(super) fn new(engine: Engine, shared: Arc<Shared>) -> Self {
         let n = shared.info.n_slots as usize;
@@ -207,7 +210,23 @@ impl Worker {
                 pooling,
                 reply,
             } => {
-                let _ = reply.send(self.embed(&inputs, pooling));
+                // In groups, so that a caller who is gone (a client that hung up) stops
+                // the work at the next group instead of its end.
+                let mut out = Vec::with_capacity(inputs.len());
+                for group in inputs.chunks(EMBED_GROUP) {
+                    if reply.is_closed() {
+                        log::debug!("embeddings: the caller is gone; the rest is not computed");
+                        return;
+                    }
+                    match self.embed(group, pooling) {
+                        Ok(v) => out.extend(v),
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                            return;
+                        }
+                    }
+                }
+                let _ = reply.send(Ok(out));
             }
             Cmd::Submit(mut q) => {
                 // A slot that does not exist is never free: refuse now, not wait forever.
