@@ -186,12 +186,16 @@ def main():
     for name, (s, text) in schemas.items():
         put("json_schema", name, json.dumps(s) + "\0" + text)
 
-    # State files (wgllm's format, version 4) for the fuzz model: 2 layers of K/V width
-    # 32, vocabulary 64, a sliding-window pair of stores. The first byte: cache types
-    # (bits 0-1: f16, f32, q8_0, q4_0) and whether one sequence is loaded (bit 2, into
-    # sequence bits 3+ mod 4).
-    def state(tokens, stores, seq_bits):
-        out = b"WGLLMKV\0" + struct.pack("<I", 4) + struct.pack("<3I", 2, 32, 64)
+    # State files (wgllm's format, versions 4 and 5) for the fuzz model: 2 layers of K/V
+    # width 32, vocabulary 64, a sliding-window pair of stores. The first byte: cache
+    # types (bits 0-1: f16, f32, q8_0, q4_0) and whether one sequence is loaded (bit 2,
+    # into sequence bits 3+ mod 4). Version 5 records what decided the cells: a model
+    # fingerprint and each adapter's fingerprint and scale.
+    def state(tokens, stores, seq_bits, version=4, adapters=()):
+        out = b"WGLLMKV\0" + struct.pack("<I", version) + struct.pack("<3I", 2, 32, 64)
+        if version >= 5:
+            out += struct.pack("<QI", 0x0123456789ABCDEF, len(adapters))
+            out += b"".join(struct.pack("<Qf", fp, scale) for fp, scale in adapters)
         out += struct.pack("<I", len(tokens)) + b"".join(struct.pack("<I", t) for t in tokens)
         out += struct.pack("<II", 1, 1)  # K and V as f16 (ggml id 1)
         out += struct.pack("<I", len(stores))
@@ -206,6 +210,8 @@ def main():
     put("state_file", "whole", state(toks, [[(i, 1) for i in range(5)], [(i, 1) for i in range(3, 5)]], 0))
     put("state_file", "shared-seqs", state(toks[:3], [[(0, 3), (1, 3), (2, 1)], [(1, 3), (2, 1)]], 0))
     put("state_file", "one-seq", state(toks, [[(i, 1) for i in range(5)], [(i, 1) for i in range(2, 5)]], 4 | (2 << 3)))
+    put("state_file", "v5-adapters", state(toks, [[(i, 1) for i in range(5)], [(i, 1) for i in range(3, 5)]], 0,
+                                           version=5, adapters=[(7, 1.0), (9, 0.5)]))
 
     # Request bodies: the first byte picks the endpoint (wgllm::server::bodies::Endpoint::ALL).
     bodies = [
@@ -224,6 +230,11 @@ def main():
                           "tools": [{"name": "f", "input_schema": {"type": "object"}}]}),
         (4, "responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}], "instructions": "Be kind", "max_output_tokens": 5}),
         (5, "rerank", {"query": "What is it?", "documents": ["A cat.", "A dog <s> here."], "top_n": 1, "model": "m"}),
+        (6, "tokenize", {"content": "Hello <|im_start|> world", "with_pieces": True, "add_special": True}),
+        (7, "detokenize", {"tokens": [1, 2, 300, 49000]}),
+        (8, "embeddings", {"input": ["a cat", [1, 2, 3]], "encoding_format": "base64", "embd_normalize": 1}),
+        (9, "infill", {"input_prefix": "def f(", "input_suffix": "):\n    pass", "prompt": "x",
+                       "input_extra": [{"filename": "a.py", "text": "import os"}], "n_predict": 8}),
     ]
     for which, name, body in bodies:
         put("server_request", name, bytes([which]) + json.dumps(body).encode())

@@ -163,8 +163,13 @@ fn request_seeds_are_accepted_at_their_endpoint() {
     let tok = smollm2_tokenizer();
     for (path, data) in seeds("server_request") {
         let endpoint = Endpoint::ALL[data[0] as usize % Endpoint::ALL.len()];
-        let reqs = requests(endpoint, &data[1..], &tok, &default_settings())
-            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        let reqs = match requests(endpoint, &data[1..], &tok, &default_settings()) {
+            // SmolLM2 has no FIM tokens: an infill body is read whole, then refused.
+            Err(e) if endpoint == Endpoint::Infill && e.contains("not supported by this model") => {
+                continue
+            }
+            r => r.unwrap_or_else(|e| panic!("{path}: {e}")),
+        };
         assert!(reqs.iter().all(|r| !r.prompt.is_empty()), "{path}");
     }
 }

@@ -530,8 +530,8 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
     assert_eq!(ctx.cells().seq_pos_max(1), 9);
     assert_eq!(probe_logits(&mut ctx, 1, 9), before, "sequence 1 is intact");
 
-    // Cell 0 of a file without tokens (one K/V store): position at byte 44, sequence set
-    // at byte 48.
+    // Cell 0 of a file without tokens (one K/V store, the model's fingerprint and no
+    // adapter before the tokens): position at byte 56, sequence set at byte 60.
     src.state_save(&path, &[], None, &[]).unwrap();
     let good = std::fs::read(&path).unwrap();
     let patched = |at: usize, bytes: &[u8]| {
@@ -540,10 +540,10 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
         std::fs::write(&path, f).unwrap();
     };
     let cases: [(usize, Vec<u8>, &str); 4] = [
-        (44, (-3i32).to_le_bytes().to_vec(), "negative position -3"),
-        (48, 0u64.to_le_bytes().to_vec(), "belongs to no sequence"),
-        (48, (1u64 << 5).to_le_bytes().to_vec(), "sequence 5"),
-        (48, (1u64 << 63).to_le_bytes().to_vec(), "sequence 63"),
+        (56, (-3i32).to_le_bytes().to_vec(), "negative position -3"),
+        (60, 0u64.to_le_bytes().to_vec(), "belongs to no sequence"),
+        (60, (1u64 << 5).to_le_bytes().to_vec(), "sequence 5"),
+        (60, (1u64 << 63).to_le_bytes().to_vec(), "sequence 63"),
     ];
     for (at, bytes, needle) in cases {
         patched(at, &bytes);
@@ -554,7 +554,7 @@ fn state_loading_is_all_or_nothing_and_checks_cells() {
         }
     }
     // The same id is fine where -np allows it.
-    patched(48, &(1u64 << 63).to_le_bytes());
+    patched(60, &(1u64 << 63).to_le_bytes());
     let mut np64 = context(&model, 64, 64);
     np64.state_load(&path, None).unwrap();
     assert_eq!(np64.cells().seq_pos_max(63), 0);

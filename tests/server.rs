@@ -1352,3 +1352,60 @@ fn a_signal_ends_requests_in_flight_and_the_server_exits() {
     assert_eq!(exit_code_within(&mut s, Duration::from_secs(5)), Some(130));
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
+
+/// A request whose work would take more memory than `--request-budget-mib` gets a 400
+/// naming the budget and its cost before the work (a body that swells when parsed, a
+/// text too long to tokenize, a non-streamed reply of many probabilities); a field named
+/// 100 000 times in `response_fields` is kept once; `/tokenize` writes the same reply
+/// as a tree of values would; the server goes on.
+#[test]
+fn the_request_budget_refuses_before_the_work() {
+    let s = start(&["--request-budget-mib", "16"]);
+    let budget = |st: u16, r: &Value, what: &str| {
+        assert_error(st, r, 400, "invalid_request_error");
+        let m = r["error"]["message"].as_str().unwrap();
+        assert!(
+            m.contains(what) && m.contains("budget of 16 MiB per request"),
+            "{m}"
+        );
+    };
+    let zeros = format!("{{\"prompt\": [{}0]}}", "0,".repeat(3_000_000));
+    let (st, b) = s.request("POST", "/completion", &zeros);
+    budget(st, &serde_json::from_str(&b).unwrap(), "parsed");
+    let (st, r) = s.json("POST", "/tokenize", json!({"content": "a".repeat(1 << 20)}));
+    budget(st, &r, "tokenizing a text of 1048576 bytes");
+    let many = json!({"prompt": vec!["Hi"; 20], "n_predict": 1000, "n_probs": 50});
+    let (st, r) = s.json("POST", "/completion", many);
+    budget(st, &r, "20 replies of up to");
+    assert!(r["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("with 50 probabilities each"));
+    let fields = json!({"prompt": "Hi", "n_predict": 2,
+        "response_fields": vec!["generation_settings"; 100_000]});
+    let (st, r) = s.json("POST", "/completion", fields);
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r.as_object().unwrap().len(), 1, "{r}");
+    let (st, r) = s.json(
+        "POST",
+        "/tokenize",
+        json!({"content": "Hi \"there\"\n☃ 漢", "with_pieces": true}),
+    );
+    assert_eq!(st, 200, "{r}");
+    // A piece that is not whole UTF-8 comes as its bytes.
+    let pieces: Vec<u8> = (r["tokens"].as_array().unwrap().iter())
+        .flat_map(|t| match &t["piece"] {
+            Value::String(p) => p.as_bytes().to_vec(),
+            bytes => (bytes.as_array().unwrap().iter())
+                .map(|b| b.as_u64().unwrap() as u8)
+                .collect(),
+        })
+        .collect();
+    assert_eq!(pieces, "Hi \"there\"\n☃ 漢".as_bytes());
+    let (st, r) = s.json(
+        "POST",
+        "/completion",
+        json!({"prompt": "Hi", "n_predict": 4}),
+    );
+    assert_eq!(st, 200, "{r}");
+}

@@ -377,6 +377,8 @@ fn block_events(index: usize, b: Value) -> String {
 pub async fn count_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
     let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
-    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer())).await?.len();
+    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer()))
+        .await?
+        .len();
     Ok(Json(json!({ "input_tokens": n })))
 }

@@ -1,6 +1,8 @@
-//! Every generating endpoint's body (and /rerank's) read into the requests it queues, as the handlers
-//! read it, with no engine behind: what the request-body fuzz target runs (and its
-//! regression inputs in the tests), so that no body can panic, hang or exhaust the
+//! Every endpoint's body that is more than a name read as its handler reads it (the
+//! same functions, the request budget's checks included), with no engine behind: into
+//! the requests it queues (generation, /rerank, /infill), the inputs it embeds, or the
+//! reply it gets (/tokenize, /detokenize). What the request-body fuzz target runs (and
+//! its regression inputs in the tests), so that no body can panic, hang or exhaust the
 //! server before the engine sees it.
 
 use super::chat::ChatRequest;
@@ -27,18 +29,36 @@ pub enum Endpoint {
     Responses,
     /// `/rerank` and its aliases: a request per document.
     Rerank,
+    /// `/tokenize`: one request of the tokens (its reply written out too).
+    Tokenize,
+    /// `/detokenize`: no request (the text is made).
+    Detokenize,
+    /// `/embedding(s)` and `/v1/embeddings` (read as OpenAI's): a request per input.
+    Embeddings,
+    /// `/infill`: the prompt laid out (with the model's FIM tokens), then a completion.
+    Infill,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 6] = [
+    /// In the order the fuzz target's first byte picks them (new ones go last, so
+    /// recorded inputs keep their endpoint).
+    pub const ALL: [Endpoint; 10] = [
         Endpoint::Completion,
         Endpoint::OpenAiCompletion,
         Endpoint::Chat,
         Endpoint::Anthropic,
         Endpoint::Responses,
         Endpoint::Rerank,
+        Endpoint::Tokenize,
+        Endpoint::Detokenize,
+        Endpoint::Embeddings,
+        Endpoint::Infill,
     ];
 }
+
+/// The embedding width /embeddings' replies are bounded with here (a server's own is
+/// its model's).
+const EMBED_WIDTH: u32 = 1024;
 
 /// The slot context /rerank's prompts are bounded by here (a server's own is its
 /// `-c / -np`).
@@ -107,13 +127,38 @@ fn read(
             req.prompt = openai::chat_prompt(&body, tok)?;
             vec![req]
         }
-        Endpoint::Rerank => (super::rerank::RerankRequest::read(&body, tok, RERANK_SLOT_TOKENS)?
-            .prompts)
-            .into_iter()
-            .map(|prompt| Request {
-                prompt,
-                ..Default::default()
-            })
-            .collect(),
+        Endpoint::Rerank => {
+            as_requests(super::rerank::RerankRequest::read(&body, tok, RERANK_SLOT_TOKENS)?.prompts)
+        }
+        Endpoint::Tokenize => as_requests(vec![super::native::tokenize_reply(&body, tok)?.1]),
+        Endpoint::Detokenize => {
+            super::native::detokenize_text(&body, tok)?;
+            Vec::new()
+        }
+        Endpoint::Embeddings => {
+            let pooling = crate::engine::Pooling::Mean;
+            as_requests(super::embeddings::read(&body, tok, true, pooling, EMBED_WIDTH)?.inputs)
+        }
+        Endpoint::Infill => {
+            let lim = crate::tokenizer::InfillLimits {
+                n_batch: 2048,
+                n_predict: -1,
+                n_ctx: RERANK_SLOT_TOKENS as u32,
+                spm: false,
+            };
+            let body = super::infill::read(body, tok, lim)?;
+            let p = params::gen_params(&body, d, tok)?;
+            params::completion_requests(&body, &p, tok)?
+        }
     })
+}
+
+/// Token lists as requests of default settings.
+fn as_requests(prompts: Vec<Vec<u32>>) -> Vec<Request> {
+    (prompts.into_iter())
+        .map(|prompt| Request {
+            prompt,
+            ..Default::default()
+        })
+        .collect()
 }

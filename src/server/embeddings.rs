@@ -26,15 +26,24 @@ pub async fn openai(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
     embeddings(&s, body, true).await
 }
 
-async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Json<Value>> {
-    let service = s.service()?;
-    if !service.info().embeddings {
-        return Err(ApiError::not_supported(
-            "This server does not support embeddings. Start it with `--embeddings`",
-        ));
-    }
-    let body = super::off_runtime(|| super::native::body_json(&body)).await?;
-    let f = Fields::of(&body)?;
+/// An embeddings body read: each input's tokens and how to write the vectors.
+pub struct EmbedRequest {
+    pub inputs: Vec<Vec<u32>>,
+    pub base64: bool,
+    /// `embd_normalize`: -1 none, 0 max-abs, 1 taxicab, 2 Euclidean, >2 p-norm.
+    pub norm: i32,
+}
+
+/// Reads an embeddings body (`oai`: OpenAI's route) for a model of `n_embd` that pools
+/// as `pooling`, its reply's size held to the request budget.
+pub fn read(
+    body: &Value,
+    tok: &crate::tokenizer::Tokenizer,
+    oai: bool,
+    pooling: Pooling,
+    n_embd: u32,
+) -> ApiResult<EmbedRequest> {
+    let f = Fields::of(body)?;
     let input = match (f.value("input"), f.value("content")) {
         (Some(i), _) => i,
         (None, Some(c)) if !oai => c,
@@ -66,7 +75,6 @@ async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Json<Valu
                 ApiError::invalid("\"embd_normalize\" is an integer from -1 (none) up")
             })?,
     };
-    let pooling = s.opts.pooling;
     if oai && pooling == Pooling::None {
         return Err(ApiError::invalid(
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type",
@@ -82,20 +90,16 @@ async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Json<Valu
             prompts.len()
         )));
     }
-    let tok = service.tokenizer();
-    let inputs = super::off_runtime(|| {
-        prompts
-            .into_iter()
-            .map(|p| {
-                let t = params::prompt_tokens(p, tok, true)?;
-                if t.is_empty() {
-                    return Err(ApiError::invalid("Input content cannot be empty"));
-                }
-                Ok(t)
-            })
-            .collect::<ApiResult<Vec<_>>>()
-    })
-    .await?;
+    let inputs = prompts
+        .into_iter()
+        .map(|p| {
+            let t = params::prompt_tokens(p, tok, true)?;
+            if t.is_empty() {
+                return Err(ApiError::invalid("Input content cannot be empty"));
+            }
+            Ok(t)
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
     // Each number of the reply as a value (and its text); one vector per input, or per
     // token without pooling.
@@ -103,16 +107,38 @@ async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Json<Valu
         Pooling::None => n_tokens,
         _ => inputs.len(),
     } as u64;
-    let floats = n_vectors * service.info().n_embd as u64;
     let per_float = 2 * std::mem::size_of::<Value>() as u64 + 24;
     super::budget::check(
-        &format!(
-            "{n_vectors} embeddings of {} numbers",
-            service.info().n_embd
-        ),
-        floats * per_float,
+        &format!("{n_vectors} embeddings of {n_embd} numbers"),
+        n_vectors * n_embd as u64 * per_float,
         "send fewer or shorter inputs per request",
     )?;
+    Ok(EmbedRequest {
+        inputs,
+        base64,
+        norm,
+    })
+}
+
+async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Json<Value>> {
+    let service = s.service()?;
+    if !service.info().embeddings {
+        return Err(ApiError::not_supported(
+            "This server does not support embeddings. Start it with `--embeddings`",
+        ));
+    }
+    let pooling = s.opts.pooling;
+    let (tok, n_embd) = (service.tokenizer(), service.info().n_embd);
+    let EmbedRequest {
+        inputs,
+        base64,
+        norm,
+    } = super::off_runtime(|| {
+        let body = super::native::body_json(&body)?;
+        read(&body, tok, oai, pooling, n_embd)
+    })
+    .await?;
+    let n_tokens: usize = inputs.iter().map(Vec::len).sum();
     let vectors = service.embed(inputs, pooling).await?;
     // Unpooled per-token states are returned as they are, as llama-server does.
     let finish = |v: &Vec<f32>| match pooling {

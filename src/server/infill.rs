@@ -23,38 +23,46 @@ pub async fn infill(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Re
     if let Some(why) = infill_unsupported(tok) {
         return Err(ApiError::not_supported(why));
     }
-    let mut body = super::off_runtime(|| super::native::body_json(&body)).await?;
-    let f = Fields::of(&body)?;
-    let prompt = match f.value("prompt") {
-        None => String::new(),
-        Some(Value::String(p)) => p.clone(),
-        Some(_) => return Err(ApiError::invalid("\"prompt\" must be a string")),
-    };
-    let prefix = f
-        .value("input_prefix")
-        .ok_or_else(|| ApiError::invalid("\"input_prefix\" is required"))?;
-    let suffix = f
-        .value("input_suffix")
-        .ok_or_else(|| ApiError::invalid("\"input_suffix\" is required"))?;
-    let parts = InfillParts {
-        prefix: mixed(prefix, tok, "input_prefix")?,
-        suffix: mixed(suffix, tok, "input_suffix")?,
-        prompt: super::budget::encode(tok, &prompt, false, true)?,
-        extra: extra_files(f.value("input_extra"))?,
-    };
-    let info = service.info();
     // The room left for extra files counts the server's `-n`, not the request's
     // `n_predict`, as llama-server counts it.
     let lim = InfillLimits {
         n_batch: s.opts.n_batch,
         n_predict: s.opts.defaults.n_predict,
-        n_ctx: info.n_ctx_slot,
+        n_ctx: service.info().n_ctx_slot,
         spm: s.opts.spm_infill,
     };
-    let tokens = infill_prompt(tok, &parts, lim)
-        .ok_or_else(|| ApiError::not_supported("Infill is not supported by this model"))?;
-    body["prompt"] = json!(tokens);
+    let body = super::off_runtime(|| read(super::native::body_json(&body)?, tok, lim)).await?;
     super::native::completion_of(&s, body).await
+}
+
+/// An `/infill` body read: the same body with its prompt laid out as tokens, to be
+/// answered as a native completion (a model without FIM tokens gets as far as the
+/// layout, which refuses it; the handler asks first).
+pub fn read(mut body: Value, tok: &Tokenizer, lim: InfillLimits) -> ApiResult<Value> {
+    let tokens = {
+        let f = Fields::of(&body)?;
+        let prompt = match f.value("prompt") {
+            None => "",
+            Some(Value::String(p)) => p.as_str(),
+            Some(_) => return Err(ApiError::invalid("\"prompt\" must be a string")),
+        };
+        let prefix = f
+            .value("input_prefix")
+            .ok_or_else(|| ApiError::invalid("\"input_prefix\" is required"))?;
+        let suffix = f
+            .value("input_suffix")
+            .ok_or_else(|| ApiError::invalid("\"input_suffix\" is required"))?;
+        let parts = InfillParts {
+            prefix: mixed(prefix, tok, "input_prefix")?,
+            suffix: mixed(suffix, tok, "input_suffix")?,
+            prompt: super::budget::encode(tok, prompt, false, true)?,
+            extra: extra_files(f.value("input_extra"))?,
+        };
+        infill_prompt(tok, &parts, lim)
+            .ok_or_else(|| ApiError::not_supported("Infill is not supported by this model"))?
+    };
+    body["prompt"] = json!(tokens);
+    Ok(body)
 }
 
 /// `input_extra`: a list of `{"filename": string, "text": string}` (filename optional).

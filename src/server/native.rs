@@ -406,9 +406,20 @@ fn probs_json(tok: &Tokenizer, pieces: &[Piece], n: usize, post: bool) -> Value 
 
 pub async fn tokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
     let service = s.service()?;
-    let body = super::off_runtime(|| body_json(&body)).await?;
-    let f = Fields::of(&body)?;
     let tok = service.tokenizer();
+    let (out, _) = super::off_runtime(|| tokenize_reply(&body_json(&body)?, tok)).await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        out,
+    )
+        .into_response())
+}
+
+/// `/tokenize`'s reply to `body`, written out as it is built (never as a tree of
+/// values), its size checked against the request budget as it grows; with the tokens.
+pub fn tokenize_reply(body: &Value, tok: &Tokenizer) -> ApiResult<(String, Vec<u32>)> {
+    use std::fmt::Write as _;
+    let f = Fields::of(body)?;
     let add_special = f.bool("add_special")?.unwrap_or(false);
     let parse_special = f.bool("parse_special")?.unwrap_or(true);
     let tokens = match f.value("content") {
@@ -416,8 +427,6 @@ pub async fn tokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
         Some(Value::String(c)) => super::budget::encode(tok, c, add_special, parse_special)?,
         Some(v) => params::prompt_tokens(v, tok, add_special)?,
     };
-    // The reply is written out as it is built (never as a tree of values), its size
-    // checked against the budget as it grows.
     let mut out = String::from("{\"tokens\":[");
     let too_big = |out: &String| {
         super::budget::check(
@@ -426,41 +435,37 @@ pub async fn tokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
             "tokenize a shorter text, or without with_pieces",
         )
     };
-    if f.bool("with_pieces")?.unwrap_or(false) {
-        use std::fmt::Write as _;
-        for (i, &t) in tokens.iter().enumerate() {
-            let bytes = tok.token_to_piece(t, true);
-            let piece = match String::from_utf8(bytes) {
+    let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
+    for (i, &t) in tokens.iter().enumerate() {
+        let sep = if i > 0 { "," } else { "" };
+        if with_pieces {
+            let piece = match String::from_utf8(tok.token_to_piece(t, true)) {
                 Ok(s) => Value::String(s),
                 Err(e) => json!(e.into_bytes()),
             };
-            let sep = if i > 0 { "," } else { "" };
             let _ = write!(out, "{sep}{{\"id\":{t},\"piece\":{piece}}}");
-            if i % 4096 == 0 {
-                too_big(&out)?;
-            }
-        }
-    } else {
-        use std::fmt::Write as _;
-        for (i, &t) in tokens.iter().enumerate() {
-            let sep = if i > 0 { "," } else { "" };
+        } else {
             let _ = write!(out, "{sep}{t}");
+        }
+        if i % 4096 == 0 {
+            too_big(&out)?;
         }
     }
     out.push_str("]}");
     too_big(&out)?;
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        out,
-    )
-        .into_response())
+    Ok((out, tokens))
 }
 
 pub async fn detokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
-    let body = super::off_runtime(|| body_json(&body)).await?;
-    let f = Fields::of(&body)?;
     let tok = service.tokenizer();
+    let content = super::off_runtime(|| detokenize_text(&body_json(&body)?, tok)).await?;
+    Ok(Json(json!({ "content": content })))
+}
+
+/// `/detokenize`'s text for `body`, where the request budget allows it.
+pub fn detokenize_text(body: &Value, tok: &Tokenizer) -> ApiResult<String> {
+    let f = Fields::of(body)?;
     let tokens = match f.value("tokens") {
         None => Vec::new(),
         Some(v) => params::prompt_tokens(v, tok, false)?,
@@ -474,7 +479,7 @@ pub async fn detokenize(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResul
         bound * 7,
         "detokenize fewer tokens at once",
     )?;
-    Ok(Json(json!({ "content": tok.decode(&tokens) })))
+    Ok(tok.decode(&tokens))
 }
 
 pub async fn apply_template(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {

@@ -275,7 +275,9 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
 pub async fn input_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
     let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
-    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer())).await?.len();
+    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer()))
+        .await?
+        .len();
     Ok(Json(
         json!({"input_tokens": n, "object": "response.input_tokens"}),
     ))

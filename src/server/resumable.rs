@@ -457,7 +457,10 @@ mod tests {
             panic!("a 65th running stream was kept");
         };
         assert_eq!(e.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
-        assert!(store.start("c3").is_ok(), "an id kept replaces its own stream");
+        assert!(
+            store.start("c3").is_ok(),
+            "an id kept replaces its own stream"
+        );
         all[7].finish();
         std::thread::sleep(Duration::from_millis(2));
         all[5].finish();
