@@ -6,6 +6,7 @@ a vocabulary and tensors; chat templates with messages; grammars and schemas wit
 text; request bodies for each endpoint. The model seeds are written by `wgllm synth`:
    scripts/fuzz-seeds.py [WGLLM_BINARY]   (default target/release/wgllm)"""
 import json
+import subprocess
 import os
 import struct
 import sys
@@ -119,7 +120,6 @@ SPM_ARCHS = {"llama", "gemma2", "gemma3", "mamba"}
 
 
 def synth_models(wgllm):
-    import subprocess
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         vocabs = {}
@@ -238,6 +238,11 @@ def main():
     ]
     for which, name, body in bodies:
         put("server_request", name, bytes([which]) + json.dumps(body).encode())
+
+    # State files read through real memories (K/V, sliding-window pair, recurrent, hybrid)
+    # of the micro models above, on the host-only device: written by the library itself.
+    subprocess.run(["cargo", "run", "--release", "--quiet", "--example", "memory_state_seeds", "--",
+                    os.path.join(ROOT, "memory_state")], check=True, cwd=os.path.join(ROOT, "..", ".."))
 
 
 if __name__ == "__main__":

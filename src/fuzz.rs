@@ -256,3 +256,132 @@ pub fn server_request(data: &[u8], tok: &Tokenizer) {
     let endpoint = Endpoint::ALL[which as usize % Endpoint::ALL.len()];
     let _ = requests(endpoint, body, tok, &default_settings());
 }
+
+/// The micro models whose memories [`memory_state`] loads state into: a K/V cache, a
+/// sliding-window pair, recurrent states and a hybrid (the checked-in GGUF seeds).
+#[cfg(not(target_arch = "wasm32"))]
+pub const MEMORY_STATE_MODELS: [&str; 4] = [
+    "synth-llama-spm",
+    "synth-gemma3-spm",
+    "synth-mamba2-gpt2",
+    "synth-lfm2-gpt2",
+];
+
+/// Sequences each [`memory_state`] context serves.
+#[cfg(not(target_arch = "wasm32"))]
+const MEMORY_STATE_SEQS: u32 = 2;
+
+/// A context of each of [`MEMORY_STATE_MODELS`] on [`Gpu::host_only`], made once per
+/// process (from `fuzz/seeds/gguf`).
+#[cfg(not(target_arch = "wasm32"))]
+fn memory_state_contexts() -> &'static std::sync::Mutex<Vec<Context>> {
+    static CTXS: std::sync::OnceLock<std::sync::Mutex<Vec<Context>>> = std::sync::OnceLock::new();
+    CTXS.get_or_init(|| {
+        let gpu = Gpu::host_only().expect("the host-only device opens");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/gguf");
+        let ctxs = (MEMORY_STATE_MODELS.iter())
+            .map(|name| {
+                let f = GgufFile::open(dir.join(name)).expect("the micro model's seed reads");
+                let model = Model::load(gpu.clone(), &f, &mut |_, _| {}).expect("it loads");
+                let mut params = ContextParams::new(32, 8, 8);
+                params.n_seq_max = MEMORY_STATE_SEQS;
+                Context::new(Arc::new(model), params).expect("a context of it")
+            })
+            .collect();
+        std::sync::Mutex::new(ctxs)
+    })
+}
+
+/// A state file's tokens and memory part read through a real model's memory on
+/// [`Gpu::host_only`]: the K/V cache, the sliding-window pair, recurrent states and the
+/// hybrid of [`MEMORY_STATE_MODELS`] (the first byte's bits 0-1 pick one; bit 2 loads
+/// one sequence, into sequence bit 3). The header (version 5, the model's shape and
+/// fingerprint, no adapter) is written here, so the input is what follows it. A file
+/// that loads is saved again and that loads too; one that does not leaves the memory as
+/// it was (its saved bytes unchanged).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn memory_state(data: &[u8]) {
+    let _ = memory_state_load(data);
+}
+
+/// [`memory_state`]: the cells loaded, or why the file was refused.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn memory_state_load(data: &[u8]) -> Result<usize, String> {
+    let Some((&how, rest)) = data.split_first() else {
+        return Err("empty".into());
+    };
+    let mut ctxs = memory_state_contexts()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let ctx = &mut ctxs[(how & 3) as usize];
+    let dst = (how & 4 != 0).then_some(((how >> 3) & 1) as u32);
+    let mut file = memory_state_header(ctx);
+    file.extend_from_slice(rest);
+    let before = ctx.state_bytes(&[], None, &[]).expect("the memory saves");
+    let loaded = match ctx.state_from_bytes(&file, "fuzz", dst) {
+        Ok(saved) => {
+            let (again, _) = ctx
+                .state_bytes(&[], None, &[])
+                .expect("a loaded memory saves");
+            ctx.state_from_bytes(&again, "saved again", None)
+                .expect("what was saved loads");
+            Ok(saved.n_cells)
+        }
+        Err(e) => {
+            let after = ctx.state_bytes(&[], None, &[]).expect("the memory saves");
+            assert!(
+                after == before,
+                "a file that did not load changed the memory"
+            );
+            Err(e.to_string())
+        }
+    };
+    let _ = ctx.seq_rm(None, -1, -1);
+    let gpu = ctx.model.gpu.clone();
+    gpu.queue.submit([]);
+    let _ = gpu.sync();
+    loaded
+}
+
+/// The state file header [`memory_state`] puts before its input for `ctx`'s model.
+#[cfg(not(target_arch = "wasm32"))]
+fn memory_state_header(ctx: &mut Context) -> Vec<u8> {
+    let (bytes, _) = ctx.state_bytes(&[], None, &[]).expect("the memory saves");
+    // Magic, version, shape (3), fingerprint, adapter count; the token count follows.
+    bytes[..36].to_vec()
+}
+
+/// A seed for [`memory_state`] per model and per way of loading: a few tokens decoded
+/// on both sequences (one shared prefix), saved, the header cut off.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn memory_state_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut ctxs = memory_state_contexts()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut out = Vec::new();
+    for (i, ctx) in ctxs.iter_mut().enumerate() {
+        let _ = ctx.seq_rm(None, -1, -1);
+        // Sequence 0: four tokens; sequence 1: two (a recurrent memory keeps a state
+        // per sequence, a K/V cache the cells).
+        let batch = Batch {
+            tokens: vec![3, 5, 7, 9, 3, 11],
+            pos: vec![0, 1, 2, 3, 0, 1],
+            seq: vec![1, 1, 1, 1, 2, 2],
+            logits: vec![false, false, false, true, false, true],
+        };
+        ctx.decode(&batch).expect("the seed's tokens decode");
+        for (how, seq) in [(0u8, None), (4 | 8, Some(1))] {
+            let (bytes, _) = ctx.state_bytes(&[3, 5, 7, 9], seq, &[]).expect("saves");
+            let mut seed = vec![how | i as u8];
+            seed.extend_from_slice(&bytes[36..]);
+            let name = format!(
+                "{}-{}",
+                MEMORY_STATE_MODELS[i].trim_start_matches("synth-"),
+                if seq.is_some() { "one-seq" } else { "whole" }
+            );
+            out.push((name, seed));
+        }
+        let _ = ctx.seq_rm(None, -1, -1);
+    }
+    out
+}

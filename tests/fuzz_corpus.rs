@@ -57,6 +57,7 @@ fn every_seed_and_finding_runs_through_its_target() {
         ("grammar", Box::new(wgllm::fuzz::grammar)),
         ("json_schema", Box::new(wgllm::fuzz::json_schema)),
         ("state_file", Box::new(wgllm::fuzz::state_file)),
+        ("memory_state", Box::new(wgllm::fuzz::memory_state)),
         (
             "server_request",
             Box::new(|d: &[u8]| wgllm::fuzz::server_request(d, &tok)),
@@ -208,4 +209,30 @@ fn state_seeds_load_into_the_host_cache() {
 fn smollm2_tokenizer() -> wgllm::tokenizer::Tokenizer {
     let f = wgllm::gguf::GgufFile::open(common::smollm2()).unwrap();
     wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap()
+}
+
+/// Each `memory_state` seed (a save of each micro model's memory: K/V, sliding-window
+/// pair, recurrent, hybrid; whole and one sequence) loads through that memory, and
+/// every model has both; a damaged one (cut short, a cell's sequence set emptied) is
+/// refused with the memory left as it was (the target checks that byte for byte).
+#[test]
+fn memory_state_seeds_load_through_every_memory() {
+    let seeds = seeds("memory_state");
+    for (path, data) in &seeds {
+        let n = wgllm::fuzz::memory_state_load(data).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(n > 0, "{path}: no cells");
+        let cut = wgllm::fuzz::memory_state_load(&data[..data.len() - 5]);
+        assert!(cut.is_err(), "{path}: a file cut short loaded");
+    }
+    for m in wgllm::fuzz::MEMORY_STATE_MODELS {
+        let m = m.trim_start_matches("synth-");
+        for how in ["whole", "one-seq"] {
+            assert!(
+                seeds
+                    .iter()
+                    .any(|(p, _)| p.ends_with(&format!("{m}-{how}"))),
+                "no {how} seed for {m}: run scripts/fuzz-seeds.py"
+            );
+        }
+    }
 }
