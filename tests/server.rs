@@ -1409,3 +1409,56 @@ fn the_request_budget_refuses_before_the_work() {
     );
     assert_eq!(st, 200, "{r}");
 }
+
+/// Request bodies take their room in memory before they are read, and keep it until
+/// their handler has answered: with `--max-body-mib 1`, four completions of 1 MiB bodies
+/// fill the room while they generate, so a fifth body waits and, within `-to`, gets a
+/// 503 saying why; a request without a body (`/health`) is not held up; once the four
+/// have answered, requests are answered again.
+#[test]
+fn bodies_in_memory_are_bounded_together() {
+    let s = start(&["--max-body-mib", "1", "-to", "2", "-np", "4"]);
+    let port = s.port;
+    let big = |i: usize| {
+        let mut body = json!({"prompt": format!("Story {i}:"), "n_predict": 128,
+            "ignore_eos": true, "pad": ""});
+        let room = (1 << 20) - body.to_string().len();
+        body["pad"] = json!("x".repeat(room));
+        body.to_string()
+    };
+    let holders: Vec<_> = (0..4)
+        .map(|i| {
+            let body = big(i);
+            assert_eq!(body.len(), 1 << 20);
+            std::thread::spawn(move || {
+                let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let head = format!(
+                    "POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                c.write_all(head.as_bytes()).unwrap();
+                c.write_all(body.as_bytes()).unwrap();
+                let mut out = String::new();
+                let _ = c.read_to_string(&mut out);
+                out
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let (st, r) = s.json("POST", "/tokenize", json!({"content": "Hi"}));
+    assert_error(st, &r, 503, "unavailable_error");
+    let m = r["error"]["message"].as_str().unwrap();
+    assert!(m.contains("request bodies"), "{m}");
+    let (st, _) = s.request("GET", "/health", "");
+    assert_eq!(st, 200, "a request without a body is not held up");
+    for h in holders {
+        let out = h.join().unwrap();
+        assert!(
+            out.starts_with("HTTP/1.1 200"),
+            "{}",
+            &out[..out.len().min(300)]
+        );
+    }
+    let (st, r) = s.json("POST", "/tokenize", json!({"content": "Hi"}));
+    assert_eq!(st, 200, "{r}");
+}

@@ -95,7 +95,9 @@ async fn wrong_method(req: Request) -> ApiError {
 }
 
 /// Refuses every request with a 503 once the server is shutting down. Reads the
-/// request's body whole before any handler runs: a body over the limit gets a
+/// request's body whole before any handler runs, once there is room for it among the
+/// bodies held (see `AppState::bodies`; the room is held until the handler has
+/// answered): a body over the limit gets a
 /// 413 once the limit is read (answering before the body is sent would leave a client
 /// that is still writing it with a broken pipe instead of the answer), one that does not
 /// arrive within the server's timeout (`-to`) a 408, so a slow client holds its
@@ -117,6 +119,22 @@ async fn body_and_errors(State(s): State<Arc<AppState>>, req: Request, next: Nex
     };
     let (parts, body) = req.into_parts();
     let timeout = std::time::Duration::from_secs(s.opts.timeout_s.max(1));
+    // The body's room in memory, taken whole before it is read (a body read in parts
+    // that waited for room part way could wait on others doing the same).
+    // Known where it is declared (none for a GET); else as much as the limit.
+    let size = axum::body::HttpBody::size_hint(&body).exact();
+    let kib = size.map_or(max, |n| (n as usize).min(max)).div_ceil(1024) as u32;
+    let _room = match tokio::time::timeout(timeout, s.bodies.acquire_many(kib)).await {
+        Ok(Ok(p)) => p,
+        _ => {
+            return ApiError::unavailable(format!(
+                "the server is holding as many request bodies as it takes at once ({} of up to {} MiB); try again",
+                super::BODIES_IN_FLIGHT,
+                max >> 20
+            ))
+            .into_response()
+        }
+    };
     let read = async {
         use tokio_stream::StreamExt;
         let mut stream = body.into_data_stream();

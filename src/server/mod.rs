@@ -95,7 +95,14 @@ pub struct AppState {
     streams: resumable::StreamStore,
     /// Set once the server was told to stop: new requests get a 503.
     stopping: std::sync::atomic::AtomicBool,
+    /// KiB of request bodies that may be held at once ([`BODIES_IN_FLIGHT`] bodies of the
+    /// largest size); a request takes its declared size (or the limit) before its body
+    /// is read, and waits its turn while others hold the rest.
+    bodies: tokio::sync::Semaphore,
 }
+
+/// How many bodies of the largest size may be in memory at once.
+pub const BODIES_IN_FLIGHT: usize = 4;
 
 impl AppState {
     /// The server is shutting down.
@@ -153,6 +160,9 @@ async fn run(
         started: std::time::Instant::now(),
         streams: Default::default(),
         stopping: Default::default(),
+        bodies: tokio::sync::Semaphore::new(
+            (opts.max_body.div_ceil(1024).max(1)).saturating_mul(BODIES_IN_FLIGHT),
+        ),
     });
     budget::set_limit(opts.request_budget);
     let grace = std::time::Duration::from_secs(opts.shutdown_grace_s);
