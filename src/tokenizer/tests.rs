@@ -979,3 +979,38 @@ fn template_holes_left_by_minijinja_are_closed() {
     let e = render_chat_template("{{ nothing + 'a' }}", &msgs, &opts).unwrap_err();
     assert!(e.to_string().contains("'nothing' is undefined"), "{e}");
 }
+
+/// A word longer than `bpe::MAX_WORD_BYTES` (and a SentencePiece text longer than
+/// `spm::MAX_PART_BYTES`) is merged in parts cut at character boundaries: its tokens
+/// decode to the text, are those of its parts tokenized one by one, and a shorter word
+/// is untouched.
+#[test]
+fn long_words_are_merged_in_bounded_parts() {
+    let parts: Vec<&str> = bpe::bounded_parts("aé☃b", 2).collect();
+    assert_eq!(parts, ["a", "é", "☃", "b"], "cut at character boundaries");
+    assert_eq!(bpe::bounded_parts("", 4).count(), 0);
+    let t = build(&bpe_meta("gpt-2")).unwrap();
+    // One word for the pre-tokenizer (letters only), cut where it is too long.
+    let word: String = "théthe".repeat(bpe::MAX_WORD_BYTES / 3);
+    assert!(word.len() > 2 * bpe::MAX_WORD_BYTES);
+    let ids = t.encode(&word, false, false);
+    assert!(t.decode(&ids) == word, "the tokens decode to the word");
+    let by_part: Vec<u32> = bpe::bounded_parts(&word, bpe::MAX_WORD_BYTES)
+        .flat_map(|p| t.encode(p, false, false))
+        .collect();
+    assert!(ids == by_part, "the word's tokens are its parts'");
+    assert_eq!(
+        t.encode("thethe", false, false),
+        ids_of(&t, &["the", "the"])
+    );
+
+    let s = build(&spm_meta()).unwrap();
+    let text = "the hello world ".repeat(spm::MAX_PART_BYTES / 8);
+    let ids = s.encode(&text, false, false);
+    assert!(s.decode(&ids) == text, "the tokens decode to the text");
+    // Words joined by single spaces: the parts change nothing.
+    let short: Vec<u32> = s.encode("the hello world ", false, false);
+    assert_eq!(&ids[..short.len()], &short[..]);
+    let run = "x".repeat(3 * spm::MAX_PART_BYTES + 5);
+    assert!(s.decode(&s.encode(&run, false, false)) == run);
+}
