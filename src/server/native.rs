@@ -487,7 +487,15 @@ pub async fn apply_template(State(s): State<Arc<AppState>>, body: Bytes) -> ApiR
     let body = super::off_runtime(|| body_json(&body)).await?;
     let prompt = super::off_runtime(|| {
         let chat = super::chat::ChatRequest::read(&body, service.tokenizer())?;
-        chat.render(service.tokenizer())
+        let prompt = chat.render(service.tokenizer())?;
+        // Written out, each byte at most an escape (the render itself is bounded by the
+        // template's fuel and limits).
+        super::budget::check(
+            &format!("the rendered prompt of {} bytes", prompt.len()),
+            prompt.len() as u64 * 7,
+            "send shorter messages",
+        )?;
+        Ok::<_, ApiError>(prompt)
     })
     .await?;
     Ok(Json(json!({ "prompt": prompt })))
