@@ -265,16 +265,22 @@ async fn run(
 /// template, compiling a schema) runs here rather than as a step of the async runtime:
 /// the runtime's thread hands its other tasks to the rest while this one works, so a
 /// request being read never holds up the others' streams or the signals. At most
-/// [`CPU_WORKERS`] such pieces run at once; the others wait their turn without a thread.
-/// Every piece is bounded by the request budget ([`budget`]).
+/// [`cpu_workers`] such pieces run at once; the others wait their turn without a
+/// thread. Every piece is bounded by the request budget ([`budget`]).
 pub(crate) async fn off_runtime<T>(work: impl FnOnce() -> T) -> T {
-    static PERMITS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(CPU_WORKERS);
-    let _turn = PERMITS.acquire().await;
+    static PERMITS: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
+    let permits = PERMITS.get_or_init(|| tokio::sync::Semaphore::new(cpu_workers()));
+    let _turn = permits.acquire().await;
     tokio::task::block_in_place(work)
 }
 
-/// Pieces of request-controlled work run at once ([`off_runtime`]).
-pub const CPU_WORKERS: usize = 4;
+/// Pieces of request-controlled work run at once ([`off_runtime`]): half the cores (at
+/// least one, at most 4), so that what clients send never takes every core from the
+/// engine's thread (and, on a software device, from the kernels it runs on the CPU).
+pub fn cpu_workers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores / 2).clamp(1, 4)
+}
 
 /// Most connections served at once (over all listeners). Past it the server stops
 /// accepting until one closes: new clients wait in the kernel's queue, and the open ones
