@@ -12,20 +12,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tokens=${1:-100000}
 interval=${2:-60}
-model=${WGLLM_SOAK_MODEL:-$(scripts/fetch-models.sh)}
-cargo build --release --quiet
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-dir=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+. scripts/serve-for-run.sh
 # The host prompt cache grows by design up to --cache-ram (llama-server's default: 8 GiB);
 # a small one fills during warm-up, and soak.py judges RSS less the cache's bytes.
-target/release/wgllm serve -m "$model" --host 127.0.0.1 --port "$port" -np 4 -c 2048 \
-  --context-shift --cache-ram 128 --slot-save-path "$dir" --metrics >"$dir/server.log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-  kill -0 $pid 2>/dev/null || { cat "$dir/server.log"; exit 1; }
-  sleep 1
-done
+slots=$(mktemp -d)
+serve_for_run -np 4 -c 2048 --context-shift --cache-ram 128 --slot-save-path "$slots" --metrics
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir" "$slots"' EXIT
 python3 scripts/soak.py "$port" "$pid" "$tokens" "$interval"
