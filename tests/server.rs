@@ -428,6 +428,41 @@ fn a_stream_with_a_conversation_id_outlives_its_client() {
     );
     assert_eq!(st, 200, "{b}");
     assert!(t0.elapsed() < Duration::from_secs(120));
+
+    // A request under an id whose client leaves before its reply starts (queued behind
+    // a generation on the only slot) leaves no stream behind (64 such would have
+    // refused every later id).
+    let lookup = |id: &str| {
+        s.json(
+            "POST",
+            "/v1/streams/lookup",
+            json!({"conversation_ids": [id]}),
+        )
+        .1
+    };
+    read_some_then_hang_up(
+        &s,
+        "/v1/chat/completions",
+        &[("X-Conversation-Id", "busy")],
+        &endless,
+        2,
+    );
+    let mut c = s.connect().unwrap();
+    let queued = json!({"prompt": "Hi", "n_predict": 4, "stream": true}).to_string();
+    s.send(
+        &mut c,
+        "POST",
+        "/completion",
+        &[("X-Conversation-Id", "gone")],
+        &queued,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lookup("gone")[0]["is_done"], false, "kept while it waits");
+    drop(c);
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(lookup("gone"), json!([]), "forgotten once its client left");
+    assert_eq!(s.request("DELETE", "/v1/stream?conv_id=busy", "").0, 204);
 }
 
 fn weather_tool() -> Value {
@@ -1410,11 +1445,11 @@ fn the_request_budget_refuses_before_the_work() {
     assert_eq!(st, 200, "{r}");
 }
 
-/// Request bodies take their room in memory before they are read, and keep it until
-/// their handler has answered: with `--max-body-mib 1`, four completions of 1 MiB bodies
-/// fill the room while they generate, so a fifth body waits and, within `-to`, gets a
-/// 503 saying why; a request without a body (`/health`) is not held up; once the four
-/// have answered, requests are answered again.
+/// Request bodies take their room in memory as they arrive, and keep it until their
+/// handler has answered: with `--max-body-mib 1`, four completions of 1 MiB bodies fill
+/// the room while they generate, so a fifth body finds none and gets a 503 saying why at
+/// once; a request without a body (`/health`) is not held up; once the four have
+/// answered, requests are answered again.
 #[test]
 fn bodies_in_memory_are_bounded_together() {
     let s = start(&["--max-body-mib", "1", "-to", "2", "-np", "4"]);
@@ -1445,8 +1480,10 @@ fn bodies_in_memory_are_bounded_together() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
+    let t0 = Instant::now();
     let (st, r) = s.json("POST", "/tokenize", json!({"content": "Hi"}));
     assert_error(st, &r, 503, "unavailable_error");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     let m = r["error"]["message"].as_str().unwrap();
     assert!(m.contains("request bodies"), "{m}");
     let (st, _) = s.request("GET", "/health", "");

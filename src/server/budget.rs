@@ -157,6 +157,16 @@ pub fn check_body(body: &[u8]) -> ApiResult<()> {
     )
 }
 
+/// Refuses a text whose tokenizing would exceed the budget (for texts a tokenizer's own
+/// layout tokenizes: rerank prompts, infill files).
+pub fn check_text(text: &str) -> ApiResult<()> {
+    check(
+        &format!("tokenizing a text of {} bytes", text.len()),
+        text.len() as u64 * TOKENIZE_BYTES_PER_BYTE,
+        "send a shorter text",
+    )
+}
+
 /// Tokenizes `text` where the budget allows it.
 pub fn encode(
     tok: &Tokenizer,
@@ -164,11 +174,7 @@ pub fn encode(
     add_special: bool,
     parse_special: bool,
 ) -> ApiResult<Vec<u32>> {
-    check(
-        &format!("tokenizing a text of {} bytes", text.len()),
-        text.len() as u64 * TOKENIZE_BYTES_PER_BYTE,
-        "send a shorter text",
-    )?;
+    check_text(text)?;
     Ok(tok.encode(text, add_special, parse_special))
 }
 
@@ -191,17 +197,20 @@ pub fn json_size(v: &serde_json::Value) -> u64 {
 }
 
 /// Refuses generation whose replies (`n_prompts` of them, each up to `n_predict`
-/// tokens, or the slot's context where that is -1, with `n_probs` alternatives per
-/// token) could not be held within the budget.
+/// tokens, or where that is -1 what the slot's context holds after the shortest
+/// prompt, `n_prompt_min` tokens, with `n_probs` alternatives per token) could not be
+/// held within the budget.
 pub fn check_generation(
     n_prompts: usize,
     n_predict: i32,
     n_probs: usize,
     n_ctx_slot: u32,
+    n_prompt_min: usize,
 ) -> ApiResult<()> {
+    let room = (n_ctx_slot as u64).saturating_sub(n_prompt_min as u64);
     let n_tokens = match n_predict {
-        n if n >= 0 => (n as u64).min(n_ctx_slot as u64),
-        _ => n_ctx_slot as u64,
+        n if n >= 0 => (n as u64).min(room),
+        _ => room,
     };
     // A token's text and its place in the reply; its probabilities where asked for.
     let per_token = 64

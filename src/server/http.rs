@@ -95,9 +95,9 @@ async fn wrong_method(req: Request) -> ApiError {
 }
 
 /// Refuses every request with a 503 once the server is shutting down. Reads the
-/// request's body whole before any handler runs, once there is room for it among the
-/// bodies held (see `AppState::bodies`; the room is held until the handler has
-/// answered): a body over the limit gets a
+/// request's body whole before any handler runs, taking its room among the bodies held
+/// as its bytes arrive (see `AppState::bodies`; a 503 where there is none; the room is
+/// held until the handler has answered): a body over the limit gets a
 /// 413 once the limit is read (answering before the body is sent would leave a client
 /// that is still writing it with a broken pipe instead of the answer), one that does not
 /// arrive within the server's timeout (`-to`) a 408, so a slow client holds its
@@ -119,30 +119,37 @@ async fn body_and_errors(State(s): State<Arc<AppState>>, req: Request, next: Nex
     };
     let (parts, body) = req.into_parts();
     let timeout = std::time::Duration::from_secs(s.opts.timeout_s.max(1));
-    // The body's room in memory, taken whole before it is read (a body read in parts
-    // that waited for room part way could wait on others doing the same).
-    // Known where it is declared (none for a GET); else as much as the limit.
-    let size = axum::body::HttpBody::size_hint(&body).exact();
-    let kib = size.map_or(max, |n| (n as usize).min(max)).div_ceil(1024) as u32;
-    let _room = match tokio::time::timeout(timeout, s.bodies.acquire_many(kib)).await {
-        Ok(Ok(p)) => p,
-        _ => {
-            return ApiError::unavailable(format!(
-                "the server is holding as many request bodies as it takes at once ({} of up to {} MiB); try again",
-                super::BODIES_IN_FLIGHT,
-                max >> 20
-            ))
-            .into_response()
-        }
-    };
+    // The body's room in memory, taken as its bytes arrive (a client that declares a
+    // size and sends nothing holds none) and never waited for: where there is none, a
+    // 503 at once (waiting for room part way could wait on others doing the same).
+    enum Refused {
+        TooLarge,
+        NoRoom,
+        Read(String),
+    }
+    let mut room: Option<tokio::sync::SemaphorePermit<'_>> = None;
     let read = async {
         use tokio_stream::StreamExt;
         let mut stream = body.into_data_stream();
         let mut buf = Vec::new();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| Some(e.to_string()))?;
+            let chunk = chunk.map_err(|e| Refused::Read(e.to_string()))?;
             if buf.len() + chunk.len() > max {
-                return Err(None::<String>);
+                return Err(Refused::TooLarge);
+            }
+            let held = room.as_ref().map_or(0, |p| p.num_permits());
+            let need = (buf.len() + chunk.len())
+                .div_ceil(1024)
+                .saturating_sub(held);
+            if need > 0 {
+                let more = s
+                    .bodies
+                    .try_acquire_many(need as u32)
+                    .map_err(|_| Refused::NoRoom)?;
+                match room.as_mut() {
+                    Some(r) => r.merge(more),
+                    None => room = Some(more),
+                }
             }
             buf.extend_from_slice(&chunk);
         }
@@ -150,8 +157,16 @@ async fn body_and_errors(State(s): State<Arc<AppState>>, req: Request, next: Nex
     };
     let bytes = match tokio::time::timeout(timeout, read).await {
         Ok(Ok(b)) => b,
-        Ok(Err(None)) => return too_large(),
-        Ok(Err(Some(e))) => {
+        Ok(Err(Refused::TooLarge)) => return too_large(),
+        Ok(Err(Refused::NoRoom)) => {
+            return ApiError::unavailable(format!(
+                "the server holds as many request bodies as it takes at once ({} of up to {} MiB); try again shortly",
+                super::BODIES_IN_FLIGHT,
+                max >> 20
+            ))
+            .into_response()
+        }
+        Ok(Err(Refused::Read(e))) => {
             return ApiError::invalid(format!("reading the request body: {e}")).into_response()
         }
         Err(_) => {

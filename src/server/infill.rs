@@ -85,7 +85,10 @@ fn extra_files(v: Option<&Value>) -> ApiResult<Vec<InfillFile>> {
         .iter()
         .map(|chunk| {
             let text = match chunk.get("text") {
-                Some(Value::String(t)) => t.clone(),
+                Some(Value::String(t)) => {
+                    super::budget::check_text(t)?;
+                    t.clone()
+                }
                 _ => {
                     return Err(ApiError::invalid(
                         "extra_context chunk must contain a \"text\" field with a string value",

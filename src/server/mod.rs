@@ -96,8 +96,8 @@ pub struct AppState {
     /// Set once the server was told to stop: new requests get a 503.
     stopping: std::sync::atomic::AtomicBool,
     /// KiB of request bodies that may be held at once ([`BODIES_IN_FLIGHT`] bodies of the
-    /// largest size); a request takes its declared size (or the limit) before its body
-    /// is read, and waits its turn while others hold the rest.
+    /// largest size); a request takes room for its bytes as they arrive and keeps it
+    /// until its handler has answered, and one that finds none gets a 503.
     bodies: tokio::sync::Semaphore,
 }
 

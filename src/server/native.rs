@@ -51,7 +51,8 @@ pub async fn completion_of(s: &Arc<AppState>, body: Value) -> ApiResult<Response
     if !p.stream {
         let n_ctx = service.info().n_ctx_slot;
         let n_predict = p.request.params.n_predict;
-        super::budget::check_generation(reqs.len(), n_predict, p.n_probs, n_ctx)?;
+        let n_min = reqs.iter().map(|r| r.prompt.len()).min().unwrap_or(0);
+        super::budget::check_generation(reqs.len(), n_predict, p.n_probs, n_ctx, n_min)?;
     }
     if p.stream {
         let req = reqs.remove(0);

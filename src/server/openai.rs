@@ -181,7 +181,8 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
     if !p.stream {
         let n_ctx = service.info().n_ctx_slot;
         let n_predict = p.request.params.n_predict;
-        super::budget::check_generation(reqs.len(), n_predict, p.n_probs, n_ctx)?;
+        let n_min = reqs.iter().map(|r| r.prompt.len()).min().unwrap_or(0);
+        super::budget::check_generation(reqs.len(), n_predict, p.n_probs, n_ctx, n_min)?;
     }
     let model = s.model_name();
     let id = reply_id("chatcmpl-");
@@ -291,14 +292,15 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
             "\"n\" must be between 1 and the number of slots ({n_slots})"
         )));
     }
-    if !p.stream {
-        let n_ctx = service.info().n_ctx_slot;
-        let n_predict = p.request.params.n_predict;
-        super::budget::check_generation(n_choices as usize, n_predict, p.n_probs, n_ctx)?;
-    }
     let verbose = f.bool("verbose")?.unwrap_or(s.opts.verbose);
     let return_progress = f.bool("return_progress")?.unwrap_or(false);
     let (chat, req) = super::off_runtime(|| ChatRequest::request(&body, &p.request, tok)).await?;
+    if !p.stream {
+        let n_ctx = service.info().n_ctx_slot;
+        let n_predict = p.request.params.n_predict;
+        let n = n_choices as usize;
+        super::budget::check_generation(n, n_predict, p.n_probs, n_ctx, req.prompt.len())?;
+    }
     // `verbose` echoes the prompt as rendered.
     let rendered = if verbose {
         chat.render(tok)?

@@ -71,6 +71,9 @@ fn read(body: &Value, tok: &Tokenizer, max_tokens: usize) -> ApiResult<RerankReq
         None => documents.len(),
     };
     let return_text = tei && body.get("return_text").and_then(Value::as_bool) == Some(true);
+    for text in std::iter::once(&query).chain(&documents) {
+        super::budget::check_text(text)?;
+    }
     let prompts = tok
         .rerank_prompts(&query, &documents, max_tokens)
         .map_err(ApiError::invalid)?;

@@ -255,7 +255,14 @@ pub async fn tee(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Re
         Ok(st) => st,
         Err(e) => return e.into_response(),
     };
+    // A client that leaves before its reply starts drops this future: the stream it
+    // made must not stay behind as one that runs forever.
+    let unclaimed = Unclaimed {
+        store: &s.streams,
+        stream: Some(stream.clone()),
+    };
     let resp = next.run(req).await;
+    let stream = unclaimed.claim();
     let is_sse = resp
         .headers()
         .get(header::CONTENT_TYPE)
@@ -274,6 +281,28 @@ pub async fn tee(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Re
         parts,
         Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
     )
+}
+
+/// A stream made for a request whose reply has not come back yet: dropped unclaimed (the
+/// request's future dropped), it is finished and forgotten.
+struct Unclaimed<'a> {
+    store: &'a StreamStore,
+    stream: Option<Arc<Stream>>,
+}
+
+impl Unclaimed<'_> {
+    fn claim(mut self) -> Arc<Stream> {
+        self.stream.take().expect("claimed once")
+    }
+}
+
+impl Drop for Unclaimed<'_> {
+    fn drop(&mut self) {
+        if let Some(st) = self.stream.take() {
+            self.store.forget(&st);
+            st.finish();
+        }
+    }
 }
 
 /// Reads the generation's reply to its end (or to a cancel), into the stream and, while
@@ -382,16 +411,24 @@ pub async fn stop(
 /// `POST /v1/streams/lookup {"conversation_ids": [...]}`: the streams of the ids named
 /// (each id matches itself and `ID::MODEL`); a client cannot list ids it does not know.
 pub async fn lookup(State(s): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let v: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid(format!("invalid body: {e}")))?;
-    let wanted: Vec<&str> = (v.get("conversation_ids").and_then(Value::as_array))
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
+    let v = super::off_runtime(|| super::native::body_json(&body)).await?;
+    // Each id once: a list of one id repeated would copy its summaries as often.
+    let wanted: std::collections::BTreeSet<&str> =
+        (v.get("conversation_ids").and_then(Value::as_array))
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+    if wanted.len() > MAX_STREAMS * 16 {
+        return Err(ApiError::invalid(format!(
+            "{} conversation ids: at most {} are looked up at once",
+            wanted.len(),
+            MAX_STREAMS * 16
+        )));
+    }
     let found: Vec<Value> = {
         let m = s.streams.map();
         wanted

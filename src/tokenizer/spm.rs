@@ -41,24 +41,29 @@ impl PartialOrd for Pair {
     }
 }
 
-/// The longest text merged whole. The merge holds about 80 bytes per character, and
-/// SentencePiece merges a whole fragment at once, so a long text is merged in parts:
-/// cut before a word's `▁` (never inside a run of them, which the vocabulary has tokens
-/// for), or where no such place comes within another part's length, at a character
-/// boundary. Tokens of words joined by spaces never span words, so only a text with a
-/// run of this length without a space tokenizes differently from llama.cpp (at the cut).
-pub const MAX_PART_BYTES: usize = 8192;
+/// Where a long text starts to be cut into parts. The merge holds about 80 bytes per
+/// character, and SentencePiece merges a whole fragment at once, so a text longer than
+/// this is merged in parts of between this and twice this many bytes: each cut before
+/// the first word's `▁` past this length (never inside a run of them, which the
+/// vocabulary has tokens for), else after the first newline, else (a run of twice this
+/// length with neither: text with no spaces, as Chinese or Japanese is written) at a
+/// character boundary. Tokens of words joined by spaces never span words, so only such
+/// runs can tokenize differently from llama.cpp, at the cut.
+pub const MAX_PART_BYTES: usize = 16384;
 
 /// Tokenizes `text` (spaces already escaped to U+2581) and appends the ids to `out`.
 pub(super) fn tokenize(tok: &Tokenizer, text: &str, out: &mut Vec<u32>) {
     let mut rest = text;
-    while rest.len() > MAX_PART_BYTES {
+    while rest.len() > 2 * MAX_PART_BYTES {
         let window = &rest[..floor_boundary(rest, 2 * MAX_PART_BYTES)];
-        // The first `▁` at or after the limit that follows something else.
-        let cut = (window.char_indices())
-            .skip_while(|&(i, _)| i < MAX_PART_BYTES)
+        let past = || (window.char_indices()).skip_while(|&(i, _)| i < MAX_PART_BYTES);
+        // The first `▁` past the limit that follows something else; else the first
+        // newline's end; else the limit.
+        let cut = past()
             .find(|&(i, c)| c == '\u{2581}' && !window[..i].ends_with('\u{2581}'))
-            .map_or_else(|| floor_boundary(rest, MAX_PART_BYTES), |(i, _)| i);
+            .map(|(i, _)| i)
+            .or_else(|| past().find(|&(_, c)| c == '\n').map(|(i, _)| i + 1))
+            .unwrap_or_else(|| floor_boundary(rest, MAX_PART_BYTES));
         tokenize_part(tok, &rest[..cut], out);
         rest = &rest[cut..];
     }

@@ -31,6 +31,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc as amp, oneshot};
 
+/// What a command whose reply never comes answers: the engine's thread has stopped (the
+/// server is shutting down, or its device is gone).
+fn stopped() -> RequestError {
+    RequestError::Unavailable("the engine has stopped (the server is shutting down)".into())
+}
+
 /// Loads the model again (a new device opened), for recovering from a lost device.
 #[derive(Clone)]
 pub struct Reload(pub Arc<dyn Fn() -> Result<Engine, String> + Send + Sync>);
@@ -448,9 +454,7 @@ impl EngineService {
             // The engine's loop is gone: say so instead of leaving the caller waiting.
             if let Cmd::Submit(q) = e.0 {
                 sink = q.sink;
-                sink(RequestEvent::Failed(RequestError::Unavailable(
-                    "the engine has stopped (the server is shutting down)".into(),
-                )));
+                sink(RequestEvent::Failed(stopped()));
             }
         }
         key
@@ -482,8 +486,7 @@ impl EngineService {
             pooling,
             reply,
         });
-        rx.await
-            .unwrap_or_else(|_| Err(RequestError::Server("the engine thread has stopped".into())))
+        rx.await.unwrap_or_else(|_| Err(stopped()))
     }
 
     /// The LoRA adapters' scales requests without a `lora` of their own take; with
@@ -491,8 +494,7 @@ impl EngineService {
     pub async fn lora_scales(&self, set: Option<Vec<f32>>) -> Result<Vec<f32>, RequestError> {
         let (reply, rx) = oneshot::channel();
         self.send(Cmd::Lora { set, reply });
-        rx.await
-            .unwrap_or_else(|_| Err(RequestError::Server("the engine thread has stopped".into())))
+        rx.await.unwrap_or_else(|_| Err(stopped()))
     }
 
     /// Stops the engine's thread: requests in flight and queued end with
@@ -518,7 +520,6 @@ impl EngineService {
             action,
             reply,
         });
-        rx.await
-            .unwrap_or_else(|_| Err(RequestError::Server("the engine thread has stopped".into())))
+        rx.await.unwrap_or_else(|_| Err(stopped()))
     }
 }

@@ -146,6 +146,13 @@ impl Worker {
             }
             while let Ok(c) = rx.try_recv() {
                 self.handle(c);
+                // Told to stop: what came after is refused there, nothing more runs.
+                if self.stop.is_some() {
+                    break;
+                }
+            }
+            if self.stop.is_some() {
+                continue;
             }
             self.run_slot_actions();
             self.assign();
