@@ -17,8 +17,10 @@ use super::error::{ApiError, ApiResult};
 use crate::tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The default budget (MiB): far above what any request a model can serve needs, and a
-/// small part of what a server process may take.
+/// The default budget (MiB): a small part of what a server process may take, and room
+/// for prompts of millions of tokens, replies of the longest contexts (with a handful of
+/// probabilities per token, where they are not streamed) and unpooled embeddings of
+/// thousands of tokens; a request beyond it is told to ask for less or stream.
 pub const DEFAULT_MIB: u64 = 256;
 
 static LIMIT: AtomicU64 = AtomicU64::new(DEFAULT_MIB << 20);
