@@ -18,9 +18,9 @@ use crate::tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The default budget (MiB): a small part of what a server process may take, and room
-/// for a prompt of over a million tokens (5 MiB of text), a reply (not streamed) of 40 000 tokens with 5
-/// probabilities each, and unpooled embeddings of 2 700 tokens of a 4096-wide model; a
-/// request beyond it is told to ask for less (or to stream).
+/// for a prompt of over a million tokens (5 MiB of text), a reply (not streamed) of
+/// 40 000 tokens with 5 probabilities each, and unpooled embeddings of 2 700 tokens of
+/// a 4096-wide model; a request beyond it is told to ask for less (or to stream).
 pub const DEFAULT_MIB: u64 = 256;
 
 static LIMIT: AtomicU64 = AtomicU64::new(DEFAULT_MIB << 20);
