@@ -48,12 +48,7 @@ pub async fn completion_of(s: &Arc<AppState>, body: Value) -> ApiResult<Response
     let tok = service.tokenizer();
     let p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
     let mut reqs = super::off_runtime(|| params::completion_requests(&body, &p, tok)).await?;
-    if !p.stream {
-        let n_ctx = service.info().n_ctx_slot;
-        let n_predict = p.request.params.n_predict;
-        let n_min = reqs.iter().map(|r| r.prompt.len()).min().unwrap_or(0);
-        super::budget::check_generation(reqs.len(), n_predict, p.n_probs, n_ctx, n_min)?;
-    }
+    params::check_replies(&reqs, &p, service.info().n_ctx_slot)?;
     if p.stream {
         let req = reqs.remove(0);
         let start = gen::start_stream(service, req).await?;

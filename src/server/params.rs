@@ -575,6 +575,17 @@ pub fn completion_requests(
     Ok(reqs)
 }
 
+/// Refuses completions whose replies, not streamed, could not be held within the
+/// request budget ([`super::budget::check_generation`]); a stream is never built whole.
+pub fn check_replies(reqs: &[Request], p: &GenParams, n_ctx_slot: u32) -> ApiResult<()> {
+    if p.stream {
+        return Ok(());
+    }
+    let n_min = reqs.iter().map(|r| r.prompt.len()).min().unwrap_or(0);
+    let n_predict = p.request.params.n_predict;
+    super::budget::check_generation(reqs.len(), n_predict, p.n_probs, n_ctx_slot, n_min)
+}
+
 /// The prompts of a request: one, or several (a list whose items are strings or token
 /// lists, each a prompt of its own).
 pub fn prompts(v: &Value) -> Vec<&Value> {
