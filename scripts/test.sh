@@ -18,6 +18,8 @@ scripts/fetch-models.sh --gemma >/dev/null
 # llama.cpp's tokenizer test vocabularies and chat templates, for the tests that compare
 # with them (tests/common/mod.rs reads WGLLM_LLAMACPP_TESTS).
 export WGLLM_LLAMACPP_TESTS="${WGLLM_LLAMACPP_TESTS:-$(scripts/fetch-llamacpp-tests.sh)}"
+# Khronos' SPIR-V validator, new enough for cooperative matrices (tests/kernels_spirv.rs).
+export WGLLM_SPIRV_VAL="${WGLLM_SPIRV_VAL:-$(scripts/spirv-tools.sh)}"
 if [ $# -eq 0 ]; then
   # Metal (macOS) and DX12 (Windows): checked, not run. The browser's WebGPU (wasm32) is
   # built whole below (scripts/web.sh) and run by tests/browser.rs.

@@ -56,6 +56,7 @@ fn main() {
         Command::Devices(a) => cli::info::devices(a),
         Command::Synth(a) => cli::synth::synth(a),
         Command::Tune(a) => cli::tune::tune(a),
+        Command::Kernels(a) => cli::kernels::kernels(a),
         Command::Tokenize(a) => cli::tokenize::tokenize(a),
         Command::Completions(a) => cli::completions(a),
     };

@@ -10,6 +10,7 @@ pub mod escapes;
 pub mod habits;
 pub mod hub;
 pub mod info;
+pub mod kernels;
 pub mod perplexity;
 pub mod run;
 pub mod runtime_dir;
@@ -66,6 +67,9 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// Measure kernel shapes and backends on a model's layer and cache the choice.
     Tune(tune::TuneArgs),
+    /// Write every kernel variant as a Vulkan driver gets it (SPIR-V), for validators and
+    /// offline GPU compilers.
+    Kernels(kernels::KernelsArgs),
     /// Text to token ids with a model's tokenizer, as llama-tokenize prints them.
     Tokenize(tokenize::TokenizeArgs),
     /// Print a shell completion script (e.g. `wgllm completions bash > /etc/bash_completion.d/wgllm`).

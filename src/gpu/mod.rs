@@ -10,6 +10,7 @@ mod fault;
 mod pipeline;
 mod placement;
 mod readback;
+pub mod spirv;
 mod tuning;
 pub mod unroll;
 
@@ -17,7 +18,10 @@ pub mod unroll;
 pub use context::{adapter_summary, list_adapters};
 pub use context::{AdapterSummary, Backend, Gpu, GpuOptions, KernelShape};
 pub use fault::Fault;
-pub use pipeline::{add_compile_secs, compile_secs, params_in_storage, Kernel, PARAMS_DECL};
+pub use pipeline::{
+    add_compile_secs, compile_secs, params_in_storage, prepare, Kernel, Prepared, Rewrites,
+    PARAMS_DECL,
+};
 pub use placement::{layers_by_shares, runs_text, Placement};
 pub use tuning::{KernelTuning, INT_DOT_DECODE_TOKENS};
 

@@ -94,6 +94,43 @@ pub fn params_in_storage(src: &str) -> Option<String> {
     })
 }
 
+/// The rewrites of a kernel's WGSL some devices need before they compile it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rewrites {
+    /// Short loops written out ([`super::unroll`]): for compilers that keep them.
+    pub unroll: bool,
+    /// Parameters read from storage ([`params_in_storage`]): for drivers that specialize
+    /// on uniforms.
+    pub params_in_storage: bool,
+}
+
+/// A kernel's WGSL as a device compiles it, parsed and validated by naga.
+pub struct Prepared {
+    pub src: String,
+    pub module: naga::Module,
+    pub info: naga::valid::ModuleInfo,
+}
+
+/// A kernel's source with `rewrites` applied, parsed and validated with only the
+/// capabilities the kernel declares: what [`Gpu::pipeline`] hands wgpu, and what the
+/// offline translations ([`super::spirv`]) start from. Errors name the line.
+pub fn prepare<K: Kernel>(key: &K, rewrites: Rewrites) -> Result<Prepared, String> {
+    let mut src = key.source()?;
+    if rewrites.unroll {
+        src = super::unroll::unroll(&src, super::unroll::MAX_TRIPS);
+    }
+    if rewrites.params_in_storage {
+        src = params_in_storage(&src)
+            .ok_or("its parameters are not declared as every kernel's are")?;
+    }
+    let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
+    let info =
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), key.naga_capabilities())
+            .validate(&module)
+            .map_err(|e| e.emit_to_string(&src))?;
+    Ok(Prepared { src, module, info })
+}
+
 /// Nanoseconds this process has spent compiling kernels (naga's validation and the
 /// driver's pipeline creation), on every device.
 static COMPILE_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -150,26 +187,11 @@ impl Gpu {
             )));
         }
         let compiling = web_time::Instant::now();
-        let mut src = key.source().map_err(&shader_err)?;
-        if self.unroll {
-            src = super::unroll::unroll(&src, super::unroll::MAX_TRIPS);
-        }
-        if self.params_in_storage {
-            src = params_in_storage(&src).ok_or_else(|| {
-                shader_err("its parameters are not declared as every kernel's are".into())
-            })?;
-        }
-        // Validate with naga first, with only the capabilities the key declares: its
-        // messages name the line, and a bad shader must not reach the driver.
-        let module =
-            naga::front::wgsl::parse_str(&src).map_err(|e| shader_err(e.emit_to_string(&src)))?;
-        let mut validator = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            key.naga_capabilities(),
-        );
-        validator
-            .validate(&module)
-            .map_err(|e| shader_err(e.emit_to_string(&src)))?;
+        let rewrites = Rewrites {
+            unroll: self.unroll,
+            params_in_storage: self.params_in_storage,
+        };
+        let Prepared { src, module, .. } = prepare(&key, rewrites).map_err(&shader_err)?;
         let writes = binding_writes(&module);
         // A shader compiler's own failure (DX12's FXC or DXC, a driver's) is an internal
         // error, not a validation one: both scopes, so that either fails this kernel here

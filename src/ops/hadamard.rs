@@ -6,9 +6,9 @@
 
 use super::uniforms::SetRowsUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{Gpu, GpuError, KernelShape};
 
-/// Largest chunk the kernel holds (its private array).
+/// Largest chunk the kernels hold (a private array, or workgroup memory).
 pub const MAX_HADAMARD: u32 = 256;
 
 /// Rotates `count` chunks of `n` f32 values of `x` (n a power of two, 2..=256).
@@ -23,11 +23,14 @@ pub fn hadamard(gpu: &Gpu, x: &View, n: u32, count: u32) -> Result<Dispatch, Gpu
         n_rows: count,
         ..Default::default()
     };
-    let (gx, gy) = split_groups(count.div_ceil(64));
+    // GPUs take a workgroup per chunk (`hadamard_wg.wgsl`); CPU-shaped adapters an
+    // invocation per chunk, with no barriers.
+    let wg = gpu.kernels == KernelShape::Gpu;
+    let (gx, gy) = split_groups(if wg { count } else { count.div_ceil(64) });
     record(
         gpu,
         "hadamard",
-        gpu.pipeline(KernelKey::Hadamard)?,
+        gpu.pipeline(KernelKey::Hadamard { wg })?,
         bytemuck::bytes_of(&params),
         &[x],
         [gx, gy, 1],

@@ -113,8 +113,11 @@ pub enum KernelKey {
         ty: KvType,
     },
     /// Chunks of values times the Walsh-Hadamard matrix, in place (llama.cpp's attention
-    /// rotation of a quantized cache).
-    Hadamard,
+    /// rotation of a quantized cache): a workgroup per chunk (`wg`, GPUs) or an
+    /// invocation per chunk (CPU-shaped: no barriers).
+    Hadamard {
+        wg: bool,
+    },
     /// Masked softmax with `wg` invocations per row.
     Softmax {
         wg: u32,
@@ -289,6 +292,28 @@ pub enum KernelKey {
     },
 }
 
+/// What a kernel's products should compile to ([`KernelKey::product_instructions`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Products {
+    /// Cooperative matrices: matrix instructions (`v_wmma_*` on RDNA3).
+    Matrix,
+    /// Packed 4 x 8-bit dot products (`v_dot4_*` on AMD).
+    IntegerDot,
+    /// Ordinary arithmetic.
+    Plain,
+}
+
+impl Products {
+    /// The name the kernel index uses.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Products::Matrix => "matrix",
+            Products::IntegerDot => "intdot",
+            Products::Plain => "plain",
+        }
+    }
+}
+
 /// (lanes, vec4s per lane) of the split attention output kernel for rows of `d4` vec4s:
 /// lanes is the largest power of two up to d4 (at most 64).
 pub fn split_shape(d4: u32) -> (u32, u32) {
@@ -334,7 +359,6 @@ impl KernelKey {
         let mut v = vec![
             AttnKqvSum,
             AttnKqvJoin,
-            Hadamard,
             SsmConv,
             QuantizeQ8,
             MoeRoute,
@@ -355,6 +379,7 @@ impl KernelKey {
             }
             v.extend(Q8_TILES.iter().map(|&(bm, bn)| MatmulQ8Tile { ty, bm, bn }));
         }
+        v.extend([false, true].map(|wg| Hadamard { wg }));
         v.extend([false, true].map(|rows| RmsNorm { rows }));
         v.extend([false, true].map(|rows| AddRmsNorm { rows }));
         v.extend([false, true].map(|wg| SampleTopk { wg }));
@@ -571,7 +596,7 @@ impl KernelKey {
             | RopeStore { .. }
             | SetRows { .. }
             | KvRead { .. }
-            | Hadamard
+            | Hadamard { .. }
             | AttnKq { .. }
             | AttnKqLanes { .. }
             | AttnKqv { .. }
@@ -613,6 +638,40 @@ impl KernelKey {
         }
     }
 
+    /// Whether only CPU-shaped adapters (lavapipe, llvmpipe, SwiftShader) select this
+    /// variant: a GPU's model step never runs it (`ops::*::kernel` pick these only where
+    /// `Gpu::kernels` is not `KernelShape::Gpu`).
+    pub fn cpu_shaped(&self) -> bool {
+        use KernelKey::*;
+        matches!(
+            self,
+            Matmul { .. }
+                | MatmulIdRows { .. }
+                | RmsNorm { rows: true }
+                | AddRmsNorm { rows: true }
+                | RopeStore { rows: true, .. }
+                | AttnFlashRows { .. }
+                | SsmScan { wg: false, .. }
+                | SampleTopk { wg: false }
+                | SampleChain { wg: false }
+                | Softmax { wg: 64 }
+                | Hadamard { wg: false }
+        )
+    }
+
+    /// The instructions a GPU compiler must make of this kernel's products where the
+    /// device has them: matrix instructions for the cooperative-matrix kernels, packed
+    /// dot products for the integer-dot ones (`scripts/kernel-stats.sh` checks both in
+    /// the disassembly).
+    pub fn product_instructions(&self) -> Products {
+        use KernelKey::*;
+        match self {
+            MatmulCoop { .. } | AttnFlashCoop { mma: true, .. } => Products::Matrix,
+            MatmulQ8 { .. } | MatmulQ8Tile { .. } => Products::IntegerDot,
+            _ => Products::Plain,
+        }
+    }
+
     /// The activation of a matmul's fused GLU epilogue, if it has one.
     pub fn glu(&self) -> Option<Activation> {
         match *self {
@@ -631,7 +690,7 @@ impl KernelKey {
             Binary(_) => BinaryUniform::WGSL,
             Glu(_) => GluUniform::WGSL,
             Rope { .. } => RopeUniform::WGSL,
-            SetRows { .. } | KvRead { .. } | Hadamard => SetRowsUniform::WGSL,
+            SetRows { .. } | KvRead { .. } | Hadamard { .. } => SetRowsUniform::WGSL,
             RopeStore { .. } => RopeStoreUniform::WGSL,
             Softmax { .. } => SoftmaxUniform::WGSL,
             AttnKq { .. } | AttnKqLanes { .. } | AttnKqv { .. } | AttnKqTile { .. } => {
@@ -682,7 +741,8 @@ impl KernelKey {
             SetRows { ty } => shaders::set_rows_source(ty),
             KvRead { ty } => shaders::kv_reading(shaders::KV_READ, Some(ty), None, &[]),
             RopeStore { k, v, norm, rows } => shaders::rope_store_source(k, v, norm, rows),
-            Hadamard => shaders::HADAMARD.to_string(),
+            Hadamard { wg: false } => shaders::HADAMARD.to_string(),
+            Hadamard { wg: true } => shaders::HADAMARD_WG.to_string(),
             Softmax { wg } => compose(
                 &[shaders::SOFTMAX_COMMON, shaders::SOFTMAX],
                 &[("WG", wg.to_string())],
@@ -894,7 +954,8 @@ impl crate::gpu::Kernel for KernelKey {
     /// `matmul_wg.wgsl` the same for `red` and every row of `res`; `matmul_tile.wgsl` all
     /// 8 x BM weight and 8 x BN activation slots of each K block; `matmul_q8_tile.wgsl`
     /// every slot of a step's BK weight and x blocks, one block per loading invocation,
-    /// before each step's first barrier); the other kernels keep
+    /// before each step's first barrier; `hadamard_wg.wgsl` all n values of its chunk,
+    /// the only ones it reads); the other kernels keep
     /// the zero-fill until someone reads them as closely.
     fn reads_unwritten_workgroup_memory(&self) -> bool {
         !matches!(
@@ -904,6 +965,7 @@ impl crate::gpu::Kernel for KernelKey {
                 | KernelKey::MatmulWg { .. }
                 | KernelKey::MatmulTile { .. }
                 | KernelKey::MatmulIdTile { .. }
+                | KernelKey::Hadamard { wg: true }
         )
     }
 }
@@ -923,7 +985,7 @@ impl fmt::Display for KernelKey {
             Rope { f16 } => write!(f, "rope_{}", kv(f16)),
             SetRows { ty } => write!(f, "set_rows_{ty}"),
             KvRead { ty } => write!(f, "kv_read_{ty}"),
-            Hadamard => write!(f, "hadamard"),
+            Hadamard { wg } => write!(f, "hadamard{}", if wg { "_wg" } else { "" }),
             RopeStore { k, v, norm, rows } => {
                 let norm = if norm { "_norm" } else { "" };
                 let rows = if rows { "_rows" } else { "" };
@@ -1229,14 +1291,14 @@ mod tests {
                     + GPU_VEC_TOKENS.len() * even(GPU_VEC_ROWS) * 2);
         assert_eq!(experts, 36);
         assert_eq!(per_type, 68 + 34 + 2 * (27 + 20));
-        // Both shapes of the two norms, the two joins, hadamard, binary ops, GLUs,
+        // Both shapes of the two norms, the two joins, both shapes of hadamard, binary ops, GLUs,
         // softmaxes, rope in f32 and f16. The recurrent layers' convolution and both
         // shapes of the scan per state size. Both shapes of sampling's two passes. Expert
         // routing, grouping, biases and weighted sum (their products are per type). A
         // LoRA correction's scaled add.
         let shared = 2 * 2
             + 2
-            + 1
+            + 2
             + 2
             + BinaryOp::ALL.len()
             + Activation::ALL.len()

@@ -49,6 +49,7 @@ pub const ATTN_KQV_TILE: &str = include_str!("../../shaders/attn_kqv_tile.wgsl")
 pub const ATTN_KQV_JOIN: &str = include_str!("../../shaders/attn_kqv_join.wgsl");
 pub const KV_READ: &str = include_str!("../../shaders/kv_read.wgsl");
 pub const HADAMARD: &str = include_str!("../../shaders/hadamard.wgsl");
+pub const HADAMARD_WG: &str = include_str!("../../shaders/hadamard_wg.wgsl");
 pub const SSM_CONV: &str = include_str!("../../shaders/ssm_conv.wgsl");
 pub const SSM_SCAN_COMMON: &str = include_str!("../../shaders/ssm_scan_common.wgsl");
 pub const SSM_SCAN: &str = include_str!("../../shaders/ssm_scan.wgsl");
@@ -251,6 +252,7 @@ pub fn fingerprint() -> u64 {
         ATTN_KQV_JOIN,
         KV_READ,
         HADAMARD,
+        HADAMARD_WG,
         SET_ROWS_BLOCKS,
         SAMPLE_KEYS,
         SAMPLE_SELECT,
