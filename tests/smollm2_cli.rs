@@ -139,9 +139,10 @@ fn greedy_run_through_context_shifts_reproduces_llama_cpp_text() {
 /// No kernel runs on a device before it matched the portable ones there. With the
 /// integer-dot kernels broken on purpose (`WGLLM_FAULT=wrong-int-dot`) and asked for
 /// (`WGLLM_INT_DOT=1`): `wgllm tune --check` reports them dropped; a run without tuning
-/// (so without the check) follows the request and goes wrong; a run that tunes at first
-/// use drops them with a log line naming them, runs the float kernels and prints
-/// llama.cpp's text; `wgllm devices` lists what was dropped.
+/// is refused at load by the kernel audit (which runs whatever chose the kernels), with
+/// the kernel and the switch named; a run that tunes at first use drops them with a log
+/// line naming them, runs the float kernels and prints llama.cpp's text; `wgllm devices`
+/// lists what was dropped.
 #[test]
 fn kernels_that_fail_their_check_on_the_device_are_never_used() {
     let dir = std::env::temp_dir().join(format!("wgllm-check-{}", std::process::id()));
@@ -182,11 +183,18 @@ fn kernels_that_fail_their_check_on_the_device_are_never_used() {
         wgllm_with_env(&args, &env)
     };
     let start: String = expected.chars().take(6).collect();
-    let (wrong, _) = run(&["--no-tune"]);
+    let refused = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(["run", "-m", &model, "-p", "Hi", "-n", "2", "--no-tune"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{err}");
     assert!(
-        !wrong.starts_with(&start),
-        "the broken kernels ran and still gave llama.cpp's text {wrong:?}: the fault did nothing"
+        err.contains("matmul_q8_Q4_1_") && err.contains("asked for (WGLLM_INT_DOT=1)"),
+        "{err}"
     );
+    assert!(refused.stdout.is_empty(), "nothing generated");
     let (out, err) = run(&[]);
     assert!(
         err.contains("dropped the cpu decode int-dot kernels")

@@ -364,6 +364,19 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
         let mut model = Model::load(gpu, f, progress)?;
+        // No kernel runs before it matched on this device (`tune::audit`).
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let audited = Instant::now();
+            let m = &model;
+            let gpu = crate::tune::audit::settle(m.gpu.clone(), &opts.gpu, f, &m.hp, &m.weights)?;
+            if !Arc::ptr_eq(&gpu, &model.gpu) {
+                let n_layer = model.hp.n_layer as usize;
+                model.placement = Arc::new(crate::gpu::Placement::single(gpu.clone(), n_layer));
+                model.gpu = gpu;
+            }
+            log::info!("kernel audit {:.2} s", audited.elapsed().as_secs_f64());
+        }
         if let Ok(p) = opts.context_params(&model.hp) {
             model.hp.fit_context(p.n_ctx, p.n_seq_max);
         }

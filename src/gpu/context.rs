@@ -677,6 +677,18 @@ impl Gpu {
         self.fault.wrong_int_dot()
     }
 
+    /// Whether fast matmuls are to leave the last row of each weight chunk unwritten
+    /// (`WGLLM_FAULT=wrong-row`).
+    pub fn fault_wrong_row(&self) -> bool {
+        self.fault.wrong_row()
+    }
+
+    /// Whether tiled matmuls are to leave a partial last tile's tokens unwritten
+    /// (`WGLLM_FAULT=wrong-tile-edge`).
+    pub fn fault_wrong_tile_edge(&self) -> bool {
+        self.fault.wrong_tile_edge()
+    }
+
     /// Buffer allocations counted since [`Gpu::arm_faults`], where an out-of-memory fault
     /// is set (`oom@N` with an N never reached counts without failing): tests place a
     /// fault inside a chosen step with it.

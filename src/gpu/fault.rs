@@ -7,6 +7,10 @@
 //! `wrong-int-dot` makes every integer-dot matmul compute a wrong product (its rows
 //! taken as a block shorter than they are), from the start and for good: a driver's miscompiled kernel,
 //! which the tuner's check on the device must catch before the kernel is used.
+//! `wrong-row` makes every fast matmul (GPU-shaped, integer-dot, cooperative-matrix)
+//! leave the last row of each weight chunk unwritten, and `wrong-tile-edge` makes the
+//! tiled prompt matmuls leave the tokens of a partial last tile unwritten: the smallest
+//! miscompiles, which the kernel audit at load (`crate::tune::audit`) must catch.
 //!
 //! [`GpuOptions::fault`]: super::GpuOptions::fault
 
@@ -18,18 +22,23 @@ pub enum Fault {
     OutOfMemory(u64),
     DeviceLost(u64),
     WrongIntDot,
+    WrongRow,
+    WrongTileEdge,
 }
 
 impl Fault {
-    /// `oom@N`, `device-lost@N` or `wrong-int-dot`.
+    /// `oom@N`, `device-lost@N`, `wrong-int-dot`, `wrong-row` or `wrong-tile-edge`.
     pub fn parse(s: &str) -> Result<Fault, String> {
         let bad = || {
             format!(
-                "WGLLM_FAULT={s:?}: expected oom@N or device-lost@N (N counts from 1), or wrong-int-dot"
+                "WGLLM_FAULT={s:?}: expected oom@N or device-lost@N (N counts from 1), or wrong-int-dot, wrong-row or wrong-tile-edge"
             )
         };
-        if s.trim() == "wrong-int-dot" {
-            return Ok(Fault::WrongIntDot);
+        match s.trim() {
+            "wrong-int-dot" => return Ok(Fault::WrongIntDot),
+            "wrong-row" => return Ok(Fault::WrongRow),
+            "wrong-tile-edge" => return Ok(Fault::WrongTileEdge),
+            _ => {}
         }
         let (kind, n) = s.trim().split_once('@').ok_or_else(bad)?;
         let n: u64 = n.parse().map_err(|_| bad())?;
@@ -104,6 +113,16 @@ impl FaultSwitch {
         self.fault == Some(Fault::WrongIntDot)
     }
 
+    /// Whether fast matmuls are to leave a row unwritten.
+    pub(super) fn wrong_row(&self) -> bool {
+        self.fault == Some(Fault::WrongRow)
+    }
+
+    /// Whether tiled matmuls are to leave a partial tile's tokens unwritten.
+    pub(super) fn wrong_tile_edge(&self) -> bool {
+        self.fault == Some(Fault::WrongTileEdge)
+    }
+
     /// Whether this submission is to find the device lost.
     pub(super) fn submission_loses_device(&self) -> bool {
         match self.fault {
@@ -122,6 +141,8 @@ mod tests {
         assert_eq!(Fault::parse("oom@3"), Ok(Fault::OutOfMemory(3)));
         assert_eq!(Fault::parse("device-lost@1"), Ok(Fault::DeviceLost(1)));
         assert_eq!(Fault::parse("wrong-int-dot"), Ok(Fault::WrongIntDot));
+        assert_eq!(Fault::parse("wrong-row"), Ok(Fault::WrongRow));
+        assert_eq!(Fault::parse("wrong-tile-edge"), Ok(Fault::WrongTileEdge));
         for bad in ["oom", "oom@0", "oom@x", "lost@2", "@2"] {
             let e = Fault::parse(bad).unwrap_err();
             assert!(e.contains("oom@N or device-lost@N"), "{e}");

@@ -159,6 +159,19 @@ impl MatmulOut {
     }
 }
 
+/// [`matmul`] through a given kernel variant rather than the device's choice for the
+/// shape: the kernel audit checks a large weight's kernel on its first rows.
+pub fn matmul_with(
+    gpu: &Gpu,
+    key: KernelKey,
+    w: &Weight,
+    x: &View,
+    n_tok: u32,
+    dst: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    record_chunks(gpu, w, x, n_tok, dst, key, MatmulOut::whole(w))
+}
+
 /// x is [w.n_cols, n_tok] f32, dst is [w.n_rows, n_tok] f32. One dispatch per chunk.
 pub fn matmul(
     gpu: &Gpu,
@@ -216,6 +229,27 @@ pub fn matmul_glu(
     Ok(d)
 }
 
+/// The rows and tokens a kernel broken on purpose leaves unwritten (`WGLLM_FAULT`:
+/// `wrong-row` in every fast kernel, `wrong-tile-edge` in the tiled ones where the
+/// tokens end in a partial tile of `tb`); the portable kernels stay correct, as the
+/// reference they are.
+pub(crate) fn faults(gpu: &Gpu, key: KernelKey, tb: u32, n_tok: u32) -> (u32, u32) {
+    let tiled = matches!(
+        key,
+        KernelKey::MatmulTile { .. }
+            | KernelKey::MatmulQ8Tile { .. }
+            | KernelKey::MatmulCoop { .. }
+    );
+    let fast = !key.cpu_shaped() || matches!(key, KernelKey::MatmulQ8 { .. });
+    let row = (gpu.fault_wrong_row() && fast) as u32;
+    let edge = if gpu.fault_wrong_tile_edge() && tiled && n_tok > tb && !n_tok.is_multiple_of(tb) {
+        n_tok % tb
+    } else {
+        0
+    };
+    (row, edge)
+}
+
 /// One dispatch of `key` per chunk of w.
 fn record_chunks(
     gpu: &Gpu,
@@ -232,14 +266,15 @@ fn record_chunks(
     let (rows_per_group, tb) = key
         .matmul_block()
         .ok_or_else(|| GpuError::Validation(format!("{key} is not a matmul kernel")))?;
+    let (wrong_row, wrong_edge) = faults(gpu, key, tb, n_tok);
     w.chunks
         .iter()
         .map(|c| {
             let (gx, gy) = split_groups(c.n_rows.div_ceil(rows_per_group));
             let params = MatmulUniform {
                 k: w.n_cols,
-                n_rows: c.n_rows,
-                n_tok,
+                n_rows: c.n_rows - wrong_row,
+                n_tok: n_tok - wrong_edge,
                 row_words: w.row_words,
                 out_row_offset: out.row_offset + c.row_begin,
                 out_stride: out.stride,

@@ -221,14 +221,15 @@ fn record_chunks(
     } else {
         w.n_cols
     };
+    let (wrong_row, wrong_edge) = super::matmul::faults(gpu, key, tb, n_tok);
     w.chunks
         .iter()
         .map(|c| {
             let (gx, gy) = split_groups(c.n_rows.div_ceil(rows));
             let params = MatmulQ8Uniform {
                 k,
-                n_rows: c.n_rows,
-                n_tok,
+                n_rows: c.n_rows - wrong_row,
+                n_tok: n_tok - wrong_edge,
                 row_words: w.row_words,
                 out_row_offset: out.row_offset + c.row_begin,
                 out_stride: out.stride,

@@ -11,6 +11,8 @@
 
 #[cfg(not(target_arch = "wasm32"))]
 mod attn_run;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod audit;
 pub mod cache;
 pub mod check;
 pub mod measure;

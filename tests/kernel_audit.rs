@@ -1,0 +1,160 @@
+//! The kernel audit at load (`wgllm::tune::audit`): every matmul kernel the model's
+//! graph dispatches, the output head's included, is checked on the device against the
+//! CPU on sampled rows and against the portable kernels on every row, at a bound one
+//! wrong row fails. Kernels broken on purpose (`Fault`: one row left unwritten, a partial
+//! tile's tokens left unwritten, integer-dot products misplaced) are dropped where the
+//! tuner chose them and refused where the user asked for them.
+
+mod common;
+
+use std::sync::Arc;
+use wgllm::gguf::GgufFile;
+use wgllm::gpu::{Backend, Fault, Gpu, GpuOptions, KernelShape, KernelTuning};
+use wgllm::model::Model;
+use wgllm::tune::audit::{audit, settle};
+
+fn smollm2_on(
+    kernels: KernelShape,
+    tuning: KernelTuning,
+    fault: Option<Fault>,
+) -> (GgufFile, Model) {
+    let gpu = Gpu::new(&GpuOptions {
+        backend: Backend::Vulkan,
+        kernels,
+        tuning,
+        fault,
+        ..Default::default()
+    })
+    .expect("the Vulkan test device");
+    let f = GgufFile::open(std::path::Path::new(&common::smollm2())).unwrap();
+    let model = Model::load(gpu, &f, &mut |_, _| {}).unwrap();
+    (f, model)
+}
+
+/// The error of a settle that must fail.
+fn refusal(r: Result<Arc<Gpu>, wgllm::gpu::GpuError>) -> String {
+    match r {
+        Ok(_) => panic!("a broken kernel the user asked for was not refused"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn asked(kernels: KernelShape, tuning: KernelTuning) -> GpuOptions {
+    GpuOptions {
+        kernels,
+        tuning,
+        ..Default::default()
+    }
+}
+
+/// Every kernel of the GPU-shaped path passes, the output head's (SmolLM2's is Q8_0
+/// while its layers are Q4_1) and the prompt tiles' among them, and the device comes back
+/// as it was.
+#[test]
+fn correct_kernels_pass_and_the_head_is_among_them() {
+    let (f, m) = smollm2_on(KernelShape::Gpu, KernelTuning::default(), None);
+    let rows = audit(&m.gpu, &f, &m.hp, &m.weights).unwrap();
+    let names: Vec<String> = rows.iter().map(|r| r.kernel.to_string()).collect();
+    for want in [
+        "matmul_wg_Q4_1_tb1",
+        "matmul_wg_Q8_0_tb1",
+        "matmul_tile_Q8_0",
+        "matmul_tile_Q4_1",
+        "_glu_silu",
+    ] {
+        assert!(names.iter().any(|n| n.contains(want)), "{want}: {names:?}");
+    }
+    for r in &rows {
+        assert!(r.passed(), "{}", r.describe());
+        assert!(
+            r.vs_portable.is_some(),
+            "{}: compared with the portable kernels",
+            r.kernel
+        );
+        assert!(r.vs_cpu.0 < 1e-4, "{}", r.describe());
+    }
+    let asked = asked(KernelShape::Gpu, KernelTuning::default());
+    let settled = settle(m.gpu.clone(), &asked, &f, &m.hp, &m.weights).unwrap();
+    assert!(Arc::ptr_eq(&settled, &m.gpu));
+}
+
+/// One row of each product left unwritten: refused where `--kernels gpu` asked for the
+/// GPU-shaped kernels, dropped for the portable ones where nobody did.
+#[test]
+fn one_wrong_row_is_refused_or_dropped() {
+    let (f, m) = smollm2_on(
+        KernelShape::Gpu,
+        KernelTuning::default(),
+        Some(Fault::WrongRow),
+    );
+    let forced = asked(KernelShape::Gpu, KernelTuning::default());
+    let e = refusal(settle(m.gpu.clone(), &forced, &f, &m.hp, &m.weights));
+    assert!(
+        e.contains("matmul_wg_Q4_1_") && e.contains("asked for (--kernels gpu)"),
+        "{e}"
+    );
+    let auto = asked(KernelShape::Auto, KernelTuning::default());
+    let settled = settle(m.gpu.clone(), &auto, &f, &m.hp, &m.weights).unwrap();
+    assert_eq!(settled.kernels, KernelShape::Cpu);
+    // The portable kernels it falls back on are the reference: they pass.
+    let rows = audit(&settled, &f, &m.hp, &m.weights).unwrap();
+    assert!(rows.iter().all(|r| r.passed()));
+}
+
+/// The last, partial tile of a prompt's tokens left unwritten by the tiled matmul (69
+/// tokens: a tile of 64 and one of 5 where tiles are 64 tokens wide; a 128-wide tile has
+/// no edge before its last): those tiles fail, every other kernel passes.
+#[test]
+fn one_wrong_tile_edge_is_refused() {
+    let (f, m) = smollm2_on(
+        KernelShape::Gpu,
+        KernelTuning::default(),
+        Some(Fault::WrongTileEdge),
+    );
+    let rows = audit(&m.gpu, &f, &m.hp, &m.weights).unwrap();
+    let mut edges = 0;
+    for r in &rows {
+        let name = r.kernel.to_string();
+        let edge = name.starts_with("matmul_tile_") && name.ends_with("x64");
+        edges += edge as usize;
+        assert_eq!(r.passed(), !edge, "{}", r.describe());
+    }
+    assert!(edges > 0, "no 64-token tile was checked");
+    let forced = asked(KernelShape::Gpu, KernelTuning::default());
+    let e = refusal(settle(m.gpu.clone(), &forced, &f, &m.hp, &m.weights));
+    assert!(
+        e.contains("matmul_tile_") && e.contains("at 69 tokens"),
+        "{e}"
+    );
+}
+
+/// Integer-dot products misplaced: refused where `WGLLM_INT_DOT=1` asked for them,
+/// dropped for the float kernels where the tuner had chosen them.
+#[test]
+fn wrong_integer_dot_products_are_refused_or_dropped() {
+    let on = KernelTuning {
+        int_dot: Some(true),
+        ..Default::default()
+    };
+    let (f, m) = smollm2_on(KernelShape::Auto, on.clone(), Some(Fault::WrongIntDot));
+    let e = refusal(settle(
+        m.gpu.clone(),
+        &asked(KernelShape::Auto, on),
+        &f,
+        &m.hp,
+        &m.weights,
+    ));
+    assert!(
+        e.contains("matmul_q8_") && e.contains("WGLLM_INT_DOT=1"),
+        "{e}"
+    );
+    let tuned = KernelTuning {
+        int_dot_decode: Some(true),
+        int_dot_prompt: Some(true),
+        ..Default::default()
+    };
+    let gpu = m.gpu.retuned(KernelShape::Auto, tuned);
+    let auto = asked(KernelShape::Auto, KernelTuning::default());
+    let settled = settle(gpu, &auto, &f, &m.hp, &m.weights).unwrap();
+    assert_eq!(settled.tuning.int_dot, Some(false));
+}
