@@ -145,9 +145,23 @@ pub struct AdapterSummary {
     /// The cooperative-matrix shapes the adapter offers through wgpu (`MxNxK a->c`), empty
     /// where it offers none: what a matrix-unit kernel could use there.
     pub cooperative_matrices: Vec<String>,
+    /// The PCI vendor id (0x1002 AMD, 0x10de NVIDIA, 0x8086 Intel), 0 where unknown.
+    pub vendor: u32,
 }
 
 impl AdapterSummary {
+    /// Whether the adapter is one of AMD's compute chips (CDNA: Instinct MI100 to MI300;
+    /// RADV names them GFX908 to GFX942), whose compiler gives the widest kernels far
+    /// fewer waves than RDNA's (`docs/kernel-stats/`).
+    pub fn is_amd_cdna(&self) -> bool {
+        let name = self.name.to_ascii_uppercase();
+        self.vendor == 0x1002
+            && (name.contains("INSTINCT")
+                || ["GFX908", "GFX90A", "GFX94"]
+                    .iter()
+                    .any(|g| name.contains(g)))
+    }
+
     /// Whether the adapter is the host's own cores (lavapipe, llvmpipe, SwiftShader): it
     /// takes CPU-shaped kernels, and whatever else it draws competes with the model.
     pub fn runs_on_cpu(&self) -> bool {
@@ -204,6 +218,7 @@ fn summarize(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
         shader_f16: features.contains(wgpu::Features::SHADER_F16),
         subgroups: features.contains(wgpu::Features::SUBGROUP),
         subgroup_size: (info.subgroup_min_size, info.subgroup_max_size),
+        vendor: info.vendor,
         cooperative_matrices: if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
         {
             a.cooperative_matrix_properties()
@@ -766,5 +781,34 @@ impl Gpu {
             return Err(GpuError::Validation(all));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amd_compute_chips_are_told_from_radeons() {
+        let a = |name: &str, vendor: u32| AdapterSummary {
+            index: 0,
+            name: name.into(),
+            backend: "Vulkan".into(),
+            device_type: "DiscreteGpu".into(),
+            driver: String::new(),
+            max_storage_binding: 0,
+            max_buffer: 0,
+            max_workgroup_storage: 0,
+            shader_f16: true,
+            subgroups: true,
+            subgroup_size: (64, 64),
+            cooperative_matrices: Vec::new(),
+            vendor,
+        };
+        assert!(a("AMD Instinct MI300X (RADV GFX942)", 0x1002).is_amd_cdna());
+        assert!(a("AMD Instinct MI210", 0x1002).is_amd_cdna());
+        assert!(a("Null hardware (RADV GFX940)", 0x1002).is_amd_cdna());
+        assert!(!a("AMD Radeon RX 7900 XTX (RADV NAVI31)", 0x1002).is_amd_cdna());
+        assert!(!a("NVIDIA H100 80GB HBM3", 0x10de).is_amd_cdna());
     }
 }

@@ -65,9 +65,13 @@ pub fn gpu_tile(gpu: &Gpu, n_rows: u32, n_tok: u32) -> (u32, u32) {
         return t;
     }
     let tiles = |(bm, bn): (u32, u32)| n_rows.div_ceil(bm) * n_tok.div_ceil(bn);
+    // Where no timing says otherwise, what AMD's compiler makes of the tiles: on its
+    // compute chips (CDNA) 128x128 takes 240 registers a lane and leaves one wave per
+    // SIMD, no latency hidden (docs/kernel-stats/gfx940.txt); 128x64 keeps two.
+    let one_wave = |t: (u32, u32)| t == (128, 128) && gpu.info.is_amd_cdna();
     [((128, 128), 128), ((128, 64), 256)]
         .into_iter()
-        .find(|&(t, enough)| fits(t) && tiles(t) >= enough)
+        .find(|&(t, enough)| fits(t) && tiles(t) >= enough && !one_wave(t))
         .map_or((64, 64), |(t, _)| t)
 }
 

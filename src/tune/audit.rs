@@ -256,14 +256,19 @@ fn sample_rows(n: u32) -> Vec<u32> {
 }
 
 /// Row `r` of the weight as the file holds it, dequantized: a fused weight's name joins
-/// its parts' with '+' (rows interleaved for a GLU's pairs, else one part after another).
+/// its parts' with '+' (rows interleaved for a GLU's pairs, else one part after another;
+/// a GLU's one tensor holds the gate rows, then the up rows).
 fn file_row(f: &GgufFile, w: &Weight, interleaved: bool, r: u32) -> Option<Vec<f32>> {
     let parts: Vec<_> = w
         .name
         .split('+')
         .map(|n| f.tensor(n))
         .collect::<Option<_>>()?;
-    let (part, row) = if interleaved {
+    let (part, row) = if interleaved && parts.len() == 1 {
+        // One tensor whose first half of rows is the gate, the second the up (Phi-3).
+        let half = *parts[0].dims.get(1)? as u32 / 2;
+        (parts[0], (r % 2) * half + r / 2)
+    } else if interleaved {
         let n = parts.len() as u32;
         (parts[(r % n) as usize], r / n)
     } else {

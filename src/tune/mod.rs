@@ -693,6 +693,7 @@ mod tests {
             name: name.into(),
             backend: backend.into(),
             device_type: "DiscreteGpu".into(),
+            vendor: 0,
             driver: String::new(),
             max_storage_binding: 0,
             max_buffer: 0,
