@@ -39,6 +39,8 @@ pub fn gguf(data: &[u8]) {
     };
     let hp = Hparams::from_gguf(&f);
     let _ = Tokenizer::from_gguf(&f);
+    #[cfg(target_arch = "wasm32")]
+    let _ = hp;
     #[cfg(not(target_arch = "wasm32"))]
     if hp.is_ok() {
         let _ = host_model_step(&f);

@@ -10,8 +10,9 @@ mod common;
 use std::sync::Arc;
 use wgllm::gguf::GgufFile;
 use wgllm::gpu::{Backend, Fault, Gpu, GpuOptions, KernelShape, KernelTuning};
+use wgllm::kv::{KvChoice, KvType};
 use wgllm::model::Model;
-use wgllm::tune::audit::{audit, settle};
+use wgllm::tune::audit::{audit, audit_attention, settle};
 
 fn smollm2_on(
     kernels: KernelShape,
@@ -37,6 +38,11 @@ fn refusal(r: Result<Arc<Gpu>, wgllm::gpu::GpuError>) -> String {
         Ok(_) => panic!("a broken kernel the user asked for was not refused"),
         Err(e) => e.to_string(),
     }
+}
+
+/// No attention in a settle (the matmul tests): `audit_attention` has its own.
+fn no_kv(_: &Gpu) -> Option<KvChoice> {
+    None
 }
 
 fn asked(kernels: KernelShape, tuning: KernelTuning) -> GpuOptions {
@@ -74,7 +80,7 @@ fn correct_kernels_pass_and_the_head_is_among_them() {
         assert!(r.vs_cpu.0 < 1e-4, "{}", r.describe());
     }
     let asked = asked(KernelShape::Gpu, KernelTuning::default());
-    let settled = settle(m.gpu.clone(), &asked, &f, &m.hp, &m.weights).unwrap();
+    let settled = settle(m.gpu.clone(), &asked, &f, &m.hp, &m.weights, &no_kv).unwrap();
     assert!(Arc::ptr_eq(&settled, &m.gpu));
 }
 
@@ -88,13 +94,20 @@ fn one_wrong_row_is_refused_or_dropped() {
         Some(Fault::WrongRow),
     );
     let forced = asked(KernelShape::Gpu, KernelTuning::default());
-    let e = refusal(settle(m.gpu.clone(), &forced, &f, &m.hp, &m.weights));
+    let e = refusal(settle(
+        m.gpu.clone(),
+        &forced,
+        &f,
+        &m.hp,
+        &m.weights,
+        &no_kv,
+    ));
     assert!(
         e.contains("matmul_wg_Q4_1_") && e.contains("asked for (--kernels gpu)"),
         "{e}"
     );
     let auto = asked(KernelShape::Auto, KernelTuning::default());
-    let settled = settle(m.gpu.clone(), &auto, &f, &m.hp, &m.weights).unwrap();
+    let settled = settle(m.gpu.clone(), &auto, &f, &m.hp, &m.weights, &no_kv).unwrap();
     assert_eq!(settled.kernels, KernelShape::Cpu);
     // The portable kernels it falls back on are the reference: they pass.
     let rows = audit(&settled, &f, &m.hp, &m.weights).unwrap();
@@ -121,7 +134,14 @@ fn one_wrong_tile_edge_is_refused() {
     }
     assert!(edges > 0, "no 64-token tile was checked");
     let forced = asked(KernelShape::Gpu, KernelTuning::default());
-    let e = refusal(settle(m.gpu.clone(), &forced, &f, &m.hp, &m.weights));
+    let e = refusal(settle(
+        m.gpu.clone(),
+        &forced,
+        &f,
+        &m.hp,
+        &m.weights,
+        &no_kv,
+    ));
     assert!(
         e.contains("matmul_tile_") && e.contains("at 69 tokens"),
         "{e}"
@@ -143,6 +163,7 @@ fn wrong_integer_dot_products_are_refused_or_dropped() {
         &f,
         &m.hp,
         &m.weights,
+        &no_kv,
     ));
     assert!(
         e.contains("matmul_q8_") && e.contains("WGLLM_INT_DOT=1"),
@@ -155,6 +176,41 @@ fn wrong_integer_dot_products_are_refused_or_dropped() {
     };
     let gpu = m.gpu.retuned(KernelShape::Auto, tuned);
     let auto = asked(KernelShape::Auto, KernelTuning::default());
-    let settled = settle(gpu, &auto, &f, &m.hp, &m.weights).unwrap();
+    let settled = settle(gpu, &auto, &f, &m.hp, &m.weights, &no_kv).unwrap();
     assert_eq!(settled.tuning.int_dot, Some(false));
+}
+
+/// The attention a context runs, for every cache the test device serves: f16 and f32
+/// plain and flash, quantized K and V (rotated, flash), on the portable and the
+/// GPU-shaped kernels, with sinks; the CPU's attention over the same cache values agrees
+/// within the row bound, at each token count.
+#[test]
+fn attention_paths_match_the_cpu_for_each_cache() {
+    let (_, m) = smollm2_on(KernelShape::Auto, KernelTuning::default(), None);
+    let caches = [
+        (KvType::F16, KvType::F16, false, 0, 0),
+        (KvType::F16, KvType::F16, true, 0, 0),
+        (KvType::F32, KvType::F32, false, 0, 0),
+        (KvType::Q8_0, KvType::Q8_0, true, 64, 64),
+        (KvType::Q4_0, KvType::Q8_0, true, 64, 64),
+    ];
+    for kernels in [KernelShape::Cpu, KernelShape::Gpu] {
+        let gpu = m.gpu.retuned(kernels, KernelTuning::default());
+        for (type_k, type_v, flash, rot_k, rot_v) in caches {
+            let kv = KvChoice {
+                type_k,
+                type_v,
+                flash,
+                rot_k,
+                rot_v,
+            };
+            for sinks in [false, true] {
+                let rows = audit_attention(&gpu, &m.hp, kv, sinks).unwrap();
+                assert_eq!(rows.len(), 3, "{kernels:?} {kv:?}");
+                for r in &rows {
+                    assert!(r.passed(), "{kernels:?} sinks {sinks}: {}", r.describe());
+                }
+            }
+        }
+    }
 }

@@ -39,6 +39,8 @@ pub struct Provenance {
 }
 
 impl Provenance {
+    // State files are written natively only (a page keeps no files).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     fn write(&self, out: &mut Vec<u8>) {
         out.extend(self.model.to_le_bytes());
         out.extend((self.adapters.len() as u32).to_le_bytes());
@@ -91,6 +93,7 @@ impl Context {
 
     /// The model's and its adapters' fingerprints, with `lora` (one scale per loaded
     /// adapter; missing ones 0) as the setting the cells were computed with.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     fn provenance(&self, lora: &[f32]) -> Provenance {
         Provenance {
             model: self.model.fingerprint,

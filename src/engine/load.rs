@@ -321,6 +321,9 @@ impl Engine {
 
     /// Reads and uploads the `--lora` adapters for `model`, in order.
     fn load_adapters(model: &mut Model, opts: &EngineOptions) -> Result<(), EngineError> {
+        // A page reads no adapter files (refused below).
+        #[cfg(target_arch = "wasm32")]
+        let _ = &model;
         for spec in &opts.lora {
             #[cfg(not(target_arch = "wasm32"))]
             {
@@ -369,7 +372,15 @@ impl Engine {
         {
             let audited = Instant::now();
             let m = &model;
-            let gpu = crate::tune::audit::settle(m.gpu.clone(), &opts.gpu, f, &m.hp, &m.weights)?;
+            // The cache a context of these options would get on the device as it stands.
+            let params = opts.context_params(&m.hp).ok();
+            let kv = |g: &Gpu| {
+                let p = params.as_ref().filter(|_| m.hp.has_attention())?;
+                let (hd, n_embd_kv) = (m.hp.head_dim, m.hp.n_embd_kv());
+                crate::memory::kv_choice(&p.kv, &[g], hd, n_embd_kv).ok()
+            };
+            let gpu =
+                crate::tune::audit::settle(m.gpu.clone(), &opts.gpu, f, &m.hp, &m.weights, &kv)?;
             if !Arc::ptr_eq(&gpu, &model.gpu) {
                 let n_layer = model.hp.n_layer as usize;
                 model.placement = Arc::new(crate::gpu::Placement::single(gpu.clone(), n_layer));

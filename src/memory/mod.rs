@@ -255,15 +255,9 @@ pub fn create(
         }
         return Ok(Box::new(RecurrentMemory::new(shape, params.n_seq_max)?));
     }
-    let choice = (params.kv)
-        .resolve(
-            // A split model's cache types must suit every device holding layers.
-            shape.placement.gpus().iter().all(|g| g.has_f16),
-            hp.head_dim,
-            hp.n_embd_kv(),
-            flash_faster(shape),
-        )
-        .map_err(MemoryError::Cache)?;
+    let gpus: Vec<&crate::gpu::Gpu> = shape.placement.gpus().iter().map(|g| &**g).collect();
+    let choice =
+        kv_choice(&params.kv, &gpus, hp.head_dim, hp.n_embd_kv()).map_err(MemoryError::Cache)?;
     let ub = params.n_ubatch;
     if hp.has_recurrent() {
         let attn: Vec<usize> = (0..hp.n_layer())
@@ -317,17 +311,32 @@ pub fn create(
     Ok(mem)
 }
 
-/// Whether `-fa auto` takes flash attention for this model on its adapter: where the
-/// CPU-shaped flash kernel holds its heads (lavapipe, SmolLM2, pp512: 89 t/s against 73
-/// unfused at depth 0; README has the table at depth 4096). GPU-shaped kernels keep the
-/// unfused path, faster on an H100 (`AttnShape::flash`).
-fn flash_faster(shape: &MemoryShape) -> bool {
-    (shape.placement.gpus().iter()).all(|g| crate::ops::attention::cpu_flash_kernel(g))
-        && shape.head_dim
-            <= 4 * crate::ops::kernels::FLASH_ROWS_D4
-                .iter()
-                .max()
-                .unwrap_or(&0)
+/// The cache the flags `kv` give a model with heads of `head_dim` and K/V rows of
+/// `n_embd_kv` on `gpus` (a split model's cache types must suit every device holding
+/// layers), or why there is none. `-fa auto` takes flash attention where the CPU-shaped
+/// flash kernel holds the heads (lavapipe, SmolLM2, pp512: 89 t/s against 73 unfused at
+/// depth 0; README has the table at depth 4096); GPU-shaped kernels keep the unfused
+/// path, faster on an H100 (`AttnShape::flash`).
+pub fn kv_choice(
+    kv: &crate::kv::KvConfig,
+    gpus: &[&crate::gpu::Gpu],
+    head_dim: u32,
+    n_embd_kv: u32,
+) -> Result<crate::kv::KvChoice, String> {
+    let largest = crate::ops::kernels::FLASH_ROWS_D4
+        .iter()
+        .max()
+        .unwrap_or(&0);
+    let flash_faster = gpus
+        .iter()
+        .all(|g| crate::ops::attention::cpu_flash_kernel(g))
+        && head_dim <= 4 * largest;
+    kv.resolve(
+        gpus.iter().all(|g| g.has_f16),
+        head_dim,
+        n_embd_kv,
+        flash_faster,
+    )
 }
 
 fn mib(b: u64) -> f64 {

@@ -10,21 +10,31 @@
 //! square of all reference outputs — so that one wrong row, or one token of a tile edge,
 //! fails where an error over the whole output would average it away.
 //!
+//! The attention the graph runs is checked the same way ([`audit_attention`]): the
+//! context's K and V cache types, flash or not, the model's heads, scale, soft-cap and
+//! sinks, at the same token counts over cells that end in a partial chunk, against the
+//! CPU's attention over the cache's own values.
+//!
 //! A kernel that fails is dropped for the portable or float one of its family and the
 //! products checked again; where the user asked for it, the load is refused with the
 //! reason instead. The tuner's own check (`super::check`) still decides what is worth
-//! timing; this one decides what may run. Experts' products (mixtures of experts) and the
-//! attention kernels are not covered here yet.
+//! timing; this one decides what may run. Experts' products (mixtures of experts) are
+//! not covered here yet.
 
 use crate::gguf::{quant, GgufFile};
 use crate::gpu::{Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
+use crate::kv::KvChoice;
 use crate::model::{Arch, Hparams, ModelWeights};
+use crate::ops::attention::{
+    attention_sinks_ref, attention_with, AttnShape, AttnViews, FlashKernel,
+};
 use crate::ops::glu::{glu_ref, Activation};
 use crate::ops::kernels::{KernelKey, Products};
 use crate::ops::matmul::{self, matmul, matmul_glu, matmul_with};
 use crate::ops::matmul_q8::{
     self, matmul_q8, matmul_q8_glu, matmul_q8_with, q8_bytes, quantize_q8, quantize_q8_ref,
 };
+use crate::ops::softmax::SoftmaxParams;
 use crate::ops::weight::{Ffn, GateUp, Weight, WeightChunk};
 use crate::ops::{run_now, View};
 use std::collections::HashSet;
@@ -57,7 +67,10 @@ pub const ROW_BOUND: f64 = 1e-2;
 /// One kernel's check: the product it was run on and its worst row errors.
 #[derive(Clone, Debug)]
 pub struct AuditRow {
-    pub kernel: KernelKey,
+    /// The kernel (or the attention path) checked.
+    pub kernel: String,
+    /// What is dropped where it fails.
+    pub family: Family,
     /// The weight it multiplied, and how many tokens.
     pub weight: String,
     pub n_tok: u32,
@@ -451,7 +464,8 @@ pub fn audit(
                 started.elapsed().as_secs_f64() * 1e3
             );
             out.push(AuditRow {
-                kernel: key,
+                kernel: key.to_string(),
+                family: family(&key, &gpu.tuning),
                 weight: p.w.name.clone(),
                 n_tok,
                 vs_cpu,
@@ -464,9 +478,149 @@ pub fn audit(
     Ok(out)
 }
 
+/// Cells the attention check reads: several of the split and tiled kernels' chunks of
+/// 64 and 128 cells, the last one partial.
+const ATTN_CELLS: u32 = 333;
+
+/// The attention path `gpu` takes for a cache `kv`: its name and the family dropped where
+/// it fails.
+fn attention_path(gpu: &Gpu, kv: &KvChoice, fk: FlashKernel) -> (&'static str, Family) {
+    match (gpu.kernels == KernelShape::Gpu, kv.flash, fk) {
+        (true, true, FlashKernel::Coop { .. }) => (
+            "flash attention on cooperative matrices",
+            Family::CoopMatrix,
+        ),
+        (true, true, _) => ("GPU flash attention", Family::GpuShaped),
+        (true, false, _) => ("GPU score, softmax and output kernels", Family::GpuShaped),
+        (false, true, _) => ("CPU-shaped flash attention", Family::Portable),
+        (false, false, _) => ("portable attention", Family::Portable),
+    }
+}
+
+/// Checks the attention the graph runs for a cache `kv` (its K and V types, flash or not,
+/// the rotation of a quantized cache) with the model's heads, its scale and soft-cap and
+/// (`sinks`) a sink logit per head, at each of [`AUDIT_TOKENS`] tokens at the end of
+/// [`ATTN_CELLS`] cells, causal, against the CPU's attention over the same cache values;
+/// a row is one head's output for one token.
+pub fn audit_attention(
+    gpu: &Gpu,
+    hp: &Hparams,
+    kv: KvChoice,
+    sinks: bool,
+) -> Result<Vec<AuditRow>, GpuError> {
+    let (hd, nh, nkv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
+    if hd == 0 || !hd.is_multiple_of(4) || nkv == 0 || !nh.is_multiple_of(nkv) {
+        return Ok(Vec::new());
+    }
+    let fk = FlashKernel::for_gpu(gpu);
+    let (path, family) = attention_path(gpu, &kv, fk);
+    let mut out = Vec::new();
+    for n_tok in AUDIT_TOKENS {
+        let started = web_time::Instant::now();
+        let n_kv = ATTN_CELLS.max(n_tok);
+        let shape = AttnShape {
+            head_dim: hd,
+            n_head: nh,
+            n_head_kv: nkv,
+            n_tok,
+            n_kv,
+            k_type: kv.type_k,
+            v_type: kv.type_v,
+            flash: kv.flash,
+            rot_k: kv.rot_k,
+            rot_v: kv.rot_v,
+        };
+        let sp = SoftmaxParams {
+            scale: hp.attn_scale,
+            max_bias: 0.0,
+            n_head: nh,
+            softcap: hp.attn_softcap,
+        };
+        let mut rng = crate::model::synth::Rng(0xa77e + n_tok as u64);
+        let mut random = |n: u32| -> Vec<f32> { (0..n).map(|_| rng.normalish()).collect() };
+        let q = random(hd * nh * n_tok);
+        let (k, v) = (random(hd * nkv * n_kv), random(hd * nkv * n_kv));
+        let sink_logits = sinks.then(|| random(nh));
+        let (k_words, v_words) = (kv.type_k.encode(&k), kv.type_v.encode(&v));
+        // The CPU reads the values the cache holds (rounded to its type).
+        let (k_vals, v_vals) = (kv.type_k.decode(&k_words), kv.type_v.decode(&v_words));
+        // Token t sits at cell n_kv - n_tok + t and sees the cells up to it.
+        let mask: Vec<f32> = (0..n_tok * n_kv)
+            .map(|i| {
+                let (t, c) = (i / n_kv, i % n_kv);
+                if c > n_kv - n_tok + t {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let up = |name: &str, words: &[u32]| -> Result<View, GpuError> {
+            Ok(View::whole(&gpu.upload(name, bytemuck::cast_slice(words))?))
+        };
+        let scratch = |name: &str, n: u64| -> Result<View, GpuError> {
+            Ok(View::whole(&gpu.storage(name, n.max(1) * 4)?))
+        };
+        let n_out = (hd * nh * n_tok) as u64;
+        let (qv, kv_, vv) = (
+            up("audit_q", bytemuck::cast_slice(&q))?,
+            up("audit_k", &k_words)?,
+            up("audit_v", &v_words)?,
+        );
+        let mv = up("audit_mask", bytemuck::cast_slice(&mask))?;
+        let sv = match &sink_logits {
+            Some(s) => Some(up("audit_sinks", bytemuck::cast_slice(s))?),
+            None => None,
+        };
+        let dst = scratch("audit_attn_out", n_out)?;
+        let io = AttnViews {
+            q: &qv,
+            k: &kv_,
+            v: &vv,
+            mask: &mv,
+            scores: &scratch("audit_scores", shape.scores_len(gpu)?)?,
+            partials: &scratch("audit_partials", shape.partials_len(gpu))?,
+            dst: &dst,
+            sinks: sv.as_ref(),
+        };
+        run_now(gpu, &attention_with(gpu, &shape, &sp, &io, fk)?)?;
+        let got = gpu.read_f32(&dst.buf, 0, n_out as usize)?;
+        let want = attention_sinks_ref(
+            &shape,
+            &sp,
+            &q,
+            &k_vals,
+            &v_vals,
+            &mask,
+            sink_logits.as_deref(),
+        );
+        let rows: Vec<u32> = (0..nh * n_tok).collect();
+        let h = hd as usize;
+        let vs_cpu = worst_row(&rows, hd, |i, j| want[i * h + j], |i, j| got[i * h + j]);
+        log::debug!(
+            "kernel audit: {path} (K {}, V {}) at {n_tok} tokens over {n_kv} cells: row error {:.1e} against the CPU ({:.0} ms)",
+            kv.type_k,
+            kv.type_v,
+            vs_cpu.0,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        out.push(AuditRow {
+            kernel: format!("{path} (K {}, V {})", kv.type_k, kv.type_v),
+            family,
+            weight: format!("random heads of the model's shape over {n_kv} cells"),
+            n_tok,
+            vs_cpu,
+            vs_portable: None,
+            bound: ROW_BOUND,
+        });
+    }
+    gpu.check()?;
+    Ok(out)
+}
+
 /// A kernel family a failed kernel is dropped with, and what replaces it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Family {
+pub enum Family {
     IntegerDot,
     CoopMatrix,
     GpuShaped,
@@ -501,13 +655,18 @@ pub fn settle(
     f: &GgufFile,
     hp: &Hparams,
     weights: &ModelWeights,
+    kv: &dyn Fn(&Gpu) -> Option<KvChoice>,
 ) -> Result<Arc<Gpu>, GpuError> {
     let mut gpu = gpu;
+    let sinks = weights.layers.iter().any(|l| l.attn_sinks.is_some());
     // Each round drops at least one family; four families can be dropped.
     for _ in 0..5 {
-        let rows = audit(&gpu, f, hp, weights)?;
+        let mut rows = audit(&gpu, f, hp, weights)?;
+        if let Some(kv) = kv(&gpu) {
+            rows.extend(audit_attention(&gpu, hp, kv, sinks)?);
+        }
         log::info!(
-            "kernel audit on {}: {} kernels checked against the CPU and the portable kernels",
+            "kernel audit on {}: {} kernels and attention paths checked against the CPU and the portable kernels",
             gpu.info.name,
             rows.len()
         );
@@ -521,7 +680,7 @@ pub fn settle(
                 bad.describe()
             )))
         };
-        let fam = family(&bad.kernel, &tuning);
+        let fam = bad.family;
         match fam {
             Family::IntegerDot if asked.tuning.int_dot == Some(true) => {
                 return refuse("WGLLM_INT_DOT=1")
