@@ -62,21 +62,10 @@ impl Experts {
     /// the tuner times a mixture-of-experts layer's feed-forward shape on.
     pub fn first(&self) -> (GateUp, Arc<Weight>) {
         let n = self.routing.n_expert;
+        // Whole experts per chunk: expert 0's rows are the first chunk's first.
         let one = |w: &Weight| {
-            let rows = w.n_rows / n;
-            let c = &w.chunks[0];
-            Arc::new(Weight {
-                name: format!("{}[expert 0]", w.name),
-                ty: w.ty,
-                n_cols: w.n_cols,
-                n_rows: rows,
-                row_words: w.row_words,
-                chunks: vec![WeightChunk {
-                    row_begin: 0,
-                    n_rows: rows,
-                    buf: c.buf.clone(),
-                }],
-            })
+            let first = w.first_rows(w.n_rows / n, format!("{}[expert 0]", w.name));
+            Arc::new(first.expect("an expert's rows in the first chunk"))
         };
         let gate_up = GateUp::Split {
             gate: one(&self.gate),
@@ -125,6 +114,25 @@ fn row_bytes(name: &str, ty: GgmlType, n_cols: usize) -> Result<usize, GpuError>
 }
 
 impl Weight {
+    /// The first `rows` rows (at most the first chunk's) as a weight of their own, sharing
+    /// the buffer, named `name`; None for a weight without rows.
+    pub fn first_rows(&self, rows: u32, name: String) -> Option<Weight> {
+        let first = self.chunks.first()?;
+        let rows = rows.min(first.n_rows);
+        Some(Weight {
+            name,
+            ty: self.ty,
+            n_cols: self.n_cols,
+            n_rows: rows,
+            row_words: self.row_words,
+            chunks: vec![WeightChunk {
+                row_begin: 0,
+                n_rows: rows,
+                buf: first.buf.clone(),
+            }],
+        })
+    }
+
     /// Uploads `data` (GGUF bytes of a [n_cols, n_rows] tensor), re-laid out for the GPU.
     pub fn upload(
         gpu: &Gpu,

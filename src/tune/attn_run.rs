@@ -13,6 +13,21 @@ use crate::ops::{run_repeated, View};
 /// Cells of the cache the attention check reads: several of the flash kernels' chunks.
 const ATTN_CHECK_CELLS: u32 = 320;
 
+/// The mask of `n_tok` tokens at the end of `n_kv` cells, causal: token t sits at cell
+/// n_kv - n_tok + t and sees the cells up to it.
+pub(super) fn causal_mask(n_tok: u32, n_kv: u32) -> Vec<f32> {
+    (0..n_tok * n_kv)
+        .map(|i| {
+            let (t, c) = (i / n_kv, i % n_kv);
+            if c > n_kv - n_tok + t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
 /// A prompt ubatch's attention with the model's heads, for checking the kernels a
 /// candidate takes it through: [`PROMPT_TOKENS`] tokens at the end of
 /// [`ATTN_CHECK_CELLS`] cells of an f16 cache (the default), causal, on random inputs.
@@ -61,17 +76,7 @@ impl AttnRun {
         let q = random(hd * nh * n_tok);
         let kv_len = hd * nkv * n_kv;
         let (k, v) = (random(kv_len), random(kv_len));
-        // Token t sits at cell n_kv - n_tok + t and sees the cells up to it.
-        let mask: Vec<f32> = (0..n_tok * n_kv)
-            .map(|i| {
-                let (t, c) = (i / n_kv, i % n_kv);
-                if c > n_kv - n_tok + t {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
+        let mask = causal_mask(n_tok, n_kv);
         let up = |name: &str, words: &[u32]| -> Result<View, GpuError> {
             Ok(View::whole(&gpu.upload(name, bytemuck::cast_slice(words))?))
         };

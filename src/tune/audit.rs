@@ -35,7 +35,7 @@ use crate::ops::matmul_q8::{
     self, matmul_q8, matmul_q8_glu, matmul_q8_with, q8_bytes, quantize_q8, quantize_q8_ref,
 };
 use crate::ops::softmax::SoftmaxParams;
-use crate::ops::weight::{Ffn, GateUp, Weight, WeightChunk};
+use crate::ops::weight::{Ffn, GateUp, Weight};
 use crate::ops::{run_now, View};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -224,20 +224,7 @@ fn first_rows(w: &Weight) -> Option<Weight> {
     if w.n_rows <= MAX_ROWS {
         return None;
     }
-    let first = w.chunks.first()?;
-    let rows = (MAX_ROWS - 128 + w.n_rows % 128).min(first.n_rows);
-    Some(Weight {
-        name: w.name.clone(),
-        ty: w.ty,
-        n_cols: w.n_cols,
-        n_rows: rows,
-        row_words: w.row_words,
-        chunks: vec![WeightChunk {
-            row_begin: 0,
-            n_rows: rows,
-            buf: first.buf.clone(),
-        }],
-    })
+    w.first_rows(MAX_ROWS - 128 + w.n_rows % 128, w.name.clone())
 }
 
 /// The activations an integer-dot kernel actually multiplies: x rounded to its 8-bit
@@ -544,17 +531,7 @@ pub fn audit_attention(
         let (k_words, v_words) = (kv.type_k.encode(&k), kv.type_v.encode(&v));
         // The CPU reads the values the cache holds (rounded to its type).
         let (k_vals, v_vals) = (kv.type_k.decode(&k_words), kv.type_v.decode(&v_words));
-        // Token t sits at cell n_kv - n_tok + t and sees the cells up to it.
-        let mask: Vec<f32> = (0..n_tok * n_kv)
-            .map(|i| {
-                let (t, c) = (i / n_kv, i % n_kv);
-                if c > n_kv - n_tok + t {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
+        let mask = super::attn_run::causal_mask(n_tok, n_kv);
         let up = |name: &str, words: &[u32]| -> Result<View, GpuError> {
             Ok(View::whole(&gpu.upload(name, bytemuck::cast_slice(words))?))
         };
