@@ -110,6 +110,7 @@ impl AuditRow {
 
 /// A matrix product the graph dispatches: the weight, the fused GLU epilogue where its
 /// rows are interleaved (gate, up) pairs.
+#[derive(Clone, Copy)]
 struct Product<'a> {
     w: &'a Weight,
     glu: Option<Activation>,
@@ -293,7 +294,7 @@ fn file_row(f: &GgufFile, w: &Weight, interleaved: bool, r: u32) -> Option<Vec<f
 }
 
 /// The CPU's output rows `rows` of `p` (each row's values over the tokens), or None
-/// where the weight's bytes are not the file's (a LoRA-merged or synthesized weight).
+/// where the weight's name does not lead to the file's tensors ([`file_row`]).
 fn cpu_rows(
     f: &GgufFile,
     p: &Product,
@@ -335,7 +336,7 @@ fn worst_row(
     got: impl Fn(usize, usize) -> f32,
 ) -> (f64, u32) {
     let (mut sum, mut count) = (0f64, 0usize);
-    for (i, _) in rows.iter().enumerate() {
+    for i in 0..rows.len() {
         for t in 0..n_tok as usize {
             let w = want(i, t) as f64;
             sum += w * w;
@@ -395,13 +396,7 @@ pub fn audit(
                 Some(w) if kernel_of(gpu, &Product { w, glu: full.glu }, n_tok) == key => {
                     (Product { w, glu: full.glu }, None)
                 }
-                _ => (
-                    Product {
-                        w: full.w,
-                        glu: full.glu,
-                    },
-                    None,
-                ),
+                _ => (full, None),
             };
             let int_dot = key.product_instructions() == Products::IntegerDot;
             let started = web_time::Instant::now();
