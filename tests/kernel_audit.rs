@@ -3,7 +3,8 @@
 //! CPU on sampled rows and against the portable kernels on every row, at a bound one
 //! wrong row fails. Kernels broken on purpose (`Fault`: one row left unwritten, a partial
 //! tile's tokens left unwritten, integer-dot products misplaced) are dropped where the
-//! tuner chose them and refused where the user asked for them.
+//! tuner chose them and refused where the user asked for them. A mixture's expert
+//! products, the attention's heads and each device of a split are checked the same way.
 
 mod common;
 
@@ -12,7 +13,7 @@ use wgllm::gguf::GgufFile;
 use wgllm::gpu::{Backend, Fault, Gpu, GpuOptions, KernelShape, KernelTuning};
 use wgllm::kv::{KvChoice, KvType};
 use wgllm::model::Model;
-use wgllm::tune::audit::{audit, audit_attention, settle};
+use wgllm::tune::audit::{audit, audit_attention, audit_part, settle, settle_part, Part};
 
 fn smollm2_on(
     kernels: KernelShape,
@@ -213,4 +214,189 @@ fn attention_paths_match_the_cpu_for_each_cache() {
             }
         }
     }
+}
+
+/// A tiny Qwen3 mixture (16 experts of 64 rows, 4 a token) of Q8_0 weights, written to
+/// a file (the audit reads the file's rows) and loaded on lavapipe.
+fn tiny_moe_on(
+    kernels: KernelShape,
+    fault: Option<Fault>,
+) -> (GgufFile, Model, std::path::PathBuf) {
+    use wgllm::model::synth::{synth, SynthArch, WeightScale};
+    let path = std::env::temp_dir().join(format!(
+        "wgllm-audit-moe-{}-{:?}.gguf",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let w = synth(
+        SynthArch::Qwen3Moe,
+        common::TINY,
+        wgllm::gguf::GgmlType::Q8_0,
+        common::tiny_vocab(),
+        256,
+        WeightScale::FanIn,
+        false,
+    );
+    w.write(&path).unwrap();
+    let gpu = Gpu::new(&GpuOptions {
+        backend: Backend::Vulkan,
+        kernels,
+        fault,
+        ..Default::default()
+    })
+    .expect("the Vulkan test device");
+    let f = GgufFile::open(&path).unwrap();
+    let model = Model::load(gpu, &f, &mut |_, _| {}).unwrap();
+    (f, model, path)
+}
+
+/// The experts' products are checked as the graph runs them: each pair's rows on their
+/// own at 1 and 5 tokens, grouped by expert into the prompt tiles at 69, on the
+/// GPU-shaped and the portable kernels, against the CPU on every expert's sampled rows.
+/// The grouped GPU tile broken on purpose (each chunk's last expert left unwritten) fails
+/// while the other kernels pass, and is dropped for the portable kernels.
+#[test]
+fn expert_products_are_checked_and_a_wrong_expert_is_dropped() {
+    for kernels in [KernelShape::Gpu, KernelShape::Cpu] {
+        let (f, m, path) = tiny_moe_on(kernels, None);
+        let rows = audit(&m.gpu, &f, &m.hp, &m.weights).unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
+        let grouped = match kernels {
+            KernelShape::Gpu => "matmul_id_tile_Q8_0",
+            _ => "matmul_id_rows_Q8_0",
+        };
+        for want in ["matmul_id_Q8_0", grouped] {
+            assert!(
+                names.iter().any(|n| n.starts_with(want)),
+                "{want}: {names:?}"
+            );
+        }
+        for r in rows.iter().filter(|r| r.kernel.starts_with("matmul_id")) {
+            assert!(r.passed() && r.vs_cpu.0 < 1e-4, "{}", r.describe());
+            assert!(r.weight.contains("exps"), "{}", r.weight);
+        }
+        drop(f);
+        let _ = std::fs::remove_file(path);
+    }
+    let (f, m, path) = tiny_moe_on(KernelShape::Gpu, Some(Fault::WrongRow));
+    let rows = audit(&m.gpu, &f, &m.hp, &m.weights).unwrap();
+    let tile = (rows.iter())
+        .find(|r| r.kernel.starts_with("matmul_id_tile_"))
+        .expect("the grouped tile checked");
+    assert!(!tile.passed() && tile.n_tok == 69, "{}", tile.describe());
+    // A wrong expert fails against the CPU and against the portable kernels alike.
+    assert!(
+        tile.vs_cpu.0 > 0.1 && tile.vs_portable.unwrap().0 > 0.1,
+        "{tile:?}"
+    );
+    let ids = (rows.iter())
+        .find(|r| r.kernel == "matmul_id_Q8_0")
+        .expect("the pairs' kernel checked");
+    assert!(ids.passed(), "{}", ids.describe());
+    let auto = asked(KernelShape::Auto, KernelTuning::default());
+    let settled = settle(m.gpu.clone(), &auto, &f, &m.hp, &m.weights, &no_kv).unwrap();
+    assert_eq!(settled.kernels, KernelShape::Cpu);
+    drop(f);
+    let _ = std::fs::remove_file(path);
+}
+
+/// The GPU flash attention with its last head left unwritten: its check fails at every
+/// token count while the portable flash kernel passes; refused where `--kernels gpu`
+/// asked for it, dropped for the portable kernels where nobody did.
+#[test]
+fn a_wrong_attention_head_is_refused_or_dropped() {
+    let (f, m) = smollm2_on(
+        KernelShape::Gpu,
+        KernelTuning::default(),
+        Some(Fault::WrongHead),
+    );
+    let kv = KvChoice {
+        type_k: KvType::F16,
+        type_v: KvType::F16,
+        flash: true,
+        rot_k: 0,
+        rot_v: 0,
+    };
+    let rows = audit_attention(&m.gpu, &m.hp, kv, false).unwrap();
+    assert_eq!(rows.len(), 3);
+    for r in &rows {
+        assert!(
+            !r.passed() && r.kernel.starts_with("GPU flash"),
+            "{}",
+            r.describe()
+        );
+    }
+    let portable = m.gpu.retuned(KernelShape::Cpu, KernelTuning::default());
+    let rows = audit_attention(&portable, &m.hp, kv, false).unwrap();
+    assert!(rows.iter().all(|r| r.passed()));
+    let flash = |_: &Gpu| Some(kv);
+    let forced = asked(KernelShape::Gpu, KernelTuning::default());
+    let e = refusal(settle(
+        m.gpu.clone(),
+        &forced,
+        &f,
+        &m.hp,
+        &m.weights,
+        &flash,
+    ));
+    assert!(
+        e.contains("GPU flash attention") && e.contains("asked for (--kernels gpu)"),
+        "{e}"
+    );
+    let auto = asked(KernelShape::Auto, KernelTuning::default());
+    let settled = settle(m.gpu.clone(), &auto, &f, &m.hp, &m.weights, &flash).unwrap();
+    assert_eq!(settled.kernels, KernelShape::Cpu);
+}
+
+/// A model split over two lavapipe devices, the second GPU-shaped with one row of each
+/// fast kernel left unwritten: each device is checked on its own part (the output head,
+/// Q8_0 in SmolLM2 where the layers are Q4_1, on the main device only), the broken one
+/// fails and is settled on its own, the other passes as it is.
+#[test]
+fn each_device_of_a_split_is_checked_on_its_part() {
+    let open = |kernels, fault| {
+        Gpu::new(&GpuOptions {
+            backend: Backend::Vulkan,
+            kernels,
+            fault,
+            ..Default::default()
+        })
+        .expect("the Vulkan test device")
+    };
+    let main = open(KernelShape::Cpu, None);
+    let broken = open(KernelShape::Gpu, Some(Fault::WrongRow));
+    let f = GgufFile::open(std::path::Path::new(&common::smollm2())).unwrap();
+    let n_layer = wgllm::model::Hparams::from_gguf(&f).unwrap().n_layer as usize;
+    let p = wgllm::gpu::Placement::by_shares(vec![main, broken], 0, &[1.0, 1.0], n_layer).unwrap();
+    let m = Model::load_placed(p, &f, &mut |_, _| {}).unwrap();
+    let (main, broken) = (m.placement.gpus()[0].clone(), m.placement.gpus()[1].clone());
+    let (on_main, on_broken) = (Part::of(&m.placement, 0), Part::of(&m.placement, 1));
+    let rows = audit_part(&main, &f, &m.hp, &m.weights, &on_main).unwrap();
+    assert!(
+        rows.iter().any(|r| r.kernel.contains("Q8_0")),
+        "the head on the main device"
+    );
+    assert!(rows.iter().all(|r| r.passed()));
+    let rows = audit_part(&broken, &f, &m.hp, &m.weights, &on_broken).unwrap();
+    assert!(!rows.is_empty() && rows.iter().all(|r| !r.kernel.contains("Q8_0")));
+    assert!(rows.iter().any(|r| !r.passed()));
+    let auto = asked(KernelShape::Auto, KernelTuning::default());
+    let settled = settle_part(main.clone(), &auto, &f, &m.hp, &m.weights, &on_main, &no_kv);
+    assert!(Arc::ptr_eq(&settled.unwrap(), &main));
+    let settled = settle_part(
+        broken.clone(),
+        &auto,
+        &f,
+        &m.hp,
+        &m.weights,
+        &on_broken,
+        &no_kv,
+    )
+    .unwrap();
+    assert_eq!(settled.kernels, KernelShape::Cpu);
+    let forced = asked(KernelShape::Gpu, KernelTuning::default());
+    let e = refusal(settle_part(
+        broken, &forced, &f, &m.hp, &m.weights, &on_broken, &no_kv,
+    ));
+    assert!(e.contains("asked for (--kernels gpu)"), "{e}");
 }

@@ -185,6 +185,7 @@ impl Engine {
         let mut model = Model::load_placed(placement, f, &mut |done, total| {
             progress.upload(done, total)
         })?;
+        audit_devices(&mut model, f, opts)?;
         if let Ok(p) = opts.context_params(&model.hp) {
             model.hp.fit_context(p.n_ctx, p.n_seq_max);
         }
@@ -367,27 +368,8 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let start = Instant::now();
         let mut model = Model::load(gpu, f, progress)?;
-        // No kernel runs before it matched on this device (`tune::audit`).
         #[cfg(not(target_arch = "wasm32"))]
-        {
-            let audited = Instant::now();
-            let m = &model;
-            // The cache a context of these options would get on the device as it stands.
-            let params = opts.context_params(&m.hp).ok();
-            let kv = |g: &Gpu| {
-                let p = params.as_ref().filter(|_| m.hp.has_attention())?;
-                let (hd, n_embd_kv) = (m.hp.head_dim, m.hp.n_embd_kv());
-                crate::memory::kv_choice(&p.kv, &[g], hd, n_embd_kv).ok()
-            };
-            let gpu =
-                crate::tune::audit::settle(m.gpu.clone(), &opts.gpu, f, &m.hp, &m.weights, &kv)?;
-            if !Arc::ptr_eq(&gpu, &model.gpu) {
-                let n_layer = model.hp.n_layer as usize;
-                model.placement = Arc::new(crate::gpu::Placement::single(gpu.clone(), n_layer));
-                model.gpu = gpu;
-            }
-            log::info!("kernel audit {:.2} s", audited.elapsed().as_secs_f64());
-        }
+        audit_devices(&mut model, f, opts)?;
         if let Ok(p) = opts.context_params(&model.hp) {
             model.hp.fit_context(p.n_ctx, p.n_seq_max);
         }
@@ -404,6 +386,48 @@ impl Engine {
         e.load_time = start.elapsed();
         Ok(e)
     }
+}
+
+/// No kernel runs before it matched on its device (`tune::audit`): each device of the
+/// model's placement is settled on its part (its layers' products and attention, and the
+/// heads on the main one), and the model takes the devices as settled.
+#[cfg(not(target_arch = "wasm32"))]
+fn audit_devices(model: &mut Model, f: &GgufFile, opts: &EngineOptions) -> Result<(), EngineError> {
+    use crate::tune::audit::{settle_part, Part};
+    let audited = Instant::now();
+    let placement = model.placement.clone();
+    let mut gpus: Vec<Arc<Gpu>> = placement.gpus().to_vec();
+    // The cache a context of these options would get, over every device as it stands
+    // (a split model's cache types suit every device).
+    let params = opts.context_params(&model.hp).ok();
+    let (hd, n_embd_kv) = (model.hp.head_dim, model.hp.n_embd_kv());
+    for d in 0..gpus.len() {
+        let kv = |g: &Gpu| {
+            let p = params.as_ref().filter(|_| model.hp.has_attention())?;
+            let all: Vec<&Gpu> = (0..gpus.len())
+                .map(|i| if i == d { g } else { &*gpus[i] })
+                .collect();
+            crate::memory::kv_choice(&p.kv, &all, hd, n_embd_kv).ok()
+        };
+        let part = Part::of(&placement, d);
+        let settled = settle_part(
+            gpus[d].clone(),
+            &opts.gpu,
+            f,
+            &model.hp,
+            &model.weights,
+            &part,
+            &kv,
+        )?;
+        gpus[d] = settled;
+    }
+    let same = (gpus.iter().zip(placement.gpus())).all(|(a, b)| Arc::ptr_eq(a, b));
+    if !same {
+        model.placement = Arc::new(placement.with_gpus(gpus)?);
+        model.gpu = model.placement.main().clone();
+    }
+    log::info!("kernel audit {:.2} s", audited.elapsed().as_secs_f64());
+    Ok(())
 }
 
 #[cfg(not(target_arch = "wasm32"))]

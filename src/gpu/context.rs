@@ -704,6 +704,12 @@ impl Gpu {
         self.fault.wrong_tile_edge()
     }
 
+    /// Whether the GPU flash attention kernels are to leave the last head unwritten
+    /// (`WGLLM_FAULT=wrong-head`).
+    pub fn fault_wrong_head(&self) -> bool {
+        self.fault.wrong_head()
+    }
+
     /// Buffer allocations counted since [`Gpu::arm_faults`], where an out-of-memory fault
     /// is set (`oom@N` with an N never reached counts without failing): tests place a
     /// fault inside a chosen step with it.
@@ -739,6 +745,15 @@ impl Gpu {
 
     pub(super) fn count_allocation(&self, bytes: u64) {
         self.allocated.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Takes back the bytes counted since `mark` (an earlier [`Gpu::allocated_bytes`]):
+    /// buffers made and dropped since, as the kernel audit's scratch at load, which a
+    /// memory budget must not hold against the model's own buffers.
+    pub fn uncount_since(&self, mark: u64) {
+        let now = self.allocated_bytes();
+        self.allocated
+            .fetch_sub(now.saturating_sub(mark), Ordering::Relaxed);
     }
 
     /// Waits for all submitted work, then reports any error the device raised meanwhile

@@ -10,7 +10,9 @@
 //! `wrong-row` makes every fast matmul (GPU-shaped, integer-dot, cooperative-matrix)
 //! leave the last row of each weight chunk unwritten, and `wrong-tile-edge` makes the
 //! tiled prompt matmuls leave the tokens of a partial last tile unwritten: the smallest
-//! miscompiles, which the kernel audit at load (`crate::tune::audit`) must catch.
+//! miscompiles, which the kernel audit at load (`crate::tune::audit`) must catch;
+//! `wrong-head` makes the GPU flash attention kernels (f32 tiles and cooperative
+//! matrices) leave the last head's output unwritten, which its attention check must.
 //!
 //! [`GpuOptions::fault`]: super::GpuOptions::fault
 
@@ -24,20 +26,23 @@ pub enum Fault {
     WrongIntDot,
     WrongRow,
     WrongTileEdge,
+    WrongHead,
 }
 
 impl Fault {
-    /// `oom@N`, `device-lost@N`, `wrong-int-dot`, `wrong-row` or `wrong-tile-edge`.
+    /// `oom@N`, `device-lost@N`, `wrong-int-dot`, `wrong-row`, `wrong-tile-edge` or
+    /// `wrong-head`.
     pub fn parse(s: &str) -> Result<Fault, String> {
         let bad = || {
             format!(
-                "WGLLM_FAULT={s:?}: expected oom@N or device-lost@N (N counts from 1), or wrong-int-dot, wrong-row or wrong-tile-edge"
+                "WGLLM_FAULT={s:?}: expected oom@N or device-lost@N (N counts from 1), or wrong-int-dot, wrong-row, wrong-tile-edge or wrong-head"
             )
         };
         match s.trim() {
             "wrong-int-dot" => return Ok(Fault::WrongIntDot),
             "wrong-row" => return Ok(Fault::WrongRow),
             "wrong-tile-edge" => return Ok(Fault::WrongTileEdge),
+            "wrong-head" => return Ok(Fault::WrongHead),
             _ => {}
         }
         let (kind, n) = s.trim().split_once('@').ok_or_else(bad)?;
@@ -121,6 +126,11 @@ impl FaultSwitch {
     /// Whether tiled matmuls are to leave a partial tile's tokens unwritten.
     pub(super) fn wrong_tile_edge(&self) -> bool {
         self.fault == Some(Fault::WrongTileEdge)
+    }
+
+    /// Whether the GPU flash attention kernels are to leave a head unwritten.
+    pub(super) fn wrong_head(&self) -> bool {
+        self.fault == Some(Fault::WrongHead)
     }
 
     /// Whether this submission is to find the device lost.

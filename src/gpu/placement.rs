@@ -68,6 +68,19 @@ impl Placement {
         Ok(Placement { gpus, main, layers })
     }
 
+    /// The same placement over `gpus` instead, one for one: the same devices with other
+    /// kernel choices (`Gpu::retuned`), which hold the same buffers.
+    pub fn with_gpus(&self, gpus: Vec<Arc<Gpu>>) -> Result<Self, GpuError> {
+        if gpus.len() != self.gpus.len() {
+            return Err(GpuError::Validation(format!(
+                "{} devices for a placement over {}",
+                gpus.len(),
+                self.gpus.len()
+            )));
+        }
+        Placement::new(gpus, self.main, self.layers.clone())
+    }
+
     /// The device of the embeddings, the output head, the step inputs and sampling.
     pub fn main(&self) -> &Arc<Gpu> {
         &self.gpus[self.main]

@@ -493,7 +493,9 @@ fn flash(
 ) -> Result<Vec<Dispatch>, GpuError> {
     let (label, key) = fk.key(s, split.is_some());
     let pipeline = gpu.pipeline(key)?;
-    let groups = |n_split| [s.n_tok.div_ceil(16), s.n_head, n_split];
+    // `WGLLM_FAULT=wrong-head`: the last head left unwritten.
+    let heads = s.n_head - gpu.fault_wrong_head() as u32;
+    let groups = |n_split| [s.n_tok.div_ceil(16), heads, n_split];
     let Some(sp) = split else {
         let params = AttnSplitUniform {
             has_sinks: sk.on as u32,

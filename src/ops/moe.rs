@@ -238,6 +238,9 @@ pub fn matmul_id(
     // expert once); tiles past the end of a run leave at once.
     let (block_rows, block_pairs) = key.matmul_block().unwrap_or((1, 1));
     let heads = quant::format(w.ty).is_some_and(|f| f.gpu_head_words() > 0);
+    // `WGLLM_FAULT=wrong-row`: the fast grouped kernels leave each chunk's last expert
+    // unwritten (their row count is also the experts' stride, so no row can go alone).
+    let (wrong_expert, _) = matmul::faults(gpu, key, 1, n_tok);
     w.chunks
         .iter()
         .map(|c| {
@@ -288,7 +291,7 @@ pub fn matmul_id(
                         views,
                         [
                             rows.div_ceil(block_rows),
-                            e_end - e_begin,
+                            e_end - e_begin - wrong_expert,
                             n_tok.div_ceil(block_pairs),
                         ],
                     )
