@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's GPU table in one go, for a machine with a real GPU: writes the two synthetic
+# The GPU table of docs/results.md in one go, for a machine with a real GPU: writes the two synthetic
 # models (SmolLM2-135M's shape in Q4_1, Llama-2-7B's shape in Q4_0, random weights, SmolLM2's
 # vocabulary), runs scripts/bench-vs-llamacpp.sh on each (pp512 and tg128 at depth 0 and
 # 4096), wgllm's tg128 with the next token drawn on the CPU and on the GPU (`--sampling`),

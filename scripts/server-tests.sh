@@ -4,7 +4,7 @@
 # comparison, against a llama-server binary — with SmolLM2 in place of every preset's
 # model (scripts/server-launcher.py swaps the model flags).
 #   scripts/server-tests.sh [--server BIN] [--junit FILE] [--expected LIST] [unit/test_x.py ...] [-- PYTEST_ARGS]
-# Default server: target/release/wgllm; default files: the seventeen README's table lists.
+# Default server: target/release/wgllm; default files: the seventeen docs/server.md's table lists.
 # --expected LIST runs the tests named in LIST (pytest node ids, one per line; # comments),
 # which must all pass: the test command runs tests/data/server-suite-pass.txt.
 # The suite's session fixture starts every preset once only to download models: with a

@@ -54,9 +54,9 @@ if [ $# -eq 0 ]; then
   # llama.cpp's own server tests against `wgllm serve`: the quick ones llama-server passes too.
   scripts/server-tests.sh --expected tests/data/server-suite-pass.txt
   # The real `openai` client against `wgllm serve` (the 64-client load test in
-  # tests/clients/test_load.py takes minutes on lavapipe: run by hand, README has its numbers).
+  # tests/clients/test_load.py takes minutes on lavapipe: run by hand, docs/testing.md says so).
   scripts/client-tests.sh --ignore=tests/clients/test_load.py
   # Every fuzz target for a short bounded time from its seeds and past findings (a long
-  # run: scripts/fuzz.sh 3600; README has the figures).
+  # run: scripts/fuzz.sh 3600; docs/hardening.md has the figures).
   WGLLM_FUZZ_SEED="${WGLLM_FUZZ_SEED:-1}" scripts/fuzz.sh "${WGLLM_FUZZ_SECONDS:-10}"
 fi

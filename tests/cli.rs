@@ -612,7 +612,7 @@ fn synth_refuses_expert_counts_it_cannot_write() {
 
 /// A first run as on a fresh machine (empty tuning and Mesa shader caches, no runtime
 /// dir): it answers, measures the kernels, and prints no error or warning line. (Its
-/// load time against the next run's is in README, measured by hand: speed is not
+/// load time against the next run's is in docs/, measured by hand: speed is not
 /// asserted.)
 #[test]
 fn a_first_run_is_quiet() {

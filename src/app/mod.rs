@@ -8,7 +8,7 @@
 //! ([`worker`]); the window only sends commands and draws what comes back.
 //!
 //! A headless drive (`--prompt TEXT --screenshot FILE.png`) loads the model, sends the
-//! prompt, waits for the reply, saves a PNG of the window and exits: tests and the README
+//! prompt, waits for the reply, saves a PNG of the window and exits: tests and docs/app.md
 //! picture use it.
 //!
 //! Built for wasm32 the same app is a browser page ([`web`]): eframe draws on the page's

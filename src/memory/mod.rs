@@ -315,7 +315,7 @@ pub fn create(
 /// `n_embd_kv` on `gpus` (a split model's cache types must suit every device holding
 /// layers), or why there is none. `-fa auto` takes flash attention where the CPU-shaped
 /// flash kernel holds the heads (lavapipe, SmolLM2, pp512: 89 t/s against 73 unfused at
-/// depth 0; README has the table at depth 4096); GPU-shaped kernels keep the unfused
+/// depth 0; docs/benchmarking.md has the table at depth 4096); GPU-shaped kernels keep the unfused
 /// path, faster on an H100 (`AttnShape::flash`).
 pub fn kv_choice(
     kv: &crate::kv::KvConfig,

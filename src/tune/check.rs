@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 pub const FLOAT_BOUND: f64 = 1e-4;
 
 /// The same for the integer-dot kernels, whose activations are rounded to 8 bits: their
-/// own error on a layer is about ten times below this (README has the figures), while a
+/// own error on a layer is about ten times below this (docs/cli.md has the figures), while a
 /// kernel that misplaces blocks or leaves rows out is far above it.
 pub const INT_DOT_BOUND: f64 = 1e-3;
 
