@@ -3,6 +3,10 @@
 //! See ARCHITECTURE.md for how the modules fit together.
 
 pub mod batch;
+/// `wgllm bench`: llama-bench's tests, reports and plots over the engine (native: its
+/// loops block on the GPU).
+#[cfg(not(target_arch = "wasm32"))]
+pub mod bench;
 pub mod context;
 pub mod engine;
 /// The fuzz targets' bodies (scripts/fuzz.sh, tests/fuzz_corpus.rs).

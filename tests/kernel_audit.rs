@@ -54,6 +54,27 @@ fn asked(kernels: KernelShape, tuning: KernelTuning) -> GpuOptions {
     }
 }
 
+/// `gpu`'s kernels broken on purpose: refused where `--kernels gpu` asked for them (the
+/// refusal naming each of `says`), dropped for the portable kernels where nobody did;
+/// the device as settled.
+fn refused_then_dropped(
+    gpu: &Arc<Gpu>,
+    f: &GgufFile,
+    m: &Model,
+    kv: &dyn Fn(&Gpu) -> Option<KvChoice>,
+    says: &[&str],
+) -> Arc<Gpu> {
+    let forced = asked(KernelShape::Gpu, KernelTuning::default());
+    let e = refusal(settle(gpu.clone(), &forced, f, &m.hp, &m.weights, kv));
+    for s in says.iter().chain(&["asked for (--kernels gpu)"]) {
+        assert!(e.contains(s), "{s}: {e}");
+    }
+    let auto = asked(KernelShape::Auto, KernelTuning::default());
+    let settled = settle(gpu.clone(), &auto, f, &m.hp, &m.weights, kv).unwrap();
+    assert_eq!(settled.kernels, KernelShape::Cpu);
+    settled
+}
+
 /// Every kernel of the GPU-shaped path passes, the output head's (SmolLM2's is Q8_0
 /// while its layers are Q4_1) and the prompt tiles' among them, and the device comes back
 /// as it was.
@@ -94,22 +115,7 @@ fn one_wrong_row_is_refused_or_dropped() {
         KernelTuning::default(),
         Some(Fault::WrongRow),
     );
-    let forced = asked(KernelShape::Gpu, KernelTuning::default());
-    let e = refusal(settle(
-        m.gpu.clone(),
-        &forced,
-        &f,
-        &m.hp,
-        &m.weights,
-        &no_kv,
-    ));
-    assert!(
-        e.contains("matmul_wg_Q4_1_") && e.contains("asked for (--kernels gpu)"),
-        "{e}"
-    );
-    let auto = asked(KernelShape::Auto, KernelTuning::default());
-    let settled = settle(m.gpu.clone(), &auto, &f, &m.hp, &m.weights, &no_kv).unwrap();
-    assert_eq!(settled.kernels, KernelShape::Cpu);
+    let settled = refused_then_dropped(&m.gpu, &f, &m, &no_kv, &["matmul_wg_Q4_1_"]);
     // The portable kernels it falls back on are the reference: they pass.
     let rows = audit(&settled, &f, &m.hp, &m.weights).unwrap();
     assert!(rows.iter().all(|r| r.passed()));
@@ -330,22 +336,7 @@ fn a_wrong_attention_head_is_refused_or_dropped() {
     let rows = audit_attention(&portable, &m.hp, kv, false).unwrap();
     assert!(rows.iter().all(|r| r.passed()));
     let flash = |_: &Gpu| Some(kv);
-    let forced = asked(KernelShape::Gpu, KernelTuning::default());
-    let e = refusal(settle(
-        m.gpu.clone(),
-        &forced,
-        &f,
-        &m.hp,
-        &m.weights,
-        &flash,
-    ));
-    assert!(
-        e.contains("GPU flash attention") && e.contains("asked for (--kernels gpu)"),
-        "{e}"
-    );
-    let auto = asked(KernelShape::Auto, KernelTuning::default());
-    let settled = settle(m.gpu.clone(), &auto, &f, &m.hp, &m.weights, &flash).unwrap();
-    assert_eq!(settled.kernels, KernelShape::Cpu);
+    refused_then_dropped(&m.gpu, &f, &m, &flash, &["GPU flash attention"]);
 }
 
 /// A model split over two lavapipe devices, the second GPU-shaped with one row of each

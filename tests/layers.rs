@@ -4,6 +4,9 @@
 //! graph of top-level modules, and fails on a cycle, printing its modules and the files
 //! whose references close it.
 //!
+//! One level down, the files and subfolders inside each folder must form layers too
+//! (`each_folders_children_form_layers`), read from `crate::FOLDER::X` and `super::X`.
+//!
 //! Test code is left out: files declared `#[cfg(test)] mod NAME;` (and `tests.rs`), and
 //! an inline `#[cfg(test)] mod NAME { ... }` from where it starts to the end of its
 //! file (clippy's `items_after_test_module` keeps test modules last).
@@ -70,7 +73,8 @@ fn code_of(text: &str) -> (String, Vec<String>) {
 /// The top-level modules each one refers to, with the files that do.
 type Graph = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
-fn module_graph() -> Graph {
+/// Every non-test file of `src/` with its code (see [`code_of`]), by path under `src/`.
+fn code_files() -> Vec<(PathBuf, String)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
@@ -95,13 +99,21 @@ fn module_graph() -> Graph {
         }
         texts.insert(f.clone(), (code, tests));
     }
-    let mut graph = Graph::new();
+    let mut out = Vec::new();
     for f in &files {
         let rel = f.strip_prefix(&src).unwrap();
         let name = rel.file_name().unwrap().to_str().unwrap();
         if test_only.contains(f) || name == "tests.rs" {
             continue;
         }
+        out.push((rel.to_path_buf(), texts[f].0.clone()));
+    }
+    out
+}
+
+fn module_graph() -> Graph {
+    let mut graph = Graph::new();
+    for (rel, code) in &code_files() {
         let first = rel
             .components()
             .next()
@@ -113,7 +125,6 @@ fn module_graph() -> Graph {
         if module == "lib" || module == "main" {
             continue;
         }
-        let code = &texts[f].0;
         let uses = graph.entry(module.clone()).or_default();
         let mut rest = code.as_str();
         while let Some(i) = rest.find("crate::") {
@@ -233,6 +244,134 @@ fn top_level_modules_form_layers() {
     }
 }
 
+/// The module names `code` reaches through `prefix` (`crate::ops::`, `super::`): the
+/// first name after it, or each name of a `{...}` group after it.
+fn names_after(code: &str, prefix: &str) -> Vec<String> {
+    let word = |t: &str| -> String {
+        t.trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = code[from..].find(prefix).map(|i| i + from) {
+        from = i + prefix.len();
+        // Not the tail of a longer path, nor its head (`super::super::` is another level).
+        let before = code[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+            || code[from..].starts_with("super::")
+        {
+            continue;
+        }
+        let rest = &code[from..];
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                let end = group.find('}').unwrap_or(group.len());
+                out.extend(group[..end].split(',').map(word));
+            }
+            None => out.push(word(rest)),
+        }
+    }
+    out.retain(|n| !n.is_empty() && n.chars().next().is_some_and(|c| c.is_lowercase()));
+    out
+}
+
+/// For each folder of `src/`, the graph among its children (files and subfolders, its
+/// `mod.rs` aside: the folder's face, which declares and re-exports them): child C uses
+/// child X where a file of C names `crate::FOLDER::X`, or `super::X` from C's own level.
+/// Names re-exported by `mod.rs` (`super::Item`) are not followed.
+fn folder_graphs() -> BTreeMap<String, Graph> {
+    let files = code_files();
+    let mut folders: BTreeMap<String, Graph> = BTreeMap::new();
+    for (rel, _) in &files {
+        let parts: Vec<String> = rel
+            .with_extension("")
+            .components()
+            .map(|c| c.as_os_str().to_str().unwrap().to_string())
+            .collect();
+        for depth in 1..parts.len() {
+            let folder = parts[..depth].join("/");
+            let children: BTreeSet<String> = files
+                .iter()
+                .filter_map(|(r, _)| {
+                    let p: Vec<String> = r
+                        .with_extension("")
+                        .components()
+                        .map(|c| c.as_os_str().to_str().unwrap().to_string())
+                        .collect();
+                    (p.len() > depth && p[..depth].join("/") == folder && p[depth] != "mod")
+                        .then(|| p[depth].clone())
+                })
+                .collect();
+            folders.entry(folder).or_default().extend(
+                children
+                    .into_iter()
+                    .map(|c| (c, BTreeMap::<String, BTreeSet<String>>::new())),
+            );
+        }
+    }
+    for (rel, code) in &files {
+        let parts: Vec<String> = rel
+            .with_extension("")
+            .components()
+            .map(|c| c.as_os_str().to_str().unwrap().to_string())
+            .collect();
+        for depth in 1..parts.len() {
+            let child = &parts[depth];
+            if child == "mod" {
+                continue;
+            }
+            let folder = parts[..depth].join("/");
+            // `super` from the child's own level: a file directly in the folder, or the
+            // child folder's mod.rs; one level deeper takes `super::super::`.
+            let below = parts.len() - depth - 1 - (parts.last().unwrap() == "mod") as usize;
+            let supers = "super::".repeat(below + 1);
+            let mut names = names_after(code, &format!("crate::{}::", folder.replace('/', "::")));
+            names.extend(names_after(code, &supers));
+            let graph = folders.get_mut(&folder).unwrap();
+            let known: BTreeSet<String> = graph.keys().cloned().collect();
+            for n in names {
+                if n != *child && known.contains(&n) {
+                    graph
+                        .get_mut(child)
+                        .unwrap()
+                        .entry(n)
+                        .or_default()
+                        .insert(rel.display().to_string());
+                }
+            }
+        }
+    }
+    folders
+}
+
+/// One level down: inside each folder, its files and subfolders form layers too.
+#[test]
+fn each_folders_children_form_layers() {
+    let mut report = String::new();
+    for (folder, graph) in folder_graphs() {
+        for comp in cycles(&graph) {
+            report.push_str(&format!(
+                "in src/{folder}/, a cycle among {}:\n",
+                comp.join(", ")
+            ));
+            for a in &comp {
+                for (b, files) in &graph[a] {
+                    if comp.contains(b) {
+                        let files: Vec<_> = files.iter().cloned().collect();
+                        report.push_str(&format!("  {a} -> {b}: {}\n", files.join(", ")));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "the files inside each folder of src/ must form layers too;\n{report}"
+    );
+}
+
 #[test]
 fn a_cycle_is_found_and_named() {
     let mut g = Graph::new();
@@ -259,4 +398,15 @@ fn a_cycle_is_found_and_named() {
     assert!(code.contains("crate::a") && !code.contains("crate::b"));
     assert!(!code.contains("crate::c") && !code.contains("crate::d"));
     assert_eq!(tests, vec!["fixture".to_string()]);
+    // Module names after a prefix: a group's too; items (capitals) and the tail of a
+    // longer path are not.
+    let names = names_after(
+        "use super::{a, B, c::d};\nlet x = super::super::e::f; super::g::h();",
+        "super::",
+    );
+    assert_eq!(names, vec!["a".to_string(), "c".into(), "g".into()]);
+    assert_eq!(
+        names_after("super::super::e::f", "super::super::"),
+        vec!["e".to_string()]
+    );
 }

@@ -15,6 +15,8 @@
 //! canvas with WebGPU, the model comes from a URL or a picked file, and the engine runs
 //! as an async task instead of a thread.
 
+#[cfg(target_arch = "wasm32")]
+mod browser;
 mod chart;
 mod kv_map;
 #[cfg(not(target_arch = "wasm32"))]

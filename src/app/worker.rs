@@ -512,7 +512,7 @@ impl Worker {
                     ModelSource::Url(_) => "downloading",
                     _ => "reading",
                 };
-                let read = super::web::read_model(&remote, &mut |d, t| {
+                let read = read_model(&remote, &mut |d, t| {
                     report(verb, d, t);
                     (self.wake)(Wake::Soon);
                 })
@@ -570,5 +570,21 @@ impl Worker {
             })
         };
         self.gpu.scoped(upload).await
+    }
+}
+
+/// The bytes of a model from a URL or a picked file (a page has no paths).
+#[cfg(target_arch = "wasm32")]
+async fn read_model(
+    source: &ModelSource,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<u8>, String> {
+    match source {
+        ModelSource::Url(url) => super::browser::fetch_bytes(url, progress).await,
+        ModelSource::File(file) => super::browser::read_file(file, progress).await,
+        ModelSource::Path(p) => Err(format!(
+            "{}: a page cannot open paths; give a URL or pick a file",
+            p.display()
+        )),
     }
 }

@@ -1,11 +1,11 @@
 //! `wgllm bench`: llama-bench's flags, lists and output formats over the library's
-//! benchmark (`wgllm::engine::bench`). Parsing and printing only.
+//! benchmark (`wgllm::bench`). Parsing and printing only.
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
-use wgllm::engine::bench::{
+use wgllm::bench::{
     self, list, plot, report, BenchEvent, BenchPlan, MdColumns, OutputFormat, Stage, Writer,
 };
 use wgllm::gpu::{Backend, GpuOptions, KernelShape};

@@ -11,10 +11,8 @@
 //! This file holds the engine's state and its session operations; making one is
 //! `load.rs`, a session's input and prefix reuse `input.rs`, a step `step.rs`.
 
-// The benchmark and perplexity loops block on the GPU: native front ends only.
+// The perplexity loop blocks on the GPU: native front ends only.
 mod ahead;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod bench;
 mod cache_map;
 mod chat;
 mod draw;

@@ -1,6 +1,6 @@
 //! The element types a K or V cache can hold (`-ctk`, `-ctv`), and how their rows are laid
 //! out in GPU memory. Host-only: the kernels that read and write these layouts are
-//! `shaders/kv_*.wgsl`; this module is their CPU reference (tests) and what state files
+//! `shaders/cache/kv_*.wgsl`; this module is their CPU reference (tests) and what state files
 //! and byte counts go by.
 //!
 //! # Layout

@@ -22,7 +22,6 @@ mod kv_shift;
 mod kv_state;
 mod params;
 mod recurrent;
-mod rs_state;
 mod shape;
 mod state_file;
 mod swa;

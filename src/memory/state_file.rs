@@ -1,4 +1,4 @@
-//! A state file's bytes as the stores read them (`kv_state.rs`, `rs_state.rs`), and what
+//! A state file's bytes as the stores read them (`kv_state.rs`, `recurrent/state.rs`), and what
 //! can be wrong with one. The file's header (magic, version, model shape, tokens) is the
 //! context's (`context::state`), which hands the rest to the memory.
 

@@ -31,6 +31,23 @@ pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64), (128, 128)];
 /// f16 in, f32 accumulated): 16 as Vulkan drivers offer them (NVIDIA's; AMD's and Intel's
 /// subgroups are not fixed at the 32 the kernel needs), 8 as Apple's simdgroup matrices.
 pub const COOP_SIZES: &[u32] = &[8, 16];
+/// The weight types with an integer-dot kernel: those whose GPU blocks are 32 codes of at
+/// most 8 bits with one scale and offset (the K-quants' 32-weight sub-blocks of 4 and 5
+/// bits, the non-linear 4-bit formats' codes as their signed 8-bit levels). Q2_K, Q3_K and
+/// Q6_K scale each half of a 32-weight sub-block on its own, which this kernel's one
+/// integer sum per block does not allow.
+pub const Q8_TYPES: [GgmlType; 9] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+];
+
 /// Weight rows per workgroup of the integer-dot matmul (`matmul_q8.wgsl`).
 pub const Q8_MATMUL_ROWS: &[u32] = &[1, 2, 4];
 /// Tokens per workgroup of the integer-dot matmul.
@@ -366,7 +383,7 @@ impl KernelKey {
             MoeAddId,
             MoeGroup,
         ];
-        for ty in super::matmul_q8::TYPES {
+        for ty in Q8_TYPES {
             for &rows in Q8_MATMUL_ROWS {
                 for subgroups in [false, true] {
                     v.extend(Q8_MATMUL_TOKENS.iter().map(|&tb| MatmulQ8 {
@@ -1322,7 +1339,7 @@ mod tests {
         let rows = 2 * plain * plain;
         // The activation quantizer, and per type every rows x tokens x reduction and the
         // tiles.
-        let q8 = 1 + super::super::matmul_q8::TYPES.len()
+        let q8 = 1 + super::Q8_TYPES.len()
             * (Q8_MATMUL_ROWS.len() * Q8_MATMUL_TOKENS.len() * 2 + Q8_TILES.len());
         assert_eq!(all.len(), shared + kv + rows + types.len() * per_type + q8);
         // The default GPU path for 2-7 tokens, and the f32-cache attention for 4+ tokens,

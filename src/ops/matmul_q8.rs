@@ -17,22 +17,7 @@ use super::{record, split_groups, Dispatch, KernelKey, View, Weight};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
-/// The weight types with an integer-dot kernel: those whose GPU blocks are 32 codes of at
-/// most 8 bits with one scale and offset (the K-quants' 32-weight sub-blocks of 4 and 5
-/// bits, the non-linear 4-bit formats' codes as their signed 8-bit levels). Q2_K, Q3_K and
-/// Q6_K scale each half of a 32-weight sub-block on its own, which this kernel's one
-/// integer sum per block does not allow.
-pub const TYPES: [GgmlType; 9] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Iq4Nl,
-    GgmlType::Iq4Xs,
-];
+pub use super::kernels::Q8_TYPES as TYPES;
 
 /// Whether weights of `ty` have an integer-dot kernel.
 pub fn supports(ty: GgmlType) -> bool {

@@ -1,4 +1,4 @@
-//! Tensor ops: each is a WGSL shader in `shaders/`, a Rust function that records its
+//! Tensor ops: each is a WGSL shader in `shaders/kernels/`, a Rust function that records its
 //! dispatch(es), and a plain CPU reference the tests compare against.
 //!
 //! Ops do not run anything: they return [`Dispatch`]es, which the graph executor replays

@@ -4,76 +4,95 @@
 use crate::gguf::GgmlType;
 use crate::kv::KvType;
 
-pub const GET_ROWS: &str = include_str!("../../shaders/get_rows.wgsl");
-pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
-pub const MATMUL_WG: &str = include_str!("../../shaders/matmul_wg.wgsl");
-pub const MATMUL_TILE: &str = include_str!("../../shaders/matmul_tile.wgsl");
-pub const MATMUL_Q8: &str = include_str!("../../shaders/matmul_q8.wgsl");
-pub const ATTN_FLASH_COOP: &str = include_str!("../../shaders/attn_flash_coop.wgsl");
-pub const MOE_ROUTE: &str = include_str!("../../shaders/moe_route.wgsl");
-pub const MATMUL_ID: &str = include_str!("../../shaders/matmul_id.wgsl");
-pub const MOE_GROUP: &str = include_str!("../../shaders/moe_group.wgsl");
-pub const MOE_SUM: &str = include_str!("../../shaders/moe_sum.wgsl");
-pub const MOE_ADD_ID: &str = include_str!("../../shaders/moe_add_id.wgsl");
-pub const MATMUL_Q8_TILE: &str = include_str!("../../shaders/matmul_q8_tile.wgsl");
-pub const MATMUL_COOP: &str = include_str!("../../shaders/matmul_coop.wgsl");
-pub const Q8_WEIGHTS: &str = include_str!("../../shaders/q8_weights.wgsl");
-pub const QUANTIZE_Q8_1: &str = include_str!("../../shaders/quantize_q8_1.wgsl");
-pub const RMS_NORM: &str = include_str!("../../shaders/rms_norm.wgsl");
-pub const ADD_RMS_NORM: &str = include_str!("../../shaders/add_rms_norm.wgsl");
-pub const NORM_WG: &str = include_str!("../../shaders/norm_wg.wgsl");
-pub const NORM_ROWS: &str = include_str!("../../shaders/norm_rows.wgsl");
-pub const BINARY: &str = include_str!("../../shaders/binary.wgsl");
-pub const LAYER_NORM: &str = include_str!("../../shaders/layer_norm.wgsl");
-pub const ADD_SCALED: &str = include_str!("../../shaders/add_scaled.wgsl");
-pub const POOL_ROWS: &str = include_str!("../../shaders/pool_rows.wgsl");
-pub const GLU: &str = include_str!("../../shaders/glu.wgsl");
-pub const ACT: &str = include_str!("../../shaders/act.wgsl");
-pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
-pub const SET_ROWS: &str = include_str!("../../shaders/set_rows.wgsl");
-pub const ROPE_STORE: &str = include_str!("../../shaders/rope_store.wgsl");
-pub const ROPE_STORE_WG: &str = include_str!("../../shaders/rope_store_wg.wgsl");
-pub const ROPE_STORE_ROWS: &str = include_str!("../../shaders/rope_store_rows.wgsl");
-pub const SOFTMAX: &str = include_str!("../../shaders/softmax.wgsl");
-pub const SOFTMAX_COMMON: &str = include_str!("../../shaders/softmax_common.wgsl");
-pub const ATTN_KQ_IO: &str = include_str!("../../shaders/attn_kq_io.wgsl");
-pub const ATTN_KQ: &str = include_str!("../../shaders/attn_kq.wgsl");
-pub const ATTN_KQ_LANES: &str = include_str!("../../shaders/attn_kq_lanes.wgsl");
-pub const ATTN_KQV: &str = include_str!("../../shaders/attn_kqv.wgsl");
-pub const ATTN_KQV_SPLIT: &str = include_str!("../../shaders/attn_kqv_split.wgsl");
-pub const ATTN_KQV_SUM: &str = include_str!("../../shaders/attn_kqv_sum.wgsl");
-pub const ATTN_FLASH: &str = include_str!("../../shaders/attn_flash.wgsl");
-pub const ATTN_FLASH_ROWS: &str = include_str!("../../shaders/attn_flash_rows.wgsl");
-pub const ATTN_KQ_TILE: &str = include_str!("../../shaders/attn_kq_tile.wgsl");
-pub const ATTN_KQV_TILE: &str = include_str!("../../shaders/attn_kqv_tile.wgsl");
-pub const ATTN_KQV_JOIN: &str = include_str!("../../shaders/attn_kqv_join.wgsl");
-pub const KV_READ: &str = include_str!("../../shaders/kv_read.wgsl");
-pub const HADAMARD: &str = include_str!("../../shaders/hadamard.wgsl");
-pub const HADAMARD_WG: &str = include_str!("../../shaders/hadamard_wg.wgsl");
-pub const SSM_CONV: &str = include_str!("../../shaders/ssm_conv.wgsl");
-pub const SSM_SCAN_COMMON: &str = include_str!("../../shaders/ssm_scan_common.wgsl");
-pub const SSM_SCAN: &str = include_str!("../../shaders/ssm_scan.wgsl");
-pub const SSM_SCAN_WG: &str = include_str!("../../shaders/ssm_scan_wg.wgsl");
-pub const SET_ROWS_BLOCKS: &str = include_str!("../../shaders/set_rows_blocks.wgsl");
-pub const SAMPLE_KEYS: &str = include_str!("../../shaders/sample_keys.wgsl");
-pub const SAMPLE_SELECT: &str = include_str!("../../shaders/sample_select.wgsl");
-pub const SAMPLE_HEAP: &str = include_str!("../../shaders/sample_heap.wgsl");
-pub const SAMPLE_LOGIT: &str = include_str!("../../shaders/sample_logit.wgsl");
-pub const SAMPLE_TOPK: &str = include_str!("../../shaders/sample_topk.wgsl");
-pub const SAMPLE_TOPK_ONE: &str = include_str!("../../shaders/sample_topk_one.wgsl");
-pub const SAMPLE_DRAW: &str = include_str!("../../shaders/sample_draw.wgsl");
-pub const SAMPLE_CHAIN: &str = include_str!("../../shaders/sample_chain.wgsl");
-pub const SAMPLE_CHAIN_ONE: &str = include_str!("../../shaders/sample_chain_one.wgsl");
+/// Declares each kernel source file once: its constant, embedded at build time, and its
+/// row of [`SOURCES`], which the tuning fingerprint hashes — a source cannot be embedded
+/// here without being hashed (and `every_shader_file_is_in_the_fingerprint` finds one
+/// embedded anywhere else).
+macro_rules! sources {
+    ($($(#[$doc:meta])* $vis:vis $name:ident = $file:literal;)*) => {
+        $($(#[$doc])* $vis const $name: &str = include_str!(concat!("../../shaders/", $file));)*
+        /// Every kernel source file embedded here, by file name.
+        pub const SOURCES: &[(&str, &str)] = &[$(($file, $name)),*];
+    };
+}
 
-/// Helpers of the packed K/V cache types' snippets (see [`kv_snippet`]).
-pub const KV_COMMON: &str = include_str!("../../shaders/kv_common.wgsl");
-const KV_BF16: &str = include_str!("../../shaders/kv_bf16.wgsl");
-const KV_Q8_0: &str = include_str!("../../shaders/kv_q8_0.wgsl");
-const KV_Q4_0: &str = include_str!("../../shaders/kv_q4_0.wgsl");
-const KV_Q4_1: &str = include_str!("../../shaders/kv_q4_1.wgsl");
-const KV_IQ4_NL: &str = include_str!("../../shaders/kv_iq4_nl.wgsl");
-const KV_Q5_0: &str = include_str!("../../shaders/kv_q5_0.wgsl");
-const KV_Q5_1: &str = include_str!("../../shaders/kv_q5_1.wgsl");
+sources! {
+    pub GET_ROWS = "kernels/get_rows.wgsl";
+    pub MATMUL = "kernels/matmul.wgsl";
+    pub MATMUL_WG = "kernels/matmul_wg.wgsl";
+    pub MATMUL_TILE = "kernels/matmul_tile.wgsl";
+    pub MATMUL_Q8 = "kernels/matmul_q8.wgsl";
+    pub ATTN_FLASH_COOP = "kernels/attn_flash_coop.wgsl";
+    pub MOE_ROUTE = "kernels/moe_route.wgsl";
+    pub MATMUL_ID = "kernels/matmul_id.wgsl";
+    pub MOE_GROUP = "kernels/moe_group.wgsl";
+    pub MOE_SUM = "kernels/moe_sum.wgsl";
+    pub MOE_ADD_ID = "kernels/moe_add_id.wgsl";
+    pub MATMUL_Q8_TILE = "kernels/matmul_q8_tile.wgsl";
+    pub MATMUL_COOP = "kernels/matmul_coop.wgsl";
+    pub Q8_WEIGHTS = "weights/q8_weights.wgsl";
+    pub QUANTIZE_Q8_1 = "kernels/quantize_q8_1.wgsl";
+    pub RMS_NORM = "common/rms_norm.wgsl";
+    pub ADD_RMS_NORM = "common/add_rms_norm.wgsl";
+    pub NORM_WG = "kernels/norm_wg.wgsl";
+    pub NORM_ROWS = "kernels/norm_rows.wgsl";
+    pub BINARY = "kernels/binary.wgsl";
+    pub LAYER_NORM = "kernels/layer_norm.wgsl";
+    pub ADD_SCALED = "kernels/add_scaled.wgsl";
+    pub POOL_ROWS = "kernels/pool_rows.wgsl";
+    pub GLU = "kernels/glu.wgsl";
+    pub ACT = "common/act.wgsl";
+    pub ROPE = "kernels/rope.wgsl";
+    pub SET_ROWS = "kernels/set_rows.wgsl";
+    pub ROPE_STORE = "common/rope_store.wgsl";
+    pub ROPE_STORE_WG = "kernels/rope_store_wg.wgsl";
+    pub ROPE_STORE_ROWS = "kernels/rope_store_rows.wgsl";
+    pub SOFTMAX = "kernels/softmax.wgsl";
+    pub SOFTMAX_COMMON = "common/softmax_common.wgsl";
+    pub ATTN_KQ_IO = "common/attn_kq_io.wgsl";
+    pub ATTN_KQ = "kernels/attn_kq.wgsl";
+    pub ATTN_KQ_LANES = "kernels/attn_kq_lanes.wgsl";
+    pub ATTN_KQV = "kernels/attn_kqv.wgsl";
+    pub ATTN_KQV_SPLIT = "kernels/attn_kqv_split.wgsl";
+    pub ATTN_KQV_SUM = "kernels/attn_kqv_sum.wgsl";
+    pub ATTN_FLASH = "kernels/attn_flash.wgsl";
+    pub ATTN_FLASH_ROWS = "kernels/attn_flash_rows.wgsl";
+    pub ATTN_KQ_TILE = "kernels/attn_kq_tile.wgsl";
+    pub ATTN_KQV_TILE = "kernels/attn_kqv_tile.wgsl";
+    pub ATTN_KQV_JOIN = "kernels/attn_kqv_join.wgsl";
+    pub KV_READ = "kernels/kv_read.wgsl";
+    pub HADAMARD = "kernels/hadamard.wgsl";
+    pub HADAMARD_WG = "kernels/hadamard_wg.wgsl";
+    pub SSM_CONV = "kernels/ssm_conv.wgsl";
+    pub SSM_SCAN_COMMON = "common/ssm_scan_common.wgsl";
+    pub SSM_SCAN = "kernels/ssm_scan.wgsl";
+    pub SSM_SCAN_WG = "kernels/ssm_scan_wg.wgsl";
+    pub SET_ROWS_BLOCKS = "kernels/set_rows_blocks.wgsl";
+    pub SAMPLE_KEYS = "common/sample_keys.wgsl";
+    pub SAMPLE_SELECT = "common/sample_select.wgsl";
+    pub SAMPLE_HEAP = "common/sample_heap.wgsl";
+    pub SAMPLE_LOGIT = "common/sample_logit.wgsl";
+    pub SAMPLE_TOPK = "kernels/sample_topk.wgsl";
+    pub SAMPLE_TOPK_ONE = "kernels/sample_topk_one.wgsl";
+    pub SAMPLE_DRAW = "common/sample_draw.wgsl";
+    pub SAMPLE_CHAIN = "kernels/sample_chain.wgsl";
+    pub SAMPLE_CHAIN_ONE = "kernels/sample_chain_one.wgsl";
+    /// Helpers of the packed K/V cache types' snippets (see [`kv_snippet`]).
+    pub KV_COMMON = "cache/kv_common.wgsl";
+    KV_BF16 = "cache/kv_bf16.wgsl";
+    KV_Q8_0 = "cache/kv_q8_0.wgsl";
+    KV_Q4_0 = "cache/kv_q4_0.wgsl";
+    KV_Q4_1 = "cache/kv_q4_1.wgsl";
+    KV_IQ4_NL = "cache/kv_iq4_nl.wgsl";
+    KV_Q5_0 = "cache/kv_q5_0.wgsl";
+    KV_Q5_1 = "cache/kv_q5_1.wgsl";
+    /// What every weight snippet shares: the row layout (`Blk`, `blk`: where a block's head
+    /// and body are) and the `Quarter` that `load_quarter` returns.
+    pub QUANT_COMMON = "weights/quant_common.wgsl";
+    /// `hw`/`bw` reading weight words straight from the `w` binding: every kernel that
+    /// includes a snippet but the CPU-shaped matmul.
+    pub QUANT_READ = "weights/quant_read.wgsl";
+}
 
 /// A packed cache type's snippet (load part, `// @store`, store part); None for f32 and
 /// f16, which kernels read and write as plain arrays.
@@ -197,93 +216,19 @@ pub fn set_rows_source(ty: KvType) -> String {
     }
 }
 
-/// What every weight snippet shares: the row layout (`Blk`, `blk`: where a block's head
-/// and body are) and the `Quarter` that `load_quarter` returns.
-pub const QUANT_COMMON: &str = include_str!("../../shaders/quant_common.wgsl");
+/// Every kernel source the fingerprint covers: the files of [`SOURCES`] and each weight
+/// type's snippet (its format's files after the shared part).
+fn fingerprinted() -> Vec<String> {
+    let files = SOURCES.iter().map(|(_, src)| src.to_string());
+    let snippets = weight_types().into_iter().filter_map(quant_snippet);
+    files.chain(snippets).collect()
+}
 
-/// `hw`/`bw` reading weight words straight from the `w` binding: every kernel that
-/// includes a snippet but the CPU-shaped matmul.
-pub const QUANT_READ: &str = include_str!("../../shaders/quant_read.wgsl");
-
-/// A fingerprint of every kernel source (FNV-1a over the op shaders and each weight type's
-/// snippet): the tuner's cache keys on it, so changed kernels are measured again even
-/// within one version.
+/// A fingerprint of every kernel source ([`fingerprinted`], FNV-1a): the tuner's cache
+/// keys on it, so changed kernels are measured again even within one version.
 pub fn fingerprint() -> u64 {
-    let ops = [
-        GET_ROWS,
-        MATMUL,
-        MATMUL_WG,
-        MATMUL_TILE,
-        RMS_NORM,
-        ADD_RMS_NORM,
-        NORM_WG,
-        NORM_ROWS,
-        BINARY,
-        GLU,
-        ACT,
-        ROPE,
-        SET_ROWS,
-        ROPE_STORE,
-        ROPE_STORE_WG,
-        ROPE_STORE_ROWS,
-        SOFTMAX,
-        SOFTMAX_COMMON,
-        ATTN_KQ_IO,
-        ATTN_KQ,
-        ATTN_KQ_LANES,
-        ATTN_KQV,
-        ATTN_KQV_SPLIT,
-        ATTN_KQV_SUM,
-        ATTN_FLASH,
-        ATTN_FLASH_ROWS,
-        ATTN_FLASH_COOP,
-        MATMUL_COOP,
-        MATMUL_Q8,
-        MATMUL_Q8_TILE,
-        Q8_WEIGHTS,
-        QUANTIZE_Q8_1,
-        MOE_ROUTE,
-        MATMUL_ID,
-        MOE_SUM,
-        MOE_ADD_ID,
-        MOE_GROUP,
-        ATTN_KQ_TILE,
-        ATTN_KQV_TILE,
-        ATTN_KQV_JOIN,
-        KV_READ,
-        HADAMARD,
-        HADAMARD_WG,
-        SET_ROWS_BLOCKS,
-        SAMPLE_KEYS,
-        SAMPLE_SELECT,
-        SAMPLE_HEAP,
-        SAMPLE_LOGIT,
-        SAMPLE_TOPK,
-        SAMPLE_TOPK_ONE,
-        SAMPLE_DRAW,
-        SAMPLE_CHAIN,
-        SAMPLE_CHAIN_ONE,
-        KV_COMMON,
-        KV_BF16,
-        KV_Q8_0,
-        KV_Q4_0,
-        KV_Q4_1,
-        KV_IQ4_NL,
-        KV_Q5_0,
-        KV_Q5_1,
-        QUANT_COMMON,
-        QUANT_READ,
-    ];
-    let snippets: Vec<String> = weight_types()
-        .into_iter()
-        .filter_map(quant_snippet)
-        .collect();
     let mut h: u64 = 0xcbf29ce484222325;
-    for src in ops
-        .iter()
-        .copied()
-        .chain(snippets.iter().map(String::as_str))
-    {
+    for src in fingerprinted() {
         for b in src.bytes() {
             h = (h ^ b as u64).wrapping_mul(0x100000001b3);
         }
@@ -980,7 +925,49 @@ fn norm_weight(e: u32, is_q: bool) -> f32 { return select(k_norm[e], q_norm[e], 
 
 #[cfg(test)]
 mod tests {
-    use super::inline_body_reads;
+    use super::{fingerprinted, inline_body_reads};
+
+    /// The files under `shaders/` whose text no fingerprinted source holds.
+    fn unhashed(sources: &[String]) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut dirs = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/shaders"
+        ))];
+        while let Some(dir) = dirs.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let path = e.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|x| x == "wgsl") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    if !sources.iter().any(|s| s.contains(&text)) {
+                        out.push(path.display().to_string());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A changed kernel source must change the tuning fingerprint, or a stale kernel
+    /// choice stays in the cache: every `.wgsl` file is hashed, and a file left out of
+    /// the table is found.
+    #[test]
+    fn every_shader_file_is_in_the_fingerprint() {
+        let all = fingerprinted();
+        assert!(super::SOURCES.len() > 60);
+        assert_eq!(unhashed(&all), Vec::<String>::new());
+        for name in ["get_rows.wgsl", "layer_norm.wgsl", "ssm_scan_wg.wgsl"] {
+            let (file, src) = *super::SOURCES.iter().find(|(f, _)| *f == name).unwrap();
+            let less: Vec<String> = all.iter().filter(|s| s.as_str() != src).cloned().collect();
+            let missed = unhashed(&less);
+            assert!(
+                missed.len() == 1 && missed[0].ends_with(file),
+                "{file}: {missed:?}"
+            );
+        }
+    }
 
     #[test]
     fn body_reads_are_written_out_outside_comments() {

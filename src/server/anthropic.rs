@@ -7,10 +7,10 @@
 use super::chat::ChatRequest;
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item};
-use super::native::body_json;
-use super::openai::{chat_prompt, reply_id};
+use super::openai::chat_prompt;
 use super::params::{self, Fields};
 use super::tools::Reply;
+use super::wire::{body_json, reply_id};
 use super::AppState;
 use crate::engine::service::{Finished, StopReason};
 use axum::body::Bytes;

@@ -6,8 +6,8 @@
 //! server before the engine sees it.
 
 use super::chat::ChatRequest;
-use super::native::body_json;
 use super::params::{self, Defaults};
+use super::wire::body_json;
 use super::{anthropic, openai, responses};
 use crate::engine::service::Request;
 use crate::grammar::Grammar;

@@ -133,7 +133,7 @@ impl ChatRequest {
     /// The reply read back: with tools, its calls and text; without, the text as it is.
     pub fn reply(&self, text: &str) -> tools::Reply {
         match &self.tools {
-            Some(t) => t.parse_as(self.format, text, || super::openai::reply_id("call_")),
+            Some(t) => t.parse_as(self.format, text, || super::wire::reply_id("call_")),
             None => tools::Reply {
                 content: text.to_string(),
                 calls: Vec::new(),

@@ -134,7 +134,7 @@ async fn embeddings(s: &AppState, body: Bytes, oai: bool) -> ApiResult<Response>
         base64,
         norm,
     } = super::off_runtime(|| {
-        let body = super::native::body_json(&body)?;
+        let body = super::wire::body_json(&body)?;
         read(&body, tok, oai, pooling, n_embd)
     })
     .await?;

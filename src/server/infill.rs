@@ -31,7 +31,7 @@ pub async fn infill(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Re
         n_ctx: service.info().n_ctx_slot,
         spm: s.opts.spm_infill,
     };
-    let body = super::off_runtime(|| read(super::native::body_json(&body)?, tok, lim)).await?;
+    let body = super::off_runtime(|| read(super::wire::body_json(&body)?, tok, lim)).await?;
     super::native::completion_of(&s, body).await
 }
 

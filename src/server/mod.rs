@@ -27,6 +27,7 @@ mod responses;
 mod resumable;
 mod shutdown;
 mod tools;
+mod wire;
 
 pub use error::ApiError;
 pub use params::Defaults;

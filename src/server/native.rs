@@ -4,9 +4,9 @@
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Completion, Item, Piece, Progress};
 use super::params::{self, Fields, GenParams};
+use super::wire::{body_json, futures_join, timings_json, token_json};
 use super::AppState;
 use crate::engine::service::{Finished, SlotAction};
-use crate::engine::Timings;
 use crate::tokenizer::Tokenizer;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -15,16 +15,6 @@ use axum::Json;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// A request body as JSON.
-pub fn body_json(body: &Bytes) -> ApiResult<Value> {
-    if body.is_empty() {
-        return Ok(json!({}));
-    }
-    super::budget::check_body(body)?;
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("invalid JSON in the request body: {e}")))
-}
 
 pub async fn health(State(s): State<Arc<AppState>>) -> Response {
     match s.service() {
@@ -166,27 +156,6 @@ fn pick_fields(v: &Value, fields: &[String]) -> ApiResult<Value> {
     Ok(Value::Object(out))
 }
 
-/// Runs futures side by side and returns their outputs in order. Dropping the returned
-/// future (a client that went away) aborts them all, which cancels their requests.
-pub async fn futures_join<F, T>(futs: impl Iterator<Item = F>) -> Vec<T>
-where
-    F: std::future::Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    for (i, f) in futs.enumerate() {
-        set.spawn(async move { (i, f.await) });
-    }
-    let mut out: Vec<(usize, T)> = Vec::with_capacity(set.len());
-    while let Some(r) = set.join_next().await {
-        if let Ok(v) = r {
-            out.push(v);
-        }
-    }
-    out.sort_by_key(|v| v.0);
-    out.into_iter().map(|v| v.1).collect()
-}
-
 /// `/completion`'s reply.
 fn completion_json(c: &Completion, p: &GenParams, tok: &Tokenizer, model: &str) -> Value {
     let settings = settings_json(p, model);
@@ -289,31 +258,6 @@ impl StreamClock {
     }
 }
 
-pub fn timings_json(t: &Timings, n_cached: usize, n_generated: usize) -> Value {
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
-    let rate = |ms: f64, n: usize| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
-    let (pm, em) = (ms(t.prompt), ms(t.eval));
-    let mut v = json!({
-        "cache_n": n_cached,
-        "prompt_n": t.prompt_tokens,
-        "prompt_ms": pm,
-        "prompt_per_token_ms": per(pm, t.prompt_tokens),
-        "prompt_per_second": rate(pm, t.prompt_tokens),
-        "predicted_n": n_generated,
-        "predicted_ms": em,
-        // The first token comes from the prompt's logits: n tokens took n - 1 decodes.
-        "predicted_per_token_ms": per(em, n_generated.saturating_sub(1)),
-        "predicted_per_second": rate(em, n_generated.saturating_sub(1)),
-    });
-    // A draft model's proposals and those kept, as llama-server reports them.
-    if t.draft_n > 0 {
-        v["draft_n"] = json!(t.draft_n);
-        v["draft_n_accepted"] = json!(t.draft_accepted);
-    }
-    v
-}
-
 /// The settings a request ran with, as llama-server echoes them.
 pub fn settings_json(p: &GenParams, model: &str) -> Value {
     let s = &p.request.params.sampling;
@@ -357,12 +301,6 @@ pub fn settings_json(p: &GenParams, model: &str) -> Value {
             .collect::<Vec<_>>(),
         "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
     })
-}
-
-/// A piece's text and bytes as llama-server shows a token.
-pub fn token_json(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
-    let bytes = tok.token_to_piece(id, false);
-    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
 /// `completion_probabilities`: per generated token its log-probability and the most

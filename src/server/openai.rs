@@ -4,9 +4,9 @@
 use super::chat::ChatRequest;
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item, Piece};
-use super::native::{body_json, futures_join, timings_json, token_json};
 use super::params::{self, Fields, GenParams};
 use super::tools;
+use super::wire::{body_json, futures_join, now, reply_id, timings_json, token_json};
 use super::AppState;
 use crate::engine::service::Finished;
 use crate::tokenizer::Tokenizer;
@@ -15,40 +15,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const DONE: &str = "data: [DONE]\n\n";
-
-/// Seconds since the Unix epoch, as replies' `created` fields give them.
-pub fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// A reply id: `prefix` (with its separator) and 32 letters and digits, from the clock and a counter mixed
-/// (unique within the process and across restarts; not a secret).
-pub fn reply_id(prefix: &str) -> String {
-    const ABC: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    // splitmix64 over (time, counter): well spread letters from both.
-    let mut x = t ^ n.rotate_left(40);
-    let id: String = (0..32)
-        .map(|_| {
-            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ABC[((z ^ (z >> 31)) % ABC.len() as u64) as usize] as char
-        })
-        .collect();
-    format!("{prefix}{id}")
-}
 
 /// llama-server's `b<build>` form, which clients check.
 fn fingerprint() -> String {

@@ -97,7 +97,7 @@ pub async fn rerank(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Js
             "This server does not support reranking. Start it with `--reranking`",
         ));
     }
-    let body = super::off_runtime(|| super::native::body_json(&body)).await?;
+    let body = super::off_runtime(|| super::wire::body_json(&body)).await?;
     let RerankRequest {
         tei,
         documents,

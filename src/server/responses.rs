@@ -7,9 +7,10 @@
 
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item};
-use super::native::{body_json, timings_json, StreamClock};
-use super::openai::{chat_prompt, now, reply_id};
+use super::native::StreamClock;
+use super::openai::chat_prompt;
 use super::params::{self, Fields};
+use super::wire::{body_json, now, reply_id, timings_json};
 use super::AppState;
 use crate::engine::service::Finished;
 use axum::body::Bytes;

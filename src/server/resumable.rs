@@ -411,7 +411,7 @@ pub async fn stop(
 /// `POST /v1/streams/lookup {"conversation_ids": [...]}`: the streams of the ids named
 /// (each id matches itself and `ID::MODEL`); a client cannot list ids it does not know.
 pub async fn lookup(State(s): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let v = super::off_runtime(|| super::native::body_json(&body)).await?;
+    let v = super::off_runtime(|| super::wire::body_json(&body)).await?;
     // Each id once: a list of one id repeated would copy its summaries as often.
     let wanted: std::collections::BTreeSet<&str> =
         (v.get("conversation_ids").and_then(Value::as_array))

@@ -3,7 +3,7 @@
 //! take. Kernels that change the attention (the cooperative-matrix flash kernel) are
 //! checked against the portable attention's output on the same device with it.
 
-use super::measure::PROMPT_TOKENS;
+use super::PROMPT_TOKENS;
 use crate::gpu::{Gpu, GpuError};
 use crate::kv::KvType;
 use crate::ops::attention::{attention_with, AttnShape, AttnViews, FlashKernel};

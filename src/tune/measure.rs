@@ -17,8 +17,7 @@ use crate::ops::{run_repeated, Dispatch, View, Weight};
 use std::sync::Arc;
 use web_time::Instant;
 
-/// Tokens of the timed prompt ubatch: enough for the tiled kernels to run full tiles.
-pub const PROMPT_TOKENS: u32 = 64;
+pub use super::PROMPT_TOKENS;
 
 /// One candidate's times: microseconds for the layer's matmuls, per token.
 #[derive(Clone, Debug, PartialEq)]

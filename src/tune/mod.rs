@@ -17,6 +17,10 @@ pub mod cache;
 pub mod check;
 pub mod measure;
 
+/// Tokens of the timed prompt ubatch (and of the attention checked with it): enough for
+/// the tiled kernels to run full tiles.
+pub const PROMPT_TOKENS: u32 = 64;
+
 pub use cache::{TuneCache, TuneEntry};
 pub use check::KernelCheck;
 pub use measure::{CandidateTime, ShapeChoice};

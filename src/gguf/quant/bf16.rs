@@ -39,7 +39,7 @@ impl QuantFormat for BF16 {
         })
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/quant_bf16.wgsl")
+        include_str!("../../../shaders/weights/quant_bf16.wgsl")
     }
 }
 

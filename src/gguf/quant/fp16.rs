@@ -35,6 +35,6 @@ impl QuantFormat for F16 {
         Some(|src, out| src.iter().for_each(|v| out.extend(super::f16_bytes(*v))))
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/quant_f16.wgsl")
+        include_str!("../../../shaders/weights/quant_f16.wgsl")
     }
 }

@@ -72,8 +72,8 @@ impl QuantFormat for IQ4_NL {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/quant_iq4_nl.wgsl"),
-            include_str!("../../../shaders/quant_iq4.wgsl")
+            include_str!("../../../shaders/weights/quant_iq4_nl.wgsl"),
+            include_str!("../../../shaders/weights/quant_iq4.wgsl")
         )
     }
 }
@@ -131,8 +131,8 @@ impl QuantFormat for IQ4_XS {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/quant_iq4_xs.wgsl"),
-            include_str!("../../../shaders/quant_iq4.wgsl")
+            include_str!("../../../shaders/weights/quant_iq4_xs.wgsl"),
+            include_str!("../../../shaders/weights/quant_iq4.wgsl")
         )
     }
 }

@@ -36,7 +36,7 @@
 //!   (which declare `WB_SLOTS` and how words are read: `hw(i)`, head word `i` of the binding,
 //!   and `bw(b, i)`, word `i` of the body starting at word `b`). It defines `QK` (= 32), `HW`
 //!   and `BW` (head and body words per GPU block), and reads one GPU block, located by a
-//!   `Blk` (its head and body words; `blk(row, nb, i)` in `shaders/quant_common.wgsl`
+//!   `Blk` (its head and body words; `blk(row, nb, i)` in `shaders/weights/quant_common.wgsl`
 //!   finds block `i` of a row); formats of one family share a body, `concat!`ed after a
 //!   small header: `quant_q4.wgsl` for Q4_0/Q4_1/Q4_K, `quant_q5.wgsl` for Q5_0/Q5_1/Q5_K,
 //!   `quant_iq4.wgsl` for IQ4_NL/IQ4_XS/MXFP4 (codes indexing a table of levels):
@@ -44,7 +44,7 @@
 //!     `wb[slot * 8 .. slot * 8 + 8]` (vec4s), returning (scale, offset) of the first 16
 //!     and of the second 16 (value = code * scale + offset), which the CPU-shaped matmul
 //!     applies once per half block instead of to every value;
-//!   - `load_quarter(k, q) -> Quarter` (the struct is shared, `shaders/quant_common.wgsl`): 8 of the values as two vec4s `a`, `b` plus the
+//!   - `load_quarter(k, q) -> Quarter` (the struct is shared, `shaders/weights/quant_common.wgsl`): 8 of the values as two vec4s `a`, `b` plus the
 //!     vec4 indices `ia`, `ib` (0..8) they have within the block; the four quarters cover
 //!     the block once;
 //!   - `deq_elem(row, nb, j)`: element `j` of the row of `nb` blocks whose first word is

@@ -42,8 +42,8 @@ impl QuantFormat for Q4_0 {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/quant_q4_0.wgsl"),
-            include_str!("../../../shaders/quant_q4.wgsl")
+            include_str!("../../../shaders/weights/quant_q4_0.wgsl"),
+            include_str!("../../../shaders/weights/quant_q4.wgsl")
         )
     }
 }

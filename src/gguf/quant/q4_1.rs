@@ -38,8 +38,8 @@ impl QuantFormat for Q4_1 {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/quant_q4_1.wgsl"),
-            include_str!("../../../shaders/quant_q4.wgsl")
+            include_str!("../../../shaders/weights/quant_q4_1.wgsl"),
+            include_str!("../../../shaders/weights/quant_q4.wgsl")
         )
     }
 }

@@ -58,8 +58,8 @@ impl QuantFormat for Q4K {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/quant_q4_k.wgsl"),
-            include_str!("../../../shaders/quant_q4.wgsl")
+            include_str!("../../../shaders/weights/quant_q4_k.wgsl"),
+            include_str!("../../../shaders/weights/quant_q4.wgsl")
         )
     }
 }

@@ -46,8 +46,8 @@ impl QuantFormat for Q5_0 {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/quant_q5_0.wgsl"),
-            include_str!("../../../shaders/quant_q5.wgsl")
+            include_str!("../../../shaders/weights/quant_q5_0.wgsl"),
+            include_str!("../../../shaders/weights/quant_q5.wgsl")
         )
     }
 }

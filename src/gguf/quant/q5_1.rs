@@ -42,8 +42,8 @@ impl QuantFormat for Q5_1 {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/quant_q5_1.wgsl"),
-            include_str!("../../../shaders/quant_q5.wgsl")
+            include_str!("../../../shaders/weights/quant_q5_1.wgsl"),
+            include_str!("../../../shaders/weights/quant_q5.wgsl")
         )
     }
 }

@@ -57,8 +57,8 @@ impl QuantFormat for Q5K {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/quant_q5_k.wgsl"),
-            include_str!("../../../shaders/quant_q5.wgsl")
+            include_str!("../../../shaders/weights/quant_q5_k.wgsl"),
+            include_str!("../../../shaders/weights/quant_q5.wgsl")
         )
     }
 }

@@ -38,7 +38,7 @@ impl QuantFormat for Q8_0 {
         Some(quantize)
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/quant_q8_0.wgsl")
+        include_str!("../../../shaders/weights/quant_q8_0.wgsl")
     }
 }
 

@@ -7,8 +7,7 @@
 
 use super::products::{dot, file_row, sample_rows};
 use super::{
-    activations, family, worst, worst_row, AuditRow, Part, AUDIT_TOKENS, MIN_VALUES_PER_ROW,
-    ROW_BOUND,
+    activations, product_row, worst, worst_row, AuditRow, Part, AUDIT_TOKENS, MIN_VALUES_PER_ROW,
 };
 use crate::gguf::GgufFile;
 use crate::gpu::{Gpu, GpuError};
@@ -232,30 +231,19 @@ pub(super) fn audit_experts(
                     vs_portable = Some(vs_portable.map_or(e, |p| worst(p, e)));
                 }
             }
-            if !cpu_checked {
-                log::debug!(
-                    "kernel audit: {} is not the file's; {key} compared with the portable kernels only",
-                    p.w.name
-                );
-            }
-            log::debug!(
-                "kernel audit: {key} on {} ({} experts, {} per token) at {n_tok} tokens: row error {:.1e} against the CPU, {} against the portable kernels ({:.0} ms)",
-                p.w.name,
-                r.n_expert,
-                r.n_used,
-                vs_cpu.0,
-                vs_portable.map_or("-".into(), |p| format!("{:.1e}", p.0)),
-                started.elapsed().as_secs_f64() * 1e3
-            );
-            out.push(AuditRow {
-                kernel: key.to_string(),
-                family: family(&key, &gpu.tuning),
-                weight: p.w.name.clone(),
+            let name = &p.w.name;
+            let what = format!("{name} ({} experts, {} per token)", r.n_expert, r.n_used);
+            let checked = (vs_cpu, vs_portable);
+            out.push(product_row(
+                gpu,
+                key,
+                name,
+                &what,
                 n_tok,
-                vs_cpu,
-                vs_portable,
-                bound: ROW_BOUND,
-            });
+                checked,
+                cpu_checked,
+                started,
+            ));
         }
     }
     Ok(out)

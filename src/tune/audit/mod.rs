@@ -145,6 +145,41 @@ fn activations(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| rng.normalish()).collect()
 }
 
+/// A product's check as a row of the audit, logged: `what` names the weight (and how it
+/// was multiplied), `cpu_checked` whether the CPU's rows were there to compare with.
+#[allow(clippy::too_many_arguments)]
+fn product_row(
+    gpu: &Gpu,
+    key: KernelKey,
+    weight: &str,
+    what: &str,
+    n_tok: u32,
+    (vs_cpu, vs_portable): ((f64, u32), Option<(f64, u32)>),
+    cpu_checked: bool,
+    started: web_time::Instant,
+) -> AuditRow {
+    if !cpu_checked {
+        log::debug!(
+            "kernel audit: {weight} is not the file's; {key} compared with the portable kernels only"
+        );
+    }
+    log::debug!(
+        "kernel audit: {key} on {what} at {n_tok} tokens: row error {:.1e} against the CPU, {} against the portable kernels ({:.0} ms)",
+        vs_cpu.0,
+        vs_portable.map_or("-".into(), |p| format!("{:.1e}", p.0)),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    AuditRow {
+        kernel: key.to_string(),
+        family: family(&key, &gpu.tuning),
+        weight: weight.to_string(),
+        n_tok,
+        vs_cpu,
+        vs_portable,
+        bound: ROW_BOUND,
+    }
+}
+
 /// The part of a model one device holds: its layers, and whether the output head (and
 /// a classifier's) too. A model on one device is [`Part::whole`].
 #[derive(Clone, Debug)]

@@ -5,8 +5,7 @@
 //! the portable kernels on every row.
 
 use super::{
-    activations, family, worst, worst_row, AuditRow, Part, AUDIT_TOKENS, MIN_VALUES_PER_ROW,
-    ROW_BOUND,
+    activations, product_row, worst, worst_row, AuditRow, Part, AUDIT_TOKENS, MIN_VALUES_PER_ROW,
 };
 use crate::gguf::{quant, GgufFile};
 use crate::gpu::{Gpu, GpuError};
@@ -381,28 +380,18 @@ pub(super) fn audit_products(
                     vs_portable = Some(vs_portable.map_or(e, |p| worst(p, e)));
                 }
             }
-            if !cpu_checked {
-                log::debug!(
-                    "kernel audit: {} is not the file's; {key} compared with the portable kernels only",
-                    p.w.name
-                );
-            }
-            log::debug!(
-                "kernel audit: {key} on {} at {n_tok} tokens: row error {:.1e} against the CPU, {} against the portable kernels ({:.0} ms)",
-                p.w.name,
-                vs_cpu.0,
-                vs_portable.map_or("-".into(), |p| format!("{:.1e}", p.0)),
-                started.elapsed().as_secs_f64() * 1e3
-            );
-            out.push(AuditRow {
-                kernel: key.to_string(),
-                family: family(&key, &gpu.tuning),
-                weight: p.w.name.clone(),
+            let name = &p.w.name;
+            let checked = (vs_cpu, vs_portable);
+            out.push(product_row(
+                gpu,
+                key,
+                name,
+                name,
                 n_tok,
-                vs_cpu,
-                vs_portable,
-                bound: ROW_BOUND,
-            });
+                checked,
+                cpu_checked,
+                started,
+            ));
         }
     }
     Ok(out)

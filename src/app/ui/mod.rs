@@ -4,7 +4,7 @@
 use super::chart::{self, Sample};
 use super::kv_map;
 use super::worker::{self, Cmd, ModelInfo, ModelSource, Update, Wake};
-use super::{AppOptions, AppSettings, DriveReport, Outcome};
+use super::{AppOptions, AppSettings, Outcome};
 use crate::engine::{CacheMap, Event, SessionId, Stop};
 use crate::gpu::Gpu;
 #[cfg(not(target_arch = "wasm32"))]
@@ -13,6 +13,9 @@ use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use web_time::Instant;
+
+mod drive;
+mod restart;
 
 enum Load {
     None,
@@ -453,110 +456,12 @@ impl App {
         }
     }
 
-    /// The drive failed: the window is still saved (it shows the error), the exit is 1.
-    fn fail_drive(&mut self, msg: String) {
-        if self.drive == Some(Drive::Shooting) {
-            return;
-        }
-        self.outcome.lock().unwrap().error.get_or_insert(msg);
-        self.drive = Some(Drive::Settle(0));
-    }
-
-    /// What the drive saw, for the caller to print.
-    fn report(&self) -> DriveReport {
-        let reply = self
-            .chats
-            .first()
-            .and_then(|c| c.messages.iter().rev().find(|m| m.0 == Role::Assistant))
-            .map(|m| m.1.clone())
-            .unwrap_or_default();
-        let stores = self.cache.as_ref().map_or(Vec::new(), |m| {
-            m.stores
-                .iter()
-                .map(|s| (s.name, s.used, s.cells.len(), s.moved()))
-                .collect()
-        });
-        let devices = self.cache.as_ref().map_or(Vec::new(), |m| {
-            (m.devices.iter().enumerate())
-                .map(|(d, p)| (p.clone(), m.device_cache_bytes(d)))
-                .collect()
-        });
-        let (prompt_tokens, prompt_tps, eval_tokens, eval_tps) = self.last_speed;
-        DriveReport {
-            reply,
-            stores,
-            devices,
-            prompt_tokens,
-            prompt_tps,
-            eval_tokens,
-            eval_tps,
-        }
-    }
-
-    /// The headless drive: after the reply, a few frames for layout, then the shot.
-    fn drive(&mut self, ctx: &egui::Context) {
-        let Some(d) = &self.drive else {
-            return;
-        };
-        let waiting = matches!(d, Drive::WaitLoad | Drive::WaitReply);
-        if waiting && self.started.elapsed() > self.opts.timeout {
-            self.fail_drive(format!(
-                "no reply within {} s; the window is saved as it is",
-                self.opts.timeout.as_secs()
-            ));
-        }
-        match self.drive {
-            Some(Drive::Settle(n)) if n < 3 => {
-                self.drive = Some(Drive::Settle(n + 1));
-                ctx.request_repaint();
-            }
-            Some(Drive::Settle(_)) => {
-                self.drive = Some(Drive::Shooting);
-                self.finish_drive(ctx);
-            }
-            Some(Drive::WaitLoad) | Some(Drive::WaitReply) => {
-                // Keep checking the timeout while the engine works.
-                ctx.request_repaint_after(self.frames.poll());
-            }
-            _ => {}
-        }
-    }
-
     /// The adapter's name (browsers may keep it to themselves).
     fn adapter_name(&self) -> &str {
         match self.gpu.info.name.as_str() {
             "" => "unnamed adapter",
             n => n,
         }
-    }
-
-    /// Natively: the screenshot, then the window closes. On a page: the report in
-    /// `#wgllm-result` (the page stays; its driver takes the screenshot).
-    #[cfg(not(target_arch = "wasm32"))]
-    fn finish_drive(&mut self, ctx: &egui::Context) {
-        let Some(path) = self.opts.screenshot.clone() else {
-            return;
-        };
-        let out = self.outcome.clone();
-        out.lock().unwrap().report = Some(self.report());
-        let c2 = ctx.clone();
-        ctx.request_screenshot(move |image| {
-            match super::shot::save_png(&path, &image) {
-                Ok(()) => log::info!("app: saved the window to {}", path.display()),
-                Err(e) => {
-                    out.lock().unwrap().error.get_or_insert(e);
-                }
-            }
-            c2.send_viewport_cmd(egui::ViewportCommand::Close);
-        });
-    }
-
-    #[cfg(target_arch = "wasm32")]
-    fn finish_drive(&mut self, _ctx: &egui::Context) {
-        let report = self.report();
-        let mut out = self.outcome.lock().unwrap();
-        super::web::publish(&report, out.error.as_deref());
-        out.report = Some(report);
     }
 
     fn top_bar(&mut self, ui: &mut egui::Ui) {
@@ -633,7 +538,7 @@ impl App {
                 .on_hover_text("load a .gguf from this computer (read into the page's memory)")
                 .clicked()
             {
-                super::web::pick_file(self.picked.clone(), ui.ctx().clone());
+                super::browser::pick_file(self.picked.clone(), ui.ctx().clone());
             }
             if !self.models.is_empty() {
                 egui::ComboBox::from_id_salt("models")
@@ -704,131 +609,6 @@ impl App {
                 "no subgroups"
             }
         ));
-    }
-
-    /// Starts this app again on another adapter (a window's device cannot change) and
-    /// closes this one.
-    #[cfg(not(target_arch = "wasm32"))]
-    fn restart_on(&mut self, ctx: &egui::Context, a: &AdapterSummary) {
-        let backend = a.backend.to_lowercase();
-        let index = list_adapters(backend.parse().unwrap_or(Backend::Auto))
-            .iter()
-            .position(|b| b.name == a.name)
-            .unwrap_or(0);
-        let exe = match std::env::current_exe() {
-            Ok(e) => e,
-            Err(e) => {
-                self.error = Some(format!("cannot restart: {e}"));
-                return;
-            }
-        };
-        let mut cmd = std::process::Command::new(exe);
-        cmd.args(["app", "--backend", &backend, "--device", &index.to_string()]);
-        cmd.args(["-c", &self.settings.n_ctx.to_string()]);
-        cmd.args(["-np", &self.settings.n_parallel.to_string()]);
-        if let Load::Loaded(m) = &self.load {
-            cmd.arg("-m").arg(&m.path);
-        }
-        match cmd.spawn() {
-            Ok(_) => ctx.send_viewport_cmd(egui::ViewportCommand::Close),
-            Err(e) => self.error = Some(format!("cannot restart on {}: {e}", a.name)),
-        }
-    }
-
-    /// The GPU was lost, and the window's device with it (a window's device cannot be
-    /// replaced): this app starts again, on the same adapter, with the same flags, the
-    /// model and each chat's conversation (`--restore-chats`), and closes. A drive's
-    /// caller waits for the new app ([`super::run`]).
-    #[cfg(not(target_arch = "wasm32"))]
-    fn after_loss(
-        &mut self,
-        ctx: &egui::Context,
-        reason: &str,
-        chats: Vec<Vec<crate::tokenizer::ChatMessage>>,
-    ) {
-        log::warn!(
-            "app: the GPU was lost ({reason}); starting the app again with the model and the chats"
-        );
-        let file = std::env::temp_dir().join(format!("wgllm-chats-{}.json", std::process::id()));
-        let saved = super::restore::save(&file, &chats)
-            .map_err(|e| format!("saving the chats to {}: {e}", file.display()));
-        let exe = std::env::current_exe().map_err(|e| e.to_string());
-        let child = saved.and(exe).and_then(|exe| {
-            let mut cmd = std::process::Command::new(exe);
-            cmd.args(super::restore::args_again(
-                std::env::args_os().skip(1),
-                &file,
-            ));
-            // The fault a test injected stays with the process it was injected into.
-            cmd.env_remove("WGLLM_FAULT");
-            cmd.spawn().map_err(|e| e.to_string())
-        });
-        match child {
-            Ok(child) => {
-                if self.drive.is_some() {
-                    self.outcome.lock().unwrap().restarted = Some(child);
-                    self.drive = None;
-                }
-                ctx.send_viewport_cmd(egui::ViewportCommand::Close);
-            }
-            Err(e) => {
-                let msg = format!("the GPU was lost ({reason}), and the app could not start again: {e}; start it again by hand");
-                self.error = Some(msg.clone());
-                if self.drive.is_some() {
-                    self.fail_drive(msg);
-                }
-            }
-        }
-    }
-
-    /// A page cannot start itself again: it says to reload.
-    #[cfg(target_arch = "wasm32")]
-    fn after_loss(
-        &mut self,
-        _ctx: &egui::Context,
-        reason: &str,
-        _chats: Vec<Vec<crate::tokenizer::ChatMessage>>,
-    ) {
-        let msg = format!("the GPU was lost ({reason}): reload the page");
-        self.error = Some(msg.clone());
-        if self.drive.is_some() {
-            self.fail_drive(msg);
-        }
-    }
-
-    /// The conversations an app that lost its GPU carried over (`--restore-chats`), into
-    /// the chats just opened: shown, and sent to the worker, which decodes each again at
-    /// its chat's next message. The file is removed once read.
-    #[cfg(not(target_arch = "wasm32"))]
-    fn restore_chats(&mut self) {
-        let Some(file) = self.opts.restore_chats.take() else {
-            return;
-        };
-        let chats = match super::restore::load(&file) {
-            Ok(c) => c,
-            Err(e) => {
-                self.error = Some(format!(
-                    "the chats of the app before could not be read from {}: {e}",
-                    file.display()
-                ));
-                return;
-            }
-        };
-        let _ = std::fs::remove_file(&file);
-        for (c, messages) in self.chats.iter_mut().zip(&chats) {
-            c.messages = messages
-                .iter()
-                .map(|m| {
-                    let role = if m.role == "assistant" {
-                        Role::Assistant
-                    } else {
-                        Role::User
-                    };
-                    (role, m.content.clone())
-                })
-                .collect();
-        }
-        self.tx.send(Cmd::Restore(chats));
     }
 
     fn right_panel(&mut self, ui: &mut egui::Ui) {

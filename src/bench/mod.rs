@@ -12,8 +12,8 @@ pub mod report;
 pub use crate::graph::{OpProfile, StepProfile, TimingSource};
 pub use report::{BenchRow, MdColumns, OutputFormat, Writer};
 
-use super::{Engine, EngineError, EngineOptions};
 use crate::context::{Batch, Context};
+use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::gguf::GgufFile;
 use crate::gpu::Backend;
 use crate::kv::KvConfig;
@@ -140,7 +140,7 @@ impl Default for BenchPlan {
 #[derive(Clone, Debug)]
 pub struct DraftPlan {
     pub model: PathBuf,
-    pub params: super::SpecParams,
+    pub params: crate::engine::SpecParams,
     pub prompt: String,
 }
 
@@ -401,7 +401,7 @@ pub fn run_plan(
             opts.gpu.adapter_index = Some(main);
         }
         if plan.splits_devices() && inst.split.layer {
-            opts.split = Some(super::SplitSpec {
+            opts.split = Some(crate::engine::SplitSpec {
                 devices: plan.devices.clone(),
                 shares: inst.split.shares.clone(),
                 main: plan.main_gpu,
@@ -570,7 +570,7 @@ pub struct DraftCounts {
 impl DraftCounts {
     /// Kept proposals, in percent of all proposals.
     pub fn acceptance_percent(&self) -> f64 {
-        super::DraftStats {
+        crate::engine::DraftStats {
             drafted: self.drafted,
             accepted: self.accepted,
         }
@@ -746,7 +746,7 @@ impl<'e> Bench<'e> {
     ) -> Result<Measured, EngineError> {
         let mut sampling = crate::sample::SamplerParams::greedy();
         sampling.banned = self.engine.tokenizer.eog_tokens().collect();
-        let params = super::SessionParams {
+        let params = crate::engine::SessionParams {
             sampling,
             n_predict: t.n_gen as i32,
             ..Default::default()
@@ -774,7 +774,7 @@ impl<'e> Bench<'e> {
                     t.n_gen
                 )));
             }
-            while e.session(id)?.phase() == super::Phase::Prompt {
+            while e.session(id)?.phase() == crate::engine::Phase::Prompt {
                 step_checked(e, id)?;
             }
             let t0 = Instant::now();
@@ -807,9 +807,9 @@ impl<'e> Bench<'e> {
 }
 
 /// One engine step, its error for session `id` returned as the step's.
-fn step_checked(e: &mut Engine, id: super::SessionId) -> Result<(), EngineError> {
+fn step_checked(e: &mut Engine, id: crate::engine::SessionId) -> Result<(), EngineError> {
     for ev in e.step()? {
-        if let super::Event::Error { session, error } = ev {
+        if let crate::engine::Event::Error { session, error } = ev {
             if session == id {
                 return Err(error);
             }

@@ -18,6 +18,8 @@ use crate::kv::{CacheKind, KvCells, KvChoice, KvType, RsCells, RsSlot, SeqId};
 use crate::ops::View;
 use std::sync::Arc;
 
+mod state;
+
 /// One recurrent layer's state buffers.
 struct LayerStates {
     conv: View,
@@ -340,10 +342,10 @@ impl Memory for RecurrentMemory {
     }
     #[cfg(not(target_arch = "wasm32"))]
     fn state_write(&self, out: &mut Vec<u8>, seq: Option<SeqId>) -> Result<usize, MemoryError> {
-        super::rs_state::write(out, self, seq)
+        state::write(out, self, seq)
     }
     fn state_read(&mut self, r: &mut Reader, load: &StateLoad) -> Result<usize, MemoryError> {
-        super::rs_state::read(r, self, load)
+        state::read(r, self, load)
     }
 }
 

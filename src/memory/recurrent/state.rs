@@ -3,13 +3,11 @@
 //! sequence set u64) and, per recurrent layer, the conv rows then the SSM rows of those
 //! cells, f32.
 
-use super::recurrent::RecurrentMemory;
-use super::MemoryError;
-use super::StateLoad;
-use super::{Reader, StateError};
+use super::RecurrentMemory;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::kv::SeqId;
 use crate::kv::{seqs_below, KvCells};
+use crate::memory::{MemoryError, Reader, StateError, StateLoad};
 
 /// Appends `mem`'s part: every state, or only `seq`'s (saved as sequence 0).
 #[cfg(not(target_arch = "wasm32"))]
@@ -85,10 +83,10 @@ pub(super) fn read(
     let mut saved = Vec::with_capacity(n);
     for i in 0..n {
         let pos = r.u32()? as i32;
-        if !(0..=super::MAX_SAVED_POS).contains(&pos) {
+        if !(0..=crate::memory::MAX_SAVED_POS).contains(&pos) {
             return Err(format(format!(
                 "recurrent state {i} has the position {pos}, outside 0..={}",
-                super::MAX_SAVED_POS
+                crate::memory::MAX_SAVED_POS
             ))
             .into());
         }
