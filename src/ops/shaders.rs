@@ -958,7 +958,11 @@ mod tests {
         let all = fingerprinted();
         assert!(super::SOURCES.len() > 60);
         assert_eq!(unhashed(&all), Vec::<String>::new());
-        for name in ["get_rows.wgsl", "layer_norm.wgsl", "ssm_scan_wg.wgsl"] {
+        for name in [
+            "kernels/get_rows.wgsl",
+            "kernels/layer_norm.wgsl",
+            "kernels/ssm_scan_wg.wgsl",
+        ] {
             let (file, src) = *super::SOURCES.iter().find(|(f, _)| *f == name).unwrap();
             let less: Vec<String> = all.iter().filter(|s| s.as_str() != src).cloned().collect();
             let missed = unhashed(&less);
