@@ -211,18 +211,12 @@ fn cycles(graph: &Graph) -> Vec<Vec<String>> {
     out
 }
 
-#[test]
-fn top_level_modules_form_layers() {
-    let graph = module_graph();
-    for (m, uses) in &graph {
-        println!(
-            "{m} -> {}",
-            uses.keys().cloned().collect::<Vec<_>>().join(", ")
-        );
-    }
+/// Each cycle of `graph` (after `place`), its members and the files whose references
+/// close it; empty where there is none.
+fn cycle_report(graph: &Graph, place: &str) -> String {
     let mut report = String::new();
-    for comp in cycles(&graph) {
-        report.push_str(&format!("a cycle among {}:\n", comp.join(", ")));
+    for comp in cycles(graph) {
+        report.push_str(&format!("{place}a cycle among {}:\n", comp.join(", ")));
         for a in &comp {
             for (b, files) in &graph[a] {
                 if comp.contains(b) {
@@ -232,6 +226,19 @@ fn top_level_modules_form_layers() {
             }
         }
     }
+    report
+}
+
+#[test]
+fn top_level_modules_form_layers() {
+    let graph = module_graph();
+    for (m, uses) in &graph {
+        println!(
+            "{m} -> {}",
+            uses.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let report = cycle_report(&graph, "");
     assert!(
         report.is_empty(),
         "the top-level modules of src/ must form layers, each using only those below it;\n{report}"
@@ -349,23 +356,9 @@ fn folder_graphs() -> BTreeMap<String, Graph> {
 /// One level down: inside each folder, its files and subfolders form layers too.
 #[test]
 fn each_folders_children_form_layers() {
-    let mut report = String::new();
-    for (folder, graph) in folder_graphs() {
-        for comp in cycles(&graph) {
-            report.push_str(&format!(
-                "in src/{folder}/, a cycle among {}:\n",
-                comp.join(", ")
-            ));
-            for a in &comp {
-                for (b, files) in &graph[a] {
-                    if comp.contains(b) {
-                        let files: Vec<_> = files.iter().cloned().collect();
-                        report.push_str(&format!("  {a} -> {b}: {}\n", files.join(", ")));
-                    }
-                }
-            }
-        }
-    }
+    let report: String = (folder_graphs().iter())
+        .map(|(folder, graph)| cycle_report(graph, &format!("in src/{folder}/, ")))
+        .collect();
     assert!(
         report.is_empty(),
         "the files inside each folder of src/ must form layers too;\n{report}"
