@@ -8,7 +8,7 @@ use crate::ops::binary::BinaryOp;
 use crate::ops::glu::Activation;
 use crate::ops::matmul::MatmulOut;
 use crate::ops::matmul_q8::{self, q8_bytes};
-use crate::ops::moe::{MoeRouting, GROUPED_MIN_TOKENS};
+use crate::ops::moe::{self, MoeRouting};
 use crate::ops::rope::RopeParams;
 use crate::ops::rope_store::RopeStoreShape;
 use crate::ops::softmax::SoftmaxParams;
@@ -1060,7 +1060,7 @@ impl GraphBuilder {
         // Prompts group the pairs by expert once for the three products, which the dense
         // prompt kernels then multiply a tile of an expert's pairs at a time.
         let n_pairs = r.n_used * n_tok;
-        let grouping = (n_tok >= GROUPED_MIN_TOKENS).then(|| {
+        let grouping = moe::grouped(n_tok).then(|| {
             let offsets = self.tensor([r.n_expert + 1, 1]);
             let order = self.tensor([n_pairs, 1]);
             let op = Op::MoeGroup {

@@ -227,10 +227,8 @@ pub fn matmul_id(
             w.name
         )));
     }
-    let key = match pairs {
-        Pairs::Ids(_) => KernelKey::MatmulId { ty: w.ty },
-        Pairs::Grouped { .. } => grouped_kernel(gpu, w.ty, rows, n_pairs.div_ceil(n_expert)),
-    };
+    let grouped = matches!(pairs, Pairs::Grouped { .. });
+    let key = kernel(gpu, w.ty, rows, n_expert, n_used, n_tok, grouped);
     let pipeline = gpu.pipeline(key)?;
     let (gx, gy) = split_groups(rows.div_ceil(4));
     // The grouped kernels' workgroups: x along an expert's rows, y over the chunk's
@@ -299,6 +297,29 @@ pub fn matmul_id(
             }
         })
         .collect()
+}
+
+/// Whether a ubatch of `n_tok` tokens groups its (token, expert) pairs by expert
+/// ([`moe_group`]) before the expert products: from [`GROUPED_MIN_TOKENS`] on.
+pub fn grouped(n_tok: u32) -> bool {
+    n_tok >= GROUPED_MIN_TOKENS
+}
+
+/// The kernel [`matmul_id`] takes for experts of `rows` rows of `ty`, `n_used` of
+/// `n_expert` per token, over `n_tok` tokens' pairs, `grouped` or each pair on its own.
+pub fn kernel(
+    gpu: &Gpu,
+    ty: GgmlType,
+    rows: u32,
+    n_expert: u32,
+    n_used: u32,
+    n_tok: u32,
+    grouped: bool,
+) -> KernelKey {
+    match grouped {
+        true => grouped_kernel(gpu, ty, rows, (n_tok * n_used).div_ceil(n_expert)),
+        false => KernelKey::MatmulId { ty },
+    }
 }
 
 /// The grouped expert products' kernel for experts of `rows` rows of `ty` with about

@@ -1,7 +1,7 @@
 //! A mixture's expert products under the audit: each stacked expert weight (gate, up,
 //! down) through [`matmul_id`] as the graph runs it — each (token, expert) pair's rows
 //! on their own for a decoded token or a small batch, grouped by expert ([`moe_group`])
-//! into the prompt tiles from [`GROUPED_MIN_TOKENS`] tokens on — with every expert
+//! into the prompt tiles from [`moe::GROUPED_MIN_TOKENS`] tokens on — with every expert
 //! chosen over the runs. A row is one expert's row over the pairs that chose it, so a
 //! wrong row of one expert fails as a wrong row of a dense weight does.
 
@@ -13,9 +13,7 @@ use crate::gguf::GgufFile;
 use crate::gpu::{Gpu, GpuError};
 use crate::model::ModelWeights;
 use crate::ops::kernels::KernelKey;
-use crate::ops::moe::{
-    grouped_kernel, matmul_id, moe_group, MoeRouting, Pairs, GROUPED_MIN_TOKENS,
-};
+use crate::ops::moe::{self, grouped, matmul_id, moe_group, MoeRouting, Pairs};
 use crate::ops::weight::{Ffn, Weight};
 use crate::ops::{run_now, View};
 use std::collections::HashSet;
@@ -54,23 +52,20 @@ fn expert_products(weights: &ModelWeights) -> Vec<ExpertProduct<'_>> {
     v
 }
 
-/// Whether `n_tok` tokens' pairs go through the grouping, as the graph decides.
-fn grouped(n_tok: u32) -> bool {
-    n_tok >= GROUPED_MIN_TOKENS
-}
-
-/// The kernel `gpu` multiplies `p`'s pairs of `n_tok` tokens with.
+/// The kernel `gpu` multiplies `p`'s pairs of `n_tok` tokens with, as the graph runs
+/// them.
 fn kernel_of(gpu: &Gpu, p: &ExpertProduct, n_tok: u32) -> KernelKey {
     let r = p.routing;
-    match grouped(n_tok) {
-        true => grouped_kernel(
-            gpu,
-            p.w.ty,
-            p.rows(),
-            (n_tok * r.n_used).div_ceil(r.n_expert),
-        ),
-        false => KernelKey::MatmulId { ty: p.w.ty },
-    }
+    let ty = p.w.ty;
+    moe::kernel(
+        gpu,
+        ty,
+        p.rows(),
+        r.n_expert,
+        r.n_used,
+        n_tok,
+        grouped(n_tok),
+    )
 }
 
 /// Each pair's expert in run `run`: token t's j-th choice is expert t * n_used + j, moved
@@ -157,8 +152,9 @@ pub(super) fn audit_experts(
             continue;
         }
         // The token counts whose kernels no product checked yet.
-        let fresh: Vec<u32> = (AUDIT_TOKENS.into_iter())
-            .filter(|&n| seen.insert(kernel_of(gpu, &p, n)))
+        let fresh: Vec<(u32, KernelKey)> = (AUDIT_TOKENS.into_iter())
+            .map(|n| (n, kernel_of(gpu, &p, n)))
+            .filter(|&(_, key)| seen.insert(key))
             .collect();
         if fresh.is_empty() {
             continue;
@@ -180,8 +176,7 @@ pub(super) fn audit_experts(
             }
         }
         let cpu_checked = file_rows.len() == stacked.len();
-        for n_tok in fresh {
-            let key = kernel_of(gpu, &p, n_tok);
+        for (n_tok, key) in fresh {
             let started = web_time::Instant::now();
             let n_pairs = n_tok * r.n_used;
             let x_rows = if p.x_per_pair { n_pairs } else { n_tok };
