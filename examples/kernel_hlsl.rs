@@ -19,7 +19,7 @@
 use naga::back::hlsl;
 use std::fmt::Write as _;
 use wgllm::gpu::Kernel as _;
-use wgllm::ops::kernels::KernelKey;
+use wgllm::ops::KernelKey;
 
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("--compile") {

@@ -10,7 +10,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use wgllm::gpu::spirv::{declares_capability, kernel_spirv, VulkanTarget};
-use wgllm::ops::kernels::{KernelKey, Products};
+use wgllm::ops::kernels::Products;
+use wgllm::ops::KernelKey;
 
 fn spirv_val() -> PathBuf {
     std::env::var_os("WGLLM_SPIRV_VAL")

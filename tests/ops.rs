@@ -16,12 +16,13 @@ use wgllm::ops::binary::{binary, binary_ref, binary_rows, binary_rows_ref, Binar
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::glu::{glu, glu_pairs, glu_ref, Activation};
 use wgllm::ops::hadamard::{hadamard, hadamard_ref};
-use wgllm::ops::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS, Q8_TILES};
 use wgllm::ops::layer_norm::{layer_norm, layer_norm_ref};
+use wgllm::ops::matmul::Kernel as MatmulKernel;
 use wgllm::ops::matmul::{matmul, matmul_at, matmul_glu, matmul_ref, MatmulOut};
 use wgllm::ops::matmul_q8::{
     matmul_q8, matmul_q8_ref, matmul_q8_with, q8_bytes, quantize_q8, quantize_q8_ref, Q8Blocks,
 };
+use wgllm::ops::matmul_q8::{Kernel as Q8Kernel, Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS, Q8_TILES};
 use wgllm::ops::moe::{
     matmul_id, matmul_id_ref, moe_add_id, moe_add_id_ref, moe_group, moe_route, moe_route_ref,
     moe_sum, moe_sum_ref, Gating, MoeRouting, Pairs,
@@ -122,10 +123,10 @@ fn matmul_matches_reference() {
                 let key = wgllm::ops::matmul::kernel(gpu, ty, 64, n_tok as u32, None);
                 shared_x_loads |= matches!(
                     key,
-                    KernelKey::Matmul {
+                    KernelKey::Matmul(MatmulKernel::CpuRows {
                         subgroups: true,
                         ..
-                    }
+                    })
                 );
                 let k = n_cols(ty, &mut rng, 8);
                 let n = 1 + rng.below(150) as usize;
@@ -246,15 +247,18 @@ fn cooperative_matrix_matmul_matches_reference() {
         let g = gpu.retuned(KernelShape::Gpu, coop.clone());
         let key = wgllm::ops::matmul::kernel(&g, GgmlType::Q4_0, 256, 64, None);
         let Some(s) = g.coop_size else {
-            assert!(matches!(key, KernelKey::MatmulTile { .. }), "{name}: {key}");
+            assert!(
+                matches!(key, KernelKey::Matmul(MatmulKernel::GpuTile { .. })),
+                "{name}: {key}"
+            );
             continue;
         };
         assert_eq!(
             key,
-            KernelKey::MatmulCoop {
+            KernelKey::Matmul(MatmulKernel::GpuCoop {
                 ty: GgmlType::Q4_0,
                 s
-            },
+            }),
             "{name}"
         );
         ran.push(name);
@@ -292,7 +296,7 @@ fn cooperative_matrix_matmul_matches_reference() {
 #[test]
 fn gpu_vec_rows_match_reference() {
     let mut rng = Rng(41);
-    for &rows in wgllm::ops::kernels::GPU_VEC_ROWS {
+    for &rows in wgllm::ops::matmul::GPU_VEC_ROWS {
         for no_subgroups in [false, true] {
             let gpu = Gpu::new(&GpuOptions {
                 backend: Backend::Vulkan,
@@ -316,7 +320,10 @@ fn gpu_vec_rows_match_reference() {
                 let name =
                     format!("rows {rows} no_subgroups {no_subgroups} {ty} {k}x{n} T={n_tok}");
                 let key = wgllm::ops::matmul::kernel(&gpu, ty, n as u32, n_tok as u32, None);
-                assert!(matches!(key, KernelKey::MatmulWg { .. }), "{name}: {key}");
+                assert!(
+                    matches!(key, KernelKey::Matmul(MatmulKernel::GpuVec { .. })),
+                    "{name}: {key}"
+                );
                 let data = quantized(ty, &mut rng, k, n);
                 let x = rng.vec(k * n_tok);
                 let w = Weight::upload(&gpu, "w", ty, k, n, &data).unwrap();
@@ -1485,23 +1492,26 @@ fn tuned_kernels_match_reference() {
 fn unknown_variants_are_refused() {
     let (_, gpu, _serial) = gpus().next().expect("a test GPU");
     for key in [
-        KernelKey::Softmax { wg: 128 },
-        KernelKey::GetRows { ty: GgmlType::Q8K },
-        KernelKey::MatmulWg {
+        // A shape the ops never ask for.
+        KernelKey::Softmax(wgllm::ops::softmax::Kernel {
+            shape: KernelShape::Auto,
+        }),
+        KernelKey::GetRows(wgllm::ops::get_rows::Kernel { ty: GgmlType::Q8K }),
+        KernelKey::Matmul(MatmulKernel::GpuVec {
             ty: GgmlType::Q4_0,
             tb: 2,
             rows: 4,
             subgroups: false,
             glu: None,
-        },
+        }),
         // The fused GLU epilogue pairs rows inside a workgroup: odd rows have no variant.
-        KernelKey::MatmulWg {
+        KernelKey::Matmul(MatmulKernel::GpuVec {
             ty: GgmlType::Q4_0,
             tb: 1,
             rows: 1,
             subgroups: false,
             glu: Some(wgllm::ops::glu::Activation::Silu),
-        },
+        }),
     ] {
         match gpu.pipeline(key) {
             Err(GpuError::Shader { name, msg }) => {
@@ -1532,7 +1542,7 @@ fn attention_with_heads_beyond_the_split_variants() {
             continue;
         }
         let s = AttnShape {
-            head_dim: wgllm::ops::kernels::MAX_SPLIT_HEAD_DIM + 4,
+            head_dim: wgllm::ops::attention::MAX_SPLIT_HEAD_DIM + 4,
             n_head: 1,
             n_head_kv: 1,
             n_tok: 1,
@@ -2253,11 +2263,13 @@ fn integer_dot_matmul_matches_reference() {
                         .iter()
                         .flat_map(|&rows| {
                             sg.iter().flat_map(move |&subgroups| {
-                                Q8_MATMUL_TOKENS.iter().map(move |&tb| KernelKey::MatmulQ8 {
-                                    ty,
-                                    rows,
-                                    tb,
-                                    subgroups,
+                                Q8_MATMUL_TOKENS.iter().map(move |&tb| {
+                                    KernelKey::MatmulQ8(Q8Kernel::Vec {
+                                        ty,
+                                        rows,
+                                        tb,
+                                        subgroups,
+                                    })
                                 })
                             })
                         })
@@ -2267,11 +2279,11 @@ fn integer_dot_matmul_matches_reference() {
                 };
                 // The tiles on every batch (their edges: 130 rows, 100 tokens).
                 if every && n_tok > 1 {
-                    keys.extend(Q8_TILES.iter().map(|&(bm, bn)| KernelKey::MatmulQ8Tile {
-                        ty,
-                        bm,
-                        bn,
-                    }));
+                    keys.extend(
+                        Q8_TILES
+                            .iter()
+                            .map(|&(bm, bn)| KernelKey::MatmulQ8(Q8Kernel::Tile { ty, bm, bn })),
+                    );
                 }
                 if !keys.contains(&picked) {
                     keys.push(picked);
@@ -2310,7 +2322,7 @@ fn integer_dot_matmul_split_weights() {
         let gpu = small_binding_gpu_with(12288, kernels);
         let (k, n) = (96usize.next_multiple_of(ty.block_size()), 300usize);
         let picked = wgllm::ops::matmul_q8::kernel(&gpu, ty, n as u32, n_tok as u32);
-        let tiled = matches!(picked, KernelKey::MatmulQ8Tile { .. });
+        let tiled = matches!(picked, KernelKey::MatmulQ8(Q8Kernel::Tile { .. }));
         assert_eq!(tiled, kernels == KernelShape::Gpu, "{ty}: {picked}");
         let data = quantized(ty, &mut rng, k, n);
         let x = rng.vec(k * n_tok);

@@ -8,7 +8,7 @@ use clap::Args;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use wgllm::gpu::spirv::{kernel_spirv, VulkanTarget};
-use wgllm::ops::kernels::KernelKey;
+use wgllm::ops::KernelKey;
 
 #[derive(Args)]
 pub struct KernelsArgs {

@@ -64,7 +64,7 @@ impl fmt::Display for Backend {
 
 /// Which kernel shapes to use: row-per-invocation loops for CPU-like adapters (lavapipe,
 /// llvmpipe), tiled prompt matmuls and multi-row reductions for GPUs. `Auto` picks by adapter type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub enum KernelShape {
     #[default]
     Auto,

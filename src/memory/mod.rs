@@ -322,7 +322,7 @@ pub fn kv_choice(
     head_dim: u32,
     n_embd_kv: u32,
 ) -> Result<crate::kv::KvChoice, String> {
-    let largest = crate::ops::kernels::FLASH_ROWS_D4
+    let largest = crate::ops::attention::FLASH_ROWS_D4
         .iter()
         .max()
         .unwrap_or(&0);

@@ -2,7 +2,7 @@
 
 use super::rms_norm::record_norm;
 use super::uniforms::NormUniform;
-use super::{Dispatch, KernelKey, View};
+use super::{Dispatch, View};
 use crate::gpu::{Gpu, GpuError};
 
 /// a, b, sum and dst are [n, n_rows]; w has n elements.
@@ -24,12 +24,7 @@ pub fn add_rms_norm(
         w_rows: 0,
         n_rows,
     };
-    record_norm(
-        gpu,
-        |rows| KernelKey::AddRmsNorm { rows },
-        &params,
-        &[a, b, w, sum, dst],
-    )
+    record_norm(gpu, true, &params, &[a, b, w, sum, dst])
 }
 
 /// CPU reference: (sum, normed).

@@ -3,7 +3,8 @@
 //! `ggml_scale` then `ggml_add` in one pass), at the rows that weight's output occupies in a
 //! stacked (Q/K/V) or interleaved (gate/up) output.
 
-use super::uniforms::AddScaledUniform;
+use super::kernels::{kernel_files, Family};
+use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
@@ -37,7 +38,7 @@ impl ScaledRows {
 /// dst[t * stride + offset + j * step] += scale * src[t * n + j], in place.
 pub fn add_scaled(gpu: &Gpu, src: &View, dst: &View, p: ScaledRows) -> Result<Dispatch, GpuError> {
     p.check()?;
-    let pipeline = gpu.pipeline(KernelKey::AddScaled)?;
+    let pipeline = gpu.pipeline(KernelKey::AddScaled(Kernel))?;
     let params = AddScaledUniform {
         n: p.n,
         n_tok: p.n_tok,
@@ -68,4 +69,49 @@ pub fn add_scaled_ref(src: &[f32], dst: &[f32], p: ScaledRows) -> Vec<f32> {
         }
     }
     out
+}
+
+uniform_struct! {
+    /// add_scaled: `n` values of `n_tok` rows added, times `scale`, at `offset + j * step`
+    /// of destination rows `stride` long.
+    AddScaledUniform {
+        n: u32,
+        n_tok: u32,
+        stride: u32,
+        offset: u32,
+        step: u32,
+        scale: f32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+kernel_files! {
+    ADD_SCALED = "kernels/add_scaled.wgsl";
+}
+
+/// The one add_scaled kernel: an invocation per value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel;
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        vec![Kernel]
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(ADD_SCALED.to_string())
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        AddScaledUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        256
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "add_scaled")
+    }
 }

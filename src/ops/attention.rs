@@ -8,15 +8,71 @@
 //! (`WGLLM_ATTN_FLASH=1`; slower so far).
 
 use super::hadamard::{hadamard, hadamard_ref};
-use super::kernels::{
-    kq_lanes_nk, split_shape, FLASH_ROWS_D4, KQ_LANES, MAX_FLASH_HEAD_DIM, MAX_SPLIT_HEAD_DIM,
-    MAX_TILE_HEAD_DIM,
-};
+use super::kernels::{kernel_files, Family, Products};
+use super::shaders::{self, compose, kv_reading, SOFTMAX_COMMON};
 use super::softmax::{softmax_sinks, softmax_sinks_ref, SoftmaxParams};
-use super::uniforms::{AttnSplitUniform, AttnSumUniform, AttnUniform};
+use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 use crate::kv::KvType;
+
+/// Tokens per invocation of the attention score and output kernels.
+pub const ATTN_TB: &[u32] = &[1, 2, 4, 8];
+/// Invocations per cell of the GPU score kernel (`attn_kq_lanes.wgsl`; its workgroups of
+/// 64 cover 64 / KQ_LANES cells).
+pub const KQ_LANES: u32 = 8;
+/// Key vec4s per invocation of the GPU score kernel: heads of up to 256 values; larger
+/// ones take `attn_kq.wgsl`.
+pub const KQ_LANES_NK: &[u32] = &[1, 2, 4, 8];
+/// Invocations per row of the softmax: 64 for CPU-like adapters, 256 for GPUs.
+pub const SOFTMAX_WG: &[u32] = &[64, 256];
+/// Largest head size the split attention output kernel has a variant for.
+pub const MAX_SPLIT_HEAD_DIM: u32 = 2048;
+/// Largest head the flash attention kernel holds (its D4 vec4s per row of workgroup memory).
+pub const MAX_FLASH_HEAD_DIM: u32 = 128;
+/// Heads (in vec4s) the CPU-shaped flash kernel's variants hold: a head takes the
+/// smallest that fits (`attn_flash_rows.wgsl` keeps D4 vec4s per token in each
+/// invocation's own arrays).
+pub const FLASH_ROWS_D4: &[u32] = &[16, 32, 64];
+/// Tokens per invocation of the CPU-shaped flash kernel: 1 for decode and large heads,
+/// 2 for prompts with heads of up to 64 values.
+pub const FLASH_ROWS_TB: &[u32] = &[1, 2];
+/// vec4s of the head per slice of the tiled prompt score kernel: 8 (16 KiB of keys and
+/// queries in workgroup memory), or 4 where the adapter has no more than 16 KiB.
+pub const ATTN_TILE_DK: &[u32] = &[4, 8];
+/// vec4s of the head per invocation of the tiled prompt output kernel (heads of up to
+/// 64 and up to 128 values).
+pub const ATTN_TILE_NI: &[u32] = &[1, 2];
+/// Largest head the tiled prompt attention kernels hold.
+pub const MAX_TILE_HEAD_DIM: u32 = 128;
+
+/// (lanes, vec4s per lane) of the split attention output kernel for rows of `d4` vec4s:
+/// lanes is the largest power of two up to d4 (at most 64).
+pub fn split_shape(d4: u32) -> (u32, u32) {
+    let d4 = d4.max(1);
+    let lanes = 1u32 << (31 - d4.min(64).leading_zeros());
+    (lanes, d4.div_ceil(lanes))
+}
+
+/// Key vec4s per invocation of the GPU score kernel for heads of `d4` vec4s: the fewest
+/// of [`KQ_LANES_NK`] that [`KQ_LANES`] lanes cover the head with, None for heads past
+/// 256 values.
+pub fn kq_lanes_nk(d4: u32) -> Option<u32> {
+    let nk = d4.div_ceil(KQ_LANES).max(1).next_power_of_two();
+    KQ_LANES_NK.contains(&nk).then_some(nk)
+}
+
+/// Every distinct [`split_shape`] for head sizes up to [`MAX_SPLIT_HEAD_DIM`].
+pub fn split_shapes() -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for d4 in 1..=MAX_SPLIT_HEAD_DIM / 4 {
+        let s = split_shape(d4);
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnShape {
@@ -351,11 +407,11 @@ fn kqv_split(
 ) -> Result<Vec<Dispatch>, GpuError> {
     let d4 = s.head_dim / 4;
     let (lanes, nv) = split_shape(d4);
-    let split = gpu.pipeline(KernelKey::AttnKqvSplit {
+    let split = gpu.pipeline(KernelKey::Attention(Kernel::KqvSplit {
         v: s.v_type,
         lanes,
         nv,
-    })?;
+    }))?;
     let kernel = ("attn_kqv_split", split, [sp.n_split, s.n_tok, s.n_head]);
     chunked_then_joined(
         gpu,
@@ -428,7 +484,7 @@ fn join_splits(
     record(
         gpu,
         "attn_kqv_sum",
-        gpu.pipeline(KernelKey::AttnKqvSum)?,
+        gpu.pipeline(KernelKey::Attention(Kernel::KqvSum))?,
         bytemuck::bytes_of(&AttnSumUniform {
             n,
             n_split,
@@ -467,9 +523,9 @@ impl FlashKernel {
     fn key(self, s: &AttnShape, split: bool) -> (&'static str, KernelKey) {
         let (k, v) = (s.k_type, s.v_type);
         match self {
-            FlashKernel::Plain => ("attn_flash", KernelKey::AttnFlash { k, v, split }),
+            FlashKernel::Plain => ("attn_flash", Kernel::Flash { k, v, split }.into()),
             FlashKernel::Coop { mma } => {
-                let key = KernelKey::AttnFlashCoop { k, v, split, mma };
+                let key = Kernel::FlashCoop { k, v, split, mma }.into();
                 ("attn_flash_coop", key)
             }
         }
@@ -544,12 +600,12 @@ fn flash_rows(
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let tb = if s.n_tok >= fr.tb { fr.tb } else { 1 };
-    let pipeline = gpu.pipeline(KernelKey::AttnFlashRows {
+    let pipeline = gpu.pipeline(KernelKey::Attention(Kernel::CpuFlash {
         k: s.k_type,
         v: s.v_type,
         d4: fr.d4,
         tb,
-    })?;
+    }))?;
     let sp = fr.split;
     // Invocations over (chunk, token group) pairs, token groups fastest.
     let groups = [
@@ -589,7 +645,7 @@ fn tiled(
         record(
             gpu,
             "attn_kq_tile",
-            gpu.pipeline(KernelKey::AttnKqTile { k: s.k_type, dk })?,
+            gpu.pipeline(KernelKey::Attention(Kernel::KqTile { k: s.k_type, dk }))?,
             bytemuck::bytes_of(&s.uniform()),
             &[q, k, scores, mask],
             [s.n_kv.div_ceil(64), s.n_tok.div_ceil(64), s.n_head],
@@ -604,7 +660,7 @@ fn tiled(
     out.push(record(
         gpu,
         "attn_kqv_tile",
-        gpu.pipeline(KernelKey::AttnKqvTile { v: s.v_type, ni })?,
+        gpu.pipeline(KernelKey::Attention(Kernel::KqvTile { v: s.v_type, ni }))?,
         bytemuck::bytes_of(&s.split_uniform(sm, sp.chunk)),
         &[scores, v, &part],
         [s.n_tok.div_ceil(tokens), s.n_head, sp.n_split],
@@ -615,7 +671,7 @@ fn tiled(
         out.push(record(
             gpu,
             "attn_kqv_join",
-            gpu.pipeline(KernelKey::AttnKqvJoin)?,
+            gpu.pipeline(KernelKey::Attention(Kernel::KqvJoin))?,
             bytemuck::bytes_of(&AttnSumUniform {
                 n,
                 n_split: sp.n_split,
@@ -773,7 +829,7 @@ pub fn attention_with(
             continue;
         }
         let (kq, cells) = score_kernel(gpu, s, tb);
-        let kqv = gpu.pipeline(KernelKey::AttnKqv { v: s.v_type, tb })?;
+        let kqv = gpu.pipeline(KernelKey::Attention(Kernel::Kqv { v: s.v_type, tb }))?;
         out.push(record(
             gpu,
             "attn_kq",
@@ -830,14 +886,14 @@ fn score_kernel(gpu: &Gpu, s: &AttnShape, tb: u32) -> (KernelKey, u32) {
         && s.n_kv.div_ceil(cells) <= 65535;
     match kq_lanes_nk(s.head_dim / 4).filter(|_| lanes) {
         Some(nk) => (
-            KernelKey::AttnKqLanes {
+            KernelKey::Attention(Kernel::KqLanes {
                 k: s.k_type,
                 tb,
                 nk,
-            },
+            }),
             cells,
         ),
-        None => (KernelKey::AttnKq { k: s.k_type, tb }, 64),
+        None => (KernelKey::Attention(Kernel::Kq { k: s.k_type, tb }), 64),
     }
 }
 
@@ -898,4 +954,281 @@ pub fn attention_sinks_ref(
     }
     hadamard_ref(&mut out, s.rot_v as usize);
     out
+}
+
+uniform_struct! {
+    /// attn_kq and attn_kqv.
+    AttnUniform {
+        head_dim: u32,
+        n_head: u32,
+        n_head_kv: u32,
+        n_tok: u32,
+        n_kv: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+uniform_struct! {
+    /// attn_kqv_split: the attention shape and the softmax's scale, mask and ALiBi.
+    AttnSplitUniform {
+        head_dim: u32,
+        n_head: u32,
+        n_head_kv: u32,
+        n_tok: u32,
+        n_kv: u32,
+        /// Cells per chunk.
+        chunk: u32,
+        has_mask: u32,
+        n_head_log2: u32,
+        scale: f32,
+        max_bias: f32,
+        m0: f32,
+        m1: f32,
+        /// As [`SoftmaxUniform::softcap`].
+        softcap: f32,
+        /// As [`SoftmaxUniform::has_sinks`] (read by the flash kernels' whole-output store;
+        /// split outputs take the sinks in the join).
+        has_sinks: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+uniform_struct! {
+    /// attn_kqv_sum: `n` vec4s (rows of `d4`) in each of `n_split` partial outputs.
+    AttnSumUniform {
+        n: u32,
+        n_split: u32,
+        d4: u32,
+        n_head: u32,
+        /// As [`SoftmaxUniform::has_sinks`] (attn_kqv_sum only).
+        has_sinks: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+kernel_files! {
+    /// The score kernels' bindings and query loads.
+    ATTN_KQ_IO = "common/attn_kq_io.wgsl";
+    ATTN_KQ = "kernels/attn_kq.wgsl";
+    ATTN_KQ_LANES = "kernels/attn_kq_lanes.wgsl";
+    ATTN_KQV = "kernels/attn_kqv.wgsl";
+    ATTN_KQV_SPLIT = "kernels/attn_kqv_split.wgsl";
+    ATTN_KQV_SUM = "kernels/attn_kqv_sum.wgsl";
+    ATTN_KQ_TILE = "kernels/attn_kq_tile.wgsl";
+    ATTN_KQV_TILE = "kernels/attn_kqv_tile.wgsl";
+    ATTN_KQV_JOIN = "kernels/attn_kqv_join.wgsl";
+    ATTN_FLASH_ROWS = "kernels/attn_flash_rows.wgsl";
+}
+
+/// The attention kernels, each over caches of the types it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Scores over a K cache of type `k`, `tb` tokens per invocation.
+    Kq { k: KvType, tb: u32 },
+    /// Scores on GPUs over a K cache of type `k`, `tb` tokens per invocation, [`KQ_LANES`]
+    /// invocations per cell reading `nk` vec4s of its key each (see [`kq_lanes_nk`]).
+    KqLanes { k: KvType, tb: u32, nk: u32 },
+    /// One-pass output over a V cache of type `v`, `tb` tokens per invocation.
+    Kqv { v: KvType, tb: u32 },
+    /// Softmax and output split over chunks of cells (flash-decoding): `lanes`
+    /// invocations across a value row, `nv` vec4s each (see [`split_shape`]).
+    KqvSplit { v: KvType, lanes: u32, nv: u32 },
+    /// The split kernel's partial outputs, rescaled to one maximum and normalised.
+    KqvSum,
+    /// Prompt scores as a tiled product: 64 cells x 64 tokens per workgroup, the head in
+    /// slices of `dk` vec4s.
+    KqTile { k: KvType, dk: u32 },
+    /// Prompt output as a tiled product over the softmax's probabilities: `ni` vec4s of
+    /// the head and 8 / `ni` tokens per invocation, one chunk of cells per workgroup z.
+    KqvTile { v: KvType, ni: u32 },
+    /// The tiled output kernel's chunks added up.
+    KqvJoin,
+    /// Prompt attention in one pass over tiles of cells with an online softmax
+    /// (`attn_flash.wgsl`, heads up to [`MAX_FLASH_HEAD_DIM`]). With `split`, over one
+    /// chunk of cells per workgroup z, into the split kernel's partials (joined by
+    /// [`Kernel::KqvSum`]).
+    Flash { k: KvType, v: KvType, split: bool },
+    /// [`Kernel::Flash`] on f16 tiles (`attn_flash_coop.wgsl`, workgroups of 32), its two
+    /// products on 16 x 16 cooperative matrices (`mma`, one 32-wide subgroup per
+    /// workgroup) or as loops (the same kernel testable without the matrices).
+    FlashCoop {
+        k: KvType,
+        v: KvType,
+        split: bool,
+        mma: bool,
+    },
+    /// Flash attention on CPU-shaped adapters (`attn_flash_rows.wgsl`): `tb` tokens of a
+    /// head per invocation over one chunk of cells, heads up to 4 * `d4` values, into the
+    /// split kernel's partials (joined by [`Kernel::KqvSum`]).
+    CpuFlash {
+        k: KvType,
+        v: KvType,
+        d4: u32,
+        tb: u32,
+    },
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        use Kernel::*;
+        let mut v = vec![KqvSum, KqvJoin];
+        for ty in KvType::ALL {
+            let (k, kv) = (ty, ty);
+            for &tb in ATTN_TB {
+                v.push(Kq { k, tb });
+                v.push(Kqv { v: kv, tb });
+                v.extend(KQ_LANES_NK.iter().map(|&nk| KqLanes { k, tb, nk }));
+            }
+            for (lanes, nv) in split_shapes() {
+                v.push(KqvSplit { v: kv, lanes, nv });
+            }
+            v.extend(ATTN_TILE_DK.iter().map(|&dk| KqTile { k, dk }));
+            v.extend(ATTN_TILE_NI.iter().map(|&ni| KqvTile { v: kv, ni }));
+            // K and V types combine freely, as llama.cpp's -ctk and -ctv.
+            for vt in KvType::ALL {
+                for split in [false, true] {
+                    v.push(Flash { k, v: vt, split });
+                    for mma in [false, true] {
+                        v.push(FlashCoop {
+                            k,
+                            v: vt,
+                            split,
+                            mma,
+                        });
+                    }
+                }
+                for &d4 in FLASH_ROWS_D4 {
+                    for &tb in FLASH_ROWS_TB {
+                        v.push(CpuFlash { k, v: vt, d4, tb });
+                    }
+                }
+            }
+        }
+        v
+    }
+    fn body(&self) -> Result<String, String> {
+        use Kernel::*;
+        let kq = |kernel: &str| [ATTN_KQ_IO, kernel].concat();
+        Ok(match *self {
+            Kq { k, tb } => kv_reading(&kq(ATTN_KQ), Some(k), None, &[("TB", tb.to_string())]),
+            KqLanes { k, tb, nk } => kv_reading(
+                &kq(ATTN_KQ_LANES),
+                Some(k),
+                None,
+                &[
+                    ("TB", tb.to_string()),
+                    ("NK", nk.to_string()),
+                    ("LANES", KQ_LANES.to_string()),
+                ],
+            ),
+            Kqv { v, tb } => kv_reading(ATTN_KQV, None, Some(v), &[("TB", tb.to_string())]),
+            KqvSplit { v, lanes, nv } => kv_reading(
+                &compose(&[SOFTMAX_COMMON, ATTN_KQV_SPLIT], &[]),
+                None,
+                Some(v),
+                &[("LANES", lanes.to_string()), ("NV", nv.to_string())],
+            ),
+            KqvSum => ATTN_KQV_SUM.to_string(),
+            KqTile { k, dk } => {
+                kv_reading(&kq(ATTN_KQ_TILE), Some(k), None, &[("DK", dk.to_string())])
+            }
+            KqvTile { v, ni } => kv_reading(
+                ATTN_KQV_TILE,
+                None,
+                Some(v),
+                &[("NI", ni.to_string()), ("TM", (8 / ni).to_string())],
+            ),
+            KqvJoin => ATTN_KQV_JOIN.to_string(),
+            Flash { k, v, split } => shaders::attn_flash_source(k, v, split),
+            FlashCoop { k, v, split, mma } => shaders::attn_flash_coop_source(k, v, split, mma),
+            CpuFlash { k, v, d4, tb } => kv_reading(
+                &compose(&[SOFTMAX_COMMON, ATTN_FLASH_ROWS], &[]),
+                Some(k),
+                Some(v),
+                &[("D4", d4.to_string()), ("TB", tb.to_string())],
+            ),
+        })
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        use Kernel::*;
+        match self {
+            Kq { .. } | KqLanes { .. } | Kqv { .. } | KqTile { .. } => AttnUniform::WGSL,
+            KqvSplit { .. }
+            | Flash { .. }
+            | FlashCoop { .. }
+            | CpuFlash { .. }
+            | KqvTile { .. } => AttnSplitUniform::WGSL,
+            KqvSum | KqvJoin => AttnSumUniform::WGSL,
+        }
+    }
+    fn workgroup_size(&self) -> u32 {
+        match self {
+            Kernel::KqTile { .. } | Kernel::KqvTile { .. } => 256,
+            Kernel::FlashCoop { .. } => 32,
+            _ => 64,
+        }
+    }
+    fn features(&self) -> wgpu::Features {
+        use Kernel::*;
+        let f16 = |t: KvType| t == KvType::F16;
+        let uses_f16 = match *self {
+            Kq { k, .. } | KqLanes { k, .. } | KqTile { k, .. } => f16(k),
+            Kqv { v, .. } | KqvSplit { v, .. } | KqvTile { v, .. } => f16(v),
+            Flash { k, v, .. } | CpuFlash { k, v, .. } => f16(k) || f16(v),
+            FlashCoop { mma: true, .. } => {
+                return wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            }
+            FlashCoop { mma: false, .. } => true,
+            KqvSum | KqvJoin => false,
+        };
+        match uses_f16 {
+            true => wgpu::Features::SHADER_F16,
+            false => wgpu::Features::empty(),
+        }
+    }
+    fn cpu_shaped(&self) -> bool {
+        matches!(self, Kernel::CpuFlash { .. })
+    }
+    fn products(&self) -> Products {
+        match self {
+            Kernel::FlashCoop { mma: true, .. } => Products::Matrix,
+            _ => Products::Plain,
+        }
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use Kernel::*;
+        let split = |s: bool| if s { "_split" } else { "" };
+        match *self {
+            Kq { k, tb } => write!(f, "attn_kq_{k}_tb{tb}"),
+            KqLanes { k, tb, nk } => write!(f, "attn_kq_lanes_{k}_tb{tb}_nk{nk}"),
+            Kqv { v, tb } => write!(f, "attn_kqv_{v}_tb{tb}"),
+            KqvSplit { v, lanes, nv } => write!(f, "attn_kqv_split_{v}_{lanes}x{nv}"),
+            KqvSum => write!(f, "attn_kqv_sum"),
+            KqTile { k, dk } => write!(f, "attn_kq_tile_{k}_dk{dk}"),
+            KqvTile { v, ni } => write!(f, "attn_kqv_tile_{v}_ni{ni}"),
+            KqvJoin => write!(f, "attn_kqv_join"),
+            Flash { k, v, split: s } => write!(f, "attn_flash_{k}_{v}{}", split(s)),
+            FlashCoop {
+                k,
+                v,
+                split: s,
+                mma,
+            } => write!(
+                f,
+                "attn_flash_coop_{k}_{v}{}{}",
+                split(s),
+                if mma { "" } else { "_loops" }
+            ),
+            CpuFlash { k, v, d4, tb } => write!(f, "attn_flash_rows_{k}_{v}_d{d4}_tb{tb}"),
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! Element-wise ops of `a` and a broadcast `b`: either repeated along rows (b.len() divides
 //! a.len(), [`binary`]) or one value per row of `a` ([`binary_rows`]).
 
-use super::uniforms::BinaryUniform;
+use super::kernels::{kernel_files, Family};
+use super::shaders::compose;
+use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
@@ -103,7 +105,7 @@ pub(crate) fn binary_strided(
         // The shader repeats b with `i % nb`; the kernels run without division guards.
         return Err(GpuError::Validation("binary: b has no elements".into()));
     }
-    let pipeline = gpu.pipeline(KernelKey::Binary(op))?;
+    let pipeline = gpu.pipeline(KernelKey::Binary(Kernel(op)))?;
     let params = BinaryUniform {
         n,
         nb,
@@ -134,4 +136,44 @@ pub fn binary_rows_ref(op: BinaryOp, a: &[f32], b: &[f32], row: usize) -> Vec<f3
         .enumerate()
         .map(|(i, &v)| op.apply(v, b[i / row]))
         .collect()
+}
+
+uniform_struct! {
+    /// binary: `n` outputs; output i takes `b[(i / div) % nb]`.
+    BinaryUniform {
+        n: u32,
+        nb: u32,
+        div: u32,
+        _pad0: u32,
+    }
+}
+
+kernel_files! {
+    BINARY = "kernels/binary.wgsl";
+}
+
+/// The elementwise kernel of one op: an invocation per output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel(pub BinaryOp);
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        BinaryOp::ALL.iter().map(|&op| Kernel(op)).collect()
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(compose(&[BINARY], &[("OP", self.0.expr().to_string())]))
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        BinaryUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        256
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "binary_{:?}", self.0)
+    }
 }

@@ -1,6 +1,8 @@
 //! get_rows: gather whole rows of a (quantized) matrix into f32 rows.
 
-use super::uniforms::GetRowsUniform;
+use super::kernels::{kernel_files, Family};
+use super::shaders::{compose, quant_source, weight_types, QUANT_READ};
+use super::uniforms::uniform_struct;
 use super::{record, Dispatch, KernelKey, View, Weight};
 use crate::gguf::{quant, GgmlType};
 use crate::gpu::{Gpu, GpuError};
@@ -14,7 +16,7 @@ pub fn get_rows(
     dst: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let ty = w.ty;
-    let pipeline = gpu.pipeline(KernelKey::GetRows { ty })?;
+    let pipeline = gpu.pipeline(KernelKey::GetRows(Kernel { ty }))?;
     w.chunks
         .iter()
         .map(|c| {
@@ -48,7 +50,7 @@ pub fn select_rows(
     n_ids: u32,
     dst: &View,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline(KernelKey::GetRows { ty: GgmlType::F32 })?;
+    let pipeline = gpu.pipeline(KernelKey::GetRows(Kernel { ty: GgmlType::F32 }))?;
     let params = GetRowsUniform {
         n: n_cols,
         row_words: n_cols,
@@ -76,4 +78,55 @@ pub fn get_rows_ref(ty: GgmlType, data: &[u8], n_cols: usize, ids: &[u32]) -> Ve
         quant::dequantize_row(ty, src, &mut out[t * n_cols..(t + 1) * n_cols]);
     }
     out
+}
+
+uniform_struct! {
+    /// get_rows: gather rows of a (chunk of a) matrix.
+    GetRowsUniform {
+        /// Elements per row.
+        n: u32,
+        /// Words per row in the GPU layout.
+        row_words: u32,
+        row_begin: u32,
+        row_count: u32,
+        n_ids: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+kernel_files! {
+    GET_ROWS = "kernels/get_rows.wgsl";
+}
+
+/// The gather of rows of weight type `ty`: an invocation per value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub ty: GgmlType,
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        weight_types().into_iter().map(|ty| Kernel { ty }).collect()
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(compose(
+            &[&quant_source(self.ty)?, QUANT_READ, GET_ROWS],
+            &[],
+        ))
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        GetRowsUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        64
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "get_rows_{}", self.ty)
+    }
 }

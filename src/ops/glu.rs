@@ -1,7 +1,9 @@
 //! Gated linear units: SwiGLU (SiLU gate, llama), GeGLU (tanh-GELU gate, gemma) and
 //! gpt-oss's clamped SwiGLU.
 
-use super::uniforms::GluUniform;
+use super::kernels::{kernel_files, Family};
+use super::shaders::{compose, ACT};
+use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 
@@ -96,7 +98,7 @@ fn record_glu(
     n: u32,
     pairs: bool,
 ) -> Result<Dispatch, GpuError> {
-    let pipeline = gpu.pipeline(KernelKey::Glu(act))?;
+    let pipeline = gpu.pipeline(KernelKey::Glu(Kernel(act)))?;
     let params = GluUniform {
         n,
         pairs: pairs as u32,
@@ -115,4 +117,44 @@ fn record_glu(
 
 pub fn glu_ref(act: Activation, gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.iter().zip(up).map(|(&g, &u)| act.glu(g, u)).collect()
+}
+
+uniform_struct! {
+    /// glu: `n` outputs; gate and up interleaved in one tensor when `pairs` is 1.
+    GluUniform {
+        n: u32,
+        pairs: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+kernel_files! {
+    GLU = "kernels/glu.wgsl";
+}
+
+/// The GLU kernel of one activation: an invocation per output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel(pub Activation);
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        Activation::ALL.iter().map(|&act| Kernel(act)).collect()
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(compose(&[ACT, GLU], &[("ACT", self.0.wgsl().to_string())]))
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        GluUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        256
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "glu_{:?}", self.0)
+    }
 }

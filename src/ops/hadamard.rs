@@ -4,6 +4,7 @@
 //! inverse, so the same op rotates attention's output back and brackets the K-shift's
 //! RoPE. rope_store applies it to heads itself (`rot_k`, `rot_v`).
 
+use super::kernels::{by_shape, kernel_files, Family, SHAPES};
 use super::uniforms::SetRowsUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
@@ -25,12 +26,13 @@ pub fn hadamard(gpu: &Gpu, x: &View, n: u32, count: u32) -> Result<Dispatch, Gpu
     };
     // GPUs take a workgroup per chunk (`hadamard_wg.wgsl`); CPU-shaped adapters an
     // invocation per chunk, with no barriers.
-    let wg = gpu.kernels == KernelShape::Gpu;
+    let shape = gpu.kernels;
+    let wg = shape == KernelShape::Gpu;
     let (gx, gy) = split_groups(if wg { count } else { count.div_ceil(64) });
     record(
         gpu,
         "hadamard",
-        gpu.pipeline(KernelKey::Hadamard { wg })?,
+        gpu.pipeline(KernelKey::Hadamard(Kernel { shape }))?,
         bytemuck::bytes_of(&params),
         &[x],
         [gx, gy, 1],
@@ -51,5 +53,46 @@ pub fn hadamard_ref(x: &mut [f32], n: usize) {
                 .map(|j| if (i & j).count_ones() % 2 == 0 { h } else { -h } * src[j])
                 .sum();
         }
+    }
+}
+
+kernel_files! {
+    HADAMARD = "kernels/hadamard.wgsl";
+    HADAMARD_WG = "kernels/hadamard_wg.wgsl";
+}
+
+/// The transform in place: a workgroup per chunk (GPU-shaped) or an invocation per chunk
+/// (CPU-shaped: no barriers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub shape: KernelShape,
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        SHAPES.map(|shape| Kernel { shape }).to_vec()
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(by_shape(self.shape, HADAMARD, HADAMARD_WG).to_string())
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        SetRowsUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        64
+    }
+    fn cpu_shaped(&self) -> bool {
+        self.shape == KernelShape::Cpu
+    }
+    /// `hadamard_wg.wgsl` writes all n values of its chunk, the only ones it reads.
+    fn writes_workgroup_memory_first(&self) -> bool {
+        self.shape == KernelShape::Gpu
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "hadamard{}", by_shape(self.shape, "", "_wg"))
     }
 }

@@ -1,7 +1,9 @@
 //! matmul: dst[t][r] = dot(W[r], x[t]) with W read in its quantized block layout.
 
 use super::glu::{glu_pairs, Activation};
-use super::uniforms::MatmulUniform;
+use super::kernels::{Family, Products};
+use super::shaders::{self, quant_source, weight_types, Tokens};
+use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View, Weight};
 use crate::gguf::{quant, GgmlType};
 use crate::gpu::{Gpu, GpuError, KernelShape};
@@ -98,13 +100,13 @@ pub fn kernel(
         // 10-20 % slower (tg16 10.7 against 12.2-13.3 t/s), the more so the more rows an
         // invocation owns: llvmpipe's code for it is opaque to us, so measurement decides.
         let subgroups = tb > 1 && gpu.has_subgroups && gpu.info.subgroup_size.0 >= 8;
-        return KernelKey::Matmul {
+        return KernelKey::Matmul(Kernel::CpuRows {
             ty,
             rows,
             tb,
             subgroups,
             glu,
-        };
+        });
     }
     if n_tok >= gpu_tile_min(&gpu.tuning) {
         // Cooperative matrices where chosen and the device has the ones the kernel needs.
@@ -112,10 +114,10 @@ pub fn kernel(
             .coop_size
             .filter(|_| gpu.tuning.coop_matrix == Some(true))
         {
-            return KernelKey::MatmulCoop { ty, s };
+            return KernelKey::Matmul(Kernel::GpuCoop { ty, s });
         }
         let (bm, bn) = gpu_tile(gpu, n_rows, n_tok);
-        return KernelKey::MatmulTile { ty, bm, bn };
+        return KernelKey::Matmul(Kernel::GpuTile { ty, bm, bn });
     }
     let tb = if n_tok == 1 { 1 } else { 4 };
     let rows = even(gpu_vec_rows(&gpu.tuning));
@@ -124,13 +126,13 @@ pub fn kernel(
     let rpt = super::shaders::gpu_vec_rows_per_invocation(rows);
     let (min_sg, max_sg) = gpu.info.subgroup_size;
     let subgroups = gpu.has_subgroups && max_sg > 0 && max_sg <= 256 * rpt / rows && min_sg >= rpt;
-    KernelKey::MatmulWg {
+    KernelKey::Matmul(Kernel::GpuVec {
         ty,
         tb,
         rows,
         subgroups,
         glu,
-    }
+    })
 }
 
 /// Where a matmul's rows go in dst: `row_offset` rows into rows of `stride` elements (a
@@ -225,7 +227,13 @@ pub fn matmul_glu(
         row_offset: 0,
         stride: w.n_rows / 2,
     };
-    if key.glu().is_some() {
+    let fused = matches!(
+        key,
+        KernelKey::Matmul(
+            Kernel::CpuRows { glu: Some(_), .. } | Kernel::GpuVec { glu: Some(_), .. }
+        )
+    );
+    if fused {
         return record_chunks(gpu, w, x, n_tok, dst, key, half);
     }
     let mut d = record_chunks(gpu, w, x, n_tok, pairs, key, MatmulOut::whole(w))?;
@@ -235,16 +243,10 @@ pub fn matmul_glu(
 
 /// The rows and tokens a kernel broken on purpose leaves unwritten (`WGLLM_FAULT`:
 /// `wrong-row` in every fast kernel, `wrong-tile-edge` in the tiled ones where the
-/// tokens end in a partial tile of `tb`); the portable kernels stay correct, as the
-/// reference they are.
-pub(crate) fn faults(gpu: &Gpu, key: KernelKey, tb: u32, n_tok: u32) -> (u32, u32) {
-    let tiled = matches!(
-        key,
-        KernelKey::MatmulTile { .. }
-            | KernelKey::MatmulQ8Tile { .. }
-            | KernelKey::MatmulCoop { .. }
-    );
-    let fast = !key.cpu_shaped() || matches!(key, KernelKey::MatmulQ8 { .. });
+/// tokens end in a partial tile of `tb`, for a `tiled` key); the portable kernels stay
+/// correct, as the reference they are.
+pub(crate) fn faults(gpu: &Gpu, key: KernelKey, tiled: bool, tb: u32, n_tok: u32) -> (u32, u32) {
+    let fast = !key.cpu_shaped();
     let row = (gpu.fault_wrong_row() && fast) as u32;
     let edge = if gpu.fault_wrong_tile_edge() && tiled && n_tok > tb && !n_tok.is_multiple_of(tb) {
         n_tok % tb
@@ -270,7 +272,11 @@ fn record_chunks(
     let (rows_per_group, tb) = key
         .matmul_block()
         .ok_or_else(|| GpuError::Validation(format!("{key} is not a matmul kernel")))?;
-    let (wrong_row, wrong_edge) = faults(gpu, key, tb, n_tok);
+    let tiled = matches!(
+        key,
+        KernelKey::Matmul(Kernel::GpuTile { .. } | Kernel::GpuCoop { .. })
+    );
+    let (wrong_row, wrong_edge) = faults(gpu, key, tiled, tb, n_tok);
     w.chunks
         .iter()
         .map(|c| {
@@ -289,7 +295,7 @@ fn record_chunks(
             // The CPU-shaped kernel reads block heads through a second binding (4) of the
             // weights, which only types with heads have.
             let views: &[&View] = match key {
-                KernelKey::Matmul { .. } if heads => &[&wv, x, dst, &wv],
+                KernelKey::Matmul(Kernel::CpuRows { .. }) if heads => &[&wv, x, dst, &wv],
                 _ => &[&wv, x, dst],
             };
             record(
@@ -325,4 +331,229 @@ pub fn matmul_ref(
         }
     }
     out
+}
+
+uniform_struct! {
+    /// The three matmul kernels (matmul, matmul_wg, matmul_tile).
+    MatmulUniform {
+        /// Row length (a multiple of the block size).
+        k: u32,
+        /// Rows in this chunk.
+        n_rows: u32,
+        n_tok: u32,
+        row_words: u32,
+        /// First row of this chunk in dst (in weight rows, even with the GLU epilogue).
+        out_row_offset: u32,
+        /// dst row length (all rows of the matrix, or of the tensor the rows go into;
+        /// half the weight's rows with the GLU epilogue).
+        out_stride: u32,
+        /// Workgroups along x (rows are split over x and y).
+        wg_x: u32,
+        _pad0: u32,
+    }
+}
+
+/// Rows per invocation of the CPU-shaped matmul (`matmul.wgsl`) the tuning may choose.
+pub const CPU_MATMUL_ROWS: &[u32] = &[1, 2, 4, 8];
+/// Tokens per invocation of the CPU-shaped matmul the tuning may choose.
+pub const CPU_MATMUL_TOKENS: &[u32] = &[1, 2, 4, 8, 16];
+/// Weight rows per workgroup of the GPU matrix-vector matmul (`matmul_wg.wgsl`).
+pub const GPU_VEC_ROWS: &[u32] = &[1, 2, 4, 8, 16, 32];
+/// Tokens per workgroup of `matmul_wg.wgsl`: 1 for decode, 4 for small batches.
+pub const GPU_VEC_TOKENS: &[u32] = &[1, 4];
+/// (weight rows, tokens) per workgroup of the tiled prompt matmul (`matmul_tile.wgsl`).
+/// 128x128 (8x8 accumulators per invocation, 32 KiB of workgroup memory) only where asked
+/// for (`WGLLM_GPU_TILE`), for measuring.
+pub const GPU_TILES: &[(u32, u32)] = &[(64, 64), (128, 64), (128, 128)];
+/// Sides of the cooperative matrices the cooperative-matrix matmul multiplies (S x S x S,
+/// f16 in, f32 accumulated): 16 as Vulkan drivers offer them (NVIDIA's; AMD's and Intel's
+/// subgroups are not fixed at the 32 the kernel needs), 8 as Apple's simdgroup matrices.
+pub const COOP_SIZES: &[u32] = &[8, 16];
+
+/// No epilogue, or the fused GLU with each activation.
+pub fn glu_epilogues() -> impl Iterator<Item = Option<Activation>> {
+    std::iter::once(None).chain(Activation::FUSED.iter().map(|&a| Some(a)))
+}
+
+/// The dense matmul kernels of one weight type (their sources are templates shared with
+/// the experts' products, in `shaders`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// CPU-shaped: `rows` rows and `tb` tokens per invocation; with `glu`, the fused
+    /// epilogue over interleaved (gate, up) rows (`rows` even).
+    CpuRows {
+        ty: GgmlType,
+        rows: u32,
+        tb: u32,
+        subgroups: bool,
+        glu: Option<Activation>,
+    },
+    /// The GPU matrix-vector matmul: `rows` rows per workgroup of 256, `tb` tokens,
+    /// reduced with subgroupAdd when `subgroups`; with `glu`, the fused epilogue over
+    /// interleaved (gate, up) rows (`rows` even).
+    GpuVec {
+        ty: GgmlType,
+        tb: u32,
+        rows: u32,
+        subgroups: bool,
+        glu: Option<Activation>,
+    },
+    /// The GPU tiled prompt matmul: `bm` weight rows x `bn` tokens per workgroup.
+    GpuTile { ty: GgmlType, bm: u32, bn: u32 },
+    /// The prompt matmul on cooperative matrices (`matmul_coop.wgsl`): `s` x `s` f16
+    /// matrices, 2s weight rows x 2s tokens per workgroup of one 32-wide subgroup.
+    GpuCoop { ty: GgmlType, s: u32 },
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = &[];
+    fn variants() -> Vec<Self> {
+        use Kernel::*;
+        let mut v = Vec::new();
+        for ty in weight_types() {
+            for glu in glu_epilogues() {
+                // The fused epilogue pairs rows within an invocation (a workgroup).
+                let rows_ok = |rows: u32| glu.is_none() || rows.is_multiple_of(2);
+                for &rows in CPU_MATMUL_ROWS.iter().filter(|&&r| rows_ok(r)) {
+                    for &tb in CPU_MATMUL_TOKENS {
+                        // x's loads are shared over a subgroup for batches only.
+                        for subgroups in [false, true].into_iter().filter(|&s| !s || tb > 1) {
+                            v.push(CpuRows {
+                                ty,
+                                rows,
+                                tb,
+                                subgroups,
+                                glu,
+                            });
+                        }
+                    }
+                }
+                for &tb in GPU_VEC_TOKENS {
+                    for &rows in GPU_VEC_ROWS.iter().filter(|&&r| rows_ok(r)) {
+                        for subgroups in [false, true] {
+                            v.push(GpuVec {
+                                ty,
+                                tb,
+                                rows,
+                                subgroups,
+                                glu,
+                            });
+                        }
+                    }
+                }
+            }
+            v.extend(GPU_TILES.iter().map(|&(bm, bn)| GpuTile { ty, bm, bn }));
+            v.extend(COOP_SIZES.iter().map(|&s| GpuCoop { ty, s }));
+        }
+        v
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(match *self {
+            Kernel::CpuRows {
+                ty,
+                rows,
+                tb,
+                subgroups,
+                glu,
+            } => shaders::matmul_source(
+                &quant_source(ty)?,
+                rows,
+                tb,
+                glu.map(Activation::wgsl),
+                subgroups,
+                Tokens::Dense,
+            ),
+            Kernel::GpuVec {
+                ty,
+                tb,
+                rows,
+                subgroups,
+                glu,
+            } => shaders::matmul_wg_source(
+                &quant_source(ty)?,
+                tb,
+                rows,
+                subgroups,
+                glu.map(Activation::wgsl),
+            ),
+            Kernel::GpuTile { ty, bm, bn } => {
+                shaders::matmul_tile_source(&quant_source(ty)?, bm, bn, Tokens::Dense)
+            }
+            Kernel::GpuCoop { ty, s } => shaders::matmul_coop_source(&quant_source(ty)?, s),
+        })
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        MatmulUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        match self {
+            Kernel::CpuRows { .. } => 64,
+            Kernel::GpuVec { .. } | Kernel::GpuTile { .. } => 256,
+            Kernel::GpuCoop { .. } => 32,
+        }
+    }
+    fn features(&self) -> wgpu::Features {
+        match *self {
+            Kernel::CpuRows { subgroups, .. } | Kernel::GpuVec { subgroups, .. } if subgroups => {
+                wgpu::Features::SUBGROUP
+            }
+            Kernel::GpuCoop { .. } => {
+                wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            }
+            _ => wgpu::Features::empty(),
+        }
+    }
+    fn cpu_shaped(&self) -> bool {
+        matches!(self, Kernel::CpuRows { .. })
+    }
+    fn matmul_block(&self) -> Option<(u32, u32)> {
+        Some(match *self {
+            Kernel::CpuRows { rows, tb, .. } => (64 * rows, tb),
+            Kernel::GpuVec { rows, tb, .. } => (rows, tb),
+            Kernel::GpuTile { bm, bn, .. } => (bm, bn),
+            Kernel::GpuCoop { s, .. } => (2 * s, 2 * s),
+        })
+    }
+    fn products(&self) -> Products {
+        match self {
+            Kernel::GpuCoop { .. } => Products::Matrix,
+            _ => Products::Plain,
+        }
+    }
+    /// `matmul_wg.wgsl` fills `red` and every row of `res` before its first barrier;
+    /// `matmul_tile.wgsl` all 8 x BM weight and 8 x BN activation slots of each K block.
+    fn writes_workgroup_memory_first(&self) -> bool {
+        matches!(self, Kernel::GpuVec { .. } | Kernel::GpuTile { .. })
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sg = |s: bool| if s { "_sg" } else { "" };
+        let glu =
+            |g: Option<Activation>| g.map(|a| format!("_glu_{}", a.wgsl())).unwrap_or_default();
+        match *self {
+            Kernel::CpuRows {
+                ty,
+                rows,
+                tb,
+                subgroups,
+                glu: g,
+            } => write!(f, "matmul_{ty}_{rows}x{tb}{}{}", sg(subgroups), glu(g)),
+            Kernel::GpuVec {
+                ty,
+                tb,
+                rows,
+                subgroups,
+                glu: g,
+            } => write!(
+                f,
+                "matmul_wg_{ty}_tb{tb}_rows{rows}{}{}",
+                sg(subgroups),
+                glu(g)
+            ),
+            Kernel::GpuTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
+            Kernel::GpuCoop { ty, s } => write!(f, "matmul_coop_{ty}_{s}"),
+        }
+    }
 }

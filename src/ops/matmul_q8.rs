@@ -10,14 +10,37 @@
 //! rounding alone.
 
 use super::glu::{glu_pairs, Activation};
-use super::kernels::{Q8_MATMUL_ROWS, Q8_MATMUL_TOKENS, Q8_TILES};
+use super::kernels::{kernel_files, Family, Products};
 use super::matmul::{gpu_tile_min, MatmulOut};
-use super::uniforms::{MatmulQ8Uniform, QuantizeQ8Uniform};
+use super::shaders::{compose, Q8_WEIGHTS};
+use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View, Weight};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
-pub use super::kernels::Q8_TYPES as TYPES;
+/// The weight types with an integer-dot kernel: those whose GPU blocks are 32 codes of at
+/// most 8 bits with one scale and offset (the K-quants' 32-weight sub-blocks of 4 and 5
+/// bits, the non-linear 4-bit formats' codes as their signed 8-bit levels). Q2_K, Q3_K and
+/// Q6_K scale each half of a 32-weight sub-block on its own, which this kernel's one
+/// integer sum per block does not allow.
+pub const TYPES: [GgmlType; 9] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+];
+/// Weight rows per workgroup of the integer-dot matmul (`matmul_q8.wgsl`).
+pub const Q8_MATMUL_ROWS: &[u32] = &[1, 2, 4];
+/// Tokens per workgroup of the integer-dot matmul.
+pub const Q8_MATMUL_TOKENS: &[u32] = &[1, 2, 4, 8];
+/// (weight rows, tokens) per workgroup of the tiled integer-dot prompt matmul
+/// (`matmul_q8_tile.wgsl`).
+pub const Q8_TILES: &[(u32, u32)] = &[(64, 64), (128, 64)];
 
 /// Whether weights of `ty` have an integer-dot kernel.
 pub fn supports(ty: GgmlType) -> bool {
@@ -76,7 +99,7 @@ pub fn quantize_q8(
     record(
         gpu,
         "quantize_q8",
-        gpu.pipeline(KernelKey::QuantizeQ8)?,
+        gpu.pipeline(KernelKey::MatmulQ8(Kernel::Quantize))?,
         bytemuck::bytes_of(&params),
         &[x, xq],
         [gx, gy, 1],
@@ -97,7 +120,7 @@ pub fn kernel(gpu: &Gpu, ty: GgmlType, n_rows: u32, n_tok: u32) -> KernelKey {
         } else {
             Q8_TILES[0]
         };
-        return KernelKey::MatmulQ8Tile { ty, bm, bn };
+        return KernelKey::MatmulQ8(Kernel::Tile { ty, bm, bn });
     }
     let tb = Q8_MATMUL_TOKENS
         .iter()
@@ -105,12 +128,12 @@ pub fn kernel(gpu: &Gpu, ty: GgmlType, n_rows: u32, n_tok: u32) -> KernelKey {
         .find(|&t| t >= n_tok)
         .unwrap_or(*Q8_MATMUL_TOKENS.last().unwrap());
     let (min_sg, max_sg) = gpu.info.subgroup_size;
-    KernelKey::MatmulQ8 {
+    KernelKey::MatmulQ8(Kernel::Vec {
         ty,
         rows: Q8_MATMUL_ROWS[1],
         tb,
         subgroups: gpu.has_subgroups && min_sg > 0 && max_sg <= 64,
-    }
+    })
 }
 
 /// dst ([w.n_rows, n_tok] f32) = w · x, with x quantized by [`quantize_q8`] into `xq`.
@@ -155,8 +178,8 @@ pub fn matmul_q8_glu(
     Ok(d)
 }
 
-/// [`matmul_q8`] with the variant `key` (a [`KernelKey::MatmulQ8`] or
-/// [`KernelKey::MatmulQ8Tile`] of w's type).
+/// [`matmul_q8`] with the variant `key` (a [`Kernel::Vec`] or [`Kernel::Tile`] of w's
+/// type).
 pub fn matmul_q8_with(
     gpu: &Gpu,
     key: KernelKey,
@@ -180,8 +203,8 @@ fn record_chunks(
 ) -> Result<Vec<Dispatch>, GpuError> {
     out.check("matmul_q8", w)?;
     let (ty, (rows, tb)) = match key {
-        KernelKey::MatmulQ8 { ty, rows, tb, .. } => (ty, (rows, tb)),
-        KernelKey::MatmulQ8Tile { ty, bm, bn } => (ty, (bm, bn)),
+        KernelKey::MatmulQ8(Kernel::Vec { ty, rows, tb, .. }) => (ty, (rows, tb)),
+        KernelKey::MatmulQ8(Kernel::Tile { ty, bm, bn }) => (ty, (bm, bn)),
         _ => {
             return Err(GpuError::Validation(format!(
                 "{key} is not an integer-dot matmul"
@@ -206,7 +229,8 @@ fn record_chunks(
     } else {
         w.n_cols
     };
-    let (wrong_row, wrong_edge) = super::matmul::faults(gpu, key, tb, n_tok);
+    let tiled = matches!(key, KernelKey::MatmulQ8(Kernel::Tile { .. }));
+    let (wrong_row, wrong_edge) = super::matmul::faults(gpu, key, tiled, tb, n_tok);
     w.chunks
         .iter()
         .map(|c| {
@@ -393,4 +417,217 @@ pub fn matmul_q8_ref(
         }
     }
     out
+}
+
+uniform_struct! {
+    /// quantize_q8_1: `n_blocks` blocks of 32 values to 8-bit blocks, whose (d, d * sum)
+    /// pairs start at word `ds_off` of the output.
+    QuantizeQ8Uniform {
+        n_blocks: u32,
+        ds_off: u32,
+        /// Workgroups along x (blocks are split over x and y).
+        wg_x: u32,
+        _pad0: u32,
+    }
+}
+
+uniform_struct! {
+    /// matmul_q8: [`MatmulUniform`]'s fields, and where x's (d, d * sum) pairs start in
+    /// its quantized blocks (in words).
+    MatmulQ8Uniform {
+        k: u32,
+        n_rows: u32,
+        n_tok: u32,
+        row_words: u32,
+        out_row_offset: u32,
+        out_stride: u32,
+        wg_x: u32,
+        ds_off: u32,
+    }
+}
+
+kernel_files! {
+    QUANTIZE_Q8_1 = "kernels/quantize_q8_1.wgsl";
+    MATMUL_Q8 = "kernels/matmul_q8.wgsl";
+    MATMUL_Q8_TILE = "kernels/matmul_q8_tile.wgsl";
+}
+
+/// The integer-dot path's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Activations to 8-bit blocks of 32 with their scales (`quantize_q8_1.wgsl`).
+    Quantize,
+    /// The integer-dot matmul (`matmul_q8.wgsl`): `rows` weight rows and `tb` tokens per
+    /// workgroup of 64, over x quantized by [`Kernel::Quantize`]; its partial sums
+    /// reduced with subgroupAdd when `subgroups`, else by a workgroup-memory tree.
+    Vec {
+        ty: GgmlType,
+        rows: u32,
+        tb: u32,
+        subgroups: bool,
+    },
+    /// The tiled integer-dot prompt matmul (`matmul_q8_tile.wgsl`): `bm` weight rows x
+    /// `bn` tokens per workgroup of 256, blocks staged in workgroup memory.
+    Tile { ty: GgmlType, bm: u32, bn: u32 },
+}
+
+/// The integer-dot matmul's `SG_ARGS` slot: the subgroup builtins its reduction reads.
+fn q8_reduce_args(subgroups: bool) -> (&'static str, String) {
+    let args = if subgroups {
+        // naga 30 enables subgroup builtins with the device feature, not `enable`.
+        "@builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_size) sg_size: u32,"
+    } else {
+        ""
+    };
+    ("SG_ARGS", args.to_string())
+}
+
+/// The integer-dot matmul's `REDUCE` slot: every (row, token) partial sum of the 64
+/// invocations added into `red[i * 64]`, i = row * TB + token. Without subgroups a
+/// workgroup-memory tree (six barriers); with them each subgroup's subgroupAdd, its sum
+/// in `red[i * 64 + subgroup]`, then one invocation per value adds the 64 / sg_size sums
+/// (one barrier; subgroups of at most 64, numbered by `lid / sg_size` as the GPU-shaped
+/// float matmul assumes too).
+fn q8_reduce(subgroups: bool) -> (&'static str, String) {
+    let reduce = if subgroups {
+        "\
+    let nsg = 64u / sg_size;
+    for (var i = 0u; i < ROWS * TB; i++) {
+        let s = subgroupAdd(acc[i]);
+        if (sg_lane == 0u) { red[i * 64u + lid / sg_size] = s; }
+    }
+    workgroupBarrier();
+    if (lid < ROWS * TB) {
+        var s = 0.0;
+        for (var g = 0u; g < nsg; g++) { s += red[lid * 64u + g]; }
+        red[lid * 64u] = s;
+    }"
+    } else {
+        "\
+    for (var i = 0u; i < ROWS * TB; i++) {
+        red[i * 64u + lid] = acc[i];
+    }
+    workgroupBarrier();
+    for (var half = 32u; half > 0u; half >>= 1u) {
+        if (lid < half) {
+            for (var i = 0u; i < ROWS * TB; i++) {
+                red[i * 64u + lid] += red[i * 64u + lid + half];
+            }
+        }
+        workgroupBarrier();
+    }"
+    };
+    ("REDUCE", reduce.to_string())
+}
+
+/// The name of a type's block loader in `weights/q8_weights.wgsl`.
+fn load_w(ty: GgmlType) -> (&'static str, String) {
+    (
+        "LOAD_W",
+        format!("load_w_{}", ty.to_string().to_lowercase()),
+    )
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        let mut v = vec![Kernel::Quantize];
+        for ty in TYPES {
+            for &rows in Q8_MATMUL_ROWS {
+                for subgroups in [false, true] {
+                    v.extend(Q8_MATMUL_TOKENS.iter().map(|&tb| Kernel::Vec {
+                        ty,
+                        rows,
+                        tb,
+                        subgroups,
+                    }));
+                }
+            }
+            v.extend(Q8_TILES.iter().map(|&(bm, bn)| Kernel::Tile { ty, bm, bn }));
+        }
+        v
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(match *self {
+            Kernel::Quantize => QUANTIZE_Q8_1.to_string(),
+            Kernel::Vec {
+                ty,
+                rows,
+                tb,
+                subgroups,
+            } => compose(
+                &[MATMUL_Q8, Q8_WEIGHTS],
+                &[
+                    ("TB", tb.to_string()),
+                    ("ROWS", rows.to_string()),
+                    q8_reduce_args(subgroups),
+                    q8_reduce(subgroups),
+                    load_w(ty),
+                ],
+            ),
+            Kernel::Tile { ty, bm, bn } => compose(
+                &[MATMUL_Q8_TILE, Q8_WEIGHTS],
+                &[("BM", bm.to_string()), ("BN", bn.to_string()), load_w(ty)],
+            ),
+        })
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        match self {
+            Kernel::Quantize => QuantizeQ8Uniform::WGSL,
+            _ => MatmulQ8Uniform::WGSL,
+        }
+    }
+    fn workgroup_size(&self) -> u32 {
+        match self {
+            Kernel::Tile { .. } => 256,
+            _ => 64,
+        }
+    }
+    fn features(&self) -> wgpu::Features {
+        match self {
+            Kernel::Vec {
+                subgroups: true, ..
+            } => wgpu::Features::SUBGROUP,
+            _ => wgpu::Features::empty(),
+        }
+    }
+    fn matmul_block(&self) -> Option<(u32, u32)> {
+        match *self {
+            Kernel::Vec { rows, tb, .. } => Some((rows, tb)),
+            Kernel::Tile { bm, bn, .. } => Some((bm, bn)),
+            Kernel::Quantize => None,
+        }
+    }
+    fn products(&self) -> Products {
+        match self {
+            Kernel::Quantize => Products::Plain,
+            _ => Products::IntegerDot,
+        }
+    }
+    /// `matmul_q8.wgsl` fills `red` for every (row, token) and invocation, or each
+    /// subgroup's slot it then reads; `matmul_q8_tile.wgsl` every slot of a step's BK
+    /// weight and x blocks, one block per loading invocation, before each step's first
+    /// barrier.
+    fn writes_workgroup_memory_first(&self) -> bool {
+        !matches!(self, Kernel::Quantize)
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Kernel::Quantize => write!(f, "quantize_q8_1"),
+            Kernel::Vec {
+                ty,
+                rows,
+                tb,
+                subgroups,
+            } => write!(
+                f,
+                "matmul_q8_{ty}_r{rows}_t{tb}{}",
+                if subgroups { "_sg" } else { "" }
+            ),
+            Kernel::Tile { ty, bm, bn } => write!(f, "matmul_q8_tile_{ty}_{bm}x{bn}"),
+        }
+    }
 }

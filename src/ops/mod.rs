@@ -33,7 +33,30 @@ pub mod weight;
 use crate::gpu::{Gpu, GpuError};
 use std::sync::Arc;
 
-pub use kernels::KernelKey;
+kernels::families! {
+    RmsNorm(rms_norm::Kernel),
+    LayerNorm(layer_norm::Kernel),
+    /// Sums of runs of rows (mean pooling).
+    PoolRows(pool::Kernel),
+    /// A LoRA adapter's scaled correction added into a matmul's output rows.
+    AddScaled(add_scaled::Kernel),
+    Binary(binary::Kernel),
+    Glu(glu::Kernel),
+    Rope(rope::Kernel),
+    RopeStore(rope_store::Kernel),
+    SetRows(set_rows::Kernel),
+    /// Chunks of values times the Walsh-Hadamard matrix, in place (llama.cpp's attention
+    /// rotation of a quantized cache).
+    Hadamard(hadamard::Kernel),
+    Softmax(softmax::Kernel),
+    Attention(attention::Kernel),
+    GetRows(get_rows::Kernel),
+    Matmul(matmul::Kernel),
+    MatmulQ8(matmul_q8::Kernel),
+    Moe(moe::Kernel),
+    Ssm(ssm::Kernel),
+    Sample(sample::Kernel),
+}
 pub use tuning::{KernelTuning, TuningError};
 pub use weight::{ExpertBiases, Experts, Ffn, GateUp, SharedExpert, Weight};
 

@@ -9,9 +9,10 @@
 //! pairs (`shaders::Tokens::Grouped`), so an expert's rows are read once per tile of the
 //! tokens that chose it, with the dense kernels' tiling and tuning.
 
-use super::uniforms::{
-    MatmulIdUniform, MoeAddIdUniform, MoeGroupUniform, MoeRouteUniform, MoeSumUniform,
-};
+use super::kernels::{kernel_files, Family};
+use super::matmul::{CPU_MATMUL_ROWS, CPU_MATMUL_TOKENS, GPU_TILES};
+use super::shaders::{self, compose, quant_source, weight_types, Tokens, QUANT_READ};
+use super::uniforms::uniform_struct;
 use super::{matmul, record, split_groups, Dispatch, KernelKey, View, Weight, MAX_GROUPS};
 use crate::gguf::quant;
 use crate::gguf::GgmlType;
@@ -102,7 +103,7 @@ pub fn moe_route(
     record(
         gpu,
         "moe_route",
-        gpu.pipeline(KernelKey::MoeRoute)?,
+        gpu.pipeline(KernelKey::Moe(Kernel::Route))?,
         bytemuck::bytes_of(&params),
         &[logits, ids, weights],
         [gx, gy, 1],
@@ -182,7 +183,7 @@ pub fn moe_group(
     record(
         gpu,
         "moe_group",
-        gpu.pipeline(KernelKey::MoeGroup)?,
+        gpu.pipeline(KernelKey::Moe(Kernel::Group))?,
         bytemuck::bytes_of(&params),
         &[ids, offsets, order],
         [1, 1, 1],
@@ -238,7 +239,7 @@ pub fn matmul_id(
     let heads = quant::format(w.ty).is_some_and(|f| f.gpu_head_words() > 0);
     // `WGLLM_FAULT=wrong-row`: the fast grouped kernels leave each chunk's last expert
     // unwritten (their row count is also the experts' stride, so no row can go alone).
-    let (wrong_expert, _) = matmul::faults(gpu, key, 1, n_tok);
+    let (wrong_expert, _) = matmul::faults(gpu, key, false, 1, n_tok);
     w.chunks
         .iter()
         .map(|c| {
@@ -276,7 +277,7 @@ pub fn matmul_id(
                     // The CPU-shaped kernel reads block heads through a last binding of
                     // the weights, which only types with heads have.
                     let views: &[&View] = match key {
-                        KernelKey::MatmulIdRows { .. } if heads => {
+                        KernelKey::Moe(Kernel::CpuRows { .. }) if heads => {
                             &[&wv, x, dst, offsets, order, &wv]
                         }
                         _ => &[&wv, x, dst, offsets, order],
@@ -318,7 +319,7 @@ pub fn kernel(
 ) -> KernelKey {
     match grouped {
         true => grouped_kernel(gpu, ty, rows, (n_tok * n_used).div_ceil(n_expert)),
-        false => KernelKey::MatmulId { ty },
+        false => KernelKey::Moe(Kernel::Pairs { ty }),
     }
 }
 
@@ -328,15 +329,15 @@ pub fn kernel(
 pub fn grouped_kernel(gpu: &Gpu, ty: GgmlType, rows: u32, pairs: u32) -> KernelKey {
     if gpu.kernels == crate::gpu::KernelShape::Gpu {
         let (bm, bn) = matmul::gpu_tile(gpu, rows, pairs);
-        return KernelKey::MatmulIdTile { ty, bm, bn };
+        return KernelKey::Moe(Kernel::GpuTile { ty, bm, bn });
     }
     let (rows_per, tb) = matmul::tile(&gpu.tuning, pairs.max(2), gpu.unroll);
-    KernelKey::MatmulIdRows {
+    KernelKey::Moe(Kernel::CpuRows {
         ty,
         rows: rows_per,
         tb,
         subgroups: gpu.has_subgroups && gpu.info.subgroup_size.0 >= 8,
-    }
+    })
 }
 
 /// CPU reference of [`matmul_id`] on GGUF bytes `data` (`n_expert` experts of
@@ -392,7 +393,7 @@ pub fn moe_sum(
     record(
         gpu,
         "moe_sum",
-        gpu.pipeline(KernelKey::MoeSum)?,
+        gpu.pipeline(KernelKey::Moe(Kernel::Sum))?,
         bytemuck::bytes_of(&params),
         &[y, weights, dst],
         [gx, gy, 1],
@@ -436,7 +437,7 @@ pub fn moe_add_id(
     record(
         gpu,
         "moe_add_id",
-        gpu.pipeline(KernelKey::MoeAddId)?,
+        gpu.pipeline(KernelKey::Moe(Kernel::AddId))?,
         bytemuck::bytes_of(&params),
         &[a, bias, ids, dst],
         [gx, gy, 1],
@@ -449,4 +450,215 @@ pub fn moe_add_id_ref(a: &[f32], bias: &[f32], ids: &[u32], rows: usize) -> Vec<
         .enumerate()
         .map(|(g, &v)| v + bias[ids[g / rows] as usize * rows + g % rows])
         .collect()
+}
+
+uniform_struct! {
+    /// moe_route: `n_tok` tokens' router logits over `n_expert` experts to `n_used` chosen
+    /// ones and their weights; `gating` 0 softmax, 1 sigmoid, 2 softmax over the chosen
+    /// logits; `norm` renormalises the weights, `scale` multiplies them (0 or 1: not).
+    MoeRouteUniform {
+        n_tok: u32,
+        n_expert: u32,
+        n_used: u32,
+        gating: u32,
+        norm: u32,
+        scale: f32,
+        wg_x: u32,
+        _pad0: u32,
+    }
+}
+
+uniform_struct! {
+    /// matmul_id: experts of `n_rows` rows of `k` values (`row_words` words each), the
+    /// dispatch's chunk holding experts `e_begin..e_end`; `n_used` experts per token, x
+    /// rows per pair (`x_per_pair`) or per token.
+    MatmulIdUniform {
+        k: u32,
+        n_rows: u32,
+        row_words: u32,
+        n_used: u32,
+        e_begin: u32,
+        e_end: u32,
+        x_per_pair: u32,
+        wg_x: u32,
+    }
+}
+
+uniform_struct! {
+    /// moe_group: `n_pairs` (token, expert) pairs over `n_expert` experts.
+    MoeGroupUniform {
+        n_pairs: u32,
+        n_expert: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+uniform_struct! {
+    /// moe_add_id: `n` values, pairs of `rows`, each plus its expert's bias row.
+    MoeAddIdUniform {
+        n: u32,
+        rows: u32,
+        wg_x: u32,
+        _pad0: u32,
+    }
+}
+
+uniform_struct! {
+    /// moe_sum: `n` = tokens x `n_out` outputs, each a weighted sum over `n_used` experts.
+    MoeSumUniform {
+        n: u32,
+        n_out: u32,
+        n_used: u32,
+        wg_x: u32,
+    }
+}
+
+kernel_files! {
+    MOE_ROUTE = "kernels/moe_route.wgsl";
+    MATMUL_ID = "kernels/matmul_id.wgsl";
+    MOE_GROUP = "kernels/moe_group.wgsl";
+    MOE_SUM = "kernels/moe_sum.wgsl";
+    MOE_ADD_ID = "kernels/moe_add_id.wgsl";
+}
+
+/// A mixture-of-experts layer's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Expert routing (`moe_route.wgsl`).
+    Route,
+    /// The chosen experts' products over stacked `ty` experts, a pair at a time
+    /// (`matmul_id.wgsl`).
+    Pairs { ty: GgmlType },
+    /// The weighted sum of each token's experts' outputs (`moe_sum.wgsl`).
+    Sum,
+    /// A bias per expert added to each pair's output (gpt-oss).
+    AddId,
+    /// A ubatch's (token, expert) pairs grouped by expert (`moe_group.wgsl`).
+    Group,
+    /// The experts' products for prompts, over pairs grouped by expert, in the CPU-shaped
+    /// matmul's shape (`matmul.wgsl` over [`Tokens::Grouped`]): `rows` rows and `tb`
+    /// pairs of one expert per invocation.
+    CpuRows {
+        ty: GgmlType,
+        rows: u32,
+        tb: u32,
+        subgroups: bool,
+    },
+    /// The same in the tiled prompt matmul's shape (`matmul_tile.wgsl` over
+    /// [`Tokens::Grouped`]): `bm` rows x `bn` pairs of one expert per workgroup.
+    GpuTile { ty: GgmlType, bm: u32, bn: u32 },
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        use Kernel::*;
+        let mut v = vec![Route, Sum, AddId, Group];
+        for ty in weight_types() {
+            v.push(Pairs { ty });
+            // The CPU-shaped matmul's batch tiles, with and without subgroups.
+            for &rows in CPU_MATMUL_ROWS {
+                for &tb in CPU_MATMUL_TOKENS.iter().filter(|&&tb| tb > 1) {
+                    for subgroups in [false, true] {
+                        v.push(CpuRows {
+                            ty,
+                            rows,
+                            tb,
+                            subgroups,
+                        });
+                    }
+                }
+            }
+            v.extend(GPU_TILES.iter().map(|&(bm, bn)| GpuTile { ty, bm, bn }));
+        }
+        v
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(match *self {
+            Kernel::Route => MOE_ROUTE.to_string(),
+            Kernel::Pairs { ty } => compose(&[&quant_source(ty)?, QUANT_READ, MATMUL_ID], &[]),
+            Kernel::Sum => MOE_SUM.to_string(),
+            Kernel::AddId => MOE_ADD_ID.to_string(),
+            Kernel::Group => MOE_GROUP.to_string(),
+            Kernel::CpuRows {
+                ty,
+                rows,
+                tb,
+                subgroups,
+            } => shaders::matmul_source(
+                &quant_source(ty)?,
+                rows,
+                tb,
+                None,
+                subgroups,
+                Tokens::Grouped,
+            ),
+            Kernel::GpuTile { ty, bm, bn } => {
+                shaders::matmul_tile_source(&quant_source(ty)?, bm, bn, Tokens::Grouped)
+            }
+        })
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        match self {
+            Kernel::Route => MoeRouteUniform::WGSL,
+            Kernel::Pairs { .. } | Kernel::CpuRows { .. } | Kernel::GpuTile { .. } => {
+                MatmulIdUniform::WGSL
+            }
+            Kernel::Sum => MoeSumUniform::WGSL,
+            Kernel::AddId => MoeAddIdUniform::WGSL,
+            Kernel::Group => MoeGroupUniform::WGSL,
+        }
+    }
+    fn workgroup_size(&self) -> u32 {
+        match self {
+            Kernel::Group | Kernel::GpuTile { .. } => 256,
+            _ => 64,
+        }
+    }
+    fn features(&self) -> wgpu::Features {
+        match self {
+            Kernel::CpuRows {
+                subgroups: true, ..
+            } => wgpu::Features::SUBGROUP,
+            _ => wgpu::Features::empty(),
+        }
+    }
+    fn cpu_shaped(&self) -> bool {
+        matches!(self, Kernel::CpuRows { .. })
+    }
+    fn matmul_block(&self) -> Option<(u32, u32)> {
+        match *self {
+            Kernel::CpuRows { rows, tb, .. } => Some((64 * rows, tb)),
+            Kernel::GpuTile { bm, bn, .. } => Some((bm, bn)),
+            _ => None,
+        }
+    }
+    /// The tiled shape fills its slots as `matmul_tile.wgsl` does for dense products.
+    fn writes_workgroup_memory_first(&self) -> bool {
+        matches!(self, Kernel::GpuTile { .. })
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Kernel::Route => write!(f, "moe_route"),
+            Kernel::Pairs { ty } => write!(f, "matmul_id_{ty}"),
+            Kernel::Sum => write!(f, "moe_sum"),
+            Kernel::AddId => write!(f, "moe_add_id"),
+            Kernel::Group => write!(f, "moe_group"),
+            Kernel::CpuRows {
+                ty,
+                rows,
+                tb,
+                subgroups,
+            } => write!(
+                f,
+                "matmul_id_rows_{ty}_{rows}x{tb}{}",
+                if subgroups { "_sg" } else { "" }
+            ),
+            Kernel::GpuTile { ty, bm, bn } => write!(f, "matmul_id_tile_{ty}_{bm}x{bn}"),
+        }
+    }
 }

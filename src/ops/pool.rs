@@ -2,6 +2,7 @@
 //! a ubatch) each summed into one row, so that an embedding reads back a row per
 //! sequence instead of one per token.
 
+use super::kernels::{kernel_files, Family};
 use super::uniforms::SetRowsUniform;
 use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
@@ -21,7 +22,7 @@ pub fn pool_rows(
             "pooling {n_runs} runs at once: at most 65535"
         )));
     }
-    let pipeline = gpu.pipeline(KernelKey::PoolRows)?;
+    let pipeline = gpu.pipeline(KernelKey::PoolRows(Kernel))?;
     let params = SetRowsUniform {
         row_len,
         n_rows: n_runs,
@@ -50,4 +51,34 @@ pub fn pool_rows_ref(src: &[f32], starts: &[u32], row_len: usize) -> Vec<f32> {
         out.extend(s);
     }
     out
+}
+
+kernel_files! {
+    POOL_ROWS = "kernels/pool_rows.wgsl";
+}
+
+/// The pooling kernel: an invocation per output value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel;
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        vec![Kernel]
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(POOL_ROWS.to_string())
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        SetRowsUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        64
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pool_rows")
+    }
 }

@@ -1,5 +1,7 @@
 //! RMS norm fused with the weight multiply: dst = x / sqrt(mean(x²) + eps) * w.
 
+use super::kernels::{by_shape, kernel_files, Family, SHAPES};
+use super::shaders::compose;
 use super::uniforms::NormUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
@@ -33,15 +35,10 @@ pub fn rms_norm_rows(
         w_rows,
         n_rows,
     };
-    record_norm(
-        gpu,
-        |rows| KernelKey::RmsNorm { rows },
-        &params,
-        &[x, w, dst],
-    )
+    record_norm(gpu, false, &params, &[x, w, dst])
 }
 
-/// Records a norm kernel (`key` of its shape) over `params.n_rows` rows: a workgroup per
+/// Records a norm kernel (with the residual add where `add`) over `params.n_rows` rows: a workgroup per
 /// row, or where the kernels are CPU-shaped and written out (SwiftShader, which runs a
 /// kernel with a barrier as coroutines) 64 rows per workgroup, one per invocation.
 /// lavapipe keeps the workgroup tree: the row's running sum rounds differently, and a
@@ -49,24 +46,24 @@ pub fn rms_norm_rows(
 /// llama.cpp's with it (tests/kv_types_cli.rs).
 pub(super) fn record_norm(
     gpu: &Gpu,
-    key: impl Fn(bool) -> KernelKey,
+    add: bool,
     params: &NormUniform,
     views: &[&View],
 ) -> Result<Dispatch, GpuError> {
     let rows = gpu.kernels != KernelShape::Gpu && gpu.unroll;
-    let key = key(rows);
-    let pipeline = gpu.pipeline(key)?;
+    let shape = if rows {
+        KernelShape::Cpu
+    } else {
+        KernelShape::Gpu
+    };
+    let pipeline = gpu.pipeline(KernelKey::RmsNorm(Kernel { add, shape }))?;
     let groups = if rows {
         params.n_rows.div_ceil(64)
     } else {
         params.n_rows
     };
     let (gx, gy) = split_groups(groups);
-    let label = if matches!(key, KernelKey::AddRmsNorm { .. }) {
-        "add_rms_norm"
-    } else {
-        "rms_norm"
-    };
+    let label = if add { "add_rms_norm" } else { "rms_norm" };
     record(
         gpu,
         label,
@@ -91,4 +88,52 @@ pub fn rms_norm_ref(x: &[f32], w: &[f32], n: usize, eps: f32) -> Vec<f32> {
                 .map(move |(&v, &g)| (v as f64 * scale) as f32 * g)
         })
         .collect()
+}
+
+kernel_files! {
+    /// The bindings and row reading of the plain norm.
+    RMS_NORM = "common/rms_norm.wgsl";
+    /// The same with the residual add (`add_rms_norm`).
+    ADD_RMS_NORM = "common/add_rms_norm.wgsl";
+    NORM_WG = "kernels/norm_wg.wgsl";
+    NORM_ROWS = "kernels/norm_rows.wgsl";
+}
+
+/// An RMS norm, with the residual add before it where `add`: a workgroup per row
+/// (GPU-shaped), or one invocation per row (CPU-shaped: no barriers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub add: bool,
+    pub shape: KernelShape,
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        let each = |add| SHAPES.map(|shape| Kernel { add, shape });
+        [each(false), each(true)].concat()
+    }
+    fn body(&self) -> Result<String, String> {
+        let io = if self.add { ADD_RMS_NORM } else { RMS_NORM };
+        Ok(compose(
+            &[io, by_shape(self.shape, NORM_ROWS, NORM_WG)],
+            &[],
+        ))
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        NormUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        by_shape(self.shape, 64, 256)
+    }
+    fn cpu_shaped(&self) -> bool {
+        self.shape == KernelShape::Cpu
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let add = if self.add { "add_" } else { "" };
+        write!(f, "{add}rms_norm{}", by_shape(self.shape, "_rows", ""))
+    }
 }

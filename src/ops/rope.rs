@@ -1,7 +1,9 @@
 //! Rotary position embedding (normal and NeoX), in place. The angles are computed on the
 //! host in f64 and uploaded as a (cos, sin) table; the shader only rotates.
 
-use super::uniforms::RopeUniform;
+use super::kernels::{float_name, kernel_files, Family};
+use super::shaders::compose;
+use super::uniforms::uniform_struct;
 use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
 use std::sync::Mutex;
@@ -140,7 +142,7 @@ pub fn rope(
             super::MAX_GROUPS
         )));
     }
-    let pipeline = gpu.pipeline(KernelKey::Rope { f16: x_f16 })?;
+    let pipeline = gpu.pipeline(KernelKey::Rope(Kernel { f16: x_f16 }))?;
     let params = RopeUniform {
         head_dim: rp.head_dim,
         n_head,
@@ -182,6 +184,61 @@ pub fn rope_ref(rp: &RopeParams, x: &[f32], n_head: usize, positions: &[f64]) ->
         }
     }
     out
+}
+
+uniform_struct! {
+    /// rope over [head_dim, n_head, n_tok].
+    RopeUniform {
+        head_dim: u32,
+        n_head: u32,
+        n_tok: u32,
+        /// Rotated dimensions (<= head_dim); the rest pass through.
+        n_dims: u32,
+        /// 0: rotate pairs (2i, 2i+1); 1: pairs (i, i + n_dims/2).
+        neox: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+kernel_files! {
+    ROPE = "kernels/rope.wgsl";
+}
+
+/// RoPE on f32 activations, or in place on an f16 K cache (the K-shift).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub f16: bool,
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        [false, true].map(|f16| Kernel { f16 }).to_vec()
+    }
+    fn body(&self) -> Result<String, String> {
+        let ty = float_name(self.f16).to_string();
+        Ok(compose(&[ROPE], &[("KV_T", ty)]))
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        RopeUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        64
+    }
+    fn features(&self) -> wgpu::Features {
+        match self.f16 {
+            true => wgpu::Features::SHADER_F16,
+            false => wgpu::Features::empty(),
+        }
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rope_{}", float_name(self.f16))
+    }
 }
 
 #[cfg(test)]

@@ -6,10 +6,12 @@
 //! dispatch count, not its bandwidth, bounds small-model decode on discrete GPUs.
 
 use super::hadamard::hadamard_ref;
+use super::kernels::{by_shape, Family, SHAPES};
 use super::rms_norm::rms_norm_ref;
 use super::rope::{rope_ref, RopeParams};
 use super::set_rows::set_rows_ref;
-use super::uniforms::RopeStoreUniform;
+use super::shaders::rope_store_source;
+use super::uniforms::uniform_struct;
 use super::{record, Dispatch, KernelKey, View, MAX_GROUPS};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 use crate::kv::KvType;
@@ -91,12 +93,16 @@ pub fn rope_store(
         && !s.v_type.is_packed()
         && s.rot_k == 0
         && s.rot_v == 0;
-    let key = KernelKey::RopeStore {
+    let key = KernelKey::RopeStore(Kernel {
         k: s.k_type,
         v: s.v_type,
         norm: io.norm.is_some(),
-        rows,
-    };
+        shape: if rows {
+            KernelShape::Cpu
+        } else {
+            KernelShape::Gpu
+        },
+    });
     let groups = if rows { slots.div_ceil(64) } else { slots };
     let params = RopeStoreUniform {
         head_dim: rp.head_dim,
@@ -159,4 +165,89 @@ pub fn rope_store_ref(
     set_rows_ref(k_cache, &k, slots, nkv);
     set_rows_ref(v_cache, &v, slots, nkv);
     q
+}
+
+uniform_struct! {
+    /// rope_store: a Q/K/V projection row's heads to Q and the cache.
+    RopeStoreUniform {
+        head_dim: u32,
+        n_head: u32,
+        n_head_kv: u32,
+        /// Rotated dimensions (<= head_dim); the rest pass through.
+        n_dims: u32,
+        /// 0: rotate pairs (2i, 2i+1); 1: pairs (i, i + n_dims/2).
+        neox: u32,
+        /// Epsilon of the per-head RMS norm (the norm variant only).
+        eps: f32,
+        /// Walsh-Hadamard rotation of Q and K heads (chunks of rot_k values) and of V heads
+        /// (rot_v), llama.cpp's attention rotation of a quantized cache; 0: none.
+        rot_k: u32,
+        rot_v: u32,
+    }
+}
+
+/// A Q/K/V projection's heads to a rotated Q and the K and V caches of types `k` and `v`,
+/// with per-head RMS norms of Q and K when `norm`: a workgroup per head (GPU-shaped), or
+/// for plain caches without rotation one invocation per head (CPU-shaped: no barriers).
+/// Its sources are shared with the cache formats' writers (`shaders::rope_store_source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub k: KvType,
+    pub v: KvType,
+    pub norm: bool,
+    pub shape: KernelShape,
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = &[];
+    fn variants() -> Vec<Self> {
+        let mut v = Vec::new();
+        // K and V types combine freely, as llama.cpp's -ctk and -ctv.
+        for k in KvType::ALL {
+            for vt in KvType::ALL {
+                for norm in [false, true] {
+                    for shape in SHAPES {
+                        let plain = !k.is_packed() && !vt.is_packed();
+                        if shape == KernelShape::Gpu || plain {
+                            v.push(Kernel {
+                                k,
+                                v: vt,
+                                norm,
+                                shape,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+    fn body(&self) -> Result<String, String> {
+        let rows = self.shape == KernelShape::Cpu;
+        Ok(rope_store_source(self.k, self.v, self.norm, rows))
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        RopeStoreUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        64
+    }
+    fn features(&self) -> wgpu::Features {
+        match self.k == KvType::F16 || self.v == KvType::F16 {
+            true => wgpu::Features::SHADER_F16,
+            false => wgpu::Features::empty(),
+        }
+    }
+    fn cpu_shaped(&self) -> bool {
+        self.shape == KernelShape::Cpu
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (k, v) = (self.k, self.v);
+        let norm = if self.norm { "_norm" } else { "" };
+        let rows = by_shape(self.shape, "_rows", "");
+        write!(f, "rope_store_{k}_{v}{norm}{rows}")
+    }
 }

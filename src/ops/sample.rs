@@ -19,7 +19,9 @@
 //! The CPU reference of the whole chain is the CPU sampler itself
 //! ([`crate::sample::Sampler`]); [`top_k_ref`] is the reference of the selection.
 
-use super::uniforms::{SampleRow, SampleUniform};
+use super::kernels::{by_shape, kernel_files, Family, SHAPES};
+use super::shaders::compose;
+use super::uniforms::{uniform_struct, SampleRow};
 use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
@@ -78,7 +80,7 @@ pub fn sample(
     ring_max: u32,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let (seg_len, n_seg) = segments(n_vocab);
-    let wg = gpu.kernels == KernelShape::Gpu;
+    let shape = gpu.kernels;
     let params = SampleUniform {
         n_vocab,
         seg_len,
@@ -91,7 +93,7 @@ pub fn sample(
     let topk = record(
         gpu,
         "sample_topk",
-        gpu.pipeline(KernelKey::SampleTopk { wg })?,
+        gpu.pipeline(KernelKey::Sample(Kernel::Topk { shape }))?,
         bytemuck::bytes_of(&params),
         &[b.logits, b.rows, b.counts, b.bias, b.cand],
         [n_seg, n_rows, 1],
@@ -99,7 +101,7 @@ pub fn sample(
     let chain = record(
         gpu,
         "sample_chain",
-        gpu.pipeline(KernelKey::SampleChain { wg })?,
+        gpu.pipeline(KernelKey::Sample(Kernel::Chain { shape }))?,
         bytemuck::bytes_of(&params),
         &[b.rows, b.cand, b.counts, b.ring, b.result, b.probs],
         [n_rows, 1, 1],
@@ -142,5 +144,85 @@ impl SampleRow {
     pub fn with_uniform(mut self, u: f64) -> Self {
         (self.u_hi, self.u_lo) = split_uniform(u);
         self
+    }
+}
+
+uniform_struct! {
+    /// sample_topk and sample_chain: rows of `n_vocab` logits, the first pass's segments
+    /// and candidate slots, the stride of a slot's penalty ring.
+    SampleUniform {
+        n_vocab: u32,
+        /// Logits per first-pass workgroup.
+        seg_len: u32,
+        n_seg: u32,
+        /// Candidate slots per (row, segment): the largest k of the dispatch's rows.
+        k_stride: u32,
+        /// Entries per slot's ring (the ring buffer holds head, length, entries).
+        ring_max: u32,
+        /// (token, probability) places per row in the probabilities buffer.
+        probs_stride: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+kernel_files! {
+    SAMPLE_KEYS = "common/sample_keys.wgsl";
+    SAMPLE_SELECT = "common/sample_select.wgsl";
+    SAMPLE_HEAP = "common/sample_heap.wgsl";
+    SAMPLE_LOGIT = "common/sample_logit.wgsl";
+    SAMPLE_TOPK = "kernels/sample_topk.wgsl";
+    SAMPLE_TOPK_ONE = "kernels/sample_topk_one.wgsl";
+    SAMPLE_DRAW = "common/sample_draw.wgsl";
+    SAMPLE_CHAIN = "kernels/sample_chain.wgsl";
+    SAMPLE_CHAIN_ONE = "kernels/sample_chain_one.wgsl";
+}
+
+/// Sampling's two passes: a workgroup per segment or row with a radix select
+/// (GPU-shaped), or one invocation with a heap (CPU-shaped, no barriers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Bias, penalties and each segment's top-k candidates.
+    Topk { shape: KernelShape },
+    /// The row's top-k, llama.cpp's chain and the draw.
+    Chain { shape: KernelShape },
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        let topk = SHAPES.map(|shape| Kernel::Topk { shape });
+        [topk, SHAPES.map(|shape| Kernel::Chain { shape })].concat()
+    }
+    fn body(&self) -> Result<String, String> {
+        let (shape, shared, kernel_wg, kernel_one) = match *self {
+            Kernel::Topk { shape } => (shape, SAMPLE_LOGIT, SAMPLE_TOPK, SAMPLE_TOPK_ONE),
+            Kernel::Chain { shape } => (shape, SAMPLE_DRAW, SAMPLE_CHAIN, SAMPLE_CHAIN_ONE),
+        };
+        let select = by_shape(shape, SAMPLE_HEAP, SAMPLE_SELECT);
+        let kernel = by_shape(shape, kernel_one, kernel_wg);
+        let row = SampleRow::wgsl();
+        Ok(compose(&[&row, SAMPLE_KEYS, shared, select, kernel], &[]))
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        SampleUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        let (Kernel::Topk { shape } | Kernel::Chain { shape }) = *self;
+        by_shape(shape, 1, 256)
+    }
+    fn cpu_shaped(&self) -> bool {
+        let (Kernel::Topk { shape } | Kernel::Chain { shape }) = *self;
+        shape == KernelShape::Cpu
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (name, shape) = match *self {
+            Kernel::Topk { shape } => ("sample_topk", shape),
+            Kernel::Chain { shape } => ("sample_chain", shape),
+        };
+        write!(f, "{name}{}", by_shape(shape, "", "_wg"))
     }
 }

@@ -1,5 +1,7 @@
 //! set_rows: copy new K/V rows into their cache cells.
 
+use super::kernels::{kernel_files, Family};
+use super::shaders::{kv_reading, set_rows_source};
 use super::uniforms::SetRowsUniform;
 use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
@@ -19,7 +21,7 @@ pub fn set_rows(
 ) -> Result<Dispatch, GpuError> {
     ty.check_shape(32, row_len)
         .map_err(|e| GpuError::Validation(format!("set_rows: {e}")))?;
-    let pipeline = gpu.pipeline(KernelKey::SetRows { ty })?;
+    let pipeline = gpu.pipeline(KernelKey::SetRows(Kernel::Store { ty }))?;
     let per_group = if ty.is_packed() { 32 * 64 } else { 64 };
     let params = SetRowsUniform {
         row_len,
@@ -62,9 +64,61 @@ pub fn kv_read(
     record(
         gpu,
         "kv_read",
-        gpu.pipeline(KernelKey::KvRead { ty })?,
+        gpu.pipeline(KernelKey::SetRows(Kernel::Read { ty }))?,
         bytemuck::bytes_of(&params),
         &[src, dst],
         [x, y, 1],
     )
+}
+
+kernel_files! {
+    KV_READ = "kernels/kv_read.wgsl";
+}
+
+/// Cache rows written from f32 rows, or read back as f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Copy of f32 rows into cache rows of type `ty` (quantizing a block at a time for
+    /// the packed types).
+    Store { ty: KvType },
+    /// Cache rows of type `ty` read back as f32 (the K-shift of a packed K cache).
+    Read { ty: KvType },
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        let types = KvType::ALL.into_iter();
+        types
+            .flat_map(|ty| [Kernel::Store { ty }, Kernel::Read { ty }])
+            .collect()
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(match *self {
+            Kernel::Store { ty } => set_rows_source(ty),
+            Kernel::Read { ty } => kv_reading(KV_READ, Some(ty), None, &[]),
+        })
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        SetRowsUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        64
+    }
+    fn features(&self) -> wgpu::Features {
+        let (Kernel::Store { ty } | Kernel::Read { ty }) = *self;
+        match ty {
+            KvType::F16 => wgpu::Features::SHADER_F16,
+            _ => wgpu::Features::empty(),
+        }
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kernel::Store { ty } => write!(f, "set_rows_{ty}"),
+            Kernel::Read { ty } => write!(f, "kv_read_{ty}"),
+        }
+    }
 }

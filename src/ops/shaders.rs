@@ -1,82 +1,39 @@
-//! WGSL sources, embedded at build time, and the tiny template step that specialises them.
-//! [`super::kernels::KernelKey::source`] puts the pieces together for each variant.
+//! The WGSL that several kernel families share, embedded at build time, and the tiny
+//! template step that specialises sources: the cache formats' load and store snippets, the
+//! weight formats' snippets, and the matmul, flash and rope_store templates that more than
+//! one family composes. A family's own files are declared in its op file
+//! ([`super::kernels::kernel_files!`]).
 
 use crate::gguf::GgmlType;
 use crate::kv::KvType;
 
-/// Declares each kernel source file once: its constant, embedded at build time, and its
+/// Declares each shared source file once: its constant, embedded at build time, and its
 /// row of [`SOURCES`], which the tuning fingerprint hashes — a source cannot be embedded
 /// here without being hashed (and `every_shader_file_is_in_the_fingerprint` finds one
 /// embedded anywhere else).
 macro_rules! sources {
     ($($(#[$doc:meta])* $vis:vis $name:ident = $file:literal;)*) => {
         $($(#[$doc])* $vis const $name: &str = include_str!(concat!("../../shaders/", $file));)*
-        /// Every kernel source file embedded here, by file name.
+        /// Every shared source file embedded here, by file name.
         pub const SOURCES: &[(&str, &str)] = &[$(($file, $name)),*];
     };
 }
 
 sources! {
-    pub GET_ROWS = "kernels/get_rows.wgsl";
     pub MATMUL = "kernels/matmul.wgsl";
     pub MATMUL_WG = "kernels/matmul_wg.wgsl";
     pub MATMUL_TILE = "kernels/matmul_tile.wgsl";
-    pub MATMUL_Q8 = "kernels/matmul_q8.wgsl";
     pub ATTN_FLASH_COOP = "kernels/attn_flash_coop.wgsl";
-    pub MOE_ROUTE = "kernels/moe_route.wgsl";
-    pub MATMUL_ID = "kernels/matmul_id.wgsl";
-    pub MOE_GROUP = "kernels/moe_group.wgsl";
-    pub MOE_SUM = "kernels/moe_sum.wgsl";
-    pub MOE_ADD_ID = "kernels/moe_add_id.wgsl";
-    pub MATMUL_Q8_TILE = "kernels/matmul_q8_tile.wgsl";
     pub MATMUL_COOP = "kernels/matmul_coop.wgsl";
     pub Q8_WEIGHTS = "weights/q8_weights.wgsl";
-    pub QUANTIZE_Q8_1 = "kernels/quantize_q8_1.wgsl";
-    pub RMS_NORM = "common/rms_norm.wgsl";
-    pub ADD_RMS_NORM = "common/add_rms_norm.wgsl";
-    pub NORM_WG = "kernels/norm_wg.wgsl";
-    pub NORM_ROWS = "kernels/norm_rows.wgsl";
-    pub BINARY = "kernels/binary.wgsl";
-    pub LAYER_NORM = "kernels/layer_norm.wgsl";
-    pub ADD_SCALED = "kernels/add_scaled.wgsl";
-    pub POOL_ROWS = "kernels/pool_rows.wgsl";
-    pub GLU = "kernels/glu.wgsl";
     pub ACT = "common/act.wgsl";
-    pub ROPE = "kernels/rope.wgsl";
     pub SET_ROWS = "kernels/set_rows.wgsl";
     pub ROPE_STORE = "common/rope_store.wgsl";
     pub ROPE_STORE_WG = "kernels/rope_store_wg.wgsl";
     pub ROPE_STORE_ROWS = "kernels/rope_store_rows.wgsl";
-    pub SOFTMAX = "kernels/softmax.wgsl";
     pub SOFTMAX_COMMON = "common/softmax_common.wgsl";
-    pub ATTN_KQ_IO = "common/attn_kq_io.wgsl";
-    pub ATTN_KQ = "kernels/attn_kq.wgsl";
-    pub ATTN_KQ_LANES = "kernels/attn_kq_lanes.wgsl";
-    pub ATTN_KQV = "kernels/attn_kqv.wgsl";
-    pub ATTN_KQV_SPLIT = "kernels/attn_kqv_split.wgsl";
-    pub ATTN_KQV_SUM = "kernels/attn_kqv_sum.wgsl";
     pub ATTN_FLASH = "kernels/attn_flash.wgsl";
-    pub ATTN_FLASH_ROWS = "kernels/attn_flash_rows.wgsl";
-    pub ATTN_KQ_TILE = "kernels/attn_kq_tile.wgsl";
-    pub ATTN_KQV_TILE = "kernels/attn_kqv_tile.wgsl";
-    pub ATTN_KQV_JOIN = "kernels/attn_kqv_join.wgsl";
-    pub KV_READ = "kernels/kv_read.wgsl";
-    pub HADAMARD = "kernels/hadamard.wgsl";
-    pub HADAMARD_WG = "kernels/hadamard_wg.wgsl";
-    pub SSM_CONV = "kernels/ssm_conv.wgsl";
-    pub SSM_SCAN_COMMON = "common/ssm_scan_common.wgsl";
-    pub SSM_SCAN = "kernels/ssm_scan.wgsl";
-    pub SSM_SCAN_WG = "kernels/ssm_scan_wg.wgsl";
     pub SET_ROWS_BLOCKS = "kernels/set_rows_blocks.wgsl";
-    pub SAMPLE_KEYS = "common/sample_keys.wgsl";
-    pub SAMPLE_SELECT = "common/sample_select.wgsl";
-    pub SAMPLE_HEAP = "common/sample_heap.wgsl";
-    pub SAMPLE_LOGIT = "common/sample_logit.wgsl";
-    pub SAMPLE_TOPK = "kernels/sample_topk.wgsl";
-    pub SAMPLE_TOPK_ONE = "kernels/sample_topk_one.wgsl";
-    pub SAMPLE_DRAW = "common/sample_draw.wgsl";
-    pub SAMPLE_CHAIN = "kernels/sample_chain.wgsl";
-    pub SAMPLE_CHAIN_ONE = "kernels/sample_chain_one.wgsl";
     /// Helpers of the packed K/V cache types' snippets (see [`kv_snippet`]).
     pub KV_COMMON = "cache/kv_common.wgsl";
     KV_BF16 = "cache/kv_bf16.wgsl";
@@ -216,24 +173,9 @@ pub fn set_rows_source(ty: KvType) -> String {
     }
 }
 
-/// Every kernel source the fingerprint covers: the files of [`SOURCES`] and each weight
-/// type's snippet (its format's files after the shared part).
-fn fingerprinted() -> Vec<String> {
-    let files = SOURCES.iter().map(|(_, src)| src.to_string());
-    let snippets = weight_types().into_iter().filter_map(quant_snippet);
-    files.chain(snippets).collect()
-}
-
-/// A fingerprint of every kernel source ([`fingerprinted`], FNV-1a): the tuner's cache
-/// keys on it, so changed kernels are measured again even within one version.
-pub fn fingerprint() -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for src in fingerprinted() {
-        for b in src.bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
-        }
-    }
-    h
+/// [`quant_snippet`], or why a kernel of weight type `ty` has no source.
+pub fn quant_source(ty: GgmlType) -> Result<String, String> {
+    quant_snippet(ty).ok_or_else(|| format!("no GPU kernels for weight type {ty}"))
 }
 
 /// The snippet defining QK, HW, BW, `load_block`, `load_quarter` and `deq_elem` for a weight
@@ -243,62 +185,7 @@ pub fn quant_snippet(ty: GgmlType) -> Option<String> {
     crate::gguf::quant::format(ty).map(|f| format!("{QUANT_COMMON}\n{}", f.wgsl()))
 }
 
-/// An RMS norm kernel: `io` (rms_norm.wgsl or add_rms_norm.wgsl: the bindings and how a
-/// row is read) with a workgroup per row, or with `rows` one invocation per row.
-pub fn norm_source(io: &str, rows: bool) -> String {
-    compose(&[io, if rows { NORM_ROWS } else { NORM_WG }], &[])
-}
-
 /// Joins `parts` and replaces each `{{KEY}}` with its value.
-/// The integer-dot matmul's `SG_ARGS` slot: the subgroup builtins its reduction reads.
-pub fn q8_reduce_args(subgroups: bool) -> (&'static str, String) {
-    let args = if subgroups {
-        // naga 30 enables subgroup builtins with the device feature, not `enable`.
-        "@builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_size) sg_size: u32,"
-    } else {
-        ""
-    };
-    ("SG_ARGS", args.to_string())
-}
-
-/// The integer-dot matmul's `REDUCE` slot: every (row, token) partial sum of the 64
-/// invocations added into `red[i * 64]`, i = row * TB + token. Without subgroups a
-/// workgroup-memory tree (six barriers); with them each subgroup's subgroupAdd, its sum
-/// in `red[i * 64 + subgroup]`, then one invocation per value adds the 64 / sg_size sums
-/// (one barrier; subgroups of at most 64, numbered by `lid / sg_size` as the GPU-shaped
-/// float matmul assumes too).
-pub fn q8_reduce(subgroups: bool) -> (&'static str, String) {
-    let reduce = if subgroups {
-        "\
-    let nsg = 64u / sg_size;
-    for (var i = 0u; i < ROWS * TB; i++) {
-        let s = subgroupAdd(acc[i]);
-        if (sg_lane == 0u) { red[i * 64u + lid / sg_size] = s; }
-    }
-    workgroupBarrier();
-    if (lid < ROWS * TB) {
-        var s = 0.0;
-        for (var g = 0u; g < nsg; g++) { s += red[lid * 64u + g]; }
-        red[lid * 64u] = s;
-    }"
-    } else {
-        "\
-    for (var i = 0u; i < ROWS * TB; i++) {
-        red[i * 64u + lid] = acc[i];
-    }
-    workgroupBarrier();
-    for (var half = 32u; half > 0u; half >>= 1u) {
-        if (lid < half) {
-            for (var i = 0u; i < ROWS * TB; i++) {
-                red[i * 64u + lid] += red[i * 64u + lid + half];
-            }
-        }
-        workgroupBarrier();
-    }"
-    };
-    ("REDUCE", reduce.to_string())
-}
-
 pub fn compose(parts: &[&str], subs: &[(&str, String)]) -> String {
     let mut s = parts.join("\n");
     for (k, v) in subs {
@@ -925,53 +812,7 @@ fn norm_weight(e: u32, is_q: bool) -> f32 { return select(k_norm[e], q_norm[e], 
 
 #[cfg(test)]
 mod tests {
-    use super::{fingerprinted, inline_body_reads};
-
-    /// The files under `shaders/` whose text no fingerprinted source holds.
-    fn unhashed(sources: &[String]) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut dirs = vec![std::path::PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/shaders"
-        ))];
-        while let Some(dir) = dirs.pop() {
-            for e in std::fs::read_dir(&dir).unwrap() {
-                let path = e.unwrap().path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|x| x == "wgsl") {
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    if !sources.iter().any(|s| s.contains(&text)) {
-                        out.push(path.display().to_string());
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// A changed kernel source must change the tuning fingerprint, or a stale kernel
-    /// choice stays in the cache: every `.wgsl` file is hashed, and a file left out of
-    /// the table is found.
-    #[test]
-    fn every_shader_file_is_in_the_fingerprint() {
-        let all = fingerprinted();
-        assert!(super::SOURCES.len() > 60);
-        assert_eq!(unhashed(&all), Vec::<String>::new());
-        for name in [
-            "kernels/get_rows.wgsl",
-            "kernels/layer_norm.wgsl",
-            "kernels/ssm_scan_wg.wgsl",
-        ] {
-            let (file, src) = *super::SOURCES.iter().find(|(f, _)| *f == name).unwrap();
-            let less: Vec<String> = all.iter().filter(|s| s.as_str() != src).cloned().collect();
-            let missed = unhashed(&less);
-            assert!(
-                missed.len() == 1 && missed[0].ends_with(file),
-                "{file}: {missed:?}"
-            );
-        }
-    }
+    use super::inline_body_reads;
 
     #[test]
     fn body_reads_are_written_out_outside_comments() {

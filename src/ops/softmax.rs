@@ -1,6 +1,8 @@
 //! Softmax with scale, KQ mask and ALiBi slope, as ggml_soft_max_ext, in place on rows.
 
-use super::uniforms::SoftmaxUniform;
+use super::kernels::{kernel_files, Family, SHAPES};
+use super::shaders::{compose, SOFTMAX_COMMON};
+use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
@@ -75,12 +77,8 @@ pub fn softmax_sinks(
         // The shader divides by it; the kernels run without division guards.
         return Err(GpuError::Validation("softmax: no rows per head".into()));
     }
-    let wg = if gpu.kernels == KernelShape::Gpu {
-        256
-    } else {
-        64
-    };
-    let pipeline = gpu.pipeline(KernelKey::Softmax { wg })?;
+    let kernel = Kernel { shape: gpu.kernels };
+    let pipeline = gpu.pipeline(KernelKey::Softmax(kernel))?;
     let (n_head_log2, m0, m1) = sp.alibi();
     let params = SoftmaxUniform {
         n_cols,
@@ -155,4 +153,66 @@ pub fn softmax_sinks_ref(
         }
     }
     out
+}
+
+uniform_struct! {
+    /// softmax with scale, mask and ALiBi.
+    SoftmaxUniform {
+        n_cols: u32,
+        rows_per_head: u32,
+        has_mask: u32,
+        n_head_log2: u32,
+        scale: f32,
+        max_bias: f32,
+        m0: f32,
+        m1: f32,
+        /// Gemma 2's logit soft-capping: scaled scores become softcap tanh(s / softcap)
+        /// before the mask; 0: none.
+        softcap: f32,
+        /// Whether `sinks` holds one logit per head that joins each row's softmax
+        /// (gpt-oss): in the maximum and the sum, with no value.
+        has_sinks: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+kernel_files! {
+    SOFTMAX = "kernels/softmax.wgsl";
+}
+
+/// The masked softmax: a workgroup per row, 64 invocations for CPU-shaped adapters and
+/// 256 for GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub shape: KernelShape,
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        SHAPES.map(|shape| Kernel { shape }).to_vec()
+    }
+    fn body(&self) -> Result<String, String> {
+        let wg = self.workgroup_size().to_string();
+        Ok(compose(&[SOFTMAX_COMMON, SOFTMAX], &[("WG", wg)]))
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        SoftmaxUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        match self.shape {
+            KernelShape::Cpu => 64,
+            _ => 256,
+        }
+    }
+    fn cpu_shaped(&self) -> bool {
+        self.shape == KernelShape::Cpu
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "softmax_{}", self.workgroup_size())
+    }
 }

@@ -6,8 +6,9 @@
 //! sequence's state as the graph gathered it from its cell; they leave the new states
 //! for the graph to store back.
 
-use super::kernels::SSM_DS;
-use super::uniforms::{SsmConvUniform, SsmScanUniform};
+use super::kernels::{by_shape, kernel_files, Family, SHAPES};
+use super::shaders::{compose, ACT};
+use super::uniforms::uniform_struct;
 use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
 
@@ -50,7 +51,7 @@ pub fn ssm_conv(
             s.k
         )));
     }
-    let pipeline = gpu.pipeline(KernelKey::SsmConv)?;
+    let pipeline = gpu.pipeline(KernelKey::Ssm(Kernel::Conv))?;
     let params = SsmConvUniform {
         ch: s.ch,
         k: s.k,
@@ -197,8 +198,9 @@ pub fn ssm_scan(gpu: &Gpu, s: &ScanShape, v: &ScanViews) -> Result<Dispatch, Gpu
             s.n_head, s.n_group
         )));
     }
-    let wg = gpu.kernels == KernelShape::Gpu;
-    let pipeline = gpu.pipeline(KernelKey::SsmScan { ds, wg })?;
+    let shape = gpu.kernels;
+    let wg = shape == KernelShape::Gpu;
+    let pipeline = gpu.pipeline(KernelKey::Ssm(Kernel::Scan { ds, shape }))?;
     let params = SsmScanUniform {
         d_state: s.d_state,
         head_dim: s.head_dim,
@@ -276,4 +278,123 @@ pub fn ssm_scan_ref(
         }
     }
     (y, st)
+}
+
+/// State sizes (d_state, rounded up to one of these) the selective scan has variants for.
+pub const SSM_DS: &[u32] = &[16, 32, 64, 128, 256];
+
+uniform_struct! {
+    /// ssm_conv: a causal depthwise convolution of width `k` over `ch` channels, for
+    /// `n_s` sequences of `n_t` tokens each; x rows are `x_stride` values apart.
+    SsmConvUniform {
+        ch: u32,
+        k: u32,
+        n_t: u32,
+        n_s: u32,
+        x_stride: u32,
+        /// 1: add the bias (binding 4) before the activation.
+        bias: u32,
+        /// 1: SiLU on the output.
+        silu: u32,
+        _pad0: u32,
+    }
+}
+
+uniform_struct! {
+    /// ssm_scan: the selective scan over `n_s` sequences of `n_t` tokens, `n_head` heads
+    /// of `head_dim` channels, states of `d_state` values; B and C in `n_group` groups.
+    /// Row strides and offsets (in f32) say where x, dt, B, C and z sit in their tensors;
+    /// A (`a_per_state`: one per state value, Mamba; else one per head, Mamba-2), D and
+    /// the dt bias sit in one constants buffer at `a_off`, `d_off`, `dtb_off`.
+    SsmScanUniform {
+        d_state: u32,
+        head_dim: u32,
+        n_head: u32,
+        n_group: u32,
+        n_t: u32,
+        n_s: u32,
+        x_stride: u32,
+        dt_stride: u32,
+        bc_stride: u32,
+        b_off: u32,
+        c_off: u32,
+        z_stride: u32,
+        a_per_state: u32,
+        a_off: u32,
+        d_off: u32,
+        dtb_off: u32,
+    }
+}
+
+kernel_files! {
+    SSM_CONV = "kernels/ssm_conv.wgsl";
+    SSM_SCAN_COMMON = "common/ssm_scan_common.wgsl";
+    SSM_SCAN = "kernels/ssm_scan.wgsl";
+    SSM_SCAN_WG = "kernels/ssm_scan_wg.wgsl";
+}
+
+/// The recurrent layers' kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// The short causal convolution (Mamba, LFM2).
+    Conv,
+    /// The selective scan with states of up to `ds` values: an invocation per channel
+    /// (CPU-shaped) or a workgroup per 256 / `ds` channels (GPU-shaped).
+    Scan { ds: u32, shape: KernelShape },
+}
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        let scans = SSM_DS
+            .iter()
+            .flat_map(|&ds| SHAPES.map(|shape| Kernel::Scan { ds, shape }));
+        std::iter::once(Kernel::Conv).chain(scans).collect()
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(match *self {
+            Kernel::Conv => compose(&[ACT, SSM_CONV], &[]),
+            Kernel::Scan { ds, shape } => compose(
+                &[
+                    &format!("const DS: u32 = {ds}u;"),
+                    ACT,
+                    SSM_SCAN_COMMON,
+                    by_shape(shape, SSM_SCAN, SSM_SCAN_WG),
+                ],
+                &[],
+            ),
+        })
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        match self {
+            Kernel::Conv => SsmConvUniform::WGSL,
+            Kernel::Scan { .. } => SsmScanUniform::WGSL,
+        }
+    }
+    fn workgroup_size(&self) -> u32 {
+        match *self {
+            Kernel::Scan { shape, .. } => by_shape(shape, 64, 256),
+            Kernel::Conv => 64,
+        }
+    }
+    fn cpu_shaped(&self) -> bool {
+        matches!(
+            self,
+            Kernel::Scan {
+                shape: KernelShape::Cpu,
+                ..
+            }
+        )
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Kernel::Conv => write!(f, "ssm_conv"),
+            Kernel::Scan { ds, shape } => {
+                write!(f, "ssm_scan_ds{ds}{}", by_shape(shape, "", "_wg"))
+            }
+        }
+    }
 }

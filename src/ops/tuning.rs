@@ -3,10 +3,10 @@
 //! The knobs are plain data the device carries ([`crate::gpu::KernelTuning`]). The
 //! `WGLLM_*` tuning variables are read here and nowhere else, once, by the caller that
 //! opens the GPU ([`KernelTuning::from_env`]); ops read the copy in [`crate::gpu::Gpu`].
-//! Every override is checked against the values [`super::kernels::KernelKey::all`]
+//! Every override is checked against the values [`super::KernelKey::all`]
 //! enumerates, so a tuning choice can only select a kernel the offline check has seen.
 
-use super::kernels;
+use super::{attention, matmul};
 pub use crate::gpu::KernelTuning;
 
 /// A tuning value outside what the kernels support.
@@ -104,20 +104,20 @@ impl KernelTuning {
         ];
         for (var, tile) in tiles {
             let Some((r, t)) = tile else { continue };
-            if !kernels::CPU_MATMUL_ROWS.contains(&r) || !kernels::CPU_MATMUL_TOKENS.contains(&t) {
+            if !matmul::CPU_MATMUL_ROWS.contains(&r) || !matmul::CPU_MATMUL_TOKENS.contains(&t) {
                 return bad(
                     var,
                     format!("{r}x{t}"),
                     format!(
                         "rows must be one of {} and tokens one of {}",
-                        fmt_list(kernels::CPU_MATMUL_ROWS),
-                        fmt_list(kernels::CPU_MATMUL_TOKENS)
+                        fmt_list(matmul::CPU_MATMUL_ROWS),
+                        fmt_list(matmul::CPU_MATMUL_TOKENS)
                     ),
                 );
             }
         }
         if let Some((m, n)) = self.gpu_tile {
-            if !kernels::GPU_TILES.contains(&(m, n)) {
+            if !matmul::GPU_TILES.contains(&(m, n)) {
                 return bad(
                     "WGLLM_GPU_TILE",
                     format!("{m}x{n}"),
@@ -126,11 +126,11 @@ impl KernelTuning {
             }
         }
         if let Some(r) = self.gpu_vec_rows {
-            if !kernels::GPU_VEC_ROWS.contains(&r) {
+            if !matmul::GPU_VEC_ROWS.contains(&r) {
                 return bad(
                     "WGLLM_GPU_VEC",
                     r.to_string(),
-                    format!("expected one of {}", fmt_list(kernels::GPU_VEC_ROWS)),
+                    format!("expected one of {}", fmt_list(matmul::GPU_VEC_ROWS)),
                 );
             }
         }
@@ -146,11 +146,11 @@ impl KernelTuning {
             }
         }
         if let Some(tb) = self.attn_tb {
-            if !kernels::ATTN_TB.contains(&tb) {
+            if !attention::ATTN_TB.contains(&tb) {
                 return bad(
                     "WGLLM_ATTN_TB",
                     tb.to_string(),
-                    format!("expected one of {}", fmt_list(kernels::ATTN_TB)),
+                    format!("expected one of {}", fmt_list(attention::ATTN_TB)),
                 );
             }
         }

@@ -181,7 +181,7 @@ fn entry_for(
         wgllm: format!(
             "{} kernels {:016x} tuner {TUNER_REVISION}",
             env!("CARGO_PKG_VERSION"),
-            crate::ops::shaders::fingerprint()
+            crate::ops::kernels::fingerprint()
         ),
         kernels: best.kernels.to_string(),
         cpu_decode_tile: best.tuning.cpu_decode_tile,

@@ -187,17 +187,25 @@ fn q5_fifth_bits_belong_to_their_weight() {
 /// get_rows and every matmul shape.
 #[test]
 fn every_format_is_in_the_validated_kernel_space() {
-    use crate::ops::KernelKey;
+    use crate::ops::matmul::Kernel;
+    use crate::ops::{get_rows, KernelKey};
     let all = KernelKey::all();
     for f in FORMATS {
         let ty = f.ty();
-        assert!(all.contains(&KernelKey::GetRows { ty }), "{ty}: get_rows");
+        let get_rows = KernelKey::GetRows(get_rows::Kernel { ty });
+        assert!(all.contains(&get_rows), "{ty}: get_rows");
         for kind in ["matmul", "matmul_wg", "matmul_tile"] {
             assert!(
                 all.iter().any(|k| match k {
-                    KernelKey::Matmul { ty: t, .. } => kind == "matmul" && *t == ty,
-                    KernelKey::MatmulWg { ty: t, .. } => kind == "matmul_wg" && *t == ty,
-                    KernelKey::MatmulTile { ty: t, .. } => kind == "matmul_tile" && *t == ty,
+                    KernelKey::Matmul(Kernel::CpuRows { ty: t, .. }) => {
+                        kind == "matmul" && *t == ty
+                    }
+                    KernelKey::Matmul(Kernel::GpuVec { ty: t, .. }) => {
+                        kind == "matmul_wg" && *t == ty
+                    }
+                    KernelKey::Matmul(Kernel::GpuTile { ty: t, .. }) => {
+                        kind == "matmul_tile" && *t == ty
+                    }
                     _ => false,
                 }),
                 "{ty}: {kind}"

@@ -12,9 +12,9 @@ use super::{
 use crate::gguf::GgufFile;
 use crate::gpu::{Gpu, GpuError};
 use crate::model::ModelWeights;
-use crate::ops::kernels::KernelKey;
 use crate::ops::moe::{self, grouped, matmul_id, moe_group, MoeRouting, Pairs};
 use crate::ops::weight::{Ffn, Weight};
+use crate::ops::KernelKey;
 use crate::ops::{run_now, View};
 use std::collections::HashSet;
 

@@ -30,7 +30,8 @@ use crate::gguf::GgufFile;
 use crate::gpu::{Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
 use crate::kv::KvChoice;
 use crate::model::{Hparams, ModelWeights};
-use crate::ops::kernels::KernelKey;
+use crate::ops::kernels::Products;
+use crate::ops::{moe, KernelKey};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -280,10 +281,10 @@ pub enum Family {
 
 fn family(key: &KernelKey, tuning: &KernelTuning) -> Family {
     match key {
-        KernelKey::MatmulQ8 { .. } | KernelKey::MatmulQ8Tile { .. } => Family::IntegerDot,
-        KernelKey::MatmulCoop { .. } => Family::CoopMatrix,
+        k if k.product_instructions() == Products::IntegerDot => Family::IntegerDot,
+        k if k.product_instructions() == Products::Matrix => Family::CoopMatrix,
         // The one kernel of a decoded token's expert products, on every adapter.
-        KernelKey::MatmulId { .. } => Family::Portable,
+        KernelKey::Moe(moe::Kernel::Pairs { .. }) => Family::Portable,
         k if !k.cpu_shaped() => Family::GpuShaped,
         _ if tuning.cpu_decode_tile.is_some()
             || tuning.cpu_prompt_tile.is_some()

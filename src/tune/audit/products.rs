@@ -12,12 +12,13 @@ use crate::gpu::{Gpu, GpuError};
 use crate::model::Lfm2Mixer;
 use crate::model::{Arch, Hparams, ModelWeights};
 use crate::ops::glu::{glu_ref, Activation};
-use crate::ops::kernels::{KernelKey, Products};
+use crate::ops::kernels::Products;
 use crate::ops::matmul::{self, matmul, matmul_glu, matmul_with};
 use crate::ops::matmul_q8::{
     self, matmul_q8, matmul_q8_glu, matmul_q8_with, q8_bytes, quantize_q8, quantize_q8_ref,
 };
 use crate::ops::weight::{Ffn, GateUp, Weight};
+use crate::ops::KernelKey;
 use crate::ops::{run_now, View};
 use std::collections::HashSet;
 
