@@ -27,6 +27,7 @@ use wgllm::ops::moe::{
     matmul_id, matmul_id_ref, moe_add_id, moe_add_id_ref, moe_group, moe_route, moe_route_ref,
     moe_sum, moe_sum_ref, Gating, MoeRouting, Pairs,
 };
+use wgllm::ops::patches::{patches, patches_ref, PatchGrid};
 use wgllm::ops::pool::{pool_rows, pool_rows_ref};
 use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
@@ -579,6 +580,44 @@ fn add_scaled_matches_reference() {
         assert!(add_scaled(gpu, &src, &dst, p).is_err());
         let wider = up_f32(gpu, &[0.0; 38]);
         assert!(add_scaled(gpu, &src, &wider, ScaledRows { stride: 19, ..p }).is_ok());
+    }
+}
+
+/// Images of 1-3 planes cut into patches of several sides (SigLIP's 14, Qwen2.5-VL's 14,
+/// idefics3's 16, small odd ones), grids from one patch to 6 x 6, wider than tall and taller
+/// than wide; an image that is not whole patches is refused.
+#[test]
+fn patches_match_reference() {
+    let mut rng = Rng(17);
+    for (name, gpu, _serial) in gpus() {
+        for (i, patch) in [1u32, 2, 3, 14, 16, 5].into_iter().enumerate() {
+            let g = PatchGrid {
+                channels: 1 + (i as u32 % 3),
+                height: patch * (1 + rng.below(6)),
+                width: patch * (1 + rng.below(6)),
+                patch,
+            };
+            let img = rng.vec((g.channels * g.height * g.width) as usize);
+            let n = (g.row_len() * g.n_px() * g.n_py()) as usize;
+            let dst = out_f32(gpu, n);
+            let d = patches(gpu, &up_f32(gpu, &img), &dst, g).unwrap();
+            run_now(gpu, &[d]).unwrap();
+            let want = patches_ref(&img, g);
+            assert_eq!(want.len(), n);
+            // A copy: every value exactly where the reference puts it.
+            assert_eq!(read(gpu, &dst, n), want, "{name} patches {g:?}");
+        }
+        let g = PatchGrid {
+            channels: 3,
+            height: 28,
+            width: 30,
+            patch: 14,
+        };
+        let (img, dst) = (up_f32(gpu, &[0.0; 3 * 28 * 30]), out_f32(gpu, 3 * 28 * 30));
+        let err = patches(gpu, &img, &dst, g)
+            .err()
+            .expect("30 is not whole patches of 14");
+        assert!(err.to_string().contains("multiple of 14"), "{err}");
     }
 }
 

@@ -17,6 +17,7 @@ pub mod layer_norm;
 pub mod matmul;
 pub mod matmul_q8;
 pub mod moe;
+pub mod patches;
 pub mod pool;
 pub mod rms_norm;
 pub mod rope;
@@ -56,6 +57,8 @@ kernels::families! {
     Moe(moe::Kernel),
     Ssm(ssm::Kernel),
     Sample(sample::Kernel),
+    /// An image cut into patch rows (a vision tower's patch embedding).
+    Patches(patches::Kernel),
 }
 pub use tuning::{KernelTuning, TuningError};
 pub use weight::{ExpertBiases, Experts, Ffn, GateUp, SharedExpert, Weight};

@@ -1,0 +1,139 @@
+//! patches: an image cut into square patches, one row each — the first half of a vision
+//! transformer's patch embedding (llama.cpp's `ggml_conv_2d` with stride = kernel is
+//! `im2col` then a matmul; this is that `im2col`, and the ordinary matmul does the rest
+//! with the patch-embedding weight as a [C * P * P, n_embd] matrix).
+
+use super::kernels::{kernel_files, Family};
+use super::uniforms::uniform_struct;
+use super::{record, split_groups, Dispatch, KernelKey, View};
+use crate::gpu::{Gpu, GpuError};
+
+/// A planar image (`channels` planes of `height` rows of `width` values) and the side of
+/// its square patches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PatchGrid {
+    pub channels: u32,
+    pub height: u32,
+    pub width: u32,
+    pub patch: u32,
+}
+
+impl PatchGrid {
+    /// Patches across and down.
+    pub fn n_px(&self) -> u32 {
+        self.width / self.patch.max(1)
+    }
+    pub fn n_py(&self) -> u32 {
+        self.height / self.patch.max(1)
+    }
+    /// Values of one patch row: C * P * P.
+    pub fn row_len(&self) -> u32 {
+        self.channels * self.patch * self.patch
+    }
+
+    /// Refuses a grid the patches do not tile (an image is resized to whole patches
+    /// before it gets here, as llama.cpp's preprocessing does) or one with nothing in it.
+    pub fn check(&self) -> Result<(), GpuError> {
+        let p = self.patch;
+        if p == 0 || self.channels == 0 || self.height == 0 || self.width == 0 {
+            return Err(GpuError::Validation(format!(
+                "patches: an empty grid {self:?}"
+            )));
+        }
+        if !self.height.is_multiple_of(p) || !self.width.is_multiple_of(p) {
+            return Err(GpuError::Validation(format!(
+                "patches: a {}x{} image is not whole patches of {p}x{p}; resize it to a multiple of {p} first",
+                self.width, self.height
+            )));
+        }
+        Ok(())
+    }
+}
+
+uniform_struct! {
+    /// patches: the grid of [`PatchGrid`], with its patch counts and the dispatch's width.
+    PatchesUniform {
+        channels: u32,
+        height: u32,
+        width: u32,
+        /// The patch side (`patch` is a reserved word in WGSL).
+        side: u32,
+        n_px: u32,
+        n_py: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+/// dst ([C * P * P, n_py * n_px] f32, a row per patch, left to right then down) from img
+/// ([W, H, C] f32, planar).
+pub fn patches(gpu: &Gpu, img: &View, dst: &View, g: PatchGrid) -> Result<Dispatch, GpuError> {
+    g.check()?;
+    let params = PatchesUniform {
+        channels: g.channels,
+        height: g.height,
+        width: g.width,
+        side: g.patch,
+        n_px: g.n_px(),
+        n_py: g.n_py(),
+        ..Default::default()
+    };
+    let n = g.row_len() * g.n_px() * g.n_py();
+    let (gx, gy) = split_groups(n.div_ceil(256));
+    record(
+        gpu,
+        "patches",
+        gpu.pipeline(KernelKey::Patches(Kernel))?,
+        bytemuck::bytes_of(&params),
+        &[img, dst],
+        [gx, gy, 1],
+    )
+}
+
+/// The CPU reference of [`patches`].
+pub fn patches_ref(img: &[f32], g: PatchGrid) -> Vec<f32> {
+    let (p, w, h) = (g.patch as usize, g.width as usize, g.height as usize);
+    let mut out = Vec::with_capacity((g.row_len() * g.n_px() * g.n_py()) as usize);
+    for py in 0..g.n_py() as usize {
+        for px in 0..g.n_px() as usize {
+            for c in 0..g.channels as usize {
+                for ky in 0..p {
+                    let y = py * p + ky;
+                    let line = (c * h + y) * w + px * p;
+                    out.extend_from_slice(&img[line..line + p]);
+                }
+            }
+        }
+    }
+    out
+}
+
+kernel_files! {
+    PATCHES = "kernels/patches.wgsl";
+}
+
+/// The one patches kernel: an invocation per output value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel;
+
+impl Family for Kernel {
+    const FILES: &'static [(&'static str, &'static str)] = FILES;
+    fn variants() -> Vec<Self> {
+        vec![Kernel]
+    }
+    fn body(&self) -> Result<String, String> {
+        Ok(PATCHES.to_string())
+    }
+    fn uniform_wgsl(&self) -> &'static str {
+        PatchesUniform::WGSL
+    }
+    fn workgroup_size(&self) -> u32 {
+        256
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "patches")
+    }
+}
