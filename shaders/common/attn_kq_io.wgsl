@@ -3,7 +3,7 @@
 // cache, [head_dim, n_head_kv, cells], read through k_load4 (any cache type,
 // src/ops/shaders.rs), kq the scores, [n_head, n_tok, n_kv].
 
-// `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `AttnUniform` in src/ops/attention.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k: array<{{K_ELEM}}>;

@@ -14,7 +14,7 @@
 
 const NORM: bool = {{NORM}};
 
-// `Params` is `RopeStoreUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `RopeStoreUniform` in src/ops/rope_store.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> cs: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;

@@ -9,7 +9,7 @@
 // state, gathered from its cell) and ends there, for the graph to store back.
 // act.wgsl (silu) is prepended.
 
-// `Params` is `SsmScanUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `SsmScanUniform` in src/ops/ssm.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> state: array<f32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;

@@ -4,7 +4,7 @@
 // the correction among stacked (Q, K, V: step 1) or interleaved (gate, up: step 2) rows.
 // Every output is written by one invocation only, so no two invocations race.
 
-// `Params` is `AddScaledUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `AddScaledUniform` in src/ops/add_scaled.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;

@@ -20,7 +20,7 @@ const SJ: u32 = BK / 4u;
 const OI: u32 = D4 / 4u;
 const OSTEP: u32 = 4u;
 
-// `Params` is `AttnSplitUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `AttnSplitUniform` in src/ops/attention.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k: array<{{K_ELEM}}>;

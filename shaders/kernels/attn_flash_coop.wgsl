@@ -26,7 +26,7 @@ const SJ: u32 = 8u;
 const OI: u32 = D4 / 2u;
 const OSTEP: u32 = 2u;
 
-// `Params` is `AttnSplitUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `AttnSplitUniform` in src/ops/attention.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k: array<{{K_ELEM}}>;

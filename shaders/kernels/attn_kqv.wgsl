@@ -7,7 +7,7 @@
 
 const TB: u32 = {{TB}}u;
 
-// `Params` is `AttnUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `AttnUniform` in src/ops/attention.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> probs: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<{{V_ELEM}}>;

@@ -3,7 +3,7 @@
 // summed probabilities that the softmax already normalised, so no rescaling is needed
 // (attn_kqv_sum.wgsl's job for the split kernel's unnormalised chunks).
 
-// `Params` is `AttnSumUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `AttnSumUniform` in src/ops/attention.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> dst: array<vec4<f32>>;

@@ -18,7 +18,7 @@ const NV: u32 = {{NV}}u;
 const GROUPS: u32 = 64u / LANES;
 const U: u32 = max(8u / NV, 1u);
 
-// `Params` is `AttnSplitUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `AttnSplitUniform` in src/ops/attention.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
 @group(0) @binding(2) var<storage, read> mask: array<f32>;

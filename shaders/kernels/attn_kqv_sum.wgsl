@@ -8,7 +8,7 @@
 // Chunks whose loads one step issues together.
 const U: u32 = 8u;
 
-// `Params` is `AttnSumUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `AttnSumUniform` in src/ops/attention.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> stats: array<vec2<f32>>;

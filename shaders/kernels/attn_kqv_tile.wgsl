@@ -15,7 +15,7 @@ const BT: u32 = 16u * TM;
 const BD: u32 = 16u * NI;
 const SC: u32 = 16u;
 
-// `Params` is `AttnSplitUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `AttnSplitUniform` in src/ops/attention.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> probs: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<{{V_ELEM}}>;

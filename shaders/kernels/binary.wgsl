@@ -1,7 +1,7 @@
 // dst[i] = a[i] OP b[(i / div) % nb]: residual adds, multiplies by a vector repeated
 // along rows (div 1) or by one value per row (div the row length), sigmoid gates, soft caps.
 
-// `Params` is `BinaryUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `BinaryUniform` in src/ops/binary.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;

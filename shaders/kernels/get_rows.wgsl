@@ -4,7 +4,7 @@
 
 const WB_SLOTS: u32 = 1u;
 
-// `Params` is `GetRowsUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `GetRowsUniform` in src/ops/get_rows.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;

@@ -4,7 +4,7 @@
 // gate/up projection writes it (both bindings are that tensor): gate[2i], up[2i + 1].
 // act.wgsl (silu, gelu) is prepended.
 
-// `Params` is `GluUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `GluUniform` in src/ops/glu.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> gate: array<f32>;
 @group(0) @binding(2) var<storage, read> up: array<f32>;

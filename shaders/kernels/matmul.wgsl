@@ -31,7 +31,7 @@ struct XBlock {
     v: array<vec4<f32>, 8>,
 }
 
-// `Params` is `MatmulUniform` in src/ops/uniforms.rs (`MatmulIdUniform` for grouped
+// `Params` is `MatmulUniform` in src/ops/matmul.rs (`MatmulIdUniform`, src/ops/moe.rs, for grouped
 // pairs), prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;

@@ -13,7 +13,7 @@ const BM: u32 = 2u * S;
 const BN: u32 = 2u * S;
 const WB_SLOTS: u32 = 1u;
 
-// `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MatmulUniform` in src/ops/matmul.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;

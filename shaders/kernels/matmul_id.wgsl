@@ -10,7 +10,7 @@
 const ROWS: u32 = 4u;
 const WB_SLOTS: u32 = 1u;
 
-// `Params` is `MatmulIdUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MatmulIdUniform` in src/ops/moe.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;

@@ -12,7 +12,7 @@
 const TB: u32 = {{TB}}u;
 const ROWS: u32 = {{ROWS}}u;
 
-// `Params` is `MatmulQ8Uniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MatmulQ8Uniform` in src/ops/matmul_q8.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> xq: array<u32>;

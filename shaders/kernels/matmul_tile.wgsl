@@ -18,7 +18,7 @@ const WB_SLOTS: u32 = 1u;
 const NQ: u32 = BM * 4u / 256u;
 const NX: u32 = BN * 8u / 256u;
 
-// `Params` is `MatmulUniform` in src/ops/uniforms.rs (`MatmulIdUniform` for grouped
+// `Params` is `MatmulUniform` in src/ops/matmul.rs (`MatmulIdUniform`, src/ops/moe.rs, for grouped
 // pairs), prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;

@@ -17,7 +17,7 @@ const SEGS: u32 = ROWS / RPT;
 const TPR: u32 = 256u / SEGS;
 const WB_SLOTS: u32 = 1u;
 
-// `Params` is `MatmulUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MatmulUniform` in src/ops/matmul.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;

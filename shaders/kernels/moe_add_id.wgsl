@@ -2,7 +2,7 @@
 // llama.cpp's add_id): dst[p][r] = a[p][r] + bias[ids[p]][r], pairs p of `rows` values.
 // One invocation per value.
 
-// `Params` is `MoeAddIdUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MoeAddIdUniform` in src/ops/moe.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;

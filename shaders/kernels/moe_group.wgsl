@@ -7,7 +7,7 @@
 
 const MAX_EXPERTS: u32 = 512u;
 
-// `Params` is `MoeGroupUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MoeGroupUniform` in src/ops/moe.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> offsets: array<u32>;

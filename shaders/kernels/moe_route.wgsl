@@ -9,7 +9,7 @@
 
 const MAX_USED: u32 = 16u;
 
-// `Params` is `MoeRouteUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MoeRouteUniform` in src/ops/moe.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;

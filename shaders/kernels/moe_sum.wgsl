@@ -2,7 +2,7 @@
 // weights[t][j] * y[t * n_used + j][i], added in j's order (as llama.cpp adds the
 // weighted experts' views one after another). One invocation per output value.
 
-// `Params` is `MoeSumUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `MoeSumUniform` in src/ops/moe.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> y: array<f32>;
 @group(0) @binding(2) var<storage, read> weights: array<f32>;

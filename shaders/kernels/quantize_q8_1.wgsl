@@ -5,7 +5,7 @@
 // Block b's codes are words 8b..8b+7, its pair words ds_off + 2b and ds_off + 2b + 1.
 // The rows of x are whole blocks, so blocks run on over rows: one invocation per block.
 
-// `Params` is `QuantizeQ8Uniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `QuantizeQ8Uniform` in src/ops/matmul_q8.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> q: array<u32>;

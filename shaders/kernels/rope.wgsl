@@ -3,7 +3,7 @@
 // computed in f64: GPU sin/cos lose accuracy at the large angles long contexts reach.
 // KV_T is f32 for activations, f16 when rotating an f16 K cache in place (the K-shift).
 
-// `Params` is `RopeUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `RopeUniform` in src/ops/rope.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> cs: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read_write> x: array<{{KV_T}}>;

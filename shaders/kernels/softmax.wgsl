@@ -3,7 +3,7 @@
 // head when max_bias > 0. Masked entries (-inf) get exactly 0. softmax_common.wgsl
 // (MASKED, alibi_slope) is prepended.
 
-// `Params` is `SoftmaxUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `SoftmaxUniform` in src/ops/softmax.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> mask: array<f32>;
 @group(0) @binding(2) var<storage, read_write> x: array<f32>;

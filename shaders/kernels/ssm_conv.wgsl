@@ -10,7 +10,7 @@
 // (sequence s's tokens are rows s * n_t ..); w [K, ch]; y [ch, n_t * n_s].
 // act.wgsl (silu) is prepended.
 
-// `Params` is `SsmConvUniform` in src/ops/uniforms.rs, prepended when the source is built.
+// `Params` is `SsmConvUniform` in src/ops/ssm.rs, prepended when the source is built.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> state: array<f32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;

@@ -372,6 +372,21 @@ pub struct GraphBuilder {
     lora: Option<Arc<LoraTerms>>,
 }
 
+/// What a layer's attention reads besides its weights and cache: graph inputs its model
+/// declares once per ubatch (cells, mask, RoPE table) and the shape and softmax they imply.
+#[derive(Clone, Copy)]
+pub struct AttnInputs {
+    /// [n_tok] cells the ubatch's K and V rows are stored in.
+    pub slots: TensorId,
+    /// [n_kv, n_tok] KQ mask.
+    pub mask: TensorId,
+    /// The (cos, sin) table and the parameters it was made with.
+    pub rope: TensorId,
+    pub rope_p: RopeParams,
+    pub shape: AttnShape,
+    pub sp: SoftmaxParams,
+}
+
 /// One layer's attention block: the projections, and which cache, mask and RoPE table
 /// the layer uses (a model with local and global layers picks them per layer).
 #[derive(Clone, Copy)]
@@ -399,6 +414,35 @@ pub struct AttnBlock<'a> {
     pub sinks: Option<&'a View>,
     /// gpt-oss: the output projection's bias, [n_embd].
     pub wo_bias: Option<&'a View>,
+}
+
+impl<'a> AttnBlock<'a> {
+    /// The stacked Q/K/V projection `qkv` and output projection `wo` over the cache
+    /// `(k, v)`, reading `inp`; no biases, per-head norms or sinks (set those fields on the
+    /// result where a model has them).
+    pub fn new(
+        qkv: &'a [Arc<Weight>],
+        wo: &'a Arc<Weight>,
+        (k_cache, v_cache): (&'a View, &'a View),
+        inp: AttnInputs,
+    ) -> Self {
+        AttnBlock {
+            qkv,
+            qkv_bias: None,
+            wo,
+            k_cache,
+            v_cache,
+            slots: inp.slots,
+            mask: inp.mask,
+            rope: inp.rope,
+            rope_p: inp.rope_p,
+            shape: inp.shape,
+            sp: inp.sp,
+            qk_norm: None,
+            sinks: None,
+            wo_bias: None,
+        }
+    }
 }
 
 impl GraphBuilder {
@@ -449,11 +493,6 @@ impl GraphBuilder {
             self.quantized.clear();
             self.device = d;
         }
-    }
-
-    /// Whether layers `a` and `b` run on one device (a fused op may then span them).
-    pub fn same_device(&self, a: usize, b: usize) -> bool {
-        self.placement.layer_device(a) == self.placement.layer_device(b)
     }
 
     /// The device nodes are recorded for now.
@@ -572,7 +611,8 @@ impl GraphBuilder {
     // Helpers, outputs sized from the operands. An architecture file chains them
     // top-down; an op helper records exactly the node it names and a block the nodes it
     // lists, so a graph written with them dispatches the same kernels as one written
-    // node by node.
+    // node by node; then `build` fuses each residual add with the norm of its sum
+    // (`fuse.rs`).
 
     /// Rows `ids` ([n_ids]) of a (quantized) matrix as f32: [w.n_cols, n_ids].
     pub fn get_rows(&mut self, w: &Arc<Weight>, ids: TensorId) -> TensorId {
@@ -774,22 +814,6 @@ impl GraphBuilder {
     pub fn store_rows(&mut self, src: TensorId, idx: TensorId, dst: TensorId) {
         let [row_len, n_rows] = self.ne(src);
         self.node(Op::StoreRows { row_len, n_rows }, &[src, idx], &[dst]);
-    }
-
-    /// The residual add fused with the next RMS norm: (a + b, rms_norm(a + b) * w).
-    pub fn add_rms_norm(
-        &mut self,
-        a: TensorId,
-        b: TensorId,
-        w: &View,
-        eps: f32,
-    ) -> (TensorId, TensorId) {
-        let [n, rows] = self.ne(a);
-        let w = self.external(w.clone());
-        let sum = self.tensor([n, rows]);
-        let dst = self.tensor([n, rows]);
-        self.node(Op::AddRmsNorm { n, rows, eps }, &[a, b, w], &[sum, dst]);
-        (sum, dst)
     }
 
     /// Each row of x layer-normed, scaled by `w` and shifted by `b` (vectors of a row's

@@ -4,6 +4,7 @@
 //! before the host has recorded them all).
 
 mod builder;
+mod fuse;
 pub mod inputs;
 mod lora;
 mod planner;
@@ -11,7 +12,7 @@ mod profile;
 mod record;
 mod split;
 
-pub use builder::{AttnBlock, GraphBuilder, Node, Op, OpCost, TensorId};
+pub use builder::{AttnBlock, AttnInputs, GraphBuilder, Node, Op, OpCost, TensorId};
 pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use lora::{LoraTerm, LoraTerms};
 pub use profile::{log_ops, KernelTime, OpProfile, StepProfile, TimingSource};

@@ -50,6 +50,7 @@ struct Hop {
 impl GraphBuilder {
     /// Plans each device's scratch buffers and records every dispatch.
     pub fn build(mut self) -> Result<Graph, GpuError> {
+        super::fuse::add_rms_norm(&mut self.nodes, &mut self.node_device);
         let main = self.placement.main_index();
         // Parts: runs of nodes on one device.
         let mut parts: Vec<(usize, std::ops::Range<usize>)> = Vec::new();

@@ -6,7 +6,7 @@
 
 use super::{attn_shape, kv_layer, CacheKind, GraphInput, GraphIo, Hparams, Model};
 use crate::gpu::GpuError;
-use crate::graph::{AttnBlock, Graph, GraphBuilder};
+use crate::graph::{AttnBlock, AttnInputs, Graph, GraphBuilder};
 use crate::kv::MaskKind;
 use crate::memory::Memory;
 use crate::ops::binary::BinaryOp;
@@ -47,14 +47,18 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let tokens = g.input(io.tokens()?, [t, 1]);
     let positions = g.input(io.positions()?, [t, 1]);
     let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
-    let slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
-    let mask = g.input(io.mask(mask())?, [io.n_kv, t]);
-    let shape = attn_shape(hp, mem, t, io.n_kv);
-    let sp = SoftmaxParams {
-        scale: hp.attn_scale,
-        max_bias: 0.0,
-        n_head: hp.n_head,
-        softcap: 0.0,
+    let inp = AttnInputs {
+        slots: g.input(io.kv_slots(CacheKind::Full)?, [t, 1]),
+        mask: g.input(io.mask(mask())?, [io.n_kv, t]),
+        rope,
+        rope_p: hp.rope,
+        shape: attn_shape(hp, mem, t, io.n_kv),
+        sp: SoftmaxParams {
+            scale: hp.attn_scale,
+            max_bias: 0.0,
+            n_head: hp.n_head,
+            softcap: 0.0,
+        },
     };
 
     let mut x = g.get_rows(&w.tok_embd, tokens);
@@ -75,20 +79,9 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         g.layer(il);
         let kv = kv_layer(mem, il)?;
         let attn = AttnBlock {
-            qkv: &lw.qkv,
             qkv_bias: Some(&lw.qkv_bias),
-            wo: &lw.wo,
-            k_cache: kv.k,
-            v_cache: kv.v,
-            slots,
-            mask,
-            rope,
-            rope_p: hp.rope,
-            shape,
-            sp,
-            qk_norm: None,
-            sinks: None,
             wo_bias: Some(&lw.wo_bias),
+            ..AttnBlock::new(&lw.qkv, &lw.wo, (kv.k, kv.v), inp)
         };
         let mut o = g.attn_block(x, &attn)?;
         if let (true, Some(ids)) = (il == last, out_ids) {

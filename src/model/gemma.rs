@@ -7,12 +7,11 @@
 //! * Gemma 3: per-head RMS norms of Q and K; five of every six layers see a window, with
 //!   their own RoPE base.
 
-use super::{close_layer, kv_layer, layer_input, output_head, Arch, GraphIo, Model, Windowed};
+use super::{kv_layer, layer_attn, output_head, Arch, GraphIo, Model, Windowed};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph};
 use crate::memory::Memory;
 use crate::ops::glu::Activation;
-use crate::ops::softmax::SoftmaxParams;
 
 /// A norm vector every Gemma layer of the kind has: a missing one is a loader bug, reported.
 fn need<'a>(v: &'a Option<crate::ops::View>, what: &str) -> Result<&'a crate::ops::View, GpuError> {
@@ -24,27 +23,17 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let (hp, w) = (&m.hp, &m.weights);
     let eps = hp.eps;
     let mut g = super::builder(m, io);
+    // Gemma scales Q before the product; the softmax scaling the scores is the same.
     let inp = Windowed::new(&mut g, hp, io, mem)?;
-    // Gemma scales Q before the product; scaling the scores instead is the same.
-    let sp = SoftmaxParams {
-        scale: hp.attn_scale,
-        max_bias: 0.0,
-        n_head: hp.n_head,
-        softcap: hp.attn_softcap,
-    };
     let mut x = g.get_rows(&w.tok_embd, inp.tokens);
     if let Some(s) = &w.embd_scale {
         let s = g.input(s.clone(), [1, 1]);
         x = g.mul(x, s);
     }
-    // The attention norm of layer il > 0 comes out of the previous layer's fused
-    // residual add; layer 0 norms the scaled embeddings on its own.
-    let mut normed = None;
     for (il, lw) in w.layers.iter().enumerate() {
         g.layer(il);
         let kv = kv_layer(mem, il)?;
-        let cur = layer_input(&mut g, &mut normed, x, &lw.attn_norm, eps);
-        let ((slots, shape), (mask, rope)) = inp.layer(hp, il, kv.store);
+        let cur = g.rms_norm(x, &lw.attn_norm, eps);
         // Gemma 3 norms Q and K heads; Gemma 2 does not.
         let qk_norm = match hp.arch {
             Arch::Gemma3 => Some((
@@ -55,27 +44,16 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             _ => None,
         };
         let attn = AttnBlock {
-            qkv: &lw.qkv,
-            qkv_bias: lw.qkv_bias.as_ref(),
-            wo: &lw.wo,
-            k_cache: kv.k,
-            v_cache: kv.v,
-            slots,
-            mask,
-            rope,
-            rope_p: hp.layer_rope(il),
-            shape,
-            sp,
             qk_norm,
-            sinks: None,
-            wo_bias: None,
+            ..layer_attn(lw, &kv, inp.layer(hp, il, kv.store), eps)
         };
         let o = g.attn_block(cur, &attn)?;
         let o = g.rms_norm(o, need(&lw.attn_post_norm, "post-attention norm")?, eps);
-        let (x_attn, cur) = g.add_rms_norm(x, o, &lw.ffn_norm, eps);
+        let x_attn = g.add(x, o);
+        let cur = g.rms_norm(x_attn, &lw.ffn_norm, eps);
         let ffn = g.ffn(cur, &lw.ffn, Activation::Gelu);
         let ffn = g.rms_norm(ffn, need(&lw.ffn_post_norm, "post-feed-forward norm")?, eps);
-        x = close_layer(&mut g, &w.layers, il, (x_attn, ffn), eps, &mut normed);
+        x = g.add(x_attn, ffn);
     }
 
     output_head(g, m, io, x)

@@ -8,45 +8,27 @@
 //! the output projection.
 
 use super::Lfm2Mixer;
-use super::{attn_shape, kv_layer, output_head, rs_rows, CacheKind, GraphInput, GraphIo, Model};
+use super::{kv_layer, output_head, rs_rows, Causal, GraphInput, GraphIo, Model};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph};
-use crate::kv::MaskKind;
 use crate::memory::Memory;
 use crate::ops::glu::Activation;
-use crate::ops::softmax::SoftmaxParams;
 use crate::ops::ssm::ConvShape;
 
+/// The attention layers' inputs, and the convolution layers' state rows.
 pub fn inputs(hp: &super::Hparams) -> Vec<GraphInput> {
-    vec![
-        GraphInput::Tokens,
-        GraphInput::KvSlots(CacheKind::Full),
-        GraphInput::OutIds,
-        GraphInput::KqMask(MaskKind::default()),
-        GraphInput::Rope(hp.rope),
-        GraphInput::RsSrc,
-        GraphInput::RsDst,
-    ]
+    let states = [GraphInput::RsSrc, GraphInput::RsDst];
+    [Causal::declare(hp), states.to_vec()].concat()
 }
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w) = (&m.hp, &m.weights);
-    let (t, eps) = (io.n_tok, hp.eps);
+    let eps = hp.eps;
     let mut g = super::builder(m, io);
     let rows = rs_rows(&mut g, io)?;
-    let tokens = g.input(io.tokens()?, [t, 1]);
-    let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
-    let slots = g.input(io.kv_slots(CacheKind::Full)?, [t, 1]);
-    let mask = g.input(io.mask(MaskKind::default())?, [io.n_kv, t]);
-    let shape = attn_shape(hp, mem, t, io.n_kv);
-    let sp = SoftmaxParams {
-        scale: hp.attn_scale,
-        max_bias: 0.0,
-        n_head: hp.n_head,
-        softcap: 0.0,
-    };
+    let inp = Causal::new(&mut g, hp, io, mem)?;
 
-    let mut x = g.get_rows(&w.tok_embd, tokens);
+    let mut x = g.get_rows(&w.tok_embd, inp.tokens);
     for (il, lw) in w.lfm2.iter().enumerate() {
         g.layer(il);
         let cur = g.rms_norm(x, &lw.attn_norm, eps);
@@ -59,20 +41,8 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
             } => {
                 let kv = kv_layer(mem, il)?;
                 let attn = AttnBlock {
-                    qkv,
-                    qkv_bias: None,
-                    wo,
-                    k_cache: kv.k,
-                    v_cache: kv.v,
-                    slots,
-                    mask,
-                    rope,
-                    rope_p: hp.rope,
-                    shape,
-                    sp,
                     qk_norm: Some((q_norm, k_norm, eps)),
-                    sinks: None,
-                    wo_bias: None,
+                    ..AttnBlock::new(qkv, wo, (kv.k, kv.v), inp.attn)
                 };
                 g.attn_block(cur, &attn)?
             }
@@ -109,7 +79,8 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
                 g.matmul(out, y)
             }
         };
-        let (x_mid, cur) = g.add_rms_norm(x, mixed, &lw.ffn_norm, eps);
+        let x_mid = g.add(x, mixed);
+        let cur = g.rms_norm(x_mid, &lw.ffn_norm, eps);
         let ffn = g.ffn_block(cur, &lw.gate_up, &lw.down, Activation::Silu);
         x = g.add(x_mid, ffn);
     }

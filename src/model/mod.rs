@@ -22,6 +22,7 @@ pub use weights::{
 
 use crate::gguf::{GgmlType, GgufError, GgufFile};
 use crate::gpu::{Gpu, GpuError, Placement};
+use crate::graph::{AttnBlock, AttnInputs};
 use crate::memory::{KvLayer, Memory};
 use crate::ops::attention::AttnShape;
 use std::sync::Arc;
@@ -337,6 +338,76 @@ fn window_mask(hp: &Hparams) -> crate::kv::MaskKind {
     }
 }
 
+/// The inputs of a model whose attention layers all read one K/V store with the causal
+/// mask and one RoPE table (llama and its relatives, LFM2's attention layers): declared
+/// and fetched side by side, as llama.cpp's `build_inp_*` helpers do.
+struct Causal {
+    tokens: crate::graph::TensorId,
+    attn: AttnInputs,
+}
+
+impl Causal {
+    /// What the graph reads per ubatch.
+    fn declare(hp: &Hparams) -> Vec<GraphInput> {
+        vec![
+            GraphInput::Tokens,
+            GraphInput::KvSlots(CacheKind::Full),
+            GraphInput::OutIds,
+            GraphInput::KqMask(crate::kv::MaskKind::default()),
+            GraphInput::Rope(hp.rope),
+        ]
+    }
+
+    /// The declared inputs of the ubatch `io` describes, as graph tensors.
+    fn new(
+        g: &mut crate::graph::GraphBuilder,
+        hp: &Hparams,
+        io: &GraphIo,
+        mem: &dyn Memory,
+    ) -> Result<Self, GpuError> {
+        let t = io.n_tok;
+        let mask = crate::kv::MaskKind::default();
+        Ok(Causal {
+            tokens: g.input(io.tokens()?, [t, 1]),
+            attn: AttnInputs {
+                slots: g.input(io.kv_slots(CacheKind::Full)?, [t, 1]),
+                mask: g.input(io.mask(mask)?, [io.n_kv, t]),
+                rope: g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]),
+                rope_p: hp.rope,
+                shape: attn_shape(hp, mem, t, io.n_kv),
+                sp: softmax_params(hp),
+            },
+        })
+    }
+}
+
+/// The attention softmax of every layer: the model's scale and soft-cap (Gemma 2's), no
+/// ALiBi.
+fn softmax_params(hp: &Hparams) -> crate::ops::softmax::SoftmaxParams {
+    crate::ops::softmax::SoftmaxParams {
+        scale: hp.attn_scale,
+        max_bias: 0.0,
+        n_head: hp.n_head,
+        softcap: hp.attn_softcap,
+    }
+}
+
+/// Layer `lw`'s attention over its cache `kv` reading `inp`, with the Q/K/V biases and
+/// per-head Q/K norms the file has.
+fn layer_attn<'a>(
+    lw: &'a LayerWeights,
+    kv: &KvLayer<'a>,
+    inp: AttnInputs,
+    eps: f32,
+) -> AttnBlock<'a> {
+    let qk_norm = (lw.attn_q_norm.as_ref()).zip(lw.attn_k_norm.as_ref());
+    AttnBlock {
+        qkv_bias: lw.qkv_bias.as_ref(),
+        qk_norm: qk_norm.map(|(q, k)| (q, k, eps)),
+        ..AttnBlock::new(&lw.qkv, &lw.wo, (kv.k, kv.v), inp)
+    }
+}
+
 /// The inputs of a model whose layers alternate windowed and global attention (Gemma,
 /// gpt-oss): two masks, the cells of both K/V stores, the RoPE tables of both kinds of
 /// layer (one, where they rotate alike).
@@ -395,59 +466,20 @@ impl Windowed {
         })
     }
 
-    /// Layer `il`'s (slots, shape) from the store the memory keeps its rows in (the
-    /// rolling buffer, or the full store with --swa-full), and (mask, RoPE table) from
-    /// what the model says it sees.
-    fn layer(
-        &self,
-        hp: &Hparams,
-        il: usize,
-        store: CacheKind,
-    ) -> (
-        (crate::graph::TensorId, AttnShape),
-        (crate::graph::TensorId, crate::graph::TensorId),
-    ) {
+    /// Layer `il`'s attention inputs: slots and shape from the store the memory keeps its
+    /// rows in (the rolling buffer, or the full store with --swa-full), mask and RoPE
+    /// table from what the model says it sees.
+    fn layer(&self, hp: &Hparams, il: usize, store: CacheKind) -> AttnInputs {
         let s = (store == CacheKind::Window) as usize;
         let k = hp.is_swa(il) as usize;
-        (
-            (self.slots[s], self.shapes[s]),
-            (self.masks[k], self.ropes[k]),
-        )
-    }
-}
-
-/// The input of layer `il`'s attention: the norm of x, or the one the previous layer's
-/// fused residual add made ([`close_layer`]).
-fn layer_input(
-    g: &mut crate::graph::GraphBuilder,
-    normed: &mut Option<crate::graph::TensorId>,
-    x: crate::graph::TensorId,
-    attn_norm: &crate::ops::View,
-    eps: f32,
-) -> crate::graph::TensorId {
-    match normed.take() {
-        Some(cur) => cur,
-        None => g.rms_norm(x, attn_norm, eps),
-    }
-}
-
-/// The residual add closing layer `il` (x_attn + ffn), fused with the next layer's
-/// attention norm where there is one on the same device (that norm is left in `normed`).
-fn close_layer(
-    g: &mut crate::graph::GraphBuilder,
-    layers: &[LayerWeights],
-    il: usize,
-    (x_attn, ffn): (crate::graph::TensorId, crate::graph::TensorId),
-    eps: f32,
-    normed: &mut Option<crate::graph::TensorId>,
-) -> crate::graph::TensorId {
-    match layers.get(il + 1) {
-        Some(next) if g.same_device(il, il + 1) => {
-            let (x_next, cur) = g.add_rms_norm(x_attn, ffn, &next.attn_norm, eps);
-            *normed = Some(cur);
-            x_next
+        AttnInputs {
+            slots: self.slots[s],
+            mask: self.masks[k],
+            rope: self.ropes[k],
+            rope_p: hp.layer_rope(il),
+            shape: self.shapes[s],
+            sp: softmax_params(hp),
         }
-        _ => g.add(x_attn, ffn),
     }
 }
 
