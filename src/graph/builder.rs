@@ -399,15 +399,8 @@ pub struct AttnBlock<'a> {
     /// The layer's K and V cache, [n_embd_kv, cells] each.
     pub k_cache: &'a View,
     pub v_cache: &'a View,
-    /// [n_tok] cells the ubatch's K and V rows are stored in.
-    pub slots: TensorId,
-    /// [n_kv, n_tok] KQ mask.
-    pub mask: TensorId,
-    /// The (cos, sin) table and the parameters it was made with.
-    pub rope: TensorId,
-    pub rope_p: RopeParams,
-    pub shape: AttnShape,
-    pub sp: SoftmaxParams,
+    /// The layer's cells, mask and RoPE table, its shape and softmax.
+    pub inp: AttnInputs,
     /// RMS norms of each Q and K head before RoPE (Gemma), with their epsilon.
     pub qk_norm: Option<(&'a View, &'a View, f32)>,
     /// gpt-oss: one sink logit per head joining the softmax, [n_head].
@@ -432,12 +425,7 @@ impl<'a> AttnBlock<'a> {
             wo,
             k_cache,
             v_cache,
-            slots: inp.slots,
-            mask: inp.mask,
-            rope: inp.rope,
-            rope_p: inp.rope_p,
-            shape: inp.shape,
-            sp: inp.sp,
+            inp,
             qk_norm: None,
             sinks: None,
             wo_bias: None,
@@ -994,15 +982,15 @@ impl GraphBuilder {
     pub fn attn_block(&mut self, x: TensorId, a: &AttnBlock) -> Result<TensorId, GpuError> {
         let n_tok = self.ne(x)[1];
         let shape = RopeStoreShape {
-            n_head: a.shape.n_head,
-            n_head_kv: a.shape.n_head_kv,
+            n_head: a.inp.shape.n_head,
+            n_head_kv: a.inp.shape.n_head_kv,
             n_tok,
-            k_type: a.shape.k_type,
-            v_type: a.shape.v_type,
-            rot_k: a.shape.rot_k,
-            rot_v: a.shape.rot_v,
+            k_type: a.inp.shape.k_type,
+            v_type: a.inp.shape.v_type,
+            rot_k: a.inp.shape.rot_k,
+            rot_v: a.inp.shape.rot_v,
         };
-        let row = shape.row_len(a.shape.head_dim);
+        let row = shape.row_len(a.inp.shape.head_dim);
         let stacked: u32 = a.qkv.iter().map(|w| w.n_rows).sum();
         if stacked != row {
             return Err(GpuError::Validation(format!(
@@ -1030,9 +1018,19 @@ impl GraphBuilder {
         };
         let kc = self.external(a.k_cache.clone());
         let vc = self.external(a.v_cache.clone());
-        let q = self.rope_store(qkv, a.rope, a.rope_p, a.slots, [kc, vc], shape, a.qk_norm);
-        let sinks = a.sinks.map(|v| self.input(v.clone(), [a.shape.n_head, 1]));
-        let attn = self.attention(q, [kc, vc], a.mask, sinks, a.shape, a.sp)?;
+        let q = self.rope_store(
+            qkv,
+            a.inp.rope,
+            a.inp.rope_p,
+            a.inp.slots,
+            [kc, vc],
+            shape,
+            a.qk_norm,
+        );
+        let sinks = a
+            .sinks
+            .map(|v| self.input(v.clone(), [a.inp.shape.n_head, 1]));
+        let attn = self.attention(q, [kc, vc], a.inp.mask, sinks, a.inp.shape, a.inp.sp)?;
         let out = self.matmul(a.wo, attn);
         Ok(match a.wo_bias {
             Some(b) => {

@@ -3,7 +3,7 @@
 //! `ggml_scale` then `ggml_add` in one pass), at the rows that weight's output occupies in a
 //! stacked (Q/K/V) or interleaved (gate/up) output.
 
-use super::kernels::{kernel_files, Family};
+use super::kernels::{kernel_files, one_kernel};
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
@@ -90,28 +90,4 @@ kernel_files! {
     ADD_SCALED = "kernels/add_scaled.wgsl";
 }
 
-/// The one add_scaled kernel: an invocation per value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Kernel;
-
-impl Family for Kernel {
-    const FILES: &'static [(&'static str, &'static str)] = FILES;
-    fn variants() -> Vec<Self> {
-        vec![Kernel]
-    }
-    fn body(&self) -> Result<String, String> {
-        Ok(ADD_SCALED.to_string())
-    }
-    fn uniform_wgsl(&self) -> &'static str {
-        AddScaledUniform::WGSL
-    }
-    fn workgroup_size(&self) -> u32 {
-        256
-    }
-}
-
-impl std::fmt::Display for Kernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "add_scaled")
-    }
-}
+one_kernel!("add_scaled", ADD_SCALED, AddScaledUniform, 256);

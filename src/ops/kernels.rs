@@ -69,6 +69,40 @@ macro_rules! kernel_files {
 }
 pub(crate) use kernel_files;
 
+/// The family of an op with one kernel: `Kernel`, a unit struct named `$name` whose
+/// source is `$source` (one of its `kernel_files!`) after the uniform `$uniform`, with `$wg`
+/// invocations per workgroup.
+macro_rules! one_kernel {
+    ($name:literal, $source:ident, $uniform:ty, $wg:literal) => {
+        /// The op's one kernel.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub struct Kernel;
+
+        impl $crate::ops::kernels::Family for Kernel {
+            const FILES: &'static [(&'static str, &'static str)] = FILES;
+            fn variants() -> Vec<Self> {
+                vec![Kernel]
+            }
+            fn body(&self) -> Result<String, String> {
+                Ok($source.to_string())
+            }
+            fn uniform_wgsl(&self) -> &'static str {
+                <$uniform>::WGSL
+            }
+            fn workgroup_size(&self) -> u32 {
+                $wg
+            }
+        }
+
+        impl std::fmt::Display for Kernel {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str($name)
+            }
+        }
+    };
+}
+pub(crate) use one_kernel;
+
 /// Declares [`KernelKey`]: a variant per family, and its methods by dispatch to the
 /// family's. Invoked once, by the table in `ops/mod.rs`.
 macro_rules! families {

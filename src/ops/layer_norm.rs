@@ -1,7 +1,7 @@
 //! Layer norm with a weight and a bias (BERT's `LayerNorm`, ggml's `norm` then `mul` and
 //! `add`): dst = (x - mean) / sqrt(var + eps) * w + b per row.
 
-use super::kernels::{kernel_files, Family};
+use super::kernels::{kernel_files, one_kernel};
 use super::uniforms::NormUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
@@ -57,28 +57,4 @@ kernel_files! {
     LAYER_NORM = "kernels/layer_norm.wgsl";
 }
 
-/// The layer norm kernel: a workgroup per row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Kernel;
-
-impl Family for Kernel {
-    const FILES: &'static [(&'static str, &'static str)] = FILES;
-    fn variants() -> Vec<Self> {
-        vec![Kernel]
-    }
-    fn body(&self) -> Result<String, String> {
-        Ok(LAYER_NORM.to_string())
-    }
-    fn uniform_wgsl(&self) -> &'static str {
-        NormUniform::WGSL
-    }
-    fn workgroup_size(&self) -> u32 {
-        256
-    }
-}
-
-impl std::fmt::Display for Kernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "layer_norm")
-    }
-}
+one_kernel!("layer_norm", LAYER_NORM, NormUniform, 256);

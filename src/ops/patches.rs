@@ -3,7 +3,7 @@
 //! `im2col` then a matmul; this is that `im2col`, and the ordinary matmul does the rest
 //! with the patch-embedding weight as a [C * P * P, n_embd] matrix).
 
-use super::kernels::{kernel_files, Family};
+use super::kernels::{kernel_files, one_kernel};
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
@@ -112,28 +112,4 @@ kernel_files! {
     PATCHES = "kernels/patches.wgsl";
 }
 
-/// The one patches kernel: an invocation per output value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Kernel;
-
-impl Family for Kernel {
-    const FILES: &'static [(&'static str, &'static str)] = FILES;
-    fn variants() -> Vec<Self> {
-        vec![Kernel]
-    }
-    fn body(&self) -> Result<String, String> {
-        Ok(PATCHES.to_string())
-    }
-    fn uniform_wgsl(&self) -> &'static str {
-        PatchesUniform::WGSL
-    }
-    fn workgroup_size(&self) -> u32 {
-        256
-    }
-}
-
-impl std::fmt::Display for Kernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "patches")
-    }
-}
+one_kernel!("patches", PATCHES, PatchesUniform, 256);

@@ -2,7 +2,7 @@
 //! a ubatch) each summed into one row, so that an embedding reads back a row per
 //! sequence instead of one per token.
 
-use super::kernels::{kernel_files, Family};
+use super::kernels::{kernel_files, one_kernel};
 use super::uniforms::SetRowsUniform;
 use super::{record, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
@@ -57,28 +57,4 @@ kernel_files! {
     POOL_ROWS = "kernels/pool_rows.wgsl";
 }
 
-/// The pooling kernel: an invocation per output value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Kernel;
-
-impl Family for Kernel {
-    const FILES: &'static [(&'static str, &'static str)] = FILES;
-    fn variants() -> Vec<Self> {
-        vec![Kernel]
-    }
-    fn body(&self) -> Result<String, String> {
-        Ok(POOL_ROWS.to_string())
-    }
-    fn uniform_wgsl(&self) -> &'static str {
-        SetRowsUniform::WGSL
-    }
-    fn workgroup_size(&self) -> u32 {
-        64
-    }
-}
-
-impl std::fmt::Display for Kernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "pool_rows")
-    }
-}
+one_kernel!("pool_rows", POOL_ROWS, SetRowsUniform, 64);
