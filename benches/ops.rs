@@ -8,7 +8,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use std::sync::Arc;
-use wgllm::gguf::{quant, GgmlType};
+use wgllm::gguf::GgmlType;
 use wgllm::gpu::{Gpu, GpuOptions, KernelTuning};
 use wgllm::kv::KvType;
 use wgllm::ops::attention::{attention, AttnShape, AttnViews};
@@ -16,6 +16,7 @@ use wgllm::ops::matmul::matmul;
 use wgllm::ops::rope::{rope, RopeParams};
 use wgllm::ops::softmax::{softmax, SoftmaxParams};
 use wgllm::ops::{run_now, Dispatch, View, Weight};
+use wgllm::quant;
 
 /// SmolLM2-135M: embedding 576, FFN 1536, 9 heads of 64 (3 K/V heads).
 const N_EMBD: usize = 576;

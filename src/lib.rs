@@ -24,6 +24,9 @@ pub mod kv;
 pub mod memory;
 pub mod model;
 pub mod ops;
+/// The formats kernels read: weight types (one implementation each: block layout, GPU
+/// repack, WGSL readers, integer-dot loader, CPU references) and K/V cache types.
+pub mod quant;
 pub mod sample;
 pub mod tokenizer;
 pub mod tune;

@@ -14,8 +14,9 @@ mod common;
 
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
-use wgllm::gguf::{quant, GgufFile, GgufWriter};
+use wgllm::gguf::{GgufFile, GgufWriter};
 use wgllm::model::synth::{synth, vocab_metadata, SynthArch, SynthShape, WeightScale};
+use wgllm::quant;
 
 struct Recorded {
     arch: String,

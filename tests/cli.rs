@@ -5,9 +5,10 @@ mod common;
 use common::wgllm;
 
 use std::process::Command;
-use wgllm::gguf::{quant, GgmlType, GgufFile, GgufWriter, Value};
+use wgllm::gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use wgllm::gpu::{Gpu, GpuOptions};
 use wgllm::model::{Model, ModelError};
+use wgllm::quant;
 
 fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("wgllm-cli-{}", std::process::id()));

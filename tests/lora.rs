@@ -198,7 +198,7 @@ fn f16_adapter_equals_merged_weights() {
     for t in &af.tensors {
         let n = t.n_elements() as usize;
         let mut v = vec![0f32; n];
-        wgllm::gguf::quant::dequantize_row(t.ty, af.tensor_data(t), &mut v);
+        wgllm::quant::dequantize_row(t.ty, af.tensor_data(t), &mut v);
         w.tensor(
             &t.name,
             &t.dims,

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{gpus, small_binding_gpu, small_binding_gpu_with, Rng};
-use wgllm::gguf::{quant, GgmlType};
+use wgllm::gguf::GgmlType;
 use wgllm::gpu::{Backend, Gpu, GpuError, GpuOptions, KernelShape, KernelTuning};
 use wgllm::kv::KvType;
 use wgllm::ops::add_rms_norm::{add_rms_norm, add_rms_norm_ref};
@@ -35,6 +35,7 @@ use wgllm::ops::rope_store::{rope_store, rope_store_ref, RopeStoreShape, RopeSto
 use wgllm::ops::set_rows::{set_rows, set_rows_ref};
 use wgllm::ops::softmax::{softmax_sinks, softmax_sinks_ref, SoftmaxParams};
 use wgllm::ops::{nmse, run_now, KernelKey, View, Weight};
+use wgllm::quant;
 
 const WEIGHT_TYPES: [GgmlType; 16] = [
     GgmlType::F32,
@@ -2266,7 +2267,7 @@ fn quantize_q8_matches_reference() {
 fn integer_dot_matmul_matches_reference() {
     let mut rng = Rng(52);
     for (name, gpu, _serial) in gpus() {
-        for ty in wgllm::ops::matmul_q8::TYPES {
+        for ty in quant::int_dot_types() {
             for (k, n, n_tok) in [
                 (32usize, 3usize, 1usize),
                 (256, 37, 2),

@@ -13,10 +13,11 @@ mod common;
 
 use common::{gpus, Rng};
 use half::f16;
-use wgllm::gguf::{quant, GgmlType, GgufFile};
+use wgllm::gguf::{GgmlType, GgufFile};
 use wgllm::ops::get_rows::{get_rows, get_rows_ref};
 use wgllm::ops::matmul::{matmul, matmul_ref};
 use wgllm::ops::{nmse, run_now, View, Weight};
+use wgllm::quant;
 
 fn model(env_var: &str, file: &str, fetch: &str) -> GgufFile {
     let p = std::env::var(env_var)

@@ -286,8 +286,9 @@ fn state_files_round_trip() {
 /// margin is at least 0.5, teacher-forced across four shifts.
 #[test]
 fn lfm2_context_shift_matches_llama_cpp() {
-    use wgllm::gguf::{quant, GgufFile};
+    use wgllm::gguf::GgufFile;
     use wgllm::model::synth::{synth, vocab_metadata, SynthShape, WeightScale};
+    use wgllm::quant;
     let vocab =
         GgufFile::open(common::llamacpp_tests_dir().join("vocab/ggml-vocab-llama-bpe.gguf"))
             .unwrap();

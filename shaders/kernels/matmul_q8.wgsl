@@ -2,12 +2,13 @@
 // (quantize_q8_1.wgsl), W's codes read as bytes, each block's 32 products summed by
 // eight dot4I8Packed into one integer, then scaled: with the weight block's (scale,
 // offset) pair dm and x's (d, d * sum(q)), a block adds dm.x * d * sum + dm.y * d * sum(q).
-// q8_weights.wgsl (beside this) has each type's block loader, a block's codes as eight
-// words of bytes (0..31 for the 4- and 5-bit formats) and its dm; LOAD_W names the one.
+// The weight type's loader (`weights/dot_<type>.wgsl`, after `dot_common.wgsl`) is
+// `load_w`: a block's codes as eight words of bytes (0..31 for the 4- and 5-bit formats)
+// and its dm.
 // A workgroup of 64 handles ROWS rows for TB tokens: its invocations stride over the
 // blocks, loading each weight block once for the TB tokens, then the REDUCE slot adds the
 // partial sums into red[(row * TB + token) * 64]: subgroupAdd where the adapter has
-// subgroups of at most 64, else a workgroup-memory tree (`ops::shaders::q8_reduce`).
+// subgroups of at most 64, else a workgroup-memory tree (`ops::matmul_q8::q8_reduce`).
 
 const TB: u32 = {{TB}}u;
 const ROWS: u32 = {{ROWS}}u;
@@ -39,7 +40,7 @@ fn main(
     for (var b = lid; b < nb; b += 64u) {
         for (var r = 0u; r < ROWS; r++) {
             // Rows past the end read the last row (every invocation reaches the barriers).
-            let wb = {{LOAD_W}}(min(row0 + r, p.n_rows - 1u) * p.row_words, nb, b);
+            let wb = load_w(min(row0 + r, p.n_rows - 1u) * p.row_words, nb, b);
             for (var t = 0u; t < TB; t++) {
                 let xb = min(t0 + t, p.n_tok - 1u) * nb + b;
                 var s = 0;

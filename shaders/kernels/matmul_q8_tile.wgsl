@@ -2,8 +2,8 @@
 // workgroup of 256 computes BM weight rows x BN tokens, as llama.cpp's mul_mmq does. The
 // arithmetic per block is matmul_q8.wgsl's (eight dot4I8Packed into one integer, then
 // dm.x * d * sum + dm.y * d * sum(q)); what differs is the reuse: per step of BK blocks the
-// workgroup stages the BM rows' weight blocks (codes as bytes, by the type's loader in
-// q8_weights.wgsl) and the BN tokens' 8-bit blocks in workgroup memory, so each weight
+// workgroup stages the BM rows' weight blocks (codes as bytes, by the type's `load_w`,
+// weights/dot_<type>.wgsl) and the BN tokens' 8-bit blocks in workgroup memory, so each weight
 // block is read from memory once per BN tokens and each x block once per BM rows. Each
 // invocation owns TM x TN outputs (rows tx + 16 i, tokens ty + 16 j) and keeps one
 // integer sum per output per block. The next step's blocks are fetched into registers
@@ -42,7 +42,7 @@ var<workgroup> xds: array<vec2<f32>, BK * BN>;
 fn weight_block(row: u32, nb: u32, b: u32) -> WBlock {
     var o: WBlock;
     if (b < nb) {
-        o = {{LOAD_W}}(row * p.row_words, nb, b);
+        o = load_w(row * p.row_words, nb, b);
     }
     return o;
 }

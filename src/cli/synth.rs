@@ -5,10 +5,11 @@
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::path::PathBuf;
-use wgllm::gguf::{quant, GgufFile, Value};
+use wgllm::gguf::{GgufFile, Value};
 use wgllm::model::synth::{
     self as model_synth, vocab_metadata, SynthArch, SynthShape, WeightScale,
 };
+use wgllm::quant;
 
 #[derive(Args)]
 pub struct SynthArgs {

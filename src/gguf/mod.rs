@@ -3,7 +3,6 @@
 //! Every read is bounds-checked, so a truncated or corrupt file yields a [`GgufError`]
 //! naming what was wrong and where, never a panic.
 
-pub mod quant;
 mod reader;
 pub mod types;
 mod writer;

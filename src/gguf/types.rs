@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// A ggml element type. Only the ids are fixed by the format; which ones wgllm can
-/// compute with is decided by the ops (see [`GgmlType::is_supported_weight`]).
+/// compute with is the weight-format registry's business (`crate::quant::format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GgmlType {
     F32,
@@ -89,12 +89,6 @@ impl GgmlType {
             return None;
         }
         (n / bs as u64).checked_mul(bb as u64)
-    }
-
-    /// Types whose matmul/get_rows kernels exist in this build: those with a
-    /// [`crate::gguf::quant::QuantFormat`] in the registry.
-    pub fn is_supported_weight(self) -> bool {
-        super::quant::format(self).is_some()
     }
 }
 

@@ -694,8 +694,33 @@ impl GraphBuilder {
             let pairs = self.matmul(w, x);
             return self.glu_pairs(act, pairs);
         }
+        let dst = self.tensor([w.n_rows / 2, self.ne(x)[1]]);
+        self.fused_glu_into(w, x, act, dst);
+        dst
+    }
+
+    /// act(gate · x) * (up · x) of a weight without LoRA terms, the GLU in the matmul's
+    /// epilogue, written to an existing tensor ([w.n_rows / 2, n_tok]): the tuner's
+    /// layer, whose outputs it reads back.
+    pub fn matmul_glu_into(
+        &mut self,
+        w: &Arc<Weight>,
+        x: TensorId,
+        act: Activation,
+        dst: TensorId,
+    ) -> Result<(), GpuError> {
+        if self.adapted(w) {
+            return Err(GpuError::Validation(format!(
+                "matmul_glu_into {}: a weight with LoRA terms needs its GLU after them",
+                w.name
+            )));
+        }
+        self.fused_glu_into(w, x, act, dst);
+        Ok(())
+    }
+
+    fn fused_glu_into(&mut self, w: &Arc<Weight>, x: TensorId, act: Activation, dst: TensorId) {
         let n_tok = self.ne(x)[1];
-        let dst = self.tensor([w.n_rows / 2, n_tok]);
         let pairs = self.tensor([w.n_rows, n_tok]);
         if self.int_dot_for(w, n_tok) {
             let xq = self.quantized(x);
@@ -705,7 +730,7 @@ impl GraphBuilder {
                 act,
             };
             self.node(op, &[xq], &[dst, pairs]);
-            return dst;
+            return;
         }
         let op = Op::MatmulGlu {
             w: w.clone(),
@@ -713,7 +738,6 @@ impl GraphBuilder {
             act,
         };
         self.node(op, &[x], &[dst, pairs]);
-        dst
     }
 
     /// Each row of x RMS-normed and scaled by the vector `w`.

@@ -85,6 +85,18 @@ impl Graph {
         (self.submit_ns.load(Relaxed), self.wait_ns.load(Relaxed))
     }
 
+    /// The dispatches of a graph on one device, in order (they hold their buffers): for
+    /// callers that run them on their own, as the tuner does its timed layer.
+    pub fn into_dispatches(self) -> Result<Vec<Dispatch>, GpuError> {
+        match <[Part; 1]>::try_from(self.parts) {
+            Ok([part]) => Ok(part.dispatches),
+            Err(parts) => Err(GpuError::Validation(format!(
+                "a graph of {} parts has no one list of dispatches",
+                parts.len()
+            ))),
+        }
+    }
+
     pub fn n_dispatches(&self) -> usize {
         self.parts.iter().map(|p| p.dispatches.len()).sum()
     }

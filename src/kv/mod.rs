@@ -5,17 +5,20 @@
 //! where it can be unit-tested exhaustively.
 
 mod cells;
+mod config;
 mod defrag;
-mod kv_type;
 mod mask;
 mod rs_cells;
 mod seq;
 mod view;
 mod window;
 
+/// The cache's element types, re-exported where a cache is configured; each type's layout,
+/// WGSL and CPU reference live in `crate::quant::cache`.
+pub use crate::quant::cache::{bf16_bits, KvType, GROUP as KV_GROUP};
 pub use cells::{seqs_below, Cell, KvCells, KvError, SeqId, MAX_SEQ};
+pub use config::{FlashAttn, KvChoice, KvConfig};
 pub use defrag::Move;
-pub use kv_type::{bf16_bits, FlashAttn, KvChoice, KvConfig, KvType, GROUP as KV_GROUP};
 pub use mask::{build_mask, MaskKind, MASKED};
 pub use rs_cells::{RsCells, RsSlot, PARTIAL_RM};
 pub use view::seq_set_text;

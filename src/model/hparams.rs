@@ -1,9 +1,10 @@
 //! Hyperparameters from GGUF metadata.
 
 use super::ModelError;
-use crate::gguf::{quant, GgmlType, GgufFile};
+use crate::gguf::{GgmlType, GgufFile};
 use crate::ops::moe::{Gating, MoeRouting, MAX_USED};
 use crate::ops::rope::{intern_factors, RopeParams, Yarn};
+use crate::quant;
 
 /// The architectures wgllm runs. Qwen 2/3 and Phi-3 are llama-shaped blocks that differ
 /// in data, not in structure: NeoX-style RoPE, Q/K/V biases (qwen2), per-head Q/K norms

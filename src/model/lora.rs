@@ -6,9 +6,10 @@
 //! setting of the context ([`LoraScales`]), so a server can change it per request.
 
 use super::{GateUp, Model, ModelError};
-use crate::gguf::{quant, GgmlType, GgufFile, TensorInfo};
+use crate::gguf::{GgmlType, GgufFile, TensorInfo};
 use crate::graph::{LoraTerm, LoraTerms};
 use crate::ops::{Ffn, Weight};
+use crate::quant;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 

@@ -39,7 +39,7 @@ pub enum ModelError {
         arch: String,
         supported: &'static str,
     },
-    #[error("{path}: tensor `{tensor}` has type {ty}, which wgllm cannot compute with yet (supported: {supported})", supported = crate::gguf::quant::supported_names())]
+    #[error("{path}: tensor `{tensor}` has type {ty}, which wgllm cannot compute with yet (supported: {supported})", supported = crate::quant::supported_names())]
     UnsupportedType {
         path: String,
         tensor: String,

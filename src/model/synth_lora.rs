@@ -4,7 +4,8 @@
 //! that llama.cpp and wgllm can be compared on the same adapter without a trained one.
 
 use super::synth::Rng;
-use crate::gguf::{quant, GgmlType, GgufFile, GgufWriter, Value};
+use crate::gguf::{GgmlType, GgufFile, GgufWriter, Value};
+use crate::quant;
 
 /// What to write.
 #[derive(Clone, Debug)]

@@ -2,9 +2,10 @@
 //! become f32.
 
 use super::{Arch, Hparams, ModelError};
-use crate::gguf::{quant, GgmlType, GgufFile, TensorInfo};
+use crate::gguf::{GgmlType, GgufFile, TensorInfo};
 use crate::gpu::{Gpu, Placement};
 use crate::ops::{View, Weight};
+use crate::quant;
 use std::sync::Arc;
 
 pub use crate::ops::{ExpertBiases, Experts, Ffn, GateUp, SharedExpert};
@@ -184,7 +185,7 @@ impl Loader<'_> {
     /// A matrix's tensor, checked: [n_cols, n_rows] of a type the kernels read.
     fn matrix_info(&self, name: &str, n_cols: u32, n_rows: u32) -> Result<TensorInfo, ModelError> {
         let t = self.info(name, &[n_cols as u64, n_rows as u64])?.clone();
-        if !t.ty.is_supported_weight() {
+        if quant::format(t.ty).is_none() {
             return Err(ModelError::UnsupportedType {
                 path: self.f.path.clone(),
                 tensor: name.into(),
@@ -408,7 +409,7 @@ impl Loader<'_> {
         let t = self
             .info(name, &[n_cols as u64, rows as u64, n_expert as u64])?
             .clone();
-        if !t.ty.is_supported_weight() {
+        if quant::format(t.ty).is_none() {
             return Err(ModelError::UnsupportedType {
                 path: self.f.path.clone(),
                 tensor: name.into(),

@@ -4,8 +4,9 @@ use super::kernels::{kernel_files, Family};
 use super::shaders::{compose, quant_source, weight_types, QUANT_READ};
 use super::uniforms::uniform_struct;
 use super::{record, Dispatch, KernelKey, View, Weight};
-use crate::gguf::{quant, GgmlType};
+use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError};
+use crate::quant;
 
 /// dst[t] = dequantized row ids[t] of `w`, for t < n_ids. One dispatch per weight chunk.
 pub fn get_rows(

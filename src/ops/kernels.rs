@@ -11,6 +11,7 @@
 
 use super::KernelKey;
 use crate::gpu::KernelShape;
+use crate::kv::KvType;
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
@@ -262,12 +263,21 @@ fn fingerprinted() -> Vec<String> {
     let mut files: Vec<(&str, &str)> = super::shaders::SOURCES.to_vec();
     files.extend(KernelKey::family_files());
     files.sort_by_key(|(name, _)| *name);
+    // Every weight format's readers, from the registry that the kernels take them from.
     let types = super::shaders::weight_types().into_iter();
     let snippets = types.filter_map(super::shaders::quant_snippet);
+    let loaders = crate::quant::FORMATS.iter().filter_map(|f| f.int_dot());
     files
         .into_iter()
         .map(|(_, src)| src.to_string())
         .chain(snippets)
+        .chain(loaders.map(|d| d.wgsl.to_string()))
+        .chain(
+            KvType::ALL
+                .iter()
+                .filter_map(|t| t.wgsl())
+                .map(str::to_string),
+        )
         .collect()
 }
 
@@ -375,6 +385,29 @@ mod tests {
         let files: Vec<(&str, &str)> = [SOURCES, &KernelKey::family_files()].concat();
         assert!(files.len() > 60);
         assert_eq!(unhashed(&all), Vec::<String>::new());
+        // The formats' snippets come from their registries: leave those out, and every
+        // one of their files is missed.
+        let formats: Vec<String> = crate::quant::FORMATS
+            .iter()
+            .filter_map(|f| f.int_dot())
+            .map(|d| d.wgsl.to_string())
+            .chain(
+                KvType::ALL
+                    .iter()
+                    .filter_map(|t| t.wgsl())
+                    .map(str::to_string),
+            )
+            .collect();
+        let less: Vec<String> = all
+            .iter()
+            .filter(|s| !formats.contains(s))
+            .cloned()
+            .collect();
+        let missed = unhashed(&less);
+        assert_eq!(missed.len(), formats.len(), "{missed:?}");
+        assert!(missed
+            .iter()
+            .all(|f| f.contains("/weights/dot_") || f.contains("/cache/kv_")));
         for name in [
             "kernels/get_rows.wgsl",
             "kernels/layer_norm.wgsl",
@@ -641,7 +674,7 @@ mod tests {
         assert_eq!(count(|k| matches!(k, KernelKey::SetRows(_))), 2 * n_kv);
         // The activation quantizer, and per type every rows x tokens x reduction and the
         // tiles.
-        let q8 = 1 + crate::ops::matmul_q8::TYPES.len()
+        let q8 = 1 + crate::quant::int_dot_types().len()
             * (Q8_MATMUL_ROWS.len() * Q8_MATMUL_TOKENS.len() * 2 + Q8_TILES.len());
         assert_eq!(count(|k| matches!(k, KernelKey::MatmulQ8(_))), q8);
         assert_eq!(

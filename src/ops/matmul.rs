@@ -5,8 +5,9 @@ use super::kernels::{Family, Products};
 use super::shaders::{self, quant_source, weight_types, Tokens};
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View, Weight};
-use crate::gguf::{quant, GgmlType};
+use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError, KernelShape};
+use crate::quant;
 
 /// (rows, tokens) per invocation: matrix-vector for one token, small tiles for batches;
 /// `unrolled`: the kernels' loops are written out (`Gpu::unroll`, SwiftShader).

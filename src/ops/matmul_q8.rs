@@ -12,28 +12,13 @@
 use super::glu::{glu_pairs, Activation};
 use super::kernels::{kernel_files, Family, Products};
 use super::matmul::{gpu_tile_min, MatmulOut};
-use super::shaders::{compose, Q8_WEIGHTS};
+use super::shaders::compose;
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View, Weight};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError, KernelShape};
+use crate::quant;
 
-/// The weight types with an integer-dot kernel: those whose GPU blocks are 32 codes of at
-/// most 8 bits with one scale and offset (the K-quants' 32-weight sub-blocks of 4 and 5
-/// bits, the non-linear 4-bit formats' codes as their signed 8-bit levels). Q2_K, Q3_K and
-/// Q6_K scale each half of a 32-weight sub-block on its own, which this kernel's one
-/// integer sum per block does not allow.
-pub const TYPES: [GgmlType; 9] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Iq4Nl,
-    GgmlType::Iq4Xs,
-];
 /// Weight rows per workgroup of the integer-dot matmul (`matmul_q8.wgsl`).
 pub const Q8_MATMUL_ROWS: &[u32] = &[1, 2, 4];
 /// Tokens per workgroup of the integer-dot matmul.
@@ -42,9 +27,10 @@ pub const Q8_MATMUL_TOKENS: &[u32] = &[1, 2, 4, 8];
 /// (`matmul_q8_tile.wgsl`).
 pub const Q8_TILES: &[(u32, u32)] = &[(64, 64), (128, 64)];
 
-/// Whether weights of `ty` have an integer-dot kernel.
+/// Whether weights of `ty` have an integer-dot kernel: those whose format has an
+/// integer-dot loader (`crate::quant::IntDot`).
 pub fn supports(ty: GgmlType) -> bool {
-    TYPES.contains(&ty)
+    quant::int_dot(ty).is_some()
 }
 
 /// Whether the integer-dot kernel can multiply by `w`: a type it has, whole blocks.
@@ -216,7 +202,11 @@ fn record_chunks(
             "matmul_q8 {}: weights of type {} through the {key} kernel (integer-dot kernels: {})",
             w.name,
             w.ty,
-            TYPES.map(|t| t.to_string()).join(", ")
+            quant::int_dot_types()
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     w.check_blocks_of_32("matmul_q8")?;
@@ -315,76 +305,8 @@ pub fn quantize_q8_ref(x: &[f32]) -> Q8Blocks {
     out
 }
 
-/// One weight block's 32 codes as the integer kernel multiplies them (0..31 for the 4-
-/// and 5-bit formats, signed bytes for Q8_0 and the non-linear formats' levels) and its
-/// (scale, offset): a weight is code * scale + offset.
-type WeightBlock = ([i32; 32], (f32, f32));
-
-/// The 32-weight blocks of one row of `ty` from its GGUF bytes, decoded from the file's
-/// layout (not the GPU's), as the kernel multiplies them.
-fn weight_blocks(ty: GgmlType, row: &[u8]) -> Vec<WeightBlock> {
-    use crate::gguf::quant::{iq4_xs_scale, k4_scale_min, IQ4_LEVELS};
-    let f16 = |b: &[u8], i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-    // Byte j: weight j in the low nibble, weight j + 16 in the high one (5th bits from qh).
-    let nibbles = |qs: &[u8], qh: u32| {
-        let mut c = [0i32; 32];
-        for j in 0..16 {
-            c[j] = (qs[j] & 15) as i32 | (((qh >> j) & 1) << 4) as i32;
-            c[j + 16] = (qs[j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
-        }
-        c
-    };
-    let levels = |qs: &[u8]| nibbles(qs, 0).map(|c| IQ4_LEVELS[c as usize] as i32);
-    let word = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-    // A K-quant sub-block: (scale, offset) from the 6-bit pair, codes from `code(l)`.
-    let k_sub = |b: &[u8], s: usize, code: &dyn Fn(usize) -> i32| -> WeightBlock {
-        let (sc, m) = k4_scale_min(&b[4..16], s);
-        let codes = std::array::from_fn(code);
-        (codes, (f16(b, 0) * sc as f32, -(f16(b, 2) * m as f32)))
-    };
-    let (_, block_bytes) = ty.block_layout().expect("a block type");
-    row.chunks_exact(block_bytes)
-        .flat_map(|b| -> Vec<WeightBlock> {
-            match ty {
-                GgmlType::Q4_0 => vec![(nibbles(&b[2..18], 0), (f16(b, 0), -8.0 * f16(b, 0)))],
-                GgmlType::Q4_1 => vec![(nibbles(&b[4..20], 0), (f16(b, 0), f16(b, 2)))],
-                GgmlType::Q5_0 => {
-                    let d = f16(b, 0);
-                    vec![(nibbles(&b[6..22], word(b, 2)), (d, -16.0 * d))]
-                }
-                GgmlType::Q5_1 => vec![(nibbles(&b[8..24], word(b, 4)), (f16(b, 0), f16(b, 2)))],
-                GgmlType::Q8_0 => {
-                    let codes = std::array::from_fn(|j| b[2 + j] as i8 as i32);
-                    vec![(codes, (f16(b, 0), 0.0))]
-                }
-                // Sub-block s: the low (s even) or high nibbles of qs bytes 32 (s / 2)..
-                GgmlType::Q4K => (0..8)
-                    .map(|s| {
-                        let qs = &b[16 + 32 * (s / 2)..][..32];
-                        k_sub(b, s, &|l| ((qs[l] >> (4 * (s % 2))) & 15) as i32)
-                    })
-                    .collect(),
-                // The same from qs at 48, and bit s of qh byte l as weight l's 5th bit.
-                GgmlType::Q5K => (0..8)
-                    .map(|s| {
-                        let (qh, qs) = (&b[16..48], &b[48 + 32 * (s / 2)..][..32]);
-                        k_sub(b, s, &|l| {
-                            (((qs[l] >> (4 * (s % 2))) & 15) | ((qh[l] >> s) & 1) << 4) as i32
-                        })
-                    })
-                    .collect(),
-                GgmlType::Iq4Nl => vec![(levels(&b[2..18]), (f16(b, 0), 0.0))],
-                GgmlType::Iq4Xs => (0..8)
-                    .map(|s| (levels(&b[8 + 16 * s..][..16]), (iq4_xs_scale(b, s), 0.0)))
-                    .collect(),
-                _ => panic!("no integer-dot kernel for {ty}"),
-            }
-        })
-        .collect()
-}
-
-/// CPU reference of [`matmul_q8`] on GGUF bytes `data` ([k, n] of `ty`, one of
-/// [`TYPES`]) and f32 x ([k, n_tok]): x quantized as [`quantize_q8_ref`] does, each
+/// CPU reference of [`matmul_q8`] on GGUF bytes `data` ([k, n] of `ty`, one
+/// [`supports`]) and f32 x ([k, n_tok]): x quantized as [`quantize_q8_ref`] does, each
 /// block's integer sum of products scaled in f32 as the kernel does, blocks added in f64.
 pub fn matmul_q8_ref(
     ty: GgmlType,
@@ -397,8 +319,8 @@ pub fn matmul_q8_ref(
     let xq = quantize_q8_ref(&x[..k * n_tok]);
     let nb = k / 32;
     let row_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize;
-    let rows: Vec<Vec<WeightBlock>> = (0..n)
-        .map(|r| weight_blocks(ty, &data[r * row_bytes..(r + 1) * row_bytes]))
+    let rows: Vec<Vec<quant::DotBlock>> = (0..n)
+        .map(|r| quant::dot_blocks(ty, &data[r * row_bytes..(r + 1) * row_bytes]))
         .collect();
     let mut out = vec![0f32; n * n_tok];
     for t in 0..n_tok {
@@ -448,6 +370,8 @@ uniform_struct! {
 
 kernel_files! {
     QUANTIZE_Q8_1 = "kernels/quantize_q8_1.wgsl";
+    /// What every weight type's `load_w` (`crate::quant::IntDot::wgsl`) may call.
+    DOT_COMMON = "weights/dot_common.wgsl";
     MATMUL_Q8 = "kernels/matmul_q8.wgsl";
     MATMUL_Q8_TILE = "kernels/matmul_q8_tile.wgsl";
 }
@@ -520,19 +444,17 @@ fn q8_reduce(subgroups: bool) -> (&'static str, String) {
     ("REDUCE", reduce.to_string())
 }
 
-/// The name of a type's block loader in `weights/q8_weights.wgsl`.
-fn load_w(ty: GgmlType) -> (&'static str, String) {
-    (
-        "LOAD_W",
-        format!("load_w_{}", ty.to_string().to_lowercase()),
-    )
+/// A type's block loader (`load_w`), after the helpers the loaders share.
+fn loader(ty: GgmlType) -> Result<String, String> {
+    let dot = quant::int_dot(ty).ok_or_else(|| format!("no integer-dot kernel for {ty}"))?;
+    Ok(format!("{DOT_COMMON}\n{}", dot.wgsl))
 }
 
 impl Family for Kernel {
     const FILES: &'static [(&'static str, &'static str)] = FILES;
     fn variants() -> Vec<Self> {
         let mut v = vec![Kernel::Quantize];
-        for ty in TYPES {
+        for ty in quant::int_dot_types() {
             for &rows in Q8_MATMUL_ROWS {
                 for subgroups in [false, true] {
                     v.extend(Q8_MATMUL_TOKENS.iter().map(|&tb| Kernel::Vec {
@@ -556,18 +478,17 @@ impl Family for Kernel {
                 tb,
                 subgroups,
             } => compose(
-                &[MATMUL_Q8, Q8_WEIGHTS],
+                &[MATMUL_Q8, &loader(ty)?],
                 &[
                     ("TB", tb.to_string()),
                     ("ROWS", rows.to_string()),
                     q8_reduce_args(subgroups),
                     q8_reduce(subgroups),
-                    load_w(ty),
                 ],
             ),
             Kernel::Tile { ty, bm, bn } => compose(
-                &[MATMUL_Q8_TILE, Q8_WEIGHTS],
-                &[("BM", bm.to_string()), ("BN", bn.to_string()), load_w(ty)],
+                &[MATMUL_Q8_TILE, &loader(ty)?],
+                &[("BM", bm.to_string()), ("BN", bn.to_string())],
             ),
         })
     }

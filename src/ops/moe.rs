@@ -14,9 +14,9 @@ use super::matmul::{CPU_MATMUL_ROWS, CPU_MATMUL_TOKENS, GPU_TILES};
 use super::shaders::{self, compose, quant_source, weight_types, Tokens, QUANT_READ};
 use super::uniforms::uniform_struct;
 use super::{matmul, record, split_groups, Dispatch, KernelKey, View, Weight, MAX_GROUPS};
-use crate::gguf::quant;
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError};
+use crate::quant;
 
 /// Most experts a token may use (the routing kernel's arrays).
 pub const MAX_USED: u32 = 16;

@@ -1,7 +1,7 @@
 //! The WGSL that several kernel families share, embedded at build time, and the tiny
-//! template step that specialises sources: the cache formats' load and store snippets, the
-//! weight formats' snippets, and the matmul, flash and rope_store templates that more than
-//! one family composes. A family's own files are declared in its op file
+//! template step that specialises sources: the cache formats' load and store snippets and
+//! the weight formats' snippets (both owned by `crate::quant`) composed into kernels, and
+//! the matmul, flash and rope_store templates that more than one family composes. A family's own files are declared in its op file
 //! ([`super::kernels::kernel_files!`]).
 
 use crate::gguf::GgmlType;
@@ -25,7 +25,6 @@ sources! {
     pub MATMUL_TILE = "kernels/matmul_tile.wgsl";
     pub ATTN_FLASH_COOP = "kernels/attn_flash_coop.wgsl";
     pub MATMUL_COOP = "kernels/matmul_coop.wgsl";
-    pub Q8_WEIGHTS = "weights/q8_weights.wgsl";
     pub ACT = "common/act.wgsl";
     pub SET_ROWS = "kernels/set_rows.wgsl";
     pub ROPE_STORE = "common/rope_store.wgsl";
@@ -34,15 +33,8 @@ sources! {
     pub SOFTMAX_COMMON = "common/softmax_common.wgsl";
     pub ATTN_FLASH = "kernels/attn_flash.wgsl";
     pub SET_ROWS_BLOCKS = "kernels/set_rows_blocks.wgsl";
-    /// Helpers of the packed K/V cache types' snippets (see [`kv_snippet`]).
+    /// Helpers of the packed K/V cache types' snippets (`KvType::wgsl`).
     pub KV_COMMON = "cache/kv_common.wgsl";
-    KV_BF16 = "cache/kv_bf16.wgsl";
-    KV_Q8_0 = "cache/kv_q8_0.wgsl";
-    KV_Q4_0 = "cache/kv_q4_0.wgsl";
-    KV_Q4_1 = "cache/kv_q4_1.wgsl";
-    KV_IQ4_NL = "cache/kv_iq4_nl.wgsl";
-    KV_Q5_0 = "cache/kv_q5_0.wgsl";
-    KV_Q5_1 = "cache/kv_q5_1.wgsl";
     /// What every weight snippet shares: the row layout (`Blk`, `blk`: where a block's head
     /// and body are) and the `Quarter` that `load_quarter` returns.
     pub QUANT_COMMON = "weights/quant_common.wgsl";
@@ -51,24 +43,9 @@ sources! {
     pub QUANT_READ = "weights/quant_read.wgsl";
 }
 
-/// A packed cache type's snippet (load part, `// @store`, store part); None for f32 and
-/// f16, which kernels read and write as plain arrays.
-fn kv_snippet(ty: KvType) -> Option<&'static str> {
-    Some(match ty {
-        KvType::F32 | KvType::F16 => return None,
-        KvType::Bf16 => KV_BF16,
-        KvType::Q8_0 => KV_Q8_0,
-        KvType::Q4_0 => KV_Q4_0,
-        KvType::Q4_1 => KV_Q4_1,
-        KvType::Iq4Nl => KV_IQ4_NL,
-        KvType::Q5_0 => KV_Q5_0,
-        KvType::Q5_1 => KV_Q5_1,
-    })
-}
-
 /// The load or store part of a packed type's snippet for prefix `p` and binding `b`.
 fn kv_part(ty: KvType, store: bool, p: &str, b: &str) -> String {
-    let src = kv_snippet(ty).expect("packed cache type");
+    let src = ty.wgsl().expect("packed cache type");
     let (load, st) = src
         .split_once("// @store\n")
         .expect("kv snippets have a `// @store` line");
@@ -181,8 +158,8 @@ pub fn quant_source(ty: GgmlType) -> Result<String, String> {
 /// The snippet defining QK, HW, BW, `load_block`, `load_quarter` and `deq_elem` for a weight
 /// type, after the shared part.
 pub fn quant_snippet(ty: GgmlType) -> Option<String> {
-    // Each weight format owns its snippet (see `crate::gguf::quant` for the contract).
-    crate::gguf::quant::format(ty).map(|f| format!("{QUANT_COMMON}\n{}", f.wgsl()))
+    // Each weight format owns its snippet (see `crate::quant` for the contract).
+    crate::quant::format(ty).map(|f| format!("{QUANT_COMMON}\n{}", f.wgsl()))
 }
 
 /// Joins `parts` and replaces each `{{KEY}}` with its value.

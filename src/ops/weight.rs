@@ -1,8 +1,9 @@
 //! A weight matrix on the GPU, in its block layout, split into row chunks that each fit
 //! one storage binding (a 170 MiB embedding does not fit lavapipe's 128 MiB).
 
-use crate::gguf::{quant, GgmlType};
+use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError};
+use crate::quant;
 use std::sync::Arc;
 
 /// The gate and up projections of a gated feed-forward: a layout the model chooses when

@@ -7,12 +7,12 @@ use super::attn_run::AttnRun;
 use super::check::{self, KernelCheck};
 use crate::gguf::GgufFile;
 use crate::gpu::{Gpu, GpuError, KernelShape, KernelTuning};
+use crate::graph::GraphBuilder;
 use crate::model::{GateUp, Hparams, LayerWeights};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::ops::attention::{flash_coop, FlashKernel};
 use crate::ops::glu::Activation;
-use crate::ops::matmul::{matmul_at, matmul_glu, MatmulOut};
-use crate::ops::matmul_q8::{self, matmul_q8_at, matmul_q8_glu, q8_bytes, quantize_q8};
+use crate::ops::matmul_q8;
 use crate::ops::{run_repeated, Dispatch, View, Weight};
 use std::sync::Arc;
 use web_time::Instant;
@@ -93,10 +93,8 @@ struct LayerRun {
     pairs: View,
     up: View,
     down_out: View,
-    /// The inputs as 8-bit blocks, for the integer-dot candidates.
-    xq: View,
-    attnq: View,
-    ffnq: View,
+    /// Values per row of x (the model's width).
+    n_embd: u32,
 }
 
 impl LayerRun {
@@ -112,9 +110,6 @@ impl LayerRun {
         let buf = |name: &str, n: u64| -> Result<View, GpuError> {
             Ok(View::whole(&gpu.storage(name, n.max(1) * 4 * t)?))
         };
-        let q8 = |name: &str, k: u32| -> Result<View, GpuError> {
-            Ok(View::whole(&gpu.storage(name, q8_bytes(k, PROMPT_TOKENS))?))
-        };
         let (gate_up, down) = lw.ffn.dense();
         let n_ff = match &gate_up {
             GateUp::Interleaved(w) => w.n_rows / 2,
@@ -129,9 +124,7 @@ impl LayerRun {
             pairs: buf("tune_pairs", 2 * n_ff as u64)?,
             up: buf("tune_up", n_ff as u64)?,
             down_out: buf("tune_down_out", down.n_rows as u64)?,
-            xq: q8("tune_xq", hp.n_embd)?,
-            attnq: q8("tune_attnq", lw.wo.n_cols)?,
-            ffnq: q8("tune_ffnq", down.n_cols)?,
+            n_embd: hp.n_embd,
             lw,
             gate_up,
             down,
@@ -150,58 +143,37 @@ impl LayerRun {
         ws.into_iter().any(matmul_q8::takes)
     }
 
-    fn dispatches(&self, gpu: &Gpu, n_tok: u32) -> Result<Vec<Dispatch>, GpuError> {
-        let mut r = Recorder {
-            gpu,
-            n_tok,
-            quantized: Vec::new(),
-            d: Vec::new(),
-        };
+    /// The layer's products for `n_tok` tokens as the graph builder records them on
+    /// `gpu` (with its tuning): the same kernels, the integer-dot choice and each input
+    /// quantized once, that a model's graph takes.
+    fn dispatches(&self, gpu: &Arc<Gpu>, n_tok: u32) -> Result<Vec<Dispatch>, GpuError> {
+        let mut b = GraphBuilder::new_on(gpu.clone());
+        let tensor = |b: &mut GraphBuilder, v: &View, rows: u32| b.input(v.clone(), [rows, n_tok]);
         let stride: u32 = self.lw.qkv.iter().map(|w| w.n_rows).sum();
+        let x = tensor(&mut b, &self.x, self.n_embd);
+        let qkv = tensor(&mut b, &self.qkv, stride);
         let mut at = 0;
         for w in &self.lw.qkv {
-            let out = MatmulOut {
-                row_offset: at,
-                stride,
-            };
-            r.product(w, (&self.x, &self.xq), &self.qkv, out)?;
+            b.matmul_rows_into(w, x, qkv, at);
             at += w.n_rows;
         }
         let wo = &self.lw.wo;
-        let out = MatmulOut::whole(wo);
-        r.product(wo, (&self.attn, &self.attnq), &self.wo_out, out)?;
+        let attn = tensor(&mut b, &self.attn, wo.n_cols);
+        let wo_out = tensor(&mut b, &self.wo_out, wo.n_rows);
+        b.matmul_into(wo, attn, wo_out);
+        let ffn = tensor(&mut b, &self.ffn, self.down.n_cols);
         match &self.gate_up {
-            GateUp::Interleaved(w) if r.takes(w) => {
-                r.quantize(&self.x, w.n_cols, &self.xq)?;
-                r.d.extend(matmul_q8_glu(
-                    gpu,
-                    w,
-                    &self.xq,
-                    n_tok,
-                    Activation::Silu,
-                    &self.ffn,
-                    &self.pairs,
-                )?)
-            }
-            GateUp::Interleaved(w) => r.d.extend(matmul_glu(
-                gpu,
-                w,
-                &self.x,
-                n_tok,
-                Activation::Silu,
-                &self.ffn,
-                &self.pairs,
-            )?),
+            GateUp::Interleaved(w) => b.matmul_glu_into(w, x, Activation::Silu, ffn)?,
             GateUp::Split { gate, up } => {
-                let (g, u) = (MatmulOut::whole(gate), MatmulOut::whole(up));
-                r.product(gate, (&self.x, &self.xq), &self.pairs, g)?;
-                r.product(up, (&self.x, &self.xq), &self.up, u)?;
+                let gate_out = tensor(&mut b, &self.pairs, gate.n_rows);
+                let up_out = tensor(&mut b, &self.up, up.n_rows);
+                b.matmul_into(gate, x, gate_out);
+                b.matmul_into(up, x, up_out);
             }
         }
-        let down = &self.down;
-        let out = MatmulOut::whole(down);
-        r.product(down, (&self.ffn, &self.ffnq), &self.down_out, out)?;
-        Ok(r.d)
+        let down_out = tensor(&mut b, &self.down_out, self.down.n_rows);
+        b.matmul_into(&self.down, ffn, down_out);
+        b.build()?.into_dispatches()
     }
 
     /// Random inputs (the same for every `seed`) and outputs all NaN (so that a kernel
@@ -263,50 +235,6 @@ impl LayerRun {
         self.fill(gpu, seed);
         run_repeated(gpu, d, 1)?;
         self.outputs(gpu, n_tok)
-    }
-}
-
-/// Records a layer's products, each input quantized once, before its first integer-dot
-/// product, as the graph builder does.
-struct Recorder<'a> {
-    gpu: &'a Gpu,
-    n_tok: u32,
-    /// The inputs quantized so far.
-    quantized: Vec<*const View>,
-    d: Vec<Dispatch>,
-}
-
-impl Recorder<'_> {
-    fn takes(&self, w: &Weight) -> bool {
-        matmul_q8::chosen(&self.gpu.tuning, w, self.n_tok)
-    }
-
-    fn quantize(&mut self, x: &View, k: u32, xq: &View) -> Result<(), GpuError> {
-        if !self.quantized.contains(&(x as *const View)) {
-            self.quantized.push(x);
-            self.d.push(quantize_q8(self.gpu, x, k, self.n_tok, xq)?);
-        }
-        Ok(())
-    }
-
-    /// w · x into `dst`, through the integer-dot kernel (on x's blocks in `xq`) where
-    /// it applies.
-    fn product(
-        &mut self,
-        w: &Weight,
-        (x, xq): (&View, &View),
-        dst: &View,
-        out: MatmulOut,
-    ) -> Result<(), GpuError> {
-        if self.takes(w) {
-            self.quantize(x, w.n_cols, xq)?;
-            let d = matmul_q8_at(self.gpu, w, xq, self.n_tok, dst, out)?;
-            self.d.extend(d);
-        } else {
-            let d = matmul_at(self.gpu, w, x, self.n_tok, dst, out)?;
-            self.d.extend(d);
-        }
-        Ok(())
     }
 }
 

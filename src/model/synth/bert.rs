@@ -1,8 +1,8 @@
 //! BERT encoders and rerankers (bge's layout).
 
 use super::{draw_values, random_tensor, row_type, Rng, SynthShape, WeightScale};
-use crate::gguf::quant::quantize_row;
 use crate::gguf::{GgmlType, GgufWriter, Value};
+use crate::quant::quantize_row;
 
 /// Learned positions of a synthetic BERT (bge's).
 const BERT_POSITIONS: u64 = 512;

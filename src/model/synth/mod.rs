@@ -8,8 +8,8 @@ mod bert;
 mod ssm;
 mod transformer;
 
-use crate::gguf::quant::quantize_row;
 use crate::gguf::{GgmlType, GgufFile, GgufWriter, Value};
+use crate::quant::quantize_row;
 
 /// Model dimensions of a synthetic llama.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -420,7 +420,7 @@ mod tests {
         // The weights are random but plausible: dequantized, they have the scale asked for.
         let q = f.tensor("blk.0.ffn_down.weight").unwrap();
         let mut row = vec![0f32; 96];
-        crate::gguf::quant::dequantize_row(GgmlType::Q4_0, &f.tensor_data(q)[..3 * 18], &mut row);
+        crate::quant::dequantize_row(GgmlType::Q4_0, &f.tensor_data(q)[..3 * 18], &mut row);
         let rms = (row.iter().map(|v| v * v).sum::<f32>() / 96.0).sqrt();
         assert!((0.005..0.05).contains(&rms), "rms {rms}");
     }

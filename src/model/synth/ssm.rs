@@ -1,8 +1,8 @@
 //! Mamba and Mamba-2 files.
 
 use super::{draw_values, random_tensor, row_type, Rng, SynthArch, SynthShape, WeightScale};
-use crate::gguf::quant::quantize_row;
 use crate::gguf::{GgmlType, GgufWriter, Value};
+use crate::quant::quantize_row;
 
 /// A Mamba or Mamba-2 model, laid out as llama.cpp's converter writes one (A as -exp of
 /// its log, 2-D A and D for Mamba-2); the shape's head counts and feed-forward are unused.

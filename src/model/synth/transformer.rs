@@ -5,8 +5,8 @@
 use super::{
     llama3_rope_factors, random_tensor, row_type, Rng, SynthArch, SynthShape, WeightScale,
 };
-use crate::gguf::quant::quantize_row;
 use crate::gguf::{GgmlType, GgufWriter, Value};
+use crate::quant::quantize_row;
 
 /// What the tensors of a file depend on, read once from its architecture and shape.
 struct Layout {

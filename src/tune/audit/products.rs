@@ -7,7 +7,7 @@
 use super::{
     activations, product_row, worst, worst_row, AuditRow, Part, AUDIT_TOKENS, MIN_VALUES_PER_ROW,
 };
-use crate::gguf::{quant, GgufFile};
+use crate::gguf::GgufFile;
 use crate::gpu::{Gpu, GpuError};
 use crate::model::Lfm2Mixer;
 use crate::model::{Arch, Hparams, ModelWeights};
@@ -20,6 +20,7 @@ use crate::ops::matmul_q8::{
 use crate::ops::weight::{Ffn, GateUp, Weight};
 use crate::ops::KernelKey;
 use crate::ops::{run_now, View};
+use crate::quant;
 use std::collections::HashSet;
 
 /// A matrix product the graph dispatches: the weight, the fused GLU epilogue where its

@@ -6,7 +6,7 @@
 //! Both products are exact in f32 (11 by 6 bits), so the GPU's values are the file's.
 
 use super::kquant::{fit_affine, k4_pack, k4_scale_min, QK_K};
-use super::{f16_at, f16_bytes, nibble_words, QuantFormat, Quantizer};
+use super::{f16_at, f16_bytes, nibble_words, DotBlock, IntDot, QuantFormat, Quantizer};
 use crate::gguf::GgmlType;
 
 pub struct Q4K;
@@ -58,9 +58,15 @@ impl QuantFormat for Q4K {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/weights/quant_q4_k.wgsl"),
-            include_str!("../../../shaders/weights/quant_q4.wgsl")
+            include_str!("../../shaders/weights/quant_q4_k.wgsl"),
+            include_str!("../../shaders/weights/quant_q4.wgsl")
         )
+    }
+    fn int_dot(&self) -> Option<IntDot> {
+        Some(IntDot {
+            wgsl: include_str!("../../shaders/weights/dot_q4_k.wgsl"),
+            blocks: dot_blocks,
+        })
     }
 }
 
@@ -80,4 +86,12 @@ fn quantize(src: &[f32], out: &mut Vec<u8>) {
         }
         out.extend(qs);
     }
+}
+
+/// The eight sub-blocks as the integer-dot kernel multiplies them: x = (d sc) q - dmin m.
+fn dot_blocks(b: &[u8], out: &mut Vec<DotBlock>) {
+    out.extend((0..8).map(|s| {
+        let (d, m, q) = sub_block(b, s);
+        (q.map(i32::from), (d, -m))
+    }));
 }

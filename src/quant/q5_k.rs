@@ -5,7 +5,7 @@
 //! bit j for weight j] [nibbles: 4 words]; exact as Q4_K's.
 
 use super::kquant::{fit_affine, k4_pack, k4_scale_min, QK_K};
-use super::{bit_word, f16_at, f16_bytes, nibble_words, QuantFormat, Quantizer};
+use super::{bit_word, f16_at, f16_bytes, nibble_words, DotBlock, IntDot, QuantFormat, Quantizer};
 use crate::gguf::GgmlType;
 
 pub struct Q5K;
@@ -57,9 +57,15 @@ impl QuantFormat for Q5K {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/weights/quant_q5_k.wgsl"),
-            include_str!("../../../shaders/weights/quant_q5.wgsl")
+            include_str!("../../shaders/weights/quant_q5_k.wgsl"),
+            include_str!("../../shaders/weights/quant_q5.wgsl")
         )
+    }
+    fn int_dot(&self) -> Option<IntDot> {
+        Some(IntDot {
+            wgsl: include_str!("../../shaders/weights/dot_q5_k.wgsl"),
+            blocks: dot_blocks,
+        })
     }
 }
 
@@ -81,4 +87,12 @@ fn quantize(src: &[f32], out: &mut Vec<u8>) {
         out.extend(qh);
         out.extend(qs);
     }
+}
+
+/// The eight sub-blocks as the integer-dot kernel multiplies them: x = (d sc) q - dmin m.
+fn dot_blocks(b: &[u8], out: &mut Vec<DotBlock>) {
+    out.extend((0..8).map(|s| {
+        let (d, m, q) = sub_block(b, s);
+        (q.map(i32::from), (d, -m))
+    }));
 }

@@ -2,7 +2,7 @@
 //! GPU block, 9 words: [d (f16 in the low half)] [qs: 8 words]; the two padding bytes put
 //! the quants on a word boundary.
 
-use super::{f16_at, f16_bytes, word_at, QuantFormat, Quantizer};
+use super::{f16_at, f16_bytes, word_at, DotBlock, IntDot, QuantFormat, Quantizer};
 use crate::gguf::GgmlType;
 
 pub struct Q8_0;
@@ -38,7 +38,13 @@ impl QuantFormat for Q8_0 {
         Some(quantize)
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/weights/quant_q8_0.wgsl")
+        include_str!("../../shaders/weights/quant_q8_0.wgsl")
+    }
+    fn int_dot(&self) -> Option<IntDot> {
+        Some(IntDot {
+            wgsl: include_str!("../../shaders/weights/dot_q8_0.wgsl"),
+            blocks: dot_blocks,
+        })
     }
 }
 
@@ -50,4 +56,10 @@ fn quantize(src: &[f32], out: &mut Vec<u8>) {
         out.extend(f16_bytes(d));
         out.extend(blk.iter().map(|v| (v * id).round() as i8 as u8));
     }
+}
+
+/// The block as the integer-dot kernel multiplies it: the signed bytes, x = d q.
+fn dot_blocks(b: &[u8], out: &mut Vec<DotBlock>) {
+    let codes = std::array::from_fn(|j| b[2 + j] as i8 as i32);
+    out.push((codes, (f16_at(b, 0), 0.0)));
 }

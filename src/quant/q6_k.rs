@@ -66,7 +66,7 @@ impl QuantFormat for Q6K {
         Some(quantize)
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/weights/quant_q6_k.wgsl")
+        include_str!("../../shaders/weights/quant_q6_k.wgsl")
     }
 }
 

@@ -55,7 +55,7 @@ impl QuantFormat for Q2K {
         Some(quantize)
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/weights/quant_q2_k.wgsl")
+        include_str!("../../shaders/weights/quant_q2_k.wgsl")
     }
 }
 

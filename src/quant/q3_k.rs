@@ -71,7 +71,7 @@ impl QuantFormat for Q3K {
         Some(quantize)
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/weights/quant_q3_k.wgsl")
+        include_str!("../../shaders/weights/quant_q3_k.wgsl")
     }
 }
 

@@ -64,7 +64,6 @@ fn every_format_is_consistent_with_the_file_table_and_its_snippet() {
         seen.push(ty);
         assert!(std::ptr::addr_eq(format(ty).unwrap(), *f));
         assert_eq!(Some(f.file_block()), ty.block_layout(), "{ty} file block");
-        assert!(ty.is_supported_weight());
         assert_eq!(
             format_by_name(&ty.to_string().to_lowercase()).unwrap().ty(),
             ty
@@ -88,12 +87,45 @@ fn every_format_is_consistent_with_the_file_table_and_its_snippet() {
         }
     }
     assert!(format(GgmlType::Q8_1).is_none());
-    assert!(!GgmlType::Q8K.is_supported_weight());
+    assert!(format(GgmlType::Q8K).is_none());
     assert_eq!(
         supported_names(),
         "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16, IQ4_NL, IQ4_XS, MXFP4",
         "error messages list the registry"
     );
+}
+
+/// Each integer-dot reference decodes the file's blocks to the format's own values: code *
+/// scale + offset is what `dequantize` gives, to within the f32 rounding of the product
+/// and sum (the kernel's arithmetic, where the CPU reference may fuse them).
+#[test]
+fn integer_dot_blocks_are_the_formats_values() {
+    assert_eq!(
+        names(int_dot_types().iter().map(|&t| format(t).unwrap())),
+        "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS",
+        "the types whose blocks are 32 codes with one scale and offset"
+    );
+    let mut s = 23;
+    for ty in int_dot_types() {
+        let f = format(ty).unwrap();
+        let dot = f.int_dot().unwrap();
+        assert!(dot.wgsl.contains("fn load_w("), "{ty}: no load_w");
+        let src: Vec<f32> = (0..512).map(|_| lcg(&mut s)).collect();
+        let bytes = quantize_row(ty, &src);
+        let mut want = vec![0.0; 512];
+        dequantize_row(ty, &bytes, &mut want);
+        let blocks = dot_blocks(ty, &bytes);
+        assert_eq!(blocks.len(), 512 / 32, "{ty}");
+        for (b, (codes, (scale, offset))) in blocks.iter().enumerate() {
+            for (j, &c) in codes.iter().enumerate() {
+                let (got, want) = (c as f32 * scale + offset, want[32 * b + j]);
+                assert!(
+                    (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                    "{ty} block {b} weight {j}: {got} vs {want}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

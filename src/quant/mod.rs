@@ -50,10 +50,19 @@
 //!   - `deq_elem(row, nb, j)`: element `j` of the row of `nb` blocks whose first word is
 //!     `row`.
 //!
+//! * **Integer dot products.** Where a format's GPU blocks are 32 codes of at most 8 bits
+//!   with one (scale, offset), [`QuantFormat::int_dot`] gives its side of the integer-dot
+//!   matmul (`ops::matmul_q8`): a WGSL `load_w` reading one block's codes as bytes
+//!   (`shaders/weights/dot_<type>.wgsl`) and the CPU reference decoding the file's blocks
+//!   into the blocks that kernel multiplies. Q2_K, Q3_K and Q6_K scale each half of a
+//!   32-weight block on its own, which one integer sum per block does not allow; the float
+//!   formats have no codes.
+//!
 //! Rows are padded with zero words to whole GPU blocks (only F32/F16 rows can be ragged) and
 //! then to whole vec4s.
 
 mod bf16;
+pub mod cache;
 mod fp16;
 mod fp32;
 mod iq4;
@@ -73,12 +82,7 @@ mod q8_0;
 #[cfg(test)]
 mod tests;
 
-/// Pieces of the file formats that references elsewhere decode with (the integer-dot
-/// matmul's CPU reference reads sub-blocks with them).
-pub use iq4::xs_scale as iq4_xs_scale;
-pub use kquant::k4_scale_min;
-
-use super::GgmlType;
+use crate::gguf::GgmlType;
 
 /// The 16 levels of IQ4_NL's codes (the K/V cache's iq4_nl quantizes to them too).
 pub use iq4::LEVELS as IQ4_LEVELS;
@@ -89,6 +93,20 @@ pub const GPU_BLOCK: usize = 32;
 /// Quantizes whole file blocks of values (`src.len()` a multiple of the block size),
 /// appending their bytes.
 pub type Quantizer = fn(src: &[f32], out: &mut Vec<u8>);
+
+/// One 32-weight block as the integer-dot kernel multiplies it: its codes (0..31 for the
+/// 4- and 5-bit formats, signed bytes for Q8_0 and the IQ4 levels) and (scale, offset), a
+/// weight being code * scale + offset.
+pub type DotBlock = ([i32; 32], (f32, f32));
+
+/// A format's side of the integer-dot matmul (see the module docs).
+pub struct IntDot {
+    /// WGSL defining `load_w(row, nb, b) -> WBlock` (after `weights/dot_common.wgsl`).
+    pub wgsl: &'static str,
+    /// CPU reference: appends the blocks of one file block, decoded from the file's layout
+    /// (not the GPU's), as the kernel multiplies them.
+    pub blocks: fn(file_block: &[u8], out: &mut Vec<DotBlock>),
+}
 
 /// One weight type: its file blocks, GPU layout, CPU reference and WGSL reader.
 pub trait QuantFormat: Sync {
@@ -122,6 +140,11 @@ pub trait QuantFormat: Sync {
 
     /// The WGSL snippet the kernels include to read this type (see the module docs).
     fn wgsl(&self) -> &'static str;
+
+    /// The type's integer-dot loader and its reference, where its blocks allow one.
+    fn int_dot(&self) -> Option<IntDot> {
+        None
+    }
 
     /// Words of one row of `n` elements on the GPU: whole GPU blocks, padded to a whole
     /// number of 16-byte vec4s so that every row and every block body starts on one.
@@ -236,6 +259,34 @@ pub fn quantize_row(ty: GgmlType, src: &[f32]) -> Vec<u8> {
         .unwrap_or_else(|| panic!("quantize_row: no reference quantizer for {ty}"))
 }
 
+/// The integer-dot side of `ty`, None where the integer-dot matmul does not take it.
+pub fn int_dot(ty: GgmlType) -> Option<IntDot> {
+    format(ty)?.int_dot()
+}
+
+/// The weight types the integer-dot matmul takes, in [`FORMATS`]' order.
+pub fn int_dot_types() -> Vec<GgmlType> {
+    FORMATS
+        .iter()
+        .filter(|f| f.int_dot().is_some())
+        .map(|f| f.ty())
+        .collect()
+}
+
+/// The 32-weight blocks of one row of `ty` (GGUF bytes, whole file blocks) as the
+/// integer-dot kernel multiplies them. Panics if `ty` has no integer-dot side.
+pub fn dot_blocks(ty: GgmlType, row: &[u8]) -> Vec<DotBlock> {
+    let f = format(ty).expect("a registered weight type");
+    let dot = f
+        .int_dot()
+        .unwrap_or_else(|| panic!("no integer-dot kernel for {ty}"));
+    let mut out = Vec::new();
+    for b in row.chunks_exact(f.file_block().1) {
+        (dot.blocks)(b, &mut out);
+    }
+    out
+}
+
 /// 32-bit words one row of `n` elements takes in the GPU layout, None if no kernel reads `ty`.
 pub fn gpu_row_words(ty: GgmlType, n: usize) -> Option<usize> {
     format(ty).map(|f| f.gpu_row_words(n))
@@ -272,6 +323,17 @@ pub(crate) fn nibble_words(q: impl Fn(usize) -> u8) -> [u32; 4] {
             acc | ((q(j) & 0xF) as u32 | ((q(j + 16) & 0xF) as u32) << 4) << (8 * b)
         })
     })
+}
+
+/// 32 codes from 16 nibble bytes (byte j: weight j low, weight j + 16 high) and, for the
+/// 5-bit formats, their 5th bits (bit j of `qh`: weight j's).
+pub(crate) fn dot_nibbles(qs: &[u8], qh: u32) -> [i32; 32] {
+    let mut c = [0i32; 32];
+    for j in 0..16 {
+        c[j] = (qs[j] & 15) as i32 | (((qh >> j) & 1) << 4) as i32;
+        c[j + 16] = (qs[j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
+    }
+    c
 }
 
 /// One word of 2-bit fields: weight `first + i` at bits 2i, 2i+1 (16 weights).

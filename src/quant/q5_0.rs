@@ -4,7 +4,10 @@
 //! GPU block, 6 words: [d (f16 in the low half)] [qh] [qs: 4 words]. The file's `qh` and
 //! `qs` start 2 bytes into a word; the padding after `d` aligns both.
 
-use super::{f16_at, f16_bytes, signed_absmax, word_at, QuantFormat, Quantizer};
+use super::{
+    dot_nibbles, f16_at, f16_bytes, signed_absmax, word_at, DotBlock, IntDot, QuantFormat,
+    Quantizer,
+};
 use crate::gguf::GgmlType;
 
 pub struct Q5_0;
@@ -46,9 +49,15 @@ impl QuantFormat for Q5_0 {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/weights/quant_q5_0.wgsl"),
-            include_str!("../../../shaders/weights/quant_q5.wgsl")
+            include_str!("../../shaders/weights/quant_q5_0.wgsl"),
+            include_str!("../../shaders/weights/quant_q5.wgsl")
         )
+    }
+    fn int_dot(&self) -> Option<IntDot> {
+        Some(IntDot {
+            wgsl: include_str!("../../shaders/weights/dot_q5_0.wgsl"),
+            blocks: dot_blocks,
+        })
     }
 }
 
@@ -69,4 +78,10 @@ fn quantize(src: &[f32], out: &mut Vec<u8>) {
         out.extend(qh.to_le_bytes());
         out.extend(qs);
     }
+}
+
+/// The block as the integer-dot kernel multiplies it: codes 0..31, x = d q - 16 d.
+fn dot_blocks(b: &[u8], out: &mut Vec<DotBlock>) {
+    let d = f16_at(b, 0);
+    out.push((dot_nibbles(&b[6..22], word_at(b, 2)), (d, -16.0 * d)));
 }

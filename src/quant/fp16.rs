@@ -1,14 +1,13 @@
-//! BF16 weights: the file's own layout, two values per word (low half first); a bf16 is
-//! the top half of an f32.
+//! F16 weights: the file's own layout, two values per word (low half first).
 
 use super::{QuantFormat, Quantizer};
 use crate::gguf::GgmlType;
 
-pub struct BF16;
+pub struct F16;
 
-impl QuantFormat for BF16 {
+impl QuantFormat for F16 {
     fn ty(&self) -> GgmlType {
-        GgmlType::Bf16
+        GgmlType::F16
     }
     fn file_block(&self) -> (usize, usize) {
         (1, 2)
@@ -29,25 +28,13 @@ impl QuantFormat for BF16 {
     }
     fn dequantize(&self, src: &[u8], out: &mut [f32]) {
         for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-            *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            *o = super::f16_at(c, 0);
         }
     }
     fn quantizer(&self) -> Option<Quantizer> {
-        Some(|src, out| {
-            src.iter()
-                .for_each(|v| out.extend(to_bf16(*v).to_le_bytes()))
-        })
+        Some(|src, out| src.iter().for_each(|v| out.extend(super::f16_bytes(*v))))
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/weights/quant_bf16.wgsl")
+        include_str!("../../shaders/weights/quant_f16.wgsl")
     }
-}
-
-/// Round to nearest even; NaN stays a (quiet) NaN.
-fn to_bf16(v: f32) -> u16 {
-    let b = v.to_bits();
-    if v.is_nan() {
-        return ((b >> 16) | 0x40) as u16;
-    }
-    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
 }

@@ -1,7 +1,8 @@
-//! The element types a K or V cache can hold (`-ctk`, `-ctv`), and how their rows are laid
-//! out in GPU memory. Host-only: the kernels that read and write these layouts are
-//! `shaders/cache/kv_*.wgsl`; this module is their CPU reference (tests) and what state files
-//! and byte counts go by.
+//! The K/V cache formats: the element types a K or V cache can hold (`-ctk`, `-ctv`), how
+//! their rows are laid out in GPU memory, each packed type's WGSL load and store snippet
+//! ([`KvType::wgsl`], `shaders/cache/kv_<type>.wgsl`), and the CPU reference of both
+//! ([`KvType::encode`], [`KvType::decode`]) that the tests, state files and byte counts go
+//! by. The cache's configuration (`-fa`, which types a context takes) is `crate::kv`'s.
 //!
 //! # Layout
 //! f32, f16 and bf16 rows are plain arrays (bf16: two values per 32-bit word, low half
@@ -15,8 +16,8 @@
 //! row of a block type is then a whole number of groups, so cache rows need 64 | n_embd_kv
 //! (llama.cpp needs 32 |), and a cell's row has exactly the bytes llama.cpp's has.
 
-use crate::gguf::quant::{self, IQ4_LEVELS};
 use crate::gguf::GgmlType;
+use crate::quant::{self, IQ4_LEVELS};
 use std::fmt;
 
 /// A K or V cache element type, as llama.cpp's `--cache-type-k/-v` name them.
@@ -116,6 +117,22 @@ impl KvType {
         (0..64)
             .find(|&i| GgmlType::from_id(i) == self.ggml())
             .expect("every cache type has a ggml id")
+    }
+
+    /// The packed type's WGSL: a load part (`{P}_load4`), a `// @store` line, a store part
+    /// (`{P}_store_block`), written over `shaders/cache/kv_common.wgsl`'s helpers; None for
+    /// f32 and f16, which kernels read and write as plain arrays.
+    pub fn wgsl(self) -> Option<&'static str> {
+        Some(match self {
+            KvType::F32 | KvType::F16 => return None,
+            KvType::Bf16 => include_str!("../../shaders/cache/kv_bf16.wgsl"),
+            KvType::Q8_0 => include_str!("../../shaders/cache/kv_q8_0.wgsl"),
+            KvType::Q4_0 => include_str!("../../shaders/cache/kv_q4_0.wgsl"),
+            KvType::Q4_1 => include_str!("../../shaders/cache/kv_q4_1.wgsl"),
+            KvType::Iq4Nl => include_str!("../../shaders/cache/kv_iq4_nl.wgsl"),
+            KvType::Q5_0 => include_str!("../../shaders/cache/kv_q5_0.wgsl"),
+            KvType::Q5_1 => include_str!("../../shaders/cache/kv_q5_1.wgsl"),
+        })
     }
 
     /// A block type: ggml's `ggml_is_quantized` (a quantized V needs flash attention).
@@ -273,111 +290,6 @@ impl fmt::Display for KvType {
     }
 }
 
-/// Flash attention, as llama.cpp's `-fa on|off|auto`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FlashAttn {
-    On,
-    Off,
-    /// On where the cache needs it (a quantized V) or where this adapter's flash kernel
-    /// is the faster path (CPU-shaped kernels: lavapipe, llvmpipe), else off (GPU-shaped
-    /// kernels, whose flash kernel is still slower than the tiled and split paths;
-    /// ARCHITECTURE.md).
-    #[default]
-    Auto,
-}
-
-impl FlashAttn {
-    /// llama.cpp's values (`on`, `off`, `auto`) and the older spellings of each.
-    pub fn parse(s: &str) -> Result<FlashAttn, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "on" | "1" | "true" | "enabled" => Ok(FlashAttn::On),
-            "off" | "0" | "false" | "disabled" => Ok(FlashAttn::Off),
-            "auto" | "-1" => Ok(FlashAttn::Auto),
-            _ => Err(format!("-fa '{s}': flash attention is on, off or auto")),
-        }
-    }
-}
-
-/// What a context's cache holds and how attention reads it: `-ctk`, `-ctv`, `-fa`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KvConfig {
-    /// None: f16 where the adapter has shader-f16, else f32.
-    pub type_k: Option<KvType>,
-    pub type_v: Option<KvType>,
-    pub flash_attn: FlashAttn,
-}
-
-/// The cache a context gets: [`KvConfig`] decided for one model and adapter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvChoice {
-    pub type_k: KvType,
-    pub type_v: KvType,
-    pub flash: bool,
-    /// llama.cpp's attention rotation of a quantized cache: Q and K heads are multiplied by
-    /// an orthonormal Walsh-Hadamard matrix of this size (in chunks) before K is stored,
-    /// which spreads outliers over a block and so quantizes K better; 0 for none.
-    pub rot_k: u32,
-    /// The same for V heads (chunks of 64), the attention output rotated back.
-    pub rot_v: u32,
-}
-
-impl KvConfig {
-    /// The types and flash attention for heads of `head_dim` in K/V rows of `n_embd` on an
-    /// adapter with (or without) shader-f16 and whose flash kernel is (or is not) faster
-    /// than the unfused path, or why this configuration cannot be served.
-    pub fn resolve(
-        &self,
-        has_f16: bool,
-        head_dim: u32,
-        n_embd: u32,
-        flash_faster: bool,
-    ) -> Result<KvChoice, String> {
-        let default = if has_f16 { KvType::F16 } else { KvType::F32 };
-        let type_k = self.type_k.unwrap_or(default);
-        let type_v = self.type_v.unwrap_or(default);
-        for (flag, ty) in [("-ctk", type_k), ("-ctv", type_v)] {
-            if ty == KvType::F16 && !has_f16 {
-                return Err(format!(
-                    "{flag} f16: this adapter has no shader-f16 (or --no-f16 was given); use f32, bf16 or a quantized type"
-                ));
-            }
-            ty.check_shape(head_dim, n_embd)
-                .map_err(|e| format!("{flag} {ty}: {e}"))?;
-        }
-        let flash = match self.flash_attn {
-            FlashAttn::On => true,
-            FlashAttn::Off => false,
-            FlashAttn::Auto => type_v.is_quantized() || flash_faster,
-        };
-        if type_v.is_quantized() && !flash {
-            return Err(format!(
-                "-ctv {type_v}: a quantized V cache needs flash attention, as in llama.cpp; use -fa on or -fa auto"
-            ));
-        }
-        Ok(KvChoice {
-            type_k,
-            type_v,
-            flash,
-            rot_k: rotation(type_k, head_dim, true),
-            rot_v: rotation(type_v, head_dim, false),
-        })
-    }
-}
-
-/// The Hadamard rotation llama.cpp applies to heads of `head_dim` stored as `ty`: only
-/// quantized types and heads of a multiple of 64; K by the largest power of two (from 64)
-/// dividing the head, V by 64.
-fn rotation(ty: KvType, head_dim: u32, k: bool) -> u32 {
-    if !ty.is_quantized() || !head_dim.is_multiple_of(64) {
-        return 0;
-    }
-    let mut n = 64;
-    while k && head_dim.is_multiple_of(2 * n) {
-        n *= 2;
-    }
-    n
-}
-
 /// ggml's f32 -> bf16 rounding (nearest even; NaN stays NaN).
 pub fn bf16_bits(v: f32) -> u16 {
     let u = v.to_bits();
@@ -490,52 +402,20 @@ mod tests {
         }
     }
 
+    /// Exactly the packed types have a snippet, each with both parts.
     #[test]
-    fn config_defaults_and_refusals() {
-        let auto = KvConfig::default();
-        let c = auto.resolve(true, 64, 192, false).unwrap();
-        assert_eq!(
-            (c.type_k, c.type_v, c.flash),
-            (KvType::F16, KvType::F16, false)
-        );
-        let c = auto.resolve(false, 64, 192, false).unwrap();
-        assert_eq!((c.type_k, c.type_v), (KvType::F32, KvType::F32));
-        // Auto takes flash attention where the adapter's flash kernel is the faster path.
-        assert!(auto.resolve(true, 64, 192, true).unwrap().flash);
-        let off = KvConfig {
-            flash_attn: FlashAttn::Off,
-            ..auto
-        };
-        assert!(!off.resolve(true, 64, 192, true).unwrap().flash);
-        let q = |k, v, fa| KvConfig {
-            type_k: Some(k),
-            type_v: Some(v),
-            flash_attn: fa,
-        };
-        // A quantized V turns auto on and is refused with -fa off.
-        let c = q(KvType::Q8_0, KvType::Q4_0, FlashAttn::Auto).resolve(true, 64, 192, false);
-        assert!(c.unwrap().flash);
-        let e = q(KvType::F16, KvType::Q8_0, FlashAttn::Off).resolve(true, 64, 192, false);
-        assert!(e.unwrap_err().contains("needs flash attention"));
-        // A quantized K alone does not need it.
-        let c = q(KvType::Q8_0, KvType::F16, FlashAttn::Off).resolve(true, 64, 192, false);
-        let c = c.unwrap();
-        assert!(!c.flash);
-        // llama.cpp's rotation sizes: quantized types only, K by the head's largest
-        // power-of-two multiple of 64, V by 64.
-        assert_eq!((c.rot_k, c.rot_v), (64, 0));
-        let c = q(KvType::Q4_0, KvType::Q4_0, FlashAttn::On)
-            .resolve(true, 256, 256, false)
-            .unwrap();
-        assert_eq!((c.rot_k, c.rot_v), (256, 64));
-        let c = q(KvType::Q4_0, KvType::Bf16, FlashAttn::On)
-            .resolve(true, 96, 192, false)
-            .unwrap();
-        assert_eq!((c.rot_k, c.rot_v), (0, 0));
-        let e = q(KvType::F16, KvType::F16, FlashAttn::Auto).resolve(false, 64, 192, false);
-        assert!(e.unwrap_err().contains("shader-f16"));
-        assert_eq!(FlashAttn::parse("ON"), Ok(FlashAttn::On));
-        assert!(FlashAttn::parse("maybe").is_err());
+    fn packed_types_have_their_snippet() {
+        for ty in KvType::ALL {
+            match ty.wgsl() {
+                Some(src) => {
+                    assert!(ty.is_packed(), "{ty}");
+                    let (load, store) = src.split_once("// @store\n").expect("a @store line");
+                    assert!(load.contains("fn {{P}}_load4("), "{ty}: load part");
+                    assert!(store.contains("fn {{P}}_store_block("), "{ty}: store part");
+                }
+                None => assert!(!ty.is_packed(), "{ty}"),
+            }
+        }
     }
 
     #[test]

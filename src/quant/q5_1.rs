@@ -3,7 +3,9 @@
 //! its high nibble); x = q d + m.
 //! GPU block: the file's own 6 words, [d, m (f16 pair)] [qh] [qs: 4 words].
 
-use super::{f16_at, f16_bytes, min_max, word_at, QuantFormat, Quantizer};
+use super::{
+    dot_nibbles, f16_at, f16_bytes, min_max, word_at, DotBlock, IntDot, QuantFormat, Quantizer,
+};
 use crate::gguf::GgmlType;
 
 pub struct Q5_1;
@@ -42,9 +44,15 @@ impl QuantFormat for Q5_1 {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/weights/quant_q5_1.wgsl"),
-            include_str!("../../../shaders/weights/quant_q5.wgsl")
+            include_str!("../../shaders/weights/quant_q5_1.wgsl"),
+            include_str!("../../shaders/weights/quant_q5.wgsl")
         )
+    }
+    fn int_dot(&self) -> Option<IntDot> {
+        Some(IntDot {
+            wgsl: include_str!("../../shaders/weights/dot_q5_1.wgsl"),
+            blocks: dot_blocks,
+        })
     }
 }
 
@@ -66,4 +74,10 @@ fn quantize(src: &[f32], out: &mut Vec<u8>) {
         out.extend(qh.to_le_bytes());
         out.extend(qs);
     }
+}
+
+/// The block as the integer-dot kernel multiplies it: codes 0..31, x = d q + m.
+fn dot_blocks(b: &[u8], out: &mut Vec<DotBlock>) {
+    let qh = word_at(b, 4);
+    out.push((dot_nibbles(&b[8..24], qh), (f16_at(b, 0), f16_at(b, 2))));
 }

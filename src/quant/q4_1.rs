@@ -2,7 +2,9 @@
 //! Weight j < 16 is the low nibble of byte j, weight j + 16 its high nibble.
 //! GPU block: the file's own 5 words, [d, m (f16 pair)] [qs: 4 words].
 
-use super::{f16_at, f16_bytes, min_max, word_at, QuantFormat, Quantizer};
+use super::{
+    dot_nibbles, f16_at, f16_bytes, min_max, word_at, DotBlock, IntDot, QuantFormat, Quantizer,
+};
 use crate::gguf::GgmlType;
 
 pub struct Q4_1;
@@ -38,9 +40,15 @@ impl QuantFormat for Q4_1 {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/weights/quant_q4_1.wgsl"),
-            include_str!("../../../shaders/weights/quant_q4.wgsl")
+            include_str!("../../shaders/weights/quant_q4_1.wgsl"),
+            include_str!("../../shaders/weights/quant_q4.wgsl")
         )
+    }
+    fn int_dot(&self) -> Option<IntDot> {
+        Some(IntDot {
+            wgsl: include_str!("../../shaders/weights/dot_q4_1.wgsl"),
+            blocks: dot_blocks,
+        })
     }
 }
 
@@ -57,4 +65,9 @@ fn quantize(src: &[f32], out: &mut Vec<u8>) {
             out.push(q0 | (q1 << 4));
         }
     }
+}
+
+/// The block as the integer-dot kernel multiplies it: codes 0..15, x = d q + m.
+fn dot_blocks(b: &[u8], out: &mut Vec<DotBlock>) {
+    out.push((dot_nibbles(&b[4..20], 0), (f16_at(b, 0), f16_at(b, 2))));
 }

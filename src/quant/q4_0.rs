@@ -3,7 +3,10 @@
 //! GPU block, 5 words: [d (f16 in the low half)] [qs: 4 words]; the two padding bytes put
 //! the nibbles on a word boundary.
 
-use super::{f16_at, f16_bytes, signed_absmax, word_at, QuantFormat, Quantizer};
+use super::{
+    dot_nibbles, f16_at, f16_bytes, signed_absmax, word_at, DotBlock, IntDot, QuantFormat,
+    Quantizer,
+};
 use crate::gguf::GgmlType;
 
 pub struct Q4_0;
@@ -42,9 +45,15 @@ impl QuantFormat for Q4_0 {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/weights/quant_q4_0.wgsl"),
-            include_str!("../../../shaders/weights/quant_q4.wgsl")
+            include_str!("../../shaders/weights/quant_q4_0.wgsl"),
+            include_str!("../../shaders/weights/quant_q4.wgsl")
         )
+    }
+    fn int_dot(&self) -> Option<IntDot> {
+        Some(IntDot {
+            wgsl: include_str!("../../shaders/weights/dot_q4_0.wgsl"),
+            blocks: dot_blocks,
+        })
     }
 }
 
@@ -60,4 +69,10 @@ fn quantize(src: &[f32], out: &mut Vec<u8>) {
             out.push(q0 | (q1 << 4));
         }
     }
+}
+
+/// The block as the integer-dot kernel multiplies it: codes 0..15, x = d q - 8 d.
+fn dot_blocks(b: &[u8], out: &mut Vec<DotBlock>) {
+    let d = f16_at(b, 0);
+    out.push((dot_nibbles(&b[2..18], 0), (d, -8.0 * d)));
 }

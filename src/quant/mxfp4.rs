@@ -61,8 +61,8 @@ impl QuantFormat for MXFP4 {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/weights/quant_mxfp4.wgsl"),
-            include_str!("../../../shaders/weights/quant_iq4.wgsl")
+            include_str!("../../shaders/weights/quant_mxfp4.wgsl"),
+            include_str!("../../shaders/weights/quant_iq4.wgsl")
         )
     }
 }

@@ -30,6 +30,6 @@ impl QuantFormat for F32 {
         Some(|src, out| src.iter().for_each(|v| out.extend(v.to_le_bytes())))
     }
     fn wgsl(&self) -> &'static str {
-        include_str!("../../../shaders/weights/quant_f32.wgsl")
+        include_str!("../../shaders/weights/quant_f32.wgsl")
     }
 }

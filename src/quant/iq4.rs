@@ -8,7 +8,10 @@
 //!   GPU: each sub-block in 5 words, [d_s (f32, exact)] [codes: 4 words].
 
 use super::kquant::{fit_symmetric, QK_K};
-use super::{f16_at, f16_bytes, signed_absmax, word_at, QuantFormat, Quantizer};
+use super::{
+    dot_nibbles, f16_at, f16_bytes, signed_absmax, word_at, DotBlock, IntDot, QuantFormat,
+    Quantizer,
+};
 use crate::gguf::GgmlType;
 
 /// The 16 levels a code selects (ggml's `kvalues_iq4nl`).
@@ -72,9 +75,15 @@ impl QuantFormat for IQ4_NL {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/weights/quant_iq4_nl.wgsl"),
-            include_str!("../../../shaders/weights/quant_iq4.wgsl")
+            include_str!("../../shaders/weights/quant_iq4_nl.wgsl"),
+            include_str!("../../shaders/weights/quant_iq4.wgsl")
         )
+    }
+    fn int_dot(&self) -> Option<IntDot> {
+        Some(IntDot {
+            wgsl: include_str!("../../shaders/weights/dot_iq4_nl.wgsl"),
+            blocks: dot_blocks_nl,
+        })
     }
 }
 
@@ -92,7 +101,7 @@ fn quantize_nl(src: &[f32], out: &mut Vec<u8>) {
 pub struct IQ4_XS;
 
 /// Sub-block `s`'s scale d (ls - 32).
-pub fn xs_scale(blk: &[u8], s: usize) -> f32 {
+fn xs_scale(blk: &[u8], s: usize) -> f32 {
     let lo = (blk[4 + s / 2] >> (4 * (s % 2))) & 0xF;
     let hi = (u16::from_le_bytes([blk[2], blk[3]]) >> (2 * s)) & 3;
     f16_at(blk, 0) * ((lo as i32 | (hi as i32) << 4) - 32) as f32
@@ -131,9 +140,15 @@ impl QuantFormat for IQ4_XS {
     }
     fn wgsl(&self) -> &'static str {
         concat!(
-            include_str!("../../../shaders/weights/quant_iq4_xs.wgsl"),
-            include_str!("../../../shaders/weights/quant_iq4.wgsl")
+            include_str!("../../shaders/weights/quant_iq4_xs.wgsl"),
+            include_str!("../../shaders/weights/quant_iq4.wgsl")
         )
+    }
+    fn int_dot(&self) -> Option<IntDot> {
+        Some(IntDot {
+            wgsl: include_str!("../../shaders/weights/dot_iq4_xs.wgsl"),
+            blocks: dot_blocks_xs,
+        })
     }
 }
 
@@ -153,4 +168,19 @@ fn quantize_xs(src: &[f32], out: &mut Vec<u8>) {
             out.extend(pack(|j| q[32 * s + j] as u8));
         }
     }
+}
+
+/// 32 codes from 16 code bytes as the signed levels the integer-dot kernel multiplies.
+fn dot_levels(qs: &[u8]) -> [i32; 32] {
+    dot_nibbles(qs, 0).map(|c| LEVELS[c as usize] as i32)
+}
+
+/// An IQ4_NL block as the integer-dot kernel multiplies it: x = d level.
+fn dot_blocks_nl(b: &[u8], out: &mut Vec<DotBlock>) {
+    out.push((dot_levels(&b[2..18]), (f16_at(b, 0), 0.0)));
+}
+
+/// IQ4_XS's eight sub-blocks as the integer-dot kernel multiplies them: x = d_s level.
+fn dot_blocks_xs(b: &[u8], out: &mut Vec<DotBlock>) {
+    out.extend((0..8).map(|s| (dot_levels(&b[8 + 16 * s..][..16]), (xs_scale(b, s), 0.0))));
 }
