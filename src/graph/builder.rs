@@ -2,18 +2,34 @@
 
 use super::LoraTerms;
 use crate::gpu::{Gpu, GpuError, KernelTuning, Placement};
+use crate::ops::add_rms_norm::AddRmsNormNode;
+use crate::ops::add_scaled::AddScaledNode;
 use crate::ops::add_scaled::ScaledRows;
+use crate::ops::attention::AttentionNode;
 use crate::ops::attention::AttnShape;
+use crate::ops::binary::BinaryNode;
 use crate::ops::binary::BinaryOp;
+use crate::ops::get_rows::{GetRowsNode, SelectRowsNode};
 use crate::ops::glu::Activation;
+use crate::ops::glu::GluNode;
+use crate::ops::layer_norm::LayerNormNode;
 use crate::ops::matmul::MatmulOut;
+use crate::ops::matmul::{MatmulGluNode, MatmulNode};
 use crate::ops::matmul_q8::{self, q8_bytes};
-use crate::ops::moe::{self, MoeRouting};
+use crate::ops::matmul_q8::{MatmulQ8GluNode, MatmulQ8Node, QuantizeQ8Node};
+use crate::ops::moe;
+use crate::ops::moe::{MatmulIdNode, MoeAddIdNode, MoeGroupNode, MoeRouteNode, MoeSumNode};
+use crate::ops::rms_norm::RmsNormNode;
 use crate::ops::rope::RopeParams;
+use crate::ops::rope_store::RopeStoreNode;
 use crate::ops::rope_store::RopeStoreShape;
+use crate::ops::set_rows::StoreRowsNode;
 use crate::ops::softmax::SoftmaxParams;
+use crate::ops::softmax::SoftmaxRowsNode;
 use crate::ops::ssm::{ConvShape, ScanShape};
+use crate::ops::ssm::{SsmConvNode, SsmScanNode};
 use crate::ops::{Experts, Ffn, GateUp};
+use crate::ops::{GraphOp, OpCost};
 use crate::ops::{View, Weight};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,316 +43,64 @@ pub(super) enum Storage {
     Scratch { bytes: u64 },
 }
 
-/// What a node computes. Reads and writes are listed in [`Node`] in the order the op
-/// function takes them.
-pub enum Op {
-    /// reads [ids], writes [dst]
-    GetRows { w: Arc<Weight>, n_ids: u32 },
-    /// reads [src, ids], writes [dst]: rows of an f32 activation [n_cols, n_rows]
-    SelectRows {
-        n_cols: u32,
-        n_rows: u32,
-        n_ids: u32,
-    },
-    /// reads [x], writes [dst]: w's rows go to rows `out.row_offset..` of dst
-    Matmul {
-        w: Arc<Weight>,
-        n_tok: u32,
-        out: MatmulOut,
-    },
-    /// reads [x], writes [dst, pairs]: act(gate · x) * (up · x) for interleaved (gate, up)
-    /// rows; `pairs` holds the matmul's output where the GLU is not in its epilogue
-    MatmulGlu {
-        w: Arc<Weight>,
-        n_tok: u32,
-        act: Activation,
-    },
-    /// reads [x], writes [xq]: x ([k, n_tok] f32) as the 8-bit blocks the integer-dot
-    /// matmuls read (`ops::matmul_q8`)
-    QuantizeQ8 { k: u32, n_tok: u32 },
-    /// reads [xq], writes [dst]: [`Op::Matmul`] by integer dot products
-    MatmulQ8 {
-        w: Arc<Weight>,
-        n_tok: u32,
-        out: MatmulOut,
-    },
-    /// reads [xq], writes [dst, pairs]: [`Op::MatmulGlu`] by integer dot products (the
-    /// products to `pairs`, then the GLU)
-    MatmulQ8Glu {
-        w: Arc<Weight>,
-        n_tok: u32,
-        act: Activation,
-    },
-    /// reads [x, weight], writes [dst]; row r of x takes weight row r % w_rows
-    RmsNorm {
-        n: u32,
-        rows: u32,
-        w_rows: u32,
-        eps: f32,
-    },
-    /// reads [a, b, weight], writes [sum, dst]: sum = a + b, dst = rms_norm(sum) * weight
-    AddRmsNorm { n: u32, rows: u32, eps: f32 },
-    /// reads [x, weight, bias], writes [dst]: layer norm, scaled and shifted
-    LayerNorm { n: u32, rows: u32, eps: f32 },
-    /// reads [a, b], writes [dst]: dst[i] = a[i] op b[(i / div) % nb]
-    Binary {
-        op: BinaryOp,
-        n: u32,
-        nb: u32,
-        div: u32,
-    },
-    /// reads [gate, up], writes [dst]; with `pairs`, reads [pairs, pairs]: one tensor of
-    /// interleaved (gate, up) rows
-    Glu {
-        act: Activation,
-        n: u32,
-        pairs: bool,
-    },
-    /// reads [src], writes [dst] (read too): a LoRA correction added into a matmul's
-    /// output rows
-    AddScaled { p: ScaledRows },
-    /// reads [logits], writes [ids, weights]: each token's experts and their weights
-    MoeRoute { routing: MoeRouting, n_tok: u32 },
-    /// reads [x, ids] (or, `grouped`, [x, offsets, order]), writes [dst]: the chosen
-    /// experts' products, x per (token, expert) pair or per token
-    MatmulId {
-        w: Arc<Weight>,
-        n_expert: u32,
-        n_used: u32,
-        n_tok: u32,
-        x_per_pair: bool,
-        grouped: bool,
-    },
-    /// reads [ids], writes [offsets, order]: the pairs grouped by expert
-    MoeGroup { n_pairs: u32, n_expert: u32 },
-    /// reads [a, bias, ids], writes [dst]: each pair's output plus its expert's bias
-    MoeAddId { rows: u32, n_pairs: u32 },
-    /// reads [y, weights], writes [dst]: each token's weighted sum of its experts' outputs
-    MoeSum { n_out: u32, n_used: u32, n_tok: u32 },
-    /// reads [table, qkv, slots(, q_norm, k_norm)], writes [q, k_cache, v_cache]
-    RopeStore {
-        p: RopeParams,
-        shape: RopeStoreShape,
-        /// Epsilon of the per-head Q/K norms, when the node reads their weights.
-        norm_eps: Option<f32>,
-    },
-    /// reads [q, k, v, mask(, sinks)], writes [scores, dst, partials]
-    Attention { shape: AttnShape, sp: SoftmaxParams },
-    /// reads [state, x, w(, bias)], writes [y, new_state]
-    SsmConv { shape: ConvShape, bias: bool },
-    /// reads [x, dt, consts, bc, z], writes [state, y] (the state is read too)
-    SsmScan { shape: ScanShape },
-    /// reads [src, idx], writes [dst]: f32 rows of src to rows idx of dst
-    StoreRows { row_len: u32, n_rows: u32 },
-    /// writes [x] (read too): each row of n_cols softmaxed in place
-    SoftmaxRows { n_cols: u32, rows: u32 },
+/// Declares [`Op`], one variant per node type of an op file; what the graph asks of a
+/// node (its name in profiles, its cost, its dispatches) each op file answers for its
+/// own nodes ([`GraphOp`]).
+macro_rules! graph_ops {
+    ($($variant:ident($node:ty),)*) => {
+        /// What a node computes: one call of an op, with its parameters. Reads and writes
+        /// are listed in [`Node`] in the order the node type's doc gives them.
+        pub enum Op {
+            $($variant($node),)*
+        }
+
+        impl Op {
+            /// The op file's node.
+            pub fn as_node(&self) -> &dyn GraphOp {
+                match self {
+                    $(Op::$variant(n) => n,)*
+                }
+            }
+        }
+    };
 }
 
-/// What one node costs at the least: bytes it must move through memory (weights, K/V
-/// and activations read, outputs written, each once) and arithmetic operations. A profile
-/// divides these by the measured time, so a kernel's GB/s and GFLOP/s say how far it is
-/// from the device's bandwidth and compute peaks.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct OpCost {
-    pub bytes: u64,
-    pub flops: u64,
+graph_ops! {
+    GetRows(GetRowsNode),
+    SelectRows(SelectRowsNode),
+    Matmul(MatmulNode),
+    MatmulGlu(MatmulGluNode),
+    QuantizeQ8(QuantizeQ8Node),
+    MatmulQ8(MatmulQ8Node),
+    MatmulQ8Glu(MatmulQ8GluNode),
+    RmsNorm(RmsNormNode),
+    AddRmsNorm(AddRmsNormNode),
+    LayerNorm(LayerNormNode),
+    Binary(BinaryNode),
+    Glu(GluNode),
+    AddScaled(AddScaledNode),
+    MoeRoute(MoeRouteNode),
+    MatmulId(MatmulIdNode),
+    MoeGroup(MoeGroupNode),
+    MoeAddId(MoeAddIdNode),
+    MoeSum(MoeSumNode),
+    RopeStore(RopeStoreNode),
+    Attention(AttentionNode),
+    SsmConv(SsmConvNode),
+    SsmScan(SsmScanNode),
+    StoreRows(StoreRowsNode),
+    SoftmaxRows(SoftmaxRowsNode),
 }
 
 impl Op {
-    /// The op's name in profiles, with the weight type where there is one
-    /// (`matmul q4_1`): the same op on different formats runs different kernels.
+    /// The op's name in profiles (`matmul q4_1`), from its op file.
     pub fn kind(&self) -> String {
-        match self {
-            Op::GetRows { w, .. } => format!("get_rows {}", w.ty).to_lowercase(),
-            Op::SelectRows { .. } => "select_rows".into(),
-            Op::Matmul { w, .. } => format!("matmul {}", w.ty).to_lowercase(),
-            Op::MatmulGlu { w, .. } => format!("matmul_glu {}", w.ty).to_lowercase(),
-            Op::QuantizeQ8 { .. } => "quantize_q8".into(),
-            Op::MatmulQ8 { w, .. } => format!("matmul_q8 {}", w.ty).to_lowercase(),
-            Op::MatmulQ8Glu { w, .. } => format!("matmul_q8_glu {}", w.ty).to_lowercase(),
-            Op::RopeStore { .. } => "rope_store".into(),
-            Op::RmsNorm { .. } => "rms_norm".into(),
-            Op::AddRmsNorm { .. } => "add_rms_norm".into(),
-            Op::LayerNorm { .. } => "layer_norm".into(),
-            Op::Binary { op, .. } => format!("{op:?}").to_lowercase(),
-            Op::Glu { .. } => "glu".into(),
-            Op::AddScaled { .. } => "add_scaled".into(),
-            Op::MoeRoute { .. } => "moe_route".into(),
-            Op::MatmulId { w, .. } => format!("matmul_id {}", w.ty).to_lowercase(),
-            Op::MoeSum { .. } => "moe_sum".into(),
-            Op::MoeAddId { .. } => "moe_add_id".into(),
-            Op::MoeGroup { .. } => "moe_group".into(),
-            Op::Attention { .. } => "attention".into(),
-            Op::SsmConv { .. } => "ssm_conv".into(),
-            Op::SsmScan { .. } => "ssm_scan".into(),
-            Op::StoreRows { .. } => "store_rows".into(),
-            Op::SoftmaxRows { .. } => "softmax".into(),
-        }
+        self.as_node().kind()
     }
 
-    /// The cost model: the least memory traffic and arithmetic the op needs (see
-    /// [`OpCost`]). Weights count once per node (the kernels stream each block once per
-    /// tile of tokens, so this is the ideal), activations are f32.
+    /// The cost model ([`OpCost`]), from its op file.
     pub fn cost(&self) -> OpCost {
-        const F: u64 = 4;
-        let c = |bytes: u64, flops: u64| OpCost { bytes, flops };
-        match self {
-            Op::GetRows { w, n_ids } => {
-                let (cols, rows, ids) = (w.n_cols as u64, w.n_rows.max(1) as u64, *n_ids as u64);
-                let row_bytes = w.gpu_bytes() / rows;
-                c(ids * (row_bytes + cols * F + F), ids * cols)
-            }
-            Op::SelectRows { n_cols, n_ids, .. } => {
-                let n = *n_cols as u64 * *n_ids as u64;
-                c(2 * n * F + *n_ids as u64 * F, 0)
-            }
-            Op::Matmul { w, n_tok, .. } => {
-                let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
-                c(w.gpu_bytes() + (cols + rows) * t * F, 2 * rows * cols * t)
-            }
-            // The matmul, writing half the rows, plus the activation per output.
-            Op::MatmulGlu { w, n_tok, .. } => {
-                let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
-                c(
-                    w.gpu_bytes() + (cols + rows / 2) * t * F,
-                    2 * rows * cols * t + 5 * rows / 2 * t,
-                )
-            }
-            Op::QuantizeQ8 { k, n_tok } => {
-                let n = *k as u64 * *n_tok as u64;
-                c(n * F + q8_bytes(*k, *n_tok), 3 * n)
-            }
-            Op::MatmulQ8 { w, n_tok, .. } => {
-                let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
-                c(
-                    w.gpu_bytes() + q8_bytes(w.n_cols, *n_tok) + rows * t * F,
-                    2 * rows * cols * t,
-                )
-            }
-            // The products to the pairs, read again by the GLU, which writes half.
-            Op::MatmulQ8Glu { w, n_tok, .. } => {
-                let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
-                c(
-                    w.gpu_bytes() + q8_bytes(w.n_cols, *n_tok) + (2 * rows + rows / 2) * t * F,
-                    2 * rows * cols * t + 5 * rows / 2 * t,
-                )
-            }
-            Op::RopeStore { p, shape: s, .. } => {
-                let t = s.n_tok as u64;
-                let row = s.row_len(p.head_dim) as u64;
-                let kv = 2 * s.n_head_kv as u64 * p.head_dim as u64;
-                let q = row - kv;
-                let hd = p.head_dim as u64 * s.n_head_kv as u64;
-                let kv_bytes = (s.k_type.row_bytes(hd) + s.v_type.row_bytes(hd)) * t;
-                let table = t * p.n_dims as u64 / 2 * 2 * F;
-                // The projection row in, Q out, K and V into the cache; the rotations
-                // of Q and K heads as in RoPE.
-                let heads = (s.n_head + s.n_head_kv) as u64;
-                c(
-                    row * t * F + q * t * F + kv_bytes + table + t * F,
-                    3 * p.n_dims as u64 / 2 * 2 * heads * t,
-                )
-            }
-            Op::RmsNorm { n, rows, .. } => {
-                let e = *n as u64 * *rows as u64;
-                c(2 * e * F + *n as u64 * F, 4 * e)
-            }
-            Op::AddRmsNorm { n, rows, .. } => {
-                let e = *n as u64 * *rows as u64;
-                c(4 * e * F + *n as u64 * F, 5 * e)
-            }
-            Op::LayerNorm { n, rows, .. } => {
-                let e = *n as u64 * *rows as u64;
-                c(2 * e * F + 2 * *n as u64 * F, 7 * e)
-            }
-            Op::Binary { n, nb, .. } => c((2 * *n as u64 + *nb as u64) * F, *n as u64),
-            // act(gate) * up: the activation is a few operations (exp, divide, multiply).
-            Op::Glu { n, .. } => c(3 * *n as u64 * F, 5 * *n as u64),
-            Op::AddScaled { p } => {
-                let n = p.n as u64 * p.n_tok as u64;
-                c(3 * n * F, 2 * n)
-            }
-            Op::MoeRoute { routing: r, n_tok } => {
-                let (e, u, t) = (r.n_expert as u64, r.n_used as u64, *n_tok as u64);
-                c((e + 2 * u) * t * F, (4 + u) * e * t)
-            }
-            // The chosen experts' rows once per pair, or grouped once per expert chosen
-            // (at most all of them), x per pair.
-            Op::MatmulId {
-                w,
-                n_expert,
-                n_used,
-                n_tok,
-                x_per_pair,
-                grouped,
-            } => {
-                let pairs = *n_used as u64 * *n_tok as u64;
-                let ne = *n_expert.max(&1) as u64;
-                let (cols, rows) = (w.n_cols as u64, w.n_rows as u64 / ne);
-                let x_rows = if *x_per_pair { pairs } else { *n_tok as u64 };
-                let reads = if *grouped { pairs.min(ne) } else { pairs };
-                c(
-                    reads * (w.gpu_bytes() / ne) + pairs * rows * F + x_rows * cols * F,
-                    2 * pairs * rows * cols,
-                )
-            }
-            Op::MoeGroup { n_pairs, n_expert } => c(
-                (2 * *n_pairs as u64 + *n_expert as u64) * F,
-                2 * *n_pairs as u64,
-            ),
-            Op::MoeAddId { rows, n_pairs } => {
-                let n = *rows as u64 * *n_pairs as u64;
-                c((3 * n + *n_pairs as u64) * F, n)
-            }
-            Op::MoeSum {
-                n_out,
-                n_used,
-                n_tok,
-            } => {
-                let (n, u) = (*n_out as u64 * *n_tok as u64, *n_used as u64);
-                c((u * n + n) * F + u * *n_tok as u64 * F, 2 * u * n)
-            }
-            Op::Attention { shape: s, .. } => {
-                let (hd, nh, nkv, nt) = (
-                    s.head_dim as u64,
-                    s.n_head as u64,
-                    s.n_kv as u64,
-                    s.n_tok as u64,
-                );
-                let row = s.n_head_kv as u64 * hd;
-                let kv = nkv * (s.k_type.row_bytes(row) + s.v_type.row_bytes(row));
-                let scores = nh * nt * nkv;
-                // K and V once, Q in and the output out, the mask, and the scores written
-                // by the first kernel, normalised in place and read by the last.
-                let bytes = kv + 2 * nh * hd * nt * F + nkv * nt * F + 4 * scores * F;
-                // QK^T and the weighted sum of V (2 flops per multiply-add each), plus a
-                // few per score for the masked softmax.
-                c(bytes, 4 * nh * hd * nkv * nt + 5 * scores)
-            }
-            Op::SsmConv { shape: s, .. } => {
-                let n = s.ch as u64 * s.n_t as u64 * s.n_s as u64;
-                let state = 2 * s.state_len() as u64 * s.n_s as u64;
-                c(
-                    (2 * n + state + s.ch as u64 * s.k as u64) * F,
-                    2 * n * s.k as u64,
-                )
-            }
-            Op::SsmScan { shape: s } => {
-                let tok = s.n_t as u64 * s.n_s as u64;
-                let d = s.d_inner() as u64;
-                let state = 2 * s.state_len() as u64 * s.n_s as u64;
-                let bc = 2 * (s.n_group * s.d_state) as u64;
-                // x, z in and y out per channel, dt per head, B and C per token; per
-                // state value an exp, the update and the dot product.
-                let bytes = (state + tok * (3 * d + s.n_head as u64 + bc)) * F;
-                c(bytes, tok * d * s.d_state as u64 * 6)
-            }
-            Op::StoreRows { row_len, n_rows } => c(2 * *row_len as u64 * *n_rows as u64 * F, 0),
-            Op::SoftmaxRows { n_cols, rows } => {
-                let e = *n_cols as u64 * *rows as u64;
-                c(2 * e * F, 4 * e)
-            }
-        }
+        self.as_node().cost()
     }
 }
 
@@ -533,7 +297,7 @@ impl GraphBuilder {
                 step: term.step,
                 scale: term.scale,
             };
-            self.node(Op::AddScaled { p }, &[bax], &[dst]);
+            self.node(Op::AddScaled(AddScaledNode { p }), &[bax], &[dst]);
         }
     }
 
@@ -606,10 +370,10 @@ impl GraphBuilder {
     pub fn get_rows(&mut self, w: &Arc<Weight>, ids: TensorId) -> TensorId {
         let n_ids = self.ne(ids)[0];
         let dst = self.tensor([w.n_cols, n_ids]);
-        let op = Op::GetRows {
+        let op = Op::GetRows(GetRowsNode {
             w: w.clone(),
             n_ids,
-        };
+        });
         self.node(op, &[ids], &[dst]);
         self.add_lora(w, ids, dst, 0, true);
         dst
@@ -619,11 +383,11 @@ impl GraphBuilder {
     pub fn select_rows(&mut self, x: TensorId, ids: TensorId) -> TensorId {
         let ([n_cols, n_rows], n_ids) = (self.ne(x), self.ne(ids)[0]);
         let dst = self.tensor([n_cols, n_ids]);
-        let op = Op::SelectRows {
+        let op = Op::SelectRows(SelectRowsNode {
             n_cols,
             n_rows,
             n_ids,
-        };
+        });
         self.node(op, &[x, ids], &[dst]);
         dst
     }
@@ -655,18 +419,18 @@ impl GraphBuilder {
         };
         if self.int_dot_for(w, n_tok) {
             let xq = self.quantized(x);
-            let op = Op::MatmulQ8 {
+            let op = Op::MatmulQ8(MatmulQ8Node {
                 w: w.clone(),
                 n_tok,
                 out,
-            };
+            });
             self.node(op, &[xq], &[dst]);
         } else {
-            let op = Op::Matmul {
+            let op = Op::Matmul(MatmulNode {
                 w: w.clone(),
                 n_tok,
                 out,
-            };
+            });
             self.node(op, &[x], &[dst]);
         }
         self.add_lora(w, x, dst, row_offset, false);
@@ -680,7 +444,7 @@ impl GraphBuilder {
         let [k, n_tok] = self.ne(x);
         let words = q8_bytes(k, n_tok) / 4;
         let xq = self.tensor([(words / n_tok.max(1) as u64) as u32, n_tok]);
-        self.node(Op::QuantizeQ8 { k, n_tok }, &[x], &[xq]);
+        self.node(Op::QuantizeQ8(QuantizeQ8Node { k, n_tok }), &[x], &[xq]);
         self.quantized.insert(x, xq);
         xq
     }
@@ -724,19 +488,19 @@ impl GraphBuilder {
         let pairs = self.tensor([w.n_rows, n_tok]);
         if self.int_dot_for(w, n_tok) {
             let xq = self.quantized(x);
-            let op = Op::MatmulQ8Glu {
+            let op = Op::MatmulQ8Glu(MatmulQ8GluNode {
                 w: w.clone(),
                 n_tok,
                 act,
-            };
+            });
             self.node(op, &[xq], &[dst, pairs]);
             return;
         }
-        let op = Op::MatmulGlu {
+        let op = Op::MatmulGlu(MatmulGluNode {
             w: w.clone(),
             n_tok,
             act,
-        };
+        });
         self.node(op, &[x], &[dst, pairs]);
     }
 
@@ -751,12 +515,12 @@ impl GraphBuilder {
     pub fn rms_norm_into(&mut self, x: TensorId, w: &View, eps: f32, dst: TensorId) {
         let [n, rows] = self.ne(x);
         let w = self.external(w.clone());
-        let op = Op::RmsNorm {
+        let op = Op::RmsNorm(RmsNormNode {
             n,
             rows,
             w_rows: 1,
             eps,
-        };
+        });
         self.node(op, &[x, w], &[dst]);
     }
 
@@ -766,12 +530,12 @@ impl GraphBuilder {
         let [n, rows] = self.ne(x);
         let w = self.external(w.clone());
         let dst = self.tensor([n, rows]);
-        let op = Op::RmsNorm {
+        let op = Op::RmsNorm(RmsNormNode {
             n: n / n_group,
             rows: rows * n_group,
             w_rows: n_group,
             eps,
-        };
+        });
         self.node(op, &[x, w], &[dst]);
         dst
     }
@@ -795,10 +559,10 @@ impl GraphBuilder {
         }
         let y = self.tensor([shape.ch, n_tok]);
         let new_state = self.tensor([shape.state_len(), shape.n_s]);
-        let op = Op::SsmConv {
+        let op = Op::SsmConv(SsmConvNode {
             shape,
             bias: bias.is_some(),
-        };
+        });
         self.node(op, &reads, &[y, new_state]);
         (y, new_state)
     }
@@ -815,7 +579,7 @@ impl GraphBuilder {
         let consts = self.external(consts.clone());
         let y = self.tensor([shape.d_inner(), shape.n_t * shape.n_s]);
         self.node(
-            Op::SsmScan { shape },
+            Op::SsmScan(SsmScanNode { shape }),
             &[x, dt, consts, bc, z, state],
             &[state, y],
         );
@@ -825,7 +589,11 @@ impl GraphBuilder {
     /// Rows of src ([row_len, n_rows]) into rows `idx` ([n_rows] u32) of dst.
     pub fn store_rows(&mut self, src: TensorId, idx: TensorId, dst: TensorId) {
         let [row_len, n_rows] = self.ne(src);
-        self.node(Op::StoreRows { row_len, n_rows }, &[src, idx], &[dst]);
+        self.node(
+            Op::StoreRows(StoreRowsNode { row_len, n_rows }),
+            &[src, idx],
+            &[dst],
+        );
     }
 
     /// Each row of x layer-normed, scaled by `w` and shifted by `b` (vectors of a row's
@@ -847,7 +615,11 @@ impl GraphBuilder {
         let [n, rows] = self.ne(x);
         let w = self.external(w.clone());
         let b = self.external(b.clone());
-        self.node(Op::LayerNorm { n, rows, eps }, &[x, w, b], &[dst]);
+        self.node(
+            Op::LayerNorm(LayerNormNode { n, rows, eps }),
+            &[x, w, b],
+            &[dst],
+        );
     }
 
     /// `op` (an add and an activation, [`BinaryOp::AddGelu`], [`BinaryOp::AddTanh`]) of
@@ -869,7 +641,7 @@ impl GraphBuilder {
     /// Each row of x softmaxed, in place.
     pub fn softmax_rows_in_place(&mut self, x: TensorId) {
         let [n_cols, rows] = self.ne(x);
-        self.node(Op::SoftmaxRows { n_cols, rows }, &[], &[x]);
+        self.node(Op::SoftmaxRows(SoftmaxRowsNode { n_cols, rows }), &[], &[x]);
     }
 
     /// a + b, b broadcast over a when it is smaller.
@@ -912,12 +684,12 @@ impl GraphBuilder {
         div: u32,
     ) {
         let [n0, n1] = self.ne(a);
-        let op = Op::Binary {
+        let op = Op::Binary(BinaryNode {
             op,
             n: n0 * n1,
             nb,
             div,
-        };
+        });
         self.node(op, &[a, b], &[dst]);
     }
 
@@ -925,11 +697,11 @@ impl GraphBuilder {
     pub fn glu(&mut self, act: Activation, gate: TensorId, up: TensorId) -> TensorId {
         let [n0, n1] = self.ne(gate);
         let dst = self.tensor([n0, n1]);
-        let op = Op::Glu {
+        let op = Op::Glu(GluNode {
             act,
             n: n0 * n1,
             pairs: false,
-        };
+        });
         self.node(op, &[gate, up], &[dst]);
         dst
     }
@@ -938,11 +710,11 @@ impl GraphBuilder {
     pub fn glu_pairs(&mut self, act: Activation, pairs: TensorId) -> TensorId {
         let [n0, n1] = self.ne(pairs);
         let dst = self.tensor([n0 / 2, n1]);
-        let op = Op::Glu {
+        let op = Op::Glu(GluNode {
             act,
             n: n0 / 2 * n1,
             pairs: true,
-        };
+        });
         self.node(op, &[pairs, pairs], &[dst]);
         dst
     }
@@ -967,11 +739,11 @@ impl GraphBuilder {
             reads.push(self.external(qn.clone()));
             reads.push(self.external(kn.clone()));
         }
-        let op = Op::RopeStore {
+        let op = Op::RopeStore(RopeStoreNode {
             p,
             shape,
             norm_eps: norm.map(|n| n.2),
-        };
+        });
         self.node(op, &reads, &[q, k_cache, v_cache]);
         q
     }
@@ -992,7 +764,7 @@ impl GraphBuilder {
         let scores = self.scratch(shape.scores_len(&gpu)?);
         let dst = self.tensor(self.ne(q));
         let partials = self.scratch(shape.partials_len(&gpu));
-        let op = Op::Attention { shape, sp };
+        let op = Op::Attention(AttentionNode { shape, sp });
         let mut reads = vec![q, kv[0], kv[1], mask];
         reads.extend(sinks);
         self.node(op, &reads, &[scores, dst, partials]);
@@ -1101,7 +873,7 @@ impl GraphBuilder {
         };
         let ids = self.tensor([r.n_used, n_tok]);
         let weights = self.tensor([r.n_used, n_tok]);
-        let route = Op::MoeRoute { routing: r, n_tok };
+        let route = Op::MoeRoute(MoeRouteNode { routing: r, n_tok });
         self.node(route, &[logits], &[ids, weights]);
         // Prompts group the pairs by expert once for the three products, which the dense
         // prompt kernels then multiply a tile of an expert's pairs at a time.
@@ -1109,23 +881,23 @@ impl GraphBuilder {
         let grouping = moe::grouped(n_tok).then(|| {
             let offsets = self.tensor([r.n_expert + 1, 1]);
             let order = self.tensor([n_pairs, 1]);
-            let op = Op::MoeGroup {
+            let op = Op::MoeGroup(MoeGroupNode {
                 n_pairs,
                 n_expert: r.n_expert,
-            };
+            });
             self.node(op, &[ids], &[offsets, order]);
             [offsets, order]
         });
         let experts = |g: &mut Self, w: &Arc<Weight>, x: TensorId, x_per_pair: bool| {
             let dst = g.tensor([w.n_rows / r.n_expert, n_pairs]);
-            let op = Op::MatmulId {
+            let op = Op::MatmulId(MatmulIdNode {
                 w: w.clone(),
                 n_expert: r.n_expert,
                 n_used: r.n_used,
                 n_tok,
                 x_per_pair,
                 grouped: grouping.is_some(),
-            };
+            });
             match grouping {
                 Some([offsets, order]) => g.node(op, &[x, offsets, order], &[dst]),
                 None => g.node(op, &[x, ids], &[dst]),
@@ -1138,7 +910,11 @@ impl GraphBuilder {
                 let rows = g.ne(y)[0];
                 let b = g.input(b.clone(), [rows, r.n_expert]);
                 let dst = g.tensor([rows, n_pairs]);
-                g.node(Op::MoeAddId { rows, n_pairs }, &[y, b, ids], &[dst]);
+                g.node(
+                    Op::MoeAddId(MoeAddIdNode { rows, n_pairs }),
+                    &[y, b, ids],
+                    &[dst],
+                );
                 dst
             }
             None => y,
@@ -1153,11 +929,11 @@ impl GraphBuilder {
         let y = biased(self, y, b.map(|b| &b.down));
         let n_out = self.ne(y)[0];
         let dst = self.tensor([n_out, n_tok]);
-        let sum = Op::MoeSum {
+        let sum = Op::MoeSum(MoeSumNode {
             n_out,
             n_used: r.n_used,
             n_tok,
-        };
+        });
         self.node(sum, &[y, weights], &[dst]);
         match &e.shared {
             Some(sh) => {
@@ -1185,12 +961,12 @@ mod tests {
 
     #[test]
     fn cost_model() {
-        let c = Op::RmsNorm {
+        let c = Op::RmsNorm(RmsNormNode {
             n: 576,
             rows: 2,
             w_rows: 1,
             eps: 1e-5,
-        }
+        })
         .cost();
         assert_eq!(c.bytes, (2 * 576 * 2 + 576) * 4);
         let shape = AttnShape {
@@ -1211,7 +987,7 @@ mod tests {
             n_head: 9,
             softcap: 0.0,
         };
-        let a = Op::Attention { shape, sp };
+        let a = Op::Attention(AttentionNode { shape, sp });
         assert_eq!(a.kind(), "attention");
         let c = a.cost();
         assert_eq!(c.flops, 4 * 9 * 64 * 256 * 4 + 5 * 9 * 4 * 256);

@@ -7,7 +7,9 @@
 //! residual, then the feed-forward norm).
 
 use super::builder::{Node, Op, TensorId};
-use crate::ops::binary::BinaryOp;
+use crate::ops::add_rms_norm::AddRmsNormNode;
+use crate::ops::binary::{BinaryNode, BinaryOp};
+use crate::ops::rms_norm::RmsNormNode;
 
 /// Fuses each add of two tensors of one shape with the first RMS norm (one weight row) of
 /// its sum on the same device, where no node between them writes the sum: the fused node
@@ -18,9 +20,9 @@ pub(super) fn add_rms_norm(nodes: &mut Vec<Node>, devices: &mut Vec<usize>) {
         if let Some(j) = norm_of_sum(nodes, devices, i) {
             let norm = nodes.remove(j);
             devices.remove(j);
-            if let Op::RmsNorm { n, rows, eps, .. } = norm.op {
+            if let Op::RmsNorm(RmsNormNode { n, rows, eps, .. }) = norm.op {
                 let add = &mut nodes[i];
-                add.op = Op::AddRmsNorm { n, rows, eps };
+                add.op = Op::AddRmsNorm(AddRmsNormNode { n, rows, eps });
                 add.reads = vec![add.reads[0], add.reads[1], norm.reads[1]];
                 add.writes = vec![add.writes[0], norm.writes[0]];
             }
@@ -32,12 +34,12 @@ pub(super) fn add_rms_norm(nodes: &mut Vec<Node>, devices: &mut Vec<usize>) {
 /// The node after `i` that RMS-norms the sum node `i` writes, if `i` is such an add and
 /// the norm can move up to it.
 fn norm_of_sum(nodes: &[Node], devices: &[usize], i: usize) -> Option<usize> {
-    let Op::Binary {
+    let Op::Binary(BinaryNode {
         op: BinaryOp::Add,
         n,
         nb,
         div: 1,
-    } = nodes[i].op
+    }) = nodes[i].op
     else {
         return None;
     };
@@ -46,12 +48,12 @@ fn norm_of_sum(nodes: &[Node], devices: &[usize], i: usize) -> Option<usize> {
         return None;
     }
     for (j, node) in nodes.iter().enumerate().skip(i + 1) {
-        if let Op::RmsNorm {
+        if let Op::RmsNorm(RmsNormNode {
             n: row,
             rows,
             w_rows: 1,
             ..
-        } = node.op
+        }) = node.op
         {
             if node.reads[0] == sum && row * rows == n && devices[j] == devices[i] {
                 return Some(j);
@@ -68,14 +70,15 @@ fn norm_of_sum(nodes: &[Node], devices: &[usize], i: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::get_rows::SelectRowsNode;
 
     fn add(a: TensorId, b: TensorId, sum: TensorId, n: u32, nb: u32) -> Node {
-        let op = Op::Binary {
+        let op = Op::Binary(BinaryNode {
             op: BinaryOp::Add,
             n,
             nb,
             div: 1,
-        };
+        });
         Node {
             op,
             reads: vec![a, b],
@@ -84,12 +87,12 @@ mod tests {
     }
 
     fn norm(x: TensorId, w: TensorId, dst: TensorId) -> Node {
-        let op = Op::RmsNorm {
+        let op = Op::RmsNorm(RmsNormNode {
             n: 8,
             rows: 2,
             w_rows: 1,
             eps: 1e-6,
-        };
+        });
         Node {
             op,
             reads: vec![x, w],
@@ -98,11 +101,11 @@ mod tests {
     }
 
     fn other(reads: &[TensorId], writes: &[TensorId]) -> Node {
-        let op = Op::SelectRows {
+        let op = Op::SelectRows(SelectRowsNode {
             n_cols: 8,
             n_rows: 2,
             n_ids: 2,
-        };
+        });
         Node {
             op,
             reads: reads.to_vec(),
@@ -119,10 +122,13 @@ mod tests {
         add_rms_norm(&mut nodes, &mut devices);
         assert_eq!(nodes.len(), 2);
         assert_eq!(devices, vec![0, 0]);
-        assert!(matches!(nodes[0].op, Op::AddRmsNorm { n: 8, rows: 2, .. }));
+        assert!(matches!(
+            nodes[0].op,
+            Op::AddRmsNorm(AddRmsNormNode { n: 8, rows: 2, .. })
+        ));
         assert_eq!(nodes[0].reads, vec![0, 1, 4]);
         assert_eq!(nodes[0].writes, vec![2, 5]);
-        assert!(matches!(nodes[1].op, Op::SelectRows { .. }));
+        assert!(matches!(nodes[1].op, Op::SelectRows(SelectRowsNode { .. })));
     }
 
     /// Left alone: the norm on another device (a layer split), a write to the sum between
@@ -140,12 +146,12 @@ mod tests {
             (
                 vec![add(0, 1, 2, 16, 16), {
                     let mut n = norm(2, 4, 5);
-                    n.op = Op::RmsNorm {
+                    n.op = Op::RmsNorm(RmsNormNode {
                         n: 4,
                         rows: 4,
                         w_rows: 2,
                         eps: 1e-6,
-                    };
+                    });
                     n
                 }],
                 vec![0, 0],
@@ -156,7 +162,9 @@ mod tests {
             add_rms_norm(&mut nodes, &mut devices);
             assert_eq!(nodes.len(), before, "case {i}");
             assert!(
-                !nodes.iter().any(|n| matches!(n.op, Op::AddRmsNorm { .. })),
+                !nodes
+                    .iter()
+                    .any(|n| matches!(n.op, Op::AddRmsNorm(AddRmsNormNode { .. }))),
                 "case {i}"
             );
         }

@@ -9,10 +9,10 @@ pub mod inputs;
 mod lora;
 mod planner;
 mod profile;
-mod record;
 mod split;
 
-pub use builder::{AttnBlock, AttnInputs, GraphBuilder, Node, Op, OpCost, TensorId};
+pub use crate::ops::OpCost;
+pub use builder::{AttnBlock, AttnInputs, GraphBuilder, Node, Op, TensorId};
 pub use inputs::{CacheKind, CacheState, GraphInput, GraphIo, InputData, UbatchView};
 pub use lora::{LoraTerm, LoraTerms};
 pub use profile::{log_ops, KernelTime, OpProfile, StepProfile, TimingSource};

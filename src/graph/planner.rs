@@ -88,15 +88,15 @@ pub(super) fn plan_uses(tensors: &[Storage], uses: &[Vec<usize>]) -> Plan {
 mod tests {
     use super::super::builder::{Node, Op, Storage};
     use super::*;
-    use crate::ops::glu::Activation;
+    use crate::ops::glu::{Activation, GluNode};
 
     fn node(reads: &[usize], writes: &[usize]) -> Node {
         Node {
-            op: Op::Glu {
+            op: Op::Glu(GluNode {
                 act: Activation::Silu,
                 n: 1,
                 pairs: false,
-            },
+            }),
             reads: reads.to_vec(),
             writes: writes.to_vec(),
         }

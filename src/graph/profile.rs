@@ -5,9 +5,10 @@
 //! submitted alone and timed from the host, which adds a submit and a wait to every one
 //! (fine for finding hot spots, not for absolute numbers).
 
-use super::{Graph, OpCost};
+use super::Graph;
 use crate::gpu::{Gpu, GpuError};
 use crate::ops::Dispatch;
+use crate::ops::OpCost;
 
 /// Logs a profile's time per op kind (`WGLLM_PROFILE=1`), one line each.
 pub fn log_ops(p: &StepProfile) {

@@ -5,7 +5,7 @@
 //! the main one are read from their mirrors, which the context fills with the same data.
 
 use super::builder::{GraphBuilder, Storage, TensorId};
-use super::{planner, record, Graph, Part};
+use super::{planner, Graph, Part};
 use crate::gpu::GpuError;
 use crate::ops::View;
 use std::collections::HashMap;
@@ -226,7 +226,7 @@ impl GraphBuilder {
                     let nd = &self.nodes[i];
                     let r: Vec<View> = nd.reads.iter().map(|&t| view(t)).collect();
                     let w: Vec<View> = nd.writes.iter().map(|&t| view(t)).collect();
-                    record::record(&gpu, &nd.op, &r, &w, ds)?;
+                    nd.op.as_node().record(&gpu, &r, &w, ds)?;
                     // Every dispatch this node recorded belongs to it.
                     node_of.resize(ds.len(), i as u32);
                 }

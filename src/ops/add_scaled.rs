@@ -4,6 +4,7 @@
 //! stacked (Q/K/V) or interleaved (gate/up) output.
 
 use super::kernels::{kernel_files, one_kernel};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
@@ -91,3 +92,33 @@ kernel_files! {
 }
 
 one_kernel!("add_scaled", ADD_SCALED, AddScaledUniform, 256);
+
+/// The graph's `Op::AddScaled`: reads [src], writes [dst] (read too): a LoRA correction
+/// added into a matmul's output rows
+pub struct AddScaledNode {
+    pub p: ScaledRows,
+}
+
+impl GraphOp for AddScaledNode {
+    fn kind(&self) -> String {
+        "add_scaled".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { p } = self;
+        let n = p.n as u64 * p.n_tok as u64;
+        OpCost::new(3 * n * F32_BYTES, 2 * n)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { p } = self;
+        dispatches.push(add_scaled(gpu, &r[0], &w[0], *p)?);
+        Ok(())
+    }
+}

@@ -9,6 +9,7 @@
 
 use super::hadamard::{hadamard, hadamard_ref};
 use super::kernels::{kernel_files, Family, Products};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::{self, compose, kv_reading, SOFTMAX_COMMON};
 use super::softmax::{softmax_sinks, softmax_sinks_ref, SoftmaxParams};
 use super::uniforms::uniform_struct;
@@ -1230,5 +1231,60 @@ impl std::fmt::Display for Kernel {
             ),
             CpuFlash { k, v, d4, tb } => write!(f, "attn_flash_rows_{k}_{v}_d{d4}_tb{tb}"),
         }
+    }
+}
+
+/// The graph's `Op::Attention`: reads [q, k, v, mask(, sinks)], writes [scores, dst,
+/// partials]
+pub struct AttentionNode {
+    pub shape: AttnShape,
+    pub sp: SoftmaxParams,
+}
+
+impl GraphOp for AttentionNode {
+    fn kind(&self) -> String {
+        "attention".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { shape: s, .. } = self;
+        let (hd, nh, nkv, nt) = (
+            s.head_dim as u64,
+            s.n_head as u64,
+            s.n_kv as u64,
+            s.n_tok as u64,
+        );
+        let row = s.n_head_kv as u64 * hd;
+        let kv = nkv * (s.k_type.row_bytes(row) + s.v_type.row_bytes(row));
+        let scores = nh * nt * nkv;
+        // K and V once, Q in and the output out, the mask, and the scores written
+        // by the first kernel, normalised in place and read by the last.
+        let bytes =
+            kv + 2 * nh * hd * nt * F32_BYTES + nkv * nt * F32_BYTES + 4 * scores * F32_BYTES;
+        // QK^T and the weighted sum of V (2 flops per multiply-add each), plus a
+        // few per score for the masked softmax.
+        OpCost::new(bytes, 4 * nh * hd * nkv * nt + 5 * scores)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { shape, sp } = self;
+        let io = AttnViews {
+            q: &r[0],
+            k: &r[1],
+            v: &r[2],
+            mask: &r[3],
+            scores: &w[0],
+            dst: &w[1],
+            partials: &w[2],
+            sinks: r.get(4),
+        };
+        dispatches.extend(attention(gpu, shape, sp, &io)?);
+        Ok(())
     }
 }

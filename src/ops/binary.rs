@@ -2,6 +2,7 @@
 //! a.len(), [`binary`]) or one value per row of `a` ([`binary_rows`]).
 
 use super::kernels::{kernel_files, Family};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::compose;
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
@@ -175,5 +176,39 @@ impl Family for Kernel {
 impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "binary_{:?}", self.0)
+    }
+}
+
+/// The graph's `Op::Binary`: reads [a, b], writes [dst]: dst[i] = a[i] op b[(i / div) % nb]
+pub struct BinaryNode {
+    pub op: BinaryOp,
+    pub n: u32,
+    pub nb: u32,
+    pub div: u32,
+}
+
+impl GraphOp for BinaryNode {
+    fn kind(&self) -> String {
+        let Self { op, .. } = self;
+        format!("{op:?}").to_lowercase()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { n, nb, .. } = self;
+        OpCost::new((2 * *n as u64 + *nb as u64) * F32_BYTES, *n as u64)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { op, n, nb, div } = self;
+        dispatches.push(binary_strided(
+            gpu, *op, &r[0], &r[1], &w[0], *n, *nb, *div,
+        )?);
+        Ok(())
     }
 }

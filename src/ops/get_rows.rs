@@ -1,12 +1,14 @@
 //! get_rows: gather whole rows of a (quantized) matrix into f32 rows.
 
 use super::kernels::{kernel_files, Family};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::{compose, quant_source, weight_types, QUANT_READ};
 use super::uniforms::uniform_struct;
 use super::{record, Dispatch, KernelKey, View, Weight};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError};
 use crate::quant;
+use std::sync::Arc;
 
 /// dst[t] = dequantized row ids[t] of `w`, for t < n_ids. One dispatch per weight chunk.
 pub fn get_rows(
@@ -129,5 +131,75 @@ impl Family for Kernel {
 impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "get_rows_{}", self.ty)
+    }
+}
+
+/// The graph's `Op::GetRows`: reads [ids], writes [dst]
+pub struct GetRowsNode {
+    pub w: Arc<Weight>,
+    pub n_ids: u32,
+}
+
+impl GraphOp for GetRowsNode {
+    fn kind(&self) -> String {
+        let Self { w, .. } = self;
+        format!("get_rows {}", w.ty).to_lowercase()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { w, n_ids } = self;
+        let (cols, rows, ids) = (w.n_cols as u64, w.n_rows.max(1) as u64, *n_ids as u64);
+        let row_bytes = w.gpu_bytes() / rows;
+        OpCost::new(ids * (row_bytes + cols * F32_BYTES + F32_BYTES), ids * cols)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { w: m, n_ids } = self;
+        dispatches.extend(get_rows(gpu, m, &r[0], *n_ids, &w[0])?);
+        Ok(())
+    }
+}
+
+/// The graph's `Op::SelectRows`: reads [src, ids], writes [dst]: rows of an f32 activation
+/// [n_cols, n_rows]
+pub struct SelectRowsNode {
+    pub n_cols: u32,
+    pub n_rows: u32,
+    pub n_ids: u32,
+}
+
+impl GraphOp for SelectRowsNode {
+    fn kind(&self) -> String {
+        "select_rows".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { n_cols, n_ids, .. } = self;
+        let n = *n_cols as u64 * *n_ids as u64;
+        OpCost::new(2 * n * F32_BYTES + *n_ids as u64 * F32_BYTES, 0)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self {
+            n_cols,
+            n_rows,
+            n_ids,
+        } = self;
+        dispatches.push(select_rows(
+            gpu, &r[0], *n_cols, *n_rows, &r[1], *n_ids, &w[0],
+        )?);
+        Ok(())
     }
 }

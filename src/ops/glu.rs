@@ -2,6 +2,7 @@
 //! gpt-oss's clamped SwiGLU.
 
 use super::kernels::{kernel_files, Family};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::{compose, ACT};
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
@@ -156,5 +157,40 @@ impl Family for Kernel {
 impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "glu_{:?}", self.0)
+    }
+}
+
+/// The graph's `Op::Glu`: reads [gate, up], writes [dst]; with `pairs`, reads [pairs,
+/// pairs]: one tensor of interleaved (gate, up) rows
+pub struct GluNode {
+    pub act: Activation,
+    pub n: u32,
+    pub pairs: bool,
+}
+
+impl GraphOp for GluNode {
+    fn kind(&self) -> String {
+        "glu".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        // act(gate) * up: the activation is a few operations (exp, divide, multiply).
+        let Self { n, .. } = self;
+        OpCost::new(3 * *n as u64 * F32_BYTES, 5 * *n as u64)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { act, n, pairs } = self;
+        dispatches.push(match pairs {
+            true => glu_pairs(gpu, *act, &r[0], &w[0], *n)?,
+            false => glu(gpu, *act, &r[0], &r[1], &w[0], *n)?,
+        });
+        Ok(())
     }
 }

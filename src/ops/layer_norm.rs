@@ -2,6 +2,7 @@
 //! `add`): dst = (x - mean) / sqrt(var + eps) * w + b per row.
 
 use super::kernels::{kernel_files, one_kernel};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::uniforms::NormUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError};
@@ -58,3 +59,42 @@ kernel_files! {
 }
 
 one_kernel!("layer_norm", LAYER_NORM, NormUniform, 256);
+
+/// The graph's `Op::LayerNorm`: reads [x, weight, bias], writes [dst]: layer norm, scaled
+/// and shifted
+pub struct LayerNormNode {
+    pub n: u32,
+    pub rows: u32,
+    pub eps: f32,
+}
+
+impl GraphOp for LayerNormNode {
+    fn kind(&self) -> String {
+        "layer_norm".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { n, rows, .. } = self;
+        let e = *n as u64 * *rows as u64;
+        OpCost::new(2 * e * F32_BYTES + 2 * *n as u64 * F32_BYTES, 7 * e)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { n, rows, eps } = self;
+        dispatches.push(layer_norm(
+            gpu,
+            [&r[0], &r[1], &r[2]],
+            &w[0],
+            *n,
+            *rows,
+            *eps,
+        )?);
+        Ok(())
+    }
+}

@@ -2,12 +2,14 @@
 
 use super::glu::{glu_pairs, Activation};
 use super::kernels::{Family, Products};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::{self, quant_source, weight_types, Tokens};
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, KernelTuning, View, Weight};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError, KernelShape};
 use crate::quant;
+use std::sync::Arc;
 
 /// (rows, tokens) per invocation: matrix-vector for one token, small tiles for batches;
 /// `unrolled`: the kernels' loops are written out (`Gpu::unroll`, SwiftShader).
@@ -556,5 +558,79 @@ impl std::fmt::Display for Kernel {
             Kernel::GpuTile { ty, bm, bn } => write!(f, "matmul_tile_{ty}_{bm}x{bn}"),
             Kernel::GpuCoop { ty, s } => write!(f, "matmul_coop_{ty}_{s}"),
         }
+    }
+}
+
+/// The graph's `Op::Matmul`: reads [x], writes [dst]: w's rows go to rows
+/// `out.row_offset..` of dst
+pub struct MatmulNode {
+    pub w: Arc<Weight>,
+    pub n_tok: u32,
+    pub out: MatmulOut,
+}
+
+impl GraphOp for MatmulNode {
+    fn kind(&self) -> String {
+        let Self { w, .. } = self;
+        format!("matmul {}", w.ty).to_lowercase()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { w, n_tok, .. } = self;
+        let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
+        OpCost::new(
+            w.gpu_bytes() + (cols + rows) * t * F32_BYTES,
+            2 * rows * cols * t,
+        )
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { w: m, n_tok, out } = self;
+        dispatches.extend(matmul_at(gpu, m, &r[0], *n_tok, &w[0], *out)?);
+        Ok(())
+    }
+}
+
+/// The graph's `Op::MatmulGlu`: reads [x], writes [dst, pairs]: act(gate · x) * (up · x)
+/// for interleaved (gate, up) rows; `pairs` holds the matmul's output where the GLU is not
+/// in its epilogue
+pub struct MatmulGluNode {
+    pub w: Arc<Weight>,
+    pub n_tok: u32,
+    pub act: Activation,
+}
+
+impl GraphOp for MatmulGluNode {
+    fn kind(&self) -> String {
+        let Self { w, .. } = self;
+        format!("matmul_glu {}", w.ty).to_lowercase()
+    }
+
+    fn cost(&self) -> OpCost {
+        // The matmul, writing half the rows, plus the activation per output.
+        let Self { w, n_tok, .. } = self;
+        let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
+        OpCost::new(
+            w.gpu_bytes() + (cols + rows / 2) * t * F32_BYTES,
+            2 * rows * cols * t + 5 * rows / 2 * t,
+        )
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { w: m, n_tok, act } = self;
+        dispatches.extend(matmul_glu(gpu, m, &r[0], *n_tok, *act, &w[0], &w[1])?);
+        Ok(())
     }
 }

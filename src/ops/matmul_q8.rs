@@ -12,12 +12,14 @@
 use super::glu::{glu_pairs, Activation};
 use super::kernels::{kernel_files, Family, Products};
 use super::matmul::{gpu_tile_min, MatmulOut};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::compose;
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View, Weight};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError, KernelShape};
 use crate::quant;
+use std::sync::Arc;
 
 /// Weight rows per workgroup of the integer-dot matmul (`matmul_q8.wgsl`).
 pub const Q8_MATMUL_ROWS: &[u32] = &[1, 2, 4];
@@ -550,5 +552,109 @@ impl std::fmt::Display for Kernel {
             ),
             Kernel::Tile { ty, bm, bn } => write!(f, "matmul_q8_tile_{ty}_{bm}x{bn}"),
         }
+    }
+}
+
+/// The graph's `Op::QuantizeQ8`: reads [x], writes [xq]: x ([k, n_tok] f32) as the 8-bit
+/// blocks the integer-dot matmuls read (`ops::matmul_q8`)
+pub struct QuantizeQ8Node {
+    pub k: u32,
+    pub n_tok: u32,
+}
+
+impl GraphOp for QuantizeQ8Node {
+    fn kind(&self) -> String {
+        "quantize_q8".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { k, n_tok } = self;
+        let n = *k as u64 * *n_tok as u64;
+        OpCost::new(n * F32_BYTES + q8_bytes(*k, *n_tok), 3 * n)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { k, n_tok } = self;
+        dispatches.push(quantize_q8(gpu, &r[0], *k, *n_tok, &w[0])?);
+        Ok(())
+    }
+}
+
+/// The graph's `Op::MatmulQ8`: reads [xq], writes [dst]: [`Op::Matmul`] by integer dot
+/// products
+pub struct MatmulQ8Node {
+    pub w: Arc<Weight>,
+    pub n_tok: u32,
+    pub out: MatmulOut,
+}
+
+impl GraphOp for MatmulQ8Node {
+    fn kind(&self) -> String {
+        let Self { w, .. } = self;
+        format!("matmul_q8 {}", w.ty).to_lowercase()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { w, n_tok, .. } = self;
+        let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
+        OpCost::new(
+            w.gpu_bytes() + q8_bytes(w.n_cols, *n_tok) + rows * t * F32_BYTES,
+            2 * rows * cols * t,
+        )
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { w: m, n_tok, out } = self;
+        dispatches.extend(matmul_q8_at(gpu, m, &r[0], *n_tok, &w[0], *out)?);
+        Ok(())
+    }
+}
+
+/// The graph's `Op::MatmulQ8Glu`: reads [xq], writes [dst, pairs]: [`Op::MatmulGlu`] by
+/// integer dot products (the products to `pairs`, then the GLU)
+pub struct MatmulQ8GluNode {
+    pub w: Arc<Weight>,
+    pub n_tok: u32,
+    pub act: Activation,
+}
+
+impl GraphOp for MatmulQ8GluNode {
+    fn kind(&self) -> String {
+        let Self { w, .. } = self;
+        format!("matmul_q8_glu {}", w.ty).to_lowercase()
+    }
+
+    fn cost(&self) -> OpCost {
+        // The products to the pairs, read again by the GLU, which writes half.
+        let Self { w, n_tok, .. } = self;
+        let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
+        OpCost::new(
+            w.gpu_bytes() + q8_bytes(w.n_cols, *n_tok) + (2 * rows + rows / 2) * t * F32_BYTES,
+            2 * rows * cols * t + 5 * rows / 2 * t,
+        )
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { w: m, n_tok, act } = self;
+        dispatches.extend(matmul_q8_glu(gpu, m, &r[0], *n_tok, *act, &w[0], &w[1])?);
+        Ok(())
     }
 }

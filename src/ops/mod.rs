@@ -17,6 +17,7 @@ pub mod layer_norm;
 pub mod matmul;
 pub mod matmul_q8;
 pub mod moe;
+pub mod node;
 pub mod patches;
 pub mod pool;
 pub mod rms_norm;
@@ -60,6 +61,7 @@ kernels::families! {
     /// An image cut into patch rows (a vision tower's patch embedding).
     Patches(patches::Kernel),
 }
+pub use node::{GraphOp, OpCost};
 pub use tuning::{KernelTuning, TuningError};
 pub use weight::{ExpertBiases, Experts, Ffn, GateUp, SharedExpert, Weight};
 

@@ -11,12 +11,14 @@
 
 use super::kernels::{kernel_files, Family};
 use super::matmul::{CPU_MATMUL_ROWS, CPU_MATMUL_TOKENS, GPU_TILES};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::{self, compose, quant_source, weight_types, Tokens, QUANT_READ};
 use super::uniforms::uniform_struct;
 use super::{matmul, record, split_groups, Dispatch, KernelKey, View, Weight, MAX_GROUPS};
 use crate::gguf::GgmlType;
 use crate::gpu::{Gpu, GpuError};
 use crate::quant;
+use std::sync::Arc;
 
 /// Most experts a token may use (the routing kernel's arrays).
 pub const MAX_USED: u32 = 16;
@@ -660,5 +662,221 @@ impl std::fmt::Display for Kernel {
             ),
             Kernel::GpuTile { ty, bm, bn } => write!(f, "matmul_id_tile_{ty}_{bm}x{bn}"),
         }
+    }
+}
+
+/// The graph's `Op::MoeRoute`: reads [logits], writes [ids, weights]: each token's experts
+/// and their weights
+pub struct MoeRouteNode {
+    pub routing: MoeRouting,
+    pub n_tok: u32,
+}
+
+impl GraphOp for MoeRouteNode {
+    fn kind(&self) -> String {
+        "moe_route".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { routing: r, n_tok } = self;
+        let (e, u, t) = (r.n_expert as u64, r.n_used as u64, *n_tok as u64);
+        OpCost::new((e + 2 * u) * t * F32_BYTES, (4 + u) * e * t)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { routing, n_tok } = self;
+        dispatches.push(moe_route(gpu, routing, &r[0], *n_tok, &w[0], &w[1])?);
+        Ok(())
+    }
+}
+
+/// The graph's `Op::MatmulId`: reads [x, ids] (or, `grouped`, [x, offsets, order]), writes
+/// [dst]: the chosen experts' products, x per (token, expert) pair or per token
+pub struct MatmulIdNode {
+    pub w: Arc<Weight>,
+    pub n_expert: u32,
+    pub n_used: u32,
+    pub n_tok: u32,
+    pub x_per_pair: bool,
+    pub grouped: bool,
+}
+
+impl GraphOp for MatmulIdNode {
+    fn kind(&self) -> String {
+        let Self { w, .. } = self;
+        format!("matmul_id {}", w.ty).to_lowercase()
+    }
+
+    fn cost(&self) -> OpCost {
+        // The chosen experts' rows once per pair, or grouped once per expert chosen
+        // (at most all of them), x per pair.
+        let Self {
+            w,
+            n_expert,
+            n_used,
+            n_tok,
+            x_per_pair,
+            grouped,
+        } = self;
+        let pairs = *n_used as u64 * *n_tok as u64;
+        let ne = *n_expert.max(&1) as u64;
+        let (cols, rows) = (w.n_cols as u64, w.n_rows as u64 / ne);
+        let x_rows = if *x_per_pair { pairs } else { *n_tok as u64 };
+        let reads = if *grouped { pairs.min(ne) } else { pairs };
+        OpCost::new(
+            reads * (w.gpu_bytes() / ne) + pairs * rows * F32_BYTES + x_rows * cols * F32_BYTES,
+            2 * pairs * rows * cols,
+        )
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self {
+            w: m,
+            n_expert,
+            n_used,
+            n_tok,
+            x_per_pair,
+            grouped,
+        } = self;
+        let pairs = match grouped {
+            true => Pairs::Grouped {
+                offsets: &r[1],
+                order: &r[2],
+            },
+            false => Pairs::Ids(&r[1]),
+        };
+        dispatches.extend(matmul_id(
+            gpu,
+            m,
+            *n_expert,
+            &r[0],
+            *x_per_pair,
+            pairs,
+            *n_used,
+            *n_tok,
+            &w[0],
+        )?);
+        Ok(())
+    }
+}
+
+/// The graph's `Op::MoeGroup`: reads [ids], writes [offsets, order]: the pairs grouped by
+/// expert
+pub struct MoeGroupNode {
+    pub n_pairs: u32,
+    pub n_expert: u32,
+}
+
+impl GraphOp for MoeGroupNode {
+    fn kind(&self) -> String {
+        "moe_group".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { n_pairs, n_expert } = self;
+        OpCost::new(
+            (2 * *n_pairs as u64 + *n_expert as u64) * F32_BYTES,
+            2 * *n_pairs as u64,
+        )
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { n_pairs, n_expert } = self;
+        dispatches.push(moe_group(gpu, &r[0], *n_pairs, *n_expert, &w[0], &w[1])?);
+        Ok(())
+    }
+}
+
+/// The graph's `Op::MoeAddId`: reads [a, bias, ids], writes [dst]: each pair's output plus
+/// its expert's bias
+pub struct MoeAddIdNode {
+    pub rows: u32,
+    pub n_pairs: u32,
+}
+
+impl GraphOp for MoeAddIdNode {
+    fn kind(&self) -> String {
+        "moe_add_id".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { rows, n_pairs } = self;
+        let n = *rows as u64 * *n_pairs as u64;
+        OpCost::new((3 * n + *n_pairs as u64) * F32_BYTES, n)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { rows, n_pairs } = self;
+        dispatches.push(moe_add_id(
+            gpu, &r[0], &r[1], &r[2], *rows, *n_pairs, &w[0],
+        )?);
+        Ok(())
+    }
+}
+
+/// The graph's `Op::MoeSum`: reads [y, weights], writes [dst]: each token's weighted sum of
+/// its experts' outputs
+pub struct MoeSumNode {
+    pub n_out: u32,
+    pub n_used: u32,
+    pub n_tok: u32,
+}
+
+impl GraphOp for MoeSumNode {
+    fn kind(&self) -> String {
+        "moe_sum".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self {
+            n_out,
+            n_used,
+            n_tok,
+        } = self;
+        let (n, u) = (*n_out as u64 * *n_tok as u64, *n_used as u64);
+        OpCost::new(
+            (u * n + n) * F32_BYTES + u * *n_tok as u64 * F32_BYTES,
+            2 * u * n,
+        )
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self {
+            n_out,
+            n_used,
+            n_tok,
+        } = self;
+        dispatches.push(moe_sum(gpu, &r[0], &r[1], *n_out, *n_used, *n_tok, &w[0])?);
+        Ok(())
     }
 }

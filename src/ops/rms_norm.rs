@@ -1,6 +1,7 @@
 //! RMS norm fused with the weight multiply: dst = x / sqrt(mean(x²) + eps) * w.
 
 use super::kernels::{by_shape, kernel_files, Family, SHAPES};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::compose;
 use super::uniforms::NormUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
@@ -135,5 +136,50 @@ impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let add = if self.add { "add_" } else { "" };
         write!(f, "{add}rms_norm{}", by_shape(self.shape, "_rows", ""))
+    }
+}
+
+/// The graph's `Op::RmsNorm`: reads [x, weight], writes [dst]; row r of x takes weight row
+/// r % w_rows
+pub struct RmsNormNode {
+    pub n: u32,
+    pub rows: u32,
+    pub w_rows: u32,
+    pub eps: f32,
+}
+
+impl GraphOp for RmsNormNode {
+    fn kind(&self) -> String {
+        "rms_norm".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { n, rows, .. } = self;
+        let e = *n as u64 * *rows as u64;
+        OpCost::new(2 * e * F32_BYTES + *n as u64 * F32_BYTES, 4 * e)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self {
+            n,
+            rows,
+            w_rows,
+            eps,
+        } = self;
+        dispatches.push(rms_norm_rows(
+            gpu,
+            &r[0],
+            &r[1],
+            &w[0],
+            [*n, *rows, *w_rows],
+            *eps,
+        )?);
+        Ok(())
     }
 }

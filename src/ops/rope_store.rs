@@ -7,6 +7,7 @@
 
 use super::hadamard::hadamard_ref;
 use super::kernels::{by_shape, Family, SHAPES};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::rms_norm::rms_norm_ref;
 use super::rope::{rope_ref, RopeParams};
 use super::set_rows::set_rows_ref;
@@ -249,5 +250,59 @@ impl std::fmt::Display for Kernel {
         let norm = if self.norm { "_norm" } else { "" };
         let rows = by_shape(self.shape, "_rows", "");
         write!(f, "rope_store_{k}_{v}{norm}{rows}")
+    }
+}
+
+/// The graph's `Op::RopeStore`: reads [table, qkv, slots(, q_norm, k_norm)], writes [q,
+/// k_cache, v_cache]
+pub struct RopeStoreNode {
+    pub p: RopeParams,
+    pub shape: RopeStoreShape,
+    /// Epsilon of the per-head Q/K norms, when the node reads their weights.
+    pub norm_eps: Option<f32>,
+}
+
+impl GraphOp for RopeStoreNode {
+    fn kind(&self) -> String {
+        "rope_store".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { p, shape: s, .. } = self;
+        let t = s.n_tok as u64;
+        let row = s.row_len(p.head_dim) as u64;
+        let kv = 2 * s.n_head_kv as u64 * p.head_dim as u64;
+        let q = row - kv;
+        let hd = p.head_dim as u64 * s.n_head_kv as u64;
+        let kv_bytes = (s.k_type.row_bytes(hd) + s.v_type.row_bytes(hd)) * t;
+        let table = t * p.n_dims as u64 / 2 * 2 * F32_BYTES;
+        // The projection row in, Q out, K and V into the cache; the rotations
+        // of Q and K heads as in RoPE.
+        let heads = (s.n_head + s.n_head_kv) as u64;
+        OpCost::new(
+            row * t * F32_BYTES + q * t * F32_BYTES + kv_bytes + table + t * F32_BYTES,
+            3 * p.n_dims as u64 / 2 * 2 * heads * t,
+        )
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { p, shape, norm_eps } = self;
+        let io = RopeStoreViews {
+            table: &r[0],
+            qkv: &r[1],
+            slots: &r[2],
+            q: &w[0],
+            k_cache: &w[1],
+            v_cache: &w[2],
+            norm: norm_eps.map(|eps| (&r[3], &r[4], eps)),
+        };
+        dispatches.push(rope_store(gpu, p, shape, &io)?);
+        Ok(())
     }
 }

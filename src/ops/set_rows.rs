@@ -1,6 +1,7 @@
 //! set_rows: copy new K/V rows into their cache cells.
 
 use super::kernels::{kernel_files, Family};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::{kv_reading, set_rows_source};
 use super::uniforms::SetRowsUniform;
 use super::{record, Dispatch, KernelKey, View};
@@ -120,5 +121,43 @@ impl std::fmt::Display for Kernel {
             Kernel::Store { ty } => write!(f, "set_rows_{ty}"),
             Kernel::Read { ty } => write!(f, "kv_read_{ty}"),
         }
+    }
+}
+
+/// The graph's `Op::StoreRows`: reads [src, idx], writes [dst]: f32 rows of src to rows idx
+/// of dst
+pub struct StoreRowsNode {
+    pub row_len: u32,
+    pub n_rows: u32,
+}
+
+impl GraphOp for StoreRowsNode {
+    fn kind(&self) -> String {
+        "store_rows".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { row_len, n_rows } = self;
+        OpCost::new(2 * *row_len as u64 * *n_rows as u64 * F32_BYTES, 0)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { row_len, n_rows } = self;
+        dispatches.push(set_rows(
+            gpu,
+            &r[0],
+            &r[1],
+            &w[0],
+            *row_len,
+            *n_rows,
+            crate::kv::KvType::F32,
+        )?);
+        Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! Softmax with scale, KQ mask and ALiBi slope, as ggml_soft_max_ext, in place on rows.
 
 use super::kernels::{kernel_files, Family, SHAPES};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::{compose, SOFTMAX_COMMON};
 use super::uniforms::uniform_struct;
 use super::{record, split_groups, Dispatch, KernelKey, View};
@@ -214,5 +215,44 @@ impl Family for Kernel {
 impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "softmax_{}", self.workgroup_size())
+    }
+}
+
+/// The graph's `Op::SoftmaxRows`: writes [x] (read too): each row of n_cols softmaxed in
+/// place
+pub struct SoftmaxRowsNode {
+    pub n_cols: u32,
+    pub rows: u32,
+}
+
+impl GraphOp for SoftmaxRowsNode {
+    fn kind(&self) -> String {
+        "softmax".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { n_cols, rows } = self;
+        let e = *n_cols as u64 * *rows as u64;
+        OpCost::new(2 * e * F32_BYTES, 4 * e)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        _r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { n_cols, rows } = self;
+        let sp = SoftmaxParams {
+            scale: 1.0,
+            max_bias: 0.0,
+            n_head: 1,
+            softcap: 0.0,
+        };
+        dispatches.push(crate::ops::softmax::softmax(
+            gpu, &sp, None, &w[0], *n_cols, *rows,
+        )?);
+        Ok(())
     }
 }

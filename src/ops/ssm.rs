@@ -7,6 +7,7 @@
 //! for the graph to store back.
 
 use super::kernels::{by_shape, kernel_files, Family, SHAPES};
+use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::{compose, ACT};
 use super::uniforms::uniform_struct;
 use super::{record, Dispatch, KernelKey, View};
@@ -396,5 +397,93 @@ impl std::fmt::Display for Kernel {
                 write!(f, "ssm_scan_ds{ds}{}", by_shape(shape, "", "_wg"))
             }
         }
+    }
+}
+
+/// The graph's `Op::SsmConv`: reads [state, x, w(, bias)], writes [y, new_state]
+pub struct SsmConvNode {
+    pub shape: ConvShape,
+    pub bias: bool,
+}
+
+impl GraphOp for SsmConvNode {
+    fn kind(&self) -> String {
+        "ssm_conv".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { shape: s, .. } = self;
+        let n = s.ch as u64 * s.n_t as u64 * s.n_s as u64;
+        let state = 2 * s.state_len() as u64 * s.n_s as u64;
+        OpCost::new(
+            (2 * n + state + s.ch as u64 * s.k as u64) * F32_BYTES,
+            2 * n * s.k as u64,
+        )
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { shape, bias } = self;
+        dispatches.push(ssm_conv(
+            gpu,
+            shape,
+            &r[0],
+            &r[1],
+            &r[2],
+            bias.then(|| &r[3]),
+            &w[0],
+            &w[1],
+        )?);
+        Ok(())
+    }
+}
+
+/// The graph's `Op::SsmScan`: reads [x, dt, consts, bc, z], writes [state, y] (the state is
+/// read too)
+pub struct SsmScanNode {
+    pub shape: ScanShape,
+}
+
+impl GraphOp for SsmScanNode {
+    fn kind(&self) -> String {
+        "ssm_scan".into()
+    }
+
+    fn cost(&self) -> OpCost {
+        let Self { shape: s } = self;
+        let tok = s.n_t as u64 * s.n_s as u64;
+        let d = s.d_inner() as u64;
+        let state = 2 * s.state_len() as u64 * s.n_s as u64;
+        let bc = 2 * (s.n_group * s.d_state) as u64;
+        // x, z in and y out per channel, dt per head, B and C per token; per
+        // state value an exp, the update and the dot product.
+        let bytes = (state + tok * (3 * d + s.n_head as u64 + bc)) * F32_BYTES;
+        OpCost::new(bytes, tok * d * s.d_state as u64 * 6)
+    }
+
+    fn record(
+        &self,
+        gpu: &Gpu,
+        r: &[View],
+        w: &[View],
+        dispatches: &mut Vec<Dispatch>,
+    ) -> Result<(), GpuError> {
+        let Self { shape } = self;
+        let v = ScanViews {
+            x: &r[0],
+            dt: &r[1],
+            consts: &r[2],
+            bc: &r[3],
+            z: &r[4],
+            state: &w[0],
+            y: &w[1],
+        };
+        dispatches.push(ssm_scan(gpu, shape, &v)?);
+        Ok(())
     }
 }
