@@ -6,7 +6,7 @@
 
 use super::{attn_shape, kv_layer, CacheKind, GraphInput, GraphIo, Hparams, Model};
 use crate::gpu::GpuError;
-use crate::graph::{AttnBlock, AttnInputs, Graph, GraphBuilder};
+use crate::graph::{AttnBlock, AttnInputs, Graph, GraphBuilder, TensorId};
 use crate::kv::MaskKind;
 use crate::memory::Memory;
 use crate::ops::binary::BinaryOp;
@@ -21,15 +21,58 @@ fn mask() -> MaskKind {
 }
 
 pub fn inputs(hp: &Hparams) -> Vec<GraphInput> {
-    vec![
-        GraphInput::Tokens,
-        GraphInput::Positions,
-        GraphInput::KvSlots(CacheKind::Full),
-        GraphInput::OutIds,
-        GraphInput::KqMask(mask()),
-        // No dimension rotates (n_dims 0): the attention kernels' RoPE passes K through.
-        GraphInput::Rope(hp.rope),
-    ]
+    Encoder::declare(hp)
+}
+
+/// An encoder's inputs: its tokens and their positions, and the attention's (every token
+/// seeing its whole sequence, no rotation), declared and fetched side by side.
+struct Encoder {
+    tokens: TensorId,
+    positions: TensorId,
+    attn: AttnInputs,
+}
+
+impl Encoder {
+    /// What the graph reads per ubatch.
+    fn declare(hp: &Hparams) -> Vec<GraphInput> {
+        vec![
+            GraphInput::Tokens,
+            GraphInput::Positions,
+            GraphInput::KvSlots(CacheKind::Full),
+            GraphInput::OutIds,
+            GraphInput::KqMask(mask()),
+            // No dimension rotates (n_dims 0): the attention kernels' RoPE passes K through.
+            GraphInput::Rope(hp.rope),
+        ]
+    }
+
+    /// The declared inputs of the ubatch `io` describes, as graph tensors (the output
+    /// rows are fetched where the last layer keeps them).
+    fn new(
+        g: &mut GraphBuilder,
+        hp: &Hparams,
+        io: &GraphIo,
+        mem: &dyn Memory,
+    ) -> Result<Self, GpuError> {
+        let t = io.n_tok;
+        Ok(Encoder {
+            tokens: g.input(io.tokens()?, [t, 1]),
+            positions: g.input(io.positions()?, [t, 1]),
+            attn: AttnInputs {
+                slots: g.input(io.kv_slots(CacheKind::Full)?, [t, 1]),
+                mask: g.input(io.mask(mask())?, [io.n_kv, t]),
+                rope: g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]),
+                rope_p: hp.rope,
+                shape: attn_shape(hp, mem, t, io.n_kv),
+                sp: SoftmaxParams {
+                    scale: hp.attn_scale,
+                    max_bias: 0.0,
+                    n_head: hp.n_head,
+                    softcap: 0.0,
+                },
+            },
+        })
+    }
 }
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
@@ -44,22 +87,11 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     }
     let (t, eps) = (io.n_tok, hp.eps);
     let mut g = super::builder(m, io);
-    let tokens = g.input(io.tokens()?, [t, 1]);
-    let positions = g.input(io.positions()?, [t, 1]);
-    let rope = g.input(io.rope(hp.rope)?, [hp.rope.n_dims, t]);
-    let inp = AttnInputs {
-        slots: g.input(io.kv_slots(CacheKind::Full)?, [t, 1]),
-        mask: g.input(io.mask(mask())?, [io.n_kv, t]),
-        rope,
-        rope_p: hp.rope,
-        shape: attn_shape(hp, mem, t, io.n_kv),
-        sp: SoftmaxParams {
-            scale: hp.attn_scale,
-            max_bias: 0.0,
-            n_head: hp.n_head,
-            softcap: 0.0,
-        },
-    };
+    let Encoder {
+        tokens,
+        positions,
+        attn: inp,
+    } = Encoder::new(&mut g, hp, io, mem)?;
 
     let mut x = g.get_rows(&w.tok_embd, tokens);
     if let Some(types) = &bw.type_embd {

@@ -8,7 +8,7 @@
 //! the output projection.
 
 use super::Lfm2Mixer;
-use super::{kv_layer, output_head, rs_rows, Causal, GraphInput, GraphIo, Model};
+use super::{kv_layer, output_head, Causal, GraphInput, GraphIo, Model, RsRows};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph};
 use crate::memory::Memory;
@@ -17,15 +17,14 @@ use crate::ops::ssm::ConvShape;
 
 /// The attention layers' inputs, and the convolution layers' state rows.
 pub fn inputs(hp: &super::Hparams) -> Vec<GraphInput> {
-    let states = [GraphInput::RsSrc, GraphInput::RsDst];
-    [Causal::declare(hp), states.to_vec()].concat()
+    [Causal::declare(hp), RsRows::declare()].concat()
 }
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
     let (hp, w) = (&m.hp, &m.weights);
     let eps = hp.eps;
     let mut g = super::builder(m, io);
-    let rows = rs_rows(&mut g, io)?;
+    let rows = RsRows::new(&mut g, io)?;
     let inp = Causal::new(&mut g, hp, io, mem)?;
 
     let mut x = g.get_rows(&w.tok_embd, inp.tokens);

@@ -8,20 +8,20 @@
 //! gates with SiLU(z) (Mamba-2 then norms the result per group); and projects back.
 //! The ubatch's states are gathered from their cells first and stored back after.
 
-use super::{output_head, rs_rows, GraphInput, GraphIo, Model, RsRows as Rows, SsmLayer};
+use super::{output_head, GraphInput, GraphIo, Model, RsRows as Rows, SsmLayer};
 use crate::gpu::GpuError;
 use crate::graph::{Graph, GraphBuilder, TensorId};
 use crate::memory::{Memory, RsLayer};
 use crate::model::hparams::{Arch, Ssm};
 use crate::ops::ssm::{ConvShape, ScanShape};
 
+/// The tokens, the output rows, and the state rows.
 pub fn inputs() -> Vec<GraphInput> {
-    vec![
-        GraphInput::Tokens,
-        GraphInput::OutIds,
-        GraphInput::RsSrc,
-        GraphInput::RsDst,
+    [
+        vec![GraphInput::Tokens, GraphInput::OutIds],
+        Rows::declare(),
     ]
+    .concat()
 }
 
 pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuError> {
@@ -30,7 +30,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
         .ssm
         .ok_or_else(|| GpuError::Validation("a state-space model without ssm sizes".into()))?;
     let mut g = super::builder(m, io);
-    let rows = rs_rows(&mut g, io)?;
+    let rows = Rows::new(&mut g, io)?;
     let tokens = g.input(io.tokens()?, [io.n_tok, 1]);
     let mut x = g.get_rows(&w.tok_embd, tokens);
     for (il, lw) in w.ssm.iter().enumerate() {

@@ -492,21 +492,28 @@ struct RsRows {
     n_t: u32,
 }
 
-/// The state rows of the ubatch `io` describes, as graph inputs.
-fn rs_rows(g: &mut crate::graph::GraphBuilder, io: &GraphIo) -> Result<RsRows, GpuError> {
-    let t = io.n_tok;
-    if io.n_rs == 0 || !t.is_multiple_of(io.n_rs) {
-        return Err(GpuError::Validation(format!(
-            "a recurrent ubatch of {t} tokens in {} sequence sets is not an equal split",
-            io.n_rs
-        )));
+impl RsRows {
+    /// What the graph reads per ubatch for them.
+    fn declare() -> Vec<GraphInput> {
+        vec![GraphInput::RsSrc, GraphInput::RsDst]
     }
-    Ok(RsRows {
-        src: g.input(io.input(GraphInput::RsSrc)?, [io.n_rs, 1]),
-        dst: g.input(io.input(GraphInput::RsDst)?, [io.n_rs, 1]),
-        n_s: io.n_rs,
-        n_t: t / io.n_rs,
-    })
+
+    /// The state rows of the ubatch `io` describes, as graph inputs.
+    fn new(g: &mut crate::graph::GraphBuilder, io: &GraphIo) -> Result<RsRows, GpuError> {
+        let t = io.n_tok;
+        if io.n_rs == 0 || !t.is_multiple_of(io.n_rs) {
+            return Err(GpuError::Validation(format!(
+                "a recurrent ubatch of {t} tokens in {} sequence sets is not an equal split",
+                io.n_rs
+            )));
+        }
+        Ok(RsRows {
+            src: g.input(io.input(GraphInput::RsSrc)?, [io.n_rs, 1]),
+            dst: g.input(io.input(GraphInput::RsDst)?, [io.n_rs, 1]),
+            n_s: io.n_rs,
+            n_t: t / io.n_rs,
+        })
+    }
 }
 
 /// Layer `il`'s K/V handle; a memory without it is a wiring bug, reported.
