@@ -1,4 +1,4 @@
-// The GPU-shaped kernels' selection (sample_select_one.wgsl is the CPU-shaped one): a
+// The GPU-shaped kernels' selection (sample_heap.wgsl is the CPU-shaped one): a
 // workgroup's selection of the k largest keys among its items by radix select (four
 // rounds of 8-bit digits over a histogram in workgroup memory), ties at the threshold
 // taken in item order. The including kernel defines

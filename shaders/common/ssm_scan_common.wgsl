@@ -1,4 +1,4 @@
-// Shared by the two shapes of the selective scan (ssm_scan.wgsl, ssm_scan_wg.wgsl).
+// Shared by the two shapes of the selective scan (ssm_scan_rows.wgsl, ssm_scan_wg.wgsl).
 //
 // For each sequence, head h, channel i of the head and state value n, over the tokens t:
 //   dt'  = softplus(dt[h, t] + dt_bias[h])

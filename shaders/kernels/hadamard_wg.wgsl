@@ -1,4 +1,4 @@
-// hadamard.wgsl on GPUs: a workgroup per chunk, its values in workgroup memory, each
+// hadamard_rows.wgsl on GPUs: a workgroup per chunk, its values in workgroup memory, each
 // stage's butterflies shared out over the invocations with a barrier between stages. The
 // one-invocation kernel keeps the chunk in a private array that a GPU compiler cannot
 // hold in registers (it is indexed by loop counters): on AMD's it became 64 KiB of

@@ -8,7 +8,7 @@ var<workgroup> stage: array<f32, 256>;
 
 // llama.cpp's attention rotation of a quantized cache: the head (Q, K or V) is built in
 // `stage`, each chunk of n values multiplied by the orthonormal Walsh-Hadamard matrix
-// (butterflies in workgroup memory, hadamard.wgsl's order), then written out.
+// (butterflies in workgroup memory, hadamard_rows.wgsl's order), then written out.
 fn rotated(t: u32, h: u32, src: u32, scale: f32, is_q: bool, is_v: bool, n: u32, lid: u32) {
     let hd = p.head_dim;
     let kv_row = slots[t] * (p.n_head_kv * hd);

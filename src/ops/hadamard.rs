@@ -4,7 +4,7 @@
 //! inverse, so the same op rotates attention's output back and brackets the K-shift's
 //! RoPE. rope_store applies it to heads itself (`rot_k`, `rot_v`).
 
-use super::kernels::{by_shape, kernel_files, Family, SHAPES};
+use super::kernels::{by_shape, kernel_files, shape_suffix, Family, SHAPES};
 use super::uniforms::SetRowsUniform;
 use super::{record, split_groups, Dispatch, KernelKey, View};
 use crate::gpu::{Gpu, GpuError, KernelShape};
@@ -24,7 +24,7 @@ pub fn hadamard(gpu: &Gpu, x: &View, n: u32, count: u32) -> Result<Dispatch, Gpu
         n_rows: count,
         ..Default::default()
     };
-    // GPUs take a workgroup per chunk (`hadamard_wg.wgsl`); CPU-shaped adapters an
+    // GPUs take a workgroup per chunk (`hadamard_wg.wgsl`); CPU-shaped (`hadamard_rows.wgsl`) adapters an
     // invocation per chunk, with no barriers.
     let shape = gpu.kernels;
     let wg = shape == KernelShape::Gpu;
@@ -57,7 +57,7 @@ pub fn hadamard_ref(x: &mut [f32], n: usize) {
 }
 
 kernel_files! {
-    HADAMARD = "kernels/hadamard.wgsl";
+    HADAMARD_ROWS = "kernels/hadamard_rows.wgsl";
     HADAMARD_WG = "kernels/hadamard_wg.wgsl";
 }
 
@@ -74,7 +74,7 @@ impl Family for Kernel {
         SHAPES.map(|shape| Kernel { shape }).to_vec()
     }
     fn body(&self) -> Result<String, String> {
-        Ok(by_shape(self.shape, HADAMARD, HADAMARD_WG).to_string())
+        Ok(by_shape(self.shape, HADAMARD_ROWS, HADAMARD_WG).to_string())
     }
     fn uniform_wgsl(&self) -> &'static str {
         SetRowsUniform::WGSL
@@ -93,6 +93,6 @@ impl Family for Kernel {
 
 impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "hadamard{}", by_shape(self.shape, "", "_wg"))
+        write!(f, "hadamard{}", shape_suffix(self.shape))
     }
 }

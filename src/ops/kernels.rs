@@ -225,15 +225,20 @@ impl Products {
 /// Both kernel shapes, CPU first: the values of a family's `shape` field.
 pub const SHAPES: [KernelShape; 2] = [KernelShape::Cpu, KernelShape::Gpu];
 
-/// `cpu` for a CPU-shaped variant, else `gpu`: a family's source, size or name by its
-/// shape (the names keep the suffixes the tuning caches and the kernel index have always
-/// used: `rms_norm_rows`, `hadamard_wg`, ...).
+/// `cpu` for a CPU-shaped variant, else `gpu`: a family's source or size by its shape.
 pub fn by_shape<T>(shape: KernelShape, cpu: T, gpu: T) -> T {
     if shape == KernelShape::Cpu {
         cpu
     } else {
         gpu
     }
+}
+
+/// The one spelling of a kernel's shape in its name and its file: `_rows` for a
+/// CPU-shaped variant (an invocation per row, no barriers), `_wg` for a GPU-shaped one (a
+/// workgroup per row): `rms_norm_rows`/`rms_norm_wg`, `hadamard_rows.wgsl`/`hadamard_wg.wgsl`.
+pub fn shape_suffix(shape: KernelShape) -> &'static str {
+    by_shape(shape, "_rows", "_wg")
 }
 
 /// "f16" or "f32": the type a kernel's f16 flag stands for.

@@ -577,11 +577,8 @@ impl GraphOp for MatmulNode {
 
     fn cost(&self) -> OpCost {
         let Self { w, n_tok, .. } = self;
-        let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
-        OpCost::new(
-            w.gpu_bytes() + (cols + rows) * t * F32_BYTES,
-            2 * rows * cols * t,
-        )
+        let x_bytes = w.n_cols as u64 * *n_tok as u64 * F32_BYTES;
+        OpCost::matmul(w, *n_tok, x_bytes, w.n_rows as u64, 0)
     }
 
     fn record(
@@ -615,11 +612,11 @@ impl GraphOp for MatmulGluNode {
     fn cost(&self) -> OpCost {
         // The matmul, writing half the rows, plus the activation per output.
         let Self { w, n_tok, .. } = self;
-        let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
-        OpCost::new(
-            w.gpu_bytes() + (cols + rows / 2) * t * F32_BYTES,
-            2 * rows * cols * t + 5 * rows / 2 * t,
-        )
+        let (x_bytes, half) = (
+            w.n_cols as u64 * *n_tok as u64 * F32_BYTES,
+            w.n_rows as u64 / 2,
+        );
+        OpCost::matmul(w, *n_tok, x_bytes, half, 5 * half)
     }
 
     fn record(

@@ -602,11 +602,7 @@ impl GraphOp for MatmulQ8Node {
 
     fn cost(&self) -> OpCost {
         let Self { w, n_tok, .. } = self;
-        let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
-        OpCost::new(
-            w.gpu_bytes() + q8_bytes(w.n_cols, *n_tok) + rows * t * F32_BYTES,
-            2 * rows * cols * t,
-        )
+        OpCost::matmul(w, *n_tok, q8_bytes(w.n_cols, *n_tok), w.n_rows as u64, 0)
     }
 
     fn record(
@@ -639,10 +635,13 @@ impl GraphOp for MatmulQ8GluNode {
     fn cost(&self) -> OpCost {
         // The products to the pairs, read again by the GLU, which writes half.
         let Self { w, n_tok, .. } = self;
-        let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, *n_tok as u64);
-        OpCost::new(
-            w.gpu_bytes() + q8_bytes(w.n_cols, *n_tok) + (2 * rows + rows / 2) * t * F32_BYTES,
-            2 * rows * cols * t + 5 * rows / 2 * t,
+        let (rows, half) = (w.n_rows as u64, w.n_rows as u64 / 2);
+        OpCost::matmul(
+            w,
+            *n_tok,
+            q8_bytes(w.n_cols, *n_tok),
+            2 * rows + half,
+            5 * half,
         )
     }
 

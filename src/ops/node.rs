@@ -3,7 +3,7 @@
 //! implements [`GraphOp`] for its nodes beside its dispatch functions, so the graph
 //! (`graph::Op`, an enum over these types) repeats none of an op's facts.
 
-use super::{Dispatch, View};
+use super::{Dispatch, View, Weight};
 use crate::gpu::{Gpu, GpuError};
 
 /// Bytes of an f32 activation value: the unit the cost models count activations in.
@@ -23,6 +23,23 @@ pub struct OpCost {
 impl OpCost {
     pub fn new(bytes: u64, flops: u64) -> Self {
         OpCost { bytes, flops }
+    }
+
+    /// A product by weight matrix `w` over `n_tok` tokens: the weights once, `x_bytes` of
+    /// input, `out_per_tok` f32 values written per token, two operations per weight and
+    /// token plus `extra_per_tok` (a fused activation's).
+    pub fn matmul(
+        w: &Weight,
+        n_tok: u32,
+        x_bytes: u64,
+        out_per_tok: u64,
+        extra_per_tok: u64,
+    ) -> Self {
+        let (cols, rows, t) = (w.n_cols as u64, w.n_rows as u64, n_tok as u64);
+        OpCost::new(
+            w.gpu_bytes() + x_bytes + out_per_tok * t * F32_BYTES,
+            (2 * rows * cols + extra_per_tok) * t,
+        )
     }
 }
 

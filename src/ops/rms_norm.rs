@@ -1,6 +1,6 @@
 //! RMS norm fused with the weight multiply: dst = x / sqrt(mean(x²) + eps) * w.
 
-use super::kernels::{by_shape, kernel_files, Family, SHAPES};
+use super::kernels::{by_shape, kernel_files, shape_suffix, Family, SHAPES};
 use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::compose;
 use super::uniforms::NormUniform;
@@ -135,7 +135,7 @@ impl Family for Kernel {
 impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let add = if self.add { "add_" } else { "" };
-        write!(f, "{add}rms_norm{}", by_shape(self.shape, "_rows", ""))
+        write!(f, "{add}rms_norm{}", shape_suffix(self.shape))
     }
 }
 

@@ -6,7 +6,7 @@
 //! dispatch count, not its bandwidth, bounds small-model decode on discrete GPUs.
 
 use super::hadamard::hadamard_ref;
-use super::kernels::{by_shape, Family, SHAPES};
+use super::kernels::{shape_suffix, Family, SHAPES};
 use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::rms_norm::rms_norm_ref;
 use super::rope::{rope_ref, RopeParams};
@@ -248,7 +248,7 @@ impl std::fmt::Display for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (k, v) = (self.k, self.v);
         let norm = if self.norm { "_norm" } else { "" };
-        let rows = by_shape(self.shape, "_rows", "");
+        let rows = shape_suffix(self.shape);
         write!(f, "rope_store_{k}_{v}{norm}{rows}")
     }
 }

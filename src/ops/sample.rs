@@ -1,9 +1,9 @@
 //! Sampling on the GPU: two dispatches turn rows of logits into tokens.
 //!
-//! `sample_topk.wgsl` splits each row into segments; a workgroup per segment adds the
+//! `sample_topk_wg.wgsl` splits each row into segments; a workgroup per segment adds the
 //! session's logit bias, applies its repetition penalties (from per-token counts of its
 //! recent tokens, kept on the GPU) and keeps the segment's k largest as (key, id).
-//! `sample_chain.wgsl` takes the row's k largest of those, sorts them (larger logit
+//! `sample_chain_wg.wgsl` takes the row's k largest of those, sorts them (larger logit
 //! first, equal logits by id) and runs llama.cpp's chain on them — top-p, min-p,
 //! temperature and the draw, with the uniform number the host drew from the session's
 //! own random stream — then writes (token, probability), the final candidates with
@@ -11,7 +11,7 @@
 //! token in the penalty history. On GPUs a selection is a radix select over
 //! order-preserving keys (four 8-bit digits) by a workgroup; on CPU-shaped adapters
 //! (lavapipe, SwiftShader), where every barrier switches all of a workgroup's
-//! invocations, each segment and each row is one invocation (`sample_*_one.wgsl`): a heap keeps each segment's best, sorted
+//! invocations, each segment and each row is one invocation (`sample_*_rows.wgsl`): a heap keeps each segment's best, sorted
 //! best first, and the row's pass merges the sorted segments. Both shapes take the same
 //! candidates, ties at the k-th largest key by token id, so the pick does not depend on
 //! the shape.
@@ -19,7 +19,7 @@
 //! The CPU reference of the whole chain is the CPU sampler itself
 //! ([`crate::sample::Sampler`]); [`top_k_ref`] is the reference of the selection.
 
-use super::kernels::{by_shape, kernel_files, Family, SHAPES};
+use super::kernels::{by_shape, kernel_files, shape_suffix, Family, SHAPES};
 use super::shaders::compose;
 use super::uniforms::{uniform_struct, SampleRow};
 use super::{record, Dispatch, KernelKey, View};
@@ -171,11 +171,11 @@ kernel_files! {
     SAMPLE_SELECT = "common/sample_select.wgsl";
     SAMPLE_HEAP = "common/sample_heap.wgsl";
     SAMPLE_LOGIT = "common/sample_logit.wgsl";
-    SAMPLE_TOPK = "kernels/sample_topk.wgsl";
-    SAMPLE_TOPK_ONE = "kernels/sample_topk_one.wgsl";
+    SAMPLE_TOPK_WG = "kernels/sample_topk_wg.wgsl";
+    SAMPLE_TOPK_ROWS = "kernels/sample_topk_rows.wgsl";
     SAMPLE_DRAW = "common/sample_draw.wgsl";
-    SAMPLE_CHAIN = "kernels/sample_chain.wgsl";
-    SAMPLE_CHAIN_ONE = "kernels/sample_chain_one.wgsl";
+    SAMPLE_CHAIN_WG = "kernels/sample_chain_wg.wgsl";
+    SAMPLE_CHAIN_ROWS = "kernels/sample_chain_rows.wgsl";
 }
 
 /// Sampling's two passes: a workgroup per segment or row with a radix select
@@ -195,12 +195,12 @@ impl Family for Kernel {
         [topk, SHAPES.map(|shape| Kernel::Chain { shape })].concat()
     }
     fn body(&self) -> Result<String, String> {
-        let (shape, shared, kernel_wg, kernel_one) = match *self {
-            Kernel::Topk { shape } => (shape, SAMPLE_LOGIT, SAMPLE_TOPK, SAMPLE_TOPK_ONE),
-            Kernel::Chain { shape } => (shape, SAMPLE_DRAW, SAMPLE_CHAIN, SAMPLE_CHAIN_ONE),
+        let (shape, shared, kernel_wg, kernel_rows) = match *self {
+            Kernel::Topk { shape } => (shape, SAMPLE_LOGIT, SAMPLE_TOPK_WG, SAMPLE_TOPK_ROWS),
+            Kernel::Chain { shape } => (shape, SAMPLE_DRAW, SAMPLE_CHAIN_WG, SAMPLE_CHAIN_ROWS),
         };
         let select = by_shape(shape, SAMPLE_HEAP, SAMPLE_SELECT);
-        let kernel = by_shape(shape, kernel_one, kernel_wg);
+        let kernel = by_shape(shape, kernel_rows, kernel_wg);
         let row = SampleRow::wgsl();
         Ok(compose(&[&row, SAMPLE_KEYS, shared, select, kernel], &[]))
     }
@@ -223,6 +223,6 @@ impl std::fmt::Display for Kernel {
             Kernel::Topk { shape } => ("sample_topk", shape),
             Kernel::Chain { shape } => ("sample_chain", shape),
         };
-        write!(f, "{name}{}", by_shape(shape, "", "_wg"))
+        write!(f, "{name}{}", shape_suffix(shape))
     }
 }

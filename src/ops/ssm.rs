@@ -6,7 +6,7 @@
 //! sequence's state as the graph gathered it from its cell; they leave the new states
 //! for the graph to store back.
 
-use super::kernels::{by_shape, kernel_files, Family, SHAPES};
+use super::kernels::{by_shape, kernel_files, shape_suffix, Family, SHAPES};
 use super::node::{GraphOp, OpCost, F32_BYTES};
 use super::shaders::{compose, ACT};
 use super::uniforms::uniform_struct;
@@ -330,7 +330,7 @@ uniform_struct! {
 kernel_files! {
     SSM_CONV = "kernels/ssm_conv.wgsl";
     SSM_SCAN_COMMON = "common/ssm_scan_common.wgsl";
-    SSM_SCAN = "kernels/ssm_scan.wgsl";
+    SSM_SCAN_ROWS = "kernels/ssm_scan_rows.wgsl";
     SSM_SCAN_WG = "kernels/ssm_scan_wg.wgsl";
 }
 
@@ -360,7 +360,7 @@ impl Family for Kernel {
                     &format!("const DS: u32 = {ds}u;"),
                     ACT,
                     SSM_SCAN_COMMON,
-                    by_shape(shape, SSM_SCAN, SSM_SCAN_WG),
+                    by_shape(shape, SSM_SCAN_ROWS, SSM_SCAN_WG),
                 ],
                 &[],
             ),
@@ -394,7 +394,7 @@ impl std::fmt::Display for Kernel {
         match *self {
             Kernel::Conv => write!(f, "ssm_conv"),
             Kernel::Scan { ds, shape } => {
-                write!(f, "ssm_scan_ds{ds}{}", by_shape(shape, "", "_wg"))
+                write!(f, "ssm_scan_ds{ds}{}", shape_suffix(shape))
             }
         }
     }

@@ -1,7 +1,7 @@
 // Sampling, second pass, CPU-shaped: one invocation per row merges the first pass's
 // per-segment lists (each best first) into the row's k best, sorted by larger logit
 // first and ties by token id, runs llama.cpp's chain and the draw, and records the token
-// in the penalty history — what sample_chain.wgsl does with a workgroup, without
+// in the penalty history — what sample_chain_wg.wgsl does with a workgroup, without
 // barriers. The merge keeps a heap of the segments by their next candidate: k steps of
 // at most 8 levels. Dispatch: (rows).
 
