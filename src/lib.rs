@@ -30,6 +30,7 @@ pub mod quant;
 pub mod sample;
 pub mod tokenizer;
 pub mod tune;
+pub mod vision;
 
 /// The demo app (cargo feature `app`): egui on the model's own wgpu device, in a window
 /// (native) or on a browser page's canvas (wasm32, WebGPU).

@@ -51,6 +51,7 @@ fn main() {
         Command::Chat(a) => cli::chat::chat(a),
         Command::Perplexity(a) => cli::perplexity::perplexity(a),
         Command::Embed(a) => cli::embed::embed(a),
+        Command::ImageEmbed(a) => cli::image_embed::image_embed(a),
         Command::Bench(a) => cli::bench::bench(a),
         Command::Inspect(a) => cli::info::inspect(a),
         Command::Devices(a) => cli::info::devices(a),

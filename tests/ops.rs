@@ -29,6 +29,7 @@ use wgllm::ops::moe::{
 };
 use wgllm::ops::patches::{patches, patches_ref, PatchGrid};
 use wgllm::ops::pool::{pool_rows, pool_rows_ref};
+use wgllm::ops::pool_grid::{pool_grid, pool_grid_ref, GridPool};
 use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
 use wgllm::ops::rope::{rope, rope_ref, RopeParams};
 use wgllm::ops::rope_store::{rope_store, rope_store_ref, RopeStoreShape, RopeStoreViews};
@@ -584,9 +585,51 @@ fn add_scaled_matches_reference() {
     }
 }
 
+/// Token grids of several row lengths pooled by cells of 1 to 4 (Gemma 3's 4 x 4 among
+/// them), square and not; a grid that is not whole cells is refused.
+#[test]
+fn pool_grid_matches_reference() {
+    let mut rng = Rng(29);
+    for (name, gpu, _serial) in gpus() {
+        for (i, k) in [1u32, 2, 4, 3, 4].into_iter().enumerate() {
+            let g = GridPool {
+                n: [1, 7, 64, 33, 96][i],
+                nx: k * (1 + rng.below(5)),
+                ny: k * (1 + rng.below(5)),
+                k,
+            };
+            let src = rng.vec((g.n * g.nx * g.ny) as usize);
+            let n = (g.n * g.out_rows()) as usize;
+            let dst = out_f32(gpu, n);
+            let d = pool_grid(gpu, &up_f32(gpu, &src), &dst, g).unwrap();
+            run_now(gpu, &[d]).unwrap();
+            let (got, want) = (read(gpu, &dst, n), pool_grid_ref(&src, g));
+            assert_eq!(want.len(), n);
+            // Same sums in the same order: equal but for the division's rounding.
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err <= 1e-6, "{name} pool_grid {g:?}: max error {err}");
+        }
+        let g = GridPool {
+            n: 4,
+            nx: 6,
+            ny: 8,
+            k: 4,
+        };
+        let (src, dst) = (up_f32(gpu, &[0.0; 4 * 48]), out_f32(gpu, 4 * 4));
+        let err = pool_grid(gpu, &src, &dst, g)
+            .err()
+            .expect("6 is not whole cells of 4");
+        assert!(err.to_string().contains("not whole cells"), "{err}");
+    }
+}
+
 /// Images of 1-3 planes cut into patches of several sides (SigLIP's 14, Qwen2.5-VL's 14,
 /// idefics3's 16, small odd ones), grids from one patch to 6 x 6, wider than tall and taller
-/// than wide; an image that is not whole patches is refused.
+/// than wide, rows padded or not; an image that is not whole patches is refused.
 #[test]
 fn patches_match_reference() {
     let mut rng = Rng(17);
@@ -597,9 +640,11 @@ fn patches_match_reference() {
                 height: patch * (1 + rng.below(6)),
                 width: patch * (1 + rng.below(6)),
                 patch,
+                // Every other grid pads its rows (to whole blocks of 32, as a weight's).
+                stride: (1 + (i as u32 % 3)) * patch * patch + (i as u32 % 2) * 7,
             };
             let img = rng.vec((g.channels * g.height * g.width) as usize);
-            let n = (g.row_len() * g.n_px() * g.n_py()) as usize;
+            let n = g.out_len() as usize;
             let dst = out_f32(gpu, n);
             let d = patches(gpu, &up_f32(gpu, &img), &dst, g).unwrap();
             run_now(gpu, &[d]).unwrap();
@@ -613,6 +658,7 @@ fn patches_match_reference() {
             height: 28,
             width: 30,
             patch: 14,
+            stride: 588,
         };
         let (img, dst) = (up_f32(gpu, &[0.0; 3 * 28 * 30]), out_f32(gpu, 3 * 28 * 30));
         let err = patches(gpu, &img, &dst, g)

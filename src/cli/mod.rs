@@ -9,6 +9,7 @@ pub mod embed;
 pub mod escapes;
 pub mod habits;
 pub mod hub;
+pub mod image_embed;
 pub mod info;
 pub mod kernels;
 pub mod perplexity;
@@ -57,6 +58,9 @@ pub enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Embeddings of texts (pooled, normalised), as llama-embedding computes them.
     Embed(embed::EmbedArgs),
+    /// An image's embeddings from an mmproj file's vision encoder (llama.cpp's
+    /// MTMD_DEBUG_EMBEDDINGS file).
+    ImageEmbed(image_embed::ImageEmbedArgs),
     /// Prompt-processing and generation speed, as llama-bench reports it.
     Bench(bench::BenchArgs),
     /// Print a GGUF file's metadata and tensor table.

@@ -14,12 +14,22 @@ use wgllm::quant;
 #[derive(Args)]
 pub struct SynthArgs {
     /// A GGUF whose tokenizer (all `tokenizer.*` metadata) the new file takes.
-    #[arg(long = "vocab-from", required_unless_present = "lora_for")]
+    #[arg(long = "vocab-from", required_unless_present_any = ["lora_for", "mmproj_for"])]
     pub vocab_from: Option<PathBuf>,
     /// Write a random LoRA adapter for this base model instead of a model (its attention
     /// and feed-forward projections and output head, in convert_lora_to_gguf.py's layout).
     #[arg(long = "lora-for", conflicts_with = "vocab_from")]
     pub lora_for: Option<PathBuf>,
+    /// Write a random vision encoder (an mmproj file) for this language model instead of
+    /// a model: its projection gives embeddings of the model's width.
+    #[arg(long = "mmproj-for", conflicts_with_all = ["vocab_from", "lora_for"])]
+    pub mmproj_for: Option<PathBuf>,
+    /// The mmproj's projector (llama.cpp's `clip.projector_type`): gemma3.
+    #[arg(long, default_value = "gemma3")]
+    pub projector: String,
+    /// The mmproj's matrix type: f32, or f16 as llama.cpp's converter writes them.
+    #[arg(long = "mmproj-type", default_value = "f32")]
+    pub mmproj_type: String,
     /// The adapter's rank.
     #[arg(long = "lora-rank", default_value_t = 32)]
     pub lora_rank: u32,
@@ -81,6 +91,9 @@ pub struct SynthArgs {
 pub fn synth(a: &SynthArgs) -> Result<()> {
     if let Some(base) = &a.lora_for {
         return synth_lora(a, base);
+    }
+    if let Some(model) = &a.mmproj_for {
+        return synth_mmproj(a, model);
     }
     let Some(arch) = SynthArch::by_name(&a.arch) else {
         bail!(
@@ -209,4 +222,29 @@ fn override_kv(kv: &str) -> Result<(String, Value)> {
         _ => bail!("`{kv}`: unknown type `{ty}` ({usage})"),
     };
     Ok((key.to_string(), value))
+}
+
+/// `--mmproj-for MODEL`: a random mmproj of `--projector`'s layout for MODEL's width.
+fn synth_mmproj(a: &SynthArgs, model: &std::path::Path) -> Result<()> {
+    let f = GgufFile::open(model).with_context(|| format!("reading {}", model.display()))?;
+    let arch = f.architecture()?.to_string();
+    let n_out = f.get_u64(&format!("{arch}.embedding_length"))? as u32;
+    let ty = match a.mmproj_type.as_str() {
+        "f32" => wgllm::gguf::GgmlType::F32,
+        "f16" => wgllm::gguf::GgmlType::F16,
+        t => bail!("--mmproj-type {t}: choose f32 or f16"),
+    };
+    let w = match a.projector.as_str() {
+        "gemma3" => model_synth::synth_mmproj_gemma3(model_synth::MmprojShape::tiny(), n_out, ty),
+        p => bail!("--projector {p}: wgllm writes gemma3 mmproj files"),
+    };
+    w.write(&a.output)
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    eprintln!(
+        "wrote {} ({} projector, embeddings of {n_out} for {})",
+        a.output.display(),
+        a.projector,
+        model.display()
+    );
+    Ok(())
 }

@@ -19,6 +19,8 @@ use crate::ops::matmul_q8::{self, q8_bytes};
 use crate::ops::matmul_q8::{MatmulQ8GluNode, MatmulQ8Node, QuantizeQ8Node};
 use crate::ops::moe;
 use crate::ops::moe::{MatmulIdNode, MoeAddIdNode, MoeGroupNode, MoeRouteNode, MoeSumNode};
+use crate::ops::patches::{PatchGrid, PatchesNode};
+use crate::ops::pool_grid::{GridPool, PoolGridNode};
 use crate::ops::rms_norm::RmsNormNode;
 use crate::ops::rope::RopeParams;
 use crate::ops::rope_store::RopeStoreNode;
@@ -90,6 +92,8 @@ graph_ops! {
     SsmScan(SsmScanNode),
     StoreRows(StoreRowsNode),
     SoftmaxRows(SoftmaxRowsNode),
+    Patches(PatchesNode),
+    PoolGrid(PoolGridNode),
 }
 
 impl Op {
@@ -620,6 +624,23 @@ impl GraphBuilder {
             &[x, w, b],
             &[dst],
         );
+    }
+
+    /// An image ([W, H, C] f32, planar) cut into patch rows: [grid.stride, n_patches].
+    pub fn patches(&mut self, img: TensorId, grid: PatchGrid) -> TensorId {
+        let dst = self.tensor([grid.stride, grid.n_px() * grid.n_py()]);
+        self.node(Op::Patches(PatchesNode { grid }), &[img], &[dst]);
+        dst
+    }
+
+    /// The rows of x, a grid of `nx` x `ny` tokens, averaged over cells of k x k:
+    /// [n, (nx / k) * (ny / k)].
+    pub fn pool_grid(&mut self, x: TensorId, nx: u32, ny: u32, k: u32) -> TensorId {
+        let n = self.ne(x)[0];
+        let grid = GridPool { n, nx, ny, k };
+        let dst = self.tensor([n, grid.out_rows()]);
+        self.node(Op::PoolGrid(PoolGridNode { grid }), &[x], &[dst]);
+        dst
     }
 
     /// `op` (an add and an activation, [`BinaryOp::AddGelu`], [`BinaryOp::AddTanh`]) of

@@ -20,6 +20,7 @@ pub mod moe;
 pub mod node;
 pub mod patches;
 pub mod pool;
+pub mod pool_grid;
 pub mod rms_norm;
 pub mod rope;
 pub mod rope_store;
@@ -60,6 +61,8 @@ kernels::families! {
     Sample(sample::Kernel),
     /// An image cut into patch rows (a vision tower's patch embedding).
     Patches(patches::Kernel),
+    /// Square cells of a token grid averaged (a vision projector's pooling).
+    PoolGrid(pool_grid::Kernel),
 }
 pub use node::{GraphOp, OpCost};
 pub use tuning::{KernelTuning, TuningError};

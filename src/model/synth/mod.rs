@@ -5,11 +5,13 @@
 //! models (`ssm.rs`), BERT encoders (`bert.rs`); what they share is here.
 
 mod bert;
+mod mmproj;
 mod ssm;
 mod transformer;
 
 use crate::gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use crate::quant::quantize_row;
+pub use mmproj::{synth_mmproj_gemma3, MmprojShape};
 
 /// Model dimensions of a synthetic llama.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -1,0 +1,147 @@
+//! Vision encoders (mmproj files) with random weights, in the layout llama.cpp's
+//! converter writes them, for checking wgllm's encoder against llama.cpp's on files small
+//! enough for a test: `wgllm synth --mmproj-for MODEL --projector gemma3`.
+
+use super::Rng;
+use crate::gguf::{GgmlType, GgufWriter, Value};
+use crate::quant::quantize_row;
+
+/// A vision encoder's dimensions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MmprojShape {
+    pub image_size: u32,
+    pub patch_size: u32,
+    pub n_embd: u32,
+    pub n_ff: u32,
+    pub n_layer: u32,
+    pub n_head: u32,
+    /// The projector's pooling cell (Gemma 3: 4).
+    pub merge: u32,
+}
+
+impl MmprojShape {
+    /// SigLIP's geometry shrunk: 224 pixels in patches of 14 (16 x 16 patches, pooled to
+    /// 4 x 4 tokens), a width of 64 in 4 heads, and a feed-forward of 136, which is not
+    /// whole blocks of 32 (as SigLIP's 4304 is not).
+    pub fn tiny() -> Self {
+        MmprojShape {
+            image_size: 224,
+            patch_size: 14,
+            n_embd: 64,
+            n_ff: 136,
+            n_layer: 2,
+            n_head: 4,
+            merge: 4,
+        }
+    }
+}
+
+/// A Gemma 3 mmproj whose projection gives `n_out`-wide embeddings (the language model's
+/// width), matrices in `ty` (f32, or f16 as the converter writes), vectors in f32; the
+/// weights scaled by their fan-in so that every tensor shows in the output.
+pub fn synth_mmproj_gemma3(shape: MmprojShape, n_out: u32, ty: GgmlType) -> GgufWriter {
+    let MmprojShape {
+        image_size,
+        patch_size: p,
+        n_embd: e,
+        n_ff: ff,
+        n_layer,
+        n_head,
+        merge,
+    } = shape;
+    let u = Value::U32;
+    let f32s = |v: &[f32]| Value::Array(v.iter().map(|&x| Value::F32(x)).collect());
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", Value::String("clip".into()))
+        .meta(
+            "general.name",
+            Value::String(format!("synthetic gemma3 mmproj {e}x{n_layer}")),
+        )
+        .meta("clip.has_vision_encoder", Value::Bool(true))
+        .meta("clip.projector_type", Value::String("gemma3".into()))
+        .meta("clip.use_gelu", Value::Bool(true))
+        .meta("clip.vision.image_size", u(image_size))
+        .meta("clip.vision.patch_size", u(p))
+        .meta("clip.vision.embedding_length", u(e))
+        .meta("clip.vision.feed_forward_length", u(ff))
+        .meta("clip.vision.block_count", u(n_layer))
+        .meta("clip.vision.attention.head_count", u(n_head))
+        .meta("clip.vision.attention.layer_norm_epsilon", Value::F32(1e-6))
+        .meta("clip.vision.projection_dim", u(n_out))
+        .meta("clip.vision.image_mean", f32s(&[0.5, 0.5, 0.5]))
+        .meta("clip.vision.image_std", f32s(&[0.5, 0.5, 0.5]));
+    if merge != 4 {
+        w.meta("clip.vision.projector.scale_factor", u(merge));
+    }
+    let mut rng = Rng(0x5191);
+    let mut vector = |w: &mut GgufWriter, name: &str, n: u32, center: f32, spread: f32| {
+        let v: Vec<f32> = (0..n).map(|_| center + spread * rng.normalish()).collect();
+        w.tensor(
+            name,
+            &[n as u64],
+            GgmlType::F32,
+            quantize_row(GgmlType::F32, &v),
+        );
+    };
+    let mut seed = 0x1e5u64;
+    let mut matrix = |w: &mut GgufWriter, name: &str, dims: &[u64], fan_in: u64, ty: GgmlType| {
+        seed += 1;
+        let cols = dims[0] as usize;
+        let rows = (dims.iter().product::<u64>() / dims[0]) as usize;
+        // Uniform-ish of deviation 1/sqrt(fan-in) (normalish's deviation is 1/sqrt(3)).
+        // One generator in row order: the same bytes on any number of cores.
+        let std = 3f32.sqrt() / (fan_in as f32).sqrt();
+        let mut rng = Rng(seed.wrapping_mul(0x9e3779b97f4a7c15));
+        let mut data = Vec::new();
+        for _ in 0..rows {
+            let row: Vec<f32> = (0..cols).map(|_| rng.normalish() * std).collect();
+            data.extend(quantize_row(ty, &row));
+        }
+        w.tensor(name, dims, ty, data);
+    };
+    let n_patch = (image_size / p) as u64 * (image_size / p) as u64;
+    let (e64, ff64) = (e as u64, ff as u64);
+    matrix(
+        &mut w,
+        "v.patch_embd.weight",
+        &[p as u64, p as u64, 3, e64],
+        3 * (p * p) as u64,
+        GgmlType::F32,
+    );
+    vector(&mut w, "v.patch_embd.bias", e, 0.0, 0.2);
+    // Position embeddings as large as the patches' (as trained ones are).
+    matrix(
+        &mut w,
+        "v.position_embd.weight",
+        &[e64, n_patch],
+        1,
+        GgmlType::F32,
+    );
+    for il in 0..n_layer {
+        let n = |s: &str| format!("v.blk.{il}.{s}");
+        vector(&mut w, &n("ln1.weight"), e, 1.0, 0.2);
+        vector(&mut w, &n("ln1.bias"), e, 0.0, 0.2);
+        for t in ["attn_q", "attn_k", "attn_v", "attn_out"] {
+            matrix(&mut w, &n(&format!("{t}.weight")), &[e64, e64], e64, ty);
+            vector(&mut w, &n(&format!("{t}.bias")), e, 0.0, 0.2);
+        }
+        vector(&mut w, &n("ln2.weight"), e, 1.0, 0.2);
+        vector(&mut w, &n("ln2.bias"), e, 0.0, 0.2);
+        matrix(&mut w, &n("ffn_up.weight"), &[e64, ff64], e64, ty);
+        vector(&mut w, &n("ffn_up.bias"), ff, 0.0, 0.2);
+        matrix(&mut w, &n("ffn_down.weight"), &[ff64, e64], ff64, ty);
+        vector(&mut w, &n("ffn_down.bias"), e, 0.0, 0.2);
+    }
+    vector(&mut w, "v.post_ln.weight", e, 1.0, 0.2);
+    vector(&mut w, "v.post_ln.bias", e, 0.0, 0.2);
+    // The converter has already added Gemma's 1 to this weight.
+    vector(&mut w, "mm.soft_emb_norm.weight", e, 1.0, 0.2);
+    matrix(
+        &mut w,
+        "mm.input_projection.weight",
+        &[n_out as u64, e64],
+        e64,
+        ty,
+    );
+    w
+}

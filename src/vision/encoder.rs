@@ -1,0 +1,184 @@
+//! The vision encoder as one graph: patches cut from the image and embedded, position
+//! embeddings added, the transformer's blocks (layer norm, attention over every patch,
+//! GELU feed-forward, each with its residual), the last layer norm, then the projector
+//! (Gemma 3: square cells averaged, RMS-normed, projected to the language model's width).
+//! The attention goes through the same blocks as a language model's, over a K/V store of
+//! the image's patches that every layer reuses; no position rotates (as BERT's).
+
+use super::image::RgbImage;
+use super::mmproj::{ClipHparams, Projector, VisionWeights};
+use super::preprocess::{letterbox, normalize_planar};
+use super::VisionError;
+use crate::gguf::GgufFile;
+use crate::gpu::Gpu;
+use crate::graph::{AttnBlock, AttnInputs, GraphBuilder};
+use crate::ops::attention::AttnShape;
+use crate::ops::binary::BinaryOp;
+use crate::ops::patches::PatchGrid;
+use crate::ops::rope::RopeParams;
+use crate::ops::softmax::SoftmaxParams;
+use crate::ops::View;
+use crate::quant::cache::KvType;
+use std::sync::Arc;
+
+/// An mmproj file's encoder on one device.
+pub struct VisionEncoder {
+    pub hp: ClipHparams,
+    pub weights: VisionWeights,
+    gpu: Arc<Gpu>,
+    path: String,
+}
+
+impl VisionEncoder {
+    /// Reads `path` and uploads its weights to `gpu`.
+    pub fn load(gpu: Arc<Gpu>, path: &str) -> Result<Self, VisionError> {
+        let f = GgufFile::open(path)?;
+        let hp = ClipHparams::read(&f)?;
+        let weights = VisionWeights::load(&gpu, &f, &hp)?;
+        Ok(VisionEncoder {
+            hp,
+            weights,
+            gpu,
+            path: path.to_string(),
+        })
+    }
+
+    /// The language model's width the embeddings have.
+    pub fn n_embd_out(&self) -> u32 {
+        self.weights.n_out
+    }
+
+    /// Image tokens per image.
+    pub fn n_tokens(&self) -> u32 {
+        self.hp.n_tokens()
+    }
+
+    /// The encoder's input for `img`: fitted into the square, normalised, planar; rounded
+    /// to f16 where the patch kernel is (llama.cpp's convolution reads f16 patches).
+    pub fn preprocess(&self, img: &RgbImage) -> Vec<f32> {
+        let square = letterbox(img, self.hp.image_size);
+        let mut v = normalize_planar(&square, self.hp.image_mean, self.hp.image_std);
+        if self.weights.patch_f16 {
+            v.iter_mut()
+                .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+        }
+        v
+    }
+
+    /// The embeddings of `img`: [n_embd_out, n_tokens] f32, a row per image token.
+    pub fn encode(&self, img: &RgbImage) -> Result<Vec<f32>, VisionError> {
+        let pixels = self.preprocess(img);
+        self.encode_pixels(&pixels)
+    }
+
+    /// [`Self::encode`] of an already prepared input (planes of image_size² values).
+    pub fn encode_pixels(&self, pixels: &[f32]) -> Result<Vec<f32>, VisionError> {
+        let (hp, w, gpu) = (&self.hp, &self.weights, &self.gpu);
+        let side = hp.image_size;
+        if pixels.len() != 3 * side as usize * side as usize {
+            return Err(VisionError::Image {
+                what: "input".into(),
+                msg: format!(
+                    "{} values for a {side}x{side} image of 3 planes",
+                    pixels.len()
+                ),
+            });
+        }
+        let per_side = hp.patches_per_side();
+        let n = per_side * per_side;
+        let e = hp.n_embd;
+        let upload = |label: &str, bytes: &[u8]| -> Result<View, VisionError> {
+            Ok(View::whole(&gpu.upload(label, bytes)?))
+        };
+        let store = |label: &str| -> Result<View, VisionError> {
+            Ok(View::whole(&gpu.storage(label, e as u64 * n as u64 * 4)?))
+        };
+        let img = upload("image", bytemuck::cast_slice(pixels))?;
+        let slots: Vec<u32> = (0..n).collect();
+        let slots = upload("image slots", bytemuck::cast_slice(&slots))?;
+        // Every patch sees every patch: a mask of zeros.
+        let mask = upload("image mask", &vec![0u8; n as usize * n as usize * 4])?;
+        // Nothing rotates (n_dims 0); the table is never read.
+        let table = upload("image rope", &[0u8; 16])?;
+        let (k_store, v_store) = (store("image K")?, store("image V")?);
+        let out_bytes = w.n_out as u64 * hp.n_tokens() as u64 * 4;
+        let out = gpu.storage("image embeddings", out_bytes)?;
+
+        let mut g = GraphBuilder::new_on(gpu.clone());
+        let img = g.input(img, [3 * side * side, 1]);
+        let grid = PatchGrid {
+            channels: 3,
+            height: side,
+            width: side,
+            patch: hp.patch_size,
+            stride: w.patch_embd.n_cols,
+        };
+        let patches = g.patches(img, grid);
+        let x = g.matmul(&w.patch_embd, patches);
+        let bias = g.input(w.patch_bias.clone(), [e, 1]);
+        let x = g.add(x, bias);
+        let pos = g.input(w.pos_embd.clone(), [e, n]);
+        let mut x = g.add(x, pos);
+        let inp = AttnInputs {
+            slots: g.input(slots, [n, 1]),
+            mask: g.input(mask, [n, n]),
+            rope: g.input(table, [0, n]),
+            rope_p: RopeParams::new(hp.head_dim, 0, false, 10_000.0, 1.0),
+            shape: AttnShape {
+                head_dim: hp.head_dim,
+                n_head: hp.n_head,
+                n_head_kv: hp.n_head,
+                n_tok: n,
+                n_kv: n,
+                k_type: KvType::F32,
+                v_type: KvType::F32,
+                flash: false,
+                rot_k: 0,
+                rot_v: 0,
+            },
+            sp: SoftmaxParams {
+                scale: 1.0 / (hp.head_dim as f32).sqrt(),
+                max_bias: 0.0,
+                n_head: hp.n_head,
+                softcap: 0.0,
+            },
+        };
+        for lw in &w.layers {
+            let h = g.layer_norm(x, (&lw.ln1.0, &lw.ln1.1), hp.eps);
+            let attn = AttnBlock {
+                qkv_bias: Some(&lw.qkv_bias),
+                wo_bias: Some(&lw.wo_bias),
+                ..AttnBlock::new(&lw.qkv, &lw.wo, (&k_store, &v_store), inp)
+            };
+            let a = g.attn_block(h, &attn)?;
+            x = g.add(a, x);
+            let h = g.layer_norm(x, (&lw.ln2.0, &lw.ln2.1), hp.eps);
+            let up = g.matmul(&lw.up, h);
+            let up = g.add_act(BinaryOp::AddGelu, up, &lw.up_bias);
+            let down = g.matmul(&lw.down, up);
+            let bias = g.input(lw.down_bias.clone(), [e, 1]);
+            let down = g.add(down, bias);
+            x = g.add(down, x);
+        }
+        if let Some((lw, lb)) = &w.post_ln {
+            x = g.layer_norm(x, (lw, lb), hp.eps);
+        }
+        match hp.projector {
+            Projector::Gemma3 => {
+                let pooled = g.pool_grid(x, per_side, per_side, hp.merge);
+                let normed = g.rms_norm(pooled, &w.soft_emb_norm, hp.eps);
+                let dst = g.input(View::whole(&out), [w.n_out, hp.n_tokens()]);
+                g.matmul_into(&w.projection, normed, dst);
+            }
+        }
+        let graph = g.build()?;
+        let bytes =
+            pollster::block_on(graph.run(gpu, &[], &[(&out, 0, out_bytes)]))?.ok_or_else(|| {
+                VisionError::Mmproj {
+                    path: self.path.clone(),
+                    msg: "the encoder's graph read nothing back".into(),
+                }
+            })?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}

@@ -1,0 +1,504 @@
+//! An mmproj file: the `clip.*` hyperparameters and the `v.*` / `mm.*` tensors of a vision
+//! encoder and its projector, as llama.cpp's `clip.cpp` reads them, uploaded for the
+//! encoder's graph. Matrices whose rows are not whole blocks of 32 (SigLIP's patch
+//! kernel of 3 x 14 x 14, its feed-forward of 4304) are padded with zeros here, so the
+//! matmuls see whole blocks and the padding adds nothing.
+
+use super::VisionError;
+use crate::gguf::{GgmlType, GgufFile};
+use crate::gpu::Gpu;
+use crate::ops::{View, Weight};
+use crate::quant;
+use std::sync::Arc;
+
+/// The projectors wgllm runs (llama.cpp's `clip.projector_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Projector {
+    /// Gemma 3: SigLIP's patch grid averaged by square cells (4 x 4: 256 tokens at 896
+    /// pixels), RMS-normed, projected to the language model's width.
+    Gemma3,
+}
+
+impl Projector {
+    fn by_name(name: &str) -> Option<Self> {
+        match name {
+            "gemma3" => Some(Projector::Gemma3),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Projector::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// The vision encoder's shape and preprocessing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClipHparams {
+    pub projector: Projector,
+    /// The square the image is fitted into, and the patch side.
+    pub image_size: u32,
+    pub patch_size: u32,
+    pub n_embd: u32,
+    pub n_ff: u32,
+    pub n_layer: u32,
+    pub n_head: u32,
+    pub head_dim: u32,
+    pub eps: f32,
+    pub image_mean: [f32; 3],
+    pub image_std: [f32; 3],
+    /// Side of the projector's pooling cell (Gemma 3's 4).
+    pub merge: u32,
+}
+
+impl ClipHparams {
+    /// Patches across (and down) the square.
+    pub fn patches_per_side(&self) -> u32 {
+        self.image_size / self.patch_size
+    }
+    /// Image tokens per image.
+    pub fn n_tokens(&self) -> u32 {
+        let side = self.patches_per_side() / self.merge;
+        side * side
+    }
+
+    /// Reads and checks the keys, with the file's path in every error.
+    pub fn read(f: &GgufFile) -> Result<Self, VisionError> {
+        let bad = |msg: String| VisionError::Mmproj {
+            path: f.path.clone(),
+            msg,
+        };
+        let has_vision = f.get("clip.has_vision_encoder").and_then(|v| v.as_bool());
+        if has_vision != Some(true) {
+            return Err(bad(
+                "has no vision encoder (clip.has_vision_encoder is not true): is this an mmproj file for images?".into(),
+            ));
+        }
+        let name = match f.get_str("clip.projector_type") {
+            Ok(s) => s.to_string(),
+            Err(_) => f.get_str("clip.vision.projector_type")?.to_string(),
+        };
+        let projector = Projector::by_name(&name).ok_or_else(|| {
+            bad(format!(
+                "projector `{name}` is not one wgllm runs yet (it runs: gemma3)"
+            ))
+        })?;
+        let u = |k: &str| -> Result<u32, VisionError> {
+            let v = f.get_u64(&format!("clip.vision.{k}"))?;
+            u32::try_from(v).map_err(|_| bad(format!("clip.vision.{k} = {v} is out of range")))
+        };
+        let (n_embd, n_head) = (u("embedding_length")?, u("attention.head_count")?);
+        let head_dim = match f.get("clip.vision.attention.head_dim") {
+            Some(_) => u("attention.head_dim")?,
+            None if n_head > 0 => n_embd / n_head,
+            None => 0,
+        };
+        let triple = |k: &str| -> Result<[f32; 3], VisionError> {
+            let a = f.get_array(&format!("clip.vision.{k}"))?;
+            let v: Vec<f32> = a
+                .iter()
+                .filter_map(|v| v.as_f64())
+                .map(|v| v as f32)
+                .collect();
+            if v.len() < 3 || v.len() != a.len() {
+                return Err(bad(format!("clip.vision.{k} should hold 3 numbers")));
+            }
+            Ok([v[0], v[1], v[2]])
+        };
+        let hp = ClipHparams {
+            projector,
+            image_size: u("image_size")?,
+            patch_size: u("patch_size")?,
+            n_embd,
+            n_ff: u("feed_forward_length")?,
+            n_layer: u("block_count")?,
+            n_head,
+            head_dim,
+            eps: f.get_f32("clip.vision.attention.layer_norm_epsilon")?,
+            image_mean: triple("image_mean")?,
+            image_std: triple("image_std")?,
+            merge: match f.get("clip.vision.projector.scale_factor") {
+                Some(_) => u("projector.scale_factor")?,
+                None => 4,
+            },
+        };
+        // llama.cpp falls back to GELU-quick without `clip.use_gelu`; SigLIP files have it.
+        if f.get("clip.use_gelu").and_then(|v| v.as_bool()) != Some(true) {
+            return Err(bad(
+                "clip.use_gelu is not set: its encoder would use GELU-quick or SiLU, which wgllm does not run yet".into(),
+            ));
+        }
+        hp.check().map_err(bad)?;
+        Ok(hp)
+    }
+
+    /// Shapes the graph can be built for.
+    fn check(&self) -> Result<(), String> {
+        let (p, side) = (self.patch_size, self.image_size);
+        if p == 0 || side == 0 || side > 8192 || !side.is_multiple_of(p) {
+            return Err(format!(
+                "an image of {side} pixels is not whole patches of {p}"
+            ));
+        }
+        if self.n_head == 0
+            || self.head_dim * self.n_head != self.n_embd
+            || !self.head_dim.is_multiple_of(4)
+        {
+            return Err(format!(
+                "{} heads of {} do not make the width {} in heads of a multiple of 4",
+                self.n_head, self.head_dim, self.n_embd
+            ));
+        }
+        if !self.n_embd.is_multiple_of(32) {
+            return Err(format!("width {} is not a multiple of 32", self.n_embd));
+        }
+        if self.merge == 0 || !self.patches_per_side().is_multiple_of(self.merge) {
+            return Err(format!(
+                "{} patches a side do not pool by {}",
+                self.patches_per_side(),
+                self.merge
+            ));
+        }
+        if self.n_layer == 0 || self.n_ff == 0 {
+            return Err("no layers".into());
+        }
+        if self.image_std.contains(&0.0) {
+            return Err("an image_std of 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// One block of the vision transformer.
+pub struct VitLayer {
+    pub ln1: (View, View),
+    /// Q, K and V stacked by rows, with their biases.
+    pub qkv: Vec<Arc<Weight>>,
+    pub qkv_bias: View,
+    pub wo: Arc<Weight>,
+    pub wo_bias: View,
+    pub ln2: (View, View),
+    /// The feed-forward's input projection, its rows (and bias) padded with zeros to a
+    /// multiple of 32, and the output projection, its columns padded to match.
+    pub up: Arc<Weight>,
+    pub up_bias: View,
+    pub down: Arc<Weight>,
+    pub down_bias: View,
+}
+
+/// The encoder's and projector's weights on the device.
+pub struct VisionWeights {
+    /// The patch kernel as [C * P * P (padded), n_embd]: f16 unless the file's is bf16,
+    /// as llama.cpp's convolution multiplies f16 pixel patches by an f16 kernel.
+    pub patch_embd: Arc<Weight>,
+    pub patch_f16: bool,
+    pub patch_bias: View,
+    /// [n_embd, n_patches].
+    pub pos_embd: View,
+    pub layers: Vec<VitLayer>,
+    pub post_ln: Option<(View, View)>,
+    /// Gemma 3: the RMS norm's weight and the projection, [n_embd] -> [n_out].
+    pub soft_emb_norm: View,
+    pub projection: Arc<Weight>,
+    /// The language model's width the embeddings have.
+    pub n_out: u32,
+}
+
+/// Multiple of 32 at or above `n`.
+fn pad32(n: u32) -> u32 {
+    n.div_ceil(32) * 32
+}
+
+struct Loader<'a> {
+    gpu: &'a Gpu,
+    f: &'a GgufFile,
+    gpu_bytes: u64,
+}
+
+impl Loader<'_> {
+    fn bad(&self, msg: String) -> VisionError {
+        VisionError::Mmproj {
+            path: self.f.path.clone(),
+            msg,
+        }
+    }
+
+    /// A tensor's f32 values, checked against `dims`.
+    fn values(&self, name: &str, dims: &[u64]) -> Result<Vec<f32>, VisionError> {
+        let t = self
+            .f
+            .tensor(name)
+            .ok_or_else(|| self.bad(format!("tensor {name} is missing")))?;
+        if t.dims != dims {
+            return Err(self.bad(format!(
+                "tensor {name} has shape {:?}, expected {dims:?}",
+                t.dims
+            )));
+        }
+        if quant::format(t.ty).is_none() {
+            return Err(self.bad(format!(
+                "tensor {name} has type {}, which wgllm does not read",
+                t.ty
+            )));
+        }
+        let mut v = vec![0f32; dims.iter().product::<u64>() as usize];
+        quant::dequantize_row(t.ty, self.f.tensor_data(t), &mut v);
+        Ok(v)
+    }
+
+    fn upload_f32(&mut self, name: &str, v: &[f32]) -> Result<View, VisionError> {
+        let buf = self.gpu.upload(name, bytemuck::cast_slice(v))?;
+        self.gpu_bytes += buf.size();
+        Ok(View::whole(&buf))
+    }
+
+    /// A vector of `n` values padded with zeros to `len`; zeros where the file has none
+    /// (llama.cpp treats every bias as optional).
+    fn vector(&mut self, name: &str, n: u32, len: u32, missing: f32) -> Result<View, VisionError> {
+        let mut v = match self.f.tensor(name) {
+            Some(_) => self.values(name, &[n as u64])?,
+            None => vec![missing; n as usize],
+        };
+        v.resize(len as usize, 0.0);
+        self.upload_f32(name, &v)
+    }
+
+    /// A layer norm's weight and bias (ones and zeros where absent).
+    fn norm(&mut self, prefix: &str, n: u32) -> Result<(View, View), VisionError> {
+        Ok((
+            self.vector(&format!("{prefix}.weight"), n, n, 1.0)?,
+            self.vector(&format!("{prefix}.bias"), n, n, 0.0)?,
+        ))
+    }
+
+    /// A matrix [n_cols, n_rows] as a weight of `out_cols` x `out_rows` (zeros added),
+    /// kept in its type where no column is added or its blocks are single values, else
+    /// in f32; or in `force` (the patch kernel's f16).
+    fn matrix(
+        &mut self,
+        name: &str,
+        (n_cols, n_rows): (u32, u32),
+        (out_cols, out_rows): (u32, u32),
+        force: Option<GgmlType>,
+    ) -> Result<Arc<Weight>, VisionError> {
+        let t = self
+            .f
+            .tensor(name)
+            .ok_or_else(|| self.bad(format!("tensor {name} is missing")))?
+            .clone();
+        if t.dims != [n_cols as u64, n_rows as u64] {
+            return Err(self.bad(format!(
+                "tensor {name} has shape {:?}, expected [{n_cols}, {n_rows}]",
+                t.dims
+            )));
+        }
+        let same = out_cols == n_cols && force.is_none_or(|f| f == t.ty);
+        let w = if same && quant::format(t.ty).is_some() {
+            let row = t.ty.row_bytes(n_cols as u64).unwrap_or(0) as usize;
+            let mut data = self.f.tensor_data(&t).to_vec();
+            data.resize(row * out_rows as usize, 0);
+            Weight::upload(
+                self.gpu,
+                name,
+                t.ty,
+                n_cols as usize,
+                out_rows as usize,
+                &data,
+            )?
+        } else {
+            let v = self.values(name, &[n_cols as u64, n_rows as u64])?;
+            let ty = force.unwrap_or(GgmlType::F32);
+            let mut data = Vec::new();
+            let mut row = vec![0f32; out_cols as usize];
+            for r in 0..out_rows as usize {
+                row.fill(0.0);
+                if r < n_rows as usize {
+                    row[..n_cols as usize]
+                        .copy_from_slice(&v[r * n_cols as usize..][..n_cols as usize]);
+                }
+                data.extend(quant::quantize_row(ty, &row));
+            }
+            Weight::upload(
+                self.gpu,
+                name,
+                ty,
+                out_cols as usize,
+                out_rows as usize,
+                &data,
+            )?
+        };
+        self.gpu_bytes += w.gpu_bytes();
+        Ok(Arc::new(w))
+    }
+
+    fn layer(&mut self, hp: &ClipHparams, il: u32) -> Result<VitLayer, VisionError> {
+        let (e, ff) = (hp.n_embd, hp.n_ff);
+        let ffp = pad32(ff);
+        let n = |s: &str| format!("v.blk.{il}.{s}");
+        let mut qkv_bias = Vec::new();
+        for p in ["attn_q", "attn_k", "attn_v"] {
+            match self.f.tensor(&n(&format!("{p}.bias"))) {
+                Some(_) => qkv_bias.extend(self.values(&n(&format!("{p}.bias")), &[e as u64])?),
+                None => qkv_bias.extend(vec![0f32; e as usize]),
+            }
+        }
+        // SigLIP's converter names fc1 ffn_up; files from before it named fc1 ffn_down
+        // (llama.cpp swaps them back by their shape).
+        let (up, down) = match self.f.tensor(&n("ffn_down.weight")) {
+            Some(t) if t.dims.first() == Some(&(e as u64)) && e != ff => ("ffn_down", "ffn_up"),
+            _ => ("ffn_up", "ffn_down"),
+        };
+        Ok(VitLayer {
+            ln1: self.norm(&n("ln1"), e)?,
+            qkv: vec![
+                self.matrix(&n("attn_q.weight"), (e, e), (e, e), None)?,
+                self.matrix(&n("attn_k.weight"), (e, e), (e, e), None)?,
+                self.matrix(&n("attn_v.weight"), (e, e), (e, e), None)?,
+            ],
+            qkv_bias: self.upload_f32(&n("attn_qkv.bias"), &qkv_bias)?,
+            wo: self.matrix(&n("attn_out.weight"), (e, e), (e, e), None)?,
+            wo_bias: self.vector(&n("attn_out.bias"), e, e, 0.0)?,
+            ln2: self.norm(&n("ln2"), e)?,
+            up: self.matrix(&n(&format!("{up}.weight")), (e, ff), (e, ffp), None)?,
+            up_bias: self.vector(&n(&format!("{up}.bias")), ff, ffp, 0.0)?,
+            down: self.matrix(&n(&format!("{down}.weight")), (ff, e), (ffp, e), None)?,
+            down_bias: self.vector(&n(&format!("{down}.bias")), e, e, 0.0)?,
+        })
+    }
+}
+
+impl VisionWeights {
+    /// Uploads the weights `hp` describes (the file must be the one `hp` was read from).
+    pub fn load(gpu: &Gpu, f: &GgufFile, hp: &ClipHparams) -> Result<Self, VisionError> {
+        let mut l = Loader {
+            gpu,
+            f,
+            gpu_bytes: 0,
+        };
+        let (e, p) = (hp.n_embd, hp.patch_size);
+        let n_patch = hp.patches_per_side() * hp.patches_per_side();
+        let patch_cols = 3 * p * p;
+        let kernel_ty = f.tensor("v.patch_embd.weight").map(|t| t.ty);
+        let patch_f16 = kernel_ty != Some(GgmlType::Bf16);
+        let kernel = f
+            .tensor("v.patch_embd.weight")
+            .ok_or_else(|| l.bad("tensor v.patch_embd.weight is missing".into()))?;
+        let want = [p as u64, p as u64, 3, e as u64];
+        if kernel.dims != want {
+            return Err(l.bad(format!(
+                "tensor v.patch_embd.weight has shape {:?}, expected {want:?}",
+                kernel.dims
+            )));
+        }
+        // The kernel's [P, P, 3, E] read as E rows of 3 * P * P.
+        let mut flat = kernel.clone();
+        flat.dims = vec![patch_cols as u64, e as u64];
+        let kernel_values = {
+            let mut v = vec![0f32; (patch_cols * e) as usize];
+            if quant::format(flat.ty).is_none() {
+                return Err(l.bad(format!("v.patch_embd.weight has type {}", flat.ty)));
+            }
+            quant::dequantize_row(flat.ty, f.tensor_data(&flat), &mut v);
+            v
+        };
+        let cols = pad32(patch_cols);
+        let ty = if patch_f16 {
+            GgmlType::F16
+        } else {
+            GgmlType::F32
+        };
+        let mut data = Vec::new();
+        let mut row = vec![0f32; cols as usize];
+        for r in 0..e as usize {
+            row[..patch_cols as usize]
+                .copy_from_slice(&kernel_values[r * patch_cols as usize..][..patch_cols as usize]);
+            data.extend(quant::quantize_row(ty, &row));
+        }
+        let patch_embd = Arc::new(Weight::upload(
+            gpu,
+            "v.patch_embd.weight",
+            ty,
+            cols as usize,
+            e as usize,
+            &data,
+        )?);
+        l.gpu_bytes += patch_embd.gpu_bytes();
+        let patch_bias = l.vector("v.patch_embd.bias", e, e, 0.0)?;
+        let pos = l.values("v.position_embd.weight", &[e as u64, n_patch as u64])?;
+        let pos_embd = l.upload_f32("v.position_embd.weight", &pos)?;
+        let layers = (0..hp.n_layer)
+            .map(|il| l.layer(hp, il))
+            .collect::<Result<Vec<_>, _>>()?;
+        let post_ln = match f.tensor("v.post_ln.weight") {
+            Some(_) => Some(l.norm("v.post_ln", e)?),
+            None => None,
+        };
+        for absent in [
+            "v.pre_ln.weight",
+            "v.class_embd",
+            "v.blk.0.attn_q_norm.weight",
+        ] {
+            if f.tensor(absent).is_some() {
+                return Err(l.bad(format!(
+                    "has {absent}, which a {} encoder does not; this file's encoder is not one wgllm runs",
+                    hp.projector.name()
+                )));
+            }
+        }
+        let soft_emb_norm = l.vector("mm.soft_emb_norm.weight", e, e, 1.0)?;
+        // [n_out, n_embd] in the file (a row of n_out per input value): transposed into a
+        // weight of n_out rows of n_embd, in its type (f16 or f32).
+        let proj = f
+            .tensor("mm.input_projection.weight")
+            .ok_or_else(|| l.bad("tensor mm.input_projection.weight is missing".into()))?;
+        if proj.dims.len() != 2 || proj.dims[1] != e as u64 {
+            return Err(l.bad(format!(
+                "mm.input_projection.weight has shape {:?}, expected [n_embd of the language model, {e}]",
+                proj.dims
+            )));
+        }
+        let n_out = proj.dims[0] as u32;
+        let v = l.values("mm.input_projection.weight", &[n_out as u64, e as u64])?;
+        let ty = match proj.ty {
+            GgmlType::F16 => GgmlType::F16,
+            _ => GgmlType::F32,
+        };
+        let mut data = Vec::new();
+        let mut row = vec![0f32; e as usize];
+        for o in 0..n_out as usize {
+            for (i, r) in row.iter_mut().enumerate() {
+                *r = v[i * n_out as usize + o];
+            }
+            data.extend(quant::quantize_row(ty, &row));
+        }
+        let projection = Arc::new(Weight::upload(
+            gpu,
+            "mm.input_projection.weight",
+            ty,
+            e as usize,
+            n_out as usize,
+            &data,
+        )?);
+        l.gpu_bytes += projection.gpu_bytes();
+        log::info!(
+            "mmproj {}: {} encoder, {} layers of {e}, {} image tokens of {n_out}, {:.1} MiB on the device",
+            f.path,
+            hp.projector.name(),
+            hp.n_layer,
+            hp.n_tokens(),
+            l.gpu_bytes as f64 / (1 << 20) as f64
+        );
+        Ok(VisionWeights {
+            patch_embd,
+            patch_f16,
+            patch_bias,
+            pos_embd,
+            layers,
+            post_ln,
+            soft_emb_norm,
+            projection,
+            n_out,
+        })
+    }
+}

@@ -1,0 +1,42 @@
+//! Images in: the vision encoder of an mmproj file (llama.cpp's `clip.*` GGUF beside a
+//! language model), run on the GPU like the language model, and the image preprocessing
+//! it expects. An image becomes a block of embeddings as wide as the language model's
+//! input, one row per image token.
+//!
+//! - `mmproj.rs`: the file's hyperparameters and weights, checked, on the device.
+//! - `image.rs`: decoding a file's bytes into 8-bit RGB, refusing what would not fit
+//!   before anything is allocated.
+//! - `preprocess.rs`: the resize (Pillow's fixed-point bilinear, as llama.cpp's mtmd
+//!   ports it), letterboxing and normalisation into the encoder's planar input.
+//! - `encoder.rs`: the vision transformer and projector as one graph.
+//!
+//! Projectors: `gemma3` (SigLIP, 4 x 4 pooling). Others are refused with their name.
+
+mod encoder;
+mod image;
+mod mmproj;
+mod preprocess;
+pub mod reference;
+
+pub use encoder::VisionEncoder;
+pub use image::{decode_image, RgbImage, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
+pub use mmproj::{ClipHparams, Projector, VisionWeights};
+pub use preprocess::{letterbox, normalize_planar, resize_bilinear};
+
+use crate::gguf::GgufError;
+use crate::gpu::GpuError;
+
+/// What can go wrong between an mmproj file or an image and its embeddings.
+#[derive(Debug, thiserror::Error)]
+pub enum VisionError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The mmproj file is readable but not one wgllm can run (what, and why).
+    #[error("{path}: {msg}")]
+    Mmproj { path: String, msg: String },
+    /// An image that cannot be decoded or is too large.
+    #[error("image {what}: {msg}")]
+    Image { what: String, msg: String },
+}

@@ -1,0 +1,228 @@
+//! An image into the vision encoder's input, as llama.cpp's mtmd prepares it: resized with
+//! its aspect ratio kept and padded to the encoder's square (letterboxed, black), by
+//! Pillow's bilinear filter in 22-bit fixed point with an 8-bit image between the
+//! horizontal and vertical passes (llama.cpp ports Pillow's `Resample.c`; bit-exact
+//! pixels are what make the embeddings comparable), then scaled to [0, 1], normalised by
+//! the file's mean and deviation per channel and laid out as planes (R, G, B).
+
+use super::image::RgbImage;
+
+/// Fractional bits of the fixed-point filter weights (32 bits less 8 for a pixel and 2 of
+/// headroom for the sums).
+const PRECISION_BITS: u32 = 22;
+
+/// For each output pixel of a pass from `n_in` to `n_out` pixels: its first input pixel,
+/// and the fixed-point weights of the input pixels from there.
+fn pass_weights(n_in: u32, n_out: u32) -> Vec<(usize, Vec<i32>)> {
+    let scale = n_in as f64 / n_out as f64;
+    // Downscaling widens the triangle (antialiasing); upscaling keeps it at one pixel.
+    let filterscale = scale.max(1.0);
+    let support = filterscale;
+    (0..n_out)
+        .map(|xx| {
+            let center = (xx as f64 + 0.5) * scale;
+            let xmin = ((center - support + 0.5) as i64).max(0) as usize;
+            let xmax = ((center + support + 0.5) as i64).min(n_in as i64) as usize;
+            let w: Vec<f64> = (xmin..xmax.max(xmin))
+                .map(|x| {
+                    let d = ((x as f64 - center + 0.5) / filterscale).abs();
+                    if d < 1.0 {
+                        1.0 - d
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let sum: f64 = w.iter().sum();
+            let fixed = w
+                .iter()
+                .map(|&v| {
+                    let v = if sum != 0.0 { v / sum } else { v };
+                    let r = v * (1u64 << PRECISION_BITS) as f64 + if v < 0.0 { -0.5 } else { 0.5 };
+                    r as i32
+                })
+                .collect();
+            (xmin, fixed)
+        })
+        .collect()
+}
+
+fn clip8(v: i32) -> u8 {
+    (v >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+/// `img` resized to `width` x `height` by the bilinear filter (a pass is skipped where
+/// its side does not change; the horizontal pass runs first, into 8 bits).
+pub fn resize_bilinear(img: &RgbImage, width: u32, height: u32) -> RgbImage {
+    let mut cur = img.clone();
+    if width != cur.width {
+        let weights = pass_weights(cur.width, width);
+        let mut out = vec![0u8; width as usize * cur.height as usize * 3];
+        for y in 0..cur.height as usize {
+            let src = &cur.pixels[y * cur.width as usize * 3..][..cur.width as usize * 3];
+            let dst = &mut out[y * width as usize * 3..][..width as usize * 3];
+            for (xx, (xmin, k)) in weights.iter().enumerate() {
+                let mut acc = [1i32 << (PRECISION_BITS - 1); 3];
+                for (i, &w) in k.iter().enumerate() {
+                    let p = &src[(xmin + i) * 3..][..3];
+                    for c in 0..3 {
+                        acc[c] += p[c] as i32 * w;
+                    }
+                }
+                for c in 0..3 {
+                    dst[xx * 3 + c] = clip8(acc[c]);
+                }
+            }
+        }
+        cur = RgbImage {
+            width,
+            height: cur.height,
+            pixels: out,
+        };
+    }
+    if height != cur.height {
+        let weights = pass_weights(cur.height, height);
+        let row = cur.width as usize * 3;
+        let mut out = vec![0u8; row * height as usize];
+        let mut acc = vec![0i32; row];
+        for (yy, (ymin, k)) in weights.iter().enumerate() {
+            acc.iter_mut().for_each(|a| *a = 1 << (PRECISION_BITS - 1));
+            for (i, &w) in k.iter().enumerate() {
+                let src = &cur.pixels[(ymin + i) * row..][..row];
+                for (a, &p) in acc.iter_mut().zip(src) {
+                    *a += p as i32 * w;
+                }
+            }
+            for (d, &a) in out[yy * row..][..row].iter_mut().zip(&acc) {
+                *d = clip8(a);
+            }
+        }
+        cur = RgbImage {
+            width: cur.width,
+            height,
+            pixels: out,
+        };
+    }
+    cur
+}
+
+/// `img` fitted into a `side` x `side` square: scaled by the smaller of the two ratios
+/// (each side rounded up, at most `side`), centred (offsets rounded down) on black.
+/// An image already that size is returned as it is.
+pub fn letterbox(img: &RgbImage, side: u32) -> RgbImage {
+    if img.width == side && img.height == side {
+        return img.clone();
+    }
+    // In f32, as llama.cpp computes them: the rounding decides a pixel's worth of size.
+    let scale = (side as f32 / img.width as f32).min(side as f32 / img.height as f32);
+    let new_w = ((img.width as f32 * scale).ceil() as u32).clamp(1, side);
+    let new_h = ((img.height as f32 * scale).ceil() as u32).clamp(1, side);
+    let small = resize_bilinear(img, new_w, new_h);
+    let mut out = RgbImage::filled(side, side, [0, 0, 0]);
+    let (ox, oy) = ((side - new_w) / 2, (side - new_h) / 2);
+    let row = new_w as usize * 3;
+    for y in 0..new_h as usize {
+        let dst = ((oy as usize + y) * side as usize + ox as usize) * 3;
+        out.pixels[dst..dst + row].copy_from_slice(&small.pixels[y * row..(y + 1) * row]);
+    }
+    out
+}
+
+/// The encoder's input: planes R, G, B of (v / 255 - mean) / std, in f32 as llama.cpp
+/// computes them.
+pub fn normalize_planar(img: &RgbImage, mean: [f32; 3], std: [f32; 3]) -> Vec<f32> {
+    let n = img.width as usize * img.height as usize;
+    let mut out = vec![0f32; 3 * n];
+    for (i, px) in img.pixels.chunks_exact(3).enumerate() {
+        for c in 0..3 {
+            out[c * n + i] = (px[c] as f32 / 255.0 - mean[c]) / std[c];
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gradient(w: u32, h: u32) -> RgbImage {
+        let pixels = (0..h)
+            .flat_map(|y| (0..w).flat_map(move |x| [(x * 7 + y) as u8, (y * 5) as u8, 200]))
+            .collect();
+        RgbImage {
+            width: w,
+            height: h,
+            pixels,
+        }
+    }
+
+    /// A flat colour stays that colour through any resize (the weights sum to one in
+    /// fixed point, and the half added before the shift rounds it back).
+    #[test]
+    fn a_flat_image_keeps_its_colour() {
+        let img = RgbImage::filled(37, 23, [12, 200, 255]);
+        for (w, h) in [(10, 10), (64, 64), (37, 50), (5, 23)] {
+            let r = resize_bilinear(&img, w, h);
+            assert_eq!((r.width, r.height), (w, h));
+            assert!(r.pixels.chunks(3).all(|p| p == [12, 200, 255]), "{w}x{h}");
+        }
+    }
+
+    /// Halving a width averages pixel pairs with their neighbours by the widened
+    /// triangle (weights 1/8, 3/8, 3/8, 1/8), as Pillow does.
+    #[test]
+    fn halving_uses_the_widened_triangle() {
+        let img = RgbImage {
+            width: 4,
+            height: 1,
+            pixels: [0u8, 80, 160, 240]
+                .iter()
+                .flat_map(|&v| [v, v, v])
+                .collect(),
+        };
+        let r = resize_bilinear(&img, 2, 1);
+        // Output pixel 0 is centred on input 1.0: inputs 0 and 1 (the triangle's other
+        // taps fall off the edge and the rest is renormalised); pixel 1 on 3.0.
+        let w = pass_weights(4, 2);
+        assert_eq!(w[0].0, 0);
+        assert_eq!(w[1].0, 1);
+        let expect = |xmin: usize, k: &[i32]| {
+            let acc: i64 = k
+                .iter()
+                .enumerate()
+                .map(|(i, &kw)| [0i64, 80, 160, 240][xmin + i] * kw as i64)
+                .sum::<i64>()
+                + (1 << 21);
+            (acc >> 22) as u8
+        };
+        assert_eq!(r.pixels[0], expect(w[0].0, &w[0].1));
+        assert_eq!(r.pixels[3], expect(w[1].0, &w[1].1));
+        assert!(r.pixels[0] < r.pixels[3]);
+    }
+
+    /// A wide image is scaled to the square's width and centred between black bands.
+    #[test]
+    fn letterbox_centres_a_wide_image() {
+        let img = gradient(40, 20);
+        let out = letterbox(&img, 16);
+        assert_eq!((out.width, out.height), (16, 16));
+        // 40x20 scaled by 0.4: 16x8, offset 4 rows down.
+        let row = |y: usize| &out.pixels[y * 48..(y + 1) * 48];
+        assert!(row(0).iter().all(|&v| v == 0) && row(3).iter().all(|&v| v == 0));
+        assert!(row(12).iter().all(|&v| v == 0) && row(15).iter().all(|&v| v == 0));
+        assert!(row(4).chunks(3).all(|p| p[2] == 200));
+        assert_eq!(letterbox(&gradient(16, 16), 16), gradient(16, 16));
+    }
+
+    #[test]
+    fn planes_are_normalised_per_channel() {
+        let img = RgbImage {
+            width: 2,
+            height: 1,
+            pixels: vec![255, 0, 51, 0, 255, 102],
+        };
+        let v = normalize_planar(&img, [0.5; 3], [0.5; 3]);
+        let f = |u: f32| (u / 255.0 - 0.5) / 0.5;
+        assert_eq!(v, vec![1.0, -1.0, -1.0, 1.0, f(51.0), f(102.0)]);
+    }
+}
