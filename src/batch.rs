@@ -10,6 +10,14 @@ pub struct Batch {
     pub pos: Vec<i32>,
     pub seq: Vec<u64>,
     pub logits: Vec<bool>,
+    /// Input rows in place of the tokens' embeddings (llama.cpp's `llama_batch.embd`: an
+    /// image's, n_embd values per token, token after token); empty for a batch of token
+    /// ids. The token ids of such a batch are not read.
+    pub embd: Vec<f32>,
+    /// Every token sees every cell of its sequences, later ones in the batch included
+    /// (llama.cpp's `llama_set_causal_attn(false)`, which its mtmd helper sets around an
+    /// image whose tokens attend to each other, as Gemma 3's do).
+    pub non_causal: bool,
 }
 
 impl Batch {
@@ -21,6 +29,7 @@ impl Batch {
             pos: (0..n as i32).map(|i| start_pos + i).collect(),
             seq: vec![1; n],
             logits: (0..n).map(|i| all_logits || i + 1 == n).collect(),
+            ..Default::default()
         }
     }
 }

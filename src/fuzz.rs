@@ -370,6 +370,7 @@ pub fn memory_state_seeds() -> Vec<(String, Vec<u8>)> {
             pos: vec![0, 1, 2, 3, 0, 1],
             seq: vec![1, 1, 1, 1, 2, 2],
             logits: vec![false, false, false, true, false, true],
+            ..Default::default()
         };
         ctx.decode(&batch).expect("the seed's tokens decode");
         for (how, seq) in [(0u8, None), (4 | 8, Some(1))] {

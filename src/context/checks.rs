@@ -1,8 +1,9 @@
 //! The checks a batch passes before the context touches the cache: sequence ids in
-//! range, positions that continue each sequence, token ids in the vocabulary, and draws
-//! that ask for rows the batch produces.
+//! range, positions that continue each sequence, token ids in the vocabulary (or input
+//! rows a model takes, of its width), and draws that ask for rows the batch produces.
 
 use super::{Batch, Context, ContextError, GpuDraw};
+use crate::graph::GraphInput;
 use crate::kv::{seqs_below, SeqId};
 
 impl Context {
@@ -104,8 +105,39 @@ impl Context {
                 )));
             }
         }
+        if batch.non_causal && n > n_ubatch {
+            return Err(ContextError::BadBatch(format!(
+                "the batch's tokens attend to each other (an image's): all {n} must fit one ubatch, and -ub is {n_ubatch}; raise -ub (and -b)"
+            )));
+        }
+        let n_embd = self.model.hp.n_embd;
+        if !batch.embd.is_empty() {
+            if !self.model.inputs().contains(&GraphInput::Embd(n_embd)) {
+                return Err(ContextError::BadBatch(format!(
+                    "a {:?} model takes token ids only, not embeddings (images)",
+                    self.model.hp.arch
+                )));
+            }
+            if batch.embd.len() != n * n_embd as usize {
+                return Err(ContextError::BadBatch(format!(
+                    "{} embedding values for {n} tokens of width {n_embd}",
+                    batch.embd.len()
+                )));
+            }
+            if batch.embd.iter().any(|v| !v.is_finite()) {
+                return Err(ContextError::BadBatch(
+                    "the batch's embeddings hold a NaN or an infinity".into(),
+                ));
+            }
+        }
         let n_vocab = self.model.hp.n_vocab;
-        if let Some(&bad) = batch.tokens.iter().find(|&&t| t >= n_vocab) {
+        // A batch of input rows has no ids to check.
+        let ids: &[u32] = if batch.embd.is_empty() {
+            &batch.tokens
+        } else {
+            &[]
+        };
+        if let Some(&bad) = ids.iter().find(|&&t| t >= n_vocab) {
             return Err(ContextError::BadBatch(format!(
                 "token id {bad} is out of the vocabulary (0..{n_vocab})"
             )));

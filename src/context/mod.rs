@@ -205,7 +205,7 @@ impl InputSet {
 /// What a graph is built for: (tokens, cells read in the full store, cells read in the
 /// window store, sequence sets of a recurrent memory's ubatch, logit rows, the setting of
 /// the LoRA scales it was built with, the input set it reads).
-type GraphKey = (u32, u32, u32, u32, u32, u32, u32);
+type GraphKey = (u32, u32, u32, u32, u32, u32, u32, u32);
 
 /// Graphs kept for reuse per input set (decode steps replay one graph until n_kv crosses
 /// a pad boundary).

@@ -173,6 +173,8 @@ impl Context {
             pos: &u.pos,
             seq: &u.seq,
             logits: &u.logits,
+            embd: &u.embd,
+            non_causal: u.non_causal,
         };
         self.memory.place(&ubv)?;
         // Every declared input fills itself from the ubatch and the memory it went to.
@@ -202,6 +204,7 @@ impl Context {
             n_out,
             self.lora.generation,
             set as u32,
+            !u.embd.is_empty() as u32,
         );
         if let Some(i) = self.graphs.iter().position(|(k, _)| *k == key) {
             return Ok((i, key));
@@ -218,6 +221,7 @@ impl Context {
             logits: View::whole(&self.step.logits),
             embeddings: self.params.embeddings,
             rank: self.params.rank,
+            embd_input: key.7 != 0,
             lora: self.lora.terms.clone(),
             mirrors: inputs.mirror_views.clone(),
         };
@@ -553,6 +557,13 @@ fn sub_batch(batch: &Batch, idx: &[usize]) -> Batch {
         pos: idx.iter().map(|&i| batch.pos[i]).collect(),
         seq: idx.iter().map(|&i| batch.seq[i]).collect(),
         logits: idx.iter().map(|&i| batch.logits[i]).collect(),
+        embd: match batch.embd.len().checked_div(batch.tokens.len()) {
+            Some(w) if w > 0 => (idx.iter())
+                .flat_map(|&i| batch.embd[i * w..(i + 1) * w].iter().copied())
+                .collect(),
+            _ => Vec::new(),
+        },
+        non_causal: batch.non_causal,
     }
 }
 

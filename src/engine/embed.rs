@@ -251,6 +251,7 @@ impl Engine {
                 logits: (chunk.iter())
                     .map(|&(g, i)| wanted(i, group[g].len()))
                     .collect(),
+                ..Default::default()
             };
             // Mean pooling sums each sequence's rows on the GPU: a row per run comes back.
             if pooling == Pooling::Mean {

@@ -46,6 +46,9 @@ impl CacheState<'_> {
 pub enum GraphInput {
     /// The ubatch's token ids (u32 each), for the embedding lookup.
     Tokens,
+    /// The ubatch's input rows where it brings them in place of token ids ([n_embd,
+    /// n_tok] f32: an image's embeddings); declared by the models that take them.
+    Embd(u32),
     /// The ubatch's positions (u32 each), for a learned position embedding's lookup.
     Positions,
     /// The cell of this store each token's K and V rows are written to (u32 each).
@@ -75,6 +78,10 @@ pub struct UbatchView<'a> {
     pub seq: &'a [u64],
     /// Whether each token's logits are wanted.
     pub logits: &'a [bool],
+    /// The input rows in place of token embeddings (see `Batch::embd`), or empty.
+    pub embd: &'a [f32],
+    /// Every token sees all its sequences' cells (see `Batch::non_causal`).
+    pub non_causal: bool,
 }
 
 /// The filled contents of an input, kept in the element type they were computed in so a
@@ -111,6 +118,7 @@ impl GraphInput {
             | GraphInput::RsSrc
             | GraphInput::RsDst => n_ubatch * 4,
             GraphInput::KqMask(_) => n_ubatch * n_ctx * 4,
+            GraphInput::Embd(n_embd) => n_ubatch * *n_embd as u64 * 4,
             GraphInput::Rope(p) => n_ubatch * p.n_dims as u64 * 4,
         }
     }
@@ -119,6 +127,8 @@ impl GraphInput {
     pub fn fill_from_ubatch(&self, ub: &UbatchView) -> Option<InputData> {
         Some(match self {
             GraphInput::Tokens => InputData::U32(ub.tokens.to_vec()),
+            // Empty (nothing written) for a ubatch of token ids.
+            GraphInput::Embd(_) => InputData::F32(ub.embd.to_vec()),
             // Positions are never negative in a checked batch.
             GraphInput::Positions => {
                 InputData::U32(ub.pos.iter().map(|&p| p.max(0) as u32).collect())
@@ -143,6 +153,7 @@ impl GraphInput {
     pub fn label(&self) -> String {
         match self {
             GraphInput::Tokens => "tokens".into(),
+            GraphInput::Embd(_) => "embd".into(),
             GraphInput::Positions => "positions".into(),
             GraphInput::KvSlots(CacheKind::Full) => "kv_slots".into(),
             GraphInput::KvSlots(CacheKind::Window) => "kv_slots_window".into(),
@@ -187,6 +198,8 @@ pub struct GraphIo {
     /// The outputs are a classifier head's scores of the hidden states ([n_cls_out,
     /// n_out]).
     pub rank: bool,
+    /// The ubatch brings its input rows ([`GraphInput::Embd`]) instead of token ids.
+    pub embd_input: bool,
     /// The LoRA corrections the graph adds to its matmuls (none without adapters).
     pub lora: Option<std::sync::Arc<super::LoraTerms>>,
     /// The inputs' copies on a split model's other devices (empty on one device).
@@ -210,6 +223,9 @@ impl GraphIo {
     }
     pub fn tokens(&self) -> Result<View, GpuError> {
         self.input(GraphInput::Tokens)
+    }
+    pub fn embd(&self, n_embd: u32) -> Result<View, GpuError> {
+        self.input(GraphInput::Embd(n_embd))
     }
     pub fn positions(&self) -> Result<View, GpuError> {
         self.input(GraphInput::Positions)
@@ -300,6 +316,8 @@ mod tests {
             pos: &pos,
             seq: &seq,
             logits: &logits,
+            embd: &[],
+            non_causal: false,
         };
         let n_kv = 16;
         let store = CacheState {

@@ -229,6 +229,14 @@ pub fn fill_input(
     input: &GraphInput,
     ub: &UbatchView,
 ) -> Result<InputData, crate::gpu::GpuError> {
+    // A non-causal ubatch (an image's tokens) unmasks its sequences' later cells too.
+    let input = match *input {
+        GraphInput::KqMask(kind) if ub.non_causal => &GraphInput::KqMask(crate::kv::MaskKind {
+            non_causal: true,
+            ..kind
+        }),
+        _ => input,
+    };
     match input.fill_from_ubatch(ub) {
         Some(data) => Ok(data),
         None => mem.fill(input, ub).ok_or_else(|| {

@@ -7,7 +7,7 @@
 //! * Gemma 3: per-head RMS norms of Q and K; five of every six layers see a window, with
 //!   their own RoPE base.
 
-use super::{kv_layer, layer_attn, output_head, Arch, GraphIo, Model, Windowed};
+use super::{input_rows, kv_layer, layer_attn, output_head, Arch, GraphIo, Model, Windowed};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph};
 use crate::memory::Memory;
@@ -25,11 +25,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let mut g = super::builder(m, io);
     // Gemma scales Q before the product; the softmax scaling the scores is the same.
     let inp = Windowed::new(&mut g, hp, io, mem)?;
-    let mut x = g.get_rows(&w.tok_embd, inp.tokens);
-    if let Some(s) = &w.embd_scale {
-        let s = g.input(s.clone(), [1, 1]);
-        x = g.mul(x, s);
-    }
+    let mut x = input_rows(&mut g, m, io, inp.tokens)?;
     for (il, lw) in w.layers.iter().enumerate() {
         g.layer(il);
         let kv = kv_layer(mem, il)?;

@@ -4,7 +4,7 @@
 //! a mixture of experts with biases, chosen by the router's top logits (their softmax the
 //! weights) and gated by a clamped SwiGLU.
 
-use super::{kv_layer, layer_attn, output_head, GraphIo, Model, Windowed};
+use super::{input_rows, kv_layer, layer_attn, output_head, GraphIo, Model, Windowed};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph};
 use crate::memory::Memory;
@@ -15,7 +15,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let eps = hp.eps;
     let mut g = super::builder(m, io);
     let inp = Windowed::new(&mut g, hp, io, mem)?;
-    let mut x = g.get_rows(&w.tok_embd, inp.tokens);
+    let mut x = input_rows(&mut g, m, io, inp.tokens)?;
     for (il, lw) in w.layers.iter().enumerate() {
         g.layer(il);
         let kv = kv_layer(mem, il)?;

@@ -8,7 +8,7 @@
 //! the output projection.
 
 use super::Lfm2Mixer;
-use super::{kv_layer, output_head, Causal, GraphInput, GraphIo, Model, RsRows};
+use super::{input_rows, kv_layer, output_head, Causal, GraphInput, GraphIo, Model, RsRows};
 use crate::gpu::GpuError;
 use crate::graph::{AttnBlock, Graph};
 use crate::memory::Memory;
@@ -27,7 +27,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let rows = RsRows::new(&mut g, io)?;
     let inp = Causal::new(&mut g, hp, io, mem)?;
 
-    let mut x = g.get_rows(&w.tok_embd, inp.tokens);
+    let mut x = input_rows(&mut g, m, io, inp.tokens)?;
     for (il, lw) in w.lfm2.iter().enumerate() {
         g.layer(il);
         let cur = g.rms_norm(x, &lw.attn_norm, eps);

@@ -6,7 +6,9 @@
 //! norms (Qwen3), NeoX-style rotation (all three), fused QKV and gate/up tensors (Phi-3,
 //! re-laid out at load), Llama 3's RoPE frequency factors (in the RoPE table).
 
-use super::{kv_layer, layer_attn, output_head, Causal, GraphInput, GraphIo, Hparams, Model};
+use super::{
+    input_rows, kv_layer, layer_attn, output_head, Causal, GraphInput, GraphIo, Hparams, Model,
+};
 use crate::gpu::GpuError;
 use crate::graph::Graph;
 use crate::memory::Memory;
@@ -22,7 +24,7 @@ pub fn build(m: &Model, io: &GraphIo, mem: &dyn Memory) -> Result<Graph, GpuErro
     let mut g = super::builder(m, io);
     let inp = Causal::new(&mut g, hp, io, mem)?;
 
-    let mut x = g.get_rows(&w.tok_embd, inp.tokens);
+    let mut x = input_rows(&mut g, m, io, inp.tokens)?;
     for (il, lw) in w.layers.iter().enumerate() {
         g.layer(il);
         let kv = kv_layer(mem, il)?;

@@ -329,6 +329,29 @@ fn output_head(
     g.build()
 }
 
+/// A decoder's input rows for the ubatch: its tokens' embedding rows (times the model's
+/// embedding scale, Gemma's sqrt(n_embd)), or the rows the batch brought in their place
+/// (an image's embeddings, which llama.cpp does not scale either).
+fn input_rows(
+    g: &mut crate::graph::GraphBuilder,
+    m: &Model,
+    io: &GraphIo,
+    tokens: crate::graph::TensorId,
+) -> Result<crate::graph::TensorId, GpuError> {
+    let (hp, w) = (&m.hp, &m.weights);
+    if io.embd_input {
+        return Ok(g.input(io.embd(hp.n_embd)?, [hp.n_embd, io.n_tok]));
+    }
+    let x = g.get_rows(&w.tok_embd, tokens);
+    Ok(match &w.embd_scale {
+        Some(s) => {
+            let s = g.input(s.clone(), [1, 1]);
+            g.mul(x, s)
+        }
+        None => x,
+    })
+}
+
 /// The mask of the sliding-window layers (a causal one serves the global layers).
 fn window_mask(hp: &Hparams) -> crate::kv::MaskKind {
     crate::kv::MaskKind {
@@ -351,6 +374,7 @@ impl Causal {
     fn declare(hp: &Hparams) -> Vec<GraphInput> {
         vec![
             GraphInput::Tokens,
+            GraphInput::Embd(hp.n_embd),
             GraphInput::KvSlots(CacheKind::Full),
             GraphInput::OutIds,
             GraphInput::KqMask(crate::kv::MaskKind::default()),
@@ -414,6 +438,7 @@ fn layer_attn<'a>(
 fn windowed_inputs(hp: &Hparams) -> Vec<GraphInput> {
     vec![
         GraphInput::Tokens,
+        GraphInput::Embd(hp.n_embd),
         GraphInput::KvSlots(CacheKind::Full),
         GraphInput::KvSlots(CacheKind::Window),
         GraphInput::OutIds,

@@ -9,6 +9,8 @@
 //! - `preprocess.rs`: the resize (Pillow's fixed-point bilinear, as llama.cpp's mtmd
 //!   ports it), letterboxing and normalisation into the encoder's planar input.
 //! - `encoder.rs`: the vision transformer and projector as one graph.
+//! - `prompt.rs`: a prompt's text and images as the chunks the language model decodes.
+//! - `reference.rs`: the encoder on the CPU in f64, for tests.
 //!
 //! Projectors: `gemma3` (SigLIP, 4 x 4 pooling). Others are refused with their name.
 
@@ -16,12 +18,14 @@ mod encoder;
 mod image;
 mod mmproj;
 mod preprocess;
+mod prompt;
 pub mod reference;
 
 pub use encoder::VisionEncoder;
 pub use image::{decode_image, RgbImage, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
 pub use mmproj::{ClipHparams, Projector, VisionWeights};
 pub use preprocess::{letterbox, normalize_planar, resize_bilinear};
+pub use prompt::{tokenize_with_images, PromptChunk, MEDIA_MARKER};
 
 use crate::gguf::GgufError;
 use crate::gpu::GpuError;

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Records llama.cpp's reading of an image in a prompt (tests/vision.rs): builds
+# scripts/mtmd-ref.cpp against the reference build (../shared/tools/llamacpp-ref/build.sh)
+# and runs it on Gemma-3-270M with the synthetic gemma3 mmproj for it and each test image,
+# into tests/data/reference/vision/gemma3-270m-IMAGE.json. The language model runs on
+# llama.cpp's Vulkan backend (lavapipe): its CPU backend quantizes activations to 8 bits,
+# which moves these logits by up to 1.2 (the image's rows are far from any token's).
+# Usage: scripts/record-vision-ref.sh [LLAMACPP_REF_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ref=${1:-$HOME/.cache/llamacpp-ref}
+models="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+g++ -O2 -std=c++17 scripts/mtmd-ref.cpp -I"$ref/src/include" -I"$ref/src/ggml/include" \
+  -I"$ref/src/tools/mtmd" -L"$ref/bin" -lmtmd -lllama -lggml -lggml-base \
+  -Wl,-rpath,"$ref/bin" -o "$tmp/mtmd-ref"
+cargo build --release --quiet
+model="$models/gemma-3-270m-q4_k_m.gguf"
+target/release/wgllm synth --mmproj-for "$model" -o "$tmp/mmproj.gguf"
+sha256sum "$tmp/mmproj.gguf"
+printf '<start_of_turn>user\n<__media__>Count from one to twenty, in words.<end_of_turn>\n<start_of_turn>model\n' > "$tmp/prompt.txt"
+for img in square-224 wide-300x180 tall-100x150; do
+  GGML_VK_VISIBLE_DEVICES=0 MTMD_REF_NGL=99 "$tmp/mtmd-ref" "$model" "$tmp/mmproj.gguf" "tests/data/vision/$img.png" "$tmp/prompt.txt" 32 \
+    > "tests/data/reference/vision/gemma3-270m-$img.json"
+done
