@@ -247,6 +247,27 @@ impl Loader<'_> {
         Ok(v)
     }
 
+    /// A weight of `n_rows` rows of `cols` values of `ty`, row r filled by `fill(r, row)`
+    /// (the row starts as zeros: padding stays zero).
+    fn rows(
+        &mut self,
+        name: &str,
+        ty: GgmlType,
+        (cols, n_rows): (u32, u32),
+        mut fill: impl FnMut(usize, &mut [f32]),
+    ) -> Result<Arc<Weight>, VisionError> {
+        let mut data = Vec::new();
+        let mut row = vec![0f32; cols as usize];
+        for r in 0..n_rows as usize {
+            row.fill(0.0);
+            fill(r, &mut row);
+            data.extend(quant::quantize_row(ty, &row));
+        }
+        let w = Weight::upload(self.gpu, name, ty, cols as usize, n_rows as usize, &data)?;
+        self.gpu_bytes += w.gpu_bytes();
+        Ok(Arc::new(w))
+    }
+
     fn upload_f32(&mut self, name: &str, v: &[f32]) -> Result<View, VisionError> {
         let buf = self.gpu.upload(name, bytemuck::cast_slice(v))?;
         self.gpu_bytes += buf.size();
@@ -273,8 +294,7 @@ impl Loader<'_> {
     }
 
     /// A matrix [n_cols, n_rows] as a weight of `out_cols` x `out_rows` (zeros added),
-    /// kept in its type where no column is added or its blocks are single values, else
-    /// in f32; or in `force` (the patch kernel's f16).
+    /// kept in its type where no column is added, else in f32 (or `force`).
     fn matrix(
         &mut self,
         name: &str,
@@ -294,40 +314,31 @@ impl Loader<'_> {
             )));
         }
         let same = out_cols == n_cols && force.is_none_or(|f| f == t.ty);
-        let w = if same && quant::format(t.ty).is_some() {
-            let row = t.ty.row_bytes(n_cols as u64).unwrap_or(0) as usize;
-            let mut data = self.f.tensor_data(&t).to_vec();
-            data.resize(row * out_rows as usize, 0);
-            Weight::upload(
-                self.gpu,
-                name,
-                t.ty,
-                n_cols as usize,
-                out_rows as usize,
-                &data,
-            )?
-        } else {
+        if !same || quant::format(t.ty).is_none() {
             let v = self.values(name, &[n_cols as u64, n_rows as u64])?;
-            let ty = force.unwrap_or(GgmlType::F32);
-            let mut data = Vec::new();
-            let mut row = vec![0f32; out_cols as usize];
-            for r in 0..out_rows as usize {
-                row.fill(0.0);
-                if r < n_rows as usize {
-                    row[..n_cols as usize]
-                        .copy_from_slice(&v[r * n_cols as usize..][..n_cols as usize]);
-                }
-                data.extend(quant::quantize_row(ty, &row));
-            }
-            Weight::upload(
-                self.gpu,
+            let n = n_cols as usize;
+            return self.rows(
                 name,
-                ty,
-                out_cols as usize,
-                out_rows as usize,
-                &data,
-            )?
-        };
+                force.unwrap_or(GgmlType::F32),
+                (out_cols, out_rows),
+                |r, row| {
+                    if let Some(src) = v.get(r * n..(r + 1) * n) {
+                        row[..n].copy_from_slice(src);
+                    }
+                },
+            );
+        }
+        let row = t.ty.row_bytes(n_cols as u64).unwrap_or(0) as usize;
+        let mut data = self.f.tensor_data(&t).to_vec();
+        data.resize(row * out_rows as usize, 0);
+        let w = Weight::upload(
+            self.gpu,
+            name,
+            t.ty,
+            n_cols as usize,
+            out_rows as usize,
+            &data,
+        )?;
         self.gpu_bytes += w.gpu_bytes();
         Ok(Arc::new(w))
     }
@@ -381,49 +392,22 @@ impl VisionWeights {
         let patch_cols = 3 * p * p;
         let kernel_ty = f.tensor("v.patch_embd.weight").map(|t| t.ty);
         let patch_f16 = kernel_ty != Some(GgmlType::Bf16);
-        let kernel = f
-            .tensor("v.patch_embd.weight")
-            .ok_or_else(|| l.bad("tensor v.patch_embd.weight is missing".into()))?;
-        let want = [p as u64, p as u64, 3, e as u64];
-        if kernel.dims != want {
-            return Err(l.bad(format!(
-                "tensor v.patch_embd.weight has shape {:?}, expected {want:?}",
-                kernel.dims
-            )));
-        }
-        // The kernel's [P, P, 3, E] read as E rows of 3 * P * P.
-        let mut flat = kernel.clone();
-        flat.dims = vec![patch_cols as u64, e as u64];
-        let kernel_values = {
-            let mut v = vec![0f32; (patch_cols * e) as usize];
-            if quant::format(flat.ty).is_none() {
-                return Err(l.bad(format!("v.patch_embd.weight has type {}", flat.ty)));
-            }
-            quant::dequantize_row(flat.ty, f.tensor_data(&flat), &mut v);
-            v
-        };
-        let cols = pad32(patch_cols);
+        // [P, P, 3, E]: E rows of 3 * P * P, padded to whole blocks of 32.
+        let kernel = l.values("v.patch_embd.weight", &[p as u64, p as u64, 3, e as u64])?;
         let ty = if patch_f16 {
             GgmlType::F16
         } else {
             GgmlType::F32
         };
-        let mut data = Vec::new();
-        let mut row = vec![0f32; cols as usize];
-        for r in 0..e as usize {
-            row[..patch_cols as usize]
-                .copy_from_slice(&kernel_values[r * patch_cols as usize..][..patch_cols as usize]);
-            data.extend(quant::quantize_row(ty, &row));
-        }
-        let patch_embd = Arc::new(Weight::upload(
-            gpu,
+        let n = patch_cols as usize;
+        let patch_embd = l.rows(
             "v.patch_embd.weight",
             ty,
-            cols as usize,
-            e as usize,
-            &data,
-        )?);
-        l.gpu_bytes += patch_embd.gpu_bytes();
+            (pad32(patch_cols), e),
+            |r, row| {
+                row[..n].copy_from_slice(&kernel[r * n..(r + 1) * n]);
+            },
+        )?;
         let patch_bias = l.vector("v.patch_embd.bias", e, e, 0.0)?;
         let pos = l.values("v.position_embd.weight", &[e as u64, n_patch as u64])?;
         let pos_embd = l.upload_f32("v.position_embd.weight", &pos)?;
@@ -464,23 +448,11 @@ impl VisionWeights {
             GgmlType::F16 => GgmlType::F16,
             _ => GgmlType::F32,
         };
-        let mut data = Vec::new();
-        let mut row = vec![0f32; e as usize];
-        for o in 0..n_out as usize {
+        let projection = l.rows("mm.input_projection.weight", ty, (e, n_out), |o, row| {
             for (i, r) in row.iter_mut().enumerate() {
                 *r = v[i * n_out as usize + o];
             }
-            data.extend(quant::quantize_row(ty, &row));
-        }
-        let projection = Arc::new(Weight::upload(
-            gpu,
-            "mm.input_projection.weight",
-            ty,
-            e as usize,
-            n_out as usize,
-            &data,
-        )?);
-        l.gpu_bytes += projection.gpu_bytes();
+        })?;
         log::info!(
             "mmproj {}: {} encoder, {} layers of {e}, {} image tokens of {n_out}, {:.1} MiB on the device",
             f.path,
