@@ -239,6 +239,21 @@ def main():
     for which, name, body in bodies:
         put("server_request", name, bytes([which]) + json.dumps(body).encode())
 
+    # Images: the vision tests' PNGs, and the same kind of picture as BMP and PNM.
+    vision = os.path.join(ROOT, "..", "..", "tests", "data", "vision")
+    for name in sorted(os.listdir(vision)):
+        with open(os.path.join(vision, name), "rb") as f:
+            put("image", name, f.read())
+    w, h = 6, 4
+    pixels = bytes((x * 40 + y * 7 + c * 90) % 256 for y in range(h) for x in range(w) for c in range(3))
+    put("image", "gradient-6x4.ppm", b"P6\n%d %d\n255\n" % (w, h) + pixels)
+    row = (w * 3 + 3) // 4 * 4
+    bmp_rows = b"".join(
+        bytes(v for x in range(w) for v in reversed(pixels[(y * w + x) * 3:(y * w + x) * 3 + 3])) + bytes(row - w * 3)
+        for y in reversed(range(h)))
+    put("image", "gradient-6x4.bmp", b"BM" + struct.pack("<IHHI", 54 + len(bmp_rows), 0, 0, 54)
+        + struct.pack("<IiiHHIIiiII", 40, w, h, 1, 24, 0, len(bmp_rows), 2835, 2835, 0, 0) + bmp_rows)
+
     # State files read through real memories (K/V, sliding-window pair, recurrent, hybrid)
     # of the micro models above, on the host-only device: written by the library itself.
     subprocess.run(["cargo", "run", "--release", "--quiet", "--example", "memory_state_seeds", "--",

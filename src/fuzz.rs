@@ -30,6 +30,18 @@ fn split(data: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
+/// An image file's decoder and the preprocessing after it: the header checked, the
+/// pixels decoded (at most a megapixel here, so an input cannot ask for more than its
+/// share of memory), letterboxed into a small square and normalised.
+pub fn image(data: &[u8]) {
+    use crate::vision::{decode_image_within, letterbox, normalize_planar};
+    if let Ok(img) = decode_image_within(data, "fuzz input", 1 << 20) {
+        let square = letterbox(&img, 28);
+        let planes = normalize_planar(&square, [0.5; 3], [0.5; 3]);
+        assert_eq!(planes.len(), 3 * 28 * 28);
+    }
+}
+
 /// A GGUF file's reader, the hyperparameters and the tokenizer read from its metadata,
 /// then the whole model loaded and stepped on a device with no GPU behind it
 /// ([`host_model_step`]).

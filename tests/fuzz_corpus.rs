@@ -52,6 +52,7 @@ fn every_seed_and_finding_runs_through_its_target() {
     type Target<'a> = Box<dyn Fn(&[u8]) + 'a>;
     let targets: Vec<(&str, Target)> = vec![
         ("gguf", Box::new(wgllm::fuzz::gguf)),
+        ("image", Box::new(wgllm::fuzz::image)),
         ("tokenizer", Box::new(wgllm::fuzz::tokenizer)),
         ("chat_template", Box::new(wgllm::fuzz::chat_template)),
         ("grammar", Box::new(wgllm::fuzz::grammar)),
@@ -234,5 +235,22 @@ fn memory_state_seeds_load_through_every_memory() {
                 "no {how} seed for {m}: run scripts/fuzz-seeds.py"
             );
         }
+    }
+}
+
+/// The image seeds are images: each decodes (PNG, BMP, PNM), so the fuzzer starts from
+/// inputs the decoder takes.
+#[test]
+fn image_seeds_decode() {
+    let seeds = files("seeds", "image");
+    assert!(seeds.len() >= 5, "{seeds:?}");
+    for p in seeds {
+        let img =
+            wgllm::vision::decode_image(&std::fs::read(&p).unwrap(), &p.display().to_string())
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            img.pixels.len(),
+            3 * img.width as usize * img.height as usize
+        );
     }
 }

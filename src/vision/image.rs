@@ -35,6 +35,15 @@ impl RgbImage {
 /// the request"), refusing a header larger than [`MAX_IMAGE_SIDE`] or
 /// [`MAX_IMAGE_PIXELS`] before decoding.
 pub fn decode_image(bytes: &[u8], what: &str) -> Result<RgbImage, VisionError> {
+    decode_image_within(bytes, what, MAX_IMAGE_PIXELS)
+}
+
+/// [`decode_image`] accepting at most `max_pixels` (the fuzz target's smaller bound).
+pub fn decode_image_within(
+    bytes: &[u8],
+    what: &str,
+    max_pixels: u64,
+) -> Result<RgbImage, VisionError> {
     let err = |msg: String| VisionError::Image {
         what: what.to_string(),
         msg,
@@ -50,7 +59,7 @@ pub fn decode_image(bytes: &[u8], what: &str) -> Result<RgbImage, VisionError> {
     let (w, h) = reader
         .into_dimensions()
         .map_err(|e| err(format!("has a corrupt header: {e}")))?;
-    check_size(w, h).map_err(err)?;
+    check_size(w, h, max_pixels.min(MAX_IMAGE_PIXELS)).map_err(err)?;
     let mut reader = ::image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| err(format!("cannot be read: {e}")))?;
@@ -58,7 +67,7 @@ pub fn decode_image(bytes: &[u8], what: &str) -> Result<RgbImage, VisionError> {
     limits.max_image_width = Some(MAX_IMAGE_SIDE);
     limits.max_image_height = Some(MAX_IMAGE_SIDE);
     // The decoded image in its own format (up to 16-bit RGBA) and its RGB copy.
-    limits.max_alloc = Some(MAX_IMAGE_PIXELS * 8 + MAX_IMAGE_PIXELS * 3);
+    limits.max_alloc = Some(max_pixels * 8 + max_pixels * 3);
     reader.limits(limits);
     let img = reader
         .decode()
@@ -72,14 +81,14 @@ pub fn decode_image(bytes: &[u8], what: &str) -> Result<RgbImage, VisionError> {
 }
 
 /// Refuses an empty image or one past the limits, with its size.
-fn check_size(w: u32, h: u32) -> Result<(), String> {
+fn check_size(w: u32, h: u32, max_pixels: u64) -> Result<(), String> {
     if w == 0 || h == 0 {
         return Err(format!("is empty ({w}x{h} pixels)"));
     }
-    if w > MAX_IMAGE_SIDE || h > MAX_IMAGE_SIDE || w as u64 * h as u64 > MAX_IMAGE_PIXELS {
+    if w > MAX_IMAGE_SIDE || h > MAX_IMAGE_SIDE || w as u64 * h as u64 > max_pixels {
         return Err(format!(
-            "is {w}x{h} pixels: more than wgllm accepts ({MAX_IMAGE_SIDE} a side, {} megapixels); scale it down first",
-            MAX_IMAGE_PIXELS >> 20
+            "is {w}x{h} pixels: more than wgllm accepts ({MAX_IMAGE_SIDE} a side, {:.1} megapixels); scale it down first",
+            max_pixels as f64 / (1 << 20) as f64
         ));
     }
     Ok(())
@@ -127,7 +136,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("is not an image"), "{e}");
-        assert!(check_size(MAX_IMAGE_SIDE + 1, 1).is_err());
-        assert!(check_size(0, 5).is_err());
+        assert!(check_size(MAX_IMAGE_SIDE + 1, 1, MAX_IMAGE_PIXELS).is_err());
+        assert!(check_size(0, 5, MAX_IMAGE_PIXELS).is_err());
+        assert!(check_size(2000, 2000, 1 << 20).is_err());
     }
 }

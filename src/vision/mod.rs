@@ -22,7 +22,7 @@ mod prompt;
 pub mod reference;
 
 pub use encoder::VisionEncoder;
-pub use image::{decode_image, RgbImage, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
+pub use image::{decode_image, decode_image_within, RgbImage, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
 pub use mmproj::{ClipHparams, Projector, VisionWeights};
 pub use preprocess::{letterbox, normalize_planar, resize_bilinear};
 pub use prompt::{tokenize_with_images, PromptChunk, MEDIA_MARKER};
