@@ -71,7 +71,7 @@ fn gemma3_embeddings_match_llamacpp() {
         assert_eq!((enc.n_tokens(), enc.n_embd_out()), (16, 256));
         for img_name in IMAGES {
             let pixels = enc.preprocess(&image(img_name));
-            let got = enc.encode_pixels(&pixels).unwrap();
+            let got = pollster::block_on(enc.encode_pixels(&pixels)).unwrap();
             let (n, w, want) = dumped(&data(&format!("reference/vision/gemma3-{img_name}.bin")));
             assert_eq!((n, w), (16, 256), "{img_name}: the recording's shape");
             let exact = refs.entry(img_name).or_insert_with(|| {
@@ -131,9 +131,9 @@ fn image_embed_writes_llamacpps_dump() {
     assert_ne!(code, 0);
     assert!(err.contains("is not an image"), "{err}");
     // The image flags stay refused, with the reason, where no image can go yet.
-    let (code, _, err) = common::wgllm(&["run", "-m", "x.gguf", "--mmproj", "p.gguf"]);
+    let (code, _, err) = common::wgllm(&["perplexity", "-m", "x.gguf", "--mmproj", "p.gguf"]);
     assert_ne!(code, 0);
-    assert!(err.contains("image-embed"), "{err}");
+    assert!(err.contains("wgllm run"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -210,7 +210,7 @@ fn gemma3_reads_an_image_as_llamacpp() {
     use wgllm::context::{Batch, Context, ContextParams};
     use wgllm::model::Model;
     use wgllm::tokenizer::Tokenizer;
-    use wgllm::vision::{tokenize_with_images, Projector, PromptChunk};
+    use wgllm::vision::{tokenize_with_images, Projector, PromptChunk, MEDIA_MARKER};
 
     let dir = common::scratch_dir("vision-gemma3-270m");
     let lm_path = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
@@ -274,7 +274,8 @@ fn gemma3_reads_an_image_as_llamacpp() {
             .unwrap(),
         )
         .unwrap();
-        let chunks = tokenize_with_images(&tok, COUNT_PROMPT, Projector::Gemma3, 1).unwrap();
+        let chunks =
+            tokenize_with_images(&tok, COUNT_PROMPT, MEDIA_MARKER, Projector::Gemma3, 1).unwrap();
         let recorded: Vec<PromptChunk> = (r["chunks"].as_array().unwrap().iter())
             .map(|c| match c.get("text") {
                 Some(t) => PromptChunk::Text(
@@ -456,5 +457,260 @@ fn embedding_rows_decode_as_their_tokens() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("takes token ids only"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The synthetic mmproj llama.cpp ran with Gemma-3-270M, written into `dir`.
+fn mmproj_270m(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("mmproj-270m.gguf");
+    synth_mmproj_gemma3(MmprojShape::tiny(), 640, GgmlType::F32)
+        .write(&path)
+        .unwrap();
+    let sha = format!("{:x}", Sha256::digest(std::fs::read(&path).unwrap()));
+    assert_eq!(sha, MMPROJ_270M_SHA256, "not the mmproj llama.cpp ran");
+    path
+}
+
+/// `wgllm run --mmproj --image` renders the prompt as llama-mtmd-cli does (the chat
+/// template, the image's marker before the text) and continues it with llama.cpp's greedy
+/// tokens (the square image's 16, every one with a margin of 0.7 or more); `wgllm chat`
+/// with `/image` says the same. Refused: an image without an mmproj, an mmproj made for
+/// another model's width (with both widths), an image that is not one.
+#[test]
+fn run_and_chat_read_an_image_as_llamacpp() {
+    let dir = common::scratch_dir("vision-run");
+    let lm = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
+    let (lm, mm) = (lm.to_str().unwrap(), mmproj_270m(&dir));
+    let mm = mm.to_str().unwrap();
+    let img = data("vision/square-224.png");
+    let img = img.to_str().unwrap();
+    let r: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(data("reference/vision/gemma3-270m-square-224.json")).unwrap(),
+    )
+    .unwrap();
+    let want: String = (r["pieces"].as_array().unwrap().iter())
+        .take(16)
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    let question = "Count from one to twenty, in words.";
+    let (code, out, err) = common::wgllm(&[
+        "run", "-m", lm, "--mmproj", mm, "--image", img, "-p", question, "-n", "16", "--temp", "0",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, format!("{want}\n"), "run --image: {err}");
+    let (code, out, err) = common::wgllm_with_stdin(
+        &["chat", "-m", lm, "--mmproj", mm, "-n", "16", "--temp", "0"],
+        &format!("/image {img}\n{question}\n"),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&want), "chat /image: {out:?} {err}");
+    // Refusals, each with what to do.
+    let (code, _, err) = common::wgllm(&["run", "-m", lm, "--image", img, "-p", "hi"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--mmproj"), "{err}");
+    let narrow = mmproj(&dir);
+    let (code, _, err) = common::wgllm(&[
+        "run",
+        "-m",
+        lm,
+        "--mmproj",
+        narrow.to_str().unwrap(),
+        "--image",
+        img,
+        "-p",
+        "hi",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("256") && err.contains("640"), "{err}");
+    let (code, _, err) =
+        common::wgllm(&["run", "-m", lm, "--mmproj", mm, "--image", mm, "-p", "hi"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is not an image"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An engine over the tiny Gemma 3 (or a one-layer tiny llama) with a tiny mmproj for
+/// its width (16 tokens an image), one sequence of `n_ctx` cells, sampling on the host.
+fn tiny_vision_engine(dir: &std::path::Path, n_ctx: u32, one_layer: bool) -> wgllm::engine::Engine {
+    let gpu = common::gpus().next().unwrap().1.clone();
+    let (model, tok) = match one_layer {
+        false => common::tiny_gemma3_parts(gpu, 4096),
+        true => {
+            use wgllm::model::synth::{synth_llama, SynthShape};
+            let shape = SynthShape {
+                n_layer: 1,
+                ..common::TINY
+            };
+            let w = synth_llama(shape, GgmlType::F32, common::tiny_vocab(), 256, 0.5, false);
+            common::load_synth(gpu, w)
+        }
+    };
+    let opts = wgllm::engine::EngineOptions {
+        n_ctx,
+        n_batch: 64,
+        n_ubatch: 64,
+        n_seq_max: 1,
+        sampling: wgllm::engine::SamplingPath::Cpu,
+        decode_ahead: false,
+        ..Default::default()
+    };
+    let mut e = wgllm::engine::Engine::new(model, tok, &opts).unwrap();
+    let mm = dir.join("mmproj-tiny64.gguf");
+    synth_mmproj_gemma3(MmprojShape::tiny(), 64, GgmlType::F32)
+        .write(&mm)
+        .unwrap();
+    e.attach_vision(mm.to_str().unwrap()).unwrap();
+    e
+}
+
+/// Runs `prompt` on the engine's session 0 for `n_predict` tokens (greedy, end of
+/// generation banned); returns the tokens reused from the cache, the context shifts
+/// (n_keep, n_discard) and, after the step of the first shift, the session's logits and
+/// the tokens its cache then holds.
+#[allow(clippy::type_complexity)]
+fn run_media(
+    e: &mut wgllm::engine::Engine,
+    prompt: &wgllm::engine::MediaPrompt,
+    n_predict: i32,
+    keep: i32,
+) -> (
+    usize,
+    Vec<(i32, i32)>,
+    Option<(Vec<f32>, Vec<u32>)>,
+    Vec<f32>,
+) {
+    use wgllm::engine::{Event, SessionParams};
+    let mut sampling = wgllm::sample::SamplerParams::greedy();
+    sampling.banned = e.tokenizer.eog_tokens().collect();
+    let params = SessionParams {
+        sampling,
+        n_predict,
+        shift: wgllm::engine::ShiftPolicy {
+            keep,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    if e.sessions().next().is_none() {
+        e.open_session(params.clone()).unwrap();
+    }
+    let cached = e
+        .start_request_media(0, params, &prompt.tokens, &prompt.images, true)
+        .unwrap();
+    let (mut shifts, mut first) = (Vec::new(), None);
+    while e.session(0).unwrap().is_busy() {
+        let mut shifted = false;
+        for ev in e.step().unwrap() {
+            match ev {
+                Event::ContextShifted {
+                    n_keep, n_discard, ..
+                } => {
+                    shifts.push((n_keep, n_discard));
+                    shifted = true;
+                }
+                Event::Error { error, .. } => panic!("{error}"),
+                _ => {}
+            }
+        }
+        if shifted && first.is_none() {
+            let s = e.session(0).unwrap();
+            let (k, d) = shifts[0];
+            let h = s.history();
+            let held: Vec<u32> = (h[..k as usize].iter())
+                .chain(&h[(k + d) as usize..])
+                .copied()
+                .collect();
+            first = Some((s.logits().unwrap().to_vec(), held));
+        }
+    }
+    let last = e.session(0).unwrap().logits().unwrap_or(&[]).to_vec();
+    (cached, shifts, first, last)
+}
+
+/// The cache holds images whole, and reuses them by content:
+/// - a request whose prompt holds the same image in the same place reuses its cells (and
+///   gives the logits a fresh engine gives); another image there stops the reuse at the
+///   image's start;
+/// - a context shift whose discarded half ends inside an image drops the image whole,
+///   and one whose kept prefix ends inside an image keeps it whole; after either, the
+///   logits equal a fresh engine's on the tokens (and images) the cache holds. That
+///   holds for a model of one layer, whose cells depend on their own token (or image
+///   row) and position only; a deeper model's kept cells remember what was dropped.
+#[test]
+fn images_stay_whole_in_the_cache_and_are_reused_by_content() {
+    use std::sync::Arc;
+    use wgllm::engine::{MediaPrompt, PreparedImage};
+    let dir = common::scratch_dir("vision-cache");
+    let mut e = tiny_vision_engine(&dir, 64, false);
+    let prep = e.image_prep().unwrap();
+    let square = PreparedImage::new(&prep, &image("square-224"));
+    let wide = PreparedImage::new(&prep, &image("wide-300x180"));
+    let prompt = |pre: &[u32], img: &Arc<PreparedImage>, post: &[u32]| {
+        let mut tokens = pre.to_vec();
+        tokens.extend(img.tokens());
+        tokens.extend_from_slice(post);
+        MediaPrompt {
+            tokens,
+            images: vec![img.clone()],
+        }
+    };
+    let fresh = |p: &MediaPrompt, one_layer: bool| {
+        let mut f = tiny_vision_engine(&dir, 64, one_layer);
+        run_media(&mut f, p, 0, 0).3
+    };
+    let text: Vec<u32> = (10..30).collect();
+    let n_img = square.n_tokens as usize;
+    assert_eq!(n_img, 16);
+
+    // Reuse by content.
+    let a = prompt(&text[..10], &square, &[40, 41, 42]);
+    let (cached, _, _, _) = run_media(&mut e, &a, 0, 0);
+    assert_eq!(cached, 0);
+    let b = prompt(&text[..10], &square, &[40, 41, 43, 44]);
+    let (cached, _, _, logits) = run_media(&mut e, &b, 0, 0);
+    assert_eq!(
+        cached,
+        10 + n_img + 2,
+        "the same image in the same place is reused"
+    );
+    let err = common::nmse(&logits, &fresh(&b, false));
+    assert!(
+        err < 1e-8,
+        "logits over reused image cells: {err:e} from a fresh run"
+    );
+    eprintln!("reused image cells: {err:e} from a fresh run");
+    let c = prompt(&text[..10], &wide, &[40, 41, 43, 44]);
+    let (cached, _, _, _) = run_media(&mut e, &c, 0, 0);
+    assert_eq!(cached, 10, "another image stops the reuse at its start");
+
+    // A shift whose discarded half ends inside the image: 20 tokens, the image at
+    // [20, 36), 4 tokens; the first shift at 63 cells would drop [b, b + 31).
+    let mut e = tiny_vision_engine(&dir, 64, true);
+    let b0 = e.tokenizer.add_bos() as i32;
+    let p = prompt(&text, &square, &[40, 41, 42, 43]);
+    let (_, shifts, first, _) = run_media(&mut e, &p, 30, 0);
+    let (n_keep, n_discard) = shifts[0];
+    assert_eq!((n_keep, n_discard), (b0, 36 - b0), "the image goes whole");
+    let (logits, held) = first.unwrap();
+    assert!(!held.iter().any(|&t| wgllm::engine::is_image_token(t)));
+    let err = common::nmse(&logits, &fresh(&MediaPrompt::text(held), true));
+    assert!(err < 1e-5, "after the shift: {err:e} from a fresh run");
+    eprintln!("image dropped whole by a shift: {err:e} from a fresh run");
+
+    // A kept prefix that ends inside the image keeps all of it.
+    let mut e = tiny_vision_engine(&dir, 64, true);
+    let p = prompt(&text, &square, &[40, 41, 42, 43]);
+    let (_, shifts, first, _) = run_media(&mut e, &p, 30, 24);
+    let (n_keep, _) = shifts[0];
+    assert_eq!(n_keep, 36, "the kept prefix takes the whole image");
+    assert_eq!(e.session(0).unwrap().shift().images, vec![(20, 36)]);
+    let (logits, held) = first.unwrap();
+    let held = MediaPrompt {
+        tokens: held,
+        images: vec![square.clone()],
+    };
+    let err = common::nmse(&logits, &fresh(&held, true));
+    assert!(err < 1e-5, "after the shift: {err:e} from a fresh run");
+    eprintln!("image kept whole by a shift: {err:e} from a fresh run");
     let _ = std::fs::remove_dir_all(&dir);
 }

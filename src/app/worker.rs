@@ -356,6 +356,7 @@ impl Worker {
         let key = service.submit_to(
             Request {
                 prompt,
+                images: Vec::new(),
                 params: c.params.clone(),
                 cache_prompt: true,
                 slot: Some(chat),

@@ -1,14 +1,17 @@
 //! `wgllm chat`: an interactive conversation rendered with the model's chat template, on
 //! the engine service (each turn decodes only what the slot's cache does not hold yet).
 
+use super::media::{prepare_file, with_markers};
 use super::run::{SamplingArgs, ShiftArgs};
 use super::{load_engine, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
+use std::sync::Arc;
 use wgllm::engine::service::{EngineService, Request, RequestError, RequestEvent, StopReason};
-use wgllm::engine::{SessionParams, Timings};
+use wgllm::engine::{MediaPrompt, PreparedImage, SessionParams, Timings};
 use wgllm::tokenizer::ChatMessage;
+use wgllm::vision::MEDIA_MARKER;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -26,15 +29,24 @@ pub struct ChatArgs {
     pub shift: ShiftArgs,
     #[command(flatten)]
     pub spec: super::speculative::SpecArgs,
+    /// The vision encoder and images for the first message; `/image PATH` adds one later.
+    #[command(flatten)]
+    pub media: super::media::MediaArgs,
 }
 
 pub fn chat(a: &ChatArgs) -> Result<()> {
     let policy = a.shift.policy()?;
     a.spec.speculation()?;
+    a.media.check()?;
     let mut opts = a.model.options()?;
     opts.swa_keep = a.shift.swa_keep();
     let mut engine = load_engine(&a.model, &opts)?;
     a.spec.attach(&mut engine)?;
+    a.media.attach(&mut engine)?;
+    // Images wait for the next message, which gets their markers (llama-mtmd-cli's
+    // `/image` does the same); the conversation keeps every image it was given.
+    let mut waiting = a.media.prepare(&engine)?;
+    let mut images: Vec<Arc<PreparedImage>> = Vec::new();
     if engine.tokenizer.chat_template().is_none() {
         log::warn!("the model has no chat template; using ChatML, as llama.cpp does");
     }
@@ -57,7 +69,13 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         .collect();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    eprintln!("chatting with {name} — type a message, Ctrl-D to quit");
+    let prep = service.image_prep().cloned();
+    match prep {
+        Some(_) => eprintln!(
+            "chatting with {name} — type a message, /image PATH to add an image, Ctrl-D to quit"
+        ),
+        None => eprintln!("chatting with {name} — type a message, Ctrl-D to quit"),
+    }
     let mut timings = Timings::default();
     loop {
         write!(out, "> ")?;
@@ -71,10 +89,43 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
         if line.is_empty() {
             continue;
         }
-        messages.push(ChatMessage::new("user", line));
-        let prompt = tok.encode(&tok.apply_chat_template(&messages, true)?, true, true);
+        if let Some(path) = image_command(line) {
+            match &prep {
+                None => eprintln!(
+                    "no vision encoder is loaded: restart with --mmproj FILE to chat about images"
+                ),
+                Some(prep) => match prepare_file(prep, std::path::Path::new(path)) {
+                    Ok(img) => {
+                        waiting.push(img);
+                        eprintln!("{path} loaded; it goes with your next message");
+                    }
+                    Err(e) => eprintln!("{e:#}"),
+                },
+            }
+            continue;
+        }
+        let content = with_markers(line, waiting.len());
+        messages.push(ChatMessage::new("user", content));
+        let rendered = tok.apply_chat_template(&messages, true)?;
+        let turn_images: Vec<Arc<PreparedImage>> = images.iter().chain(&waiting).cloned().collect();
+        let prompt = match &prep {
+            Some(prep) if !turn_images.is_empty() => {
+                match MediaPrompt::build(tok, prep, &rendered, MEDIA_MARKER, &turn_images, true) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        messages.pop();
+                        continue;
+                    }
+                }
+            }
+            _ => MediaPrompt::text(tok.encode(&rendered, true, true)),
+        };
+        images = turn_images;
+        waiting.clear();
         let mut ticket = service.submit(Request {
-            prompt,
+            prompt: prompt.tokens,
+            images: prompt.images,
             params: params.clone(),
             cache_prompt: true,
             slot: Some(0),
@@ -109,4 +160,11 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
     timings.load = load_time;
     eprintln!("{}", timings.report());
     Ok(())
+}
+
+/// The path of a `/image PATH` line (llama-mtmd-cli's chat command).
+fn image_command(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("/image")?;
+    let path = rest.strip_prefix(' ')?.trim();
+    (!path.is_empty()).then_some(path)
 }

@@ -35,7 +35,7 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--spec-draft-device", "--devd", "--device-draft"], "the draft model runs on the target's GPU"),
     (&["--spec-synth-len"], "a synthetic acceptance length is not built: give the per-position rates with --spec-synth-rates"),
     (&["--control-vector", "--control-vector-scaled"], "control vectors are not supported (LoRA adapters are: --lora, --lora-scaled)"),
-    (&["--mmproj", "--image"], "images do not reach a language model yet (run, chat and serve read text only); `wgllm image-embed --mmproj FILE --image FILE` runs the vision encoder alone"),
+    (&["--mmproj", "--image"], "images are read by `wgllm run`, `wgllm chat`, `wgllm serve` and `wgllm image-embed`; this command reads text only"),
     (&["--model-url", "--mu"], "wgllm takes local GGUF files (-m) and Hugging Face repositories (-hf ORG/NAME[:QUANT]); download the file and pass it with -m"),
     (&["--conversation", "--cnv", "--interactive", "-i", "--interactive-first", "-if"], "conversations are the `wgllm chat` command"),
     (&["--tools", "--tools-runtime", "--ui-mcp-proxy", "--webui-mcp-proxy"], "llama-server's web UI agent side (built-in tools that read files and run commands, and the MCP CORS proxy) is not built; tool calls through the chat API (`tools` in a request) work without it"),
@@ -45,8 +45,11 @@ const REFUSED: &[(&[&str], &str)] = &[
 /// The error for an argument llama.cpp accepts but wgllm cannot honour, if `args` holds
 /// one (after the `--` forms of [`llama_style_flag`]).
 pub fn refused(args: &[std::ffi::OsString]) -> Option<String> {
-    // The vision encoder's own command takes llama.cpp's image flags.
-    let images_taken = args.get(1).and_then(|a| a.to_str()) == Some("image-embed");
+    // The commands that take llama.cpp's image flags.
+    let images_taken = matches!(
+        args.get(1).and_then(|a| a.to_str()),
+        Some("image-embed" | "run" | "chat" | "serve")
+    );
     for a in args.iter().skip(1) {
         let Some(a) = a.to_str() else { continue };
         if a == "--" {

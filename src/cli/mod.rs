@@ -12,6 +12,7 @@ pub mod hub;
 pub mod image_embed;
 pub mod info;
 pub mod kernels;
+pub mod media;
 pub mod perplexity;
 pub mod run;
 pub mod runtime_dir;

@@ -51,6 +51,8 @@ pub struct RunArgs {
     /// Accepted for compatibility: `run` never enters conversation mode.
     #[arg(long = "no-conversation", visible_alias = "no-cnv")]
     pub no_conversation: bool,
+    #[command(flatten)]
+    pub media: super::media::MediaArgs,
 }
 
 /// What happens when the context fills: llama.cpp's flags.
@@ -122,15 +124,25 @@ pub fn run(a: &RunArgs) -> Result<()> {
     // Checked before loading anything.
     params.validate()?;
     a.spec.speculation()?;
+    a.media.check()?;
+    let with_images = !a.media.images.is_empty();
+    if with_images && a.prompt_cache.is_some() {
+        bail!("--prompt-cache is not taken with --image: a prompt-cache file records token ids, and an image's cells would be matched by a hash the file cannot check against the mmproj");
+    }
     let mut opts = a.model.options()?;
     opts.swa_keep = a.shift.swa_keep();
     let mut engine = load_engine(&a.model, &opts)?;
     a.spec.attach(&mut engine)?;
+    a.media.attach(&mut engine)?;
     params.sampling = a.sampling.params(&engine)?;
+    let images = a.media.prepare(&engine)?;
     let id = engine.open_session(params)?;
     // With a system prompt the prompt is the first user turn of a chat (as llama-cli
-    // does with -sys); otherwise it is raw text.
+    // does with -sys); with images too (as llama-mtmd-cli does, each image's marker
+    // before the text unless the prompt places them); otherwise it is raw text.
+    let text = super::media::with_markers(&prompt, images.len());
     let n = match &a.system {
+        _ if with_images => engine.chat_media(id, a.system.as_deref(), &text, &images)?,
         Some(sys) => engine.chat_with_system(id, Some(sys), &prompt)?,
         None => engine.prompt_text(id, &prompt)?,
     };
@@ -139,7 +151,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         engine.session(id)?.sampler_seed()
     );
     let mut stdout = std::io::stdout().lock();
-    if !a.no_display_prompt && a.system.is_none() {
+    if !a.no_display_prompt && a.system.is_none() && !with_images {
         write!(stdout, "{prompt}")?;
         stdout.flush()?;
     }

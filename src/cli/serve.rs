@@ -63,6 +63,13 @@ pub struct ServeArgs {
     /// of prefix, suffix, middle.
     #[arg(long = "spm-infill")]
     pub spm_infill: bool,
+    /// The model's vision encoder (an mmproj GGUF): requests may then carry images
+    /// (`image_url` parts, Anthropic image blocks, `/completion`'s `multimodal_data`).
+    #[arg(long = "mmproj", visible_alias = "mm")]
+    pub mmproj: Option<PathBuf>,
+    /// A directory `file://` image URLs in requests may read from (none: refused).
+    #[arg(long = "media-path")]
+    pub media_path: Option<PathBuf>,
     /// Load the --lora adapters with scale 0: set them later with POST /lora-adapters
     /// or a request's `lora` (today's llama-server applies them at their scales anyway).
     #[arg(long = "lora-init-without-apply")]
@@ -223,6 +230,15 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     if a.spec.speculation()?.is_some() && embeddings {
         bail!("speculative decoding (-md, --spec-type) speeds up generation, and an --embeddings server generates nothing: leave one out");
     }
+    if a.mmproj.is_some() && embeddings {
+        bail!("--mmproj with --embeddings: images in embeddings inputs are not built; serve images from a generating server (without --embeddings)");
+    }
+    if let Some(p) = a.mmproj.as_ref().filter(|p| !p.exists()) {
+        bail!("mmproj file {} does not exist", p.display());
+    }
+    if let Some(d) = a.media_path.as_ref().filter(|d| !d.is_dir()) {
+        bail!("--media-path {} is not a directory", d.display());
+    }
     if a.pooling.is_some() && !embeddings {
         bail!("--pooling applies to an embeddings server: add --embeddings");
     }
@@ -249,6 +265,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         slots: !a.no_slots,
         pooling,
         spm_infill: a.spm_infill,
+        media_path: a.media_path.clone(),
         n_batch: a.model.batch_size,
         slot_save_path: a.slot_save_path.clone(),
         defaults: Defaults {
@@ -291,9 +308,13 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     eopts.embeddings = embeddings;
     eopts.reranking = pooling == wgllm::engine::Pooling::Rank;
     let spec = a.spec.clone();
+    let mmproj = a.mmproj.clone();
     let load = move || {
         let mut e = load_engine(&model, &eopts)?;
         spec.attach(&mut e)?;
+        if let Some(p) = &mmproj {
+            e.attach_vision(&p.display().to_string())?;
+        }
         if let Some(t) = &chat_template {
             e.tokenizer.set_chat_template(t);
         }

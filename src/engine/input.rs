@@ -1,7 +1,9 @@
 //! A session's input: the checks on its first tokens, `--keep`, and the reuse of
 //! cached prefixes (cells the sequence still holds, or a prompt-cache file).
 
-use super::{Engine, EngineError, Phase, SessionId, SessionParams, Utf8Stream};
+use super::media::{image_runs, image_token, is_image_token, whole_images};
+use super::{Engine, EngineError, Phase, PreparedImage, SessionId, SessionParams, Utf8Stream};
+use std::sync::Arc;
 
 impl Engine {
     /// Queues input for a session: checks, `--keep` resolution and prompt-cache reuse on
@@ -12,7 +14,18 @@ impl Engine {
         tokens: &[u32],
         generate: bool,
     ) -> Result<(), EngineError> {
-        self.input_reusing(id, tokens, generate, None)
+        self.input_reusing(id, tokens, &[], generate, None)
+    }
+
+    /// [`Engine::input`] of a prompt with images (their placeholders in `tokens`).
+    pub(super) fn input_media(
+        &mut self,
+        id: SessionId,
+        tokens: &[u32],
+        images: &[Arc<PreparedImage>],
+        generate: bool,
+    ) -> Result<(), EngineError> {
+        self.input_reusing(id, tokens, images, generate, None)
     }
 
     /// Starts a request on idle session `id`: a fresh session with `params` whose input
@@ -26,6 +39,21 @@ impl Engine {
         id: SessionId,
         params: SessionParams,
         tokens: &[u32],
+        cache_prompt: bool,
+    ) -> Result<usize, EngineError> {
+        self.start_request_media(id, params, tokens, &[], cache_prompt)
+    }
+
+    /// [`Engine::start_request`] of a prompt with images: `tokens` holds their
+    /// placeholders (see [`super::MediaPrompt`]), `images` the images in order. A prefix
+    /// reused from the cache ends before any image it would cut, and takes an image only
+    /// where the same image (by hash) sits at the same place.
+    pub fn start_request_media(
+        &mut self,
+        id: SessionId,
+        params: SessionParams,
+        tokens: &[u32],
+        images: &[Arc<PreparedImage>],
         cache_prompt: bool,
     ) -> Result<usize, EngineError> {
         let s = self.session(id)?;
@@ -50,7 +78,7 @@ impl Engine {
             false => Vec::new(),
         };
         self.sessions[id as usize] = Some(session);
-        self.input_reusing(id, tokens, true, Some(&kept))?;
+        self.input_reusing(id, tokens, images, true, Some(&kept))?;
         Ok(self.session(id)?.history.len())
     }
 
@@ -60,6 +88,7 @@ impl Engine {
         &mut self,
         id: SessionId,
         tokens: &[u32],
+        images: &[Arc<PreparedImage>],
         generate: bool,
         kept: Option<&[u32]>,
     ) -> Result<(), EngineError> {
@@ -73,11 +102,15 @@ impl Engine {
             return Err(EngineError::EmptyPrompt);
         }
         let n_vocab = self.model.hp.n_vocab;
-        if let Some(&bad) = tokens.iter().find(|&&t| t >= n_vocab) {
+        let bad = |&&t: &&u32| t >= n_vocab && !is_image_token(t);
+        if let Some(&bad) = tokens.iter().find(bad) {
             return Err(EngineError::Options(format!(
                 "token id {bad} is out of the vocabulary (0..{n_vocab})"
             )));
         }
+        let runs = image_runs(tokens);
+        self.check_images(tokens, &runs, images)?;
+        let s = self.session(id)?;
         let first = s.history.is_empty();
         let mut reuse = 0;
         if first {
@@ -111,6 +144,18 @@ impl Engine {
         s.history.extend_from_slice(&tokens[..reuse]);
         s.shift.n_past += reuse as i32;
         s.pending = tokens[reuse..].iter().copied().collect();
+        // The images the reused prefix holds are in the cache already (whole: the prefix
+        // never ends inside one); the span of each is recorded for context shifts.
+        s.images.clear();
+        let base = s.shift.n_past as usize - reuse;
+        for (&(start, n), img) in runs.iter().zip(images) {
+            if start < reuse {
+                let p0 = (base + start) as i32;
+                s.shift.images.push((p0, p0 + n as i32));
+            } else {
+                s.images.push_back(img.clone());
+            }
+        }
         s.input_total = s.pending.len();
         s.input_done = 0;
         s.then_generate = generate;
@@ -126,6 +171,48 @@ impl Engine {
         Ok(())
     }
 
+    /// Refuses images that do not match their placeholders in `tokens` (`runs`), an
+    /// engine without an encoder, and images a batch cannot hold whole.
+    fn check_images(
+        &self,
+        tokens: &[u32],
+        runs: &[(usize, usize)],
+        images: &[Arc<PreparedImage>],
+    ) -> Result<(), EngineError> {
+        if runs.is_empty() && images.is_empty() {
+            return Ok(());
+        }
+        let Some(prep) = self.image_prep() else {
+            return Err(EngineError::NoVision);
+        };
+        let matches = runs.len() == images.len()
+            && runs.iter().zip(images).all(|(&(start, n), img)| {
+                n == img.n_tokens as usize && tokens[start] == image_token(img.hash, 0)
+            });
+        if !matches {
+            return Err(EngineError::Options(format!(
+                "the prompt holds {} image(s) and {} were given, or their places do not match them (build prompts with images through MediaPrompt)",
+                runs.len(),
+                images.len()
+            )));
+        }
+        let p = &self.ctx.params;
+        let n = prep.n_tokens;
+        // An image is decoded in one batch, and in one ubatch where its tokens see each
+        // other.
+        let limit = match prep.projector.non_causal() {
+            true => p.n_batch.min(p.n_ubatch),
+            false => p.n_batch,
+        };
+        if n > limit {
+            return Err(EngineError::Options(format!(
+                "an image takes {n} tokens, more than a batch holds (-b {}, -ub {}): raise -b and -ub to at least {n}",
+                p.n_batch, p.n_ubatch
+            )));
+        }
+        Ok(())
+    }
+
     /// Keeps the cells of the prefix `prompt` shares with `kept` (what sequence `id`
     /// holds) and drops the rest; returns how many prompt tokens need no decoding.
     pub(super) fn reuse_cells(
@@ -135,7 +222,7 @@ impl Engine {
         prompt: &[u32],
     ) -> Result<usize, EngineError> {
         let same = kept.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        let mut reuse = same.min(prompt.len() - 1);
+        let mut reuse = whole_images(prompt, same.min(prompt.len() - 1));
         if reuse > 0 && !self.ctx.can_resume(id, reuse as i32) {
             log::debug!("session {id}: the cache no longer holds the state at token {reuse} (a sliding window dropped its start, or a recurrent state holds only its end); reprocessing the prompt");
             reuse = 0;
@@ -167,7 +254,7 @@ impl Engine {
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
-        let mut reuse = same.min(prompt.len() - 1);
+        let mut reuse = whole_images(prompt, same.min(prompt.len() - 1));
         let lora = &self.session(id)?.lora;
         if saved.lora.as_ref().is_some_and(|saved| saved != lora) {
             log::info!(

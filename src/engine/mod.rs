@@ -20,6 +20,7 @@ mod embed;
 mod host_cache;
 mod input;
 mod load;
+mod media;
 mod ngram;
 mod options;
 #[cfg(target_arch = "wasm32")]
@@ -41,6 +42,7 @@ pub use chat::Conversation;
 pub use embed::{normalize, pool, Pooling};
 pub use host_cache::HostCache;
 pub use load::LoadProgress;
+pub use media::{image_token, is_image_token, whole_images, MediaPrompt, PreparedImage};
 pub use ngram::{ngram_draft, NgramParams};
 pub use options::{EngineOptions, LoraSpec, SamplingPath, SplitSpec};
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};
@@ -98,6 +100,12 @@ pub enum EngineError {
     PromptCache(String),
     #[error(transparent)]
     Grammar(#[from] GrammarError),
+    #[error(transparent)]
+    Vision(#[from] crate::vision::VisionError),
+    /// A prompt with images for an engine without a vision encoder (llama-server's
+    /// refusal).
+    #[error("image input is not supported by this model: load an mmproj file with --mmproj (or -hf a repository that has one)")]
+    NoVision,
 }
 
 /// A loaded model with one context and the sessions using it.
@@ -137,6 +145,8 @@ pub struct Engine {
     drafter: Option<speculate::Drafter>,
     /// The LoRA scales new sessions take when their params give none.
     lora_default: crate::model::lora::LoraScales,
+    /// The vision encoder images in prompts go through (`--mmproj`).
+    vision: Option<Arc<crate::vision::VisionEncoder>>,
 }
 
 impl Engine {
@@ -203,7 +213,41 @@ impl Engine {
             last_read: None,
             drafter: None,
             lora_default,
+            vision: None,
         })
+    }
+
+    /// Loads the mmproj file at `path` as the vision encoder of this engine's prompts, on
+    /// the model's main device; refuses one whose embeddings are not as wide as the
+    /// model's input, or a model that reads no input rows.
+    pub fn attach_vision(&mut self, path: &str) -> Result<(), EngineError> {
+        let n_embd = self.model.hp.n_embd;
+        let rows = crate::graph::GraphInput::Embd(n_embd);
+        if !self.model.inputs().contains(&rows) {
+            return Err(EngineError::Options(format!(
+                "{path}: a {:?} model takes token ids only, no image embeddings",
+                self.model.hp.arch
+            )));
+        }
+        let enc = crate::vision::VisionEncoder::load(self.model.gpu.clone(), path)?;
+        if enc.n_embd_out() != n_embd {
+            return Err(EngineError::Options(format!(
+                "{path}: the mmproj's embeddings are {} wide and the model's input is {n_embd}: this mmproj belongs to another model",
+                enc.n_embd_out()
+            )));
+        }
+        log::info!(
+            "vision encoder {path}: projector {}, {} tokens per image",
+            enc.hp.projector.name(),
+            enc.n_tokens()
+        );
+        self.vision = Some(Arc::new(enc));
+        Ok(())
+    }
+
+    /// How images are prepared for this engine's encoder; `None` without `--mmproj`.
+    pub fn image_prep(&self) -> Option<Arc<crate::vision::ImagePrep>> {
+        self.vision.as_ref().map(|v| v.prep.clone())
     }
 
     /// Whether generated tokens are drawn on the GPU where a session's chain allows.
@@ -435,6 +479,40 @@ impl Engine {
         let tokens = tok.encode(&text, first, true);
         self.input(id, &tokens, true)?;
         Ok(tokens.len())
+    }
+
+    /// Queues a prompt with images for `id` (see [`MediaPrompt`]), which then generates.
+    pub fn prompt_media(&mut self, id: SessionId, prompt: &MediaPrompt) -> Result<(), EngineError> {
+        self.input_media(id, &prompt.tokens, &prompt.images, true)
+    }
+
+    /// [`Engine::chat_with_system`] with images: `user` holds a
+    /// [`crate::vision::MEDIA_MARKER`] for each image of `images`, in order.
+    pub fn chat_media(
+        &mut self,
+        id: SessionId,
+        system: Option<&str>,
+        user: &str,
+        images: &[Arc<PreparedImage>],
+    ) -> Result<usize, EngineError> {
+        if images.is_empty() {
+            return self.chat_with_system(id, system, user);
+        }
+        let prep = self.image_prep().ok_or(EngineError::NoVision)?;
+        if self.session(id)?.phase != Phase::Idle {
+            return Err(EngineError::Busy(id));
+        }
+        let tok = &self.tokenizer;
+        let s = self.sessions[id as usize].as_mut().unwrap();
+        let conv = s
+            .conversation
+            .get_or_insert_with(|| Conversation::new(system));
+        let first = conv.is_empty() && s.history.is_empty();
+        let text = conv.user_turn(tok, user)?;
+        let marker = crate::vision::MEDIA_MARKER;
+        let prompt = MediaPrompt::build(tok, &prep, &text, marker, images, first)?;
+        self.prompt_media(id, &prompt)?;
+        Ok(prompt.tokens.len())
     }
 
     /// Decodes `tokens` for `id` without generating (teacher forcing, shared prefixes),

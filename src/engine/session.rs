@@ -189,8 +189,10 @@ pub struct Session {
     pub(super) sampler: Sampler,
     pub(super) shift: SeqShift,
     pub(super) phase: Phase,
-    /// Tokens waiting to be decoded.
+    /// Tokens waiting to be decoded (an image's placeholders among them, see `media.rs`).
     pub(super) pending: VecDeque<u32>,
+    /// The images of `pending`, in order.
+    pub(super) images: VecDeque<std::sync::Arc<super::PreparedImage>>,
     /// Progress of the current input (for events).
     pub(super) input_total: usize,
     pub(super) input_done: usize,
@@ -245,6 +247,7 @@ impl Session {
             shift,
             phase: Phase::Idle,
             pending: VecDeque::new(),
+            images: VecDeque::new(),
             input_total: 0,
             input_done: 0,
             then_generate: true,
@@ -329,6 +332,7 @@ impl Session {
         self.reply.push_str(&tail);
         self.phase = Phase::Idle;
         self.pending.clear();
+        self.images.clear();
         self.next = None;
         self.drawn = None;
         self.draft.clear();

@@ -93,6 +93,9 @@ pub struct SeqShift {
     pub n_past: i32,
     ga_i: i32,
     pub ops: Vec<CacheOp>,
+    /// The positions [p0, p1) of the images the sequence holds: a shift keeps or drops
+    /// each one whole.
+    pub images: Vec<(i32, i32)>,
 }
 
 impl SeqShift {
@@ -104,6 +107,7 @@ impl SeqShift {
             n_past: 0,
             ga_i: 0,
             ops: Vec::new(),
+            images: Vec::new(),
         })
     }
 
@@ -136,7 +140,14 @@ impl SeqShift {
             if self.n_past + n < n_ctx {
                 return Ok(Room::Fits);
             }
-            let n_discard = (self.n_past - self.n_keep) / 2;
+            // Neither end of the cut falls inside an image: one the kept prefix reaches
+            // into is kept whole, one the discarded half reaches into goes whole.
+            let cut = |at: i32| self.images.iter().find(|&&(a, b)| a < at && at < b);
+            let keep = cut(self.n_keep).map_or(self.n_keep, |&(_, b)| b);
+            let mut n_discard = (self.n_past - keep) / 2;
+            if n_discard > 0 {
+                n_discard = cut(keep + n_discard).map_or(n_discard, |&(_, b)| b - keep);
+            }
             if !p.context_shift || n_discard <= 0 {
                 return Err(ContextError::ContextFull {
                     n_ctx: n_ctx as u32,
@@ -147,12 +158,17 @@ impl SeqShift {
                     },
                 });
             }
-            let (keep, past) = (self.n_keep, self.n_past);
+            let past = self.n_past;
             ctx.seq_rm(Some(seq), keep, keep + n_discard)?;
             self.log("seq_rm", keep, keep + n_discard, 0);
             ctx.seq_add(seq, keep + n_discard, past, -n_discard)?;
             self.log("seq_add", keep + n_discard, past, -n_discard);
             self.n_past -= n_discard;
+            let end = keep + n_discard;
+            self.images.retain(|&(a, _)| a < keep || a >= end);
+            for span in self.images.iter_mut().filter(|s| s.0 >= end) {
+                *span = (span.0 - n_discard, span.1 - n_discard);
+            }
             return Ok(Room::Shifted {
                 n_keep: keep,
                 n_discard,

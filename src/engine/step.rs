@@ -1,6 +1,7 @@
 //! One step of every session: tokens sampled (on the host or the GPU), a batch planned
 //! from the generating and waiting sessions, decoded, and its results handed back.
 
+use super::media::is_image_token;
 use super::{
     rewind, schedule, Engine, EngineError, Event, Part, Phase, Room, Session, SessionId, Stop,
     TokenProbs,
@@ -28,10 +29,13 @@ impl Engine {
         let mut events = Vec::new();
         self.sample_all(&mut events)?;
         self.draft_all().await?;
-        let (batch, mut parts) = self.plan_batch(&mut events)?;
+        let (mut batch, mut parts) = self.plan_batch(&mut events)?;
         self.last_batch = (0, 0);
         if batch.tokens.is_empty() {
             return Ok(events);
+        }
+        if is_image_token(batch.tokens[0]) {
+            batch.embd = self.encode_image(&parts).await?;
         }
         let draws = self.plan_draws(&batch, &mut parts);
         if self.can_go_ahead(&batch, &parts) {
@@ -176,6 +180,16 @@ impl Engine {
         // of the first one's setting, the others wait (llama-server batches only slots
         // whose adapters are equal).
         let (generating, prompts) = self.one_lora_setting(generating, prompts);
+        // An image is decoded in a step of its own: a batch is of token ids or of
+        // embeddings, never both (llama.cpp's mtmd helper decodes it alone too).
+        let image_next = |id: &SessionId| {
+            let s = self.sessions[*id as usize].as_ref();
+            s.and_then(|s| s.pending.front())
+                .is_some_and(|&t| is_image_token(t))
+        };
+        if let Some(&(id, _)) = prompts.iter().find(|p| image_next(&p.0)) {
+            return self.plan_image(id, events);
+        }
         let room = n_batch.saturating_sub(generating.len());
         let needs: Vec<usize> = prompts.iter().map(|p| p.1).collect();
         let shares = schedule::fair_shares(&needs, room);
@@ -201,9 +215,11 @@ impl Engine {
                 t.extend_from_slice(&s.draft);
                 t
             } else {
+                // Text up to the next image.
                 s.pending
                     .iter()
                     .take(share.min(room_left))
+                    .take_while(|&&t| !is_image_token(t))
                     .copied()
                     .collect()
             };
@@ -271,6 +287,90 @@ impl Engine {
         Ok((batch, parts))
     }
 
+    /// A batch of the image at the front of session `id`'s input, after room is made
+    /// for all of it (its embeddings are encoded by the step).
+    fn plan_image(
+        &mut self,
+        id: SessionId,
+        events: &mut Vec<Event>,
+    ) -> Result<(Batch, Vec<Part>), EngineError> {
+        let n_ctx_seq = self.n_ctx_seq() as i32;
+        let s = self.sessions[id as usize].as_mut().unwrap();
+        let Some(img) = s.images.front().cloned() else {
+            return Err(EngineError::Options(format!(
+                "session {id}: an image's tokens are queued without the image"
+            )));
+        };
+        let n = img.n_tokens as usize;
+        let tokens: Vec<u32> = s.pending.iter().take(n).copied().collect();
+        // A shift drops half of what the sequence holds; an image may need several.
+        loop {
+            let s = self.sessions[id as usize].as_mut().unwrap();
+            let room = s.shift.make_room(&mut self.ctx, id, n as i32, n_ctx_seq);
+            match room {
+                Ok(Room::Fits) => break,
+                Ok(Room::Shifted { n_keep, n_discard }) => events.push(Event::ContextShifted {
+                    session: id,
+                    n_keep,
+                    n_discard,
+                }),
+                Ok(Room::Extended { n_past }) => {
+                    events.push(Event::ContextExtended {
+                        session: id,
+                        n_past,
+                    });
+                    break;
+                }
+                Err(ContextError::ContextFull { n_ctx, reason }) => {
+                    s.finish(Stop::ContextFull(reason));
+                    events.push(Event::Error {
+                        session: id,
+                        error: EngineError::PromptFull { n_ctx, reason },
+                    });
+                    return Ok((Batch::default(), Vec::new()));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let s = self.sessions[id as usize].as_ref().unwrap();
+        let pos0 = self.ctx.memory().seq_pos_max(id) + 1;
+        let last_of_input = n == s.pending.len();
+        let batch = Batch {
+            tokens: tokens.clone(),
+            pos: (0..n as i32).map(|i| pos0 + i).collect(),
+            seq: vec![1u64 << id; n],
+            logits: (0..n).map(|i| last_of_input && i + 1 == n).collect(),
+            embd: Vec::new(),
+            non_causal: img.non_causal,
+        };
+        let part = Part {
+            id,
+            len: n,
+            drawn: None,
+            generating: false,
+            logits: last_of_input,
+            rows: last_of_input as usize,
+        };
+        Ok((batch, vec![part]))
+    }
+
+    /// The embeddings of the image a step's one part decodes.
+    async fn encode_image(&mut self, parts: &[Part]) -> Result<Vec<f32>, EngineError> {
+        let s = self.session(parts[0].id)?;
+        let img = s.images.front().cloned();
+        let (Some(img), Some(enc)) = (img, self.vision.clone()) else {
+            return Err(EngineError::NoVision);
+        };
+        let start = Instant::now();
+        let rows = enc.encode_pixels(&img.pixels).await?;
+        log::debug!(
+            "image of {} tokens encoded in {:.1} ms",
+            img.n_tokens,
+            start.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(rows)
+    }
+
     /// Hands each session its decoded tokens and logits.
     pub(super) fn take_results(
         &mut self,
@@ -312,6 +412,11 @@ impl Engine {
                 s.timings.eval += dt;
                 s.timings.eval_tokens += 1;
                 continue;
+            }
+            if is_image_token(toks[0]) {
+                s.images.pop_front();
+                let p0 = batch.pos[at - p.len];
+                s.shift.images.push((p0, p0 + p.len as i32));
             }
             s.pending.drain(..p.len);
             s.input_done += p.len;

@@ -179,8 +179,10 @@ impl Sampler {
 
     /// Records a token for the penalties (prompt tokens too, if wanted). `sample` does not
     /// call this: the caller accepts what it keeps. Accepting draws no random numbers.
+    /// An id outside the vocabulary (a position an image fills, which has no token) is
+    /// not recorded, as llama.cpp accepts no token for an image's positions.
     pub fn accept(&mut self, token: u32) {
-        if !self.params.penalties_on() {
+        if !self.params.penalties_on() || token as usize >= self.n_vocab {
             return;
         }
         if self.history.len() >= self.params.repeat_last_n {

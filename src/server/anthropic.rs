@@ -211,7 +211,9 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
     let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
     let tok = service.tokenizer();
     let p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
-    let (chat, req) = super::off_runtime(|| ChatRequest::request(&body, &p.request, tok)).await?;
+    let input = s.image_input(service);
+    let (chat, req) =
+        super::off_runtime(|| ChatRequest::request(&body, &p.request, tok, &input)).await?;
     let n_prompt = req.prompt.len();
     let model = s.model_name();
     let id = reply_id("msg-");
@@ -377,8 +379,10 @@ fn block_events(index: usize, b: Value) -> String {
 pub async fn count_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
     let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
-    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer()))
+    let input = s.image_input(service);
+    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer(), &input))
         .await?
+        .tokens
         .len();
     Ok(Json(json!({ "input_tokens": n })))
 }

@@ -6,6 +6,7 @@
 //! server before the engine sees it.
 
 use super::chat::ChatRequest;
+use super::media::ImageInput;
 use super::params::{self, Defaults};
 use super::wire::body_json;
 use super::{anthropic, openai, responses};
@@ -103,28 +104,28 @@ fn read(
     Ok(match endpoint {
         Endpoint::Completion => {
             let p = params::gen_params(&body, d, tok)?;
-            params::completion_requests(&body, &p, tok)?
+            params::completion_requests(&body, &p, tok, &ImageInput::default())?
         }
         Endpoint::OpenAiCompletion => {
             let mut p = params::gen_params(&body, d, tok)?;
             openai::oai_n_probs(&body, &mut p, false)?;
-            params::completion_requests(&body, &p, tok)?
+            params::completion_requests(&body, &p, tok, &ImageInput::default())?
         }
         Endpoint::Chat => {
             let mut p = params::gen_params(&body, d, tok)?;
             openai::oai_n_probs(&body, &mut p, true)?;
-            vec![ChatRequest::request(&body, &p.request, tok)?.1]
+            vec![ChatRequest::request(&body, &p.request, tok, &ImageInput::default())?.1]
         }
         Endpoint::Anthropic => {
             let body = anthropic::as_chat(&body)?;
             let p = params::gen_params(&body, d, tok)?;
-            vec![ChatRequest::request(&body, &p.request, tok)?.1]
+            vec![ChatRequest::request(&body, &p.request, tok, &ImageInput::default())?.1]
         }
         Endpoint::Responses => {
             let body = responses::as_chat(&body)?;
             let p = params::gen_params(&body, d, tok)?;
             let mut req = p.request.clone();
-            req.prompt = openai::chat_prompt(&body, tok)?;
+            req.prompt = openai::chat_prompt(&body, tok, &ImageInput::default())?.tokens;
             vec![req]
         }
         Endpoint::Rerank => {
@@ -148,7 +149,7 @@ fn read(
             };
             let body = super::infill::read(body, tok, lim)?;
             let p = params::gen_params(&body, d, tok)?;
-            params::completion_requests(&body, &p, tok)?
+            params::completion_requests(&body, &p, tok, &ImageInput::default())?
         }
     })
 }

@@ -1,14 +1,16 @@
 //! A chat request read as llama-server reads it: OpenAI's `messages` (text content or
 //! text parts), an assistant message last continues that message (prefill, or
 //! `continue_final_message`), `tools` offered to the model and earlier calls and results
-//! in the history (`tools.rs`), and what wgllm cannot honour — images — refused with the
-//! reason rather than ignored. Grammars and `response_format` are read with the other
-//! generation settings (`params.rs`).
+//! in the history (`tools.rs`), and images (`image_url` parts, read by `media.rs`: the
+//! server's marker in their place). Grammars and `response_format` are read with the
+//! other generation settings (`params.rs`).
 
 use super::error::{ApiError, ApiResult};
+use super::media::{marker, url_bytes, ImageInput};
 use super::params::Fields;
 use super::tools::{self, ToolFormat, Tools};
 use crate::engine::service::Request;
+use crate::engine::MediaPrompt;
 use crate::tokenizer::{knows_tools, ChatMessage, Tokenizer};
 use serde_json::{json, Value};
 
@@ -20,6 +22,9 @@ pub struct ChatRequest {
     pub tools: Option<Tools>,
     /// How tools reach the model and its calls come back, by the template.
     pub format: ToolFormat,
+    /// The URLs of the messages' images, in order (each message's text holds the
+    /// server's marker in their place).
+    pub images: Vec<String>,
 }
 
 impl ChatRequest {
@@ -27,7 +32,8 @@ impl ChatRequest {
     pub fn read(body: &Value, tok: &Tokenizer) -> ApiResult<ChatRequest> {
         let f = Fields::of(body)?;
         let tools = Tools::read(&f)?;
-        let mut messages = messages(f.value("messages"))?;
+        let mut images = Vec::new();
+        let mut messages = messages(f.value("messages"), &mut images)?;
         let ends_with_calls = messages
             .last()
             .is_some_and(|m| m.extra.contains_key("tool_calls"));
@@ -77,7 +83,8 @@ impl ChatRequest {
             let raw = f.value("messages").and_then(Value::as_array);
             if let (Some(last), Some(m)) = (raw.and_then(|a| a.last()), messages.last_mut()) {
                 let lf = Fields::of(last)?;
-                m.content = text_content(&lf, &m.role, "\n\n", || {
+                // Its images were taken with the messages: the same markers come back.
+                m.content = text_content(&lf, &m.role, "\n\n", &mut Vec::new(), || {
                     ApiError::invalid("the final message has no content")
                 })?;
             }
@@ -87,6 +94,7 @@ impl ChatRequest {
             messages,
             tools,
             format,
+            images,
         })
     }
 
@@ -141,37 +149,47 @@ impl ChatRequest {
         }
     }
 
-    /// The prompt's tokens.
-    pub fn tokens(&self, tok: &Tokenizer) -> ApiResult<Vec<u32>> {
-        super::budget::encode(tok, &self.render(tok)?, true, true)
+    /// The prompt: its tokens, with its images read, prepared and in place.
+    pub fn prompt(&self, tok: &Tokenizer, input: &ImageInput) -> ApiResult<MediaPrompt> {
+        let files = (self.images.iter())
+            .map(|u| url_bytes(u, input.media_path.as_deref()))
+            .collect::<ApiResult<Vec<_>>>()?;
+        input.prompt(tok, &self.render(tok)?, &files, true)
     }
 
     /// A chat body read, and the request it queues: `base` (the body's generation
-    /// settings) with the rendered prompt and the tools' grammar.
-    pub fn request(body: &Value, base: &Request, tok: &Tokenizer) -> ApiResult<(Self, Request)> {
+    /// settings) with the rendered prompt, its images and the tools' grammar.
+    pub fn request(
+        body: &Value,
+        base: &Request,
+        tok: &Tokenizer,
+        input: &ImageInput,
+    ) -> ApiResult<(Self, Request)> {
         let chat = ChatRequest::read(body, tok)?;
         let mut req = base.clone();
         chat.tools_grammar(&mut req.params.sampling.grammar)?;
-        req.prompt = chat.tokens(tok)?;
+        let prompt = chat.prompt(tok, input)?;
+        req.prompt = prompt.tokens;
+        req.images = prompt.images;
         Ok((chat, req))
     }
 }
 
 /// Chat messages from an OpenAI-style `messages` array (text parts of a content array
-/// are joined with newlines).
-pub fn messages(v: Option<&Value>) -> ApiResult<Vec<ChatMessage>> {
+/// are joined with newlines); the URLs of their images go to `images`.
+pub fn messages(v: Option<&Value>, images: &mut Vec<String>) -> ApiResult<Vec<ChatMessage>> {
     let items = match v {
         None => return Err(ApiError::invalid("'messages' is required")),
         Some(Value::Array(items)) => items,
         Some(_) => return Err(ApiError::invalid("Expected 'messages' to be an array")),
     };
-    items.iter().map(message).collect()
+    items.iter().map(|m| message(m, images)).collect()
 }
 
 /// One message, with the fields templates that know tools read: an assistant's
 /// `tool_calls` (arguments as objects) and `reasoning_content`, a tool result's
 /// `tool_call_id` and `name`.
-fn message(m: &Value) -> ApiResult<ChatMessage> {
+fn message(m: &Value, images: &mut Vec<String>) -> ApiResult<ChatMessage> {
     let no_content = || ApiError::invalid("All non-assistant messages must contain 'content'");
     let f = Fields::of(m).map_err(|_| ApiError::invalid("Each message must be an object"))?;
     // As llama-server: the content check first, then the role's.
@@ -181,7 +199,7 @@ fn message(m: &Value) -> ApiResult<ChatMessage> {
     let role = f
         .str("role")?
         .ok_or_else(|| ApiError::invalid("Missing 'role' in message"))?;
-    let mut msg = ChatMessage::new(role, text_content(&f, role, "\n", no_content)?);
+    let mut msg = ChatMessage::new(role, text_content(&f, role, "\n", images, no_content)?);
     if role == "tool" {
         for k in ["tool_call_id", "name"] {
             if let Some(v) = f.str(k)? {
@@ -230,22 +248,41 @@ fn in_json_format(mut m: ChatMessage) -> ChatMessage {
     m
 }
 
-/// A message's text: its string content, or its text parts joined with `delimiter`.
+/// A message's text: its string content, or its parts joined with `delimiter` (none
+/// before or after an image's marker, as llama.cpp joins them); image URLs go to
+/// `images`.
 fn text_content(
     f: &Fields,
     role: &str,
     delimiter: &str,
+    images: &mut Vec<String>,
     no_content: impl Fn() -> ApiError,
 ) -> ApiResult<String> {
     let content = match f.value("content") {
         None | Some(Value::Null) if role == "assistant" => String::new(),
         None => return Err(no_content()),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .map(part)
-            .collect::<ApiResult<Vec<_>>>()?
-            .join(delimiter),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            let mut after_image = false;
+            for p in parts {
+                match part(p)? {
+                    Part::Text(t) => {
+                        if !after_image && !text.is_empty() {
+                            text.push_str(delimiter);
+                        }
+                        text.push_str(&t);
+                        after_image = false;
+                    }
+                    Part::Image(url) => {
+                        images.push(url);
+                        text.push_str(marker());
+                        after_image = true;
+                    }
+                }
+            }
+            text
+        }
         Some(_) => {
             return Err(ApiError::invalid(
                 "Expected 'content' to be a string or an array",
@@ -255,17 +292,32 @@ fn text_content(
     Ok(content)
 }
 
-fn part(p: &Value) -> ApiResult<String> {
+/// A content part: text, or an image's URL.
+enum Part {
+    Text(String),
+    Image(String),
+}
+
+fn part(p: &Value) -> ApiResult<Part> {
     match p.get("type").and_then(Value::as_str) {
         Some("text") => p
             .get("text")
             .and_then(Value::as_str)
-            .map(String::from)
+            .map(|t| Part::Text(t.to_string()))
             .ok_or_else(|| ApiError::invalid("a text part needs \"text\"")),
-        // llama-server answers these as server errors (no projector is loaded).
-        Some("image_url" | "image" | "input_audio" | "input_video" | "video_url") => Err(
-            ApiError::server("image input is not supported: wgllm runs text-only models"),
-        ),
+        Some("image_url") => {
+            let url = (p.get("image_url"))
+                .and_then(|u| u.get("url").or(Some(u)))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ApiError::invalid("an image_url part needs \"image_url\": {\"url\": ...}")
+                })?;
+            Ok(Part::Image(url.to_string()))
+        }
+        // llama-server answers these as server errors (no encoder for them is loaded).
+        Some("input_audio" | "input_video" | "video_url") => Err(ApiError::server(
+            "audio and video input are not supported: wgllm reads text and images",
+        )),
         Some(_) => Err(ApiError::invalid("unsupported content[].type")),
         None => Err(ApiError::invalid("each content part needs a \"type\"")),
     }

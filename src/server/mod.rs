@@ -18,6 +18,7 @@ mod error;
 mod gen;
 mod http;
 mod infill;
+mod media;
 mod metrics;
 mod native;
 mod openai;
@@ -73,6 +74,8 @@ pub struct ServerOptions {
     pub pooling: crate::engine::Pooling,
     /// `/infill` prompts in suffix-prefix-middle order (`--spm-infill`).
     pub spm_infill: bool,
+    /// The directory `file://` image URLs may read (`--media-path`); none: refused.
+    pub media_path: Option<PathBuf>,
     /// `-b` as given (not capped at the context, as the engine caps it): `/infill` cuts
     /// its parts to it, as llama-server does.
     pub n_batch: u32,
@@ -122,6 +125,14 @@ impl AppState {
     }
 
     /// The model's name in replies.
+    /// What a request's images need from this server.
+    pub(crate) fn image_input(&self, service: &EngineService) -> media::ImageInput {
+        media::ImageInput {
+            prep: service.image_prep().cloned(),
+            media_path: self.opts.media_path.clone(),
+        }
+    }
+
     pub(crate) fn model_name(&self) -> String {
         (self.opts.aliases.first().cloned())
             .unwrap_or_else(|| self.opts.model_path.display().to_string())

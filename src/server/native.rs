@@ -37,7 +37,9 @@ pub async fn completion_of(s: &Arc<AppState>, body: Value) -> ApiResult<Response
     let service = s.service()?;
     let tok = service.tokenizer();
     let p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
-    let mut reqs = super::off_runtime(|| params::completion_requests(&body, &p, tok)).await?;
+    let input = s.image_input(service);
+    let mut reqs =
+        super::off_runtime(|| params::completion_requests(&body, &p, tok, &input)).await?;
     params::check_replies(&reqs, &p, service.info().n_ctx_slot)?;
     if p.stream {
         let req = reqs.remove(0);
@@ -471,7 +473,8 @@ pub async fn props(State(s): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
         "total_slots": info.n_slots,
         "model_alias": s.model_name(),
         "model_path": s.opts.model_path.display().to_string(),
-        "modalities": {"vision": false, "audio": false},
+        "modalities": {"vision": service.image_prep().is_some(), "video": false, "audio": false},
+        "media_marker": super::media::marker(),
         "chat_template": tok.chat_template().unwrap_or(crate::tokenizer::CHATML),
         "bos_token": piece(tok.bos()),
         "eos_token": piece(tok.eos()),

@@ -48,6 +48,11 @@ pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
             "size": i.model_bytes,
         })
     });
+    let vision = (s.service().ok()).is_some_and(|svc| svc.image_prep().is_some());
+    let capabilities = match vision {
+        true => json!(["completion", "multimodal"]),
+        false => json!(["completion"]),
+    };
     Json(json!({
         "object": "list",
         "data": [{
@@ -63,7 +68,7 @@ pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
             "name": name,
             "model": name,
             "type": "model",
-            "capabilities": ["completion"],
+            "capabilities": capabilities,
         }],
     }))
 }
@@ -146,7 +151,9 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
     let tok = service.tokenizer();
     let mut p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
     oai_n_probs(&body, &mut p, false)?;
-    let mut reqs = super::off_runtime(|| params::completion_requests(&body, &p, tok)).await?;
+    let input = s.image_input(service);
+    let mut reqs =
+        super::off_runtime(|| params::completion_requests(&body, &p, tok, &input)).await?;
     params::check_replies(&reqs, &p, service.info().n_ctx_slot)?;
     let model = s.model_name();
     let id = reply_id("chatcmpl-");
@@ -223,9 +230,14 @@ pub async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResu
     .into_response())
 }
 
-/// A chat request's prompt tokens (template rendered on the caller's side).
-pub fn chat_prompt(body: &Value, tok: &Tokenizer) -> ApiResult<Vec<u32>> {
-    ChatRequest::read(body, tok)?.tokens(tok)
+/// A chat request's prompt: its tokens (template rendered on the caller's side) and
+/// images.
+pub fn chat_prompt(
+    body: &Value,
+    tok: &Tokenizer,
+    input: &super::media::ImageInput,
+) -> ApiResult<crate::engine::MediaPrompt> {
+    ChatRequest::read(body, tok)?.prompt(tok, input)
 }
 
 /// `/chat/completions/input_tokens`: the prompt's token count, nothing generated.
@@ -234,8 +246,10 @@ pub async fn chat_input_tokens(
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
     let service = s.service()?;
-    let n = super::off_runtime(|| chat_prompt(&body_json(&body)?, service.tokenizer()))
+    let input = s.image_input(service);
+    let n = super::off_runtime(|| chat_prompt(&body_json(&body)?, service.tokenizer(), &input))
         .await?
+        .tokens
         .len();
     Ok(Json(
         json!({"input_tokens": n, "object": "response.input_tokens"}),
@@ -258,7 +272,9 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
     }
     let verbose = f.bool("verbose")?.unwrap_or(s.opts.verbose);
     let return_progress = f.bool("return_progress")?.unwrap_or(false);
-    let (chat, req) = super::off_runtime(|| ChatRequest::request(&body, &p.request, tok)).await?;
+    let input = s.image_input(service);
+    let (chat, req) =
+        super::off_runtime(|| ChatRequest::request(&body, &p.request, tok, &input)).await?;
     if !p.stream {
         let n_ctx = service.info().n_ctx_slot;
         let n_predict = p.request.params.n_predict;

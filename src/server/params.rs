@@ -304,6 +304,7 @@ pub fn gen_params(body: &Value, d: &Defaults, tok: &Tokenizer) -> ApiResult<GenP
     Ok(GenParams {
         request: Request {
             prompt: Vec::new(),
+            images: Vec::new(),
             params: SessionParams {
                 sampling: s,
                 n_predict,
@@ -498,6 +499,41 @@ pub fn prompt_tokens(v: &Value, tok: &Tokenizer, add_special: bool) -> ApiResult
     Ok(out)
 }
 
+/// A prompt object with images (`{"prompt_string": ..., "multimodal_data": [base64,
+/// ...]}`, the server's media marker where each goes), read as llama-server reads it;
+/// `None` for any other prompt.
+fn media_prompt(
+    v: &Value,
+    tok: &Tokenizer,
+    input: &super::media::ImageInput,
+) -> ApiResult<Option<crate::engine::MediaPrompt>> {
+    let Some(data) = v.as_object().and_then(|o| o.get("multimodal_data")) else {
+        return Ok(None);
+    };
+    let Some(Value::String(text)) = v.get("prompt_string") else {
+        return Err(ApiError::invalid(
+            "a prompt with \"multimodal_data\" needs its text in \"prompt_string\"",
+        ));
+    };
+    let Value::Array(items) = data else {
+        return Err(ApiError::invalid(
+            "\"multimodal_data\" is a list of base64 strings",
+        ));
+    };
+    let files = (items.iter())
+        .map(|d| match d {
+            Value::String(s) => super::media::base64_bytes(s),
+            _ => Err(ApiError::invalid(
+                "\"multimodal_data\" is a list of base64 strings",
+            )),
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    if files.is_empty() {
+        return Err(ApiError::invalid("\"multimodal_data\" is empty"));
+    }
+    input.prompt(tok, text, &files, true).map(Some)
+}
+
 /// The text of a prompt object's `content`: its text parts joined (OpenAI's content
 /// parts; other kinds need a multimodal model).
 fn content_text(parts: &Value) -> ApiResult<String> {
@@ -535,6 +571,7 @@ pub fn completion_requests(
     body: &Value,
     p: &GenParams,
     tok: &Tokenizer,
+    input: &super::media::ImageInput,
 ) -> ApiResult<Vec<Request>> {
     let prompt = Fields::of(body)?
         .value("prompt")
@@ -562,7 +599,10 @@ pub fn completion_requests(
         .into_iter()
         .map(|pr| {
             let mut r = p.request.clone();
-            r.prompt = prompt_tokens(pr, tok, true)?;
+            match media_prompt(pr, tok, input)? {
+                Some(m) => (r.prompt, r.images) = (m.tokens, m.images),
+                None => r.prompt = prompt_tokens(pr, tok, true)?,
+            }
             if r.prompt.is_empty() {
                 return Err(ApiError::invalid("empty prompt: the input has no tokens"));
             }

@@ -181,7 +181,10 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
     let return_progress = f.bool("return_progress")?.unwrap_or(false);
     let per_token = f.bool("timings_per_token")?.unwrap_or(false);
     let mut req = p.request.clone();
-    req.prompt = super::off_runtime(|| chat_prompt(&body, tok)).await?;
+    let input = s.image_input(service);
+    let prompt = super::off_runtime(|| chat_prompt(&body, tok, &input)).await?;
+    req.prompt = prompt.tokens;
+    req.images = prompt.images;
     let model = s.model_name();
     let resp_id = reply_id("resp_");
     let msg_id = reply_id("msg_");
@@ -276,8 +279,10 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
 pub async fn input_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
     let service = s.service()?;
     let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
-    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer()))
+    let input = s.image_input(service);
+    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer(), &input))
         .await?
+        .tokens
         .len();
     Ok(Json(
         json!({"input_tokens": n, "object": "response.input_tokens"}),

@@ -25,8 +25,80 @@ use std::sync::Arc;
 pub struct VisionEncoder {
     pub hp: ClipHparams,
     pub weights: VisionWeights,
+    /// What preparing an image for this encoder needs, without the device.
+    pub prep: Arc<ImagePrep>,
     gpu: Arc<Gpu>,
     path: String,
+    /// The K/V store, slots and mask of the image's patches, kept from one image to the
+    /// next (the same size for every image).
+    scratch: std::sync::Mutex<Option<Scratch>>,
+}
+
+/// Buffers every image's graph reads the same way.
+#[derive(Clone)]
+struct Scratch {
+    slots: View,
+    mask: View,
+    table: View,
+    k: View,
+    v: View,
+}
+
+/// An encoder's preprocessing and the place of its images in a prompt: everything a
+/// front end needs to turn image files into an engine's input on its own thread.
+#[derive(Clone, Debug)]
+pub struct ImagePrep {
+    pub projector: Projector,
+    /// The square the image is fitted into.
+    pub image_size: u32,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    /// The prepared input is rounded to f16 (the patch kernel is f16).
+    pub patch_f16: bool,
+    /// Image tokens per image.
+    pub n_tokens: u32,
+    /// Identifies the encoder (its shape and file), mixed into image hashes: the same
+    /// pixels through another mmproj are another image.
+    pub fingerprint: u64,
+}
+
+impl ImagePrep {
+    /// The encoder's input for `img`: fitted into the square, normalised, planar; rounded
+    /// to f16 where the patch kernel is (llama.cpp's convolution reads f16 patches).
+    pub fn preprocess(&self, img: &RgbImage) -> Vec<f32> {
+        let square = letterbox(img, self.image_size);
+        let mut v = normalize_planar(&square, self.mean, self.std);
+        if self.patch_f16 {
+            v.iter_mut()
+                .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+        }
+        v
+    }
+
+    /// A 64-bit hash of `img`'s size and pixels under this encoder (FNV-1a: stable
+    /// across runs and builds, so a saved cache can be matched again).
+    pub fn image_hash(&self, img: &RgbImage) -> u64 {
+        let mut h = Fnv::new();
+        h.write(&self.fingerprint.to_le_bytes());
+        h.write(&img.width.to_le_bytes());
+        h.write(&img.height.to_le_bytes());
+        h.write(&img.pixels);
+        h.0
+    }
+}
+
+/// FNV-1a, 64 bits.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
 }
 
 impl VisionEncoder {
@@ -35,11 +107,25 @@ impl VisionEncoder {
         let f = GgufFile::open(path)?;
         let hp = ClipHparams::read(&f)?;
         let weights = VisionWeights::load(&gpu, &f, &hp)?;
+        let mut fp = Fnv::new();
+        fp.write(format!("{hp:?} {} {}", weights.n_out, weights.patch_f16).as_bytes());
+        fp.write(&std::fs::metadata(path).map_or(0, |m| m.len()).to_le_bytes());
+        let prep = Arc::new(ImagePrep {
+            projector: hp.projector,
+            image_size: hp.image_size,
+            mean: hp.image_mean,
+            std: hp.image_std,
+            patch_f16: weights.patch_f16,
+            n_tokens: hp.n_tokens(),
+            fingerprint: fp.0,
+        });
         Ok(VisionEncoder {
             hp,
             weights,
+            prep,
             gpu,
             path: path.to_string(),
+            scratch: std::sync::Mutex::new(None),
         })
     }
 
@@ -53,26 +139,52 @@ impl VisionEncoder {
         self.hp.n_tokens()
     }
 
-    /// The encoder's input for `img`: fitted into the square, normalised, planar; rounded
-    /// to f16 where the patch kernel is (llama.cpp's convolution reads f16 patches).
+    /// The encoder's input for `img` (see [`ImagePrep::preprocess`]).
     pub fn preprocess(&self, img: &RgbImage) -> Vec<f32> {
-        let square = letterbox(img, self.hp.image_size);
-        let mut v = normalize_planar(&square, self.hp.image_mean, self.hp.image_std);
-        if self.weights.patch_f16 {
-            v.iter_mut()
-                .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
-        }
-        v
+        self.prep.preprocess(img)
+    }
+
+    /// The device the encoder runs on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
     }
 
     /// The embeddings of `img`: [n_embd_out, n_tokens] f32, a row per image token.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn encode(&self, img: &RgbImage) -> Result<Vec<f32>, VisionError> {
         let pixels = self.preprocess(img);
-        self.encode_pixels(&pixels)
+        pollster::block_on(self.encode_pixels(&pixels))
     }
 
-    /// [`Self::encode`] of an already prepared input (planes of image_size² values).
-    pub fn encode_pixels(&self, pixels: &[f32]) -> Result<Vec<f32>, VisionError> {
+    /// The buffers every image reads alike, made on the first image.
+    fn scratch(&self) -> Result<Scratch, VisionError> {
+        let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            let (hp, gpu) = (&self.hp, &self.gpu);
+            let per_side = hp.patches_per_side();
+            let n = per_side * per_side;
+            let slots: Vec<u32> = (0..n).collect();
+            let store = |label: &str| -> Result<View, VisionError> {
+                Ok(View::whole(
+                    &gpu.storage(label, hp.n_embd as u64 * n as u64 * 4)?,
+                ))
+            };
+            *guard = Some(Scratch {
+                slots: View::whole(&gpu.upload("image slots", bytemuck::cast_slice(&slots))?),
+                // Every patch sees every patch: a mask of zeros (storage starts zeroed).
+                mask: View::whole(&gpu.storage("image mask", n as u64 * n as u64 * 4)?),
+                // Nothing rotates (n_dims 0); the table is never read.
+                table: View::whole(&gpu.storage("image rope", 16)?),
+                k: store("image K")?,
+                v: store("image V")?,
+            });
+        }
+        Ok(guard.clone().expect("made above"))
+    }
+
+    /// The embeddings of an already prepared input (planes of image_size² values, from
+    /// [`ImagePrep::preprocess`]): [n_embd_out, n_tokens] f32.
+    pub async fn encode_pixels(&self, pixels: &[f32]) -> Result<Vec<f32>, VisionError> {
         let (hp, w, gpu) = (&self.hp, &self.weights, &self.gpu);
         let side = hp.image_size;
         if pixels.len() != 3 * side as usize * side as usize {
@@ -87,20 +199,9 @@ impl VisionEncoder {
         let per_side = hp.patches_per_side();
         let n = per_side * per_side;
         let e = hp.n_embd;
-        let upload = |label: &str, bytes: &[u8]| -> Result<View, VisionError> {
-            Ok(View::whole(&gpu.upload(label, bytes)?))
-        };
-        let store = |label: &str| -> Result<View, VisionError> {
-            Ok(View::whole(&gpu.storage(label, e as u64 * n as u64 * 4)?))
-        };
-        let img = upload("image", bytemuck::cast_slice(pixels))?;
-        let slots: Vec<u32> = (0..n).collect();
-        let slots = upload("image slots", bytemuck::cast_slice(&slots))?;
-        // Every patch sees every patch: a mask of zeros.
-        let mask = upload("image mask", &vec![0u8; n as usize * n as usize * 4])?;
-        // Nothing rotates (n_dims 0); the table is never read.
-        let table = upload("image rope", &[0u8; 16])?;
-        let (k_store, v_store) = (store("image K")?, store("image V")?);
+        let img = View::whole(&gpu.upload("image", bytemuck::cast_slice(pixels))?);
+        let sc = self.scratch()?;
+        let (k_store, v_store) = (sc.k.clone(), sc.v.clone());
         let out_bytes = w.n_out as u64 * hp.n_tokens() as u64 * 4;
         let out = gpu.storage("image embeddings", out_bytes)?;
 
@@ -120,9 +221,9 @@ impl VisionEncoder {
         let pos = g.input(w.pos_embd.clone(), [e, n]);
         let mut x = g.add(x, pos);
         let inp = AttnInputs {
-            slots: g.input(slots, [n, 1]),
-            mask: g.input(mask, [n, n]),
-            rope: g.input(table, [0, n]),
+            slots: g.input(sc.slots.clone(), [n, 1]),
+            mask: g.input(sc.mask.clone(), [n, n]),
+            rope: g.input(sc.table.clone(), [0, n]),
             rope_p: RopeParams::new(hp.head_dim, 0, false, 10_000.0, 1.0),
             shape: AttnShape {
                 head_dim: hp.head_dim,
@@ -172,12 +273,12 @@ impl VisionEncoder {
             }
         }
         let graph = g.build()?;
-        let bytes =
-            pollster::block_on(graph.run(gpu, &[], &[(&out, 0, out_bytes)]))?.ok_or_else(|| {
-                VisionError::Mmproj {
-                    path: self.path.clone(),
-                    msg: "the encoder's graph read nothing back".into(),
-                }
+        let bytes = graph
+            .run(gpu, &[], &[(&out, 0, out_bytes)])
+            .await?
+            .ok_or_else(|| VisionError::Mmproj {
+                path: self.path.clone(),
+                msg: "the encoder's graph read nothing back".into(),
             })?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }

@@ -21,7 +21,7 @@ mod preprocess;
 mod prompt;
 pub mod reference;
 
-pub use encoder::VisionEncoder;
+pub use encoder::{ImagePrep, VisionEncoder};
 pub use image::{decode_image, decode_image_within, RgbImage, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
 pub use mmproj::{ClipHparams, Projector, VisionWeights};
 pub use preprocess::{letterbox, normalize_planar, resize_bilinear};

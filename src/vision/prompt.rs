@@ -35,27 +35,29 @@ impl Projector {
     }
 }
 
-/// `text` with one [`MEDIA_MARKER`] per image, as chunks (see the module docs); refuses a
+/// `text` with one `marker` per image (the CLI's [`MEDIA_MARKER`]; a server's own, which
+/// a client's text cannot hold by chance), as chunks (see the module docs); refuses a
 /// count of markers other than `n_images`.
 pub fn tokenize_with_images(
     tok: &Tokenizer,
     text: &str,
+    marker: &str,
     projector: Projector,
     n_images: usize,
 ) -> Result<Vec<PromptChunk>, VisionError> {
-    let n_markers = text.matches(MEDIA_MARKER).count();
+    let n_markers = text.matches(marker).count();
     if n_markers != n_images {
         return Err(VisionError::Image {
             what: "prompt".into(),
             msg: format!(
-                "has {n_markers} {MEDIA_MARKER} markers for {n_images} images: place one marker per image"
+                "has {n_markers} {marker} markers for {n_images} images: place one marker per image"
             ),
         });
     }
     let (open, close) = projector.image_wrap();
-    let wrapped = text.replace(MEDIA_MARKER, &format!("{open}{MEDIA_MARKER}{close}"));
+    let wrapped = text.replace(marker, &format!("{open}{marker}{close}"));
     let mut chunks = Vec::new();
-    for (i, part) in wrapped.split(MEDIA_MARKER).enumerate() {
+    for (i, part) in wrapped.split(marker).enumerate() {
         if i > 0 {
             chunks.push(PromptChunk::Image(i - 1));
         }

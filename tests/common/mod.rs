@@ -225,6 +225,14 @@ pub fn tiny_vocab() -> Vec<(String, wgllm::gguf::Value)> {
 /// A tiny gemma3 with random f32 weights: six layers (five with a sliding window of
 /// `window`, the sixth global), one KV head of 16.
 pub fn tiny_gemma3(gpu: Arc<Gpu>, window: u32) -> Arc<wgllm::model::Model> {
+    tiny_gemma3_parts(gpu, window).0
+}
+
+/// [`tiny_gemma3`] and its tokenizer.
+pub fn tiny_gemma3_parts(
+    gpu: Arc<Gpu>,
+    window: u32,
+) -> (Arc<wgllm::model::Model>, wgllm::tokenizer::Tokenizer) {
     use wgllm::model::synth::{synth_gemma3, SynthShape};
     let shape = SynthShape {
         n_layer: 6,
@@ -239,7 +247,7 @@ pub fn tiny_gemma3(gpu: Arc<Gpu>, window: u32) -> Arc<wgllm::model::Model> {
         0.5,
         window,
     );
-    load_synth(gpu, w).0
+    load_synth(gpu, w)
 }
 
 /// A tiny Mamba or Mamba-2 (`wgllm synth`'s state-space layout, 2 layers, 64 wide,
@@ -263,7 +271,7 @@ pub fn tiny_ssm_parts(
 }
 
 /// Writes a synthetic GGUF to a temporary file and loads model and tokenizer from it.
-fn load_synth(
+pub fn load_synth(
     gpu: Arc<Gpu>,
     w: wgllm::gguf::GgufWriter,
 ) -> (Arc<wgllm::model::Model>, wgllm::tokenizer::Tokenizer) {

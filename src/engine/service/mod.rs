@@ -70,7 +70,11 @@ pub type RequestKey = u64;
 /// One completion: the prompt's tokens and how to generate.
 #[derive(Clone, Debug, Default)]
 pub struct Request {
+    /// The prompt's tokens, with the placeholders of its images (see
+    /// [`crate::engine::MediaPrompt`]).
     pub prompt: Vec<u32>,
+    /// The prompt's images, in order.
+    pub images: Vec<Arc<super::PreparedImage>>,
     /// Sampling, `n_predict`, context policy, `n_probs`.
     pub params: SessionParams,
     /// Reuse the cells of the longest prefix a slot already holds.
@@ -317,6 +321,7 @@ struct Shared {
     cmd: amp::UnboundedSender<Cmd>,
     next_key: AtomicU64,
     tokenizer: Tokenizer,
+    image_prep: Option<Arc<crate::vision::ImagePrep>>,
     info: ServiceInfo,
     stats: Mutex<Stats>,
 }
@@ -403,6 +408,7 @@ impl EngineService {
             cmd: tx,
             next_key: AtomicU64::new(1),
             tokenizer: engine.tokenizer.clone(),
+            image_prep: engine.image_prep(),
             info,
             stats: Mutex::new(Stats {
                 kv_cells_total: engine.n_ctx() as u64,
@@ -417,6 +423,11 @@ impl EngineService {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.shared.tokenizer
+    }
+
+    /// How images are prepared for the engine's vision encoder; `None` without one.
+    pub fn image_prep(&self) -> Option<&Arc<crate::vision::ImagePrep>> {
+        self.shared.image_prep.as_ref()
     }
 
     pub fn info(&self) -> &ServiceInfo {

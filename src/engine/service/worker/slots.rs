@@ -83,9 +83,13 @@ impl Worker {
         if req.cache_prompt && req.slot.is_none() && self.engine.lora_adapters().is_empty() {
             self.refill_from_cache(slot, &req.prompt);
         }
-        let started = self
-            .engine
-            .start_request(slot, req.params, &req.prompt, req.cache_prompt);
+        let started = self.engine.start_request_media(
+            slot,
+            req.params,
+            &req.prompt,
+            &req.images,
+            req.cache_prompt,
+        );
         let n_cached = match started {
             Ok(n) => n,
             Err(e) => {

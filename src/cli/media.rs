@@ -1,0 +1,68 @@
+//! llama-mtmd-cli's image flags for `run` and `chat`: the vision encoder (`--mmproj`)
+//! and the images (`--image`), read and prepared before anything is generated.
+
+use anyhow::{bail, Context as _, Result};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use wgllm::engine::{Engine, PreparedImage};
+use wgllm::vision::{decode_image, ImagePrep, MEDIA_MARKER};
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct MediaArgs {
+    /// The model's vision encoder: an mmproj GGUF (llama.cpp's `--mmproj`).
+    #[arg(long = "mmproj", visible_alias = "mm")]
+    pub mmproj: Option<PathBuf>,
+    /// An image for the prompt (PNG, JPEG, WebP, BMP, PNM); repeat the flag or separate
+    /// files with commas for several. Each goes where the prompt has a `<__media__>`
+    /// marker, or before the prompt's text where it has none (as llama-mtmd-cli does).
+    #[arg(long = "image", value_delimiter = ',')]
+    pub images: Vec<PathBuf>,
+}
+
+impl MediaArgs {
+    /// Refuses images without an encoder, before the model is loaded.
+    pub fn check(&self) -> Result<()> {
+        if !self.images.is_empty() && self.mmproj.is_none() {
+            bail!("--image needs the model's vision encoder: pass --mmproj FILE (the mmproj GGUF beside the model)");
+        }
+        Ok(())
+    }
+
+    /// Loads the encoder into `engine` (with `--mmproj`).
+    pub fn attach(&self, engine: &mut Engine) -> Result<()> {
+        if let Some(p) = &self.mmproj {
+            let path = p.display().to_string();
+            if !p.exists() {
+                bail!("mmproj file {path} does not exist");
+            }
+            engine.attach_vision(&path)?;
+        }
+        Ok(())
+    }
+
+    /// The `--image` files, decoded and prepared for the engine's encoder.
+    pub fn prepare(&self, engine: &Engine) -> Result<Vec<Arc<PreparedImage>>> {
+        let Some(prep) = engine.image_prep() else {
+            return Ok(Vec::new());
+        };
+        self.images.iter().map(|p| prepare_file(&prep, p)).collect()
+    }
+}
+
+/// An image file decoded and prepared for `prep`'s encoder.
+pub fn prepare_file(prep: &ImagePrep, path: &Path) -> Result<Arc<PreparedImage>> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("reading the image {}", path.display()))?;
+    let img = decode_image(&bytes, &path.display().to_string())?;
+    Ok(PreparedImage::new(prep, &img))
+}
+
+/// `text` with a media marker for each of `n` images before it, where it has none (as
+/// llama-mtmd-cli places images: most models expect them before the question).
+pub fn with_markers(text: &str, n: usize) -> String {
+    if n == 0 || text.contains(MEDIA_MARKER) {
+        return text.to_string();
+    }
+    format!("{}{text}", MEDIA_MARKER.repeat(n))
+}

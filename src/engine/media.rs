@@ -1,0 +1,178 @@
+//! Images in a session's input. An image's tokens have no ids in the vocabulary: each
+//! takes a placeholder id made from the image's hash and its index in the image (the
+//! high bit set, so no vocabulary reaches it). The placeholders keep every token-based
+//! part of the engine working on prompts with images: two prompts share a prefix through
+//! an image exactly when they hold the same image there (llama-server compares images by
+//! hash the same way), a cache's token list records which image its cells came from, and
+//! an image's first token is told from a later one by its id alone, so no cut of the
+//! cache (a reused prefix, a context shift) ever keeps part of an image.
+
+use crate::tokenizer::Tokenizer;
+use crate::vision::{tokenize_with_images, ImagePrep, PromptChunk, RgbImage, VisionError};
+use std::sync::Arc;
+
+/// Set in every image placeholder id, never in a vocabulary's.
+const IMAGE_BIT: u32 = 1 << 31;
+
+/// An image prepared for the encoder: the input it reads, its hash and its token count.
+#[derive(Clone, Debug)]
+pub struct PreparedImage {
+    /// The encoder's input ([`ImagePrep::preprocess`]).
+    pub pixels: Arc<Vec<f32>>,
+    /// [`ImagePrep::image_hash`].
+    pub hash: u64,
+    pub n_tokens: u32,
+    /// Its tokens attend to each other both ways (Gemma 3).
+    pub non_causal: bool,
+}
+
+impl PreparedImage {
+    /// Prepares `img` for the encoder `prep` describes.
+    pub fn new(prep: &ImagePrep, img: &RgbImage) -> Arc<PreparedImage> {
+        Arc::new(PreparedImage {
+            pixels: Arc::new(prep.preprocess(img)),
+            hash: prep.image_hash(img),
+            n_tokens: prep.n_tokens,
+            non_causal: prep.projector.non_causal(),
+        })
+    }
+
+    /// The placeholder ids of its tokens, in order.
+    pub fn tokens(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.n_tokens).map(|k| image_token(self.hash, k))
+    }
+}
+
+/// A prompt's tokens, image placeholders among them, and its images in order.
+#[derive(Clone, Debug, Default)]
+pub struct MediaPrompt {
+    pub tokens: Vec<u32>,
+    pub images: Vec<Arc<PreparedImage>>,
+}
+
+impl MediaPrompt {
+    /// A prompt of text only.
+    pub fn text(tokens: Vec<u32>) -> Self {
+        MediaPrompt {
+            tokens,
+            images: Vec::new(),
+        }
+    }
+
+    /// `text` with one `marker` ([`crate::vision::MEDIA_MARKER`], or a server's own) per
+    /// image of `images` (prepared for the encoder `prep` describes), tokenized as
+    /// llama.cpp's mtmd does (BOS before the first part when `add_bos`), each image's
+    /// placeholders in its marker's place.
+    pub fn build(
+        tok: &Tokenizer,
+        prep: &ImagePrep,
+        text: &str,
+        marker: &str,
+        images: &[Arc<PreparedImage>],
+        add_bos: bool,
+    ) -> Result<MediaPrompt, VisionError> {
+        let chunks = tokenize_with_images(tok, text, marker, prep.projector, images.len())?;
+        let mut out = MediaPrompt::default();
+        for c in chunks {
+            match c {
+                PromptChunk::Text(mut ids) => {
+                    // tokenize_with_images adds BOS before the first part where the model
+                    // wants one; a later turn's text goes without.
+                    if !add_bos
+                        && out.tokens.is_empty()
+                        && tok.add_bos()
+                        && ids.first().copied() == tok.bos()
+                    {
+                        ids.remove(0);
+                    }
+                    out.tokens.extend(ids)
+                }
+                PromptChunk::Image(i) => {
+                    out.tokens.extend(images[i].tokens());
+                    out.images.push(images[i].clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The placeholder id of token `k` of the image hashed `hash`: consecutive ids (modulo
+/// 2^31) from a start the hash gives.
+pub fn image_token(hash: u64, k: u32) -> u32 {
+    let start = (hash ^ (hash >> 32)) as u32;
+    IMAGE_BIT | (start.wrapping_add(k) & !IMAGE_BIT)
+}
+
+/// Whether `t` is an image's placeholder.
+pub fn is_image_token(t: u32) -> bool {
+    t & IMAGE_BIT != 0
+}
+
+/// Whether `tokens[i]` is an image token after its image's first (the one before it is
+/// of the same image): a cut before it would split the image.
+pub fn inside_image(tokens: &[u32], i: usize) -> bool {
+    i > 0
+        && i < tokens.len()
+        && is_image_token(tokens[i])
+        && is_image_token(tokens[i - 1])
+        && (tokens[i - 1].wrapping_add(1) & !IMAGE_BIT) == (tokens[i] & !IMAGE_BIT)
+}
+
+/// The largest `m <= n` such that `tokens[..m]` holds no part of an image: `n` moved back
+/// to the start of the image it would cut.
+pub fn whole_images(tokens: &[u32], n: usize) -> usize {
+    let mut m = n.min(tokens.len());
+    while inside_image(tokens, m) {
+        m -= 1;
+    }
+    m
+}
+
+/// The images of `tokens` as (start, length) runs of placeholders.
+pub fn image_runs(tokens: &[u32]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, &t) in tokens.iter().enumerate() {
+        if !is_image_token(t) {
+            continue;
+        }
+        match runs.last_mut() {
+            Some((s, n)) if *s + *n == i && inside_image(tokens, i) => *n += 1,
+            _ => runs.push((i, 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(hash: u64, n: u32) -> Vec<u32> {
+        (0..n).map(|k| image_token(hash, k)).collect()
+    }
+
+    #[test]
+    fn placeholders_mark_whole_images() {
+        // Text, an image of 4, the same image again right after it, text, another image
+        // whose ids wrap around 2^31.
+        let mut t = vec![1, 2];
+        t.extend(image(42, 4));
+        t.extend(image(42, 4));
+        t.push(3);
+        let w = image(0x7fff_fffe, 3);
+        assert_eq!(w[2], IMAGE_BIT, "the ids wrap");
+        t.extend(&w);
+        assert!(w.iter().all(|&x| is_image_token(x)));
+        assert_eq!(image_runs(&t), vec![(2, 4), (6, 4), (11, 3)]);
+        assert_eq!(whole_images(&t, 4), 2);
+        assert_eq!(whole_images(&t, 6), 6, "between the two copies");
+        assert_eq!(whole_images(&t, 9), 6);
+        assert_eq!(whole_images(&t, 10), 10);
+        assert_eq!(whole_images(&t, 13), 11);
+        assert_eq!(whole_images(&t, 99), 14);
+        // Another image at the same place differs at its first token.
+        assert_ne!(image_token(42, 0), image_token(43, 0));
+        assert!(!is_image_token(262_143));
+    }
+}
