@@ -4,7 +4,7 @@
 # comparison, against a llama-server binary — with SmolLM2 in place of every preset's
 # model (scripts/server-launcher.py swaps the model flags).
 #   scripts/server-tests.sh [--server BIN] [--junit FILE] [--expected LIST] [unit/test_x.py ...] [-- PYTEST_ARGS]
-# Default server: target/release/wgllm; default files: the seventeen docs/server.md's table lists.
+# Default server: target/release/wgllm; default files: the eighteen docs/server.md's table lists.
 # --expected LIST runs the tests named in LIST (pytest node ids, one per line; # comments),
 # which must all pass: the test command runs tests/data/server-suite-pass.txt.
 # The suite's session fixture starts every preset once only to download models: with a
@@ -31,7 +31,8 @@ if [ ${#files[@]} -eq 0 ]; then
     unit/test_tokenize.py unit/test_ctx_shift.py unit/test_security.py unit/test_stream.py
     unit/test_ignore_eos.py unit/test_metrics.py unit/test_kv_keep_only_active.py
     unit/test_compat_anthropic.py unit/test_slot_save.py unit/test_embedding.py
-    unit/test_infill.py unit/test_speculative.py unit/test_rerank.py unit/test_lora.py)
+    unit/test_infill.py unit/test_speculative.py unit/test_rerank.py unit/test_lora.py
+    unit/test_vision_api.py)
 fi
 [ -x "$server" ] || { echo "error: no server binary at $server (cargo build --release)" >&2; exit 1; }
 # Sets model, tests (the suite's folder) and venv (its Python environment).
@@ -67,6 +68,15 @@ if [ ! -f "$lora_file" ]; then
     -o "$lora_file" 2>/dev/null
 fi
 ln -sf "$lora_file" "$tests/tmp/moe_shakespeare15M.gguf"
+# test_vision_api.py's preset is tinygemma3 with its mmproj, from the Hugging Face
+# registry: Gemma-3-270M with the synthetic mmproj llama.cpp's references were recorded
+# with (`wgllm synth --mmproj-for`; random weights, so the tests that look for "cat" or
+# "frog" fail for llama-server too, as do those that fetch images from the network).
+vision_model="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/gemma-3-270m-q4_k_m.gguf"
+mmproj_file="${WGLLM_MODELS:-$HOME/.cache/wgllm-models}/synth-mmproj-gemma3-270m.gguf"
+if [ ! -f "$mmproj_file" ]; then
+  "$root/target/release/wgllm" synth --mmproj-for "$vision_model" -o "$mmproj_file" 2>/dev/null
+fi
 # Our copy of the suite: the session fixture does not start every preset to download.
 sed -i 's/^\(\s*\)ServerPreset.load_all()$/\1pass  # wgllm: models are local files/' "$tests/conftest.py"
 cd "$tests"
@@ -74,5 +84,6 @@ args=(-p no:cacheprovider -q -rfE)
 [ -n "$junit" ] && args+=("--junitxml=$junit")
 WGLLM_SUITE_SERVER="$server" WGLLM_SUITE_MODEL="$model" WGLLM_SUITE_FIM_MODEL="$fim_model" \
 WGLLM_SUITE_BERT_MODEL="$bert_model" WGLLM_SUITE_RERANK_MODEL="$rerank_model" \
+WGLLM_SUITE_VISION_MODEL="$vision_model" WGLLM_SUITE_MMPROJ="$mmproj_file" \
 LLAMA_SERVER_BIN_PATH="$root/scripts/server-launcher.py" \
   "$venv/bin/python" -m pytest "${args[@]}" "${files[@]}" "${extra[@]}"

@@ -1499,3 +1499,140 @@ fn bodies_in_memory_are_bounded_together() {
     let (st, r) = s.json("POST", "/tokenize", json!({"content": "Hi"}));
     assert_eq!(st, 200, "{r}");
 }
+
+/// Images in requests, on Gemma-3-270M with the synthetic mmproj llama.cpp ran
+/// (tests/data/reference/vision): an OpenAI `image_url` data URI, an Anthropic image
+/// block, a `file://` URL under `--media-path` and `/completion`'s `multimodal_data` with
+/// the marker `/props` gives all continue the prompt with llama-mtmd-cli's 16 greedy
+/// tokens (those `wgllm run --image` gives, tests/vision.rs); the same image again is
+/// reused from the cache; bad images get a 400 with the reason, a text-only server
+/// llama-server's 500, and the server goes on.
+#[test]
+fn images_in_requests_read_as_llama_server_reads_them() {
+    use base64::Engine as _;
+    use wgllm::gguf::GgmlType;
+    use wgllm::model::synth::{synth_mmproj_gemma3, MmprojShape};
+    let dir = common::scratch_dir("server-images");
+    let mm = dir.join("mmproj-270m.gguf");
+    synth_mmproj_gemma3(MmprojShape::tiny(), 640, GgmlType::F32)
+        .write(&mm)
+        .unwrap();
+    let png = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vision/square-224.png"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("square.png"), &png).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/data/reference/vision/gemma3-270m-square-224.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let want: String = (reference["pieces"].as_array().unwrap().iter())
+        .take(16)
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    let lm = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
+    let s = start_model(
+        lm.to_str().unwrap(),
+        &[
+            "--mmproj",
+            mm.to_str().unwrap(),
+            "--media-path",
+            dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let question = "Count from one to twenty, in words.";
+    let chat = |url: &str| {
+        s.json(
+            "POST",
+            "/v1/chat/completions",
+            json!({"temperature": 0, "max_tokens": 16, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": question},
+            ]}]}),
+        )
+    };
+    let data_uri = format!("data:image/png;base64,{b64}");
+    let (st, b) = chat(&data_uri);
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["choices"][0]["message"]["content"], want.as_str(), "{b}");
+    let n_prompt = b["usage"]["prompt_tokens"].as_u64().unwrap();
+    // Asked again, everything but the last prompt token comes from the cache: the image's
+    // cells are reused by its content.
+    let (_, b) = chat(&data_uri);
+    assert_eq!(
+        b["usage"]["prompt_tokens_details"]["cached_tokens"],
+        n_prompt - 1
+    );
+    let (st, b) = chat("file://square.png");
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["choices"][0]["message"]["content"], want.as_str());
+    let (st, b) = s.json(
+        "POST",
+        "/v1/messages",
+        json!({"max_tokens": 16, "temperature": 0, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+            {"type": "text", "text": question},
+        ]}]}),
+    );
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["content"][0]["text"], want.as_str(), "{b}");
+    let (_, props) = s.json("GET", "/props", json!({}));
+    assert_eq!(props["modalities"]["vision"], true);
+    let marker = props["media_marker"].as_str().unwrap().to_string();
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"temperature": 0, "n_predict": 16, "prompt": {
+            "prompt_string": format!("<start_of_turn>user\n{marker}{question}<end_of_turn>\n<start_of_turn>model\n"),
+            "multimodal_data": [b64],
+        }}),
+    );
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["content"], want.as_str());
+    let (_, models) = s.json("GET", "/v1/models", json!({}));
+    assert_eq!(
+        models["models"][0]["capabilities"],
+        json!(["completion", "multimodal"])
+    );
+    // Bad images, each a 400 with its reason.
+    let truncated = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&png[..png.len() / 2])
+    );
+    for (url, why) in [
+        ("data:text/html;base64,aGVsbG8=", "Invalid uri format"),
+        ("malformed!", "base64"),
+        ("https://ggml.ai/cat.png", "remote image URLs"),
+        ("file://../square.png", "not allowed"),
+        (truncated.as_str(), "image 1 of the request"),
+    ] {
+        let (st, b) = chat(url);
+        assert_error(st, &b, 400, "invalid_request_error");
+        let msg = b["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(why), "{url:.40}: {msg}");
+    }
+    let (st, b) = chat(&data_uri);
+    assert_eq!(st, 200, "the server goes on: {b}");
+    drop(s);
+    // A server without an mmproj answers as llama-server does.
+    let s = start(&[]);
+    let (st, b) = s.json(
+        "POST",
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_uri}},
+        ]}]}),
+    );
+    assert_error(st, &b, 500, "server_error");
+    assert!(
+        b["error"]["message"].as_str().unwrap().contains("mmproj"),
+        "{b}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -230,9 +230,6 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     if a.spec.speculation()?.is_some() && embeddings {
         bail!("speculative decoding (-md, --spec-type) speeds up generation, and an --embeddings server generates nothing: leave one out");
     }
-    if a.mmproj.is_some() && embeddings {
-        bail!("--mmproj with --embeddings: images in embeddings inputs are not built; serve images from a generating server (without --embeddings)");
-    }
     if let Some(p) = a.mmproj.as_ref().filter(|p| !p.exists()) {
         bail!("mmproj file {} does not exist", p.display());
     }

@@ -461,7 +461,7 @@ pub fn prompt_tokens(v: &Value, tok: &Tokenizer, add_special: bool) -> ApiResult
             Value::Object(o) => {
                 if o.contains_key("multimodal_data") {
                     return Err(ApiError::invalid(
-                        "Multimodal data provided, but model does not support multimodal requests.",
+                        "Multimodal data provided, but this request does not take it: images go in /completion and chat requests to a server started with --mmproj",
                     ));
                 }
                 let text = match (o.get("prompt_string"), o.get("content")) {
@@ -548,7 +548,7 @@ fn content_text(parts: &Value) -> ApiResult<String> {
             (Some("text"), Some(Value::String(t))) => text.push_str(t),
             (Some("image_url" | "input_audio" | "input_video"), _) => {
                 return Err(ApiError::invalid(
-                    "this model is not multimodal: only text parts are taken",
+                    "only text parts are taken here: images go in /completion and chat requests to a server started with --mmproj",
                 ))
             }
             (Some("text"), _) => {
