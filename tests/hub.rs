@@ -286,6 +286,15 @@ fn picks_llama_cpp_s_quant_and_caches_it_in_the_hf_layout() {
     let again = fetch("org/model-GGUF", None, &o, &mut Seen::default()).unwrap();
     assert_eq!(again, p);
     assert_eq!(server.downloads().len(), 1);
+    // With its mmproj (llama.cpp's choice: the one beside it), downloaded once too.
+    let (m, mm) =
+        wgllm::hub::fetch_with_mmproj("org/model-GGUF", None, &o, true, &mut Seen::default())
+            .unwrap();
+    assert_eq!(m, p);
+    let mm = mm.expect("the repository's mmproj");
+    assert!(mm.ends_with("mmproj-model-Q4_K_M.gguf"), "{}", mm.display());
+    assert_eq!(std::fs::read(&mm).unwrap(), *bytes(3, 1000));
+    assert_eq!(server.downloads().len(), 2);
     // A named quant, any case; -hff names the file itself.
     let q8 = fetch("org/model-GGUF:q8_0", None, &o, &mut Seen::default()).unwrap();
     assert_eq!(std::fs::read(&q8).unwrap(), *bytes(2, 300_000));

@@ -38,14 +38,17 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
     let policy = a.shift.policy()?;
     a.spec.speculation()?;
     a.media.check()?;
-    let mut opts = a.model.options()?;
+    // With -hf the repository's mmproj comes too, as llama-cli takes it.
+    let (mut model, mut media) = (a.model.clone(), a.media.clone());
+    media.resolve(&mut model, true)?;
+    let mut opts = model.options()?;
     opts.swa_keep = a.shift.swa_keep();
-    let mut engine = load_engine(&a.model, &opts)?;
+    let mut engine = load_engine(&model, &opts)?;
     a.spec.attach(&mut engine)?;
-    a.media.attach(&mut engine)?;
+    media.attach(&mut engine)?;
     // Images wait for the next message, which gets their markers (llama-mtmd-cli's
     // `/image` does the same); the conversation keeps every image it was given.
-    let mut waiting = a.media.prepare(&engine)?;
+    let mut waiting = media.prepare(&engine)?;
     let mut images: Vec<Arc<PreparedImage>> = Vec::new();
     if engine.tokenizer.chat_template().is_none() {
         log::warn!("the model has no chat template; using ChatML, as llama.cpp does");

@@ -49,6 +49,20 @@ impl HubArgs {
     /// The local path of the -hf model, downloading it if needed (None without -hf).
     #[cfg(feature = "hub")]
     pub fn resolve(&self) -> Result<Option<PathBuf>> {
+        Ok(self.resolve_with_mmproj(false)?.map(|r| r.0))
+    }
+
+    /// [`Self::resolve`], with `mmproj` the repository's vision encoder for the model
+    /// too, where it has one (llama.cpp's choice of file).
+    #[cfg(not(feature = "hub"))]
+    pub fn resolve_with_mmproj(&self, _: bool) -> Result<Option<(PathBuf, Option<PathBuf>)>> {
+        Ok(self.resolve()?.map(|p| (p, None)))
+    }
+
+    /// [`Self::resolve`], with `mmproj` the repository's vision encoder for the model
+    /// too, where it has one (llama.cpp's choice of file).
+    #[cfg(feature = "hub")]
+    pub fn resolve_with_mmproj(&self, mmproj: bool) -> Result<Option<(PathBuf, Option<PathBuf>)>> {
         let Some(repo) = &self.hf_repo else {
             return Ok(None);
         };
@@ -58,11 +72,19 @@ impl HubArgs {
             opts.token = Some(t.clone());
         }
         let mut bar = Bar(None);
-        let path = wgllm::hub::fetch(repo, self.hf_file.as_deref(), &opts, &mut bar);
+        let file = self.hf_file.as_deref();
+        let got = wgllm::hub::fetch_with_mmproj(repo, file, &opts, mmproj, &mut bar);
         if let Some(b) = bar.0 {
             b.finish_and_clear();
         }
-        Ok(Some(path?))
+        let got = got?;
+        if let Some(m) = &got.1 {
+            log::info!(
+                "{repo}: vision encoder {} (--no-mmproj to leave it out)",
+                m.display()
+            );
+        }
+        Ok(Some(got))
     }
 }
 

@@ -1,6 +1,7 @@
 //! llama-mtmd-cli's image flags for `run` and `chat`: the vision encoder (`--mmproj`)
 //! and the images (`--image`), read and prepared before anything is generated.
 
+use super::ModelArgs;
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,14 @@ pub struct MediaArgs {
     /// marker, or before the prompt's text where it has none (as llama-mtmd-cli does).
     #[arg(long = "image", value_delimiter = ',')]
     pub images: Vec<PathBuf>,
+    /// With -hf, leave out the repository's mmproj (by default it is downloaded and
+    /// loaded with the model, as llama.cpp does).
+    #[arg(
+        long = "no-mmproj",
+        visible_alias = "no-mmproj-auto",
+        conflicts_with = "mmproj"
+    )]
+    pub no_mmproj: bool,
 }
 
 impl MediaArgs {
@@ -25,6 +34,24 @@ impl MediaArgs {
     pub fn check(&self) -> Result<()> {
         if !self.images.is_empty() && self.mmproj.is_none() {
             bail!("--image needs the model's vision encoder: pass --mmproj FILE (the mmproj GGUF beside the model)");
+        }
+        Ok(())
+    }
+
+    /// The model's path, and with -hf (unless `--no-mmproj`, and where `want`) the
+    /// repository's mmproj taken as `--mmproj`; `model` then names the file (-m).
+    pub fn resolve(&mut self, model: &mut ModelArgs, want: bool) -> Result<()> {
+        if model.model.is_some() {
+            return Ok(());
+        }
+        let want = want && self.mmproj.is_none() && !self.no_mmproj;
+        let (path, mmproj) = model
+            .hub
+            .resolve_with_mmproj(want)?
+            .ok_or_else(|| anyhow::anyhow!("a model is needed: -m FILE or -hf ORG/NAME[:QUANT]"))?;
+        model.model = Some(path);
+        if mmproj.is_some() {
+            self.mmproj = mmproj;
         }
         Ok(())
     }

@@ -126,16 +126,19 @@ pub fn run(a: &RunArgs) -> Result<()> {
     a.spec.speculation()?;
     a.media.check()?;
     let with_images = !a.media.images.is_empty();
+    // With -hf the repository's mmproj comes too where images are given.
+    let (mut model, mut media) = (a.model.clone(), a.media.clone());
+    media.resolve(&mut model, with_images)?;
     if with_images && a.prompt_cache.is_some() {
         bail!("--prompt-cache is not taken with --image: a prompt-cache file records token ids, and an image's cells would be matched by a hash the file cannot check against the mmproj");
     }
-    let mut opts = a.model.options()?;
+    let mut opts = model.options()?;
     opts.swa_keep = a.shift.swa_keep();
-    let mut engine = load_engine(&a.model, &opts)?;
+    let mut engine = load_engine(&model, &opts)?;
     a.spec.attach(&mut engine)?;
-    a.media.attach(&mut engine)?;
+    media.attach(&mut engine)?;
     params.sampling = a.sampling.params(&engine)?;
-    let images = a.media.prepare(&engine)?;
+    let images = media.prepare(&engine)?;
     let id = engine.open_session(params)?;
     // With a system prompt the prompt is the first user turn of a chat (as llama-cli
     // does with -sys); with images too (as llama-mtmd-cli does, each image's marker

@@ -70,6 +70,14 @@ pub struct ServeArgs {
     /// A directory `file://` image URLs in requests may read from (none: refused).
     #[arg(long = "media-path")]
     pub media_path: Option<PathBuf>,
+    /// With -hf, leave out the repository's mmproj (by default it is downloaded and
+    /// loaded with the model, as llama-server does).
+    #[arg(
+        long = "no-mmproj",
+        visible_alias = "no-mmproj-auto",
+        conflicts_with = "mmproj"
+    )]
+    pub no_mmproj: bool,
     /// Load the --lora adapters with scale 0: set them later with POST /lora-adapters
     /// or a request's `lora` (today's llama-server applies them at their scales anyway).
     #[arg(long = "lora-init-without-apply")]
@@ -224,13 +232,25 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the slot directory {}", dir.display()))?;
     }
-    // An -hf model is downloaded before the server binds, as llama-server does.
-    let model_path = a.model.path()?;
+    // An -hf model (with its mmproj) is downloaded before the server binds, as
+    // llama-server does.
+    let mut mmproj = a.mmproj.clone();
+    let model_path = match &a.model.model {
+        Some(m) => m.clone(),
+        None => {
+            let want = mmproj.is_none() && !a.no_mmproj;
+            let (path, hub_mmproj) = (a.model.hub.resolve_with_mmproj(want)?).ok_or_else(|| {
+                anyhow::anyhow!("a model is needed: -m FILE or -hf ORG/NAME[:QUANT]")
+            })?;
+            mmproj = mmproj.or(hub_mmproj);
+            path
+        }
+    };
     let embeddings = a.embeddings || a.reranking;
     if a.spec.speculation()?.is_some() && embeddings {
         bail!("speculative decoding (-md, --spec-type) speeds up generation, and an --embeddings server generates nothing: leave one out");
     }
-    if let Some(p) = a.mmproj.as_ref().filter(|p| !p.exists()) {
+    if let Some(p) = mmproj.as_ref().filter(|p| !p.exists()) {
         bail!("mmproj file {} does not exist", p.display());
     }
     if let Some(d) = a.media_path.as_ref().filter(|d| !d.is_dir()) {
@@ -305,7 +325,6 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     eopts.embeddings = embeddings;
     eopts.reranking = pooling == wgllm::engine::Pooling::Rank;
     let spec = a.spec.clone();
-    let mmproj = a.mmproj.clone();
     let load = move || {
         let mut e = load_engine(&model, &eopts)?;
         spec.attach(&mut e)?;

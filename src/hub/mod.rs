@@ -130,6 +130,18 @@ pub fn fetch(
     opts: &HubOptions,
     progress: &mut dyn Progress,
 ) -> Result<PathBuf, HubError> {
+    Ok(fetch_with_mmproj(spec, file, opts, false, progress)?.0)
+}
+
+/// [`fetch`], and with `mmproj` the repository's vision encoder for the model too
+/// (llama.cpp's choice, [`select::best_mmproj`]), if it has one.
+pub fn fetch_with_mmproj(
+    spec: &str,
+    file: Option<&str>,
+    opts: &HubOptions,
+    mmproj: bool,
+    progress: &mut dyn Progress,
+) -> Result<(PathBuf, Option<PathBuf>), HubError> {
     let spec = RepoSpec::parse(spec).map_err(HubError::Spec)?;
     let dir = RepoDir::new(&opts.cache, &spec.repo);
     let client = Client::new(opts);
@@ -190,11 +202,14 @@ pub fn fetch(
     };
     // A split model: every part, each beside the others in the snapshot (the loader
     // finds them by name from the first).
-    let parts = select::parts_of(&paths, chosen);
+    let mut parts = select::parts_of(&paths, chosen);
     let local = dir.snapshot(&commit, chosen);
+    let encoder = select::best_mmproj(&paths, chosen).filter(|_| mmproj);
+    parts.extend(encoder);
+    let encoder = encoder.map(|e| dir.snapshot(&commit, e));
     if parts.iter().all(|p| dir.snapshot(&commit, p).exists()) {
         progress.note(&format!("{}: {chosen} (cached)", spec.repo));
-        return Ok(local);
+        return Ok((local, encoder));
     }
     for part in &parts {
         let target = dir.snapshot(&commit, part);
@@ -218,7 +233,7 @@ pub fn fetch(
     }
     dir.set_ref("main", &commit)
         .map_err(|e| HubError::io("writing the ref of", &dir.0, e))?;
-    Ok(local)
+    Ok((local, encoder))
 }
 
 struct Client<'a> {

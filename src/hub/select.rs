@@ -103,6 +103,56 @@ pub fn choose<'a>(files: &[&'a str], spec: &RepoSpec) -> Option<&'a str> {
     None
 }
 
+/// The bits of a file's quant (its last `-` or `.` part before `.gguf` and any split
+/// suffix: Q4_K_M 4, F16 16, BF16 16), 0 without one, as llama.cpp reads them.
+fn quant_bits(path: &str) -> u32 {
+    let stem = path.strip_suffix(".gguf").unwrap_or(path);
+    let stem = split_part(path).map_or(stem, |(prefix, _, _)| prefix);
+    let tail = stem.rsplit(['-', '.']).next().unwrap_or("");
+    let ok = stem.len() > tail.len() && !tail.is_empty();
+    let ok = ok && tail.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_');
+    if !ok {
+        return 0;
+    }
+    let digits: String = (tail.chars())
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap_or(0)
+}
+
+/// The vision encoder (mmproj) llama.cpp fetches with `model` from `files`: a GGUF whose
+/// path holds "mmproj", in the model's folder or one above it (the deepest such folder
+/// first), then the one whose quant's bits are closest to the model's; the first listed
+/// wins a tie.
+pub fn best_mmproj<'a>(files: &[&'a str], model: &str) -> Option<&'a str> {
+    let model_dir: Vec<&str> = model.split('/').collect();
+    let model_dir = &model_dir[..model_dir.len() - 1];
+    let model_bits = quant_bits(model) as i64;
+    let mut best: Option<(&str, usize, i64)> = None;
+    for &f in files {
+        if !f.ends_with(".gguf") || !f.contains("mmproj") {
+            continue;
+        }
+        let parts: Vec<&str> = f.split('/').collect();
+        let dir = &parts[..parts.len() - 1];
+        // The sibling's folder must be the model's or one above it.
+        if dir.len() > model_dir.len() || model_dir[..dir.len()] != *dir {
+            continue;
+        }
+        let depth = dir.len();
+        let diff = (quant_bits(f) as i64 - model_bits).abs();
+        let better = match best {
+            None => true,
+            Some((_, d, df)) => depth > d || (depth == d && diff < df),
+        };
+        if better {
+            best = Some((f, depth, diff));
+        }
+    }
+    best.map(|b| b.0)
+}
+
 /// Every part of the split model whose first part is `first` (just `first` if it is
 /// not split), in order.
 pub fn parts_of<'a>(files: &[&'a str], first: &'a str) -> Vec<&'a str> {
@@ -171,5 +221,36 @@ mod tests {
             ]
         );
         assert_eq!(parts_of(&files, "model-Q8_0.gguf"), ["model-Q8_0.gguf"]);
+    }
+
+    #[test]
+    fn the_mmproj_is_llama_cpps_choice() {
+        assert_eq!(quant_bits("m-Q4_K_M.gguf"), 4);
+        assert_eq!(quant_bits("mmproj-model-f16.gguf"), 16);
+        assert_eq!(quant_bits("x/m-BF16-00001-of-00002.gguf"), 16);
+        assert_eq!(quant_bits("model.gguf"), 0);
+        let files = [
+            "mmproj-model-f16.gguf",
+            "mmproj-model-Q8_0.gguf",
+            "sub/mmproj-F32.gguf",
+            "gemma-3-4b-it-Q4_K_M.gguf",
+            "sub/model-Q4_K_M.gguf",
+            "README.md",
+        ];
+        // Closest bits: Q8_0 for a 4-bit model, f16 for a bf16 one.
+        assert_eq!(
+            best_mmproj(&files, "gemma-3-4b-it-Q4_K_M.gguf"),
+            Some("mmproj-model-Q8_0.gguf")
+        );
+        assert_eq!(
+            best_mmproj(&files, "gemma-3-4b-it-BF16.gguf"),
+            Some("mmproj-model-f16.gguf")
+        );
+        // The model's own folder before the one above it.
+        assert_eq!(
+            best_mmproj(&files, "sub/model-Q4_K_M.gguf"),
+            Some("sub/mmproj-F32.gguf")
+        );
+        assert_eq!(best_mmproj(&files[3..], "gemma-3-4b-it-Q4_K_M.gguf"), None);
     }
 }
