@@ -5,6 +5,7 @@
 //! its tests. Front ends (`wgllm bench`, the desktop app) get [`BenchEvent`]s and print
 //! or draw them; the formats ([`report`]) and the plot ([`plot`]) live here too.
 
+pub mod image;
 pub mod list;
 pub mod plot;
 pub mod report;

@@ -49,6 +49,13 @@ pub struct BenchArgs {
     /// Time a pp and a tg step per op kind for each model and backend.
     #[arg(long)]
     pub profile: bool,
+    /// A vision encoder (mmproj) for the first model: after the table, one image's
+    /// encode time and the time its tokens take to decode, as llama-mtmd-cli reports them.
+    #[arg(long = "mmproj", visible_alias = "mm")]
+    pub mmproj: Option<PathBuf>,
+    /// The image for --mmproj (default: a generated one at the encoder's size).
+    #[arg(long = "image", requires = "mmproj")]
+    pub image: Option<PathBuf>,
     /// Draw tokens/s against depth (several -d) or test size as an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
@@ -412,5 +419,55 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
         log::info!("plot written to {}", path.display());
     }
+    if let Some(mmproj) = &a.mmproj {
+        let text = image_bench(a, &plan, mmproj)?;
+        match format {
+            OutputFormat::Md => print!("{text}"),
+            _ => eprint!("{text}"),
+        }
+    }
     Ok(())
+}
+
+/// `--mmproj`: one image through the first model's encoder and decode, as a small table.
+fn image_bench(a: &BenchArgs, plan: &BenchPlan, mmproj: &std::path::Path) -> Result<String> {
+    use wgllm::bench::image::{bench_image, ImageBench};
+    let model = &plan.models[0];
+    let mut opts = plan.base.clone();
+    opts.gpu.backend = plan.backends[0];
+    opts.n_ctx = opts.n_ctx.max(1024);
+    let mut engine = wgllm::engine::Engine::load(model, &opts, &mut |_, _| {})?;
+    engine.attach_vision(&mmproj.display().to_string())?;
+    let side = engine.vision().map_or(224, |v| v.hp.image_size);
+    let (img, name) = match &a.image {
+        Some(p) => {
+            let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            let img = wgllm::vision::decode_image(&bytes, &p.display().to_string())?;
+            (img, p.display().to_string())
+        }
+        None => (test_card(side), format!("generated {side}x{side}")),
+    };
+    let reps = plan.reps.first().copied().unwrap_or(5).max(1);
+    let r = bench_image(&mut engine, &img, reps)?;
+    let (em, es) = ImageBench::stats(&r.encode_ms);
+    let (dm, ds) = ImageBench::stats(&r.decode_ms);
+    let n = r.n_tokens;
+    Ok(format!(
+        "\n| image | tokens | encode ms | decode ms | decode t/s |\n|---|---:|---:|---:|---:|\n| {name} | {n} | {em:.1} ± {es:.1} | {dm:.1} ± {ds:.1} | {:.1} |\n",
+        n as f64 / (dm / 1e3)
+    ))
+}
+
+/// A colour gradient of `side` x `side` pixels.
+fn test_card(side: u32) -> wgllm::vision::RgbImage {
+    let pixels = (0..side)
+        .flat_map(|y| {
+            (0..side).flat_map(move |x| [(x * 255 / side) as u8, (y * 255 / side) as u8, 128])
+        })
+        .collect();
+    wgllm::vision::RgbImage {
+        width: side,
+        height: side,
+        pixels,
+    }
 }

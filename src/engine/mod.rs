@@ -245,6 +245,11 @@ impl Engine {
         Ok(())
     }
 
+    /// The vision encoder (`--mmproj`), if one is attached.
+    pub fn vision(&self) -> Option<&Arc<crate::vision::VisionEncoder>> {
+        self.vision.as_ref()
+    }
+
     /// How images are prepared for this engine's encoder; `None` without `--mmproj`.
     pub fn image_prep(&self) -> Option<Arc<crate::vision::ImagePrep>> {
         self.vision.as_ref().map(|v| v.prep.clone())
@@ -392,6 +397,7 @@ impl Engine {
         }
         dst.shift.n_past = shift.n_past;
         dst.shift.n_keep = shift.n_keep;
+        dst.shift.images = shift.images;
         dst.history = history;
         dst.logits = logits;
         Ok(id)
