@@ -236,3 +236,72 @@ fn headless_chat_on_a_split_model_shows_each_device_part() {
     assert_eq!(img.squares(right, [233, 30, 99]), n1, "device 1's layers");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An image in the app's chat (`--mmproj`, `--image` with the drive's message): Gemma-3-270M
+/// with the synthetic mmproj llama.cpp's references used continues the message as
+/// llama-mtmd-cli does (the same 16 greedy tokens as `wgllm run --image`,
+/// tests/vision.rs), and the window shows the image in the conversation.
+#[test]
+fn headless_chat_with_an_image_shows_it_and_replies_as_llamacpp() {
+    use wgllm::gguf::GgmlType;
+    use wgllm::model::synth::{synth_mmproj_gemma3, MmprojShape};
+    let dir = common::scratch_dir("app-image");
+    let mm = dir.join("mmproj-270m.gguf");
+    synth_mmproj_gemma3(MmprojShape::tiny(), 640, GgmlType::F32)
+        .write(&mm)
+        .unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            root.join("tests/data/reference/vision/gemma3-270m-square-224.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let want: String = (reference["pieces"].as_array().unwrap().iter())
+        .take(16)
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    let lm = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
+    let shot = dir.join("app-image.png");
+    let out = Command::new("xvfb-run")
+        .args(["-a", "-s", "-screen 0 1400x900x24"])
+        .arg(env!("CARGO_BIN_EXE_wgllm"))
+        .args(["app", "-m"])
+        .arg(&lm)
+        .arg("--mmproj")
+        .arg(&mm)
+        .arg("--image")
+        .arg(root.join("tests/data/vision/square-224.png"))
+        .args(["--temp", "0", "-n", "16", "-c", "256", "-np", "1"])
+        .args(["-p", "Count from one to twenty, in words."])
+        .arg("--screenshot")
+        .arg(&shot)
+        .args(["--timeout", "600", "--size", "1280x800"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("xvfb-run (apt-get install xvfb xauth) runs the app under a virtual display");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "app failed: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        stdout.trim_end_matches('\n'),
+        want.trim_end_matches('\n'),
+        "{stderr}"
+    );
+    // The image's bright green bands in the chat panel (nothing else there is that green).
+    let img = Image::load(&shot);
+    let green = (60..img.h - 120)
+        .flat_map(|y| (img.w / 4..img.w * 2 / 3).map(move |x| (x, y)))
+        .filter(|&(x, y)| {
+            let [r, g, b] = img.rgb(x, y);
+            g > 200 && r < 90 && b < 90
+        })
+        .count();
+    assert!(
+        green > 300,
+        "the image is shown in the chat ({green} green pixels)"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

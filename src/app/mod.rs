@@ -59,6 +59,10 @@ pub struct AppOptions {
     pub drive: bool,
     /// Send this to the first chat once the model is loaded.
     pub prompt: Option<String>,
+    /// The model's vision encoder (an mmproj file): chats then take images.
+    pub mmproj: Option<PathBuf>,
+    /// Images to send with `prompt` (the headless drive).
+    pub images: Vec<PathBuf>,
     /// The prompt is raw text to continue (no chat template), as `wgllm run -p` takes it.
     pub raw: bool,
     /// Headless drive: after the reply, save the window here and exit.

@@ -138,6 +138,8 @@ fn options_from_address() -> AppOptions {
         settings,
         drive: prompt.is_some(),
         prompt,
+        mmproj: None,
+        images: Vec::new(),
         raw: flag("raw"),
         screenshot: None,
         timeout: web_time::Duration::from_secs(

@@ -12,10 +12,12 @@ use crate::engine::service::{
     EngineService, Request, RequestEvent, RequestKey, ServiceUpdate, SlotAction, StopReason,
 };
 use crate::engine::{
-    CacheMap, Engine, EngineError, EngineOptions, Event, SessionId, SessionParams, Stop,
+    CacheMap, Engine, EngineError, EngineOptions, Event, MediaPrompt, PreparedImage, SessionId,
+    SessionParams, Stop,
 };
 use crate::gpu::Gpu;
 use crate::tokenizer::ChatMessage;
+use crate::vision::{RgbImage, MEDIA_MARKER};
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -54,12 +56,17 @@ pub enum Cmd {
     /// (`opts.n_seq_max`).
     Load {
         source: ModelSource,
+        /// The model's vision encoder (an mmproj file), natively.
+        mmproj: Option<PathBuf>,
         opts: Box<EngineOptions>,
         session: Box<SessionParams>,
     },
+    /// A chat turn: the user's text, and the images that go with it (before the text, as
+    /// llama-mtmd-cli places them).
     Chat {
         chat: SessionId,
         text: String,
+        images: Vec<Arc<RgbImage>>,
     },
     /// Raw text to continue (no chat template), as `wgllm run -p` does.
     Complete {
@@ -100,6 +107,8 @@ pub struct ModelInfo {
     pub n_ctx: u32,
     pub n_seq: u32,
     pub load_secs: f64,
+    /// A vision encoder is loaded: chats take images.
+    pub vision: bool,
 }
 
 /// What happened, for the window.
@@ -205,8 +214,12 @@ struct ChatState {
     messages: Vec<ChatMessage>,
     /// The slot's tokens after the last reply (prompt and reply), for raw continuation.
     tokens: Vec<u32>,
+    /// Every image of the conversation, in order (a chat renders all its turns).
+    images: Vec<Arc<PreparedImage>>,
+    /// Images the last turn added (dropped again if the turn fails).
+    turn_images: usize,
     /// The last request's prompt and whether it was a chat turn, for regenerating.
-    last: Option<(Vec<u32>, bool)>,
+    last: Option<(MediaPrompt, bool)>,
     running: Option<RequestKey>,
     reply: String,
     reply_tokens: Vec<u32>,
@@ -218,6 +231,8 @@ impl ChatState {
             params,
             messages: Vec::new(),
             tokens: Vec::new(),
+            images: Vec::new(),
+            turn_images: 0,
             last: None,
             running: None,
             reply: String::new(),
@@ -264,10 +279,11 @@ impl Worker {
         match cmd {
             Cmd::Load {
                 source,
+                mmproj,
                 opts,
                 session,
-            } => self.load(source, &opts, &session).await,
-            Cmd::Chat { chat, text } => self.turn(chat, Some(text), None),
+            } => self.load(source, mmproj, &opts, &session).await,
+            Cmd::Chat { chat, text, images } => self.turn(chat, Some((text, images)), None),
             Cmd::Complete { chat, text } => self.turn(chat, None, Some(text)),
             Cmd::Sampling {
                 chat,
@@ -310,8 +326,14 @@ impl Worker {
         }
     }
 
-    /// Submits chat `chat`'s next request: a chat turn (`user`) or raw text to continue.
-    fn turn(&mut self, chat: SessionId, user: Option<String>, raw: Option<String>) {
+    /// Submits chat `chat`'s next request: a chat turn (`user`, with its images) or raw
+    /// text to continue.
+    fn turn(
+        &mut self,
+        chat: SessionId,
+        user: Option<(String, Vec<Arc<RgbImage>>)>,
+        raw: Option<String>,
+    ) {
         let Some(service) = self.service.clone() else {
             return self.fail(Some(chat), "no model is loaded".into());
         };
@@ -322,21 +344,48 @@ impl Worker {
             return self.fail(Some(chat), EngineError::Busy(chat).to_string());
         }
         let tok = service.tokenizer();
+        let prep = service.image_prep();
+        c.turn_images = 0;
         let prompt = match (user, raw) {
-            (Some(text), _) => {
+            (Some((text, images)), _) => {
+                if !images.is_empty() && prep.is_none() {
+                    return self.fail(Some(chat), "this model has no vision encoder: load it with an mmproj file (wgllm app --mmproj FILE) to chat about images".into());
+                }
+                let text = format!("{}{text}", MEDIA_MARKER.repeat(images.len()));
+                if let Some(prep) = prep {
+                    c.images
+                        .extend(images.iter().map(|img| PreparedImage::new(prep, img)));
+                }
+                c.turn_images = images.len();
                 c.messages.push(ChatMessage::new("user", text));
-                match tok.apply_chat_template(&c.messages, true) {
-                    Ok(rendered) => tok.encode(&rendered, true, true),
+                let built = tok
+                    .apply_chat_template(&c.messages, true)
+                    .map_err(|e| e.to_string());
+                let built = built.and_then(|rendered| match prep {
+                    Some(prep) if !c.images.is_empty() => {
+                        MediaPrompt::build(tok, prep, &rendered, MEDIA_MARKER, &c.images, true)
+                            .map_err(|e| e.to_string())
+                    }
+                    _ => Ok(MediaPrompt::text(tok.encode(&rendered, true, true))),
+                });
+                match built {
+                    Ok(p) => p,
                     Err(e) => {
                         c.messages.pop();
-                        return self.fail(Some(chat), e.to_string());
+                        let keep = c.images.len() - c.turn_images;
+                        c.images.truncate(keep);
+                        return self.fail(Some(chat), e);
                     }
                 }
             }
             (None, Some(text)) => {
                 let mut p = c.tokens.clone();
                 p.extend(tok.encode(&text, p.is_empty(), true));
-                p
+                // The slot's images stay where they are in its tokens.
+                MediaPrompt {
+                    tokens: p,
+                    images: c.last.as_ref().map_or(Vec::new(), |l| l.0.images.clone()),
+                }
             }
             (None, None) => return,
         };
@@ -344,7 +393,7 @@ impl Worker {
         self.submit(chat, prompt, is_chat);
     }
 
-    fn submit(&mut self, chat: SessionId, prompt: Vec<u32>, is_chat: bool) {
+    fn submit(&mut self, chat: SessionId, prompt: MediaPrompt, is_chat: bool) {
         let (Some(service), Some(c)) = (self.service.clone(), self.chats.get_mut(chat as usize))
         else {
             return;
@@ -355,8 +404,8 @@ impl Worker {
         let input = self.input.clone();
         let key = service.submit_to(
             Request {
-                prompt,
-                images: Vec::new(),
+                prompt: prompt.tokens,
+                images: prompt.images,
                 params: c.params.clone(),
                 cache_prompt: true,
                 slot: Some(chat),
@@ -420,7 +469,7 @@ impl Worker {
                 c.running = None;
                 c.reply.push_str(&end.tail);
                 if let Some((prompt, is_chat)) = &c.last {
-                    c.tokens = prompt.clone();
+                    c.tokens = prompt.tokens.clone();
                     c.tokens.extend_from_slice(&c.reply_tokens);
                     if *is_chat {
                         c.messages
@@ -446,6 +495,8 @@ impl Worker {
                     && c.messages.last().is_some_and(|m| m.role == "user")
                 {
                     c.messages.pop();
+                    let keep = c.images.len() - std::mem::take(&mut c.turn_images);
+                    c.images.truncate(keep);
                 }
                 if let Some(reason) = self.gpu.lost_reason() {
                     return self.device_lost(reason);
@@ -485,7 +536,13 @@ impl Worker {
         }
     }
 
-    async fn load(&mut self, source: ModelSource, opts: &EngineOptions, session: &SessionParams) {
+    async fn load(
+        &mut self,
+        source: ModelSource,
+        mmproj: Option<PathBuf>,
+        opts: &EngineOptions,
+        session: &SessionParams,
+    ) {
         // Free the old model's buffers before the new one's are made: the service's loop
         // ends (and drops its engine) when its last handle goes.
         self.service = None;
@@ -521,10 +578,15 @@ impl Worker {
                 self.load_bytes(&name, read, opts, &mut report).await
             }
         };
-        let engine = match loaded {
+        let mut engine = match loaded {
             Ok(e) => e,
             Err(err) => return self.fail(None, format!("loading {name}: {err}")),
         };
+        if let Some(p) = mmproj {
+            if let Err(err) = engine.attach_vision(&p.display().to_string()) {
+                return self.fail(None, format!("loading {}: {err}", p.display()));
+            }
+        }
         let info = ModelInfo {
             name: engine.model.name.clone(),
             arch: format!("{:?}", engine.model.hp.arch).to_lowercase(),
@@ -535,6 +597,7 @@ impl Worker {
             n_ctx: engine.n_ctx(),
             n_seq: engine.context().params.n_seq_max,
             load_secs: engine.load_time.as_secs_f64(),
+            vision: engine.vision().is_some(),
         };
         #[cfg(not(target_arch = "wasm32"))]
         let service = EngineService::spawn(engine);

@@ -46,6 +46,13 @@ pub struct AppArgs {
     /// Send this message to the first chat once the model is loaded.
     #[arg(short = 'p', long)]
     pub prompt: Option<String>,
+    /// The model's vision encoder (an mmproj GGUF): chats then take images, attached by
+    /// path or dropped on the window.
+    #[arg(long = "mmproj", visible_alias = "mm")]
+    pub mmproj: Option<PathBuf>,
+    /// Images to send with --prompt (the headless drive), before its text.
+    #[arg(long = "image", value_delimiter = ',', requires = "mmproj")]
+    pub images: Vec<PathBuf>,
     /// Send --prompt as raw text for the model to continue (no chat template), as `wgllm
     /// run -p` takes it.
     #[arg(long)]
@@ -146,6 +153,8 @@ pub fn app(a: &AppArgs) -> Result<()> {
         settings,
         drive: a.screenshot.is_some(),
         prompt: a.prompt.as_deref().map(unescape),
+        mmproj: a.mmproj.clone(),
+        images: a.images.clone(),
         raw: a.raw,
         screenshot: a.screenshot.clone(),
         timeout: std::time::Duration::from_secs(a.timeout),

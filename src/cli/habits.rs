@@ -35,7 +35,7 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--spec-draft-device", "--devd", "--device-draft"], "the draft model runs on the target's GPU"),
     (&["--spec-synth-len"], "a synthetic acceptance length is not built: give the per-position rates with --spec-synth-rates"),
     (&["--control-vector", "--control-vector-scaled"], "control vectors are not supported (LoRA adapters are: --lora, --lora-scaled)"),
-    (&["--mmproj", "--image"], "images are read by `wgllm run`, `wgllm chat`, `wgllm serve`, `wgllm bench` and `wgllm image-embed`; this command reads text only"),
+    (&["--mmproj", "--image"], "images are read by `wgllm run`, `wgllm chat`, `wgllm serve`, `wgllm app`, `wgllm bench` and `wgllm image-embed`; this command reads text only"),
     (&["--model-url", "--mu"], "wgllm takes local GGUF files (-m) and Hugging Face repositories (-hf ORG/NAME[:QUANT]); download the file and pass it with -m"),
     (&["--conversation", "--cnv", "--interactive", "-i", "--interactive-first", "-if"], "conversations are the `wgllm chat` command"),
     (&["--tools", "--tools-runtime", "--ui-mcp-proxy", "--webui-mcp-proxy"], "llama-server's web UI agent side (built-in tools that read files and run commands, and the MCP CORS proxy) is not built; tool calls through the chat API (`tools` in a request) work without it"),
@@ -48,7 +48,7 @@ pub fn refused(args: &[std::ffi::OsString]) -> Option<String> {
     // The commands that take llama.cpp's image flags.
     let images_taken = matches!(
         args.get(1).and_then(|a| a.to_str()),
-        Some("image-embed" | "run" | "chat" | "serve" | "bench")
+        Some("image-embed" | "run" | "chat" | "serve" | "bench" | "app")
     );
     for a in args.iter().skip(1) {
         let Some(a) = a.to_str() else { continue };

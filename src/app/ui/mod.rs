@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use web_time::Instant;
 
 mod drive;
+mod images;
 mod restart;
 
 enum Load {
@@ -38,6 +39,13 @@ enum Role {
 struct Chat {
     id: SessionId,
     messages: Vec<(Role, String)>,
+    /// The images each user message went with, by the message's index.
+    thumbs: std::collections::HashMap<usize, Vec<egui::TextureHandle>>,
+    /// Images waiting for the next message.
+    attached: Vec<images::Attached>,
+    /// The path field of the attach row.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    image_path: String,
     input: String,
     busy: bool,
     /// The prompt's decoding progress, while it runs.
@@ -49,6 +57,9 @@ impl Chat {
         Chat {
             id,
             messages: Vec::new(),
+            thumbs: Default::default(),
+            attached: Vec::new(),
+            image_path: String::new(),
             input: String::new(),
             busy: false,
             progress: None,
@@ -100,6 +111,9 @@ impl FramePacing {
 
 pub struct App {
     opts: AppOptions,
+    /// The window's context, for textures made outside a frame's drawing.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    ctx: egui::Context,
     frames: FramePacing,
     settings: AppSettings,
     tx: worker::Commands,
@@ -186,6 +200,7 @@ impl App {
             .unwrap_or_default();
         let drive = opts.drive.then_some(Drive::WaitLoad);
         let mut app = App {
+            ctx: cc.egui_ctx.clone(),
             frames,
             settings: opts.settings.clone(),
             tx: cmd_tx,
@@ -253,8 +268,14 @@ impl App {
                 .engine_options(&self.opts.gpu, &self.opts.tune),
         );
         opts.split = self.opts.split.clone();
+        #[cfg(not(target_arch = "wasm32"))]
+        let mmproj = self.opts.mmproj.clone();
+        // A page has no paths: its models take text.
+        #[cfg(target_arch = "wasm32")]
+        let mmproj = None;
         self.send(Cmd::Load {
             source,
+            mmproj,
             opts,
             session: Box::new(self.settings.session_params()),
         });
@@ -262,11 +283,23 @@ impl App {
 
     /// Sends chat `i`'s input: a chat turn, or with `raw` text to continue.
     fn send_message(&mut self, i: usize, raw: bool) {
+        if raw && !self.chats[i].attached.is_empty() {
+            let note = "error: images go with a chat message (Send), not with raw text to continue";
+            self.chats[i].messages.push((Role::Note, note.into()));
+            return;
+        }
+        let attached = std::mem::take(&mut self.chats[i].attached);
         let text = std::mem::take(&mut self.chats[i].input);
-        if text.trim().is_empty() {
+        if text.trim().is_empty() && attached.is_empty() {
             return;
         }
         let id = self.chats[i].id;
+        let at = self.chats[i].messages.len();
+        if !attached.is_empty() {
+            let textures = attached.iter().map(|a| a.texture.clone()).collect();
+            self.chats[i].thumbs.insert(at, textures);
+        }
+        let images = attached.into_iter().map(|a| a.image).collect();
         self.chats[i].messages.push((Role::User, text.clone()));
         self.chats[i]
             .messages
@@ -276,7 +309,11 @@ impl App {
         self.send(if raw {
             Cmd::Complete { chat: id, text }
         } else {
-            Cmd::Chat { chat: id, text }
+            Cmd::Chat {
+                chat: id,
+                text,
+                images,
+            }
         });
     }
 
@@ -309,6 +346,10 @@ impl App {
                 self.restore_chats();
                 if self.drive == Some(Drive::WaitLoad) {
                     if let Some(p) = self.opts.prompt.clone() {
+                        #[cfg(not(target_arch = "wasm32"))]
+                        for img in self.opts.images.clone() {
+                            self.attach_path(0, &img);
+                        }
                         self.chats[0].input = p;
                         self.send_message(0, self.opts.raw);
                         self.drive = Some(Drive::WaitReply);
@@ -659,6 +700,7 @@ impl App {
         // The input row at the bottom, the messages above it.
         egui::Panel::bottom("input").show(ui, |ui| {
             ui.add_space(4.0);
+            self.attach_row(ui, i);
             let c = &mut self.chats[i];
             let edit = ui.add(
                 egui::TextEdit::multiline(&mut c.input)
@@ -703,6 +745,7 @@ impl App {
                     .clicked()
                 {
                     self.chats[i].messages.clear();
+                    self.chats[i].thumbs.clear();
                     let session = Box::new(self.settings.session_params());
                     self.send(Cmd::Reset { chat: id, session });
                 }
@@ -716,10 +759,14 @@ impl App {
                 .stick_to_bottom(true)
                 .auto_shrink([false, false])
                 .show(ui, |ui| {
-                    for (role, text) in &self.chats[i].messages {
+                    let c = &self.chats[i];
+                    for (k, (role, text)) in c.messages.iter().enumerate() {
                         match role {
                             Role::User => {
                                 ui.label(egui::RichText::new("you").strong());
+                                if let Some(t) = c.thumbs.get(&k) {
+                                    images::show_thumbs(ui, t);
+                                }
                                 ui.label(text);
                             }
                             Role::Assistant => {
@@ -771,6 +818,7 @@ impl eframe::App for App {
             self.load_from(ModelSource::File(f));
         }
         let ctx = ui.ctx().clone();
+        self.take_dropped(&ctx);
         egui::Panel::top("top").show(ui, |ui| self.top_bar(ui));
         egui::Panel::left("settings")
             .default_size(290.0)

@@ -33,6 +33,9 @@ impl App {
         if let Load::Loaded(m) = &self.load {
             cmd.arg("-m").arg(&m.path);
         }
+        if let Some(mm) = &self.opts.mmproj {
+            cmd.arg("--mmproj").arg(mm);
+        }
         match cmd.spawn() {
             Ok(_) => ctx.send_viewport_cmd(egui::ViewportCommand::Close),
             Err(e) => self.error = Some(format!("cannot restart on {}: {e}", a.name)),
