@@ -243,25 +243,10 @@ fn headless_chat_on_a_split_model_shows_each_device_part() {
 /// tests/vision.rs), and the window shows the image in the conversation.
 #[test]
 fn headless_chat_with_an_image_shows_it_and_replies_as_llamacpp() {
-    use wgllm::gguf::GgmlType;
-    use wgllm::model::synth::{synth_mmproj_gemma3, MmprojShape};
     let dir = common::scratch_dir("app-image");
-    let mm = dir.join("mmproj-270m.gguf");
-    synth_mmproj_gemma3(MmprojShape::tiny(), 640, GgmlType::F32)
-        .write(&mm)
-        .unwrap();
+    let mm = common::mmproj_270m(&dir);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let reference: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            root.join("tests/data/reference/vision/gemma3-270m-square-224.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let want: String = (reference["pieces"].as_array().unwrap().iter())
-        .take(16)
-        .map(|p| p.as_str().unwrap())
-        .collect();
+    let want = common::square_image_reply();
     let lm = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
     let shot = dir.join("app-image.png");
     let out = Command::new("xvfb-run")

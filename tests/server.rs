@@ -1510,31 +1510,15 @@ fn bodies_in_memory_are_bounded_together() {
 #[test]
 fn images_in_requests_read_as_llama_server_reads_them() {
     use base64::Engine as _;
-    use wgllm::gguf::GgmlType;
-    use wgllm::model::synth::{synth_mmproj_gemma3, MmprojShape};
     let dir = common::scratch_dir("server-images");
-    let mm = dir.join("mmproj-270m.gguf");
-    synth_mmproj_gemma3(MmprojShape::tiny(), 640, GgmlType::F32)
-        .write(&mm)
-        .unwrap();
+    let mm = common::mmproj_270m(&dir);
     let png = std::fs::read(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vision/square-224.png"),
     )
     .unwrap();
     std::fs::write(dir.join("square.png"), &png).unwrap();
     let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/data/reference/vision/gemma3-270m-square-224.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let want: String = (reference["pieces"].as_array().unwrap().iter())
-        .take(16)
-        .map(|p| p.as_str().unwrap())
-        .collect();
+    let want = common::square_image_reply();
     let lm = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
     let s = start_model(
         lm.to_str().unwrap(),

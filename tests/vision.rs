@@ -195,7 +195,6 @@ fn unrunnable_mmproj_files_are_refused() {
 }
 
 /// The synthetic mmproj for Gemma-3-270M (its width, 640) llama.cpp read the images with.
-const MMPROJ_270M_SHA256: &str = "0d86ca74203a2fe7b5542c1c33becc3f170d8e2deee27c7208147cf8068cfeee";
 const COUNT_PROMPT: &str = "<start_of_turn>user\n<__media__>Count from one to twenty, in words.<end_of_turn>\n<start_of_turn>model\n";
 
 /// Gemma-3-270M reads each test image in a prompt as llama.cpp does
@@ -220,7 +219,8 @@ fn gemma3_reads_an_image_as_llamacpp() {
         .unwrap();
     let sha = format!("{:x}", Sha256::digest(std::fs::read(&mm_path).unwrap()));
     assert_eq!(
-        sha, MMPROJ_270M_SHA256,
+        sha,
+        common::MMPROJ_270M_SHA256,
         "the synthetic mmproj is not the file llama.cpp ran"
     );
     let f = GgufFile::open(&lm_path).unwrap();
@@ -460,17 +460,6 @@ fn embedding_rows_decode_as_their_tokens() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The synthetic mmproj llama.cpp ran with Gemma-3-270M, written into `dir`.
-fn mmproj_270m(dir: &std::path::Path) -> PathBuf {
-    let path = dir.join("mmproj-270m.gguf");
-    synth_mmproj_gemma3(MmprojShape::tiny(), 640, GgmlType::F32)
-        .write(&path)
-        .unwrap();
-    let sha = format!("{:x}", Sha256::digest(std::fs::read(&path).unwrap()));
-    assert_eq!(sha, MMPROJ_270M_SHA256, "not the mmproj llama.cpp ran");
-    path
-}
-
 /// `wgllm run --mmproj --image` renders the prompt as llama-mtmd-cli does (the chat
 /// template, the image's marker before the text) and continues it with llama.cpp's greedy
 /// tokens (the square image's 16, every one with a margin of 0.7 or more); `wgllm chat`
@@ -480,18 +469,11 @@ fn mmproj_270m(dir: &std::path::Path) -> PathBuf {
 fn run_and_chat_read_an_image_as_llamacpp() {
     let dir = common::scratch_dir("vision-run");
     let lm = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
-    let (lm, mm) = (lm.to_str().unwrap(), mmproj_270m(&dir));
+    let (lm, mm) = (lm.to_str().unwrap(), common::mmproj_270m(&dir));
     let mm = mm.to_str().unwrap();
     let img = data("vision/square-224.png");
     let img = img.to_str().unwrap();
-    let r: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(data("reference/vision/gemma3-270m-square-224.json")).unwrap(),
-    )
-    .unwrap();
-    let want: String = (r["pieces"].as_array().unwrap().iter())
-        .take(16)
-        .map(|p| p.as_str().unwrap())
-        .collect();
+    let want = common::square_image_reply();
     let question = "Count from one to twenty, in words.";
     let (code, out, err) = common::wgllm(&[
         "run", "-m", lm, "--mmproj", mm, "--image", img, "-p", question, "-n", "16", "--temp", "0",

@@ -472,19 +472,7 @@ impl Engine {
         system: Option<&str>,
         user: &str,
     ) -> Result<usize, EngineError> {
-        if self.session(id)?.phase != Phase::Idle {
-            return Err(EngineError::Busy(id));
-        }
-        let tok = &self.tokenizer;
-        let s = self.sessions[id as usize].as_mut().unwrap();
-        let conv = s
-            .conversation
-            .get_or_insert_with(|| Conversation::new(system));
-        let first = conv.is_empty() && s.history.is_empty();
-        let text = conv.user_turn(tok, user)?;
-        let tokens = tok.encode(&text, first, true);
-        self.input(id, &tokens, true)?;
-        Ok(tokens.len())
+        self.chat_media(id, system, user, &[])
     }
 
     /// Queues a prompt with images for `id` (see [`MediaPrompt`]), which then generates.
@@ -501,10 +489,10 @@ impl Engine {
         user: &str,
         images: &[Arc<PreparedImage>],
     ) -> Result<usize, EngineError> {
-        if images.is_empty() {
-            return self.chat_with_system(id, system, user);
-        }
-        let prep = self.image_prep().ok_or(EngineError::NoVision)?;
+        let prep = match images.is_empty() {
+            true => None,
+            false => Some(self.image_prep().ok_or(EngineError::NoVision)?),
+        };
         if self.session(id)?.phase != Phase::Idle {
             return Err(EngineError::Busy(id));
         }
@@ -515,8 +503,14 @@ impl Engine {
             .get_or_insert_with(|| Conversation::new(system));
         let first = conv.is_empty() && s.history.is_empty();
         let text = conv.user_turn(tok, user)?;
-        let marker = crate::vision::MEDIA_MARKER;
-        let prompt = MediaPrompt::build(tok, &prep, &text, marker, images, first)?;
+        let prompt = match prep {
+            // Text alone: a marker a user typed stays text.
+            None => MediaPrompt::text(tok.encode(&text, first, true)),
+            Some(prep) => {
+                let marker = crate::vision::MEDIA_MARKER;
+                MediaPrompt::build(tok, &prep, &text, marker, images, first)?
+            }
+        };
         self.prompt_media(id, &prompt)?;
         Ok(prompt.tokens.len())
     }

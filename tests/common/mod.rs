@@ -487,3 +487,35 @@ pub fn scratch_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// The sha256 of the synthetic gemma3 mmproj for Gemma-3-270M (`wgllm synth --mmproj-for`)
+/// that llama.cpp's vision references were recorded with (tests/data/reference/vision).
+pub const MMPROJ_270M_SHA256: &str =
+    "0d86ca74203a2fe7b5542c1c33becc3f170d8e2deee27c7208147cf8068cfeee";
+
+/// That mmproj, written into `dir` (its sha256 checked: the file llama.cpp ran).
+pub fn mmproj_270m(dir: &std::path::Path) -> std::path::PathBuf {
+    use sha2::{Digest, Sha256};
+    use wgllm::model::synth::{synth_mmproj_gemma3, MmprojShape};
+    let path = dir.join("mmproj-270m.gguf");
+    synth_mmproj_gemma3(MmprojShape::tiny(), 640, wgllm::gguf::GgmlType::F32)
+        .write(&path)
+        .unwrap();
+    let sha = format!("{:x}", Sha256::digest(std::fs::read(&path).unwrap()));
+    assert_eq!(sha, MMPROJ_270M_SHA256, "not the mmproj llama.cpp ran");
+    path
+}
+
+/// llama-mtmd-cli's first 16 greedy tokens, as text, after Gemma-3-270M reads the square
+/// test image with that mmproj and "Count from one to twenty, in words." (every one with
+/// a margin of 0.7 or more).
+pub fn square_image_reply() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/reference/vision/gemma3-270m-square-224.json");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    (r["pieces"].as_array().unwrap().iter())
+        .take(16)
+        .map(|p| p.as_str().unwrap())
+        .collect()
+}
