@@ -2,6 +2,11 @@
 //! logits are wanted. Plain data at the bottom of the crate: the memory splits it into
 //! ubatches, the context checks and decodes it, the engine builds it.
 
+/// Set in the id a caller gives a position it fills with input rows instead of a token
+/// (the engine's image placeholders): no vocabulary reaches it, and state files keep such
+/// ids as they keep token ids.
+pub const ROW_ID_BIT: u32 = 1 << 31;
+
 /// Tokens to decode: for each, its position, its sequences (bit set) and whether its
 /// logits are wanted.
 #[derive(Clone, Debug, Default)]

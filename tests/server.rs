@@ -1517,6 +1517,8 @@ fn images_in_requests_read_as_llama_server_reads_them() {
     )
     .unwrap();
     std::fs::write(dir.join("square.png"), &png).unwrap();
+    // A link inside --media-path to a file outside it.
+    std::os::unix::fs::symlink(std::env::current_exe().unwrap(), dir.join("link.png")).unwrap();
     let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
     let want = common::square_image_reply();
     let lm = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
@@ -1594,6 +1596,7 @@ fn images_in_requests_read_as_llama_server_reads_them() {
         ("malformed!", "base64"),
         ("https://ggml.ai/cat.png", "remote image URLs"),
         ("file://../square.png", "not allowed"),
+        ("file://link.png", "outside --media-path"),
         (truncated.as_str(), "image 1 of the request"),
     ] {
         let (st, b) = chat(url);
@@ -1601,6 +1604,21 @@ fn images_in_requests_read_as_llama_server_reads_them() {
         let msg = b["error"]["message"].as_str().unwrap();
         assert!(msg.contains(why), "{url:.40}: {msg}");
     }
+    // More images than the context holds are refused before any is decoded.
+    let pixel = json!({"type": "image_url", "image_url": {"url": "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="}});
+    let (st, b) = s.json(
+        "POST",
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": vec![pixel; 300]}]}),
+    );
+    assert_eq!(st, 400, "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("do not fit the context"),
+        "{b}"
+    );
     let (st, b) = chat(&data_uri);
     assert_eq!(st, 200, "the server goes on: {b}");
     drop(s);

@@ -17,7 +17,7 @@ use crate::engine::{
 };
 use crate::gpu::Gpu;
 use crate::tokenizer::ChatMessage;
-use crate::vision::{RgbImage, MEDIA_MARKER};
+use crate::vision::RgbImage;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -351,7 +351,9 @@ impl Worker {
                 if !images.is_empty() && prep.is_none() {
                     return self.fail(Some(chat), "this model has no vision encoder: load it with an mmproj file (wgllm app --mmproj FILE) to chat about images".into());
                 }
-                let text = format!("{}{text}", MEDIA_MARKER.repeat(images.len()));
+                // A marker of this process's own: a `<__media__>` typed or replied stays text.
+                let marker = crate::engine::private_marker();
+                let text = format!("{}{text}", marker.repeat(images.len()));
                 if let Some(prep) = prep {
                     c.images
                         .extend(images.iter().map(|img| PreparedImage::new(prep, img)));
@@ -363,7 +365,7 @@ impl Worker {
                     .map_err(|e| e.to_string());
                 let built = built.and_then(|rendered| match prep {
                     Some(prep) if !c.images.is_empty() => {
-                        MediaPrompt::build(tok, prep, &rendered, MEDIA_MARKER, &c.images, true)
+                        MediaPrompt::build(tok, prep, &rendered, marker, &c.images, true)
                             .map_err(|e| e.to_string())
                     }
                     _ => Ok(MediaPrompt::text(tok.encode(&rendered, true, true))),

@@ -1,17 +1,17 @@
 //! `wgllm chat`: an interactive conversation rendered with the model's chat template, on
 //! the engine service (each turn decodes only what the slot's cache does not hold yet).
 
-use super::media::{prepare_file, with_markers};
+use super::media::prepare_file;
 use super::run::{SamplingArgs, ShiftArgs};
 use super::{load_engine, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
+use wgllm::engine::private_marker;
 use wgllm::engine::service::{EngineService, Request, RequestError, RequestEvent, StopReason};
 use wgllm::engine::{MediaPrompt, PreparedImage, SessionParams, Timings};
 use wgllm::tokenizer::ChatMessage;
-use wgllm::vision::MEDIA_MARKER;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -107,13 +107,16 @@ pub fn chat(a: &ChatArgs) -> Result<()> {
             }
             continue;
         }
-        let content = with_markers(line, waiting.len());
+        // The images' places: a marker of this process's own, so that a `<__media__>`
+        // typed (or written by the model) stays text.
+        let content = format!("{}{line}", private_marker().repeat(waiting.len()));
         messages.push(ChatMessage::new("user", content));
         let rendered = tok.apply_chat_template(&messages, true)?;
         let turn_images: Vec<Arc<PreparedImage>> = images.iter().chain(&waiting).cloned().collect();
         let prompt = match &prep {
             Some(prep) if !turn_images.is_empty() => {
-                match MediaPrompt::build(tok, prep, &rendered, MEDIA_MARKER, &turn_images, true) {
+                match MediaPrompt::build(tok, prep, &rendered, private_marker(), &turn_images, true)
+                {
                     Ok(p) => p,
                     Err(e) => {
                         eprintln!("{e}");

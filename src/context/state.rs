@@ -300,7 +300,8 @@ fn read_header(r: &mut Reader, model_shape: [u32; 3]) -> Result<Header, ContextE
         return Err(format(&format!("{n_tok} tokens do not fit in the file")).into());
     }
     let tokens: Vec<u32> = (0..n_tok).map(|_| r.u32()).collect::<Result<_, _>>()?;
-    if let Some(t) = tokens.iter().find(|&&t| t >= model_shape[2]) {
+    let bad = |&&t: &&u32| t >= model_shape[2] && t & crate::batch::ROW_ID_BIT == 0;
+    if let Some(t) = tokens.iter().find(bad) {
         return Err(format(&format!(
             "token {t} is outside the vocabulary of {}",
             model_shape[2]

@@ -1,6 +1,7 @@
 //! Images in a session's input. An image's tokens have no ids in the vocabulary: each
-//! takes a placeholder id made from the image's hash and its index in the image (the
-//! high bit set, so no vocabulary reaches it). The placeholders keep every token-based
+//! takes a placeholder id made from the image's hash (keyed by a secret of the process,
+//! see [`ImagePrep::image_hash`]) and its index in the image (the high bit set, so no
+//! vocabulary reaches it). The placeholders keep every token-based
 //! part of the engine working on prompts with images: two prompts share a prefix through
 //! an image exactly when they hold the same image there (llama-server compares images by
 //! hash the same way), a cache's token list records which image its cells came from, and
@@ -12,7 +13,7 @@ use crate::vision::{tokenize_with_images, ImagePrep, PromptChunk, RgbImage, Visi
 use std::sync::Arc;
 
 /// Set in every image placeholder id, never in a vocabulary's.
-const IMAGE_BIT: u32 = 1 << 31;
+const IMAGE_BIT: u32 = crate::batch::ROW_ID_BIT;
 
 /// An image prepared for the encoder: the input it reads, its hash and its token count.
 #[derive(Clone, Debug)]
@@ -95,6 +96,18 @@ impl MediaPrompt {
         }
         Ok(out)
     }
+}
+
+/// A media marker of this process's own for conversations (`wgllm chat`, the app): text a
+/// user types or a model writes cannot hold it by chance, so a literal `<__media__>` in a
+/// message stays text.
+pub fn private_marker() -> &'static str {
+    static MARKER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MARKER.get_or_init(|| {
+        use std::hash::BuildHasher;
+        let state = std::collections::hash_map::RandomState::new();
+        format!("<__media_{:016x}__>", state.hash_one(0u8))
+    })
 }
 
 /// The placeholder id of token `k` of the image hashed `hash`: consecutive ids (modulo

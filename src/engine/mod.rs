@@ -42,7 +42,9 @@ pub use chat::Conversation;
 pub use embed::{normalize, pool, Pooling};
 pub use host_cache::HostCache;
 pub use load::LoadProgress;
-pub use media::{image_token, is_image_token, whole_images, MediaPrompt, PreparedImage};
+pub use media::{
+    image_token, is_image_token, private_marker, whole_images, MediaPrompt, PreparedImage,
+};
 pub use ngram::{ngram_draft, NgramParams};
 pub use options::{EngineOptions, LoraSpec, SamplingPath, SplitSpec};
 pub use session::{Event, Phase, PromptCache, Session, SessionId, SessionParams, Stop, TokenProbs};

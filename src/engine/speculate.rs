@@ -172,7 +172,10 @@ impl Drafter {
                 .iter()
                 .map(|a| {
                     let mut d = ngram_draft(*p, &a.history, a.last);
-                    d.truncate(a.n_max);
+                    // What followed the match may be an image's placeholders, which no
+                    // token batch takes: the proposal ends before them.
+                    let text = d.iter().position(|&t| super::media::is_image_token(t));
+                    d.truncate(a.n_max.min(text.unwrap_or(d.len())));
                     d
                 })
                 .collect()),

@@ -209,8 +209,11 @@ impl Engine {
             }
             let s = self.sessions[id as usize].as_mut().unwrap();
             let tokens: Vec<u32> = if generating {
-                // The sampled token, then the draft's proposals after it.
-                s.draft.truncate(room_left - 1);
+                // The sampled token, then the draft's proposals after it (never an
+                // image's placeholder: a token batch takes ids).
+                let text = s.draft.iter().position(|&t| is_image_token(t));
+                s.draft
+                    .truncate((room_left - 1).min(text.unwrap_or(usize::MAX)));
                 let mut t = vec![s.next.unwrap()];
                 t.extend_from_slice(&s.draft);
                 t

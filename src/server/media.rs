@@ -19,7 +19,13 @@ use std::sync::{Arc, OnceLock};
 pub struct ImageInput {
     pub prep: Option<Arc<ImagePrep>>,
     pub media_path: Option<PathBuf>,
+    /// A slot's context: more images than their tokens fit are refused before any is
+    /// decoded.
+    pub n_ctx: u32,
 }
+
+/// The largest image file a `file://` URL may name (a request body holds no more).
+const MAX_FILE_BYTES: u64 = 64 << 20;
 
 /// llama-server's refusal of an image for a model without a vision encoder.
 fn not_supported() -> ApiError {
@@ -70,11 +76,27 @@ pub fn url_bytes(url: &str, media_path: Option<&Path>) -> ApiResult<Vec<u8>> {
                 "file path is not allowed: {path} (a relative path inside --media-path, without ..)"
             )));
         }
-        return std::fs::read(dir.join(p)).map_err(|e| {
+        // Resolved, links included, it must still lie inside the directory.
+        let opened = |e: std::io::Error| {
             ApiError::invalid(format!(
                 "file does not exist or cannot be opened: {path} ({e})"
             ))
-        });
+        };
+        let full = dir.join(p).canonicalize().map_err(opened)?;
+        let root = dir.canonicalize().map_err(opened)?;
+        if !full.starts_with(&root) {
+            return Err(ApiError::invalid(format!(
+                "file path is not allowed: {path} (it leads outside --media-path)"
+            )));
+        }
+        let len = std::fs::metadata(&full).map_err(opened)?.len();
+        if len > MAX_FILE_BYTES {
+            return Err(ApiError::invalid(format!(
+                "{path} is {len} bytes; an image file may be {} MiB at most",
+                MAX_FILE_BYTES >> 20
+            )));
+        }
+        return std::fs::read(&full).map_err(opened);
     }
     if let Some(rest) = url.strip_prefix("data:") {
         let Some((head, data)) = rest.split_once(',') else {
@@ -122,6 +144,20 @@ impl ImageInput {
             return Ok(MediaPrompt::text(tokens));
         }
         let prep = self.prep.as_ref().ok_or_else(not_supported)?;
+        super::budget::check_text(text)?;
+        let n_image_tokens = files.len() * prep.n_tokens as usize;
+        if n_image_tokens >= self.n_ctx as usize {
+            return Err(ApiError::exceeds_context(
+                format!(
+                    "{} images of {} tokens each do not fit the context of {} tokens",
+                    files.len(),
+                    prep.n_tokens,
+                    self.n_ctx
+                ),
+                n_image_tokens,
+                self.n_ctx,
+            ));
+        }
         let images = files
             .iter()
             .enumerate()

@@ -130,6 +130,7 @@ impl AppState {
         media::ImageInput {
             prep: service.image_prep().cloned(),
             media_path: self.opts.media_path.clone(),
+            n_ctx: service.info().n_ctx_slot,
         }
     }
 

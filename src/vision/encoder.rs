@@ -75,15 +75,20 @@ impl ImagePrep {
         v
     }
 
-    /// A 64-bit hash of `img`'s size and pixels under this encoder (FNV-1a: stable
-    /// across runs and builds, so a saved cache can be matched again).
+    /// A 64-bit hash of `img`'s size and pixels under this encoder, keyed by a secret
+    /// this process draws (SipHash): cells are reused for an image whose hash matches,
+    /// so no client may be able to make another image with the same hash. A cache saved
+    /// by another process matches no image here (its images are decoded again).
     pub fn image_hash(&self, img: &RgbImage) -> u64 {
-        let mut h = Fnv::new();
-        h.write(&self.fingerprint.to_le_bytes());
-        h.write(&img.width.to_le_bytes());
-        h.write(&img.height.to_le_bytes());
+        use std::hash::{BuildHasher, Hasher};
+        static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+            std::sync::OnceLock::new();
+        let mut h = KEY.get_or_init(Default::default).build_hasher();
+        h.write_u64(self.fingerprint);
+        h.write_u32(img.width);
+        h.write_u32(img.height);
         h.write(&img.pixels);
-        h.0
+        h.finish()
     }
 }
 
