@@ -3,7 +3,8 @@
 // mtmd's helper (an image decoded in one non-causal batch where the model asks for it),
 // then a greedy continuation with each step's margin (best logit less the runner-up).
 // Prints JSON: the chunks (text token ids, or an image's token count), the top 5 logits
-// after the prompt, the greedy ids, their pieces and margins.
+// after the prompt, the greedy ids, their pieces and margins. With MTMD_REF_EMBD set, also
+// writes every image chunk's embeddings (all tiles of a tiled image) to that file.
 // Usage: mtmd-ref MODEL MMPROJ IMAGE PROMPT_FILE N_PREDICT   (flash attention off)
 // Built by scripts/record-vision-ref.sh against ../shared/tools/llamacpp-ref's build.
 #include "llama.h"
@@ -90,6 +91,26 @@ int main(int argc, char ** argv) {
         }
     }
     out += "]";
+
+    // MTMD_REF_EMBD=FILE: every image chunk's embeddings, in prompt order, written as
+    // llama.cpp's MTMD_DEBUG_EMBEDDINGS dump (i32 tokens, i32 width, f32 rows).
+    if (const char * dump = getenv("MTMD_REF_EMBD")) {
+        const int n_embd = llama_model_n_embd(model);
+        std::vector<float> all;
+        for (size_t i = 0; i < mtmd_input_chunks_size(chunks); i++) {
+            const mtmd_input_chunk * c = mtmd_input_chunks_get(chunks, i);
+            if (mtmd_input_chunk_get_type(c) != MTMD_INPUT_CHUNK_TYPE_IMAGE) continue;
+            if (mtmd_encode_chunk(vctx, c) != 0) { fprintf(stderr, "encode failed\n"); return 1; }
+            const float * e = mtmd_get_output_embd(vctx);
+            all.insert(all.end(), e, e + (size_t) n_embd * mtmd_input_chunk_get_n_tokens(c));
+        }
+        FILE * f = fopen(dump, "wb");
+        if (!f) { fprintf(stderr, "cannot write %s\n", dump); return 1; }
+        const int32_t hdr[2] = { (int32_t) (all.size() / n_embd), n_embd };
+        fwrite(hdr, sizeof hdr, 1, f);
+        fwrite(all.data(), sizeof(float), all.size(), f);
+        fclose(f);
+    }
 
     llama_pos n_past = 0;
     if (mtmd_helper_eval_chunks(vctx, lctx, chunks, 0, 0, 512, true, &n_past) != 0) {

@@ -24,3 +24,18 @@ for img in square-224 wide-300x180 tall-100x150; do
   GGML_VK_VISIBLE_DEVICES=0 MTMD_REF_NGL=99 "$tmp/mtmd-ref" "$model" "$tmp/mmproj.gguf" "tests/data/vision/$img.png" "$tmp/prompt.txt" 32 \
     > "tests/data/reference/vision/gemma3-270m-$img.json"
 done
+
+# SmolVLM's layout (idefics3: tiles and a global view): SmolLM2 with SmolVLM's image
+# tokens added, the synthetic idefics3 mmproj for it; the prompt as wgllm run renders
+# SmolLM2's template. Also every tile's embeddings (MTMD_REF_EMBD), the language model on
+# Vulkan as above, the encoder on the CPU.
+lm="$tmp/smolvlm-lm.gguf"
+target/release/wgllm synth --add-tokens-to "$models/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$lm"
+target/release/wgllm synth --mmproj-for "$lm" --projector idefics3 -o "$tmp/mmproj-idefics3.gguf"
+sha256sum "$lm" "$tmp/mmproj-idefics3.gguf"
+printf '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n<__media__>What is in this picture?<|im_end|>\n<|im_start|>assistant\n' > "$tmp/prompt-smolvlm.txt"
+for img in square-224 wide-300x180 tall-100x150; do
+  GGML_VK_VISIBLE_DEVICES=0 MTMD_REF_NGL=99 MTMD_REF_EMBD="tests/data/reference/vision/idefics3-$img.bin" \
+    "$tmp/mtmd-ref" "$lm" "$tmp/mmproj-idefics3.gguf" "tests/data/vision/$img.png" "$tmp/prompt-smolvlm.txt" 32 \
+    > "tests/data/reference/vision/smolvlm-$img.json"
+done

@@ -861,3 +861,53 @@ fn out_of_memory_mid_batch_leaves_the_cache_and_the_engine_goes_on() {
     assert!(unchanged, "the cache changed in the failed step");
     assert_eq!(tokens, clean, "after the failed step");
 }
+
+/// A fork of a session under Self-Extend goes on grouping positions where its source
+/// left off (the groups already made are not made again): from the same cells and the
+/// same next tokens, the fork generates what its source generates.
+#[test]
+fn a_fork_self_extends_as_its_source_would() {
+    let (_, gpu, _guard) = common::gpus().next().unwrap();
+    let (model, tok) = common::tiny_parts(gpu.clone(), GgmlType::Q8_0);
+    let mut e = common::engine(&model, &tok, 256, 32, 2);
+    let params = SessionParams {
+        sampling: SamplerParams {
+            banned: tok.eog_tokens().collect(),
+            ..SamplerParams::greedy()
+        },
+        n_predict: 20,
+        shift: wgllm::engine::ShiftPolicy {
+            ga_n: 2,
+            ga_w: 16,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let base = e.open_session(params.clone()).unwrap();
+    e.feed(base, &(10..50).collect::<Vec<u32>>()).unwrap();
+    assert!(
+        !e.session(base).unwrap().shift().ops.is_empty(),
+        "40 tokens in groups of 16 regroup"
+    );
+    let fork = e.fork_session(base, params).unwrap();
+    assert_eq!(
+        e.session(fork).unwrap().shift().ops,
+        e.session(base).unwrap().shift().ops
+    );
+    for id in [base, fork] {
+        e.prompt_tokens(id, &[60, 61]).unwrap();
+    }
+    while e.is_busy() {
+        for ev in e.step().unwrap() {
+            if let Event::Error { error, .. } = ev {
+                panic!("{error}");
+            }
+        }
+    }
+    let (a, b) = (
+        e.session(base).unwrap().generated().to_vec(),
+        e.session(fork).unwrap().generated().to_vec(),
+    );
+    assert_eq!(a.len(), 20);
+    assert_eq!(a, b, "the fork's tokens");
+}

@@ -28,6 +28,7 @@ use wgllm::ops::moe::{
     moe_sum, moe_sum_ref, Gating, MoeRouting, Pairs,
 };
 use wgllm::ops::patches::{patches, patches_ref, PatchGrid};
+use wgllm::ops::pixel_shuffle::{pixel_shuffle, pixel_shuffle_ref, GridShuffle};
 use wgllm::ops::pool::{pool_rows, pool_rows_ref};
 use wgllm::ops::pool_grid::{pool_grid, pool_grid_ref, GridPool};
 use wgllm::ops::rms_norm::{rms_norm, rms_norm_ref};
@@ -625,6 +626,61 @@ fn pool_grid_matches_reference() {
             .expect("6 is not whole cells of 4");
         assert!(err.to_string().contains("not whole cells"), "{err}");
     }
+}
+
+/// Token grids of several row lengths folded by cells of 1 to 4 (SmolVLM's 4 among
+/// them), whole cells and not (the rest padded with zeros), square and not: every value
+/// is copied, so the device's output equals the reference exactly.
+#[test]
+fn pixel_shuffle_matches_reference() {
+    let mut rng = Rng(31);
+    for (name, gpu, _serial) in gpus() {
+        for (i, s) in [1u32, 2, 4, 3, 4, 2].into_iter().enumerate() {
+            let whole = i < 3;
+            let g = GridShuffle {
+                n: [1, 7, 64, 33, 96, 5][i],
+                nx: s * (1 + rng.below(4)) + if whole { 0 } else { rng.below(s) },
+                ny: s * (1 + rng.below(4)) + if whole { 0 } else { 1 + rng.below(s - 1) },
+                s,
+            };
+            let src = rng.vec((g.n * g.nx * g.ny) as usize);
+            let n = (g.out_width() * g.out_rows()) as usize;
+            let dst = out_f32(gpu, n);
+            let d = pixel_shuffle(gpu, &up_f32(gpu, &src), &dst, g).unwrap();
+            run_now(gpu, &[d]).unwrap();
+            let (got, want) = (read(gpu, &dst, n), pixel_shuffle_ref(&src, g));
+            assert_eq!(want.len(), n, "{g:?}");
+            assert_eq!(got, want, "{name} pixel_shuffle {g:?}");
+        }
+    }
+}
+
+/// The reference folds as ggml's reshapes and permutes do: a 4 x 2 grid of one-value
+/// rows by cells of 2 gives cell (0, 0) rows 0, 1, 4, 5 and cell (1, 0) rows 2, 3, 6, 7.
+#[test]
+fn pixel_shuffle_reference_orders_cells_as_ggml() {
+    let g = GridShuffle {
+        n: 1,
+        nx: 4,
+        ny: 2,
+        s: 2,
+    };
+    let src: Vec<f32> = (0..8).map(|v| v as f32).collect();
+    assert_eq!(
+        pixel_shuffle_ref(&src, g),
+        [0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0]
+    );
+    // A 3 x 1 grid pads to 4 x 2: the missing rows are zeros.
+    let g = GridShuffle {
+        n: 1,
+        nx: 3,
+        ny: 1,
+        s: 2,
+    };
+    assert_eq!(
+        pixel_shuffle_ref(&[1.0, 2.0, 3.0], g),
+        [1.0, 2.0, 0.0, 0.0, 3.0, 0.0, 0.0, 0.0]
+    );
 }
 
 /// Images of 1-3 planes cut into patches of several sides (SigLIP's 14, Qwen2.5-VL's 14,

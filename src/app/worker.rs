@@ -355,8 +355,13 @@ impl Worker {
                 let marker = crate::engine::private_marker();
                 let text = format!("{}{text}", marker.repeat(images.len()));
                 if let Some(prep) = prep {
-                    c.images
-                        .extend(images.iter().map(|img| PreparedImage::new(prep, img)));
+                    let prepared = (images.iter())
+                        .map(|img| PreparedImage::new(prep, img))
+                        .collect::<Result<Vec<_>, _>>();
+                    match prepared {
+                        Ok(v) => c.images.extend(v),
+                        Err(e) => return self.fail(Some(chat), e.to_string()),
+                    }
                 }
                 c.turn_images = images.len();
                 c.messages.push(ChatMessage::new("user", text));

@@ -36,13 +36,14 @@ pub fn bench_image(
     reps: u32,
 ) -> Result<ImageBench, EngineError> {
     let enc = engine.vision().cloned().ok_or(EngineError::NoVision)?;
-    let image = PreparedImage::new(&enc.prep, img);
-    let prompt = MediaPrompt {
-        tokens: image.tokens().collect(),
-        images: vec![image.clone()],
-    };
+    let image = PreparedImage::new(&enc.prep, img)?;
+    let mut prompt = MediaPrompt::default();
+    for c in &image.chunks {
+        prompt.tokens.extend(c.tokens());
+        prompt.images.push(c.clone());
+    }
     let mut out = ImageBench {
-        n_tokens: image.n_tokens,
+        n_tokens: image.n_tokens() as u32,
         ..Default::default()
     };
     let params = SessionParams {
@@ -52,7 +53,9 @@ pub fn bench_image(
     let id = engine.open_session(params.clone())?;
     for rep in 0..=reps {
         let t = Instant::now();
-        pollster::block_on(enc.encode_pixels(&image.pixels))?;
+        for c in &image.chunks {
+            pollster::block_on(enc.encode_pixels(&c.pixels))?;
+        }
         let encode = t.elapsed().as_secs_f64() * 1e3;
         engine.start_request_media(id, params.clone(), &prompt.tokens, &prompt.images, false)?;
         while engine.session(id)?.is_busy() {

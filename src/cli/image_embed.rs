@@ -34,7 +34,8 @@ pub fn image_embed(a: &ImageEmbedArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let emb = enc.encode(&img)?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
-    let (n_tok, width) = (enc.n_tokens() as usize, enc.n_embd_out() as usize);
+    let width = enc.n_embd_out() as usize;
+    let n_tok = emb.len() / width;
     let n = emb.len() as f64;
     let mean = emb.iter().map(|&v| v as f64).sum::<f64>() / n;
     let var = emb.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;

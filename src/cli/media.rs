@@ -82,7 +82,7 @@ pub fn prepare_file(prep: &ImagePrep, path: &Path) -> Result<Arc<PreparedImage>>
     let bytes =
         std::fs::read(path).with_context(|| format!("reading the image {}", path.display()))?;
     let img = decode_image(&bytes, &path.display().to_string())?;
-    Ok(PreparedImage::new(prep, &img))
+    Ok(PreparedImage::new(prep, &img)?)
 }
 
 /// `text` with a media marker for each of `n` images before it, where it has none (as

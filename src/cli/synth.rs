@@ -14,7 +14,10 @@ use wgllm::quant;
 #[derive(Args)]
 pub struct SynthArgs {
     /// A GGUF whose tokenizer (all `tokenizer.*` metadata) the new file takes.
-    #[arg(long = "vocab-from", required_unless_present_any = ["lora_for", "mmproj_for"])]
+    #[arg(
+        long = "vocab-from",
+        required_unless_present_any = ["lora_for", "mmproj_for", "add_tokens_to"]
+    )]
     pub vocab_from: Option<PathBuf>,
     /// Write a random LoRA adapter for this base model instead of a model (its attention
     /// and feed-forward projections and output head, in convert_lora_to_gguf.py's layout).
@@ -24,7 +27,15 @@ pub struct SynthArgs {
     /// a model: its projection gives embeddings of the model's width.
     #[arg(long = "mmproj-for", conflicts_with_all = ["vocab_from", "lora_for"])]
     pub mmproj_for: Option<PathBuf>,
-    /// The mmproj's projector (llama.cpp's `clip.projector_type`): gemma3.
+    /// Write a copy of this model with tokens added to its vocabulary (`--tokens`), each
+    /// with a random embedding row, instead of a model with random weights.
+    #[arg(long = "add-tokens-to", conflicts_with_all = ["vocab_from", "lora_for", "mmproj_for"])]
+    pub add_tokens_to: Option<PathBuf>,
+    /// The tokens `--add-tokens-to` adds: `smolvlm` (SmolVLM's image and turn tokens,
+    /// which its language model adds to SmolLM2's) or a comma-separated list.
+    #[arg(long, default_value = "smolvlm")]
+    pub tokens: String,
+    /// The mmproj's projector (llama.cpp's `clip.projector_type`): gemma3 or idefics3.
     #[arg(long, default_value = "gemma3")]
     pub projector: String,
     /// The mmproj's matrix type: f32, or f16 as llama.cpp's converter writes them.
@@ -94,6 +105,23 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
     }
     if let Some(model) = &a.mmproj_for {
         return synth_mmproj(a, model);
+    }
+    if let Some(model) = &a.add_tokens_to {
+        let f = GgufFile::open(model).with_context(|| format!("reading {}", model.display()))?;
+        let tokens = match a.tokens.as_str() {
+            "smolvlm" => model_synth::smolvlm_tokens(),
+            list => list.split(',').map(str::to_string).collect(),
+        };
+        let w = model_synth::with_added_tokens(&f, &tokens).map_err(anyhow::Error::msg)?;
+        w.write(&a.output)
+            .with_context(|| format!("writing {}", a.output.display()))?;
+        eprintln!(
+            "wrote {} ({} with {} tokens added)",
+            a.output.display(),
+            model.display(),
+            tokens.len()
+        );
+        return Ok(());
     }
     let Some(arch) = SynthArch::by_name(&a.arch) else {
         bail!(
@@ -234,10 +262,13 @@ fn synth_mmproj(a: &SynthArgs, model: &std::path::Path) -> Result<()> {
         "f16" => wgllm::gguf::GgmlType::F16,
         t => bail!("--mmproj-type {t}: choose f32 or f16"),
     };
-    let w = match a.projector.as_str() {
-        "gemma3" => model_synth::synth_mmproj_gemma3(model_synth::MmprojShape::tiny(), n_out, ty),
-        p => bail!("--projector {p}: wgllm writes gemma3 mmproj files"),
+    use model_synth::{MmprojShape, SynthProjector};
+    let (projector, shape) = match a.projector.as_str() {
+        "gemma3" => (SynthProjector::Gemma3, MmprojShape::tiny()),
+        "idefics3" => (SynthProjector::Idefics3, MmprojShape::tiny_idefics3()),
+        p => bail!("--projector {p}: wgllm writes gemma3 and idefics3 mmproj files"),
     };
+    let w = model_synth::synth_mmproj(projector, shape, n_out, ty);
     w.write(&a.output)
         .with_context(|| format!("writing {}", a.output.display()))?;
     eprintln!(

@@ -2,7 +2,7 @@
 //! cached prefixes (cells the sequence still holds, or a prompt-cache file).
 
 use super::media::{image_runs, image_token, is_image_token, whole_images};
-use super::{Engine, EngineError, Phase, PreparedImage, SessionId, SessionParams, Utf8Stream};
+use super::{Engine, EngineError, ImageChunk, Phase, SessionId, SessionParams, Utf8Stream};
 use std::sync::Arc;
 
 impl Engine {
@@ -22,7 +22,7 @@ impl Engine {
         &mut self,
         id: SessionId,
         tokens: &[u32],
-        images: &[Arc<PreparedImage>],
+        images: &[Arc<ImageChunk>],
         generate: bool,
     ) -> Result<(), EngineError> {
         self.input_reusing(id, tokens, images, generate, None)
@@ -53,7 +53,7 @@ impl Engine {
         id: SessionId,
         params: SessionParams,
         tokens: &[u32],
-        images: &[Arc<PreparedImage>],
+        images: &[Arc<ImageChunk>],
         cache_prompt: bool,
     ) -> Result<usize, EngineError> {
         let s = self.session(id)?;
@@ -88,7 +88,7 @@ impl Engine {
         &mut self,
         id: SessionId,
         tokens: &[u32],
-        images: &[Arc<PreparedImage>],
+        images: &[Arc<ImageChunk>],
         generate: bool,
         kept: Option<&[u32]>,
     ) -> Result<(), EngineError> {
@@ -177,7 +177,7 @@ impl Engine {
         &self,
         tokens: &[u32],
         runs: &[(usize, usize)],
-        images: &[Arc<PreparedImage>],
+        images: &[Arc<ImageChunk>],
     ) -> Result<(), EngineError> {
         if runs.is_empty() && images.is_empty() {
             return Ok(());

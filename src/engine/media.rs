@@ -9,46 +9,91 @@
 //! cache (a reused prefix, a context shift) ever keeps part of an image.
 
 use crate::tokenizer::Tokenizer;
-use crate::vision::{tokenize_with_images, ImagePrep, PromptChunk, RgbImage, VisionError};
+use crate::vision::{
+    tokenize_with_images, ImagePrep, PromptChunk, RgbImage, TileTokens, VisionError,
+};
 use std::sync::Arc;
 
 /// Set in every image placeholder id, never in a vocabulary's.
 const IMAGE_BIT: u32 = crate::batch::ROW_ID_BIT;
 
-/// An image prepared for the encoder: the input it reads, its hash and its token count.
+/// What the encoder reads in one go, and the placeholders it fills: a whole image, or
+/// one tile of a tiled image (llama.cpp's image chunk).
 #[derive(Clone, Debug)]
-pub struct PreparedImage {
+pub struct ImageChunk {
     /// The encoder's input ([`ImagePrep::preprocess`]).
     pub pixels: Arc<Vec<f32>>,
-    /// [`ImagePrep::image_hash`].
+    /// [`ImagePrep::image_hash`] of the image, mixed with the tile's index.
     pub hash: u64,
     pub n_tokens: u32,
     /// Its tokens attend to each other both ways (Gemma 3).
     pub non_causal: bool,
 }
 
-impl PreparedImage {
-    /// Prepares `img` for the encoder `prep` describes.
-    pub fn new(prep: &ImagePrep, img: &RgbImage) -> Arc<PreparedImage> {
-        Arc::new(PreparedImage {
-            pixels: Arc::new(prep.preprocess(img)),
-            hash: prep.image_hash(img),
-            n_tokens: prep.n_tokens,
-            non_causal: prep.projector.non_causal(),
-        })
-    }
-
+impl ImageChunk {
     /// The placeholder ids of its tokens, in order.
     pub fn tokens(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.n_tokens).map(|k| image_token(self.hash, k))
     }
 }
 
-/// A prompt's tokens, image placeholders among them, and its images in order.
+/// An image prepared for the encoder: its chunks and how they are laid out.
+#[derive(Clone, Debug)]
+pub struct PreparedImage {
+    /// The image itself, or its tiles row by row and then its global view.
+    pub chunks: Vec<Arc<ImageChunk>>,
+    /// Tiles across and down; `None` for an image read whole.
+    pub grid: Option<(u32, u32)>,
+}
+
+impl PreparedImage {
+    /// Prepares `img` for the encoder `prep` describes; refuses an image the projector
+    /// cannot tile.
+    pub fn new(prep: &ImagePrep, img: &RgbImage) -> Result<Arc<PreparedImage>, VisionError> {
+        let split = prep.split(img)?;
+        let hash = prep.image_hash(img);
+        let whole = split.grid.is_none();
+        let chunks = (split.parts.iter().enumerate())
+            .map(|(k, part)| {
+                Arc::new(ImageChunk {
+                    pixels: Arc::new(prep.preprocess(part)),
+                    // A tile's hash: the image's, mixed with its index (splitmix64's
+                    // step), so that no two tiles share placeholders.
+                    hash: match whole {
+                        true => hash,
+                        false => mix(hash.wrapping_add((k as u64 + 1).wrapping_mul(GOLDEN))),
+                    },
+                    n_tokens: prep.n_tokens,
+                    non_causal: prep.projector.non_causal(),
+                })
+            })
+            .collect();
+        Ok(Arc::new(PreparedImage {
+            chunks,
+            grid: split.grid,
+        }))
+    }
+
+    /// Image tokens in all its chunks.
+    pub fn n_tokens(&self) -> usize {
+        self.chunks.iter().map(|c| c.n_tokens as usize).sum()
+    }
+}
+
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// splitmix64's finaliser.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A prompt's tokens, image placeholders among them, and its image chunks in order.
 #[derive(Clone, Debug, Default)]
 pub struct MediaPrompt {
     pub tokens: Vec<u32>,
-    pub images: Vec<Arc<PreparedImage>>,
+    pub images: Vec<Arc<ImageChunk>>,
 }
 
 impl MediaPrompt {
@@ -61,9 +106,10 @@ impl MediaPrompt {
     }
 
     /// `text` with one `marker` ([`crate::vision::MEDIA_MARKER`], or a server's own) per
-    /// image of `images` (prepared for the encoder `prep` describes), tokenized as
-    /// llama.cpp's mtmd does (BOS before the first part when `add_bos`), each image's
-    /// placeholders in its marker's place.
+    /// image of `images` (prepared for the encoder `prep` describes, bound to `tok`'s
+    /// vocabulary where it tiles), tokenized as llama.cpp's mtmd does (BOS before the
+    /// first part when `add_bos`), each image's placeholders in its marker's place
+    /// (a tiled image's between the tokens of [`TileTokens`]).
     pub fn build(
         tok: &Tokenizer,
         prep: &ImagePrep,
@@ -88,13 +134,55 @@ impl MediaPrompt {
                     }
                     out.tokens.extend(ids)
                 }
-                PromptChunk::Image(i) => {
-                    out.tokens.extend(images[i].tokens());
-                    out.images.push(images[i].clone());
-                }
+                PromptChunk::Image(i) => out.place(tok, prep, &images[i])?,
             }
         }
         Ok(out)
+    }
+
+    fn push_chunk(&mut self, chunk: &Arc<ImageChunk>) {
+        self.tokens.extend(chunk.tokens());
+        self.images.push(chunk.clone());
+    }
+
+    /// `img`'s chunks, with the tokens between tiles where it is tiled.
+    fn place(
+        &mut self,
+        tok: &Tokenizer,
+        prep: &ImagePrep,
+        img: &PreparedImage,
+    ) -> Result<(), VisionError> {
+        let Some((cols, rows)) = img.grid else {
+            img.chunks.iter().for_each(|c| self.push_chunk(c));
+            return Ok(());
+        };
+        let tt = prep.tile_tokens.as_ref().ok_or_else(|| VisionError::Image {
+            what: "placement".into(),
+            msg: "a tiled image needs its encoder bound to the language model's vocabulary (ImagePrep::bind_vocab)".into(),
+        })?;
+        if img.chunks.len() != (cols * rows + 1) as usize {
+            return Err(VisionError::Image {
+                what: "placement".into(),
+                msg: format!(
+                    "{} chunks for {cols} x {rows} tiles and a global view",
+                    img.chunks.len()
+                ),
+            });
+        }
+        for y in 0..rows {
+            for x in 0..cols {
+                self.tokens
+                    .extend(TileTokens::tile_start(tok, y + 1, x + 1));
+                self.push_chunk(&img.chunks[(y * cols + x) as usize]);
+            }
+            if y + 1 < rows {
+                self.tokens.extend(&tt.row_end);
+            }
+        }
+        self.tokens.extend(&tt.global_start);
+        self.push_chunk(&img.chunks[(cols * rows) as usize]);
+        self.tokens.extend(&tt.global_end);
+        Ok(())
     }
 }
 

@@ -43,7 +43,8 @@ pub use embed::{normalize, pool, Pooling};
 pub use host_cache::HostCache;
 pub use load::LoadProgress;
 pub use media::{
-    image_token, is_image_token, private_marker, whole_images, MediaPrompt, PreparedImage,
+    image_token, is_image_token, private_marker, whole_images, ImageChunk, MediaPrompt,
+    PreparedImage,
 };
 pub use ngram::{ngram_draft, NgramParams};
 pub use options::{EngineOptions, LoraSpec, SamplingPath, SplitSpec};
@@ -231,7 +232,8 @@ impl Engine {
                 self.model.hp.arch
             )));
         }
-        let enc = crate::vision::VisionEncoder::load(self.model.gpu.clone(), path)?;
+        let mut enc = crate::vision::VisionEncoder::load(self.model.gpu.clone(), path)?;
+        enc.prep = Arc::new(enc.prep.bind_vocab(&self.tokenizer)?);
         if enc.n_embd_out() != n_embd {
             return Err(EngineError::Options(format!(
                 "{path}: the mmproj's embeddings are {} wide and the model's input is {n_embd}: this mmproj belongs to another model",
@@ -397,9 +399,7 @@ impl Engine {
         for &t in &history {
             dst.sampler.accept(t);
         }
-        dst.shift.n_past = shift.n_past;
-        dst.shift.n_keep = shift.n_keep;
-        dst.shift.images = shift.images;
+        dst.shift.continue_from(&shift);
         dst.history = history;
         dst.logits = logits;
         Ok(id)

@@ -192,7 +192,7 @@ pub struct Session {
     /// Tokens waiting to be decoded (an image's placeholders among them, see `media.rs`).
     pub(super) pending: VecDeque<u32>,
     /// The images of `pending`, in order.
-    pub(super) images: VecDeque<std::sync::Arc<super::PreparedImage>>,
+    pub(super) images: VecDeque<std::sync::Arc<super::ImageChunk>>,
     /// Progress of the current input (for events).
     pub(super) input_total: usize,
     pub(super) input_done: usize,

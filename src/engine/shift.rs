@@ -111,6 +111,17 @@ impl SeqShift {
         })
     }
 
+    /// Takes `other`'s state of the sequence (a fork's copy of its cells): positions,
+    /// the kept prefix, Self-Extend's progress, the operations so far and the images;
+    /// the policy stays this one's.
+    pub fn continue_from(&mut self, other: &SeqShift) {
+        self.n_keep = other.n_keep;
+        self.n_past = other.n_past;
+        self.ga_i = other.ga_i;
+        self.ops = other.ops.clone();
+        self.images = other.images.clone();
+    }
+
     fn log(&mut self, op: &'static str, p0: i32, p1: i32, v: i32) {
         log::debug!("cache: {op}({p0}, {p1}, {v}) at n_past {}", self.n_past);
         self.ops.push(CacheOp {

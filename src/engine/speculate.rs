@@ -87,6 +87,7 @@ pub(super) struct Drafter {
 }
 
 /// One session's request for proposals.
+#[derive(Clone)]
 pub(super) struct DraftAsk {
     seq: u32,
     /// The tokens the session's sequence holds, in position order.
@@ -149,15 +150,24 @@ impl Drafter {
     async fn propose(&mut self, asks: &[DraftAsk]) -> Result<Vec<Vec<u32>>, EngineError> {
         match &mut self.source {
             Source::Model(m) => {
-                // A token the draft does not know (a client's raw ids) gets no proposals.
-                if asks
-                    .iter()
-                    .any(|a| a.last >= m.n_common || a.history.iter().any(|&t| t >= m.n_common))
-                {
+                // A session holding a token the draft does not know (a client's raw ids,
+                // an image's placeholders) gets no proposals; the others still do.
+                let n = m.n_common;
+                let known: Vec<usize> = (0..asks.len())
+                    .filter(|&i| asks[i].last < n && asks[i].history.iter().all(|&t| t < n))
+                    .collect();
+                if known.is_empty() {
                     return Ok(vec![Vec::new(); asks.len()]);
                 }
-                match m.propose(asks).await {
-                    Ok(d) => Ok(d),
+                let sub: Vec<DraftAsk> = known.iter().map(|&i| asks[i].clone()).collect();
+                match m.propose(&sub).await {
+                    Ok(d) => {
+                        let mut out = vec![Vec::new(); asks.len()];
+                        for (i, d) in known.into_iter().zip(d) {
+                            out[i] = d;
+                        }
+                        Ok(out)
+                    }
                     // The draft's cache out of room (a unified cache shared with
                     // sequences it still holds), or any other failure of the draft
                     // alone: no proposals this step, and its cache starts afresh.

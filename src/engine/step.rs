@@ -35,7 +35,19 @@ impl Engine {
             return Ok(events);
         }
         if is_image_token(batch.tokens[0]) {
-            batch.embd = self.encode_image(&parts).await?;
+            match self.encode_image(&parts).await {
+                Ok(rows) => batch.embd = rows,
+                // An image is alone in its step: its session fails, the others go on
+                // in the next step (nothing was decoded, the cache holds what it held).
+                Err(error) => {
+                    let id = parts[0].id;
+                    if let Some(s) = self.sessions[id as usize].as_mut() {
+                        s.finish(Stop::Cancelled);
+                    }
+                    events.push(Event::Error { session: id, error });
+                    return Ok(events);
+                }
+            }
         }
         let draws = self.plan_draws(&batch, &mut parts);
         if self.can_go_ahead(&batch, &parts) {

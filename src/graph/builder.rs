@@ -20,6 +20,7 @@ use crate::ops::matmul_q8::{MatmulQ8GluNode, MatmulQ8Node, QuantizeQ8Node};
 use crate::ops::moe;
 use crate::ops::moe::{MatmulIdNode, MoeAddIdNode, MoeGroupNode, MoeRouteNode, MoeSumNode};
 use crate::ops::patches::{PatchGrid, PatchesNode};
+use crate::ops::pixel_shuffle::{GridShuffle, PixelShuffleNode};
 use crate::ops::pool_grid::{GridPool, PoolGridNode};
 use crate::ops::rms_norm::RmsNormNode;
 use crate::ops::rope::RopeParams;
@@ -94,6 +95,7 @@ graph_ops! {
     SoftmaxRows(SoftmaxRowsNode),
     Patches(PatchesNode),
     PoolGrid(PoolGridNode),
+    PixelShuffle(PixelShuffleNode),
 }
 
 impl Op {
@@ -640,6 +642,17 @@ impl GraphBuilder {
         let grid = GridPool { n, nx, ny, k };
         let dst = self.tensor([n, grid.out_rows()]);
         self.node(Op::PoolGrid(PoolGridNode { grid }), &[x], &[dst]);
+        dst
+    }
+
+    /// The rows of x, a grid of `nx` x `ny` tokens, folded by cells of s x s into rows
+    /// of n * s * s (the grid padded with zeros to whole cells):
+    /// [n * s * s, ceil(nx / s) * ceil(ny / s)].
+    pub fn pixel_shuffle(&mut self, x: TensorId, nx: u32, ny: u32, s: u32) -> TensorId {
+        let n = self.ne(x)[0];
+        let grid = GridShuffle { n, nx, ny, s };
+        let dst = self.tensor([grid.out_width(), grid.out_rows()]);
+        self.node(Op::PixelShuffle(PixelShuffleNode { grid }), &[x], &[dst]);
         dst
     }
 

@@ -19,6 +19,7 @@ pub mod matmul_q8;
 pub mod moe;
 pub mod node;
 pub mod patches;
+pub mod pixel_shuffle;
 pub mod pool;
 pub mod pool_grid;
 pub mod rms_norm;
@@ -63,6 +64,9 @@ kernels::families! {
     Patches(patches::Kernel),
     /// Square cells of a token grid averaged (a vision projector's pooling).
     PoolGrid(pool_grid::Kernel),
+    /// Square cells of a token grid folded into single rows (a vision projector's pixel
+    /// shuffle).
+    PixelShuffle(pixel_shuffle::Kernel),
 }
 pub use node::{GraphOp, OpCost};
 pub use tuning::{KernelTuning, TuningError};

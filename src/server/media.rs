@@ -164,7 +164,7 @@ impl ImageInput {
             .map(|(i, bytes)| {
                 let img = decode_image(bytes, &format!("{} of the request", i + 1))
                     .map_err(|e| ApiError::invalid(e.to_string()))?;
-                Ok(PreparedImage::new(prep, &img))
+                PreparedImage::new(prep, &img).map_err(|e| ApiError::invalid(e.to_string()))
             })
             .collect::<ApiResult<Vec<_>>>()?;
         MediaPrompt::build(tok, prep, text, marker(), &images, add_special)

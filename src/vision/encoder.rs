@@ -1,13 +1,15 @@
 //! The vision encoder as one graph: patches cut from the image and embedded, position
 //! embeddings added, the transformer's blocks (layer norm, attention over every patch,
 //! GELU feed-forward, each with its residual), the last layer norm, then the projector
-//! (Gemma 3: square cells averaged, RMS-normed, projected to the language model's width).
+//! (Gemma 3: square cells averaged, RMS-normed, projected to the language model's width;
+//! SmolVLM: cells of patches folded into one token each, projected).
 //! The attention goes through the same blocks as a language model's, over a K/V store of
 //! the image's patches that every layer reuses; no position rotates (as BERT's).
 
 use super::image::RgbImage;
 use super::mmproj::{ClipHparams, Projector, VisionWeights};
-use super::preprocess::{letterbox, normalize_planar};
+use super::preprocess::{letterbox, normalize_planar, tile_image};
+use super::prompt::TileTokens;
 use super::VisionError;
 use crate::gguf::GgufFile;
 use crate::gpu::Gpu;
@@ -55,14 +57,57 @@ pub struct ImagePrep {
     pub std: [f32; 3],
     /// The prepared input is rounded to f16 (the patch kernel is f16).
     pub patch_f16: bool,
-    /// Image tokens per image.
+    /// Image tokens per image the encoder reads (per tile, for a tiling projector).
     pub n_tokens: u32,
+    /// The longest side an image is resized to before tiling (0: not tiled).
+    pub longest_edge: u32,
     /// Identifies the encoder (its shape and file), mixed into image hashes: the same
     /// pixels through another mmproj are another image.
     pub fingerprint: u64,
+    /// The language model's tokens around tiles, once bound to its vocabulary
+    /// ([`ImagePrep::bind_vocab`]); `None` for a projector that does not tile.
+    pub tile_tokens: Option<TileTokens>,
+}
+
+/// What the encoder reads of one image: the image itself, or its tiles and global view.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageSplit {
+    /// Tiles across and down; `None` for an image read whole.
+    pub grid: Option<(u32, u32)>,
+    /// The encoder's inputs in prompt order (tiles row by row, then the global view).
+    pub parts: Vec<RgbImage>,
 }
 
 impl ImagePrep {
+    /// This preparation with the tokens a tiled image needs looked up in `tok`'s
+    /// vocabulary (refused where it has none of them).
+    pub fn bind_vocab(&self, tok: &crate::tokenizer::Tokenizer) -> Result<Self, VisionError> {
+        Ok(ImagePrep {
+            tile_tokens: TileTokens::lookup(tok, self.projector)?,
+            ..self.clone()
+        })
+    }
+
+    /// `img` as the encoder reads it: whole, or in tiles (see [`tile_image`]).
+    pub fn split(&self, img: &RgbImage) -> Result<ImageSplit, VisionError> {
+        if !self.projector.tiles() {
+            return Ok(ImageSplit {
+                grid: None,
+                parts: vec![img.clone()],
+            });
+        }
+        let t = tile_image(img, self.image_size, self.longest_edge).map_err(|msg| {
+            VisionError::Image {
+                what: format!("{}x{}", img.width, img.height),
+                msg,
+            }
+        })?;
+        Ok(ImageSplit {
+            grid: Some((t.cols, t.rows)),
+            parts: t.tiles,
+        })
+    }
+
     /// The encoder's input for `img`: fitted into the square, normalised, planar; rounded
     /// to f16 where the patch kernel is (llama.cpp's convolution reads f16 patches).
     pub fn preprocess(&self, img: &RgbImage) -> Vec<f32> {
@@ -122,7 +167,9 @@ impl VisionEncoder {
             std: hp.image_std,
             patch_f16: weights.patch_f16,
             n_tokens: hp.n_tokens(),
+            longest_edge: hp.longest_edge,
             fingerprint: fp.0,
+            tile_tokens: None,
         });
         Ok(VisionEncoder {
             hp,
@@ -154,11 +201,17 @@ impl VisionEncoder {
         &self.gpu
     }
 
-    /// The embeddings of `img`: [n_embd_out, n_tokens] f32, a row per image token.
+    /// The embeddings of `img`: [n_embd_out, n_tokens] f32, a row per image token (of
+    /// every tile in prompt order, for a tiling projector).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn encode(&self, img: &RgbImage) -> Result<Vec<f32>, VisionError> {
-        let pixels = self.preprocess(img);
-        pollster::block_on(self.encode_pixels(&pixels))
+        let mut out = Vec::new();
+        for part in self.prep.split(img)?.parts {
+            out.extend(pollster::block_on(
+                self.encode_pixels(&self.preprocess(&part)),
+            )?);
+        }
+        Ok(out)
     }
 
     /// The buffers every image reads alike, made on the first image.
@@ -275,6 +328,11 @@ impl VisionEncoder {
                 let normed = g.rms_norm(pooled, &w.soft_emb_norm, hp.eps);
                 let dst = g.input(View::whole(&out), [w.n_out, hp.n_tokens()]);
                 g.matmul_into(&w.projection, normed, dst);
+            }
+            Projector::Idefics3 => {
+                let folded = g.pixel_shuffle(x, per_side, per_side, hp.merge);
+                let dst = g.input(View::whole(&out), [w.n_out, hp.n_tokens()]);
+                g.matmul_into(&w.projection, folded, dst);
             }
         }
         let graph = g.build()?;

@@ -17,18 +17,24 @@ pub enum Projector {
     /// Gemma 3: SigLIP's patch grid averaged by square cells (4 x 4: 256 tokens at 896
     /// pixels), RMS-normed, projected to the language model's width.
     Gemma3,
+    /// SmolVLM (Idefics 3): the image cut into tiles of the encoder's square plus a
+    /// global view, each tile's patch grid pixel-shuffled (cells of `merge` x `merge`
+    /// patches into one token) and projected by one matrix.
+    Idefics3,
 }
 
 impl Projector {
     fn by_name(name: &str) -> Option<Self> {
         match name {
             "gemma3" => Some(Projector::Gemma3),
+            "idefics3" => Some(Projector::Idefics3),
             _ => None,
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             Projector::Gemma3 => "gemma3",
+            Projector::Idefics3 => "idefics3",
         }
     }
 }
@@ -48,8 +54,11 @@ pub struct ClipHparams {
     pub eps: f32,
     pub image_mean: [f32; 3],
     pub image_std: [f32; 3],
-    /// Side of the projector's pooling cell (Gemma 3's 4).
+    /// Side of the projector's pooling or shuffling cell (Gemma 3's 4, SmolVLM's 4).
     pub merge: u32,
+    /// The longest side an image is resized to before it is cut into tiles (SmolVLM's
+    /// `clip.vision.preproc_image_size`); 0 for a projector that does not tile.
+    pub longest_edge: u32,
 }
 
 impl ClipHparams {
@@ -57,9 +66,9 @@ impl ClipHparams {
     pub fn patches_per_side(&self) -> u32 {
         self.image_size / self.patch_size
     }
-    /// Image tokens per image.
+    /// Image tokens per image the encoder reads (per tile, for a tiling projector).
     pub fn n_tokens(&self) -> u32 {
-        let side = self.patches_per_side() / self.merge;
+        let side = self.patches_per_side().div_ceil(self.merge.max(1));
         side * side
     }
 
@@ -81,7 +90,7 @@ impl ClipHparams {
         };
         let projector = Projector::by_name(&name).ok_or_else(|| {
             bad(format!(
-                "projector `{name}` is not one wgllm runs yet (it runs: gemma3)"
+                "projector `{name}` is not one wgllm runs yet (it runs: gemma3, idefics3)"
             ))
         })?;
         let u = |k: &str| -> Result<u32, VisionError> {
@@ -118,9 +127,25 @@ impl ClipHparams {
             eps: f.get_f32("clip.vision.attention.layer_norm_epsilon")?,
             image_mean: triple("image_mean")?,
             image_std: triple("image_std")?,
-            merge: match f.get("clip.vision.projector.scale_factor") {
-                Some(_) => u("projector.scale_factor")?,
-                None => 4,
+            merge: match (f.get("clip.vision.projector.scale_factor"), projector) {
+                (Some(_), _) => u("projector.scale_factor")?,
+                (None, Projector::Gemma3) => 4,
+                (None, Projector::Idefics3) => {
+                    return Err(bad(
+                        "has no clip.vision.projector.scale_factor, which an idefics3 projector needs (llama.cpp's converter writes it)".into(),
+                    ))
+                }
+            },
+            longest_edge: match projector {
+                Projector::Gemma3 => 0,
+                Projector::Idefics3 => match f.get("clip.vision.preproc_image_size") {
+                    Some(_) => u("preproc_image_size")?,
+                    None => {
+                        return Err(bad(
+                            "has no clip.vision.preproc_image_size (the longest side images are resized to before tiling), which llama.cpp's converter writes: convert the model again with a recent llama.cpp".into(),
+                        ))
+                    }
+                },
             },
         };
         // llama.cpp falls back to GELU-quick without `clip.use_gelu`; SigLIP files have it.
@@ -153,12 +178,30 @@ impl ClipHparams {
         if !self.n_embd.is_multiple_of(32) {
             return Err(format!("width {} is not a multiple of 32", self.n_embd));
         }
-        if self.merge == 0 || !self.patches_per_side().is_multiple_of(self.merge) {
-            return Err(format!(
-                "{} patches a side do not pool by {}",
-                self.patches_per_side(),
-                self.merge
-            ));
+        match self.projector {
+            Projector::Gemma3 => {
+                if self.merge == 0 || !self.patches_per_side().is_multiple_of(self.merge) {
+                    return Err(format!(
+                        "{} patches a side do not pool by {}",
+                        self.patches_per_side(),
+                        self.merge
+                    ));
+                }
+            }
+            Projector::Idefics3 => {
+                if !(2..=16).contains(&self.merge) {
+                    return Err(format!(
+                        "a pixel shuffle by {} (llama.cpp takes 2 or more)",
+                        self.merge
+                    ));
+                }
+                if self.longest_edge < side || self.longest_edge > 8192 {
+                    return Err(format!(
+                        "images resized to {} pixels, not between the tile's {side} and 8192",
+                        self.longest_edge
+                    ));
+                }
+            }
         }
         if self.n_layer == 0 || self.n_ff == 0 {
             return Err("no layers".into());
@@ -198,8 +241,10 @@ pub struct VisionWeights {
     pub pos_embd: View,
     pub layers: Vec<VitLayer>,
     pub post_ln: Option<(View, View)>,
-    /// Gemma 3: the RMS norm's weight and the projection, [n_embd] -> [n_out].
+    /// Gemma 3: the RMS norm's weight (ones for other projectors).
     pub soft_emb_norm: View,
+    /// The projection to the language model's width: [n_embd] -> [n_out] (Gemma 3), or
+    /// [n_embd * merge²] -> [n_out] after the pixel shuffle (SmolVLM).
     pub projection: Arc<Weight>,
     /// The language model's width the embeddings have.
     pub n_out: u32,
@@ -343,6 +388,34 @@ impl Loader<'_> {
         Ok(Arc::new(w))
     }
 
+    /// Gemma 3's projection: [n_out, n_embd] in the file (a row of n_out per input
+    /// value), transposed into a weight of n_out rows of n_embd, in its type (f16 or f32).
+    fn gemma3_projection(&mut self, e: u32) -> Result<(Arc<Weight>, u32), VisionError> {
+        let name = "mm.input_projection.weight";
+        let proj = self
+            .f
+            .tensor(name)
+            .ok_or_else(|| self.bad(format!("tensor {name} is missing")))?;
+        if proj.dims.len() != 2 || proj.dims[1] != e as u64 {
+            return Err(self.bad(format!(
+                "{name} has shape {:?}, expected [n_embd of the language model, {e}]",
+                proj.dims
+            )));
+        }
+        let n_out = proj.dims[0] as u32;
+        let ty = match proj.ty {
+            GgmlType::F16 => GgmlType::F16,
+            _ => GgmlType::F32,
+        };
+        let v = self.values(name, &[n_out as u64, e as u64])?;
+        let w = self.rows(name, ty, (e, n_out), |o, row| {
+            for (i, r) in row.iter_mut().enumerate() {
+                *r = v[i * n_out as usize + o];
+            }
+        })?;
+        Ok((w, n_out))
+    }
+
     fn layer(&mut self, hp: &ClipHparams, il: u32) -> Result<VitLayer, VisionError> {
         let (e, ff) = (hp.n_embd, hp.n_ff);
         let ffp = pad32(ff);
@@ -431,28 +504,27 @@ impl VisionWeights {
             }
         }
         let soft_emb_norm = l.vector("mm.soft_emb_norm.weight", e, e, 1.0)?;
-        // [n_out, n_embd] in the file (a row of n_out per input value): transposed into a
-        // weight of n_out rows of n_embd, in its type (f16 or f32).
-        let proj = f
-            .tensor("mm.input_projection.weight")
-            .ok_or_else(|| l.bad("tensor mm.input_projection.weight is missing".into()))?;
-        if proj.dims.len() != 2 || proj.dims[1] != e as u64 {
-            return Err(l.bad(format!(
-                "mm.input_projection.weight has shape {:?}, expected [n_embd of the language model, {e}]",
-                proj.dims
-            )));
-        }
-        let n_out = proj.dims[0] as u32;
-        let v = l.values("mm.input_projection.weight", &[n_out as u64, e as u64])?;
-        let ty = match proj.ty {
-            GgmlType::F16 => GgmlType::F16,
-            _ => GgmlType::F32,
-        };
-        let projection = l.rows("mm.input_projection.weight", ty, (e, n_out), |o, row| {
-            for (i, r) in row.iter_mut().enumerate() {
-                *r = v[i * n_out as usize + o];
+        let (projection, n_out) = match hp.projector {
+            Projector::Gemma3 => l.gemma3_projection(e)?,
+            Projector::Idefics3 => {
+                // [n_embd * merge², n_out]: a row of the shuffled width per output value.
+                let n_in = e * hp.merge * hp.merge;
+                let name = "mm.model.fc.weight";
+                let t = f
+                    .tensor(name)
+                    .ok_or_else(|| l.bad(format!("tensor {name} is missing")))?;
+                let n_out = match t.dims[..] {
+                    [c, r] if c == n_in as u64 && r > 0 && r <= 1 << 20 => r as u32,
+                    _ => {
+                        return Err(l.bad(format!(
+                            "{name} has shape {:?}, expected [{n_in} (the width {e} shuffled by {}), n_embd of the language model]",
+                            t.dims, hp.merge
+                        )))
+                    }
+                };
+                (l.matrix(name, (n_in, n_out), (n_in, n_out), None)?, n_out)
             }
-        })?;
+        };
         log::info!(
             "mmproj {}: {} encoder, {} layers of {e}, {} image tokens of {n_out}, {:.1} MiB on the device",
             f.path,

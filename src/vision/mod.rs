@@ -12,7 +12,8 @@
 //! - `prompt.rs`: a prompt's text and images as the chunks the language model decodes.
 //! - `reference.rs`: the encoder on the CPU in f64, for tests.
 //!
-//! Projectors: `gemma3` (SigLIP, 4 x 4 pooling). Others are refused with their name.
+//! Projectors: `gemma3` (SigLIP, 4 x 4 pooling) and `idefics3` (SmolVLM: SigLIP on tiles
+//! and a global view, pixel shuffle). Others are refused with their name.
 
 mod encoder;
 mod image;
@@ -21,11 +22,13 @@ mod preprocess;
 mod prompt;
 pub mod reference;
 
-pub use encoder::{ImagePrep, VisionEncoder};
+pub use encoder::{ImagePrep, ImageSplit, VisionEncoder};
 pub use image::{decode_image, decode_image_within, RgbImage, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
 pub use mmproj::{ClipHparams, Projector, VisionWeights};
-pub use preprocess::{letterbox, normalize_planar, resize_bilinear};
-pub use prompt::{tokenize_with_images, PromptChunk, MEDIA_MARKER};
+pub use preprocess::{
+    crop, letterbox, normalize_planar, resize, resize_bilinear, tile_image, Filter, Tiles,
+};
+pub use prompt::{tokenize_with_images, PromptChunk, TileTokens, MEDIA_MARKER};
 
 use crate::gguf::GgufError;
 use crate::gpu::GpuError;

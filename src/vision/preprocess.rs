@@ -1,9 +1,10 @@
-//! An image into the vision encoder's input, as llama.cpp's mtmd prepares it: resized with
-//! its aspect ratio kept and padded to the encoder's square (letterboxed, black), by
-//! Pillow's bilinear filter in 22-bit fixed point with an 8-bit image between the
-//! horizontal and vertical passes (llama.cpp ports Pillow's `Resample.c`; bit-exact
-//! pixels are what make the embeddings comparable), then scaled to [0, 1], normalised by
-//! the file's mean and deviation per channel and laid out as planes (R, G, B).
+//! An image into the vision encoder's input, as llama.cpp's mtmd prepares it: resized by
+//! Pillow's separable filters (bilinear, or Lanczos for SmolVLM's tiles) in 22-bit fixed
+//! point with an 8-bit image between the horizontal and vertical passes (llama.cpp ports
+//! Pillow's `Resample.c`; bit-exact pixels are what make the embeddings comparable),
+//! fitted into the encoder's square (letterboxed, black) or cut into tiles, then scaled
+//! to [0, 1], normalised by the file's mean and deviation per channel and laid out as
+//! planes (R, G, B).
 
 use super::image::RgbImage;
 
@@ -11,27 +12,66 @@ use super::image::RgbImage;
 /// headroom for the sums).
 const PRECISION_BITS: u32 = 22;
 
+/// A resampling filter, as Pillow defines it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// The triangle of radius 1.
+    Bilinear,
+    /// sinc(x) sinc(x / 3) on [-3, 3).
+    Lanczos,
+}
+
+impl Filter {
+    fn support(self) -> f64 {
+        match self {
+            Filter::Bilinear => 1.0,
+            Filter::Lanczos => 3.0,
+        }
+    }
+
+    fn weight(self, x: f64) -> f64 {
+        match self {
+            Filter::Bilinear => {
+                let x = x.abs();
+                if x < 1.0 {
+                    1.0 - x
+                } else {
+                    0.0
+                }
+            }
+            Filter::Lanczos => {
+                let sinc = |v: f64| {
+                    if v == 0.0 {
+                        1.0
+                    } else {
+                        let pv = v * std::f64::consts::PI;
+                        pv.sin() / pv
+                    }
+                };
+                if (-3.0..3.0).contains(&x) {
+                    sinc(x) * sinc(x / 3.0)
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+}
+
 /// For each output pixel of a pass from `n_in` to `n_out` pixels: its first input pixel,
 /// and the fixed-point weights of the input pixels from there.
-fn pass_weights(n_in: u32, n_out: u32) -> Vec<(usize, Vec<i32>)> {
+fn pass_weights(n_in: u32, n_out: u32, filter: Filter) -> Vec<(usize, Vec<i32>)> {
     let scale = n_in as f64 / n_out as f64;
-    // Downscaling widens the triangle (antialiasing); upscaling keeps it at one pixel.
+    // Downscaling widens the filter (antialiasing); upscaling keeps it at its radius.
     let filterscale = scale.max(1.0);
-    let support = filterscale;
+    let support = filter.support() * filterscale;
     (0..n_out)
         .map(|xx| {
             let center = (xx as f64 + 0.5) * scale;
             let xmin = ((center - support + 0.5) as i64).max(0) as usize;
             let xmax = ((center + support + 0.5) as i64).min(n_in as i64) as usize;
             let w: Vec<f64> = (xmin..xmax.max(xmin))
-                .map(|x| {
-                    let d = ((x as f64 - center + 0.5) / filterscale).abs();
-                    if d < 1.0 {
-                        1.0 - d
-                    } else {
-                        0.0
-                    }
-                })
+                .map(|x| filter.weight((x as f64 - center + 0.5) / filterscale))
                 .collect();
             let sum: f64 = w.iter().sum();
             let fixed = w
@@ -51,12 +91,17 @@ fn clip8(v: i32) -> u8 {
     (v >> PRECISION_BITS).clamp(0, 255) as u8
 }
 
-/// `img` resized to `width` x `height` by the bilinear filter (a pass is skipped where
-/// its side does not change; the horizontal pass runs first, into 8 bits).
+/// `img` resized to `width` x `height` by the bilinear filter.
 pub fn resize_bilinear(img: &RgbImage, width: u32, height: u32) -> RgbImage {
+    resize(img, width, height, Filter::Bilinear)
+}
+
+/// `img` resized to `width` x `height` by `filter` (a pass is skipped where its side does
+/// not change; the horizontal pass runs first, into 8 bits).
+pub fn resize(img: &RgbImage, width: u32, height: u32, filter: Filter) -> RgbImage {
     let mut cur = img.clone();
     if width != cur.width {
-        let weights = pass_weights(cur.width, width);
+        let weights = pass_weights(cur.width, width, filter);
         let mut out = vec![0u8; width as usize * cur.height as usize * 3];
         for y in 0..cur.height as usize {
             let src = &cur.pixels[y * cur.width as usize * 3..][..cur.width as usize * 3];
@@ -81,7 +126,7 @@ pub fn resize_bilinear(img: &RgbImage, width: u32, height: u32) -> RgbImage {
         };
     }
     if height != cur.height {
-        let weights = pass_weights(cur.height, height);
+        let weights = pass_weights(cur.height, height, filter);
         let row = cur.width as usize * 3;
         let mut out = vec![0u8; row * height as usize];
         let mut acc = vec![0i32; row];
@@ -126,6 +171,63 @@ pub fn letterbox(img: &RgbImage, side: u32) -> RgbImage {
         out.pixels[dst..dst + row].copy_from_slice(&small.pixels[y * row..(y + 1) * row]);
     }
     out
+}
+
+/// The `side` x `side` square of `img` whose top left pixel is (x, y) (inside `img`).
+pub fn crop(img: &RgbImage, x: u32, y: u32, side: u32) -> RgbImage {
+    let row = side as usize * 3;
+    let mut pixels = Vec::with_capacity(row * side as usize);
+    for yy in y..y + side {
+        let start = (yy as usize * img.width as usize + x as usize) * 3;
+        pixels.extend_from_slice(&img.pixels[start..start + row]);
+    }
+    RgbImage {
+        width: side,
+        height: side,
+        pixels,
+    }
+}
+
+/// An image cut into tiles of the encoder's square, as llama.cpp's mtmd cuts them for
+/// SmolVLM (Idefics 3): resized (Lanczos) so that its longest side is `longest_edge` and
+/// its other side even, resized again up to whole tiles, cut into `cols` x `rows` tiles
+/// (row by row), and that tiled image resized to one more tile, the global view.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tiles {
+    pub cols: u32,
+    pub rows: u32,
+    /// The tiles row by row, then the global view.
+    pub tiles: Vec<RgbImage>,
+}
+
+/// [`Tiles`] of `img` for tiles of `side` pixels; refuses an image so long and thin
+/// that its short side would round to no pixels.
+pub fn tile_image(img: &RgbImage, side: u32, longest_edge: u32) -> Result<Tiles, String> {
+    let (w, h) = (img.width, img.height);
+    let aspect = w as f64 / h as f64;
+    let (rw, rh) = if w >= h {
+        let rh = (longest_edge as f64 / aspect) as u32;
+        (longest_edge, rh + rh % 2)
+    } else {
+        let rw = (longest_edge as f64 * aspect) as u32;
+        (rw + rw % 2, longest_edge)
+    };
+    if rw == 0 || rh == 0 {
+        return Err(format!(
+            "{w}x{h} is too long and thin: resized to {longest_edge} pixels on its long side, its short side has none"
+        ));
+    }
+    let (cols, rows) = (rw.div_ceil(side), rh.div_ceil(side));
+    let resized = resize(img, rw, rh, Filter::Lanczos);
+    let refined = resize(&resized, cols * side, rows * side, Filter::Lanczos);
+    let mut tiles = Vec::with_capacity((cols * rows + 1) as usize);
+    for y in 0..rows {
+        for x in 0..cols {
+            tiles.push(crop(&refined, x * side, y * side, side));
+        }
+    }
+    tiles.push(resize(&refined, side, side, Filter::Lanczos));
+    Ok(Tiles { cols, rows, tiles })
 }
 
 /// The encoder's input: planes R, G, B of (v / 255 - mean) / std, in f32 as llama.cpp
@@ -183,7 +285,7 @@ mod tests {
         let r = resize_bilinear(&img, 2, 1);
         // Output pixel 0 is centred on input 1.0: inputs 0 and 1 (the triangle's other
         // taps fall off the edge and the rest is renormalised); pixel 1 on 3.0.
-        let w = pass_weights(4, 2);
+        let w = pass_weights(4, 2, Filter::Bilinear);
         assert_eq!(w[0].0, 0);
         assert_eq!(w[1].0, 1);
         let expect = |xmin: usize, k: &[i32]| {
@@ -212,6 +314,53 @@ mod tests {
         assert!(row(12).iter().all(|&v| v == 0) && row(15).iter().all(|&v| v == 0));
         assert!(row(4).chunks(3).all(|p| p[2] == 200));
         assert_eq!(letterbox(&gradient(16, 16), 16), gradient(16, 16));
+    }
+
+    /// Lanczos weights overshoot (negative lobes) and still sum to one: a flat image
+    /// stays flat, and a step edge rings by a little on both sides when enlarged.
+    #[test]
+    fn lanczos_keeps_flat_images_and_rings_at_edges() {
+        let img = RgbImage::filled(29, 31, [7, 128, 250]);
+        for (w, h) in [(64, 64), (10, 13), (29, 90)] {
+            let r = resize(&img, w, h, Filter::Lanczos);
+            assert!(r.pixels.chunks(3).all(|p| p == [7, 128, 250]), "{w}x{h}");
+        }
+        for (_, k) in pass_weights(9, 40, Filter::Lanczos) {
+            let sum: i64 = k.iter().map(|&v| v as i64).sum();
+            assert!((sum - (1 << 22)).abs() <= k.len() as i64, "{sum}");
+        }
+        let step = RgbImage {
+            width: 8,
+            height: 1,
+            pixels: (0..8u8)
+                .flat_map(|x| [if x < 4 { 50 } else { 200 }; 3])
+                .collect(),
+        };
+        let r = resize(&step, 32, 1, Filter::Lanczos);
+        let v: Vec<u8> = r.pixels.chunks(3).map(|p| p[0]).collect();
+        assert!(
+            v.iter().any(|&p| p < 50) && v.iter().any(|&p| p > 200),
+            "{v:?}"
+        );
+        assert_eq!(crop(&r, 0, 0, 1).pixels, r.pixels[..3]);
+    }
+
+    /// Tiles as llama.cpp counts them: the long side to `longest_edge`, the short side
+    /// scaled and made even, both rounded up to whole tiles; the global view last.
+    #[test]
+    fn tiles_cover_the_resized_image() {
+        let t = tile_image(&gradient(300, 180), 96, 288).unwrap();
+        // 288 x (288 / (300 / 180)) = 288 x 172.8 -> 172: 3 x 2 tiles.
+        assert_eq!((t.cols, t.rows, t.tiles.len()), (3, 2, 7));
+        assert!(t.tiles.iter().all(|x| (x.width, x.height) == (96, 96)));
+        let t = tile_image(&gradient(100, 150), 96, 288).unwrap();
+        // 192 x 288 (the width 192 is even already): 2 x 3 tiles.
+        assert_eq!((t.cols, t.rows), (2, 3));
+        let t = tile_image(&gradient(5, 5), 96, 288).unwrap();
+        assert_eq!((t.cols, t.rows), (3, 3));
+        let thin = RgbImage::filled(4000, 1, [9, 9, 9]);
+        let err = tile_image(&thin, 96, 288).unwrap_err();
+        assert!(err.contains("too long and thin"), "{err}");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! it: each media marker in the text becomes the projector's opening text, the image's
 //! tokens and its closing text (Gemma 3: `<start_of_image>`, 256 embeddings,
 //! `<end_of_image>`); the text between images is tokenized part by part (special tokens
-//! recognised, BOS only before the first part), and empty parts are dropped.
+//! recognised, BOS only before the first part), and empty parts are dropped. A tiled
+//! image (SmolVLM) puts tokens of its own between its tiles: [`TileTokens`].
 
 use super::mmproj::Projector;
 use super::VisionError;
@@ -23,6 +24,7 @@ impl Projector {
     pub fn image_wrap(self) -> (&'static str, &'static str) {
         match self {
             Projector::Gemma3 => ("<start_of_image>", "<end_of_image>"),
+            Projector::Idefics3 => ("", ""),
         }
     }
 
@@ -31,7 +33,75 @@ impl Projector {
     pub fn non_causal(self) -> bool {
         match self {
             Projector::Gemma3 => true,
+            Projector::Idefics3 => false,
         }
+    }
+
+    /// Whether an image is cut into tiles and a global view, each read by the encoder
+    /// on its own.
+    pub fn tiles(self) -> bool {
+        self == Projector::Idefics3
+    }
+}
+
+/// The tokens around a tiled image's tiles, as llama.cpp's mtmd places them for SmolVLM:
+/// each tile after `<fake_token_around_image><row_R_col_C>` (1-based, special tokens
+/// parsed), a newline after each row but the last, then the global view between
+/// `\n\n<fake_token_around_image><global-img>` and `<fake_token_around_image>`. The fixed
+/// tokens are looked up in the vocabulary by their text, as mtmd does (the first id
+/// whose piece it is).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TileTokens {
+    pub row_end: Vec<u32>,
+    pub global_start: Vec<u32>,
+    pub global_end: Vec<u32>,
+}
+
+impl TileTokens {
+    /// The tokens for `projector`'s tiles in `tok`'s vocabulary (`None` for a projector
+    /// that does not tile); refuses a vocabulary without them, as no image could be
+    /// placed (SmolVLM's language model adds them to SmolLM2's).
+    pub fn lookup(tok: &Tokenizer, projector: Projector) -> Result<Option<Self>, VisionError> {
+        if !projector.tiles() {
+            return Ok(None);
+        }
+        let wanted = ["\n", "\n\n", "<fake_token_around_image>", "<global-img>"];
+        let mut found = [None; 4];
+        for id in 0..tok.n_vocab() as u32 {
+            let piece = tok.token_to_piece(id, true);
+            for (slot, w) in found.iter_mut().zip(wanted) {
+                if slot.is_none() && piece == w.as_bytes() {
+                    *slot = Some(id);
+                }
+            }
+            if found.iter().all(Option::is_some) {
+                break;
+            }
+        }
+        let id = |i: usize| {
+            found[i].ok_or_else(|| VisionError::Image {
+                what: "placement".into(),
+                msg: format!(
+                    "the language model's vocabulary has no {:?} token, which a {} projector places around its tiles: this mmproj belongs to another model",
+                    wanted[i],
+                    projector.name()
+                ),
+            })
+        };
+        Ok(Some(TileTokens {
+            row_end: vec![id(0)?],
+            global_start: vec![id(1)?, id(2)?, id(3)?],
+            global_end: vec![id(2)?],
+        }))
+    }
+
+    /// The tokens before the tile of row `row` and column `col` (both from 1).
+    pub fn tile_start(tok: &Tokenizer, row: u32, col: u32) -> Vec<u32> {
+        tok.encode(
+            &format!("<fake_token_around_image><row_{row}_col_{col}>"),
+            false,
+            true,
+        )
     }
 }
 

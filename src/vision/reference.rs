@@ -213,5 +213,28 @@ pub fn encode_reference(
             }
             out
         }
+        Projector::Idefics3 => {
+            // Cells of s x s patches side by side in one row (dy, then dx), zeros past
+            // the grid's edge, then the projection.
+            let s = hp.merge as usize;
+            let q = per.div_ceil(s);
+            let fc = values(f, "mm.model.fc.weight");
+            let mut out = Vec::new();
+            for cell in 0..q * q {
+                let (cy, cx) = (cell / q, cell % q);
+                let mut row = Vec::with_capacity(e * s * s);
+                for dy in 0..s {
+                    for dx in 0..s {
+                        let (py, px) = (cy * s + dy, cx * s + dx);
+                        match py < per && px < per {
+                            true => row.extend_from_slice(&x[py * per + px]),
+                            false => row.extend(std::iter::repeat_n(0.0, e)),
+                        }
+                    }
+                }
+                out.extend(affine(&fc, None, &row).into_iter().map(|v| v as f32));
+            }
+            out
+        }
     }
 }

@@ -74,7 +74,7 @@ pub struct Request {
     /// [`crate::engine::MediaPrompt`]).
     pub prompt: Vec<u32>,
     /// The prompt's images, in order.
-    pub images: Vec<Arc<super::PreparedImage>>,
+    pub images: Vec<Arc<super::ImageChunk>>,
     /// Sampling, `n_predict`, context policy, `n_probs`.
     pub params: SessionParams,
     /// Reuse the cells of the longest prefix a slot already holds.

@@ -1,6 +1,6 @@
 //! Vision encoders (mmproj files) with random weights, in the layout llama.cpp's
 //! converter writes them, for checking wgllm's encoder against llama.cpp's on files small
-//! enough for a test: `wgllm synth --mmproj-for MODEL --projector gemma3`.
+//! enough for a test: `wgllm synth --mmproj-for MODEL --projector gemma3|idefics3`.
 
 use super::Rng;
 use crate::gguf::{GgmlType, GgufWriter, Value};
@@ -15,8 +15,10 @@ pub struct MmprojShape {
     pub n_ff: u32,
     pub n_layer: u32,
     pub n_head: u32,
-    /// The projector's pooling cell (Gemma 3: 4).
+    /// The projector's pooling or shuffling cell (Gemma 3: 4).
     pub merge: u32,
+    /// The longest side an image is resized to before tiling (idefics3; 0 for gemma3).
+    pub longest_edge: u32,
 }
 
 impl MmprojShape {
@@ -32,14 +34,46 @@ impl MmprojShape {
             n_layer: 2,
             n_head: 4,
             merge: 4,
+            longest_edge: 0,
+        }
+    }
+
+    /// SmolVLM's geometry shrunk: tiles of 96 pixels in patches of 16 (6 x 6 patches,
+    /// shuffled by cells of 2 into 3 x 3 tokens), images resized to 288 pixels on their
+    /// long side (up to 3 x 3 tiles and the global view); the tiny width and feed-forward.
+    pub fn tiny_idefics3() -> Self {
+        MmprojShape {
+            image_size: 96,
+            patch_size: 16,
+            merge: 2,
+            longest_edge: 288,
+            ..Self::tiny()
         }
     }
 }
 
-/// A Gemma 3 mmproj whose projection gives `n_out`-wide embeddings (the language model's
-/// width), matrices in `ty` (f32, or f16 as the converter writes), vectors in f32; the
-/// weights scaled by their fan-in so that every tensor shows in the output.
+/// The projectors [`synth_mmproj`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthProjector {
+    Gemma3,
+    Idefics3,
+}
+
+/// A Gemma 3 mmproj whose projection gives `n_out`-wide embeddings (see [`synth_mmproj`]).
 pub fn synth_mmproj_gemma3(shape: MmprojShape, n_out: u32, ty: GgmlType) -> GgufWriter {
+    synth_mmproj(SynthProjector::Gemma3, shape, n_out, ty)
+}
+
+/// An mmproj of `projector`'s layout whose projection gives `n_out`-wide embeddings (the
+/// language model's width), matrices in `ty` (f32, or f16 as the converter writes),
+/// vectors in f32; the weights scaled by their fan-in so that every tensor shows in the
+/// output.
+pub fn synth_mmproj(
+    projector: SynthProjector,
+    shape: MmprojShape,
+    n_out: u32,
+    ty: GgmlType,
+) -> GgufWriter {
     let MmprojShape {
         image_size,
         patch_size: p,
@@ -48,17 +82,22 @@ pub fn synth_mmproj_gemma3(shape: MmprojShape, n_out: u32, ty: GgmlType) -> Gguf
         n_layer,
         n_head,
         merge,
+        longest_edge,
     } = shape;
+    let name = match projector {
+        SynthProjector::Gemma3 => "gemma3",
+        SynthProjector::Idefics3 => "idefics3",
+    };
     let u = Value::U32;
     let f32s = |v: &[f32]| Value::Array(v.iter().map(|&x| Value::F32(x)).collect());
     let mut w = GgufWriter::new();
     w.meta("general.architecture", Value::String("clip".into()))
         .meta(
             "general.name",
-            Value::String(format!("synthetic gemma3 mmproj {e}x{n_layer}")),
+            Value::String(format!("synthetic {name} mmproj {e}x{n_layer}")),
         )
         .meta("clip.has_vision_encoder", Value::Bool(true))
-        .meta("clip.projector_type", Value::String("gemma3".into()))
+        .meta("clip.projector_type", Value::String(name.into()))
         .meta("clip.use_gelu", Value::Bool(true))
         .meta("clip.vision.image_size", u(image_size))
         .meta("clip.vision.patch_size", u(p))
@@ -70,8 +109,11 @@ pub fn synth_mmproj_gemma3(shape: MmprojShape, n_out: u32, ty: GgmlType) -> Gguf
         .meta("clip.vision.projection_dim", u(n_out))
         .meta("clip.vision.image_mean", f32s(&[0.5, 0.5, 0.5]))
         .meta("clip.vision.image_std", f32s(&[0.5, 0.5, 0.5]));
-    if merge != 4 {
+    if merge != 4 || projector == SynthProjector::Idefics3 {
         w.meta("clip.vision.projector.scale_factor", u(merge));
+    }
+    if projector == SynthProjector::Idefics3 {
+        w.meta("clip.vision.preproc_image_size", u(longest_edge));
     }
     let mut rng = Rng(0x5191);
     let mut vector = |w: &mut GgufWriter, name: &str, n: u32, center: f32, spread: f32| {
@@ -134,14 +176,28 @@ pub fn synth_mmproj_gemma3(shape: MmprojShape, n_out: u32, ty: GgmlType) -> Gguf
     }
     vector(&mut w, "v.post_ln.weight", e, 1.0, 0.2);
     vector(&mut w, "v.post_ln.bias", e, 0.0, 0.2);
-    // The converter has already added Gemma's 1 to this weight.
-    vector(&mut w, "mm.soft_emb_norm.weight", e, 1.0, 0.2);
-    matrix(
-        &mut w,
-        "mm.input_projection.weight",
-        &[n_out as u64, e64],
-        e64,
-        ty,
-    );
+    match projector {
+        SynthProjector::Gemma3 => {
+            // The converter has already added Gemma's 1 to this weight.
+            vector(&mut w, "mm.soft_emb_norm.weight", e, 1.0, 0.2);
+            matrix(
+                &mut w,
+                "mm.input_projection.weight",
+                &[n_out as u64, e64],
+                e64,
+                ty,
+            );
+        }
+        SynthProjector::Idefics3 => {
+            let n_in = e64 * (merge * merge) as u64;
+            matrix(
+                &mut w,
+                "mm.model.fc.weight",
+                &[n_in, n_out as u64],
+                n_in,
+                ty,
+            );
+        }
+    }
     w
 }

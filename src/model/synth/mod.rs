@@ -4,6 +4,7 @@
 //! real model. One writer per family: decoder transformers (`transformer.rs`), state-space
 //! models (`ssm.rs`), BERT encoders (`bert.rs`); what they share is here.
 
+mod added_tokens;
 mod bert;
 mod mmproj;
 mod ssm;
@@ -11,7 +12,8 @@ mod transformer;
 
 use crate::gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use crate::quant::quantize_row;
-pub use mmproj::{synth_mmproj_gemma3, MmprojShape};
+pub use added_tokens::{smolvlm_tokens, with_added_tokens};
+pub use mmproj::{synth_mmproj, synth_mmproj_gemma3, MmprojShape, SynthProjector};
 
 /// Model dimensions of a synthetic llama.
 #[derive(Clone, Copy, Debug, PartialEq)]
