@@ -17,7 +17,7 @@ cargo build --release --quiet
 # arch:vocabulary:type (llama with the SentencePiece vocabulary: Mistral 7B and Llama 2 style)
 # [:context size, default 128; phi3-long's original context is 256, so 128 takes its short
 # RoPE factors and 512 its long ones; qwen2-yarn's is 256 too, and 512 runs past it]
-cases="llama:llama-spm:q4_0 llama3:llama-bpe:q8_0 qwen2:qwen2:q8_0 qwen2:qwen2:q4_k qwen3:qwen2:q8_0
+cases="llama:llama-spm:q4_0 llama3:llama-bpe:q8_0 qwen2:qwen2:q8_0 qwen2:qwen2:q4_k qwen2vl:qwen2:q8_0 qwen3:qwen2:q8_0
   phi3:phi-3:q8_0 phi3:phi-3:f16 phi3-long:phi-3:q8_0 phi3-long:phi-3:q8_0:512
   qwen2-yarn:qwen2:q8_0:512 qwen3moe:qwen2:q8_0 mixtral:llama-spm:q4_k
   qwen2moe:qwen2:q8_0 qwen3moe:qwen2:mxfp4 gemma2:llama-spm:q8_0 gpt-oss:llama-bpe:mxfp4

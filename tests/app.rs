@@ -80,23 +80,16 @@ impl Image {
     }
 }
 
-/// Drives the app headless under Xvfb on SmolLM2: the chat prompt, greedy, 40 tokens,
-/// one chat of `n_ctx` cells, with `env` set; the window saved to `shot`. Checks that the
-/// drive succeeded with llama.cpp's reply; returns the log (stderr).
-fn drive(shot: &std::path::Path, n_ctx: &str, env: &[(&str, &str)], args: &[&str]) -> String {
-    let model = common::smollm2();
-    let _ = std::fs::remove_file(shot);
+/// Runs `wgllm app ARGS` under Xvfb (a 1400x900 screen, the window 1280x800, the drive's
+/// timeout 600 s, warnings logged) with `env` set; checks that it succeeded without a
+/// panic and returns its stdout and stderr.
+fn app_under_xvfb(args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> (String, String) {
     let out = Command::new("xvfb-run")
         .args(["-a", "-s", "-screen 0 1400x900x24"])
         .arg(env!("CARGO_BIN_EXE_wgllm"))
-        .args([
-            "app", "-m", &model, "--temp", "0", "-n", "40", "-c", n_ctx, "-np", "1",
-        ])
-        .args(["-p", "What is the boiling point of water at sea level?"])
-        .arg("--screenshot")
-        .arg(shot)
-        .args(["--timeout", "600", "--size", "1280x800"])
+        .arg("app")
         .args(args)
+        .args(["--timeout", "600", "--size", "1280x800"])
         .env("RUST_LOG", "warn")
         .envs(env.iter().copied())
         .output()
@@ -105,6 +98,35 @@ fn drive(shot: &std::path::Path, n_ctx: &str, env: &[(&str, &str)], args: &[&str
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "app failed: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+    (stdout, stderr)
+}
+
+/// Drives the app headless under Xvfb on SmolLM2: the chat prompt, greedy, 40 tokens,
+/// one chat of `n_ctx` cells, with `env` set; the window saved to `shot`. Checks that the
+/// drive succeeded with llama.cpp's reply; returns the log (stderr).
+fn drive(shot: &std::path::Path, n_ctx: &str, env: &[(&str, &str)], args: &[&str]) -> String {
+    let model = common::smollm2();
+    let _ = std::fs::remove_file(shot);
+    let prompt = "What is the boiling point of water at sea level?";
+    let fixed = [
+        "-m",
+        &model,
+        "--temp",
+        "0",
+        "-n",
+        "40",
+        "-c",
+        n_ctx,
+        "-np",
+        "1",
+        "-p",
+        prompt,
+        "--screenshot",
+    ];
+    let mut all: Vec<&std::ffi::OsStr> = fixed.iter().map(std::ffi::OsStr::new).collect();
+    all.push(shot.as_os_str());
+    all.extend(args.iter().map(std::ffi::OsStr::new));
+    let (stdout, stderr) = app_under_xvfb(&all, env);
     let expected = common::reliable_prefix("smol-chat.cpu.json");
     assert!(
         stdout.starts_with(&expected),
@@ -249,27 +271,29 @@ fn headless_chat_with_an_image_shows_it_and_replies_as_llamacpp() {
     let want = common::square_image_reply();
     let lm = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
     let shot = dir.join("app-image.png");
-    let out = Command::new("xvfb-run")
-        .args(["-a", "-s", "-screen 0 1400x900x24"])
-        .arg(env!("CARGO_BIN_EXE_wgllm"))
-        .args(["app", "-m"])
-        .arg(&lm)
-        .arg("--mmproj")
-        .arg(&mm)
-        .arg("--image")
-        .arg(root.join("tests/data/vision/square-224.png"))
-        .args(["--temp", "0", "-n", "16", "-c", "256", "-np", "1"])
-        .args(["-p", "Count from one to twenty, in words."])
-        .arg("--screenshot")
-        .arg(&shot)
-        .args(["--timeout", "600", "--size", "1280x800"])
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("xvfb-run (apt-get install xvfb xauth) runs the app under a virtual display");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "app failed: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let img = root.join("tests/data/vision/square-224.png");
+    let os = std::ffi::OsStr::new;
+    let args = [
+        os("-m"),
+        lm.as_os_str(),
+        os("--mmproj"),
+        mm.as_os_str(),
+        os("--image"),
+        img.as_os_str(),
+        os("--temp"),
+        os("0"),
+        os("-n"),
+        os("16"),
+        os("-c"),
+        os("256"),
+        os("-np"),
+        os("1"),
+        os("-p"),
+        os("Count from one to twenty, in words."),
+        os("--screenshot"),
+        shot.as_os_str(),
+    ];
+    let (stdout, stderr) = app_under_xvfb(&args, &[]);
     assert_eq!(
         stdout.trim_end_matches('\n'),
         want.trim_end_matches('\n'),

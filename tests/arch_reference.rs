@@ -202,6 +202,13 @@ fn qwen2_q4_k() {
     check("qwen2-q4_k");
 }
 
+/// Qwen2-VL's language model on text: M-RoPE with all components at the token's
+/// position, which llama.cpp computes section by section and wgllm as NeoX's rotation.
+#[test]
+fn qwen2vl_q8_0() {
+    check("qwen2vl-q8_0");
+}
+
 #[test]
 fn qwen3_q8_0() {
     check("qwen3-q8_0");

@@ -61,7 +61,7 @@ fn unknown_architecture_is_named() {
     assert_clean_failure(
         &["run", "-m", p.to_str().unwrap(), "-p", "hi"],
         "unsupported model architecture `starcoder2` (wgllm supports: llama (Llama 1-3, \
-         Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen3, qwen3moe, gpt-oss, phi3, gemma2, gemma3, mamba, mamba2, lfm2, bert)",
+         Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen2vl (text), qwen3, qwen3moe, gpt-oss, phi3, gemma2, gemma3, mamba, mamba2, lfm2, bert)",
     );
     // A recurrent family llama.cpp runs and wgllm does not is refused by name.
     let mut w = GgufWriter::new();

@@ -911,3 +911,81 @@ fn a_fork_self_extends_as_its_source_would() {
     assert_eq!(a.len(), 20);
     assert_eq!(a, b, "the fork's tokens");
 }
+
+/// A model whose positions have several components (Qwen2-VL's language model, M-RoPE)
+/// cannot move cached positions, as in llama.cpp: a context that fills up ends the
+/// generation with that reason instead of shifting, and Self-Extend is refused when a
+/// session opens. The same weights as plain Qwen2 (no sections) shift as before; before
+/// the context fills, the two generate the same tokens (text positions rotate alike).
+#[test]
+fn mrope_positions_are_never_shifted() {
+    use wgllm::engine::{ShiftPolicy, Stop};
+    use wgllm::model::synth::{synth, SynthArch, WeightScale};
+    let (_, gpu, _guard) = common::gpus().next().unwrap();
+    let load = |arch| {
+        let w = synth(
+            arch,
+            common::TINY,
+            GgmlType::Q8_0,
+            common::tiny_vocab(),
+            256,
+            WeightScale::Fixed(0.5),
+            false,
+        );
+        common::load_synth(gpu.clone(), w)
+    };
+    let params = SessionParams {
+        sampling: SamplerParams::greedy(),
+        n_predict: 60,
+        ..Default::default()
+    };
+    let mut runs = Vec::new();
+    for arch in [SynthArch::Qwen2Vl, SynthArch::Qwen2] {
+        let (model, tok) = load(arch);
+        assert_eq!(model.hp.mrope.is_some(), arch == SynthArch::Qwen2Vl);
+        let mut e = common::engine(&model, &tok, 64, 32, 1);
+        let mut p = params.clone();
+        p.sampling.banned = tok.eog_tokens().collect();
+        let id = e.open_session(p.clone()).unwrap();
+        e.prompt_tokens(id, &(10..30).collect::<Vec<u32>>())
+            .unwrap();
+        let (mut tokens, mut stop) = (Vec::new(), None);
+        while e.is_busy() {
+            for ev in e.step().unwrap() {
+                match ev {
+                    Event::Token { token, .. } => tokens.push(token),
+                    Event::Finished { stop: s, .. } => stop = Some(s),
+                    Event::Error { error, .. } => panic!("{error}"),
+                    _ => {}
+                }
+            }
+        }
+        runs.push((tokens, stop.unwrap()));
+        if arch == SynthArch::Qwen2Vl {
+            let grouped = SessionParams {
+                shift: ShiftPolicy {
+                    ga_n: 2,
+                    ga_w: 16,
+                    ..Default::default()
+                },
+                ..p
+            };
+            e.close_session(id).unwrap();
+            let err = e.open_session(grouped).unwrap_err().to_string();
+            assert!(
+                err.contains("M-RoPE") && err.contains("--grp-attn-n"),
+                "{err}"
+            );
+        }
+    }
+    let (vl, plain) = (&runs[0], &runs[1]);
+    match vl.1 {
+        Stop::ContextFull(reason) => assert!(reason.to_string().contains("M-RoPE"), "{reason}"),
+        other => panic!("the M-RoPE model stopped by {other:?}"),
+    }
+    assert_eq!(plain.1, Stop::MaxTokens, "plain Qwen2 shifts and goes on");
+    assert_eq!(plain.0.len(), 60);
+    // Up to the full context (64 cells, a 20-token prompt) the tokens are the same.
+    assert!(vl.0.len() >= 40 && vl.0.len() < 60, "{}", vl.0.len());
+    assert_eq!(vl.0[..], plain.0[..vl.0.len()]);
+}

@@ -197,6 +197,12 @@ fn unrunnable_mmproj_files_are_refused() {
             Value::U32(50),
             "resized to 50 pixels, not between the tile's 96",
         ),
+        (
+            "tiles",
+            "clip.vision.preproc_image_size",
+            Value::U32(8000),
+            "more than 16 tiles of 96 a side",
+        ),
     ];
     for (tag, key, value, want) in idefics3 {
         let shape = MmprojShape::tiny_idefics3();

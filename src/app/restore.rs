@@ -12,13 +12,19 @@ use std::path::Path;
 /// The flag that names the file.
 pub const FLAG: &str = "--restore-chats";
 
-/// Writes `chats` to `path`.
+/// Writes `chats` to `path`. Images do not go with them: their markers (this process's
+/// own, [`crate::engine::private_marker`], which the next process would read as text)
+/// are left out, so the text of a turn that had images comes back without them.
 pub fn save(path: &Path, chats: &[Vec<ChatMessage>]) -> std::io::Result<()> {
+    let marker = crate::engine::private_marker();
     let json: Vec<Vec<serde_json::Value>> = chats
         .iter()
         .map(|c| {
             c.iter()
-                .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+                .map(|m| {
+                    let content = m.content.replace(marker, "");
+                    serde_json::json!({"role": m.role, "content": content})
+                })
                 .collect()
         })
         .collect();
@@ -83,6 +89,14 @@ mod tests {
         let path = std::env::temp_dir().join(format!("wgllm-restore-{}.json", std::process::id()));
         save(&path, &chats).unwrap();
         assert_eq!(load(&path).unwrap(), chats);
+        // An image's marker does not outlive the process that drew it.
+        let marker = crate::engine::private_marker();
+        let pictured = vec![vec![ChatMessage::new(
+            "user",
+            format!("{marker}What is it?"),
+        )]];
+        save(&path, &pictured).unwrap();
+        assert_eq!(load(&path).unwrap()[0][0].content, "What is it?");
         std::fs::write(&path, r#"[[{"role": "user"}]]"#).unwrap();
         assert!(load(&path).unwrap_err().contains("without role or content"));
         std::fs::remove_file(&path).unwrap();

@@ -9,16 +9,13 @@ use std::sync::Arc;
 use wgllm::engine::{Engine, PreparedImage};
 use wgllm::vision::{decode_image, ImagePrep, MEDIA_MARKER};
 
+/// The vision encoder's flags, as llama.cpp spells them (`run`, `chat` and `serve`).
 #[derive(Args, Clone, Debug, Default)]
-pub struct MediaArgs {
-    /// The model's vision encoder: an mmproj GGUF (llama.cpp's `--mmproj`).
+pub struct EncoderArgs {
+    /// The model's vision encoder: an mmproj GGUF (llama.cpp's `--mmproj`); prompts and
+    /// requests may then hold images.
     #[arg(long = "mmproj", visible_alias = "mm")]
     pub mmproj: Option<PathBuf>,
-    /// An image for the prompt (PNG, JPEG, WebP, BMP, PNM); repeat the flag or separate
-    /// files with commas for several. Each goes where the prompt has a `<__media__>`
-    /// marker, or before the prompt's text where it has none (as llama-mtmd-cli does).
-    #[arg(long = "image", value_delimiter = ',')]
-    pub images: Vec<PathBuf>,
     /// With -hf, leave out the repository's mmproj (by default it is downloaded and
     /// loaded with the model, as llama.cpp does).
     #[arg(
@@ -29,10 +26,21 @@ pub struct MediaArgs {
     pub no_mmproj: bool,
 }
 
+#[derive(Args, Clone, Debug, Default)]
+pub struct MediaArgs {
+    #[command(flatten)]
+    pub encoder: EncoderArgs,
+    /// An image for the prompt (PNG, JPEG, WebP, BMP, PNM); repeat the flag or separate
+    /// files with commas for several. Each goes where the prompt has a `<__media__>`
+    /// marker, or before the prompt's text where it has none (as llama-mtmd-cli does).
+    #[arg(long = "image", value_delimiter = ',')]
+    pub images: Vec<PathBuf>,
+}
+
 impl MediaArgs {
     /// Refuses images without an encoder, before the model is loaded.
     pub fn check(&self) -> Result<()> {
-        if !self.images.is_empty() && self.mmproj.is_none() {
+        if !self.images.is_empty() && self.encoder.mmproj.is_none() {
             bail!("--image needs the model's vision encoder: pass --mmproj FILE (the mmproj GGUF beside the model)");
         }
         Ok(())
@@ -44,21 +52,21 @@ impl MediaArgs {
         if model.model.is_some() {
             return Ok(());
         }
-        let want = want && self.mmproj.is_none() && !self.no_mmproj;
+        let want = want && self.encoder.mmproj.is_none() && !self.encoder.no_mmproj;
         let (path, mmproj) = model
             .hub
             .resolve_with_mmproj(want)?
             .ok_or_else(|| anyhow::anyhow!("a model is needed: -m FILE or -hf ORG/NAME[:QUANT]"))?;
         model.model = Some(path);
         if mmproj.is_some() {
-            self.mmproj = mmproj;
+            self.encoder.mmproj = mmproj;
         }
         Ok(())
     }
 
     /// Loads the encoder into `engine` (with `--mmproj`).
     pub fn attach(&self, engine: &mut Engine) -> Result<()> {
-        if let Some(p) = &self.mmproj {
+        if let Some(p) = &self.encoder.mmproj {
             let path = p.display().to_string();
             if !p.exists() {
                 bail!("mmproj file {path} does not exist");

@@ -63,21 +63,13 @@ pub struct ServeArgs {
     /// of prefix, suffix, middle.
     #[arg(long = "spm-infill")]
     pub spm_infill: bool,
-    /// The model's vision encoder (an mmproj GGUF): requests may then carry images
-    /// (`image_url` parts, Anthropic image blocks, `/completion`'s `multimodal_data`).
-    #[arg(long = "mmproj", visible_alias = "mm")]
-    pub mmproj: Option<PathBuf>,
+    /// `--mmproj`: requests may then carry images (`image_url` parts, Anthropic image
+    /// blocks, `/completion`'s `multimodal_data`); `--no-mmproj`.
+    #[command(flatten)]
+    pub encoder: super::media::EncoderArgs,
     /// A directory `file://` image URLs in requests may read from (none: refused).
     #[arg(long = "media-path")]
     pub media_path: Option<PathBuf>,
-    /// With -hf, leave out the repository's mmproj (by default it is downloaded and
-    /// loaded with the model, as llama-server does).
-    #[arg(
-        long = "no-mmproj",
-        visible_alias = "no-mmproj-auto",
-        conflicts_with = "mmproj"
-    )]
-    pub no_mmproj: bool,
     /// Load the --lora adapters with scale 0: set them later with POST /lora-adapters
     /// or a request's `lora` (today's llama-server applies them at their scales anyway).
     #[arg(long = "lora-init-without-apply")]
@@ -234,11 +226,11 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     }
     // An -hf model (with its mmproj) is downloaded before the server binds, as
     // llama-server does.
-    let mut mmproj = a.mmproj.clone();
+    let mut mmproj = a.encoder.mmproj.clone();
     let model_path = match &a.model.model {
         Some(m) => m.clone(),
         None => {
-            let want = mmproj.is_none() && !a.no_mmproj;
+            let want = mmproj.is_none() && !a.encoder.no_mmproj;
             let (path, hub_mmproj) = (a.model.hub.resolve_with_mmproj(want)?).ok_or_else(|| {
                 anyhow::anyhow!("a model is needed: -m FILE or -hf ORG/NAME[:QUANT]")
             })?;

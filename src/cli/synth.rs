@@ -64,7 +64,8 @@ pub struct SynthArgs {
     #[arg(long, default_value = "7b")]
     pub shape: String,
     /// Architecture: llama, llama3 (with Llama 3 RoPE factors), qwen2, qwen2-yarn (YaRN
-    /// RoPE scaling x4 over an original context of 256), qwen2moe (16 experts, 4 used, and a
+    /// RoPE scaling x4 over an original context of 256), qwen2vl (Qwen2-VL's language model:
+    /// M-RoPE sections), qwen2moe (16 experts, 4 used, and a
     /// shared expert), qwen3, qwen3moe (16 experts, 4 used), mixtral (8 experts, 2 used),
     /// gpt-oss (sinks, biases, window 32 on even layers, YaRN, 16 experts, 4 used), phi3,
     /// phi3-long (long-context RoPE factors, original context 256), gemma2 (window 32 on

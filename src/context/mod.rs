@@ -63,6 +63,8 @@ pub enum FullReason {
     KeepTooLarge,
     /// Self-Extend regroups positions but frees no cells.
     SelfExtend,
+    /// The model's cached positions cannot be moved (M-RoPE), so no shift makes room.
+    CannotShift,
 }
 
 impl std::fmt::Display for FullReason {
@@ -71,6 +73,9 @@ impl std::fmt::Display for FullReason {
             FullReason::ShiftOff => "context shift is off",
             FullReason::KeepTooLarge => "context shift cannot free space (is --keep too large?)",
             FullReason::SelfExtend => "Self-Extend (--grp-attn-n) frees no cells",
+            FullReason::CannotShift => {
+                "this model's positions (M-RoPE) cannot be shifted, as in llama.cpp"
+            }
         })
     }
 }
@@ -453,6 +458,21 @@ impl Context {
         self.check_seq(seq)?;
         self.memory.seq_keep(seq).map_err(ContextError::from)
     }
+    /// Whether cached positions can be moved (`seq_add`, `seq_div`): not where a
+    /// position has several components (M-RoPE), as llama.cpp's `llama_memory_can_shift`.
+    pub fn can_shift(&self) -> bool {
+        self.model.hp.mrope.is_none()
+    }
+
+    fn check_shift(&self, op: &str) -> Result<(), ContextError> {
+        match self.can_shift() {
+            true => Ok(()),
+            false => Err(ContextError::BadBatch(format!(
+                "{op}: this model's positions (M-RoPE) cannot be moved"
+            ))),
+        }
+    }
+
     /// Adds `delta` to the positions of `seq` in [p0, p1); the K-shift follows.
     pub fn seq_add(
         &mut self,
@@ -462,6 +482,7 @@ impl Context {
         delta: i32,
     ) -> Result<(), ContextError> {
         self.check_seq(seq)?;
+        self.check_shift("seq_add")?;
         self.memory
             .seq_add(seq, p0, p1, delta)
             .map_err(ContextError::from)
@@ -469,6 +490,7 @@ impl Context {
     /// Divides the positions of `seq` in [p0, p1) by `d`; the K-shift follows.
     pub fn seq_div(&mut self, seq: SeqId, p0: i32, p1: i32, d: i32) -> Result<(), ContextError> {
         self.check_seq(seq)?;
+        self.check_shift("seq_div")?;
         self.memory
             .seq_div(seq, p0, p1, d)
             .map_err(ContextError::from)

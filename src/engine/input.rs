@@ -64,6 +64,7 @@ impl Engine {
             return Err(EngineError::EmptyPrompt);
         }
         params.validate()?;
+        self.check_shift_policy(&params)?;
         let kept = if cache_prompt && s.shift.ops.is_empty() {
             s.history.clone()
         } else {

@@ -287,6 +287,17 @@ impl Engine {
         self.ctx.n_ctx() / self.ctx.params.n_seq_max
     }
 
+    /// Refuses Self-Extend where the model's positions cannot be moved (M-RoPE; llama.cpp
+    /// aborts there).
+    pub(super) fn check_shift_policy(&self, params: &SessionParams) -> Result<(), EngineError> {
+        if params.shift.ga_n > 1 && !self.ctx.can_shift() {
+            return Err(EngineError::Options(
+                "Self-Extend (--grp-attn-n) regroups cached positions, and this model's positions (M-RoPE) cannot be moved".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Opens a session on the lowest free sequence.
     pub fn open_session(&mut self, params: SessionParams) -> Result<SessionId, EngineError> {
         let seq = self
@@ -295,6 +306,7 @@ impl Engine {
             .position(Option::is_none)
             .ok_or(EngineError::NoFreeSequence(self.sessions.len() as u32))?;
         params.validate()?;
+        self.check_shift_policy(&params)?;
         let id = seq as SessionId;
         self.ctx.seq_rm(Some(id), -1, -1)?;
         self.sessions[seq] = Some(self.new_session(id, params)?);

@@ -159,13 +159,15 @@ impl SeqShift {
             if n_discard > 0 {
                 n_discard = cut(keep + n_discard).map_or(n_discard, |&(_, b)| b - keep);
             }
-            if !p.context_shift || n_discard <= 0 {
+            if !p.context_shift || !ctx.can_shift() || n_discard <= 0 {
                 return Err(ContextError::ContextFull {
                     n_ctx: n_ctx as u32,
-                    reason: if p.context_shift {
-                        FullReason::KeepTooLarge
-                    } else {
+                    reason: if !p.context_shift {
                         FullReason::ShiftOff
+                    } else if !ctx.can_shift() {
+                        FullReason::CannotShift
+                    } else {
+                        FullReason::KeepTooLarge
                     },
                 });
             }

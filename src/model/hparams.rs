@@ -38,7 +38,7 @@ pub enum Arch {
 }
 
 pub const SUPPORTED_ARCHS: &str =
-    "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen3, qwen3moe, gpt-oss, phi3, gemma2, gemma3, mamba, mamba2, lfm2, bert";
+    "llama (Llama 1-3, Mistral, Mixtral, SmolLM...), qwen2, qwen2moe, qwen2vl (text), qwen3, qwen3moe, gpt-oss, phi3, gemma2, gemma3, mamba, mamba2, lfm2, bert";
 
 /// The most layers a model may have (llama.cpp's `LLAMA_MAX_LAYERS`).
 pub const MAX_LAYERS: u32 = 512;
@@ -173,6 +173,12 @@ pub struct Hparams {
     pub causal: bool,
     /// Scores a classifier head gives (`{arch}.classifier.output_labels`' count, else 1).
     pub n_cls_out: u32,
+    /// M-RoPE (Qwen2-VL): the rotated pairs' sections by position component (time, row,
+    /// column, unused), `{arch}.rope.dimension_sections`. A text token's components are
+    /// all its position, which M-RoPE rotates as the halves rotation (NeoX) does; an
+    /// image's tokens would share a time and differ in row and column. Cells at such
+    /// positions cannot be moved (no context shift, no Self-Extend), as in llama.cpp.
+    pub mrope: Option<[u32; 4]>,
 }
 
 /// A mixture-of-experts feed-forward's sizes and routing.
@@ -328,8 +334,10 @@ impl Hparams {
             "gemma2" => Arch::Gemma2,
             "gpt-oss" => Arch::GptOss,
             "gemma3" => Arch::Gemma3,
-            // Qwen2's attention with experts and a shared expert (`Hparams::moe`).
-            "qwen2" | "qwen2moe" => Arch::Qwen2,
+            // Qwen2's attention with experts and a shared expert (`Hparams::moe`); and
+            // Qwen2-VL's and Qwen2.5-VL's language model, whose positions have several
+            // components (`Hparams::mrope`).
+            "qwen2" | "qwen2moe" | "qwen2vl" => Arch::Qwen2,
             // Qwen3's attention with mixture-of-experts feed-forwards (`Hparams::moe`).
             "qwen3" | "qwen3moe" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
@@ -593,6 +601,39 @@ impl Hparams {
             } else {
                 head_dim
             };
+        let mrope = match f.get(&key("rope.dimension_sections")) {
+            None if arch_name == "qwen2vl" => {
+                return Err(bad(format!(
+                    "{} is missing: a qwen2vl model's positions need it",
+                    key("rope.dimension_sections")
+                )))
+            }
+            None => None,
+            Some(v) => {
+                let s: Vec<u32> = (v.as_array().unwrap_or_default().iter())
+                    .filter_map(|x| x.as_i64())
+                    .filter_map(|x| u32::try_from(x).ok())
+                    .collect();
+                let sum: u32 = s.iter().sum();
+                if s.len() != 4 || sum == 0 {
+                    return Err(bad(format!(
+                        "{} must be 4 sections of rotated pairs, got {v:?}",
+                        key("rope.dimension_sections")
+                    )));
+                }
+                // A pair in the fourth section rotates text tokens by a component
+                // llama.cpp sets to 0, which the halves rotation does not do.
+                let first3 = s[0] + s[1] + s[2];
+                if (0..n_rot / 2).any(|k| k % sum >= first3) {
+                    return Err(bad(format!(
+                        "{}: rotated pairs in the fourth section ({}) are not supported yet",
+                        key("rope.dimension_sections"),
+                        s[3]
+                    )));
+                }
+                Some([s[0], s[1], s[2], s[3]])
+            }
+        };
         Ok(Hparams {
             arch,
             n_vocab,
@@ -602,6 +643,7 @@ impl Hparams {
             n_head_kv,
             head_dim,
             n_ff,
+            mrope,
             n_ctx_train: u("context_length")?,
             // BERT's norms are layer norms, with their own key.
             eps: match arch {
@@ -742,6 +784,7 @@ fn ssm_hparams(f: &GgufFile, arch: Arch) -> Result<Hparams, ModelError> {
         final_softcap: 0.0,
         causal: true,
         n_cls_out: 1,
+        mrope: None,
     })
 }
 

@@ -201,6 +201,14 @@ impl ClipHparams {
                         self.longest_edge
                     ));
                 }
+                // SmolVLM's files cut at most 4 tiles a side; a bound keeps one image's
+                // tiles (and its preprocessing) small whatever the file says.
+                if self.longest_edge.div_ceil(side) > 16 {
+                    return Err(format!(
+                        "images resized to {} pixels make more than 16 tiles of {side} a side",
+                        self.longest_edge
+                    ));
+                }
             }
         }
         if self.n_layer == 0 || self.n_ff == 0 {

@@ -125,6 +125,10 @@ pub enum SynthArch {
     /// Qwen2 with YaRN RoPE scaling (factor 4, as Qwen2.5 past 32k) over an original
     /// context of 256, so a context above 256 is past it.
     Qwen2Yarn,
+    /// Qwen2-VL's language model: Qwen2 (the same weights and RoPE base) with M-RoPE
+    /// sections (a quarter of the rotated pairs for time, three eighths each for row and
+    /// column, as Qwen2-VL's 16, 24, 24) (`qwen2vl`).
+    Qwen2Vl,
     /// Per-head Q/K norms, NeoX RoPE.
     Qwen3,
     /// Qwen2 with mixture-of-experts feed-forwards: 16 experts of a quarter of the
@@ -187,6 +191,7 @@ impl SynthArch {
             "llama3" => Self::Llama3,
             "qwen2" => Self::Qwen2,
             "qwen2-yarn" => Self::Qwen2Yarn,
+            "qwen2vl" => Self::Qwen2Vl,
             "qwen3" => Self::Qwen3,
             "qwen2moe" => Self::Qwen2Moe,
             "qwen3moe" => Self::Qwen3Moe,
@@ -206,7 +211,7 @@ impl SynthArch {
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen2-yarn, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert, bert-rank, qwen3-rank";
+        "llama, llama3, qwen2, qwen2-yarn, qwen2vl, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert, bert-rank, qwen3-rank";
 
     /// (experts, used per token) of a mixture-of-experts architecture, None for others.
     pub fn default_experts(self) -> Option<(u32, u32)> {
@@ -224,6 +229,7 @@ impl SynthArch {
             Self::Qwen3Moe => "qwen3moe",
             Self::Qwen2Moe => "qwen2moe",
             Self::Qwen2 | Self::Qwen2Yarn => "qwen2",
+            Self::Qwen2Vl => "qwen2vl",
             Self::Qwen3 | Self::Qwen3Rank => "qwen3",
             Self::Phi3 | Self::Phi3Long => "phi3",
             Self::Gemma2 { .. } => "gemma2",

@@ -140,6 +140,14 @@ fn metadata(w: &mut GgufWriter, arch: SynthArch, shape: SynthShape, ty: GgmlType
         | SynthArch::Qwen3
         | SynthArch::Qwen3Moe => 500_000.0,
         SynthArch::Lfm2 => 1_000_000.0,
+        SynthArch::Qwen2Vl => {
+            let pairs = hd / 2;
+            let (t, hw) = (pairs / 4, pairs * 3 / 8);
+            let sections = [t, hw, pairs - t - hw, 0];
+            let v = sections.iter().map(|&s| Value::I32(s as i32)).collect();
+            w.meta(&key("rope.dimension_sections"), Value::Array(v));
+            500_000.0
+        }
         SynthArch::Llama | SynthArch::Mixtral | SynthArch::Phi3 | SynthArch::Phi3Long => 10_000.0,
         SynthArch::Mamba | SynthArch::Mamba2 => unreachable!("written by ssm::synth"),
         SynthArch::Bert | SynthArch::BertRank => unreachable!("written by bert::synth"),
@@ -303,7 +311,7 @@ fn layer(t: &mut Tensors, l: &Layout, i: u32) {
     }
     if matches!(
         arch,
-        SynthArch::Qwen2 | SynthArch::Qwen2Yarn | SynthArch::Qwen2Moe
+        SynthArch::Qwen2 | SynthArch::Qwen2Yarn | SynthArch::Qwen2Moe | SynthArch::Qwen2Vl
     ) || gpt_oss
     {
         t.vector(&bias("attn_q"), &[e], 0.0, 0.5);
