@@ -889,6 +889,14 @@ fn a_fork_self_extends_as_its_source_would() {
         !e.session(base).unwrap().shift().ops.is_empty(),
         "40 tokens in groups of 16 regroup"
     );
+    // Its groups count in units of its own settings: a fork takes the same.
+    let mut other = params.clone();
+    other.shift.ga_w = 32;
+    let err = e.fork_session(base, other).unwrap_err().to_string();
+    assert!(
+        err.contains("a fork goes on with the same settings"),
+        "{err}"
+    );
     let fork = e.fork_session(base, params).unwrap();
     assert_eq!(
         e.session(fork).unwrap().shift().ops,

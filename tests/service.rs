@@ -412,3 +412,61 @@ fn a_line_short_of_n_indent_ends_the_reply() {
         assert_eq!(got.end.stop, StopReason::Limit);
     }
 }
+
+/// A model whose positions cannot move (Qwen2-VL's language model, M-RoPE) serves with
+/// no context shift, as llama-server turns it off for such a model: a reply without a
+/// length ends where the slot's context does, marked truncated, exactly as a model that
+/// could shift ends with context shift off (same tokens, same end).
+#[test]
+fn an_mrope_model_replies_up_to_its_context() {
+    use wgllm::model::synth::{synth, SynthArch, WeightScale};
+    let gpu = common::gpus().next().unwrap().1.clone();
+    let w = synth(
+        SynthArch::Qwen2Vl,
+        common::TINY,
+        wgllm::gguf::GgmlType::Q8_0,
+        common::tiny_vocab(),
+        256,
+        WeightScale::Fixed(0.5),
+        false,
+    );
+    let (model, tok) = common::load_synth(gpu, w);
+    let e = common::engine(&model, &tok, 64, 32, 1);
+    assert!(!e.context().can_shift());
+    let s = EngineService::spawn(e).unwrap();
+    let mut sampling = SamplerParams::greedy();
+    sampling.banned = s.tokenizer().eog_tokens().collect();
+    let req = Request {
+        prompt: (10..30).collect(),
+        params: SessionParams {
+            sampling,
+            n_predict: -1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let got = wait(s.submit(req.clone()));
+    // As a model that can shift does with context shift off.
+    let w = synth(
+        SynthArch::Qwen2,
+        common::TINY,
+        wgllm::gguf::GgmlType::Q8_0,
+        common::tiny_vocab(),
+        256,
+        WeightScale::Fixed(0.5),
+        false,
+    );
+    let gpu = common::gpus().next().unwrap().1.clone();
+    let (model, tok) = common::load_synth(gpu, w);
+    let plain = EngineService::spawn(common::engine(&model, &tok, 64, 32, 1)).unwrap();
+    let mut off = req;
+    off.params.shift.context_shift = false;
+    let want = wait(plain.submit(off));
+    assert_eq!(
+        (&got.end.stop, got.end.truncated, got.end.n_generated),
+        (&want.end.stop, want.end.truncated, want.end.n_generated)
+    );
+    assert_eq!(got.tokens, want.tokens);
+    assert!(got.end.truncated);
+    assert_eq!(got.end.n_generated, 64 - 20);
+}

@@ -818,6 +818,11 @@ fn idefics3_embeddings_match_llamacpp() {
         ] {
             let split = enc.prep.split(&image(img_name)).unwrap();
             assert_eq!(split.grid, Some(grid), "{img_name}");
+            // What the server counts before preparing an image.
+            let img = image(img_name);
+            let chunks = enc.prep.chunks_for(img.width, img.height).unwrap();
+            assert_eq!(chunks as usize, split.parts.len(), "{img_name}");
+            assert!(chunks >= enc.prep.min_chunks());
             let (n, w, want) = dumped(&data(&format!("reference/vision/idefics3-{img_name}.bin")));
             assert_eq!(
                 (n, w),
@@ -1151,6 +1156,8 @@ fn a_failed_image_fails_its_session_alone() {
                 hash: 7,
                 n_tokens: 16,
                 non_causal: true,
+                first: true,
+                last: true,
             });
             let mut prompt = MediaPrompt::text(vec![10, 11]);
             prompt.tokens.extend(chunk.tokens());
@@ -1175,5 +1182,49 @@ fn a_failed_image_fails_its_session_alone() {
     assert_eq!(alone.len(), 12);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(errors[0].1.contains("5 values"), "{errors:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A tiled image's span runs from its first chunk to its last, text between tiles
+/// included: a context shift whose discarded half ends in the text between two tiles
+/// drops both tiles, not the first alone (with spans per chunk it kept the second).
+#[test]
+fn a_shift_never_splits_a_tiled_image() {
+    use std::sync::Arc;
+    use wgllm::engine::{is_image_token, ImageChunk, MediaPrompt};
+    let dir = common::scratch_dir("vision-tiled-shift");
+    let mut e = tiny_vision_engine(&dir, 128, true);
+    let prep = e.image_prep().unwrap();
+    let pixels = Arc::new(prep.preprocess(&image("square-224")));
+    let chunk = |hash: u64, first: bool, last: bool| {
+        Arc::new(ImageChunk {
+            pixels: pixels.clone(),
+            hash,
+            n_tokens: 16,
+            non_causal: true,
+            first,
+            last,
+        })
+    };
+    let (a, b) = (chunk(11, true, false), chunk(12, false, true));
+    // 46 tokens of text, tile A at [46, 62), 3 tokens between, tile B at [65, 81), 5 more.
+    let mut prompt = MediaPrompt::text((10..56).collect());
+    prompt.tokens.extend(a.tokens());
+    prompt.tokens.extend([60, 61, 62]);
+    prompt.tokens.extend(b.tokens());
+    prompt.tokens.extend(70..75);
+    prompt.images = vec![a.clone(), b.clone()];
+    let (_, shifts, first, _) = run_media(&mut e, &prompt, 50, 0);
+    let (n_keep, n_discard) = shifts[0];
+    // --keep 0 keeps the BOS the tokenizer adds: half of the other 126 ends at 64,
+    // inside the text between the tiles, and the discard goes on to B's end.
+    assert_eq!((n_keep, n_discard), (1, 80), "{shifts:?}");
+    let held = first.unwrap().1;
+    let (in_a, in_b) = (
+        held.iter().filter(|t| a.tokens().any(|x| x == **t)).count(),
+        held.iter().filter(|t| b.tokens().any(|x| x == **t)).count(),
+    );
+    assert_eq!((in_a, in_b), (0, 0), "{held:?}");
+    assert!(!held.iter().any(|&t| is_image_token(t)));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -111,7 +111,11 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
         let f = GgufFile::open(model).with_context(|| format!("reading {}", model.display()))?;
         let tokens = match a.tokens.as_str() {
             "smolvlm" => model_synth::smolvlm_tokens(),
-            list => list.split(',').map(str::to_string).collect(),
+            list => list
+                .split(',')
+                .filter(|t| !t.is_empty())
+                .map(str::to_string)
+                .collect(),
         };
         let w = model_synth::with_added_tokens(&f, &tokens).map_err(anyhow::Error::msg)?;
         w.write(&a.output)

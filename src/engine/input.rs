@@ -148,11 +148,12 @@ impl Engine {
         // The images the reused prefix holds are in the cache already (whole: the prefix
         // never ends inside one); the span of each is recorded for context shifts.
         s.images.clear();
+        s.shift.open_image = None;
         let base = s.shift.n_past as usize - reuse;
         for (&(start, n), img) in runs.iter().zip(images) {
             if start < reuse {
                 let p0 = (base + start) as i32;
-                s.shift.images.push((p0, p0 + n as i32));
+                (s.shift).record_image(p0, p0 + n as i32, img.first, img.last);
             } else {
                 s.images.push_back(img.clone());
             }
@@ -192,7 +193,7 @@ impl Engine {
             });
         if !matches {
             return Err(EngineError::Options(format!(
-                "the prompt holds {} image(s) and {} were given, or their places do not match them (build prompts with images through MediaPrompt)",
+                "the prompt holds {} image chunk(s) and {} were given, or their places do not match them (build prompts with images through MediaPrompt)",
                 runs.len(),
                 images.len()
             )));

@@ -28,6 +28,10 @@ pub struct ImageChunk {
     pub n_tokens: u32,
     /// Its tokens attend to each other both ways (Gemma 3).
     pub non_causal: bool,
+    /// Its image's first chunk, and its last (both for an image read whole): the cache
+    /// keeps or drops the span from the first to the last as one.
+    pub first: bool,
+    pub last: bool,
 }
 
 impl ImageChunk {
@@ -53,6 +57,7 @@ impl PreparedImage {
         let split = prep.split(img)?;
         let hash = prep.image_hash(img);
         let whole = split.grid.is_none();
+        let n = split.parts.len();
         let chunks = (split.parts.iter().enumerate())
             .map(|(k, part)| {
                 Arc::new(ImageChunk {
@@ -65,6 +70,8 @@ impl PreparedImage {
                     },
                     n_tokens: prep.n_tokens,
                     non_causal: prep.projector.non_causal(),
+                    first: k == 0,
+                    last: k + 1 == n,
                 })
             })
             .collect();

@@ -241,7 +241,7 @@ impl Engine {
             )));
         }
         log::info!(
-            "vision encoder {path}: projector {}, {} tokens per image",
+            "vision encoder {path}: projector {}, {} tokens per encoder pass (an image, or a tile)",
             enc.hp.projector.name(),
             enc.n_tokens()
         );
@@ -398,8 +398,16 @@ impl Engine {
         src: SessionId,
         params: SessionParams,
     ) -> Result<SessionId, EngineError> {
-        if self.session(src)?.phase != Phase::Idle {
+        let s = self.session(src)?;
+        if s.phase != Phase::Idle {
             return Err(EngineError::Busy(src));
+        }
+        let (old, new) = (s.shift.policy, params.shift);
+        if s.shift.grouped() && (old.ga_n, old.ga_w) != (new.ga_n, new.ga_w) {
+            return Err(EngineError::Options(format!(
+                "session {src} has grouped its positions with Self-Extend (--grp-attn-n {}, --grp-attn-w {}): a fork goes on with the same settings, not {} and {}",
+                old.ga_n, old.ga_w, new.ga_n, new.ga_w
+            )));
         }
         let id = self.open_session(params)?;
         self.ctx.seq_cp(src, id, -1, -1)?;

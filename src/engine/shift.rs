@@ -94,8 +94,11 @@ pub struct SeqShift {
     ga_i: i32,
     pub ops: Vec<CacheOp>,
     /// The positions [p0, p1) of the images the sequence holds: a shift keeps or drops
-    /// each one whole.
+    /// each one whole (a tiled image's span runs from its first tile to its global view).
     pub images: Vec<(i32, i32)>,
+    /// Where an image whose later chunks are still to come starts: a shift neither keeps
+    /// part of it nor discards into it.
+    pub open_image: Option<i32>,
 }
 
 impl SeqShift {
@@ -108,7 +111,26 @@ impl SeqShift {
             ga_i: 0,
             ops: Vec::new(),
             images: Vec::new(),
+            open_image: None,
         })
+    }
+
+    /// Records an image chunk at positions [p0, p1): the whole image's span once its
+    /// last chunk is in.
+    pub fn record_image(&mut self, p0: i32, p1: i32, first: bool, last: bool) {
+        if first {
+            self.open_image = Some(p0);
+        }
+        if last {
+            let start = self.open_image.take().unwrap_or(p0);
+            self.images.push((start, p1));
+        }
+    }
+
+    /// Whether Self-Extend has grouped positions already (its progress counts in units of
+    /// its own `ga_n` and `ga_w`).
+    pub fn grouped(&self) -> bool {
+        self.ga_i > 0
     }
 
     /// Takes `other`'s state of the sequence (a fork's copy of its cells): positions,
@@ -120,6 +142,7 @@ impl SeqShift {
         self.ga_i = other.ga_i;
         self.ops = other.ops.clone();
         self.images = other.images.clone();
+        self.open_image = other.open_image;
     }
 
     fn log(&mut self, op: &'static str, p0: i32, p1: i32, v: i32) {
@@ -154,10 +177,19 @@ impl SeqShift {
             // Neither end of the cut falls inside an image: one the kept prefix reaches
             // into is kept whole, one the discarded half reaches into goes whole.
             let cut = |at: i32| self.images.iter().find(|&&(a, b)| a < at && at < b);
-            let keep = cut(self.n_keep).map_or(self.n_keep, |&(_, b)| b);
+            let mut keep = cut(self.n_keep).map_or(self.n_keep, |&(_, b)| b);
+            // An image still being decoded is kept whole with what follows it: a kept
+            // prefix reaching into it keeps everything (nothing to discard), and the
+            // discarded half stops at its start.
+            if self.open_image.is_some_and(|s| s < keep) {
+                keep = self.n_past;
+            }
             let mut n_discard = (self.n_past - keep) / 2;
             if n_discard > 0 {
                 n_discard = cut(keep + n_discard).map_or(n_discard, |&(_, b)| b - keep);
+                if let Some(s) = self.open_image {
+                    n_discard = n_discard.min(s - keep);
+                }
             }
             if !p.context_shift || !ctx.can_shift() || n_discard <= 0 {
                 return Err(ContextError::ContextFull {
@@ -181,6 +213,9 @@ impl SeqShift {
             self.images.retain(|&(a, _)| a < keep || a >= end);
             for span in self.images.iter_mut().filter(|s| s.0 >= end) {
                 *span = (span.0 - n_discard, span.1 - n_discard);
+            }
+            if let Some(s) = self.open_image.as_mut().filter(|s| **s >= end) {
+                *s -= n_discard;
             }
             return Ok(Room::Shifted {
                 n_keep: keep,

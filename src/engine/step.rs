@@ -38,7 +38,8 @@ impl Engine {
             match self.encode_image(&parts).await {
                 Ok(rows) => batch.embd = rows,
                 // An image is alone in its step: its session fails, the others go on
-                // in the next step (nothing was decoded, the cache holds what it held).
+                // in the next step. Nothing of the image was decoded; a shift made to
+                // make room for it stays (its events were sent).
                 Err(error) => {
                     let id = parts[0].id;
                     if let Some(s) = self.sessions[id as usize].as_mut() {
@@ -429,9 +430,10 @@ impl Engine {
                 continue;
             }
             if is_image_token(toks[0]) {
-                s.images.pop_front();
-                let p0 = batch.pos[at - p.len];
-                s.shift.images.push((p0, p0 + p.len as i32));
+                if let Some(img) = s.images.pop_front() {
+                    let p0 = batch.pos[at - p.len];
+                    (s.shift).record_image(p0, p0 + p.len as i32, img.first, img.last);
+                }
             }
             s.pending.drain(..p.len);
             s.input_done += p.len;

@@ -145,28 +145,48 @@ impl ImageInput {
         }
         let prep = self.prep.as_ref().ok_or_else(not_supported)?;
         super::budget::check_text(text)?;
-        let n_image_tokens = files.len() * prep.n_tokens as usize;
-        if n_image_tokens >= self.n_ctx as usize {
-            return Err(ApiError::exceeds_context(
+        // Refused before anything is decoded where even the smallest images overflow the
+        // context, then image by image before it is prepared (a tiled image's count
+        // depends on its size).
+        let per_chunk = prep.n_tokens as usize;
+        let too_many = |n_tokens: usize| {
+            ApiError::exceeds_context(
                 format!(
-                    "{} images of {} tokens each do not fit the context of {} tokens",
+                    "{} images of {n_tokens} tokens in all (at least) do not fit the context of {} tokens",
                     files.len(),
-                    prep.n_tokens,
                     self.n_ctx
                 ),
-                n_image_tokens,
+                n_tokens,
                 self.n_ctx,
-            ));
+            )
+        };
+        let least = files.len() * prep.min_chunks() as usize * per_chunk;
+        if least >= self.n_ctx as usize {
+            return Err(too_many(least));
         }
-        let images = files
-            .iter()
-            .enumerate()
-            .map(|(i, bytes)| {
-                let img = decode_image(bytes, &format!("{} of the request", i + 1))
-                    .map_err(|e| ApiError::invalid(e.to_string()))?;
-                PreparedImage::new(prep, &img).map_err(|e| ApiError::invalid(e.to_string()))
-            })
-            .collect::<ApiResult<Vec<_>>>()?;
+        let (mut n_tokens, mut input_bytes) = (0, 0u64);
+        let mut images = Vec::with_capacity(files.len());
+        for (i, bytes) in files.iter().enumerate() {
+            let img = decode_image(bytes, &format!("{} of the request", i + 1))
+                .map_err(|e| ApiError::invalid(e.to_string()))?;
+            let chunks = (prep.chunks_for(img.width, img.height))
+                .map_err(|e| ApiError::invalid(e.to_string()))? as usize;
+            n_tokens += chunks * per_chunk;
+            if n_tokens >= self.n_ctx as usize {
+                return Err(too_many(n_tokens));
+            }
+            // The prepared inputs: each chunk's planes of f32.
+            let side = prep.image_size as u64;
+            input_bytes += chunks as u64 * 3 * side * side * 4;
+            super::budget::check(
+                "the request's images",
+                input_bytes,
+                "send fewer or smaller images",
+            )?;
+            images.push(
+                PreparedImage::new(prep, &img).map_err(|e| ApiError::invalid(e.to_string()))?,
+            );
+        }
         MediaPrompt::build(tok, prep, text, marker(), &images, add_special)
             .map_err(|e| ApiError::invalid(e.to_string()))
     }

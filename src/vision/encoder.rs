@@ -8,7 +8,7 @@
 
 use super::image::RgbImage;
 use super::mmproj::{ClipHparams, Projector, VisionWeights};
-use super::preprocess::{letterbox, normalize_planar, tile_image};
+use super::preprocess::{letterbox, normalize_planar, tile_grid, tile_image};
 use super::prompt::TileTokens;
 use super::VisionError;
 use crate::gguf::GgufFile;
@@ -86,6 +86,29 @@ impl ImagePrep {
             tile_tokens: TileTokens::lookup(tok, self.projector)?,
             ..self.clone()
         })
+    }
+
+    /// The encoder passes (chunks) a `width` x `height` image takes: one, or its tiles
+    /// and the global view; an error where it cannot be tiled.
+    pub fn chunks_for(&self, width: u32, height: u32) -> Result<u32, VisionError> {
+        if !self.projector.tiles() {
+            return Ok(1);
+        }
+        let [_, _, cols, rows] = tile_grid(width, height, self.image_size, self.longest_edge)
+            .map_err(|msg| VisionError::Image {
+                what: format!("{width}x{height}"),
+                msg,
+            })?;
+        Ok(cols * rows + 1)
+    }
+
+    /// The fewest chunks any image takes (a tiled image's long side alone makes
+    /// `longest_edge / image_size` tiles, and the global view one more).
+    pub fn min_chunks(&self) -> u32 {
+        match self.projector.tiles() {
+            false => 1,
+            true => self.longest_edge.div_ceil(self.image_size) + 1,
+        }
     }
 
     /// `img` as the encoder reads it: whole, or in tiles (see [`tile_image`]).

@@ -26,7 +26,8 @@ pub use encoder::{ImagePrep, ImageSplit, VisionEncoder};
 pub use image::{decode_image, decode_image_within, RgbImage, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
 pub use mmproj::{ClipHparams, Projector, VisionWeights};
 pub use preprocess::{
-    crop, letterbox, normalize_planar, resize, resize_bilinear, tile_image, Filter, Tiles,
+    crop, letterbox, normalize_planar, resize, resize_bilinear, tile_grid, tile_image, Filter,
+    Tiles,
 };
 pub use prompt::{tokenize_with_images, PromptChunk, TileTokens, MEDIA_MARKER};
 

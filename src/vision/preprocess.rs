@@ -65,13 +65,15 @@ fn pass_weights(n_in: u32, n_out: u32, filter: Filter) -> Vec<(usize, Vec<i32>)>
     // Downscaling widens the filter (antialiasing); upscaling keeps it at its radius.
     let filterscale = scale.max(1.0);
     let support = filter.support() * filterscale;
+    // Pillow multiplies by the reciprocal; dividing may round the last bit otherwise.
+    let ss = 1.0 / filterscale;
     (0..n_out)
         .map(|xx| {
             let center = (xx as f64 + 0.5) * scale;
             let xmin = ((center - support + 0.5) as i64).max(0) as usize;
             let xmax = ((center + support + 0.5) as i64).min(n_in as i64) as usize;
             let w: Vec<f64> = (xmin..xmax.max(xmin))
-                .map(|x| filter.weight((x as f64 - center + 0.5) / filterscale))
+                .map(|x| filter.weight((x as f64 - center + 0.5) * ss))
                 .collect();
             let sum: f64 = w.iter().sum();
             let fixed = w
@@ -200,10 +202,10 @@ pub struct Tiles {
     pub tiles: Vec<RgbImage>,
 }
 
-/// [`Tiles`] of `img` for tiles of `side` pixels; refuses an image so long and thin
-/// that its short side would round to no pixels.
-pub fn tile_image(img: &RgbImage, side: u32, longest_edge: u32) -> Result<Tiles, String> {
-    let (w, h) = (img.width, img.height);
+/// The size a `w` x `h` image is resized to before tiling, and its tiles across and
+/// down (see [`Tiles`]); refuses an image so long and thin that its short side would
+/// round to no pixels.
+pub fn tile_grid(w: u32, h: u32, side: u32, longest_edge: u32) -> Result<[u32; 4], String> {
     let aspect = w as f64 / h as f64;
     let (rw, rh) = if w >= h {
         let rh = (longest_edge as f64 / aspect) as u32;
@@ -217,7 +219,12 @@ pub fn tile_image(img: &RgbImage, side: u32, longest_edge: u32) -> Result<Tiles,
             "{w}x{h} is too long and thin: resized to {longest_edge} pixels on its long side, its short side has none"
         ));
     }
-    let (cols, rows) = (rw.div_ceil(side), rh.div_ceil(side));
+    Ok([rw, rh, rw.div_ceil(side), rh.div_ceil(side)])
+}
+
+/// [`Tiles`] of `img` for tiles of `side` pixels (see [`tile_grid`]).
+pub fn tile_image(img: &RgbImage, side: u32, longest_edge: u32) -> Result<Tiles, String> {
+    let [rw, rh, cols, rows] = tile_grid(img.width, img.height, side, longest_edge)?;
     let resized = resize(img, rw, rh, Filter::Lanczos);
     let refined = resize(&resized, cols * side, rows * side, Filter::Lanczos);
     let mut tiles = Vec::with_capacity((cols * rows + 1) as usize);

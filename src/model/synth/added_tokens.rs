@@ -36,7 +36,13 @@ pub fn with_added_tokens(src: &GgufFile, tokens: &[String]) -> Result<GgufWriter
         .get_array("tokenizer.ggml.tokens")
         .map_err(|e| e.to_string())?;
     let n_old = old.len() as u64;
-    for t in tokens {
+    for (i, t) in tokens.iter().enumerate() {
+        if t.is_empty() {
+            return Err("an empty token cannot be added".into());
+        }
+        if tokens[..i].contains(t) {
+            return Err(format!("{t} is listed twice"));
+        }
         if old.iter().any(|v| v.as_str() == Some(t)) {
             return Err(format!("{}: the vocabulary has {t} already", src.path));
         }
@@ -59,6 +65,12 @@ pub fn with_added_tokens(src: &GgufFile, tokens: &[String]) -> Result<GgufWriter
                     _ => Value::I32(3),
                 };
                 a.extend(std::iter::repeat_n(control, tokens.len()));
+                Value::Array(a)
+            }
+            // A SentencePiece vocabulary's scores: the added tokens score 0.
+            "tokenizer.ggml.scores" => {
+                let mut a = v.as_array().unwrap_or_default().to_vec();
+                a.extend(std::iter::repeat_n(Value::F32(0.0), tokens.len()));
                 Value::Array(a)
             }
             key if key == format!("{arch}.vocab_size") => Value::U32(n_new as u32),

@@ -59,6 +59,11 @@ impl Worker {
         }
         let n_ctx = self.engine.n_ctx_seq() as usize;
         let n_prompt = req.prompt.len();
+        // A model whose positions cannot move (M-RoPE) has no context shift, as
+        // llama-server turns it off for such a model: the reply is capped below.
+        if !self.engine.context().can_shift() {
+            req.params.shift.context_shift = false;
+        }
         let shift = req.params.shift;
         if n_prompt >= n_ctx && shift.ga_n == 1 {
             sink(RequestEvent::Failed(RequestError::ExceedsContext {
