@@ -113,7 +113,7 @@ def wpm_vocab():
 # Every architecture `wgllm synth` writes, at its micro shape (two layers of 32 wide, a
 # few KiB of random q4_0 weights), with the GPT-2 or the SentencePiece vocabulary: the
 # gguf target loads each and steps it on a device with no GPU (wgllm::fuzz::gguf).
-SYNTH_ARCHS = ["llama", "llama3", "qwen2", "qwen2-yarn", "qwen2moe", "qwen3", "qwen3moe",
+SYNTH_ARCHS = ["llama", "llama3", "qwen2", "qwen2-yarn", "qwen2vl", "qwen2moe", "qwen3", "qwen3moe",
                "mixtral", "gpt-oss", "phi3", "phi3-long", "gemma2", "gemma3", "mamba",
                "mamba2", "lfm2", "bert", "bert-rank", "qwen3-rank"]
 SPM_ARCHS = {"llama", "gemma2", "gemma3", "mamba"}
