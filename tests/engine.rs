@@ -928,20 +928,8 @@ fn a_fork_self_extends_as_its_source_would() {
 #[test]
 fn mrope_positions_are_never_shifted() {
     use wgllm::engine::{ShiftPolicy, Stop};
-    use wgllm::model::synth::{synth, SynthArch, WeightScale};
+    use wgllm::model::synth::SynthArch;
     let (_, gpu, _guard) = common::gpus().next().unwrap();
-    let load = |arch| {
-        let w = synth(
-            arch,
-            common::TINY,
-            GgmlType::Q8_0,
-            common::tiny_vocab(),
-            256,
-            WeightScale::Fixed(0.5),
-            false,
-        );
-        common::load_synth(gpu.clone(), w)
-    };
     let params = SessionParams {
         sampling: SamplerParams::greedy(),
         n_predict: 60,
@@ -949,7 +937,7 @@ fn mrope_positions_are_never_shifted() {
     };
     let mut runs = Vec::new();
     for arch in [SynthArch::Qwen2Vl, SynthArch::Qwen2] {
-        let (model, tok) = load(arch);
+        let (model, tok) = common::tiny_arch_parts(gpu.clone(), arch);
         assert_eq!(model.hp.mrope.is_some(), arch == SynthArch::Qwen2Vl);
         let mut e = common::engine(&model, &tok, 64, 32, 1);
         let mut p = params.clone();

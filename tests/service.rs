@@ -419,18 +419,9 @@ fn a_line_short_of_n_indent_ends_the_reply() {
 /// could shift ends with context shift off (same tokens, same end).
 #[test]
 fn an_mrope_model_replies_up_to_its_context() {
-    use wgllm::model::synth::{synth, SynthArch, WeightScale};
+    use wgllm::model::synth::SynthArch;
     let gpu = common::gpus().next().unwrap().1.clone();
-    let w = synth(
-        SynthArch::Qwen2Vl,
-        common::TINY,
-        wgllm::gguf::GgmlType::Q8_0,
-        common::tiny_vocab(),
-        256,
-        WeightScale::Fixed(0.5),
-        false,
-    );
-    let (model, tok) = common::load_synth(gpu, w);
+    let (model, tok) = common::tiny_arch_parts(gpu.clone(), SynthArch::Qwen2Vl);
     let e = common::engine(&model, &tok, 64, 32, 1);
     assert!(!e.context().can_shift());
     let s = EngineService::spawn(e).unwrap();
@@ -447,17 +438,7 @@ fn an_mrope_model_replies_up_to_its_context() {
     };
     let got = wait(s.submit(req.clone()));
     // As a model that can shift does with context shift off.
-    let w = synth(
-        SynthArch::Qwen2,
-        common::TINY,
-        wgllm::gguf::GgmlType::Q8_0,
-        common::tiny_vocab(),
-        256,
-        WeightScale::Fixed(0.5),
-        false,
-    );
-    let gpu = common::gpus().next().unwrap().1.clone();
-    let (model, tok) = common::load_synth(gpu, w);
+    let (model, tok) = common::tiny_arch_parts(gpu, SynthArch::Qwen2);
     let plain = EngineService::spawn(common::engine(&model, &tok, 64, 32, 1)).unwrap();
     let mut off = req;
     off.params.shift.context_shift = false;

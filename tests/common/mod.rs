@@ -270,6 +270,24 @@ pub fn tiny_ssm_parts(
     load_synth(gpu, w)
 }
 
+/// A tiny model of `arch` (q8_0, fixed-scale weights, the tiny vocabulary), loaded.
+pub fn tiny_arch_parts(
+    gpu: Arc<Gpu>,
+    arch: wgllm::model::synth::SynthArch,
+) -> (Arc<wgllm::model::Model>, wgllm::tokenizer::Tokenizer) {
+    use wgllm::model::synth::{synth, WeightScale};
+    let w = synth(
+        arch,
+        TINY,
+        wgllm::gguf::GgmlType::Q8_0,
+        tiny_vocab(),
+        256,
+        WeightScale::Fixed(0.5),
+        false,
+    );
+    load_synth(gpu, w)
+}
+
 /// Writes a synthetic GGUF to a temporary file and loads model and tokenizer from it.
 pub fn load_synth(
     gpu: Arc<Gpu>,
