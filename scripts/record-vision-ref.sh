@@ -39,3 +39,17 @@ for img in square-224 wide-300x180 tall-100x150; do
     "$tmp/mtmd-ref" "$lm" "$tmp/mmproj-idefics3.gguf" "tests/data/vision/$img.png" "$tmp/prompt-smolvlm.txt" 32 \
     > "tests/data/reference/vision/smolvlm-$img.json"
 done
+
+# Qwen2.5-VL's encoder (qwen2.5vl_merger: images at their own size, window attention,
+# the 2 x 2 merger): the synthetic mmproj for a tiny qwen2vl language model; the
+# embeddings only (MTMD_REF_EMBD), the encoder on the CPU.
+qlm="$tmp/qwen2vl-lm.gguf"
+target/release/wgllm synth --arch qwen2vl --shape tiny --trained-scale --type q8_0 \
+  --vocab-from "$ref/src/models/ggml-vocab-qwen2.gguf" -o "$qlm"
+target/release/wgllm synth --mmproj-for "$qlm" --projector qwen25vl -o "$tmp/mmproj-qwen25vl.gguf"
+sha256sum "$tmp/mmproj-qwen25vl.gguf"
+printf 'Describe <__media__> now.' > "$tmp/prompt-qwen.txt"
+for img in square-224 wide-300x180 tall-100x150; do
+  MTMD_REF_EMBD="tests/data/reference/vision/qwen25vl-$img.bin" \
+    "$tmp/mtmd-ref" "$qlm" "$tmp/mmproj-qwen25vl.gguf" "tests/data/vision/$img.png" "$tmp/prompt-qwen.txt" 4 > /dev/null
+done

@@ -146,8 +146,8 @@ fn unrunnable_mmproj_files_are_refused() {
         (
             "projector",
             "clip.projector_type",
-            Value::String("qwen25vl".into()),
-            "projector `qwen25vl` is not one wgllm runs yet",
+            Value::String("pixtral".into()),
+            "projector `pixtral` is not one wgllm runs yet",
         ),
         (
             "gelu",
@@ -207,6 +207,45 @@ fn unrunnable_mmproj_files_are_refused() {
     for (tag, key, value, want) in idefics3 {
         let shape = MmprojShape::tiny_idefics3();
         let mut w = synth_mmproj(SynthProjector::Idefics3, shape, 256, GgmlType::F32);
+        w.set_meta(key, value);
+        let path = dir.join(format!("{tag}.gguf"));
+        w.write(&path).unwrap();
+        let err = VisionEncoder::load(gpu.clone(), path.to_str().unwrap())
+            .err()
+            .unwrap_or_else(|| panic!("{tag}: loaded"))
+            .to_string();
+        assert!(err.contains(want), "{tag}: {err}");
+    }
+    // Qwen2.5-VL's merge, windows and bounds, and its SiLU.
+    let qwen = [
+        (
+            "silu",
+            "clip.use_silu",
+            Value::Bool(false),
+            "clip.use_silu is not set",
+        ),
+        (
+            "merge",
+            "clip.vision.spatial_merge_size",
+            Value::U32(3),
+            "a spatial merge of 3",
+        ),
+        (
+            "window",
+            "clip.vision.window_size",
+            Value::U32(100),
+            "windows of 100 pixels are not whole cells of 28",
+        ),
+        (
+            "bound",
+            "clip.vision.image_max_pixels",
+            Value::U32(1 << 30),
+            "more than 16384 cells",
+        ),
+    ];
+    for (tag, key, value, want) in qwen {
+        let shape = MmprojShape::tiny_qwen25vl();
+        let mut w = synth_mmproj(SynthProjector::Qwen25vl, shape, 256, GgmlType::F32);
         w.set_meta(key, value);
         let path = dir.join(format!("{tag}.gguf"));
         w.write(&path).unwrap();
@@ -865,6 +904,82 @@ fn idefics3_embeddings_match_llamacpp() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The synthetic qwen2.5vl_merger mmproj llama.cpp encoded the images with (for a
+/// 256-wide language model: `wgllm synth --arch qwen2vl --shape tiny`).
+const QWEN25VL_SHA256: &str = "d21c5e958985e13f3b5d35cfdf5faba8bb9d26d0ef2a39c903a9321492557e79";
+
+/// Qwen2.5-VL's encoder (each image read at its own size in cells of 28 pixels, 2D
+/// rotary positions, window attention in layer 0 and the whole image in layer 1, RMS
+/// norms, SiLU-gated feed-forwards, the 2 x 2 merger): the three images (8 x 8, 11 x 6
+/// and 4 x 5 cells; the wide one has windows cut at both edges) equal llama.cpp's
+/// embeddings on every device to a relative RMS of 5e-4 (an NMSE of 2.5e-7), and the f64
+/// reference's to 1e-5; the reference with ggml's f16 GELU table (in the merger) is within
+/// 1e-4 of llama.cpp's: that table makes the difference.
+#[test]
+fn qwen25vl_embeddings_match_llamacpp() {
+    use wgllm::model::synth::{synth_mmproj, SynthProjector};
+    let dir = common::scratch_dir("vision-qwen25vl");
+    let path = dir.join("mmproj-qwen25vl.gguf");
+    synth_mmproj(
+        SynthProjector::Qwen25vl,
+        MmprojShape::tiny_qwen25vl(),
+        256,
+        GgmlType::F32,
+    )
+    .write(&path)
+    .unwrap();
+    let sha = format!("{:x}", Sha256::digest(std::fs::read(&path).unwrap()));
+    assert_eq!(sha, QWEN25VL_SHA256, "not the mmproj llama.cpp ran");
+    let f = GgufFile::open(&path).unwrap();
+    let hp = ClipHparams::read(&f).unwrap();
+    let d = hp.dynamic.expect("reads images at their own size");
+    assert_eq!(
+        (d.min_pixels, d.max_pixels, d.window),
+        (8 * 784, 4096 * 784, 112)
+    );
+    let mut refs = std::collections::HashMap::new();
+    for (name, gpu, _serial) in common::gpus() {
+        let enc = VisionEncoder::load(gpu.clone(), path.to_str().unwrap()).unwrap();
+        for (img_name, size) in [
+            ("square-224", (224, 224)),
+            ("wide-300x180", (308, 168)),
+            ("tall-100x150", (112, 140)),
+        ] {
+            let img = image(img_name);
+            let input = enc.preprocess(&img);
+            assert_eq!((input.width, input.height), size, "{img_name}");
+            let n_tok = (size.0 / 28 * (size.1 / 28)) as usize;
+            let (n, w, want) = dumped(&data(&format!("reference/vision/qwen25vl-{img_name}.bin")));
+            assert_eq!((n, w), (n_tok, 256), "{img_name}: the recording's shape");
+            let got = pollster::block_on(enc.encode_pixels(&input)).unwrap();
+            assert_eq!(got.len(), n_tok * 256);
+            let exact = refs.entry(img_name).or_insert_with(|| {
+                let table = encode_reference(&f, &hp, &input, Gelu::GgmlTable);
+                let e_tab = rel_rms(&table, &want);
+                assert!(
+                    e_tab <= 1e-4,
+                    "{img_name}: ggml's GELU table leaves {e_tab:e}"
+                );
+                eprintln!(
+                    "{img_name}: the reference with ggml's table is {e_tab:.2e} from llama.cpp"
+                );
+                encode_reference(&f, &hp, &input, Gelu::Exact)
+            });
+            let e_ref = rel_rms(&got, exact);
+            assert!(
+                e_ref <= 1e-5,
+                "{name} {img_name}: {e_ref:e} from the CPU reference"
+            );
+            let e_cpp = rel_rms(&got, &want);
+            assert!(e_cpp <= 5e-4, "{name} {img_name}: {e_cpp:e} from llama.cpp");
+            eprintln!(
+                "{name} {img_name}: {e_cpp:.2e} from llama.cpp, {e_ref:.2e} from the reference"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// SmolLM2 with SmolVLM's tokens reads a tiled image as llama-mtmd-cli does, for each of
 /// the three images: the prompt's tokens (each tile after its `<row_R_col_C>` marker, a
 /// newline between rows, the global view last) equal llama.cpp's chunks; the top five
@@ -1152,7 +1267,11 @@ fn a_failed_image_fails_its_session_alone() {
         if bad_image {
             let pic = e.open_session(params).unwrap();
             let chunk = std::sync::Arc::new(ImageChunk {
-                pixels: std::sync::Arc::new(vec![0.0; 5]),
+                pixels: std::sync::Arc::new(wgllm::vision::EncoderInput {
+                    pixels: vec![0.0; 5],
+                    width: 224,
+                    height: 224,
+                }),
                 hash: 7,
                 n_tokens: 16,
                 non_causal: true,

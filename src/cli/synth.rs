@@ -35,7 +35,8 @@ pub struct SynthArgs {
     /// which its language model adds to SmolLM2's) or a comma-separated list.
     #[arg(long, default_value = "smolvlm")]
     pub tokens: String,
-    /// The mmproj's projector (llama.cpp's `clip.projector_type`): gemma3 or idefics3.
+    /// The mmproj's projector (llama.cpp's `clip.projector_type`): gemma3, idefics3 or
+    /// qwen25vl (`qwen2.5vl_merger`).
     #[arg(long, default_value = "gemma3")]
     pub projector: String,
     /// The mmproj's matrix type: f32, or f16 as llama.cpp's converter writes them.
@@ -271,7 +272,8 @@ fn synth_mmproj(a: &SynthArgs, model: &std::path::Path) -> Result<()> {
     let (projector, shape) = match a.projector.as_str() {
         "gemma3" => (SynthProjector::Gemma3, MmprojShape::tiny()),
         "idefics3" => (SynthProjector::Idefics3, MmprojShape::tiny_idefics3()),
-        p => bail!("--projector {p}: wgllm writes gemma3 and idefics3 mmproj files"),
+        "qwen25vl" | "qwen2.5vl_merger" => (SynthProjector::Qwen25vl, MmprojShape::tiny_qwen25vl()),
+        p => bail!("--projector {p}: wgllm writes gemma3, idefics3 and qwen25vl mmproj files"),
     };
     let w = model_synth::synth_mmproj(projector, shape, n_out, ty);
     w.write(&a.output)

@@ -10,7 +10,7 @@
 
 use crate::tokenizer::Tokenizer;
 use crate::vision::{
-    tokenize_with_images, ImagePrep, PromptChunk, RgbImage, TileTokens, VisionError,
+    tokenize_with_images, EncoderInput, ImagePrep, PromptChunk, RgbImage, TileTokens, VisionError,
 };
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ const IMAGE_BIT: u32 = crate::batch::ROW_ID_BIT;
 #[derive(Clone, Debug)]
 pub struct ImageChunk {
     /// The encoder's input ([`ImagePrep::preprocess`]).
-    pub pixels: Arc<Vec<f32>>,
+    pub pixels: Arc<EncoderInput>,
     /// [`ImagePrep::image_hash`] of the image, mixed with the tile's index.
     pub hash: u64,
     pub n_tokens: u32,
@@ -60,15 +60,16 @@ impl PreparedImage {
         let n = split.parts.len();
         let chunks = (split.parts.iter().enumerate())
             .map(|(k, part)| {
+                let input = prep.preprocess(part);
                 Arc::new(ImageChunk {
-                    pixels: Arc::new(prep.preprocess(part)),
+                    n_tokens: prep.tokens_for_input(input.width, input.height),
+                    pixels: Arc::new(input),
                     // A tile's hash: the image's, mixed with its index (splitmix64's
                     // step), so that no two tiles share placeholders.
                     hash: match whole {
                         true => hash,
                         false => mix(hash.wrapping_add((k as u64 + 1).wrapping_mul(GOLDEN))),
                     },
-                    n_tokens: prep.n_tokens,
                     non_causal: prep.projector.non_causal(),
                     first: k == 0,
                     last: k + 1 == n,

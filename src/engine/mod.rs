@@ -233,6 +233,15 @@ impl Engine {
             )));
         }
         let mut enc = crate::vision::VisionEncoder::load(self.model.gpu.clone(), path)?;
+        if enc.hp.projector.dynamic_size() {
+            // The encoder runs (`wgllm image-embed`); the language model's side is not
+            // built: an image's tokens take positions of three components (M-RoPE) and
+            // a raster order within the image.
+            return Err(EngineError::Options(format!(
+                "{path}: a {} projector's images need M-RoPE image positions in the language model, which wgllm does not place yet (its encoder runs: `wgllm image-embed`)",
+                enc.hp.projector.name()
+            )));
+        }
         enc.prep = Arc::new(enc.prep.bind_vocab(&self.tokenizer)?);
         if enc.n_embd_out() != n_embd {
             return Err(EngineError::Options(format!(

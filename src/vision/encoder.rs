@@ -7,8 +7,10 @@
 //! the image's patches that every layer reuses; no position rotates (as BERT's).
 
 use super::image::RgbImage;
-use super::mmproj::{ClipHparams, Projector, VisionWeights};
-use super::preprocess::{letterbox, normalize_planar, tile_grid, tile_image};
+use super::mmproj::{ClipHparams, DynamicSize, Projector, VisionWeights};
+use super::preprocess::{
+    fit_to_cells, letterbox, letterbox_to, normalize_planar, tile_grid, tile_image, Filter,
+};
 use super::prompt::TileTokens;
 use super::VisionError;
 use crate::gguf::GgufFile;
@@ -16,6 +18,7 @@ use crate::gpu::Gpu;
 use crate::graph::{AttnBlock, AttnInputs, GraphBuilder};
 use crate::ops::attention::AttnShape;
 use crate::ops::binary::BinaryOp;
+use crate::ops::glu::Activation;
 use crate::ops::patches::PatchGrid;
 use crate::ops::rope::RopeParams;
 use crate::ops::softmax::SoftmaxParams;
@@ -67,6 +70,19 @@ pub struct ImagePrep {
     /// The language model's tokens around tiles, once bound to its vocabulary
     /// ([`ImagePrep::bind_vocab`]); `None` for a projector that does not tile.
     pub tile_tokens: Option<TileTokens>,
+    /// The side of the square of pixels one image token reads (patch x merge).
+    pub cell: u32,
+    /// The bounds of an encoder that reads images at their own size (Qwen2.5-VL).
+    pub dynamic: Option<DynamicSize>,
+}
+
+/// The encoder's input for one image or tile: planes R, G, B of `width` x `height`
+/// normalised values ([`ImagePrep::preprocess`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EncoderInput {
+    pub pixels: Vec<f32>,
+    pub width: u32,
+    pub height: u32,
 }
 
 /// What the encoder reads of one image: the image itself, or its tiles and global view.
@@ -131,16 +147,45 @@ impl ImagePrep {
         })
     }
 
-    /// The encoder's input for `img`: fitted into the square, normalised, planar; rounded
-    /// to f16 where the patch kernel is (llama.cpp's convolution reads f16 patches).
-    pub fn preprocess(&self, img: &RgbImage) -> Vec<f32> {
-        let square = letterbox(img, self.image_size);
-        let mut v = normalize_planar(&square, self.mean, self.std);
+    /// The size the encoder reads a `width` x `height` image at: its square, or (for an
+    /// encoder that reads images at their own size) the image resized to whole cells
+    /// within the file's bounds ([`fit_to_cells`]).
+    pub fn input_size(&self, width: u32, height: u32) -> (u32, u32) {
+        match self.dynamic {
+            Some(d) => fit_to_cells(width, height, self.cell, d.min_pixels, d.max_pixels),
+            None => (self.image_size, self.image_size),
+        }
+    }
+
+    /// Image tokens of an encoder input of `width` x `height` pixels.
+    pub fn tokens_for_input(&self, width: u32, height: u32) -> u32 {
+        match self.dynamic {
+            Some(_) => (width / self.cell) * (height / self.cell),
+            None => self.n_tokens,
+        }
+    }
+
+    /// The encoder's input for `img`: fitted into the square (bilinear, letterboxed), or
+    /// resized to [`ImagePrep::input_size`] (bicubic, letterboxed as llama.cpp's mtmd
+    /// does, which keeps the aspect ratio exactly); normalised, planar; rounded to f16
+    /// where the patch kernel is (llama.cpp's convolution reads f16 patches then).
+    pub fn preprocess(&self, img: &RgbImage) -> EncoderInput {
+        let (width, height) = self.input_size(img.width, img.height);
+        let fitted = match self.dynamic {
+            Some(_) => letterbox_to(img, width, height, Filter::Bicubic),
+            None => letterbox(img, self.image_size),
+        };
+        let mut pixels = normalize_planar(&fitted, self.mean, self.std);
         if self.patch_f16 {
-            v.iter_mut()
+            pixels
+                .iter_mut()
                 .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
         }
-        v
+        EncoderInput {
+            pixels,
+            width,
+            height,
+        }
     }
 
     /// A 64-bit hash of `img`'s size and pixels under this encoder, keyed by a secret
@@ -193,6 +238,8 @@ impl VisionEncoder {
             longest_edge: hp.longest_edge,
             fingerprint: fp.0,
             tile_tokens: None,
+            cell: hp.patch_size * hp.merge,
+            dynamic: hp.dynamic,
         });
         Ok(VisionEncoder {
             hp,
@@ -215,7 +262,7 @@ impl VisionEncoder {
     }
 
     /// The encoder's input for `img` (see [`ImagePrep::preprocess`]).
-    pub fn preprocess(&self, img: &RgbImage) -> Vec<f32> {
+    pub fn preprocess(&self, img: &RgbImage) -> EncoderInput {
         self.prep.preprocess(img)
     }
 
@@ -237,75 +284,130 @@ impl VisionEncoder {
         Ok(out)
     }
 
-    /// The buffers every image reads alike, made on the first image.
+    /// The buffers every image reads alike, made on the first image (an encoder that
+    /// reads images at their own size makes its own for each image).
     fn scratch(&self) -> Result<Scratch, VisionError> {
         let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
-            let (hp, gpu) = (&self.hp, &self.gpu);
-            let per_side = hp.patches_per_side();
-            let n = per_side * per_side;
-            let slots: Vec<u32> = (0..n).collect();
-            let store = |label: &str| -> Result<View, VisionError> {
-                Ok(View::whole(
-                    &gpu.storage(label, hp.n_embd as u64 * n as u64 * 4)?,
-                ))
-            };
-            *guard = Some(Scratch {
-                slots: View::whole(&gpu.upload("image slots", bytemuck::cast_slice(&slots))?),
-                // Every patch sees every patch: a mask of zeros (storage starts zeroed).
-                mask: View::whole(&gpu.storage("image mask", n as u64 * n as u64 * 4)?),
-                // Nothing rotates (n_dims 0); the table is never read.
-                table: View::whole(&gpu.storage("image rope", 16)?),
-                k: store("image K")?,
-                v: store("image V")?,
-            });
+            let per_side = self.hp.patches_per_side();
+            *guard = Some(self.make_scratch(per_side, per_side)?);
         }
         Ok(guard.clone().expect("made above"))
     }
 
-    /// The embeddings of an already prepared input (planes of image_size² values, from
-    /// [`ImagePrep::preprocess`]): [n_embd_out, n_tokens] f32.
-    pub async fn encode_pixels(&self, pixels: &[f32]) -> Result<Vec<f32>, VisionError> {
-        let (hp, w, gpu) = (&self.hp, &self.weights, &self.gpu);
-        let side = hp.image_size;
-        if pixels.len() != 3 * side as usize * side as usize {
-            return Err(VisionError::Image {
-                what: "input".into(),
-                msg: format!(
-                    "{} values for a {side}x{side} image of 3 planes",
-                    pixels.len()
-                ),
-            });
+    /// Slots, an all-seeing mask, no rotation, and K/V stores for `pw` x `ph` patches.
+    fn make_scratch(&self, pw: u32, ph: u32) -> Result<Scratch, VisionError> {
+        let (hp, gpu) = (&self.hp, &self.gpu);
+        let n = pw * ph;
+        let slots: Vec<u32> = (0..n).collect();
+        let store = |label: &str| -> Result<View, VisionError> {
+            Ok(View::whole(
+                &gpu.storage(label, hp.n_embd as u64 * n as u64 * 4)?,
+            ))
+        };
+        Ok(Scratch {
+            slots: View::whole(&gpu.upload("image slots", bytemuck::cast_slice(&slots))?),
+            // Every patch sees every patch: a mask of zeros (storage starts zeroed).
+            mask: View::whole(&gpu.storage("image mask", n as u64 * n as u64 * 4)?),
+            // Nothing rotates (n_dims 0) unless a rotary encoder uploads its own.
+            table: View::whole(&gpu.storage("image rope", 16)?),
+            k: store("image K")?,
+            v: store("image V")?,
+        })
+    }
+
+    /// Checks an input against what this encoder reads: its square, or whole cells
+    /// within the file's bounds for an encoder that reads images at their own size.
+    fn check_input(&self, input: &EncoderInput) -> Result<(), VisionError> {
+        let (w, h) = (input.width, input.height);
+        let bad = |msg: String| VisionError::Image {
+            what: "input".into(),
+            msg,
+        };
+        match self.hp.dynamic {
+            None if (w, h) != (self.hp.image_size, self.hp.image_size) => {
+                return Err(bad(format!(
+                    "{w}x{h} pixels for an encoder of {0}x{0}",
+                    self.hp.image_size
+                )))
+            }
+            Some(d) => {
+                let cell = self.prep.cell;
+                if w == 0
+                    || h == 0
+                    || !w.is_multiple_of(cell)
+                    || !h.is_multiple_of(cell)
+                    || w as u64 * h as u64 > d.max_pixels as u64
+                {
+                    return Err(bad(format!(
+                        "{w}x{h} pixels: not whole cells of {cell} within {} pixels",
+                        d.max_pixels
+                    )));
+                }
+            }
+            None => {}
         }
-        let per_side = hp.patches_per_side();
-        let n = per_side * per_side;
+        if input.pixels.len() != 3 * w as usize * h as usize {
+            return Err(bad(format!(
+                "{} values for a {w}x{h} image of 3 planes",
+                input.pixels.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The embeddings of an already prepared input ([`ImagePrep::preprocess`]):
+    /// [n_embd_out, n_tokens] f32.
+    pub async fn encode_pixels(&self, input: &EncoderInput) -> Result<Vec<f32>, VisionError> {
+        self.check_input(input)?;
+        let (hp, w, gpu) = (&self.hp, &self.weights, &self.gpu);
+        let (pw, ph) = (input.width / hp.patch_size, input.height / hp.patch_size);
+        let n = pw * ph;
         let e = hp.n_embd;
-        let img = View::whole(&gpu.upload("image", bytemuck::cast_slice(pixels))?);
-        let sc = self.scratch()?;
+        let n_tokens = self.prep.tokens_for_input(input.width, input.height);
+        let img = View::whole(&gpu.upload("image", bytemuck::cast_slice(&input.pixels))?);
+        let rotary = hp
+            .dynamic
+            .map(|d| self.rotary_inputs(d, pw, ph))
+            .transpose()?;
+        let sc = match &rotary {
+            Some(r) => r.scratch.clone(),
+            None => self.scratch()?,
+        };
         let (k_store, v_store) = (sc.k.clone(), sc.v.clone());
-        let out_bytes = w.n_out as u64 * hp.n_tokens() as u64 * 4;
+        let out_bytes = w.n_out as u64 * n_tokens as u64 * 4;
         let out = gpu.storage("image embeddings", out_bytes)?;
 
         let mut g = GraphBuilder::new_on(gpu.clone());
-        let img = g.input(img, [3 * side * side, 1]);
+        let img = g.input(img, [3 * input.width * input.height, 1]);
         let grid = PatchGrid {
             channels: 3,
-            height: side,
-            width: side,
+            height: input.height,
+            width: input.width,
             patch: hp.patch_size,
             stride: w.patch_embd.n_cols,
         };
         let patches = g.patches(img, grid);
-        let x = g.matmul(&w.patch_embd, patches);
-        let bias = g.input(w.patch_bias.clone(), [e, 1]);
-        let x = g.add(x, bias);
-        let pos = g.input(w.pos_embd.clone(), [e, n]);
-        let mut x = g.add(x, pos);
+        let mut x = g.matmul(&w.patch_embd, patches);
+        if let Some(pos) = &w.pos_embd {
+            let bias = g.input(w.patch_bias.clone(), [e, 1]);
+            x = g.add(x, bias);
+            let pos = g.input(pos.clone(), [e, n]);
+            x = g.add(x, pos);
+        }
+        let (rope_p, n_rot) = match rotary {
+            // Every dimension of a head rotates, in NeoX's halves.
+            Some(_) => (
+                RopeParams::new(hp.head_dim, hp.head_dim, true, 10_000.0, 1.0),
+                hp.head_dim,
+            ),
+            None => (RopeParams::new(hp.head_dim, 0, false, 10_000.0, 1.0), 0),
+        };
         let inp = AttnInputs {
             slots: g.input(sc.slots.clone(), [n, 1]),
             mask: g.input(sc.mask.clone(), [n, n]),
-            rope: g.input(sc.table.clone(), [0, n]),
-            rope_p: RopeParams::new(hp.head_dim, 0, false, 10_000.0, 1.0),
+            rope: g.input(sc.table.clone(), [n_rot, n]),
+            rope_p,
             shape: AttnShape {
                 head_dim: hp.head_dim,
                 n_head: hp.n_head,
@@ -325,37 +427,84 @@ impl VisionEncoder {
                 softcap: 0.0,
             },
         };
-        for lw in &w.layers {
-            let h = g.layer_norm(x, (&lw.ln1.0, &lw.ln1.1), hp.eps);
+        // Qwen2.5-VL's layers attend within windows but every n_wa_pattern-th.
+        let windowed = rotary.as_ref().map(|r| AttnInputs {
+            mask: g.input(r.window_mask.clone(), [n, n]),
+            ..inp
+        });
+        let rms = hp.projector == Projector::Qwen25vl;
+        for (il, lw) in w.layers.iter().enumerate() {
+            let norm = |g: &mut GraphBuilder, x, (w, b): &(View, View)| match rms {
+                true => g.rms_norm(x, w, hp.eps),
+                false => g.layer_norm(x, (w, b), hp.eps),
+            };
+            let h = norm(&mut g, x, &lw.ln1);
+            let full = hp.dynamic.is_none_or(|d| {
+                d.n_wa_pattern == 0 || (il as u32 + 1).is_multiple_of(d.n_wa_pattern)
+            });
             let attn = AttnBlock {
                 qkv_bias: Some(&lw.qkv_bias),
                 wo_bias: Some(&lw.wo_bias),
-                ..AttnBlock::new(&lw.qkv, &lw.wo, (&k_store, &v_store), inp)
+                ..AttnBlock::new(
+                    &lw.qkv,
+                    &lw.wo,
+                    (&k_store, &v_store),
+                    match (full, windowed) {
+                        (false, Some(win)) => win,
+                        _ => inp,
+                    },
+                )
             };
             let a = g.attn_block(h, &attn)?;
             x = g.add(a, x);
-            let h = g.layer_norm(x, (&lw.ln2.0, &lw.ln2.1), hp.eps);
+            let h = norm(&mut g, x, &lw.ln2);
             let up = g.matmul(&lw.up, h);
-            let up = g.add_act(BinaryOp::AddGelu, up, &lw.up_bias);
-            let down = g.matmul(&lw.down, up);
+            let act = match &lw.gate {
+                Some((gate, gate_bias)) => {
+                    let up_bias = g.input(lw.up_bias.clone(), [lw.up.n_rows, 1]);
+                    let up = g.add(up, up_bias);
+                    let gt = g.matmul(gate, h);
+                    let gate_bias = g.input(gate_bias.clone(), [gate.n_rows, 1]);
+                    let gt = g.add(gt, gate_bias);
+                    g.glu(Activation::Silu, gt, up)
+                }
+                None => g.add_act(BinaryOp::AddGelu, up, &lw.up_bias),
+            };
+            let down = g.matmul(&lw.down, act);
             let bias = g.input(lw.down_bias.clone(), [e, 1]);
             let down = g.add(down, bias);
             x = g.add(down, x);
         }
         if let Some((lw, lb)) = &w.post_ln {
-            x = g.layer_norm(x, (lw, lb), hp.eps);
+            x = match rms {
+                true => g.rms_norm(x, lw, hp.eps),
+                false => g.layer_norm(x, (lw, lb), hp.eps),
+            };
         }
+        let dst = g.input(View::whole(&out), [w.n_out, n_tokens]);
         match hp.projector {
             Projector::Gemma3 => {
-                let pooled = g.pool_grid(x, per_side, per_side, hp.merge);
+                let pooled = g.pool_grid(x, pw, ph, hp.merge);
                 let normed = g.rms_norm(pooled, &w.soft_emb_norm, hp.eps);
-                let dst = g.input(View::whole(&out), [w.n_out, hp.n_tokens()]);
                 g.matmul_into(&w.projection, normed, dst);
             }
             Projector::Idefics3 => {
-                let folded = g.pixel_shuffle(x, per_side, per_side, hp.merge);
-                let dst = g.input(View::whole(&out), [w.n_out, hp.n_tokens()]);
+                let folded = g.pixel_shuffle(x, pw, ph, hp.merge);
                 g.matmul_into(&w.projection, folded, dst);
+            }
+            Projector::Qwen25vl => {
+                // Each cell's 2 x 2 patches side by side (row by row), as llama.cpp's
+                // merger reads them; cells in raster order.
+                let folded = g.pixel_shuffle(x, pw, ph, 2);
+                let (fc, fc_bias) = w.merger.as_ref().expect("loaded with the projector");
+                let m = g.matmul(fc, folded);
+                let m = g.add_act(BinaryOp::AddGelu, m, fc_bias);
+                let y = g.matmul(&w.projection, m);
+                let bias = w
+                    .projection_bias
+                    .as_ref()
+                    .expect("loaded with the projector");
+                g.add_act_into(BinaryOp::Add, y, bias, dst);
             }
         }
         let graph = g.build()?;
@@ -368,4 +517,77 @@ impl VisionEncoder {
             })?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
+
+    /// A rotary encoder's per-image inputs for `pw` x `ph` patches in raster order: the
+    /// stores and the all-seeing mask, the rotation table (each head's first quarter of
+    /// pairs turned by the patch's row, the second by its column, each quarter from the
+    /// first frequency, as ggml's vision RoPE), and the window mask (a patch sees the
+    /// patches whose cells share its window of `window` pixels).
+    fn rotary_inputs(&self, d: DynamicSize, pw: u32, ph: u32) -> Result<Rotary, VisionError> {
+        let gpu = &self.gpu;
+        let scratch = self.make_scratch(pw, ph)?;
+        let table = rotary_table(self.hp.head_dim, pw, ph);
+        let scratch = Scratch {
+            table: View::whole(&gpu.upload("image rope", bytemuck::cast_slice(&table))?),
+            ..scratch
+        };
+        let mask = window_mask(pw, ph, d.window / self.prep.cell);
+        let window_mask =
+            View::whole(&gpu.upload("image window mask", bytemuck::cast_slice(&mask))?);
+        Ok(Rotary {
+            scratch,
+            window_mask,
+        })
+    }
+}
+
+/// A rotary encoder's buffers for one image.
+struct Rotary {
+    scratch: Scratch,
+    window_mask: View,
+}
+
+/// (cos, sin) for every patch of a `pw` x `ph` grid (raster order) and each of a head's
+/// `head_dim / 2` rotated pairs: pair k < head_dim / 4 turns by row · θ^k, the others by
+/// column · θ^(k - head_dim / 4), θ = 10000^(-4 / head_dim) (ggml's vision mode of
+/// `rope_multi` over head_dim / 2 dimensions in four equal sections).
+pub fn rotary_table(head_dim: u32, pw: u32, ph: u32) -> Vec<[f32; 2]> {
+    let (half, quarter) = (head_dim as usize / 2, head_dim as usize / 4);
+    let theta = 10_000f64.powf(-2.0 / half as f64);
+    let mut out = Vec::with_capacity((pw * ph) as usize * half);
+    for y in 0..ph {
+        for x in 0..pw {
+            for k in 0..half {
+                let (p, i) = match k < quarter {
+                    true => (y as f64, k),
+                    false => (x as f64, k - quarter),
+                };
+                let a = p * theta.powi(i as i32);
+                out.push([a.cos() as f32, a.sin() as f32]);
+            }
+        }
+    }
+    out
+}
+
+/// The mask of attention within windows for a `pw` x `ph` grid of patches (raster
+/// order): 0 where the two patches' cells of 2 x 2 lie in the same window of
+/// `window_cells` x `window_cells` cells (windows from the top left, cut at the right and
+/// bottom edges), masked elsewhere. Row = query.
+pub fn window_mask(pw: u32, ph: u32, window_cells: u32) -> Vec<f32> {
+    let n = (pw * ph) as usize;
+    let win = |i: usize| {
+        let (x, y) = (i as u32 % pw, i as u32 / pw);
+        (x / 2 / window_cells, y / 2 / window_cells)
+    };
+    let wins: Vec<(u32, u32)> = (0..n).map(win).collect();
+    let mut m = vec![f32::NEG_INFINITY; n * n];
+    for (q, wq) in wins.iter().enumerate() {
+        for (k, wk) in wins.iter().enumerate() {
+            if wq == wk {
+                m[q * n + k] = 0.0;
+            }
+        }
+    }
+    m
 }

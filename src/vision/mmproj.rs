@@ -21,6 +21,11 @@ pub enum Projector {
     /// global view, each tile's patch grid pixel-shuffled (cells of `merge` x `merge`
     /// patches into one token) and projected by one matrix.
     Idefics3,
+    /// Qwen2.5-VL (`qwen2.5vl_merger`): the image read at its own size in cells of 2 x 2
+    /// patches, RMS norms, SiLU-gated feed-forwards, 2D rotary positions, attention within
+    /// windows of cells but every `n_wa_pattern`-th layer, and each cell's four patches
+    /// merged by a two-layer MLP into one token.
+    Qwen25vl,
 }
 
 impl Projector {
@@ -28,6 +33,7 @@ impl Projector {
         match name {
             "gemma3" => Some(Projector::Gemma3),
             "idefics3" => Some(Projector::Idefics3),
+            "qwen2.5vl_merger" => Some(Projector::Qwen25vl),
             _ => None,
         }
     }
@@ -35,8 +41,30 @@ impl Projector {
         match self {
             Projector::Gemma3 => "gemma3",
             Projector::Idefics3 => "idefics3",
+            Projector::Qwen25vl => "qwen2.5vl_merger",
         }
     }
+
+    /// Whether the encoder reads an image at its own size (rounded to whole cells)
+    /// rather than fitted into its square.
+    pub fn dynamic_size(self) -> bool {
+        self == Projector::Qwen25vl
+    }
+}
+
+/// How an encoder that reads images at their own size bounds them (llama.cpp's
+/// `image_min_pixels` / `image_max_pixels` and its window attention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DynamicSize {
+    /// Pixels an image is resized to at least and at most (8 and 4096 tokens of 28 x 28
+    /// pixels for Qwen2.5-VL, as llama.cpp sets them).
+    pub min_pixels: u32,
+    pub max_pixels: u32,
+    /// Every `n_wa_pattern`-th layer attends over the whole image, the others within
+    /// windows (`clip.vision.n_wa_pattern`; 0: every layer over the whole image).
+    pub n_wa_pattern: u32,
+    /// A window's side in pixels (`clip.vision.window_size`, 112 where absent).
+    pub window: u32,
 }
 
 /// The vision encoder's shape and preprocessing.
@@ -59,6 +87,8 @@ pub struct ClipHparams {
     /// The longest side an image is resized to before it is cut into tiles (SmolVLM's
     /// `clip.vision.preproc_image_size`); 0 for a projector that does not tile.
     pub longest_edge: u32,
+    /// The bounds of an encoder that reads images at their own size (Qwen2.5-VL).
+    pub dynamic: Option<DynamicSize>,
 }
 
 impl ClipHparams {
@@ -66,7 +96,8 @@ impl ClipHparams {
     pub fn patches_per_side(&self) -> u32 {
         self.image_size / self.patch_size
     }
-    /// Image tokens per image the encoder reads (per tile, for a tiling projector).
+    /// Image tokens per image the encoder reads (per tile, for a tiling projector; for
+    /// one that reads images at their own size, those of an image of its square).
     pub fn n_tokens(&self) -> u32 {
         let side = self.patches_per_side().div_ceil(self.merge.max(1));
         side * side
@@ -90,7 +121,7 @@ impl ClipHparams {
         };
         let projector = Projector::by_name(&name).ok_or_else(|| {
             bad(format!(
-                "projector `{name}` is not one wgllm runs yet (it runs: gemma3, idefics3)"
+                "projector `{name}` is not one wgllm runs yet (it runs: gemma3, idefics3, qwen2.5vl_merger)"
             ))
         })?;
         let u = |k: &str| -> Result<u32, VisionError> {
@@ -135,9 +166,13 @@ impl ClipHparams {
                         "has no clip.vision.projector.scale_factor, which an idefics3 projector needs (llama.cpp's converter writes it)".into(),
                     ))
                 }
+                (None, Projector::Qwen25vl) => match f.get("clip.vision.spatial_merge_size") {
+                    Some(_) => u("spatial_merge_size")?,
+                    None => 2,
+                },
             },
             longest_edge: match projector {
-                Projector::Gemma3 => 0,
+                Projector::Gemma3 | Projector::Qwen25vl => 0,
                 Projector::Idefics3 => match f.get("clip.vision.preproc_image_size") {
                     Some(_) => u("preproc_image_size")?,
                     None => {
@@ -147,13 +182,55 @@ impl ClipHparams {
                     }
                 },
             },
+            dynamic: None,
         };
-        // llama.cpp falls back to GELU-quick without `clip.use_gelu`; SigLIP files have it.
-        if f.get("clip.use_gelu").and_then(|v| v.as_bool()) != Some(true) {
-            return Err(bad(
-                "clip.use_gelu is not set: its encoder would use GELU-quick or SiLU, which wgllm does not run yet".into(),
-            ));
-        }
+        let flag = |k: &str| f.get(k).and_then(|v| v.as_bool()) == Some(true);
+        let hp = match projector {
+            Projector::Qwen25vl => {
+                // Qwen2.5-VL's converter writes use_silu: its feed-forwards are SiLU-gated.
+                if !flag("clip.use_silu") {
+                    return Err(bad(
+                        "clip.use_silu is not set: a qwen2.5vl_merger encoder's feed-forward is SiLU-gated (llama.cpp's converter writes the key)".into(),
+                    ));
+                }
+                // llama.cpp's 8 and 4096 tokens, or the file's pixels where it has them.
+                let cell = hp.patch_size * hp.merge;
+                let pixels = |k: &str, tokens: u32| -> Result<u32, VisionError> {
+                    match f.get(&format!("clip.vision.{k}")) {
+                        Some(_) => u(k),
+                        None => Ok(tokens.saturating_mul(cell * cell)),
+                    }
+                };
+                let n_wa_pattern = match f.get("clip.vision.n_wa_pattern") {
+                    Some(_) => u("n_wa_pattern")?,
+                    None => {
+                        return Err(bad(
+                            "has no clip.vision.n_wa_pattern (which layers attend over the whole image), which a qwen2.5vl_merger encoder needs (llama.cpp's converter writes it)".into(),
+                        ))
+                    }
+                };
+                ClipHparams {
+                    dynamic: Some(DynamicSize {
+                        min_pixels: pixels("image_min_pixels", 8)?,
+                        max_pixels: pixels("image_max_pixels", 4096)?,
+                        n_wa_pattern,
+                        window: match f.get("clip.vision.window_size") {
+                            Some(_) => u("window_size")?,
+                            None => 112,
+                        },
+                    }),
+                    ..hp
+                }
+            }
+            // llama.cpp falls back to GELU-quick without `clip.use_gelu`; SigLIP files
+            // have it.
+            _ if !flag("clip.use_gelu") => {
+                return Err(bad(
+                    "clip.use_gelu is not set: its encoder would use GELU-quick or SiLU, which wgllm does not run yet".into(),
+                ))
+            }
+            _ => hp,
+        };
         hp.check().map_err(bad)?;
         Ok(hp)
     }
@@ -210,6 +287,43 @@ impl ClipHparams {
                     ));
                 }
             }
+            Projector::Qwen25vl => {
+                // llama.cpp's graph merges by 2 whatever the file says.
+                if self.merge != 2 {
+                    return Err(format!(
+                        "a spatial merge of {} (the qwen2.5vl_merger graph merges cells of 2 x 2 patches)",
+                        self.merge
+                    ));
+                }
+                if !self.head_dim.is_multiple_of(4) {
+                    return Err(format!(
+                        "heads of {} do not split into 4 rotary sections",
+                        self.head_dim
+                    ));
+                }
+                let d = self.dynamic.expect("read with the projector");
+                let cell = p * 2;
+                if d.min_pixels < cell * cell || d.min_pixels > d.max_pixels {
+                    return Err(format!(
+                        "images of {} to {} pixels: at least one cell of {cell} x {cell} pixels, and no more than the most",
+                        d.min_pixels, d.max_pixels
+                    ));
+                }
+                // A bound on one image's patches, whatever the file says (4096 tokens,
+                // llama.cpp's default, are 16384 patches).
+                if d.max_pixels > 16384 * cell * cell {
+                    return Err(format!(
+                        "images of up to {} pixels: more than 16384 cells of {cell} x {cell}",
+                        d.max_pixels
+                    ));
+                }
+                if d.window < cell || !d.window.is_multiple_of(cell) {
+                    return Err(format!(
+                        "attention windows of {} pixels are not whole cells of {cell}",
+                        d.window
+                    ));
+                }
+            }
         }
         if self.n_layer == 0 || self.n_ff == 0 {
             return Err("no layers".into());
@@ -236,6 +350,9 @@ pub struct VitLayer {
     pub up_bias: View,
     pub down: Arc<Weight>,
     pub down_bias: View,
+    /// The feed-forward's gate and its bias, padded as `up` (Qwen2.5-VL's SiLU-gated
+    /// feed-forward; `None` for GELU on `up` alone).
+    pub gate: Option<(Arc<Weight>, View)>,
 }
 
 /// The encoder's and projector's weights on the device.
@@ -245,8 +362,8 @@ pub struct VisionWeights {
     pub patch_embd: Arc<Weight>,
     pub patch_f16: bool,
     pub patch_bias: View,
-    /// [n_embd, n_patches].
-    pub pos_embd: View,
+    /// [n_embd, n_patches]; `None` where positions rotate instead (Qwen2.5-VL).
+    pub pos_embd: Option<View>,
     pub layers: Vec<VitLayer>,
     pub post_ln: Option<(View, View)>,
     /// Gemma 3: the RMS norm's weight (ones for other projectors).
@@ -254,6 +371,11 @@ pub struct VisionWeights {
     /// The projection to the language model's width: [n_embd] -> [n_out] (Gemma 3), or
     /// [n_embd * merge²] -> [n_out] after the pixel shuffle (SmolVLM).
     pub projection: Arc<Weight>,
+    /// Qwen2.5-VL's merger: its first layer ([4 n_embd] -> [4 n_embd]) and bias, before
+    /// the GELU and `projection`.
+    pub merger: Option<(Arc<Weight>, View)>,
+    /// The projection's bias (Qwen2.5-VL's merger).
+    pub projection_bias: Option<View>,
     /// The language model's width the embeddings have.
     pub n_out: u32,
 }
@@ -456,6 +578,13 @@ impl Loader<'_> {
             up_bias: self.vector(&n(&format!("{up}.bias")), ff, ffp, 0.0)?,
             down: self.matrix(&n(&format!("{down}.weight")), (ff, e), (ffp, e), None)?,
             down_bias: self.vector(&n(&format!("{down}.bias")), e, e, 0.0)?,
+            gate: match hp.projector {
+                Projector::Qwen25vl => Some((
+                    self.matrix(&n("ffn_gate.weight"), (e, ff), (e, ffp), None)?,
+                    self.vector(&n("ffn_gate.bias"), ff, ffp, 0.0)?,
+                )),
+                _ => None,
+            },
         })
     }
 }
@@ -472,13 +601,30 @@ impl VisionWeights {
         let n_patch = hp.patches_per_side() * hp.patches_per_side();
         let patch_cols = 3 * p * p;
         let kernel_ty = f.tensor("v.patch_embd.weight").map(|t| t.ty);
-        let patch_f16 = kernel_ty != Some(GgmlType::Bf16);
+        let dims = [p as u64, p as u64, 3, e as u64];
         // [P, P, 3, E]: E rows of 3 * P * P, padded to whole blocks of 32.
-        let kernel = l.values("v.patch_embd.weight", &[p as u64, p as u64, 3, e as u64])?;
-        let ty = if patch_f16 {
-            GgmlType::F16
-        } else {
-            GgmlType::F32
+        let mut kernel = l.values("v.patch_embd.weight", &dims)?;
+        let (patch_f16, ty) = match hp.projector {
+            // Qwen2.5-VL's two temporal kernels, both applied to a still image
+            // (llama.cpp adds the two convolutions): one kernel of their sum, each
+            // rounded to f16 first as ggml's convolution multiplies them (unless bf16).
+            Projector::Qwen25vl => {
+                let second = l.values("v.patch_embd.weight.1", &dims)?;
+                let f16 = kernel_ty != Some(GgmlType::Bf16);
+                let round = |v: f32| match f16 {
+                    true => half::f16::from_f32(v).to_f32(),
+                    false => v,
+                };
+                kernel
+                    .iter_mut()
+                    .zip(&second)
+                    .for_each(|(a, b)| *a = round(*a) + round(*b));
+                (f16, GgmlType::F32)
+            }
+            _ => match kernel_ty != Some(GgmlType::Bf16) {
+                true => (true, GgmlType::F16),
+                false => (false, GgmlType::F32),
+            },
         };
         let n = patch_cols as usize;
         let patch_embd = l.rows(
@@ -490,8 +636,13 @@ impl VisionWeights {
             },
         )?;
         let patch_bias = l.vector("v.patch_embd.bias", e, e, 0.0)?;
-        let pos = l.values("v.position_embd.weight", &[e as u64, n_patch as u64])?;
-        let pos_embd = l.upload_f32("v.position_embd.weight", &pos)?;
+        let pos_embd = match hp.projector {
+            Projector::Qwen25vl => None,
+            _ => {
+                let pos = l.values("v.position_embd.weight", &[e as u64, n_patch as u64])?;
+                Some(l.upload_f32("v.position_embd.weight", &pos)?)
+            }
+        };
         let layers = (0..hp.n_layer)
             .map(|il| l.layer(hp, il))
             .collect::<Result<Vec<_>, _>>()?;
@@ -499,11 +650,19 @@ impl VisionWeights {
             Some(_) => Some(l.norm("v.post_ln", e)?),
             None => None,
         };
-        for absent in [
+        let rotary: &[&str] = match hp.projector {
+            // llama.cpp's Qwen2.5-VL graph asserts these away.
+            Projector::Qwen25vl => &["v.patch_embd.bias", "v.position_embd.weight"],
+            _ => &[],
+        };
+        for &absent in [
             "v.pre_ln.weight",
             "v.class_embd",
             "v.blk.0.attn_q_norm.weight",
-        ] {
+        ]
+        .iter()
+        .chain(rotary)
+        {
             if f.tensor(absent).is_some() {
                 return Err(l.bad(format!(
                     "has {absent}, which a {} encoder does not; this file's encoder is not one wgllm runs",
@@ -512,6 +671,7 @@ impl VisionWeights {
             }
         }
         let soft_emb_norm = l.vector("mm.soft_emb_norm.weight", e, e, 1.0)?;
+        let (mut merger, mut projection_bias) = (None, None);
         let (projection, n_out) = match hp.projector {
             Projector::Gemma3 => l.gemma3_projection(e)?,
             Projector::Idefics3 => {
@@ -532,6 +692,28 @@ impl VisionWeights {
                 };
                 (l.matrix(name, (n_in, n_out), (n_in, n_out), None)?, n_out)
             }
+            Projector::Qwen25vl => {
+                let n_in = e * 4;
+                merger = Some((
+                    l.matrix("mm.0.weight", (n_in, n_in), (n_in, n_in), None)?,
+                    l.vector("mm.0.bias", n_in, n_in, 0.0)?,
+                ));
+                let name = "mm.2.weight";
+                let t = f
+                    .tensor(name)
+                    .ok_or_else(|| l.bad(format!("tensor {name} is missing")))?;
+                let n_out = match t.dims[..] {
+                    [c, r] if c == n_in as u64 && r > 0 && r <= 1 << 20 => r as u32,
+                    _ => {
+                        return Err(l.bad(format!(
+                            "{name} has shape {:?}, expected [{n_in} (4 patches of {e}), n_embd of the language model]",
+                            t.dims
+                        )))
+                    }
+                };
+                projection_bias = Some(l.vector("mm.2.bias", n_out, n_out, 0.0)?);
+                (l.matrix(name, (n_in, n_out), (n_in, n_out), None)?, n_out)
+            }
         };
         log::info!(
             "mmproj {}: {} encoder, {} layers of {e}, {} image tokens of {n_out}, {:.1} MiB on the device",
@@ -550,6 +732,8 @@ impl VisionWeights {
             post_ln,
             soft_emb_norm,
             projection,
+            merger,
+            projection_bias,
             n_out,
         })
     }

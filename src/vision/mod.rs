@@ -6,14 +6,17 @@
 //! - `mmproj.rs`: the file's hyperparameters and weights, checked, on the device.
 //! - `image.rs`: decoding a file's bytes into 8-bit RGB, refusing what would not fit
 //!   before anything is allocated.
-//! - `preprocess.rs`: the resize (Pillow's fixed-point bilinear, as llama.cpp's mtmd
-//!   ports it), letterboxing and normalisation into the encoder's planar input.
+//! - `preprocess.rs`: the resize (Pillow's fixed-point filters, as llama.cpp's mtmd
+//!   ports them), letterboxing, tiling, sizes in whole cells, and normalisation into the
+//!   encoder's planar input.
 //! - `encoder.rs`: the vision transformer and projector as one graph.
 //! - `prompt.rs`: a prompt's text and images as the chunks the language model decodes.
 //! - `reference.rs`: the encoder on the CPU in f64, for tests.
 //!
-//! Projectors: `gemma3` (SigLIP, 4 x 4 pooling) and `idefics3` (SmolVLM: SigLIP on tiles
-//! and a global view, pixel shuffle). Others are refused with their name.
+//! Projectors: `gemma3` (SigLIP, 4 x 4 pooling), `idefics3` (SmolVLM: SigLIP on tiles
+//! and a global view, pixel shuffle) and `qwen2.5vl_merger` (Qwen2.5-VL: images at their
+//! own size, 2D rotary positions, window attention, a 2 x 2 merger). Others are refused
+//! with their name.
 
 mod encoder;
 mod image;
@@ -22,12 +25,12 @@ mod preprocess;
 mod prompt;
 pub mod reference;
 
-pub use encoder::{ImagePrep, ImageSplit, VisionEncoder};
+pub use encoder::{rotary_table, window_mask, EncoderInput, ImagePrep, ImageSplit, VisionEncoder};
 pub use image::{decode_image, decode_image_within, RgbImage, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
-pub use mmproj::{ClipHparams, Projector, VisionWeights};
+pub use mmproj::{ClipHparams, DynamicSize, Projector, VisionWeights};
 pub use preprocess::{
-    crop, letterbox, normalize_planar, resize, resize_bilinear, tile_grid, tile_image, Filter,
-    Tiles,
+    crop, fit_to_cells, letterbox, letterbox_to, normalize_planar, resize, resize_bilinear,
+    tile_grid, tile_image, Filter, Tiles,
 };
 pub use prompt::{tokenize_with_images, PromptChunk, TileTokens, MEDIA_MARKER};
 

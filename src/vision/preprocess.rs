@@ -19,6 +19,8 @@ pub enum Filter {
     Bilinear,
     /// sinc(x) sinc(x / 3) on [-3, 3).
     Lanczos,
+    /// Keys' cubic with a = -0.5 on [-2, 2] (Pillow's; PyTorch's is -0.75).
+    Bicubic,
 }
 
 impl Filter {
@@ -26,6 +28,7 @@ impl Filter {
         match self {
             Filter::Bilinear => 1.0,
             Filter::Lanczos => 3.0,
+            Filter::Bicubic => 2.0,
         }
     }
 
@@ -50,6 +53,17 @@ impl Filter {
                 };
                 if (-3.0..3.0).contains(&x) {
                     sinc(x) * sinc(x / 3.0)
+                } else {
+                    0.0
+                }
+            }
+            Filter::Bicubic => {
+                const A: f64 = -0.5;
+                let x = x.abs();
+                if x < 1.0 {
+                    ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+                } else if x < 2.0 {
+                    (((x - 5.0) * x + 8.0) * x - 4.0) * A
                 } else {
                     0.0
                 }
@@ -153,26 +167,57 @@ pub fn resize(img: &RgbImage, width: u32, height: u32, filter: Filter) -> RgbIma
     cur
 }
 
-/// `img` fitted into a `side` x `side` square: scaled by the smaller of the two ratios
-/// (each side rounded up, at most `side`), centred (offsets rounded down) on black.
-/// An image already that size is returned as it is.
+/// `img` fitted into a `side` x `side` square by the bilinear filter (see
+/// [`letterbox_to`]).
 pub fn letterbox(img: &RgbImage, side: u32) -> RgbImage {
-    if img.width == side && img.height == side {
+    letterbox_to(img, side, side, Filter::Bilinear)
+}
+
+/// `img` fitted into `width` x `height`: scaled by `filter` by the smaller of the two
+/// ratios (each side rounded up, at most the target's), centred (offsets rounded down)
+/// on black. An image already that size is returned as it is.
+pub fn letterbox_to(img: &RgbImage, width: u32, height: u32, filter: Filter) -> RgbImage {
+    if img.width == width && img.height == height {
         return img.clone();
     }
     // In f32, as llama.cpp computes them: the rounding decides a pixel's worth of size.
-    let scale = (side as f32 / img.width as f32).min(side as f32 / img.height as f32);
-    let new_w = ((img.width as f32 * scale).ceil() as u32).clamp(1, side);
-    let new_h = ((img.height as f32 * scale).ceil() as u32).clamp(1, side);
-    let small = resize_bilinear(img, new_w, new_h);
-    let mut out = RgbImage::filled(side, side, [0, 0, 0]);
-    let (ox, oy) = ((side - new_w) / 2, (side - new_h) / 2);
+    let scale = (width as f32 / img.width as f32).min(height as f32 / img.height as f32);
+    let new_w = ((img.width as f32 * scale).ceil() as u32).clamp(1, width);
+    let new_h = ((img.height as f32 * scale).ceil() as u32).clamp(1, height);
+    let small = resize(img, new_w, new_h, filter);
+    let mut out = RgbImage::filled(width, height, [0, 0, 0]);
+    let (ox, oy) = ((width - new_w) / 2, (height - new_h) / 2);
     let row = new_w as usize * 3;
     for y in 0..new_h as usize {
-        let dst = ((oy as usize + y) * side as usize + ox as usize) * 3;
+        let dst = ((oy as usize + y) * width as usize + ox as usize) * 3;
         out.pixels[dst..dst + row].copy_from_slice(&small.pixels[y * row..(y + 1) * row]);
     }
     out
+}
+
+/// The size a `w` x `h` image is resized to for an encoder that reads any size in
+/// cells of `align` pixels (Qwen2.5-VL's 28: two patches of 14 merged), as llama.cpp's
+/// mtmd computes it (transformers' `smart_resize`, in f32): each side rounded to whole
+/// cells, then scaled down (sides rounded down) to at most `max_pixels`, or up (sides
+/// rounded up) to at least `min_pixels`, keeping the aspect ratio.
+pub fn fit_to_cells(w: u32, h: u32, align: u32, min_pixels: u32, max_pixels: u32) -> (u32, u32) {
+    let f = align as f32;
+    let (wf, hf) = (w as f32, h as f32);
+    let round = |x: f32| (x / f).round() as u32 * align;
+    let ceil = |x: f32| (x / f).ceil() as u32 * align;
+    let floor = |x: f32| (x / f).floor() as u32 * align;
+    let mut wb = align.max(round(wf));
+    let mut hb = align.max(round(hf));
+    if max_pixels > 0 && wb as u64 * hb as u64 > max_pixels as u64 {
+        let beta = (hf * wf / max_pixels as f32).sqrt();
+        hb = align.max(floor(hf / beta));
+        wb = align.max(floor(wf / beta));
+    } else if min_pixels > 0 && (wb as u64 * hb as u64) < min_pixels as u64 {
+        let beta = (min_pixels as f32 / (hf * wf)).sqrt();
+        hb = ceil(hf * beta);
+        wb = ceil(wf * beta);
+    }
+    (wb, hb)
 }
 
 /// The `side` x `side` square of `img` whose top left pixel is (x, y) (inside `img`).
@@ -368,6 +413,36 @@ mod tests {
         let thin = RgbImage::filled(4000, 1, [9, 9, 9]);
         let err = tile_image(&thin, 96, 288).unwrap_err();
         assert!(err.contains("too long and thin"), "{err}");
+    }
+
+    /// Sides round to whole cells of 28; a small image grows to the fewest pixels and a
+    /// large one shrinks to the most, both keeping their aspect ratio (sides rounded up,
+    /// and down, as transformers' `smart_resize`).
+    #[test]
+    fn sizes_fit_whole_cells_within_the_bounds() {
+        let (min, max) = (8 * 784, 4096 * 784);
+        assert_eq!(fit_to_cells(300, 180, 28, min, max), (308, 168));
+        assert_eq!(fit_to_cells(100, 150, 28, min, max), (112, 140));
+        // 28 x 28 is below 6272: scaled up by sqrt(6272 / 400), each side rounded up.
+        assert_eq!(fit_to_cells(20, 20, 28, min, max), (84, 84));
+        // 4004 x 2996 is above the most: scaled by sqrt(12e6 / max), rounded down.
+        let (w, h) = fit_to_cells(4000, 3000, 28, min, max);
+        assert_eq!((w, h), (2044, 1540));
+        assert!(w * h <= max);
+    }
+
+    /// Bicubic weights are Keys' cubic with a = -0.5: 1 at 0, 0 at the integers, the
+    /// negative lobe between 1 and 2, nothing beyond.
+    #[test]
+    fn bicubic_is_keys_cubic() {
+        let f = Filter::Bicubic;
+        assert_eq!(
+            (f.weight(0.0), f.weight(1.0), f.weight(2.0)),
+            (1.0, 0.0, 0.0)
+        );
+        assert!((f.weight(0.5) - 0.5625).abs() < 1e-12);
+        assert!((f.weight(-1.5) + 0.0625).abs() < 1e-12);
+        assert_eq!(f.weight(2.5), 0.0);
     }
 
     #[test]

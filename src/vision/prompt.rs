@@ -25,6 +25,7 @@ impl Projector {
         match self {
             Projector::Gemma3 => ("<start_of_image>", "<end_of_image>"),
             Projector::Idefics3 => ("", ""),
+            Projector::Qwen25vl => ("<|vision_start|>", "<|vision_end|>"),
         }
     }
 
@@ -33,7 +34,7 @@ impl Projector {
     pub fn non_causal(self) -> bool {
         match self {
             Projector::Gemma3 => true,
-            Projector::Idefics3 => false,
+            Projector::Idefics3 | Projector::Qwen25vl => false,
         }
     }
 

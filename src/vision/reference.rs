@@ -3,6 +3,7 @@
 //! difference from llama.cpp comes from (its CPU backend computes GELU through a table
 //! of f16 values, [`Gelu::GgmlTable`]).
 
+use super::encoder::EncoderInput;
 use super::mmproj::{ClipHparams, Projector};
 use crate::gguf::GgufFile;
 use crate::quant;
@@ -72,51 +73,99 @@ fn layer_norm(x: &[f64], w: &[f64], b: &[f64], eps: f64) -> Vec<f64> {
         .collect()
 }
 
-/// The embeddings of `pixels` (the encoder's planar input, as prepared for the GPU):
+fn rms_norm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let s = 1.0 / (ms + eps).sqrt();
+    x.iter().zip(w).map(|(v, w)| v * s * w).collect()
+}
+
+/// A tensor's values, or `n` zeros where the file has none.
+fn values_or_zeros(f: &GgufFile, name: &str, n: usize) -> Vec<f64> {
+    match f.tensor(name) {
+        Some(_) => values(f, name),
+        None => vec![0.0; n],
+    }
+}
+
+/// x rotated in place by NeoX halves of each head with the patch's (cos, sin) pairs.
+fn rotate(x: &mut [f64], table: &[[f32; 2]], hd: usize) {
+    let half = hd / 2;
+    for head in x.chunks_exact_mut(hd) {
+        for (k, [c, s]) in table.iter().enumerate().take(half) {
+            let (c, s) = (*c as f64, *s as f64);
+            let (a, b) = (head[k], head[k + half]);
+            head[k] = a * c - b * s;
+            head[k + half] = a * s + b * c;
+        }
+    }
+}
+
+/// The embeddings of `input` (the encoder's planar input, as prepared for the GPU):
 /// [n_out, n_tokens] as f32, like the graph's.
 pub fn encode_reference(
     f: &GgufFile,
     hp: &ClipHparams,
-    pixels: &[f32],
+    input: &EncoderInput,
     gelu_kind: Gelu,
 ) -> Vec<f32> {
-    let (e, p, side) = (
-        hp.n_embd as usize,
-        hp.patch_size as usize,
-        hp.image_size as usize,
-    );
-    let per = side / p;
+    let (e, p) = (hp.n_embd as usize, hp.patch_size as usize);
+    let (width, height) = (input.width as usize, input.height as usize);
+    let (pw, ph) = (width / p, height / p);
+    let pixels = &input.pixels;
     let eps = hp.eps as f64;
-    // The patch kernel in f16 (llama.cpp's convolution; the pixels are rounded already).
-    let kernel: Vec<f64> = values(f, "v.patch_embd.weight")
-        .into_iter()
-        .map(|v| f16::from_f64(v).to_f64())
-        .collect();
-    let bias = values(f, "v.patch_embd.bias");
-    let pos = values(f, "v.position_embd.weight");
+    let qwen = hp.projector == Projector::Qwen25vl;
+    // The patch kernel (Qwen2.5-VL: the sum of its two) in f16, as llama.cpp's
+    // convolution multiplies it (the pixels are rounded already).
+    let half_kernel =
+        |v: Vec<f64>| -> Vec<f64> { v.into_iter().map(|v| f16::from_f64(v).to_f64()).collect() };
+    let mut kernel = half_kernel(values(f, "v.patch_embd.weight"));
+    if qwen {
+        let second = half_kernel(values(f, "v.patch_embd.weight.1"));
+        kernel.iter_mut().zip(second).for_each(|(a, b)| *a += b);
+    }
+    let bias = values_or_zeros(f, "v.patch_embd.bias", e);
+    let pos = (!qwen).then(|| values(f, "v.position_embd.weight"));
     let row = 3 * p * p;
-    let mut x: Vec<Vec<f64>> = (0..per * per)
+    let mut x: Vec<Vec<f64>> = (0..pw * ph)
         .map(|t| {
-            let (py, px) = (t / per, t % per);
+            let (py, px) = (t / pw, t % pw);
             let mut patch = Vec::with_capacity(row);
             for c in 0..3 {
                 for ky in 0..p {
                     for kx in 0..p {
-                        patch.push(pixels[(c * side + py * p + ky) * side + px * p + kx] as f64);
+                        patch.push(pixels[(c * height + py * p + ky) * width + px * p + kx] as f64);
                     }
                 }
             }
             let mut v = affine(&kernel, Some(&bias), &patch);
-            v.iter_mut()
-                .zip(&pos[t * e..(t + 1) * e])
-                .for_each(|(a, b)| *a += b);
+            if let Some(pos) = &pos {
+                v.iter_mut()
+                    .zip(&pos[t * e..(t + 1) * e])
+                    .for_each(|(a, b)| *a += b);
+            }
             v
         })
         .collect();
     let (nh, hd) = (hp.n_head as usize, hp.head_dim as usize);
     let scale = 1.0 / (hd as f64).sqrt();
+    let n = pw * ph;
+    let rope = qwen.then(|| super::encoder::rotary_table(hp.head_dim, pw as u32, ph as u32));
+    let window = hp
+        .dynamic
+        .map(|d| super::encoder::window_mask(pw as u32, ph as u32, d.window / (hp.patch_size * 2)));
+    let norm = |v: &[f64], w: &[f64], b: &[f64]| match qwen {
+        true => rms_norm(v, w, eps),
+        false => layer_norm(v, w, b, eps),
+    };
     for il in 0..hp.n_layer {
-        let t = |s: &str| values(f, &format!("v.blk.{il}.{s}"));
+        let t = |s: &str| values_or_zeros(f, &format!("v.blk.{il}.{s}"), e);
+        let full = hp
+            .dynamic
+            .is_none_or(|d| d.n_wa_pattern == 0 || (il + 1).is_multiple_of(d.n_wa_pattern));
+        let sees = |q: usize, k: usize| match (&window, full) {
+            (Some(m), false) => m[q * n + k] == 0.0,
+            _ => true,
+        };
         let (ln1w, ln1b, ln2w, ln2b) = (
             t("ln1.weight"),
             t("ln1.bias"),
@@ -141,23 +190,34 @@ pub fn encode_reference(
             t("ffn_down.weight"),
             t("ffn_down.bias"),
         );
-        let h: Vec<Vec<f64>> = x.iter().map(|v| layer_norm(v, &ln1w, &ln1b, eps)).collect();
-        let q: Vec<Vec<f64>> = h.iter().map(|v| affine(&wq, Some(&bq), v)).collect();
-        let k: Vec<Vec<f64>> = h.iter().map(|v| affine(&wk, Some(&bk), v)).collect();
+        let h: Vec<Vec<f64>> = x.iter().map(|v| norm(v, &ln1w, &ln1b)).collect();
+        let mut q: Vec<Vec<f64>> = h.iter().map(|v| affine(&wq, Some(&bq), v)).collect();
+        let mut k: Vec<Vec<f64>> = h.iter().map(|v| affine(&wk, Some(&bk), v)).collect();
         let vv: Vec<Vec<f64>> = h.iter().map(|v| affine(&wv, Some(&bv), v)).collect();
+        if let Some(table) = &rope {
+            for (j, (qj, kj)) in q.iter_mut().zip(k.iter_mut()).enumerate() {
+                let pairs = &table[j * hd / 2..(j + 1) * hd / 2];
+                rotate(qj, pairs, hd);
+                rotate(kj, pairs, hd);
+            }
+        }
         for (i, xi) in x.iter_mut().enumerate() {
             let mut o = vec![0f64; e];
             for head in 0..nh {
                 let r = head * hd..(head + 1) * hd;
                 let s: Vec<f64> = k
                     .iter()
-                    .map(|kj| {
-                        q[i][r.clone()]
-                            .iter()
-                            .zip(&kj[r.clone()])
-                            .map(|(a, b)| a * b)
-                            .sum::<f64>()
-                            * scale
+                    .enumerate()
+                    .map(|(j, kj)| match sees(i, j) {
+                        true => {
+                            q[i][r.clone()]
+                                .iter()
+                                .zip(&kj[r.clone()])
+                                .map(|(a, b)| a * b)
+                                .sum::<f64>()
+                                * scale
+                        }
+                        false => f64::NEG_INFINITY,
                     })
                     .collect();
                 let m = s.iter().cloned().fold(f64::MIN, f64::max);
@@ -172,20 +232,30 @@ pub fn encode_reference(
             let a = affine(&wo, Some(&bo), &o);
             xi.iter_mut().zip(a).for_each(|(x, a)| *x += a);
         }
+        let gate = qwen.then(|| (t("ffn_gate.weight"), t("ffn_gate.bias")));
         for xi in x.iter_mut() {
-            let h = layer_norm(xi, &ln2w, &ln2b, eps);
-            let u: Vec<f64> = affine(&wu, Some(&bu), &h)
-                .into_iter()
-                .map(|v| gelu(v, gelu_kind))
-                .collect();
+            let h = norm(xi, &ln2w, &ln2b);
+            let u: Vec<f64> = match &gate {
+                Some((wg, bg)) => affine(wg, Some(bg), &h)
+                    .into_iter()
+                    .zip(affine(&wu, Some(&bu), &h))
+                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                    .collect(),
+                None => affine(&wu, Some(&bu), &h)
+                    .into_iter()
+                    .map(|v| gelu(v, gelu_kind))
+                    .collect(),
+            };
             let d = affine(&wd, Some(&bd), &u);
             xi.iter_mut().zip(d).for_each(|(x, d)| *x += d);
         }
     }
     if f.tensor("v.post_ln.weight").is_some() {
-        let (w, b) = (values(f, "v.post_ln.weight"), values(f, "v.post_ln.bias"));
-        x = x.iter().map(|v| layer_norm(v, &w, &b, eps)).collect();
+        let w = values(f, "v.post_ln.weight");
+        let b = values_or_zeros(f, "v.post_ln.bias", e);
+        x = x.iter().map(|v| norm(v, &w, &b)).collect();
     }
+    let per = pw;
     match hp.projector {
         Projector::Gemma3 => {
             let (k, q) = (hp.merge as usize, per / hp.merge as usize);
@@ -233,6 +303,28 @@ pub fn encode_reference(
                     }
                 }
                 out.extend(affine(&fc, None, &row).into_iter().map(|v| v as f32));
+            }
+            out
+        }
+        Projector::Qwen25vl => {
+            // Each cell's 2 x 2 patches side by side, cells in raster order; the merger.
+            let (w0, b0) = (values(f, "mm.0.weight"), values(f, "mm.0.bias"));
+            let (w2, b2) = (values(f, "mm.2.weight"), values(f, "mm.2.bias"));
+            let mut out = Vec::new();
+            for cy in 0..ph / 2 {
+                for cx in 0..pw / 2 {
+                    let mut row = Vec::with_capacity(4 * e);
+                    for dy in 0..2 {
+                        for dx in 0..2 {
+                            row.extend_from_slice(&x[(cy * 2 + dy) * pw + cx * 2 + dx]);
+                        }
+                    }
+                    let m: Vec<f64> = affine(&w0, Some(&b0), &row)
+                        .into_iter()
+                        .map(|v| gelu(v, gelu_kind))
+                        .collect();
+                    out.extend(affine(&w2, Some(&b2), &m).into_iter().map(|v| v as f32));
+                }
             }
             out
         }

@@ -50,6 +50,16 @@ impl MmprojShape {
             ..Self::tiny()
         }
     }
+
+    /// Qwen2.5-VL's geometry shrunk: patches of 14 merged by cells of 2 (images of any
+    /// size, in multiples of 28 pixels), windows of 112 pixels (4 x 4 cells), heads of 16
+    /// (four rotary sections of 2 pairs); `image_size` only names the warm-up's size.
+    pub fn tiny_qwen25vl() -> Self {
+        MmprojShape {
+            merge: 2,
+            ..Self::tiny()
+        }
+    }
 }
 
 /// The projectors [`synth_mmproj`] writes.
@@ -57,6 +67,9 @@ impl MmprojShape {
 pub enum SynthProjector {
     Gemma3,
     Idefics3,
+    /// Qwen2.5-VL's `qwen2.5vl_merger`, with window attention in every layer but each
+    /// second (`n_wa_pattern` 2).
+    Qwen25vl,
 }
 
 /// A Gemma 3 mmproj whose projection gives `n_out`-wide embeddings (see [`synth_mmproj`]).
@@ -87,7 +100,9 @@ pub fn synth_mmproj(
     let name = match projector {
         SynthProjector::Gemma3 => "gemma3",
         SynthProjector::Idefics3 => "idefics3",
+        SynthProjector::Qwen25vl => "qwen2.5vl_merger",
     };
+    let qwen = projector == SynthProjector::Qwen25vl;
     let u = Value::U32;
     let f32s = |v: &[f32]| Value::Array(v.iter().map(|&x| Value::F32(x)).collect());
     let mut w = GgufWriter::new();
@@ -98,7 +113,13 @@ pub fn synth_mmproj(
         )
         .meta("clip.has_vision_encoder", Value::Bool(true))
         .meta("clip.projector_type", Value::String(name.into()))
-        .meta("clip.use_gelu", Value::Bool(true))
+        .meta(
+            match qwen {
+                true => "clip.use_silu",
+                false => "clip.use_gelu",
+            },
+            Value::Bool(true),
+        )
         .meta("clip.vision.image_size", u(image_size))
         .meta("clip.vision.patch_size", u(p))
         .meta("clip.vision.embedding_length", u(e))
@@ -109,7 +130,9 @@ pub fn synth_mmproj(
         .meta("clip.vision.projection_dim", u(n_out))
         .meta("clip.vision.image_mean", f32s(&[0.5, 0.5, 0.5]))
         .meta("clip.vision.image_std", f32s(&[0.5, 0.5, 0.5]));
-    if merge != 4 || projector == SynthProjector::Idefics3 {
+    if qwen {
+        w.meta("clip.vision.n_wa_pattern", u(2));
+    } else if merge != 4 || projector == SynthProjector::Idefics3 {
         w.meta("clip.vision.projector.scale_factor", u(merge));
     }
     if projector == SynthProjector::Idefics3 {
@@ -143,39 +166,63 @@ pub fn synth_mmproj(
     };
     let n_patch = (image_size / p) as u64 * (image_size / p) as u64;
     let (e64, ff64) = (e as u64, ff as u64);
+    let kernel = [p as u64, p as u64, 3, e64];
     matrix(
         &mut w,
         "v.patch_embd.weight",
-        &[p as u64, p as u64, 3, e64],
+        &kernel,
         3 * (p * p) as u64,
         GgmlType::F32,
     );
-    vector(&mut w, "v.patch_embd.bias", e, 0.0, 0.2);
-    // Position embeddings as large as the patches' (as trained ones are).
-    matrix(
-        &mut w,
-        "v.position_embd.weight",
-        &[e64, n_patch],
-        1,
-        GgmlType::F32,
-    );
+    if qwen {
+        // The converter splits the temporal pair of the 3D kernel in two; no bias and no
+        // position embeddings (positions rotate).
+        matrix(
+            &mut w,
+            "v.patch_embd.weight.1",
+            &kernel,
+            3 * (p * p) as u64,
+            GgmlType::F32,
+        );
+    } else {
+        vector(&mut w, "v.patch_embd.bias", e, 0.0, 0.2);
+        // Position embeddings as large as the patches' (as trained ones are).
+        matrix(
+            &mut w,
+            "v.position_embd.weight",
+            &[e64, n_patch],
+            1,
+            GgmlType::F32,
+        );
+    }
     for il in 0..n_layer {
         let n = |s: &str| format!("v.blk.{il}.{s}");
+        // Qwen2.5-VL's norms are RMS norms: a weight, no bias.
         vector(&mut w, &n("ln1.weight"), e, 1.0, 0.2);
-        vector(&mut w, &n("ln1.bias"), e, 0.0, 0.2);
+        if !qwen {
+            vector(&mut w, &n("ln1.bias"), e, 0.0, 0.2);
+        }
         for t in ["attn_q", "attn_k", "attn_v", "attn_out"] {
             matrix(&mut w, &n(&format!("{t}.weight")), &[e64, e64], e64, ty);
             vector(&mut w, &n(&format!("{t}.bias")), e, 0.0, 0.2);
         }
         vector(&mut w, &n("ln2.weight"), e, 1.0, 0.2);
-        vector(&mut w, &n("ln2.bias"), e, 0.0, 0.2);
+        if !qwen {
+            vector(&mut w, &n("ln2.bias"), e, 0.0, 0.2);
+        }
+        if qwen {
+            matrix(&mut w, &n("ffn_gate.weight"), &[e64, ff64], e64, ty);
+            vector(&mut w, &n("ffn_gate.bias"), ff, 0.0, 0.2);
+        }
         matrix(&mut w, &n("ffn_up.weight"), &[e64, ff64], e64, ty);
         vector(&mut w, &n("ffn_up.bias"), ff, 0.0, 0.2);
         matrix(&mut w, &n("ffn_down.weight"), &[ff64, e64], ff64, ty);
         vector(&mut w, &n("ffn_down.bias"), e, 0.0, 0.2);
     }
     vector(&mut w, "v.post_ln.weight", e, 1.0, 0.2);
-    vector(&mut w, "v.post_ln.bias", e, 0.0, 0.2);
+    if !qwen {
+        vector(&mut w, "v.post_ln.bias", e, 0.0, 0.2);
+    }
     match projector {
         SynthProjector::Gemma3 => {
             // The converter has already added Gemma's 1 to this weight.
@@ -197,6 +244,13 @@ pub fn synth_mmproj(
                 n_in,
                 ty,
             );
+        }
+        SynthProjector::Qwen25vl => {
+            let n_in = e64 * 4;
+            matrix(&mut w, "mm.0.weight", &[n_in, n_in], n_in, ty);
+            vector(&mut w, "mm.0.bias", n_in as u32, 0.0, 0.2);
+            matrix(&mut w, "mm.2.weight", &[n_in, n_out as u64], n_in, ty);
+            vector(&mut w, "mm.2.bias", n_out, 0.0, 0.2);
         }
     }
     w

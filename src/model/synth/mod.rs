@@ -191,7 +191,8 @@ impl SynthArch {
             "llama3" => Self::Llama3,
             "qwen2" => Self::Qwen2,
             "qwen2-yarn" => Self::Qwen2Yarn,
-            "qwen2vl" => Self::Qwen2Vl,
+            // Qwen2.5-VL's language model is Qwen2-VL's architecture (llama.cpp has one).
+            "qwen2vl" | "qwen25vl" => Self::Qwen2Vl,
             "qwen3" => Self::Qwen3,
             "qwen2moe" => Self::Qwen2Moe,
             "qwen3moe" => Self::Qwen3Moe,
@@ -211,7 +212,7 @@ impl SynthArch {
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen2-yarn, qwen2vl, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert, bert-rank, qwen3-rank";
+        "llama, llama3, qwen2, qwen2-yarn, qwen2vl (or qwen25vl), qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert, bert-rank, qwen3-rank";
 
     /// (experts, used per token) of a mixture-of-experts architecture, None for others.
     pub fn default_experts(self) -> Option<(u32, u32)> {
