@@ -40,16 +40,21 @@ for img in square-224 wide-300x180 tall-100x150; do
     > "tests/data/reference/vision/smolvlm-$img.json"
 done
 
-# Qwen2.5-VL's encoder (qwen2.5vl_merger: images at their own size, window attention,
-# the 2 x 2 merger): the synthetic mmproj for a tiny qwen2vl language model; the
-# embeddings only (MTMD_REF_EMBD), the encoder on the CPU.
+# Qwen2.5-VL (qwen2.5vl_merger: images at their own size, window attention, the 2 x 2
+# merger) with a tiny qwen2vl language model given <|vision_start|> and <|vision_end|>:
+# the embeddings (MTMD_REF_EMBD, the encoder on the CPU), then the prompt's chunks, the
+# logits and greedy tokens with the image's tokens placed by M-RoPE (the language model
+# on Vulkan).
+qbase="$tmp/qwen2vl-base.gguf"
 qlm="$tmp/qwen2vl-lm.gguf"
 target/release/wgllm synth --arch qwen2vl --shape tiny --trained-scale --type q8_0 \
-  --vocab-from "$ref/src/models/ggml-vocab-qwen2.gguf" -o "$qlm"
+  --vocab-from "$ref/src/models/ggml-vocab-qwen2.gguf" -o "$qbase"
+target/release/wgllm synth --add-tokens-to "$qbase" --tokens '<|vision_start|>,<|vision_end|>' -o "$qlm"
 target/release/wgllm synth --mmproj-for "$qlm" --projector qwen25vl -o "$tmp/mmproj-qwen25vl.gguf"
-sha256sum "$tmp/mmproj-qwen25vl.gguf"
-printf 'Describe <__media__> now.' > "$tmp/prompt-qwen.txt"
+sha256sum "$qlm" "$tmp/mmproj-qwen25vl.gguf"
+printf '<|im_start|>user\n<__media__>What is in this picture?<|im_end|>\n<|im_start|>assistant\n' > "$tmp/prompt-qwen.txt"
 for img in square-224 wide-300x180 tall-100x150; do
-  MTMD_REF_EMBD="tests/data/reference/vision/qwen25vl-$img.bin" \
-    "$tmp/mtmd-ref" "$qlm" "$tmp/mmproj-qwen25vl.gguf" "tests/data/vision/$img.png" "$tmp/prompt-qwen.txt" 4 > /dev/null
+  GGML_VK_VISIBLE_DEVICES=0 MTMD_REF_NGL=99 MTMD_REF_EMBD="tests/data/reference/vision/qwen25vl-$img.bin" \
+    "$tmp/mtmd-ref" "$qlm" "$tmp/mmproj-qwen25vl.gguf" "tests/data/vision/$img.png" "$tmp/prompt-qwen.txt" 16 \
+    > "tests/data/reference/vision/qwen25vl-$img.json"
 done

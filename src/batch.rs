@@ -23,6 +23,25 @@ pub struct Batch {
     /// (llama.cpp's `llama_set_causal_attn(false)`, which its mtmd helper sets around an
     /// image whose tokens attend to each other, as Gemma 3's do).
     pub non_causal: bool,
+    /// The image's tokens across and down, for a batch of one image's rows in raster
+    /// order whose model places them by M-RoPE (each token at its row and column).
+    pub image_grid: Option<(u32, u32)>,
+    /// Each token's M-RoPE position, filled by the context for a model with M-RoPE
+    /// (empty otherwise, and from callers).
+    pub mrope: Vec<MropePos>,
+}
+
+/// A token's position under M-RoPE (Qwen2-VL), as llama.cpp's mtmd places them: a text
+/// token at time t has components (t, t, t); an image's tokens share the time t0 of the
+/// image and take rows t0 + y and columns t0 + x; the token after an image has time
+/// t0 + max(across, down). The cell's position stays the token's index in its sequence:
+/// `next` is the time the token after this one takes, kept with the cell.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MropePos {
+    pub t: i32,
+    pub row: i32,
+    pub col: i32,
+    pub next: i32,
 }
 
 impl Batch {

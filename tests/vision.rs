@@ -980,6 +980,215 @@ fn qwen25vl_embeddings_match_llamacpp() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The tiny qwen2vl language model llama.cpp read the images with: `wgllm synth --arch
+/// qwen2vl --shape tiny --trained-scale --type q8_0 --vocab-from ggml-vocab-qwen2.gguf`,
+/// then `--add-tokens-to` it with `<|vision_start|>,<|vision_end|>`.
+const QWEN2VL_LM_SHA256: &str = "04447ed95a3ba9f3287738da65fe746e73886f8159d161e11738581e39903b45";
+
+fn qwen25vl_files(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    use wgllm::model::synth::{
+        synth, vocab_metadata, with_added_tokens, SynthArch, SynthProjector, SynthShape,
+        WeightScale,
+    };
+    let vocab =
+        GgufFile::open(common::llamacpp_tests_dir().join("vocab/ggml-vocab-qwen2.gguf")).unwrap();
+    let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;
+    let base = dir.join("qwen2vl-base.gguf");
+    synth(
+        SynthArch::Qwen2Vl,
+        SynthShape::preset("tiny").unwrap(),
+        GgmlType::Q8_0,
+        vocab_metadata(&vocab),
+        n_vocab,
+        WeightScale::FanIn,
+        false,
+    )
+    .write(&base)
+    .unwrap();
+    let lm = dir.join("qwen2vl-lm.gguf");
+    let tokens = ["<|vision_start|>".to_string(), "<|vision_end|>".to_string()];
+    with_added_tokens(&GgufFile::open(&base).unwrap(), &tokens)
+        .unwrap()
+        .write(&lm)
+        .unwrap();
+    let mm = dir.join("mmproj-qwen25vl.gguf");
+    (wgllm::model::synth::synth_mmproj)(
+        SynthProjector::Qwen25vl,
+        MmprojShape::tiny_qwen25vl(),
+        256,
+        GgmlType::F32,
+    )
+    .write(&mm)
+    .unwrap();
+    for (path, want) in [(&lm, QWEN2VL_LM_SHA256), (&mm, QWEN25VL_SHA256)] {
+        let sha = format!("{:x}", Sha256::digest(std::fs::read(path).unwrap()));
+        assert_eq!(
+            sha,
+            want,
+            "{} is not the file llama.cpp ran",
+            path.display()
+        );
+    }
+    (lm, mm)
+}
+
+/// A Qwen2-VL language model reads each image as llama-mtmd-cli does, its image tokens
+/// placed by M-RoPE: the prompt's chunks (the image between `<|vision_start|>` and
+/// `<|vision_end|>`, as many tokens as cells) equal llama.cpp's; after the prompt the
+/// sequence's next time is llama.cpp's `n_past` (the image advances it by its larger
+/// side, not its token count); the top five logits are within 0.05 of llama.cpp's
+/// (Vulkan; 0.008 to 0.015 measured) and 16 greedy tokens equal up to the first near-tie
+/// (a margin within that bound). The same image read with a run of positions instead
+/// moves them by more than 0.1 (0.12 to 0.17): the check sees where the image's tokens
+/// are placed.
+#[test]
+fn qwen25vl_reads_an_image_as_llamacpp() {
+    use wgllm::engine::{
+        Engine, EngineOptions, MediaPrompt, PreparedImage, SamplingPath, SessionParams,
+    };
+    use wgllm::vision::MEDIA_MARKER;
+    let dir = common::scratch_dir("vision-qwen25vl-lm");
+    let (lm, mm) = qwen25vl_files(&dir);
+    let gpu = (common::gpus().find(|g| g.0 == "vulkan"))
+        .unwrap_or_else(|| common::gpus().next().unwrap())
+        .1
+        .clone();
+    let f = GgufFile::open(&lm).unwrap();
+    let model = std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    let opts = EngineOptions {
+        n_ctx: 512,
+        n_batch: 512,
+        n_ubatch: 512,
+        n_seq_max: 1,
+        sampling: SamplingPath::Cpu,
+        decode_ahead: false,
+        ..Default::default()
+    };
+    let mut e = Engine::new(model, tok, &opts).unwrap();
+    e.attach_vision(mm.to_str().unwrap()).unwrap();
+    let prep = e.image_prep().unwrap();
+    let text =
+        "<|im_start|>user\n<__media__>What is in this picture?<|im_end|>\n<|im_start|>assistant\n";
+    let id = e.open_session(SessionParams::default()).unwrap();
+    let mut sampling = wgllm::sample::SamplerParams::greedy();
+    sampling.banned = e.tokenizer.eog_tokens().collect();
+    for img_name in IMAGES {
+        // Pieces may end inside a character: read as lossy text.
+        let bytes = std::fs::read(data(&format!("reference/vision/qwen25vl-{img_name}.json")));
+        let r: serde_json::Value =
+            serde_json::from_str(&String::from_utf8_lossy(&bytes.unwrap())).unwrap();
+        let img = PreparedImage::new(&prep, &image(img_name)).unwrap();
+        let prompt =
+            MediaPrompt::build(&e.tokenizer, &prep, text, MEDIA_MARKER, &[img], true).unwrap();
+        let mut want_layout = Vec::new();
+        for c in r["chunks"].as_array().unwrap() {
+            match c.get("text") {
+                Some(t) => want_layout.extend(
+                    (t.as_array().unwrap().iter()).map(|v| Some(v.as_u64().unwrap() as u32)),
+                ),
+                None => {
+                    assert_eq!(c["non_causal"], false);
+                    let n = c["image"].as_u64().unwrap() as usize;
+                    want_layout.extend(std::iter::repeat_n(None, n));
+                }
+            }
+        }
+        let layout: Vec<Option<u32>> = (prompt.tokens.iter())
+            .map(|&t| (!wgllm::engine::is_image_token(t)).then_some(t))
+            .collect();
+        assert_eq!(layout, want_layout, "{img_name}: the prompt's tokens");
+        let run = |e: &mut Engine, prompt: &MediaPrompt, n_predict: i32, cache: bool| {
+            let params = SessionParams {
+                sampling: sampling.clone(),
+                n_predict,
+                ..Default::default()
+            };
+            e.start_request_media(id, params, &prompt.tokens, &prompt.images, cache)
+                .unwrap();
+            while e.session(id).unwrap().is_busy() {
+                for ev in e.step().unwrap() {
+                    if let wgllm::engine::Event::Error { error, .. } = ev {
+                        panic!("{img_name}: {error}");
+                    }
+                }
+            }
+            let s = e.session(id).unwrap();
+            let logits = s.logits().map(<[f32]>::to_vec);
+            (logits, s.history()[prompt.tokens.len()..].to_vec())
+        };
+        let (logits, _) = run(&mut e, &prompt, 0, false);
+        let logits = logits.expect("logits after the prompt");
+        let next = e.context().memory().seq_rope_next(id);
+        assert_eq!(
+            next as u64,
+            r["n_past"].as_u64().unwrap(),
+            "{img_name}: the next time"
+        );
+        let top5 = r["top5"].as_array().unwrap();
+        let off = |logits: &[f32]| {
+            (top5.iter())
+                .map(|x| {
+                    (logits[x[0].as_u64().unwrap() as usize] as f64 - x[1].as_f64().unwrap()).abs()
+                })
+                .fold(0f64, f64::max)
+        };
+        let worst = off(&logits);
+        assert!(
+            worst <= 0.05,
+            "{img_name}: top logits {worst} from llama.cpp's"
+        );
+        let (_, greedy) = run(&mut e, &prompt, 16, false);
+        let want: Vec<u32> = (r["greedy"].as_array().unwrap().iter())
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let margins: Vec<f64> = (r["margins"].as_array().unwrap().iter())
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let same = greedy.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        assert_eq!(greedy.len(), 16, "{img_name}");
+        assert!(
+            same == greedy.len() || margins[same] <= 0.05,
+            "{img_name}: greedy tokens part at {same} where llama.cpp's margin is {}: {greedy:?} vs {want:?}",
+            margins[same]
+        );
+        // The image as a run of positions (no grid): other logits.
+        let mut flat = prompt.clone();
+        flat.images = (flat.images.iter())
+            .map(|c| {
+                std::sync::Arc::new(wgllm::engine::ImageChunk {
+                    grid: None,
+                    ..(**c).clone()
+                })
+            })
+            .collect();
+        // The cells' next times travel with a saved session (the server's prompt
+        // cache), and a prompt reused from the cache goes on from them: the same logits.
+        let next = e.context().memory().seq_rope_next(id);
+        assert_ne!(next, e.context().memory().seq_pos_max(id) + 1, "{img_name}");
+        let snap = e.snapshot_session(id).unwrap().unwrap();
+        e.context_mut().seq_rm(Some(id), 0, -1).unwrap();
+        e.restore_snapshot(id, &snap).unwrap();
+        assert_eq!(e.context().memory().seq_rope_next(id), next, "{img_name}");
+        let (again, _) = run(&mut e, &prompt, 0, true);
+        let again = again.unwrap();
+        let drift = (again.iter().zip(&logits))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(drift < 1e-3, "{img_name}: logits {drift} off after reuse");
+        let (flat_logits, _) = run(&mut e, &flat, 0, false);
+        let moved = off(&flat_logits.unwrap());
+        assert!(
+            moved > 0.1,
+            "{img_name}: a run of positions leaves the logits within {moved} of llama.cpp's"
+        );
+        eprintln!(
+            "{img_name}: top-5 logits within {worst:.3} ({moved:.3} with a run of positions), {same} of 16 greedy tokens equal"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// SmolLM2 with SmolVLM's tokens reads a tiled image as llama-mtmd-cli does, for each of
 /// the three images: the prompt's tokens (each tile after its `<row_R_col_C>` marker, a
 /// newline between rows, the global view last) equal llama.cpp's chunks; the top five
@@ -1275,6 +1484,7 @@ fn a_failed_image_fails_its_session_alone() {
                 hash: 7,
                 n_tokens: 16,
                 non_causal: true,
+                grid: None,
                 first: true,
                 last: true,
             });
@@ -1321,6 +1531,7 @@ fn a_shift_never_splits_a_tiled_image() {
             hash,
             n_tokens: 16,
             non_causal: true,
+            grid: None,
             first,
             last,
         })

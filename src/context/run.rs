@@ -19,6 +19,8 @@ impl Context {
         batch: &Batch,
         draws: &[GpuDraw],
     ) -> Result<Decoded, ContextError> {
+        let placed = self.with_mrope(batch);
+        let batch = placed.as_ref();
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let width = self.out_width() as usize;
         let draw_of = draw_index(draws);
@@ -79,6 +81,8 @@ impl Context {
         &mut self,
         batch: &Batch,
     ) -> Result<Vec<super::PooledRun>, ContextError> {
+        let placed = self.with_mrope(batch);
+        let batch = placed.as_ref();
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let width = self.out_width() as usize;
         let mut runs = Vec::new();
@@ -175,6 +179,7 @@ impl Context {
             logits: &u.logits,
             embd: &u.embd,
             non_causal: u.non_causal,
+            mrope: &u.mrope,
         };
         self.memory.place(&ubv)?;
         // Every declared input fills itself from the ubatch and the memory it went to.
@@ -478,6 +483,8 @@ impl Context {
         draws: &[GpuDraw],
         feed: &[(usize, usize)],
     ) -> Result<InFlight, ContextError> {
+        let placed = self.with_mrope(batch);
+        let batch = placed.as_ref();
         let ub = self.params.n_ubatch.min(self.params.n_batch) as usize;
         let split = self.memory.split(batch, ub, self.n_out_max as usize)?;
         let [idx] = &split[..] else {
@@ -550,6 +557,63 @@ fn keep_rows(rows: &mut Vec<(usize, Vec<f32>)>, read: &[(usize, u32)], out: &[f3
     }
 }
 
+impl Context {
+    /// `batch` with each token's M-RoPE position where the model has M-RoPE and the
+    /// caller gave none (as llama.cpp's mtmd helper places them): a sequence's time goes
+    /// on from its last cell's next time (see `Cell::rope_next`), one per text token; the
+    /// tokens of an image batch (`Batch::image_grid`, raster order) share their time and
+    /// take their rows and columns from it, and the token after the image has the time
+    /// past the image's larger side. A checked batch's sequences are continuous, so each
+    /// starts where its cells end.
+    fn with_mrope<'a>(&self, batch: &'a Batch) -> std::borrow::Cow<'a, Batch> {
+        use std::borrow::Cow;
+        if self.model.hp.mrope.is_none() || !batch.mrope.is_empty() {
+            return Cow::Borrowed(batch);
+        }
+        let mut next: std::collections::HashMap<u32, i32> = Default::default();
+        let mut in_image: std::collections::HashMap<u32, u32> = Default::default();
+        let mut mrope = Vec::with_capacity(batch.tokens.len());
+        for (i, (&set, &pos)) in batch.seq.iter().zip(&batch.pos).enumerate() {
+            // A token of several sequences (a shared prefix) goes by the lowest.
+            let s = set.trailing_zeros();
+            let t = *next
+                .entry(s)
+                .or_insert_with(|| match self.memory.seq_pos_max(s) {
+                    -1 => pos,
+                    _ => self.memory.seq_rope_next(s),
+                });
+            let m = match batch.image_grid {
+                Some((nx, ny)) if nx > 0 => {
+                    let k = in_image.entry(s).or_insert(0);
+                    let m = crate::batch::MropePos {
+                        t,
+                        row: t + (*k / nx) as i32,
+                        col: t + (*k % nx) as i32,
+                        next: t + nx.max(ny) as i32,
+                    };
+                    *k += 1;
+                    m
+                }
+                _ => {
+                    next.insert(s, t + 1);
+                    crate::batch::MropePos {
+                        t,
+                        row: t,
+                        col: t,
+                        next: t + 1,
+                    }
+                }
+            };
+            debug_assert!(i == mrope.len());
+            mrope.push(m);
+        }
+        Cow::Owned(Batch {
+            mrope,
+            ..batch.clone()
+        })
+    }
+}
+
 /// The tokens `idx` of `batch`, in that order.
 fn sub_batch(batch: &Batch, idx: &[usize]) -> Batch {
     Batch {
@@ -564,6 +628,11 @@ fn sub_batch(batch: &Batch, idx: &[usize]) -> Batch {
             _ => Vec::new(),
         },
         non_causal: batch.non_causal,
+        image_grid: batch.image_grid,
+        mrope: match batch.mrope.is_empty() {
+            true => Vec::new(),
+            false => idx.iter().map(|&i| batch.mrope[i]).collect(),
+        },
     }
 }
 

@@ -7,8 +7,9 @@
 //! per loaded LoRA adapter its fingerprint and the scale the cells were computed with),
 //! tokens, then the memory's part (`Memory::state_write`; for the K/V caches: the K and V
 //! types, the stores, their cells and rows; for recurrent states: their sizes, cells and
-//! rows; a hybrid writes both, K/V first). Versions 2 and 3 are read too: they put the
-//! types (version 2: one element size, 2 or 4, for both) before the tokens.
+//! rows; a hybrid writes both, K/V first). Version 6 adds each K/V cell's next M-RoPE
+//! time. Versions 2 to 5 are read too; 2 and 3 put the types (version 2: one element
+//! size, 2 or 4, for both) before the tokens.
 
 use super::{Context, ContextError};
 use crate::kv::{KvType, SeqId};
@@ -17,7 +18,7 @@ pub use crate::memory::StateError;
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"WGLLMKV\0";
-const VERSION: u32 = 5;
+const VERSION: u32 = 6;
 
 /// What a state file holds besides the K/V rows.
 #[derive(Debug)]
@@ -224,7 +225,7 @@ impl Context {
         dst: Option<SeqId>,
     ) -> Result<SavedState, ContextError> {
         let mut r = Reader::new(data, p);
-        let (types, provenance, tokens) = read_header(&mut r, self.model_shape())?;
+        let (version, types, provenance, tokens) = read_header(&mut r, self.model_shape())?;
         let lora = self.check_provenance(p, provenance)?;
         let n_tok = tokens.len();
         if let Some(s) = dst {
@@ -235,6 +236,7 @@ impl Context {
             types,
             n_seq_max: self.params.n_seq_max,
             more: false,
+            rope_next: version >= 6,
         };
         let n_cells = self.memory.state_read(&mut r, &load)?;
         log::info!("loaded {n_cells} cells and {n_tok} tokens from {p}");
@@ -246,10 +248,10 @@ impl Context {
     }
 }
 
-/// Saved cache types (versions 2 and 3 name them here), what decided the cells (version
-/// 5) and tokens: the header of a state file, checked against the model's shape
-/// [layers, K/V width, vocabulary].
-type Header = (Option<(KvType, KvType)>, Option<Provenance>, Vec<u32>);
+/// The file's version, saved cache types (versions 2 and 3 name them here), what decided
+/// the cells (version 5) and tokens: the header of a state file, checked against the
+/// model's shape [layers, K/V width, vocabulary].
+type Header = (u32, Option<(KvType, KvType)>, Option<Provenance>, Vec<u32>);
 
 fn read_header(r: &mut Reader, model_shape: [u32; 3]) -> Result<Header, ContextError> {
     let p = r.path.to_string();
@@ -308,7 +310,7 @@ fn read_header(r: &mut Reader, model_shape: [u32; 3]) -> Result<Header, ContextE
         ))
         .into());
     }
-    Ok((types, provenance, tokens))
+    Ok((version, types, provenance, tokens))
 }
 
 /// Loads a state file into K/V stores kept in host memory (one, or a sliding-window
@@ -324,13 +326,14 @@ pub fn state_into_host(
     let mut r = Reader::new(data, "state");
     // No model behind: what decided the cells is read (a damaged record is refused)
     // and not compared.
-    let (types, provenance, tokens) = read_header(&mut r, model_shape)?;
+    let (version, types, provenance, tokens) = read_header(&mut r, model_shape)?;
     let lora = provenance.map(|p| p.adapters.iter().map(|a| a.1).collect());
     let load = crate::memory::StateLoad {
         dst,
         types,
         n_seq_max,
         more: false,
+        rope_next: version >= 6,
     };
     let mut stores: Vec<&mut dyn crate::memory::KvStore> = (stores.iter_mut())
         .map(|s| s as &mut dyn crate::memory::KvStore)

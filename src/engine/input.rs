@@ -199,7 +199,7 @@ impl Engine {
             )));
         }
         let p = &self.ctx.params;
-        let n = prep.n_tokens;
+        let n = images.iter().map(|i| i.n_tokens).max().unwrap_or(0);
         // An image is decoded in one batch, and in one ubatch where its tokens see each
         // other.
         let limit = match prep.projector.non_causal() {

@@ -28,6 +28,9 @@ pub struct ImageChunk {
     pub n_tokens: u32,
     /// Its tokens attend to each other both ways (Gemma 3).
     pub non_causal: bool,
+    /// Its tokens across and down, for a model that places them by M-RoPE (set for an
+    /// encoder that reads images at their own size; `None`: a run of positions).
+    pub grid: Option<(u32, u32)>,
     /// Its image's first chunk, and its last (both for an image read whole): the cache
     /// keeps or drops the span from the first to the last as one.
     pub first: bool,
@@ -61,8 +64,11 @@ impl PreparedImage {
         let chunks = (split.parts.iter().enumerate())
             .map(|(k, part)| {
                 let input = prep.preprocess(part);
+                let grid = (prep.dynamic.is_some())
+                    .then(|| (input.width / prep.cell, input.height / prep.cell));
                 Arc::new(ImageChunk {
                     n_tokens: prep.tokens_for_input(input.width, input.height),
+                    grid,
                     pixels: Arc::new(input),
                     // A tile's hash: the image's, mixed with its index (splitmix64's
                     // step), so that no two tiles share placeholders.

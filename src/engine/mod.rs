@@ -233,12 +233,12 @@ impl Engine {
             )));
         }
         let mut enc = crate::vision::VisionEncoder::load(self.model.gpu.clone(), path)?;
-        if enc.hp.projector.dynamic_size() {
-            // The encoder runs (`wgllm image-embed`); the language model's side is not
-            // built: an image's tokens take positions of three components (M-RoPE) and
-            // a raster order within the image.
+        // An M-RoPE model places an image's tokens by their row and column, which only
+        // an encoder that reads images at their own size gives (llama.cpp's converters
+        // pair qwen2vl models with Qwen's encoders alone).
+        if self.model.hp.mrope.is_some() && !enc.hp.projector.dynamic_size() {
             return Err(EngineError::Options(format!(
-                "{path}: a {} projector's images need M-RoPE image positions in the language model, which wgllm does not place yet (its encoder runs: `wgllm image-embed`)",
+                "{path}: a {} projector's images are not placed by row and column, which this model's positions (M-RoPE) need: use the model's own mmproj",
                 enc.hp.projector.name()
             )));
         }

@@ -358,6 +358,8 @@ impl Engine {
             logits: (0..n).map(|i| last_of_input && i + 1 == n).collect(),
             embd: Vec::new(),
             non_causal: img.non_causal,
+            image_grid: img.grid,
+            mrope: Vec::new(),
         };
         let part = Part {
             id,

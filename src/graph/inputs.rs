@@ -82,6 +82,8 @@ pub struct UbatchView<'a> {
     pub embd: &'a [f32],
     /// Every token sees all its sequences' cells (see `Batch::non_causal`).
     pub non_causal: bool,
+    /// Each token's M-RoPE position (see `Batch::mrope`), or empty: RoPE by `pos`.
+    pub mrope: &'a [crate::batch::MropePos],
 }
 
 /// The filled contents of an input, kept in the element type they were computed in so a
@@ -138,6 +140,11 @@ impl GraphInput {
                     .filter(|&j| ub.logits[j as usize])
                     .collect(),
             ),
+            GraphInput::Rope(p) if p.mrope.is_some() && !ub.mrope.is_empty() => {
+                let positions: Vec<[i32; 3]> =
+                    ub.mrope.iter().map(|m| [m.t, m.row, m.col]).collect();
+                InputData::F32(bytemuck::cast_slice(&p.table_mrope(&positions)).to_vec())
+            }
             GraphInput::Rope(p) => {
                 let positions: Vec<f64> = ub.pos.iter().map(|&p| p as f64).collect();
                 InputData::F32(bytemuck::cast_slice(&p.table(&positions)).to_vec())
@@ -318,6 +325,7 @@ mod tests {
             logits: &logits,
             embd: &[],
             non_causal: false,
+            mrope: &[],
         };
         let n_kv = 16;
         let store = CacheState {

@@ -30,6 +30,10 @@ pub struct Cell {
     /// A sequence operation (context shift, Self-Extend) changed the position since the
     /// token was stored; only displays read it (the desktop app marks moved cells).
     pub moved: bool,
+    /// Under M-RoPE, the time the token after this one takes (an image's tokens share a
+    /// time and the next token skips past the image's larger side, so it is not pos + 1);
+    /// 0: none recorded, pos + 1.
+    pub rope_next: i32,
 }
 
 impl Cell {
@@ -175,6 +179,31 @@ impl KvCells {
             .map_or(-1, |b| b.1)
     }
 
+    /// The M-RoPE time of the token that would follow `seq`'s last (see
+    /// [`Cell::rope_next`]); -1 where `seq` holds no cell. A scan of the used cells.
+    pub fn seq_rope_next(&self, seq: SeqId) -> i32 {
+        let last = self.seq_pos_max(seq);
+        if last < 0 {
+            return -1;
+        }
+        let held = self.cells[..self.used_hi.min(self.cells.len())]
+            .iter()
+            .find(|c| c.pos == last && c.has_seq(seq));
+        match held {
+            Some(c) if c.rope_next > 0 => c.rope_next,
+            _ => last + 1,
+        }
+    }
+
+    /// Records each stored token's next M-RoPE time (cells `slots`, just stored).
+    pub fn set_rope_next(&mut self, slots: &[usize], next: &[i32]) {
+        for (&i, &n) in slots.iter().zip(next) {
+            if let Some(c) = self.cells.get_mut(i) {
+                c.rope_next = n;
+            }
+        }
+    }
+
     pub fn size(&self) -> usize {
         self.cells.len()
     }
@@ -277,6 +306,7 @@ impl KvCells {
                 delta: 0,
                 seq: s,
                 moved: false,
+                rope_next: 0,
             };
             self.set_cell(i, cell);
         }

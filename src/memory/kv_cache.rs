@@ -126,6 +126,10 @@ impl KvCache {
     pub(super) fn place_tokens(&mut self, ub: &UbatchView) -> Result<(), MemoryError> {
         let slots = self.cells.find_slot(ub.tokens.len())?;
         self.cells.store(&slots, ub.pos, ub.seq)?;
+        if !ub.mrope.is_empty() {
+            let next: Vec<i32> = ub.mrope.iter().map(|m| m.next).collect();
+            self.cells.set_rope_next(&slots, &next);
+        }
         self.slots = slots;
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The K/V stores' part of a state file (`crate::context::state` writes the header and
 //! the tokens): the K and V cache types (ggml type ids), the number of stores (1, or 2
 //! where sliding-window layers keep a rolling buffer), then per store its cells (pos i32,
-//! sequence set u64) and, per layer of that store, the K rows and the V rows of those
+//! sequence set u64, next M-RoPE time i32 (`Cell::rope_next`, version 6 on)) and, per layer of that store, the K rows and the V rows of those
 //! cells in cell order, as the cache holds them (`crate::kv::KvType`'s layout).
 
 use super::MemoryError;
@@ -44,6 +44,7 @@ pub(super) fn write(
             // One sequence is saved as sequence 0, to be loaded into any other.
             let set = if seq.is_some() { 1u64 } else { c.seq };
             out.extend(set.to_le_bytes());
+            out.extend(c.rope_next.to_le_bytes());
         }
         let end = picked.last().map_or(0, |&i| i + 1);
         if end == 0 {
@@ -190,6 +191,7 @@ impl KvStore for HostKvStore {
 struct StoreData {
     pos: Vec<i32>,
     sets: Vec<u64>,
+    rope_next: Vec<i32>,
     /// K then V rows of each layer of the store, converted to this cache's types.
     layers: Vec<Vec<u8>>,
 }
@@ -244,12 +246,14 @@ pub(crate) fn read(
     let mut data = Vec::with_capacity(stores.len());
     for store in stores.iter() {
         let n_cells = r.u32()? as usize;
-        // 12 bytes per cell: a damaged count fails here, not in an allocation.
-        if n_cells.saturating_mul(12) > r.left() {
+        // 12 or 16 bytes per cell: a damaged count fails here, not in an allocation.
+        let cell_bytes = if load.rope_next { 16 } else { 12 };
+        if n_cells.saturating_mul(cell_bytes) > r.left() {
             return Err(format(&format!("{n_cells} cells do not fit in the file")).into());
         }
         let mut pos = Vec::with_capacity(n_cells);
         let mut sets = Vec::with_capacity(n_cells);
+        let mut rope_next = Vec::with_capacity(n_cells);
         for i in 0..n_cells {
             let p = r.u32()? as i32;
             if p < 0 {
@@ -275,6 +279,17 @@ pub(crate) fn read(
                 .into());
             }
             sets.push(set);
+            if load.rope_next {
+                let next = r.u32()? as i32;
+                if !(0..=super::MAX_SAVED_POS + 1).contains(&next) {
+                    return Err(format(&format!(
+                        "cell {i} has the next M-RoPE time {next}, outside 0..={}",
+                        super::MAX_SAVED_POS + 1
+                    ))
+                    .into());
+                }
+                rope_next.push(next);
+            }
         }
         let mut layers = Vec::new();
         for (i, ty) in store.tensor_types().into_iter().enumerate() {
@@ -284,7 +299,12 @@ pub(crate) fn read(
             let rows = r.take(len)?;
             layers.push(convert(rows, saved, ty).expect("checked above"));
         }
-        data.push(StoreData { pos, sets, layers });
+        data.push(StoreData {
+            pos,
+            sets,
+            rope_next,
+            layers,
+        });
     }
     if !load.more && r.left() != 0 {
         return Err(format("trailing bytes").into());
@@ -313,6 +333,7 @@ pub(crate) fn read(
             })?
         };
         cells.store(&slots, &st.pos, &st.sets)?;
+        cells.set_rope_next(&slots, &st.rope_next);
         placed.push((cells, slots));
     }
     for ((store, st), (cells, slots)) in stores.iter_mut().zip(&data).zip(placed) {

@@ -110,6 +110,10 @@ pub trait Memory: Send + Sync {
     fn seq_pos_max(&self, seq: SeqId) -> i32 {
         self.cells().seq_pos_max(seq)
     }
+    /// The M-RoPE time of the token after `seq`'s last in the main store (-1: none).
+    fn seq_rope_next(&self, seq: SeqId) -> i32 {
+        self.cells().seq_rope_next(seq)
+    }
     /// Cells in use in the main store.
     fn used(&self) -> usize {
         self.cells().used()
@@ -198,6 +202,8 @@ pub struct StateLoad {
     /// Another memory's part follows this one's (the hybrid's K/V cache before its
     /// recurrent states), so bytes left over are not an error here.
     pub more: bool,
+    /// Each K/V cell's next M-RoPE time follows its sequence set (version 6 on).
+    pub rope_next: bool,
 }
 
 /// Consecutive runs of at most `n_ubatch` tokens, each ending early where its logit rows

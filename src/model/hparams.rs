@@ -634,6 +634,7 @@ impl Hparams {
                 Some([s[0], s[1], s[2], s[3]])
             }
         };
+        rope.mrope = mrope;
         Ok(Hparams {
             arch,
             n_vocab,

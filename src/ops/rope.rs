@@ -25,6 +25,9 @@ pub struct RopeParams {
     /// YaRN's blend of interpolated and extrapolated angles, where the model's scaling is
     /// YaRN (`attn_factor` then holds its magnitude correction too).
     pub yarn: Option<Yarn>,
+    /// M-RoPE's sections (Qwen2-VL): pair i turns by the component of the token's
+    /// position its section names (time, row, column: [`RopeParams::table_mrope`]).
+    pub mrope: Option<[u32; 4]>,
 }
 
 /// YaRN (ggml's `rope_yarn`): pair i's angle is the interpolated one (scaled by
@@ -98,6 +101,7 @@ impl RopeParams {
             freq_factors: None,
             attn_factor: 1.0,
             yarn: None,
+            mrope: None,
         }
     }
 
@@ -106,11 +110,38 @@ impl RopeParams {
     /// and the unscaled angle ([`Yarn`]). The table is made on the host, so every scaling
     /// scheme is a change here, not in a kernel.
     pub fn table(&self, positions: &[f64]) -> Vec<[f32; 2]> {
+        self.table_of(positions.len(), |t, _| positions[t])
+    }
+
+    /// The table for tokens of M-RoPE positions (time, row, column): pair i (of the
+    /// global exponent i) turns by the component of section i mod the sections' sum
+    /// (ggml's `rope_multi` in M-RoPE mode; the fourth section, which text would turn by
+    /// 0, is refused when the model loads). Without sections, by the time alone.
+    pub fn table_mrope(&self, positions: &[[i32; 3]]) -> Vec<[f32; 2]> {
+        let Some(s) = self.mrope else {
+            return self.table_of(positions.len(), |t, _| positions[t][0] as f64);
+        };
+        let sum = s.iter().sum::<u32>().max(1) as usize;
+        let (a, b) = (s[0] as usize, (s[0] + s[1]) as usize);
+        self.table_of(positions.len(), |t, i| {
+            let sect = i % sum;
+            let c = match sect {
+                _ if sect < a => 0,
+                _ if sect < b => 1,
+                _ => 2,
+            };
+            positions[t][c] as f64
+        })
+    }
+
+    /// The table of `n` tokens, token t's pair i turned by the position `pos(t, i)`.
+    fn table_of(&self, n: usize, pos: impl Fn(usize, usize) -> f64) -> Vec<[f32; 2]> {
         let half = (self.n_dims / 2) as usize;
-        let mut out = Vec::with_capacity(positions.len() * half);
+        let mut out = Vec::with_capacity(n * half);
         let m = self.attn_factor as f64;
-        for &p in positions {
+        for t in 0..n {
             for i in 0..half {
+                let p = pos(t, i);
                 let inv = (self.freq_base as f64).powf(-2.0 * i as f64 / self.n_dims as f64);
                 let factor = self.freq_factors.as_ref().map_or(1.0, |f| f[i] as f64);
                 let extrap = p * inv / factor;

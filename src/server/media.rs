@@ -148,7 +148,6 @@ impl ImageInput {
         // Refused before anything is decoded where even the smallest images overflow the
         // context, then image by image before it is prepared (a tiled image's count
         // depends on its size).
-        let per_chunk = prep.n_tokens as usize;
         let too_many = |n_tokens: usize| {
             ApiError::exceeds_context(
                 format!(
@@ -160,7 +159,7 @@ impl ImageInput {
                 self.n_ctx,
             )
         };
-        let least = files.len() * prep.min_chunks() as usize * per_chunk;
+        let least = files.len() * prep.min_tokens() as usize;
         if least >= self.n_ctx as usize {
             return Err(too_many(least));
         }
@@ -169,15 +168,14 @@ impl ImageInput {
         for (i, bytes) in files.iter().enumerate() {
             let img = decode_image(bytes, &format!("{} of the request", i + 1))
                 .map_err(|e| ApiError::invalid(e.to_string()))?;
-            let chunks = (prep.chunks_for(img.width, img.height))
-                .map_err(|e| ApiError::invalid(e.to_string()))? as usize;
-            n_tokens += chunks * per_chunk;
+            let (tokens, values) = (prep.tokens_and_values_for(img.width, img.height))
+                .map_err(|e| ApiError::invalid(e.to_string()))?;
+            n_tokens += tokens as usize;
             if n_tokens >= self.n_ctx as usize {
                 return Err(too_many(n_tokens));
             }
             // The prepared inputs: each chunk's planes of f32.
-            let side = prep.image_size as u64;
-            input_bytes += chunks as u64 * 3 * side * side * 4;
+            input_bytes += values * 4;
             super::budget::check(
                 "the request's images",
                 input_bytes,

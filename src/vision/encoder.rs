@@ -118,6 +118,31 @@ impl ImagePrep {
         Ok(cols * rows + 1)
     }
 
+    /// The image tokens of a `width` x `height` image in all its chunks, and the f32
+    /// values of its prepared inputs; an error where it cannot be tiled.
+    pub fn tokens_and_values_for(
+        &self,
+        width: u32,
+        height: u32,
+    ) -> Result<(u32, u64), VisionError> {
+        let chunks = self.chunks_for(width, height)?;
+        let (w, h) = self.input_size(width, height);
+        Ok((
+            chunks * self.tokens_for_input(w, h),
+            chunks as u64 * 3 * w as u64 * h as u64,
+        ))
+    }
+
+    /// The fewest image tokens any image takes: the fewest chunks' (see
+    /// [`ImagePrep::min_chunks`]), or an image of the fewest pixels' for an encoder that
+    /// reads images at their own size.
+    pub fn min_tokens(&self) -> u32 {
+        match self.dynamic {
+            Some(d) => d.min_pixels.div_ceil(self.cell * self.cell),
+            None => self.min_chunks() * self.n_tokens,
+        }
+    }
+
     /// The fewest chunks any image takes (a tiled image's long side alone makes
     /// `longest_edge / image_size` tiles, and the global view one more).
     pub fn min_chunks(&self) -> u32 {

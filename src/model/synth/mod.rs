@@ -212,7 +212,7 @@ impl SynthArch {
         })
     }
     pub const NAMES: &'static str =
-        "llama, llama3, qwen2, qwen2-yarn, qwen2vl (or qwen25vl), qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert, bert-rank, qwen3-rank";
+        "llama, llama3, qwen2, qwen2-yarn, qwen2vl, qwen2moe, qwen3, qwen3moe, mixtral, gpt-oss, phi3, phi3-long, gemma2, gemma3, mamba, mamba2, lfm2, bert, bert-rank, qwen3-rank";
 
     /// (experts, used per token) of a mixture-of-experts architecture, None for others.
     pub fn default_experts(self) -> Option<(u32, u32)> {
