@@ -980,6 +980,46 @@ fn qwen25vl_embeddings_match_llamacpp() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--image-min-tokens` / `--image-max-tokens` bound the tokens of an image read at its
+/// own size as llama.cpp's do (the pixels of that many cells of 28): the square image's
+/// 64 tokens come down to at most 20, the tall one's 20 go up to at least 30, keeping
+/// the aspect ratio; bounds that cannot hold are refused with the flags named.
+#[test]
+fn qwen25vl_image_tokens_are_bounded() {
+    use wgllm::model::synth::{synth_mmproj, SynthProjector};
+    use wgllm::vision::ImageTokens;
+    let dir = common::scratch_dir("vision-qwen25vl-bounds");
+    let path = dir.join("mmproj-qwen25vl.gguf");
+    synth_mmproj(
+        SynthProjector::Qwen25vl,
+        MmprojShape::tiny_qwen25vl(),
+        256,
+        GgmlType::F32,
+    )
+    .write(&path)
+    .unwrap();
+    let path = path.to_str().unwrap();
+    let gpu = common::gpus().next().unwrap().1.clone();
+    let load = |min, max| VisionEncoder::load_with(gpu.clone(), path, ImageTokens { min, max });
+    let tokens = |enc: &VisionEncoder, name: &str| {
+        let input = enc.preprocess(&image(name));
+        (input.width / 28, input.height / 28)
+    };
+    let enc = load(None, Some(20)).unwrap();
+    let (w, h) = tokens(&enc, "square-224");
+    assert!(w * h <= 20 && w == h, "{w}x{h}");
+    let got = pollster::block_on(enc.encode_pixels(&enc.preprocess(&image("square-224")))).unwrap();
+    assert_eq!(got.len(), (w * h * 256) as usize);
+    let enc = load(Some(30), None).unwrap();
+    let (w, h) = tokens(&enc, "tall-100x150");
+    assert!(w * h >= 30 && h > w, "{w}x{h}");
+    for (min, max) in [(Some(50), Some(20)), (Some(0), None), (None, Some(20000))] {
+        let err = load(min, max).err().expect("refused").to_string();
+        assert!(err.contains("--image-min-tokens"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The tiny qwen2vl language model llama.cpp read the images with: `wgllm synth --arch
 /// qwen2vl --shape tiny --trained-scale --type q8_0 --vocab-from ggml-vocab-qwen2.gguf`,
 /// then `--add-tokens-to` it with `<|vision_start|>,<|vision_end|>`.

@@ -24,6 +24,25 @@ pub struct EncoderArgs {
         conflicts_with = "mmproj"
     )]
     pub no_mmproj: bool,
+    /// The fewest tokens an image takes, for an encoder that reads images at their own
+    /// size (Qwen2.5-VL); smaller images are scaled up (default: the file's, or 8).
+    #[arg(long = "image-min-tokens", value_name = "N")]
+    pub image_min_tokens: Option<u32>,
+    /// The most tokens an image takes, for an encoder that reads images at their own
+    /// size; larger images are scaled down (default: the file's, or 4096, and what the
+    /// device's largest buffer allows).
+    #[arg(long = "image-max-tokens", value_name = "N")]
+    pub image_max_tokens: Option<u32>,
+}
+
+impl EncoderArgs {
+    /// The image token bounds given.
+    pub fn image_tokens(&self) -> wgllm::vision::ImageTokens {
+        wgllm::vision::ImageTokens {
+            min: self.image_min_tokens,
+            max: self.image_max_tokens,
+        }
+    }
 }
 
 #[derive(Args, Clone, Debug, Default)]
@@ -71,7 +90,7 @@ impl MediaArgs {
             if !p.exists() {
                 bail!("mmproj file {path} does not exist");
             }
-            engine.attach_vision(&path)?;
+            engine.attach_vision_with(&path, self.encoder.image_tokens())?;
         }
         Ok(())
     }

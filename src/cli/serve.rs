@@ -227,6 +227,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     // An -hf model (with its mmproj) is downloaded before the server binds, as
     // llama-server does.
     let mut mmproj = a.encoder.mmproj.clone();
+    let image_tokens = a.encoder.image_tokens();
     let model_path = match &a.model.model {
         Some(m) => m.clone(),
         None => {
@@ -321,7 +322,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         let mut e = load_engine(&model, &eopts)?;
         spec.attach(&mut e)?;
         if let Some(p) = &mmproj {
-            e.attach_vision(&p.display().to_string())?;
+            e.attach_vision_with(&p.display().to_string(), image_tokens)?;
         }
         if let Some(t) = &chat_template {
             e.tokenizer.set_chat_template(t);

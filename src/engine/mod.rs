@@ -224,6 +224,16 @@ impl Engine {
     /// the model's main device; refuses one whose embeddings are not as wide as the
     /// model's input, or a model that reads no input rows.
     pub fn attach_vision(&mut self, path: &str) -> Result<(), EngineError> {
+        self.attach_vision_with(path, Default::default())
+    }
+
+    /// [`Engine::attach_vision`] with the tokens an image may take bounded (see
+    /// [`crate::vision::VisionEncoder::load_with`]).
+    pub fn attach_vision_with(
+        &mut self,
+        path: &str,
+        limits: crate::vision::ImageTokens,
+    ) -> Result<(), EngineError> {
         let n_embd = self.model.hp.n_embd;
         let rows = crate::graph::GraphInput::Embd(n_embd);
         if !self.model.inputs().contains(&rows) {
@@ -232,7 +242,8 @@ impl Engine {
                 self.model.hp.arch
             )));
         }
-        let mut enc = crate::vision::VisionEncoder::load(self.model.gpu.clone(), path)?;
+        let mut enc =
+            crate::vision::VisionEncoder::load_with(self.model.gpu.clone(), path, limits)?;
         // An M-RoPE model places an image's tokens by their row and column, which only
         // an encoder that reads images at their own size gives (llama.cpp's converters
         // pair qwen2vl models with Qwen's encoders alone).

@@ -247,8 +247,51 @@ impl Fnv {
 impl VisionEncoder {
     /// Reads `path` and uploads its weights to `gpu`.
     pub fn load(gpu: Arc<Gpu>, path: &str) -> Result<Self, VisionError> {
+        Self::load_with(gpu, path, ImageTokens::default())
+    }
+
+    /// [`VisionEncoder::load`] with the tokens an image may take set by the user
+    /// (llama.cpp's `--image-min-tokens` / `--image-max-tokens`, for an encoder that reads
+    /// images at their own size; ignored by the others). The most is also bounded by the
+    /// device: an image's attention masks (patches² f32) must each fit one binding.
+    pub fn load_with(gpu: Arc<Gpu>, path: &str, limits: ImageTokens) -> Result<Self, VisionError> {
         let f = GgufFile::open(path)?;
-        let hp = ClipHparams::read(&f)?;
+        let mut hp = ClipHparams::read(&f)?;
+        let bad = |msg: String| VisionError::Mmproj {
+            path: path.to_string(),
+            msg,
+        };
+        if let Some(d) = hp.dynamic.as_mut() {
+            let area = hp.patch_size * hp.merge * hp.patch_size * hp.merge;
+            if let Some(n) = limits.min {
+                d.min_pixels = n.saturating_mul(area);
+            }
+            if let Some(n) = limits.max {
+                d.max_pixels = n.saturating_mul(area);
+            }
+            let (lo, hi) = (d.min_pixels / area, d.max_pixels / area);
+            let given = limits.min.is_some() || limits.max.is_some();
+            if given && (lo == 0 || lo > hi || hi > 16384) {
+                return Err(bad(format!(
+                    "images of {lo} to {hi} tokens: give at least 1, at most 16384, and no more at least than at most (--image-min-tokens, --image-max-tokens)"
+                )));
+            }
+            // Patches (4 per token) whose N x N mask fits one binding.
+            let patches = ((gpu.max_binding / 4) as f64).sqrt() as u64;
+            let fits = (patches / 4).min(u32::MAX as u64) as u32;
+            if hi > fits {
+                log::info!(
+                    "{path}: images take at most {fits} tokens on this device (the file allows {hi}): larger ones are scaled down to fit"
+                );
+                d.max_pixels = fits * area;
+                d.min_pixels = d.min_pixels.min(d.max_pixels);
+            }
+        } else if limits.min.is_some() || limits.max.is_some() {
+            log::info!(
+                "{path}: --image-min-tokens / --image-max-tokens apply to encoders that read images at their own size; a {} encoder's images take a fixed number",
+                hp.projector.name()
+            );
+        }
         let weights = VisionWeights::load(&gpu, &f, &hp)?;
         let mut fp = Fnv::new();
         fp.write(format!("{hp:?} {} {}", weights.n_out, weights.patch_f16).as_bytes());
@@ -564,6 +607,14 @@ impl VisionEncoder {
             window_mask,
         })
     }
+}
+
+/// The tokens an image may take, where the user bounds them (`None`: the file's, or
+/// llama.cpp's defaults).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImageTokens {
+    pub min: Option<u32>,
+    pub max: Option<u32>,
 }
 
 /// A rotary encoder's buffers for one image.

@@ -25,7 +25,9 @@ mod preprocess;
 mod prompt;
 pub mod reference;
 
-pub use encoder::{rotary_table, window_mask, EncoderInput, ImagePrep, ImageSplit, VisionEncoder};
+pub use encoder::{
+    rotary_table, window_mask, EncoderInput, ImagePrep, ImageSplit, ImageTokens, VisionEncoder,
+};
 pub use image::{decode_image, decode_image_within, RgbImage, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
 pub use mmproj::{ClipHparams, DynamicSize, Projector, VisionWeights};
 pub use preprocess::{
