@@ -23,12 +23,22 @@ pub struct Batch {
     /// (llama.cpp's `llama_set_causal_attn(false)`, which its mtmd helper sets around an
     /// image whose tokens attend to each other, as Gemma 3's do).
     pub non_causal: bool,
-    /// The image's tokens across and down, for a batch of one image's rows in raster
-    /// order whose model places them by M-RoPE (each token at its row and column).
-    pub image_grid: Option<(u32, u32)>,
-    /// Each token's M-RoPE position, filled by the context for a model with M-RoPE
-    /// (empty otherwise, and from callers).
+    /// For a batch of one image's rows (raster order) of a model that places them by
+    /// M-RoPE: the image's grid and where in it the batch starts.
+    pub image: Option<ImagePiece>,
+    /// Each token's M-RoPE position: given by the caller (one per token), or left empty
+    /// and filled by the context for a model with M-RoPE.
     pub mrope: Vec<MropePos>,
+}
+
+/// A batch's part of an image: the image's tokens across (`nx`) and down (`ny`), and the
+/// index of the batch's first token among them (an image longer than a batch is decoded
+/// in pieces, as llama.cpp's mtmd helper decodes it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImagePiece {
+    pub nx: u32,
+    pub ny: u32,
+    pub first: u32,
 }
 
 /// A token's position under M-RoPE (Qwen2-VL), as llama.cpp's mtmd places them: a text

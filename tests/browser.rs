@@ -481,3 +481,86 @@ fn page_runs_smollm2_on_webgpu_as_llama_cpp_does() {
         colours.len()
     );
 }
+
+/// The page reads an image as llama.cpp does: given `?mmproj=` and `?image=`, it downloads
+/// the tiny Qwen2.5-VL files (a qwen2vl language model and its qwen2.5vl_merger encoder,
+/// tests/common `qwen25vl_files`) and the tall test image, attaches the image to the
+/// prompt and sends it through the model's chat template, as llama-mtmd-cli does: the
+/// prompt holds the image's 20 tokens among its 46, and the reply starts with llama.cpp's
+/// greedy tokens up to its first near-tie (tests/data/reference/vision/
+/// qwen25vl-chat-tall-100x150.json, the same prompt through llama.cpp's helper).
+#[test]
+fn page_reads_an_image_as_llama_cpp_does() {
+    let root = page_dir();
+    let dir = common::scratch_dir("page-qwen25vl");
+    let (lm, mm) = common::qwen25vl_files(&dir);
+    let img = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vision/tall-100x150.png");
+    std::fs::copy(&img, dir.join("tall.png")).unwrap();
+    let server = serve(root, dir.clone());
+    let name = |p: &Path| p.file_name().unwrap().to_str().unwrap().to_string();
+    let url = format!(
+        "http://127.0.0.1:{server}/?model=models/{}&mmproj=models/{}&image=models/tall.png&temp=0&n=8&c=256&prompt={}",
+        name(&lm),
+        name(&mm),
+        percent_encode("What is in this picture?")
+    );
+    let (_browser, devtools) = Browser::open(&url);
+    let mut page = Page::attach(devtools, server);
+    let start = Instant::now();
+    let result = loop {
+        let (result, error) = (page.text_of("wgllm-result"), page.text_of("wgllm-error"));
+        assert!(
+            error.is_empty() && !page.console.iter().any(|l| l.contains("panicked at")),
+            "the page failed: {error}\nconsole:\n{}",
+            page.console.join("\n")
+        );
+        if !result.is_empty() {
+            break result;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "no reply within {} s\nconsole:\n{}",
+            TIMEOUT.as_secs(),
+            page.console.join("\n")
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let r: Value = serde_json::from_str(&result).expect("the page's report is JSON");
+    let console = page.console.join("\n");
+    assert_eq!(
+        r["ok"], true,
+        "the page's drive failed: {r}\nconsole:\n{console}"
+    );
+    let want: Value = serde_json::from_str(&String::from_utf8_lossy(
+        &std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/data/reference/vision/qwen25vl-chat-tall-100x150.json"),
+        )
+        .unwrap(),
+    ))
+    .unwrap();
+    let mut expected = String::new();
+    for (p, m) in
+        (want["pieces"].as_array().unwrap().iter()).zip(want["margins"].as_array().unwrap())
+    {
+        if m.as_f64().unwrap() < 0.05 {
+            break;
+        }
+        expected.push_str(p.as_str().unwrap());
+    }
+    assert!(
+        expected.chars().count() >= 4,
+        "too short a reliable prefix: {expected:?}"
+    );
+    let reply = r["reply"].as_str().unwrap();
+    assert_eq!(r["prompt_tokens"], 46, "the prompt with the image: {r}");
+    assert!(
+        reply.starts_with(&expected),
+        "the page's reply differs from llama.cpp's before its first near-tie:\n  page:      {reply:?}\n  llama.cpp: {expected:?}\nconsole:\n{console}"
+    );
+    eprintln!(
+        "page with an image: {reply:?} in {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

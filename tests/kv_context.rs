@@ -266,10 +266,10 @@ fn state_round_trip_equals_never_stopping() {
         "loading then continuing must equal never stopping"
     );
 
-    // Version 5 records the model's fingerprint and no adapter (12 bytes after the
+    // Version 5 on records the model's fingerprint and no adapter (12 bytes after the
     // shape); a file of other weights of the same shape is refused, naming both.
     let v5 = std::fs::read(&path).unwrap();
-    assert_eq!(v5[8..12], 5u32.to_le_bytes());
+    assert_eq!(v5[8..12], 6u32.to_le_bytes());
     assert_eq!(v5[24..32], model.fingerprint.to_le_bytes());
     assert_eq!(v5[32..36], 0u32.to_le_bytes());
     let mut foreign = v5.clone();
@@ -289,9 +289,11 @@ fn state_round_trip_equals_never_stopping() {
     );
 
     // Versions 4 (no record) and 3 (the K/V types before the tokens) still load where no
-    // adapter is loaded: the same cells.
+    // adapter is loaded: the same cells. Before version 6 a cell is 12 bytes (no next
+    // M-RoPE time).
     let (head, prov_end) = (24, 36);
     let tok_end = prov_end + 4 + 4 * a.len();
+    let v5 = cells_of_twelve_bytes(&v5, tok_end);
     let mut v4 = v5[..head].to_vec();
     v4[8..12].copy_from_slice(&4u32.to_le_bytes());
     v4.extend(&v5[prov_end..]);
@@ -766,13 +768,29 @@ fn quantized_caches_shift_defragment_and_save() {
     std::fs::remove_file(&path).ok();
 }
 
+/// A version-6 state file of one K/V store with its cells cut to 12 bytes each (position
+/// and set: the layout before version 6); the memory's part starts at `body`.
+fn cells_of_twelve_bytes(v6: &[u8], body: usize) -> Vec<u8> {
+    let word = |at: usize| u32::from_le_bytes(v6[at..at + 4].try_into().unwrap()) as usize;
+    assert_eq!(word(body + 8), 1, "one store");
+    let n = word(body + 12);
+    let cells = body + 16;
+    let mut out = v6[..cells].to_vec();
+    for c in 0..n {
+        out.extend(&v6[cells + 16 * c..cells + 16 * c + 12]);
+    }
+    out.extend(&v6[cells + 16 * n..]);
+    out
+}
+
 /// Layer 0's K rows of the cells a state file holds (one store, no tokens saved), as the
 /// cache's words.
 fn layer0_keys(ctx: &mut Context, ty: KvType) -> Vec<u32> {
     let (bytes, n) = ctx.state_bytes(&[], None, &[]).unwrap();
     // Magic, version, shape (3), the model's fingerprint and no adapter, K and V types,
     // no tokens, one store, its cell count.
-    let at = 8 + 4 + 12 + 12 + 8 + 4 + 4 + 4 + 12 * n;
+    // Each cell: position, sequence set, next M-RoPE time.
+    let at = 8 + 4 + 12 + 12 + 8 + 4 + 4 + 4 + 16 * n;
     let row = ty.row_bytes(ctx.model.hp.n_embd_kv() as u64) as usize;
     bytemuck::pod_collect_to_vec(&bytes[at..at + n * row])
 }

@@ -216,7 +216,8 @@ fn unrunnable_mmproj_files_are_refused() {
             .to_string();
         assert!(err.contains(want), "{tag}: {err}");
     }
-    // Qwen2.5-VL's merge, windows and bounds, and its SiLU.
+    // Qwen2.5-VL's merge, its patches (windows of 112 pixels need at least one cell), its
+    // SiLU.
     let qwen = [
         (
             "silu",
@@ -231,16 +232,10 @@ fn unrunnable_mmproj_files_are_refused() {
             "a spatial merge of 3",
         ),
         (
-            "window",
-            "clip.vision.window_size",
-            Value::U32(100),
-            "windows of 100 pixels are not whole cells of 28",
-        ),
-        (
-            "bound",
-            "clip.vision.image_max_pixels",
-            Value::U32(1 << 30),
-            "more than 16384 cells",
+            "patch",
+            "clip.vision.patch_size",
+            Value::U32(64),
+            "patches of 64 pixels",
         ),
     ];
     for (tag, key, value, want) in qwen {
@@ -904,10 +899,6 @@ fn idefics3_embeddings_match_llamacpp() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The synthetic qwen2.5vl_merger mmproj llama.cpp encoded the images with (for a
-/// 256-wide language model: `wgllm synth --arch qwen2vl --shape tiny`).
-const QWEN25VL_SHA256: &str = "d21c5e958985e13f3b5d35cfdf5faba8bb9d26d0ef2a39c903a9321492557e79";
-
 /// Qwen2.5-VL's encoder (each image read at its own size in cells of 28 pixels, 2D
 /// rotary positions, window attention in layer 0 and the whole image in layer 1, RMS
 /// norms, SiLU-gated feed-forwards, the 2 x 2 merger): the three images (8 x 8, 11 x 6
@@ -929,13 +920,13 @@ fn qwen25vl_embeddings_match_llamacpp() {
     .write(&path)
     .unwrap();
     let sha = format!("{:x}", Sha256::digest(std::fs::read(&path).unwrap()));
-    assert_eq!(sha, QWEN25VL_SHA256, "not the mmproj llama.cpp ran");
+    assert_eq!(sha, common::QWEN25VL_SHA256, "not the mmproj llama.cpp ran");
     let f = GgufFile::open(&path).unwrap();
     let hp = ClipHparams::read(&f).unwrap();
     let d = hp.dynamic.expect("reads images at their own size");
     assert_eq!(
-        (d.min_pixels, d.max_pixels, d.window),
-        (8 * 784, 4096 * 784, 112)
+        (d.min_pixels, d.max_pixels, d.window_cells),
+        (8 * 784, 4096 * 784, 4)
     );
     let mut refs = std::collections::HashMap::new();
     for (name, gpu, _serial) in common::gpus() {
@@ -1020,58 +1011,6 @@ fn qwen25vl_image_tokens_are_bounded() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The tiny qwen2vl language model llama.cpp read the images with: `wgllm synth --arch
-/// qwen2vl --shape tiny --trained-scale --type q8_0 --vocab-from ggml-vocab-qwen2.gguf`,
-/// then `--add-tokens-to` it with `<|vision_start|>,<|vision_end|>`.
-const QWEN2VL_LM_SHA256: &str = "04447ed95a3ba9f3287738da65fe746e73886f8159d161e11738581e39903b45";
-
-fn qwen25vl_files(dir: &std::path::Path) -> (PathBuf, PathBuf) {
-    use wgllm::model::synth::{
-        synth, vocab_metadata, with_added_tokens, SynthArch, SynthProjector, SynthShape,
-        WeightScale,
-    };
-    let vocab =
-        GgufFile::open(common::llamacpp_tests_dir().join("vocab/ggml-vocab-qwen2.gguf")).unwrap();
-    let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;
-    let base = dir.join("qwen2vl-base.gguf");
-    synth(
-        SynthArch::Qwen2Vl,
-        SynthShape::preset("tiny").unwrap(),
-        GgmlType::Q8_0,
-        vocab_metadata(&vocab),
-        n_vocab,
-        WeightScale::FanIn,
-        false,
-    )
-    .write(&base)
-    .unwrap();
-    let lm = dir.join("qwen2vl-lm.gguf");
-    let tokens = ["<|vision_start|>".to_string(), "<|vision_end|>".to_string()];
-    with_added_tokens(&GgufFile::open(&base).unwrap(), &tokens)
-        .unwrap()
-        .write(&lm)
-        .unwrap();
-    let mm = dir.join("mmproj-qwen25vl.gguf");
-    (wgllm::model::synth::synth_mmproj)(
-        SynthProjector::Qwen25vl,
-        MmprojShape::tiny_qwen25vl(),
-        256,
-        GgmlType::F32,
-    )
-    .write(&mm)
-    .unwrap();
-    for (path, want) in [(&lm, QWEN2VL_LM_SHA256), (&mm, QWEN25VL_SHA256)] {
-        let sha = format!("{:x}", Sha256::digest(std::fs::read(path).unwrap()));
-        assert_eq!(
-            sha,
-            want,
-            "{} is not the file llama.cpp ran",
-            path.display()
-        );
-    }
-    (lm, mm)
-}
-
 /// A Qwen2-VL language model reads each image as llama-mtmd-cli does, its image tokens
 /// placed by M-RoPE: the prompt's chunks (the image between `<|vision_start|>` and
 /// `<|vision_end|>`, as many tokens as cells) equal llama.cpp's; after the prompt the
@@ -1088,7 +1027,7 @@ fn qwen25vl_reads_an_image_as_llamacpp() {
     };
     use wgllm::vision::MEDIA_MARKER;
     let dir = common::scratch_dir("vision-qwen25vl-lm");
-    let (lm, mm) = qwen25vl_files(&dir);
+    let (lm, mm) = common::qwen25vl_files(&dir);
     let gpu = (common::gpus().find(|g| g.0 == "vulkan"))
         .unwrap_or_else(|| common::gpus().next().unwrap())
         .1
@@ -1105,7 +1044,7 @@ fn qwen25vl_reads_an_image_as_llamacpp() {
         decode_ahead: false,
         ..Default::default()
     };
-    let mut e = Engine::new(model, tok, &opts).unwrap();
+    let mut e = Engine::new(model.clone(), tok.clone(), &opts).unwrap();
     e.attach_vision(mm.to_str().unwrap()).unwrap();
     let prep = e.image_prep().unwrap();
     let text =
@@ -1113,6 +1052,7 @@ fn qwen25vl_reads_an_image_as_llamacpp() {
     let id = e.open_session(SessionParams::default()).unwrap();
     let mut sampling = wgllm::sample::SamplerParams::greedy();
     sampling.banned = e.tokenizer.eog_tokens().collect();
+    let mut first_logits = Vec::new();
     for img_name in IMAGES {
         // Pieces may end inside a character: read as lossy text.
         let bytes = std::fs::read(data(&format!("reference/vision/qwen25vl-{img_name}.json")));
@@ -1159,6 +1099,9 @@ fn qwen25vl_reads_an_image_as_llamacpp() {
         };
         let (logits, _) = run(&mut e, &prompt, 0, false);
         let logits = logits.expect("logits after the prompt");
+        if first_logits.is_empty() {
+            first_logits = logits.clone();
+        }
         let next = e.context().memory().seq_rope_next(id);
         assert_eq!(
             next as u64,
@@ -1226,6 +1169,50 @@ fn qwen25vl_reads_an_image_as_llamacpp() {
             "{img_name}: top-5 logits within {worst:.3} ({moved:.3} with a run of positions), {same} of 16 greedy tokens equal"
         );
     }
+    // An image longer than a batch is decoded in pieces of a batch (as llama.cpp's helper
+    // decodes it), all at the image's time: the square's 64 tokens in 4 batches of 16
+    // give its logits.
+    drop(e);
+    let small = EngineOptions {
+        n_batch: 16,
+        n_ubatch: 16,
+        ..opts
+    };
+    let mut e = Engine::new(model, tok, &small).unwrap();
+    e.attach_vision(mm.to_str().unwrap()).unwrap();
+    let img = PreparedImage::new(&prep, &image("square-224")).unwrap();
+    let prompt = MediaPrompt::build(&e.tokenizer, &prep, text, MEDIA_MARKER, &[img], true).unwrap();
+    let id = e.open_session(SessionParams::default()).unwrap();
+    e.start_request_media(
+        id,
+        SessionParams {
+            n_predict: 0,
+            ..Default::default()
+        },
+        &prompt.tokens,
+        &prompt.images,
+        false,
+    )
+    .unwrap();
+    let mut steps = 0;
+    while e.session(id).unwrap().is_busy() {
+        for ev in e.step().unwrap() {
+            if let wgllm::engine::Event::Error { error, .. } = ev {
+                panic!("pieces: {error}");
+            }
+        }
+        steps += 1;
+    }
+    assert!(steps >= 6, "{steps} steps");
+    let pieces = e.session(id).unwrap().logits().unwrap().to_vec();
+    let drift = (pieces.iter().zip(&first_logits))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        drift < 1e-3,
+        "logits {drift} off when the image is decoded in pieces"
+    );
+    assert_eq!(e.context().memory().seq_rope_next(id), 24);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -3,6 +3,8 @@
 //!
 //! What the desktop gets from its flags the page gets from its address:
 //! `?model=URL&prompt=TEXT&raw=1&temp=0&n=48&c=1024&np=1&seed=N&no_subgroups=1&no_f16=1`,
+//! `mmproj=URL` (the model's vision encoder: chats then take dropped images) and, for a
+//! drive, `image=URL[,URL]` (attached to the prompt),
 //! `kernels=cpu|gpu`, `sampling=auto|cpu|gpu` and the `WGLLM_*` tuning variables by
 //! name. With a `prompt`, the page drives itself as `wgllm app --screenshot` does: it loads the
 //! model, sends the prompt, and when the reply has ended writes a JSON report into the
@@ -138,8 +140,13 @@ fn options_from_address() -> AppOptions {
         settings,
         drive: prompt.is_some(),
         prompt,
-        mmproj: None,
-        images: Vec::new(),
+        mmproj: get("mmproj").map(PathBuf::from),
+        images: get("image").map_or(Vec::new(), |v| {
+            v.split(',')
+                .filter(|u| !u.is_empty())
+                .map(PathBuf::from)
+                .collect()
+        }),
         raw: flag("raw"),
         screenshot: None,
         timeout: web_time::Duration::from_secs(

@@ -56,8 +56,11 @@ pub enum Cmd {
     /// (`opts.n_seq_max`).
     Load {
         source: ModelSource,
-        /// The model's vision encoder (an mmproj file), natively.
+        /// The model's vision encoder (an mmproj file; a URL on a page).
         mmproj: Option<PathBuf>,
+        /// A page's images to download with the model (handed back as
+        /// [`Update::Fetched`] before [`Update::Loaded`]).
+        images: Vec<PathBuf>,
         opts: Box<EngineOptions>,
         session: Box<SessionParams>,
     },
@@ -119,6 +122,12 @@ pub enum Update {
         what: &'static str,
         done: u64,
         total: u64,
+    },
+    /// An image a page downloaded for its drive (`?image=`).
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+    Fetched {
+        name: String,
+        bytes: Vec<u8>,
     },
     Loaded(ModelInfo),
     /// A failure: of a chat's turn (`chat`) or of the engine (loading, a GPU step).
@@ -280,9 +289,10 @@ impl Worker {
             Cmd::Load {
                 source,
                 mmproj,
+                images,
                 opts,
                 session,
-            } => self.load(source, mmproj, &opts, &session).await,
+            } => self.load(source, mmproj, images, &opts, &session).await,
             Cmd::Chat { chat, text, images } => self.turn(chat, Some((text, images)), None),
             Cmd::Complete { chat, text } => self.turn(chat, None, Some(text)),
             Cmd::Sampling {
@@ -547,6 +557,7 @@ impl Worker {
         &mut self,
         source: ModelSource,
         mmproj: Option<PathBuf>,
+        images: Vec<PathBuf>,
         opts: &EngineOptions,
         session: &SessionParams,
     ) {
@@ -590,10 +601,43 @@ impl Worker {
             Err(err) => return self.fail(None, format!("loading {name}: {err}")),
         };
         if let Some(p) = mmproj {
-            if let Err(err) = engine.attach_vision(&p.display().to_string()) {
-                return self.fail(None, format!("loading {}: {err}", p.display()));
+            let name = p.display().to_string();
+            #[cfg(not(target_arch = "wasm32"))]
+            let attached = engine.attach_vision(&name);
+            // A page downloads the mmproj as it does the model.
+            #[cfg(target_arch = "wasm32")]
+            let attached = {
+                let tx = self.tx.clone();
+                let mut progress = |d, t| {
+                    let _ = tx.send(Update::Progress {
+                        what: "downloading the mmproj",
+                        done: d,
+                        total: t,
+                    });
+                    (self.wake)(Wake::Soon);
+                };
+                match super::browser::fetch_bytes(&name, &mut progress).await {
+                    Ok(bytes) => {
+                        let upload = async { engine.attach_vision_bytes(&name, bytes) };
+                        self.gpu.scoped(upload).await
+                    }
+                    Err(e) => Err(crate::engine::EngineError::Options(e)),
+                }
+            };
+            if let Err(err) = attached {
+                return self.fail(None, format!("loading {name}: {err}"));
             }
         }
+        #[cfg(target_arch = "wasm32")]
+        for p in images {
+            let url = p.display().to_string();
+            match super::browser::fetch_bytes(&url, &mut |_, _| {}).await {
+                Ok(bytes) => self.send(Update::Fetched { name: url, bytes }),
+                Err(e) => return self.fail(None, format!("downloading {url}: {e}")),
+            }
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        drop(images);
         let info = ModelInfo {
             name: engine.model.name.clone(),
             arch: format!("{:?}", engine.model.hp.arch).to_lowercase(),

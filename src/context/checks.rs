@@ -91,6 +91,24 @@ impl Context {
                 self.params.n_batch
             )));
         }
+        if !batch.mrope.is_empty() && batch.mrope.len() != n {
+            return Err(ContextError::BadBatch(format!(
+                "{} M-RoPE positions for {n} tokens",
+                batch.mrope.len()
+            )));
+        }
+        if let Some(piece) = batch.image {
+            let cells = piece.nx as u64 * piece.ny as u64;
+            if piece.first as u64 + n as u64 > cells
+                || batch.seq.iter().any(|&s| s != batch.seq[0])
+                || batch.seq[0].count_ones() != 1
+            {
+                return Err(ContextError::BadBatch(format!(
+                    "an image piece of {n} tokens from token {} of a {}x{} image, or of several sequences",
+                    piece.first, piece.nx, piece.ny
+                )));
+            }
+        }
         // Without causality a token sees tokens after it: they must be in its ubatch.
         let n_ubatch = self.params.n_ubatch.min(self.params.n_batch) as usize;
         if !self.model.hp.causal && n > n_ubatch {

@@ -561,51 +561,60 @@ impl Context {
     /// `batch` with each token's M-RoPE position where the model has M-RoPE and the
     /// caller gave none (as llama.cpp's mtmd helper places them): a sequence's time goes
     /// on from its last cell's next time (see `Cell::rope_next`), one per text token; the
-    /// tokens of an image batch (`Batch::image_grid`, raster order) share their time and
-    /// take their rows and columns from it, and the token after the image has the time
-    /// past the image's larger side. A checked batch's sequences are continuous, so each
-    /// starts where its cells end.
+    /// tokens of an image (`Batch::image`, raster order) share their time and take their
+    /// rows and columns from it, and the token after the image has the time past the
+    /// image's larger side. A checked batch's sequences are continuous, so each starts
+    /// where its cells end.
     fn with_mrope<'a>(&self, batch: &'a Batch) -> std::borrow::Cow<'a, Batch> {
         use std::borrow::Cow;
         if self.model.hp.mrope.is_none() || !batch.mrope.is_empty() {
             return Cow::Borrowed(batch);
         }
+        let mem = &self.memory;
+        // Where each sequence's time stands: after its last cell, or (a sequence with no
+        // cells) at the batch's first position of it.
+        let start = |s: u32, pos: i32| match mem.seq_pos_max(s) {
+            -1 => pos,
+            _ => mem.seq_rope_next(s),
+        };
         let mut next: std::collections::HashMap<u32, i32> = Default::default();
-        let mut in_image: std::collections::HashMap<u32, u32> = Default::default();
         let mut mrope = Vec::with_capacity(batch.tokens.len());
-        for (i, (&set, &pos)) in batch.seq.iter().zip(&batch.pos).enumerate() {
-            // A token of several sequences (a shared prefix) goes by the lowest.
-            let s = set.trailing_zeros();
-            let t = *next
-                .entry(s)
-                .or_insert_with(|| match self.memory.seq_pos_max(s) {
-                    -1 => pos,
-                    _ => self.memory.seq_rope_next(s),
-                });
-            let m = match batch.image_grid {
-                Some((nx, ny)) if nx > 0 => {
-                    let k = in_image.entry(s).or_insert(0);
-                    let m = crate::batch::MropePos {
-                        t,
-                        row: t + (*k / nx) as i32,
-                        col: t + (*k % nx) as i32,
-                        next: t + nx.max(ny) as i32,
-                    };
-                    *k += 1;
-                    m
-                }
-                _ => {
-                    next.insert(s, t + 1);
-                    crate::batch::MropePos {
-                        t,
-                        row: t,
-                        col: t,
-                        next: t + 1,
-                    }
-                }
+        if let Some(piece) = batch.image {
+            // One sequence (checked). A later piece's time is its image's: every cell of
+            // the image holds the time past the image, t0 + the larger side.
+            let s = batch.seq.first().map_or(0, |set| set.trailing_zeros());
+            let side = piece.nx.max(piece.ny) as i32;
+            let t = match piece.first {
+                0 => start(s, batch.pos.first().copied().unwrap_or(0)),
+                _ => mem.seq_rope_next(s) - side,
             };
-            debug_assert!(i == mrope.len());
-            mrope.push(m);
+            for j in 0..batch.tokens.len() as u32 {
+                let k = piece.first + j;
+                mrope.push(crate::batch::MropePos {
+                    t,
+                    row: t + (k / piece.nx.max(1)) as i32,
+                    col: t + (k % piece.nx.max(1)) as i32,
+                    next: t + side,
+                });
+            }
+        } else {
+            for (&set, &pos) in batch.seq.iter().zip(&batch.pos) {
+                // A token of several sequences (a shared prefix) goes on from the lowest's
+                // time, and every one of them goes on from it.
+                let low = set.trailing_zeros();
+                let t = *next.entry(low).or_insert_with(|| start(low, pos));
+                let mut rest = set;
+                while rest != 0 {
+                    next.insert(rest.trailing_zeros(), t + 1);
+                    rest &= rest - 1;
+                }
+                mrope.push(crate::batch::MropePos {
+                    t,
+                    row: t,
+                    col: t,
+                    next: t + 1,
+                });
+            }
         }
         Cow::Owned(Batch {
             mrope,
@@ -628,7 +637,7 @@ fn sub_batch(batch: &Batch, idx: &[usize]) -> Batch {
             _ => Vec::new(),
         },
         non_causal: batch.non_causal,
-        image_grid: batch.image_grid,
+        image: batch.image,
         mrope: match batch.mrope.is_empty() {
             true => Vec::new(),
             false => idx.iter().map(|&i| batch.mrope[i]).collect(),

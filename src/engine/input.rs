@@ -148,6 +148,8 @@ impl Engine {
         // The images the reused prefix holds are in the cache already (whole: the prefix
         // never ends inside one); the span of each is recorded for context shifts.
         s.images.clear();
+        s.image_rows = None;
+        s.image_done = 0;
         s.shift.open_image = None;
         let base = s.shift.n_past as usize - reuse;
         for (&(start, n), img) in runs.iter().zip(images) {
@@ -200,11 +202,11 @@ impl Engine {
         }
         let p = &self.ctx.params;
         let n = images.iter().map(|i| i.n_tokens).max().unwrap_or(0);
-        // An image is decoded in one batch, and in one ubatch where its tokens see each
-        // other.
+        // An image whose tokens see each other is decoded in one ubatch; a causal one in
+        // pieces of a batch where it is longer.
         let limit = match prep.projector.non_causal() {
             true => p.n_batch.min(p.n_ubatch),
-            false => p.n_batch,
+            false => u32::MAX,
         };
         if n > limit {
             return Err(EngineError::Options(format!(

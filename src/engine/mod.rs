@@ -234,16 +234,38 @@ impl Engine {
         path: &str,
         limits: crate::vision::ImageTokens,
     ) -> Result<(), EngineError> {
-        let n_embd = self.model.hp.n_embd;
-        let rows = crate::graph::GraphInput::Embd(n_embd);
+        self.check_takes_rows(path)?;
+        let enc = crate::vision::VisionEncoder::load_with(self.model.gpu.clone(), path, limits)?;
+        self.attach_encoder(path, enc)
+    }
+
+    /// [`Engine::attach_vision`] of an mmproj file already read (a page's download).
+    pub fn attach_vision_bytes(&mut self, name: &str, bytes: Vec<u8>) -> Result<(), EngineError> {
+        self.check_takes_rows(name)?;
+        let gpu = self.model.gpu.clone();
+        let enc = crate::vision::VisionEncoder::load_bytes(gpu, name, bytes, Default::default())?;
+        self.attach_encoder(name, enc)
+    }
+
+    /// Refuses a model that reads no input rows before an encoder is loaded for it.
+    fn check_takes_rows(&self, path: &str) -> Result<(), EngineError> {
+        let rows = crate::graph::GraphInput::Embd(self.model.hp.n_embd);
         if !self.model.inputs().contains(&rows) {
             return Err(EngineError::Options(format!(
                 "{path}: a {:?} model takes token ids only, no image embeddings",
                 self.model.hp.arch
             )));
         }
-        let mut enc =
-            crate::vision::VisionEncoder::load_with(self.model.gpu.clone(), path, limits)?;
+        Ok(())
+    }
+
+    /// Checks encoder `enc` (loaded from `path`) against the model and keeps it.
+    fn attach_encoder(
+        &mut self,
+        path: &str,
+        mut enc: crate::vision::VisionEncoder,
+    ) -> Result<(), EngineError> {
+        let n_embd = self.model.hp.n_embd;
         // An M-RoPE model places an image's tokens by their row and column, which only
         // an encoder that reads images at their own size gives (llama.cpp's converters
         // pair qwen2vl models with Qwen's encoders alone).
@@ -260,11 +282,19 @@ impl Engine {
                 enc.n_embd_out()
             )));
         }
-        log::info!(
-            "vision encoder {path}: projector {}, {} tokens per encoder pass (an image, or a tile)",
-            enc.hp.projector.name(),
-            enc.n_tokens()
-        );
+        match enc.prep.dynamic {
+            Some(d) => log::info!(
+                "vision encoder {path}: projector {}, images of {} to {} tokens by their size",
+                enc.hp.projector.name(),
+                d.min_pixels / (enc.prep.cell * enc.prep.cell),
+                (d.max_pixels / (enc.prep.cell * enc.prep.cell)).min(enc.prep.max_cells)
+            ),
+            None => log::info!(
+                "vision encoder {path}: projector {}, {} tokens per encoder pass (an image, or a tile)",
+                enc.hp.projector.name(),
+                enc.n_tokens()
+            ),
+        }
         self.vision = Some(Arc::new(enc));
         Ok(())
     }

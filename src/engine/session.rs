@@ -193,6 +193,10 @@ pub struct Session {
     pub(super) pending: VecDeque<u32>,
     /// The images of `pending`, in order.
     pub(super) images: VecDeque<std::sync::Arc<super::ImageChunk>>,
+    /// The front image's embeddings once encoded, and its tokens decoded so far (a
+    /// causal image longer than a batch is decoded in pieces).
+    pub(super) image_rows: Option<std::sync::Arc<Vec<f32>>>,
+    pub(super) image_done: u32,
     /// Progress of the current input (for events).
     pub(super) input_total: usize,
     pub(super) input_done: usize,
@@ -248,6 +252,8 @@ impl Session {
             phase: Phase::Idle,
             pending: VecDeque::new(),
             images: VecDeque::new(),
+            image_rows: None,
+            image_done: 0,
             input_total: 0,
             input_done: 0,
             then_generate: true,
@@ -333,6 +339,8 @@ impl Session {
         self.phase = Phase::Idle;
         self.pending.clear();
         self.images.clear();
+        self.image_rows = None;
+        self.image_done = 0;
         self.next = None;
         self.drawn = None;
         self.draft.clear();

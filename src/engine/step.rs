@@ -35,7 +35,7 @@ impl Engine {
             return Ok(events);
         }
         if is_image_token(batch.tokens[0]) {
-            match self.encode_image(&parts).await {
+            match self.image_rows(&parts, batch.tokens.len()).await {
                 Ok(rows) => batch.embd = rows,
                 // An image is alone in its step: its session fails, the others go on
                 // in the next step. Nothing of the image was decoded; a shift made to
@@ -317,7 +317,14 @@ impl Engine {
                 "session {id}: an image's tokens are queued without the image"
             )));
         };
-        let n = img.n_tokens as usize;
+        // The image's tokens not decoded yet: all of them, or (a causal image longer
+        // than a batch) the next batch of them.
+        let done = s.image_done;
+        let left = img.n_tokens.saturating_sub(done) as usize;
+        let n = match img.non_causal {
+            true => left,
+            false => left.min(self.ctx.params.n_batch as usize),
+        };
         let tokens: Vec<u32> = s.pending.iter().take(n).copied().collect();
         // A shift drops half of what the sequence holds; an image may need several.
         loop {
@@ -358,7 +365,11 @@ impl Engine {
             logits: (0..n).map(|i| last_of_input && i + 1 == n).collect(),
             embd: Vec::new(),
             non_causal: img.non_causal,
-            image_grid: img.grid,
+            image: img.grid.map(|(nx, ny)| crate::batch::ImagePiece {
+                nx,
+                ny,
+                first: done,
+            }),
             mrope: Vec::new(),
         };
         let part = Part {
@@ -372,21 +383,35 @@ impl Engine {
         Ok((batch, vec![part]))
     }
 
-    /// The embeddings of the image a step's one part decodes.
-    async fn encode_image(&mut self, parts: &[Part]) -> Result<Vec<f32>, EngineError> {
-        let s = self.session(parts[0].id)?;
+    /// The embeddings of the `n` image tokens a step's one part decodes: the front
+    /// image's, from the first not decoded yet (the image is encoded on its first piece
+    /// and kept until its last).
+    async fn image_rows(&mut self, parts: &[Part], n: usize) -> Result<Vec<f32>, EngineError> {
+        let id = parts[0].id;
+        let s = self.session(id)?;
         let img = s.images.front().cloned();
         let (Some(img), Some(enc)) = (img, self.vision.clone()) else {
             return Err(EngineError::NoVision);
         };
-        let start = Instant::now();
-        let rows = enc.encode_pixels(&img.pixels).await?;
-        log::debug!(
-            "image of {} tokens encoded in {:.1} ms",
-            img.n_tokens,
-            start.elapsed().as_secs_f64() * 1e3
-        );
-        Ok(rows)
+        let (kept, done) = (s.image_rows.clone(), s.image_done as usize);
+        let rows = match kept {
+            Some(rows) => rows,
+            None => {
+                let start = Instant::now();
+                let rows = std::sync::Arc::new(enc.encode_pixels(&img.pixels).await?);
+                log::debug!(
+                    "image of {} tokens encoded in {:.1} ms",
+                    img.n_tokens,
+                    start.elapsed().as_secs_f64() * 1e3
+                );
+                if let Some(s) = self.sessions[id as usize].as_mut() {
+                    s.image_rows = Some(rows.clone());
+                }
+                rows
+            }
+        };
+        let w = rows.len() / (img.n_tokens as usize).max(1);
+        Ok(rows[done * w..(done + n) * w].to_vec())
     }
 
     /// Hands each session its decoded tokens and logits.
@@ -432,9 +457,20 @@ impl Engine {
                 continue;
             }
             if is_image_token(toks[0]) {
-                if let Some(img) = s.images.pop_front() {
+                if let Some(img) = s.images.front().cloned() {
+                    // A piece of the image: its span opens at the first piece of its first
+                    // chunk and closes at the last piece of its last.
                     let p0 = batch.pos[at - p.len];
-                    (s.shift).record_image(p0, p0 + p.len as i32, img.first, img.last);
+                    let (first, done) = (s.image_done == 0, s.image_done + p.len as u32);
+                    let last = done >= img.n_tokens;
+                    let (opens, closes) = (img.first && first, img.last && last);
+                    (s.shift).record_image(p0, p0 + p.len as i32, opens, closes);
+                    s.image_done = done;
+                    if last {
+                        s.images.pop_front();
+                        s.image_rows = None;
+                        s.image_done = 0;
+                    }
                 }
             }
             s.pending.drain(..p.len);

@@ -1,10 +1,14 @@
-//! The vision encoder as one graph: patches cut from the image and embedded, position
-//! embeddings added, the transformer's blocks (layer norm, attention over every patch,
-//! GELU feed-forward, each with its residual), the last layer norm, then the projector
-//! (Gemma 3: square cells averaged, RMS-normed, projected to the language model's width;
-//! SmolVLM: cells of patches folded into one token each, projected).
+//! The vision encoder as one graph: patches cut from the image and embedded, the
+//! transformer's blocks (a norm, attention, a feed-forward, each with its residual), the
+//! last norm, then the projector. SigLIP (Gemma 3, SmolVLM) adds position embeddings,
+//! uses layer norms, attention over every patch with no rotation (as BERT's) and a GELU
+//! feed-forward; Gemma 3 averages square cells, RMS-norms and projects them, SmolVLM
+//! folds cells of patches into one token each and projects them. Qwen2.5-VL reads the
+//! image at its own size, rotates Q and K by each patch's row and column, attends within
+//! windows of cells in most layers (a mask), uses RMS norms and SiLU-gated feed-forwards,
+//! and merges each cell's 2 x 2 patches through a two-layer MLP.
 //! The attention goes through the same blocks as a language model's, over a K/V store of
-//! the image's patches that every layer reuses; no position rotates (as BERT's).
+//! the image's patches that every layer reuses.
 
 use super::image::RgbImage;
 use super::mmproj::{ClipHparams, DynamicSize, Projector, VisionWeights};
@@ -35,7 +39,8 @@ pub struct VisionEncoder {
     gpu: Arc<Gpu>,
     path: String,
     /// The K/V store, slots and mask of the image's patches, kept from one image to the
-    /// next (the same size for every image).
+    /// next (the same size for every image of a fixed-size encoder; one that reads images
+    /// at their own size makes its own per image).
     scratch: std::sync::Mutex<Option<Scratch>>,
 }
 
@@ -60,7 +65,9 @@ pub struct ImagePrep {
     pub std: [f32; 3],
     /// The prepared input is rounded to f16 (the patch kernel is f16).
     pub patch_f16: bool,
-    /// Image tokens per image the encoder reads (per tile, for a tiling projector).
+    /// Image tokens per encoder input (per tile, for a tiling projector); for an encoder
+    /// that reads images at their own size, those of its square only: an image's own come
+    /// from [`ImagePrep::tokens_for_input`].
     pub n_tokens: u32,
     /// The longest side an image is resized to before tiling (0: not tiled).
     pub longest_edge: u32,
@@ -74,6 +81,9 @@ pub struct ImagePrep {
     pub cell: u32,
     /// The bounds of an encoder that reads images at their own size (Qwen2.5-VL).
     pub dynamic: Option<DynamicSize>,
+    /// The most cells (tokens) of one encoder input this device holds (the attention
+    /// masks of its patches in one binding each); refused beyond, when prepared.
+    pub max_cells: u32,
 }
 
 /// The encoder's input for one image or tile: planes R, G, B of `width` x `height`
@@ -118,13 +128,31 @@ impl ImagePrep {
         Ok(cols * rows + 1)
     }
 
+    /// Refuses an image whose input would hold more cells than the device's encoder
+    /// (a long thin one, whose short side is kept at one cell, can pass the most pixels).
+    fn check_fits(&self, width: u32, height: u32) -> Result<(), VisionError> {
+        let (w, h) = self.input_size(width, height);
+        let cells = (w / self.cell) as u64 * (h / self.cell) as u64;
+        if self.dynamic.is_some() && cells > self.max_cells as u64 {
+            return Err(VisionError::Image {
+                what: format!("{width}x{height}"),
+                msg: format!(
+                    "resized to {w}x{h} it takes {cells} tokens, more than the {} this device's encoder holds: send a smaller image, or lower --image-max-tokens",
+                    self.max_cells
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The image tokens of a `width` x `height` image in all its chunks, and the f32
-    /// values of its prepared inputs; an error where it cannot be tiled.
+    /// values of its prepared inputs; an error where it cannot be tiled or does not fit.
     pub fn tokens_and_values_for(
         &self,
         width: u32,
         height: u32,
     ) -> Result<(u32, u64), VisionError> {
+        self.check_fits(width, height)?;
         let chunks = self.chunks_for(width, height)?;
         let (w, h) = self.input_size(width, height);
         Ok((
@@ -154,6 +182,7 @@ impl ImagePrep {
 
     /// `img` as the encoder reads it: whole, or in tiles (see [`tile_image`]).
     pub fn split(&self, img: &RgbImage) -> Result<ImageSplit, VisionError> {
+        self.check_fits(img.width, img.height)?;
         if !self.projector.tiles() {
             return Ok(ImageSplit {
                 grid: None,
@@ -256,11 +285,36 @@ impl VisionEncoder {
     /// device: an image's attention masks (patches² f32) must each fit one binding.
     pub fn load_with(gpu: Arc<Gpu>, path: &str, limits: ImageTokens) -> Result<Self, VisionError> {
         let f = GgufFile::open(path)?;
-        let mut hp = ClipHparams::read(&f)?;
+        let len = std::fs::metadata(path).map_or(0, |m| m.len());
+        Self::load_file(gpu, &f, len, limits)
+    }
+
+    /// [`VisionEncoder::load_with`] from a file already read (a page's download).
+    pub fn load_bytes(
+        gpu: Arc<Gpu>,
+        name: &str,
+        bytes: Vec<u8>,
+        limits: ImageTokens,
+    ) -> Result<Self, VisionError> {
+        let len = bytes.len() as u64;
+        let f = GgufFile::from_bytes(name, bytes)?;
+        Self::load_file(gpu, &f, len, limits)
+    }
+
+    /// The encoder of the opened mmproj `f` (`len` bytes long, for its fingerprint).
+    fn load_file(
+        gpu: Arc<Gpu>,
+        f: &GgufFile,
+        len: u64,
+        limits: ImageTokens,
+    ) -> Result<Self, VisionError> {
+        let path = f.path.as_str();
+        let mut hp = ClipHparams::read(f)?;
         let bad = |msg: String| VisionError::Mmproj {
             path: path.to_string(),
             msg,
         };
+        let mut max_cells = u32::MAX;
         if let Some(d) = hp.dynamic.as_mut() {
             let area = hp.patch_size * hp.merge * hp.patch_size * hp.merge;
             if let Some(n) = limits.min {
@@ -278,7 +332,8 @@ impl VisionEncoder {
             }
             // Patches (4 per token) whose N x N mask fits one binding.
             let patches = ((gpu.max_binding / 4) as f64).sqrt() as u64;
-            let fits = (patches / 4).min(u32::MAX as u64) as u32;
+            let fits = (patches / 4).min(16384) as u32;
+            max_cells = fits;
             if hi > fits {
                 log::info!(
                     "{path}: images take at most {fits} tokens on this device (the file allows {hi}): larger ones are scaled down to fit"
@@ -292,10 +347,10 @@ impl VisionEncoder {
                 hp.projector.name()
             );
         }
-        let weights = VisionWeights::load(&gpu, &f, &hp)?;
+        let weights = VisionWeights::load(&gpu, f, &hp)?;
         let mut fp = Fnv::new();
         fp.write(format!("{hp:?} {} {}", weights.n_out, weights.patch_f16).as_bytes());
-        fp.write(&std::fs::metadata(path).map_or(0, |m| m.len()).to_le_bytes());
+        fp.write(&len.to_le_bytes());
         let prep = Arc::new(ImagePrep {
             projector: hp.projector,
             image_size: hp.image_size,
@@ -308,6 +363,7 @@ impl VisionEncoder {
             tile_tokens: None,
             cell: hp.patch_size * hp.merge,
             dynamic: hp.dynamic,
+            max_cells,
         });
         Ok(VisionEncoder {
             hp,
@@ -324,7 +380,7 @@ impl VisionEncoder {
         self.weights.n_out
     }
 
-    /// Image tokens per image.
+    /// Image tokens per encoder input of a fixed-size encoder (see [`ImagePrep::n_tokens`]).
     pub fn n_tokens(&self) -> u32 {
         self.hp.n_tokens()
     }
@@ -399,17 +455,18 @@ impl VisionEncoder {
                     self.hp.image_size
                 )))
             }
-            Some(d) => {
+            Some(_) => {
                 let cell = self.prep.cell;
+                let cells = (w / cell) as u64 * (h / cell) as u64;
                 if w == 0
                     || h == 0
                     || !w.is_multiple_of(cell)
                     || !h.is_multiple_of(cell)
-                    || w as u64 * h as u64 > d.max_pixels as u64
+                    || cells > self.prep.max_cells as u64
                 {
                     return Err(bad(format!(
-                        "{w}x{h} pixels: not whole cells of {cell} within {} pixels",
-                        d.max_pixels
+                        "{w}x{h} pixels: not whole cells of {cell}, at most {} of them",
+                        self.prep.max_cells
                     )));
                 }
             }
@@ -599,7 +656,7 @@ impl VisionEncoder {
             table: View::whole(&gpu.upload("image rope", bytemuck::cast_slice(&table))?),
             ..scratch
         };
-        let mask = window_mask(pw, ph, d.window / self.prep.cell);
+        let mask = window_mask(pw, ph, d.window_cells);
         let window_mask =
             View::whole(&gpu.upload("image window mask", bytemuck::cast_slice(&mask))?);
         Ok(Rotary {

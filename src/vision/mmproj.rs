@@ -57,14 +57,15 @@ impl Projector {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DynamicSize {
     /// Pixels an image is resized to at least and at most (8 and 4096 tokens of 28 x 28
-    /// pixels for Qwen2.5-VL, as llama.cpp sets them).
+    /// pixels for Qwen2.5-VL, as llama.cpp sets them whatever the file says; the user's
+    /// `--image-min-tokens` / `--image-max-tokens` and the device bound them too).
     pub min_pixels: u32,
     pub max_pixels: u32,
     /// Every `n_wa_pattern`-th layer attends over the whole image, the others within
     /// windows (`clip.vision.n_wa_pattern`; 0: every layer over the whole image).
     pub n_wa_pattern: u32,
-    /// A window's side in pixels (`clip.vision.window_size`, 112 where absent).
-    pub window: u32,
+    /// A window's side in cells: llama.cpp's 112 pixels in whole cells (4 of 28).
+    pub window_cells: u32,
 }
 
 /// The vision encoder's shape and preprocessing.
@@ -193,14 +194,15 @@ impl ClipHparams {
                         "clip.use_silu is not set: a qwen2.5vl_merger encoder's feed-forward is SiLU-gated (llama.cpp's converter writes the key)".into(),
                     ));
                 }
-                // llama.cpp's 8 and 4096 tokens, or the file's pixels where it has them.
-                let cell = hp.patch_size * hp.merge;
-                let pixels = |k: &str, tokens: u32| -> Result<u32, VisionError> {
-                    match f.get(&format!("clip.vision.{k}")) {
-                        Some(_) => u(k),
-                        None => Ok(tokens.saturating_mul(cell * cell)),
-                    }
-                };
+                // llama.cpp's window of 112 pixels in whole cells, and its 8 to 4096 tokens
+                // (it reads neither from the file for this projector).
+                let p = hp.patch_size;
+                if p == 0 || p > 56 {
+                    return Err(bad(format!(
+                        "patches of {p} pixels: a qwen2.5vl_merger encoder's attention windows of 112 pixels need patches of 1 to 56"
+                    )));
+                }
+                let cell = p * 2;
                 let n_wa_pattern = match f.get("clip.vision.n_wa_pattern") {
                     Some(_) => u("n_wa_pattern")?,
                     None => {
@@ -211,13 +213,10 @@ impl ClipHparams {
                 };
                 ClipHparams {
                     dynamic: Some(DynamicSize {
-                        min_pixels: pixels("image_min_pixels", 8)?,
-                        max_pixels: pixels("image_max_pixels", 4096)?,
+                        min_pixels: 8 * cell * cell,
+                        max_pixels: 4096 * cell * cell,
                         n_wa_pattern,
-                        window: match f.get("clip.vision.window_size") {
-                            Some(_) => u("window_size")?,
-                            None => 112,
-                        },
+                        window_cells: 112 / cell,
                     }),
                     ..hp
                 }
@@ -299,28 +298,6 @@ impl ClipHparams {
                     return Err(format!(
                         "heads of {} do not split into 4 rotary sections",
                         self.head_dim
-                    ));
-                }
-                let d = self.dynamic.expect("read with the projector");
-                let cell = p * 2;
-                if d.min_pixels < cell * cell || d.min_pixels > d.max_pixels {
-                    return Err(format!(
-                        "images of {} to {} pixels: at least one cell of {cell} x {cell} pixels, and no more than the most",
-                        d.min_pixels, d.max_pixels
-                    ));
-                }
-                // A bound on one image's patches, whatever the file says (4096 tokens,
-                // llama.cpp's default, are 16384 patches).
-                if d.max_pixels > 16384 * cell * cell {
-                    return Err(format!(
-                        "images of up to {} pixels: more than 16384 cells of {cell} x {cell}",
-                        d.max_pixels
-                    ));
-                }
-                if d.window < cell || !d.window.is_multiple_of(cell) {
-                    return Err(format!(
-                        "attention windows of {} pixels are not whole cells of {cell}",
-                        d.window
                     ));
                 }
             }

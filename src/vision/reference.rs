@@ -152,7 +152,7 @@ pub fn encode_reference(
     let rope = qwen.then(|| super::encoder::rotary_table(hp.head_dim, pw as u32, ph as u32));
     let window = hp
         .dynamic
-        .map(|d| super::encoder::window_mask(pw as u32, ph as u32, d.window / (hp.patch_size * 2)));
+        .map(|d| super::encoder::window_mask(pw as u32, ph as u32, d.window_cells));
     let norm = |v: &[f64], w: &[f64], b: &[f64]| match qwen {
         true => rms_norm(v, w, eps),
         false => layer_norm(v, w, b, eps),

@@ -537,3 +537,65 @@ pub fn square_image_reply() -> String {
         .map(|p| p.as_str().unwrap())
         .collect()
 }
+
+/// The synthetic qwen2.5vl_merger mmproj llama.cpp encoded the images with (for a
+/// 256-wide language model: `wgllm synth --arch qwen2vl --shape tiny`).
+pub const QWEN25VL_SHA256: &str =
+    "d21c5e958985e13f3b5d35cfdf5faba8bb9d26d0ef2a39c903a9321492557e79";
+
+/// The tiny qwen2vl language model llama.cpp read the images with: `wgllm synth --arch
+/// qwen2vl --shape tiny --trained-scale --type q8_0 --vocab-from ggml-vocab-qwen2.gguf`,
+/// then `--add-tokens-to` it with `<|vision_start|>,<|vision_end|>`.
+pub const QWEN2VL_LM_SHA256: &str =
+    "04447ed95a3ba9f3287738da65fe746e73886f8159d161e11738581e39903b45";
+
+pub fn qwen25vl_files(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    use wgllm::model::synth::{
+        synth, vocab_metadata, with_added_tokens, SynthArch, SynthProjector, SynthShape,
+        WeightScale,
+    };
+    let vocab =
+        wgllm::gguf::GgufFile::open(llamacpp_tests_dir().join("vocab/ggml-vocab-qwen2.gguf"))
+            .unwrap();
+    let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;
+    let base = dir.join("qwen2vl-base.gguf");
+    synth(
+        SynthArch::Qwen2Vl,
+        SynthShape::preset("tiny").unwrap(),
+        wgllm::gguf::GgmlType::Q8_0,
+        vocab_metadata(&vocab),
+        n_vocab,
+        WeightScale::FanIn,
+        false,
+    )
+    .write(&base)
+    .unwrap();
+    let lm = dir.join("qwen2vl-lm.gguf");
+    let tokens = ["<|vision_start|>".to_string(), "<|vision_end|>".to_string()];
+    with_added_tokens(&wgllm::gguf::GgufFile::open(&base).unwrap(), &tokens)
+        .unwrap()
+        .write(&lm)
+        .unwrap();
+    let mm = dir.join("mmproj-qwen25vl.gguf");
+    (wgllm::model::synth::synth_mmproj)(
+        SynthProjector::Qwen25vl,
+        wgllm::model::synth::MmprojShape::tiny_qwen25vl(),
+        256,
+        wgllm::gguf::GgmlType::F32,
+    )
+    .write(&mm)
+    .unwrap();
+    for (path, want) in [(&lm, QWEN2VL_LM_SHA256), (&mm, QWEN25VL_SHA256)] {
+        let sha = format!(
+            "{:x}",
+            <sha2::Sha256 as sha2::Digest>::digest(std::fs::read(path).unwrap())
+        );
+        assert_eq!(
+            sha,
+            want,
+            "{} is not the file llama.cpp ran",
+            path.display()
+        );
+    }
+    (lm, mm)
+}

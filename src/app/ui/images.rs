@@ -1,6 +1,6 @@
-//! Images in the app's chats (natively: a page loads no vision encoder): attached by path
-//! or dropped on the window, shown as thumbnails above the input and, once sent, in the
-//! message they went with. The worker prepares them for the model's vision encoder.
+//! Images in the app's chats: attached by path (natively) or dropped on the window (a
+//! page too, with `?mmproj=`), shown as thumbnails above the input and, once sent, in
+//! the message they went with. The worker prepares them for the model's vision encoder.
 
 use super::{App, Role};
 use crate::vision::{decode_image, resize_bilinear, RgbImage};
@@ -18,7 +18,6 @@ const THUMB: f32 = 160.0;
 
 /// A texture of `img` no larger than twice a thumbnail (a photo of many megapixels is not
 /// uploaded whole to be drawn small).
-#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 fn thumbnail(ctx: &egui::Context, name: &str, img: &RgbImage) -> egui::TextureHandle {
     let max = (2.0 * THUMB) as u32;
     let small;
@@ -55,7 +54,6 @@ impl App {
 
     /// Decodes `bytes` and attaches the image to chat `i`'s next message; what is not an
     /// image becomes a note in the chat, with the reason.
-    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(super) fn attach(&mut self, i: usize, name: String, bytes: &[u8]) {
         let ctx = self.ctx.clone();
         let Some(c) = self.chats.get_mut(i) else {
@@ -100,7 +98,18 @@ impl App {
             self.chats[i].messages.push((Role::Note, note.into()));
             return;
         }
-        // A page loads no vision encoder (it takes no paths), so nothing reaches here there.
+        // A page reads a dropped file's bytes asynchronously: they are attached at a
+        // later frame (see `take_read_drops`).
+        #[cfg(target_arch = "wasm32")]
+        for f in dropped {
+            let (read, ctx) = (self.read_drops.clone(), ctx.clone());
+            wasm_bindgen_futures::spawn_local(async move {
+                let name = f.path().display().to_string();
+                let bytes = f.bytes_async().await;
+                read.borrow_mut().push((i, name, bytes));
+                ctx.request_repaint();
+            });
+        }
         #[cfg(not(target_arch = "wasm32"))]
         for f in dropped {
             let name = f.path().display().to_string();
@@ -109,6 +118,23 @@ impl App {
                 Err(e) => {
                     let note = format!("error: reading the dropped file {name}: {e}");
                     self.chats[i].messages.push((Role::Note, note));
+                }
+            }
+        }
+    }
+
+    /// A page's dropped files whose bytes have been read: attached to their chats.
+    #[cfg(target_arch = "wasm32")]
+    pub(super) fn take_read_drops(&mut self) {
+        let read = std::mem::take(&mut *self.read_drops.borrow_mut());
+        for (i, name, bytes) in read {
+            match bytes {
+                Ok(bytes) => self.attach(i, name, &bytes),
+                Err(e) => {
+                    if let Some(c) = self.chats.get_mut(i) {
+                        c.messages
+                            .push((Role::Note, format!("error: reading {name}: {e}")));
+                    }
                 }
             }
         }

@@ -143,7 +143,16 @@ pub struct App {
     /// The last picked file: Load reads it again while the model field names it.
     #[cfg(target_arch = "wasm32")]
     picked_file: Option<web_sys::File>,
+    /// The drive's images a page's worker downloaded, attached when the model is loaded.
+    fetched: Vec<(String, Vec<u8>)>,
+    /// Files dropped on a page, read: (chat, name, bytes), attached at the next frame.
+    #[cfg(target_arch = "wasm32")]
+    read_drops: std::rc::Rc<std::cell::RefCell<Vec<ReadDrop>>>,
 }
+
+/// A file dropped on a page, read: its chat, its name and its bytes (or why not).
+#[cfg(target_arch = "wasm32")]
+type ReadDrop = (usize, String, Result<Vec<u8>, String>);
 
 /// `.gguf` files in `dirs` (not recursive), sorted, then the models `-hf` downloaded
 /// into the Hugging Face cache (llama.cpp's downloads too).
@@ -226,6 +235,9 @@ impl App {
             picked: Default::default(),
             #[cfg(target_arch = "wasm32")]
             picked_file: None,
+            fetched: Vec::new(),
+            #[cfg(target_arch = "wasm32")]
+            read_drops: Default::default(),
         };
         if app.opts.model.is_some() {
             app.start_load();
@@ -268,14 +280,17 @@ impl App {
                 .engine_options(&self.opts.gpu, &self.opts.tune),
         );
         opts.split = self.opts.split.clone();
-        #[cfg(not(target_arch = "wasm32"))]
+        // Natively paths; on a page URLs (`?mmproj=`, and the drive's `?image=`, which
+        // the worker downloads with the model and hands back before it is loaded).
         let mmproj = self.opts.mmproj.clone();
-        // A page has no paths: its models take text.
-        #[cfg(target_arch = "wasm32")]
-        let mmproj = None;
+        let images = match cfg!(target_arch = "wasm32") && self.drive.is_some() {
+            true => self.opts.images.clone(),
+            false => Vec::new(),
+        };
         self.send(Cmd::Load {
             source,
             mmproj,
+            images,
             opts,
             session: Box::new(self.settings.session_params()),
         });
@@ -338,6 +353,7 @@ impl App {
             Update::Progress { what, done, total } => {
                 self.load = Load::Loading { what, done, total }
             }
+            Update::Fetched { name, bytes } => self.fetched.push((name, bytes)),
             Update::Loaded(info) => {
                 self.chats = (0..info.n_seq).map(Chat::new).collect();
                 self.active = 0;
@@ -349,6 +365,9 @@ impl App {
                         #[cfg(not(target_arch = "wasm32"))]
                         for img in self.opts.images.clone() {
                             self.attach_path(0, &img);
+                        }
+                        for (name, bytes) in std::mem::take(&mut self.fetched) {
+                            self.attach(0, name, &bytes);
                         }
                         self.chats[0].input = p;
                         self.send_message(0, self.opts.raw);
@@ -819,6 +838,8 @@ impl eframe::App for App {
         }
         let ctx = ui.ctx().clone();
         self.take_dropped(&ctx);
+        #[cfg(target_arch = "wasm32")]
+        self.take_read_drops();
         egui::Panel::top("top").show(ui, |ui| self.top_bar(ui));
         egui::Panel::left("settings")
             .default_size(290.0)
