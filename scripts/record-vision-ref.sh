@@ -58,3 +58,8 @@ for img in square-224 wide-300x180 tall-100x150; do
     "$tmp/mtmd-ref" "$qlm" "$tmp/mmproj-qwen25vl.gguf" "tests/data/vision/$img.png" "$tmp/prompt-qwen.txt" 16 \
     > "tests/data/reference/vision/qwen25vl-$img.json"
 done
+# The page's prompt (tests/browser.rs): the chat template's rendering, the tall image.
+printf '<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\n<__media__>What is in this picture?<|im_end|>\n<|im_start|>assistant\n' > "$tmp/prompt-qwen-chat.txt"
+GGML_VK_VISIBLE_DEVICES=0 MTMD_REF_NGL=99 "$tmp/mtmd-ref" "$qlm" "$tmp/mmproj-qwen25vl.gguf" \
+  tests/data/vision/tall-100x150.png "$tmp/prompt-qwen-chat.txt" 16 \
+  > tests/data/reference/vision/qwen25vl-chat-tall-100x150.json

@@ -355,6 +355,35 @@ impl Page {
         r["result"]["value"].clone()
     }
 
+    /// The page's report (`#wgllm-result`) once it is there; fails on the page's error,
+    /// a panic in its console, or no report within [`TIMEOUT`] of `start`.
+    fn wait_for_result(&mut self, start: Instant) -> String {
+        loop {
+            let (result, error) = (self.text_of("wgllm-result"), self.text_of("wgllm-error"));
+            let panicked = self.console.iter().find(|l| l.contains("panicked at"));
+            assert!(
+                panicked.is_none(),
+                "the page panicked: {}",
+                self.console.join("\n")
+            );
+            assert!(
+                error.is_empty(),
+                "the page failed: {error}\nconsole:\n{}",
+                self.console.join("\n")
+            );
+            if !result.is_empty() {
+                return result;
+            }
+            assert!(
+                start.elapsed() < TIMEOUT,
+                "no reply within {} s\nconsole:\n{}",
+                TIMEOUT.as_secs(),
+                self.console.join("\n")
+            );
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+
     fn text_of(&mut self, id: &str) -> String {
         self.eval(&format!(
             "document.getElementById('{id}')?.textContent ?? ''"
@@ -402,30 +431,7 @@ fn page_runs_smollm2_on_webgpu_as_llama_cpp_does() {
     let (_browser, devtools) = Browser::open(&url);
     let mut page = Page::attach(devtools, server);
     let start = Instant::now();
-    let result = loop {
-        let (result, error) = (page.text_of("wgllm-result"), page.text_of("wgllm-error"));
-        let panicked = page.console.iter().find(|l| l.contains("panicked at"));
-        assert!(
-            panicked.is_none(),
-            "the page panicked: {}",
-            page.console.join("\n")
-        );
-        assert!(
-            error.is_empty(),
-            "the page failed: {error}\nconsole:\n{}",
-            page.console.join("\n")
-        );
-        if !result.is_empty() {
-            break result;
-        }
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "no reply within {} s\nconsole:\n{}",
-            TIMEOUT.as_secs(),
-            page.console.join("\n")
-        );
-        std::thread::sleep(Duration::from_secs(2));
-    };
+    let result = page.wait_for_result(start);
     let secs = start.elapsed().as_secs_f64();
     // The screenshot first: it is wanted most when the comparison fails.
     let shot = page.call("Page.captureScreenshot", json!({"format": "png"}));
@@ -507,24 +513,7 @@ fn page_reads_an_image_as_llama_cpp_does() {
     let (_browser, devtools) = Browser::open(&url);
     let mut page = Page::attach(devtools, server);
     let start = Instant::now();
-    let result = loop {
-        let (result, error) = (page.text_of("wgllm-result"), page.text_of("wgllm-error"));
-        assert!(
-            error.is_empty() && !page.console.iter().any(|l| l.contains("panicked at")),
-            "the page failed: {error}\nconsole:\n{}",
-            page.console.join("\n")
-        );
-        if !result.is_empty() {
-            break result;
-        }
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "no reply within {} s\nconsole:\n{}",
-            TIMEOUT.as_secs(),
-            page.console.join("\n")
-        );
-        std::thread::sleep(Duration::from_secs(2));
-    };
+    let result = page.wait_for_result(start);
     let r: Value = serde_json::from_str(&result).expect("the page's report is JSON");
     let console = page.console.join("\n");
     assert_eq!(

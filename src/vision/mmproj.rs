@@ -523,6 +523,31 @@ impl Loader<'_> {
         Ok((w, n_out))
     }
 
+    /// The projection to the language model's width: `name` of shape [n_in, n_out] (a
+    /// row of `n_in`, `what` it holds, per output value), n_out read from the file.
+    fn projection(
+        &mut self,
+        name: &str,
+        n_in: u32,
+        what: &str,
+    ) -> Result<(Arc<Weight>, u32), VisionError> {
+        let t = self
+            .f
+            .tensor(name)
+            .ok_or_else(|| self.bad(format!("tensor {name} is missing")))?;
+        let n_out = match t.dims[..] {
+            [c, r] if c == n_in as u64 && r > 0 && r <= 1 << 20 => r as u32,
+            _ => return Err(self.bad(format!(
+                "{name} has shape {:?}, expected [{n_in} ({what}), n_embd of the language model]",
+                t.dims
+            ))),
+        };
+        Ok((
+            self.matrix(name, (n_in, n_out), (n_in, n_out), None)?,
+            n_out,
+        ))
+    }
+
     fn layer(&mut self, hp: &ClipHparams, il: u32) -> Result<VitLayer, VisionError> {
         let (e, ff) = (hp.n_embd, hp.n_ff);
         let ffp = pad32(ff);
@@ -654,20 +679,8 @@ impl VisionWeights {
             Projector::Idefics3 => {
                 // [n_embd * merge², n_out]: a row of the shuffled width per output value.
                 let n_in = e * hp.merge * hp.merge;
-                let name = "mm.model.fc.weight";
-                let t = f
-                    .tensor(name)
-                    .ok_or_else(|| l.bad(format!("tensor {name} is missing")))?;
-                let n_out = match t.dims[..] {
-                    [c, r] if c == n_in as u64 && r > 0 && r <= 1 << 20 => r as u32,
-                    _ => {
-                        return Err(l.bad(format!(
-                            "{name} has shape {:?}, expected [{n_in} (the width {e} shuffled by {}), n_embd of the language model]",
-                            t.dims, hp.merge
-                        )))
-                    }
-                };
-                (l.matrix(name, (n_in, n_out), (n_in, n_out), None)?, n_out)
+                let what = format!("the width {e} shuffled by {}", hp.merge);
+                l.projection("mm.model.fc.weight", n_in, &what)?
             }
             Projector::Qwen25vl => {
                 let n_in = e * 4;
@@ -675,21 +688,9 @@ impl VisionWeights {
                     l.matrix("mm.0.weight", (n_in, n_in), (n_in, n_in), None)?,
                     l.vector("mm.0.bias", n_in, n_in, 0.0)?,
                 ));
-                let name = "mm.2.weight";
-                let t = f
-                    .tensor(name)
-                    .ok_or_else(|| l.bad(format!("tensor {name} is missing")))?;
-                let n_out = match t.dims[..] {
-                    [c, r] if c == n_in as u64 && r > 0 && r <= 1 << 20 => r as u32,
-                    _ => {
-                        return Err(l.bad(format!(
-                            "{name} has shape {:?}, expected [{n_in} (4 patches of {e}), n_embd of the language model]",
-                            t.dims
-                        )))
-                    }
-                };
+                let (w, n_out) = l.projection("mm.2.weight", n_in, &format!("4 patches of {e}"))?;
                 projection_bias = Some(l.vector("mm.2.bias", n_out, n_out, 0.0)?);
-                (l.matrix(name, (n_in, n_out), (n_in, n_out), None)?, n_out)
+                (w, n_out)
             }
         };
         log::info!(
