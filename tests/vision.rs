@@ -917,19 +917,8 @@ fn idefics3_embeddings_match_llamacpp() {
 /// 1e-4 of llama.cpp's: that table makes the difference.
 #[test]
 fn qwen25vl_embeddings_match_llamacpp() {
-    use wgllm::model::synth::{synth_mmproj, SynthProjector};
     let dir = common::scratch_dir("vision-qwen25vl");
-    let path = dir.join("mmproj-qwen25vl.gguf");
-    synth_mmproj(
-        SynthProjector::Qwen25vl,
-        MmprojShape::tiny_qwen25vl(),
-        256,
-        GgmlType::F32,
-    )
-    .write(&path)
-    .unwrap();
-    let sha = format!("{:x}", Sha256::digest(std::fs::read(&path).unwrap()));
-    assert_eq!(sha, common::QWEN25VL_SHA256, "not the mmproj llama.cpp ran");
+    let path = common::qwen25vl_mmproj(&dir);
     let f = GgufFile::open(&path).unwrap();
     let hp = ClipHparams::read(&f).unwrap();
     let d = hp.dynamic.expect("reads images at their own size");
@@ -957,18 +946,9 @@ fn qwen25vl_embeddings_match_llamacpp() {
 /// the aspect ratio; bounds that cannot hold are refused with the flags named.
 #[test]
 fn qwen25vl_image_tokens_are_bounded() {
-    use wgllm::model::synth::{synth_mmproj, SynthProjector};
     use wgllm::vision::ImageTokens;
     let dir = common::scratch_dir("vision-qwen25vl-bounds");
-    let path = dir.join("mmproj-qwen25vl.gguf");
-    synth_mmproj(
-        SynthProjector::Qwen25vl,
-        MmprojShape::tiny_qwen25vl(),
-        256,
-        GgmlType::F32,
-    )
-    .write(&path)
-    .unwrap();
+    let path = common::qwen25vl_mmproj(&dir);
     let path = path.to_str().unwrap();
     let gpu = common::gpus().next().unwrap().1.clone();
     let load = |min, max| VisionEncoder::load_with(gpu.clone(), path, ImageTokens { min, max });

@@ -537,10 +537,12 @@ impl Loader<'_> {
             .ok_or_else(|| self.bad(format!("tensor {name} is missing")))?;
         let n_out = match t.dims[..] {
             [c, r] if c == n_in as u64 && r > 0 && r <= 1 << 20 => r as u32,
-            _ => return Err(self.bad(format!(
+            _ => {
+                return Err(self.bad(format!(
                 "{name} has shape {:?}, expected [{n_in} ({what}), n_embd of the language model]",
                 t.dims
-            ))),
+            )))
+            }
         };
         Ok((
             self.matrix(name, (n_in, n_out), (n_in, n_out), None)?,
