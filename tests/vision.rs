@@ -215,22 +215,28 @@ fn unrunnable_mmproj_files_are_refused() {
             "do not pool by 3",
         ),
     ];
-    for (tag, key, value, want) in cases {
-        let mut w = synth_mmproj_gemma3(MmprojShape::tiny(), 256, GgmlType::F32);
-        w.set_meta(key, value);
-        let path = dir.join(format!("{tag}.gguf"));
-        w.write(&path).unwrap();
-        let err = VisionEncoder::load(gpu.clone(), path.to_str().unwrap())
-            .err()
-            .unwrap_or_else(|| panic!("{tag}: loaded"))
-            .to_string();
-        assert!(
-            err.contains(want) && err.contains(&format!("{tag}.gguf")),
-            "{tag}: {err}"
-        );
-    }
-    // SmolVLM's shuffle and tiling, refused where llama.cpp cannot run them.
     use wgllm::model::synth::{synth_mmproj, SynthProjector};
+    type Case<'a> = (&'a str, &'a str, Value, &'a str);
+    // Each case: the synthetic file of `projector` with one key changed, refused with
+    // the reason and the file's name.
+    let refused = |projector, shape, cases: Vec<Case>| {
+        for (tag, key, value, want) in cases {
+            let mut w = synth_mmproj(projector, shape, 256, GgmlType::F32);
+            w.set_meta(key, value);
+            let path = dir.join(format!("{tag}.gguf"));
+            w.write(&path).unwrap();
+            let err = VisionEncoder::load(gpu.clone(), path.to_str().unwrap())
+                .err()
+                .unwrap_or_else(|| panic!("{tag}: loaded"))
+                .to_string();
+            assert!(
+                err.contains(want) && err.contains(&format!("{tag}.gguf")),
+                "{tag}: {err}"
+            );
+        }
+    };
+    refused(SynthProjector::Gemma3, MmprojShape::tiny(), cases.to_vec());
+    // SmolVLM's shuffle and tiling, refused where llama.cpp cannot run them.
     let idefics3 = [
         (
             "shuffle",
@@ -251,18 +257,11 @@ fn unrunnable_mmproj_files_are_refused() {
             "more than 16 tiles of 96 a side",
         ),
     ];
-    for (tag, key, value, want) in idefics3 {
-        let shape = MmprojShape::tiny_idefics3();
-        let mut w = synth_mmproj(SynthProjector::Idefics3, shape, 256, GgmlType::F32);
-        w.set_meta(key, value);
-        let path = dir.join(format!("{tag}.gguf"));
-        w.write(&path).unwrap();
-        let err = VisionEncoder::load(gpu.clone(), path.to_str().unwrap())
-            .err()
-            .unwrap_or_else(|| panic!("{tag}: loaded"))
-            .to_string();
-        assert!(err.contains(want), "{tag}: {err}");
-    }
+    refused(
+        SynthProjector::Idefics3,
+        MmprojShape::tiny_idefics3(),
+        idefics3.to_vec(),
+    );
     // Qwen2.5-VL's merge, its patches (windows of 112 pixels need at least one cell), its
     // SiLU.
     let qwen = [
@@ -285,18 +284,11 @@ fn unrunnable_mmproj_files_are_refused() {
             "patches of 64 pixels",
         ),
     ];
-    for (tag, key, value, want) in qwen {
-        let shape = MmprojShape::tiny_qwen25vl();
-        let mut w = synth_mmproj(SynthProjector::Qwen25vl, shape, 256, GgmlType::F32);
-        w.set_meta(key, value);
-        let path = dir.join(format!("{tag}.gguf"));
-        w.write(&path).unwrap();
-        let err = VisionEncoder::load(gpu.clone(), path.to_str().unwrap())
-            .err()
-            .unwrap_or_else(|| panic!("{tag}: loaded"))
-            .to_string();
-        assert!(err.contains(want), "{tag}: {err}");
-    }
+    refused(
+        SynthProjector::Qwen25vl,
+        MmprojShape::tiny_qwen25vl(),
+        qwen.to_vec(),
+    );
     let mut w = synth_mmproj_gemma3(MmprojShape::tiny(), 256, GgmlType::F32);
     w.remove_tensor("v.blk.1.ffn_down.weight");
     let path = dir.join("missing.gguf");
