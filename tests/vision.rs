@@ -974,28 +974,11 @@ fn qwen25vl_image_tokens_are_bounded() {
 /// are placed.
 #[test]
 fn qwen25vl_reads_an_image_as_llamacpp() {
-    use wgllm::engine::{
-        Engine, EngineOptions, MediaPrompt, PreparedImage, SamplingPath, SessionParams,
-    };
+    use wgllm::engine::{Engine, EngineOptions, MediaPrompt, PreparedImage, SessionParams};
     use wgllm::vision::MEDIA_MARKER;
     let dir = common::scratch_dir("vision-qwen25vl-lm");
     let (lm, mm) = common::qwen25vl_files(&dir);
-    let gpu = (common::gpus().find(|g| g.0 == "vulkan"))
-        .unwrap_or_else(|| common::gpus().next().unwrap())
-        .1
-        .clone();
-    let f = GgufFile::open(&lm).unwrap();
-    let model = std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
-    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
-    let opts = EngineOptions {
-        n_ctx: 512,
-        n_batch: 512,
-        n_ubatch: 512,
-        n_seq_max: 1,
-        sampling: SamplingPath::Cpu,
-        decode_ahead: false,
-        ..Default::default()
-    };
+    let (model, tok, opts) = reader(&lm);
     let mut e = Engine::new(model.clone(), tok.clone(), &opts).unwrap();
     e.attach_vision(mm.to_str().unwrap()).unwrap();
     let prep = e.image_prep().unwrap();
@@ -1013,23 +996,11 @@ fn qwen25vl_reads_an_image_as_llamacpp() {
         let img = PreparedImage::new(&prep, &image(img_name)).unwrap();
         let prompt =
             MediaPrompt::build(&e.tokenizer, &prep, text, MEDIA_MARKER, &[img], true).unwrap();
-        let mut want_layout = Vec::new();
-        for c in r["chunks"].as_array().unwrap() {
-            match c.get("text") {
-                Some(t) => want_layout.extend(
-                    (t.as_array().unwrap().iter()).map(|v| Some(v.as_u64().unwrap() as u32)),
-                ),
-                None => {
-                    assert_eq!(c["non_causal"], false);
-                    let n = c["image"].as_u64().unwrap() as usize;
-                    want_layout.extend(std::iter::repeat_n(None, n));
-                }
-            }
-        }
-        let layout: Vec<Option<u32>> = (prompt.tokens.iter())
-            .map(|&t| (!wgllm::engine::is_image_token(t)).then_some(t))
-            .collect();
-        assert_eq!(layout, want_layout, "{img_name}: the prompt's tokens");
+        assert_eq!(
+            layout(&prompt),
+            chunks(&r),
+            "{img_name}: the prompt's tokens"
+        );
         let run = |e: &mut Engine, prompt: &MediaPrompt, n_predict: i32, cache: bool| {
             let params = SessionParams {
                 sampling: sampling.clone(),
@@ -1168,6 +1139,61 @@ fn qwen25vl_reads_an_image_as_llamacpp() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A language model at `lm` for reading images as llama.cpp's helper does: on the
+/// CPU-shaped kernels where there are (on lavapipe a real model runs far faster with
+/// them), with one sequence of 512 cells, batches of 512 and host sampling.
+fn reader(
+    lm: &std::path::Path,
+) -> (
+    std::sync::Arc<wgllm::model::Model>,
+    wgllm::tokenizer::Tokenizer,
+    wgllm::engine::EngineOptions,
+) {
+    let gpu = (common::gpus().find(|g| g.0 == "vulkan"))
+        .unwrap_or_else(|| common::gpus().next().unwrap())
+        .1
+        .clone();
+    let f = GgufFile::open(lm).unwrap();
+    let model = std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
+    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    let opts = wgllm::engine::EngineOptions {
+        n_ctx: 512,
+        n_batch: 512,
+        n_ubatch: 512,
+        n_seq_max: 1,
+        sampling: wgllm::engine::SamplingPath::Cpu,
+        decode_ahead: false,
+        ..Default::default()
+    };
+    (model, tok, opts)
+}
+
+/// llama.cpp's chunks of a recorded prompt as its tokens, an image chunk (causal) as that
+/// many `None`s.
+fn chunks(r: &serde_json::Value) -> Vec<Option<u32>> {
+    let mut out = Vec::new();
+    for c in r["chunks"].as_array().unwrap() {
+        match c.get("text") {
+            Some(t) => {
+                out.extend((t.as_array().unwrap().iter()).map(|v| Some(v.as_u64().unwrap() as u32)))
+            }
+            None => {
+                assert_eq!(c["non_causal"], false);
+                let n = c["image"].as_u64().unwrap() as usize;
+                out.extend(std::iter::repeat_n(None, n));
+            }
+        }
+    }
+    out
+}
+
+/// A prompt's tokens, each image placeholder as `None`.
+fn layout(prompt: &wgllm::engine::MediaPrompt) -> Vec<Option<u32>> {
+    (prompt.tokens.iter())
+        .map(|&t| (!wgllm::engine::is_image_token(t)).then_some(t))
+        .collect()
+}
+
 /// SmolLM2 with SmolVLM's tokens reads a tiled image as llama-mtmd-cli does, for each of
 /// the three images: the prompt's tokens (each tile after its `<row_R_col_C>` marker, a
 /// newline between rows, the global view last) equal llama.cpp's chunks; the top five
@@ -1176,30 +1202,11 @@ fn qwen25vl_reads_an_image_as_llamacpp() {
 /// second request with the same image reuses every tile's cells.
 #[test]
 fn smolvlm_reads_a_tiled_image_as_llamacpp() {
-    use wgllm::engine::{
-        Engine, EngineOptions, MediaPrompt, PreparedImage, SamplingPath, SessionParams,
-    };
+    use wgllm::engine::{Engine, MediaPrompt, PreparedImage, SessionParams};
     use wgllm::vision::MEDIA_MARKER;
     let dir = common::scratch_dir("vision-smolvlm");
     let (lm, mm) = smolvlm_files(&dir);
-    // The CPU-shaped kernels where there are: on lavapipe a real model runs far faster
-    // with them.
-    let gpu = (common::gpus().find(|g| g.0 == "vulkan"))
-        .unwrap_or_else(|| common::gpus().next().unwrap())
-        .1
-        .clone();
-    let f = GgufFile::open(&lm).unwrap();
-    let model = std::sync::Arc::new(wgllm::model::Model::load(gpu, &f, &mut |_, _| {}).unwrap());
-    let tok = wgllm::tokenizer::Tokenizer::from_gguf(&f).unwrap();
-    let opts = EngineOptions {
-        n_ctx: 512,
-        n_batch: 512,
-        n_ubatch: 512,
-        n_seq_max: 1,
-        sampling: SamplingPath::Cpu,
-        decode_ahead: false,
-        ..Default::default()
-    };
+    let (model, tok, opts) = reader(&lm);
     let mut e = Engine::new(model, tok, &opts).unwrap();
     e.attach_vision(mm.to_str().unwrap()).unwrap();
     let prep = e.image_prep().unwrap();
@@ -1215,28 +1222,11 @@ fn smolvlm_reads_a_tiled_image_as_llamacpp() {
         let prompt =
             MediaPrompt::build(&e.tokenizer, &prep, text, MEDIA_MARKER, &[img], true).unwrap();
         // llama.cpp's chunks, an image chunk as that many placeholders.
-        let mut want_layout = Vec::new();
-        for c in r["chunks"].as_array().unwrap() {
-            match c.get("text") {
-                Some(t) => want_layout.extend(
-                    t.as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|v| Some(v.as_u64().unwrap() as u32)),
-                ),
-                None => {
-                    assert_eq!(c["non_causal"], false);
-                    want_layout.extend(std::iter::repeat_n(
-                        None,
-                        c["image"].as_u64().unwrap() as usize,
-                    ));
-                }
-            }
-        }
-        let layout: Vec<Option<u32>> = (prompt.tokens.iter())
-            .map(|&t| (!wgllm::engine::is_image_token(t)).then_some(t))
-            .collect();
-        assert_eq!(layout, want_layout, "{img_name}: the prompt's tokens");
+        assert_eq!(
+            layout(&prompt),
+            chunks(&r),
+            "{img_name}: the prompt's tokens"
+        );
         let mut sampling = wgllm::sample::SamplerParams::greedy();
         sampling.banned = e.tokenizer.eog_tokens().collect();
         let params = |n_predict| SessionParams {
