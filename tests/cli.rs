@@ -343,8 +343,7 @@ fn meaningless_llama_cpp_flags_are_refused() {
         (&["--control-vector", "x.gguf"][..], "control vectors"),
         (&["-i"][..], "wgllm chat"),
         (&["--no_mmap"][..], "keeps every weight on the GPU"),
-        (&["--tools", "all"][..], "web UI agent side"),
-        (&["--webui-mcp-proxy"][..], "MCP CORS proxy"),
+        (&["--tools", "all"][..], "built-in agent tools"),
     ] {
         let mut args = vec!["run", "-m", model.as_str(), "-p", "Hi"];
         args.extend_from_slice(flag);

@@ -42,9 +42,19 @@ fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
 }
 
 fn start_model(model: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
-    let port = free_port();
+    start_at(free_port(), model, extra, env)
+}
+
+/// A server listening on `port`: given by --port, or where `env` has `AIP_HTTP_PORT`
+/// (which must then be `port`), by that alone (--port names a port it must not use).
+fn start_at(port: u16, model: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
+    let aip = env.iter().any(|(k, _)| *k == "AIP_HTTP_PORT");
     let mut args = vec!["serve", "-m", model, "--port"];
-    let p = port.to_string();
+    let p = if aip {
+        "1".to_string()
+    } else {
+        port.to_string()
+    };
     args.push(&p);
     args.extend_from_slice(extra);
     let child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
@@ -1637,4 +1647,181 @@ fn images_in_requests_read_as_llama_server_reads_them() {
         "{b}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Resident anonymous memory of a process, in bytes (Linux): on a software device the
+/// "GPU" buffers live there.
+fn anon_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = (status.lines())
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("RssAnon in /proc/PID/status");
+    kib << 10
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    (text.lines())
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in the metrics:\n{text}"))
+}
+
+fn is_sleeping(s: &Server) -> bool {
+    let (st, props) = s.json("GET", "/props", json!(null));
+    assert_eq!(st, 200, "{props}");
+    props["is_sleeping"].as_bool().unwrap()
+}
+
+/// `--sleep-idle-seconds`: idle for a second, the server drops the model (its buffers go
+/// back, the process's memory falls by at least the GPU bytes it held: a software device
+/// keeps them in host memory), answers /health, /props, /models and /metrics asleep
+/// without waking, and the next completion loads the model again and gives the same
+/// greedy text as before. A value of 0 is refused, as llama-server refuses it.
+#[test]
+fn an_idle_server_sleeps_and_wakes_with_the_same_replies() {
+    let s = start(&[
+        "-c",
+        "1024",
+        "-np",
+        "1",
+        "--metrics",
+        "--sleep-idle-seconds",
+        "1",
+    ]);
+    let ask = json!({"prompt": "The capital of France is", "n_predict": 12, "temperature": 0});
+    let (st, before) = s.json("POST", "/completion", ask.clone());
+    assert_eq!(st, 200, "{before}");
+    let (_, m) = s.request("GET", "/metrics", "");
+    let gpu = metric(&m, "wgllm:gpu_buffer_bytes") as u64;
+    assert!(gpu > 50 << 20, "{m}");
+    let awake = anon_bytes(s.child.id());
+    let t0 = Instant::now();
+    while !is_sleeping(&s) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the server did not fall asleep"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let asleep = anon_bytes(s.child.id());
+    assert!(
+        awake.saturating_sub(asleep) >= gpu * 9 / 10,
+        "asleep the process holds {} MiB, awake {} MiB, with {} MiB of GPU buffers",
+        asleep >> 20,
+        awake >> 20,
+        gpu >> 20
+    );
+    // Read-only routes answer without waking it.
+    for path in ["/health", "/props", "/models", "/v1/models", "/metrics"] {
+        assert_eq!(s.request("GET", path, "").0, 200, "{path}");
+    }
+    assert!(is_sleeping(&s));
+    let (st, after) = s.json("POST", "/completion", ask);
+    assert_eq!(st, 200, "{after}");
+    assert!(!is_sleeping(&s));
+    assert_eq!(after["content"], before["content"]);
+    assert_eq!(
+        after["timings"]["cache_n"], 0,
+        "the slot's cache went with the model"
+    );
+    drop(s);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args([
+            "serve",
+            "-m",
+            &common::smollm2(),
+            "--sleep-idle-seconds",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--sleep-idle-seconds 0"), "{err}");
+}
+
+/// Vertex AI's predict route (`AIP_MODE=PREDICTION`, `AIP_PREDICT_ROUTE`,
+/// `AIP_HEALTH_ROUTE`, `AIP_HTTP_PORT`): instances by alias or path, answered in order
+/// with each endpoint's reply, errors inline; a body that is not a list of at most 128
+/// instances is a 400; a route that takes an existing path is refused at start.
+#[test]
+fn gcp_predictions_answer_each_instance_in_order() {
+    let port = free_port();
+    let p = port.to_string();
+    let s = start_at(
+        port,
+        &common::smollm2(),
+        &[],
+        &[
+            ("AIP_MODE", "PREDICTION"),
+            ("AIP_HTTP_PORT", &p),
+            // The leading / is added, as llama-server adds it.
+            (
+                "AIP_PREDICT_ROUTE",
+                "v1/endpoints/7/deployedModels/m:predict",
+            ),
+            ("AIP_HEALTH_ROUTE", "/ping"),
+        ],
+    );
+    assert_eq!(s.request("GET", "/ping", "").0, 200);
+    let (st, b) = s.json(
+        "POST",
+        "/v1/endpoints/7/deployedModels/m:predict",
+        json!({"instances": [
+            {"@requestFormat": "tokenize", "content": "Hello world"},
+            {"@requestFormat": "/tokenize", "content": "Hello"},
+            {"@requestFormat": "completion", "prompt": "Hi", "n_predict": 2, "stream": true},
+            {"@requestFormat": "nope"},
+            {"no format": 1},
+            7,
+            {"@requestFormat": "models"},
+            {"@requestFormat": "chatCompletions", "messages": "not a list"},
+        ]}),
+    );
+    assert_eq!(st, 200, "{b}");
+    let p = b["predictions"].as_array().unwrap();
+    assert_eq!(p.len(), 8, "{b}");
+    assert_eq!(p[0]["tokens"].as_array().unwrap().len(), 2, "{b}");
+    assert_eq!(p[1]["tokens"].as_array().unwrap().len(), 1, "{b}");
+    assert!(p[2]["content"].is_string(), "streaming is turned off: {b}");
+    for (i, want) in [
+        (3, "no handler registered for @requestFormat: nope"),
+        (4, "string @requestFormat"),
+        (5, "must be a JSON object"),
+    ] {
+        assert_eq!(p[i]["error"]["code"], 400, "{b}");
+        assert!(
+            p[i]["error"]["message"].as_str().unwrap().contains(want),
+            "{b}"
+        );
+    }
+    assert!(p[6]["data"].is_array(), "a GET route: {b}");
+    assert_eq!(p[7]["error"]["code"], 400, "the endpoint's own error: {b}");
+    for bad in [
+        json!([1]),
+        json!({"instances": 3}),
+        json!({"instances": vec![json!({}); 129]}),
+    ] {
+        let (st, b) = s.json("POST", "/v1/endpoints/7/deployedModels/m:predict", bad);
+        assert_error(st, &b, 400, "invalid_request_error");
+    }
+    drop(s);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args([
+            "serve",
+            "-m",
+            &common::smollm2(),
+            "--port",
+            &free_port().to_string(),
+        ])
+        .env("AIP_MODE", "PREDICTION")
+        .env("AIP_HTTP_PORT", free_port().to_string())
+        .env("AIP_PREDICT_ROUTE", "/completion")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("conflicts with an existing route"), "{err}");
 }

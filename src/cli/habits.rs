@@ -38,7 +38,7 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--mmproj", "--image"], "images are read by `wgllm run`, `wgllm chat`, `wgllm serve`, `wgllm app`, `wgllm bench` and `wgllm image-embed`; this command reads text only"),
     (&["--model-url", "--mu"], "wgllm takes local GGUF files (-m) and Hugging Face repositories (-hf ORG/NAME[:QUANT]); download the file and pass it with -m"),
     (&["--conversation", "--cnv", "--interactive", "-i", "--interactive-first", "-if"], "conversations are the `wgllm chat` command"),
-    (&["--tools", "--tools-runtime", "--ui-mcp-proxy", "--webui-mcp-proxy"], "llama-server's web UI agent side (built-in tools that read files and run commands, and the MCP CORS proxy) is not built; tool calls through the chat API (`tools` in a request) work without it"),
+    (&["--tools", "--tools-runtime"], "llama-server's built-in agent tools (reading files and running commands on the server) are not built; tool calls through the chat API (`tools` in a request) work without them"),
     (&["--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast"], "RoPE overrides are not supported: the model's own RoPE settings are used"),
 ];
 

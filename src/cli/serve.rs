@@ -151,6 +151,26 @@ pub struct ServeArgs {
     /// Leave idle slots alone when a request starts.
     #[arg(long = "no-cache-idle-slots")]
     pub no_cache_idle_slots: bool,
+    /// After this many seconds without a request, free the model (GPU memory, weights,
+    /// caches) until the next request needs it (-1: never). /health, /props, /models and
+    /// /metrics answer without waking it.
+    #[arg(
+        long = "sleep-idle-seconds",
+        default_value_t = -1,
+        allow_negative_numbers = true
+    )]
+    pub sleep_idle_seconds: i64,
+    /// Experimental: /cors-proxy?url=URL passes requests on to URL (the web UI's way to
+    /// reach MCP servers). It lets any client of the server reach any address the
+    /// server can: only for trusted clients on a trusted network. Off by default.
+    #[arg(
+        long = "ui-mcp-proxy",
+        visible_alias = "webui-mcp-proxy",
+        overrides_with = "no_ui_mcp_proxy"
+    )]
+    pub ui_mcp_proxy: bool,
+    #[arg(long = "no-ui-mcp-proxy", visible_alias = "no-webui-mcp-proxy")]
+    pub no_ui_mcp_proxy: bool,
 }
 
 /// A comma-separated list, trimmed, sorted, without repeats.
@@ -185,6 +205,12 @@ fn template(t: &str) -> Result<String> {
 pub fn serve(a: &ServeArgs) -> Result<()> {
     if a.no_cont_batching {
         bail!("--no-cont-batching: wgllm always batches requests continuously (every generating slot decodes in one batch)");
+    }
+    if a.sleep_idle_seconds == 0 || a.sleep_idle_seconds < -1 {
+        bail!(
+            "--sleep-idle-seconds {}: give the seconds of idleness before the server sleeps, or -1 to never sleep (0 and values below -1 are not valid)",
+            a.sleep_idle_seconds
+        );
     }
     if a.n_predict < -1 {
         bail!(
@@ -264,9 +290,19 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         (true, false) => super::embed::pooling(a.pooling.as_deref(), &model_path)?,
         (false, false) => wgllm::engine::Pooling::None,
     };
+    let gcp = gcp_from_env();
+    let port = match (&gcp, std::env::var("AIP_HTTP_PORT")) {
+        (Some(_), Ok(p)) if !p.is_empty() => p
+            .parse()
+            .map_err(|_| anyhow::anyhow!("AIP_HTTP_PORT={p}: not a port number (1 to 65535)"))?,
+        (Some(_), _) => 8080,
+        (None, _) => a.port,
+    };
     let opts = ServerOptions {
         host: a.host.clone(),
-        port: a.port,
+        port,
+        gcp,
+        cors_proxy: a.ui_mcp_proxy && !a.no_ui_mcp_proxy,
         aliases: list(a.alias.as_deref()),
         tags: list(a.tags.as_deref()),
         model_path: model_path.clone(),
@@ -307,6 +343,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
             kv_unified: a.kv_unified,
             // Set by the server (it knows how it loaded the model).
             reload: None,
+            sleep_idle: (a.sleep_idle_seconds > 0)
+                .then(|| std::time::Duration::from_secs(a.sleep_idle_seconds as u64)),
         },
     };
     let mut model = a.model.clone();
@@ -333,5 +371,23 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         for a in addrs {
             log::info!("server is listening on http://{a}");
         }
+    })
+}
+
+/// Vertex AI's prediction protocol, as its containers are told to speak it
+/// (`AIP_MODE=PREDICTION`; `AIP_PREDICT_ROUTE`, default `/predict`; `AIP_HEALTH_ROUTE`;
+/// `AIP_HTTP_PORT`, default 8080, in place of --port), as llama-server reads them.
+fn gcp_from_env() -> Option<wgllm::server::gcp::GcpOptions> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let slash = |v: String| {
+        if v.starts_with('/') {
+            v
+        } else {
+            format!("/{v}")
+        }
+    };
+    (var("AIP_MODE").as_deref() == Some("PREDICTION")).then(|| wgllm::server::gcp::GcpOptions {
+        predict_route: var("AIP_PREDICT_ROUTE").map_or("/predict".into(), slash),
+        health_route: var("AIP_HEALTH_ROUTE").map(slash),
     })
 }

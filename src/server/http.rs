@@ -5,64 +5,107 @@
 
 use super::error::ApiError;
 use super::{
-    anthropic, embeddings, infill, metrics, native, openai, rerank, responses, resumable, AppState,
+    anthropic, cors_proxy, embeddings, gcp, infill, metrics, native, openai, rerank, responses,
+    resumable, AppState,
 };
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use std::sync::Arc;
 
-pub fn router(state: Arc<AppState>) -> Router {
-    let max_body = state.opts.max_body;
-    Router::new()
-        .route("/health", get(native::health))
-        .route("/v1/health", get(native::health))
-        .route("/metrics", get(metrics::metrics))
-        .route("/props", get(native::props).post(native::set_props))
-        .route("/models", get(openai::models))
-        .route("/v1/models", get(openai::models))
-        .route("/completion", post(native::completion))
-        .route("/completions", post(native::completion))
-        .route("/v1/completions", post(openai::completions))
-        .route("/chat/completions", post(openai::chat_completions))
-        .route("/v1/chat/completions", post(openai::chat_completions))
-        .route(
+/// Every route, in the order llama-server registers them where it matters (the first
+/// path of a GCP `@requestFormat` alias wins).
+fn routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+    vec![
+        ("/health", get(native::health)),
+        ("/v1/health", get(native::health)),
+        ("/metrics", get(metrics::metrics)),
+        ("/props", get(native::props).post(native::set_props)),
+        ("/models", get(openai::models)),
+        ("/v1/models", get(openai::models)),
+        ("/completion", post(native::completion)),
+        ("/completions", post(native::completion)),
+        ("/v1/completions", post(openai::completions)),
+        ("/chat/completions", post(openai::chat_completions)),
+        ("/v1/chat/completions", post(openai::chat_completions)),
+        (
             "/chat/completions/input_tokens",
             post(openai::chat_input_tokens),
-        )
-        .route(
+        ),
+        (
             "/v1/chat/completions/input_tokens",
             post(openai::chat_input_tokens),
-        )
-        .route("/responses", post(responses::responses))
-        .route("/v1/responses", post(responses::responses))
-        .route("/responses/input_tokens", post(responses::input_tokens))
-        .route("/v1/responses/input_tokens", post(responses::input_tokens))
-        .route("/v1/messages", post(anthropic::messages))
-        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/tokenize", post(native::tokenize))
-        .route("/detokenize", post(native::detokenize))
-        .route("/apply-template", post(native::apply_template))
-        .route("/slots", get(native::slots))
-        .route("/slots/{id}", post(native::slot_action))
-        .route(
+        ),
+        ("/responses", post(responses::responses)),
+        ("/v1/responses", post(responses::responses)),
+        ("/responses/input_tokens", post(responses::input_tokens)),
+        ("/v1/responses/input_tokens", post(responses::input_tokens)),
+        ("/v1/messages", post(anthropic::messages)),
+        ("/v1/messages/count_tokens", post(anthropic::count_tokens)),
+        ("/tokenize", post(native::tokenize)),
+        ("/detokenize", post(native::detokenize)),
+        ("/apply-template", post(native::apply_template)),
+        ("/slots", get(native::slots)),
+        ("/slots/{id}", post(native::slot_action)),
+        (
             "/lora-adapters",
             get(native::lora_adapters).post(native::set_lora_adapters),
-        )
-        .route("/embedding", post(embeddings::native))
-        .route("/embeddings", post(embeddings::native))
-        .route("/v1/embeddings", post(embeddings::openai))
-        .route("/rerank", post(rerank::rerank))
-        .route("/reranking", post(rerank::rerank))
-        .route("/v1/rerank", post(rerank::rerank))
-        .route("/v1/reranking", post(rerank::rerank))
-        .route("/infill", post(infill::infill))
-        .route("/v1/stream", get(resumable::replay).delete(resumable::stop))
-        .route("/v1/streams/lookup", post(resumable::lookup))
+        ),
+        ("/embedding", post(embeddings::native)),
+        ("/embeddings", post(embeddings::native)),
+        ("/v1/embeddings", post(embeddings::openai)),
+        ("/rerank", post(rerank::rerank)),
+        ("/reranking", post(rerank::rerank)),
+        ("/v1/rerank", post(rerank::rerank)),
+        ("/v1/reranking", post(rerank::rerank)),
+        ("/infill", post(infill::infill)),
+        ("/v1/stream", get(resumable::replay).delete(resumable::stop)),
+        ("/v1/streams/lookup", post(resumable::lookup)),
+        (
+            "/cors-proxy",
+            get(cors_proxy::proxy).post(cors_proxy::proxy),
+        ),
+    ]
+}
+
+/// The paths the server answers (before any GCP route).
+pub fn route_paths() -> Vec<&'static str> {
+    routes().into_iter().map(|(p, _)| p).collect()
+}
+
+/// The server's routes with what every request passes through; with Vertex AI's
+/// prediction protocol on (`AIP_MODE=PREDICTION`), also its predict route, which
+/// answers each instance through the others (see [`gcp`]).
+pub fn router(state: Arc<AppState>) -> Router {
+    let table = routes();
+    let mut r = Router::new();
+    for (path, m) in &table {
+        r = r.route(path, m.clone());
+    }
+    if let Some(g) = &state.opts.gcp {
+        let paths: Vec<&str> = table.iter().map(|(p, _)| *p).collect();
+        let inner = Arc::new(gcp::Predictor::new(
+            &paths,
+            layered(r.clone(), state.clone()),
+        ));
+        r = r.route(
+            &g.predict_route,
+            post(move |req: Request| gcp::predict(inner.clone(), req)),
+        );
+        if let Some(h) = &g.health_route {
+            r = r.route(h, get(native::health));
+        }
+    }
+    layered(r, state)
+}
+
+fn layered(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
+    let max_body = state.opts.max_body;
+    routes
         .fallback(unknown)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(max_body))
@@ -70,6 +113,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             body_and_errors,
         ))
+        .layer(middleware::from_fn_with_state(state.clone(), wake))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             resumable::tee,
@@ -207,6 +251,31 @@ async fn as_json_error(resp: Response) -> Response {
             .to_string(),
     };
     ApiError::with_status(status, text).into_response()
+}
+
+/// What a sleeping server answers without waking (llama-server's read-only routes):
+/// its health, its properties and model list, and the metrics as they were when it fell
+/// asleep.
+fn answers_asleep(method: &Method, path: &str) -> bool {
+    path == "/cors-proxy"
+        || method == Method::GET
+            && matches!(
+                path,
+                "/health" | "/v1/health" | "/props" | "/models" | "/v1/models" | "/metrics"
+            )
+}
+
+/// Wakes a sleeping server (loading the model again) before any request that may need
+/// the model (`--sleep-idle-seconds`); a load that fails is the request's 500.
+async fn wake(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Ok(service) = s.service() {
+        if service.is_sleeping() && !answers_asleep(req.method(), req.uri().path()) {
+            if let Err(e) = service.wake().await {
+                return ApiError::from(e).into_response();
+            }
+        }
+    }
+    next.run(req).await
 }
 
 /// Paths any client may read without a key.

@@ -19,6 +19,13 @@ pub async fn metrics(State(s): State<Arc<AppState>>) -> ApiResult<Response> {
     }
     let st = s.service()?.stats();
     let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    // The throughput gauges cover the window since the previous scrape, as
+    // llama-server's do: a scrape after an idle spell (or during sleep) reports 0.
+    let since = {
+        let mut last = s.metrics_window.lock().unwrap();
+        let now = Window::of(&st);
+        std::mem::replace(&mut *last, now)
+    };
     let r = Registry::new();
     let counter = |name: &str, help: &str, v: f64| -> prometheus::Result<()> {
         let c = Counter::with_opts(Opts::new(format!("llamacpp:{name}"), help))?;
@@ -90,12 +97,18 @@ pub async fn metrics(State(s): State<Arc<AppState>>) -> ApiResult<Response> {
         gauge(
             "prompt_tokens_seconds",
             "Average prompt throughput in tokens/s",
-            rate(st.prompt_tokens_total, st.prompt_seconds_total),
+            rate(
+                st.prompt_tokens_total - since.prompt_tokens,
+                st.prompt_seconds_total - since.prompt_secs,
+            ),
         )?;
         gauge(
             "predicted_tokens_seconds",
             "Average generation throughput in tokens/s",
-            rate(st.tokens_predicted_total, st.tokens_predicted_seconds_total),
+            rate(
+                st.tokens_predicted_total - since.predicted_tokens,
+                st.tokens_predicted_seconds_total - since.predicted_secs,
+            ),
         )?;
         gauge(
             "requests_processing",
@@ -173,4 +186,24 @@ pub async fn metrics(State(s): State<Arc<AppState>>) -> ApiResult<Response> {
         out,
     )
         .into_response())
+}
+
+/// The throughput counters at a scrape: the next scrape's gauges are rates since then.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Window {
+    prompt_tokens: u64,
+    prompt_secs: f64,
+    predicted_tokens: u64,
+    predicted_secs: f64,
+}
+
+impl Window {
+    fn of(st: &crate::engine::service::Stats) -> Self {
+        Window {
+            prompt_tokens: st.prompt_tokens_total,
+            prompt_secs: st.prompt_seconds_total,
+            predicted_tokens: st.tokens_predicted_total,
+            predicted_secs: st.tokens_predicted_seconds_total,
+        }
+    }
 }

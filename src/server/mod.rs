@@ -13,8 +13,11 @@ mod anthropic;
 pub mod bodies;
 pub mod budget;
 mod chat;
+mod cors_proxy;
 mod embeddings;
 mod error;
+mod forward;
+pub mod gcp;
 mod gen;
 mod http;
 mod infill;
@@ -85,6 +88,10 @@ pub struct ServerOptions {
     /// The memory one request may take, in bytes (`--request-budget-mib`; see
     /// [`budget`]).
     pub request_budget: u64,
+    /// Vertex AI's prediction protocol (`AIP_MODE=PREDICTION`): its routes.
+    pub gcp: Option<gcp::GcpOptions>,
+    /// `/cors-proxy` passes requests on (`--ui-mcp-proxy`); else it answers 403.
+    pub cors_proxy: bool,
 }
 
 /// What every handler sees.
@@ -103,6 +110,8 @@ pub struct AppState {
     /// largest size); a request takes room for its bytes as they arrive and keeps it
     /// until its handler has answered, and one that finds none gets a 503.
     bodies: tokio::sync::Semaphore,
+    /// The throughput counters at the last `/metrics` scrape.
+    metrics_window: std::sync::Mutex<metrics::Window>,
 }
 
 /// How many bodies of the largest size may be in memory at once.
@@ -176,7 +185,20 @@ async fn run(
         bodies: tokio::sync::Semaphore::new(
             (opts.max_body.div_ceil(1024).max(1)).saturating_mul(BODIES_IN_FLIGHT),
         ),
+        metrics_window: Default::default(),
     });
+    if let Some(g) = &opts.gcp {
+        for route in std::iter::once(&g.predict_route).chain(&g.health_route) {
+            if !gcp::valid_route(route) {
+                anyhow::bail!("AIP_PREDICT_ROUTE / AIP_HEALTH_ROUTE {route:?}: a route is a path of letters, digits and / - _ . ~ : @, with no segment starting with : or *");
+            }
+            if http::route_paths().contains(&route.as_str())
+                || g.health_route.as_ref() == Some(&g.predict_route)
+            {
+                anyhow::bail!("AIP_PREDICT_ROUTE / AIP_HEALTH_ROUTE {route} conflicts with an existing route of the server: choose another path");
+            }
+        }
+    }
     budget::set_limit(opts.request_budget);
     let grace = std::time::Duration::from_secs(opts.shutdown_grace_s);
     let mut signals = shutdown::Signals::listen(grace)

@@ -479,11 +479,12 @@ pub async fn props(State(s): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
         "bos_token": piece(tok.bos()),
         "eos_token": piece(tok.eos()),
         "build_info": format!("wgllm {}", env!("CARGO_PKG_VERSION")),
-        "is_sleeping": false,
+        "is_sleeping": service.is_sleeping(),
         "endpoint_slots": s.opts.slots,
         "endpoint_props": false,
         "endpoint_metrics": s.opts.metrics,
         "ui": false,
+        "cors_proxy_enabled": s.opts.cors_proxy,
     })))
 }
 

@@ -27,7 +27,7 @@ use super::{CacheMap, Engine, EngineError, Pooling, SessionParams, Timings, Toke
 use crate::context::FullReason;
 use crate::tokenizer::Tokenizer;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc as amp, oneshot};
 
@@ -62,6 +62,11 @@ pub struct ServiceOptions {
     pub cache_idle_slots: bool,
     /// Every slot draws on one shared cache (`--kv-unified`).
     pub kv_unified: bool,
+    /// After this long without a command the service sleeps: the engine (its device,
+    /// weights and cache) and the host prompt cache are dropped, and the next command
+    /// that needs the model loads it again with [`Self::reload`], which must be set
+    /// (llama-server's `--sleep-idle-seconds`). Native targets only.
+    pub sleep_idle: Option<std::time::Duration>,
 }
 
 /// A request's key: unique for the service's lifetime (slots are reused, keys never).
@@ -280,6 +285,13 @@ enum Cmd {
     /// Fail everything in flight and queued as unavailable, drop the engine (its device
     /// and buffers), then answer.
     Shutdown(oneshot::Sender<()>),
+    /// Sleep now if nothing ran for [`ServiceOptions::sleep_idle`] (sent by the idle
+    /// timer; neither this nor a sleeping service's `Cancel` or `Watch` counts as use).
+    /// Pages do not sleep: there the timer never runs.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    Sleep,
+    /// Be awake (loading the model again if asleep), then answer.
+    Wake(oneshot::Sender<Result<(), RequestError>>),
 }
 
 /// Each input's embedding (one vector, or one per token without pooling).
@@ -324,6 +336,10 @@ struct Shared {
     image_prep: Option<Arc<crate::vision::ImagePrep>>,
     info: ServiceInfo,
     stats: Mutex<Stats>,
+    /// The engine is dropped until a command wakes the service.
+    sleeping: AtomicBool,
+    /// When the worker last took a command or stepped (the idle timer's start).
+    last_active: Mutex<web_time::Instant>,
 }
 
 /// A handle to the engine's thread; clone it freely.
@@ -356,12 +372,25 @@ impl EngineService {
     /// [`Self::spawn`] with a host prompt cache and its policy.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn spawn_with(engine: Engine, opts: ServiceOptions) -> Result<EngineService, EngineError> {
+        if opts.sleep_idle.is_some() && opts.reload.is_none() {
+            return Err(EngineError::Options(
+                "a service that sleeps when idle needs a way to load the model again (ServiceOptions::reload)".into(),
+            ));
+        }
+        let sleep_idle = opts.sleep_idle;
         let (service, mut worker, rx) = Self::build(engine)?;
         worker.configure(opts);
         std::thread::Builder::new()
             .name("wgllm-engine".into())
             .spawn(move || pollster::block_on(worker.run(rx)))
             .map_err(|e| EngineError::Options(format!("starting the engine thread: {e}")))?;
+        if let Some(idle) = sleep_idle {
+            let shared = Arc::downgrade(&service.shared);
+            std::thread::Builder::new()
+                .name("wgllm-idle-timer".into())
+                .spawn(move || idle_timer(shared, idle))
+                .map_err(|e| EngineError::Options(format!("starting the idle timer: {e}")))?;
+        }
         Ok(service)
     }
 
@@ -414,6 +443,8 @@ impl EngineService {
                 kv_cells_total: engine.n_ctx() as u64,
                 ..Stats::default()
             }),
+            sleeping: AtomicBool::new(false),
+            last_active: Mutex::new(web_time::Instant::now()),
         });
         // Injected faults (tests) count from here: the model is loaded.
         engine.model.gpu.arm_faults();
@@ -434,8 +465,24 @@ impl EngineService {
         &self.shared.info
     }
 
+    /// The counters as they were when the service last ran; while it sleeps they stay
+    /// as they were when it fell asleep.
     pub fn stats(&self) -> Stats {
         self.shared.stats.lock().unwrap().clone()
+    }
+
+    /// The service sleeps: its model is not loaded (see [`ServiceOptions::sleep_idle`]).
+    pub fn is_sleeping(&self) -> bool {
+        self.shared.sleeping.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once the service is awake, loading the model again if it sleeps; an
+    /// error if that load fails (the service then stays asleep and the next command
+    /// tries again) or the service has stopped.
+    pub async fn wake(&self) -> Result<(), RequestError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Cmd::Wake(reply));
+        rx.await.unwrap_or_else(|_| Err(stopped()))
     }
 
     fn send(&self, c: Cmd) -> bool {
@@ -532,5 +579,25 @@ impl EngineService {
             reply,
         });
         rx.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+/// Asks the worker to sleep whenever nothing has run for `idle` (it declines if work
+/// came meanwhile); ends with the service.
+#[cfg(not(target_arch = "wasm32"))]
+fn idle_timer(shared: std::sync::Weak<Shared>, idle: std::time::Duration) {
+    loop {
+        let Some(sh) = shared.upgrade() else { return };
+        let quiet = sh.last_active.lock().unwrap().elapsed();
+        let wait = if quiet >= idle {
+            if !sh.sleeping.load(Ordering::Relaxed) && sh.cmd.send(Cmd::Sleep).is_err() {
+                return;
+            }
+            idle
+        } else {
+            idle - quiet
+        };
+        drop(sh);
+        std::thread::sleep(wait.max(std::time::Duration::from_millis(20)));
     }
 }

@@ -1,7 +1,9 @@
 //! The service's thread: the loop that takes commands, starts queued requests on slots,
-//! steps the engine and routes each event to its request; and its recovery from a lost
-//! device.
+//! steps the engine and routes each event to its request; its recovery from a lost
+//! device; and its sleep when idle (`sleep.rs`).
 
+#[cfg(not(target_arch = "wasm32"))]
+mod sleep;
 mod slots;
 
 use super::{
@@ -57,6 +59,18 @@ pub(super) struct Worker {
     dead: Option<RequestError>,
     /// Told to shut down: answered once the engine is dropped.
     stop: Option<oneshot::Sender<()>>,
+    /// The idle timer's `Sleep` was taken: the loop hands over to the sleep.
+    sleep_now: bool,
+}
+
+/// Why [`Worker::serve`] returned.
+enum Ended {
+    /// Told to stop: answer once the engine is dropped.
+    Stop(oneshot::Sender<()>),
+    /// Every handle is gone.
+    Gone,
+    /// Idle long enough: drop the engine until a command needs it.
+    Sleep,
 }
 
 type SlotReply = oneshot::Sender<Result<SlotFileResult, RequestError>>;
@@ -85,6 +99,7 @@ impl Worker {
             pending: Vec::new(),
             dead: None,
             stop: None,
+            sleep_now: false,
         }
     }
 
@@ -109,6 +124,32 @@ impl Worker {
 
     pub(super) async fn run(mut self, mut rx: amp::UnboundedReceiver<Cmd>) {
         loop {
+            match self.serve(&mut rx).await {
+                Ended::Stop(done) => {
+                    drop(self);
+                    log::info!("the engine has stopped and freed its device");
+                    let _ = done.send(());
+                    return;
+                }
+                Ended::Gone => return,
+                #[cfg(not(target_arch = "wasm32"))]
+                Ended::Sleep => match self.sleep(&mut rx).await {
+                    Some(awake) => self = awake,
+                    None => return,
+                },
+                #[cfg(target_arch = "wasm32")]
+                Ended::Sleep => {}
+            }
+        }
+    }
+
+    /// Serves commands until told to stop, every handle is gone, or it is time to sleep.
+    async fn serve(&mut self, rx: &mut amp::UnboundedReceiver<Cmd>) -> Ended {
+        loop {
+            if self.sleep_now {
+                self.sleep_now = false;
+                return Ended::Sleep;
+            }
             if let Some(done) = self.stop.take() {
                 let err = RequestError::Unavailable("the server is shutting down".into());
                 self.fail_in_flight(&err);
@@ -121,16 +162,13 @@ impl Worker {
                 while let Ok(c) = rx.try_recv() {
                     Self::refuse(c, &err);
                 }
-                drop(self);
-                log::info!("the engine has stopped and freed its device");
-                let _ = done.send(());
-                return;
+                return Ended::Stop(done);
             }
             if let Some(err) = self.dead.clone() {
                 match rx.recv().await {
                     Some(Cmd::Shutdown(done)) => self.stop = Some(done),
                     Some(c) => Self::refuse(c, &err),
-                    None => return,
+                    None => return Ended::Gone,
                 }
                 continue;
             }
@@ -141,7 +179,7 @@ impl Worker {
                 match rx.recv().await {
                     Some(c) => self.handle(c),
                     // Every handle is gone: the engine (and its GPU buffers) go with us.
-                    None => return,
+                    None => return Ended::Gone,
                 }
             }
             while let Ok(c) = rx.try_recv() {
@@ -158,6 +196,7 @@ impl Worker {
             self.assign();
             if self.engine.is_busy() {
                 self.step().await;
+                self.touch();
                 self.run_slot_actions();
                 // Between steps a page gets a turn to draw what came back.
                 #[cfg(target_arch = "wasm32")]
@@ -185,12 +224,20 @@ impl Worker {
             Cmd::Lora { reply, .. } => {
                 let _ = reply.send(Err(err.clone()));
             }
-            Cmd::Watch(_) | Cmd::Cancel(_) => {}
+            Cmd::Wake(reply) => {
+                let _ = reply.send(Err(err.clone()));
+            }
+            Cmd::Watch(_) | Cmd::Cancel(_) | Cmd::Sleep => {}
             // Already stopping (or dead): the engine goes when the loop sees it.
             Cmd::Shutdown(done) => {
                 let _ = done.send(());
             }
         }
+    }
+
+    /// Restarts the idle timer: the service was used now.
+    fn touch(&self) {
+        *self.shared.last_active.lock().unwrap() = Instant::now();
     }
 
     /// The device is gone and stays gone: what is in flight or queued fails with `why`,
@@ -205,7 +252,21 @@ impl Worker {
     }
 
     fn handle(&mut self, c: Cmd) {
+        if !matches!(c, Cmd::Sleep) {
+            self.touch();
+        }
         match c {
+            Cmd::Sleep => {
+                let idle =
+                    !self.engine.is_busy() && self.queue.is_empty() && self.pending.is_empty();
+                let quiet = self.shared.last_active.lock().unwrap().elapsed();
+                if idle && self.opts.sleep_idle.is_some_and(|limit| quiet >= limit) {
+                    self.sleep_now = true;
+                }
+            }
+            Cmd::Wake(reply) => {
+                let _ = reply.send(Ok(()));
+            }
             Cmd::Submit(mut q) if self.shared.info.embeddings => {
                 (q.sink)(RequestEvent::Failed(RequestError::Invalid(
                     "This server does not support completions. Start it without `--embeddings`"
