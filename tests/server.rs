@@ -1825,3 +1825,178 @@ fn gcp_predictions_answer_each_instance_in_order() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("conflicts with an existing route"), "{err}");
 }
+
+/// Router mode (`wgllm serve` with no model): two different GGUF files of a
+/// `--models-dir`, by name, with `--models-max 1` so every change of model unloads the
+/// other. Eight clients at once asking both: every greedy reply equals that model's
+/// single-model server's, and each swap gives the unloaded model's memory back (the
+/// process holds about one model's, as when that model was first loaded alone). The
+/// listing shows which is loaded; unknown and missing names get llama-server's 400s;
+/// `--models-dir` with `-m` is refused.
+#[test]
+fn a_router_serves_two_models_by_name_and_swaps_them() {
+    let dir = std::env::temp_dir().join(format!("wgllm-router-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("models")).unwrap();
+    std::fs::create_dir_all(dir.join("hub")).unwrap();
+    let files = [
+        ("smol", common::smollm2()),
+        (
+            "gemma",
+            common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf")
+                .to_string_lossy()
+                .into_owned(),
+        ),
+    ];
+    for (name, path) in &files {
+        std::os::unix::fs::symlink(path, dir.join("models").join(format!("{name}.gguf"))).unwrap();
+    }
+    let prompts = ["The capital of France is", "Once upon a time", "1, 2, 3,"];
+    let ask = |s: &Server, model: Option<&str>, prompt: &str| -> String {
+        let mut body = json!({"prompt": prompt, "n_predict": 10, "temperature": 0});
+        if let Some(m) = model {
+            body["model"] = json!(m);
+        }
+        let (st, b) = s.json("POST", "/completion", body);
+        assert_eq!(st, 200, "{b}");
+        b["content"].as_str().unwrap().to_string()
+    };
+    // Each model alone.
+    let mut alone = std::collections::HashMap::new();
+    for (name, path) in &files {
+        let s = start_model(path, &["-c", "512", "-np", "2"], &[]);
+        for p in prompts {
+            alone.insert((name.to_string(), p), ask(&s, None, p));
+        }
+    }
+    let hub = dir.join("hub").display().to_string();
+    let models = dir.join("models").display().to_string();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args([
+            "serve",
+            "--models-dir",
+            &models,
+            "--models-max",
+            "1",
+            "-c",
+            "512",
+            "-np",
+            "2",
+        ])
+        .args(["--port", &port.to_string()])
+        .env("LLAMA_CACHE", &hub)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let r = Server { child, port };
+    let t0 = Instant::now();
+    while r
+        .try_request("GET", "/health", &[], "")
+        .map(|x| x.0)
+        .unwrap_or(0)
+        != 200
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the router did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = |r: &Server| -> Vec<(String, String)> {
+        let (_, l) = r.json("GET", "/models", json!(null));
+        let mut v: Vec<(String, String)> = (l["data"].as_array().unwrap().iter())
+            .map(|m| {
+                (
+                    m["id"].as_str().unwrap().into(),
+                    m["status"]["value"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        status(&r),
+        [
+            ("gemma".into(), "unloaded".into()),
+            ("smol".into(), "unloaded".into())
+        ]
+    );
+    let base = anon_bytes(r.child.id());
+    // One model, then the other, alone: what each holds.
+    let mut first = std::collections::HashMap::new();
+    for (name, _) in &files {
+        assert_eq!(
+            ask(&r, Some(name), prompts[0]),
+            alone[&(name.to_string(), prompts[0])]
+        );
+        first.insert(name.to_string(), anon_bytes(r.child.id()));
+        let want: Vec<(String, String)> = (files.iter())
+            .map(|(n, _)| {
+                (
+                    n.to_string(),
+                    if n == name { "loaded" } else { "unloaded" }.to_string(),
+                )
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
+            .collect();
+        assert_eq!(status(&r), want);
+    }
+    // Eight clients at once, each asking both models in turn.
+    std::thread::scope(|sc| {
+        for c in 0..8 {
+            let (r, alone, ask, files) = (&r, &alone, &ask, &files);
+            sc.spawn(move || {
+                for k in 0..2 {
+                    let (name, _) = &files[(c + k) % 2];
+                    let p = prompts[(c + k) % prompts.len()];
+                    assert_eq!(
+                        ask(r, Some(name), p),
+                        alone[&(name.to_string(), p)],
+                        "{name}: {p}"
+                    );
+                }
+            });
+        }
+    });
+    // Swaps one after another: the process holds about one model's memory each time.
+    for i in 0..4 {
+        let (name, _) = &files[i % 2];
+        assert_eq!(
+            ask(&r, Some(name), prompts[1]),
+            alone[&(name.to_string(), prompts[1])]
+        );
+        let now = anon_bytes(r.child.id());
+        let one = first[*name];
+        assert!(
+            now <= one + one / 5 + (16 << 20),
+            "after swapping to {name} the router holds {} MiB; {name} alone held {} MiB (the router {} MiB before any model)",
+            now >> 20,
+            one >> 20,
+            base >> 20
+        );
+    }
+    let (st, b) = r.json("POST", "/completion", json!({"prompt": "x"}));
+    assert_error(st, &b, 400, "invalid_request_error");
+    let (st, b) = r.json(
+        "POST",
+        "/completion",
+        json!({"model": "nope", "prompt": "x"}),
+    );
+    assert_error(st, &b, 400, "invalid_request_error");
+    let (st, b) = r.json("POST", "/models/unload", json!({"model": "nope"}));
+    assert_error(st, &b, 400, "invalid_request_error");
+    drop(r);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(["serve", "-m", &common::smollm2(), "--models-dir", &models])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("router mode"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -14,6 +14,8 @@ pub mod info;
 pub mod kernels;
 pub mod media;
 pub mod perplexity;
+#[cfg(feature = "server")]
+pub mod router;
 pub mod run;
 pub mod runtime_dir;
 pub mod sampling;
@@ -50,7 +52,8 @@ pub enum Command {
     App(app::AppArgs),
     /// Generate text from a prompt.
     Run(Box<run::RunArgs>),
-    /// Serve the model over HTTP: llama-server's, OpenAI's and Anthropic's APIs.
+    /// Serve the model over HTTP: llama-server's, OpenAI's and Anthropic's APIs. With no
+    /// -m or -hf, a router over the cached, --models-dir and --models-preset models.
     #[cfg(feature = "server")]
     Serve(Box<serve::ServeArgs>),
     /// Interactive chat using the model's chat template.
@@ -339,12 +342,9 @@ pub fn resolve_devices(backend: Backend, names: &[String]) -> Result<Vec<usize>>
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Path to a GGUF model (or -hf ORG/NAME[:QUANT]).
-    #[arg(
-        short = 'm',
-        long = "model",
-        required_unless_present = "hf_repo",
-        conflicts_with = "hf_repo"
-    )]
+    // Not required by the parser: `serve` without one is a router; the other commands
+    // say a model is needed when they look for it (`ModelArgs::path`).
+    #[arg(short = 'm', long = "model", conflicts_with = "hf_repo")]
     pub model: Option<PathBuf>,
     #[command(flatten)]
     pub hub: hub::HubArgs,

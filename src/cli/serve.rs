@@ -171,6 +171,31 @@ pub struct ServeArgs {
     pub ui_mcp_proxy: bool,
     #[arg(long = "no-ui-mcp-proxy", visible_alias = "no-webui-mcp-proxy")]
     pub no_ui_mcp_proxy: bool,
+    #[command(flatten)]
+    pub router: RouterArgs,
+}
+
+/// Router mode: `wgllm serve` with no -m or -hf serves many models by name.
+#[derive(Args, Clone, Debug)]
+pub struct RouterArgs {
+    /// Router mode: a directory of models (each *.gguf by its name without .gguf; each
+    /// subdirectory by its name, with its *mmproj* file as its projector).
+    #[arg(long = "models-dir")]
+    pub models_dir: Option<PathBuf>,
+    /// Router mode: an INI file of models, `[name]` sections of serve flags by their
+    /// long names (`model = /x.gguf`, `ctx-size = 8192`), `[*]` for every model.
+    #[arg(long = "models-preset")]
+    pub models_preset: Option<PathBuf>,
+    /// Router mode: most models loaded at once (0: no limit); past it the least recently
+    /// used idle model is unloaded.
+    #[arg(long = "models-max", default_value_t = 4)]
+    pub models_max: usize,
+    /// Router mode: load a model on its first request (the default).
+    #[arg(long = "models-autoload", overrides_with = "no_models_autoload")]
+    pub models_autoload: bool,
+    /// Router mode: only POST /models/load loads a model.
+    #[arg(long = "no-models-autoload")]
+    pub no_models_autoload: bool,
 }
 
 /// A comma-separated list, trimmed, sorted, without repeats.
@@ -203,6 +228,49 @@ fn template(t: &str) -> Result<String> {
 }
 
 pub fn serve(a: &ServeArgs) -> Result<()> {
+    let routed = a.model.model.is_none() && a.model.hub.hf_repo.is_none();
+    if routed {
+        return super::router::serve(a);
+    }
+    let r = &a.router;
+    if r.models_dir.is_some() || r.models_preset.is_some() {
+        bail!("--models-dir and --models-preset are for router mode, which serves many models by name: leave out -m/-hf to use them, or leave them out to serve the one model");
+    }
+    let (opts, load) = prepare(a)?;
+    wgllm::server::serve(
+        opts,
+        move || load(),
+        |addrs| {
+            for a in addrs {
+                log::info!("server is listening on http://{a}");
+            }
+        },
+    )
+}
+
+/// The keys the server accepts: --api-key and --api-key-file.
+pub(super) fn api_keys(a: &ServeArgs) -> Result<Vec<String>> {
+    let mut keys: Vec<String> = a
+        .api_key
+        .iter()
+        .filter(|k| !k.is_empty())
+        .cloned()
+        .collect();
+    if let Some(f) = &a.api_key_file {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("reading the API key file {}", f.display()))?;
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from),
+        );
+    }
+    Ok(keys)
+}
+
+/// A single model's server: its options and how to load (and reload) its model.
+pub(super) fn prepare(a: &ServeArgs) -> Result<(ServerOptions, wgllm::server::LoadFn)> {
     if a.no_cont_batching {
         bail!("--no-cont-batching: wgllm always batches requests continuously (every generating slot decodes in one batch)");
     }
@@ -222,22 +290,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     shift.no_context_shift = !a.context_shift || a.shift.no_context_shift;
     let policy = shift.policy()?;
     let sampling = a.sampling.checked()?;
-    let mut keys: Vec<String> = a
-        .api_key
-        .iter()
-        .filter(|k| !k.is_empty())
-        .cloned()
-        .collect();
-    if let Some(f) = &a.api_key_file {
-        let text = std::fs::read_to_string(f)
-            .with_context(|| format!("reading the API key file {}", f.display()))?;
-        keys.extend(
-            text.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from),
-        );
-    }
+    let keys = api_keys(a)?;
     let chat_template = match (&a.chat_template, &a.chat_template_file) {
         (_, Some(f)) => Some(
             std::fs::read_to_string(f)
@@ -367,11 +420,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         }
         Ok(e)
     };
-    wgllm::server::serve(opts, load, |addrs| {
-        for a in addrs {
-            log::info!("server is listening on http://{a}");
-        }
-    })
+    Ok((opts, std::sync::Arc::new(load)))
 }
 
 /// Vertex AI's prediction protocol, as its containers are told to speak it

@@ -103,6 +103,20 @@ pub fn router(state: Arc<AppState>) -> Router {
     layered(r, state)
 }
 
+/// A router's front: the API key, CORS and the body read within its limits, before any
+/// model's routes (which check no key of their own).
+pub(super) fn front_layers(routes: Router, state: Arc<AppState>) -> Router {
+    let max_body = state.opts.max_body;
+    routes
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            body_and_errors,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), api_key))
+        .layer(middleware::from_fn_with_state(state, cors))
+}
+
 fn layered(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
     let max_body = state.opts.max_body;
     routes

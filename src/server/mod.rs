@@ -29,6 +29,7 @@ mod params;
 mod rerank;
 mod responses;
 mod resumable;
+pub mod router;
 mod shutdown;
 mod tools;
 mod wire;
@@ -170,23 +171,53 @@ pub fn serve(
     r
 }
 
+impl AppState {
+    fn new(opts: ServerOptions) -> Arc<AppState> {
+        let bodies = (opts.max_body.div_ceil(1024).max(1)).saturating_mul(BODIES_IN_FLIGHT);
+        Arc::new(AppState {
+            opts,
+            service: OnceLock::new(),
+            load_error: OnceLock::new(),
+            started: std::time::Instant::now(),
+            streams: Default::default(),
+            stopping: Default::default(),
+            bodies: tokio::sync::Semaphore::new(bodies),
+            metrics_window: Default::default(),
+        })
+    }
+}
+
+/// How to load a model (again, after a lost device or a sleep).
+pub type LoadFn = Arc<dyn Fn() -> anyhow::Result<Engine> + Send + Sync>;
+
+/// Loads the model with `load` and starts its engine service (blocking: the disk and the
+/// GPU), with `load` kept for reloading.
+fn start_service(
+    service: &crate::engine::service::ServiceOptions,
+    load: LoadFn,
+) -> anyhow::Result<EngineService> {
+    let mut service_opts = service.clone();
+    let again = load.clone();
+    service_opts.reload = Some(crate::engine::service::Reload(Arc::new(move || {
+        again().map_err(|e| format!("{e:#}"))
+    })));
+    Ok(EngineService::spawn_with(load()?, service_opts)?)
+}
+
+/// A model's server state, loaded (blocking): what a router serves one model with.
+pub(crate) fn loaded_state(opts: ServerOptions, load: LoadFn) -> anyhow::Result<Arc<AppState>> {
+    let state = AppState::new(opts);
+    let service = start_service(&state.opts.service, load)?;
+    let _ = state.service.set(service);
+    Ok(state)
+}
+
 async fn run(
     opts: ServerOptions,
     load: impl Fn() -> anyhow::Result<Engine> + Send + Sync + 'static,
     ready: impl FnOnce(&[SocketAddr]) + Send + 'static,
 ) -> anyhow::Result<()> {
-    let state = Arc::new(AppState {
-        opts: opts.clone(),
-        service: OnceLock::new(),
-        load_error: OnceLock::new(),
-        started: std::time::Instant::now(),
-        streams: Default::default(),
-        stopping: Default::default(),
-        bodies: tokio::sync::Semaphore::new(
-            (opts.max_body.div_ceil(1024).max(1)).saturating_mul(BODIES_IN_FLIGHT),
-        ),
-        metrics_window: Default::default(),
-    });
+    let state = AppState::new(opts.clone());
     if let Some(g) = &opts.gcp {
         for route in std::iter::once(&g.predict_route).chain(&g.health_route) {
             if !gcp::valid_route(route) {
@@ -204,55 +235,19 @@ async fn run(
     let mut signals = shutdown::Signals::listen(grace)
         .map_err(|e| anyhow::anyhow!("cannot listen for SIGINT/SIGTERM: {e}"))?;
     let app = http::router(state.clone());
-    let mut listeners = Vec::new();
-    for host in opts
-        .host
-        .split(',')
-        .map(str::trim)
-        .filter(|h| !h.is_empty())
-    {
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let l = tokio::net::TcpListener::bind((host, opts.port))
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {host}:{}: {e}", opts.port))?;
-        listeners.push(l);
-    }
-    let addrs: Vec<SocketAddr> = listeners
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
-        .collect();
-    for a in &addrs {
-        log::info!("listening on http://{a} (loading the model)");
-    }
-    let (stop_tx, _) = tokio::sync::watch::channel(false);
-    let mut servers = tokio::task::JoinSet::new();
-    let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    for l in listeners {
-        servers.spawn(accept_loop(
-            l,
-            app.clone(),
-            stop_tx.subscribe(),
-            std::time::Duration::from_secs(opts.timeout_s.max(1)),
-            open.clone(),
-        ));
-    }
+    let net = Listening::bind(&opts, app, "loading the model").await?;
+    let addrs = net.addrs.clone();
     // The model loads on a thread of its own (it blocks on the GPU and the disk); the
-    // service loads it again the same way if the device is lost.
-    let load = Arc::new(load);
-    let mut service_opts = opts.service.clone();
-    let again = load.clone();
-    service_opts.reload = Some(crate::engine::service::Reload(Arc::new(move || {
-        again().map_err(|e| format!("{e:#}"))
-    })));
-    let loading = tokio::task::spawn_blocking(move || {
-        load().and_then(|e| Ok(EngineService::spawn_with(e, service_opts)?))
-    });
+    // service loads it again the same way if the device is lost or after a sleep.
+    let load: LoadFn = Arc::new(load);
+    let service_opts = opts.service.clone();
+    let loading = tokio::task::spawn_blocking(move || start_service(&service_opts, load));
     let loaded = tokio::select! {
         l = loading => l?,
         _ = signals.first() => {
             // Nothing is in flight yet; the loading thread ends with the process.
             log::info!("shutting down before the model finished loading");
-            let _ = stop_tx.send(true);
+            let _ = net.stop.send(true);
             return Ok(());
         }
     };
@@ -264,36 +259,104 @@ async fn run(
         }
         Err(e) => {
             let _ = state.load_error.set(format!("{e:#}"));
-            let _ = stop_tx.send(true);
+            let _ = net.stop.send(true);
             return Err(e);
         }
     }
     signals.first().await;
-    log::info!(
-        "shutting down: no new requests; those in flight have {} s to finish (a second signal exits at once)",
-        grace.as_secs()
-    );
     state
         .stopping
         .store(true, std::sync::atomic::Ordering::Relaxed);
-    // Listeners close; each connection finishes the request it is serving and closes
-    // (an idle one at once).
-    let _ = stop_tx.send(true);
-    let all_closed = || open.acquire_many(MAX_CONNECTIONS as u32);
-    if tokio::time::timeout(grace, all_closed()).await.is_err() {
-        log::info!("requests still in flight after the grace period end with an error");
+    net.close(grace, async {
+        // What still runs ends with an error event or a 503; the engine and its device go.
+        if let Some(service) = state.service.get() {
+            service.shutdown().await;
+        }
+    })
+    .await
+}
+
+/// The server's listeners and their connections.
+pub(crate) struct Listening {
+    pub addrs: Vec<SocketAddr>,
+    stop: tokio::sync::watch::Sender<bool>,
+    servers: tokio::task::JoinSet<()>,
+    open: Arc<tokio::sync::Semaphore>,
+}
+
+impl Listening {
+    /// Binds every address of `--host` and serves `app` on each.
+    pub(crate) async fn bind(
+        opts: &ServerOptions,
+        app: axum::Router,
+        doing: &str,
+    ) -> anyhow::Result<Listening> {
+        let mut listeners = Vec::new();
+        for host in opts
+            .host
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+        {
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let l = tokio::net::TcpListener::bind((host, opts.port))
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {host}:{}: {e}", opts.port))?;
+            listeners.push(l);
+        }
+        let addrs: Vec<SocketAddr> = listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
+        for a in &addrs {
+            log::info!("listening on http://{a} ({doing})");
+        }
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let mut servers = tokio::task::JoinSet::new();
+        let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        for l in listeners {
+            servers.spawn(accept_loop(
+                l,
+                app.clone(),
+                stop.subscribe(),
+                std::time::Duration::from_secs(opts.timeout_s.max(1)),
+                open.clone(),
+            ));
+        }
+        Ok(Listening {
+            addrs,
+            stop,
+            servers,
+            open,
+        })
     }
-    // What still runs ends with an error event or a 503; the engine and its device go.
-    if let Some(service) = state.service.get() {
-        service.shutdown().await;
+
+    /// The orderly stop: listeners close, each connection finishes the request it is
+    /// serving (an idle one closes at once); after `grace`, `end` fails what still runs,
+    /// and the error replies are written.
+    pub(crate) async fn close(
+        mut self,
+        grace: std::time::Duration,
+        end: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        log::info!(
+            "shutting down: no new requests; those in flight have {} s to finish (a second signal exits at once)",
+            grace.as_secs()
+        );
+        let _ = self.stop.send(true);
+        let open = self.open.clone();
+        let all_closed = || open.acquire_many(MAX_CONNECTIONS as u32);
+        if tokio::time::timeout(grace, all_closed()).await.is_err() {
+            log::info!("requests still in flight after the grace period end with an error");
+        }
+        end.await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), all_closed()).await;
+        while let Some(r) = self.servers.join_next().await {
+            r?;
+        }
+        log::info!("stopped");
+        Ok(())
     }
-    // The error replies are written and their connections close.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), all_closed()).await;
-    while let Some(r) = servers.join_next().await {
-        r?;
-    }
-    log::info!("stopped");
-    Ok(())
 }
 
 /// Request-controlled work of any size (parsing a body, tokenizing, rendering a chat

@@ -437,6 +437,12 @@ pub async fn apply_template(State(s): State<Arc<AppState>>, body: Bytes) -> ApiR
     Ok(Json(json!({ "prompt": prompt })))
 }
 
+/// The build, in llama-server's shape (`b<build>-<commit>`): wgllm's version in place of
+/// llama.cpp's build number.
+pub fn build_info() -> String {
+    format!("b{}-wgllm", env!("CARGO_PKG_VERSION"))
+}
+
 pub async fn props(State(s): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
     let service = s.service()?;
     let info = service.info();
@@ -478,7 +484,7 @@ pub async fn props(State(s): State<Arc<AppState>>) -> ApiResult<Json<Value>> {
         "chat_template": tok.chat_template().unwrap_or(crate::tokenizer::CHATML),
         "bos_token": piece(tok.bos()),
         "eos_token": piece(tok.eos()),
-        "build_info": format!("wgllm {}", env!("CARGO_PKG_VERSION")),
+        "build_info": build_info(),
         "is_sleeping": service.is_sleeping(),
         "endpoint_slots": s.opts.slots,
         "endpoint_props": false,

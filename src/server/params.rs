@@ -22,7 +22,7 @@ pub const MAX_PROMPTS: usize = 256;
 const MAX_COPIED_SETTINGS: usize = 256 << 20;
 
 /// What the server's flags set for every request.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Defaults {
     pub sampling: SamplerParams,
     /// `-n`: the most tokens a request generates when it does not say (-1: no limit).

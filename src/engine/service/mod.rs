@@ -601,3 +601,16 @@ fn idle_timer(shared: std::sync::Weak<Shared>, idle: std::time::Duration) {
         std::thread::sleep(wait.max(std::time::Duration::from_millis(20)));
     }
 }
+
+/// Hands the heap's freed pages back to the system after an engine is dropped. glibc's
+/// allocator keeps freed memory in its arenas for reuse, so without this a process that
+/// unloaded (or put to sleep) a model would go on holding its host-side buffers (on a
+/// software device, the "GPU" memory itself).
+pub(crate) fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns unused pages of the allocator's own arenas; it
+    // touches no memory in use and is safe to call from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

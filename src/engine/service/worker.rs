@@ -127,6 +127,7 @@ impl Worker {
             match self.serve(&mut rx).await {
                 Ended::Stop(done) => {
                     drop(self);
+                    super::release_freed_heap();
                     log::info!("the engine has stopped and freed its device");
                     let _ = done.send(());
                     return;

@@ -31,7 +31,7 @@ impl Worker {
         let freed = engine.model.gpu.live_buffer_bytes();
         let idle = opts.sleep_idle.unwrap_or_default();
         drop(engine);
-        release_freed_heap();
+        super::super::release_freed_heap();
         shared.sleeping.store(true, Ordering::Relaxed);
         log::info!(
             "idle for {} s: sleeping; the model's {} MiB of GPU buffers and the prompt cache are freed until a request needs it",
@@ -90,18 +90,5 @@ impl Worker {
                 }
             }
         }
-    }
-}
-
-/// Hands the heap's freed pages back to the system. glibc's allocator keeps freed memory
-/// in its arenas for reuse, so without this the process would go on holding the
-/// model's host-side buffers (on a software device, the "GPU" memory itself) while it
-/// sleeps.
-fn release_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns unused pages of the allocator's own arenas; it
-    // touches no memory in use and is safe to call from any thread.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }

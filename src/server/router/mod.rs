@@ -1,0 +1,883 @@
+//! Router mode (`wgllm serve` with no model, as llama-server's router): many models
+//! behind one address, each picked by a request's `model` (the body's, or `?model=` on a
+//! GET), loaded on first use and unloaded least recently used past `--models-max`.
+//!
+//! llama-server runs each model as a child process and proxies HTTP to it; here each
+//! loaded model is its own server state in this process — its own engine service on its
+//! own device, its own routes — and a request is handed to those routes directly, so
+//! streams, cancellation on disconnect and every endpoint behave exactly as on a
+//! single-model server. Unloading drops the model's engine with its device memory.
+//!
+//! Scheduling follows llama-server's: a model serving a request is never evicted;
+//! requests for a model that is not loaded wait in one first-in first-out queue, where
+//! requests for the same model share one entry (one load, one slot); idle models are
+//! evicted, least recently used first, while the queue wants more slots than are free;
+//! the entry at the head loads its model when a slot is free; a client that leaves the
+//! queue gives its place (and any slot freed for it) to the next.
+
+pub mod catalog;
+
+use super::error::ApiError;
+use super::{http, AppState, LoadFn, ServerOptions};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::Method;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Json;
+use catalog::Entry;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// How the router is set up.
+#[derive(Clone, Debug)]
+pub struct RouterOptions {
+    /// The router's own server options (address, API keys, CORS, body limits); its
+    /// model fields are unused.
+    pub server: ServerOptions,
+    pub sources: catalog::Sources,
+    /// Most models loaded at once (`--models-max`; 0: no limit).
+    pub models_max: usize,
+    /// Load a model on its first request (`--models-autoload`, the default).
+    pub autoload: bool,
+}
+
+/// What one model is served with.
+pub struct ModelSetup {
+    pub opts: ServerOptions,
+    pub load: LoadFn,
+    /// The flags it was made from, for the listing.
+    pub args: Vec<String>,
+}
+
+/// Turns a catalog entry into its server (the command line parses the entry's flags
+/// over the router's own, as llama-server renders a child's arguments).
+pub type Prepare = Arc<dyn Fn(&Entry) -> anyhow::Result<ModelSetup> + Send + Sync>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Unloaded,
+    Loading,
+    Loaded,
+}
+
+struct Model {
+    entry: Entry,
+    status: Status,
+    state: Option<Arc<AppState>>,
+    routes: Option<axum::Router>,
+    last_used: u64,
+    in_flight: usize,
+    stopping: bool,
+    /// Why its last load failed.
+    failed: Option<String>,
+    args: Vec<String>,
+}
+
+impl Model {
+    fn new(entry: Entry) -> Model {
+        Model {
+            entry,
+            status: Status::Unloaded,
+            state: None,
+            routes: None,
+            last_used: 0,
+            in_flight: 0,
+            stopping: false,
+            failed: None,
+            args: Vec::new(),
+        }
+    }
+    /// Holding (or taking) one of `--models-max`'s places.
+    fn running(&self) -> bool {
+        self.status != Status::Unloaded
+    }
+    fn sleeping(&self) -> bool {
+        (self.state.as_ref())
+            .and_then(|s| s.service.get())
+            .is_some_and(|s| s.is_sleeping())
+    }
+    fn status_text(&self) -> &'static str {
+        match self.status {
+            Status::Unloaded => "unloaded",
+            Status::Loading => "loading",
+            Status::Loaded if self.sleeping() => "sleeping",
+            Status::Loaded => "loaded",
+        }
+    }
+}
+
+/// A queued model: how many requests wait for it, and whether one of them loads it.
+struct Waiting {
+    name: String,
+    waiters: usize,
+    loading: bool,
+}
+
+struct Sched {
+    models: Vec<Model>,
+    queue: VecDeque<Waiting>,
+    clock: u64,
+}
+
+pub struct RouterState {
+    opts: RouterOptions,
+    prepare: Prepare,
+    sched: Mutex<Sched>,
+    changed: tokio::sync::Notify,
+    /// llama-server's test hook (`LLAMA_SERVER_DEBUG_FAKE_TIMING`): 2 s more in every load
+    /// and every forwarded request, so its tests can line requests up.
+    fake_timing: bool,
+}
+
+impl Sched {
+    fn find(&self, name: &str) -> Option<usize> {
+        self.models.iter().position(|m| m.entry.name == name)
+    }
+    fn model(&mut self, name: &str) -> Option<&mut Model> {
+        self.models.iter_mut().find(|m| m.entry.name == name)
+    }
+    fn resolve(&self, name: &str) -> Option<String> {
+        (self.models.iter())
+            .find(|m| m.entry.name == name)
+            .or_else(|| {
+                self.models
+                    .iter()
+                    .find(|m| m.entry.aliases.iter().any(|a| a == name))
+            })
+            .map(|m| m.entry.name.clone())
+    }
+    fn running(&self) -> usize {
+        self.models.iter().filter(|m| m.running()).count()
+    }
+    fn has_room(&self, max: usize) -> bool {
+        max == 0 || self.running() < max
+    }
+    fn queued(&mut self, name: &str) -> Option<&mut Waiting> {
+        self.queue.iter_mut().find(|w| w.name == name)
+    }
+    /// The idle model used least long ago that nothing waits for, if any.
+    fn victim(&self) -> Option<String> {
+        (self.models.iter())
+            .filter(|m| {
+                m.in_flight == 0
+                    && m.status == Status::Loaded
+                    && !m.stopping
+                    && !self.queue.iter().any(|w| w.name == m.entry.name)
+            })
+            .min_by_key(|m| m.last_used)
+            .map(|m| m.entry.name.clone())
+    }
+    fn join(&mut self, name: &str) {
+        match self.queued(name) {
+            Some(w) => w.waiters += 1,
+            None => self.queue.push_back(Waiting {
+                name: name.to_string(),
+                waiters: 1,
+                loading: false,
+            }),
+        }
+    }
+    fn leave(&mut self, name: &str) {
+        if let Some(i) = self.queue.iter().position(|w| w.name == name) {
+            self.queue[i].waiters -= 1;
+            if self.queue[i].waiters == 0 {
+                self.queue.remove(i);
+            }
+        }
+    }
+}
+
+impl RouterState {
+    fn touch(&self, s: &mut Sched, name: &str) {
+        s.clock += 1;
+        let t = s.clock;
+        if let Some(m) = s.model(name) {
+            m.last_used = t;
+        }
+    }
+
+    /// Evicts idle models while the queue wants more places than are free or being
+    /// freed (never waits).
+    fn tick(self: &Arc<Self>, s: &mut Sched) {
+        let max = self.opts.models_max;
+        if max == 0 || s.queue.is_empty() {
+            return;
+        }
+        let running = s.running();
+        let stopping = s
+            .models
+            .iter()
+            .filter(|m| m.running() && m.stopping)
+            .count();
+        let mut needed = 0;
+        for w in &s.queue {
+            if !w.loading {
+                needed += 1;
+            }
+        }
+        let mut free = (max + stopping).saturating_sub(running) as i64;
+        while free < needed {
+            let Some(v) = s.victim() else { return };
+            log::info!(
+                "router: unloading {v}, the least recently used idle model, for a queued request"
+            );
+            self.stop(s, &v);
+            free += 1;
+        }
+    }
+
+    /// Starts unloading `name`: new requests wait for its next load; the requests in
+    /// flight have its `stop-timeout` to finish.
+    fn stop(self: &Arc<Self>, s: &mut Sched, name: &str) {
+        let Some(m) = s.model(name) else { return };
+        if m.stopping || m.status == Status::Unloaded {
+            return;
+        }
+        m.stopping = true;
+        let timeout = Duration::from_secs(m.entry.stop_timeout_s);
+        let state = m.state.clone();
+        let me = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < timeout {
+                let busy = me
+                    .sched
+                    .lock()
+                    .unwrap()
+                    .model(&name)
+                    .is_some_and(|m| m.in_flight > 0);
+                if !busy {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if let Some(service) = state.as_ref().and_then(|s| s.service.get()) {
+                service.shutdown().await;
+            }
+            drop(state);
+            let mut s = me.sched.lock().unwrap();
+            if let Some(m) = s.model(&name) {
+                m.status = Status::Unloaded;
+                m.state = None;
+                m.routes = None;
+                m.stopping = false;
+            }
+            crate::engine::service::release_freed_heap();
+            log::info!("router: {name} unloaded");
+            me.tick(&mut s);
+            drop(s);
+            me.changed.notify_waiters();
+        });
+    }
+
+    /// Loads `name` in the background (its place is already counted: status Loading).
+    fn spawn_load(self: &Arc<Self>, s: &mut Sched, name: &str) {
+        let Some(m) = s.model(name) else { return };
+        m.status = Status::Loading;
+        m.failed = None;
+        let entry = m.entry.clone();
+        self.touch(s, name);
+        let me = self.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            let prepare = me.prepare.clone();
+            let loaded = tokio::task::spawn_blocking(move || {
+                let mut setup = prepare(&entry)?;
+                // The router checks API keys; a model's own routes take every request.
+                setup.opts.api_keys.clear();
+                let args = setup.args.clone();
+                Ok::<_, anyhow::Error>((super::loaded_state(setup.opts, setup.load)?, args))
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("the loading thread failed: {e}"))
+            .and_then(|r| r);
+            let mut s = me.sched.lock().unwrap();
+            if let Some(m) = s.model(&name) {
+                match loaded {
+                    Ok((state, args)) => {
+                        log::info!(
+                            "router: {name} loaded in {:.2} s",
+                            t0.elapsed().as_secs_f64()
+                        );
+                        m.routes = Some(http::router(state.clone()));
+                        m.state = Some(state);
+                        m.args = args;
+                        m.status = Status::Loaded;
+                    }
+                    Err(e) => {
+                        log::error!("router: loading {name} failed: {e:#}");
+                        m.failed = Some(format!("{e:#}"));
+                        m.status = Status::Unloaded;
+                    }
+                }
+            }
+            me.tick(&mut s);
+            drop(s);
+            me.changed.notify_waiters();
+        });
+    }
+
+    /// The model's routes for one request, counted busy (so never evicted) until the
+    /// returned guard is dropped with the reply's body.
+    fn begin(
+        self: &Arc<Self>,
+        s: &mut Sched,
+        name: &str,
+        post: bool,
+    ) -> Result<(axum::Router, Busy), ApiError> {
+        if post {
+            self.touch(s, name);
+        }
+        let m = s
+            .model(name)
+            .ok_or_else(|| ApiError::invalid(format!("model '{name}' not found")))?;
+        if m.status == Status::Loading {
+            return Err(ApiError::unavailable("Loading model"));
+        }
+        let Some(routes) = m.routes.clone().filter(|_| !m.stopping) else {
+            return Err(ApiError::invalid(format!(
+                "model name={name} is not running"
+            )));
+        };
+        m.in_flight += 1;
+        Ok((
+            routes,
+            Busy {
+                r: self.clone(),
+                name: name.to_string(),
+            },
+        ))
+    }
+
+    /// Waits until `name` is loaded, queueing (and loading it, at the head of the queue)
+    /// if it is not, then begins the request on it (its place in the queue handed over
+    /// to the request under one lock, so the model cannot be evicted in between). A
+    /// waiter that is dropped (its client left) leaves the queue.
+    async fn ready(
+        self: &Arc<Self>,
+        name: &str,
+        post: bool,
+    ) -> Result<(axum::Router, Busy), ApiError> {
+        struct InQueue<'a> {
+            r: &'a Arc<RouterState>,
+            name: &'a str,
+            queued: bool,
+        }
+        impl Drop for InQueue<'_> {
+            fn drop(&mut self) {
+                if self.queued {
+                    let mut s = self.r.sched.lock().unwrap();
+                    s.leave(self.name);
+                    self.r.tick(&mut s);
+                    drop(s);
+                    self.r.changed.notify_waiters();
+                }
+            }
+        }
+        let mut q = InQueue {
+            r: self,
+            name,
+            queued: false,
+        };
+        let mut saw_loading = false;
+        loop {
+            let wait = self.changed.notified();
+            // What to do, decided under the lock; the waiting happens outside it.
+            let claimed = {
+                let mut s = self.sched.lock().unwrap();
+                let Some(m) = s.model(name) else {
+                    return Err(ApiError::invalid(format!("model '{name}' not found")));
+                };
+                let (status, stopping, failed) = (m.status, m.stopping, m.failed.clone());
+                if status == Status::Loaded && !stopping {
+                    let begun = self.begin(&mut s, name, post);
+                    if q.queued {
+                        s.leave(name);
+                        q.queued = false;
+                    }
+                    return begun;
+                }
+                if status == Status::Loading {
+                    saw_loading = true;
+                }
+                if status == Status::Unloaded && !stopping && saw_loading {
+                    if let Some(e) = failed {
+                        return Err(ApiError::server(format!(
+                            "model name={name} failed to load: {e}"
+                        )));
+                    }
+                }
+                if !q.queued && (status == Status::Unloaded || stopping) {
+                    s.join(name);
+                    q.queued = true;
+                    self.tick(&mut s);
+                }
+                let head = (s.queue.front()).is_some_and(|w| w.name == name && !w.loading);
+                let claim = status == Status::Unloaded && head && s.has_room(self.opts.models_max);
+                if claim {
+                    s.queue.front_mut().unwrap().loading = true;
+                }
+                claim
+            };
+            if !claimed {
+                let _ = tokio::time::timeout(Duration::from_millis(200), wait).await;
+                continue;
+            }
+            // Our turn: load, unless the place went to another meanwhile.
+            if self.fake_timing {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            let mut s = self.sched.lock().unwrap();
+            let unloaded = s.model(name).is_some_and(|m| m.status == Status::Unloaded);
+            if s.has_room(self.opts.models_max) && unloaded {
+                log::info!("router: loading {name} for a queued request");
+                self.spawn_load(&mut s, name);
+                saw_loading = true;
+            } else if let Some(w) = s.queued(name) {
+                w.loading = false;
+            }
+        }
+    }
+
+    /// `POST /models/load`: starts loading (evicting the least recently used idle model
+    /// at the limit) and answers at once.
+    async fn load_now(self: &Arc<Self>, name: &str) -> Result<(), ApiError> {
+        if self.fake_timing {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        // At the limit: one idle model goes first, and its unload is waited for.
+        let victim = {
+            let mut s = self.sched.lock().unwrap();
+            if s.has_room(self.opts.models_max) {
+                None
+            } else {
+                let v = s.victim();
+                if let Some(v) = &v {
+                    log::info!(
+                        "router: --models-max reached, unloading {v}, the least recently used"
+                    );
+                    self.stop(&mut s, v);
+                }
+                v
+            }
+        };
+        if let Some(v) = victim {
+            loop {
+                let wait = self.changed.notified();
+                if self
+                    .sched
+                    .lock()
+                    .unwrap()
+                    .model(&v)
+                    .is_none_or(|m| m.status == Status::Unloaded)
+                {
+                    break;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(200), wait).await;
+            }
+        }
+        let mut s = self.sched.lock().unwrap();
+        if s.model(name).is_some_and(|m| m.running()) {
+            return Err(ApiError::invalid("model is already running"));
+        }
+        if !s.has_room(self.opts.models_max) {
+            return Err(ApiError::server("model limit reached, try again later"));
+        }
+        self.spawn_load(&mut s, name);
+        drop(s);
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    fn listing(&self) -> Value {
+        let s = self.sched.lock().unwrap();
+        let now = super::wire::now();
+        let data: Vec<Value> = (s.models.iter())
+            .filter(|m| !m.entry.hidden)
+            .map(|m| {
+                let mut status = json!({"value": m.status_text(), "args": m.args});
+                if let Some(p) = &m.entry.preset {
+                    status["preset"] = json!(p);
+                }
+                if let Some(e) = &m.failed {
+                    status["failed"] = json!(true);
+                    status["exit_code"] = json!(1);
+                    status["error"] = json!(e);
+                }
+                let mut item = json!({
+                    "id": m.entry.name,
+                    "aliases": m.entry.aliases,
+                    "tags": m.entry.tags,
+                    "object": "model",
+                    "owned_by": "llamacpp",
+                    "created": now,
+                    "status": status,
+                    "source": m.entry.source.as_str(),
+                    "can_remove": false,
+                });
+                if let Some(info) = m
+                    .state
+                    .as_ref()
+                    .and_then(|st| st.service.get())
+                    .map(|sv| sv.info().clone())
+                {
+                    item["meta"] = json!({
+                        "n_vocab": info.n_vocab,
+                        "n_ctx_train": info.n_ctx_train,
+                        "n_embd": info.n_embd,
+                        "n_ctx": info.n_ctx_slot,
+                        "size": info.model_bytes,
+                    });
+                }
+                item
+            })
+            .collect();
+        json!({"object": "list", "data": data})
+    }
+
+    /// Reads the sources again: models whose flags changed or that are gone are
+    /// unloaded, gone ones forgotten, new ones added.
+    fn reload(self: &Arc<Self>) -> Result<(), ApiError> {
+        let fresh = catalog::load(&self.opts.sources).map_err(ApiError::server)?;
+        let mut s = self.sched.lock().unwrap();
+        let old: Vec<String> = s.models.iter().map(|m| m.entry.name.clone()).collect();
+        for name in &old {
+            let keep = fresh.iter().find(|e| &e.name == name);
+            let same = keep.is_some_and(|e| s.model(name).is_some_and(|m| m.entry == *e));
+            if !same {
+                self.stop(&mut s, name);
+            }
+            if keep.is_none() && s.model(name).is_some_and(|m| m.status == Status::Unloaded) {
+                let i = s.find(name).unwrap();
+                s.models.remove(i);
+            }
+        }
+        for e in fresh {
+            match s.model(&e.name) {
+                Some(m) => m.entry = e,
+                None => s.models.push(Model::new(e)),
+            }
+        }
+        log::info!(
+            "router: the model list was read again ({} models)",
+            s.models.len()
+        );
+        Ok(())
+    }
+}
+
+fn model_field(body: &Value) -> Result<String, ApiError> {
+    match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => Ok(m.clone()),
+        _ => Err(ApiError::invalid("model name is missing from the request")),
+    }
+}
+
+fn query_param(req_query: Option<&str>, key: &str) -> Option<String> {
+    let q = req_query?;
+    url_pairs(q)
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+}
+
+/// A query string's pairs, percent-decoded.
+fn url_pairs(q: &str) -> Vec<(String, String)> {
+    let decode = |s: &str| {
+        let s = s.replace('+', " ");
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' && i + 2 < b.len() {
+                if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                    out.push(v);
+                    i += 3;
+                    continue;
+                }
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (decode(k), decode(v)),
+            None => (decode(p), String::new()),
+        })
+        .collect()
+}
+
+async fn body_json(body: Body) -> Result<(axum::body::Bytes, Value), ApiError> {
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .map_err(|e| ApiError::invalid(format!("reading the request body: {e}")))?;
+    let v = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::invalid(format!("the request body is not JSON: {e}")))?
+    };
+    Ok((bytes, v))
+}
+
+/// A request for a model's routes: the model from the body (`model`) or the query
+/// (`?model=`), loaded first where autoload allows.
+async fn dispatch(State(r): State<Arc<RouterState>>, req: Request) -> Response {
+    match forward(&r, req).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn forward(r: &Arc<RouterState>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    if !http::route_paths().contains(&path.as_str()) && !path.starts_with("/slots/") {
+        return Err(ApiError::not_found(format!("File Not Found: {path}")));
+    }
+    let query = parts.uri.query().map(str::to_string);
+    let (bytes, body) = body_json(body).await?;
+    let post = parts.method == Method::POST;
+    let asked = if post {
+        model_field(&body)?
+    } else {
+        query_param(query.as_deref(), "model")
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ApiError::invalid("model name is missing from the request"))?
+    };
+    let autoload = match query_param(query.as_deref(), "autoload") {
+        Some(v) => v == "true" || v == "1",
+        None => r.opts.autoload,
+    };
+    let name = {
+        let s = r.sched.lock().unwrap();
+        let name = s
+            .resolve(&asked)
+            .ok_or_else(|| ApiError::invalid(format!("model '{asked}' not found")))?;
+        drop(s);
+        name
+    };
+    // The model's routes, counted busy until its reply's body is gone.
+    let (routes, busy) = if autoload {
+        r.ready(&name, post).await?
+    } else {
+        let mut s = r.sched.lock().unwrap();
+        if !s.model(&name).is_some_and(|m| m.running()) {
+            return Err(ApiError::invalid("model is not loaded"));
+        }
+        r.begin(&mut s, &name, post)?
+    };
+    if r.fake_timing {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let mut req = Request::from_parts(parts, Body::from(bytes));
+    // The body was read (and its room counted) by the router's own layer.
+    req.headers_mut().remove(axum::http::header::CONTENT_LENGTH);
+    let resp = match routes.oneshot(req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    let (parts, body) = resp.into_parts();
+    use tokio_stream::StreamExt;
+    let stream = body.into_data_stream().map(move |chunk| {
+        let _ = &busy;
+        chunk
+    });
+    Ok(Response::from_parts(parts, Body::from_stream(stream)))
+}
+
+/// A request in flight on a model: dropped with its reply's body.
+struct Busy {
+    r: Arc<RouterState>,
+    name: String,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut s = self.r.sched.lock().unwrap();
+        if let Some(m) = s.model(&self.name) {
+            m.in_flight = m.in_flight.saturating_sub(1);
+            if m.in_flight == 0 {
+                self.r.tick(&mut s);
+            }
+        }
+        drop(s);
+        self.r.changed.notify_waiters();
+    }
+}
+
+async fn props(State(r): State<Arc<RouterState>>, req: Request) -> Response {
+    if query_param(req.uri().query(), "model").is_some_and(|m| !m.is_empty()) {
+        return dispatch(State(r), req).await;
+    }
+    Json(json!({
+        "role": "router",
+        "max_instances": r.opts.models_max,
+        "models_autoload": r.opts.autoload,
+        "model_alias": "llama-server",
+        "model_path": "none",
+        "default_generation_settings": {"params": {}, "n_ctx": 0},
+        "build_info": super::native::build_info(),
+        "cors_proxy_enabled": r.opts.server.cors_proxy,
+    }))
+    .into_response()
+}
+
+async fn models(State(r): State<Arc<RouterState>>, req: Request) -> Response {
+    if query_param(req.uri().query(), "reload").is_some_and(|v| v == "1" || v == "true") {
+        if let Err(e) = r.reload() {
+            return e.into_response();
+        }
+    }
+    Json(r.listing()).into_response()
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn load(State(r): State<Arc<RouterState>>, body: Body) -> Response {
+    let res = async {
+        let (_, body) = body_json(body).await?;
+        let asked = body.get("model").and_then(Value::as_str).unwrap_or("");
+        let name = r.sched.lock().unwrap().resolve(asked);
+        let Some(name) = name else {
+            return Err(ApiError::not_found("model is not found"));
+        };
+        r.load_now(&name).await
+    }
+    .await;
+    match res {
+        Ok(()) => Json(json!({"success": true})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn unload(State(r): State<Arc<RouterState>>, body: Body) -> Response {
+    let res = async {
+        let (_, body) = body_json(body).await?;
+        let asked = body.get("model").and_then(Value::as_str).unwrap_or("");
+        let mut s = r.sched.lock().unwrap();
+        let Some(name) = s.resolve(asked) else {
+            return Err(ApiError::invalid("model is not found"));
+        };
+        if !s.model(&name).is_some_and(|m| m.running() && !m.stopping) {
+            return Err(ApiError::invalid("model is not running"));
+        }
+        log::info!("router: unloading {name} as asked");
+        r.stop(&mut s, &name);
+        Ok(())
+    }
+    .await;
+    match res {
+        Ok(()) => Json(json!({"success": true})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Runs the router until SIGINT or SIGTERM (see [`super::serve`]).
+pub fn serve(
+    opts: RouterOptions,
+    prepare: Prepare,
+    ready: impl FnOnce(&[std::net::SocketAddr]) + Send + 'static,
+) -> anyhow::Result<()> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if opts.server.threads_http > 0 {
+        rt.worker_threads(opts.server.threads_http);
+    }
+    let rt = rt.enable_all().build()?;
+    let r = rt.block_on(run(opts, prepare, ready));
+    rt.shutdown_timeout(Duration::from_millis(500));
+    r
+}
+
+async fn run(
+    opts: RouterOptions,
+    prepare: Prepare,
+    ready: impl FnOnce(&[std::net::SocketAddr]) + Send + 'static,
+) -> anyhow::Result<()> {
+    let list = catalog::load(&opts.sources).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let startup: Vec<String> = (list.iter())
+        .filter(|e| e.load_on_startup)
+        .map(|e| e.name.clone())
+        .collect();
+    if opts.models_max > 0 && startup.len() > opts.models_max {
+        anyhow::bail!(
+            "{} models are marked load-on-startup ({}), more than --models-max {}: raise --models-max or mark fewer",
+            startup.len(),
+            startup.join(", "),
+            opts.models_max
+        );
+    }
+    log::info!(
+        "router: {} models ({}); at most {} loaded at once",
+        list.len(),
+        list.iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if opts.models_max == 0 {
+            "any number".to_string()
+        } else {
+            opts.models_max.to_string()
+        }
+    );
+    super::budget::set_limit(opts.server.request_budget);
+    let grace = Duration::from_secs(opts.server.shutdown_grace_s);
+    let mut signals = super::shutdown::Signals::listen(grace)
+        .map_err(|e| anyhow::anyhow!("cannot listen for SIGINT/SIGTERM: {e}"))?;
+    let front = AppState::new(opts.server.clone());
+    let state = Arc::new(RouterState {
+        fake_timing: std::env::var_os("LLAMA_SERVER_DEBUG_FAKE_TIMING")
+            .is_some_and(|v| !v.is_empty()),
+        prepare,
+        sched: Mutex::new(Sched {
+            models: list.into_iter().map(Model::new).collect(),
+            queue: VecDeque::new(),
+            clock: 0,
+        }),
+        changed: tokio::sync::Notify::new(),
+        opts,
+    });
+    let routes = axum::Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/props", get(props))
+        .route("/models", get(models))
+        .route("/v1/models", get(models))
+        .route("/models/load", post(load))
+        .route("/models/unload", post(unload))
+        .fallback(dispatch)
+        .with_state(state.clone());
+    let app = http::front_layers(routes, front.clone());
+    let net = super::Listening::bind(&state.opts.server, app, "router").await?;
+    {
+        let mut s = state.sched.lock().unwrap();
+        for name in startup {
+            state.spawn_load(&mut s, &name);
+        }
+    }
+    ready(&net.addrs);
+    signals.first().await;
+    front
+        .stopping
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let end = async {
+        let services: Vec<_> = (state.sched.lock().unwrap().models.iter())
+            .filter_map(|m| m.state.as_ref().and_then(|s| s.service.get()).cloned())
+            .collect();
+        for s in services {
+            s.shutdown().await;
+        }
+    };
+    net.close(grace, end).await
+}
