@@ -569,3 +569,139 @@ fn run_with_hf_answers_like_the_local_file() {
     assert_eq!(server.downloads().len(), 3, "both parts");
     let _ = std::fs::remove_dir_all(&split_dir);
 }
+
+/// One HTTP/1.1 request to 127.0.0.1:`port`; the status and body (whole, the server
+/// closes the connection).
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+/// The router's model store through the Hub's stand-in: `POST /models` downloads a
+/// model into the cache in the background, telling `/models/sse` listeners its
+/// progress and its end; the model is then listed (a cache entry) and answers; `DELETE
+/// /models` unloads it, removes it from the cache and from the list. A name that is not
+/// ORG/NAME, one that exists, and one that is not cached get llama-server's errors.
+#[test]
+fn a_router_downloads_and_removes_models() {
+    let model = common::smollm2();
+    let mut hub = Hub::default();
+    hub.repos.insert(
+        "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF".into(),
+        Repo {
+            files: vec![(
+                "smollm2-135m-instruct-q4_1.gguf".into(),
+                Arc::new(std::fs::read(&model).unwrap()),
+            )],
+            ..Repo::default()
+        },
+    );
+    let server = Server::start(hub);
+    let home = common::scratch_dir("router-store");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(["serve", "--port", &port.to_string(), "-c", "512"])
+        .env("HF_ENDPOINT", server.endpoint())
+        .env("HF_HOME", &home)
+        .env_remove("LLAMA_CACHE")
+        .env_remove("HF_HUB_CACHE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed().as_secs() < 30, "the router did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Listen to the events first.
+    let events = Arc::new(Mutex::new(Vec::<serde_json::Value>::new()));
+    {
+        let events = events.clone();
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(b"GET /models/sse HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(c).lines() {
+                let Ok(line) = line else { return };
+                if let Some(d) = line.strip_prefix("data: ") {
+                    events
+                        .lock()
+                        .unwrap()
+                        .push(serde_json::from_str(d).unwrap());
+                }
+            }
+        });
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let name = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1";
+    let (st, b) = http(
+        port,
+        "POST",
+        "/models",
+        &format!("{{\"model\":\"{name}\"}}"),
+    );
+    assert_eq!(st, 200, "{b}");
+    let has =
+        |ev: &str| (events.lock().unwrap().iter()).any(|e| e["event"] == ev && e["model"] == name);
+    let t0 = std::time::Instant::now();
+    while !has("download_finished") {
+        assert!(!has("download_failed"), "{:?}", events.lock().unwrap());
+        assert!(t0.elapsed().as_secs() < 60, "no download_finished event");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(has("download_progress"));
+    let (_, list) = http(port, "GET", "/models", "");
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let entry = (list["data"].as_array().unwrap().iter())
+        .find(|m| m["id"] == name)
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(entry["source"], "cache");
+    let ask = format!("{{\"model\":\"{name}\",\"prompt\":\"The capital of France is\",\"n_predict\":6,\"temperature\":0}}");
+    let (st, b) = http(port, "POST", "/completion", &ask);
+    assert_eq!(st, 200, "{b}");
+    assert!(b.contains("Paris"), "{b}");
+    let (st, b) = http(
+        port,
+        "POST",
+        "/models",
+        &format!("{{\"model\":\"{name}\"}}"),
+    );
+    assert_eq!(st, 400, "already there: {b}");
+    let (st, b) = http(port, "POST", "/models", "{\"model\":\"not a repo\"}");
+    assert_eq!(st, 400, "{b}");
+    let (st, b) = http(port, "DELETE", &format!("/models?model={name}"), "");
+    assert_eq!(st, 200, "{b}");
+    assert!(!home
+        .join("hub/models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF")
+        .exists());
+    let (_, list) = http(port, "GET", "/models", "");
+    assert!(!list.contains(name), "{list}");
+    let (st, b) = http(port, "DELETE", &format!("/models?model={name}"), "");
+    assert_eq!(st, 500, "{b}");
+    assert!(has("model_remove"));
+    let _ = child.kill();
+    let _ = child.wait();
+}

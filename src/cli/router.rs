@@ -176,11 +176,22 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     };
     let shared = shared_flags();
     let prepare: wgllm::server::router::Prepare = Arc::new(move |e| setup(&shared, e));
+    let hub = match wgllm::hub::HubOptions::from_env() {
+        Ok(mut h) => {
+            h.offline = a.model.hub.offline;
+            if let Some(t) = &a.model.hub.hf_token {
+                h.token = Some(t.clone());
+            }
+            Some(h)
+        }
+        Err(_) => None,
+    };
     let opts = RouterOptions {
         server,
         sources,
         models_max: r.models_max,
         autoload: !r.no_models_autoload,
+        hub,
     };
     wgllm::server::router::serve(opts, prepare, |addrs| {
         for a in addrs {

@@ -117,6 +117,53 @@ impl RepoDir {
     }
 }
 
+/// Removes one quant of a cached repository (`tag`, any case: its model GGUFs, every part
+/// of a split one, and the blobs they link to), or with `tag` None the whole repository;
+/// a repository left without a model GGUF goes whole. Returns the files removed (none:
+/// nothing of that name is cached).
+pub fn remove(hub: &Path, repo: &str, tag: Option<&str>) -> std::io::Result<Vec<String>> {
+    let dir = RepoDir::new(hub, repo);
+    let Some(commit) = dir.cached_commit() else {
+        return Ok(Vec::new());
+    };
+    let files = dir.snapshot_files(&commit);
+    let Some(tag) = tag else {
+        std::fs::remove_dir_all(&dir.0)?;
+        return Ok(files);
+    };
+    let tag = tag.to_ascii_uppercase();
+    let of_tag = |f: &str| {
+        let base = f.rsplit('/').next().unwrap_or(f);
+        let stem = base.strip_suffix(".gguf").unwrap_or(base);
+        let stem = super::select::split_part(base).map_or(stem, |(p, _, _)| p);
+        let up = stem.to_ascii_uppercase();
+        super::select::is_model_gguf(f)
+            && up.ends_with(&tag)
+            && matches!(
+                up[..up.len() - tag.len()].chars().next_back(),
+                Some('-' | '.')
+            )
+    };
+    let gone: Vec<String> = files.iter().filter(|f| of_tag(f)).cloned().collect();
+    // Only blobs of this repository's own folder go: a snapshot may link elsewhere.
+    let blobs = std::fs::canonicalize(dir.0.join("blobs")).ok();
+    for f in &gone {
+        let link = dir.snapshot(&commit, f);
+        let target = std::fs::canonicalize(&link).ok();
+        if let (Some(t), Some(b)) = (&target, &blobs) {
+            if t.starts_with(b) {
+                let _ = std::fs::remove_file(t);
+            }
+        }
+        std::fs::remove_file(&link)?;
+    }
+    let left = dir.snapshot_files(&commit);
+    if !left.iter().any(|f| super::select::is_model_gguf(f)) {
+        std::fs::remove_dir_all(&dir.0)?;
+    }
+    Ok(gone)
+}
+
 /// The model GGUFs in the cache: each repository's files at the commit its ref names
 /// (what the app's model picker lists beside its own folders).
 pub fn cached_models(hub: &Path) -> Vec<PathBuf> {

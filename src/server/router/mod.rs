@@ -16,6 +16,7 @@
 //! queue gives its place (and any slot freed for it) to the next.
 
 pub mod catalog;
+mod downloads;
 
 use super::error::ApiError;
 use super::{http, AppState, LoadFn, ServerOptions};
@@ -43,6 +44,8 @@ pub struct RouterOptions {
     pub models_max: usize,
     /// Load a model on its first request (`--models-autoload`, the default).
     pub autoload: bool,
+    /// Where `POST /models` downloads from and to (none: downloads refused).
+    pub hub: Option<crate::hub::HubOptions>,
 }
 
 /// What one model is served with.
@@ -131,6 +134,10 @@ pub struct RouterState {
     /// llama-server's test hook (`LLAMA_SERVER_DEBUG_FAKE_TIMING`): 2 s more in every load
     /// and every forwarded request, so its tests can line requests up.
     fake_timing: bool,
+    /// What `/models/sse` listeners hear.
+    events: tokio::sync::broadcast::Sender<Value>,
+    /// Models being downloaded (`POST /models`).
+    downloading: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Sched {
@@ -269,6 +276,7 @@ impl RouterState {
             }
             crate::engine::service::release_freed_heap();
             log::info!("router: {name} unloaded");
+            me.notify("status_change", &name, json!({"status": "unloaded"}));
             me.tick(&mut s);
             drop(s);
             me.changed.notify_waiters();
@@ -282,6 +290,7 @@ impl RouterState {
         m.failed = None;
         let entry = m.entry.clone();
         self.touch(s, name);
+        self.notify("model_status", name, json!({"status": "loading"}));
         let me = self.clone();
         let name = name.to_string();
         tokio::spawn(async move {
@@ -309,11 +318,17 @@ impl RouterState {
                         m.state = Some(state);
                         m.args = args;
                         m.status = Status::Loaded;
+                        me.notify("status_change", &name, json!({"status": "loaded"}));
                     }
                     Err(e) => {
                         log::error!("router: loading {name} failed: {e:#}");
                         m.failed = Some(format!("{e:#}"));
                         m.status = Status::Unloaded;
+                        me.notify(
+                            "status_change",
+                            &name,
+                            json!({"status": "unloaded", "exit_code": 1}),
+                        );
                     }
                 }
             }
@@ -568,6 +583,8 @@ impl RouterState {
             "router: the model list was read again ({} models)",
             s.models.len()
         );
+        drop(s);
+        self.notify("models_reload", "*", Value::Null);
         Ok(())
     }
 }
@@ -846,13 +863,21 @@ async fn run(
             clock: 0,
         }),
         changed: tokio::sync::Notify::new(),
+        events: tokio::sync::broadcast::channel(256).0,
+        downloading: Default::default(),
         opts,
     });
     let routes = axum::Router::new()
         .route("/health", get(health))
         .route("/v1/health", get(health))
         .route("/props", get(props))
-        .route("/models", get(models))
+        .route(
+            "/models",
+            get(models)
+                .post(downloads::download)
+                .delete(downloads::remove),
+        )
+        .route("/models/sse", get(downloads::events))
         .route("/v1/models", get(models))
         .route("/models/load", post(load))
         .route("/models/unload", post(unload))
