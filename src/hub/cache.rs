@@ -145,8 +145,18 @@ pub fn remove(hub: &Path, repo: &str, tag: Option<&str>) -> std::io::Result<Vec<
             )
     };
     let gone: Vec<String> = files.iter().filter(|f| of_tag(f)).cloned().collect();
-    // Only blobs of this repository's own folder go: a snapshot may link elsewhere.
+    // Only blobs of this repository's own folder go: a snapshot may link elsewhere. And
+    // only links that really sit in the snapshot's folder: a path through a symlinked
+    // directory would reach outside the cache.
     let blobs = std::fs::canonicalize(dir.0.join("blobs")).ok();
+    let snap = std::fs::canonicalize(dir.0.join("snapshots").join(&commit))?;
+    let gone: Vec<String> = (gone.into_iter())
+        .filter(|f| {
+            let link = dir.snapshot(&commit, f);
+            (link.parent().and_then(|p| std::fs::canonicalize(p).ok()))
+                .is_some_and(|p| p.starts_with(&snap))
+        })
+        .collect();
     for f in &gone {
         let link = dir.snapshot(&commit, f);
         let target = std::fs::canonicalize(&link).ok();

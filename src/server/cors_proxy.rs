@@ -77,6 +77,13 @@ pub async fn proxy(
         let Some(name) = k.as_str().strip_prefix(HEADER_PREFIX) else {
             continue;
         };
+        // This hop's own headers are set by the client that passes the request on.
+        if matches!(
+            name,
+            "host" | "content-length" | "transfer-encoding" | "connection"
+        ) {
+            continue;
+        }
         if let (false, Ok(name)) = (name.is_empty(), HeaderName::from_bytes(name.as_bytes())) {
             pass.push((name, v.clone()));
         }

@@ -292,12 +292,13 @@ async fn wake(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
     next.run(req).await
 }
 
-/// Paths any client may read without a key.
+/// Paths any client may read (GET) without a key.
 const PUBLIC: &[&str] = &["/health", "/v1/health", "/models", "/v1/models"];
 
 async fn api_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let keys = &s.opts.api_keys;
-    if keys.is_empty() || req.method() == Method::OPTIONS || PUBLIC.contains(&req.uri().path()) {
+    let public = req.method() == Method::GET && PUBLIC.contains(&req.uri().path());
+    if keys.is_empty() || req.method() == Method::OPTIONS || public {
         return next.run(req).await;
     }
     let given = bearer(req.headers());

@@ -98,16 +98,17 @@ pub async fn metrics(State(s): State<Arc<AppState>>) -> ApiResult<Response> {
             "prompt_tokens_seconds",
             "Average prompt throughput in tokens/s",
             rate(
-                st.prompt_tokens_total - since.prompt_tokens,
-                st.prompt_seconds_total - since.prompt_secs,
+                st.prompt_tokens_total.saturating_sub(since.prompt_tokens),
+                (st.prompt_seconds_total - since.prompt_secs).max(0.0),
             ),
         )?;
         gauge(
             "predicted_tokens_seconds",
             "Average generation throughput in tokens/s",
             rate(
-                st.tokens_predicted_total - since.predicted_tokens,
-                st.tokens_predicted_seconds_total - since.predicted_secs,
+                st.tokens_predicted_total
+                    .saturating_sub(since.predicted_tokens),
+                (st.tokens_predicted_seconds_total - since.predicted_secs).max(0.0),
             ),
         )?;
         gauge(

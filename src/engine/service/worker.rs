@@ -147,9 +147,13 @@ impl Worker {
     /// Serves commands until told to stop, every handle is gone, or it is time to sleep.
     async fn serve(&mut self, rx: &mut amp::UnboundedReceiver<Cmd>) -> Ended {
         loop {
-            if self.sleep_now {
+            // Told to stop wins over sleeping; and a sleep asked for before work came in
+            // the same batch of commands waits for the next idle spell.
+            if self.sleep_now && self.stop.is_none() {
                 self.sleep_now = false;
-                return Ended::Sleep;
+                if self.may_sleep() {
+                    return Ended::Sleep;
+                }
             }
             if let Some(done) = self.stop.take() {
                 let err = RequestError::Unavailable("the server is shutting down".into());
@@ -236,6 +240,13 @@ impl Worker {
         }
     }
 
+    /// Nothing runs, waits or was asked for within the idle limit.
+    fn may_sleep(&self) -> bool {
+        let idle = !self.engine.is_busy() && self.queue.is_empty() && self.pending.is_empty();
+        let quiet = self.shared.last_active.lock().unwrap().elapsed();
+        idle && self.opts.sleep_idle.is_some_and(|limit| quiet >= limit)
+    }
+
     /// Restarts the idle timer: the service was used now.
     fn touch(&self) {
         *self.shared.last_active.lock().unwrap() = Instant::now();
@@ -258,13 +269,11 @@ impl Worker {
         }
         match c {
             Cmd::Sleep => {
-                let idle =
-                    !self.engine.is_busy() && self.queue.is_empty() && self.pending.is_empty();
-                let quiet = self.shared.last_active.lock().unwrap().elapsed();
-                if idle && self.opts.sleep_idle.is_some_and(|limit| quiet >= limit) {
+                if self.may_sleep() {
                     self.sleep_now = true;
                 }
             }
+
             Cmd::Wake(reply) => {
                 let _ = reply.send(Ok(()));
             }

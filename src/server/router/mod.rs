@@ -77,6 +77,8 @@ struct Model {
     stopping: bool,
     /// Why its last load failed.
     failed: Option<String>,
+    /// Load attempts so far: a waiter that saw a later attempt fail gets its error.
+    loads: u64,
     args: Vec<String>,
 }
 
@@ -91,6 +93,7 @@ impl Model {
             in_flight: 0,
             stopping: false,
             failed: None,
+            loads: 0,
             args: Vec::new(),
         }
     }
@@ -245,6 +248,10 @@ impl RouterState {
             return;
         }
         m.stopping = true;
+        // A model still loading is shut down when its load ends (see `spawn_load`).
+        if m.status == Status::Loading {
+            return;
+        }
         let timeout = Duration::from_secs(m.entry.stop_timeout_s);
         let state = m.state.clone();
         let me = self.clone();
@@ -274,6 +281,9 @@ impl RouterState {
                 m.routes = None;
                 m.stopping = false;
             }
+            if let Some(w) = s.queued(&name) {
+                w.loading = false;
+            }
             crate::engine::service::release_freed_heap();
             log::info!("router: {name} unloaded");
             me.notify("status_change", &name, json!({"status": "unloaded"}));
@@ -288,6 +298,7 @@ impl RouterState {
         let Some(m) = s.model(name) else { return };
         m.status = Status::Loading;
         m.failed = None;
+        m.loads += 1;
         let entry = m.entry.clone();
         self.touch(s, name);
         self.notify("model_status", name, json!({"status": "loading"}));
@@ -306,35 +317,60 @@ impl RouterState {
             .await
             .map_err(|e| anyhow::anyhow!("the loading thread failed: {e}"))
             .and_then(|r| r);
-            let mut s = me.sched.lock().unwrap();
-            if let Some(m) = s.model(&name) {
-                match loaded {
-                    Ok((state, args)) => {
-                        log::info!(
-                            "router: {name} loaded in {:.2} s",
-                            t0.elapsed().as_secs_f64()
-                        );
-                        m.routes = Some(http::router(state.clone()));
-                        m.state = Some(state);
-                        m.args = args;
-                        m.status = Status::Loaded;
-                        me.notify("status_change", &name, json!({"status": "loaded"}));
-                    }
-                    Err(e) => {
-                        log::error!("router: loading {name} failed: {e:#}");
-                        m.failed = Some(format!("{e:#}"));
-                        m.status = Status::Unloaded;
-                        me.notify(
-                            "status_change",
-                            &name,
-                            json!({"status": "unloaded", "exit_code": 1}),
-                        );
-                    }
+            let discard = {
+                let mut s = me.sched.lock().unwrap();
+                // The queue entry that asked for this load keeps its claim while its
+                // waiters take the model (so it is no victim meanwhile); after a failure, or
+                // once the model is unloaded again, it may claim anew.
+                let ok = loaded.is_ok() && s.model(&name).is_some_and(|m| !m.stopping);
+                if let Some(w) = s.queued(&name).filter(|_| !ok) {
+                    w.loading = false;
                 }
-            }
-            me.tick(&mut s);
-            drop(s);
+                // A load that ended for nobody (the model was stopped or removed while it
+                // loaded) is shut down again.
+                let mut discard = None;
+                match s.model(&name) {
+                    Some(m) if m.stopping => {
+                        m.status = Status::Unloaded;
+                        m.stopping = false;
+                        discard = loaded.ok().map(|(state, _)| state);
+                        log::info!("router: {name} was unloaded while it loaded");
+                        me.notify("status_change", &name, json!({"status": "unloaded"}));
+                    }
+                    Some(m) => match loaded {
+                        Ok((state, args)) => {
+                            log::info!(
+                                "router: {name} loaded in {:.2} s",
+                                t0.elapsed().as_secs_f64()
+                            );
+                            m.routes = Some(http::router(state.clone()));
+                            m.state = Some(state);
+                            m.args = args;
+                            m.status = Status::Loaded;
+                            me.notify("status_change", &name, json!({"status": "loaded"}));
+                        }
+                        Err(e) => {
+                            log::error!("router: loading {name} failed: {e:#}");
+                            m.failed = Some(format!("{e:#}"));
+                            m.status = Status::Unloaded;
+                            me.notify(
+                                "status_change",
+                                &name,
+                                json!({"status": "unloaded", "exit_code": 1}),
+                            );
+                        }
+                    },
+                    None => discard = loaded.ok().map(|(state, _)| state),
+                }
+                me.tick(&mut s);
+                discard
+            };
             me.changed.notify_waiters();
+            if let Some(service) = discard.as_ref().and_then(|st| st.service.get()) {
+                service.shutdown().await;
+                drop(discard);
+                crate::engine::service::release_freed_heap();
+            }
         });
     }
 
@@ -400,7 +436,12 @@ impl RouterState {
             name,
             queued: false,
         };
-        let mut saw_loading = false;
+        let loads_before = self
+            .sched
+            .lock()
+            .unwrap()
+            .model(name)
+            .map_or(0, |m| m.loads);
         loop {
             let wait = self.changed.notified();
             // What to do, decided under the lock; the waiting happens outside it.
@@ -410,6 +451,7 @@ impl RouterState {
                     return Err(ApiError::invalid(format!("model '{name}' not found")));
                 };
                 let (status, stopping, failed) = (m.status, m.stopping, m.failed.clone());
+                let tried = m.loads > loads_before;
                 if status == Status::Loaded && !stopping {
                     let begun = self.begin(&mut s, name, post);
                     if q.queued {
@@ -418,10 +460,7 @@ impl RouterState {
                     }
                     return begun;
                 }
-                if status == Status::Loading {
-                    saw_loading = true;
-                }
-                if status == Status::Unloaded && !stopping && saw_loading {
+                if status == Status::Unloaded && !stopping && tried {
                     if let Some(e) = failed {
                         return Err(ApiError::server(format!(
                             "model name={name} failed to load: {e}"
@@ -453,7 +492,6 @@ impl RouterState {
             if s.has_room(self.opts.models_max) && unloaded {
                 log::info!("router: loading {name} for a queued request");
                 self.spawn_load(&mut s, name);
-                saw_loading = true;
             } else if let Some(w) = s.queued(name) {
                 w.loading = false;
             }
@@ -604,22 +642,31 @@ fn query_param(req_query: Option<&str>, key: &str) -> Option<String> {
         .map(|(_, v)| v)
 }
 
-/// A query string's pairs, percent-decoded.
+/// A query string's pairs, percent-decoded (`+` as a space).
 fn url_pairs(q: &str) -> Vec<(String, String)> {
     let decode = |s: &str| {
-        let s = s.replace('+', " ");
+        let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
         let b = s.as_bytes();
         let mut out = Vec::with_capacity(b.len());
         let mut i = 0;
         while i < b.len() {
-            if b[i] == b'%' && i + 2 < b.len() {
-                if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                    out.push(v);
-                    i += 3;
-                    continue;
+            match b[i] {
+                b'%' => {
+                    match (
+                        b.get(i + 1).and_then(|&c| hex(c)),
+                        b.get(i + 2).and_then(|&c| hex(c)),
+                    ) {
+                        (Some(h), Some(l)) => {
+                            out.push(h << 4 | l);
+                            i += 3;
+                            continue;
+                        }
+                        _ => out.push(b'%'),
+                    }
                 }
+                b'+' => out.push(b' '),
+                c => out.push(c),
             }
-            out.push(b[i]);
             i += 1;
         }
         String::from_utf8_lossy(&out).into_owned()
@@ -878,6 +925,13 @@ async fn run(
                 .delete(downloads::remove),
         )
         .route("/models/sse", get(downloads::events))
+        // The web UI's MCP proxy belongs to the router itself (no model involved).
+        .route(
+            "/cors-proxy",
+            get(super::cors_proxy::proxy)
+                .post(super::cors_proxy::proxy)
+                .with_state(front.clone()),
+        )
         .route("/v1/models", get(models))
         .route("/models/load", post(load))
         .route("/models/unload", post(unload))
@@ -905,4 +959,25 @@ async fn run(
         }
     };
     net.close(grace, end).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_pairs;
+
+    #[test]
+    fn query_strings_decode_without_panicking() {
+        assert_eq!(
+            url_pairs("model=org%2Fname%3AQ8_0&autoload=1&x"),
+            [
+                ("model".to_string(), "org/name:Q8_0".to_string()),
+                ("autoload".into(), "1".into()),
+                ("x".into(), String::new())
+            ]
+        );
+        assert_eq!(url_pairs("a=%Aé")[0].1, "%Aé");
+        assert_eq!(url_pairs("a=%+1&b=c+d")[0].1, "% 1");
+        assert_eq!(url_pairs("a=%")[0].1, "%");
+        assert_eq!(url_pairs("b=c+d")[0].1, "c d");
+    }
 }
