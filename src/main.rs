@@ -47,6 +47,8 @@ fn main() {
         Command::App(a) => cli::app::app(a),
         Command::Run(a) => cli::run::run(a),
         #[cfg(feature = "server")]
+        Command::Serve(a) if a.routed() => cli::router::serve(a),
+        #[cfg(feature = "server")]
         Command::Serve(a) => cli::serve::serve(a),
         Command::Chat(a) => cli::chat::chat(a),
         Command::Perplexity(a) => cli::perplexity::perplexity(a),

@@ -227,11 +227,15 @@ fn template(t: &str) -> Result<String> {
     Ok(t.to_string())
 }
 
-pub fn serve(a: &ServeArgs) -> Result<()> {
-    let routed = a.model.model.is_none() && a.model.hub.hf_repo.is_none();
-    if routed {
-        return super::router::serve(a);
+impl ServeArgs {
+    /// No model given: router mode (`cli::router`).
+    pub fn routed(&self) -> bool {
+        self.model.model.is_none() && self.model.hub.hf_repo.is_none()
     }
+}
+
+/// One model's server (see [`ServeArgs::routed`] for the router).
+pub fn serve(a: &ServeArgs) -> Result<()> {
     let r = &a.router;
     if r.models_dir.is_some() || r.models_preset.is_some() {
         bail!("--models-dir and --models-preset are for router mode, which serves many models by name: leave out -m/-hf to use them, or leave them out to serve the one model");
