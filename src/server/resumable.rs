@@ -237,7 +237,7 @@ impl StreamStore {
 }
 
 /// The `X-Conversation-Id` header's value, if set and not empty.
-fn conversation_id(h: &HeaderMap) -> Option<String> {
+pub(super) fn conversation_id(h: &HeaderMap) -> Option<String> {
     let v = h.get("x-conversation-id")?.to_str().ok()?;
     (!v.is_empty()).then(|| v.to_string())
 }

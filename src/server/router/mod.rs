@@ -141,7 +141,12 @@ pub struct RouterState {
     events: tokio::sync::broadcast::Sender<Value>,
     /// Models being downloaded (`POST /models`).
     downloading: Mutex<std::collections::HashSet<String>>,
+    /// Which model each resumable stream (`X-Conversation-Id`) runs on, newest last.
+    convs: Mutex<VecDeque<(String, String)>>,
 }
+
+/// Conversations remembered for routing `/v1/stream` (the oldest forgotten first).
+const MAX_CONVS: usize = 1024;
 
 impl Sched {
     fn find(&self, name: &str) -> Option<usize> {
@@ -711,7 +716,28 @@ async fn forward(r: &Arc<RouterState>, req: Request) -> Result<Response, ApiErro
     let query = parts.uri.query().map(str::to_string);
     let (bytes, body) = body_json(body).await?;
     let post = parts.method == Method::POST;
-    let asked = if post {
+    // A resumable stream's routes go to the model its conversation runs on.
+    let conv_of = |id: &str| {
+        (r.convs.lock().unwrap().iter().rev())
+            .find(|(c, _)| c == id)
+            .map(|(_, m)| m.clone())
+    };
+    let stream_route = path == "/v1/stream" || path == "/v1/streams/lookup";
+    let asked = if stream_route {
+        let id = if path == "/v1/stream" {
+            query_param(query.as_deref(), "conv_id").unwrap_or_default()
+        } else {
+            (body.get("conversation_ids").and_then(Value::as_array))
+                .and_then(|ids| {
+                    (ids.iter().filter_map(Value::as_str)).find(|i| conv_of(i).is_some())
+                })
+                .unwrap_or_default()
+                .to_string()
+        };
+        conv_of(&id).ok_or_else(|| {
+            ApiError::not_found(format!("no stream is kept for conversation {id:?}"))
+        })?
+    } else if post {
         model_field(&body)?
     } else {
         query_param(query.as_deref(), "model")
@@ -721,7 +747,7 @@ async fn forward(r: &Arc<RouterState>, req: Request) -> Result<Response, ApiErro
     let autoload = match query_param(query.as_deref(), "autoload") {
         Some(v) => v == "true" || v == "1",
         None => r.opts.autoload,
-    };
+    } && !stream_route;
     let name = {
         let s = r.sched.lock().unwrap();
         let name = s
@@ -736,10 +762,25 @@ async fn forward(r: &Arc<RouterState>, req: Request) -> Result<Response, ApiErro
     } else {
         let mut s = r.sched.lock().unwrap();
         if !s.model(&name).is_some_and(|m| m.running()) {
+            if stream_route {
+                return Err(ApiError::not_found(format!(
+                    "model {name}, which kept the stream, is not loaded"
+                )));
+            }
             return Err(ApiError::invalid("model is not loaded"));
         }
         r.begin(&mut s, &name, post)?
     };
+    if post && !stream_route {
+        if let Some(id) = super::resumable::conversation_id(&parts.headers) {
+            let mut c = r.convs.lock().unwrap();
+            c.retain(|(k, _)| *k != id);
+            c.push_back((id, name.clone()));
+            if c.len() > MAX_CONVS {
+                c.pop_front();
+            }
+        }
+    }
     if r.fake_timing {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -912,6 +953,7 @@ async fn run(
         changed: tokio::sync::Notify::new(),
         events: tokio::sync::broadcast::channel(256).0,
         downloading: Default::default(),
+        convs: Default::default(),
         opts,
     });
     let routes = axum::Router::new()
