@@ -63,10 +63,6 @@ fn shared_flags() -> Vec<OsString> {
     out
 }
 
-fn truthy(v: &str) -> bool {
-    matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "on" | "yes")
-}
-
 /// A catalog entry's flags as command-line words (flags that take no value: present
 /// when true).
 fn entry_words(e: &catalog::Entry) -> Result<Vec<String>> {
@@ -92,7 +88,7 @@ fn entry_words(e: &catalog::Entry) -> Result<Vec<String>> {
         if arg.get_action().takes_values() {
             out.push(word);
             out.push(v.clone());
-        } else if truthy(v) {
+        } else if catalog::truthy(v) {
             out.push(word);
         }
     }

@@ -249,7 +249,8 @@ pub fn parse_ini(text: &str, file: &str) -> Result<Sections, String> {
     Ok(out)
 }
 
-fn truthy(v: &str) -> bool {
+/// A preset's yes: `1`, `true`, `on` or `yes` (any case).
+pub fn truthy(v: &str) -> bool {
     matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "on" | "yes")
 }
 

@@ -685,16 +685,13 @@ fn url_pairs(q: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A request's body, and its JSON read as every endpoint reads it (`wire::body_json`:
+/// within the request budget, off the async runtime's threads).
 async fn body_json(body: Body) -> Result<(axum::body::Bytes, Value), ApiError> {
     let bytes = axum::body::to_bytes(body, usize::MAX)
         .await
         .map_err(|e| ApiError::invalid(format!("reading the request body: {e}")))?;
-    let v = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::invalid(format!("the request body is not JSON: {e}")))?
-    };
+    let v = super::off_runtime(|| super::wire::body_json(&bytes)).await?;
     Ok((bytes, v))
 }
 
