@@ -145,6 +145,7 @@ pub fn chat_template(data: &[u8]) {
             eos_token: "</s>",
             now: chrono::NaiveDate::from_ymd_opt(2026, 1, 2).and_then(|d| d.and_hms_opt(3, 4, 5)),
             tools,
+            context: None,
         };
         let _ = render_chat_template(&template, &messages, &opts);
     }

@@ -157,7 +157,12 @@ impl Browser {
     /// Starts Chromium on `url` with WebGPU on SwiftShader; returns it and the DevTools
     /// port it chose.
     fn open(url: &str) -> (Browser, u16) {
-        let profile = std::env::temp_dir().join(format!("wgllm-chromium-{}", std::process::id()));
+        // A profile of its own per browser: tests run side by side in one process, and
+        // a shared profile would let one test read the other's DevTools port.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let profile =
+            std::env::temp_dir().join(format!("wgllm-chromium-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&profile);
         std::fs::create_dir_all(&profile).unwrap();
         use std::os::unix::process::CommandExt;

@@ -120,6 +120,7 @@ fn llama_cpp_templates_render_as_jinja2() {
         eos_token: &record.eos_token,
         now: Some(now),
         tools: None,
+        context: None,
     };
 
     let (dir, names) = shipped_templates();
@@ -232,6 +233,7 @@ fn long_conversations_render_within_the_template_bounds() {
         eos_token: "</s>",
         now: chrono::NaiveDate::from_ymd_opt(2026, 1, 2).and_then(|d| d.and_hms_opt(3, 4, 5)),
         tools: None,
+        context: None,
     };
     let mut failures = Vec::new();
     let mut rendered = 0;

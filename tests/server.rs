@@ -2002,3 +2002,182 @@ fn a_router_serves_two_models_by_name_and_swaps_them() {
     refused_at_start(&["-m", &smol, "--models-dir", &models], &[], "router mode");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The tiny Qwen3 llama-server split replies on (tests/data/reference/reasoning.json):
+/// random weights, Qwen's vocabulary, written into `dir` (sha256 checked).
+fn reasoning_model(dir: &std::path::Path, want_sha: &str) -> std::path::PathBuf {
+    use wgllm::model::synth::{synth, vocab_metadata, SynthArch, SynthShape, WeightScale};
+    let vocab = wgllm::gguf::GgufFile::open(
+        common::llamacpp_tests_dir().join("vocab/ggml-vocab-qwen2.gguf"),
+    )
+    .unwrap();
+    let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;
+    let path = dir.join("qwen3-tiny.gguf");
+    synth(
+        SynthArch::Qwen3,
+        SynthShape::preset("tiny").unwrap(),
+        wgllm::gguf::GgmlType::Q8_0,
+        vocab_metadata(&vocab),
+        n_vocab,
+        WeightScale::Fixed(0.02),
+        false,
+    )
+    .write(&path)
+    .unwrap();
+    let sha = format!(
+        "{:x}",
+        <sha2::Sha256 as sha2::Digest>::digest(std::fs::read(&path).unwrap())
+    );
+    assert_eq!(
+        sha,
+        want_sha,
+        "{} is not the file llama.cpp ran",
+        path.display()
+    );
+    path
+}
+
+/// A streamed chat reply's deltas joined: (content, reasoning_content); no delta holds a
+/// tag of the template's.
+fn streamed_split(s: &Server, body: &Value) -> (String, String) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let (st, b) = s.request("POST", "/v1/chat/completions", &body.to_string());
+    assert_eq!(st, 200, "{b}");
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    for e in b.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if e == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(e).unwrap();
+        let d = &v["choices"][0]["delta"];
+        content.push_str(d["content"].as_str().unwrap_or(""));
+        reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+    }
+    (content, reasoning)
+}
+
+/// Chat replies split thinking from the answer as llama-server splits them, for Qwen 3's,
+/// DeepSeek-R1's and gpt-oss's real templates and for SmolLM2's (no thinking): the same
+/// requests, with the replies held to the same texts by a grammar, give the same
+/// `content` and `reasoning_content` (streamed and not), Anthropic thinking blocks and
+/// Responses reasoning items (tests/data/reference/reasoning.json, recorded by
+/// scripts/record-reasoning-ref.py). Whether the template has thinking, and the
+/// `enable_thinking`, `reasoning_effort` and `reasoning_format` fields, decide the split.
+#[test]
+fn chat_replies_split_thinking_as_llama_server_does() {
+    let want: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/data/reference/reasoning.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let dir = common::scratch_dir("reasoning");
+    let synth = reasoning_model(&dir, want["models"]["synth"].as_str().unwrap());
+    let templates = common::llamacpp_tests_dir().join("templates");
+    let mut checked = 0;
+    for (name, template) in want["templates"].as_object().unwrap() {
+        let file = template
+            .as_str()
+            .map(|t| templates.join(t).display().to_string());
+        let model = match &file {
+            Some(_) => synth.display().to_string(),
+            None => common::smollm2(),
+        };
+        let mut extra = vec!["-c", "1024", "-np", "1"];
+        if let Some(f) = &file {
+            extra.extend(["--chat-template-file", f]);
+        }
+        let s = start_model(&model, &extra, &[]);
+        for case in want["cases"].as_array().unwrap() {
+            if case["model"] != *name {
+                continue;
+            }
+            let what = format!("{name} {}", case["case"]);
+            let (st, got) = s.json("POST", "/v1/chat/completions", case["body"].clone());
+            assert_eq!(st, 200, "{what}: {got}");
+            let msg = &got["choices"][0]["message"];
+            assert_eq!(msg["content"], case["content"], "{what}: {got}");
+            assert_eq!(
+                msg["reasoning_content"], case["reasoning_content"],
+                "{what}: {got}"
+            );
+            let (content, reasoning) = streamed_split(&s, &case["body"]);
+            assert_eq!(
+                content,
+                case["stream_content"].as_str().unwrap(),
+                "{what} streamed"
+            );
+            assert_eq!(
+                reasoning,
+                case["stream_reasoning_content"].as_str().unwrap(),
+                "{what} streamed"
+            );
+            // Anthropic's blocks: llama-server drops `grammar` there, so they are checked
+            // against its chat reply's split (thinking first, its signature empty).
+            let (st, got) = s.json("POST", "/v1/messages", case["body"].clone());
+            assert_eq!(st, 200, "{what}: {got}");
+            let mut blocks = Vec::new();
+            if let Some(r) = case["reasoning_content"].as_str() {
+                blocks.push(json!({"type": "thinking", "thinking": r, "signature": ""}));
+            }
+            blocks.push(json!({"type": "text", "text": case["content"]}));
+            assert_eq!(got["content"], json!(blocks), "{what} (Anthropic)");
+            if case.get("responses").is_some() {
+                let mut body = case["body"].clone();
+                let o = body.as_object_mut().unwrap();
+                o.remove("messages");
+                o.remove("max_tokens");
+                o.insert("input".into(), json!("Say hello."));
+                o.insert("max_output_tokens".into(), json!(64));
+                let (st, got) = s.json("POST", "/v1/responses", body);
+                assert_eq!(st, 200, "{what}: {got}");
+                let mut items = got["output"].clone();
+                for item in items.as_array_mut().unwrap() {
+                    item.as_object_mut().unwrap().remove("id");
+                }
+                assert_eq!(items, case["responses"], "{what} (Responses)");
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, want["cases"].as_array().unwrap().len());
+
+    // Bad settings get a sentence: at start, and in a request (llama-server's 400s).
+    let smol = common::smollm2();
+    for (flag, value, why) in [
+        ("--reasoning-format", "think", "unknown format"),
+        ("--reasoning", "maybe", "on, off or auto"),
+        ("--chat-template-kwargs", "[1]", "JSON object"),
+        (
+            "--reasoning-budget",
+            "100",
+            "thinking budget is not built yet",
+        ),
+    ] {
+        refused_at_start(&["-m", &smol, flag, value], &[], why);
+    }
+    let s = start_model(&smol, &["-c", "512", "-np", "1"], &[]);
+    let ask = json!([{"role": "user", "content": "Hi"}]);
+    for (field, value, why) in [
+        (
+            "chat_template_kwargs",
+            json!({"enable_thinking": "yes"}),
+            "expected boolean",
+        ),
+        ("chat_template_kwargs", json!([1]), "must be an object"),
+        (
+            "reasoning_format",
+            json!("think"),
+            "Unknown reasoning format",
+        ),
+    ] {
+        let mut body = json!({"messages": ask, "max_tokens": 2});
+        body[field] = value;
+        let (st, got) = s.json("POST", "/v1/chat/completions", body);
+        assert_error(st, &got, 400, "invalid_request_error");
+        assert!(got.to_string().contains(why), "{field}: {got}");
+    }
+}

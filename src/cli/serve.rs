@@ -128,9 +128,25 @@ pub struct ServeArgs {
     /// Accepted for compatibility: there is no web UI.
     #[arg(long = "no-webui", visible_alias = "no-ui")]
     pub no_webui: bool,
-    /// Accepted for compatibility: reasoning text is returned as the model writes it.
-    #[arg(long = "reasoning-format")]
-    pub reasoning_format: Option<String>,
+    /// How chat replies give a model's thinking back: `auto` or `deepseek` (the
+    /// default: in `reasoning_content`, split from `content` as the template writes it),
+    /// `deepseek-legacy` (the same here) or `none` (left in `content` as written).
+    #[arg(long = "reasoning-format", default_value = "auto")]
+    pub reasoning_format: String,
+    /// Thinking on or off in the chat template (its `enable_thinking`), or `auto`: on
+    /// where the template has thinking.
+    #[arg(long = "reasoning", visible_alias = "rea", default_value = "auto")]
+    pub reasoning: String,
+    /// `reasoning_effort` for templates that read it (gpt-oss: low, medium, high).
+    #[arg(long = "reasoning-effort")]
+    pub reasoning_effort: Option<String>,
+    /// A JSON object of variables every chat template render gets (a request's
+    /// `chat_template_kwargs` add to them).
+    #[arg(long = "chat-template-kwargs")]
+    pub chat_template_kwargs: Option<String>,
+    /// Tokens of thinking a reply may take (-1: no limit). Only -1 is taken today.
+    #[arg(long = "reasoning-budget", default_value_t = -1, allow_negative_numbers = true)]
+    pub reasoning_budget: i64,
     /// Chat replies carry `__verbose` with the rendered prompt, and the log shows debug
     /// lines (as `RUST_LOG=wgllm=debug`).
     #[arg(long = "verbose", short = 'v', visible_alias = "v")]
@@ -273,6 +289,44 @@ pub(super) fn api_keys(a: &ServeArgs) -> Result<Vec<String>> {
     Ok(keys)
 }
 
+/// The reasoning flags as every chat request starts from them.
+fn reasoning_defaults(a: &ServeArgs) -> Result<wgllm::server::ReasoningDefaults> {
+    let keep_in_content = match a.reasoning_format.as_str() {
+        "none" => true,
+        "auto" | "deepseek" | "deepseek-legacy" => false,
+        other => bail!(
+            "--reasoning-format {other}: unknown format (none, auto, deepseek or deepseek-legacy)"
+        ),
+    };
+    let enable = match a.reasoning.as_str() {
+        "on" | "true" | "1" => Some(true),
+        "off" | "false" | "0" => Some(false),
+        "auto" => None,
+        other => bail!("--reasoning {other}: give on, off or auto"),
+    };
+    if a.reasoning_budget != -1 {
+        bail!(
+            "--reasoning-budget {}: a thinking budget is not built yet in wgllm (only -1, no limit, is taken); end long thinking with -n or a request's max_tokens",
+            a.reasoning_budget
+        );
+    }
+    let mut template_kwargs = match &a.chat_template_kwargs {
+        None => Default::default(),
+        Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => bail!("--chat-template-kwargs must be a JSON object, e.g. '{{\"enable_thinking\": false}}'"),
+        },
+    };
+    if let Some(e) = &a.reasoning_effort {
+        template_kwargs.insert("reasoning_effort".into(), serde_json::json!(e));
+    }
+    Ok(wgllm::server::ReasoningDefaults {
+        keep_in_content,
+        enable,
+        template_kwargs,
+    })
+}
+
 /// A single model's server: its options and how to load (and reload) its model.
 pub(super) fn prepare(a: &ServeArgs) -> Result<(ServerOptions, wgllm::server::LoadFn)> {
     if a.no_cont_batching {
@@ -378,6 +432,7 @@ pub(super) fn prepare(a: &ServeArgs) -> Result<(ServerOptions, wgllm::server::Lo
             ignore_eos: a.sampling.ignore_eos,
             backend_sampling: a.model.gpu.sampling_path() == SamplingPath::Gpu,
             n_lora: a.model.lora_specs().len(),
+            reasoning: reasoning_defaults(a)?,
         },
         cors_origins: a
             .cors_origins

@@ -212,8 +212,10 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
     let tok = service.tokenizer();
     let p = super::off_runtime(|| params::gen_params(&body, &s.opts.defaults, tok)).await?;
     let input = s.image_input(service);
-    let (chat, req) =
-        super::off_runtime(|| ChatRequest::request(&body, &p.request, tok, &input)).await?;
+    let (chat, req) = super::off_runtime(|| {
+        ChatRequest::request(&body, &p.request, tok, &input, &s.opts.defaults.reasoning)
+    })
+    .await?;
     let n_prompt = req.prompt.len();
     let model = s.model_name();
     let id = reply_id("msg-");
@@ -221,8 +223,11 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
         let start = gen::start_stream(service, req).await?;
         let mut first = true;
         let mut n_out = 0usize;
-        // With tools the reply is one JSON object, read back whole at the end.
-        let mut held = chat.tools.is_some().then(String::new);
+        // Thinking (block 0 when there is any) and text are streamed as they are split
+        // out; with tools the text is one JSON object, read back whole at the end.
+        let mut split = chat.splitter();
+        let hold = chat.tools.is_some();
+        let mut blocks = StreamBlocks::default();
         return Ok(gen::sse(
             start,
             move |item| {
@@ -236,9 +241,6 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
                             "usage": {"cache_read_input_tokens": 0, "input_tokens": n_prompt, "output_tokens": 0},
                         },
                     })));
-                    if held.is_none() {
-                        out.push_str(&text_start(0));
-                    }
                 }
                 match item {
                     Item::Progress(_) => {}
@@ -246,34 +248,26 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
                         if pc.token.is_some() {
                             n_out += 1;
                         }
-                        if let Some(h) = held.as_mut() {
-                            h.push_str(&pc.text);
-                        } else if !pc.text.is_empty() {
-                            out.push_str(&event(
-                                "content_block_delta",
-                                json!({
-                                    "type": "content_block_delta", "index": 0,
-                                    "delta": {"type": "text_delta", "text": pc.text},
-                                }),
-                            ));
-                        }
+                        let d = split.push(&pc.text);
+                        out.push_str(&blocks.add(&d.reasoning, if hold { "" } else { &d.content }));
                     }
                     Item::End(end) => {
                         let (mut reason, seq) = stop_reason(end);
-                        match held.take() {
-                            Some(text) => {
-                                let blocks = content_blocks(&chat.reply(&text));
-                                if blocks.iter().any(|b| b["type"] == "tool_use") {
-                                    reason = "tool_use";
-                                }
-                                for (i, b) in blocks.into_iter().enumerate() {
-                                    out.push_str(&block_events(i, b));
-                                }
+                        let d = split.finish();
+                        out.push_str(&blocks.add(&d.reasoning, if hold { "" } else { &d.content }));
+                        out.push_str(&blocks.close_thinking());
+                        if hold {
+                            let mut r = chat.reply(split.text());
+                            r.reasoning.clear();
+                            let list = content_blocks(&r);
+                            if list.iter().any(|b| b["type"] == "tool_use") {
+                                reason = "tool_use";
                             }
-                            None => out.push_str(&event(
-                                "content_block_stop",
-                                json!({"type": "content_block_stop", "index": 0}),
-                            )),
+                            for (i, b) in list.into_iter().enumerate() {
+                                out.push_str(&block_events(blocks.next + i, b));
+                            }
+                        } else {
+                            out.push_str(&blocks.close_text());
                         }
                         out.push_str(&event(
                             "message_delta",
@@ -321,10 +315,99 @@ pub async fn messages(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<
     .into_response())
 }
 
-/// A reply's content blocks: its text (also when empty and there are no calls), then a
-/// `tool_use` block per call.
+/// The blocks of a streamed reply as they open: thinking first, then text.
+#[derive(Default)]
+struct StreamBlocks {
+    thinking: Option<usize>,
+    text: Option<usize>,
+    /// The index the next block opens at.
+    next: usize,
+}
+
+impl StreamBlocks {
+    /// The events for what a piece added to the thinking and to the text.
+    fn add(&mut self, reasoning: &str, text: &str) -> String {
+        let mut out = String::new();
+        if !reasoning.is_empty() {
+            let index = *self.thinking.get_or_insert_with(|| {
+                self.next += 1;
+                out.push_str(&event(
+                    "content_block_start",
+                    json!({
+                        "type": "content_block_start", "index": self.next - 1,
+                        "content_block": {"type": "thinking", "thinking": ""},
+                    }),
+                ));
+                self.next - 1
+            });
+            out.push_str(&event(
+                "content_block_delta",
+                json!({
+                    "type": "content_block_delta", "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": reasoning},
+                }),
+            ));
+        }
+        if !text.is_empty() {
+            let index = self.open_text(&mut out);
+            out.push_str(&event(
+                "content_block_delta",
+                json!({
+                    "type": "content_block_delta", "index": index,
+                    "delta": {"type": "text_delta", "text": text},
+                }),
+            ));
+        }
+        out
+    }
+
+    fn open_text(&mut self, out: &mut String) -> usize {
+        *self.text.get_or_insert_with(|| {
+            self.next += 1;
+            out.push_str(&text_start(self.next - 1));
+            self.next - 1
+        })
+    }
+
+    /// A thinking block ends with its (empty: nothing signs a local model's thinking)
+    /// signature.
+    fn close_thinking(&mut self) -> String {
+        let Some(index) = self.thinking else {
+            return String::new();
+        };
+        let mut out = event(
+            "content_block_delta",
+            json!({
+                "type": "content_block_delta", "index": index,
+                "delta": {"type": "signature_delta", "signature": ""},
+            }),
+        );
+        out.push_str(&event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+        out
+    }
+
+    /// The text block's end (an empty block where the reply had no text).
+    fn close_text(&mut self) -> String {
+        let mut out = String::new();
+        let index = self.open_text(&mut out);
+        out.push_str(&event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+        out
+    }
+}
+
+/// A reply's content blocks: its thinking, its text (also when empty and there are no
+/// calls), then a `tool_use` block per call.
 fn content_blocks(r: &Reply) -> Vec<Value> {
     let mut blocks = Vec::new();
+    if !r.reasoning.is_empty() {
+        blocks.push(json!({"type": "thinking", "thinking": r.reasoning, "signature": ""}));
+    }
     if !r.content.is_empty() || r.calls.is_empty() {
         blocks.push(json!({"type": "text", "text": r.content}));
     }
@@ -380,9 +463,16 @@ pub async fn count_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiRes
     let service = s.service()?;
     let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
     let input = s.image_input(service);
-    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer(), &input))
-        .await?
-        .tokens
-        .len();
+    let n = super::off_runtime(|| {
+        chat_prompt(
+            &body,
+            service.tokenizer(),
+            &input,
+            &s.opts.defaults.reasoning,
+        )
+    })
+    .await?
+    .tokens
+    .len();
     Ok(Json(json!({ "input_tokens": n })))
 }

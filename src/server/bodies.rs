@@ -74,6 +74,7 @@ pub fn default_settings() -> Defaults {
         ignore_eos: false,
         backend_sampling: false,
         n_lora: 0,
+        reasoning: Default::default(),
     }
 }
 
@@ -114,18 +115,25 @@ fn read(
         Endpoint::Chat => {
             let mut p = params::gen_params(&body, d, tok)?;
             openai::oai_n_probs(&body, &mut p, true)?;
-            vec![ChatRequest::request(&body, &p.request, tok, &ImageInput::default())?.1]
+            vec![
+                ChatRequest::request(&body, &p.request, tok, &ImageInput::default(), &d.reasoning)?
+                    .1,
+            ]
         }
         Endpoint::Anthropic => {
             let body = anthropic::as_chat(&body)?;
             let p = params::gen_params(&body, d, tok)?;
-            vec![ChatRequest::request(&body, &p.request, tok, &ImageInput::default())?.1]
+            vec![
+                ChatRequest::request(&body, &p.request, tok, &ImageInput::default(), &d.reasoning)?
+                    .1,
+            ]
         }
         Endpoint::Responses => {
             let body = responses::as_chat(&body)?;
             let p = params::gen_params(&body, d, tok)?;
             let mut req = p.request.clone();
-            req.prompt = openai::chat_prompt(&body, tok, &ImageInput::default())?.tokens;
+            req.prompt =
+                openai::chat_prompt(&body, tok, &ImageInput::default(), &d.reasoning)?.tokens;
             vec![req]
         }
         Endpoint::Rerank => {

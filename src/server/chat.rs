@@ -7,12 +7,14 @@
 
 use super::error::{ApiError, ApiResult};
 use super::media::{marker, url_bytes, ImageInput};
-use super::params::Fields;
+use super::params::{Fields, ReasoningDefaults};
 use super::tools::{self, ToolFormat, Tools};
 use crate::engine::service::Request;
 use crate::engine::MediaPrompt;
+use crate::tokenizer::reasoning::{Splitter, Thinking};
 use crate::tokenizer::{knows_tools, ChatMessage, Tokenizer};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use std::sync::OnceLock;
 
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
@@ -25,11 +27,22 @@ pub struct ChatRequest {
     /// The URLs of the messages' images, in order (each message's text holds the
     /// server's marker in their place).
     pub images: Vec<String>,
+    /// How the template writes thinking.
+    pub thinking: Thinking,
+    /// Thinking goes to `reasoning_content` (else it stays in `content`:
+    /// `reasoning_format: "none"`).
+    pub extract: bool,
+    /// The template's further variables: `enable_thinking` and the kwargs.
+    pub context: Map<String, Value>,
+    /// What the template adds to open the assistant's turn (set by `render`); the
+    /// reply is read after it.
+    gen_prompt: OnceLock<String>,
 }
 
 impl ChatRequest {
-    /// The request as `tok`'s chat template will render it.
-    pub fn read(body: &Value, tok: &Tokenizer) -> ApiResult<ChatRequest> {
+    /// The request as `tok`'s chat template will render it, from the server's reasoning
+    /// flags and the request's own fields.
+    pub fn read(body: &Value, tok: &Tokenizer, r: &ReasoningDefaults) -> ApiResult<ChatRequest> {
         let f = Fields::of(body)?;
         let tools = Tools::read(&f)?;
         let mut images = Vec::new();
@@ -89,12 +102,20 @@ impl ChatRequest {
                 })?;
             }
         }
+        let thinking = Thinking::of_template(template, |m| {
+            tok.apply_chat_template_with(m, false, None, None).ok()
+        });
+        let (context, extract) = reasoning_fields(&f, r, thinking.supported())?;
         Ok(ChatRequest {
             continue_last,
             messages,
             tools,
             format,
             images,
+            thinking,
+            extract,
+            context,
+            gen_prompt: OnceLock::new(),
         })
     }
 
@@ -106,9 +127,24 @@ impl ChatRequest {
         let list = (self.tools.as_ref())
             .filter(|_| self.format != ToolFormat::Json)
             .map(|t| &t.list);
-        let apply = |add_gen| tok.apply_chat_template_with(&self.messages, add_gen, list);
+        let apply = |add_gen| {
+            tok.apply_chat_template_with(&self.messages, add_gen, list, Some(&self.context))
+        };
         if !self.continue_last {
-            return apply(true).map_err(wrap);
+            let full = apply(true).map_err(wrap)?;
+            if self.thinking.supported() {
+                // As llama-server finds it: what the turn's opening adds to the text.
+                let bare = apply(false).map_err(wrap)?;
+                let common = (full.bytes().zip(bare.bytes()))
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                let mut at = common;
+                while !full.is_char_boundary(at) {
+                    at -= 1;
+                }
+                let _ = self.gen_prompt.set(full[at..].to_string());
+            }
+            return Ok(full);
         }
         let last = self.messages.last().map_or("", |m| m.content.as_str());
         let full = apply(false).map_err(wrap)?;
@@ -138,15 +174,35 @@ impl ChatRequest {
         Ok(())
     }
 
-    /// The reply read back: with tools, its calls and text; without, the text as it is.
+    /// The reply read back: its thinking split out, then with tools, its calls and
+    /// text; without, the text as it is.
     pub fn reply(&self, text: &str) -> tools::Reply {
-        match &self.tools {
-            Some(t) => t.parse_as(self.format, text, || super::wire::reply_id("call_")),
+        let split = (self.thinking).split(self.gen_prompt(), text, self.extract, false);
+        let mut r = match &self.tools {
+            Some(t) => t.parse_as(self.format, &split.content, || {
+                super::wire::reply_id("call_")
+            }),
             None => tools::Reply {
-                content: text.to_string(),
-                calls: Vec::new(),
+                content: split.content,
+                ..Default::default()
             },
-        }
+        };
+        r.reasoning = split.reasoning;
+        r
+    }
+
+    /// A streamed reply's reader: the thinking and text each piece adds.
+    pub fn splitter(&self) -> Splitter {
+        let thinking = match self.gen_prompt.get() {
+            Some(_) => self.thinking.clone(),
+            // Continued messages are not split: the reply continues the given text.
+            None => Thinking::None,
+        };
+        Splitter::new(thinking, self.gen_prompt().to_string(), self.extract)
+    }
+
+    fn gen_prompt(&self) -> &str {
+        self.gen_prompt.get().map_or("", String::as_str)
     }
 
     /// The prompt: its tokens, with its images read, prepared and in place.
@@ -164,8 +220,9 @@ impl ChatRequest {
         base: &Request,
         tok: &Tokenizer,
         input: &ImageInput,
+        r: &ReasoningDefaults,
     ) -> ApiResult<(Self, Request)> {
-        let chat = ChatRequest::read(body, tok)?;
+        let chat = ChatRequest::read(body, tok, r)?;
         let mut req = base.clone();
         chat.tools_grammar(&mut req.params.sampling.grammar)?;
         let prompt = chat.prompt(tok, input)?;
@@ -173,6 +230,60 @@ impl ChatRequest {
         req.images = prompt.images;
         Ok((chat, req))
     }
+}
+
+/// The template's variables and whether thinking is split out, as llama-server reads
+/// them: the server's kwargs, the request's `chat_template_kwargs` over them
+/// (`enable_thinking` must be a boolean), `reasoning_effort` ("none" turns thinking off)
+/// and `reasoning_format`.
+fn reasoning_fields(
+    f: &Fields,
+    r: &ReasoningDefaults,
+    supported: bool,
+) -> ApiResult<(Map<String, Value>, bool)> {
+    let mut context = r.template_kwargs.clone();
+    match f.value("chat_template_kwargs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => context.extend(m.clone()),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "\"chat_template_kwargs\" must be an object",
+            ))
+        }
+    }
+    let mut enable = r.enable.unwrap_or(true) && supported;
+    match context.get("enable_thinking") {
+        None => {}
+        Some(Value::Bool(b)) => enable = *b,
+        Some(Value::String(_)) => {
+            return Err(ApiError::invalid(
+                "invalid type for \"enable_thinking\" (expected boolean, got string)",
+            ))
+        }
+        Some(_) => {}
+    }
+    match f.str("reasoning_effort")? {
+        Some("none") => {
+            enable = false;
+            context.remove("reasoning_effort");
+        }
+        Some(e) if !e.is_empty() => {
+            context.insert("reasoning_effort".into(), json!(e));
+        }
+        _ => {}
+    }
+    context.insert("enable_thinking".into(), json!(enable));
+    let extract = match f.str("reasoning_format")? {
+        None => !r.keep_in_content,
+        Some("none") => false,
+        Some("auto" | "deepseek" | "deepseek-legacy") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "Unknown reasoning format: {other} (none, auto, deepseek or deepseek-legacy)"
+            )))
+        }
+    };
+    Ok((context, extract))
 }
 
 /// Chat messages from an OpenAI-style `messages` array (text parts of a content array

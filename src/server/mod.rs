@@ -35,7 +35,7 @@ mod tools;
 mod wire;
 
 pub use error::ApiError;
-pub use params::Defaults;
+pub use params::{Defaults, ReasoningDefaults};
 
 use crate::engine::service::EngineService;
 use crate::engine::Engine;

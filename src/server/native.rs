@@ -422,7 +422,8 @@ pub async fn apply_template(State(s): State<Arc<AppState>>, body: Bytes) -> ApiR
     let service = s.service()?;
     let body = super::off_runtime(|| body_json(&body)).await?;
     let prompt = super::off_runtime(|| {
-        let chat = super::chat::ChatRequest::read(&body, service.tokenizer())?;
+        let chat =
+            super::chat::ChatRequest::read(&body, service.tokenizer(), &s.opts.defaults.reasoning)?;
         let prompt = chat.render(service.tokenizer())?;
         // Written out, each byte at most an escape (the render itself is bounded by the
         // template's fuel and limits).

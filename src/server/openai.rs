@@ -236,8 +236,9 @@ pub fn chat_prompt(
     body: &Value,
     tok: &Tokenizer,
     input: &super::media::ImageInput,
+    r: &super::params::ReasoningDefaults,
 ) -> ApiResult<crate::engine::MediaPrompt> {
-    ChatRequest::read(body, tok)?.prompt(tok, input)
+    ChatRequest::read(body, tok, r)?.prompt(tok, input)
 }
 
 /// `/chat/completions/input_tokens`: the prompt's token count, nothing generated.
@@ -247,10 +248,17 @@ pub async fn chat_input_tokens(
 ) -> ApiResult<Json<Value>> {
     let service = s.service()?;
     let input = s.image_input(service);
-    let n = super::off_runtime(|| chat_prompt(&body_json(&body)?, service.tokenizer(), &input))
-        .await?
-        .tokens
-        .len();
+    let n = super::off_runtime(|| {
+        chat_prompt(
+            &body_json(&body)?,
+            service.tokenizer(),
+            &input,
+            &s.opts.defaults.reasoning,
+        )
+    })
+    .await?
+    .tokens
+    .len();
     Ok(Json(
         json!({"input_tokens": n, "object": "response.input_tokens"}),
     ))
@@ -273,8 +281,10 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
     let verbose = f.bool("verbose")?.unwrap_or(s.opts.verbose);
     let return_progress = f.bool("return_progress")?.unwrap_or(false);
     let input = s.image_input(service);
-    let (chat, req) =
-        super::off_runtime(|| ChatRequest::request(&body, &p.request, tok, &input)).await?;
+    let (chat, req) = super::off_runtime(|| {
+        ChatRequest::request(&body, &p.request, tok, &input, &s.opts.defaults.reasoning)
+    })
+    .await?;
     if !p.stream {
         let n_ctx = service.info().n_ctx_slot;
         let n_predict = p.request.params.n_predict;
@@ -294,8 +304,10 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
         let start = gen::start_stream(service, req).await?;
         let tok = tok.clone();
         let mut first = true;
-        // With tools the reply is one JSON object, read back whole at the end.
-        let mut held = chat.tools.is_some().then(String::new);
+        // Thinking is streamed as it is split out; with tools the rest is one JSON
+        // object, read back whole at the end.
+        let mut split = chat.splitter();
+        let hold = chat.tools.is_some();
         return Ok(gen::sse(
             start,
             move |item| {
@@ -321,24 +333,47 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
                         }
                     }
                     Item::Piece(pc) if pc.text.is_empty() && pc.probs.is_none() => {}
-                    Item::Piece(pc) if held.is_some() => {
-                        held.get_or_insert_default().push_str(&pc.text);
-                    }
                     Item::Piece(pc) => {
-                        let mut choice = json!({
-                            "finish_reason": Value::Null,
-                            "index": 0,
-                            "delta": {"content": pc.text},
-                        });
-                        if p.n_probs > 0 {
-                            choice["logprobs"] = logprobs_json(&tok, std::slice::from_ref(pc), &p);
+                        let d = split.push(&pc.text);
+                        let mut delta = |delta: Value, last: bool| {
+                            let mut choice = json!({
+                                "finish_reason": Value::Null,
+                                "index": 0,
+                                "delta": delta,
+                            });
+                            if p.n_probs > 0 && last {
+                                choice["logprobs"] =
+                                    logprobs_json(&tok, std::slice::from_ref(pc), &p);
+                            }
+                            out.push_str(&gen::data(&chunk(json!([choice]))));
+                        };
+                        // A token's probabilities go with the last chunk it made.
+                        let text = !hold && (!d.content.is_empty() || pc.text.is_empty());
+                        if !d.reasoning.is_empty() {
+                            delta(json!({"reasoning_content": d.reasoning}), !text);
                         }
-                        out.push_str(&gen::data(&chunk(json!([choice]))));
+                        if text {
+                            delta(json!({"content": d.content}), true);
+                        }
                     }
                     Item::End(end) => {
                         let mut reason = gen::finish_reason(&end.stop);
-                        if let Some(text) = held.take() {
-                            let r = chat.reply(&text);
+                        let d = split.finish();
+                        let mut delta = |delta: Value| {
+                            out.push_str(&gen::data(&chunk(json!([{
+                                "finish_reason": Value::Null,
+                                "index": 0,
+                                "delta": delta,
+                            }]))))
+                        };
+                        if !d.reasoning.is_empty() {
+                            delta(json!({"reasoning_content": d.reasoning}));
+                        }
+                        if !hold && !d.content.is_empty() {
+                            delta(json!({"content": d.content}));
+                        }
+                        if hold {
+                            let r = chat.reply(split.text());
                             let delta = if r.calls.is_empty() {
                                 json!({"content": r.content})
                             } else {
@@ -397,6 +432,9 @@ pub async fn chat_completions(State(s): State<Arc<AppState>>, body: Bytes) -> Ap
         let c = r?;
         let reply = chat.reply(&c.text);
         let mut message = json!({"role": "assistant", "content": reply.content});
+        if !reply.reasoning.is_empty() {
+            message["reasoning_content"] = json!(reply.reasoning);
+        }
         let mut reason = gen::finish_reason(&c.end.stop);
         if !reply.calls.is_empty() {
             reason = "tool_calls";

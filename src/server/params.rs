@@ -35,6 +35,20 @@ pub struct Defaults {
     pub backend_sampling: bool,
     /// LoRA adapters loaded (`--lora`): a request's `lora` ids range below this.
     pub n_lora: usize,
+    /// How chat replies' thinking is given back (`--reasoning-format`).
+    pub reasoning: ReasoningDefaults,
+}
+
+/// The server's reasoning flags, which a chat request may override.
+#[derive(Clone, Debug, Default)]
+pub struct ReasoningDefaults {
+    /// `--reasoning-format none`: thinking stays in `content` as written.
+    pub keep_in_content: bool,
+    /// `--reasoning on|off` (None: `auto`, on where the template has thinking): the
+    /// template's `enable_thinking`.
+    pub enable: Option<bool>,
+    /// `--chat-template-kwargs`: variables every chat template render gets.
+    pub template_kwargs: serde_json::Map<String, Value>,
 }
 
 /// A LoRA setting as llama-server reads it (`lora` of a request, the body of `POST

@@ -5,6 +5,7 @@
 //! `response.*` events. Nothing is stored: `previous_response_id` is refused, as
 //! llama-server refuses it.
 
+use super::chat::ChatRequest;
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item};
 use super::native::StreamClock;
@@ -105,10 +106,16 @@ pub(super) fn as_chat(body: &Value) -> ApiResult<Value> {
                             "function call items are not supported: wgllm does not parse tool calls out of the model's output",
                         ))
                     }
+                    // Earlier thinking: the next assistant message's `reasoning_content`.
                     (_, Some("reasoning")) => {
-                        return Err(ApiError::invalid(
-                            "reasoning items are not supported: wgllm does not separate reasoning from the reply",
-                        ))
+                        let text: String = (item.get("content").and_then(Value::as_array))
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|p| p.get("text").and_then(Value::as_str))
+                            .collect();
+                        messages.push(json!({
+                            "role": "assistant", "content": [], "reasoning_content": text,
+                        }));
                     }
                     _ => return Err(ApiError::invalid("Cannot determine type of 'item'")),
                 }
@@ -121,8 +128,16 @@ pub(super) fn as_chat(body: &Value) -> ApiResult<Value> {
         }
     }
     let mut chat: Map<String, Value> = f.0.clone();
+    // `reasoning.effort` is the chat's `reasoning_effort`.
+    let effort = (f.value("reasoning"))
+        .and_then(|r| r.get("effort"))
+        .filter(|e| e.is_string())
+        .cloned();
     for k in ["input", "instructions", "max_output_tokens", "reasoning"] {
         chat.remove(k);
+    }
+    if let Some(e) = effort {
+        chat.insert("reasoning_effort".into(), e);
     }
     chat.insert("messages".into(), Value::Array(messages));
     if let Some(n) = f.value("max_output_tokens") {
@@ -156,15 +171,29 @@ fn text_part(text: &str) -> Value {
     json!({"type": "output_text", "annotations": [], "logprobs": [], "text": text})
 }
 
-/// The reply message as an output item (none for an empty reply, as llama-server).
-fn message_items(id: &str, text: &str) -> Vec<Value> {
-    if text.is_empty() {
-        return Vec::new();
+/// The thinking as an output item.
+fn reasoning_item(id: &str, text: &str) -> Value {
+    json!({
+        "id": id, "summary": [], "type": "reasoning",
+        "content": [{"text": text, "type": "reasoning_text"}],
+        "encrypted_content": "", "status": "completed",
+    })
+}
+
+/// The reply as output items: its thinking, its message (none for empty ones, as
+/// llama-server).
+fn output_items(reasoning_id: &str, id: &str, reasoning: &str, text: &str) -> Vec<Value> {
+    let mut items = Vec::new();
+    if !reasoning.is_empty() {
+        items.push(reasoning_item(reasoning_id, reasoning));
     }
-    vec![json!({
-        "type": "message", "status": "completed", "id": id, "role": "assistant",
-        "content": [text_part(text)],
-    })]
+    if !text.is_empty() {
+        items.push(json!({
+            "type": "message", "status": "completed", "id": id, "role": "assistant",
+            "content": [text_part(text)],
+        }));
+    }
+    items
 }
 
 /// An event named by its `type`.
@@ -182,14 +211,21 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
     let per_token = f.bool("timings_per_token")?.unwrap_or(false);
     let mut req = p.request.clone();
     let input = s.image_input(service);
-    let prompt = super::off_runtime(|| chat_prompt(&body, tok, &input)).await?;
+    let (chat, prompt) = super::off_runtime(|| {
+        let chat = ChatRequest::read(&body, tok, &s.opts.defaults.reasoning)?;
+        let prompt = chat.prompt(tok, &input)?;
+        Ok::<_, ApiError>((chat, prompt))
+    })
+    .await?;
     req.prompt = prompt.tokens;
     req.images = prompt.images;
     let model = s.model_name();
     let resp_id = reply_id("resp_");
     let msg_id = reply_id("msg_");
+    let rs_id = reply_id("rs_");
     if !p.stream {
         let c = gen::complete(service, req).await?;
+        let r = chat.reply(&c.text);
         let t = now();
         return Ok(Json(json!({
             "completed_at": t,
@@ -197,7 +233,7 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
             "id": resp_id,
             "model": model,
             "object": "response",
-            "output": message_items(&msg_id, &c.text),
+            "output": output_items(&rs_id, &msg_id, &r.reasoning, &r.content),
             "status": "completed",
             "usage": usage(&c.end),
         }))
@@ -207,6 +243,8 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
     let n_prompt = start.n_prompt;
     let mut created = false;
     let mut text = String::new();
+    let mut reasoning = String::new();
+    let mut split = chat.splitter();
     let mut clock = StreamClock::default();
     let stub = json!({"id": resp_id, "object": "response", "status": "in_progress"});
     Ok(gen::sse(
@@ -231,7 +269,18 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
                 }
                 Item::Piece(pc) => {
                     clock.piece(pc);
-                    if !pc.text.is_empty() {
+                    let d = split.push(&pc.text);
+                    if !d.reasoning.is_empty() {
+                        if reasoning.is_empty() {
+                            events.push(json!({"type": "response.output_item.added", "item": {
+                                "id": rs_id, "summary": [], "type": "reasoning", "content": [],
+                                "encrypted_content": "", "status": "in_progress",
+                            }}));
+                        }
+                        reasoning.push_str(&d.reasoning);
+                        events.push(json!({"type": "response.reasoning_text.delta", "delta": d.reasoning, "item_id": rs_id}));
+                    }
+                    if !d.content.is_empty() {
                         // The message opens with its first text.
                         if text.is_empty() {
                             events.push(json!({"type": "response.output_item.added", "item": {
@@ -242,8 +291,8 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
                                 "part": {"type": "output_text", "text": ""}}),
                             );
                         }
-                        text.push_str(&pc.text);
-                        let mut e = json!({"type": "response.output_text.delta", "item_id": msg_id, "delta": pc.text});
+                        text.push_str(&d.content);
+                        let mut e = json!({"type": "response.output_text.delta", "item_id": msg_id, "delta": d.content});
                         if per_token {
                             e["timings"] = clock.gen_timings(n_prompt);
                         }
@@ -251,12 +300,24 @@ pub async fn responses(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult
                     }
                 }
                 Item::End(end) => {
+                    // What was held back (a tag that never closed) comes last.
+                    let d = split.finish();
+                    for (piece, kind, id) in [
+                        (&d.reasoning, "response.reasoning_text.delta", &rs_id),
+                        (&d.content, "response.output_text.delta", &msg_id),
+                    ] {
+                        if !piece.is_empty() {
+                            events.push(json!({"type": kind, "delta": piece, "item_id": id}));
+                        }
+                    }
+                    reasoning.push_str(&d.reasoning);
+                    text.push_str(&d.content);
                     if !text.is_empty() {
                         events.push(json!({"type": "response.output_text.done", "item_id": msg_id, "text": text}));
                         events.push(json!({"type": "response.content_part.done", "item_id": msg_id, "part": text_part(&text)}));
                     }
-                    let output = message_items(&msg_id, &text);
-                    if let Some(item) = output.first() {
+                    let output = output_items(&rs_id, &msg_id, &reasoning, &text);
+                    for item in &output {
                         events.push(json!({"type": "response.output_item.done", "item": item}));
                     }
                     events.push(json!({
@@ -280,10 +341,17 @@ pub async fn input_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiRes
     let service = s.service()?;
     let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
     let input = s.image_input(service);
-    let n = super::off_runtime(|| chat_prompt(&body, service.tokenizer(), &input))
-        .await?
-        .tokens
-        .len();
+    let n = super::off_runtime(|| {
+        chat_prompt(
+            &body,
+            service.tokenizer(),
+            &input,
+            &s.opts.defaults.reasoning,
+        )
+    })
+    .await?
+    .tokens
+    .len();
     Ok(Json(
         json!({"input_tokens": n, "object": "response.input_tokens"}),
     ))

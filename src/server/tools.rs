@@ -63,9 +63,11 @@ pub struct ToolCall {
     pub arguments: Value,
 }
 
-/// The model's reply read back: its text, and its calls.
+/// The model's reply read back: its thinking, its text, and its calls.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Reply {
+    /// The thinking split from the text (see `tokenizer::reasoning`); empty here.
+    pub reasoning: String,
     pub content: String,
     pub calls: Vec<ToolCall>,
 }
@@ -238,10 +240,12 @@ impl Tools {
                 Some(call) => Reply {
                     content: String::new(),
                     calls: vec![call],
+                    ..Default::default()
                 },
                 None => Reply {
                     content: text.to_string(),
                     calls: Vec::new(),
+                    ..Default::default()
                 },
             },
         }
@@ -254,6 +258,7 @@ impl Tools {
             return Reply {
                 content: text.to_string(),
                 calls: Vec::new(),
+                ..Default::default()
             };
         };
         let calls: Vec<ToolCall> = o
@@ -277,7 +282,11 @@ impl Tools {
             _ if calls.is_empty() => text.to_string(),
             _ => String::new(),
         };
-        Reply { content, calls }
+        Reply {
+            content,
+            calls,
+            ..Default::default()
+        }
     }
 }
 
@@ -331,6 +340,7 @@ fn parse_hermes(text: &str, new_id: impl Fn() -> String) -> Reply {
     Reply {
         content: content.trim().to_string(),
         calls,
+        ..Default::default()
     }
 }
 

@@ -13,6 +13,7 @@ mod jinja_limits;
 mod load;
 pub mod pre;
 mod pyjinja;
+pub mod reasoning;
 mod rerank;
 mod special;
 mod spm;
@@ -398,15 +399,17 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        self.apply_chat_template_with(messages, add_generation_prompt, None)
+        self.apply_chat_template_with(messages, add_generation_prompt, None, None)
     }
 
-    /// [`Self::apply_chat_template`] with a `tools` list for templates that render one.
+    /// [`Self::apply_chat_template`] with a `tools` list for templates that render one
+    /// and further top-level variables (`enable_thinking`, `chat_template_kwargs`).
     pub fn apply_chat_template_with(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
+        context: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<String, TemplateError> {
         let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or("");
         render_chat_template(
@@ -418,6 +421,7 @@ impl Tokenizer {
                 eos_token: text(self.eos),
                 now: None,
                 tools,
+                context,
             },
         )
     }

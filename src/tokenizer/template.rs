@@ -146,6 +146,9 @@ pub struct TemplateOptions<'a> {
     pub now: Option<chrono::NaiveDateTime>,
     /// The `tools` list (OpenAI's form) for templates that render it; `None` otherwise.
     pub tools: Option<&'a serde_json::Value>,
+    /// Further top-level variables, set after the others as llama-server sets them:
+    /// `enable_thinking` and the request's `chat_template_kwargs`.
+    pub context: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Renders `template` for `messages`; `add_generation_prompt` appends the opening of an
@@ -166,6 +169,7 @@ pub fn apply_chat_template(
             eos_token,
             now: None,
             tools: None,
+            context: None,
         },
     )
 }
@@ -202,17 +206,27 @@ pub fn render_chat_template(
         })
         .collect();
     let tools = opts.tools.map_or(Value::from(()), json_value);
-    let ctx = Value::from_pairs([
-        ("messages", Value::from(msgs)),
-        ("tools", tools),
-        ("documents", Value::from(())),
-        (
-            "add_generation_prompt",
-            Value::from(opts.add_generation_prompt),
-        ),
-        ("bos_token", Value::from(opts.bos_token)),
-        ("eos_token", Value::from(opts.eos_token)),
-    ]);
+    let mut pairs: Vec<(String, Value)> = vec![
+        ("messages".into(), Value::from(msgs)),
+        ("tools".into(), tools),
+        ("documents".into(), Value::from(())),
+        ("bos_token".into(), Value::from(opts.bos_token)),
+        ("eos_token".into(), Value::from(opts.eos_token)),
+    ];
+    // The request's variables may not replace the messages, tools or the generation
+    // prompt's switch, which are set from the request's own fields.
+    for (k, v) in opts.context.into_iter().flatten() {
+        match pairs.iter_mut().find(|(name, _)| name == k) {
+            Some(_) if matches!(k.as_str(), "messages" | "tools") => {}
+            Some(p) => p.1 = json_value(v),
+            None => pairs.push((k.clone(), json_value(v))),
+        }
+    }
+    pairs.push((
+        "add_generation_prompt".into(),
+        Value::from(opts.add_generation_prompt),
+    ));
+    let ctx = Value::from_pairs(pairs);
     let mut out = String::new();
     minijinja::machinery::eval(
         &env,

@@ -577,6 +577,7 @@ fn template_python_compat() {
         eos_token: "</s>",
         now: chrono::NaiveDate::from_ymd_opt(2026, 1, 15).and_then(|d| d.and_hms_opt(10, 30, 0)),
         tools: None,
+        context: None,
     };
     let render = |tpl: &str| render_chat_template(tpl, &msgs, &opts);
     assert_eq!(
