@@ -4,7 +4,7 @@
 # comparison, against a llama-server binary — with SmolLM2 in place of every preset's
 # model (scripts/server-launcher.py swaps the model flags).
 #   scripts/server-tests.sh [--server BIN] [--junit FILE] [--expected LIST] [unit/test_x.py ...] [-- PYTEST_ARGS]
-# Default server: target/release/wgllm; default files: the twenty-two docs/server.md's table lists.
+# Default server: target/release/wgllm; default files: the twenty-three docs/server.md's table lists.
 # --expected LIST runs the tests named in LIST (pytest node ids, one per line; # comments),
 # which must all pass: the test command runs tests/data/server-suite-pass.txt.
 # The suite's session fixture starts every preset once only to download models: with a
@@ -33,7 +33,7 @@ if [ ${#files[@]} -eq 0 ]; then
     unit/test_compat_anthropic.py unit/test_slot_save.py unit/test_embedding.py
     unit/test_infill.py unit/test_speculative.py unit/test_rerank.py unit/test_lora.py
     unit/test_vision_api.py unit/test_sleep.py unit/test_compat_gcp.py unit/test_proxy.py
-    unit/test_router.py)
+    unit/test_router.py unit/test_template.py)
 fi
 [ -x "$server" ] || { echo "error: no server binary at $server (cargo build --release)" >&2; exit 1; }
 # Sets model, tests (the suite's folder) and venv (its Python environment).

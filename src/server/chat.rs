@@ -20,6 +20,8 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     /// Continue the last (assistant) message instead of opening a new turn.
     pub continue_last: bool,
+    /// Open the assistant's turn (`add_generation_prompt`, true unless the request says).
+    pub add_generation_prompt: bool,
     /// The tools offered, unless none are (or `tool_choice` is "none").
     pub tools: Option<Tools>,
     /// How tools reach the model and its calls come back, by the template.
@@ -102,11 +104,10 @@ impl ChatRequest {
                 })?;
             }
         }
-        let thinking = Thinking::of_template(template, |m| {
-            tok.apply_chat_template_with(m, false, None, None).ok()
-        });
-        let (context, extract) = reasoning_fields(&f, r, thinking.supported())?;
+        let (thinking, toggles) = template_thinking(tok);
+        let (context, extract) = reasoning_fields(&f, r, toggles)?;
         Ok(ChatRequest {
+            add_generation_prompt: add_gen != Some(false),
             continue_last,
             messages,
             tools,
@@ -131,8 +132,8 @@ impl ChatRequest {
             tok.apply_chat_template_with(&self.messages, add_gen, list, Some(&self.context))
         };
         if !self.continue_last {
-            let full = apply(true).map_err(wrap)?;
-            if self.thinking.supported() {
+            let full = apply(self.add_generation_prompt).map_err(wrap)?;
+            if self.thinking.supported() && self.add_generation_prompt {
                 // As llama-server finds it: what the turn's opening adds to the text.
                 let bare = apply(false).map_err(wrap)?;
                 let common = (full.bytes().zip(bare.bytes()))
@@ -232,6 +233,42 @@ impl ChatRequest {
     }
 }
 
+/// How `tok`'s template writes thinking, and whether its `enable_thinking` changes the
+/// turn's opening (llama-server's test for a template with thinking, which also finds
+/// templates whose thinking wgllm cannot split out, such as Command R7B's). Found by
+/// rendering, once per template.
+fn template_thinking(tok: &Tokenizer) -> (Thinking, bool) {
+    use std::hash::{Hash, Hasher};
+    static KNOWN: std::sync::Mutex<Vec<(u64, Thinking, bool)>> = std::sync::Mutex::new(Vec::new());
+    let template = tok.chat_template_or_chatml();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    template.hash(&mut h);
+    let key = h.finish();
+    let known = |k: &[(u64, Thinking, bool)]| {
+        (k.iter().find(|e| e.0 == key)).map(|(_, t, b)| (t.clone(), *b))
+    };
+    if let Some(hit) = known(&KNOWN.lock().unwrap_or_else(|e| e.into_inner())) {
+        return hit;
+    }
+    let thinking = Thinking::of_template(template, |m| {
+        tok.apply_chat_template_with(m, false, None, None).ok()
+    });
+    let opening = |on: bool| {
+        let mut context = Map::new();
+        context.insert("enable_thinking".into(), json!(on));
+        let hi = [ChatMessage::new("user", "Hi")];
+        tok.apply_chat_template_with(&hi, true, None, Some(&context))
+            .ok()
+    };
+    let toggles = thinking.supported() || opening(true) != opening(false);
+    let mut k = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    if k.len() >= 64 {
+        k.clear();
+    }
+    k.push((key, thinking.clone(), toggles));
+    (thinking, toggles)
+}
+
 /// The template's variables and whether thinking is split out, as llama-server reads
 /// them: the server's kwargs, the request's `chat_template_kwargs` over them
 /// (`enable_thinking` must be a boolean), `reasoning_effort` ("none" turns thinking off)
@@ -241,7 +278,19 @@ fn reasoning_fields(
     r: &ReasoningDefaults,
     supported: bool,
 ) -> ApiResult<(Map<String, Value>, bool)> {
-    let mut context = r.template_kwargs.clone();
+    // Today's date, which some templates print (Llama 3.x's `date_string`), then the
+    // server's kwargs.
+    let today = chrono::Local::now();
+    let mut context = Map::new();
+    context.insert(
+        "datetime".into(),
+        json!(today.format("%b %d %Y").to_string()),
+    );
+    context.insert(
+        "date_string".into(),
+        json!(today.format("%d %b %Y").to_string()),
+    );
+    context.extend(r.template_kwargs.clone());
     match f.value("chat_template_kwargs") {
         None | Some(Value::Null) => {}
         Some(Value::Object(m)) => context.extend(m.clone()),
