@@ -6,9 +6,10 @@ first request of each template.
 
     scripts/record-reasoning-ref.py OUT.json SYNTH_MODEL SMOLLM2_MODEL TEMPLATES_DIR
 
-SYNTH_MODEL is a tiny random-weight model with Qwen's vocabulary (tests/reasoning.rs
-writes it: `wgllm synth --arch qwen3 --shape tiny --type q8_0 --vocab-from
-ggml-vocab-qwen2.gguf`), served with each real template of TEMPLATES_DIR (llama.cpp's
+SYNTH_MODEL is a tiny random-weight model with Qwen's vocabulary and Qwen 3's `<think>`
+and `</think>` tokens (tests/server.rs writes it: `wgllm synth --arch qwen3 --shape tiny
+--type q8_0 --vocab-from ggml-vocab-qwen2.gguf`, then `wgllm synth --add-tokens-to` it
+with `--tokens '<think>,</think>' --token-type user`), served with each real template of TEMPLATES_DIR (llama.cpp's
 models/templates) by `--chat-template-file`; SmolLM2 is served with its own template, which
 has no thinking. The replies are held to fixed texts by a grammar, so what is compared is
 the split alone, not the random model's choices.
@@ -44,6 +45,10 @@ CASES = {
         ("prefilled", {}, "I think.\n</think>\n\nHello!"),
         ("prefilled-none", {"reasoning_format": "none"}, "I think.\n</think>\n\nHello!"),
         ("unclosed", {}, "Still thinking"),
+        # A budget of 0 forces the message and the closing tag at once, whatever the
+        # model: `max_tokens` is set to their token count (no grammar).
+        ("budget-0", {"reasoning_budget_tokens": 0,
+                      "reasoning_budget_message": "Enough thinking."}, None),
     ],
     "gpt-oss": [
         ("channels", {}, OSS_REPLY),
@@ -93,8 +98,13 @@ def main():
         p, port = start([*args, *SERVER_ARGS])
         try:
             for case, extra, text in CASES[name]:
-                body = dict(extra, messages=MESSAGES, grammar=grammar(text), temperature=0.0,
-                            max_tokens=64)
+                body = dict(extra, messages=MESSAGES, temperature=0.0, max_tokens=64)
+                if text is not None:
+                    body["grammar"] = grammar(text)
+                else:
+                    forced = [post(port, "/tokenize", {"content": t, "parse_special": True})
+                              ["tokens"] for t in [extra["reasoning_budget_message"], "</think>"]]
+                    body["max_tokens"] = sum(map(len, forced))
                 msg = post(port, "/v1/chat/completions", body)["choices"][0]["message"]
                 content, reasoning = stream(port, "/v1/chat/completions", body)
                 entry = {
@@ -109,7 +119,7 @@ def main():
                     entry["responses"] = [
                         {k: v for k, v in item.items() if k != "id"}
                         for item in post(port, "/v1/responses", dict(
-                            extra, input="Say hello.", grammar=grammar(text),
+                            extra, input="Say hello.", grammar=body["grammar"],
                             temperature=0.0, max_output_tokens=64))["output"]]
                 record["cases"].append(entry)
         finally:

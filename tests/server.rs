@@ -2004,15 +2004,19 @@ fn a_router_serves_two_models_by_name_and_swaps_them() {
 }
 
 /// The tiny Qwen3 llama-server split replies on (tests/data/reference/reasoning.json):
-/// random weights, Qwen's vocabulary, written into `dir` (sha256 checked).
+/// random weights, Qwen's vocabulary with Qwen 3's `<think>` and `</think>` added as
+/// user-defined tokens, written into `dir` (sha256 checked).
 fn reasoning_model(dir: &std::path::Path, want_sha: &str) -> std::path::PathBuf {
-    use wgllm::model::synth::{synth, vocab_metadata, SynthArch, SynthShape, WeightScale};
+    use wgllm::model::synth::{
+        synth, vocab_metadata, with_added_tokens_of_type, SynthArch, SynthShape, WeightScale,
+        USER_DEFINED,
+    };
     let vocab = wgllm::gguf::GgufFile::open(
         common::llamacpp_tests_dir().join("vocab/ggml-vocab-qwen2.gguf"),
     )
     .unwrap();
     let n_vocab = vocab.get_array("tokenizer.ggml.tokens").unwrap().len() as u64;
-    let path = dir.join("qwen3-tiny.gguf");
+    let base = dir.join("qwen3-tiny.gguf");
     synth(
         SynthArch::Qwen3,
         SynthShape::preset("tiny").unwrap(),
@@ -2022,8 +2026,15 @@ fn reasoning_model(dir: &std::path::Path, want_sha: &str) -> std::path::PathBuf 
         WeightScale::Fixed(0.02),
         false,
     )
-    .write(&path)
+    .write(&base)
     .unwrap();
+    let path = dir.join("qwen3-think.gguf");
+    let tags = ["<think>".to_string(), "</think>".to_string()];
+    let base_file = wgllm::gguf::GgufFile::open(&base).unwrap();
+    with_added_tokens_of_type(&base_file, &tags, USER_DEFINED)
+        .unwrap()
+        .write(&path)
+        .unwrap();
     let sha = format!(
         "{:x}",
         <sha2::Sha256 as sha2::Digest>::digest(std::fs::read(&path).unwrap())
@@ -2035,6 +2046,49 @@ fn reasoning_model(dir: &std::path::Path, want_sha: &str) -> std::path::PathBuf 
         path.display()
     );
     path
+}
+
+/// With a thinking budget of 3 on a template that opens the turn inside `<think>`, the
+/// message and the closing tag are the reply's tokens from the third on (the opening's
+/// newline after `<think>` counts, as llama.cpp replays it), and the rest is the answer;
+/// without a budget the model goes on thinking.
+fn thinking_budget_forces_the_closing_tag(s: &Server) {
+    let tokens = |text: &str| -> Vec<Value> {
+        let (st, v) = s.json(
+            "POST",
+            "/tokenize",
+            json!({"content": text, "parse_special": true}),
+        );
+        assert_eq!(st, 200, "{v}");
+        v["tokens"].as_array().unwrap().clone()
+    };
+    let mut forced = tokens("Enough thinking.");
+    forced.extend(tokens("</think>"));
+    let ask = |budget: i64| {
+        let body = json!({"messages": [{"role": "user", "content": "Say hello."}],
+            "temperature": 0.0, "max_tokens": 10, "logprobs": true,
+            "reasoning_budget_tokens": budget, "reasoning_budget_message": "Enough thinking."});
+        let (st, v) = s.json("POST", "/v1/chat/completions", body);
+        assert_eq!(st, 200, "{v}");
+        let ids: Vec<Value> = (v["choices"][0]["logprobs"]["content"].as_array().unwrap())
+            .iter()
+            .map(|t| t["id"].clone())
+            .collect();
+        (v["choices"][0]["message"].clone(), ids)
+    };
+    let (msg, ids) = ask(3);
+    assert_eq!(ids[2..2 + forced.len()], forced[..], "{msg}");
+    let reasoning = msg["reasoning_content"].as_str().unwrap();
+    assert!(reasoning.ends_with("Enough thinking."), "{msg}");
+    let (free, _) = ask(-1);
+    assert!(free["content"].as_str().unwrap_or("").is_empty(), "{free}");
+    assert!(
+        !free["reasoning_content"]
+            .as_str()
+            .unwrap()
+            .contains("Enough"),
+        "{free}"
+    );
 }
 
 /// A streamed chat reply's deltas joined: (content, reasoning_content); no delta holds a
@@ -2091,6 +2145,9 @@ fn chat_replies_split_thinking_as_llama_server_does() {
             extra.extend(["--chat-template-file", f]);
         }
         let s = start_model(&model, &extra, &[]);
+        if name == "deepseek-r1" {
+            thinking_budget_forces_the_closing_tag(&s);
+        }
         for case in want["cases"].as_array().unwrap() {
             if case["model"] != *name {
                 continue;
@@ -2151,11 +2208,7 @@ fn chat_replies_split_thinking_as_llama_server_does() {
         ("--reasoning-format", "think", "unknown format"),
         ("--reasoning", "maybe", "on, off or auto"),
         ("--chat-template-kwargs", "[1]", "JSON object"),
-        (
-            "--reasoning-budget",
-            "100",
-            "thinking budget is not built yet",
-        ),
+        ("--reasoning-budget", "-2", "give a token count"),
     ] {
         refused_at_start(&["-m", &smol, flag, value], &[], why);
     }

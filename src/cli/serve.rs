@@ -144,9 +144,13 @@ pub struct ServeArgs {
     /// `chat_template_kwargs` add to them).
     #[arg(long = "chat-template-kwargs")]
     pub chat_template_kwargs: Option<String>,
-    /// Tokens of thinking a reply may take (-1: no limit). Only -1 is taken today.
+    /// Tokens of thinking a chat reply may take before the template's closing tag is
+    /// forced (-1: no limit, 0: none).
     #[arg(long = "reasoning-budget", default_value_t = -1, allow_negative_numbers = true)]
     pub reasoning_budget: i64,
+    /// Text forced before the closing tag when the thinking budget is spent.
+    #[arg(long = "reasoning-budget-message", default_value = "")]
+    pub reasoning_budget_message: String,
     /// Chat replies carry `__verbose` with the rendered prompt, and the log shows debug
     /// lines (as `RUST_LOG=wgllm=debug`).
     #[arg(long = "verbose", short = 'v', visible_alias = "v")]
@@ -304,12 +308,11 @@ fn reasoning_defaults(a: &ServeArgs) -> Result<wgllm::server::ReasoningDefaults>
         "auto" => None,
         other => bail!("--reasoning {other}: give on, off or auto"),
     };
-    if a.reasoning_budget != -1 {
-        bail!(
-            "--reasoning-budget {}: a thinking budget is not built yet in wgllm (only -1, no limit, is taken); end long thinking with -n or a request's max_tokens",
-            a.reasoning_budget
-        );
-    }
+    let budget = match a.reasoning_budget {
+        -1 => None,
+        n if (0..=u32::MAX as i64).contains(&n) => Some(n as u32),
+        n => bail!("--reasoning-budget {n}: give a token count, or -1 for no limit"),
+    };
     let mut template_kwargs = match &a.chat_template_kwargs {
         None => Default::default(),
         Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
@@ -324,6 +327,8 @@ fn reasoning_defaults(a: &ServeArgs) -> Result<wgllm::server::ReasoningDefaults>
         keep_in_content,
         enable,
         template_kwargs,
+        budget,
+        budget_message: a.reasoning_budget_message.clone(),
     })
 }
 

@@ -35,6 +35,10 @@ pub struct SynthArgs {
     /// which its language model adds to SmolLM2's) or a comma-separated list.
     #[arg(long, default_value = "smolvlm")]
     pub tokens: String,
+    /// The added tokens' type: control (matched only where special tokens are parsed,
+    /// never printed) or user (always matched and printed, as Qwen 3's `<think>`).
+    #[arg(long = "token-type", default_value = "control")]
+    pub token_type: String,
     /// The mmproj's projector (llama.cpp's `clip.projector_type`): gemma3, idefics3 or
     /// qwen25vl (`qwen2.5vl_merger`).
     #[arg(long, default_value = "gemma3")]
@@ -118,7 +122,13 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
                 .map(str::to_string)
                 .collect(),
         };
-        let w = model_synth::with_added_tokens(&f, &tokens).map_err(anyhow::Error::msg)?;
+        let ty = match a.token_type.as_str() {
+            "control" => model_synth::CONTROL,
+            "user" => model_synth::USER_DEFINED,
+            other => bail!("--token-type {other}: give control or user"),
+        };
+        let w =
+            model_synth::with_added_tokens_of_type(&f, &tokens, ty).map_err(anyhow::Error::msg)?;
         w.write(&a.output)
             .with_context(|| format!("writing {}", a.output.display()))?;
         eprintln!(

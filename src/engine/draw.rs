@@ -8,7 +8,8 @@
 //! engine's `--sampling`), its next step will sample (not past `-n`), its chain is one
 //! the GPU runs ([`crate::sample::gpu_row`]) and it asks for no probabilities other than
 //! post-sampling ones (the chain's final candidates, which the GPU writes beside the
-//! token); its penalty history and bias are copied to the GPU when they changed.
+//! token) and keeps no thinking budget; its penalty history and bias are copied to the GPU
+//! when they changed.
 
 use super::session::Session;
 use super::{Engine, Part};
@@ -53,7 +54,10 @@ impl Engine {
             let samples_next = n_predict < 0 || s.generated.len() < n_predict as usize;
             // The model's own probabilities need the whole logits row.
             let full_probs = s.params.n_probs > 0 && !s.params.post_sampling_probs;
-            if !samples_next || s.cancel || full_probs || s.fed_logits.is_some() {
+            // A thinking budget decides tokens on the host (a draw made ahead could
+            // miss the moment it forces one).
+            let budget = s.sampler.params().thinking_budget.is_some();
+            if !samples_next || s.cancel || full_probs || budget || s.fed_logits.is_some() {
                 continue;
             }
             let mut row = match draw_row(s, n_vocab) {

@@ -32,6 +32,7 @@
 
 use std::collections::VecDeque;
 
+pub mod budget;
 mod chain;
 #[cfg(test)]
 mod fixture;
@@ -106,6 +107,8 @@ pub struct Sampler {
     grammar: Option<GrammarState>,
     /// Which candidates the grammar allows (scratch).
     allowed: Vec<bool>,
+    /// The thinking budget's progress, if the params have one.
+    budget: Option<budget::BudgetState>,
     /// Changes whenever `history` does, unique across samplers: a GPU copy of the
     /// history is current while it remembers the same stamp.
     stamp: u64,
@@ -137,6 +140,10 @@ impl Sampler {
     ) -> Self {
         let seed = params.seed_u32().unwrap_or_else(fresh_seed);
         Self {
+            budget: params
+                .thinking_budget
+                .as_ref()
+                .map(budget::BudgetState::new),
             grammar,
             allowed: Vec::new(),
             rng: Mt19937::new(seed),
@@ -166,10 +173,19 @@ impl Sampler {
     /// from [`Sampler::sample`]); the penalties record it anyway.
     pub fn accept_generated(&mut self, token: u32) -> Result<(), GrammarError> {
         self.accept(token);
+        if let Some(b) = &mut self.budget {
+            b.accept(token);
+        }
         match &mut self.grammar {
             Some(g) => g.accept(token),
             None => Ok(()),
         }
+    }
+
+    /// The token the thinking budget forces next, if it forces one: the GPU chain does
+    /// not draw then.
+    pub fn forced(&self) -> Option<u32> {
+        self.budget.as_ref().and_then(budget::BudgetState::forced)
     }
 
     /// Whether the grammar allows nothing but the end of generation here.
@@ -235,6 +251,7 @@ impl Sampler {
         if let Some(g) = &mut self.grammar {
             g.reset();
         }
+        self.budget = (self.params.thinking_budget.as_ref()).map(budget::BudgetState::new);
     }
 
     /// Restarts the random streams from the seed (a fresh one if the params asked for a
@@ -268,6 +285,22 @@ impl Sampler {
     /// Runs the chain, again on the grammar's tokens alone if its first pick does not fit
     /// the grammar; `keep` also returns the final candidates.
     pub(crate) fn run(&mut self, logits: &[f32], keep: bool) -> Pick {
+        // A forced token is the only candidate (the chain still draws its number, as
+        // llama.cpp's does).
+        let only;
+        let logits = match self.forced().filter(|&t| (t as usize) < logits.len()) {
+            Some(t) => {
+                let mut l = vec![f32::NEG_INFINITY; logits.len()];
+                l[t as usize] = if logits[t as usize].is_finite() {
+                    logits[t as usize]
+                } else {
+                    0.0
+                };
+                only = l;
+                &only[..]
+            }
+            None => logits,
+        };
         let pick = self.run_chain(logits, keep, false, None);
         match &self.grammar {
             Some(g) if !g.allows(pick.token) => self.run_chain(logits, keep, true, None),

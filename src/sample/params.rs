@@ -49,6 +49,8 @@ pub struct SamplerParams {
     /// A GBNF grammar the generated text must follow (llama.cpp's `--grammar`; JSON
     /// schemas arrive converted by [`crate::grammar::json_schema`]).
     pub grammar: Option<String>,
+    /// A budget of thinking tokens (llama-server's `--reasoning-budget`).
+    pub thinking_budget: Option<super::budget::ThinkingBudget>,
 }
 
 impl SamplerParams {
@@ -148,6 +150,7 @@ impl Default for SamplerParams {
             seed: Self::RANDOM_SEED,
             banned: Vec::new(),
             grammar: None,
+            thinking_budget: None,
         }
     }
 }

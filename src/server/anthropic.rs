@@ -56,6 +56,14 @@ pub(super) fn as_chat(body: &Value) -> ApiResult<Value> {
     }
     let mut chat = body.clone();
     chat["messages"] = Value::Array(messages);
+    // Extended thinking's budget is the thinking budget (10000 tokens unless given).
+    let thinking = f.value("thinking");
+    if thinking.and_then(|t| t.get("type")).and_then(Value::as_str) == Some("enabled") {
+        let n = (thinking.and_then(|t| t.get("budget_tokens")))
+            .and_then(Value::as_i64)
+            .unwrap_or(10000);
+        chat["thinking_budget_tokens"] = json!(n);
+    }
     if let Some(s) = f.value("stop_sequences") {
         chat["stop"] = s.clone();
     }

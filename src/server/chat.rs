@@ -11,6 +11,7 @@ use super::params::{Fields, ReasoningDefaults};
 use super::tools::{self, ToolFormat, Tools};
 use crate::engine::service::Request;
 use crate::engine::MediaPrompt;
+use crate::sample::budget::ThinkingBudget;
 use crate::tokenizer::reasoning::{Splitter, Thinking};
 use crate::tokenizer::{knows_tools, ChatMessage, Tokenizer};
 use serde_json::{json, Map, Value};
@@ -39,6 +40,9 @@ pub struct ChatRequest {
     /// What the template adds to open the assistant's turn (set by `render`); the
     /// reply is read after it.
     gen_prompt: OnceLock<String>,
+    /// Tokens of thinking before the closing tag is forced, and the message forced
+    /// before it (the request's, else the server's).
+    pub budget: Option<(u32, String)>,
 }
 
 impl ChatRequest {
@@ -106,6 +110,20 @@ impl ChatRequest {
         }
         let (thinking, toggles) = template_thinking(tok);
         let (context, extract) = reasoning_fields(&f, r, toggles)?;
+        let budget = match f
+            .i64("reasoning_budget_tokens")?
+            .or(f.i64("thinking_budget_tokens")?)
+        {
+            None | Some(-1) => r.budget,
+            Some(n) if n >= 0 => Some(n.min(u32::MAX as i64) as u32),
+            Some(n) => {
+                return Err(ApiError::invalid(format!(
+                    "reasoning_budget_tokens {n}: give a token count, or -1 for the server's"
+                )))
+            }
+        };
+        let message = f.str("reasoning_budget_message")?;
+        let budget = budget.map(|n| (n, message.unwrap_or(&r.budget_message).to_string()));
         Ok(ChatRequest {
             add_generation_prompt: add_gen != Some(false),
             continue_last,
@@ -117,6 +135,7 @@ impl ChatRequest {
             extract,
             context,
             gen_prompt: OnceLock::new(),
+            budget,
         })
     }
 
@@ -229,7 +248,28 @@ impl ChatRequest {
         let prompt = chat.prompt(tok, input)?;
         req.prompt = prompt.tokens;
         req.images = prompt.images;
+        req.params.sampling.thinking_budget = chat.thinking_budget(tok);
         Ok((chat, req))
+    }
+
+    /// The thinking budget as the sampler keeps it: the template's tags as tokens
+    /// (llama-server's: the closing tag forced after the message), the turn's opening
+    /// replayed. None without a budget, where the template has no closing tag, or for a
+    /// continued message.
+    pub fn thinking_budget(&self, tok: &Tokenizer) -> Option<ThinkingBudget> {
+        let (tokens, message) = self.budget.as_ref()?;
+        let (open, close) = self.thinking.tags()?;
+        let gen_prompt = self.gen_prompt.get()?;
+        let end = tok.encode(close, false, true);
+        let mut forced = tok.encode(message, false, true);
+        forced.extend(&end);
+        Some(ThinkingBudget {
+            tokens: *tokens,
+            start: tok.encode(open, false, true),
+            end,
+            forced,
+            prefill: tok.encode(gen_prompt, false, true),
+        })
     }
 }
 

@@ -49,6 +49,11 @@ pub struct ReasoningDefaults {
     pub enable: Option<bool>,
     /// `--chat-template-kwargs`: variables every chat template render gets.
     pub template_kwargs: serde_json::Map<String, Value>,
+    /// `--reasoning-budget`: tokens of thinking before the closing tag is forced (None:
+    /// no limit).
+    pub budget: Option<u32>,
+    /// `--reasoning-budget-message`: forced before the closing tag.
+    pub budget_message: String,
 }
 
 /// A LoRA setting as llama-server reads it (`lora` of a request, the body of `POST

@@ -31,6 +31,21 @@ pub fn smolvlm_tokens() -> Vec<String> {
 /// `src` with `tokens` added (control tokens, in order, after its last); refuses a token
 /// the vocabulary has already, and a file whose embedding rows it cannot extend.
 pub fn with_added_tokens(src: &GgufFile, tokens: &[String]) -> Result<GgufWriter, String> {
+    with_added_tokens_of_type(src, tokens, CONTROL)
+}
+
+/// llama.cpp's token types: control tokens are matched in text only where special tokens
+/// are parsed and never printed; user-defined ones (Qwen 3's `<think>`) are always
+/// matched and printed.
+pub const CONTROL: i32 = 3;
+pub const USER_DEFINED: i32 = 4;
+
+/// [`with_added_tokens`] with the added tokens of `token_type`.
+pub fn with_added_tokens_of_type(
+    src: &GgufFile,
+    tokens: &[String],
+    token_type: i32,
+) -> Result<GgufWriter, String> {
     let arch = src.architecture().map_err(|e| e.to_string())?.to_string();
     let old = src
         .get_array("tokenizer.ggml.tokens")
@@ -59,12 +74,12 @@ pub fn with_added_tokens(src: &GgufFile, tokens: &[String]) -> Result<GgufWriter
             }
             "tokenizer.ggml.token_type" => {
                 let mut a = v.as_array().unwrap_or_default().to_vec();
-                // The array's own element type, control (3).
-                let control = match a.first() {
-                    Some(Value::U32(_)) => Value::U32(3),
-                    _ => Value::I32(3),
+                // The array's own element type.
+                let ty = match a.first() {
+                    Some(Value::U32(_)) => Value::U32(token_type as u32),
+                    _ => Value::I32(token_type),
                 };
-                a.extend(std::iter::repeat_n(control, tokens.len()));
+                a.extend(std::iter::repeat_n(ty, tokens.len()));
                 Value::Array(a)
             }
             // A SentencePiece vocabulary's scores: the added tokens score 0.

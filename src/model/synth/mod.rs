@@ -12,7 +12,9 @@ mod transformer;
 
 use crate::gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use crate::quant::quantize_row;
-pub use added_tokens::{smolvlm_tokens, with_added_tokens};
+pub use added_tokens::{
+    smolvlm_tokens, with_added_tokens, with_added_tokens_of_type, CONTROL, USER_DEFINED,
+};
 pub use mmproj::{synth_mmproj, synth_mmproj_gemma3, MmprojShape, SynthProjector};
 
 /// Model dimensions of a synthetic llama.
