@@ -7,7 +7,6 @@
 use super::chat::ChatRequest;
 use super::error::{ApiError, ApiResult};
 use super::gen::{self, Item};
-use super::openai::chat_prompt;
 use super::params::{self, Fields};
 use super::tools::Reply;
 use super::wire::{body_json, reply_id};
@@ -468,19 +467,6 @@ fn block_events(index: usize, b: Value) -> String {
 }
 
 pub async fn count_tokens(State(s): State<Arc<AppState>>, body: Bytes) -> ApiResult<Json<Value>> {
-    let service = s.service()?;
-    let body = super::off_runtime(|| as_chat(&body_json(&body)?)).await?;
-    let input = s.image_input(service);
-    let n = super::off_runtime(|| {
-        chat_prompt(
-            &body,
-            service.tokenizer(),
-            &input,
-            &s.opts.defaults.reasoning,
-        )
-    })
-    .await?
-    .tokens
-    .len();
+    let n = super::openai::chat_prompt_len(&s, &body, as_chat).await?;
     Ok(Json(json!({ "input_tokens": n })))
 }

@@ -241,24 +241,31 @@ pub fn chat_prompt(
     ChatRequest::read(body, tok, r)?.prompt(tok, input)
 }
 
+/// The token count of a chat prompt, the body first read by `convert` (an endpoint's
+/// own shape as a chat completion's): the input-token endpoints.
+pub(super) async fn chat_prompt_len(
+    s: &AppState,
+    body: &Bytes,
+    convert: fn(&Value) -> ApiResult<Value>,
+) -> ApiResult<usize> {
+    let service = s.service()?;
+    let input = s.image_input(service);
+    let r = &s.opts.defaults.reasoning;
+    super::off_runtime(|| {
+        let chat = convert(&body_json(body)?)?;
+        Ok(chat_prompt(&chat, service.tokenizer(), &input, r)?
+            .tokens
+            .len())
+    })
+    .await
+}
+
 /// `/chat/completions/input_tokens`: the prompt's token count, nothing generated.
 pub async fn chat_input_tokens(
     State(s): State<Arc<AppState>>,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    let service = s.service()?;
-    let input = s.image_input(service);
-    let n = super::off_runtime(|| {
-        chat_prompt(
-            &body_json(&body)?,
-            service.tokenizer(),
-            &input,
-            &s.opts.defaults.reasoning,
-        )
-    })
-    .await?
-    .tokens
-    .len();
+    let n = chat_prompt_len(&s, &body, |v| Ok(v.clone())).await?;
     Ok(Json(
         json!({"input_tokens": n, "object": "response.input_tokens"}),
     ))
