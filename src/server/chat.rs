@@ -197,7 +197,9 @@ impl ChatRequest {
     /// The reply read back: its thinking split out, then with tools, its calls and
     /// text; without, the text as it is.
     pub fn reply(&self, text: &str) -> tools::Reply {
-        let split = (self.thinking).split(self.gen_prompt(), text, self.extract, false);
+        let split = self
+            .reading()
+            .split(self.gen_prompt(), text, self.extract, false);
         let mut r = match &self.tools {
             Some(t) => t.parse_as(self.format, &split.content, || {
                 super::wire::reply_id("call_")
@@ -213,12 +215,16 @@ impl ChatRequest {
 
     /// A streamed reply's reader: the thinking and text each piece adds.
     pub fn splitter(&self) -> Splitter {
-        let thinking = match self.gen_prompt.get() {
+        Splitter::new(self.reading(), self.gen_prompt().to_string(), self.extract)
+    }
+
+    /// How the reply is read: as the template writes thinking, where the reply opens
+    /// a turn; a continued message, or a reply with no turn opened, is not split.
+    fn reading(&self) -> Thinking {
+        match self.gen_prompt.get() {
             Some(_) => self.thinking.clone(),
-            // Continued messages are not split: the reply continues the given text.
             None => Thinking::None,
-        };
-        Splitter::new(thinking, self.gen_prompt().to_string(), self.extract)
+        }
     }
 
     fn gen_prompt(&self) -> &str {
