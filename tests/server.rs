@@ -2234,3 +2234,234 @@ fn chat_replies_split_thinking_as_llama_server_does() {
         assert!(got.to_string().contains(why), "{field}: {got}");
     }
 }
+
+/// A router with no models (it answers at once) and `extra` flags.
+fn start_router(dir: &std::path::Path, extra: &[&str]) -> Server {
+    std::fs::create_dir_all(dir.join("models")).unwrap();
+    std::fs::create_dir_all(dir.join("hub")).unwrap();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
+        .args(["serve", "--models-dir"])
+        .arg(dir.join("models"))
+        .args(["--port", &port.to_string()])
+        .args(extra)
+        .env("LLAMA_CACHE", dir.join("hub"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Server { child, port };
+    let t0 = Instant::now();
+    while s.try_request("GET", "/health", &[], "").map(|r| r.0).ok() != Some(200) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the router did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s
+}
+
+/// An MCP server in sh (one JSON-RPC message per line; ids are small integers): an
+/// `echo` tool that answers with the request's id, after a line that is not JSON and a
+/// notification.
+const SH_MCP_SERVER: &str = r#"
+while IFS= read -r line; do
+  id=$(printf '%s' "$line" | sed -n 's/.*"id":\([0-9]*\).*/\1/p')
+  [ -z "$id" ] && continue
+  case "$line" in
+    *'"initialize"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"capabilities":{}}}\n' "$id" ;;
+    *'"tools/list"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[{"name":"echo","description":"Echoes","inputSchema":{"type":"object","properties":{"message":{"type":"string"}}}}]}}\n' "$id" ;;
+    *) printf 'not json\n{"jsonrpc":"2.0","method":"notifications/progress"}\n{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"call %s"}]}}\n' "$id" "$id" ;;
+  esac
+done
+"#;
+
+/// `/tools`: off by default with llama-server's 403; `--tools` with `--tools-root` keeps
+/// every file tool inside the root; an MCP server's tools are listed and called; bad
+/// calls get llama-server's statuses, and bad flags stop the server before it starts.
+#[test]
+fn tools_run_inside_their_root_and_mcp_tools_are_called() {
+    let dir = std::env::temp_dir().join(format!("wgllm-tools-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let root = dir.join("root");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::write(root.join("sub/inside.txt"), "inside\n").unwrap();
+    std::fs::write(dir.join("outside.txt"), "secret\n").unwrap();
+    std::os::unix::fs::symlink(dir.join("outside.txt"), root.join("link.txt")).unwrap();
+
+    let off = start_router(&dir.join("off"), &[]);
+    let (st, body) = off.json("GET", "/tools", Value::Null);
+    assert_eq!(st, 403);
+    assert_eq!(
+        body,
+        json!({"error": {"message": "this feature is disabled", "type": "feature_disabled"}})
+    );
+    drop(off);
+
+    let mcp = json!({"mcpServers": {"sh": {"command": "sh", "args": ["-c", SH_MCP_SERVER]}}});
+    let root_s = root.display().to_string();
+    let mcp_s = mcp.to_string();
+    let s = start_router(
+        &dir.join("on"),
+        &[
+            "--tools",
+            "all",
+            "--tools-root",
+            &root_s,
+            "--mcp-servers-json",
+            &mcp_s,
+        ],
+    );
+    let (st, list) = s.json("GET", "/tools", Value::Null);
+    assert_eq!(st, 200, "{list}");
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "read_file",
+            "file_glob_search",
+            "grep_search",
+            "write_file",
+            "edit_file",
+            "get_info",
+            "sh_echo"
+        ],
+        "the shell is left out under a root"
+    );
+    let echo = &list[6];
+    assert_eq!(echo["type"], "mcp");
+    assert_eq!(
+        echo["definition"]["function"]["parameters"]["type"],
+        "object"
+    );
+
+    let call = |headers: &[(&str, &str)], body: Value| -> (u16, Value) {
+        let (st, b) = s
+            .try_request("POST", "/tools", headers, &body.to_string())
+            .unwrap();
+        (st, serde_json::from_str(&b).unwrap_or(Value::String(b)))
+    };
+    let cwd = [("x-tool-cwd", root_s.as_str())];
+    let read = |path: &str| call(&cwd, json!({"tool": "read_file", "params": {"path": path}}));
+    let (st, r) = read("sub/inside.txt");
+    assert_eq!(st, 200);
+    assert!(
+        r["plain_text_response"]
+            .as_str()
+            .unwrap()
+            .contains("inside"),
+        "{r}"
+    );
+    let outside = dir.join("outside.txt").display().to_string();
+    for path in [
+        outside.as_str(),
+        "../outside.txt",
+        "link.txt",
+        "sub/../../outside.txt",
+    ] {
+        let (st, r) = read(path);
+        assert_eq!(st, 200, "{path}: {r}");
+        let e = r["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{path} was read: {r}"));
+        assert!(e.contains("outside the tools root"), "{path}: {e}");
+    }
+    let (st, r) = call(
+        &[("x-tool-cwd", dir.to_str().unwrap())],
+        json!({"tool": "read_file", "params": {"path": "outside.txt"}}),
+    );
+    assert_eq!(st, 200);
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("outside the tools root"),
+        "{r}"
+    );
+    let (st, r) = call(
+        &cwd,
+        json!({"tool": "write_file", "params": {"path": "new/w.txt", "content": "w"}}),
+    );
+    assert_eq!(
+        (st, r["result"].as_str()),
+        (200, Some("file written successfully")),
+        "{r}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("new/w.txt")).unwrap(),
+        "w"
+    );
+    let (st, r) = call(
+        &cwd,
+        json!({"tool": "write_file", "params": {"path": "../escape.txt", "content": "w"}}),
+    );
+    assert_eq!(st, 200);
+    assert!(r["error"].is_string(), "{r}");
+    assert!(!dir.join("escape.txt").exists());
+
+    let (st, r) = call(&[], json!({"tool": "sh_echo", "params": {"message": "hi"}}));
+    assert_eq!((st, &r), (200, &json!({"plain_text_response": "call 2"})));
+    let (_, r) = call(&[], json!({"tool": "sh_echo", "params": {"message": "hi"}}));
+    assert_eq!(
+        r,
+        json!({"plain_text_response": "call 3"}),
+        "the process is kept"
+    );
+
+    let (st, r) = call(&[], json!({"tool": "rm_everything"}));
+    assert_eq!(
+        (st, &r["message"]),
+        (404, &json!("unknown tool \"rm_everything\""))
+    );
+    assert_eq!(r["code"], 400, "llama-server's body for this 404");
+    let (st, r) = call(
+        &cwd,
+        json!({"tool": "read_file", "stream": true, "params": {"path": "x"}}),
+    );
+    assert_eq!(st, 404, "{r}");
+    let (st, _) = s.try_request("POST", "/tools", &[], "{not json").unwrap();
+    assert_eq!(st, 400);
+    let (st, r) = call(&[("x-tool-runtime", "fake:x")], json!({"tool": "get_info"}));
+    assert_eq!(st, 500);
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown tool runtime"),
+        "{r}"
+    );
+    drop(s);
+
+    std::fs::create_dir_all(dir.join("models")).unwrap();
+    let root_flag = ["--tools-root", root_s.as_str()];
+    for (args, why) in [
+        (
+            vec!["--mcp-servers-json", "not valid json"],
+            "failed to parse MCP config JSON",
+        ),
+        (
+            vec!["--mcp-servers-config", "/nonexistent/mcp.json"],
+            "failed to open MCP config file",
+        ),
+        (vec!["--tools", "read_file,rm_rf"], "unknown tool \"rm_rf\""),
+        (
+            [&["--tools", "exec_shell_command"][..], &root_flag].concat(),
+            "cannot be confined",
+        ),
+        (vec!["--tools-runtime", "docker:busybox"], "tool runtimes"),
+    ] {
+        let models = dir.join("models").display().to_string();
+        refused_at_start(
+            &[&["--models-dir", models.as_str()][..], &args].concat(),
+            &[],
+            why,
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,11 +10,11 @@ use clap::Args;
 /// also reads `_` as `-` in a `--` flag's name (`--n_predict`, `--backend_sampling`),
 /// and so does this (the value after `=` is left as it is).
 pub fn llama_style_flag(arg: std::ffi::OsString) -> std::ffi::OsString {
-    const MULTI_LETTER: [&str; 38] = [
+    const MULTI_LETTER: [&str; 40] = [
         "-np", "-ub", "-dt", "-dkvc", "-gan", "-gaw", "-sys", "-ngl", "-fa", "-tb", "-cnv",
         "-no-cnv", "-ngld", "-ctk", "-ctv", "-sm", "-ts", "-mg", "-md", "-hf", "-mu", "-ot",
         "-nkvo", "-lv", "-pg", "-mmp", "-to", "-cb", "-nocb", "-kvu", "-jf", "-hff", "-hfr",
-        "-hft", "-cram", "-bs", "-devd", "-dev",
+        "-hft", "-cram", "-bs", "-devd", "-dev", "-ag", "-no-ag",
     ];
     match arg.to_str() {
         Some(a) if MULTI_LETTER.contains(&a) => format!("-{a}").into(),
@@ -38,7 +38,7 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--mmproj", "--image"], "images are read by `wgllm run`, `wgllm chat`, `wgllm serve`, `wgllm app`, `wgllm bench` and `wgllm image-embed`; this command reads text only"),
     (&["--model-url", "--mu"], "wgllm takes local GGUF files (-m) and Hugging Face repositories (-hf ORG/NAME[:QUANT]); download the file and pass it with -m"),
     (&["--conversation", "--cnv", "--interactive", "-i", "--interactive-first", "-if"], "conversations are the `wgllm chat` command"),
-    (&["--tools", "--tools-runtime"], "llama-server's built-in agent tools (reading files and running commands on the server) are not built; tool calls through the chat API (`tools` in a request) work without them"),
+    (&["--tools-runtime"], "tool runtimes (docker or podman containers, ssh hosts) are not built: the built-in tools run on the server's own host; to keep them inside one directory, give --tools-root DIR"),
     (&["--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast"], "RoPE overrides are not supported: the model's own RoPE settings are used"),
 ];
 

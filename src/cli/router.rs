@@ -37,6 +37,15 @@ const ROUTER_ONLY: &[(&str, bool)] = &[
     ("--tags", true),
     ("--ui-mcp-proxy", false),
     ("--webui-mcp-proxy", false),
+    // /tools belongs to the router process: its models start no MCP servers.
+    ("--tools", true),
+    ("--tools-root", true),
+    ("--mcp-servers-config", true),
+    ("--mcp-servers-json", true),
+    ("--agent", false),
+    ("--ag", false),
+    ("--no-agent", false),
+    ("--no-ag", false),
 ];
 
 /// The router's command line after `serve`, without the router's own flags.
@@ -139,11 +148,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         models_dir: r.models_dir.clone(),
         preset: r.models_preset.clone(),
     };
-    let cors_origins = a
-        .cors_origins
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .collect();
+    let agent = super::serve::agent_options(a)?;
+    let cors_origins = super::serve::cors_origins(a, &agent);
     let server = ServerOptions {
         host: a.host.clone(),
         port: a.port,
@@ -168,7 +174,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         shutdown_grace_s: a.shutdown_grace,
         request_budget: a.request_budget_mib.saturating_mul(1 << 20),
         gcp: None,
-        cors_proxy: a.ui_mcp_proxy && !a.no_ui_mcp_proxy,
+        cors_proxy: super::serve::cors_proxy(a),
+        agent,
     };
     let shared = shared_flags();
     let prepare: wgllm::server::router::Prepare = Arc::new(move |e| setup(&shared, e));

@@ -7,6 +7,7 @@ use clap::Args;
 use std::path::PathBuf;
 use wgllm::engine::service::ServiceOptions;
 use wgllm::engine::SamplingPath;
+use wgllm::server::agent::AgentOptions;
 use wgllm::server::{Defaults, ServerOptions};
 
 #[derive(Args)]
@@ -107,9 +108,11 @@ pub struct ServeArgs {
         allow_negative_numbers = true
     )]
     pub threads_http: i64,
-    /// Origins allowed to call the server from a browser, comma-separated (`*`: any).
-    #[arg(long = "cors-origins", default_value = "*")]
-    pub cors_origins: String,
+    /// Origins allowed to call the server from a browser, comma-separated (`*`: any;
+    /// `localhost`: loopback hosts). Default `*`, or `localhost` when /tools is on
+    /// (--tools, MCP servers).
+    #[arg(long = "cors-origins")]
+    pub cors_origins: Option<String>,
     /// Largest request body in MiB.
     #[arg(long = "max-body-mib", default_value_t = 64)]
     pub max_body_mib: usize,
@@ -191,6 +194,30 @@ pub struct ServeArgs {
     pub ui_mcp_proxy: bool,
     #[arg(long = "no-ui-mcp-proxy", visible_alias = "no-webui-mcp-proxy")]
     pub no_ui_mcp_proxy: bool,
+    /// Experimental: built-in tools that /tools runs on this host for a client (the web
+    /// UI's agent): comma-separated names of read_file, file_glob_search, grep_search,
+    /// exec_shell_command, write_file, edit_file, get_info, or `all`. Whoever can reach
+    /// the server can then read, write and run what this user may: see --tools-root.
+    /// Off by default.
+    #[arg(long = "tools")]
+    pub tools: Option<String>,
+    /// Keeps every built-in file tool inside DIR (paths, symlinks and `..` that leave it
+    /// are refused) and leaves exec_shell_command out. Without it the tools reach any
+    /// path, as llama-server's do.
+    #[arg(long = "tools-root", value_name = "DIR")]
+    pub tools_root: Option<PathBuf>,
+    /// MCP servers (stdio) whose tools /tools offers: a JSON file in the `mcpServers`
+    /// format (`command`, `args`, `env`, `cwd`, `timeout_ms` per server).
+    #[arg(long = "mcp-servers-config", value_name = "FILE")]
+    pub mcp_servers_config: Option<PathBuf>,
+    /// The same as --mcp-servers-config, the JSON given inline.
+    #[arg(long = "mcp-servers-json", value_name = "JSON")]
+    pub mcp_servers_json: Option<String>,
+    /// The web UI's agent: --tools all and --ui-mcp-proxy together.
+    #[arg(long = "agent", visible_alias = "ag", overrides_with = "no_agent")]
+    pub agent: bool,
+    #[arg(long = "no-agent", visible_alias = "no-ag")]
+    pub no_agent: bool,
     #[command(flatten)]
     pub router: RouterArgs,
 }
@@ -414,11 +441,13 @@ pub(super) fn prepare(a: &ServeArgs) -> Result<(ServerOptions, wgllm::server::Lo
         (Some(_), _) => 8080,
         (None, _) => a.port,
     };
+    let agent = agent_options(a)?;
     let opts = ServerOptions {
         host: a.host.clone(),
         port,
         gcp,
-        cors_proxy: a.ui_mcp_proxy && !a.no_ui_mcp_proxy,
+        cors_proxy: cors_proxy(a),
+        agent: agent.clone(),
         aliases: list(a.alias.as_deref()),
         tags: list(a.tags.as_deref()),
         model_path: model_path.clone(),
@@ -439,11 +468,7 @@ pub(super) fn prepare(a: &ServeArgs) -> Result<(ServerOptions, wgllm::server::Lo
             n_lora: a.model.lora_specs().len(),
             reasoning: reasoning_defaults(a)?,
         },
-        cors_origins: a
-            .cors_origins
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .collect(),
+        cors_origins: cors_origins(a, &agent),
         max_body: a.max_body_mib << 20,
         timeout_s: a.timeout,
         shutdown_grace_s: a.shutdown_grace,
@@ -503,4 +528,56 @@ fn gcp_from_env() -> Option<wgllm::server::gcp::GcpOptions> {
         predict_route: var("AIP_PREDICT_ROUTE").map_or("/predict".into(), slash),
         health_route: var("AIP_HEALTH_ROUTE").map(slash),
     })
+}
+
+/// `--ui-mcp-proxy`, also on with `--agent`.
+pub fn cors_proxy(a: &ServeArgs) -> bool {
+    (a.ui_mcp_proxy && !a.no_ui_mcp_proxy) || (a.agent && !a.no_agent)
+}
+
+/// `--cors-origins`; by default any origin, or loopback ones only while /tools is on (a
+/// page from elsewhere must not drive the tools), as llama-server does.
+pub fn cors_origins(a: &ServeArgs, agent: &AgentOptions) -> Vec<String> {
+    match &a.cors_origins {
+        Some(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
+        None if agent.enabled() => {
+            log::info!(
+                "/tools is on: CORS allows loopback origins only (change with --cors-origins)"
+            );
+            vec!["localhost".into()]
+        }
+        None => vec!["*".into()],
+    }
+}
+
+/// What /tools offers: `--tools` (or `--agent`), `--tools-root` and the MCP servers.
+pub fn agent_options(a: &ServeArgs) -> Result<AgentOptions> {
+    let root = match &a.tools_root {
+        Some(d) => Some(d.canonicalize().map_err(|e| {
+            anyhow::anyhow!(
+                "--tools-root {}: {e} (give an existing directory)",
+                d.display()
+            )
+        })?),
+        None => None,
+    };
+    let list = match (&a.tools, a.agent && !a.no_agent) {
+        (Some(t), _) => t.clone(),
+        (None, true) => "all".into(),
+        (None, false) => String::new(),
+    };
+    let builtin = wgllm::server::agent::builtin_names(&list, root.is_some())
+        .map_err(|e| anyhow::anyhow!("--tools: {e}"))?;
+    if root.is_some() && builtin.is_empty() {
+        bail!("--tools-root confines the built-in tools: give them with --tools");
+    }
+    let mcp = wgllm::server::agent::mcp::read_configs(
+        a.mcp_servers_config.as_deref(),
+        a.mcp_servers_json.as_deref(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !builtin.is_empty() && root.is_none() {
+        log::info!("--tools: {} run on this host for any client that can reach the server, on any path; keep the server on a trusted network, or confine the file tools with --tools-root DIR", builtin.join(", "));
+    }
+    Ok(AgentOptions { builtin, root, mcp })
 }

@@ -5,8 +5,8 @@
 
 use super::error::ApiError;
 use super::{
-    anthropic, cors_proxy, embeddings, gcp, infill, metrics, native, openai, rerank, responses,
-    resumable, AppState,
+    agent, anthropic, cors_proxy, embeddings, gcp, infill, metrics, native, openai, rerank,
+    responses, resumable, AppState,
 };
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -69,6 +69,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
             "/cors-proxy",
             get(cors_proxy::proxy).post(cors_proxy::proxy),
         ),
+        ("/tools", get(agent::list).post(agent::call)),
     ]
 }
 

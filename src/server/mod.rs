@@ -9,6 +9,7 @@
 //! (`/v1/stream`: streams kept under `X-Conversation-Id`); `http.rs` holds what every
 //! request passes through (API key, CORS, body limits, unknown paths).
 
+pub mod agent;
 mod anthropic;
 pub mod bodies;
 pub mod budget;
@@ -93,6 +94,8 @@ pub struct ServerOptions {
     pub gcp: Option<gcp::GcpOptions>,
     /// `/cors-proxy` passes requests on (`--ui-mcp-proxy`); else it answers 403.
     pub cors_proxy: bool,
+    /// The tools `/tools` offers (`--tools`, `--tools-root`, the MCP servers).
+    pub agent: agent::AgentOptions,
 }
 
 /// What every handler sees.
@@ -113,6 +116,8 @@ pub struct AppState {
     bodies: tokio::sync::Semaphore,
     /// The throughput counters at the last `/metrics` scrape.
     metrics_window: std::sync::Mutex<metrics::Window>,
+    /// Set before the server listens if `/tools` is on.
+    pub(crate) tools: OnceLock<Arc<agent::Toolbox>>,
 }
 
 /// How many bodies of the largest size may be in memory at once.
@@ -172,6 +177,21 @@ pub fn serve(
 }
 
 impl AppState {
+    /// Lists the MCP servers' tools (each started once) if `/tools` is on.
+    pub(crate) async fn start_tools(&self) {
+        if self.opts.agent.enabled() {
+            let tb = agent::Toolbox::start(&self.opts.agent).await;
+            let _ = self.tools.set(Arc::new(tb));
+        }
+    }
+
+    /// Ends tool calls in flight and the MCP server processes.
+    pub(crate) async fn stop_tools(&self) {
+        if let Some(tb) = self.tools.get() {
+            tb.shutdown().await;
+        }
+    }
+
     fn new(opts: ServerOptions) -> Arc<AppState> {
         let bodies = (opts.max_body.div_ceil(1024).max(1)).saturating_mul(BODIES_IN_FLIGHT);
         Arc::new(AppState {
@@ -183,6 +203,7 @@ impl AppState {
             stopping: Default::default(),
             bodies: tokio::sync::Semaphore::new(bodies),
             metrics_window: Default::default(),
+            tools: OnceLock::new(),
         })
     }
 }
@@ -234,6 +255,7 @@ async fn run(
     let grace = std::time::Duration::from_secs(opts.shutdown_grace_s);
     let mut signals = shutdown::Signals::listen(grace)
         .map_err(|e| anyhow::anyhow!("cannot listen for SIGINT/SIGTERM: {e}"))?;
+    state.start_tools().await;
     let app = http::router(state.clone());
     let net = Listening::bind(&opts, app, "loading the model").await?;
     let addrs = net.addrs.clone();
@@ -267,6 +289,8 @@ async fn run(
     state
         .stopping
         .store(true, std::sync::atomic::Ordering::Relaxed);
+    // Tool calls in flight end now, not after the grace period.
+    state.stop_tools().await;
     net.close(grace, async {
         // What still runs ends with an error event or a 503; the engine and its device go.
         if let Some(service) = state.service.get() {

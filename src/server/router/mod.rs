@@ -971,11 +971,19 @@ async fn run(
                 .post(super::cors_proxy::proxy)
                 .with_state(front.clone()),
         )
+        // So do the tools (built-in and MCP), as in llama-server.
+        .route(
+            "/tools",
+            get(super::agent::list)
+                .post(super::agent::call)
+                .with_state(front.clone()),
+        )
         .route("/v1/models", get(models))
         .route("/models/load", post(load))
         .route("/models/unload", post(unload))
         .fallback(dispatch)
         .with_state(state.clone());
+    front.start_tools().await;
     let app = http::front_layers(routes, front.clone());
     let net = super::Listening::bind(&state.opts.server, app, "router").await?;
     {
@@ -989,6 +997,7 @@ async fn run(
     front
         .stopping
         .store(true, std::sync::atomic::Ordering::Relaxed);
+    front.stop_tools().await;
     let end = async {
         let services: Vec<_> = (state.sched.lock().unwrap().models.iter())
             .filter_map(|m| m.state.as_ref().and_then(|s| s.service.get()).cloned())
