@@ -34,7 +34,7 @@ if [ ${#files[@]} -eq 0 ]; then
     unit/test_infill.py unit/test_speculative.py unit/test_rerank.py unit/test_lora.py
     unit/test_vision_api.py unit/test_sleep.py unit/test_compat_gcp.py unit/test_proxy.py
     unit/test_router.py unit/test_template.py
-    unit/test_mcp_servers.py unit/test_tools_builtin.py)
+    unit/test_mcp_servers.py unit/test_tools_builtin.py unit/test_systemone.py)
 fi
 [ -x "$server" ] || { echo "error: no server binary at $server (cargo build --release)" >&2; exit 1; }
 # Sets model, tests (the suite's folder) and venv (its Python environment).

@@ -190,6 +190,16 @@ fn bad_input_gets_its_status_and_the_server_goes_on() {
     let (st, b) = s.request("POST", "/completion", "{\"prompt\": ");
     let b: Value = serde_json::from_str(&b).unwrap();
     assert_error(st, &b, 400, "invalid_request_error");
+    // No architecture with a decision head loads: llama-server's answer for any other
+    // model, whatever the request.
+    for body in [
+        json!({}),
+        json!({"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}),
+    ] {
+        let (st, b) = s.json("POST", "/v1/systemone", body);
+        assert_error(st, &b, 501, "not_supported_error");
+        assert_eq!(b["error"]["message"], "This model is not a decision model");
+    }
     let (st, b) = s.json(
         "POST",
         "/completion",

@@ -63,6 +63,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
         ("/v1/rerank", post(rerank::rerank)),
         ("/v1/reranking", post(rerank::rerank)),
         ("/infill", post(infill::infill)),
+        ("/v1/systemone", post(native::systemone)),
         ("/v1/stream", get(resumable::replay).delete(resumable::stop)),
         ("/v1/streams/lookup", post(resumable::lookup)),
         (

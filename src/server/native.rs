@@ -16,6 +16,17 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// `/v1/systemone`: typed decisions read from a decision model's scores (llama-server's
+/// laya, openjev, ... files, which name a `<arch>.decision.type`). None of their
+/// architectures loads here, so every model answers as llama-server answers for a model
+/// that is not one: 501, before the request is read.
+pub async fn systemone(State(s): State<Arc<AppState>>) -> ApiResult<Response> {
+    s.service()?;
+    Err(ApiError::not_supported(
+        "This model is not a decision model",
+    ))
+}
+
 pub async fn health(State(s): State<Arc<AppState>>) -> Response {
     match s.service() {
         // Reloading the model after the GPU device was lost: unavailable, and why.
