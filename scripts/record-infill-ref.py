@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
-"""Records llama-server's `/infill` answers on a model with FIM tokens (the CPU build of
-../shared/tools/llamacpp-ref) for tests/infill.rs: for each request, the prompt it laid
-out (as its reply's `prompt` text and token count) and its greedy tokens with the top
-two probabilities of each, with and without `--spm-infill`.
+"""Records llama-server's `/infill` answers (the CPU build of ../shared/tools/llamacpp-ref)
+for tests/server.rs: for each request, the prompt it laid out (as its reply's `prompt`
+text and token count) and its greedy tokens with the top two of each (ids and
+log-probabilities), with and without `--spm-infill`, on two models it writes with wgllm:
 
-    scripts/record-infill-ref.py MODEL OUT.json
+    scripts/record-infill-ref.py VOCAB OUT.json
 
-The test's models are `wgllm synth --vocab-from ggml-vocab-starcoder.gguf --arch llama
---shape tiny --type q8_0 --trained-scale` (StarCoder's vocabulary has the prefix, suffix
-and middle tokens) and the same with `--override-kv tokenizer.ggml.fim_rep_token_id=int:5
---override-kv tokenizer.ggml.fim_sep_token_id=int:6` (its `<repo_name>` and `<file_sep>`
-as the repository tokens); tests/data/reference/infill.json holds this script's output
-for each under "models", with its name and those overrides.
-LLAMACPP_REF: where build.sh put llama.cpp (default ~/.cache/llamacpp-ref)."""
-import hashlib, json, os, sys
+VOCAB is llama.cpp's ggml-vocab-starcoder.gguf (StarCoder's vocabulary has the prefix,
+suffix and middle tokens). The models are `wgllm synth --vocab-from VOCAB --arch llama
+--shape tiny --type f32 --trained-scale` (f32 weights: no quantized products on either
+side, so the logits agree closely enough that a random model's close choices compare)
+and the same with `--override-kv tokenizer.ggml.fim_rep_token_id=int:5 --override-kv
+tokenizer.ggml.fim_sep_token_id=int:6` (its `<repo_name>` and `<file_sep>` as the
+repository tokens). tests/data/reference/infill.json is this script's output.
+WGLLM: the wgllm binary (default target/release/wgllm). LLAMACPP_REF: where build.sh put
+llama.cpp (default ~/.cache/llamacpp-ref)."""
+import hashlib, json, os, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_server_ref import post, start  # noqa: E402
@@ -36,8 +38,13 @@ REQUESTS = [
 ]
 
 
-def main():
-    model, out = sys.argv[1], sys.argv[2]
+SYNTH = ["--arch", "llama", "--shape", "tiny", "--type", "f32", "--trained-scale"]
+MODELS = [("starcoder", []),
+          ("starcoder-repo", ["tokenizer.ggml.fim_rep_token_id=int:5",
+                              "tokenizer.ggml.fim_sep_token_id=int:6"])]
+
+
+def record(model):
     sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
     cases = []
     for spm in [False, True]:
@@ -47,6 +54,7 @@ def main():
                 body = dict(req, n_predict=8, temperature=0.0, return_tokens=True, n_probs=2,
                             cache_prompt=False)
                 r = post(port, "/infill", body)
+                probs = r["completion_probabilities"]
                 cases.append({
                     "spm": spm,
                     "request": req,
@@ -54,14 +62,31 @@ def main():
                     "tokens_evaluated": r["tokens_evaluated"],
                     "tokens": r["tokens"],
                     "top2": [[t["top_logprobs"][0]["logprob"], t["top_logprobs"][1]["logprob"]]
-                             for t in r["completion_probabilities"]],
+                             for t in probs],
+                    "top2_ids": [[t["top_logprobs"][0]["id"], t["top_logprobs"][1]["id"]]
+                                 for t in probs],
                 })
         finally:
             p.terminate()
             p.wait()
-    json.dump({"model_sha256": sha, "server_args": SERVER_ARGS, "cases": cases}, open(out, "w"),
-              indent=1)
-    print(f"{len(cases)} infill answers written to {out}")
+    return {"model_sha256": sha, "server_args": SERVER_ARGS, "cases": cases}
+
+
+def main():
+    vocab, out = sys.argv[1], sys.argv[2]
+    wgllm = os.environ.get("WGLLM", "target/release/wgllm")
+    models = []
+    with tempfile.TemporaryDirectory() as d:
+        for name, kvs in MODELS:
+            path = os.path.join(d, name + ".gguf")
+            args = [wgllm, "synth", "--vocab-from", vocab, *SYNTH, "-o", path]
+            for kv in kvs:
+                args += ["--override-kv", kv]
+            subprocess.run(args, check=True, stderr=subprocess.DEVNULL)
+            models.append(dict(record(path), name=name, override_kv=kvs, synth_args=SYNTH))
+    json.dump({"recorded_by": "scripts/record-infill-ref.py", "models": models},
+              open(out, "w"), indent=1)
+    print(f"{sum(len(m['cases']) for m in models)} infill answers written to {out}")
 
 
 if __name__ == "__main__":

@@ -925,8 +925,12 @@ fn gpu_faults_mid_generation_fail_the_request_and_the_server_goes_on() {
 /// (`--override-kv`: the repository-level layout), in prefix-suffix-middle and
 /// suffix-prefix-middle order, with prefixes, suffixes and extra files long enough to be
 /// cut. The prompt laid out is the same (its text and token count), the first token's
-/// distribution is the same (top-1 log-probability within 0.05), and greedy tokens are
-/// the same up to llama.cpp's first near-tie (top two within 0.3). Bad `input_extra`
+/// distribution is the same (top-1 log-probability within 0.01), and greedy tokens are
+/// the same (at a near-tie of llama.cpp's, top two within 0.02, either of the two, the
+/// replies parting there if the other was taken). The models' weights are f32: with no
+/// quantized products on either side the logits agree within a few thousandths, so
+/// nearly every token is compared although a random model's choices are close. Bad
+/// `input_extra`
 /// items get a 400, as in llama.cpp's test_infill.py.
 #[test]
 fn infill_lays_out_prompts_as_llama_server() {
@@ -935,6 +939,7 @@ fn infill_lays_out_prompts_as_llama_server() {
     let r: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let vocab = common::llamacpp_tests_dir().join("vocab/ggml-vocab-starcoder.gguf");
     let dir = common::scratch_dir("infill");
+    let mut compared = 0;
     for m in r["models"].as_array().unwrap() {
         let name = m["name"].as_str().unwrap();
         let file = dir.join(format!("{name}.gguf"));
@@ -942,16 +947,15 @@ fn infill_lays_out_prompts_as_llama_server() {
             "synth".to_string(),
             "--vocab-from".into(),
             vocab.to_string_lossy().into_owned(),
-            "--arch".into(),
-            "llama".into(),
-            "--shape".into(),
-            "tiny".into(),
-            "--type".into(),
-            "q8_0".into(),
-            "--trained-scale".into(),
-            "-o".into(),
-            file.to_string_lossy().into_owned(),
         ];
+        args.extend(
+            m["synth_args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string()),
+        );
+        args.extend(["-o".into(), file.to_string_lossy().into_owned()]);
         for kv in m["override_kv"].as_array().unwrap() {
             args.push("--override-kv".into());
             args.push(kv.as_str().unwrap().into());
@@ -1003,9 +1007,12 @@ fn infill_lays_out_prompts_as_llama_server() {
                 let got0 = top1(&b["completion_probabilities"][0]);
                 let want0 = c["top2"][0][0].as_f64().unwrap();
                 assert!(
-                    (got0 - want0).abs() < 0.05,
+                    (got0 - want0).abs() < 0.01,
                     "{what}: first token's top log-probability {got0}, llama.cpp's {want0}"
                 );
+                // Equal while llama.cpp's choice is clear (f32 weights: both logits agree
+                // within a few thousandths); at a near-tie, either of its top two, and the
+                // two continuations part if the other was taken.
                 for (i, (got, want)) in b["tokens"]
                     .as_array()
                     .unwrap()
@@ -1013,11 +1020,18 @@ fn infill_lays_out_prompts_as_llama_server() {
                     .zip(c["tokens"].as_array().unwrap())
                     .enumerate()
                 {
-                    let t = &c["top2"][i];
-                    if t[0].as_f64().unwrap() - t[1].as_f64().unwrap() < 0.3 {
-                        break;
+                    if got == want {
+                        compared += 1;
+                        continue;
                     }
-                    assert_eq!(got, want, "{what}: token {i}");
+                    let t = &c["top2"][i];
+                    let margin = t[0].as_f64().unwrap() - t[1].as_f64().unwrap();
+                    assert!(
+                        margin < 0.3,
+                        "{what}: token {i} is {got}, llama.cpp's {want} (margin {margin})"
+                    );
+                    assert_eq!(got, &c["top2_ids"][i][1], "{what}: token {i} at a near-tie");
+                    break;
                 }
             }
             if !spm {
@@ -1040,6 +1054,12 @@ fn infill_lays_out_prompts_as_llama_server() {
             }
         }
     }
+    // The models' sharp outputs leave few near-ties: most greedy tokens were compared
+    // (the reference has 127 in 16 replies).
+    assert!(
+        compared >= 100,
+        "only {compared} greedy tokens were equal to llama.cpp's"
+    );
 }
 
 /// `/rerank` against llama-server `--reranking` on the same files (references recorded by
