@@ -2435,6 +2435,39 @@ fn tools_run_inside_their_root_and_mcp_tools_are_called() {
     assert!(r["error"].is_string(), "{r}");
     assert!(!dir.join("escape.txt").exists());
 
+    // What would let a call reach past the root another way: a git config planted for
+    // git to run, a pattern deep enough to overflow the matcher, a page elsewhere.
+    let (_, r) = call(
+        &cwd,
+        json!({"tool": "write_file", "params": {"path": "r/.git/config", "content": "[core]"}}),
+    );
+    assert!(r["error"].as_str().unwrap().contains(".git"), "{r}");
+    let deep = "*".repeat(200_000);
+    let (_, r) = call(
+        &cwd,
+        json!({"tool": "file_glob_search", "params": {"path": ".", "include": deep}}),
+    );
+    assert!(r["error"].as_str().unwrap().contains("too long"), "{r}");
+    let get_info = json!({"tool": "get_info"}).to_string();
+    let (st, _) = s
+        .try_request(
+            "POST",
+            "/tools",
+            &[("Origin", "http://evil.example")],
+            &get_info,
+        )
+        .unwrap();
+    assert_eq!(st, 403, "tools on: only loopback origins by default");
+    let (st, _) = s
+        .try_request(
+            "POST",
+            "/tools",
+            &[("Origin", "http://localhost:5173")],
+            &get_info,
+        )
+        .unwrap();
+    assert_eq!(st, 200);
+
     let (st, r) = call(&[], json!({"tool": "sh_echo", "params": {"message": "hi"}}));
     assert_eq!((st, &r), (200, &json!({"plain_text_response": "call 2"})));
     let (_, r) = call(&[], json!({"tool": "sh_echo", "params": {"message": "hi"}}));

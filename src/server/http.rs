@@ -360,7 +360,7 @@ async fn cors(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
 
 /// `*` allows any origin; `localhost` any origin whose host is loopback (any scheme or
 /// port); otherwise the origin must be listed exactly.
-fn origin_allowed(list: &[String], origin: &str) -> bool {
+pub(super) fn origin_allowed(list: &[String], origin: &str) -> bool {
     list.iter().any(|a| match a.as_str() {
         "*" => true,
         "localhost" => {

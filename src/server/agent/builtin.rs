@@ -468,6 +468,21 @@ fn confine(place: &Place, raw: &str, full: &Path) -> Result<(), String> {
     }
 }
 
+/// The tools-root check for a path a tool is about to write: inside the root, and not
+/// in a `.git` directory (whose config and hooks make git, run there later by anyone,
+/// run commands).
+fn confine_write(place: &Place, raw: &str, full: &Path) -> Result<(), String> {
+    confine(place, raw, full)?;
+    let in_git = full.components().any(|c| c.as_os_str() == ".git");
+    match &place.root {
+        Some(root) if in_git => Err(format!(
+            "writing inside a .git directory is refused under the tools root ({}): {raw}",
+            root.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Whether a file found by a listing stays inside the tools root once its links are
 /// followed (git can list a symlink whose target is elsewhere).
 fn within_root(place: &Place, path: &Path) -> bool {
@@ -502,6 +517,23 @@ fn write_with_parents(path: &Path, content: &[u8]) -> bool {
 // ---------------------------------------------------------------------------------------
 // Globs (llama's `glob_match` and the path anchoring rule of its tools)
 // ---------------------------------------------------------------------------------------
+
+/// The longest include or exclude pattern: the matcher recurses about once per pattern
+/// byte, and keeps a table of pattern by path length.
+const GLOB_MAX_PATTERN: usize = 1024;
+
+/// A tool error for an include or exclude pattern too long to match.
+fn pattern_too_long(include: &str, exclude: &str) -> Option<Value> {
+    [("include", include), ("exclude", exclude)]
+        .into_iter()
+        .find(|(_, p)| p.len() > GLOB_MAX_PATTERN)
+        .map(|(key, p)| {
+            tool_error(format!(
+                "{key} pattern too long ({} bytes, max {GLOB_MAX_PATTERN})",
+                p.len()
+            ))
+        })
+}
 
 /// `*` matches within one path segment, `**` across segments, `?` one character other
 /// than `/`, `[...]` a class (`!` negates, `a-z` ranges, a leading `]` or `-` is literal;
@@ -700,12 +732,14 @@ struct Listing {
 /// `base` is not a directory. Files alone come from `git ls-files` when git accepts the
 /// directory (so .gitignore applies); otherwise, and for directories, a walk that never
 /// follows a link and never enters a junk directory.
-fn list_entries(base: &Path, max_depth: usize, kind: Kind) -> Option<Listing> {
+/// `git` is asked first (files only) unless the tools are confined: a repository's own
+/// config can make git run commands, and a confined tool may have written that config.
+fn list_entries(base: &Path, max_depth: usize, kind: Kind, place: &Place) -> Option<Listing> {
     if !base.is_dir() {
         return None;
     }
     let deadline = Instant::now() + LIST_BUDGET;
-    if kind == Kind::Files {
+    if kind == Kind::Files && place.root.is_none() {
         if let Some(entries) = git_files(base, max_depth) {
             return Some(Listing {
                 entries,
@@ -722,6 +756,9 @@ fn list_entries(base: &Path, max_depth: usize, kind: Kind) -> Option<Listing> {
 /// repository, no git, too slow).
 fn git_files(base: &Path, max_depth: usize) -> Option<Vec<Entry>> {
     let args = [
+        // Never the repository's file-system monitor command.
+        OsStr::new("-c"),
+        OsStr::new("core.fsmonitor=false"),
         OsStr::new("-C"),
         base.as_os_str(),
         OsStr::new("ls-files"),
@@ -1203,7 +1240,17 @@ fn read_file(
     let mut lineno: i64 = 0;
     loop {
         line.clear();
-        match reader.read_until(b'\n', &mut line) {
+        if lineno + 1 < start_line {
+            // Not kept: skipped without holding it, however long.
+            match reader.skip_until(b'\n') {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            lineno += 1;
+            continue;
+        }
+        // One more byte than fits: a longer line ends the reply as truncated.
+        match std::io::Read::take(&mut reader, READ_MAX as u64 + 1).read_until(b'\n', &mut line) {
             Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
@@ -1211,9 +1258,6 @@ fn read_file(
             line.pop();
         }
         lineno += 1;
-        if lineno < start_line {
-            continue;
-        }
         if end_line != -1 && lineno > end_line {
             break;
         }
@@ -1245,6 +1289,9 @@ fn file_glob_search(params: &Map<String, Value>, place: &Place) -> Result<Value,
     let include = opt_str(params, "include", "**");
     let exclude = opt_str(params, "exclude", "");
     let entry_type = opt_str(params, "type", "file");
+    if let Some(e) = pattern_too_long(include, exclude) {
+        return Ok(e);
+    }
     let max_depth = usize::try_from(opt_int(params, "max_depth", 0)).unwrap_or(0);
     let limit = opt_int(params, "limit", GLOB_MAX_RESULTS);
     if limit < 1 {
@@ -1261,7 +1308,7 @@ fn file_glob_search(params: &Map<String, Value>, place: &Place) -> Result<Value,
     if let Err(msg) = confine(place, path, &base) {
         return Ok(tool_error(msg));
     }
-    let Some(listing) = list_entries(&base, max_depth, kind) else {
+    let Some(listing) = list_entries(&base, max_depth, kind, place) else {
         return Ok(tool_error(format!(
             "path does not exist or is not a directory: {path}"
         )));
@@ -1272,6 +1319,7 @@ fn file_glob_search(params: &Map<String, Value>, place: &Place) -> Result<Value,
         .iter()
         .filter(|e| path_glob_match(include, &e.rel))
         .filter(|e| exclude.is_empty() || !path_glob_match(exclude, &e.rel))
+        .filter(|e| within_root(place, &e.path))
         .collect();
     let total = matches.len();
     let shown = total.min(limit);
@@ -1312,6 +1360,11 @@ fn file_glob_search(params: &Map<String, Value>, place: &Place) -> Result<Value,
 // ---------------------------------------------------------------------------------------
 
 const GREP_MAX_MATCHES: usize = 100;
+/// The most context lines around a match.
+const GREP_MAX_CONTEXT: usize = 100;
+/// Larger files are not searched (model weights, disk images: read whole, they would
+/// take the server's memory).
+const GREP_MAX_FILE: u64 = 32 << 20;
 
 /// The characters a literal pattern has escaped (ECMAScript's syntax characters).
 const REGEX_SPECIALS: &str = "\\^$.|?*+()[]{}";
@@ -1324,7 +1377,13 @@ fn grep_search(params: &Map<String, Value>, place: &Place) -> Result<Value, BadR
     let show_lineno = opt_bool(params, "return_line_numbers", false);
     let literal = opt_bool(params, "literal", false);
     let ignore_case = opt_bool(params, "ignore_case", false);
-    let context = usize::try_from(opt_int(params, "context_lines", 0)).unwrap_or(0);
+    // Bounded so that 100 matches cannot ask for the whole file 100 times over.
+    let context = usize::try_from(opt_int(params, "context_lines", 0))
+        .unwrap_or(0)
+        .min(GREP_MAX_CONTEXT);
+    if let Some(e) = pattern_too_long(include, exclude) {
+        return Ok(e);
+    }
 
     let source: Cow<str> = if literal {
         let mut escaped = String::with_capacity(pattern.len() * 2);
@@ -1354,7 +1413,7 @@ fn grep_search(params: &Map<String, Value>, place: &Place) -> Result<Value, BadR
     let files: Vec<(PathBuf, String)> = if full.is_file() {
         vec![(full, path.to_owned())]
     } else if full.is_dir() {
-        let Some(listing) = list_entries(&full, 0, Kind::Files) else {
+        let Some(listing) = list_entries(&full, 0, Kind::Files, place) else {
             return Ok(tool_error(format!(
                 "path does not exist or is not a directory: {path}"
             )));
@@ -1376,6 +1435,13 @@ fn grep_search(params: &Map<String, Value>, place: &Place) -> Result<Value, BadR
     let mut total = 0usize;
     let mut limit_reached = false;
     'files: for (file, shown) in &files {
+        if fs::metadata(file).map_or(true, |m| m.len() > GREP_MAX_FILE) {
+            log::debug!(
+                "grep_search: {} skipped (unreadable or over {GREP_MAX_FILE} bytes)",
+                file.display()
+            );
+            continue;
+        }
         let Ok(content) = fs::read(file) else {
             continue;
         };
@@ -1499,7 +1565,7 @@ fn write_file(params: &Map<String, Value>, place: &Place) -> Result<Value, BadRe
     let path = required_str(params, "path")?;
     let content = required_str(params, "content")?;
     let full = resolve(place, path);
-    if let Err(msg) = confine(place, path, &full) {
+    if let Err(msg) = confine_write(place, path, &full) {
         return Ok(tool_error(msg));
     }
     if !write_with_parents(&full, content.as_bytes()) {
@@ -1549,8 +1615,16 @@ fn edit_file(params: &Map<String, Value>, place: &Place) -> Result<Value, BadReq
     }
 
     let full = resolve(place, path);
-    if let Err(msg) = confine(place, path, &full) {
+    if let Err(msg) = confine_write(place, path, &full) {
         return Ok(tool_error(msg));
+    }
+    if let Ok(meta) = fs::metadata(&full) {
+        if meta.len() > EDIT_MAX_FILE {
+            return Ok(tool_error(format!(
+                "file too large to edit ({} bytes, max {EDIT_MAX_FILE})",
+                meta.len()
+            )));
+        }
     }
     let Ok(original) = fs::read(&full) else {
         return Ok(tool_error(format!("failed to open file: {path}")));
@@ -1637,11 +1711,12 @@ fn edit_file(params: &Map<String, Value>, place: &Place) -> Result<Value, BadReq
     }))
 }
 
+/// The largest file edit_file reads.
+const EDIT_MAX_FILE: u64 = 64 << 20;
+
+/// Linear time whatever the input (a naive search is quadratic on `aaa…ab`).
 fn find_bytes(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() {
-        return Some(0);
-    }
-    haystack.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(haystack, needle)
 }
 
 /// Non-overlapping occurrences; an empty needle counts none.

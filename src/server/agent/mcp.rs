@@ -10,7 +10,7 @@
 //! hold them open long after the child is gone.
 
 use serde_json::{json, Map, Value};
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +25,8 @@ const WARMUP_LIMIT: Duration = Duration::from_secs(10);
 const COOLDOWN: Duration = Duration::from_secs(5);
 /// A line longer than this is dropped (a server cannot make us hold unbounded memory).
 const MAX_LINE: usize = 8 << 20;
+/// Lines read ahead of the request waiting for them.
+const LINES_QUEUED: usize = 1024;
 /// A call's deadline when the config gives none.
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 
@@ -194,7 +196,7 @@ struct Session {
     /// Messages for the writer thread (which may block on a full pipe; we never do).
     to_child: std::sync::mpsc::Sender<Vec<u8>>,
     /// Lines the reader thread got; closed when stdout ends.
-    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    lines: tokio::sync::mpsc::Receiver<String>,
     /// Cleared when stdout ends or a write fails.
     alive: Arc<AtomicBool>,
     next_id: u64,
@@ -213,6 +215,10 @@ impl Session {
         if let Some(d) = &cfg.cwd {
             cmd.current_dir(d);
         }
+        // A group of its own, so that ending it ends what it started too (`npx` and the
+        // like run the real server as a grandchild).
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd.spawn()?;
         let alive = Arc::new(AtomicBool::new(true));
         let name = cfg.name.clone();
@@ -240,7 +246,8 @@ impl Session {
                     }
                 }
             })?;
-        let (lines_tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        // Bounded: a server that talks between requests waits for us, not our memory.
+        let (lines_tx, lines) = tokio::sync::mpsc::channel(LINES_QUEUED);
         let reader_alive = alive.clone();
         std::thread::Builder::new()
             .name(format!("mcp-{name}-out"))
@@ -255,7 +262,7 @@ impl Session {
                         Ok(n) => {
                             split.push(&buf[..n], &mut out);
                             for l in out.drain(..) {
-                                if lines_tx.send(l).is_err() {
+                                if lines_tx.blocking_send(l).is_err() {
                                     return;
                                 }
                             }
@@ -265,13 +272,18 @@ impl Session {
                 reader_alive.store(false, Ordering::Relaxed);
             })?;
         let err_name = name.clone();
+        // Drained to its end whatever it holds (a full pipe would block the child).
         std::thread::Builder::new()
             .name(format!("mcp-{name}-err"))
             .spawn(move || {
-                for line in std::io::BufReader::new(stderr).lines() {
-                    match line {
-                        Ok(l) => log::debug!("MCP server {err_name}: {l}"),
-                        Err(_) => break,
+                let mut stderr = stderr;
+                let mut split = LineSplitter::default();
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut lines = Vec::new();
+                while let Ok(n @ 1..) = stderr.read(&mut buf) {
+                    split.push(&buf[..n], &mut lines);
+                    for l in lines.drain(..) {
+                        log::debug!("MCP server {err_name}: {l}");
                     }
                 }
             })?;
@@ -346,8 +358,15 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        // Only the direct child is killed, and reaped at once; its pipes may live on in a
-        // grandchild, which nothing here waits for.
+        // The child's group is killed and the child reaped at once; nothing waits for the
+        // pipes, which a process that left the group may still hold.
+        #[cfg(unix)]
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on the group this session created; no memory is involved.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -515,7 +534,8 @@ impl Mcp {
     /// Cancels the calls in flight and ends every server process (without waiting for
     /// their pipes).
     pub async fn shutdown(&self) {
-        let _ = self.stop.send(true);
+        // Stored even with no call waiting (`send` would drop it then).
+        self.stop.send_replace(true);
         for s in &self.servers {
             // A call in flight ends within moments of the flag; do not wait longer.
             if let Ok(mut slot) =

@@ -237,6 +237,21 @@ pub async fn call(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Byte
     let Some(tb) = s.tools.get().cloned() else {
         return disabled();
     };
+    // A page on another site can send a simple POST without asking (no preflight): CORS
+    // would only hide the answer, so a call from an origin CORS does not allow is
+    // refused before it runs (llama-server runs it).
+    if let Some(origin) = header(&headers, "origin") {
+        // The server's own pages (the web UI) are always welcome.
+        let same_site = origin.split_once("://").map(|(_, h)| h) == header(&headers, "host");
+        if !same_site && !super::http::origin_allowed(&s.opts.cors_origins, origin) {
+            let m = format!("origin {origin} may not call tools (allow it with --cors-origins)");
+            return (
+                StatusCode::FORBIDDEN,
+                axum::Json(json!({"error": {"message": m, "type": "authentication_error"}})),
+            )
+                .into_response();
+        }
+    }
     let bad = |m: String| refusal(StatusCode::BAD_REQUEST, m);
     let body: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
