@@ -2528,3 +2528,80 @@ fn tools_run_inside_their_root_and_mcp_tools_are_called() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--models-memory-mib`: two models that do not fit together are swapped (the idle one
+/// unloaded first) with the same greedy replies, never both loaded; a model larger than
+/// the whole budget is refused with the numbers before anything loads.
+#[test]
+fn a_router_keeps_its_models_within_the_memory_budget() {
+    let dir = std::env::temp_dir().join(format!("wgllm-budget-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let gemma = common::model_path("WGLLM_GEMMA3", "gemma-3-270m-q4_k_m.gguf");
+    let files = [
+        ("smol", std::path::PathBuf::from(common::smollm2())),
+        ("gemma", gemma),
+    ];
+    for sub in ["free", "bounded", "tiny"] {
+        std::fs::create_dir_all(dir.join(sub).join("models")).unwrap();
+        for (name, path) in &files {
+            let link = dir.join(sub).join("models").join(format!("{name}.gguf"));
+            std::os::unix::fs::symlink(path, link).unwrap();
+        }
+    }
+    let flags = ["--models-max", "0", "-c", "256", "-np", "1"];
+    let ask = |s: &Server, model: &str| -> String {
+        let body =
+            json!({"model": model, "prompt": "Once upon a time", "n_predict": 8, "temperature": 0});
+        let (st, b) = s.json("POST", "/completion", body);
+        assert_eq!(st, 200, "{model}: {b}");
+        b["content"].as_str().unwrap().to_string()
+    };
+    let loaded = |s: &Server| -> Vec<(String, u64)> {
+        let (_, l) = s.json("GET", "/models", Value::Null);
+        (l["data"].as_array().unwrap().iter())
+            .filter(|m| m["status"]["value"] == "loaded")
+            .map(|m| {
+                let bytes = m["meta"]["device_bytes"].as_u64().unwrap();
+                (m["id"].as_str().unwrap().to_string(), bytes)
+            })
+            .collect()
+    };
+    // No budget: both stay loaded, and each one's device memory is listed.
+    let free = start_router(&dir.join("free"), &flags);
+    let want: Vec<String> = ["smol", "gemma"].iter().map(|m| ask(&free, m)).collect();
+    let held = loaded(&free);
+    assert_eq!(held.len(), 2, "{held:?}");
+    drop(free);
+    let (small, large) = (held[0].1.min(held[1].1), held[0].1.max(held[1].1));
+    assert!(small > 1 << 20, "{held:?}");
+    // Room for the larger, not for both.
+    let budget = ((large + small / 2) >> 20).to_string();
+    let mut args = flags.to_vec();
+    args.extend(["--models-memory-mib", &budget]);
+    let s = start_router(&dir.join("bounded"), &args);
+    for round in 0..2 {
+        for (i, m) in ["smol", "gemma"].iter().enumerate() {
+            assert_eq!(ask(&s, m), want[i], "{m}, round {round}");
+            let now = loaded(&s);
+            assert_eq!(now.len(), 1, "{m}, round {round}: {now:?}");
+            assert_eq!(now[0].0, *m);
+        }
+    }
+    drop(s);
+    let mut args = flags.to_vec();
+    args.extend(["--models-memory-mib", "1"]);
+    let s = start_router(&dir.join("tiny"), &args);
+    let (st, b) = s.json(
+        "POST",
+        "/completion",
+        json!({"model": "smol", "prompt": "Hi"}),
+    );
+    assert_eq!(st, 500, "{b}");
+    let m = b["error"]["message"].as_str().unwrap();
+    assert!(
+        m.contains("MiB of device memory") && m.contains("--models-memory-mib 1"),
+        "{m}"
+    );
+    assert!(loaded(&s).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,7 +4,7 @@
 //! of `--models-dir`, its preset's keys), parsed as `wgllm serve` parses them, as
 //! llama-server renders a child's arguments; the later flag wins.
 
-use super::serve::{api_keys, prepare, ServeArgs};
+use super::serve::{api_keys, prepare_capped, ServeArgs};
 use anyhow::{bail, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
 use std::ffi::OsString;
@@ -26,6 +26,7 @@ const ROUTER_ONLY: &[(&str, bool)] = &[
     ("--models-dir", true),
     ("--models-preset", true),
     ("--models-max", true),
+    ("--models-memory-mib", true),
     ("--models-autoload", false),
     ("--no-models-autoload", false),
     ("--api-key", true),
@@ -126,12 +127,18 @@ fn setup(shared: &[OsString], e: &catalog::Entry) -> Result<ModelSetup> {
             e.name
         );
     }
-    let (opts, load) = prepare(&a)?;
+    let memory_cap = Arc::new(std::sync::Mutex::new(None));
+    let (opts, load) = prepare_capped(&a, Some(memory_cap.clone()))?;
     let args = words[1..]
         .iter()
         .map(|w| w.to_string_lossy().into_owned())
         .collect();
-    Ok(ModelSetup { opts, load, args })
+    Ok(ModelSetup {
+        opts,
+        load,
+        args,
+        memory_cap,
+    })
 }
 
 pub fn serve(a: &ServeArgs) -> Result<()> {
@@ -193,6 +200,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         server,
         sources,
         models_max: r.models_max,
+        memory_budget: r.models_memory_mib.map(|m| m.saturating_mul(1 << 20)),
         autoload: !r.no_models_autoload,
         hub,
     };

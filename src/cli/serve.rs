@@ -237,6 +237,13 @@ pub struct RouterArgs {
     /// used idle model is unloaded.
     #[arg(long = "models-max", default_value_t = 4)]
     pub models_max: usize,
+    /// Router mode: device memory the loaded models may hold together, in MiB (wgpu
+    /// reports no device's size: give your GPU's, less what else uses it). A model that
+    /// does not fit beside the others waits while idle ones are unloaded, least recently
+    /// used first; one larger than the whole budget is refused with the numbers. A model
+    /// counts the memory it held when it last loaded (its files' size before that).
+    #[arg(long = "models-memory-mib", value_name = "MIB")]
+    pub models_memory_mib: Option<u64>,
     /// Router mode: load a model on its first request (the default).
     #[arg(long = "models-autoload", overrides_with = "no_models_autoload")]
     pub models_autoload: bool,
@@ -284,6 +291,9 @@ impl ServeArgs {
 /// One model's server (see [`ServeArgs::routed`] for the router).
 pub fn serve(a: &ServeArgs) -> Result<()> {
     let r = &a.router;
+    if r.models_memory_mib.is_some() {
+        bail!("--models-memory-mib is for router mode (it bounds the models loaded together): leave out -m/-hf to serve many models, or leave it out");
+    }
     if r.models_dir.is_some() || r.models_preset.is_some() {
         bail!("--models-dir and --models-preset are for router mode, which serves many models by name: leave out -m/-hf to use them, or leave them out to serve the one model");
     }
@@ -361,6 +371,15 @@ fn reasoning_defaults(a: &ServeArgs) -> Result<wgllm::server::ReasoningDefaults>
 
 /// A single model's server: its options and how to load (and reload) its model.
 pub(super) fn prepare(a: &ServeArgs) -> Result<(ServerOptions, wgllm::server::LoadFn)> {
+    prepare_capped(a, None)
+}
+
+/// [`prepare`], with the device memory each load may allocate read from `cap` at the
+/// load (the router's `--models-memory-mib` share).
+pub(super) fn prepare_capped(
+    a: &ServeArgs,
+    cap: Option<std::sync::Arc<std::sync::Mutex<Option<u64>>>>,
+) -> Result<(ServerOptions, wgllm::server::LoadFn)> {
     if a.no_cont_batching {
         bail!("--no-cont-batching: wgllm always batches requests continuously (every generating slot decodes in one batch)");
     }
@@ -499,6 +518,10 @@ pub(super) fn prepare(a: &ServeArgs) -> Result<(ServerOptions, wgllm::server::Lo
     eopts.reranking = pooling == wgllm::engine::Pooling::Rank;
     let spec = a.spec.clone();
     let load = move || {
+        let mut eopts = eopts.clone();
+        if let Some(c) = &cap {
+            eopts.gpu.memory_budget = *c.lock().unwrap();
+        }
         let mut e = load_engine(&model, &eopts)?;
         spec.attach(&mut e)?;
         if let Some(p) = &mmproj {

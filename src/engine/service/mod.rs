@@ -315,6 +315,9 @@ pub struct ServiceInfo {
     pub n_embd: u32,
     pub n_ctx_train: u32,
     pub model_bytes: u64,
+    /// Device memory held once the service started (weights, caches, work buffers), on
+    /// every device of the model.
+    pub device_bytes: u64,
     /// An embeddings engine (`--embeddings`): it embeds and generates nothing.
     pub embeddings: bool,
     /// The loaded LoRA adapters, by id.
@@ -424,6 +427,7 @@ impl EngineService {
             n_embd: hp.n_embd,
             n_ctx_train: hp.n_ctx_train,
             model_bytes: engine.model.weights.gpu_bytes,
+            device_bytes: (engine.device_parts().iter()).map(|d| d.allocated).sum(),
             embeddings,
             loras: (engine.lora_adapters().iter())
                 .map(|a| LoraInfo {

@@ -48,6 +48,16 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The bytes of its model and projector files (0 where none is known yet, as for a
+    /// model still to be downloaded).
+    pub fn file_bytes(&self) -> u64 {
+        (self.flags.iter())
+            .filter(|(k, _)| matches!(k.as_str(), "model" | "m" | "mmproj"))
+            .filter_map(|(_, v)| std::fs::metadata(v).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
     fn new(name: String, source: Source, flags: Vec<(String, String)>) -> Entry {
         Entry {
             name,

@@ -42,6 +42,8 @@ pub struct RouterOptions {
     pub sources: catalog::Sources,
     /// Most models loaded at once (`--models-max`; 0: no limit).
     pub models_max: usize,
+    /// Device memory the loaded models may hold together (`--models-memory-mib`).
+    pub memory_budget: Option<u64>,
     /// Load a model on its first request (`--models-autoload`, the default).
     pub autoload: bool,
     /// Where `POST /models` downloads from and to (none: downloads refused).
@@ -54,6 +56,9 @@ pub struct ModelSetup {
     pub load: LoadFn,
     /// The flags it was made from, for the listing.
     pub args: Vec<String>,
+    /// The device memory its loads may allocate (set by the router before each load
+    /// under `--models-memory-mib`; read by `load`).
+    pub memory_cap: Arc<Mutex<Option<u64>>>,
 }
 
 /// Turns a catalog entry into its server (the command line parses the entry's flags
@@ -80,6 +85,8 @@ struct Model {
     /// Load attempts so far: a waiter that saw a later attempt fail gets its error.
     loads: u64,
     args: Vec<String>,
+    /// Device bytes it held when it last loaded.
+    held: Option<u64>,
 }
 
 impl Model {
@@ -95,7 +102,18 @@ impl Model {
             failed: None,
             loads: 0,
             args: Vec::new(),
+            held: None,
         }
+    }
+    /// The device memory it takes under a budget: what it held when it last loaded; one
+    /// never loaded may take the whole budget (its files' size leaves out the caches and
+    /// work buffers), so everything idle makes way for its first load.
+    fn need(&self, budget: u64) -> u64 {
+        self.held.unwrap_or(budget)
+    }
+    /// The least it can take: what it held, or its files' size.
+    fn least(&self) -> u64 {
+        self.held.unwrap_or_else(|| self.entry.file_bytes())
     }
     /// Holding (or taking) one of `--models-max`'s places.
     fn running(&self) -> bool {
@@ -171,6 +189,20 @@ impl Sched {
     fn has_room(&self, max: usize) -> bool {
         max == 0 || self.running() < max
     }
+    /// Device memory held (or being taken) by the models running, but `except`.
+    fn memory_used(&self, except: &str, budget: u64) -> u64 {
+        (self.models.iter())
+            .filter(|m| m.running() && m.entry.name != except)
+            .fold(0, |a, m| a.saturating_add(m.need(budget)))
+    }
+    /// A place for `name`: one of `--models-max`'s, and room in the memory budget.
+    fn has_room_for(&self, name: &str, max: usize, budget: Option<u64>) -> bool {
+        self.has_room(max)
+            && budget.is_none_or(|b| {
+                let need = self.find(name).map_or(0, |i| self.models[i].need(b));
+                self.memory_used(name, b).saturating_add(need) <= b
+            })
+    }
     fn queued(&mut self, name: &str) -> Option<&mut Waiting> {
         self.queue.iter_mut().find(|w| w.name == name)
     }
@@ -218,6 +250,7 @@ impl RouterState {
     /// Evicts idle models while the queue wants more places than are free or being
     /// freed (never waits).
     fn tick(self: &Arc<Self>, s: &mut Sched) {
+        self.tick_memory(s);
         let max = self.opts.models_max;
         if max == 0 || s.queue.is_empty() {
             return;
@@ -243,6 +276,55 @@ impl RouterState {
             self.stop(s, &v);
             free += 1;
         }
+    }
+
+    /// With a memory budget: evicts idle models, least recently used first, while the
+    /// model at the head of the queue does not fit beside those that keep running.
+    fn tick_memory(self: &Arc<Self>, s: &mut Sched) {
+        let Some(budget) = self.opts.memory_budget else {
+            return;
+        };
+        let Some(head) = (s.queue.iter())
+            .find(|w| !w.loading)
+            .map(|w| w.name.clone())
+        else {
+            return;
+        };
+        let need = s.find(&head).map_or(0, |i| s.models[i].need(budget));
+        // Models already unloading are counted free.
+        let kept = |s: &Sched| -> u64 {
+            (s.models.iter())
+                .filter(|m| m.running() && !m.stopping && m.entry.name != head)
+                .fold(0u64, |a, m| a.saturating_add(m.need(budget)))
+        };
+        while kept(s).saturating_add(need) > budget {
+            let Some(v) = s.victim() else { return };
+            log::info!(
+                "router: unloading {v}, the least recently used idle model, to fit {head} ({} MiB) in --models-memory-mib {}",
+                need >> 20,
+                budget >> 20
+            );
+            self.stop(s, &v);
+        }
+    }
+
+    /// The refusal for a model larger than the whole budget, if it is.
+    fn too_big(&self, s: &Sched, name: &str) -> Option<ApiError> {
+        let budget = self.opts.memory_budget?;
+        let m = &s.models[s.find(name)?];
+        let need = m.least();
+        (need > budget).then(|| {
+            let what = if m.held.is_some() {
+                "held when it last loaded"
+            } else {
+                "its files' size, before the caches"
+            };
+            ApiError::server(format!(
+                "model {name} needs {} MiB of device memory ({what}), more than the router's --models-memory-mib {}: raise the budget, or serve it with a smaller context or cache type",
+                need.div_ceil(1 << 20),
+                budget >> 20
+            ))
+        })
     }
 
     /// Starts unloading `name`: new requests wait for its next load; the requests in
@@ -305,6 +387,9 @@ impl RouterState {
         m.failed = None;
         m.loads += 1;
         let entry = m.entry.clone();
+        // What the load may allocate: the budget less what the others hold, so a model
+        // larger than its first estimate fails its load whole, never half-loaded.
+        let cap = (self.opts.memory_budget).map(|b| b.saturating_sub(s.memory_used(name, b)));
         self.touch(s, name);
         self.notify("model_status", name, json!({"status": "loading"}));
         let me = self.clone();
@@ -314,6 +399,7 @@ impl RouterState {
             let prepare = me.prepare.clone();
             let loaded = tokio::task::spawn_blocking(move || {
                 let mut setup = prepare(&entry)?;
+                *setup.memory_cap.lock().unwrap() = cap;
                 // The router checks API keys; a model's own routes take every request.
                 setup.opts.api_keys.clear();
                 let args = setup.args.clone();
@@ -349,6 +435,7 @@ impl RouterState {
                                 t0.elapsed().as_secs_f64()
                             );
                             m.routes = Some(http::router(state.clone()));
+                            m.held = (state.service.get()).map(|sv| sv.info().device_bytes);
                             m.state = Some(state);
                             m.args = args;
                             m.status = Status::Loaded;
@@ -477,8 +564,13 @@ impl RouterState {
                     q.queued = true;
                     self.tick(&mut s);
                 }
+                if let Some(e) = self.too_big(&s, name) {
+                    return Err(e);
+                }
                 let head = (s.queue.front()).is_some_and(|w| w.name == name && !w.loading);
-                let claim = status == Status::Unloaded && head && s.has_room(self.opts.models_max);
+                let claim = status == Status::Unloaded
+                    && head
+                    && s.has_room_for(name, self.opts.models_max, self.opts.memory_budget);
                 if claim {
                     s.queue.front_mut().unwrap().loading = true;
                 }
@@ -494,7 +586,7 @@ impl RouterState {
             }
             let mut s = self.sched.lock().unwrap();
             let unloaded = s.model(name).is_some_and(|m| m.status == Status::Unloaded);
-            if s.has_room(self.opts.models_max) && unloaded {
+            if s.has_room_for(name, self.opts.models_max, self.opts.memory_budget) && unloaded {
                 log::info!("router: loading {name} for a queued request");
                 self.spawn_load(&mut s, name);
             } else if let Some(w) = s.queued(name) {
@@ -509,23 +601,36 @@ impl RouterState {
         if self.fake_timing {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        // At the limit: one idle model goes first, and its unload is waited for.
-        let victim = {
+        // At the limit (of places or memory): idle models go first, least recently used
+        // first, and their unloads are waited for.
+        let victims = {
             let mut s = self.sched.lock().unwrap();
-            if s.has_room(self.opts.models_max) {
-                None
-            } else {
-                let v = s.victim();
-                if let Some(v) = &v {
-                    log::info!(
-                        "router: --models-max reached, unloading {v}, the least recently used"
-                    );
-                    self.stop(&mut s, v);
-                }
-                v
+            if let Some(e) = self.too_big(&s, name) {
+                return Err(e);
             }
+            let mut victims = Vec::new();
+            let budget = self.opts.memory_budget.unwrap_or(u64::MAX);
+            let need = s.find(name).map_or(0, |i| s.models[i].need(budget));
+            loop {
+                let kept = (s.models.iter())
+                    .filter(|m| m.running() && !m.stopping && m.entry.name != name);
+                let (n, bytes) = kept.fold((0, 0u64), |(n, b), m| {
+                    (n + 1, b.saturating_add(m.need(budget)))
+                });
+                let max = self.opts.models_max;
+                let fits = (max == 0 || n < max)
+                    && (self.opts.memory_budget).is_none_or(|b| bytes.saturating_add(need) <= b);
+                if fits {
+                    break;
+                }
+                let Some(v) = s.victim() else { break };
+                log::info!("router: unloading {v}, the least recently used, to load {name}");
+                self.stop(&mut s, &v);
+                victims.push(v);
+            }
+            victims
         };
-        if let Some(v) = victim {
+        for v in victims {
             loop {
                 let wait = self.changed.notified();
                 if self
@@ -544,7 +649,7 @@ impl RouterState {
         if s.model(name).is_some_and(|m| m.running()) {
             return Err(ApiError::invalid("model is already running"));
         }
-        if !s.has_room(self.opts.models_max) {
+        if !s.has_room_for(name, self.opts.models_max, self.opts.memory_budget) {
             return Err(ApiError::server("model limit reached, try again later"));
         }
         self.spawn_load(&mut s, name);
@@ -591,6 +696,8 @@ impl RouterState {
                         "n_embd": info.n_embd,
                         "n_ctx": info.n_ctx_slot,
                         "size": info.model_bytes,
+                        // wgllm's own: what --models-memory-mib counts for it.
+                        "device_bytes": info.device_bytes,
                     });
                 }
                 item
