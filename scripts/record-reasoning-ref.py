@@ -57,6 +57,20 @@ CASES = {
     "smollm2": [
         ("no-thinking", {}, QWEN_REPLY),
     ],
+    "ministral-reasoning": [
+        ("tags", {}, "[THINK]I think.[/THINK]Hello!"),
+        ("tags-none", {"reasoning_format": "none"}, "[THINK]I think.[/THINK]Hello!"),
+        ("unclosed", {}, "[THINK]Still thinking"),
+    ],
+    "seed-oss": [
+        ("tags", {}, "<seed:think>I think.</seed:think>Hello!"),
+        ("tags-none", {"reasoning_format": "none"}, "<seed:think>I think.</seed:think>Hello!"),
+    ],
+    "gemma4": [
+        ("tags", {}, "<|channel>thought\nI think.<channel|>Hello!"),
+        ("tags-none", {"reasoning_format": "none"}, "<|channel>thought\nI think.<channel|>Hello!"),
+        ("no-tags", {}, "Hello there"),
+    ],
 }
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
@@ -84,6 +98,9 @@ TEMPLATES = {
     "deepseek-r1": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
     "gpt-oss": "openai-gpt-oss-120b.jinja",
     "smollm2": None,
+    "ministral-reasoning": "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+    "seed-oss": "ByteDance-Seed-OSS.jinja",
+    "gemma4": "google-gemma-4-31B-it.jinja",
 }
 
 

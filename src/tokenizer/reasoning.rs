@@ -3,9 +3,10 @@
 //! assistant's turn), so a template that opens the turn inside `<think>` (DeepSeek-R1)
 //! is read the same way as a model that writes the tag itself (Qwen 3).
 //!
-//! Two ways of writing thinking are known: tags (`<think>`…`</think>`, whose exact
-//! whitespace is read from how the template renders an earlier turn's
-//! `reasoning_content`), and gpt-oss's channels (the `analysis` channel is thinking, the
+//! Two ways of writing thinking are known: tags (`<think>`…`</think>`, Magistral's
+//! `[THINK]`…`[/THINK]`, Seed-OSS's `<seed:think>`…`</seed:think>`, Gemma 4's
+//! `<|channel>thought`…`<channel|>`; the exact whitespace is read from how the template
+//! renders an earlier turn's `reasoning_content`), and gpt-oss's channels (the `analysis` channel is thinking, the
 //! `final` channel and commentary without a recipient are the answer). A template that
 //! shows neither has no thinking: its replies are answer only, as they always were.
 //!
@@ -46,6 +47,17 @@ impl Delta {
     }
 }
 
+/// The thinking tags a template may use, found by the closing one (DeepSeek-R1's template
+/// only ever writes `</think>`); the others' templates hold both. Third: the opening as
+/// the model writes it, where a template's render shows no earlier thinking (Gemma 4's
+/// drops it) — its whitespace is optional when reading.
+const TAG_PAIRS: [(&str, &str, &str); 4] = [
+    ("<think>", "</think>", "<think>"),
+    ("[THINK]", "[/THINK]", "[THINK]"),
+    ("<seed:think>", "</seed:think>", "<seed:think>"),
+    ("<|channel>thought", "<channel|>", "<|channel>thought\n"),
+];
+
 const REASONING_PROBE: &str = "WGLLM_PROBE_REASONING";
 const CONTENT_PROBE: &str = "WGLLM_PROBE_CONTENT";
 
@@ -60,9 +72,12 @@ impl Thinking {
         if template.contains("<|channel|>") {
             return Thinking::Channels;
         }
-        if !template.contains("</think>") {
+        let pair = TAG_PAIRS.iter().find(|(open, close, _)| {
+            template.contains(close) && (*open == "<think>" || template.contains(open))
+        });
+        let Some(&(open_tag, close_tag, written)) = pair else {
             return Thinking::None;
-        }
+        };
         let mut assistant = ChatMessage::new("assistant", CONTENT_PROBE);
         assistant
             .extra
@@ -72,14 +87,14 @@ impl Thinking {
             let r = text.find(REASONING_PROBE)?;
             let after = r + REASONING_PROBE.len();
             let c = after + text[after..].find(CONTENT_PROBE)?;
-            let open = text[..r].rfind("<think>")?;
+            let open = text[..r].rfind(open_tag)?;
             let (start, end) = (&text[open..r], &text[after..c]);
-            end.contains("</think>")
+            end.contains(close_tag)
                 .then(|| (start.to_string(), end.to_string()))
         });
-        // Templates that only cut earlier replies at `</think>` (DeepSeek-R1's) show no
-        // whitespace: the bare tags.
-        let (start, end) = shown.unwrap_or_else(|| ("<think>".into(), "</think>".into()));
+        // Templates that only cut earlier replies at the closing tag (DeepSeek-R1's) show
+        // no whitespace: the bare tags.
+        let (start, end) = shown.unwrap_or_else(|| (written.into(), close_tag.into()));
         Thinking::Tags { start, end }
     }
 
@@ -424,6 +439,23 @@ mod tests {
         r.push_str(&d.reasoning);
         c.push_str(&d.content);
         assert_eq!((r.as_str(), c.as_str()), ("R1", "C"));
+    }
+
+    #[test]
+    fn other_tag_pairs_are_found_by_their_closing_tag() {
+        let none = |_: &[ChatMessage]| None;
+        let magistral = Thinking::of_template("{{ '[THINK]' + t + '[/THINK]' }}", none);
+        let s = magistral.split("", "[THINK]hm[/THINK]Hi", true, false);
+        assert_eq!((s.reasoning.as_str(), s.content.as_str()), ("hm", "Hi"));
+        // Gemma 4 writes a newline after its opening, not part of the thinking.
+        let gemma4 = Thinking::of_template("{{ '<|channel>thought\\n' + t + '<channel|>' }}", none);
+        let s = gemma4.split("", "<|channel>thought\nhm<channel|>Hi", true, false);
+        assert_eq!((s.reasoning.as_str(), s.content.as_str()), ("hm", "Hi"));
+        // An opening without its closing tag is no thinking template.
+        assert_eq!(
+            Thinking::of_template("{{ '[THINK]' }}", none),
+            Thinking::None
+        );
     }
 
     #[test]
