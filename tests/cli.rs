@@ -343,12 +343,21 @@ fn meaningless_llama_cpp_flags_are_refused() {
         (&["--control-vector", "x.gguf"][..], "control vectors"),
         (&["-i"][..], "wgllm chat"),
         (&["--no_mmap"][..], "keeps every weight on the GPU"),
-        (&["--tools", "all"][..], "built-in agent tools"),
     ] {
         let mut args = vec!["run", "-m", model.as_str(), "-p", "Hi"];
         args.extend_from_slice(flag);
         assert_clean_failure(&args, why);
         assert_clean_failure(&args, "is a llama.cpp flag wgllm does not take");
+    }
+    // The server's agent flags belong to `serve`.
+    for flag in [
+        &["--tools", "all"][..],
+        &["-ag"],
+        &["--mcp-servers-json", "{}"],
+    ] {
+        let mut args = vec!["run", "-m", model.as_str(), "-p", "Hi"];
+        args.extend_from_slice(flag);
+        assert_clean_failure(&args, "run in `wgllm serve`");
     }
 }
 

@@ -42,6 +42,18 @@ const REFUSED: &[(&[&str], &str)] = &[
     (&["--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast"], "RoPE overrides are not supported: the model's own RoPE settings are used"),
 ];
 
+/// llama-server's agent flags, which only `serve` takes.
+const SERVER_TOOLS: &[&str] = &[
+    "--tools",
+    "--tools-root",
+    "--mcp-servers-config",
+    "--mcp-servers-json",
+    "--agent",
+    "--ag",
+    "--no-agent",
+    "--no-ag",
+];
+
 /// The error for an argument llama.cpp accepts but wgllm cannot honour, if `args` holds
 /// one (after the `--` forms of [`llama_style_flag`]).
 pub fn refused(args: &[std::ffi::OsString]) -> Option<String> {
@@ -50,12 +62,18 @@ pub fn refused(args: &[std::ffi::OsString]) -> Option<String> {
         args.get(1).and_then(|a| a.to_str()),
         Some("image-embed" | "run" | "chat" | "serve" | "bench" | "app")
     );
+    let serving = args.get(1).and_then(|a| a.to_str()) == Some("serve");
     for a in args.iter().skip(1) {
         let Some(a) = a.to_str() else { continue };
         if a == "--" {
             break;
         }
         let flag = a.split('=').next().unwrap_or(a);
+        if !serving && SERVER_TOOLS.contains(&flag) {
+            return Some(format!(
+                "`{flag}` is a llama-server flag: the built-in agent tools and MCP servers run in `wgllm serve` (GET/POST /tools)"
+            ));
+        }
         for (names, why) in REFUSED {
             if names.contains(&flag) && !(images_taken && names.contains(&"--mmproj")) {
                 return Some(format!(
