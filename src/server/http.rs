@@ -331,7 +331,7 @@ async fn cors(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
     let origin = req.headers().get(header::ORIGIN).cloned();
     let allowed = origin.as_ref().filter(|o| {
         o.to_str()
-            .is_ok_and(|o| origin_allowed(&s.opts.cors_origins, o))
+            .is_ok_and(|o| super::origins::origin_allowed(&s.opts.cors_origins, o))
     });
     let preflight = req.method() == Method::OPTIONS;
     let mut resp = if preflight {
@@ -356,54 +356,4 @@ async fn cors(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
         );
     }
     resp
-}
-
-/// `*` allows any origin; `localhost` any origin whose host is loopback (any scheme or
-/// port); otherwise the origin must be listed exactly.
-pub(super) fn origin_allowed(list: &[String], origin: &str) -> bool {
-    list.iter().any(|a| match a.as_str() {
-        "*" => true,
-        "localhost" => {
-            let rest = origin.split_once("://").map_or(origin, |(_, r)| r);
-            let host = if let Some(v6) = rest.strip_prefix('[') {
-                v6.split(']').next().unwrap_or("")
-            } else {
-                rest.split([':', '/']).next().unwrap_or("")
-            };
-            matches!(host, "localhost" | "127.0.0.1" | "::1")
-        }
-        a => a == origin,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::origin_allowed;
-
-    #[test]
-    fn cors_origins() {
-        let any = vec!["*".to_string()];
-        let local = vec!["localhost".to_string()];
-        let listed = vec!["https://a.example".to_string()];
-        assert!(origin_allowed(&any, "http://evil.com"));
-        for o in [
-            "http://localhost",
-            "http://localhost:8080",
-            "http://127.0.0.1:3000",
-            "http://[::1]",
-            "http://[::1]:3000",
-        ] {
-            assert!(origin_allowed(&local, o), "{o}");
-        }
-        for o in [
-            "http://web.mydomain.fr",
-            "http://notlocalhost",
-            "http://localhost.evil.com",
-            "http://evil.com",
-        ] {
-            assert!(!origin_allowed(&local, o), "{o}");
-        }
-        assert!(origin_allowed(&listed, "https://a.example"));
-        assert!(!origin_allowed(&listed, "https://b.example"));
-    }
 }

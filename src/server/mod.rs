@@ -26,6 +26,7 @@ mod media;
 mod metrics;
 mod native;
 mod openai;
+mod origins;
 mod params;
 mod rerank;
 mod responses;

@@ -243,7 +243,7 @@ pub async fn call(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Byte
     if let Some(origin) = header(&headers, "origin") {
         // The server's own pages (the web UI) are always welcome.
         let same_site = origin.split_once("://").map(|(_, h)| h) == header(&headers, "host");
-        if !same_site && !super::http::origin_allowed(&s.opts.cors_origins, origin) {
+        if !same_site && !super::origins::origin_allowed(&s.opts.cors_origins, origin) {
             let m = format!("origin {origin} may not call tools (allow it with --cors-origins)");
             return (
                 StatusCode::FORBIDDEN,
