@@ -190,6 +190,23 @@ impl LineSplitter {
     }
 }
 
+/// Reads `pipe` to its end as lines (see [`LineSplitter`]), each given to `line` until it
+/// returns false. True when the pipe ended (or failed), false when `line` stopped it.
+fn read_lines(mut pipe: impl Read, mut line: impl FnMut(String) -> bool) -> bool {
+    let mut split = LineSplitter::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut lines = Vec::new();
+    while let Ok(n @ 1..) = pipe.read(&mut buf) {
+        split.push(&buf[..n], &mut lines);
+        for l in lines.drain(..) {
+            if !line(l) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
 /// A running server process and its pipes.
 struct Session {
     child: Child,
@@ -252,40 +269,19 @@ impl Session {
         std::thread::Builder::new()
             .name(format!("mcp-{name}-out"))
             .spawn(move || {
-                let mut stdout = stdout;
-                let mut split = LineSplitter::default();
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut out = Vec::new();
-                loop {
-                    match stdout.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            split.push(&buf[..n], &mut out);
-                            for l in out.drain(..) {
-                                if lines_tx.blocking_send(l).is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
+                if read_lines(stdout, |l| lines_tx.blocking_send(l).is_ok()) {
+                    reader_alive.store(false, Ordering::Relaxed);
                 }
-                reader_alive.store(false, Ordering::Relaxed);
             })?;
         let err_name = name.clone();
         // Drained to its end whatever it holds (a full pipe would block the child).
         std::thread::Builder::new()
             .name(format!("mcp-{name}-err"))
             .spawn(move || {
-                let mut stderr = stderr;
-                let mut split = LineSplitter::default();
-                let mut buf = vec![0u8; 16 * 1024];
-                let mut lines = Vec::new();
-                while let Ok(n @ 1..) = stderr.read(&mut buf) {
-                    split.push(&buf[..n], &mut lines);
-                    for l in lines.drain(..) {
-                        log::debug!("MCP server {err_name}: {l}");
-                    }
-                }
+                read_lines(stderr, |l| {
+                    log::debug!("MCP server {err_name}: {l}");
+                    true
+                });
             })?;
         Ok(Session {
             child,
@@ -469,10 +465,6 @@ impl Mcp {
 
     pub fn server_name(&self, i: usize) -> &str {
         &self.servers[i].cfg.name
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.servers.is_empty()
     }
 
     /// Calls `tool` with `arguments`; every failure is an `{"error"}` reply.
