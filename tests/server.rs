@@ -64,21 +64,25 @@ fn start_at(port: u16, model: &str, extra: &[&str], env: &[(&str, &str)]) -> Ser
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let s = Server { child, port };
-    let t0 = Instant::now();
-    loop {
-        if let Ok((200, _)) = s.try_request("GET", "/health", &[], "") {
-            return s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(180),
-            "the server did not become ready"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    Server { child, port }.ready(Duration::from_secs(180))
 }
 
 impl Server {
+    /// The server once `/health` answers 200 (it fails the test past `limit`).
+    fn ready(self, limit: Duration) -> Server {
+        let t0 = Instant::now();
+        while self
+            .try_request("GET", "/health", &[], "")
+            .map(|r| r.0)
+            .ok()
+            != Some(200)
+        {
+            assert!(t0.elapsed() < limit, "the server did not become ready");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self
+    }
+
     fn connect(&self) -> std::io::Result<TcpStream> {
         let c = TcpStream::connect(("127.0.0.1", self.port))?;
         c.set_read_timeout(Some(Duration::from_secs(300)))?;
@@ -1903,41 +1907,8 @@ fn a_router_serves_two_models_by_name_and_swaps_them() {
             alone.insert((name.to_string(), p), ask(&s, None, p));
         }
     }
-    let hub = dir.join("hub").display().to_string();
     let models = dir.join("models").display().to_string();
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_wgllm"))
-        .args([
-            "serve",
-            "--models-dir",
-            &models,
-            "--models-max",
-            "1",
-            "-c",
-            "512",
-            "-np",
-            "2",
-        ])
-        .args(["--port", &port.to_string()])
-        .env("LLAMA_CACHE", &hub)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let r = Server { child, port };
-    let t0 = Instant::now();
-    while r
-        .try_request("GET", "/health", &[], "")
-        .map(|x| x.0)
-        .unwrap_or(0)
-        != 200
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the router did not start"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let r = start_router(&dir, &["--models-max", "1", "-c", "512", "-np", "2"]);
     let status = |r: &Server| -> Vec<(String, String)> {
         let (_, l) = r.json("GET", "/models", json!(null));
         let mut v: Vec<(String, String)> = (l["data"].as_array().unwrap().iter())
@@ -2265,7 +2236,7 @@ fn chat_replies_split_thinking_as_llama_server_does() {
     }
 }
 
-/// A router with no models (it answers at once) and `extra` flags.
+/// A router over `dir/models` (`dir/hub` its Hugging Face cache) with `extra` flags.
 fn start_router(dir: &std::path::Path, extra: &[&str]) -> Server {
     std::fs::create_dir_all(dir.join("models")).unwrap();
     std::fs::create_dir_all(dir.join("hub")).unwrap();
@@ -2280,16 +2251,7 @@ fn start_router(dir: &std::path::Path, extra: &[&str]) -> Server {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let s = Server { child, port };
-    let t0 = Instant::now();
-    while s.try_request("GET", "/health", &[], "").map(|r| r.0).ok() != Some(200) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the router did not start"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    s
+    Server { child, port }.ready(Duration::from_secs(60))
 }
 
 /// An MCP server in sh (one JSON-RPC message per line; ids are small integers): an
