@@ -253,7 +253,9 @@ pub async fn call(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Byte
         }
     }
     let bad = |m: String| refusal(StatusCode::BAD_REQUEST, m);
-    let body: Value = match serde_json::from_slice(&body) {
+    // A body may be up to the server's limit: read off the async runtime's threads.
+    let parsed = super::off_runtime(|| serde_json::from_slice::<Value>(&body)).await;
+    let body: Value = match parsed {
         Ok(v) => v,
         Err(e) => return bad(format!("the body is not JSON: {e}")),
     };
